@@ -1,0 +1,45 @@
+"""Backend registry: name -> lazily imported Backend class.
+
+Heavy optional packages are imported inside the backend that needs them; a missing one raises
+BackendUnavailable naming what to install and the backends that do work here.
+"""
+from __future__ import annotations
+
+import importlib
+
+from .base import ASRRunner, Backend, SLMRunner, TTSRunner
+
+BACKENDS: dict[str, str] = {
+    "torch": "speechrt.backends.torch_backend:TorchBackend",
+}
+
+
+class BackendUnavailable(RuntimeError):
+    pass
+
+
+def get(name: str) -> Backend:
+    """Instantiate backend `name`; errors list the valid names."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; valid backends: {', '.join(BACKENDS)}")
+    mod, _, cls = BACKENDS[name].partition(":")
+    try:
+        m = importlib.import_module(mod)
+    except ImportError as e:  # a backend module imports its engine at top level
+        raise BackendUnavailable(f"backend {name!r} is unavailable: {e}. Available here: {', '.join(available())}") from e
+    return getattr(m, cls)()
+
+
+def available() -> list[str]:
+    """Backends whose modules import on this machine."""
+    out = []
+    for n, target in BACKENDS.items():
+        try:
+            importlib.import_module(target.partition(":")[0])
+            out.append(n)
+        except ImportError:
+            pass
+    return out
+
+
+__all__ = ["ASRRunner", "SLMRunner", "TTSRunner", "Backend", "BACKENDS", "BackendUnavailable", "get", "available"]

@@ -1,0 +1,81 @@
+"""Runner interfaces, one per model family. Decoding loops are written against these only.
+
+Tensors crossing the seam are torch tensors on the runner's device (ids int64, logits float32);
+runners of non-torch engines (ONNX Runtime, TensorRT) convert at their edge.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Iterator
+
+import torch
+
+
+class ASRRunner(ABC):
+    """Encoder-decoder speech recognizer (Whisper). `config` is a models.whisper.WhisperConfig."""
+
+    config: Any
+    device: torch.device
+
+    @abstractmethod
+    def encode(self, mel: torch.Tensor) -> Any:
+        """mel [B, n_mels, 3000] float32 -> encoder output (opaque to the caller)."""
+
+    @abstractmethod
+    def start(self, encoded: Any, repeat: int, max_tokens: int) -> Any:
+        """New decoder state for `encoded`, each item repeated `repeat` times (beams) in a row:
+        cross-attention keys/values are computed here, once per window; the self-attention cache is
+        preallocated for `max_tokens` positions."""
+
+    @abstractmethod
+    def decode_step(self, state: Any, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [N, t] (the prompt on the first call, then one per row) -> logits [N, vocab] float32
+        of the last position. Appends to the state's cache."""
+
+    @abstractmethod
+    def reorder(self, state: Any, index: torch.Tensor) -> Any:
+        """Keep rows `index` [N'] of the state (beam reordering, or dropping finished rows)."""
+
+
+class SLMRunner(ABC):
+    """Decoder-only language model with a preallocated, slot-addressed KV cache."""
+
+    config: Any
+    device: torch.device
+
+    @abstractmethod
+    def new_cache(self, max_batch: int, max_seq: int) -> Any:
+        """Preallocate the KV cache for `max_batch` sequence slots of up to `max_seq` tokens."""
+
+    @abstractmethod
+    def prefill(self, cache: Any, slot: int, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Run tokens [T] into `slot` at positions start..start+T-1 -> logits [vocab] of the last."""
+
+    @abstractmethod
+    def decode_step(self, cache: Any, slots: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """One token for each of `slots` [N] (sequences of different lengths) -> logits [N, vocab]."""
+
+
+class TTSRunner(ABC):
+    """Text-to-speech acoustic model + vocoder (VITS)."""
+
+    sample_rate: int
+
+    @abstractmethod
+    def synthesize(self, phoneme_ids: list[int], options: Any) -> Iterator[torch.Tensor]:
+        """Phoneme ids -> float32 audio chunks [n] at `sample_rate`, in order."""
+
+
+class Backend(ABC):
+    """A way to run models: builds one runner per model family from a resolved model."""
+
+    name: str
+
+    def asr(self, model, device: str = "cpu", dtype: str | None = None) -> ASRRunner:
+        raise NotImplementedError(f"backend {self.name!r} does not run speech recognition models")
+
+    def slm(self, model, device: str = "cpu", dtype: str | None = None) -> SLMRunner:
+        raise NotImplementedError(f"backend {self.name!r} does not run language models")
+
+    def tts(self, model, device: str = "cpu", dtype: str | None = None) -> TTSRunner:
+        raise NotImplementedError(f"backend {self.name!r} does not run speech synthesis models")

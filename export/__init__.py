@@ -1,0 +1,1 @@
+"""ONNX export of the runner graphs, TensorRT engine builds, quantization."""

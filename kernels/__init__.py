@@ -1,0 +1,98 @@
+"""Op implementations for the models: a pure-torch reference and Triton kernels that replace it.
+
+`select(impl, device)` returns a frozen `KernelSet`; models are built with one and never switch later.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+
+IMPLS = ("torch", "triton", "auto")
+
+# Modules that provide Triton versions of ops: module path -> op names it exports in `OPS`.
+# Each is imported only when a Triton kernel set is asked for.
+TRITON_MODULES: dict[str, tuple[str, ...]] = {}
+
+
+class KernelSet:
+    """A frozen mapping from op name to callable, read as attributes: `ops.rms_norm(x, w, eps)`."""
+
+    __slots__ = ("impl", "device", "_ops", "sources")
+
+    def __init__(self, impl: str, device: torch.device, ops: dict, sources: dict):
+        object.__setattr__(self, "impl", impl)
+        object.__setattr__(self, "device", device)
+        object.__setattr__(self, "_ops", dict(ops))
+        object.__setattr__(self, "sources", dict(sources))  # op -> "torch" | "triton"
+
+    def __getattr__(self, name):
+        ops = object.__getattribute__(self, "_ops")
+        try:
+            return ops[name]
+        except KeyError:
+            raise AttributeError(f"kernel set has no op {name!r}; ops: {', '.join(sorted(ops))}") from None
+
+    def __setattr__(self, name, value):
+        raise AttributeError("KernelSet is frozen; build a new one with kernels.select()")
+
+    def __contains__(self, name):
+        return name in self._ops
+
+    def names(self):
+        return sorted(self._ops)
+
+    def __repr__(self):
+        return f"KernelSet(impl={self.impl!r}, device={self.device}, ops={self.sources})"
+
+
+def _triton_ops() -> dict:
+    ops = {}
+    for mod, names in TRITON_MODULES.items():
+        m = importlib.import_module(mod)
+        for n in names:
+            ops[n] = m.OPS[n]
+    return ops
+
+
+def select(impl: str = "auto", device: str | torch.device = "cpu") -> KernelSet:
+    """Kernel set for `impl` in {'torch', 'triton', 'auto'} on `device`.
+
+    'triton' requires Triton and a GPU (or TRITON_INTERPRET=1 for correctness runs on the CPU); an op
+    without a Triton version then raises naming the op. 'auto' uses Triton where it can and falls back
+    to the reference per op, logging why.
+    """
+    from .reference import OPS as REF
+
+    device = torch.device(device)
+    if impl not in IMPLS:
+        raise ValueError(f"unknown kernel implementation {impl!r}; valid: {', '.join(IMPLS)}")
+    if impl == "torch":
+        return KernelSet("torch", device, REF, {k: "torch" for k in REF})
+    import os
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    reason = None
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        reason = "Triton is not installed (pip install 'speechrt[triton]')"
+    if reason is None and device.type != "cuda" and not interpret:
+        reason = f"Triton kernels need a CUDA or ROCm device, got {device} (set TRITON_INTERPRET=1 to run them in the interpreter)"
+    tri = {} if reason else _triton_ops()
+    if impl == "triton":
+        if reason:
+            raise RuntimeError(f"kernel set 'triton' unavailable: {reason}")
+        missing = sorted(set(REF) - set(tri))
+        if missing:
+            raise RuntimeError(f"kernel set 'triton': no Triton version of op(s) {', '.join(missing)}")
+        return KernelSet("triton", device, tri, {k: "triton" for k in tri})
+    if reason:
+        log.info("kernels: using the torch reference: %s", reason)
+    ops = {k: tri.get(k, f) for k, f in REF.items()}
+    for k in REF:
+        if k not in tri and not reason:
+            log.info("kernels: op %s has no Triton version; using the torch reference", k)
+    return KernelSet("auto", device, ops, {k: ("triton" if k in tri else "torch") for k in REF})

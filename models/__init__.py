@@ -1,0 +1,1 @@
+"""Model definitions, configs, weight loaders, audio and text front ends, and the model registry."""

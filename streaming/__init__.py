@@ -1,0 +1,1 @@
+"""WebSocket streaming server, realtime protocol, sessions, scheduler, VAD, SDK client."""
