@@ -7,6 +7,7 @@ import logging
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("speechrt.cli_serve", "run the Realtime WebSocket server (OpenAI Realtime API) on the models"),
     "transcribe": ("speechrt.cli_asr", "transcribe an audio file (WAV/FLAC/OGG, any rate)"),
     "bench": ("speechrt.bench", "benchmarks side by side with peer runtimes"),
     "models": ("speechrt.cli_models", "list the registered models"),
