@@ -148,7 +148,7 @@ class SpeechServer:
             for q in (0.5, 0.95, 0.99):
                 v = s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
                 lines.append(f'speechrt_{name}{{quantile="{q}"}} {v:.6f}')
-            lines += [f"speechrt_{name}_count {len(s)}", f"speechrt_{name}_sum {sum(s):.6f}"]
+            lines.extend([f"speechrt_{name}_count {len(s)}", f"speechrt_{name}_sum {sum(s):.6f}"])
 
         metric("sessions_active", "gauge", "Open Realtime sessions.", len(self.sessions))
         metric("sessions_total", "counter", "Sessions admitted since start.", self.counters.sessions_total)
