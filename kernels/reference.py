@@ -84,6 +84,27 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
+def linear_int8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Weight-only int8 linear: x [..., K] @ (weight [N, K] int8 * scale [N]).T -> [..., N] in x's dtype.
+
+    On the CPU this is ATen's fused int8-weight GEMM (`_weight_int8pack_mm`, which wants a 2-D
+    contiguous input and is fast for bf16); elsewhere, and as the definition it is tested against, the scale
+    is applied after the matmul (it is per output channel, so x @ (q * s).T == (x @ q.T) * s).
+    """
+    if x.device.type == "cpu" and hasattr(torch, "_weight_int8pack_mm") and x.dtype == torch.bfloat16:
+        x2 = x.reshape(-1, x.shape[-1])
+        if not x2.is_contiguous():
+            x2 = x2.contiguous()
+        y = torch._weight_int8pack_mm(x2, weight, scale.to(x.dtype))
+        return y.view(*x.shape[:-1], weight.shape[0])
+    return linear_int8_ref(x, weight, scale)
+
+
+def linear_int8_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Definition of `linear_int8`, in plain matmuls (the int8 values are exact in bf16/fp16/fp32)."""
+    return F.linear(x, weight.to(x.dtype)) * scale.to(x.dtype)
+
+
 OPS = {
     "layer_norm": layer_norm,
     "rms_norm": rms_norm,
@@ -92,4 +113,5 @@ OPS = {
     "linear": linear,
     "rotary": rotary,
     "attention": attention,
+    "linear_int8": linear_int8,
 }
