@@ -14,23 +14,23 @@ log = logging.getLogger(__name__)
 
 # what `dtype` may be: a weight format of models.llama (WEIGHT_FORMATS) or an alias of one
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-          "float16": "float16", "fp16": "float16", "int8": "int8", "auto": None}
+          "float16": "float16", "fp16": "float16", "int8": "int8", "int4": "int4", "q4": "int4", "auto": None}
 
 
-def default_format(device: torch.device) -> str:
-    """int8 weight-only on CPU (the decode step is memory bound; ATen has a fused int8-weight GEMM),
-    bf16 on GPUs that support it, else fp16."""
+def default_format(device: torch.device, has_q4: bool) -> str:
+    """CPU: the decode step is memory bound and ATen has fused weight-only GEMMs, so keep a file's 4-bit
+    blocks as they are (int4) and otherwise use int8 weight-only. GPU: bf16 where supported, else fp16."""
     if device.type == "cpu":
-        return "int8"
+        return "int4" if has_q4 else "int8"
     return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
 
 
-def resolve_format(dtype: str | None, device: torch.device) -> str:
+def resolve_format(dtype: str | None, device: torch.device, has_q4: bool = False) -> str:
     if dtype is None or dtype == "auto":
-        return default_format(device)
+        return default_format(device, has_q4)
     if dtype not in DTYPES:
         raise UserError(f"unsupported dtype {dtype!r} for language models; valid: "
-                        f"{', '.join(k for k in DTYPES)} (int8 = int8 weight-only with bf16 activations)")
+                        f"{', '.join(k for k in DTYPES)} (int8 / int4 = weight-only with bf16 activations)")
     return DTYPES[dtype]
 
 
@@ -59,7 +59,7 @@ class TorchSLMRunner(SLMRunner):
         self.source = lm_file.source
         self.weight_format = weight_format
         self.ops = K.select(kernels, device)
-        self.model = Llama(lm_file.config, lm_file.weights, self.ops, device, weight_format).eval()
+        self.model = Llama(lm_file.config, lm_file.weights, self.ops, device, weight_format, lm_file.q4).eval()
 
     def new_cache(self, max_batch: int, max_seq: int):
         if max_batch < 1 or max_seq < 1:
@@ -86,9 +86,10 @@ class TorchSLMRunner(SLMRunner):
 
 
 def build(model, device: torch.device, dtype: str | None, kernels: str = "torch") -> TorchSLMRunner:
-    fmt = resolve_format(dtype, device)
+    resolve_format(dtype, device)  # a bad dtype fails before the (slow) load
     t0 = time.perf_counter()
     f = load_file(model)
+    fmt = resolve_format(dtype, device, bool(getattr(f, "q4", None)))
     runner = TorchSLMRunner(f, device, fmt, kernels)
     log.info("loaded %s (%s; tensors %s) as %s on %s in %.1fs", model.name, model.format, f.tensor_types, fmt,
              device, time.perf_counter() - t0)

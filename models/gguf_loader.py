@@ -33,6 +33,9 @@ class LMFile:
     chat_template: str | None
     source: str
     tensor_types: dict[str, int] = field(default_factory=dict)  # quant type name -> count, for logs
+    # 4-bit weights exactly as the file stores them (Q4_0 / Q4_1 blocks): name -> (q uint8 [N, K] in 0..15,
+    # scale [N, K/32], zero [N, K/32]) with w = (q - 8) * scale + zero, for the int4 weight format
+    q4: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
 def _supported_types() -> dict[str, "gguf.GGMLQuantizationType"]:  # noqa: F821
@@ -103,6 +106,25 @@ def _dequantize(t, ok: dict) -> torch.Tensor:
     return torch.from_numpy(arr.reshape(shape))
 
 
+def _q4_blocks(t, shape):
+    """Q4_0 / Q4_1 tensor -> (q, scale, zero) per 32-weight block, without rounding anything:
+    Q4_0 block = f16 d, 16 bytes of nibbles, w = d * (q - 8)      -> scale d, zero 0
+    Q4_1 block = f16 d, f16 m, 16 bytes of nibbles, w = d * q + m -> scale d, zero m + 8 d
+    Nibble j of a block's bytes holds weight j (low half) and weight j + 16 (high half)."""
+    N, K = shape
+    name = t.tensor_type.name
+    head = 2 if name == "Q4_0" else 4
+    raw = np.asarray(t.data, dtype=np.uint8).reshape(N, K // 32, head + 16)
+    d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    qs = raw[..., head:]
+    q = np.concatenate([qs & 15, qs >> 4], axis=-1).reshape(N, K)
+    if name == "Q4_0":
+        zero = np.zeros_like(d)
+    else:
+        zero = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) + 8 * d
+    return torch.from_numpy(q.copy()), torch.from_numpy(d), torch.from_numpy(zero)
+
+
 def _num(md: dict, key: str, default=None, cast=int):
     if key in md:
         return cast(md[key])
@@ -163,6 +185,7 @@ def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
     per_layer = {"attn_norm": "attn_norm", "attn_q": "wq", "attn_k": "wk", "attn_v": "wv", "attn_output": "wo",
                  "ffn_norm": "ffn_norm", "ffn_gate": "w_gate", "ffn_up": "w_up", "ffn_down": "w_down"}
     weights: dict[str, torch.Tensor] = {}
+    q4s: dict[str, tuple] = {}
     types: dict[str, int] = {}
     for tname, t in tensors.items():
         if tname in names:
@@ -179,14 +202,18 @@ def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
         else:
             raise ModelError(f"{path}: unexpected tensor {tname!r} for a Llama-family model")
         w = _dequantize(t, ok)
-        if key.endswith(".wq"):
-            w = _unpermute(w, cfg.n_heads)
-        elif key.endswith(".wk"):
-            w = _unpermute(w, cfg.n_kv_heads)
+        q4 = _q4_blocks(t, w.shape) if t.tensor_type.name in ("Q4_0", "Q4_1") and w.ndim == 2 else None
+        if key.endswith(".wq") or key.endswith(".wk"):
+            n = cfg.n_heads if key.endswith(".wq") else cfg.n_kv_heads
+            w = _unpermute(w, n)
+            if q4 is not None:  # a row permutation: the blocks' rows move with them
+                q4 = tuple(_unpermute(x, n) for x in q4)
         weights[key] = w
+        if q4 is not None:
+            q4s[key] = q4
         types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
     if "rope_freqs" in weights:
         cfg = cfg.replace(rope_scaling=RopeScaling("freq_factors", 1.0,
                                                    freq_factors=tuple(weights.pop("rope_freqs").tolist())))
     tok = LMTokenizer.from_gguf_metadata(md, path)
-    return LMFile(cfg, weights, tok, md.get("tokenizer.chat_template"), str(path), types)
+    return LMFile(cfg, weights, tok, md.get("tokenizer.chat_template"), str(path), types, q4s)

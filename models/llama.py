@@ -90,7 +90,23 @@ WEIGHT_FORMATS: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
     "int8": torch.bfloat16,  # int8 weight-only, per-output-channel scale; bf16 activations
+    # 4-bit weight-only in groups of 32, bf16 activations: a GGUF's Q4_0 / Q4_1 blocks are kept exactly
+    # (no requantization); other linear weights of such a file (e.g. a Q8_0 or Q6_K tensor) become int8;
+    # a float checkpoint is quantized to 4 bits per group by min/max. The output head stays int8.
+    "int4": torch.bfloat16,
 }
+
+
+def quantize_int4(w: torch.Tensor, group: int = 32):
+    """float [N, K] -> (q, scale, zero) by asymmetric min/max per group of `group` (w = (q - 8) * s + z)."""
+    N, K = w.shape
+    if K % group:
+        raise ValueError(f"int4 needs the input size ({K}) to be a multiple of the group size {group}")
+    g = w.float().view(N, K // group, group)
+    lo, hi = g.amin(-1), g.amax(-1)
+    scale = ((hi - lo) / 15).clamp_min(1e-12)
+    q = torch.round((g - lo[..., None]) / scale[..., None]).clamp_(0, 15).to(torch.uint8).view(N, K)
+    return q, scale, lo + 8 * scale
 
 
 def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
@@ -120,9 +136,22 @@ def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
 class Linear(nn.Module):
     """y = x @ W.T with W stored as `fmt` (see WEIGHT_FORMATS); the op comes from the kernel set."""
 
-    def __init__(self, ops, weight: torch.Tensor, fmt: str, device: torch.device):
+    def __init__(self, ops, weight: torch.Tensor, fmt: str, device: torch.device, q4=None):
+        """q4: the file's own 4-bit blocks (q, scale, zero) for this weight, used by fmt 'int4'; with
+        fmt 'int4' and no blocks, `q4='quantize'` quantizes the float weight, None falls back to int8."""
         super().__init__()
         self.out_features, self.in_features = weight.shape
+        self.fmt = fmt
+        if fmt == "int4" and q4 is not None:
+            q, scale, zero = quantize_int4(weight) if isinstance(q4, str) else q4
+            packed, sz = ops.pack_int4(q.to(device), scale.to(device), zero.to(device), WEIGHT_FORMATS[fmt])
+            self.register_buffer("weight", packed)
+            self.register_buffer("scale", sz)
+            self._op = ops.linear_int4
+            self._int8 = True  # (x, weight, scale) call
+            return
+        if fmt == "int4":
+            fmt = self.fmt = "int8"
         if fmt == "int8":
             w = weight.to(device=device, dtype=torch.float32)
             # symmetric per-row: scale = max|w| / 127 (a zero row keeps scale 1 to avoid 0/0)
@@ -144,16 +173,23 @@ class Linear(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: LlamaConfig, ops, w: dict, fmt: str, device, adtype):
+    def __init__(self, cfg: LlamaConfig, ops, w: dict, fmt: str, device, adtype, q4: dict | str | None = None):
         super().__init__()
         self.ops, self.cfg = ops, cfg
         self.attn_norm = nn.Parameter(w["attn_norm"].to(device, adtype), requires_grad=False)
         self.ffn_norm = nn.Parameter(w["ffn_norm"].to(device, adtype), requires_grad=False)
+
+        def blocks(*names):  # the file's 4-bit blocks of these (fused) weights, if it has them for all
+            if q4 is None or isinstance(q4, str):
+                return q4
+            if all(n in q4 for n in names):
+                return tuple(torch.cat([q4[n][i] for n in names]) for i in range(3))
+            return None
         # fused projections: [(H + 2 Hkv) * D, dim] and [2 * hidden, dim]
-        self.wqkv = Linear(ops, torch.cat([w["wq"], w["wk"], w["wv"]]), fmt, device)
-        self.wo = Linear(ops, w["wo"], fmt, device)
-        self.w_gate_up = Linear(ops, torch.cat([w["w_gate"], w["w_up"]]), fmt, device)
-        self.w_down = Linear(ops, w["w_down"], fmt, device)
+        self.wqkv = Linear(ops, torch.cat([w["wq"], w["wk"], w["wv"]]), fmt, device, blocks("wq", "wk", "wv"))
+        self.wo = Linear(ops, w["wo"], fmt, device, blocks("wo"))
+        self.w_gate_up = Linear(ops, torch.cat([w["w_gate"], w["w_up"]]), fmt, device, blocks("w_gate", "w_up"))
+        self.w_down = Linear(ops, w["w_down"], fmt, device, blocks("w_down"))
         self.q_size = cfg.n_heads * cfg.head_dim
         self.kv_size = cfg.n_kv_heads * cfg.head_dim
 
@@ -203,7 +239,9 @@ class KVCache:
 
 class Llama(nn.Module):
     def __init__(self, cfg: LlamaConfig, weights: dict[str, torch.Tensor], ops, device: torch.device,
-                 weight_format: str = "float32"):
+                 weight_format: str = "float32", q4: dict | None = None):
+        """weights: float tensors named as models.gguf_loader produces them; q4: the file's 4-bit blocks
+        (gguf_loader.LMFile.q4) for weight_format 'int4' — without any, int4 quantizes the float weights."""
         super().__init__()
         if weight_format not in WEIGHT_FORMATS:
             raise ValueError(f"unknown weight format {weight_format!r}; valid: {', '.join(WEIGHT_FORMATS)}")
@@ -220,10 +258,14 @@ class Llama(nn.Module):
         if emb.shape != (cfg.vocab_size, cfg.dim):
             raise ValueError(f"token embedding has shape {tuple(emb.shape)}, config says {(cfg.vocab_size, cfg.dim)}")
         self.tok_embeddings = nn.Parameter(emb.to(device, self.dtype), requires_grad=False)
+        names = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
+        q4 = q4 or "quantize"  # no 4-bit blocks in the file: quantize (used by int4 only)
+
+        def layer_q4(i):
+            return q4 if isinstance(q4, str) else {n: q4[f"layers.{i}.{n}"] for n in names if f"layers.{i}.{n}" in q4}
         self.layers = nn.ModuleList(
-            Block(cfg, ops, {n: weights[f"layers.{i}.{n}"] for n in
-                             ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")},
-                  weight_format, device, self.dtype)
+            Block(cfg, ops, {n: weights[f"layers.{i}.{n}"] for n in names}, weight_format, device, self.dtype,
+                  layer_q4(i))
             for i in range(cfg.n_layers))
         self.norm = nn.Parameter(weights["norm"].to(device, self.dtype), requires_grad=False)
         self.output = Linear(ops, weights["tok_embeddings" if cfg.tie_embeddings else "output"], weight_format, device)
