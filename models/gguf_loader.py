@@ -202,7 +202,8 @@ def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
         else:
             raise ModelError(f"{path}: unexpected tensor {tname!r} for a Llama-family model")
         w = _dequantize(t, ok)
-        q4 = _q4_blocks(t, w.shape) if t.tensor_type.name in ("Q4_0", "Q4_1") and w.ndim == 2 else None
+        q4 = (_q4_blocks(t, w.shape) if t.tensor_type.name in ("Q4_0", "Q4_1") and key.startswith("layers.")
+              and w.ndim == 2 else None)  # (the embedding is gathered from, and the head stays int8)
         if key.endswith(".wq") or key.endswith(".wk"):
             n = cfg.n_heads if key.endswith(".wq") else cfg.n_kv_heads
             w = _unpermute(w, n)

@@ -50,10 +50,10 @@ def write_llama_gguf(path, types: dict[str, "T"], arch="llama", extra_tensor=Non
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     alpha = list(byte_alphabet().values())
-    toks = alpha + [f"<tok{i}>" for i in range(VOCAB - len(alpha) - 2)] + ["<|im_start|>", "<|im_end|>"]
+    toks = alpha + ["Ġt"] + [f"<tok{i}>" for i in range(VOCAB - len(alpha) - 3)] + ["<|im_start|>", "<|im_end|>"]
     w.add_token_list(toks)
     w.add_token_types([1] * (VOCAB - 2) + [3, 3])
-    w.add_token_merges([])
+    w.add_token_merges(["Ġ t"])
     w.add_eos_token_id(VOCAB - 1)
     w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
     originals = {}
