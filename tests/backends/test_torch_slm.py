@@ -23,7 +23,8 @@ def test_linear_int8_matches_definition(shape):
     exact = x.float() @ (w.float() * s.bfloat16().float()[:, None]).t()
     assert fast.shape == (*shape[:-1], N) and fast.dtype == torch.bfloat16
     assert torch.allclose(fast.float(), exact, rtol=2e-2, atol=2e-2 * exact.abs().max().item())
-    assert torch.allclose(ref.linear_int8_ref(x.float(), w, s), exact, rtol=1e-4, atol=1e-4)
+    exact32 = x.float() @ (w.float() * s[:, None]).t()
+    assert torch.allclose(ref.linear_int8_ref(x.float(), w, s), exact32, rtol=1e-4, atol=1e-3)
     # a non-contiguous input (a slice of a fused projection) works too
     xx = torch.randn(shape[0], 2 * K, generator=g).bfloat16()[:, :K]
     assert torch.allclose(ref.linear_int8(xx, w, s.bfloat16()).float(),
