@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import importlib
 
-from .base import ASRRunner, Backend, SLMRunner, TTSRunner
+from .base import ASRRunner, Backend, Latent, SLMRunner, TTSRunner
 
 BACKENDS: dict[str, str] = {
     "torch": "speechrt.backends.torch_backend:TorchBackend",
+    "onnxruntime": "speechrt.backends.onnxruntime_backend:OnnxRuntimeBackend",
 }
 
 
@@ -42,4 +43,4 @@ def available() -> list[str]:
     return out
 
 
-__all__ = ["ASRRunner", "SLMRunner", "TTSRunner", "Backend", "BACKENDS", "BackendUnavailable", "get", "available"]
+__all__ = ["ASRRunner", "SLMRunner", "TTSRunner", "Latent", "Backend", "BACKENDS", "BackendUnavailable", "get", "available"]

@@ -96,15 +96,24 @@ class OnnxWeights:
     inputs: tuple  # graph input names
 
 
-def read_onnx_weights(path: Path) -> OnnxWeights:
+def load_onnx(path: Path):
+    """onnx.ModelProto of a file, or a ModelError saying it is not ONNX."""
+    try:
+        import onnx
+    except ImportError:
+        raise ModelError("reading Piper voices needs the onnx package: pip install onnx") from None
+    try:
+        return onnx.load(str(path))
+    except Exception as e:  # onnx raises DecodeError and friends for non-ONNX bytes
+        raise ModelError(f"{path}: not an ONNX model ({type(e).__name__}: {e})") from None
+
+
+def read_onnx_weights(path_or_model) -> OnnxWeights:
     """Every float initializer of a Piper ONNX graph under its PyTorch parameter name."""
     import onnx
     from onnx import numpy_helper
 
-    try:
-        model = onnx.load(str(path))
-    except Exception as e:  # onnx raises DecodeError and friends for non-ONNX bytes
-        raise ModelError(f"{path}: not an ONNX model ({type(e).__name__}: {e})") from None
+    model = path_or_model if isinstance(path_or_model, onnx.ModelProto) else load_onnx(path_or_model)
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     consumers = defaultdict(list)
