@@ -1,0 +1,74 @@
+"""ASR runner of the torch backend: models/whisper.py run eagerly, state in a preallocated KV cache."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from speechrt.errors import UserError
+from speechrt.kernels import select
+from speechrt.models.whisper import Whisper
+from speechrt.models.whisper_loaders import WhisperWeights, load_weights
+
+from .base import ASRRunner
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def parse_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.float16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+@dataclass
+class DecoderState:
+    caches: list  # per layer (k, v) [N, H, max_len, Dh]
+    cross: list  # per layer (k, v) [N, H, S, Dh]
+    offset: int
+
+
+class TorchASRRunner(ASRRunner):
+    def __init__(self, weights: WhisperWeights, device: torch.device, dtype: torch.dtype, kernels: str = "torch"):
+        self.config, self.device, self.dtype = weights.config, device, dtype
+        self.weights_info = weights
+        model = Whisper(weights.config, select(kernels, device))
+        missing, unexpected = model.load_state_dict(weights.state, strict=False)
+        missing = [m for m in missing if m != "encoder.positional_embedding"]
+        if missing or unexpected:
+            raise UserError(f"weights do not fit the Whisper model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        self.model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+    @torch.inference_mode()
+    def encode(self, mel):
+        return self.model.encoder(mel.to(self.device, self.dtype))
+
+    @torch.inference_mode()
+    def start(self, encoded, repeat, max_tokens):
+        cross = self.model.cross_kv(encoded)
+        if repeat > 1:
+            cross = [(k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0)) for k, v in cross]
+        n = encoded.shape[0] * repeat
+        max_tokens = min(max_tokens, self.config.n_text_ctx)
+        return DecoderState(self.model.new_cache(n, max_tokens, self.dtype, self.device), cross, 0)
+
+    @torch.inference_mode()
+    def decode_step(self, state, tokens):
+        t = tokens.shape[1]
+        if state.offset + t > state.caches[0][0].shape[2]:
+            raise RuntimeError(f"decoder cache full ({state.caches[0][0].shape[2]} positions)")
+        logits = self.model.decoder(tokens.to(self.device), state.caches, state.offset, state.cross)
+        state.offset += t
+        return logits
+
+    @torch.inference_mode()
+    def reorder(self, state, index):
+        state.caches = [(k.index_select(0, index), v.index_select(0, index)) for k, v in state.caches]
+        state.cross = [(k.index_select(0, index), v.index_select(0, index)) for k, v in state.cross]
+        return state
+
+
+def build(model, device, dtype, kernels="torch"):
+    return TorchASRRunner(load_weights(model), device, parse_dtype(dtype, device), kernels)

@@ -1,0 +1,362 @@
+"""Whisper decoding, written once against the ASRRunner interface (backends/base.py).
+
+Greedy, temperature sampling and beam search per 30-second window, with Whisper's logit rules
+(suppress blank at the start, suppressed tokens, timestamp pairing and monotonicity, the
+max-initial-timestamp bound, forcing a timestamp when timestamps are jointly more likely than any text
+token), temperature fallback on repetitive or low-confidence output, and long-form transcription that
+seeks window to window by the predicted timestamps (openai/whisper's `transcribe`).
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from speechrt.errors import UserError
+
+from .audio import CHUNK_LENGTH, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, log_mel_spectrogram, pad_or_trim_frames
+
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class TranscribeOptions:
+    beam_size: int = 1  # 1 = greedy (at temperature 0)
+    patience: float = 1.0
+    length_penalty: float | None = None
+    temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # fallback ladder
+    best_of: int = 5  # candidates sampled at temperature > 0
+    compression_ratio_threshold: float | None = 2.4
+    logprob_threshold: float | None = -1.0
+    no_speech_threshold: float | None = 0.6
+    condition_on_previous_text: bool = True
+    initial_prompt: str | None = None
+    without_timestamps: bool = False
+    max_initial_timestamp: float = 1.0
+    suppress_blank: bool = True
+    suppress_tokens: tuple[int, ...] = (-1,)
+    language: str | None = None  # None: English for .en models, detected for multilingual ones
+    task: str = "transcribe"
+    sample_len: int | None = None  # max tokens per window; default n_text_ctx // 2
+    seed: int = 0
+
+    def __post_init__(self):
+        def bad(msg):
+            raise UserError(f"invalid transcription option: {msg}")
+        if self.beam_size < 1:
+            bad(f"beam_size must be >= 1, got {self.beam_size}")
+        if self.best_of < 1:
+            bad(f"best_of must be >= 1, got {self.best_of}")
+        if self.patience <= 0:
+            bad(f"patience must be > 0, got {self.patience}")
+        if not self.temperatures or any(not (0 <= t <= 2) for t in self.temperatures):
+            bad(f"temperatures must be a non-empty list of values in [0, 2], got {self.temperatures}")
+        if self.task not in ("transcribe", "translate"):
+            bad(f"task must be 'transcribe' or 'translate', got {self.task!r}")
+        if self.sample_len is not None and self.sample_len < 1:
+            bad(f"sample_len must be >= 1, got {self.sample_len}")
+
+
+@dataclass
+class WindowResult:
+    tokens: list[int]  # sampled tokens, end-of-text excluded
+    text: str
+    avg_logprob: float
+    no_speech_prob: float
+    temperature: float
+    compression_ratio: float
+
+
+@dataclass
+class Segment:
+    id: int
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    avg_logprob: float
+    no_speech_prob: float
+    temperature: float
+    compression_ratio: float
+
+
+@dataclass
+class Transcript:
+    text: str
+    segments: list[Segment] = field(default_factory=list)
+    language: str = "en"
+    duration: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "language": self.language, "duration": self.duration,
+                "segments": [{"id": s.id, "start": round(s.start, 3), "end": round(s.end, 3), "text": s.text,
+                              "avg_logprob": s.avg_logprob, "no_speech_prob": s.no_speech_prob,
+                              "temperature": s.temperature} for s in self.segments]}
+
+
+def compression_ratio(text: str) -> float:
+    b = text.encode("utf-8")
+    return len(b) / len(zlib.compress(b)) if b else 0.0
+
+
+class _Rules:
+    """Whisper's logit filters for one window, precomputed as index tensors."""
+
+    def __init__(self, tok, opts: TranscribeOptions, sample_begin: int, device):
+        self.tok = tok
+        self.ts = not opts.without_timestamps
+        self.tb = tok.timestamp_begin
+        self.eot = tok.eot
+        self.blank = torch.tensor(tok.encode(" ") + [tok.eot], device=device) if opts.suppress_blank else None
+        self.suppress = torch.tensor(tok.suppress_ids(opts.suppress_tokens), device=device)
+        # openai: precision = 30 s / 1500 positions = 0.02 s per timestamp token
+        self.max_initial = round(opts.max_initial_timestamp / 0.02) if opts.max_initial_timestamp is not None else None
+
+    def apply(self, logits: torch.Tensor, seqs: list[list[int]]):
+        """logits [N, V] (modified in place); seqs[n] are row n's sampled tokens so far."""
+        first = len(seqs[0]) == 0
+        if first and self.blank is not None:
+            logits[:, self.blank] = NEG_INF
+        logits[:, self.suppress] = NEG_INF
+        if not self.ts:
+            return
+        tb = self.tb
+        logits[:, self.tok.no_timestamps] = NEG_INF
+        for n, seq in enumerate(seqs):
+            last_ts = len(seq) >= 1 and seq[-1] >= tb
+            penult_ts = len(seq) < 2 or seq[-2] >= tb
+            if last_ts:
+                if penult_ts:  # a pair closed: text must follow
+                    logits[n, tb:] = NEG_INF
+                else:  # an open timestamp: another timestamp or end of text must follow
+                    logits[n, : self.eot] = NEG_INF
+            last = next((t for t in reversed(seq) if t >= tb), None)
+            if last is not None:  # timestamps never decrease (and a new pair starts strictly later)
+                upto = last if (last_ts and not penult_ts) else last + 1
+                logits[n, tb:upto] = NEG_INF
+        if first:
+            logits[:, :tb] = NEG_INF
+            if self.max_initial is not None:
+                logits[:, tb + self.max_initial + 1:] = NEG_INF
+        lp = torch.log_softmax(logits, dim=-1)
+        ts_lp = torch.logsumexp(lp[:, tb:], dim=-1)
+        text_max = lp[:, :tb].max(dim=-1).values
+        force = ts_lp > text_max
+        if force.any():
+            logits[force, :tb] = NEG_INF
+
+
+class WhisperDecoder:
+    """Decodes 30-second windows through an ASRRunner."""
+
+    def __init__(self, runner, tokenizer, suppress_ids_begin=None):
+        self.runner, self.tok = runner, tokenizer
+        self.cfg = runner.config
+
+    # -- one window -------------------------------------------------------------------------------
+    def _prompt(self, prev: list[int], opts: TranscribeOptions, language: str) -> tuple[list[int], int]:
+        out = []
+        if prev:
+            out = [self.tok.sot_prev] + prev[-(self.cfg.n_text_ctx // 2 - 1):]
+        sot_index = len(out)
+        out += self.tok.sot_sequence(language, opts.task)
+        if opts.without_timestamps:
+            out.append(self.tok.no_timestamps)
+        return out, sot_index
+
+    @torch.inference_mode()
+    def detect_language(self, encoded) -> str:
+        state = self.runner.start(encoded, 1, 1)
+        logits = self.runner.decode_step(state, torch.tensor([[self.tok.sot]], device=self.runner.device))[0]
+        ids = torch.tensor(self.tok.language_ids, device=logits.device)
+        return self.tok.languages[int(logits[ids].argmax())]
+
+    @torch.inference_mode()
+    def decode_window(self, encoded, prev: list[int], opts: TranscribeOptions, temperature: float,
+                      language: str, gen: torch.Generator) -> WindowResult:
+        prompt, sot_index = self._prompt(prev, opts, language)
+        sample_len = opts.sample_len or self.cfg.n_text_ctx // 2
+        sample_len = min(sample_len, self.cfg.n_text_ctx - len(prompt))
+        beam = opts.beam_size if temperature == 0 else 1
+        n = beam if temperature == 0 else (opts.best_of if opts.best_of > 1 else 1)
+        dev = self.runner.device
+        state = self.runner.start(encoded, n, len(prompt) + sample_len)
+        rules = _Rules(self.tok, opts, len(prompt), dev)
+        # First the prompt up to <|startoftranscript|>: its logits give the no-speech probability.
+        logits = self.runner.decode_step(state, torch.tensor([prompt[: sot_index + 1]] * n, device=dev))
+        no_speech = float(torch.softmax(logits[0], -1)[self.tok.no_speech]) if self.tok.no_speech is not None else math.nan
+        if sot_index + 1 < len(prompt):
+            logits = self.runner.decode_step(state, torch.tensor([prompt[sot_index + 1:]] * n, device=dev))
+        if beam > 1:
+            seqs, sum_lp = self._beam(state, logits, rules, beam, opts, sample_len)
+        else:
+            seqs, sum_lp = self._sample(state, logits, rules, n, temperature, sample_len, gen)
+        # rank candidates by length-normalized log probability (openai's MaximumLikelihoodRanker)
+        def score(i):
+            L = len(seqs[i])
+            pen = L if opts.length_penalty is None else ((5 + L) / 6) ** opts.length_penalty
+            return sum_lp[i] / max(pen, 1e-9)
+        best = max(range(len(seqs)), key=score)
+        toks = seqs[best]
+        text = self.tok.decode(toks)
+        return WindowResult(toks, text, sum_lp[best] / (len(toks) + 1), no_speech, temperature, compression_ratio(text))
+
+    def _sample(self, state, logits, rules, n, temperature, sample_len, gen):
+        """Greedy (temperature 0) or sampled decoding of n rows; finished rows leave the batch."""
+        seqs: list[list[int]] = [[] for _ in range(n)]
+        sum_lp = [0.0] * n
+        active = list(range(n))
+        eot = self.tok.eot
+        for _ in range(sample_len):
+            rules.apply(logits, [seqs[i] for i in active])
+            lp = torch.log_softmax(logits, dim=-1)
+            if temperature == 0:
+                nxt = logits.argmax(dim=-1)
+            else:
+                nxt = torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=gen)[:, 0]
+            picked = lp.gather(1, nxt[:, None])[:, 0].tolist()
+            nxt_l = nxt.tolist()
+            keep = []
+            for j, i in enumerate(active):
+                sum_lp[i] += picked[j]
+                if nxt_l[j] == eot:
+                    continue
+                seqs[i].append(nxt_l[j])
+                keep.append(j)
+            if not keep:
+                break
+            if len(keep) < len(active):
+                state = self.runner.reorder(state, torch.tensor(keep, device=logits.device))
+                active = [active[j] for j in keep]
+                nxt = nxt[keep]
+            logits = self.runner.decode_step(state, nxt[:, None])
+        return seqs, sum_lp
+
+    def _beam(self, state, logits, rules, beam, opts, sample_len):
+        """Beam search as openai/whisper: keep `beam` live hypotheses, collect finished ones until
+        round(beam * patience) have ended."""
+        eot = self.tok.eot
+        max_candidates = max(1, round(beam * opts.patience))
+        seqs: list[list[int]] = [[] for _ in range(beam)]
+        sum_lp = [0.0] * beam
+        finished: dict[tuple, float] = {}
+        for _ in range(sample_len):
+            rules.apply(logits, seqs)
+            lp = torch.log_softmax(logits, dim=-1)
+            top_lp, top_id = lp.topk(beam + 1, dim=-1)
+            top_lp, top_id = top_lp.tolist(), top_id.tolist()
+            scores: dict[tuple, float] = {}
+            sources: dict[tuple, int] = {}
+            for r in range(len(seqs)):
+                for l, t in zip(top_lp[r], top_id[r]):
+                    s = tuple(seqs[r]) + (t,)
+                    scores[s], sources[s] = sum_lp[r] + l, r
+            new_seqs, new_lp, src = [], [], []
+            for s in sorted(scores, key=scores.get, reverse=True):
+                if s[-1] == eot:
+                    if len(finished) < max_candidates:
+                        finished.setdefault(s[:-1], scores[s])
+                else:
+                    new_seqs.append(list(s))
+                    new_lp.append(scores[s])
+                    src.append(sources[s])
+                    if len(new_seqs) == beam:
+                        break
+            if len(finished) >= max_candidates or not new_seqs:
+                break
+            state = self.runner.reorder(state, torch.tensor(src, device=logits.device))
+            seqs, sum_lp = new_seqs, new_lp
+            logits = self.runner.decode_step(state, torch.tensor([[s[-1]] for s in seqs], device=logits.device))
+        if len(finished) < beam:  # unfinished hypotheses fill up the candidates
+            for s, l in sorted(zip(seqs, sum_lp), key=lambda x: -x[1]):
+                finished.setdefault(tuple(s), l)
+                if len(finished) >= beam:
+                    break
+        keys = list(finished)
+        return [list(k) for k in keys], [finished[k] for k in keys]
+
+    def decode_with_fallback(self, encoded, prev, opts, language, gen) -> WindowResult:
+        res = None
+        for t in opts.temperatures:
+            res = self.decode_window(encoded, prev, opts, t, language, gen)
+            too_repetitive = opts.compression_ratio_threshold is not None and res.compression_ratio > opts.compression_ratio_threshold
+            too_unsure = opts.logprob_threshold is not None and res.avg_logprob < opts.logprob_threshold
+            silent = opts.no_speech_threshold is not None and res.no_speech_prob > opts.no_speech_threshold
+            if silent and opts.logprob_threshold is not None and res.avg_logprob < opts.logprob_threshold:
+                return res  # silence: no need to retry
+            if not too_repetitive and not too_unsure:
+                return res
+        return res
+
+    # -- long form -----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def transcribe(self, audio: np.ndarray, opts: TranscribeOptions | None = None, on_segment=None) -> Transcript:
+        """audio: float32 mono at 16 kHz, any length. Windows of 30 s; each next window starts where the
+        last complete segment of the previous one ended."""
+        opts = opts or TranscribeOptions()
+        dev = self.runner.device
+        mel = log_mel_spectrogram(audio, self.cfg.n_mels, padding=N_FRAMES * HOP_LENGTH, device=dev)
+        content_frames = mel.shape[-1] - N_FRAMES
+        duration = len(audio) / SAMPLE_RATE
+        gen = torch.Generator(device=dev).manual_seed(opts.seed)
+        tb, prec = self.tok.timestamp_begin, CHUNK_LENGTH / self.cfg.n_audio_ctx  # 0.02 s per token
+        input_stride = N_FRAMES // self.cfg.n_audio_ctx  # mel frames per output position (2)
+        language = opts.language or ("en" if not self.tok.multilingual else None)
+        all_tokens: list[int] = []
+        if opts.initial_prompt:
+            all_tokens = self.tok.encode(" " + opts.initial_prompt.strip())
+        prompt_reset = len(all_tokens)
+        segments: list[Segment] = []
+        seek = 0
+        while seek < content_frames:
+            time_offset = seek * HOP_LENGTH / SAMPLE_RATE
+            seg_frames = min(N_FRAMES, content_frames - seek)
+            window = pad_or_trim_frames(mel[:, seek: seek + seg_frames])[None]
+            encoded = self.runner.encode(window)
+            if language is None:
+                language = self.detect_language(encoded)
+            res = self.decode_with_fallback(encoded, all_tokens[prompt_reset:], opts, language, gen)
+            if opts.no_speech_threshold is not None and res.no_speech_prob > opts.no_speech_threshold and (
+                    opts.logprob_threshold is None or res.avg_logprob < opts.logprob_threshold):
+                seek += seg_frames  # silence: skip the window
+                continue
+            toks = res.tokens
+            new: list[tuple[float, float, list[int]]] = []
+            is_ts = [t >= tb for t in toks]
+            single_ending = len(toks) >= 2 and is_ts[-2:] == [False, True]
+            consecutive = [i + 1 for i in range(len(toks) - 1) if is_ts[i] and is_ts[i + 1]]
+            if consecutive:
+                slices = consecutive + ([len(toks)] if single_ending else [])
+                last = 0
+                for cur in slices:
+                    part = toks[last:cur]
+                    new.append((time_offset + (part[0] - tb) * prec, time_offset + (part[-1] - tb) * prec, part))
+                    last = cur
+                if single_ending:
+                    seek += seg_frames
+                else:
+                    seek += (toks[last - 1] - tb) * input_stride
+            else:
+                dur = seg_frames * HOP_LENGTH / SAMPLE_RATE
+                stamps = [t for t in toks if t >= tb]
+                if stamps and stamps[-1] != tb:
+                    dur = (stamps[-1] - tb) * prec
+                new.append((time_offset, time_offset + dur, toks))
+                seek += seg_frames
+            for start, end, part in new:
+                text = self.tok.decode(part)
+                if not text.strip() or start == end:
+                    continue  # instantaneous or empty segments are dropped, from the prompt too
+                s = Segment(len(segments), start, min(end, duration), text, [t for t in part if t < self.tok.eot],
+                            res.avg_logprob, res.no_speech_prob, res.temperature, res.compression_ratio)
+                segments.append(s)
+                all_tokens.extend(part)
+                if on_segment:
+                    on_segment(s)
+            if not opts.condition_on_previous_text or res.temperature > 0.5:
+                prompt_reset = len(all_tokens)
+        text = "".join(s.text for s in segments).strip()
+        return Transcript(text, segments, language or "en", duration)

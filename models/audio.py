@@ -1,0 +1,139 @@
+"""Audio front end: decoding files, resampling, and Whisper's log-mel spectrogram.
+
+The mel filterbank is the Slaney-normalized one librosa builds (and openai-whisper ships precomputed);
+it is computed here in numpy so no librosa is needed.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from speechrt.errors import UserError
+
+SAMPLE_RATE = 16000
+N_FFT = 400
+HOP_LENGTH = 160
+CHUNK_LENGTH = 30
+N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000 samples in a 30-second window
+N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 frames in a mel window
+
+
+class AudioError(UserError, ValueError):
+    """An audio input that cannot be used; the message says what is accepted."""
+
+
+def resample(audio: np.ndarray, orig_sr: int, target_sr: int) -> np.ndarray:
+    """Band-limited resampling with libsoxr (HQ). audio [n] or [n, channels] float32."""
+    if orig_sr == target_sr:
+        return np.ascontiguousarray(audio, dtype=np.float32)
+    if orig_sr <= 0:
+        raise AudioError(f"invalid sample rate {orig_sr}")
+    import soxr
+
+    return soxr.resample(np.ascontiguousarray(audio, dtype=np.float32), orig_sr, target_sr, quality="HQ")
+
+
+def load_audio(source, sample_rate: int = SAMPLE_RATE, source_rate: int | None = None) -> np.ndarray:
+    """Mono float32 audio at `sample_rate` from a file path (WAV, FLAC, OGG/Vorbis/Opus, MP3 — whatever
+    libsndfile reads, any rate, any channel count) or from an array ([n] or [n, channels], with
+    `source_rate`; int16 arrays are scaled to [-1, 1])."""
+    if isinstance(source, (str, Path)):
+        import soundfile as sf
+
+        p = Path(source)
+        if not p.exists():
+            raise AudioError(f"{p}: no such file")
+        if p.stat().st_size == 0:
+            raise AudioError(f"{p}: the file is empty")
+        try:
+            data, sr = sf.read(str(p), dtype="float32", always_2d=True)
+        except Exception as e:  # soundfile raises LibsndfileError / RuntimeError for unknown formats
+            fmts = "WAV, FLAC, OGG (Vorbis/Opus), MP3, AIFF"
+            raise AudioError(f"{p}: not a readable audio file ({e}); readable formats: {fmts}") from None
+        if data.shape[0] == 0:
+            raise AudioError(f"{p}: the audio file contains no samples")
+    else:
+        if source_rate is None:
+            raise AudioError("an audio array needs its sample rate (source_rate=...)")
+        data, sr = np.asarray(source), source_rate
+        if data.dtype == np.int16:
+            data = data.astype(np.float32) / 32768.0
+        elif data.dtype.kind != "f":
+            raise AudioError(f"audio arrays must be float (in [-1, 1]) or int16, got {data.dtype}")
+        if data.ndim == 2 and data.shape[0] < data.shape[1] and data.shape[0] <= 8:
+            data = data.T  # [channels, n] -> [n, channels]
+        if data.ndim not in (1, 2) or data.size == 0:
+            raise AudioError(f"audio array must be non-empty with shape [n] or [n, channels], got {data.shape}")
+    if data.ndim == 2:
+        data = data.mean(axis=1)
+    data = data.astype(np.float32, copy=False)
+    if not np.isfinite(data).all():
+        raise AudioError("audio contains NaN or infinite samples")
+    return resample(data, int(sr), sample_rate)
+
+
+def _hz_to_mel(f):
+    f = np.asarray(f, dtype=np.float64)
+    f_sp, min_log_hz, logstep = 200.0 / 3, 1000.0, np.log(6.4) / 27.0
+    min_log_mel = min_log_hz / f_sp
+    return np.where(f >= min_log_hz, min_log_mel + np.log(np.maximum(f, 1e-10) / min_log_hz) / logstep, f / f_sp)
+
+
+def _mel_to_hz(m):
+    m = np.asarray(m, dtype=np.float64)
+    f_sp, min_log_hz, logstep = 200.0 / 3, 1000.0, np.log(6.4) / 27.0
+    min_log_mel = min_log_hz / f_sp
+    return np.where(m >= min_log_mel, min_log_hz * np.exp(logstep * (m - min_log_mel)), f_sp * m)
+
+
+@functools.lru_cache(maxsize=None)
+def mel_filters_np(n_mels: int, sr: int = SAMPLE_RATE, n_fft: int = N_FFT) -> np.ndarray:
+    """Slaney mel filterbank [n_mels, n_fft // 2 + 1] (librosa.filters.mel(sr, n_fft, n_mels))."""
+    fftfreqs = np.linspace(0, sr / 2, 1 + n_fft // 2)
+    mel_f = _mel_to_hz(np.linspace(_hz_to_mel(0.0), _hz_to_mel(sr / 2), n_mels + 2))
+    fdiff = np.diff(mel_f)
+    ramps = mel_f[:, None] - fftfreqs[None, :]
+    lower = -ramps[:-2] / fdiff[:-1, None]
+    upper = ramps[2:] / fdiff[1:, None]
+    weights = np.maximum(0, np.minimum(lower, upper))
+    weights *= (2.0 / (mel_f[2: n_mels + 2] - mel_f[:n_mels]))[:, None]
+    return weights.astype(np.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def _filters(n_mels: int, device: str) -> torch.Tensor:
+    return torch.from_numpy(mel_filters_np(n_mels)).to(device)
+
+
+@functools.lru_cache(maxsize=None)
+def _window(device: str) -> torch.Tensor:
+    return torch.hann_window(N_FFT, device=device)
+
+
+def log_mel_spectrogram(audio, n_mels: int = 80, padding: int = 0, device: str | torch.device = "cpu") -> torch.Tensor:
+    """Whisper's log-mel: |STFT|^2 (n_fft 400, hop 160, Hann, centered) -> Slaney mel -> log10,
+    floored at max - 8, scaled by (x + 4) / 4. audio [n] at 16 kHz (`padding` zeros appended first,
+    as Whisper appends 30 s so the last window is full) -> [n_mels, n // 160]."""
+    a = torch.as_tensor(audio, dtype=torch.float32, device=device)
+    if padding:
+        a = torch.nn.functional.pad(a, (0, padding))
+    dev = str(a.device)
+    stft = torch.stft(a, N_FFT, HOP_LENGTH, window=_window(dev), return_complex=True)
+    mag = stft[..., :-1].abs() ** 2
+    mel = _filters(n_mels, dev) @ mag
+    log_spec = torch.clamp(mel, min=1e-10).log10()
+    log_spec = torch.maximum(log_spec, log_spec.max() - 8.0)
+    return (log_spec + 4.0) / 4.0
+
+
+def pad_or_trim_frames(mel: torch.Tensor, length: int = N_FRAMES) -> torch.Tensor:
+    """[n_mels, n] -> [n_mels, length], zero-padded or cut at the end."""
+    n = mel.shape[-1]
+    if n > length:
+        return mel[..., :length]
+    if n < length:
+        return torch.nn.functional.pad(mel, (0, length - n))
+    return mel

@@ -1,0 +1,246 @@
+"""Whisper (openai/whisper) in PyTorch: log-mel in, encoder states and decoder logits out.
+
+Weights use one internal naming, with the self-attention projections fused (qkv) and the
+cross-attention key/value projections fused (kv); loaders for each file format map to it
+(models/whisper_loaders.py). Ops come from a KernelSet chosen once at construction.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from speechrt.kernels import KernelSet
+
+
+@dataclass(frozen=True)
+class WhisperConfig:
+    n_mels: int = 80
+    n_audio_ctx: int = 1500
+    n_audio_state: int = 384
+    n_audio_head: int = 6
+    n_audio_layer: int = 4
+    n_vocab: int = 51864
+    n_text_ctx: int = 448
+    n_text_state: int = 384
+    n_text_head: int = 6
+    n_text_layer: int = 4
+    n_audio_ffn: int = 0  # MLP width; 0 means 4 * state, as in every released checkpoint
+    n_text_ffn: int = 0
+
+    @property
+    def is_multilingual(self) -> bool:
+        return self.n_vocab >= 51865
+
+    @property
+    def num_languages(self) -> int:
+        return self.n_vocab - 51765 - int(self.is_multilingual)
+
+    def check(self) -> "WhisperConfig":
+        for name in ("n_audio_state", "n_text_state"):
+            heads = getattr(self, name.replace("state", "head"))
+            if getattr(self, name) % heads:
+                raise ValueError(f"{name}={getattr(self, name)} is not divisible by its head count {heads}")
+        return self
+
+
+def _preset(d, heads, layers, **kw) -> WhisperConfig:
+    return WhisperConfig(n_audio_state=d, n_audio_head=heads, n_audio_layer=layers, n_text_state=d,
+                         n_text_head=heads, n_text_layer=layers, **kw)
+
+
+PRESETS: dict[str, WhisperConfig] = {
+    "tiny.en": _preset(384, 6, 4),
+    "tiny": _preset(384, 6, 4, n_vocab=51865),
+    "base.en": _preset(512, 8, 6),
+    "base": _preset(512, 8, 6, n_vocab=51865),
+    "small.en": _preset(768, 12, 12),
+    "small": _preset(768, 12, 12, n_vocab=51865),
+    "medium.en": _preset(1024, 16, 24),
+    "medium": _preset(1024, 16, 24, n_vocab=51865),
+    "large-v2": _preset(1280, 20, 32, n_vocab=51865),
+    "large-v3": _preset(1280, 20, 32, n_vocab=51866, n_mels=128),
+    "large-v3-turbo": replace(_preset(1280, 20, 32, n_vocab=51866, n_mels=128), n_text_layer=4),
+}
+
+
+def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:
+    """Whisper's fixed encoder positional embedding [length, channels]."""
+    inc = math.log(max_timescale) / (channels // 2 - 1)
+    inv = torch.exp(-inc * torch.arange(channels // 2, dtype=torch.float32))
+    t = torch.arange(length, dtype=torch.float32)[:, None] * inv[None, :]
+    return torch.cat([torch.sin(t), torch.cos(t)], dim=1)
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, n: int, ops: KernelSet):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+        self.bias = nn.Parameter(torch.zeros(n))
+        self.ops = ops
+
+    def forward(self, x):
+        return self.ops.layer_norm(x, self.weight, self.bias, 1e-5)
+
+
+class Linear(nn.Module):
+    def __init__(self, n_in: int, n_out: int, ops: KernelSet, bias: bool = True):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_out, n_in))
+        self.bias = nn.Parameter(torch.zeros(n_out)) if bias else None
+        self.ops = ops
+
+    def forward(self, x):
+        return self.ops.linear(x, self.weight, self.bias)
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int, hidden: int, ops: KernelSet):
+        super().__init__()
+        self.fc1, self.fc2, self.ops = Linear(d, hidden or 4 * d, ops), Linear(hidden or 4 * d, d, ops), ops
+
+    def forward(self, x):
+        # gelu(x @ W1.T + b1) with the bias folded into the activation (fused in the Triton set)
+        return self.fc2(self.ops.gelu(self.ops.linear(x, self.fc1.weight), self.fc1.bias))
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with a fused qkv projection (Whisper's key projection has no bias:
+    its slice of the fused bias stays zero)."""
+
+    def __init__(self, d: int, heads: int, ops: KernelSet):
+        super().__init__()
+        self.heads, self.ops = heads, ops
+        self.qkv = Linear(d, 3 * d, ops)
+        self.out = Linear(d, d, ops)
+
+    def forward(self, x, cache: tuple[torch.Tensor, torch.Tensor] | None = None, offset: int = 0):
+        """x [B, T, d]. With cache (k, v each [B, H, max_len, Dh]) the new keys/values are written at
+        positions offset..offset+T-1 and attention runs over positions < offset+T, causally."""
+        B, T, d = x.shape
+        qkv = self.qkv(x).view(B, T, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]  # [B, H, T, Dh]
+        if cache is not None:
+            kc, vc = cache
+            kc[:, :, offset: offset + T] = k
+            vc[:, :, offset: offset + T] = v
+            k, v = kc[:, :, : offset + T], vc[:, :, : offset + T]
+            o = self.ops.attention(q, k, v, causal=True)
+        else:
+            o = self.ops.attention(q, k, v, causal=False)
+        return self.out(o.transpose(1, 2).reshape(B, T, d))
+
+
+class CrossAttention(nn.Module):
+    def __init__(self, d: int, heads: int, ops: KernelSet):
+        super().__init__()
+        self.heads, self.ops = heads, ops
+        self.q = Linear(d, d, ops)
+        self.kv = Linear(d, 2 * d, ops, bias=True)  # key half of the bias is zero
+        self.out = Linear(d, d, ops)
+
+    def project_kv(self, xa):
+        """Encoder states [B, S, d] -> keys, values [B, H, S, Dh], once per audio window."""
+        B, S, d = xa.shape
+        kv = self.kv(xa).view(B, S, 2, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        return kv[0].contiguous(), kv[1].contiguous()
+
+    def forward(self, x, kv):
+        B, T, d = x.shape
+        q = self.q(x).view(B, T, self.heads, d // self.heads).transpose(1, 2)
+        o = self.ops.attention(q, kv[0], kv[1], causal=False)
+        return self.out(o.transpose(1, 2).reshape(B, T, d))
+
+
+class EncoderBlock(nn.Module):
+    def __init__(self, d, heads, ffn, ops):
+        super().__init__()
+        self.attn_ln, self.attn = LayerNorm(d, ops), SelfAttention(d, heads, ops)
+        self.mlp_ln, self.mlp = LayerNorm(d, ops), MLP(d, ffn, ops)
+
+    def forward(self, x):
+        x = x + self.attn(self.attn_ln(x))
+        return x + self.mlp(self.mlp_ln(x))
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, d, heads, ffn, ops):
+        super().__init__()
+        self.attn_ln, self.attn = LayerNorm(d, ops), SelfAttention(d, heads, ops)
+        self.cross_attn_ln, self.cross_attn = LayerNorm(d, ops), CrossAttention(d, heads, ops)
+        self.mlp_ln, self.mlp = LayerNorm(d, ops), MLP(d, ffn, ops)
+
+    def forward(self, x, cache, offset, cross_kv):
+        x = x + self.attn(self.attn_ln(x), cache, offset)
+        x = x + self.cross_attn(self.cross_attn_ln(x), cross_kv)
+        return x + self.mlp(self.mlp_ln(x))
+
+
+class AudioEncoder(nn.Module):
+    def __init__(self, c: WhisperConfig, ops: KernelSet):
+        super().__init__()
+        d = c.n_audio_state
+        self.conv1 = nn.Conv1d(c.n_mels, d, 3, padding=1)
+        self.conv2 = nn.Conv1d(d, d, 3, stride=2, padding=1)
+        self.register_buffer("positional_embedding", sinusoids(c.n_audio_ctx, d))
+        self.blocks = nn.ModuleList(EncoderBlock(d, c.n_audio_head, c.n_audio_ffn, ops) for _ in range(c.n_audio_layer))
+        self.ln_post = LayerNorm(d, ops)
+        self.ops = ops
+
+    def forward(self, mel):
+        """mel [B, n_mels, 2 * n_audio_ctx] -> [B, n_audio_ctx, d]."""
+        x = self.ops.gelu(self.conv1(mel))
+        x = self.ops.gelu(self.conv2(x)).transpose(1, 2)
+        if x.shape[1] != self.positional_embedding.shape[0]:
+            raise ValueError(f"encoder expects {2 * self.positional_embedding.shape[0]} mel frames, got {mel.shape[-1]}")
+        x = x + self.positional_embedding.to(x.dtype)
+        for b in self.blocks:
+            x = b(x)
+        return self.ln_post(x)
+
+
+class TextDecoder(nn.Module):
+    def __init__(self, c: WhisperConfig, ops: KernelSet):
+        super().__init__()
+        d = c.n_text_state
+        self.token_embedding = nn.Embedding(c.n_vocab, d)
+        self.positional_embedding = nn.Parameter(torch.empty(c.n_text_ctx, d))
+        self.blocks = nn.ModuleList(DecoderBlock(d, c.n_text_head, c.n_text_ffn, ops) for _ in range(c.n_text_layer))
+        self.ln = LayerNorm(d, ops)
+        self.ops = ops
+
+    def forward(self, tokens, caches, offset, cross_kvs, last_only=True):
+        """tokens [B, T] at positions offset.. -> logits [B, vocab] (last position) or [B, T, vocab]."""
+        T = tokens.shape[1]
+        x = self.token_embedding(tokens) + self.positional_embedding[offset: offset + T]
+        for b, cache, kv in zip(self.blocks, caches, cross_kvs):
+            x = b(x, cache, offset, kv)
+        if last_only:
+            x = x[:, -1]
+        x = self.ln(x)
+        return self.ops.linear(x, self.token_embedding.weight).float()
+
+
+class Whisper(nn.Module):
+    def __init__(self, config: WhisperConfig, ops: KernelSet):
+        super().__init__()
+        self.config = config.check()
+        self.encoder = AudioEncoder(config, ops)
+        self.decoder = TextDecoder(config, ops)
+
+    def cross_kv(self, xa):
+        return [b.cross_attn.project_kv(xa) for b in self.decoder.blocks]
+
+    def new_cache(self, batch: int, max_len: int, dtype, device):
+        c = self.config
+        shape = (batch, c.n_text_head, max_len, c.n_text_state // c.n_text_head)
+        return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+                for _ in range(c.n_text_layer)]
+
+    def forward(self, mel, tokens):
+        """Full (uncached) logits [B, T, vocab] — the reference the cached path is tested against."""
+        xa = self.encoder(mel)
+        caches = self.new_cache(tokens.shape[0], tokens.shape[1], xa.dtype, xa.device)
+        return self.decoder(tokens, caches, 0, self.cross_kv(xa), last_only=False)

@@ -1,0 +1,20 @@
+"""speechrt: real-time speech recognition, synthesis and small language models on any GPU vendor.
+
+    import speechrt
+    print(speechrt.transcribe("talk.wav").text)
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+
+def load_asr(model=None, backend: str = "torch", device: str = "cpu", dtype: str | None = None):
+    """A speech recognizer (default: the embedded Whisper tiny.en). See speechrt.asr.SpeechRecognizer."""
+    from speechrt.asr import load_asr as _load
+
+    return _load(model, backend, device, dtype)
+
+
+def transcribe(audio, model=None, backend: str = "torch", device: str = "cpu", sample_rate: int | None = None, **options):
+    """Transcribe a file or array in one call; returns a Transcript (`.text`, `.segments`)."""
+    return load_asr(model, backend, device).transcribe(audio, sample_rate=sample_rate, **options)

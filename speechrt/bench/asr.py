@@ -1,0 +1,98 @@
+"""`speechrt bench asr`: real-time factor of our Whisper vs faster-whisper (CTranslate2 float32 and int8)
+on the same audio, same weights, same thread count, same decoding options, in one process."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+
+def add_arguments(p):
+    p.add_argument("--audio", default=None, help="recording to transcribe (default: the bundled 58-second passage)")
+    p.add_argument("--reference", default=None, help="reference transcript (text file) to report word error rates")
+    p.add_argument("--model", default=None, help="ASR model name or path (default: whisper-tiny.en)")
+    p.add_argument("--backend", default="torch")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None, help="our weights/activations dtype (default float32 on CPU)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for every engine (default: all cores)")
+    p.add_argument("--beam-size", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per engine after one warm-up (median reported)")
+    p.add_argument("--peers", default="ct2-float32,ct2-int8", help="comma list of peers, or 'none'")
+    p.add_argument("--json", default=None, help="also write the results to this JSON file")
+
+
+def _time(fn, repeats):
+    fn()  # warm-up (allocations, caches, lazy init)
+    times, out = [], None
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), out
+
+
+def run(args):
+    import torch
+
+    from speechrt.asr import load_asr
+    from speechrt.models.audio import SAMPLE_RATE, load_audio
+    from speechrt.models.registry import resolve
+    from speechrt.models.wer import wer
+
+    data = Path(__file__).resolve().parent.parent / "data"
+    audio_path = Path(args.audio) if args.audio else data / "passage.flac"
+    ref_path = Path(args.reference) if args.reference else (None if args.audio else data / "passage.txt")
+    reference = ref_path.read_text().strip() if ref_path else None
+    threads = args.threads or os.cpu_count()
+    torch.set_num_threads(threads)
+    audio = load_audio(audio_path)
+    dur = len(audio) / SAMPLE_RATE
+    print(f"audio: {audio_path.name}, {dur:.1f} s; threads: {threads}; beam size: {args.beam_size}; "
+          f"torch {torch.__version__}; device: {args.device}")
+    rows = []
+
+    asr = load_asr(args.model, args.backend, args.device, args.dtype)
+    t, res = _time(lambda: asr.transcribe(audio, SAMPLE_RATE, beam_size=args.beam_size), args.repeats)
+    rows.append({"engine": f"speechrt {args.backend} {asr.runner.dtype if hasattr(asr.runner, 'dtype') else ''}".strip(),
+                 "seconds": t, "rtf": t / dur, "text": res.text})
+
+    peers = [] if args.peers == "none" else [p.strip() for p in args.peers.split(",") if p.strip()]
+    model = resolve(args.model, "asr")
+    if peers and model.format != "ct2-whisper":
+        print(f"(peers skipped: faster-whisper needs a CTranslate2 model, {model.name} is {model.format})")
+        peers = []
+    for peer in peers:
+        if not peer.startswith("ct2-"):
+            print(f"(unknown peer {peer!r}; valid: ct2-float32, ct2-int8, ct2-int8_float32, ...)")
+            continue
+        try:
+            from faster_whisper import WhisperModel
+        except ImportError:
+            print("(faster-whisper not installed: pip install 'speechrt[peers]' to compare)")
+            break
+        compute = peer.removeprefix("ct2-")
+        fw = WhisperModel(str(model.path), device="cpu" if args.device == "cpu" else "cuda",
+                          compute_type=compute, cpu_threads=threads, num_workers=1)
+
+        def fw_run():
+            segs, _ = fw.transcribe(audio, beam_size=args.beam_size, vad_filter=False)
+            return "".join(s.text for s in segs).strip()
+        t, text = _time(fw_run, args.repeats)
+        rows.append({"engine": f"faster-whisper {compute}", "seconds": t, "rtf": t / dur, "text": text})
+
+    ours = rows[0]["seconds"]
+    print(f"\n{'engine':34} {'time s':>8} {'RTF':>8} {'speedup':>8}" + (f" {'WER':>6}" if reference else ""))
+    for r in rows:
+        r["speedup_vs_ours"] = ours / r["seconds"]
+        if reference:
+            r["wer"] = wer(reference, r["text"])
+        print(f"{r['engine']:34} {r['seconds']:8.3f} {r['rtf']:8.4f} {r['seconds'] / ours:7.2f}x" +
+              (f" {100 * r['wer']:5.1f}%" if reference else ""))
+    for r in rows[1:]:
+        print(f"ours vs {r['engine']}: our RTF is {r['seconds'] / ours:.2f}x theirs (>1 means we are faster)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"audio": str(audio_path), "duration": dur, "threads": threads,
+                                               "beam_size": args.beam_size, "results": rows}, indent=2))
+    return 0

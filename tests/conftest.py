@@ -1,0 +1,40 @@
+"""Shared fixtures: the embedded models load once per session; test speech comes from a real speech
+synthesizer (Piper, through the `piper-tts` peer package, with the embedded voice)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from speechrt.models.audio import resample
+
+
+@pytest.fixture(scope="session")
+def piper_voice():
+    piper = pytest.importorskip("piper", reason="piper-tts (the 'peers' extra) synthesizes test speech")
+    from speechrt.models.registry import resolve
+
+    return piper.PiperVoice.load(str(resolve("piper-en_US-joe-medium", "tts").path))
+
+
+@pytest.fixture(scope="session")
+def synth(piper_voice):
+    """text -> float32 mono audio at 16 kHz spoken by the Piper voice (cached per text)."""
+    cache = {}
+
+    def speak(text: str, pad_s: float = 0.3) -> np.ndarray:
+        if text not in cache:
+            chunks = list(piper_voice.synthesize(text))
+            sr = chunks[0].sample_rate
+            a = np.concatenate([c.audio_float_array for c in chunks]).astype(np.float32)
+            pad = np.zeros(int(pad_s * sr), np.float32)
+            cache[text] = resample(np.concatenate([pad, a, pad]), sr, 16000)
+        return cache[text]
+
+    return speak
+
+
+@pytest.fixture(scope="session")
+def asr():
+    from speechrt.asr import load_asr
+
+    return load_asr()

@@ -1,0 +1,68 @@
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from speechrt.models.audio import AudioError, load_audio, log_mel_spectrogram, mel_filters_np
+
+
+@pytest.mark.parametrize("n_mels", [80, 128])
+def test_mel_filters_match_faster_whisper(n_mels):
+    fe = pytest.importorskip("faster_whisper.feature_extractor")
+    ref = fe.FeatureExtractor.get_mel_filters(16000, 400, n_mels)
+    ours = mel_filters_np(n_mels)
+    assert ours.shape == ref.shape == (n_mels, 201)
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("n", [16000, 16000 * 7 + 123])
+def test_log_mel_matches_faster_whisper(n):
+    fe = pytest.importorskip("faster_whisper.feature_extractor")
+    rng = np.random.default_rng(n)
+    audio = (rng.standard_normal(n) * 0.1).astype(np.float32)
+    ref = fe.FeatureExtractor(feature_size=80)(audio, padding=160)
+    ours = log_mel_spectrogram(audio, 80, padding=160).numpy()
+    assert ours.shape == ref.shape
+    assert np.isfinite(ours).all()
+    np.testing.assert_allclose(ours, ref, atol=2e-4)
+
+
+def test_load_audio_any_rate_and_channels(tmp_path):
+    t = np.arange(44100 * 2) / 44100
+    tone = 0.5 * np.sin(2 * np.pi * 440 * t)
+    stereo = np.stack([tone, tone], 1).astype(np.float32)
+    for ext in ("wav", "flac", "ogg"):
+        p = tmp_path / f"x.{ext}"
+        sf.write(p, stereo, 44100)
+        a = load_audio(p)
+        assert a.dtype == np.float32 and a.ndim == 1
+        assert abs(len(a) - 32000) <= 2
+        # the tone survives resampling: dominant frequency still 440 Hz
+        spec = np.abs(np.fft.rfft(a[:16000]))
+        assert abs(np.argmax(spec) - 440) <= 1
+    pcm16 = (tone * 32767).astype(np.int16)
+    a = load_audio(pcm16, source_rate=44100)
+    assert abs(float(np.abs(a).max()) - 0.5) < 0.02
+
+
+def test_bad_audio_inputs(tmp_path):
+    with pytest.raises(AudioError, match="no such file"):
+        load_audio(tmp_path / "missing.wav")
+    empty = tmp_path / "empty.wav"
+    empty.write_bytes(b"")
+    with pytest.raises(AudioError, match="empty"):
+        load_audio(empty)
+    text = tmp_path / "notes.wav"
+    text.write_text("this is not audio at all\n" * 20)
+    with pytest.raises(AudioError, match="not a readable audio file.*WAV, FLAC"):
+        load_audio(text)
+    silent = tmp_path / "zero.wav"
+    sf.write(silent, np.zeros((0, 1), np.float32), 16000)
+    with pytest.raises(AudioError):
+        load_audio(silent)
+    with pytest.raises(AudioError, match="sample rate"):
+        load_audio(np.zeros(10, np.float32))
+    with pytest.raises(AudioError, match="NaN"):
+        load_audio(np.full(100, np.nan, np.float32), source_rate=16000)
+    with pytest.raises(AudioError, match="float"):
+        load_audio(np.zeros(100, np.int64), source_rate=16000)

@@ -1,0 +1,175 @@
+"""Whisper on the torch backend against its peers: CTranslate2 (same model.bin), faster-whisper
+(transcripts), transformers (Hugging Face layout), on speech synthesized for the test."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from speechrt.models.audio import N_FRAMES, log_mel_spectrogram, pad_or_trim_frames
+from speechrt.models.registry import ModelError, resolve
+from speechrt.models.wer import wer
+from speechrt.models.whisper_loaders import load_ct2, read_ct2
+
+SENTENCES = [
+    "The weather will be sunny tomorrow with a light breeze from the west.",
+    "Please remember to close the windows before you leave the house.",
+    "She bought three apples, a loaf of bread and a bottle of milk.",
+    "The meeting has been moved to Thursday afternoon at two o'clock.",
+    "Our train was delayed because of a signal problem near the station.",
+    "He plays the piano every evening after dinner.",
+    "The museum opens at nine and closes at five on weekdays.",
+    "Can you tell me the way to the nearest post office?",
+    "The children built a sand castle on the beach.",
+    "Turn left at the traffic lights and then go straight ahead.",
+    "My sister is studying chemistry at the university.",
+    "The library has thousands of books about history and science.",
+    "We watched a documentary about whales last night.",
+    "The restaurant on the corner serves excellent pasta.",
+    "Dogs need regular exercise and a healthy diet.",
+    "The river flows quietly through the green valley.",
+    "I would like a cup of coffee with a little sugar, please.",
+    "The new phone has a bigger screen and a better camera.",
+    "Farmers are worried about the lack of rain this summer.",
+    "The pilot announced that we would land in twenty minutes.",
+    "Reading before bed helps many people fall asleep.",
+    "The company plans to open a new office in the spring.",
+]
+
+
+@pytest.fixture(scope="module")
+def ct2_model():
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    return ctranslate2.models.Whisper(str(resolve(None, "asr").path), device="cpu", compute_type="float32",
+                                      intra_threads=2)
+
+
+@pytest.fixture(scope="module")
+def fw_model():
+    fw = pytest.importorskip("faster_whisper")
+    return fw.WhisperModel(str(resolve(None, "asr").path), device="cpu", compute_type="float32", cpu_threads=2)
+
+
+def test_ct2_parser_reads_every_variable():
+    _, _, arrays = read_ct2(resolve(None, "asr").path / "model.bin")
+    assert arrays["decoder/projection/weight"] is arrays["decoder/embeddings/weight"]  # alias resolved
+    assert arrays["encoder/conv1/weight"].shape == (384, 80, 3)
+    w = load_ct2(resolve(None, "asr").path)
+    assert w.config.n_audio_layer == 4 and w.config.n_vocab == 51864 and w.config.n_text_head == 6
+    assert all(torch.isfinite(t).all() for t in w.state.values())
+
+
+def test_encoder_matches_ctranslate2(asr, ct2_model, synth):
+    import ctranslate2
+
+    audio = synth(SENTENCES[0])
+    mel = pad_or_trim_frames(log_mel_spectrogram(audio, 80, padding=N_FRAMES * 160))[None]
+    ours = asr.runner.encode(mel).float().numpy()
+    ref = np.array(ct2_model.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(mel.numpy()))))
+    assert ours.shape == ref.shape == (1, 1500, 384)
+    assert np.isfinite(ours).all()
+    rel = np.abs(ours - ref).max() / np.abs(ref).max()
+    assert rel <= 1e-3, rel
+
+
+def test_cached_decoding_matches_full_forward(asr, synth):
+    """The KV-cached step path gives the logits of the uncached full forward pass."""
+    m = asr.runner.model
+    mel = pad_or_trim_frames(log_mel_spectrogram(synth(SENTENCES[1]), 80, padding=N_FRAMES * 160))[None]
+    tokens = torch.tensor([[50257, 50363, 5492, 3505, 284, 1969, 262, 9168]])
+    with torch.inference_mode():
+        full = m(mel, tokens)[0]
+        enc = asr.runner.encode(mel)
+        st = asr.runner.start(enc, 1, 16)
+        step_logits = [asr.runner.decode_step(st, tokens[:, :3])[0]]
+        for i in range(3, tokens.shape[1]):
+            step_logits.append(asr.runner.decode_step(st, tokens[:, i: i + 1])[0])
+    torch.testing.assert_close(torch.stack(step_logits), full[2:], rtol=1e-4, atol=1e-4)
+
+
+def test_tokenizer_suppression_lists_match_model_config(asr):
+    cfg = json.loads((resolve(None, "asr").path / "config.json").read_text())
+    assert asr.tokenizer.suppress_ids((-1,)) == sorted(cfg["suppress_ids"])
+    assert set(asr.tokenizer.non_speech_tokens) < set(cfg["suppress_ids"])
+    assert asr.tokenizer.encode(" ") + [asr.tokenizer.eot] == cfg["suppress_ids_begin"]
+    assert asr.tokenizer.decode(asr.tokenizer.encode(" Hello, world!")) == " Hello, world!"
+
+
+def test_greedy_transcripts_identical_to_faster_whisper(asr, fw_model, synth):
+    texts = SENTENCES[:6] + [" ".join(SENTENCES[6:9])]
+    for text in texts:
+        audio = synth(text)
+        ours = asr.transcribe(audio, 16000, beam_size=1)
+        segs, _ = fw_model.transcribe(audio, beam_size=1, vad_filter=False)
+        segs = list(segs)
+        assert ours.text == "".join(s.text for s in segs).strip()
+        assert [s.text for s in ours.segments] == [s.text for s in segs]
+        for a, b in zip(ours.segments, segs):
+            assert abs(a.start - b.start) < 0.021 and abs(a.end - b.end) < 0.021
+
+
+def test_long_form_identical_to_faster_whisper(asr, fw_model):
+    """58 s passage, two 30-second windows seeking by timestamps."""
+    from speechrt.cli_asr import sample_path
+    from speechrt.models.audio import load_audio
+
+    audio = load_audio(sample_path().with_name("passage.flac"))
+    ours = asr.transcribe(audio, 16000)
+    segs = list(fw_model.transcribe(audio, beam_size=1, vad_filter=False)[0])
+    assert len(ours.segments) == len(segs) > 4
+    assert [s.text for s in ours.segments] == [s.text for s in segs]
+    assert ours.segments[-1].end > 50
+    assert all(a.end <= b.start + 1e-6 for a, b in zip(ours.segments, ours.segments[1:]))
+    ref = sample_path().with_name("passage.txt").read_text()
+    assert wer(ref, ours.text) <= 0.05
+
+
+def test_word_error_rate_on_synthesized_sentences(asr, synth):
+    hyps = [asr.transcribe(synth(s), 16000).text for s in SENTENCES]
+    assert len(SENTENCES) >= 20
+    assert wer(SENTENCES, hyps) <= 0.05, list(zip(SENTENCES, hyps))
+
+
+def test_beam_search(asr, fw_model, synth):
+    refs = SENTENCES[9:13]
+    hyps = []
+    for s in refs:
+        audio = synth(s)
+        ours = asr.transcribe(audio, 16000, beam_size=5)
+        theirs = "".join(x.text for x in fw_model.transcribe(audio, beam_size=5, vad_filter=False)[0]).strip()
+        assert wer(theirs, ours.text) <= 0.1, (ours.text, theirs)
+        hyps.append(ours.text)
+    assert wer(refs, hyps) <= 0.05
+
+
+def test_without_timestamps_and_silence(asr, synth):
+    r = asr.transcribe(synth(SENTENCES[2]), 16000, without_timestamps=True)
+    assert wer(SENTENCES[2], r.text) <= 0.1 and len(r.segments) == 1
+    silence = asr.transcribe(np.zeros(16000 * 3, np.float32), 16000)
+    assert silence.text == "" or silence.segments[0].no_speech_prob > 0.3
+
+
+def test_truncated_and_foreign_model_files(tmp_path):
+    src = resolve(None, "asr").path
+    bad = tmp_path / "truncated"
+    bad.mkdir()
+    for f in ("config.json", "tokenizer.json"):
+        shutil.copy(src / f, bad / f)
+    (bad / "model.bin").write_bytes((src / "model.bin").read_bytes()[:1_000_000])
+    with pytest.raises(ModelError, match="truncated"):
+        load_ct2(resolve(bad, "asr").path)
+    (bad / "model.bin").write_bytes(b"GGUF" + b"\0" * 100)
+    with pytest.raises(ModelError, match="not a CTranslate2 model file"):
+        load_ct2(bad)
+    from speechrt.asr import load_asr
+
+    (bad / "model.bin").write_bytes((src / "model.bin").read_bytes()[:500])
+    with pytest.raises(ModelError):
+        load_asr(bad)
+    pt = tmp_path / "model.pt"
+    torch.save({"weights": torch.zeros(3)}, pt)
+    with pytest.raises(ModelError, match="not an openai-whisper checkpoint"):
+        load_asr(pt)
