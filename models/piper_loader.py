@@ -7,7 +7,10 @@ Piper exports `SynthesizerTrn.infer` with torch.onnx. Most weights keep their mo
   (`/flow/flows.6/enc/in_layers.0/Conv`, input 1 -> `flow.flows.6.enc.in_layers.0.weight`);
 - the phoneme embedding of single-speaker voices is named after the unused `sid` input (`sid`, consumed by
   `/enc_p/emb/Gather`);
-- constant folding turned the duration flow's `exp(-logs)` into `/dp/flows.0/Exp_output_0`.
+- constant folding turned the duration flow's `exp(-logs)` into `/dp/flows.0/Exp_output_0` (or, in other
+  exports, `-logs` into an anonymous input of `/dp/flows.0/Exp`);
+- identical tensors (untrained LayerNorm gammas) may share one anonymous initializer, consumed by the
+  decomposed LayerNorm's Mul (gamma) and Add (beta) nodes.
 Hyper-parameters come from tensor shapes and from the Conv nodes' attributes (dilations, strides), so any
 Piper voice loads (x_low to high, single or multi speaker), not only the default.
 """
@@ -140,12 +143,21 @@ def read_onnx_weights(path_or_model) -> OnnxWeights:
             # folded exp(-logs) of an ElementwiseAffine flow, consumed by its reverse-mode Mul
             state[m.group(1).replace("/", ".") + ".logs"] = torch.from_numpy(-np.log(arr))
             continue
+        # the exporter shares one initializer among identical tensors (e.g. untrained LayerNorm gammas),
+        # so every consumer gets its own copy
         for node, idx in consumers.get(name, []):
+            if not node.name.startswith("/"):
+                continue
+            mod = ".".join(node.name.strip("/").split("/")[:-1])
             pname = _NODE_PARAM.get(node.op_type, {}).get(idx)
-            if pname and node.name.startswith("/"):
-                mod = ".".join(node.name.strip("/").split("/")[:-1])
-                state[f"{mod}.{pname}"] = torch.from_numpy(arr.copy())
-                break
+            if pname is None and node.op_type == "Exp" and re.search(r"flows\.\d+$", mod):
+                # the exporter folded Neg(logs) but not the Exp: this is -logs
+                state.setdefault(f"{mod}.logs", torch.from_numpy(-arr))
+                continue
+            if pname is None and node.op_type in ("Mul", "Add") and re.search(r"norm\w*\.\d+$", mod):
+                pname = "gamma" if node.op_type == "Mul" else "beta"  # LayerNorm decomposed: * gamma + beta
+            if pname:
+                state.setdefault(f"{mod}.{pname}", torch.from_numpy(arr.copy()))
     return OnnxWeights(state, conv_attrs, tuple(i.name for i in g.input))
 
 

@@ -18,3 +18,17 @@ def load_asr(model=None, backend: str = "torch", device: str = "cpu", dtype: str
 def transcribe(audio, model=None, backend: str = "torch", device: str = "cpu", sample_rate: int | None = None, **options):
     """Transcribe a file or array in one call; returns a Transcript (`.text`, `.segments`)."""
     return load_asr(model, backend, device).transcribe(audio, sample_rate=sample_rate, **options)
+
+
+def load_tts(voice=None, backend: str = "torch", device: str = "cpu", dtype: str | None = None):
+    """A voice ready to speak (default: the embedded Piper en_US joe medium); a registered name or a Piper
+    .onnx path. `.synthesize(text)` yields float32 chunks, `.synthesize_stream(tokens)` speaks text as it
+    arrives, `.synthesize_to_file(text, "out.wav")` writes a file. See speechrt.models.synthesis.TTS."""
+    from speechrt.models.synthesis import load_tts as _load
+
+    return _load(voice, backend, device, dtype)
+
+
+def say(text: str, path, voice=None, backend: str = "torch", device: str = "cpu", **options):
+    """Synthesize `text` into `path` (.wav, .raw = pcm16, .f32) in one call; returns the SynthesisStats."""
+    return load_tts(voice, backend, device).synthesize_to_file(text, path, **options)
