@@ -243,7 +243,7 @@ def check_text(text: str, espeak_voice: str, on_unsupported: str = "error") -> s
         raise ValueError(f"on_unsupported must be 'error' or 'drop', got {on_unsupported!r}")
     if not isinstance(text, str):
         raise UserError(f"text must be a string, got {type(text).__name__}")
-    bad = unsupported_characters(text, espeak_voice)
+    bad = unsupported_characters(re.sub(r"\[\[.*?\]\]", " ", text), espeak_voice)  # [[ raw IPA ]] passes
     if bad:
         if on_unsupported == "error":
             shown = ", ".join(f"{c!r} (U+{ord(c):04X} {unicodedata.name(c, 'unnamed')})" for c in bad[:5])

@@ -15,7 +15,7 @@ import time
 SENTENCES = {
     "short": "The weather is nice today.",  # 5 words
     "long": ("When the morning train finally pulled into the quiet station, the travelers gathered their heavy "
-             "bags and walked slowly toward the old wooden bridge that crossed the river."),  # 30 words
+             "bags and walked slowly toward the old wooden bridge that crossed the wide muddy river."),  # 30 words
 }
 
 
