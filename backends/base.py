@@ -6,6 +6,7 @@ runners of non-torch engines (ONNX Runtime, TensorRT) convert at their edge.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -88,6 +89,15 @@ class TTSRunner(ABC):
     def vocode(self, latent: Latent, start: int, end: int) -> torch.Tensor:
         """Frames [start, end) of `latent` -> float32 audio [(end - start) * hop_length] (CPU tensor).
         Windows shorter than the whole latent see zero padding at their edges: callers add context."""
+
+    parallel: int = 1  # vocode calls that may usefully run at once (see vocode_async)
+
+    def vocode_async(self, latent: Latent, start: int, end: int) -> Future:
+        """vocode() as a Future. Runners that can run several windows at once (parallel > 1) override it;
+        the default runs synchronously."""
+        f: Future = Future()
+        f.set_result(self.vocode(latent, start, end))
+        return f
 
     def synthesize(self, phoneme_ids: list[int], options: Any) -> Iterator[torch.Tensor]:
         """Phoneme ids -> float32 audio chunks [n] at `sample_rate`, in order (first chunk early)."""

@@ -5,11 +5,12 @@ generator — most of the cost — runs on windows of the latent that grow from 
 `max_chunk_frames`. Each window is decoded with `runner.context_frames` latent frames of context on both
 sides (the generator's receptive field), so its interior equals the whole-sentence output up to float
 rounding; `crossfade` samples at each border are blended with a raised-cosine ramp to hide what rounding
-remains. The first audio is ready after one short window instead of after the whole sentence.
+remains. The first audio is ready after one short window instead of after the whole sentence. Runners
+that can vocode several windows at once (`runner.parallel`) get the next windows submitted ahead.
 """
 from __future__ import annotations
 
-import io
+import collections
 import math
 import time
 from dataclasses import dataclass, replace
@@ -87,9 +88,15 @@ def stream_latent(runner, latent, options: SynthesisOptions) -> Iterator[torch.T
     xf = min(options.crossfade, ctx * hop)
     ramp = None
     tail = None  # the previous window's last `xf` samples, which overlap the next window's first
-    for a, b in windows(F, options.first_chunk_frames, options.max_chunk_frames):
+    wins = windows(F, options.first_chunk_frames, options.max_chunk_frames)
+    ahead = max(1, runner.parallel)
+    pending = collections.deque()  # futures of the next windows, submitted in order
+    for k, (a, b) in enumerate(wins):
+        while len(pending) < ahead and k + len(pending) < len(wins):
+            pa, pb = wins[k + len(pending)]
+            pending.append(runner.vocode_async(latent, max(0, pa - ctx), min(F, pb + ctx)))
         lo, hi = max(0, a - ctx), min(F, b + ctx)
-        audio = runner.vocode(latent, lo, hi)
+        audio = pending.popleft().result()
         last = b == F
         s0 = (a - lo) * hop
         s1 = (b - lo) * hop + (0 if last else xf)
