@@ -8,6 +8,7 @@ import wave
 import numpy as np
 import pytest
 
+from speechrt.backends.base import TTSRunner
 from speechrt.errors import UserError
 from speechrt.models.synthesis import SynthesisOptions, load_tts, stream_latent, windows
 
@@ -69,9 +70,14 @@ class CountingRunner:
         self.r, self.calls = runner, []
         self.hop_length, self.context_frames, self.sample_rate = runner.hop_length, runner.context_frames, runner.sample_rate
 
+    parallel = 1
+
     def vocode(self, latent, a, b):
         self.calls.append((a, b))
         return self.r.vocode(latent, a, b)
+
+    def vocode_async(self, latent, a, b):
+        return TTSRunner.vocode_async(self, latent, a, b)
 
 
 def test_first_chunk_needs_one_short_window(torch_tts):
