@@ -9,10 +9,11 @@ import importlib
 
 from speechrt.errors import UserError
 
-from .base import ASRRunner, Backend, SLMRunner, TTSRunner
+from .base import ASRRunner, Backend, Latent, SLMRunner, TTSRunner
 
 BACKENDS: dict[str, str] = {
     "torch": "speechrt.backends.torch_backend:TorchBackend",
+    "onnxruntime": "speechrt.backends.onnxruntime_backend:OnnxRuntimeBackend",
 }
 
 
@@ -48,4 +49,5 @@ def available() -> list[str]:
     return out
 
 
-__all__ = ["ASRRunner", "SLMRunner", "TTSRunner", "Backend", "BACKENDS", "BackendUnavailable", "UnknownBackend", "get", "available"]
+__all__ = ["ASRRunner", "SLMRunner", "TTSRunner", "Latent", "Backend", "BACKENDS", "BackendUnavailable", "UnknownBackend",
+           "get", "available"]

@@ -6,6 +6,8 @@ runners of non-torch engines (ONNX Runtime, TensorRT) convert at their edge.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
@@ -56,14 +58,52 @@ class SLMRunner(ABC):
         """One token for each of `slots` [N] (sequences of different lengths) -> logits [N, vocab]."""
 
 
+@dataclass
+class Latent:
+    """A sentence's vocoder input: z [1, C, F] float32 (F latent frames, `hop_length` samples each), plus
+    whatever conditioning the runner's vocoder needs besides z (the speaker embedding), opaque to callers."""
+
+    z: torch.Tensor
+    cond: Any = None
+
+    @property
+    def frames(self) -> int:
+        return self.z.shape[-1]
+
+
 class TTSRunner(ABC):
-    """Text-to-speech acoustic model + vocoder (VITS)."""
+    """Text-to-speech acoustic model + vocoder (VITS), split where streaming needs it: `latent` runs the
+    text encoder, durations, prior and flow for a whole sentence; `vocode` turns any window of that latent
+    into audio. The chunking policy (windows, context, crossfade) is written once, in models.synthesis."""
 
     sample_rate: int
+    hop_length: int  # audio samples per latent frame
+    context_frames: int  # latent frames each side of a window that the vocoder's output inside it depends on
+    voice: Any  # models.piper_loader.VoiceConfig
 
     @abstractmethod
+    def latent(self, phoneme_ids: list[int], options: Any) -> Latent:
+        """Phoneme ids of one sentence -> its Latent. `options` is a models.synthesis.SynthesisOptions."""
+
+    @abstractmethod
+    def vocode(self, latent: Latent, start: int, end: int) -> torch.Tensor:
+        """Frames [start, end) of `latent` -> float32 audio [(end - start) * hop_length] (CPU tensor).
+        Windows shorter than the whole latent see zero padding at their edges: callers add context."""
+
+    parallel: int = 1  # vocode calls that may usefully run at once (see vocode_async)
+
+    def vocode_async(self, latent: Latent, start: int, end: int) -> Future:
+        """vocode() as a Future. Runners that can run several windows at once (parallel > 1) override it;
+        the default runs synchronously."""
+        f: Future = Future()
+        f.set_result(self.vocode(latent, start, end))
+        return f
+
     def synthesize(self, phoneme_ids: list[int], options: Any) -> Iterator[torch.Tensor]:
-        """Phoneme ids -> float32 audio chunks [n] at `sample_rate`, in order."""
+        """Phoneme ids -> float32 audio chunks [n] at `sample_rate`, in order (first chunk early)."""
+        from speechrt.models.synthesis import stream_latent
+
+        yield from stream_latent(self, self.latent(phoneme_ids, options), options)
 
 
 class Backend(ABC):

@@ -147,6 +147,59 @@ def linear_int4_ref(x: torch.Tensor, q: torch.Tensor, scales_zeros: torch.Tensor
     return F.linear(x, w.view(N, K).to(x.dtype))
 
 
+def conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, padding: int = 0,
+           dilation: int = 1, groups: int = 1, pre_slope: float | None = None) -> torch.Tensor:
+    """1-D convolution, stride 1. x [B, Cin, T], weight [Cout, Cin/groups, K] -> [B, Cout, T'].
+
+    `pre_slope` applies leaky_relu(x, pre_slope) first (HiFi-GAN's activation before every conv; a fused
+    kernel reads x once).
+    """
+    if pre_slope is not None:
+        x = F.leaky_relu(x, pre_slope)
+    return F.conv1d(x, weight, bias, 1, padding, dilation, groups)
+
+
+def conv_transpose1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: int,
+                     padding: int, pre_slope: float | None = None) -> torch.Tensor:
+    """Transposed 1-D convolution (upsampling). x [B, Cin, T], weight [Cin, Cout, K] -> [B, Cout, T']
+    with T' = (T - 1) * stride - 2 * padding + K. `pre_slope` as in conv1d."""
+    if pre_slope is not None:
+        x = F.leaky_relu(x, pre_slope)
+    return F.conv_transpose1d(x, weight, bias, stride, padding)
+
+
+def relative_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, emb_rel_k: torch.Tensor,
+                       emb_rel_v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Self-attention with windowed relative-position embeddings (Shaw et al.; the VITS text encoder).
+
+    q, k, v [B, H, T, D]; emb_rel_k, emb_rel_v [1 or H, 2W+1, D] for offsets -W..W (key minus query);
+    mask [B, 1, T, T] (or broadcastable), 0 where a score is masked (filled with -1e4, as VITS does).
+    scores[i, j] = q_i.k_j / sqrt(D) + q_i.emb_rel_k[j - i] / sqrt(D)  (offsets beyond W contribute 0)
+    out[i] = sum_j p[i, j] (v_j + emb_rel_v[j - i]).  Returns [B, H, T, D].
+    """
+    B, H, T, D = q.shape
+    W = (emb_rel_k.shape[1] - 1) // 2
+    q = q / math.sqrt(D)
+    scores = torch.matmul(q, k.transpose(-2, -1))  # [B, H, T, T]
+    # rel [B, H, T, 2W+1]: the query against each relative embedding, then placed on the band |j-i| <= W
+    rel = torch.matmul(q, emb_rel_k.unsqueeze(0).transpose(-2, -1))
+    i = torch.arange(T, device=q.device)
+    off = i[None, :] - i[:, None]  # [T, T] j - i
+    band = off.abs() <= W
+    idx = (off.clamp(-W, W) + W).expand(B, H, T, T)
+    scores = scores + torch.where(band, rel.gather(-1, idx), rel.new_zeros(()))
+    if mask is not None:
+        scores = scores.masked_fill(mask == 0, -1e4)
+    p = torch.softmax(scores, dim=-1)
+    out = torch.matmul(p, v)
+    # p_rel [B, H, T, 2W+1]: p[i, i + r - W], 0 where that key is outside the sequence
+    r = torch.arange(2 * W + 1, device=q.device)
+    j = i[:, None] + r[None, :] - W  # [T, 2W+1]
+    valid = (j >= 0) & (j < T)
+    p_rel = torch.where(valid, p.gather(-1, j.clamp(0, T - 1).expand(B, H, T, 2 * W + 1)), p.new_zeros(()))
+    return out + torch.matmul(p_rel, emb_rel_v.unsqueeze(0))
+
+
 OPS = {
     "layer_norm": layer_norm,
     "rms_norm": rms_norm,
@@ -158,4 +211,7 @@ OPS = {
     "linear_int8": linear_int8,
     "pack_int4": pack_int4,
     "linear_int4": linear_int4,
+    "conv1d": conv1d,
+    "conv_transpose1d": conv_transpose1d,
+    "relative_attention": relative_attention,
 }

@@ -29,3 +29,17 @@ def load_lm(model=None, backend="torch", device="cpu", dtype=None):
     from speechrt.lm import load_lm as _load_lm
 
     return _load_lm(model, backend=backend, device=device, dtype=dtype)
+
+
+def load_tts(voice=None, backend: str = "torch", device: str = "cpu", dtype: str | None = None):
+    """A voice ready to speak (default: the embedded Piper en_US joe medium); a registered name or a Piper
+    .onnx path. `.synthesize(text)` yields float32 chunks, `.synthesize_stream(tokens)` speaks text as it
+    arrives, `.synthesize_to_file(text, "out.wav")` writes a file. See speechrt.models.synthesis.TTS."""
+    from speechrt.models.synthesis import load_tts as _load
+
+    return _load(voice, backend, device, dtype)
+
+
+def say(text: str, path, voice=None, backend: str = "torch", device: str = "cpu", **options):
+    """Synthesize `text` into `path` (.wav, .raw = pcm16, .f32) in one call; returns the SynthesisStats."""
+    return load_tts(voice, backend, device).synthesize_to_file(text, path, **options)

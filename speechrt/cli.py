@@ -12,6 +12,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("speechrt.bench", "benchmarks side by side with peer runtimes"),
     "models": ("speechrt.cli_models", "list the registered models"),
     "chat": ("speechrt.cli_slm", "chat with a small language model, streaming its reply"),
+    "say": ("speechrt.cli_tts", "speak text into an audio file with a Piper voice (text argument or stdin)"),
 }
 
 

@@ -1,0 +1,93 @@
+"""TTS runner of the `torch` backend: models/vits.py built with a kernel set, weights from the Piper ONNX file."""
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from speechrt.backends.base import Latent, TTSRunner
+from speechrt.errors import UserError
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class TorchTTSRunner(TTSRunner):
+    """On the CPU, work runs on `parallel` worker threads with one intra-op thread each (the caller's thread
+    count at build time): the text encoder and flow on one, and independent vocoder windows side by side.
+    Window-level parallelism keeps every core busy without OpenMP barriers, which stall whenever another
+    process holds a core (two-thread ops ran 5-20x slower on a shared 2-core machine; one-thread workers did
+    not). On a GPU everything runs on the calling thread."""
+
+    def __init__(self, model, voice, device: torch.device, dtype: torch.dtype, threads: int | None = None):
+        self.model, self.voice, self.device, self.dtype = model, voice, device, dtype
+        self.config = model.config
+        self.sample_rate = voice.sample_rate
+        self.hop_length = model.config.hop_length
+        self.context_frames = model.config.vocoder_context()
+        self.parallel = 1
+        self._pool = None
+        if device.type == "cpu":
+            self.parallel = max(1, threads or torch.get_num_threads())
+            self._pool = ThreadPoolExecutor(self.parallel, thread_name_prefix="speechrt-tts",
+                                            initializer=torch.set_num_threads, initargs=(1,))
+
+    def vocode_async(self, latent, start, end) -> Future:
+        if self._pool is None:
+            return super().vocode_async(latent, start, end)
+        return self._pool.submit(self.vocode, latent, start, end)
+
+    def latent(self, phoneme_ids, options) -> Latent:
+        if self._pool is None:
+            return self._latent(phoneme_ids, options)
+        return self._pool.submit(self._latent, phoneme_ids, options).result()
+
+    def _speaker(self, options):
+        if self.config.n_speakers <= 1:
+            return None
+        sid = options.speaker_id if options.speaker_id is not None else 0
+        return self.model.speaker(torch.tensor([sid], device=self.device))
+
+    @torch.inference_mode()
+    def _latent(self, phoneme_ids, options) -> Latent:
+        o = options.resolved(self.voice)
+        gen = None
+        if o.seed is not None:
+            gen = torch.Generator(device=self.device).manual_seed(o.seed)
+        ids = torch.tensor([phoneme_ids], dtype=torch.long, device=self.device)
+        g = self._speaker(o)
+        # durations and the flow run in float32 whatever the vocoder's dtype: the spline inverse and
+        # ceil(exp(logw)) are sensitive to rounding, and these parts are cheap
+        m, logs = self.model.prior(ids, o.length_scale, o.noise_w, g=g, generator=gen)
+        z = self.model.latent(m, logs, o.noise_scale, g=g, generator=gen)
+        return Latent(z, g)
+
+    @torch.inference_mode()
+    def vocode(self, latent: Latent, start: int, end: int) -> torch.Tensor:
+        z = latent.z[:, :, start:end]
+        g = latent.cond
+        if self.dtype != torch.float32:
+            z = z.to(self.dtype)
+            g = None if g is None else g.to(self.dtype)
+        audio = self.model.dec(z, g=g)[0, 0]
+        return audio.float().cpu()
+
+
+def build(model, device: torch.device, dtype: str | None, kernels: str) -> TorchTTSRunner:
+    """ResolvedModel (format 'piper-onnx') -> TorchTTSRunner."""
+    from speechrt import kernels as K
+    from speechrt.models.piper_loader import load_vits
+
+    if model.format != "piper-onnx":
+        raise UserError(f"{model.name}: the torch TTS runner loads Piper voices (piper-onnx), not {model.format}")
+    dt = torch.float32
+    if dtype is not None:
+        if dtype not in DTYPES:
+            raise UserError(f"unsupported dtype {dtype!r} for TTS; valid: {', '.join(DTYPES)}")
+        dt = DTYPES[dtype]
+        if dt != torch.float32 and device.type == "cpu":
+            raise UserError(f"dtype {dtype} is for GPUs; on the CPU the torch TTS runner uses float32")
+    ops = K.select(kernels, device)
+    vits, voice = load_vits(model.path, ops, device=device)
+    if dt != torch.float32:  # only the generator runs in reduced precision (see latent())
+        vits.dec.to(dt)
+    return TorchTTSRunner(vits, voice, device, dt)

@@ -1,0 +1,325 @@
+"""Streaming speech synthesis, written once against the TTSRunner interface (backends/base.py).
+
+Per sentence, the runner computes the whole latent (text encoder, durations, prior, flow: cheap), then the
+generator — most of the cost — runs on windows of the latent that grow from `first_chunk_frames` to
+`max_chunk_frames`. Each window is decoded with `runner.context_frames` latent frames of context on both
+sides (the generator's receptive field), so its interior equals the whole-sentence output up to float
+rounding; `crossfade` samples at each border are blended with a raised-cosine ramp to hide what rounding
+remains. The first audio is ready after one short window instead of after the whole sentence. Runners
+that can vocode several windows at once (`runner.parallel`) get the next windows submitted ahead.
+"""
+from __future__ import annotations
+
+import collections
+import math
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+import torch
+
+from speechrt.errors import UserError
+
+FORMATS = ("wav", "pcm16", "f32")
+
+
+@dataclass(frozen=True)
+class SynthesisOptions:
+    """Synthesis controls. None means the voice's default (from its .onnx.json)."""
+
+    length_scale: float | None = None  # > 1 speaks slower; speaking rate r is length_scale = default / r
+    noise_scale: float | None = None  # prior sampling noise (voice quality variation); 0 = deterministic
+    noise_w: float | None = None  # duration noise (rhythm variation); 0 = deterministic
+    speaker_id: int | None = None  # multi-speaker voices only
+    seed: int | None = None  # torch backend: reproducible noise
+    first_chunk_frames: int = 16  # latent frames of the first window: 16 * 256 / 22050 = 0.19 s of audio
+    max_chunk_frames: int = 256  # windows double up to this size (less overlap overhead)
+    crossfade: int = 256  # samples blended at each window border
+    sentence_silence: float = 0.0  # seconds of silence after each sentence
+
+    def __post_init__(self):
+        for name, lo, hi in (("length_scale", 0.05, 20.0), ("noise_scale", 0.0, 2.0), ("noise_w", 0.0, 2.0)):
+            v = getattr(self, name)
+            if v is not None and not (lo <= v <= hi):
+                raise UserError(f"{name} must be in [{lo}, {hi}], got {v}")
+        if self.speaker_id is not None and (not isinstance(self.speaker_id, int) or self.speaker_id < 0):
+            raise UserError(f"speaker_id must be a non-negative integer, got {self.speaker_id!r}")
+        if not (1 <= self.first_chunk_frames <= self.max_chunk_frames):
+            raise UserError(f"need 1 <= first_chunk_frames <= max_chunk_frames, got "
+                            f"{self.first_chunk_frames}, {self.max_chunk_frames}")
+        if self.crossfade < 0:
+            raise UserError(f"crossfade must be >= 0 samples, got {self.crossfade}")
+        if not (0.0 <= self.sentence_silence <= 10.0):
+            raise UserError(f"sentence_silence must be in [0, 10] seconds, got {self.sentence_silence}")
+
+    def resolved(self, voice) -> "SynthesisOptions":
+        """Defaults filled from the voice; speaker id checked against it."""
+        sid = self.speaker_id
+        if voice.num_speakers <= 1:
+            if sid not in (None, 0):
+                raise UserError(f"voice {voice.name!r} has a single speaker; speaker_id {sid} is not valid")
+            sid = None
+        elif sid is not None and sid >= voice.num_speakers:
+            raise UserError(f"speaker_id {sid} out of range: voice {voice.name!r} has speakers 0..{voice.num_speakers - 1}")
+        return replace(self, speaker_id=sid,
+                       length_scale=voice.length_scale if self.length_scale is None else self.length_scale,
+                       noise_scale=voice.noise_scale if self.noise_scale is None else self.noise_scale,
+                       noise_w=voice.noise_w if self.noise_w is None else self.noise_w)
+
+
+def windows(frames: int, first: int, largest: int) -> list[tuple[int, int]]:
+    """[start, end) frame windows covering `frames`, sizes first, 2*first, ... up to `largest`; a short tail
+    (under `first` frames) is merged into the window before it."""
+    out, a, size = [], 0, first
+    while a < frames:
+        b = min(frames, a + size)
+        if frames - b < first:
+            b = frames
+        out.append((a, b))
+        a, size = b, min(size * 2, largest)
+    return out
+
+
+def stream_latent(runner, latent, options: SynthesisOptions) -> Iterator[torch.Tensor]:
+    """Audio chunks of one sentence's latent, vocoded window by window (see the module docstring)."""
+    F, hop, ctx = latent.frames, runner.hop_length, runner.context_frames
+    xf = min(options.crossfade, ctx * hop)
+    ramp = None
+    tail = None  # the previous window's last `xf` samples, which overlap the next window's first
+    wins = windows(F, options.first_chunk_frames, options.max_chunk_frames)
+    ahead = max(1, runner.parallel)
+    pending = collections.deque()  # futures of the next windows, submitted in order
+    for k, (a, b) in enumerate(wins):
+        while len(pending) < ahead and k + len(pending) < len(wins):
+            pa, pb = wins[k + len(pending)]
+            pending.append(runner.vocode_async(latent, max(0, pa - ctx), min(F, pb + ctx)))
+        lo, hi = max(0, a - ctx), min(F, b + ctx)
+        audio = pending.popleft().result()
+        last = b == F
+        s0 = (a - lo) * hop
+        s1 = (b - lo) * hop + (0 if last else xf)
+        seg = audio[s0:s1].clone()
+        if tail is not None and xf:
+            if ramp is None:
+                ramp = 0.5 - 0.5 * torch.cos(torch.linspace(0, math.pi, xf + 2)[1:-1])  # 0 -> 1, sums to 1
+            seg[:xf] = tail * (1 - ramp) + seg[:xf] * ramp
+        if not last and xf:
+            tail = seg[-xf:]
+            seg = seg[:-xf]
+        yield seg
+    if options.sentence_silence:
+        yield torch.zeros(int(options.sentence_silence * runner.sample_rate))
+
+
+# ------------------------------------------------------------------------------------------- output formats
+
+class AudioEncoder:
+    """Float32 chunks at `in_rate` -> chunks at `out_rate` as float32 ('f32'), int16 bytes ('pcm16'); 'wav' is
+    pcm16 with a header (see wav_header). Resampling is streamed (soxr), so chunk borders stay seamless."""
+
+    def __init__(self, in_rate: int, out_rate: int | None = None, format: str = "f32"):
+        if format not in FORMATS:
+            raise UserError(f"unknown audio format {format!r}; valid: {', '.join(FORMATS)}")
+        out_rate = out_rate or in_rate
+        if not (4000 <= out_rate <= 192000):
+            raise UserError(f"output sample rate must be in [4000, 192000] Hz, got {out_rate}")
+        self.in_rate, self.out_rate, self.format = in_rate, out_rate, format
+        self._rs = None
+        if out_rate != in_rate:
+            import soxr
+            self._rs = soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality="HQ")
+
+    def _out(self, x: np.ndarray):
+        if self.format == "f32":
+            return x.astype(np.float32, copy=False)
+        return (np.clip(x, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
+
+    def feed(self, chunk) -> np.ndarray | bytes:
+        x = chunk.numpy() if isinstance(chunk, torch.Tensor) else np.asarray(chunk, dtype=np.float32)
+        if self._rs is not None:
+            x = self._rs.resample_chunk(x.astype(np.float32, copy=False), last=False)
+        return self._out(x)
+
+    def flush(self) -> np.ndarray | bytes:
+        if self._rs is None:
+            return self._out(np.zeros(0, np.float32))
+        return self._out(self._rs.resample_chunk(np.zeros(0, np.float32), last=True))
+
+
+def wav_header(sample_rate: int, n_samples: int | None) -> bytes:
+    """44-byte PCM16 mono WAV header; n_samples None writes the 'unknown length' sizes used for streams."""
+    import struct
+    data = 0xFFFFFFFF - 36 if n_samples is None else n_samples * 2
+    return (b"RIFF" + struct.pack("<I", min(0xFFFFFFFF, 36 + data)) + b"WAVEfmt "
+            + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16) + b"data" + struct.pack("<I", data))
+
+
+# ------------------------------------------------------------------------------------------------- the API
+
+@dataclass
+class SynthesisStats:
+    audio_seconds: float = 0.0
+    compute_seconds: float = 0.0
+    first_audio_seconds: float | None = None  # from the call to the first chunk
+
+    @property
+    def rtf(self) -> float:
+        return self.compute_seconds / self.audio_seconds if self.audio_seconds else float("nan")
+
+
+class TTS:
+    """A voice ready to speak: text front end + a backend's TTS runner.
+
+    synthesize(text) yields float32 chunks at `sample_rate` (or the rate asked for); synthesize_stream(pieces)
+    speaks text that arrives incrementally (LLM tokens), a sentence or clause at a time;
+    synthesize_to_file(text, path) writes WAV, raw pcm16 or raw float32.
+    """
+
+    def __init__(self, runner, voice_name: str = "", backend: str = ""):
+        from speechrt.models.tts_text import TextFrontEnd
+
+        self.runner = runner
+        self.voice = runner.voice
+        self.text = TextFrontEnd(runner.voice)
+        self.sample_rate = runner.sample_rate
+        self.name, self.backend = voice_name, backend
+        self.last_stats = SynthesisStats()
+
+    def options(self, options: SynthesisOptions | None = None, *, rate: float | None = None,
+                speaker: int | str | None = None, **kw) -> SynthesisOptions:
+        """SynthesisOptions from keyword controls: rate (speaking-rate multiplier, 1 = normal), speaker (id or
+        name from the voice's speaker_id_map), and any SynthesisOptions field."""
+        o = options or SynthesisOptions()
+        if rate is not None:
+            if not (0.1 <= rate <= 5.0):
+                raise UserError(f"rate must be in [0.1, 5.0] (1 = the voice's normal speed), got {rate}")
+            kw["length_scale"] = (kw.get("length_scale") or o.length_scale or self.voice.length_scale) / rate
+        if speaker is not None:
+            if isinstance(speaker, str) and not speaker.isdigit():
+                names = self.voice.speaker_id_map
+                if speaker not in names:
+                    raise UserError(f"unknown speaker {speaker!r}; this voice's speakers: "
+                                    f"{', '.join(names) if names else 'none (single speaker)'}")
+                speaker = names[speaker]
+            kw["speaker_id"] = int(speaker)
+        o = replace(o, **kw) if kw else o
+        return o.resolved(self.voice)
+
+    def _speak(self, id_seqs: Iterable[list[int]], o: SynthesisOptions, sample_rate, format):
+        enc = AudioEncoder(self.sample_rate, sample_rate, format)
+        st = self.last_stats = SynthesisStats()
+        t0 = time.perf_counter()
+        busy = 0.0
+        tick = time.perf_counter()
+        for ids in id_seqs:
+            for chunk in self.runner.synthesize(ids, o):
+                st.audio_seconds += len(chunk) / self.sample_rate
+                out = enc.feed(chunk)
+                now = time.perf_counter()
+                busy += now - tick
+                if st.first_audio_seconds is None:
+                    st.first_audio_seconds = now - t0
+                if len(out):
+                    yield out
+                tick = time.perf_counter()
+        out = enc.flush()
+        st.compute_seconds = busy
+        if len(out):
+            yield out
+
+    def synthesize(self, text: str, options: SynthesisOptions | None = None, *, sample_rate: int | None = None,
+                   format: str = "f32", normalize: bool = True, on_unsupported: str = "error", **controls):
+        """Text -> audio chunks (float32 arrays, or pcm16 bytes with format='pcm16'), sentence by sentence,
+        each sentence in windows. Input is checked before any audio is produced."""
+        from speechrt.models.tts_text import TextOptions
+
+        o = self.options(options, **controls)
+        topt = TextOptions(normalize=normalize, on_unsupported=on_unsupported)
+        if format == "wav":
+            raise UserError("format 'wav' is for files (synthesize_to_file); stream 'f32' or 'pcm16'")
+        AudioEncoder(self.sample_rate, sample_rate, format)  # validate before the first chunk
+        sentences = list(self.text.sentences(text, topt))
+        return self._speak(sentences, o, sample_rate, format)
+
+    def synthesize_stream(self, pieces: Iterable[str], options: SynthesisOptions | None = None, *,
+                          sample_rate: int | None = None, format: str = "f32", min_clause_words: int = 8,
+                          on_unsupported: str = "drop", **controls):
+        """Text arriving in pieces (e.g. LLM tokens) -> audio chunks; each sentence or long-enough clause is
+        spoken as soon as it is complete. Unsupported characters (emoji) are dropped by default here."""
+        from speechrt.models.tts_text import TextOptions, stream_segments
+
+        o = self.options(options, **controls)
+        topt = TextOptions(on_unsupported=on_unsupported)
+
+        def ids():
+            for seg in stream_segments(pieces, min_clause_words=min_clause_words):
+                if not any(c.isalnum() for c in seg):
+                    continue
+                yield from self.text.sentences(seg, topt)
+        return self._speak(ids(), o, sample_rate, format)
+
+    def synthesize_array(self, text: str, options: SynthesisOptions | None = None, **kw) -> np.ndarray:
+        """The whole utterance as one float32 array."""
+        chunks = list(self.synthesize(text, options, **kw))
+        return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+
+    def synthesize_to_file(self, text: str | Iterable[str], path, options: SynthesisOptions | None = None, *,
+                           format: str | None = None, sample_rate: int | None = None, **kw) -> SynthesisStats:
+        """Write `text` (a string, or pieces to stream) to `path` ('-' = stdout; a binary file object works too).
+        format: 'wav' | 'pcm16' | 'f32'; by default from the suffix (.wav, .raw/.pcm = pcm16, .f32)."""
+        fmt = format or _format_for(path)
+        if fmt not in FORMATS:
+            raise UserError(f"unknown audio format {fmt!r}; valid: {', '.join(FORMATS)}")
+        gen_fmt = "pcm16" if fmt == "wav" else fmt
+        gen = (self.synthesize(text, options, sample_rate=sample_rate, format=gen_fmt, **kw) if isinstance(text, str)
+               else self.synthesize_stream(text, options, sample_rate=sample_rate, format=gen_fmt, **kw))
+        rate = sample_rate or self.sample_rate
+        import sys
+        close = False
+        if path == "-":
+            f = sys.stdout.buffer
+        elif hasattr(path, "write"):
+            f = path
+        else:
+            f, close = open(Path(path), "wb"), True
+        try:
+            n = 0
+            seekable = f.seekable() if hasattr(f, "seekable") else False
+            if fmt == "wav":
+                f.write(wav_header(rate, None))
+            for chunk in gen:
+                b = chunk if isinstance(chunk, bytes) else np.asarray(chunk, np.float32).tobytes()
+                f.write(b)
+                f.flush() if path == "-" else None
+                n += len(b)
+            if fmt == "wav" and seekable:
+                f.seek(0)
+                f.write(wav_header(rate, n // 2))
+        finally:
+            if close:
+                f.close()
+        return self.last_stats
+
+
+def _format_for(path) -> str:
+    if path == "-" or hasattr(path, "write"):
+        return "wav"
+    suf = Path(path).suffix.lower()
+    return {".wav": "wav", ".raw": "pcm16", ".pcm": "pcm16", ".s16": "pcm16", ".f32": "f32"}.get(suf, "wav")
+
+
+def load_tts(voice: str | Path | None = None, backend: str = "torch", device: str = "cpu",
+             dtype: str | None = None) -> TTS:
+    """A registered voice name or a Piper .onnx path (None = the default voice) on a backend -> TTS."""
+    from speechrt import backends
+    from speechrt.models.registry import resolve
+
+    m = resolve(voice, "tts")
+    try:
+        be = backends.get(backend)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    runner = be.tts(m, device=device, dtype=dtype)
+    return TTS(runner, voice_name=m.name, backend=backend)

@@ -1,0 +1,136 @@
+"""`speechrt bench tts`: real-time factor and time to first audio of our synthesis (per backend) and of
+Piper's own (`piper-tts`, same voice file, same text, same thread count), in one process, with ratios.
+
+Engines run interleaved (one repetition of each in turn), so a change in machine load hits all of them.
+Time to first audio runs from the call (text in) to the first chunk of audio out; the real-time factor is
+the time to produce all of a sentence's audio over its duration.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+
+SENTENCES = {
+    "short": "The weather is nice today.",  # 5 words
+    "long": ("When the morning train finally pulled into the quiet station, the travelers gathered their heavy "
+             "bags and walked slowly toward the old wooden bridge that crossed the wide muddy river."),  # 30 words
+}
+
+
+def add_arguments(p):
+    p.add_argument("--voice", default=None, help="voice name or Piper .onnx path (default: the embedded voice)")
+    p.add_argument("--backends", default="torch,onnxruntime", help="comma list of our backends")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for every engine (default: all cores)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per engine and sentence after a warm-up (median)")
+    p.add_argument("--text", action="append", default=None, help="benchmark this text instead (repeatable)")
+    p.add_argument("--no-peer", action="store_true", help="skip Piper")
+    p.add_argument("--json", default=None, help="also write the results to this JSON file")
+
+
+class _Ours:
+    def __init__(self, backend, voice, device):
+        from speechrt.models.synthesis import load_tts
+        self.tts = load_tts(voice, backend, device)
+        self.name = f"speechrt {backend}"
+        self.sample_rate = self.tts.sample_rate
+
+    def run(self, text):
+        t0 = time.perf_counter()
+        first, n = None, 0
+        for chunk in self.tts.synthesize(text):
+            if first is None:
+                first = time.perf_counter() - t0
+            n += len(chunk)
+        return first, time.perf_counter() - t0, n / self.sample_rate
+
+    def ids(self, text):
+        return list(self.tts.text.sentences(text))
+
+
+class _Piper:
+    name = "piper-tts"
+
+    def __init__(self, path, threads):
+        import onnxruntime
+        from piper import PiperVoice
+        self.voice = PiperVoice.load(str(path))
+        self.sample_rate = self.voice.config.sample_rate
+        if threads:  # same thread count as ours: rebuild its session with it
+            so = onnxruntime.SessionOptions()
+            so.intra_op_num_threads = threads
+            self.voice.session = onnxruntime.InferenceSession(str(path), sess_options=so,
+                                                              providers=["CPUExecutionProvider"])
+
+    def run(self, text):
+        t0 = time.perf_counter()
+        first, n = None, 0
+        for chunk in self.voice.synthesize(text):
+            if first is None:
+                first = time.perf_counter() - t0
+            n += len(chunk.audio_float_array)
+        return first, time.perf_counter() - t0, n / self.sample_rate
+
+    def ids(self, text):
+        return [self.voice.phonemes_to_ids(p) for p in self.voice.phonemize(text) if p]
+
+
+def run(args):
+    import torch
+
+    from speechrt.models.registry import resolve
+
+    threads = args.threads or os.cpu_count()
+    torch.set_num_threads(threads)
+    model = resolve(args.voice, "tts")
+    texts = {f"text{i + 1}": t for i, t in enumerate(args.text)} if args.text else dict(SENTENCES)
+    engines = [_Ours(b.strip(), args.voice, args.device) for b in args.backends.split(",") if b.strip()]
+    if not args.no_peer:
+        try:
+            engines.append(_Piper(model.path, threads))
+        except ImportError:
+            print("(piper-tts not installed: pip install 'speechrt[peers]' to compare with Piper)")
+    print(f"voice: {model.name}; threads: {threads}; torch {torch.__version__}; device: {args.device}; "
+          f"repeats: {args.repeats} (median)")
+    peer = next((e for e in engines if isinstance(e, _Piper)), None)
+    if peer is not None:
+        same = all(engines[0].ids(t) == peer.ids(t) for t in texts.values())
+        print(f"phoneme ids identical to Piper's for these texts: {'yes' if same else 'NO'}")
+
+    results = {}
+    for key, text in texts.items():
+        for e in engines:
+            e.run(text)  # warm-up
+        runs = {e.name: [] for e in engines}
+        for _ in range(args.repeats):
+            for e in engines:
+                runs[e.name].append(e.run(text))
+        for e in engines:
+            r = runs[e.name]
+            first = statistics.median(x[0] for x in r)
+            total = statistics.median(x[1] for x in r)
+            audio = statistics.median(x[2] for x in r)
+            results[(key, e.name)] = {"sentence": key, "words": len(text.split()), "engine": e.name,
+                                      "audio_s": audio, "synth_s": total, "rtf": total / audio, "first_audio_s": first}
+
+    hdr = f"{'sentence':9} {'engine':22} {'audio s':>8} {'synth s':>8} {'RTF':>7} {'first audio s':>14}"
+    if peer is not None:
+        hdr += f" {'RTF / Piper':>12} {'first / Piper':>14}"
+    print(hdr)
+    for key in texts:
+        for e in engines:
+            r = results[(key, e.name)]
+            line = (f"{key + ' (' + str(r['words']) + 'w)':9} {e.name:22} {r['audio_s']:8.2f} {r['synth_s']:8.3f} "
+                    f"{r['rtf']:7.3f} {r['first_audio_s']:14.3f}")
+            if peer is not None:
+                p = results[(key, peer.name)]
+                r["rtf_ratio"] = r["rtf"] / p["rtf"]
+                r["first_audio_ratio"] = r["first_audio_s"] / p["first_audio_s"]
+                line += f" {r['rtf_ratio']:12.2f} {r['first_audio_ratio']:14.2f}"
+            print(line)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"threads": threads, "voice": model.name, "results": list(results.values())}, f, indent=2)
+    return 0

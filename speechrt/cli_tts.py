@@ -1,0 +1,59 @@
+"""`speechrt say "text" -o out.wav`: speak text (an argument, or stdin read as it arrives) with a Piper voice."""
+from __future__ import annotations
+
+import sys
+
+
+def add_arguments(p):
+    p.add_argument("text", nargs="?", help="text to speak; omitted or '-': read stdin (spoken sentence by "
+                   "sentence as lines arrive, e.g. piped from a language model)")
+    p.add_argument("-o", "--output", default=None,
+                   help="output file: .wav, .raw/.pcm (pcm16), .f32 (float32); '-' = stdout (required)")
+    p.add_argument("--voice", default=None, help="registered voice name or Piper .onnx path (default: piper-en_US-joe-medium)")
+    p.add_argument("--backend", default="torch", help="torch or onnxruntime (default: torch)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, auto (default: cpu)")
+    p.add_argument("--rate", type=float, default=None, help="speaking rate, 1 = normal, 1.5 = faster, 0.8 = slower")
+    p.add_argument("--length-scale", type=float, default=None, help="phoneme length scale (overrides --rate)")
+    p.add_argument("--noise-scale", type=float, default=None, help="prior noise (default: the voice's, 0 = deterministic)")
+    p.add_argument("--noise-w", type=float, default=None, help="duration noise (default: the voice's)")
+    p.add_argument("--speaker", default=None, help="speaker id or name (multi-speaker voices)")
+    p.add_argument("--sample-rate", type=int, default=None, help="output sample rate, resampled (default: the voice's)")
+    p.add_argument("--format", choices=["wav", "pcm16", "f32"], default=None,
+                   help="output format (default: from the file suffix; wav for stdout)")
+    p.add_argument("--sentence-silence", type=float, default=0.0, help="seconds of silence after each sentence")
+    p.add_argument("--seed", type=int, default=None, help="noise seed (torch backend)")
+    p.add_argument("--no-normalize", action="store_true", help="do not expand numbers, dates, currency, abbreviations")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch")
+
+
+def run(args):
+    from speechrt.errors import UserError
+    from speechrt.models.synthesis import SynthesisOptions, load_tts
+
+    if not args.output:
+        raise UserError("no output given: -o out.wav (or .raw for pcm16, .f32 for float32, '-' for stdout)")
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
+    opts = SynthesisOptions(length_scale=args.length_scale, noise_scale=args.noise_scale, noise_w=args.noise_w,
+                            seed=args.seed, sentence_silence=args.sentence_silence)
+    tts = load_tts(args.voice, args.backend, args.device)
+    controls = dict(rate=args.rate if args.length_scale is None else None, speaker=args.speaker,
+                    sample_rate=args.sample_rate, format=args.format)
+    if args.text in (None, "-"):
+        if sys.stdin.isatty():
+            print("reading text from stdin (Ctrl-D to end)", file=sys.stderr)
+
+        def pieces():  # line by line, so piped text is spoken as it arrives
+            for line in sys.stdin:
+                yield line
+        stats = tts.synthesize_to_file(pieces(), args.output, opts, **controls)
+        if stats.audio_seconds == 0:
+            raise UserError("nothing to say: stdin was empty")
+    else:
+        stats = tts.synthesize_to_file(args.text, args.output, opts, normalize=not args.no_normalize, **controls)
+    if args.output != "-":
+        print(f"{args.output}: {stats.audio_seconds:.2f} s of audio in {stats.compute_seconds:.2f} s "
+              f"(real-time factor {stats.rtf:.3f}, first audio after {stats.first_audio_seconds:.3f} s)",
+              file=sys.stderr)
+    return 0

@@ -1,0 +1,74 @@
+"""The onnxruntime backend runs the Piper graph as shipped: cut at the generator into two sessions, the pair
+must give exactly what the whole graph gives; the torch backend must agree with it through the same runner
+interface; providers are chosen per device with clear errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from speechrt import backends
+from speechrt.errors import UserError
+from speechrt.models.registry import resolve
+from speechrt.models.synthesis import SynthesisOptions
+from speechrt.models.tts_text import TextFrontEnd
+
+ort_backend = pytest.importorskip("speechrt.backends.onnxruntime_backend")
+
+
+@pytest.fixture(scope="module")
+def runners():
+    m = resolve("piper-en_US-joe-medium", "tts")
+    return backends.get("onnxruntime").tts(m, device="cpu"), backends.get("torch").tts(m, device="cpu")
+
+
+def test_registry_lists_onnxruntime():
+    assert "onnxruntime" in backends.BACKENDS and "onnxruntime" in backends.available()
+    with pytest.raises(NotImplementedError, match="onnxruntime.*does not run speech recognition"):
+        backends.get("onnxruntime").asr(resolve("whisper-tiny.en", "asr"))
+
+
+def test_split_graph_equals_whole_graph(runners):
+    ort_r, _ = runners
+    assert ort_r.cuts == ["/Mul_7_output_0"]  # z * y_mask, the input of /dec/conv_pre/Conv (one speaker: no g)
+    o = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
+    ids = next(TextFrontEnd(ort_r.voice).sentences("Two sessions, one graph."))
+    lat = ort_r.latent(ids, o)
+    split = ort_r.vocode(lat, 0, lat.frames).numpy()
+    whole = ort_r.run_graph(ids, o)
+    assert split.shape == whole.shape and np.abs(split - whole).max() <= 1e-6
+    assert lat.z.shape[1] == 192 and lat.frames * 256 == len(whole)
+
+
+def test_runners_agree_through_the_interface(runners):
+    ort_r, torch_r = runners
+    assert (ort_r.hop_length, ort_r.context_frames, ort_r.sample_rate) == \
+        (torch_r.hop_length, torch_r.context_frames, torch_r.sample_rate)
+    o = SynthesisOptions(noise_scale=0.0, noise_w=0.0, length_scale=0.8)
+    ids = next(TextFrontEnd(ort_r.voice).sentences("Both backends say the same thing."))
+    a = torch.cat(list(ort_r.synthesize(ids, o))).numpy()
+    b = torch.cat(list(torch_r.synthesize(ids, o))).numpy()
+    assert a.shape == b.shape and np.abs(a - b).max() <= 1e-3
+
+
+def test_providers_for_devices():
+    assert ort_backend.providers_for("cpu") == ["CPUExecutionProvider"]
+    have = ort_backend.ort.get_available_providers()
+    gpu = [p for p in ("CUDAExecutionProvider", "ROCMExecutionProvider", "MIGraphXExecutionProvider",
+                       "TensorrtExecutionProvider") if p in have]
+    if not gpu:
+        assert ort_backend.providers_for("auto") == ["CPUExecutionProvider"]
+        with pytest.raises(UserError, match="no GPU execution provider.*onnxruntime-gpu"):
+            ort_backend.providers_for("cuda")
+    else:
+        names = [p[0] if isinstance(p, tuple) else p for p in ort_backend.providers_for("cuda:0")]
+        assert names[-1] == "CPUExecutionProvider" and set(gpu) <= set(names)
+    with pytest.raises(UserError, match="valid: cpu, cuda"):
+        ort_backend.providers_for("tpu")
+
+
+def test_bad_dtype_and_model():
+    with pytest.raises(UserError, match="as shipped"):
+        backends.get("onnxruntime").tts(resolve("piper-en_US-joe-medium", "tts"), dtype="float16")
+    with pytest.raises(UserError, match="float32"):
+        backends.get("torch").tts(resolve("piper-en_US-joe-medium", "tts"), dtype="float16")

@@ -1,0 +1,176 @@
+"""Streaming synthesis on the real voice: chunked vs whole-sentence audio (both backends), first audio after one
+short window, text arriving token by token, controls (rate, noise, speaker, sample rate, format) and errors."""
+from __future__ import annotations
+
+import io
+import wave
+
+import numpy as np
+import pytest
+
+from speechrt.backends.base import TTSRunner
+from speechrt.errors import UserError
+from speechrt.models.synthesis import SynthesisOptions, load_tts, stream_latent, windows
+
+LONG = ("When the morning train finally pulled into the quiet station, the travelers gathered their heavy bags "
+        "and walked slowly toward the old wooden bridge that crossed the river.")
+
+
+@pytest.fixture(scope="module", params=["torch", "onnxruntime"])
+def tts(request):
+    return load_tts(backend=request.param)
+
+
+@pytest.fixture(scope="module")
+def torch_tts():
+    return load_tts(backend="torch")
+
+
+def test_windows_cover_and_grow():
+    w = windows(700, 16, 256)
+    assert w[0] == (0, 16) and w[-1][1] == 700
+    assert all(a == b for (_, a), (b, _) in zip(w, w[1:]))  # contiguous
+    assert [b - a for a, b in w][:5] == [16, 32, 64, 128, 256]
+    assert windows(20, 16, 256) == [(0, 20)]  # a short tail joins the window before it
+
+
+def test_chunked_matches_whole_sentence(tts):
+    r = tts.runner
+    o = tts.options(noise_scale=0.0, noise_w=0.0)
+    lat = r.latent(next(tts.text.sentences(LONG)), o)
+    whole = r.vocode(lat, 0, lat.frames).numpy()
+    chunks = [c.numpy() for c in stream_latent(r, lat, o)]
+    out = np.concatenate(chunks)
+    assert len(chunks) >= 5 and len(chunks[0]) == o.first_chunk_frames * r.hop_length
+    assert out.shape == whole.shape
+    # away from the crossfades the chunked audio is the whole-sentence audio; across them, inaudibly close
+    borders = np.cumsum([len(c) for c in chunks])[:-1]
+    away = np.ones(len(out), bool)
+    for b in borders:
+        away[b:b + o.crossfade] = False
+    assert np.abs(out - whole)[away].max() <= 1e-4
+    assert np.abs(out - whole).max() <= 1e-3
+    assert np.abs(whole).max() > 0.1
+
+
+def test_crossfade_hides_missing_context(torch_tts):
+    """Without context a window border is a discontinuity; with it, none (the reason for context + crossfade)."""
+    r = torch_tts.runner
+    o = torch_tts.options(noise_scale=0.0, noise_w=0.0)
+    lat = r.latent(next(torch_tts.text.sentences(LONG)), o)
+    whole = r.vocode(lat, 0, lat.frames).numpy()
+    naive = np.concatenate([r.vocode(lat, a, b).numpy() for a, b in windows(lat.frames, 16, 256)])
+    assert np.abs(naive - whole).max() > 1e-2
+
+
+class CountingRunner:
+    """The real runner, counting vocoder calls (to see how much work precedes the first chunk)."""
+
+    def __init__(self, runner):
+        self.r, self.calls = runner, []
+        self.hop_length, self.context_frames, self.sample_rate = runner.hop_length, runner.context_frames, runner.sample_rate
+
+    parallel = 1
+
+    def vocode(self, latent, a, b):
+        self.calls.append((a, b))
+        return self.r.vocode(latent, a, b)
+
+    def vocode_async(self, latent, a, b):
+        return TTSRunner.vocode_async(self, latent, a, b)
+
+
+def test_first_chunk_needs_one_short_window(torch_tts):
+    r = torch_tts.runner
+    o = torch_tts.options()
+    lat = r.latent(next(torch_tts.text.sentences(LONG)), o)
+    c = CountingRunner(r)
+    first = next(stream_latent(c, lat, o))
+    assert len(c.calls) == 1 and c.calls[0] == (0, o.first_chunk_frames + r.context_frames)
+    assert len(first) == o.first_chunk_frames * r.hop_length
+    assert c.calls[0][1] < lat.frames / 10  # the first audio costs under a tenth of the sentence's vocoding
+
+
+def test_api_streams_sentence_by_sentence(torch_tts):
+    chunks = list(torch_tts.synthesize("Good morning. " + LONG, seed=3))
+    assert all(c.dtype == np.float32 for c in chunks) and len(chunks) >= 6
+    st = torch_tts.last_stats
+    assert st.audio_seconds == pytest.approx(sum(len(c) for c in chunks) / 22050)
+    assert 0 < st.first_audio_seconds < st.compute_seconds
+
+
+def test_seed_makes_noise_reproducible(torch_tts):
+    a = torch_tts.synthesize_array("Say it again.", seed=7)
+    b = torch_tts.synthesize_array("Say it again.", seed=7)
+    c = torch_tts.synthesize_array("Say it again.", seed=8)
+    assert np.array_equal(a, b) and not (len(a) == len(c) and np.array_equal(a, c))
+
+
+def test_rate_changes_duration(torch_tts):
+    text = "This sentence is spoken at different speeds."
+    normal = torch_tts.synthesize_array(text, noise_w=0.0, noise_scale=0.0)
+    fast = torch_tts.synthesize_array(text, noise_w=0.0, noise_scale=0.0, rate=1.5)
+    slow = torch_tts.synthesize_array(text, noise_w=0.0, noise_scale=0.0, length_scale=1.5)
+    assert len(fast) / len(normal) == pytest.approx(1 / 1.5, rel=0.1)
+    assert len(slow) / len(normal) == pytest.approx(1.5, rel=0.1)
+
+
+def test_output_rate_and_formats(torch_tts, tmp_path):
+    text = "Resampled output."
+    base = torch_tts.synthesize_array(text, noise_w=0.0, noise_scale=0.0)
+    at16 = np.concatenate(list(torch_tts.synthesize(text, noise_w=0.0, noise_scale=0.0, sample_rate=16000)))
+    assert len(at16) == pytest.approx(len(base) * 16000 / 22050, abs=2)
+    pcm = b"".join(torch_tts.synthesize(text, noise_w=0.0, noise_scale=0.0, format="pcm16"))
+    pcm = np.frombuffer(pcm, "<i2")
+    assert len(pcm) == len(base) and np.abs(pcm / 32767.0 - base).max() <= 1 / 32767 + 1e-6
+    torch_tts.synthesize_to_file(text, tmp_path / "a.wav", sample_rate=24000, noise_w=0.0, noise_scale=0.0)
+    with wave.open(str(tmp_path / "a.wav")) as w:
+        assert (w.getframerate(), w.getsampwidth(), w.getnchannels()) == (24000, 2, 1)
+        assert w.getnframes() == pytest.approx(len(base) * 24000 / 22050, abs=2)
+    torch_tts.synthesize_to_file(text, tmp_path / "a.f32", noise_w=0.0, noise_scale=0.0)
+    assert np.array_equal(np.fromfile(tmp_path / "a.f32", np.float32), base)
+
+
+def test_incremental_text_is_spoken_before_it_ends(torch_tts):
+    consumed = []
+    tokens = ("The first sentence is complete here. Then comes a second one, which keeps on going "
+              "for quite a while before it ends.").split(" ")
+
+    def llm():
+        for i, t in enumerate(tokens):
+            consumed.append(i)
+            yield t + " "
+
+    gen = torch_tts.synthesize_stream(llm())
+    next(gen)
+    assert len(consumed) < len(tokens)  # audio of sentence one while sentence two is still "being generated"
+    rest = list(gen)
+    assert len(consumed) == len(tokens) and rest
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(rate=0), "rate must be in"),
+    (dict(noise_scale=-1.0), "noise_scale must be in"),
+    (dict(length_scale=0.0), "length_scale must be in"),
+    (dict(speaker=3), "single speaker"),
+    (dict(speaker="alice"), "unknown speaker"),
+    (dict(sample_rate=1000), "sample rate must be in"),
+    (dict(format="mp3"), "unknown audio format"),
+])
+def test_bad_controls(torch_tts, kw, match):
+    with pytest.raises(UserError, match=match):
+        list(torch_tts.synthesize("Hello.", **kw))
+
+
+def test_bad_options_dataclass():
+    with pytest.raises(UserError, match="first_chunk_frames"):
+        SynthesisOptions(first_chunk_frames=0)
+    with pytest.raises(UserError, match="crossfade"):
+        SynthesisOptions(crossfade=-1)
+
+
+def test_bad_backend_and_voice():
+    with pytest.raises(UserError, match="valid backends: .*onnxruntime"):
+        load_tts(backend="nope")
+    with pytest.raises(UserError, match="registered tts models: piper-en_US-joe-medium"):
+        load_tts("no-such-voice")

@@ -1,0 +1,57 @@
+"""Round trip: our synthesis (torch VITS, streamed in windows, resampled to 16 kHz) transcribed by the
+project's own Whisper (speechrt.load_asr) must give back the text: corpus WER <= 5% on 22 sentences."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import speechrt
+from speechrt.models.wer import wer
+
+SENTENCES = [
+    "The weather will be sunny tomorrow with a light breeze from the west.",
+    "Please remember to close the windows before you leave the house.",
+    "She bought three apples, a loaf of bread and a bottle of milk.",
+    "The meeting has been moved to Thursday afternoon.",
+    "Our train was delayed because of a signal problem near the station.",
+    "He plays the piano every evening after dinner.",
+    "Can you tell me the way to the nearest post office?",
+    "The children built a sand castle on the beach.",
+    "Turn left at the traffic lights and then go straight ahead.",
+    "My sister is studying chemistry at the university.",
+    "The library has thousands of books about history and science.",
+    "We watched a documentary about whales last night.",
+    "The restaurant on the corner serves excellent pasta.",
+    "Dogs need regular exercise and a healthy diet.",
+    "The river flows quietly through the green valley.",
+    "I would like a cup of coffee with a little sugar, please.",
+    "The new phone has a bigger screen and a better camera.",
+    "Farmers are worried about the lack of rain this summer.",
+    "The pilot announced that we would land in twenty minutes.",
+    "Reading before bed helps many people fall asleep.",
+    "The company plans to open a new office in the spring.",
+    "Fresh vegetables from the market taste much better.",
+]
+
+
+def test_synthesized_speech_transcribes_back():
+    tts = speechrt.load_tts(backend="torch")
+    asr = speechrt.load_asr()
+    hyps = []
+    for i, text in enumerate(SENTENCES):
+        audio = np.concatenate(list(tts.synthesize(text, sample_rate=16000, seed=i)))
+        assert audio.dtype == np.float32 and len(audio) > 16000 * 0.8
+        pad = np.zeros(int(0.3 * 16000), np.float32)
+        hyps.append(asr.transcribe(np.concatenate([pad, audio, pad]), sample_rate=16000).text)
+    score = wer(SENTENCES, hyps)
+    assert score <= 0.05, list(zip(SENTENCES, hyps))
+
+
+def test_onnxruntime_backend_speaks_too():
+    pytest.importorskip("onnxruntime")
+    tts = speechrt.load_tts(backend="onnxruntime")
+    asr = speechrt.load_asr()
+    texts = SENTENCES[:3]
+    hyps = [asr.transcribe(np.concatenate(list(tts.synthesize(t, sample_rate=16000))), sample_rate=16000).text
+            for t in texts]
+    assert wer(texts, hyps) <= 0.1, hyps
