@@ -78,9 +78,14 @@ class StreamTask:
 
 
 class Engine:
-    def __init__(self, asr, max_batch: int = 8):
+    def __init__(self, asr, lm=None, max_batch: int = 8):
         self.asr = asr
         self.max_batch = max_batch
+        self.lm = None
+        if lm is not None:
+            from .lm_batcher import ContinuousBatcher
+
+            self.lm = ContinuousBatcher(lm, max_batch=max_batch)
         self.metrics = Metrics()
         self._cv = threading.Condition()
         self._finals: collections.deque[_AsrJob] = collections.deque()
@@ -102,7 +107,26 @@ class Engine:
         self._thread.join(timeout=10)
 
     def queue_depth(self) -> int:
-        return len(self._finals) + len(self._partials) + len(self._tasks)
+        lm = len(self.lm.pending) + len(self.lm.active) if self.lm else 0
+        return len(self._finals) + len(self._partials) + len(self._tasks) + lm
+
+    def generate(self, ids: list[int], options) -> tuple[object, asyncio.Queue]:
+        """Join the continuous LM batch; the queue receives (text, None) per piece, then
+        (text, finish_reason) once. Cancel with engine.cancel_generation(request)."""
+        from .lm_batcher import LMRequest
+
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        req = LMRequest(list(ids), options, lambda item: loop.call_soon_threadsafe(q.put_nowait, item))
+        with self._cv:
+            self.lm.submit(req)
+            self._cv.notify()
+        return req, q
+
+    def cancel_generation(self, req):
+        with self._cv:
+            req.cancelled = True
+            self._cv.notify()
 
     async def transcribe(self, audio: np.ndarray, partial: bool = False, key=None) -> WindowResult:
         """Transcript of one utterance (16 kHz float32). Partials with the same key coalesce: only the
@@ -143,24 +167,43 @@ class Engine:
     def _run(self):
         while True:
             with self._cv:
-                while not (self._stop or self._finals or self._partials or self._tasks):
+                while not (self._stop or self._finals or self._partials or self._tasks or self._lm_work()):
                     self._cv.wait()
                 if self._stop:
                     return
+                lm_work = self._lm_work()
                 if self._finals:
                     jobs = [self._finals.popleft() for _ in range(min(self.max_batch, len(self._finals)))]
                     kind = "final"
-                elif self._tasks:
-                    jobs, kind = [], "tasks"
+                elif self._tasks or lm_work:
+                    jobs, kind = [], "stream"
                 else:
                     jobs = []
                     while self._partials and len(jobs) < self.max_batch:
                         jobs.append(self._partials.popitem(last=False)[1])
                     kind = "partial"
-            if kind == "tasks":
-                self._step_tasks()
+            if kind == "stream":
+                if self._tasks:
+                    self._step_tasks()
+                if lm_work:
+                    self._step_lm()
             else:
                 self._run_asr(jobs, kind)
+
+    def _lm_work(self) -> bool:
+        return self.lm is not None and self.lm.has_work()
+
+    def _step_lm(self):
+        try:  # submit() appends to a deque and cancel() sets a flag: both safe while the step runs
+            self.lm.step()
+            self.metrics.stream_steps += 1
+        except Exception as e:  # noqa: BLE001 - fail every request in the batch, keep serving
+            log.exception("language model step failed")
+            for req in list(self.lm.active.values()) + list(self.lm.pending):
+                req.emit(e)
+            self.lm.active.clear()
+            self.lm.pending.clear()
+            self.lm.free = list(range(self.lm.cache.max_batch))
 
     def _step_tasks(self):
         with self._cv:

@@ -65,12 +65,12 @@ class SpeechServer:
     def __init__(self, options: ServerOptions, asr, lm=None, tts=None, agent_options=None):
         self.options = options
         self.asr, self.lm, self.tts = asr, lm, tts
-        self.names = {"asr": [asr.model.name], "tts": [getattr(tts, "voice_name", None) or "piper-en_US-joe-medium"]}
+        self.names = {"asr": [asr.model.name], "tts": [getattr(tts, "name", None) or "piper-en_US-joe-medium"]}
         self.conversation_ready = lm is not None and tts is not None
         self.agent_options = agent_options
         self.vad = SileroVAD()
         self.vad_pool = ThreadPoolExecutor(2, thread_name_prefix="speechrt-vad")
-        self.engine = Engine(asr, max_batch=options.max_batch)
+        self.engine = Engine(asr, lm, max_batch=options.max_batch)
         self.sessions: set[RealtimeSession] = set()
         self.counters = Counters()
         self.shutting_down = False
