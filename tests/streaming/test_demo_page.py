@@ -234,6 +234,8 @@ def test_demo_page_transcribes_the_microphone(server, browser, mic_wav, context_
           f"{saw_partial}, WER {error:.3f}\n  {hypothesis}")
     # Whisper tiny.en on the file itself: WER 0.12 ("speech run time", "popper voice")
     assert error <= 0.2, f"WER {error:.3f} for {hypothesis!r} (reference {reference!r})" + _diagnostics(browser, snap)
+    exceptions = [c for c in browser.console if c.startswith("exception")]
+    assert not exceptions, f"uncaught errors in the page: {exceptions}"
 
 
 def test_demo_page_shows_why_the_server_refused(server, browser):
