@@ -85,6 +85,7 @@ class RealtimeSession:
         self.partial_task: asyncio.Task | None = None
         self.tasks: set[asyncio.Task] = set()
         self.response = None  # the active agent.Response, if any
+        self.speculative = None  # (pause_ms, end sample, task): final transcript begun at a pause
         self.last_activity = time.monotonic()
         self.closed = False
 
@@ -211,6 +212,15 @@ class RealtimeSession:
                 await self._speech_started(ms)
             else:
                 await self._speech_stopped(ms)
+        pause = self.turns.pause_ms
+        if pause is None:
+            self.speculative = None
+        elif (self.speculative is None or self.speculative[0] != pause) and \
+                self.buf.end >= pause * RATE // 1000 + RATE // 10:
+            # A pause began: transcribe the turn up to here now, so that if the pause becomes the end
+            # of the turn (silence_duration_ms later) its final transcript is already (nearly) done.
+            start, end = self._turn_span(pause)
+            self.speculative = (pause, end, self.spawn(self.server.engine.transcribe(self.buf.slice(start, end))))
 
     async def _speech_started(self, ms: int):
         self.turn_item = new_id("item")
@@ -225,13 +235,22 @@ class RealtimeSession:
         await self.send({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": ms, "item_id": item})
         if self.partial_task:
             self.partial_task.cancel()
-        pad = self.cfg.turn_detection.prefix_padding_ms * RATE // 1000
-        start = max(self.buf.start, self.turn_start - pad)
-        end = min(self.buf.end, ms * RATE // 1000 + RATE // 10)  # 100 ms of the pause helps the last word
+        start, end = self._turn_span(ms)
         audio = self.buf.slice(start, end)
         self.buf.drop_until(end)
         self.turn_item = None
-        await self._commit(item, audio, auto=True)
+        early = None
+        if self.speculative is not None and self.speculative[0] == ms and self.speculative[1] == end:
+            early = self.speculative[2]  # the transcript started when the pause began
+        self.speculative = None
+        await self._commit(item, audio, auto=True, early=early)
+
+    def _turn_span(self, end_ms: int) -> tuple[int, int]:
+        """Samples of the current turn ending at `end_ms`: from the speech start less the prefix
+        padding, to 100 ms into the pause (the tail helps Whisper finish the last word)."""
+        pad = self.cfg.turn_detection.prefix_padding_ms * RATE // 1000
+        start = max(self.buf.start, self.turn_start - pad)
+        return start, min(self.buf.end, end_ms * RATE // 1000 + RATE // 10)
 
     async def _partials(self, item_id: str):
         """Live transcript of the turn being spoken: re-transcribe the growing audio about every
@@ -284,17 +303,17 @@ class RealtimeSession:
         self.turn_item = None
         await self.send({"type": "input_audio_buffer.cleared"})
 
-    async def _commit(self, item_id: str, audio: np.ndarray, auto: bool):
+    async def _commit(self, item_id: str, audio: np.ndarray, auto: bool, early: asyncio.Task | None = None):
         prev = self.items[-1]["id"] if self.items else None
         item = {"id": item_id, "object": "realtime.item", "type": "message", "role": "user", "status": "completed",
                 "content": [{"type": "input_audio", "transcript": None}]}
         self.items.append(item)
         await self.send({"type": "input_audio_buffer.committed", "item_id": item_id, "previous_item_id": prev})
         await self.send({"type": "conversation.item.added", "item": item, "previous_item_id": prev})
-        self.spawn(self._final_transcript(item, audio, auto))
+        self.spawn(self._final_transcript(item, audio, auto, early))
 
-    async def _final_transcript(self, item: dict, audio: np.ndarray, auto: bool):
-        r = await self.server.engine.transcribe(audio)
+    async def _final_transcript(self, item: dict, audio: np.ndarray, auto: bool, early: asyncio.Task | None):
+        r = await early if early is not None else await self.server.engine.transcribe(audio)
         text = r.text
         said_id, said = getattr(self, "partial_words", (None, []))
         if said_id == item["id"] and said:
