@@ -15,7 +15,15 @@ IMPLS = ("torch", "triton", "auto")
 
 # Modules that provide Triton versions of ops: module path -> op names it exports in `OPS`.
 # Each is imported only when a Triton kernel set is asked for.
-TRITON_MODULES: dict[str, tuple[str, ...]] = {}
+TRITON_MODULES: dict[str, tuple[str, ...]] = {
+    "speechrt.kernels.triton_norm": ("layer_norm", "rms_norm"),
+    "speechrt.kernels.triton_act": ("gelu", "silu_mul"),
+    "speechrt.kernels.triton_rotary": ("rotary",),
+    "speechrt.kernels.triton_matmul": ("linear",),
+    "speechrt.kernels.triton_int8_matmul": ("linear_int8",),
+    # prefill/encoder flash attention; single-query calls go to triton_decode_attention (split-K)
+    "speechrt.kernels.triton_attention": ("attention",),
+}
 
 
 class KernelSet:

@@ -46,6 +46,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+def linear_int8(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Weight-only int8 linear: x [..., K] @ (w_int8 [N, K] * scale [N, 1]).T (+ bias [N]).
+
+    Per-output-channel scales; activations stay in x's dtype (the batch-1 decode matmul of the SLM).
+    """
+    y = F.linear(x, w_int8.to(x.dtype)) * scale.to(x.dtype)
+    return y + bias if bias is not None else y
+
+
 def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """Rotary embedding (the half-split "NeoX" layout used by Llama in HF/GGUF order).
 
@@ -90,6 +99,7 @@ OPS = {
     "gelu": gelu,
     "silu_mul": silu_mul,
     "linear": linear,
+    "linear_int8": linear_int8,
     "rotary": rotary,
     "attention": attention,
 }
