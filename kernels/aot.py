@@ -142,7 +142,7 @@ def specs(hip: bool = False) -> list[Spec]:
     for variant, M, N, K in (("whisper enc 1500x384->1536", 1500, 1536, 384), ("decode 1x576->1536", 1, 1536, 576)):
         c = mm.config(M, N, K, f16)
         out.append(_spec(mm._linear_kernel, variant, lin_types,
-                         {"HAS_BIAS": True, "PRECISION": mm.precision(f16),
+                         {"HAS_BIAS": True, "PRECISION": mm.precision(f16), "UPCAST": False,
                           **{k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")}},
                          c, lin_aligned, matmul=True))
 
@@ -152,7 +152,7 @@ def specs(hip: bool = False) -> list[Spec]:
     for variant, M in (("smollm2 decode 1x576->1536", 1), ("smollm2 prefill 128x576->1536", 128)):
         c = i8.config(M, 1536, 576, f16)
         out.append(_spec(i8._linear_int8_kernel, variant, i8_types,
-                         {"HAS_BIAS": False, "PRECISION": i8.precision(f16),
+                         {"HAS_BIAS": False, "PRECISION": i8.precision(f16), "UPCAST": False,
                           **{k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}},
                          c, ("x_ptr", "w_ptr", "s_ptr", "y_ptr", "N", "K", "sxm", "swn", "sym"), matmul=True))
 
@@ -166,7 +166,7 @@ def specs(hip: bool = False) -> list[Spec]:
                                    ("prefill causal d128", 512, 128, True)):
         c = att.config(Tq, D, f16, hip=hip)
         out.append(_spec(att._attention_kernel, variant, att_types,
-                         {"CAUSAL": causal, "HAS_LENS": False, "PRECISION": att.precision(f16),
+                         {"CAUSAL": causal, "HAS_LENS": False, "PRECISION": att.precision(f16), "UPCAST": False,
                           **{k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D")}},
                          c, att_aligned, matmul=True))
 
@@ -282,9 +282,18 @@ def _compile_here(targets, kernels=None) -> list[Result]:
     return rows
 
 
+def _interpreted() -> bool:
+    """True when the kernels in this process were decorated for the interpreter (not compilable)."""
+    from triton.runtime.jit import JITFunction
+
+    from . import triton_norm
+
+    return os.environ.get("TRITON_INTERPRET") == "1" or not isinstance(triton_norm._layer_norm_kernel, JITFunction)
+
+
 def report(targets=TARGETS, kernels=None) -> list[Result]:
     """Compile every kernel (or those whose name contains one of `kernels`) for `targets`."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if _interpreted():
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "report.json")

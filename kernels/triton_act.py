@@ -15,9 +15,9 @@ def _gelu_kernel(x_ptr, b_ptr, y_ptr, N, stride_x, stride_y, HAS_BIAS: tl.conste
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < N
     x = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0)
-    if HAS_BIAS:
-        x = x + tl.load(b_ptr + cols, mask=m, other=0.0)  # in x's dtype, like the reference
     xf = x.to(tl.float32)
+    if HAS_BIAS:  # the biased input rounded to x's dtype, like the reference
+        xf = (xf + tl.load(b_ptr + cols, mask=m, other=0.0).to(tl.float32)).to(x.dtype).to(tl.float32)
     y = 0.5 * xf * (1.0 + tl.erf(xf * 0.7071067811865476))
     tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=m)
 

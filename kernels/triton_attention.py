@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_matmul import precision
+from .triton_matmul import precision, upcast
 
 LOG2E = 1.4426950408889634
 
@@ -20,7 +20,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr,
                       sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
                       H, GROUP, Tq, Tk, D, qk_scale,
                       CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, PRECISION: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                      UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     # grid (query blocks, B * H); query head h reads key/value head h // GROUP
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -34,6 +34,8 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr,
     dm = offs_d < D
     q = tl.load(q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :],
                 mask=(offs_m < Tq)[:, None] & dm[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
     kv_len = Tk
     if HAS_LENS:
         kv_len = tl.minimum(tl.load(len_ptr + b).to(tl.int32), Tk)
@@ -49,6 +51,8 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr,
         n = start + offs_n
         nm = n < kv_len
         kt = tl.load(pk + start * skt, mask=dm[:, None] & nm[None, :], other=0.0)
+        if UPCAST:
+            kt = kt.to(tl.float32)
         s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale  # log2 domain: scale * log2(e) folded in
         valid = nm[None, :]
         if CAUSAL:
@@ -60,7 +64,10 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr,
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         vt = tl.load(pv + start * svt, mask=nm[:, None] & dm[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
+        pt = p.to(v_ptr.dtype.element_ty)  # probabilities in v's dtype for the second MMA
+        if UPCAST:
+            pt, vt = pt.to(tl.float32), vt.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(pt, vt, input_precision=PRECISION)
         m_i = m_new
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # a query that sees no key gets zeros
     tl.store(o_ptr + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :],
@@ -120,7 +127,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
                                 v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
                                 H, H // Hkv, Tq, Tk, D, scale * LOG2E,
                                 CAUSAL=bool(causal), HAS_LENS=lengths is not None, PRECISION=precision(q.dtype),
-                                **cfg)
+                                UPCAST=upcast(q.dtype), **cfg)
     return o
 
 

@@ -54,7 +54,8 @@ def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, len_ptr, po_ptr, plse_ptr,
     # partials [B * H, NUM_SPLITS, BLOCK_D] and log2-sum-exp [B * H, NUM_SPLITS]; empty split -> -inf
     row = bh.to(tl.int64) * NUM_SPLITS + split
     tl.store(po_ptr + row * BLOCK_D + offs_d, acc / tl.where(l_i > 0.0, l_i, 1.0))
-    tl.store(plse_ptr + row, tl.where(l_i > 0.0, m_i + tl.log2(l_i), float("-inf")))
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    tl.store(plse_ptr + row, tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf")))
 
 
 @triton.jit

@@ -8,12 +8,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_matmul import precision
+from .triton_matmul import precision, upcast
 
 
 @triton.jit
 def _linear_int8_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, sxm, sxk, swn, swk, sym,
-                        HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -27,7 +27,10 @@ def _linear_int8_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, sxm, sxk, sw
         km = (k0 + rk) < K
         a = tl.load(px, mask=(rm < M)[:, None] & km[None, :], other=0.0)
         w = tl.load(pw, mask=km[:, None] & (rn < N)[None, :], other=0)
-        acc = tl.dot(a, w.to(a.dtype), acc, input_precision=PRECISION)  # int8 -> fp16/bf16 is exact
+        if UPCAST:
+            acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc, input_precision=PRECISION)
+        else:
+            acc = tl.dot(a, w.to(a.dtype), acc, input_precision=PRECISION)  # int8 -> fp16/bf16 is exact
         px += BLOCK_K * sxk
         pw += BLOCK_K * swk
     nm = rn < N
@@ -61,7 +64,8 @@ def linear_int8(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, bias
         grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, cfg["BLOCK_M"]))
         _linear_int8_kernel[grid](x2, w_int8, scale, bias if bias is not None else scale, y, M, N, K,
                                   x2.stride(0), x2.stride(1), w_int8.stride(0), w_int8.stride(1), y.stride(0),
-                                  HAS_BIAS=bias is not None, PRECISION=precision(x.dtype), **cfg)
+                                  HAS_BIAS=bias is not None, PRECISION=precision(x.dtype),
+                                  UPCAST=upcast(x.dtype), **cfg)
     return y.view(*x.shape[:-1], N)
 
 

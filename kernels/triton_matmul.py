@@ -3,6 +3,8 @@ W is the [N, K] nn.Linear weight read in place (no transpose copy). float32 inpu
 products (what torch does by default), 16-bit inputs the tensor cores / matrix cores."""
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -10,7 +12,7 @@ import triton.language as tl
 
 @triton.jit
 def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxm, sxk, swn, swk, sym,
-                   HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     # grouped program order: GROUP_M row blocks share each column block of W while it is in L2
     pid = tl.program_id(0)
@@ -30,6 +32,8 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxm, sxk, swn, swk, sym,
         km = (k0 + rk) < K
         a = tl.load(px, mask=(rm < M)[:, None] & km[None, :], other=0.0)
         b = tl.load(pw, mask=km[:, None] & (rn < N)[None, :], other=0.0)
+        if UPCAST:
+            a, b = a.to(tl.float32), b.to(tl.float32)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
         px += BLOCK_K * sxk
         pw += BLOCK_K * swk
@@ -59,6 +63,13 @@ def precision(dtype: torch.dtype) -> str:
     return "ieee"
 
 
+def upcast(dtype: torch.dtype) -> bool:
+    """Widen bf16 dot operands to float32, only under TRITON_INTERPRET=1: the Triton 3.9 interpreter
+    keeps bf16 as raw uint16 bits and its dot multiplies those bits. Exact (a bf16 x bf16 product is
+    exact in float32, and the GPU's bf16 MMA accumulates in float32 too); GPUs run the bf16 MMA."""
+    return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     K = x.shape[-1]
     N = weight.shape[0]
@@ -70,7 +81,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
         _linear_kernel[grid](x2, weight, bias if bias is not None else weight, y, M, N, K,
                              x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1), y.stride(0),
-                             HAS_BIAS=bias is not None, PRECISION=precision(x.dtype), **cfg)
+                             HAS_BIAS=bias is not None, PRECISION=precision(x.dtype), UPCAST=upcast(x.dtype), **cfg)
     return y.view(*x.shape[:-1], N)
 
 

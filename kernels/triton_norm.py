@@ -16,7 +16,9 @@ def _layer_norm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, s_ptr, N, stride_x, st
     m = cols < N
     x = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0)
     if HAS_RES:
-        x = x + tl.load(r_ptr + row * stride_r + cols, mask=m, other=0.0)  # in x's dtype, like the reference
+        # the sum rounded to x's dtype, like the reference (added in float32: exact for 16-bit inputs)
+        r = tl.load(r_ptr + row * stride_r + cols, mask=m, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
         tl.store(s_ptr + row * stride_s + cols, x, mask=m)
     xf = x.to(tl.float32)
     mean = tl.sum(xf, axis=0) / N
@@ -36,7 +38,8 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, N, stride_x, stride_r, s
     m = cols < N
     x = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0)
     if HAS_RES:
-        x = x + tl.load(r_ptr + row * stride_r + cols, mask=m, other=0.0)
+        r = tl.load(r_ptr + row * stride_r + cols, mask=m, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
         tl.store(s_ptr + row * stride_s + cols, x, mask=m)
     xf = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + eps)
