@@ -13,6 +13,7 @@ from .base import ASRRunner, Backend, SLMRunner, TTSRunner
 
 BACKENDS: dict[str, str] = {
     "torch": "speechrt.backends.torch_backend:TorchBackend",
+    "triton": "speechrt.backends.triton_backend:TritonBackend",
 }
 
 

@@ -10,6 +10,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "transcribe": ("speechrt.cli_asr", "transcribe an audio file (WAV/FLAC/OGG, any rate)"),
     "bench": ("speechrt.bench", "benchmarks side by side with peer runtimes"),
     "models": ("speechrt.cli_models", "list the registered models"),
+    "kernels": ("speechrt.cli_kernels", "Triton kernels: ahead-of-time compile report for NVIDIA and AMD targets"),
 }
 
 
