@@ -27,9 +27,9 @@ TARGETS = ("sm_80", "sm_90", "gfx90a", "gfx942")
 def gpu_target(name: str):
     from triton.backends.compiler import GPUTarget
 
-    if name.startswith("sm_"):
+    if name.startswith("sm_") and name[3:].isdigit():
         return GPUTarget("cuda", int(name[3:]), 32)
-    if name.startswith("gfx"):
+    if re.fullmatch(r"gfx[0-9a-f]+", name):
         return GPUTarget("hip", name, 64)
     raise ValueError(f"unknown target {name!r}; valid: {', '.join(TARGETS)} (or any sm_NN / gfxNNN)")
 

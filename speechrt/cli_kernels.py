@@ -21,6 +21,9 @@ def add_arguments(p):
 def run(args):
     from speechrt.errors import UserError
 
+    import os
+
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns when unset; 1 is its default
     try:
         import triton  # noqa: F401
     except ImportError:

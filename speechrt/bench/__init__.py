@@ -6,6 +6,7 @@ import importlib
 
 BENCHES: dict[str, tuple[str, str]] = {
     "asr": ("speechrt.bench.asr", "speech recognition: real-time factor vs faster-whisper (CTranslate2)"),
+    "kernels": ("speechrt.bench.kernels", "Triton kernels vs torch eager and torch.compile, against the measured roofline (GPU)"),
 }
 
 
