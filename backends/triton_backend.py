@@ -1,5 +1,6 @@
 """The `triton` backend: the same PyTorch modules as the `torch` backend, built with the Triton kernel
-set (kernels.select('triton', device)), on a CUDA or ROCm GPU only. On a machine without one it
+set (kernels.select('triton', device)), on a CUDA or ROCm GPU only; ASR decoder steps are replayed
+from CUDA/HIP graphs (triton_asr). On a machine without one it
 refuses with an error naming the alternative instead of running the kernels slowly in an interpreter.
 """
 from __future__ import annotations
@@ -34,4 +35,8 @@ class TritonBackend(TorchBackend):
 
     def _build(self, family, model, device, dtype):
         dev = check_device(resolve_device(device))
+        if family == "asr":  # decoder steps replayed from CUDA/HIP graphs
+            from .triton_asr import build
+
+            return build(model, dev, dtype)
         return super()._build(family, model, dev, dtype)
