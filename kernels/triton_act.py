@@ -58,7 +58,7 @@ def gelu(x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     if y.numel():
         cfg = config(n)
         _gelu_kernel[(x2.shape[0], triton.cdiv(n, cfg["BLOCK"]))](
-            x2, bias if bias is not None else x2, y, n, x2.stride(0), y.stride(0), HAS_BIAS=bias is not None, **cfg)
+            x2, bias.contiguous() if bias is not None else x2, y, n, x2.stride(0), y.stride(0), HAS_BIAS=bias is not None, **cfg)
     return y.view(x.shape)
 
 

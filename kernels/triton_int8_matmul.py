@@ -62,7 +62,7 @@ def linear_int8(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, bias
     if M and N:
         cfg = config(M, N, K, x.dtype)
         grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, cfg["BLOCK_M"]))
-        _linear_int8_kernel[grid](x2, w_int8, scale, bias if bias is not None else scale, y, M, N, K,
+        _linear_int8_kernel[grid](x2, w_int8, scale.contiguous(), bias.contiguous() if bias is not None else scale, y, M, N, K,
                                   x2.stride(0), x2.stride(1), w_int8.stride(0), w_int8.stride(1), y.stride(0),
                                   HAS_BIAS=bias is not None, PRECISION=precision(x.dtype),
                                   UPCAST=upcast(x.dtype), **cfg)

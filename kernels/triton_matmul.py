@@ -79,7 +79,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if M and N:
         cfg = config(M, N, K, x.dtype)
         grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
-        _linear_kernel[grid](x2, weight, bias if bias is not None else weight, y, M, N, K,
+        _linear_kernel[grid](x2, weight, bias.contiguous() if bias is not None else weight, y, M, N, K,
                              x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1), y.stride(0),
                              HAS_BIAS=bias is not None, PRECISION=precision(x.dtype), UPCAST=upcast(x.dtype), **cfg)
     return y.view(*x.shape[:-1], N)

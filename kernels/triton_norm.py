@@ -71,7 +71,7 @@ def layer_norm(x, weight, bias, eps=1e-5, residual=None):
     s = torch.empty(x2.shape, dtype=x.dtype, device=x.device) if residual is not None else y
     if x2.shape[0]:
         _layer_norm_kernel[(x2.shape[0],)](
-            x2, r2, weight, bias if bias is not None else weight, y, s, n,
+            x2, r2, weight.contiguous(), bias.contiguous() if bias is not None else weight, y, s, n,
             x2.stride(0), r2.stride(0), y.stride(0), s.stride(0), eps,
             HAS_RES=residual is not None, HAS_BIAS=bias is not None, **config(n))
     y = y.view(shape)
@@ -88,7 +88,7 @@ def rms_norm(x, weight, eps=1e-6, residual=None):
     s = torch.empty(x2.shape, dtype=x.dtype, device=x.device) if residual is not None else y
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](
-            x2, r2, weight, y, s, n, x2.stride(0), r2.stride(0), y.stride(0), s.stride(0), eps,
+            x2, r2, weight.contiguous(), y, s, n, x2.stride(0), r2.stride(0), y.stride(0), s.stride(0), eps,
             HAS_RES=residual is not None, **config(n))
     y = y.view(shape)
     return (y, s.view(shape)) if residual is not None else y

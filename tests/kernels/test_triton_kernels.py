@@ -91,6 +91,16 @@ def test_norms_strided_inputs(tri):
     close(y, ey), close(s, es)
 
 
+def test_rms_norm_mixed_dtypes_and_broadcast_residual(tri):
+    # fp16 activations with a float32 weight promote to float32, as in the reference; a residual of
+    # shape [d] broadcast over the rows
+    x, w, r = rand(3, 40, dtype=torch.float16, seed=1), rand(40, seed=2), rand(40, dtype=torch.float16, seed=3)
+    close(tri.rms_norm(x, w, 1e-6), ref.rms_norm(x, w, 1e-6), tol=TOL[torch.float16])
+    y, s = tri.rms_norm(x, w.half(), 1e-6, residual=r)
+    ey, es = ref.rms_norm(x, w.half(), 1e-6, residual=r)
+    close(y, ey), close(s, es)
+
+
 def test_norm_empty_batch(tri):
     x, w = torch.empty(0, 33), rand(33)
     assert tri.layer_norm(x, w, w, 1e-5).shape == (0, 33)
