@@ -170,20 +170,28 @@ def specs(hip: bool = False) -> list[Spec]:
                           **{k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D")}},
                          c, att_aligned, matmul=True))
 
-    # decode attention over the KV cache: SmolLM2 (9 heads, 2048-token cache, per-sequence lengths),
-    # Whisper cross-attention (6 heads over 1500 encoder states), head dim 128
-    dec_types = {**{p: "*fp16" for p in ("q_ptr", "k_ptr", "v_ptr")}, "len_ptr": "*i32",
-                 "po_ptr": "*fp32", "plse_ptr": "*fp32",
-                 **_ints("sqb", "sqh", "skb", "skh", "skt", "svb", "svh", "svt", "H", "GROUP", "Tk", "D",
-                         "SPLIT_LEN", "NUM_SPLITS"), "qk_scale": "fp32"}
-    for variant, BH, Tk, D, lens in (("smollm2 cache 2048 d64 +lengths", 9, 2048, 64, True),
-                                     ("whisper cross 1500 d64", 6, 1500, 64, False),
-                                     ("cache 4096 d128 +lengths", 32, 4096, 128, True)):
-        c = dec.config(BH, Tk, D)
-        out.append(_spec(dec._decode_attention_kernel, variant, dec_types,
-                         {"HAS_LENS": lens, "BLOCK_N": c["BLOCK_N"], "BLOCK_D": c["BLOCK_D"]}, c,
-                         ("q_ptr", "k_ptr", "v_ptr", "len_ptr", "po_ptr", "plse_ptr", "sqb", "sqh", "skb", "skh",
-                          "skt", "svb", "svh", "svt", "D", "SPLIT_LEN")))
+    # decode attention over the KV cache: SmolLM2 (9 query / 3 key-value heads, 2048-token cache,
+    # per-sequence lengths: the grouped kernel), Whisper cross-attention (6 heads over 1500 encoder
+    # states: the per-head kernel), head dim 128 grouped (32 / 8 heads) and per-head
+    dec_common = {**{p: "*fp16" for p in ("q_ptr", "k_ptr", "v_ptr")}, "len_ptr": "*i32",
+                  "po_ptr": "*fp32", "plse_ptr": "*fp32",
+                  **_ints("sqb", "sqh", "skb", "skh", "skt", "svb", "svh", "svt", "GROUP", "Tk", "D",
+                          "SPLIT_LEN", "NUM_SPLITS"), "qk_scale": "fp32"}
+    dec_aligned = ("q_ptr", "k_ptr", "v_ptr", "len_ptr", "po_ptr", "plse_ptr", "sqb", "sqh", "skb", "skh",
+                   "skt", "svb", "svh", "svt", "D", "SPLIT_LEN")
+    for variant, B, H, Hkv, Tk, D, lens in (("smollm2 B=8 9/3 heads cache 2048 d64 +lengths", 8, 9, 3, 2048, 64, True),
+                                            ("whisper cross B=5 6 heads 1500 d64", 5, 6, 6, 1500, 64, False),
+                                            ("B=4 32/8 heads cache 4096 d128 +lengths", 4, 32, 8, 4096, 128, True),
+                                            ("B=4 16 heads cache 4096 d128 +lengths", 4, 16, 16, 4096, 128, True)):
+        group = H // Hkv
+        c = dec.config(B * Hkv, Tk, D, group)
+        if group > 1:
+            out.append(_spec(dec._decode_attention_grouped_kernel, variant, {**dec_common, "HKV": "i32"},
+                             {"HAS_LENS": lens, "PRECISION": dec.precision(f16), "UPCAST": False,
+                              **{k: c[k] for k in ("BLOCK_G", "BLOCK_N", "BLOCK_D")}}, c, dec_aligned, matmul=True))
+        else:
+            out.append(_spec(dec._decode_attention_kernel, variant, {**dec_common, "H": "i32"},
+                             {"HAS_LENS": lens, "BLOCK_N": c["BLOCK_N"], "BLOCK_D": c["BLOCK_D"]}, c, dec_aligned))
         out.append(_spec(dec._decode_reduce_kernel, variant,
                          {"po_ptr": "*fp32", "plse_ptr": "*fp32", "o_ptr": "*fp16", **_ints("H", "D", "sob", "soh", "NUM_SPLITS")},
                          {"BLOCK_S": max(2, 1 << (c["NUM_SPLITS"] - 1).bit_length()), "BLOCK_D": c["BLOCK_D"]},

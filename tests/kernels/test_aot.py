@@ -16,7 +16,7 @@ from speechrt import kernels
 pytest.importorskip("triton", reason="Triton is not installed (pip install 'speechrt[triton]')")
 
 TARGETS = ("sm_80", "sm_90", "gfx90a", "gfx942")
-MATMUL_LIKE = {"_linear_kernel", "_linear_int8_kernel", "_attention_kernel"}
+MATMUL_LIKE = {"_linear_kernel", "_linear_int8_kernel", "_attention_kernel", "_decode_attention_grouped_kernel"}
 
 
 @pytest.fixture(scope="module")

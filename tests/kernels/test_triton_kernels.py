@@ -249,6 +249,19 @@ def test_decode_attention_padded_cache(tri, dtype):
     close(tri.attention(q, k, v), ref.attention(q, k, v))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("H,Hkv,D", [(6, 6, 64), (5, 1, 24), (8, 2, 128), (3, 3, 8)])
+def test_decode_attention_heads_and_dims(tri, dtype, H, Hkv, D):
+    """Per-head kernel (H == Hkv) and grouped kernel (query heads sharing a key/value head), head dims
+    that are not powers of two or below the 16-wide tile, sequences of different lengths."""
+    B, Tk = 2, 37
+    q = rand(B, H, 1, D, dtype=dtype, seed=1)
+    k, v = rand(B, Hkv, Tk, D, dtype=dtype, seed=2), rand(B, Hkv, Tk, D, dtype=dtype, seed=3)
+    L = torch.tensor([37, 20])
+    close(tri.attention(q, k, v, causal=True, lengths=L), ref.attention(q, k, v, causal=True, lengths=L))
+    close(tri.attention(q, k, v, scale=0.05), ref.attention(q, k, v, scale=0.05))
+
+
 @pytest.mark.parametrize("num_splits", [1, 2, 5])
 def test_decode_attention_split_counts(num_splits):
     from speechrt.kernels.triton_decode_attention import decode_attention
