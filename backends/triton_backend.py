@@ -6,7 +6,11 @@ refuses with an error naming the alternative instead of running the kernels slow
 from __future__ import annotations
 
 import torch
-import triton  # noqa: F401  (a missing Triton makes backends.get('triton') name what to install)
+
+try:
+    import triton  # noqa: F401
+except ImportError as e:  # backends.get('triton') reports this with the backends that do work
+    raise ImportError("Triton is not installed (pip install 'speechrt[triton]')") from e
 
 from speechrt.errors import UserError
 
