@@ -5,6 +5,7 @@ runners of non-torch engines (ONNX Runtime, TensorRT) convert at their edge.
 """
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -37,6 +38,11 @@ class ASRRunner(ABC):
     @abstractmethod
     def reorder(self, state: Any, index: torch.Tensor) -> Any:
         """Keep rows `index` [N'] of the state (beam reordering, or dropping finished rows)."""
+
+    def loop_threads(self):
+        """Context for the decoding loop around encode/decode steps (the torch runner narrows it to
+        one CPU thread: the loop's many small ops stall on thread barriers otherwise)."""
+        return contextlib.nullcontext()
 
 
 class SLMRunner(ABC):

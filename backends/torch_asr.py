@@ -11,15 +11,31 @@ from speechrt.models.whisper import Whisper
 from speechrt.models.whisper_loaders import WhisperWeights, load_weights
 
 from .base import ASRRunner
+from .torch_backend import cpu_threads
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def cpu_has_native_bf16() -> bool:
+    """bf16 matmuls run natively (AVX512-BF16 / AMX) rather than emulated."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def parse_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    """None: float32 on the CPU (bit-for-bit the reference), float16 on GPUs. 'auto': the fastest dtype
+    that keeps accuracy here — bfloat16 on CPUs with native bf16 (same WER on our test set, about 2x
+    faster encoder with AMX), else float32; float16 on GPUs."""
     if dtype is None:
         return torch.float16 if device.type == "cuda" else torch.float32
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.float16
+        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
     if dtype not in DTYPES:
-        raise UserError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+        raise UserError(f"unknown dtype {dtype!r}; valid: auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
 
 
@@ -40,10 +56,17 @@ class TorchASRRunner(ASRRunner):
         if missing or unexpected:
             raise UserError(f"weights do not fit the Whisper model: missing {missing[:5]}, unexpected {unexpected[:5]}")
         self.model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        # the encoder's large matmuls use every thread; the decoding loop around it runs on one (see
+        # cpu_threads): decoders call decode steps inside `with runner.loop_threads():`
+        self.encode_threads = torch.get_num_threads() if device.type == "cpu" else None
+
+    def loop_threads(self):
+        return cpu_threads(1 if self.device.type == "cpu" else None)
 
     @torch.inference_mode()
     def encode(self, mel):
-        return self.model.encoder(mel.to(self.device, self.dtype))
+        with cpu_threads(self.encode_threads):
+            return self.model.encoder(mel.to(self.device, self.dtype))
 
     @torch.inference_mode()
     def start(self, encoded, repeat, max_tokens):

@@ -2,6 +2,7 @@
 torch reference kernel set. Each family's runner lives in its own module (torch_asr, torch_slm, torch_tts)."""
 from __future__ import annotations
 
+import contextlib
 import importlib
 
 import torch
@@ -28,6 +29,26 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         from speechrt.errors import UserError
         raise UserError(f"unsupported device {device!r}; valid: cpu, cuda, cuda:N (ROCm devices are 'cuda' in PyTorch), auto")
     return d
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int | None):
+    """Run the block with `n` intra-op threads on this thread (OpenMP's thread count is per calling
+    thread); None leaves it as it is.
+
+    A decode step is ~100 small ops; with several threads each one ends in a barrier that stalls for a
+    whole scheduler slice whenever another process holds a core (steps ran 20x slower on a shared
+    2-core machine). One thread does small ops as fast and never waits."""
+    if n is None:
+        yield
+        return
+    prev = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)
+
 
 
 class TorchBackend(Backend):

@@ -292,10 +292,14 @@ class WhisperDecoder:
         return res
 
     # -- long form -----------------------------------------------------------------------------------
-    @torch.inference_mode()
     def transcribe(self, audio: np.ndarray, opts: TranscribeOptions | None = None, on_segment=None) -> Transcript:
         """audio: float32 mono at 16 kHz, any length. Windows of 30 s; each next window starts where the
         last complete segment of the previous one ended."""
+        with self.runner.loop_threads():
+            return self._transcribe(audio, opts, on_segment)
+
+    @torch.inference_mode()
+    def _transcribe(self, audio, opts, on_segment) -> Transcript:
         opts = opts or TranscribeOptions()
         dev = self.runner.device
         mel = log_mel_spectrogram(audio, self.cfg.n_mels, padding=N_FRAMES * HOP_LENGTH, device=dev)
@@ -372,7 +376,7 @@ def transcribe_batch(decoder: WhisperDecoder, audios: list[np.ndarray], opts: Tr
     dev = runner.device
     if any(len(a) > N_FRAMES * HOP_LENGTH for a in audios):
         raise ValueError("transcribe_batch takes utterances of at most 30 seconds; use transcribe() for long audio")
-    with torch.inference_mode():
+    with torch.inference_mode(), runner.loop_threads():
         # as in transcribe(): log-mel of the audio with 30 s of padding, cut to the content frames,
         # then zero-padded to a full window (openai/whisper pads in the log-mel domain)
         mels = torch.stack([pad_or_trim_frames(log_mel_spectrogram(a, cfg.n_mels, padding=N_FRAMES * HOP_LENGTH,

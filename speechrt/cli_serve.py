@@ -11,6 +11,8 @@ def add_arguments(p):
     p.add_argument("--transcription-only", action="store_true", help="load no language model or voice")
     p.add_argument("--backend", default="torch")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--asr-dtype", default="auto", help="speech recognition dtype (default auto: bfloat16 on CPUs with "
+                   "native bf16, float32 on others, float16 on GPUs)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (also $SPEECHRT_API_KEY)")
     p.add_argument("--allow-origin", action="append", default=[], help="browser origin allowed besides the server's own (repeatable; '*' for any)")
     p.add_argument("--max-sessions", type=int, default=32)
@@ -25,7 +27,7 @@ def load_models(args):
     """Load the models once; they are shared by every session."""
     import speechrt
 
-    asr = speechrt.load_asr(args.asr, args.backend, args.device)
+    asr = speechrt.load_asr(args.asr, args.backend, args.device, args.asr_dtype)
     lm = tts = None
     if not args.transcription_only:
         lm = speechrt.load_lm(args.lm, backend=args.backend, device=args.device)
