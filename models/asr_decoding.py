@@ -354,7 +354,7 @@ class WhisperDecoder:
                 text = self.tok.decode(part)
                 if not text.strip() or start == end:
                     continue  # instantaneous or empty segments are dropped, from the prompt too
-                s = Segment(len(segments), start, min(end, duration), text, [t for t in part if t < self.tok.eot],
+                s = Segment(len(segments), start, end, text, [t for t in part if t < self.tok.eot],
                             res.avg_logprob, res.no_speech_prob, res.temperature, res.compression_ratio)
                 segments.append(s)
                 all_tokens.extend(part)

@@ -23,7 +23,8 @@ def test_transcribe_sample_json():
     out = json.loads(r.stdout)
     assert wer(SAMPLE_TEXT, out["text"]) <= 0.15, out["text"]
     segs = out["segments"]
-    assert segs and segs[0]["start"] == 0.0 and segs[-1]["end"] <= out["duration"] + 0.01
+    # a predicted end timestamp may land a little past the last sample (openai-whisper does not clamp it)
+    assert segs and segs[0]["start"] == 0.0 and segs[-1]["end"] <= out["duration"] + 0.5
     assert all(s["start"] < s["end"] for s in segs)
 
 
