@@ -196,8 +196,12 @@ class Engine:
         return self.lm is not None and self.lm.has_work()
 
     def _step_lm(self):
+        from speechrt.backends.torch_backend import cpu_threads
+
+        on_cpu = getattr(self.lm.runner, "device", None) is not None and self.lm.runner.device.type == "cpu"
         try:  # submit() appends to a deque and cancel() sets a flag: both safe while the step runs
-            self.lm.step()
+            with cpu_threads(1 if on_cpu else None):  # small decode ops: no thread barriers (see cpu_threads)
+                self.lm.step()
             self.metrics.stream_steps += 1
         except Exception as e:  # noqa: BLE001 - fail every request in the batch, keep serving
             log.exception("language model step failed")
