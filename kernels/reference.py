@@ -100,7 +100,11 @@ def linear_int8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias
     contiguous input and is fast for bf16); elsewhere, and as the definition it is tested against, the scale
     is applied after the matmul (it is per output channel, so x @ (q * s).T == (x @ q.T) * s).
     """
-    if x.device.type == "cpu" and hasattr(torch, "_weight_int8pack_mm") and x.dtype == torch.bfloat16:
+    # ATen's kernel reads out of bounds (and can crash) unless K % 32 == 0 and N % 16 == 0; the models'
+    # shapes all qualify, other shapes take the plain matmul
+    N, K = weight.shape
+    if (x.device.type == "cpu" and hasattr(torch, "_weight_int8pack_mm") and x.dtype == torch.bfloat16
+            and K % 32 == 0 and N % 16 == 0 and weight.is_contiguous()):
         x2 = x.reshape(-1, x.shape[-1])
         if not x2.is_contiguous():
             x2 = x2.contiguous()
