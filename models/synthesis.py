@@ -69,12 +69,22 @@ class SynthesisOptions:
                        noise_w=voice.noise_w if self.noise_w is None else self.noise_w)
 
 
-def windows(frames: int, first: int, largest: int) -> list[tuple[int, int]]:
-    """[start, end) frame windows covering `frames`, sizes first, 2*first, ... up to `largest`; a short tail
-    (under `first` frames) is merged into the window before it."""
+def windows(frames: int, first: int, largest: int, parallel: int = 1) -> list[tuple[int, int]]:
+    """[start, end) frame windows covering `frames`: sizes first, 2*first, ... (the first audio comes early
+    and each window has the time the previous ones play to get decoded) up to `largest`. Once the rest fits
+    in `parallel` windows of at most `largest` frames — or a multiple of that — it is split evenly, so
+    parallel workers finish together; a short tail (under `first` frames) joins the window before it."""
     out, a, size = [], 0, first
     while a < frames:
-        b = min(frames, a + size)
+        rest = frames - a
+        if size >= largest or rest <= parallel * size:
+            n = max(parallel, -(-rest // largest))  # even split of the rest
+            n = -(-n // parallel) * parallel if parallel > 1 else n
+            n = max(1, min(n, rest // (2 * first)))  # windows of at least 2*first frames
+            bounds = [a + round(i * rest / n) for i in range(n + 1)]
+            out += list(zip(bounds[:-1], bounds[1:]))
+            break
+        b = a + size
         if frames - b < first:
             b = frames
         out.append((a, b))
@@ -88,8 +98,8 @@ def stream_latent(runner, latent, options: SynthesisOptions) -> Iterator[torch.T
     xf = min(options.crossfade, ctx * hop)
     ramp = None
     tail = None  # the previous window's last `xf` samples, which overlap the next window's first
-    wins = windows(F, options.first_chunk_frames, options.max_chunk_frames)
     ahead = max(1, runner.parallel)
+    wins = windows(F, options.first_chunk_frames, options.max_chunk_frames, ahead)
     pending = collections.deque()  # futures of the next windows, submitted in order
     for k, (a, b) in enumerate(wins):
         while len(pending) < ahead and k + len(pending) < len(wins):

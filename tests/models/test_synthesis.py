@@ -27,11 +27,16 @@ def torch_tts():
 
 
 def test_windows_cover_and_grow():
-    w = windows(700, 16, 256)
-    assert w[0] == (0, 16) and w[-1][1] == 700
-    assert all(a == b for (_, a), (b, _) in zip(w, w[1:]))  # contiguous
-    assert [b - a for a, b in w][:5] == [16, 32, 64, 128, 256]
+    for parallel in (1, 2):
+        w = windows(700, 16, 256, parallel)
+        sizes = [b - a for a, b in w]
+        assert w[0] == (0, 16) and w[-1][1] == 700
+        assert all(a == b for (_, a), (b, _) in zip(w, w[1:]))  # contiguous
+        assert sizes[:4] == [16, 32, 64, 128] and max(sizes) <= 256
+        tail = sizes[4:]
+        assert len(tail) % parallel == 0 and max(tail) - min(tail) <= 1  # even split: workers finish together
     assert windows(20, 16, 256) == [(0, 20)]  # a short tail joins the window before it
+    assert [b - a for a, b in windows(100, 16, 256, 2)] == [16, 32, 52]  # no window under 2 * first
 
 
 def test_chunked_matches_whole_sentence(tts):
