@@ -59,6 +59,13 @@ class VitsConfig:
     def hop_length(self) -> int:
         return math.prod(self.upsample_rates)
 
+    def flow_context(self) -> int:
+        """Latent frames each side that the reverse flow's output at a frame depends on (its WaveNet stacks;
+        the coupling 1x1 convs and flips are pointwise in time), plus one of margin."""
+        per_layer = sum(self.flow_dilation_rate ** i * (self.flow_kernel_size - 1) // 2
+                        for i in range(self.flow_n_layers))
+        return self.flow_n_flows * per_layer + 1
+
     def vocoder_context(self) -> int:
         """Latent frames each side of a window that the generator's output inside the window depends on.
 

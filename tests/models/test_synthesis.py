@@ -68,6 +68,24 @@ def test_crossfade_hides_missing_context(torch_tts):
     assert np.abs(naive - whole).max() > 1e-2
 
 
+def test_background_flow_equals_whole_flow(torch_tts):
+    """The torch runner runs the flow on the first windows' frames at once and on the rest in the background;
+    with the flow's receptive field as context, the pieces equal the whole-sentence flow."""
+    import torch
+
+    r = torch_tts.runner
+    o = torch_tts.options(noise_scale=0.0, noise_w=0.0)
+    ids = next(torch_tts.text.sentences(LONG))
+    lat = r.latent(ids, o)
+    g, rest, head = lat.cond
+    assert rest is not None and head < lat.frames
+    rest.result()
+    with torch.inference_mode():
+        m, logs = r.model.prior(torch.tensor([ids]), o.length_scale, 0.0)
+        whole = r.model.latent(m, logs, 0.0)
+    assert whole.shape == lat.z.shape and (whole - lat.z).abs().max() <= 1e-4
+
+
 class CountingRunner:
     """The real runner, counting vocoder calls (to see how much work precedes the first chunk)."""
 
