@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib
 
+from speechrt.errors import UserError
+
 from .base import ASRRunner, Backend, Latent, SLMRunner, TTSRunner
 
 BACKENDS: dict[str, str] = {
@@ -15,14 +17,18 @@ BACKENDS: dict[str, str] = {
 }
 
 
-class BackendUnavailable(RuntimeError):
+class UnknownBackend(UserError, ValueError):
+    pass
+
+
+class BackendUnavailable(UserError, RuntimeError):
     pass
 
 
 def get(name: str) -> Backend:
     """Instantiate backend `name`; errors list the valid names."""
     if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; valid backends: {', '.join(BACKENDS)}")
+        raise UnknownBackend(f"unknown backend {name!r}; valid backends: {', '.join(BACKENDS)}")
     mod, _, cls = BACKENDS[name].partition(":")
     try:
         m = importlib.import_module(mod)
@@ -43,4 +49,5 @@ def available() -> list[str]:
     return out
 
 
-__all__ = ["ASRRunner", "SLMRunner", "TTSRunner", "Latent", "Backend", "BACKENDS", "BackendUnavailable", "get", "available"]
+__all__ = ["ASRRunner", "SLMRunner", "TTSRunner", "Latent", "Backend", "BACKENDS", "BackendUnavailable", "UnknownBackend",
+           "get", "available"]

@@ -15,7 +15,11 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     """'auto' / None -> cuda if present, else cpu; checks that an explicit device exists."""
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    d = torch.device(device)
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError):
+        from speechrt.errors import UserError
+        raise UserError(f"unsupported device {device!r}; valid: cpu, cuda, cuda:N (ROCm devices are 'cuda' in PyTorch), auto") from None
     if d.type == "cuda" and not torch.cuda.is_available():
         from speechrt.errors import UserError
         raise UserError(f"device {device!r} requested but no CUDA/ROCm device is visible to PyTorch "

@@ -68,9 +68,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     """
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
+    gqa = {}
     if H != Hkv:
-        k = k.repeat_interleave(H // Hkv, dim=1)
-        v = v.repeat_interleave(H // Hkv, dim=1)
+        if _SDPA_GQA:  # SDPA reads each key/value head for its group of query heads, no copies
+            gqa = {"enable_gqa": True}
+        else:
+            k = k.repeat_interleave(H // Hkv, dim=1)
+            v = v.repeat_interleave(H // Hkv, dim=1)
     scale = scale if scale is not None else 1.0 / math.sqrt(D)
     mask = None
     if causal and Tq > 1:
@@ -81,7 +85,66 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         lm = torch.arange(Tk, device=q.device)[None, :] < lengths[:, None]
         lm = lm[:, None, None, :]
         mask = lm if mask is None else (mask & lm)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **gqa)
+
+
+# torch >= 2.5: scaled_dot_product_attention(enable_gqa=True)
+_SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
+
+
+def linear_int8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Weight-only int8 linear: x [..., K] @ (weight [N, K] int8 * scale [N]).T -> [..., N] in x's dtype.
+
+    On the CPU this is ATen's fused int8-weight GEMM (`_weight_int8pack_mm`, which wants a 2-D
+    contiguous input and is fast for bf16); elsewhere, and as the definition it is tested against, the scale
+    is applied after the matmul (it is per output channel, so x @ (q * s).T == (x @ q.T) * s).
+    """
+    if x.device.type == "cpu" and hasattr(torch, "_weight_int8pack_mm") and x.dtype == torch.bfloat16:
+        x2 = x.reshape(-1, x.shape[-1])
+        if not x2.is_contiguous():
+            x2 = x2.contiguous()
+        y = torch._weight_int8pack_mm(x2, weight, scale.to(x.dtype))
+        return y.view(*x.shape[:-1], weight.shape[0])
+    return linear_int8_ref(x, weight, scale)
+
+
+def linear_int8_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Definition of `linear_int8`, in plain matmuls (the int8 values are exact in bf16/fp16/fp32)."""
+    return F.linear(x, weight.to(x.dtype)) * scale.to(x.dtype)
+
+
+def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype = torch.bfloat16):
+    """4-bit weights in groups along K -> the (packed, scales_zeros) pair `linear_int4` takes.
+
+    q [N, K] integers 0..15, scale / zero [N, K // g]: w[n, k] = (q[n, k] - 8) * scale[n, k // g] + zero[n, k // g]
+    (llama.cpp's Q4_0 and Q4_1 blocks are exactly this with g = 32). scales_zeros is [K // g, N, 2] in
+    `dtype`, the activation dtype. On the CPU with bf16 activations q is packed for ATen's int4 GEMM
+    ([N, K / 2] bytes); otherwise it stays one uint8 per weight ([N, K]).
+    """
+    sz = torch.stack([scale.t(), zero.t()], dim=-1).to(dtype).contiguous()
+    if q.device.type == "cpu" and dtype == torch.bfloat16 and hasattr(torch, "_convert_weight_to_int4pack_for_cpu"):
+        return torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 2), sz
+    return q.to(torch.uint8).contiguous(), sz
+
+
+def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor) -> torch.Tensor:
+    """Weight-only 4-bit linear: x [..., K] @ W.T with W from `pack_int4` -> [..., N] in x's dtype."""
+    K = x.shape[-1]
+    if packed.shape[-1] != K:  # ATen's packed CPU layout: two weights per byte
+        g = K // scales_zeros.shape[0]
+        x2 = x.reshape(-1, K)
+        y = torch._weight_int4pack_mm_for_cpu(x2 if x2.is_contiguous() else x2.contiguous(), packed, g, scales_zeros)
+        return y.view(*x.shape[:-1], packed.shape[0])
+    return linear_int4_ref(x, packed, scales_zeros)
+
+
+def linear_int4_ref(x: torch.Tensor, q: torch.Tensor, scales_zeros: torch.Tensor) -> torch.Tensor:
+    """Definition of `linear_int4` on unpacked q [N, K] (dequantize, then a plain matmul)."""
+    N, K = q.shape
+    G = scales_zeros.shape[0]
+    s, z = scales_zeros[..., 0].t().float(), scales_zeros[..., 1].t().float()  # [N, G]
+    w = (q.float().view(N, G, K // G) - 8) * s[..., None] + z[..., None]
+    return F.linear(x, w.view(N, K).to(x.dtype))
 
 
 def conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, padding: int = 0,
@@ -145,6 +208,9 @@ OPS = {
     "linear": linear,
     "rotary": rotary,
     "attention": attention,
+    "linear_int8": linear_int8,
+    "pack_int4": pack_int4,
+    "linear_int4": linear_int4,
     "conv1d": conv1d,
     "conv_transpose1d": conv_transpose1d,
     "relative_attention": relative_attention,

@@ -360,3 +360,42 @@ class WhisperDecoder:
                 prompt_reset = len(all_tokens)
         text = "".join(s.text for s in segments).strip()
         return Transcript(text, segments, language or "en", duration)
+
+
+def transcribe_batch(decoder: WhisperDecoder, audios: list[np.ndarray], opts: TranscribeOptions | None = None) -> list[WindowResult]:
+    """Greedy transcription of several short utterances (each at most 30 s at 16 kHz) in one batch:
+    one encoder call for all windows, then decode steps over all rows together, finished rows leaving
+    the batch. This is what the streaming server runs for turns of different sessions. Utterances
+    judged silent (no-speech probability above the threshold and low confidence) come back empty."""
+    opts = opts or TranscribeOptions(without_timestamps=True)
+    runner, tok, cfg = decoder.runner, decoder.tok, decoder.cfg
+    dev = runner.device
+    if any(len(a) > N_FRAMES * HOP_LENGTH for a in audios):
+        raise ValueError("transcribe_batch takes utterances of at most 30 seconds; use transcribe() for long audio")
+    with torch.inference_mode():
+        # as in transcribe(): log-mel of the audio with 30 s of padding, cut to the content frames,
+        # then zero-padded to a full window (openai/whisper pads in the log-mel domain)
+        mels = torch.stack([pad_or_trim_frames(log_mel_spectrogram(a, cfg.n_mels, padding=N_FRAMES * HOP_LENGTH,
+                                                                   device=dev)[:, : len(a) // HOP_LENGTH])
+                            for a in audios])
+        enc = runner.encode(mels)
+        language = opts.language or "en"
+        prompt = tok.sot_sequence(language, opts.task) + ([tok.no_timestamps] if opts.without_timestamps else [])
+        sample_len = min(opts.sample_len or cfg.n_text_ctx // 2, cfg.n_text_ctx - len(prompt))
+        n = len(audios)
+        state = runner.start(enc, 1, len(prompt) + sample_len)
+        logits = runner.decode_step(state, torch.tensor([prompt[:1]] * n, device=dev))
+        no_speech = (torch.softmax(logits, -1)[:, tok.no_speech].tolist() if tok.no_speech is not None else [math.nan] * n)
+        if len(prompt) > 1:
+            logits = runner.decode_step(state, torch.tensor([prompt[1:]] * n, device=dev))
+        rules = _Rules(tok, opts, len(prompt), dev)
+        seqs, sum_lp = decoder._sample(state, logits, rules, n, 0.0, sample_len, None)
+    out = []
+    for i in range(n):
+        text = tok.decode(seqs[i])
+        avg = sum_lp[i] / (len(seqs[i]) + 1)
+        if opts.no_speech_threshold is not None and no_speech[i] > opts.no_speech_threshold and (
+                opts.logprob_threshold is None or avg < opts.logprob_threshold):
+            text, seqs[i] = "", []
+        out.append(WindowResult(seqs[i], text.strip(), avg, no_speech[i], 0.0, compression_ratio(text)))
+    return out

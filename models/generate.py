@@ -1,0 +1,230 @@
+"""Text generation, written once against the SLMRunner interface (backends/base.py), for every backend.
+
+`stream(runner, tokenizer, prompts, options)` runs a batch of token-id prompts of different lengths in
+one KV cache (one slot each): each prompt is prefilled into its slot, then every step decodes one token
+for all unfinished sequences at once; finished ones leave the batch. It yields `StreamEvent`s — text
+deltas per sequence, produced by incremental detokenization that never splits a UTF-8 character and
+that holds back text which could still become a stop string.
+
+Sampling follows transformers' order: repetition penalty -> temperature -> top-k -> top-p -> sample.
+temperature == 0 is greedy (argmax).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+
+from speechrt.errors import UserError
+
+from .llm_text import Detokenizer, LMTokenizer
+
+
+class GenerationError(UserError, ValueError):
+    """Bad generation options or prompts; the message says what is valid."""
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    max_tokens: int = 256  # new tokens per sequence, the stop token included
+    temperature: float = 0.0  # 0 -> greedy
+    top_k: int = 0  # 0 -> off
+    top_p: float = 1.0  # 1 -> off
+    repetition_penalty: float = 1.0  # 1 -> off; >1 discourages tokens already in prompt or output
+    stop: tuple[str, ...] = ()  # strings that end generation (not included in the text)
+    stop_token_ids: tuple[int, ...] | None = None  # None -> the tokenizer's EOS and end-of-turn tokens
+    seed: int | None = None  # sampling seed; None -> nondeterministic
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if self.stop_token_ids is not None:
+            object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise GenerationError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not (self.temperature >= 0.0):
+            raise GenerationError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise GenerationError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise GenerationError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
+        if not (self.repetition_penalty > 0.0):
+            raise GenerationError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise GenerationError(f"stop strings must be non-empty strings, got {self.stop!r}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise GenerationError(f"seed must be an integer or None, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class StreamEvent:
+    index: int  # which prompt of the batch
+    text: str  # new text (may be empty when a token only completed part of a character)
+    token: int | None  # the token that produced it (None on the final flush)
+    finish_reason: str | None = None  # None while running, then "stop" (stop token/string) or "length"
+
+
+class Sampler:
+    """Picks the next token of each row from logits [N, V] float32."""
+
+    def __init__(self, options: GenerationOptions, vocab: int, device: torch.device):
+        self.o = options
+        self.gen = None
+        if not options.greedy:
+            self.gen = torch.Generator(device=device)
+            if options.seed is not None:
+                self.gen.manual_seed(options.seed)
+            else:
+                self.gen.seed()
+        self.vocab = vocab
+
+    def penalize(self, logits: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+        """transformers' RepetitionPenaltyLogitsProcessor: seen tokens' logits / p if > 0 else * p."""
+        p = self.o.repetition_penalty
+        return torch.where(seen, torch.where(logits > 0, logits / p, logits * p), logits)
+
+    def __call__(self, logits: torch.Tensor, seen: torch.Tensor | None) -> torch.Tensor:
+        o = self.o
+        if seen is not None:
+            logits = self.penalize(logits, seen)
+        if o.greedy:
+            return logits.argmax(dim=-1)
+        logits = logits / o.temperature
+        if o.top_k and o.top_k < logits.shape[-1]:
+            kth = logits.topk(o.top_k, dim=-1).values[..., -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if o.top_p < 1.0:
+            sl, si = logits.sort(dim=-1, descending=False)
+            cum = sl.softmax(dim=-1).cumsum(dim=-1)
+            drop = cum <= (1 - o.top_p)
+            drop[..., -1] = False  # always keep the most likely token
+            logits = logits.masked_fill(drop.scatter(-1, si, drop), float("-inf"))
+        probs = logits.softmax(dim=-1)
+        return torch.multinomial(probs, 1, generator=self.gen)[:, 0]
+
+
+class _Text:
+    """Per-sequence text state: detokenizer + stop-string hold-back."""
+
+    def __init__(self, tok: LMTokenizer, stops: tuple[str, ...]):
+        self.detok = Detokenizer(tok)
+        self.stops = stops
+        self.pending = ""
+        self.longest = max((len(s) for s in stops), default=0)
+
+    def push(self, piece: str) -> tuple[str, bool]:
+        """-> (text that is safe to emit, whether a stop string was hit)."""
+        if not self.stops:
+            return piece, False
+        buf = self.pending + piece
+        cut = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.pending = ""
+            return buf[:cut], True
+        hold = 0  # longest suffix of buf that is a proper prefix of some stop string
+        for k in range(min(len(buf), self.longest - 1), 0, -1):
+            tail = buf[-k:]
+            if any(s.startswith(tail) for s in self.stops):
+                hold = k
+                break
+        self.pending = buf[len(buf) - hold:] if hold else ""
+        return buf[:len(buf) - hold], False
+
+    def finish(self) -> tuple[str, bool]:
+        text, hit = self.push(self.detok.flush())
+        if not hit:
+            text, self.pending = text + self.pending, ""
+        return text, hit
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], vocab: int, max_len: int, max_tokens: int) -> None:
+    if not prompts:
+        raise GenerationError("no prompts given")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise GenerationError(f"prompt {i} is empty; give at least one token")
+        bad = [t for t in p if not 0 <= t < vocab]
+        if bad:
+            raise GenerationError(f"prompt {i} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        if len(p) + 1 > max_len:
+            raise GenerationError(f"prompt {i} has {len(p)} tokens; the model's context holds {max_len}")
+
+
+def stream(runner, tokenizer: LMTokenizer, prompts: Sequence[Sequence[int]],
+           options: GenerationOptions = GenerationOptions(), cache=None) -> Iterator[StreamEvent]:
+    """Generate for every prompt (token ids) at once; yields text deltas as they are decoded.
+
+    One event per new token per sequence (text may be ''), and exactly one event with a finish_reason
+    per sequence. Rows finish independently and leave the decode batch.
+    """
+    cfg = runner.config
+    o = options
+    check_prompts(prompts, cfg.vocab_size, cfg.max_seq_len, o.max_tokens)
+    N = len(prompts)
+    dev = runner.device
+    stop_ids = set(tokenizer.stop_ids() if o.stop_token_ids is None else o.stop_token_ids)
+    max_seq = min(max(len(p) for p in prompts) + o.max_tokens, cfg.max_seq_len)
+    if cache is None or cache.max_batch < N or cache.max_seq < max_seq:
+        cache = runner.new_cache(N, max_seq)
+    sampler = Sampler(o, cfg.vocab_size, dev)
+    seen = None
+    if o.repetition_penalty != 1.0:
+        seen = torch.zeros(N, cfg.vocab_size, dtype=torch.bool, device=dev)
+        for i, p in enumerate(prompts):
+            seen[i, torch.tensor(list(p), device=dev)] = True
+    texts = [_Text(tokenizer, o.stop) for _ in range(N)]
+    counts = [0] * N
+
+    # prefill each prompt into its slot; each row's first token comes from its prefill logits
+    first = []
+    for i, p in enumerate(prompts):
+        cache.lengths[i] = 0
+        first.append(runner.prefill(cache, i, torch.tensor(list(p), dtype=torch.long), 0))
+    logits = torch.stack(first)
+    active = list(range(N))
+    while active:
+        rows_seen = None if seen is None else seen[active]
+        toks = sampler(logits, rows_seen).tolist()  # the one host sync per step: text needs the ids
+        still = []
+        for row, t in zip(active, toks):
+            counts[row] += 1
+            if seen is not None:
+                seen[row, t] = True
+            st = texts[row]
+            if t in stop_ids:
+                text, _ = st.finish()
+                yield StreamEvent(row, text, t, "stop")
+                continue
+            text, hit = st.push(st.detok.add(t))
+            if hit:
+                yield StreamEvent(row, text, t, "stop")
+                continue
+            if counts[row] >= o.max_tokens:
+                rest, hit = st.finish()
+                yield StreamEvent(row, text + rest, t, "stop" if hit else "length")
+                continue
+            if cache.lengths[row] + 1 > cache.max_seq:  # context full
+                rest, hit = st.finish()
+                yield StreamEvent(row, text + rest, t, "stop" if hit else "length")
+                continue
+            yield StreamEvent(row, text, t)
+            still.append((row, t))
+        if not still:
+            break
+        active = [r for r, _ in still]
+        logits = runner.decode_step(cache, active, torch.tensor([t for _, t in still], dtype=torch.long, device=dev))
+
+
+def generate_text(runner, tokenizer, prompts, options=GenerationOptions()) -> list[str]:
+    """Whole texts for a batch of token-id prompts (non-streaming convenience)."""
+    out = [""] * len(prompts)
+    for ev in stream(runner, tokenizer, prompts, options):
+        out[ev.index] += ev.text
+    return out

@@ -1,0 +1,220 @@
+"""GGUF (llama.cpp's file format) -> a Llama config, float32 weights, tokenizer spec and chat template.
+
+Reading and dequantizing go through the `gguf` package (`GGUFReader`, `gguf.quants.dequantize`), so
+every block type it implements is accepted: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants
+(Q2_K..Q6_K), the IQ types, and the ternary / FP4 types of recent versions. Weights come out as float32
+and the model casts / requantizes them for the device it runs on.
+
+llama.cpp's converter stores the Q and K projection rows permuted so that its rotary embedding can work
+on interleaved (even, odd) pairs; the model here uses the half-split ("NeoX") layout of Hugging Face, so
+the permutation is undone on load — exactly what transformers does, which lets the two agree bit for bit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .registry import ModelError
+
+# GGUF architectures that are the Llama graph (same tensor names and math) under another name.
+LLAMA_ARCHS = ("llama", "mistral", "granite", "smollm3")
+
+
+@dataclass
+class LMFile:
+    """What a loader hands the model builder. `weights` use the names of models/llama.py, float32, on CPU."""
+
+    config: "LlamaConfig"  # noqa: F821 - models.llama.LlamaConfig
+    weights: dict[str, torch.Tensor]
+    tokenizer: "LMTokenizer"  # noqa: F821 - models.llm_text.LMTokenizer
+    chat_template: str | None
+    source: str
+    tensor_types: dict[str, int] = field(default_factory=dict)  # quant type name -> count, for logs
+    # 4-bit weights exactly as the file stores them (Q4_0 / Q4_1 blocks): name -> (q uint8 [N, K] in 0..15,
+    # scale [N, K/32], zero [N, K/32]) with w = (q - 8) * scale + zero, for the int4 weight format
+    q4: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+
+def _supported_types() -> dict[str, "gguf.GGMLQuantizationType"]:  # noqa: F821
+    import gguf
+    from gguf import quants
+
+    T = gguf.GGMLQuantizationType
+    ok = {"F32": T.F32, "F16": T.F16}
+    for name in dir(quants):
+        t = getattr(T, name, None)
+        if t is not None and isinstance(getattr(quants, name), type):
+            ok[name] = t
+    return ok
+
+
+def supported_types() -> list[str]:
+    """Tensor types this loader can dequantize (those the installed `gguf` package implements)."""
+    return sorted(_supported_types())
+
+
+def open_reader(path: Path):
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path), "r")
+    except (ValueError, IndexError, KeyError, OSError, TypeError, AssertionError) as e:
+        raise ModelError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e}); "
+                         "expected a GGUF v2/v3 file as written by llama.cpp's converters") from None
+
+
+def metadata(reader) -> dict:
+    """GGUF key/value metadata as Python values (arrays as lists, strings decoded)."""
+    out = {}
+    for k, f in reader.fields.items():
+        if k.startswith("GGUF."):
+            continue
+        try:
+            out[k] = f.contents()
+        except Exception as e:  # a field the reader cannot decode is a broken file
+            raise ModelError(f"GGUF metadata field {k!r} cannot be decoded: {e}") from None
+    return out
+
+
+def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo llama.cpp's Q/K row permutation: rows [n_head, D/2, 2] (interleaved pairs) -> [n_head, 2, D/2]."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _dequantize(t, ok: dict) -> torch.Tensor:
+    """One GGUF tensor -> float32 torch tensor in PyTorch (row-major, [out, in]) order."""
+    from gguf import quants
+
+    name = t.tensor_type.name
+    if name not in ok:
+        raise ModelError(f"tensor {t.name!r} has GGUF type {name}, which this loader cannot dequantize; "
+                         f"supported types: {', '.join(sorted(ok))}")
+    shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists ne0 (the contiguous dim) first
+    try:
+        arr = quants.dequantize(t.data, t.tensor_type)
+    except (ValueError, NotImplementedError, AssertionError) as e:
+        raise ModelError(f"tensor {t.name!r} ({name}, shape {shape}) could not be dequantized: {e}") from None
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    if not arr.flags.writeable:  # F32 tensors come back as views of the read-only memory map
+        arr = arr.copy()
+    if arr.size != int(np.prod(shape)):
+        raise ModelError(f"tensor {t.name!r}: {arr.size} values for shape {shape}; the file is truncated or corrupt")
+    return torch.from_numpy(arr.reshape(shape))
+
+
+def _q4_blocks(t, shape):
+    """Q4_0 / Q4_1 tensor -> (q, scale, zero) per 32-weight block, without rounding anything:
+    Q4_0 block = f16 d, 16 bytes of nibbles, w = d * (q - 8)      -> scale d, zero 0
+    Q4_1 block = f16 d, f16 m, 16 bytes of nibbles, w = d * q + m -> scale d, zero m + 8 d
+    Nibble j of a block's bytes holds weight j (low half) and weight j + 16 (high half)."""
+    N, K = shape
+    name = t.tensor_type.name
+    head = 2 if name == "Q4_0" else 4
+    raw = np.asarray(t.data, dtype=np.uint8).reshape(N, K // 32, head + 16)
+    d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    qs = raw[..., head:]
+    q = np.concatenate([qs & 15, qs >> 4], axis=-1).reshape(N, K)
+    if name == "Q4_0":
+        zero = np.zeros_like(d)
+    else:
+        zero = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) + 8 * d
+    return torch.from_numpy(q.copy()), torch.from_numpy(d), torch.from_numpy(zero)
+
+
+def _num(md: dict, key: str, default=None, cast=int):
+    if key in md:
+        return cast(md[key])
+    if default is None:
+        raise ModelError(f"GGUF metadata is missing {key!r}, needed to build the model")
+    return default
+
+
+def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
+    """Read a Llama-family GGUF file. `keep_layers` loads only the first N blocks (for tests of the loader)."""
+    from .llama import LlamaConfig, RopeScaling
+    from .llm_text import LMTokenizer
+
+    path = Path(path)
+    reader = open_reader(path)
+    md = metadata(reader)
+    arch = md.get("general.architecture")
+    if arch not in LLAMA_ARCHS:
+        raise ModelError(f"{path}: GGUF architecture {arch!r} is not supported by the Llama model; "
+                         f"supported architectures: {', '.join(LLAMA_ARCHS)}")
+    a = arch
+    n_heads = _num(md, f"{a}.attention.head_count")
+    dim = _num(md, f"{a}.embedding_length")
+    tensors = {t.name: t for t in reader.tensors}
+    vocab = _num(md, f"{a}.vocab_size", len(md.get("tokenizer.ggml.tokens", [])) or None)
+    head_dim = _num(md, f"{a}.attention.key_length", dim // n_heads)
+    rope_dim = _num(md, f"{a}.rope.dimension_count", head_dim)
+    if rope_dim != head_dim:
+        raise ModelError(f"{path}: partial rotary (rope.dimension_count={rope_dim}, head dim {head_dim}) is not supported")
+    stype = md.get(f"{a}.rope.scaling.type", "none")
+    scaling = None
+    if stype == "linear":
+        scaling = RopeScaling("linear", float(md[f"{a}.rope.scaling.factor"]))
+    elif stype not in ("none", "", None):
+        raise ModelError(f"{path}: rope scaling type {stype!r} is not supported; supported: none, linear, "
+                         "and per-frequency factors (rope_freqs.weight, as Llama 3.1 files carry)")
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        dim=dim,
+        n_layers=_num(md, f"{a}.block_count"),
+        n_heads=n_heads,
+        n_kv_heads=_num(md, f"{a}.attention.head_count_kv", n_heads),
+        hidden_dim=_num(md, f"{a}.feed_forward_length"),
+        head_dim=head_dim,
+        norm_eps=_num(md, f"{a}.attention.layer_norm_rms_epsilon", cast=float),
+        rope_theta=_num(md, f"{a}.rope.freq_base", 10000.0, cast=float),
+        rope_scaling=scaling,
+        max_seq_len=_num(md, f"{a}.context_length", 2048),
+        tie_embeddings="output.weight" not in tensors,
+    )
+    n_layers = cfg.n_layers if keep_layers is None else min(keep_layers, cfg.n_layers)
+    if keep_layers is not None:
+        cfg = cfg.replace(n_layers=n_layers)
+
+    ok = _supported_types()
+    names = {"token_embd.weight": "tok_embeddings", "output_norm.weight": "norm", "output.weight": "output",
+             "rope_freqs.weight": "rope_freqs"}
+    per_layer = {"attn_norm": "attn_norm", "attn_q": "wq", "attn_k": "wk", "attn_v": "wv", "attn_output": "wo",
+                 "ffn_norm": "ffn_norm", "ffn_gate": "w_gate", "ffn_up": "w_up", "ffn_down": "w_down"}
+    weights: dict[str, torch.Tensor] = {}
+    q4s: dict[str, tuple] = {}
+    types: dict[str, int] = {}
+    for tname, t in tensors.items():
+        if tname in names:
+            key = names[tname]
+        elif tname.startswith("blk."):
+            _, i, rest = tname.split(".", 2)
+            part = rest.rsplit(".", 1)[0]
+            if int(i) >= n_layers:
+                continue
+            if part not in per_layer or not rest.endswith(".weight"):
+                raise ModelError(f"{path}: tensor {tname!r} is not part of the Llama architecture "
+                                 "(biases and extra blocks are not supported)")
+            key = f"layers.{i}.{per_layer[part]}"
+        else:
+            raise ModelError(f"{path}: unexpected tensor {tname!r} for a Llama-family model")
+        w = _dequantize(t, ok)
+        q4 = (_q4_blocks(t, w.shape) if t.tensor_type.name in ("Q4_0", "Q4_1") and key.startswith("layers.")
+              and w.ndim == 2 else None)  # (the embedding is gathered from, and the head stays int8)
+        if key.endswith(".wq") or key.endswith(".wk"):
+            n = cfg.n_heads if key.endswith(".wq") else cfg.n_kv_heads
+            w = _unpermute(w, n)
+            if q4 is not None:  # a row permutation: the blocks' rows move with them
+                q4 = tuple(_unpermute(x, n) for x in q4)
+        weights[key] = w
+        if q4 is not None:
+            q4s[key] = q4
+        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    if "rope_freqs" in weights:
+        cfg = cfg.replace(rope_scaling=RopeScaling("freq_factors", 1.0,
+                                                   freq_factors=tuple(weights.pop("rope_freqs").tolist())))
+    tok = LMTokenizer.from_gguf_metadata(md, path)
+    return LMFile(cfg, weights, tok, md.get("tokenizer.chat_template"), str(path), types, q4s)

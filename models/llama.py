@@ -1,0 +1,368 @@
+"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral-without-sliding-window): one readable file.
+
+RMSNorm -> grouped-query attention with rotary embedding -> residual -> RMSNorm -> SwiGLU MLP -> residual,
+repeated `n_layers` times, then a final RMSNorm and the output head (tied to the embedding or not).
+
+Every op comes from the KernelSet the model is built with (kernels.select), so the same module runs the
+pure-torch reference or faster kernels. Linear layers hold their weights in one of a few storage
+formats chosen once at build time (`WEIGHT_FORMATS`): float32 / bfloat16 / float16, or int8 weight-only
+(per-output-channel scales, activations in bfloat16). Q/K/V and gate/up projections are fused into one
+matrix each, so a decode step is four matmuls per layer.
+
+The KV cache is preallocated: [layers, slots, Hkv, max_seq, D] for keys and values, addressed by slot, so
+sequences of different lengths share one batch (continuous batching by a scheduler that owns the slots).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How rotary frequencies are stretched. kind: 'linear' (positions / factor) or 'freq_factors'
+    (per-frequency divisors, as GGUF files of Llama 3.1 carry in rope_freqs.weight) or 'llama3'."""
+
+    kind: str
+    factor: float = 1.0
+    freq_factors: tuple[float, ...] = ()
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_seq_len: int = 8192
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    hidden_dim: int
+    head_dim: int = 0  # 0 -> dim // n_heads
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    max_seq_len: int = 2048
+    tie_embeddings: bool = True
+
+    def __post_init__(self):
+        if self.head_dim == 0:
+            object.__setattr__(self, "head_dim", self.dim // self.n_heads)
+        for k in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim", "head_dim", "max_seq_len"):
+            if getattr(self, k) <= 0:
+                raise ValueError(f"LlamaConfig.{k} must be positive, got {getattr(self, k)}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"LlamaConfig: n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"LlamaConfig: head_dim must be even for rotary embedding, got {self.head_dim}")
+
+    def replace(self, **kw) -> "LlamaConfig":
+        return replace(self, **kw)
+
+    @property
+    def n_params(self) -> int:
+        D, L = self.dim, self.n_layers
+        qkv = D * (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
+        per = qkv + self.n_heads * self.head_dim * D + 3 * D * self.hidden_dim + 2 * D
+        return self.vocab_size * D * (1 if self.tie_embeddings else 2) + L * per + D
+
+
+PRESETS: dict[str, LlamaConfig] = {
+    "smollm2-135m": LlamaConfig(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, hidden_dim=1536,
+                                norm_eps=1e-5, rope_theta=100000.0, max_seq_len=8192),
+    "smollm2-360m": LlamaConfig(vocab_size=49152, dim=960, n_layers=32, n_heads=15, n_kv_heads=5, hidden_dim=2560,
+                                norm_eps=1e-5, rope_theta=100000.0, max_seq_len=8192),
+    "smollm2-1.7b": LlamaConfig(vocab_size=49152, dim=2048, n_layers=24, n_heads=32, n_kv_heads=32, hidden_dim=8192,
+                                norm_eps=1e-5, rope_theta=130000.0, max_seq_len=8192),
+    "llama-3.2-1b": LlamaConfig(vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, hidden_dim=8192,
+                                norm_eps=1e-5, rope_theta=500000.0, max_seq_len=131072,
+                                rope_scaling=RopeScaling("llama3", 32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                                         original_max_seq_len=8192)),
+}
+
+# Storage of linear-layer weights -> the activation dtype it computes in.
+WEIGHT_FORMATS: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "int8": torch.bfloat16,  # int8 weight-only, per-output-channel scale; bf16 activations
+    # 4-bit weight-only in groups of 32, bf16 activations: a GGUF's Q4_0 / Q4_1 blocks are kept exactly
+    # (no requantization); other linear weights of such a file (e.g. a Q8_0 or Q6_K tensor) become int8;
+    # a float checkpoint is quantized to 4 bits per group by min/max. The output head stays int8.
+    "int4": torch.bfloat16,
+}
+
+
+def quantize_int4(w: torch.Tensor, group: int = 32):
+    """float [N, K] -> (q, scale, zero) by asymmetric min/max per group of `group` (w = (q - 8) * s + z)."""
+    N, K = w.shape
+    if K % group:
+        raise ValueError(f"int4 needs the input size ({K}) to be a multiple of the group size {group}")
+    g = w.float().view(N, K // group, group)
+    lo, hi = g.amin(-1), g.amax(-1)
+    scale = ((hi - lo) / 15).clamp_min(1e-12)
+    q = torch.round((g - lo[..., None]) / scale[..., None]).clamp_(0, 15).to(torch.uint8).view(N, K)
+    return q, scale, lo + 8 * scale
+
+
+def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
+    """Inverse frequencies [D/2] float64 with the config's scaling applied."""
+    D = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    s = cfg.rope_scaling
+    if s is None:
+        return inv
+    if s.kind == "linear":
+        return inv / s.factor
+    if s.kind == "freq_factors":
+        if len(s.freq_factors) != D // 2:
+            raise ValueError(f"rope freq_factors has {len(s.freq_factors)} entries, expected head_dim/2 = {D // 2}")
+        return inv / torch.tensor(s.freq_factors, dtype=torch.float64)
+    if s.kind == "llama3":  # as in Meta's reference and transformers' _compute_llama3_parameters
+        low_wl = s.original_max_seq_len / s.low_freq_factor
+        high_wl = s.original_max_seq_len / s.high_freq_factor
+        wl = 2 * math.pi / inv
+        smooth = (s.original_max_seq_len / wl - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+        scaled = torch.where(wl > low_wl, inv / s.factor, inv)
+        mid = (wl <= low_wl) & (wl >= high_wl)
+        return torch.where(mid, (1 - smooth) * inv / s.factor + smooth * inv, scaled)
+    raise ValueError(f"unknown rope scaling kind {s.kind!r}; valid: linear, freq_factors, llama3")
+
+
+class Linear(nn.Module):
+    """y = x @ W.T with W stored as `fmt` (see WEIGHT_FORMATS); the op comes from the kernel set."""
+
+    def __init__(self, ops, weight: torch.Tensor, fmt: str, device: torch.device, q4=None):
+        """q4: the file's own 4-bit blocks (q, scale, zero) for this weight, used by fmt 'int4'; with
+        fmt 'int4' and no blocks, `q4='quantize'` quantizes the float weight, None falls back to int8."""
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.fmt = fmt
+        if fmt == "int4" and q4 is not None:
+            q, scale, zero = quantize_int4(weight) if isinstance(q4, str) else q4
+            packed, sz = ops.pack_int4(q.to(device), scale.to(device), zero.to(device), WEIGHT_FORMATS[fmt])
+            self.register_buffer("weight", packed)
+            self.register_buffer("scale", sz)
+            self._op = ops.linear_int4
+            self._int8 = True  # (x, weight, scale) call
+            return
+        if fmt == "int4":
+            fmt = self.fmt = "int8"
+        if fmt == "int8":
+            w = weight.to(device=device, dtype=torch.float32)
+            # symmetric per-row: scale = max|w| / 127 (a zero row keeps scale 1 to avoid 0/0)
+            scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+            self.register_buffer("weight", torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8))
+            self.register_buffer("scale", scale.to(WEIGHT_FORMATS[fmt]))
+            self._op = ops.linear_int8
+            self._int8 = True
+        else:
+            self.register_buffer("weight", weight.to(device=device, dtype=WEIGHT_FORMATS[fmt]).contiguous())
+            self.scale = None
+            self._op = ops.linear
+            self._int8 = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._int8:
+            return self._op(x, self.weight, self.scale)
+        return self._op(x, self.weight)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: LlamaConfig, ops, w: dict, fmt: str, device, adtype, q4: dict | str | None = None):
+        super().__init__()
+        self.ops, self.cfg = ops, cfg
+        self.attn_norm = nn.Parameter(w["attn_norm"].to(device, adtype), requires_grad=False)
+        self.ffn_norm = nn.Parameter(w["ffn_norm"].to(device, adtype), requires_grad=False)
+
+        def blocks(*names):  # the file's 4-bit blocks of these (fused) weights, if it has them for all
+            if q4 is None or isinstance(q4, str):
+                return q4
+            if all(n in q4 for n in names):
+                return tuple(torch.cat([q4[n][i] for n in names]) for i in range(3))
+            return None
+        # fused projections: [(H + 2 Hkv) * D, dim] and [2 * hidden, dim]
+        self.wqkv = Linear(ops, torch.cat([w["wq"], w["wk"], w["wv"]]), fmt, device, blocks("wq", "wk", "wv"))
+        self.wo = Linear(ops, w["wo"], fmt, device, blocks("wo"))
+        self.w_gate_up = Linear(ops, torch.cat([w["w_gate"], w["w_up"]]), fmt, device, blocks("w_gate", "w_up"))
+        self.w_down = Linear(ops, w["w_down"], fmt, device, blocks("w_down"))
+        self.q_size = cfg.n_heads * cfg.head_dim
+        self.kv_size = cfg.n_kv_heads * cfg.head_dim
+
+    def forward(self, h, residual, cos, sin, kc, vc, write, read, lengths):
+        """h [B, T, dim] (the previous block's output, added to `residual` here; residual None at layer 0).
+        kc/vc: this layer's cache [slots, Hkv, S, D]. `write(cache, k)` stores the new keys/values;
+        `read(cache)` returns the keys/values to attend over [B, Hkv, Tk, D]; `lengths` [B] or None."""
+        ops, cfg = self.ops, self.cfg
+        B, T, _ = h.shape
+        if residual is None:
+            x, residual = ops.rms_norm(h, self.attn_norm, cfg.norm_eps), h
+        else:
+            x, residual = ops.rms_norm(h, self.attn_norm, cfg.norm_eps, residual=residual)
+        qkv = self.wqkv(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(B, T, cfg.n_heads, cfg.head_dim).transpose(1, 2)  # [B, H, T, D]
+        k = k.view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
+        v = v.view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+        q, k = ops.rotary(q, k, cos, sin)
+        write(kc, k)
+        write(vc, v)
+        a = ops.attention(q, read(kc), read(vc), causal=True, lengths=lengths)  # [B, H, T, D]
+        h = self.wo(a.transpose(1, 2).reshape(B, T, self.q_size))
+        x, residual = ops.rms_norm(h, self.ffn_norm, cfg.norm_eps, residual=residual)
+        gu = self.w_gate_up(x)
+        h = self.w_down(ops.silu_mul(*gu.chunk(2, dim=-1)))
+        return h, residual
+
+
+@dataclass
+class KVCache:
+    """k, v: [n_layers, slots, Hkv, max_seq, D]. `lengths` (host list) is how many positions each slot
+    holds; it lives on the host so that planning a step (slicing, masks) never waits on the device."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    lengths: list[int] = field(default_factory=list)
+
+    @property
+    def max_batch(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def max_seq(self) -> int:
+        return self.k.shape[3]
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: LlamaConfig, weights: dict[str, torch.Tensor], ops, device: torch.device,
+                 weight_format: str = "float32", q4: dict | None = None):
+        """weights: float tensors named as models.gguf_loader produces them; q4: the file's 4-bit blocks
+        (gguf_loader.LMFile.q4) for weight_format 'int4' — without any, int4 quantizes the float weights."""
+        super().__init__()
+        if weight_format not in WEIGHT_FORMATS:
+            raise ValueError(f"unknown weight format {weight_format!r}; valid: {', '.join(WEIGHT_FORMATS)}")
+        need = ["tok_embeddings", "norm"] + [f"layers.{i}.{n}" for i in range(cfg.n_layers) for n in
+                                              ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")]
+        if not cfg.tie_embeddings:
+            need.append("output")
+        missing = [n for n in need if n not in weights]
+        if missing:
+            raise ValueError(f"Llama weights are missing {len(missing)} tensor(s), e.g. {', '.join(missing[:4])}")
+        self.cfg, self.ops, self.device, self.weight_format = cfg, ops, device, weight_format
+        self.dtype = WEIGHT_FORMATS[weight_format]  # activation dtype
+        emb = weights["tok_embeddings"]
+        if emb.shape != (cfg.vocab_size, cfg.dim):
+            raise ValueError(f"token embedding has shape {tuple(emb.shape)}, config says {(cfg.vocab_size, cfg.dim)}")
+        self.tok_embeddings = nn.Parameter(emb.to(device, self.dtype), requires_grad=False)
+        names = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
+        q4 = q4 or "quantize"  # no 4-bit blocks in the file: quantize (used by int4 only)
+
+        def layer_q4(i):
+            return q4 if isinstance(q4, str) else {n: q4[f"layers.{i}.{n}"] for n in names if f"layers.{i}.{n}" in q4}
+        self.layers = nn.ModuleList(
+            Block(cfg, ops, {n: weights[f"layers.{i}.{n}"] for n in names}, weight_format, device, self.dtype,
+                  layer_q4(i))
+            for i in range(cfg.n_layers))
+        self.norm = nn.Parameter(weights["norm"].to(device, self.dtype), requires_grad=False)
+        self.output = Linear(ops, weights["tok_embeddings" if cfg.tie_embeddings else "output"], weight_format, device)
+        inv = rope_inv_freq(cfg)
+        t = torch.arange(cfg.max_seq_len, dtype=torch.float64)[:, None] * inv[None]  # [S, D/2]
+        self.register_buffer("cos", t.cos().float().to(device), persistent=False)
+        self.register_buffer("sin", t.sin().float().to(device), persistent=False)
+
+    def new_cache(self, max_batch: int, max_seq: int) -> KVCache:
+        cfg = self.cfg
+        if max_seq > cfg.max_seq_len:
+            raise ValueError(f"max_seq {max_seq} exceeds the model's context length {cfg.max_seq_len}")
+        shape = (cfg.n_layers, max_batch, cfg.n_kv_heads, max_seq, cfg.head_dim)
+        return KVCache(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                       torch.zeros(shape, dtype=self.dtype, device=self.device), [0] * max_batch)
+
+    def _run(self, h, cos, sin, cache, write, read, lengths):
+        residual = None
+        for i, layer in enumerate(self.layers):
+            h, residual = layer(h, residual, cos, sin, cache.k[i], cache.v[i], write, read, lengths)
+        h = self.ops.rms_norm(h, self.norm, self.cfg.norm_eps, residual=residual)[0]
+        return self.output(h).float()
+
+    def prefill(self, cache: KVCache, slot: int, tokens: torch.Tensor, start: int = 0,
+                all_logits: bool = False) -> torch.Tensor:
+        """tokens [T] into `slot` at positions start..start+T-1 -> logits [vocab] float32 of the last
+        position (or [T, vocab] with all_logits). Earlier positions of the slot must already be cached."""
+        T = tokens.shape[0]
+        end = start + T
+        if end > cache.max_seq:
+            raise ValueError(f"sequence of {end} tokens does not fit the cache ({cache.max_seq} positions per slot)")
+        h = self.tok_embeddings[tokens][None]  # [1, T, dim]
+        cos, sin = self.cos[start:end][None, None], self.sin[start:end][None, None]  # [1, 1, T, D/2]
+
+        def write(c, x):  # x [1, Hkv, T, D]
+            c[slot, :, start:end] = x[0]
+
+        def read(c):
+            return c[slot:slot + 1, :, :end]
+
+        if not all_logits:
+            # only the last position's logits are needed: run the head on one row
+            residual = None
+            for i, layer in enumerate(self.layers):
+                h, residual = layer(h, residual, cos, sin, cache.k[i], cache.v[i], write, read, None)
+            h = self.ops.rms_norm(h[:, -1:], self.norm, self.cfg.norm_eps, residual=residual[:, -1:])[0]
+            cache.lengths[slot] = end
+            return self.output(h).float()[0, 0]
+        logits = self._run(h, cos, sin, cache, write, read, None)[0]
+        cache.lengths[slot] = end
+        return logits
+
+    def decode_step(self, cache: KVCache, slots: list[int], tokens: torch.Tensor) -> torch.Tensor:
+        """One new token per slot: tokens [N] (device tensor) for `slots` (host list of N distinct slot
+        indices, sequences of any lengths) -> logits [N, vocab] float32."""
+        N = len(slots)
+        pos_host = [cache.lengths[s] for s in slots]
+        tk = max(pos_host) + 1
+        if tk > cache.max_seq:
+            raise ValueError(f"a sequence reached the cache's {cache.max_seq} positions per slot")
+        h = self.tok_embeddings[tokens][:, None]  # [N, 1, dim]
+        dev = self.device
+        contiguous = slots == list(range(slots[0], slots[0] + N))
+        if N == 1:
+            p = pos_host[0]
+            cos, sin = self.cos[p:p + 1][None, None], self.sin[p:p + 1][None, None]
+            s = slots[0]
+
+            def write(c, x):  # x [1, Hkv, 1, D]
+                c[s, :, p] = x[0, :, 0]
+
+            def read(c):
+                return c[s:s + 1, :, :tk]
+            lengths = None
+        else:
+            pos = torch.tensor(pos_host, device=dev)
+            cos, sin = self.cos[pos][:, None, None], self.sin[pos][:, None, None]  # [N, 1, 1, D/2]
+            if contiguous:
+                s0 = slots[0]
+                sl = slice(s0, s0 + N)
+                ar = torch.arange(N, device=dev)
+
+                def write(c, x):  # x [N, Hkv, 1, D] -> c[s0 + i, :, pos[i]]
+                    c[sl][ar, :, pos] = x[:, :, 0]
+
+                def read(c):
+                    return c[sl, :, :tk]
+            else:
+                idx = torch.tensor(slots, device=dev)
+
+                def write(c, x):
+                    c[idx, :, pos] = x[:, :, 0]
+
+                def read(c):
+                    return c[idx, :, :tk]
+            lengths = pos + 1
+        logits = self._run(h, cos, sin, cache, write, read, lengths)[:, 0]
+        for s, p in zip(slots, pos_host):
+            cache.lengths[s] = p + 1
+        return logits

@@ -1,0 +1,55 @@
+"""`speechrt serve`: the Realtime WebSocket server on the embedded (or given) models."""
+from __future__ import annotations
+
+
+def add_arguments(p):
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
+    p.add_argument("--asr", default=None, help="speech recognition model (default: whisper-tiny.en)")
+    p.add_argument("--lm", default=None, help="language model (default: smollm2-135m-instruct)")
+    p.add_argument("--tts", default=None, help="voice (default: piper-en_US-joe-medium)")
+    p.add_argument("--transcription-only", action="store_true", help="load no language model or voice")
+    p.add_argument("--backend", default="torch")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (also $SPEECHRT_API_KEY)")
+    p.add_argument("--allow-origin", action="append", default=[], help="browser origin allowed besides the server's own (repeatable; '*' for any)")
+    p.add_argument("--max-sessions", type=int, default=32)
+    p.add_argument("--max-message-bytes", type=int, default=1 << 20)
+    p.add_argument("--max-buffer-seconds", type=float, default=120.0)
+    p.add_argument("--idle-timeout", type=float, default=300.0)
+    p.add_argument("--silence-duration-ms", type=int, default=None, help="server_vad default pause that ends a turn (API default 500)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch")
+
+
+def load_models(args):
+    """Load the models once; they are shared by every session."""
+    import speechrt
+
+    asr = speechrt.load_asr(args.asr, args.backend, args.device)
+    lm = tts = None
+    if not args.transcription_only:
+        lm = speechrt.load_lm(args.lm, backend=args.backend, device=args.device)
+        tts = speechrt.load_tts(args.tts, backend=args.backend, device=args.device)
+    return asr, lm, tts
+
+
+def run(args):
+    import asyncio
+    import os
+    import time
+
+    import torch
+
+    from speechrt.streaming.server import ServerOptions, SpeechServer, serve_forever
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    opts = ServerOptions(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("SPEECHRT_API_KEY"),
+                         origins=tuple(args.allow_origin), max_sessions=args.max_sessions,
+                         max_message_bytes=args.max_message_bytes, max_buffer_seconds=args.max_buffer_seconds,
+                         idle_timeout=args.idle_timeout, silence_duration_ms=args.silence_duration_ms)
+    t = time.perf_counter()
+    asr, lm, tts = load_models(args)
+    print(f"speechrt: models loaded in {time.perf_counter() - t:.1f} s", flush=True)
+    asyncio.run(serve_forever(SpeechServer(opts, asr, lm, tts)))
+    return 0

@@ -1,0 +1,184 @@
+"""The OpenAI Realtime API as served by speechrt: session configuration (GA and beta shapes), event
+names (GA, with the older beta names accepted from clients and optionally emitted), ids and errors."""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field, replace
+
+from speechrt.errors import UserError
+
+from .audio_codec import AudioFormat, AudioFormatError, parse_format
+from .vad import ServerVadConfig
+
+CLIENT_EVENTS = (
+    "session.update", "transcription_session.update", "input_audio_buffer.append", "input_audio_buffer.commit",
+    "input_audio_buffer.clear", "conversation.item.create", "conversation.item.delete", "conversation.item.retrieve",
+    "conversation.item.truncate", "response.create", "response.cancel", "output_audio_buffer.clear",
+)
+
+# GA name -> beta name, for servers events that were renamed when the API left beta
+BETA_NAMES = {
+    "conversation.item.added": "conversation.item.created",
+    "response.output_text.delta": "response.text.delta",
+    "response.output_text.done": "response.text.done",
+    "response.output_audio.delta": "response.audio.delta",
+    "response.output_audio.done": "response.audio.done",
+    "response.output_audio_transcript.delta": "response.audio_transcript.delta",
+    "response.output_audio_transcript.done": "response.audio_transcript.done",
+}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(10)}"
+
+
+class ProtocolError(UserError):
+    """A client event the server cannot act on. `code` and `param` go into the error event."""
+
+    def __init__(self, message: str, code: str = "invalid_request", param: str | None = None,
+                 type: str = "invalid_request_error"):
+        super().__init__(message)
+        self.code, self.param, self.type = code, param, type
+
+
+def error_event(message: str, code: str, type: str = "invalid_request_error", param: str | None = None,
+                event_id: str | None = None) -> dict:
+    return {"type": "error", "event_id": new_id("event"),
+            "error": {"type": type, "code": code, "message": message, "param": param, "event_id": event_id}}
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    type: str = "realtime"  # realtime (conversation) | transcription
+    model: str = "speechrt"
+    instructions: str = "You are a helpful, concise voice assistant. Answer in one or two short sentences."
+    output_modalities: tuple[str, ...] = ("audio",)
+    input_format: AudioFormat = AudioFormat()
+    output_format: AudioFormat = AudioFormat()
+    turn_detection: ServerVadConfig | None = field(default_factory=ServerVadConfig)
+    transcription_model: str = "whisper-tiny.en"
+    language: str | None = None
+    prompt: str | None = None
+    voice: str = "piper-en_US-joe-medium"
+    speed: float = 1.0
+    max_output_tokens: int = 256
+    temperature: float = 0.0
+    beta: bool = False  # emit the beta event names (a client used them)
+
+    def to_api(self, session_id: str) -> dict:
+        td = self.turn_detection.to_api() if self.turn_detection else None
+        s = {"id": session_id, "object": "realtime.session", "type": self.type, "model": self.model,
+             "audio": {"input": {"format": self.input_format.to_api(), "turn_detection": td,
+                                 "transcription": {"model": self.transcription_model, "language": self.language,
+                                                   "prompt": self.prompt}}}}
+        if self.type == "realtime":
+            s["instructions"] = self.instructions
+            s["output_modalities"] = list(self.output_modalities)
+            s["max_output_tokens"] = self.max_output_tokens
+            s["audio"]["output"] = {"format": self.output_format.to_api(), "voice": self.voice, "speed": self.speed}
+        return s
+
+
+def _bool(v, name):
+    if not isinstance(v, bool):
+        raise ProtocolError(f"{name} must be true or false, got {v!r}", "invalid_value", name)
+    return v
+
+
+def _num(v, name, lo, hi, integer=False):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)) or not lo <= v <= hi:
+        kind = "an integer" if integer else "a number"
+        raise ProtocolError(f"{name} must be {kind} from {lo} to {hi}, got {v!r}", "invalid_value", name)
+    return v
+
+
+def _turn_detection(td, current: ServerVadConfig | None, name: str) -> ServerVadConfig | None:
+    if td is None:
+        return None
+    if not isinstance(td, dict):
+        raise ProtocolError(f"{name} must be an object or null", "invalid_value", name)
+    t = td.get("type", "server_vad")
+    if t not in ("server_vad", "semantic_vad"):
+        raise ProtocolError(f"unsupported turn detection {t!r}; valid: server_vad, semantic_vad (served as server_vad), or null",
+                            "invalid_value", f"{name}.type")
+    base = current or ServerVadConfig()
+    kw = {}
+    if "threshold" in td and td["threshold"] is not None:
+        kw["threshold"] = float(_num(td["threshold"], f"{name}.threshold", 0.0, 1.0))
+    for k in ("prefix_padding_ms", "silence_duration_ms"):
+        if k in td and td[k] is not None:
+            kw[k] = _num(td[k], f"{name}.{k}", 0, 10000, integer=True)
+    for k in ("create_response", "interrupt_response"):
+        if k in td and td[k] is not None:
+            kw[k] = _bool(td[k], f"{name}.{k}")
+    return replace(base, **kw)
+
+
+def apply_session_update(cfg: SessionConfig, s: dict, available: dict) -> SessionConfig:
+    """Apply a `session.update` payload (GA `audio.input...` layout or the beta flat layout) to cfg.
+    `available` maps 'asr'/'tts' to the model names this server has loaded. Unknown fields are ignored
+    (tools, tracing, ...); known fields with bad values raise ProtocolError naming the field."""
+    if not isinstance(s, dict):
+        raise ProtocolError("'session' must be an object", "invalid_value", "session")
+    kw = {}
+    try:
+        if "type" in s:
+            if s["type"] not in ("realtime", "transcription"):
+                raise ProtocolError(f"session.type must be 'realtime' or 'transcription', got {s['type']!r}",
+                                    "invalid_value", "session.type")
+            kw["type"] = s["type"]
+        if "instructions" in s:
+            if not isinstance(s["instructions"], str):
+                raise ProtocolError("session.instructions must be a string", "invalid_value", "session.instructions")
+            kw["instructions"] = s["instructions"]
+        mods = s.get("output_modalities", s.get("modalities"))
+        if mods is not None:
+            if not isinstance(mods, list) or not mods or any(m not in ("text", "audio") for m in mods):
+                raise ProtocolError(f"output_modalities must be ['audio'] or ['text'], got {mods!r}", "invalid_value",
+                                    "session.output_modalities")
+            kw["output_modalities"] = ("audio",) if "audio" in mods else ("text",)
+        if "max_output_tokens" in s or "max_response_output_tokens" in s:
+            v = s.get("max_output_tokens", s.get("max_response_output_tokens"))
+            kw["max_output_tokens"] = 1024 if v == "inf" else _num(v, "session.max_output_tokens", 1, 4096, integer=True)
+        if "temperature" in s:
+            kw["temperature"] = float(_num(s["temperature"], "session.temperature", 0.0, 2.0))
+        audio = s.get("audio") or {}
+        if not isinstance(audio, dict):
+            raise ProtocolError("session.audio must be an object", "invalid_value", "session.audio")
+        inp, out = audio.get("input") or {}, audio.get("output") or {}
+        # input format: GA audio.input.format, beta input_audio_format
+        if "format" in inp:
+            kw["input_format"] = parse_format(inp["format"])
+        elif "input_audio_format" in s:
+            kw["input_format"] = parse_format(s["input_audio_format"])
+        if "format" in out:
+            kw["output_format"] = parse_format(out["format"])
+        elif "output_audio_format" in s:
+            kw["output_format"] = parse_format(s["output_audio_format"])
+        if "turn_detection" in inp:
+            kw["turn_detection"] = _turn_detection(inp["turn_detection"], cfg.turn_detection, "session.audio.input.turn_detection")
+        elif "turn_detection" in s:
+            kw["turn_detection"] = _turn_detection(s["turn_detection"], cfg.turn_detection, "session.turn_detection")
+        tr = inp.get("transcription", s.get("input_audio_transcription"))
+        if isinstance(tr, dict):
+            m = tr.get("model")
+            if m is not None:
+                # OpenAI model names (gpt-4o-transcribe, whisper-1) map to the loaded recognizer
+                if m in available["asr"] or m.startswith(("whisper", "gpt-")):
+                    kw["transcription_model"] = m if m in available["asr"] else available["asr"][0]
+                else:
+                    raise ProtocolError(f"unknown transcription model {m!r}; this server runs: {', '.join(available['asr'])}",
+                                        "invalid_value", "session.audio.input.transcription.model")
+            if tr.get("language") is not None:
+                kw["language"] = str(tr["language"])
+            if tr.get("prompt") is not None:
+                kw["prompt"] = str(tr["prompt"])
+        voice = out.get("voice", s.get("voice"))
+        if voice is not None:
+            # OpenAI voice names (alloy, marin, ...) map to the loaded voice; ours are accepted by name
+            kw["voice"] = voice if voice in available["tts"] else available["tts"][0]
+        if "speed" in out:
+            kw["speed"] = float(_num(out["speed"], "session.audio.output.speed", 0.25, 4.0))
+    except AudioFormatError as e:
+        raise ProtocolError(str(e), "invalid_audio_format", "session.audio.format") from None
+    return replace(cfg, **kw)

@@ -1,0 +1,88 @@
+"""The ops the Llama model adds to the kernel set (int8 / int4 weight-only linear, GQA attention) against
+their plain definitions, and the torch SLM runner's option checks."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from speechrt import kernels
+from speechrt.backends import torch_slm
+from speechrt.errors import UserError
+from speechrt.kernels import reference as ref
+from speechrt.models.llama import quantize_int4
+
+
+@pytest.mark.parametrize("shape", [(1, 576), (3, 7, 256), (8, 96)])
+def test_linear_int8_matches_definition(shape):
+    g = torch.Generator().manual_seed(0)
+    K, N = shape[-1], 200
+    w = torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=g)
+    s = torch.rand(N, generator=g) * 0.01 + 1e-3
+    x = torch.randn(*shape, generator=g).bfloat16()
+    fast = ref.linear_int8(x, w, s.bfloat16())
+    exact = x.float() @ (w.float() * s.bfloat16().float()[:, None]).t()
+    assert fast.shape == (*shape[:-1], N) and fast.dtype == torch.bfloat16
+    assert torch.allclose(fast.float(), exact, rtol=2e-2, atol=2e-2 * exact.abs().max().item())
+    exact32 = x.float() @ (w.float() * s[:, None]).t()
+    assert torch.allclose(ref.linear_int8_ref(x.float(), w, s), exact32, rtol=1e-4, atol=1e-3)
+    # a non-contiguous input (a slice of a fused projection) works too
+    xx = torch.randn(shape[0], 2 * K, generator=g).bfloat16()[:, :K]
+    assert torch.allclose(ref.linear_int8(xx, w, s.bfloat16()).float(),
+                          xx.float() @ (w.float() * s.bfloat16().float()[:, None]).t(), rtol=2e-2, atol=0.05)
+
+
+@pytest.mark.parametrize("M,K,N", [(1, 576, 960), (5, 256, 64), (8, 1536, 576)])
+def test_linear_int4_matches_definition(M, K, N):
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(N, K, generator=g) * 0.05
+    q, scale, zero = quantize_int4(w)
+    deq = ((q.float().view(N, K // 32, 32) - 8) * scale[..., None] + zero[..., None]).view(N, K)
+    assert (deq - w).abs().max() <= scale.max() / 2 + 1e-6  # min/max 4-bit rounding error bound
+    x = torch.randn(M, K, generator=g)
+    exact = x @ deq.t()
+    for dt, tol in ((torch.bfloat16, 3e-2), (torch.float32, 1e-4)):
+        packed, sz = ref.pack_int4(q, scale, zero, dt)
+        y = ref.linear_int4(x.to(dt), packed, sz)
+        assert y.shape == (M, N) and y.dtype == dt
+        assert (y.float() - exact).abs().max() <= tol * exact.abs().max(), dt
+    # the unpacked definition agrees with ATen's packed CPU kernel
+    packed, sz = ref.pack_int4(q, scale, zero, torch.bfloat16)
+    assert packed.shape[-1] == K // 2  # packed two per byte on the CPU
+    a = ref.linear_int4(x.bfloat16(), packed, sz).float()
+    b = ref.linear_int4_ref(x.bfloat16(), q, sz).float()
+    assert (a - b).abs().max() <= 3e-2 * b.abs().max()
+
+
+def test_gqa_attention_equals_repeated_heads():
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 9, 5, 64, generator=g)
+    k, v = torch.randn(2, 3, 11, 64, generator=g), torch.randn(2, 3, 11, 64, generator=g)
+    lengths = torch.tensor([11, 7])
+    a = ref.attention(q, k, v, causal=True, lengths=lengths)
+    kr, vr = k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1)
+    b = ref.attention(q, kr, vr, causal=True, lengths=lengths)
+    assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_kernel_set_has_the_llama_ops():
+    ops = kernels.select("torch", "cpu")
+    for name in ("rms_norm", "rotary", "attention", "silu_mul", "linear", "linear_int8", "pack_int4", "linear_int4"):
+        assert name in ops
+
+
+def test_dtype_choices():
+    cpu = torch.device("cpu")
+    assert torch_slm.resolve_format(None, cpu, has_q4=True) == "int4"
+    assert torch_slm.resolve_format(None, cpu, has_q4=False) == "int8"
+    assert torch_slm.resolve_format("bf16", cpu) == "bfloat16"
+    with pytest.raises(UserError, match="unsupported dtype 'int3'.*valid: .*bfloat16"):
+        torch_slm.resolve_format("int3", cpu)
+
+
+def test_unknown_backend_and_device():
+    from speechrt.lm import load_lm
+
+    with pytest.raises(UserError, match="valid backends: torch"):
+        load_lm(backend="tensorflow")
+    with pytest.raises(UserError, match="unsupported device"):
+        load_lm(device="tpu")

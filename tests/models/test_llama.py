@@ -1,0 +1,152 @@
+"""models/llama.py against transformers on the same GGUF (SmolLM2-135M-Instruct, Q4_1 + Q8_0 + F32 tensors).
+
+transformers dequantizes the GGUF to float32 with its own dequantizers and un-permutes Q/K itself, so
+equal logits check our loader (gguf's dequantizers, our un-permute), rotary, attention, MLP and head.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="the comparison peer: pip install 'speechrt[peers]'")
+pytest.importorskip("accelerate", reason="transformers needs accelerate to load a GGUF: pip install 'speechrt[peers]'")
+
+from speechrt.backends import torch_slm  # noqa: E402
+from speechrt.lm import LanguageModel  # noqa: E402
+from speechrt.models import registry  # noqa: E402
+from speechrt.models.generate import GenerationOptions, generate_text, stream  # noqa: E402
+
+CHATS = [
+    "What is the capital of France?",
+    "Write a haiku about autumn leaves.",
+    "How many legs does a spider have?",
+    "Translate 'good morning' into Spanish.",
+    "Give me one tip for sleeping better.",
+    "What is 15 + 27?",
+]
+GREEDY_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def model_file():
+    rm = registry.resolve("smollm2-135m-instruct", "slm")
+    return rm, torch_slm.load_file(rm)
+
+
+@pytest.fixture(scope="module")
+def ours(model_file):
+    return LanguageModel(torch_slm.TorchSLMRunner(model_file[1], torch.device("cpu"), "float32"), "smollm2")
+
+
+@pytest.fixture(scope="module")
+def hf(model_file):
+    from transformers import AutoModelForCausalLM
+
+    path = model_file[0].path
+    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
+
+
+def test_logits_equal_transformers(ours, hf):
+    prompts = [ours.encode_chat(c) for c in CHATS[:3]] + [ours.tokenizer.encode("The quick brown fox jumps over")]
+    r = ours.runner
+    for ids in prompts:
+        cache = r.new_cache(1, len(ids) + 1)
+        with torch.inference_mode():
+            mine = r.model.prefill(cache, 0, torch.tensor(ids), all_logits=True)  # [T, V]
+            ref = hf(torch.tensor([ids])).logits[0].float()
+        diff = (mine - ref).abs().max().item()
+        assert diff <= 1e-3, f"max |logit diff| {diff} on a {len(ids)}-token prompt"
+    # the decode step (one token over the cache) gives the same logits as a full forward
+    ids = prompts[0]
+    cache = r.new_cache(1, len(ids) + 1)
+    r.prefill(cache, 0, torch.tensor(ids[:-1]))
+    step = r.decode_step(cache, [0], torch.tensor([ids[-1]]))[0]
+    with torch.inference_mode():
+        ref = hf(torch.tensor([ids])).logits[0, -1].float()
+    assert (step - ref).abs().max().item() <= 1e-3
+
+
+def test_greedy_chat_equals_transformers(ours, hf):
+    for chat in CHATS[:5]:
+        ids = ours.encode_chat(chat)
+        with torch.inference_mode():
+            out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                              max_new_tokens=GREEDY_TOKENS, do_sample=False, eos_token_id=ours.tokenizer.stop_ids(),
+                              pad_token_id=ours.tokenizer.eos_id)
+        ref_ids = out[0, len(ids):].tolist()
+        mine = [ev.token for ev in stream(ours.runner, ours.tokenizer, [ids],
+                                          GenerationOptions(max_tokens=GREEDY_TOKENS)) if ev.token is not None]
+        assert mine == ref_ids, f"{chat!r}: ours {ours.tokenizer.decode(mine)!r} vs transformers {ours.tokenizer.decode(ref_ids)!r}"
+
+
+def test_capital_of_france(ours):
+    assert "Paris" in "".join(ours.chat("What is the capital of France?", max_tokens=24))
+
+
+def test_batch_of_8_equals_one_by_one(model_file):
+    """In the default CPU format (int4 weights, bf16 activations), as a server would run it."""
+    runner = torch_slm.TorchSLMRunner(model_file[1], torch.device("cpu"), "int4")
+    lm = LanguageModel(runner)
+    prompts = [lm.encode_chat(c) for c in CHATS] + [lm.tokenizer.encode("Once upon a time"),
+                                                    lm.encode_chat("Name three primary colors.", system="Be brief.")]
+    assert len(prompts) == 8 and len({len(p) for p in prompts}) > 4  # different lengths share the batch
+    o = GenerationOptions(max_tokens=10)
+    batched = generate_text(runner, lm.tokenizer, prompts, o)
+    single = [generate_text(runner, lm.tokenizer, [p], o)[0] for p in prompts]
+    assert batched == single
+    assert len(set(batched)) == 8
+
+
+def test_decode_on_scattered_slots(ours):
+    """Slots need not be 0..N-1 or in order: a scheduler hands out whichever are free."""
+    r = ours.runner
+    a, b = ours.encode_chat(CHATS[0]), ours.encode_chat(CHATS[2])
+    cache = r.new_cache(5, 64)
+    la, lb = r.prefill(cache, 4, torch.tensor(a)), r.prefill(cache, 1, torch.tensor(b))
+    ta, tb = int(la.argmax()), int(lb.argmax())
+    both = r.decode_step(cache, [4, 1], torch.tensor([ta, tb]))
+    ref = r.new_cache(1, 64)
+    r.prefill(ref, 0, torch.tensor(a))
+    only_a = r.decode_step(ref, [0], torch.tensor([ta]))[0]
+    assert (both[0] - only_a).abs().max().item() < 1e-4
+    assert cache.lengths[4] == len(a) + 1 and cache.lengths[1] == len(b) + 1
+
+
+def test_hf_directory_loads_same_model(tmp_path, ours, hf, model_file):
+    """A Hugging Face directory (config.json + safetensors + tokenizer.json) written by transformers from
+    the same GGUF gives the same logits through models/hf_llama.py."""
+    from transformers import AutoTokenizer
+
+    import json
+
+    from safetensors.torch import save_file
+
+    path = model_file[0].path
+    # (transformers refuses save_pretrained on a GGUF-loaded model, so write the directory the same way by hand)
+    conf = hf.config.to_dict()
+    conf.pop("quantization_config", None)
+    (tmp_path / "config.json").write_text(json.dumps(conf))
+    state = {k: v.contiguous() for k, v in hf.state_dict().items() if k != "lm_head.weight"}  # tied
+    save_file(state, str(tmp_path / "model.safetensors"))
+    AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(tmp_path)
+    rm = registry.resolve(str(tmp_path), "slm")
+    assert rm.format == "hf-llama"
+    other = LanguageModel(torch_slm.build(rm, torch.device("cpu"), "float32"))
+    ids = ours.encode_chat(CHATS[1])
+    assert other.encode_chat(CHATS[1]) == ids
+    c1, c2 = ours.runner.new_cache(1, 64), other.runner.new_cache(1, 64)
+    l1 = ours.runner.prefill(c1, 0, torch.tensor(ids))
+    l2 = other.runner.prefill(c2, 0, torch.tensor(ids))
+    assert (l1 - l2).abs().max().item() <= 1e-4
+
+
+def test_compact_formats_agree_with_float32(model_file, ours):
+    """bf16 / int8 / int4 weights change logits a little, not the answer."""
+    ids = ours.encode_chat(CHATS[0])
+    c = ours.runner.new_cache(1, 64)
+    ref = ours.runner.prefill(c, 0, torch.tensor(ids))
+    for fmt in ("bfloat16", "int8"):
+        r = torch_slm.TorchSLMRunner(model_file[1], torch.device("cpu"), fmt)
+        lg = r.prefill(r.new_cache(1, 64), 0, torch.tensor(ids))
+        assert int(lg.argmax()) == int(ref.argmax()), fmt
+        assert torch.corrcoef(torch.stack([lg, ref]))[0, 1] > 0.99, fmt

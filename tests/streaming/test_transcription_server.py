@@ -1,0 +1,225 @@
+"""Transcription sessions over loopback with real clients: the official openai SDK, our SDK, raw
+websockets for the bad-input suite."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from speechrt.models.audio import resample
+from speechrt.models.wer import wer
+
+SENTENCES = [
+    "The weather will be sunny tomorrow with a light breeze.", "Please remember to close the windows.",
+    "She bought three apples and a loaf of bread.", "The meeting has been moved to Thursday afternoon.",
+    "Our train was delayed because of a signal problem.", "He plays the piano every evening.",
+    "The museum opens at nine and closes at five.", "Can you tell me the way to the post office?",
+    "The children built a sand castle on the beach.", "Turn left at the traffic lights.",
+    "My sister is studying chemistry at the university.", "The library has thousands of books.",
+    "We watched a documentary about whales last night.", "The restaurant on the corner serves pasta.",
+    "Dogs need regular exercise and a healthy diet.", "The river flows quietly through the valley.",
+    "I would like a cup of coffee with sugar.", "The new phone has a bigger screen.",
+    "Farmers are worried about the lack of rain.", "The pilot said we would land in twenty minutes.",
+]
+
+
+def pcm24(audio16k: np.ndarray, tail_s: float = 1.0) -> bytes:
+    a = resample(np.concatenate([audio16k, np.zeros(int(16000 * tail_s), np.float32)]), 16000, 24000)
+    return (np.clip(a, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def url(srv, path="/v1/realtime"):
+    return f"ws://127.0.0.1:{srv.port}{path}"
+
+
+def test_openai_sdk_transcription_session(transcription_server, synth):
+    openai = pytest.importorskip("openai")
+    text = SENTENCES[0]
+    pcm = pcm24(synth(text))
+
+    async def main():
+        client = openai.AsyncOpenAI(api_key="unused", websocket_base_url=f"ws://127.0.0.1:{transcription_server.port}/v1")
+        seen, deltas = [], []
+        async with client.realtime.connect(model="speechrt", extra_query={"intent": "transcription"}) as conn:
+            await conn.session.update(session={"type": "transcription", "audio": {"input": {
+                "format": {"type": "audio/pcm", "rate": 24000},
+                "turn_detection": {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300,
+                                   "silence_duration_ms": 300}}}})
+
+            async def send():
+                for i in range(0, len(pcm), 9600):  # 200 ms chunks, paced at 4x real time
+                    await conn.input_audio_buffer.append(audio=base64.b64encode(pcm[i: i + 9600]).decode())
+                    await asyncio.sleep(0.05)
+            sender = asyncio.create_task(send())
+            async for ev in conn:
+                seen.append(ev.type)
+                if ev.type == "conversation.item.input_audio_transcription.delta":
+                    deltas.append(ev.delta)
+                if ev.type == "conversation.item.input_audio_transcription.completed":
+                    await sender
+                    return seen, deltas, ev.transcript
+    seen, deltas, transcript = asyncio.run(asyncio.wait_for(main(), 120))
+    assert seen[:2] == ["session.created", "session.updated"]
+    for t in ("input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+              "input_audio_buffer.committed", "conversation.item.added"):
+        assert t in seen
+    assert seen.index("input_audio_buffer.speech_started") < seen.index("input_audio_buffer.speech_stopped")
+    assert wer(text, transcript) <= 0.1, transcript
+    assert deltas and wer(text, "".join(deltas)) <= 0.2
+
+
+def test_our_sdk_sync_client(transcription_server, synth, tmp_path):
+    import soundfile as sf
+
+    from speechrt.client import Client, SpeechStarted, TranscriptCompleted
+
+    p = tmp_path / "q.wav"
+    sf.write(p, synth(SENTENCES[1]), 16000)
+    with Client(url(transcription_server), transcription=True) as c:
+        assert wer(SENTENCES[1], c.transcribe_file(p)) <= 0.1
+        audio = synth(SENTENCES[2])
+        chunks = [audio[i: i + 3200] for i in range(0, len(audio), 3200)] + [np.zeros(16000, np.float32)]
+        events = []
+        for ev in c.transcribe_stream(chunks, 16000):
+            events.append(ev)
+            if isinstance(ev, TranscriptCompleted):
+                break
+    assert isinstance(events[0], SpeechStarted)
+    # 0.25: batch composition changes rounding, which can flip one borderline word of nine
+    assert wer(SENTENCES[2], events[-1].transcript) <= 0.25
+
+
+def test_twenty_concurrent_sessions_each_get_their_own_transcript(transcription_server, synth):
+    from speechrt.client import AsyncClient, TranscriptCompleted
+
+    audios = [synth(s) for s in SENTENCES]
+
+    async def one(i):
+        async with AsyncClient(url(transcription_server), transcription=True) as c:
+            pcm = pcm24(audios[i])
+            for j in range(0, len(pcm), 9600):
+                await c.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[j: j + 9600]).decode()})
+                await asyncio.sleep(0.1)
+            ev = await c.wait_for("conversation.item.input_audio_transcription.completed", timeout=180)
+            assert isinstance(ev, TranscriptCompleted)
+            return ev.transcript
+
+    async def main():
+        return await asyncio.gather(*(one(i) for i in range(20)))
+    hyps = asyncio.run(asyncio.wait_for(main(), 300))
+    assert len(hyps) == 20
+    assert wer(SENTENCES, hyps) <= 0.05, list(zip(SENTENCES, hyps))
+    for i, h in enumerate(hyps):  # each session got its own sentence, not a neighbour's
+        assert min(range(20), key=lambda j: wer(SENTENCES[j], h)) == i, (i, h)
+
+
+async def _raw(srv, headers=None, path="/v1/realtime?intent=transcription"):
+    from websockets.asyncio.client import connect
+
+    ws = await connect(url(srv, path), additional_headers=headers or {}, max_size=None)
+    first = json.loads(await ws.recv())
+    return ws, first
+
+
+async def _next(ws, type_, timeout=60):
+    while True:
+        ev = json.loads(await asyncio.wait_for(ws.recv(), timeout))
+        if ev["type"] == type_ or ev["type"] == "error":
+            return ev
+
+
+def test_bad_inputs_get_errors_and_lose_nothing(transcription_server, synth):
+    pcm = pcm24(synth(SENTENCES[3]), tail_s=0.2)
+
+    async def main():
+        ws, created = await _raw(transcription_server)
+        other, _ = await _raw(transcription_server)  # a bystander session that must be unaffected
+        assert created["type"] == "session.created"
+        await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}))
+        assert (await _next(ws, "session.updated"))["type"] == "session.updated"
+        errors = {}
+
+        async def expect(msg, code):
+            await ws.send(msg)
+            ev = await _next(ws, "error")
+            assert ev["type"] == "error" and ev["error"]["code"] == code, ev
+            assert ev["error"]["message"]
+            errors[code] = ev["error"]["message"]
+        # half of the audio before the errors, half after: nothing may be lost in between
+        half = len(pcm) // 2 & ~1
+        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[:half]).decode()}))
+        await expect("{not json", "invalid_json")
+        await expect(json.dumps({"type": "input_audio_buffer.frobnicate"}), "invalid_event_type")
+        await expect(json.dumps(["a", "list"]), "invalid_event")
+        await expect(json.dumps({"type": "input_audio_buffer.append", "audio": "@@@not base64@@@"}), "invalid_audio")
+        await expect(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x01\x02\x03").decode()}),
+                     "invalid_audio")
+        await expect(json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/flac"}}}}}),
+                     "invalid_audio_format")
+        await expect(json.dumps({"type": "session.update", "session": {"input_audio_format": "mp3"}}), "invalid_audio_format")
+        await expect(json.dumps({"type": "input_audio_buffer.append", "audio": "A" * (2 << 20)}), "message_too_large")
+        await expect(json.dumps({"type": "response.cancel"}), "response_cancel_not_active")
+        await expect(json.dumps({"type": "response.create"}), "invalid_value")
+        await expect(json.dumps({"type": "conversation.item.truncate", "item_id": "item_nope", "audio_end_ms": 5}),
+                     "item_not_found")
+        await expect(json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection":
+                                 {"type": "server_vad", "threshold": 7}}}}}), "invalid_value")
+        assert "valid client events" in errors["invalid_event_type"]
+        assert "audio/pcm" in errors["invalid_audio_format"]
+        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[half:]).decode()}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        done = await _next(ws, "conversation.item.input_audio_transcription.completed")
+        assert wer(SENTENCES[3], done["transcript"]) <= 0.1, done
+        # out of order: committing an empty buffer
+        await expect(json.dumps({"type": "input_audio_buffer.commit"}), "input_audio_buffer_commit_empty")
+        # the bystander still works
+        await other.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}))
+        await _next(other, "session.updated")
+        await other.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()}))
+        await other.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        done = await _next(other, "conversation.item.input_audio_transcription.completed")
+        assert wer(SENTENCES[3], done["transcript"]) <= 0.1
+        await ws.close()
+        await other.close()
+    asyncio.run(asyncio.wait_for(main(), 180))
+
+
+def test_api_key_session_cap_and_http_endpoints(asr, server_factory):
+    from websockets.exceptions import InvalidStatus
+
+    from speechrt.streaming.server import ServerOptions
+
+    with server_factory(ServerOptions(port=0, api_key="sekrit", max_sessions=2), asr) as srv:
+        async def main():
+            with pytest.raises(InvalidStatus) as e:
+                await _raw(srv, {"Authorization": "Bearer wrong"})
+            assert e.value.response.status_code == 401
+            with pytest.raises(InvalidStatus):
+                await _raw(srv)
+            a, ca = await _raw(srv, {"Authorization": "Bearer sekrit"})
+            b, cb = await _raw(srv, {"Authorization": "Bearer sekrit"})
+            assert ca["type"] == cb["type"] == "session.created"
+            c, cc = await _raw(srv, {"Authorization": "Bearer sekrit"})  # third: over the cap
+            assert cc["type"] == "error" and cc["error"]["code"] == "session_limit_reached"
+            assert "2 sessions" in cc["error"]["message"]
+            await asyncio.wait_for(c.wait_closed(), 10)
+            assert c.close_code == 1013
+            with pytest.raises(InvalidStatus) as e:  # a browser page from elsewhere
+                await _raw(srv, {"Authorization": "Bearer sekrit", "Origin": "http://evil.example"})
+            assert e.value.response.status_code == 403
+            await a.close()
+            await b.close()
+        asyncio.run(main())
+        health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/healthz").read())
+        assert health["status"] == "ok" and health["max_sessions"] == 2
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/metrics").read().decode()
+        assert "speechrt_sessions_rejected_total 1" in metrics and "speechrt_auth_failures_total 2" in metrics
+        assert "# TYPE speechrt_final_transcript_latency_seconds summary" in metrics
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/nope")
+        assert e.value.code == 404
