@@ -101,24 +101,28 @@ def stream_latent(runner, latent, options: SynthesisOptions) -> Iterator[torch.T
     ahead = max(1, runner.parallel)
     wins = windows(F, options.first_chunk_frames, options.max_chunk_frames, ahead)
     pending = collections.deque()  # futures of the next windows, submitted in order
-    for k, (a, b) in enumerate(wins):
-        while len(pending) < ahead and k + len(pending) < len(wins):
-            pa, pb = wins[k + len(pending)]
-            pending.append(runner.vocode_async(latent, max(0, pa - ctx), min(F, pb + ctx)))
-        lo, hi = max(0, a - ctx), min(F, b + ctx)
-        audio = pending.popleft().result()
-        last = b == F
-        s0 = (a - lo) * hop
-        s1 = (b - lo) * hop + (0 if last else xf)
-        seg = audio[s0:s1].clone()
-        if tail is not None and xf:
-            if ramp is None:
-                ramp = 0.5 - 0.5 * torch.cos(torch.linspace(0, math.pi, xf + 2)[1:-1])  # 0 -> 1, sums to 1
-            seg[:xf] = tail * (1 - ramp) + seg[:xf] * ramp
-        if not last and xf:
-            tail = seg[-xf:]
-            seg = seg[:-xf]
-        yield seg
+    try:
+        for k, (a, b) in enumerate(wins):
+            while len(pending) < ahead and k + len(pending) < len(wins):
+                pa, pb = wins[k + len(pending)]
+                pending.append(runner.vocode_async(latent, max(0, pa - ctx), min(F, pb + ctx)))
+            lo = max(0, a - ctx)
+            audio = pending.popleft().result()
+            last = b == F
+            s0 = (a - lo) * hop
+            s1 = (b - lo) * hop + (0 if last else xf)
+            seg = audio[s0:s1].clone()
+            if tail is not None and xf:
+                if ramp is None:
+                    ramp = 0.5 - 0.5 * torch.cos(torch.linspace(0, math.pi, xf + 2)[1:-1])  # 0 -> 1, sums to 1
+                seg[:xf] = tail * (1 - ramp) + seg[:xf] * ramp
+            if not last and xf:
+                tail = seg[-xf:]
+                seg = seg[:-xf]
+            yield seg
+    finally:  # a consumer that stops early (barge-in) leaves no windows queued
+        for f in pending:
+            f.cancel()
     if options.sentence_silence:
         yield torch.zeros(int(options.sentence_silence * runner.sample_rate))
 

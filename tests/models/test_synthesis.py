@@ -2,7 +2,6 @@
 short window, text arriving token by token, controls (rate, noise, speaker, sample rate, format) and errors."""
 from __future__ import annotations
 
-import io
 import wave
 
 import numpy as np
@@ -197,3 +196,11 @@ def test_bad_backend_and_voice():
         load_tts(backend="nope")
     with pytest.raises(UserError, match="registered tts models: piper-en_US-joe-medium"):
         load_tts("no-such-voice")
+
+
+def test_stopping_early_cancels_queued_windows(torch_tts):
+    gen = torch_tts.synthesize(LONG)
+    first = next(gen)
+    gen.close()  # a listener barged in
+    assert len(first) == 16 * 256
+    assert len(torch_tts.synthesize_array("Still works afterwards.")) > 22050 * 0.5
