@@ -177,3 +177,23 @@ def test_other_piper_architecture_loads_and_matches(exported_voice):
         assert np.abs(out - ref).max() <= 1e-3
     w = read_onnx_weights(exported_voice)
     assert config_from_weights(w) == c
+
+
+@pytest.mark.parametrize("T", [1, 3, 5, 37])
+def test_relative_attention_op_matches_vits(T):
+    """The kernel-set op against VITS's own MultiHeadAttention (pad/reshape formulation), lengths below and
+    above the relative window, with a padded key."""
+    attentions = pytest.importorskip("piper.train.vits.attentions")
+    torch.manual_seed(T)
+    C, H, W = 16, 2, 4
+    ref = attentions.MultiHeadAttention(C, C, H, window_size=W).eval()
+    x = torch.randn(1, C, T)
+    mask = torch.ones(1, 1, T, T)
+    if T > 2:
+        mask[..., -1] = 0  # last key masked
+    with torch.no_grad():
+        expected = ref(x, x, mask)
+        q, k, v = (conv(x).view(1, H, C // H, T).transpose(2, 3) for conv in (ref.conv_q, ref.conv_k, ref.conv_v))
+        out = kernels.select("torch").relative_attention(q, k, v, ref.emb_rel_k, ref.emb_rel_v, mask)
+        out = ref.conv_o(out.transpose(2, 3).reshape(1, C, T))
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
