@@ -89,6 +89,14 @@ def split_at_generator(model):
                 cuts.append(i)
     graph_inputs = [i.name for i in g.input if i.name not in inits]
     outputs = [o.name for o in g.output][:1]
+    # the Extractor needs a value_info for each cut; shape inference does not always produce one
+    # (dynamic shapes), and the cuts are float activations of any shape
+    import onnx
+    model = onnx.shape_inference.infer_shapes(model)
+    known = {v.name for v in model.graph.value_info}
+    for name in cuts:
+        if name not in known:
+            model.graph.value_info.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
     ex = Extractor(model)
     return ex.extract_model(graph_inputs, cuts), ex.extract_model(cuts, outputs), cuts
 

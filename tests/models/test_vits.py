@@ -130,7 +130,7 @@ def exported_voice(tmp_path_factory):
     torch.manual_seed(0)
     a = ModelAudioConfig.high_quality()
     m = models.SynthesizerTrn(
-        n_vocab=60, spec_channels=65, segment_size=32, inter_channels=32, hidden_channels=48, filter_channels=64,
+        n_vocab=256, spec_channels=65, segment_size=32, inter_channels=32, hidden_channels=48, filter_channels=64,
         n_heads=2, n_layers=2, kernel_size=3, p_dropout=0.0, resblock=a.resblock,
         resblock_kernel_sizes=a.resblock_kernel_sizes, resblock_dilation_sizes=a.resblock_dilation_sizes,
         upsample_rates=a.upsample_rates, upsample_initial_channel=64, upsample_kernel_sizes=a.upsample_kernel_sizes,
@@ -148,14 +148,14 @@ def exported_voice(tmp_path_factory):
     m.forward = infer_forward
     d = tmp_path_factory.mktemp("voice")
     path = d / "xx_XX-test-high.onnx"
-    ids = torch.randint(0, 60, (1, 50))
+    ids = torch.randint(0, 256, (1, 50))
     torch.onnx.export(m, (ids, torch.LongTensor([50]), torch.FloatTensor([0.667, 1.0, 0.8]), torch.LongTensor([0])),
                       str(path), opset_version=15, input_names=["input", "input_lengths", "scales", "sid"],
                       output_names=["output"], dynamo=False,
                       dynamic_axes={"input": {0: "batch_size", 1: "phonemes"}, "input_lengths": {0: "batch_size"},
                                     "output": {0: "batch_size", 2: "time"}})
     cfg = json.loads(resolve("piper-en_US-joe-medium", "tts").path.with_suffix(".onnx.json").read_text())
-    cfg.update(num_symbols=60, num_speakers=3, speaker_id_map={"a": 0, "b": 1, "c": 2})
+    cfg.update(num_symbols=256, num_speakers=3, speaker_id_map={"a": 0, "b": 1, "c": 2})
     (d / (path.name + ".json")).write_text(json.dumps(cfg))
     return path
 
@@ -169,7 +169,7 @@ def test_other_piper_architecture_loads_and_matches(exported_voice):
     sess = ort.InferenceSession(str(exported_voice), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(1)
     for sid in (0, 2):
-        ids = [1, 0] + [int(x) for x in rng.integers(3, 60, 30)] + [2]
+        ids = [1, 0] + [int(x) for x in rng.integers(3, 256, 30)] + [2]
         ref = _ort(sess, ids, sid=sid)
         g = model.speaker(torch.tensor([sid]))
         out = _torch(model, ids, g=g)
@@ -197,3 +197,23 @@ def test_relative_attention_op_matches_vits(T):
         out = kernels.select("torch").relative_attention(q, k, v, ref.emb_rel_k, ref.emb_rel_v, mask)
         out = ref.conv_o(out.transpose(2, 3).reshape(1, C, T))
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_other_voice_through_the_api_on_both_backends(exported_voice):
+    """Multi-speaker voice end to end: speaker names, the onnxruntime graph cut with the speaker embedding as
+    a second generator input, and both backends agreeing through the streaming code."""
+    from speechrt.errors import UserError
+    from speechrt.models.synthesis import load_tts
+
+    t = load_tts(str(exported_voice), backend="torch")
+    o = load_tts(str(exported_voice), backend="onnxruntime")
+    assert len(o.runner.cuts) == 2  # z and the speaker embedding
+    kw = dict(noise_scale=0.0, noise_w=0.0, speaker="b")
+    a, b = t.synthesize_array("Any voice loads.", **kw), o.synthesize_array("Any voice loads.", **kw)
+    assert a.shape == b.shape and np.abs(a - b).max() <= 1e-3
+    c = t.synthesize_array("Any voice loads.", noise_scale=0.0, noise_w=0.0, speaker=0)
+    assert not (c.shape == a.shape and np.allclose(c, a))  # another speaker sounds different
+    with pytest.raises(UserError, match="speakers 0..2"):
+        t.synthesize_array("Hi.", speaker=3)
+    with pytest.raises(UserError, match="unknown speaker 'z'.*a, b, c"):
+        t.synthesize_array("Hi.", speaker="z")
