@@ -103,7 +103,8 @@ def split_at_generator(model):
 
 class OrtTTSRunner(TTSRunner):
     def __init__(self, path, providers):
-        from speechrt.models.piper_loader import config_from_weights, load_onnx, read_onnx_weights, voice_paths, VoiceConfig
+        from speechrt.models.piper_loader import (VoiceConfig, check_voice, config_from_weights, load_onnx,
+                                                 read_onnx_weights, voice_paths)
         from speechrt.models.registry import ModelError
 
         onnx_path, json_path = voice_paths(path)
@@ -113,6 +114,7 @@ class OrtTTSRunner(TTSRunner):
             cfg = config_from_weights(read_onnx_weights(model))
         except ModelError as e:
             raise ModelError(f"{onnx_path}: {e}") from None
+        check_voice(self.voice, cfg, onnx_path)
         self.config = cfg
         self.sample_rate = self.voice.sample_rate
         self.hop_length = cfg.hop_length

@@ -199,6 +199,19 @@ def test_relative_attention_op_matches_vits(T):
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
+def test_voice_config_must_fit_the_network(exported_voice, tmp_path):
+    bad = tmp_path / exported_voice.name
+    bad.write_bytes(exported_voice.read_bytes())
+    cfg = json.loads(exported_voice.with_suffix(".onnx.json").read_text())
+    (tmp_path / (bad.name + ".json")).write_text(json.dumps(dict(cfg, num_speakers=1)))
+    with pytest.raises(ModelError, match="says 1 speakers, the network has 3"):
+        load_vits(bad, kernels.select("torch"))
+    cfg["phoneme_id_map"]["x"] = [300]
+    (tmp_path / (bad.name + ".json")).write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match="uses id 300 but the network has 256 symbols"):
+        load_vits(bad, kernels.select("torch"))
+
+
 def test_other_voice_through_the_api_on_both_backends(exported_voice):
     """Multi-speaker voice end to end: speaker names, the onnxruntime graph cut with the speaker embedding as
     a second generator input, and both backends agreeing through the streaming code."""
