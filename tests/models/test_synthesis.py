@@ -6,6 +6,7 @@ import wave
 
 import numpy as np
 import pytest
+import torch
 
 from speechrt.backends.base import TTSRunner
 from speechrt.errors import UserError
@@ -13,6 +14,16 @@ from speechrt.models.synthesis import SynthesisOptions, load_tts, stream_latent,
 
 LONG = ("When the morning train finally pulled into the quiet station, the travelers gathered their heavy bags "
         "and walked slowly toward the old wooden bridge that crossed the river.")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Work called on this thread (direct vocode calls, Whisper) uses one intra-op thread: fast even when
+    other processes share the CPU, where two-thread OpenMP regions stall."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module", params=["torch", "onnxruntime"])
@@ -70,7 +81,7 @@ def test_crossfade_hides_missing_context(torch_tts):
 def test_background_flow_equals_whole_flow(torch_tts):
     """The torch runner runs the flow on the first windows' frames at once and on the rest in the background;
     with the flow's receptive field as context, the pieces equal the whole-sentence flow."""
-    import torch
+
 
     r = torch_tts.runner
     o = torch_tts.options(noise_scale=0.0, noise_w=0.0)

@@ -4,6 +4,8 @@ project's own Whisper (speechrt.load_asr) must give back the text: corpus WER <=
 from __future__ import annotations
 
 import numpy as np
+import pytest
+import torch
 
 import speechrt
 from speechrt.models.wer import wer
@@ -30,6 +32,16 @@ SENTENCES = [
     "Reading before bed helps many people fall asleep.",
     "The company plans to open a new office in the spring.",
 ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Work called on this thread (direct vocode calls, Whisper) uses one intra-op thread: fast even when
+    other processes share the CPU, where two-thread OpenMP regions stall."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def _transcribe_groups(asr, audios, texts, max_seconds=24.0):

@@ -27,6 +27,16 @@ SENTENCES = [
 ]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The model is called directly here (not through the runner's one-thread workers): one intra-op thread
+    keeps these tests fast when other processes share the CPU (OpenMP barriers stall otherwise)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def voice():
     path = resolve("piper-en_US-joe-medium", "tts").path
