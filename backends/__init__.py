@@ -14,6 +14,7 @@ from .base import ASRRunner, Backend, Latent, SLMRunner, TTSRunner
 BACKENDS: dict[str, str] = {
     "torch": "speechrt.backends.torch_backend:TorchBackend",
     "onnxruntime": "speechrt.backends.onnxruntime_backend:OnnxRuntimeBackend",
+    "triton": "speechrt.backends.triton_backend:TritonBackend",
 }
 
 

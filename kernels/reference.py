@@ -92,8 +92,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
 _SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
 
 
-def linear_int8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Weight-only int8 linear: x [..., K] @ (weight [N, K] int8 * scale [N]).T -> [..., N] in x's dtype.
+def linear_int8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Weight-only int8 linear: x [..., K] @ (weight [N, K] int8 * scale [N]).T (+ bias [N]) -> [..., N] in
+    x's dtype (per-output-channel scales; the batch-1 decode matmul of the SLM).
 
     On the CPU this is ATen's fused int8-weight GEMM (`_weight_int8pack_mm`, which wants a 2-D
     contiguous input and is fast for bf16); elsewhere, and as the definition it is tested against, the scale
@@ -103,9 +104,10 @@ def linear_int8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> t
         x2 = x.reshape(-1, x.shape[-1])
         if not x2.is_contiguous():
             x2 = x2.contiguous()
-        y = torch._weight_int8pack_mm(x2, weight, scale.to(x.dtype))
-        return y.view(*x.shape[:-1], weight.shape[0])
-    return linear_int8_ref(x, weight, scale)
+        y = torch._weight_int8pack_mm(x2, weight, scale.to(x.dtype)).view(*x.shape[:-1], weight.shape[0])
+    else:
+        y = linear_int8_ref(x, weight, scale)
+    return y + bias if bias is not None else y
 
 
 def linear_int8_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

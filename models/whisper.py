@@ -116,13 +116,23 @@ class SelfAttention(nn.Module):
         self.qkv = Linear(d, 3 * d, ops)
         self.out = Linear(d, d, ops)
 
-    def forward(self, x, cache: tuple[torch.Tensor, torch.Tensor] | None = None, offset: int = 0):
+    def forward(self, x, cache: tuple[torch.Tensor, torch.Tensor] | None = None, offset: int = 0,
+                position: torch.Tensor | None = None):
         """x [B, T, d]. With cache (k, v each [B, H, max_len, Dh]) the new keys/values are written at
-        positions offset..offset+T-1 and attention runs over positions < offset+T, causally."""
+        positions offset..offset+T-1 and attention runs over positions < offset+T, causally.
+
+        `position` (int64 [1] on the device, T == 1) replaces `offset` for a decode step with fixed
+        shapes and no host sync (capturable as a CUDA/HIP graph): the key/value go to that slot and
+        attention runs over the whole cache with the keys past the position masked by length."""
         B, T, d = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]  # [B, H, T, Dh]
-        if cache is not None:
+        if position is not None:
+            kc, vc = cache
+            kc.index_copy_(2, position, k)
+            vc.index_copy_(2, position, v)
+            o = self.ops.attention(q, kc, vc, causal=True, lengths=(position + 1).expand(B))
+        elif cache is not None:
             kc, vc = cache
             kc[:, :, offset: offset + T] = k
             vc[:, :, offset: offset + T] = v
@@ -172,8 +182,8 @@ class DecoderBlock(nn.Module):
         self.cross_attn_ln, self.cross_attn = LayerNorm(d, ops), CrossAttention(d, heads, ops)
         self.mlp_ln, self.mlp = LayerNorm(d, ops), MLP(d, ffn, ops)
 
-    def forward(self, x, cache, offset, cross_kv):
-        x = x + self.attn(self.attn_ln(x), cache, offset)
+    def forward(self, x, cache, offset, cross_kv, position=None):
+        x = x + self.attn(self.attn_ln(x), cache, offset, position)
         x = x + self.cross_attn(self.cross_attn_ln(x), cross_kv)
         return x + self.mlp(self.mlp_ln(x))
 
@@ -211,12 +221,20 @@ class TextDecoder(nn.Module):
         self.ln = LayerNorm(d, ops)
         self.ops = ops
 
-    def forward(self, tokens, caches, offset, cross_kvs, last_only=True):
-        """tokens [B, T] at positions offset.. -> logits [B, vocab] (last position) or [B, T, vocab]."""
+    def forward(self, tokens, caches, offset, cross_kvs, last_only=True, position=None):
+        """tokens [B, T] at positions offset.. -> logits [B, vocab] (last position) or [B, T, vocab].
+        `position` (int64 [1] tensor, T == 1): a fixed-shape decode step at that position instead of
+        `offset` (see SelfAttention.forward)."""
         T = tokens.shape[1]
-        x = self.token_embedding(tokens) + self.positional_embedding[offset: offset + T]
+        if position is not None:
+            if T != 1:
+                raise ValueError(f"a decode step at a tensor position takes one token per row, got {T}")
+            pos = self.positional_embedding.index_select(0, position)
+        else:
+            pos = self.positional_embedding[offset: offset + T]
+        x = self.token_embedding(tokens) + pos
         for b, cache, kv in zip(self.blocks, caches, cross_kvs):
-            x = b(x, cache, offset, kv)
+            x = b(x, cache, offset, kv, position)
         if last_only:
             x = x[:, -1]
         x = self.ln(x)

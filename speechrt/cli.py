@@ -13,6 +13,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("speechrt.cli_models", "list the registered models"),
     "chat": ("speechrt.cli_slm", "chat with a small language model, streaming its reply"),
     "say": ("speechrt.cli_tts", "speak text into an audio file with a Piper voice (text argument or stdin)"),
+    "kernels": ("speechrt.cli_kernels", "Triton kernels: ahead-of-time compile report for NVIDIA and AMD targets"),
 }
 
 
@@ -21,12 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="log what the runtime chooses")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, (mod, help_) in COMMANDS.items():
-        try:
-            m = importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name != mod:  # the command exists but something it imports is missing: a real error
-                raise
-            continue  # a command whose module is not part of this build
+        m = importlib.import_module(mod)
         sp = sub.add_parser(name, help=help_, description=help_)
         m.add_arguments(sp)
         sp.set_defaults(_run=m.run)

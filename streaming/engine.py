@@ -81,6 +81,7 @@ class Engine:
     def __init__(self, asr, lm=None, max_batch: int = 8):
         self.asr = asr
         self.max_batch = max_batch
+        self.partial_batch = max(1, max_batch // 4)
         self.lm = None
         if lm is not None:
             from .lm_batcher import ContinuousBatcher
@@ -178,8 +179,9 @@ class Engine:
                 elif self._tasks or lm_work:
                     jobs, kind = [], "stream"
                 else:
+                    # small partial batches: a final that arrives meanwhile waits for at most this much
                     jobs = []
-                    while self._partials and len(jobs) < self.max_batch:
+                    while self._partials and len(jobs) < self.partial_batch:
                         jobs.append(self._partials.popitem(last=False)[1])
                     kind = "partial"
             if kind == "stream":

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -72,7 +73,6 @@ class RealtimeSession:
         self.cfg = SessionConfig(type="transcription" if intent == "transcription" else "realtime",
                                  transcription_model=server.names["asr"][0], voice=server.names["tts"][0])
         if opts.silence_duration_ms is not None and self.cfg.turn_detection:
-            from dataclasses import replace
             self.cfg = replace(self.cfg, turn_detection=replace(self.cfg.turn_detection,
                                                                 silence_duration_ms=opts.silence_duration_ms))
         self.input = InputDecoder(self.cfg.input_format)
@@ -164,12 +164,9 @@ class RealtimeSession:
         s = ev.get("session")
         if s is None:
             raise ProtocolError("session.update needs a 'session' object", "missing_required_parameter", "session")
-        if "modalities" in (s or {}) or "input_audio_format" in (s or {}) or "input_audio_transcription" in (s or {}):
-            s = dict(s)
         new = apply_session_update(self.cfg, s, self.server.names)
-        if "modalities" in s or "input_audio_format" in s:
-            from dataclasses import replace
-            new = replace(new, beta=True)
+        if isinstance(s, dict) and ("modalities" in s or "input_audio_format" in s):
+            new = replace(new, beta=True)  # a beta client: answer with the beta event names
         if new.type == "realtime" and not self.server.conversation_ready:
             raise ProtocolError("this server runs transcription only (started without a language model or voice)",
                                 "invalid_value", "session.type")
@@ -188,7 +185,6 @@ class RealtimeSession:
     async def on_transcription_session_update(self, ev):
         s = dict(ev.get("session") or {})
         s.setdefault("type", "transcription")
-        from dataclasses import replace
         self.cfg = replace(self.cfg, beta=True)
         await self.on_session_update({"session": s, "event_id": ev.get("event_id")})
 

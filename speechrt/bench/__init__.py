@@ -8,6 +8,8 @@ BENCHES: dict[str, tuple[str, str]] = {
     "asr": ("speechrt.bench.asr", "speech recognition: real-time factor vs faster-whisper (CTranslate2)"),
     "lm": ("speechrt.bench.lm", "language model: time to first token and decode tok/s vs llama.cpp and transformers"),
     "tts": ("speechrt.bench.tts", "speech synthesis: real-time factor and time to first audio vs Piper (piper-tts)"),
+    "server": ("speechrt.bench.server", "streaming server: partial/final/voice-to-voice latency over N concurrent streams"),
+    "kernels": ("speechrt.bench.kernels", "Triton kernels vs torch eager and torch.compile, against the measured roofline (GPU)"),
 }
 
 

@@ -7,15 +7,14 @@ already depends on): no WebDriver, no version pairing with a chromedriver.
 """
 from __future__ import annotations
 
-import asyncio
 import base64
 import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -51,29 +50,6 @@ def find_chromium() -> str | None:
 CHROMIUM = find_chromium()
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="needs a Chromium browser: `apt-get install -y chromium` (or set SPEECHRT_CHROMIUM)")
-
-
-class ServerThread:
-    """The real SpeechServer on its own event loop in a background thread (the test body stays synchronous)."""
-
-    def __init__(self, asr, **options):
-        from speechrt.streaming.server import ServerOptions, SpeechServer
-
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="speechrt-test-server", daemon=True)
-        self.thread.start()
-
-        async def start():
-            return await SpeechServer(ServerOptions(port=0, **options), asr).start()
-
-        self.server = asyncio.run_coroutine_threadsafe(start(), self.loop).result(60)
-        self.port = self.server.port
-
-    def close(self):
-        asyncio.run_coroutine_threadsafe(self.server.shutdown(graceful=False), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 class Browser:
@@ -152,21 +128,27 @@ class Browser:
     def close(self):
         if getattr(self, "ws", None) is not None:
             self.ws.close()
-        if self.proc.poll() is None:
-            self.proc.terminate()
+        # Chromium runs in its own session (start_new_session): signal the whole group, so no renderer
+        # or utility process outlives the test
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
             try:
                 self.proc.wait(10)
+                break
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+                continue
         self.log.close()
 
 
 @pytest.fixture(scope="module")
-def server(asr):
-    s = ServerThread(asr, api_key=API_KEY)
-    yield s
-    s.close()
+def server(asr, server_factory):
+    from speechrt.streaming.server import ServerOptions
+
+    with server_factory(ServerOptions(port=0, api_key=API_KEY), asr) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
@@ -251,7 +233,7 @@ def test_demo_page_shows_why_the_server_refused(server, browser):
     else:
         pytest.fail("the page showed no error for a refused connection" + _diagnostics(browser, snap))
     assert "refused" in snap["status"] and "API key" in snap["status"], snap["status"]
-    assert server.server.counters.auth_failures >= 1
+    assert server.counters.auth_failures >= 1
 
 
 def test_demo_page_shows_the_servers_error_message(server, browser):

@@ -223,3 +223,31 @@ def test_api_key_session_cap_and_http_endpoints(asr, server_factory):
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/nope")
         assert e.value.code == 404
+
+
+def test_graceful_shutdown_finishes_turns_in_flight(asr, synth):
+    """A turn committed just before shutdown still gets its transcript; new sessions are refused."""
+    from websockets.asyncio.client import connect
+
+    from speechrt.streaming.server import ServerOptions, SpeechServer
+
+    pcm = pcm24(synth(SENTENCES[4]), tail_s=0.2)
+
+    async def main():
+        srv = await SpeechServer(ServerOptions(port=0), asr).start()
+        ws = await connect(url(srv, "/v1/realtime?intent=transcription"), max_size=None)
+        await ws.recv()
+        await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}))
+        await _next(ws, "session.updated")
+        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        await _next(ws, "input_audio_buffer.committed")
+        stopping = asyncio.create_task(srv.shutdown(graceful=True))
+        await asyncio.sleep(0.05)
+        late, first = await _raw(srv)  # while draining: refused with a clear error
+        assert first["type"] == "error" and "shutting down" in first["error"]["message"]
+        done = await _next(ws, "conversation.item.input_audio_transcription.completed")
+        assert wer(SENTENCES[4], done["transcript"]) <= 0.15
+        await asyncio.wait_for(stopping, 60)
+        await asyncio.wait_for(ws.wait_closed(), 10)
+    asyncio.run(asyncio.wait_for(main(), 120))

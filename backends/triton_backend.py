@@ -1,0 +1,46 @@
+"""The `triton` backend: the same PyTorch modules as the `torch` backend, built with the Triton kernel
+set (kernels.select('triton', device)), on a CUDA or ROCm GPU only; ASR decoder steps are replayed
+from CUDA/HIP graphs (triton_asr). On a machine without one it
+refuses with an error naming the alternative instead of running the kernels slowly in an interpreter.
+"""
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton  # noqa: F401
+except ImportError as e:  # backends.get('triton') reports this with the backends that do work
+    raise ImportError("Triton is not installed (pip install 'speechrt[triton]')") from e
+
+from speechrt.errors import UserError
+
+from .torch_backend import TorchBackend, resolve_device
+
+
+class TritonUnavailable(UserError, RuntimeError):
+    pass
+
+
+def check_device(device: torch.device) -> torch.device:
+    if device.type != "cuda":
+        if torch.cuda.is_available():
+            hint = "pass --device cuda (device='cuda')"
+        else:
+            hint = ("no CUDA or ROCm GPU is visible to PyTorch here "
+                    f"(torch {torch.__version__}); use --backend torch for the CPU")
+        raise TritonUnavailable(f"backend 'triton' runs its Triton kernels on a CUDA or ROCm GPU, not on {device}: "
+                                f"{hint}")
+    return device
+
+
+class TritonBackend(TorchBackend):
+    name = "triton"
+    kernels = "triton"
+
+    def _build(self, family, model, device, dtype):
+        dev = check_device(resolve_device(device))
+        if family == "asr":  # decoder steps replayed from CUDA/HIP graphs
+            from .triton_asr import build
+
+            return build(model, dev, dtype)
+        return super()._build(family, model, dev, dtype)

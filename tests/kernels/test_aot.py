@@ -1,0 +1,85 @@
+"""Every Triton kernel compiles ahead of time, at the models' shapes, for sm_80, sm_90, gfx90a and
+gfx942 with no GPU: no register spills, and the matmul-like kernels use the matrix instructions.
+One `speechrt kernels report` run (a subprocess: the kernels in this process are interpreted) serves
+all the checks."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from speechrt import kernels
+
+pytest.importorskip("triton", reason="Triton is not installed (pip install 'speechrt[triton]')")
+
+TARGETS = ("sm_80", "sm_90", "gfx90a", "gfx942")
+MATMUL_LIKE = {"_linear_kernel", "_linear_int8_kernel", "_attention_kernel", "_decode_attention_grouped_kernel"}
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    path = tmp_path_factory.mktemp("aot") / "report.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-m", "speechrt", "kernels", "report", "--json", str(path)],
+                       capture_output=True, text=True, env=env, timeout=900)
+    rows = json.loads(path.read_text()) if path.exists() else None
+    return r, rows
+
+
+def _kernel_names():
+    """Names of every @triton.jit kernel (not helper) in the modules the Triton kernel set uses."""
+    import importlib
+
+    names = set()
+    for mod in [*kernels.TRITON_MODULES, "speechrt.kernels.triton_decode_attention"]:
+        m = importlib.import_module(mod)
+        names |= {n for n in vars(m) if n.startswith("_") and n.endswith("_kernel")}
+    return names
+
+
+def test_report_command_succeeds(report):
+    r, rows = report
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert rows, "no JSON written"
+    assert "all compiled, no spills" in r.stdout
+    for t in TARGETS:
+        assert t in r.stdout
+
+
+def test_every_kernel_compiled_for_every_target(report):
+    _, rows = report
+    seen = {}
+    for row in rows:
+        seen.setdefault(row["kernel"], set()).add(row["target"])
+    expected = _kernel_names()
+    assert expected and expected <= set(seen), f"kernels missing from the report: {sorted(expected - set(seen))}"
+    for k, targets in seen.items():
+        assert targets == set(TARGETS), (k, targets)
+    failed = [(r["kernel"], r["variant"], r["target"], r["error"]) for r in rows if not r["ok"]]
+    assert not failed, failed
+
+
+def test_no_spills_and_resources_read(report):
+    _, rows = report
+    for r in rows:
+        assert r["regs"] is not None and r["regs"] > 0, r
+        assert r["spills"] == 0, r
+        assert r["smem"] is not None and r["smem"] >= 0, r
+        if r["target"].startswith("gfx"):
+            assert r["sgprs"] is not None and r["sgprs"] > 0, r
+            assert r["regs"] <= 512, r  # CDNA2/3: 512 VGPR+AGPR per lane at most
+        else:
+            assert r["regs"] <= 255, r
+
+
+def test_matrix_instructions_in_matmul_kernels(report):
+    _, rows = report
+    mm = [r for r in rows if r["kernel"] in MATMUL_LIKE]
+    assert {r["kernel"] for r in mm} == MATMUL_LIKE
+    missing = [(r["kernel"], r["variant"], r["target"]) for r in mm if not r["mma"]]
+    assert not missing, f"no mma/wgmma/v_mfma in {missing}"
+    # elementwise kernels must not claim a matrix instruction (the detector is not vacuous)
+    assert not any(r["mma"] for r in rows if r["kernel"] in {"_gelu_kernel", "_silu_mul_kernel"})

@@ -1,0 +1,291 @@
+"""Every Triton kernel against its torch reference, in the Triton interpreter on the CPU: odd widths,
+length 1, lengths that are not multiples of the blocks, strided (non-contiguous) inputs, and each dtype
+the kernels claim. Shapes are small because the interpreter runs each program in numpy."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from speechrt import kernels
+from speechrt.kernels import reference as ref
+
+pytestmark = pytest.mark.usefixtures("interpret")
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-2, 1e-2), torch.bfloat16: (2e-2, 2e-2)}
+
+
+def close(out, expected, dtype=None, tol=None):
+    dtype = dtype or expected.dtype
+    assert out.shape == expected.shape, (out.shape, expected.shape)
+    assert out.dtype == expected.dtype, (out.dtype, expected.dtype)
+    assert torch.isfinite(out).all(), "non-finite values in the kernel output"
+    assert torch.isfinite(expected).all(), "non-finite values in the reference output (bad test input)"
+    rtol, atol = tol or TOL[dtype]
+    torch.testing.assert_close(out.float(), expected.float(), rtol=rtol, atol=atol)
+
+
+def rand(*shape, dtype=torch.float32, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(dtype)
+
+
+@pytest.fixture(scope="module")
+def tri():
+    with pytest.MonkeyPatch.context() as mp:  # runs before the function-scoped `interpret` fixture
+        mp.setenv("TRITON_INTERPRET", "1")
+        return kernels.select("triton", "cpu")
+
+
+def test_select_triton_uses_triton_for_every_op(tri):
+    assert set(tri.sources.values()) == {"triton"}
+    assert set(tri.names()) == set(ref.OPS)
+    auto = kernels.select("auto", "cpu")
+    assert set(auto.sources.values()) == {"triton"}
+
+
+# ---------------------------------------------------------------- norms
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1, 7), (3, 5, 33), (2, 384)])
+@pytest.mark.parametrize("with_res", [False, True])
+def test_layer_norm(tri, dtype, shape, with_res):
+    n = shape[-1]
+    x, r = rand(*shape, dtype=dtype, seed=1), rand(*shape, dtype=dtype, seed=2)
+    w, b = rand(n, dtype=dtype, seed=3), rand(n, dtype=dtype, seed=4)
+    res = r if with_res else None
+    out, exp = tri.layer_norm(x, w, b, 1e-5, residual=res), ref.layer_norm(x, w, b, 1e-5, residual=res)
+    if with_res:
+        close(out[0], exp[0]), close(out[1], exp[1])
+    else:
+        close(out, exp)
+    close(tri.layer_norm(x, w, None, 1e-5), ref.layer_norm(x, w, None, 1e-5))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1, 7), (3, 5, 33), (2, 576)])
+@pytest.mark.parametrize("with_res", [False, True])
+def test_rms_norm(tri, dtype, shape, with_res):
+    n = shape[-1]
+    x, r, w = rand(*shape, dtype=dtype, seed=1), rand(*shape, dtype=dtype, seed=2), rand(n, dtype=dtype, seed=3)
+    res = r if with_res else None
+    out, exp = tri.rms_norm(x, w, 1e-6, residual=res), ref.rms_norm(x, w, 1e-6, residual=res)
+    if with_res:
+        close(out[0], exp[0]), close(out[1], exp[1])
+    else:
+        close(out, exp)
+
+
+def test_norms_strided_inputs(tri):
+    # rows of a wider buffer (row stride 40 for width 33) and a transposed view (column stride != 1)
+    big, rbig = rand(4, 6, 40, seed=5), rand(4, 6, 40, seed=6)
+    x, r = big[..., :33], rbig[..., 3:36]
+    w, b = rand(33, seed=7), rand(33, seed=8)
+    y, s = tri.layer_norm(x, w, b, 1e-5, residual=r)
+    ey, es = ref.layer_norm(x, w, b, 1e-5, residual=r)
+    close(y, ey), close(s, es)
+    xt = rand(33, 6, seed=9).t()  # [6, 33], stride (1, 6)
+    close(tri.rms_norm(xt, w, 1e-6), ref.rms_norm(xt, w, 1e-6))
+    y, s = tri.rms_norm(x, w, 1e-6, residual=r)
+    ey, es = ref.rms_norm(x, w, 1e-6, residual=r)
+    close(y, ey), close(s, es)
+
+
+def test_rms_norm_mixed_dtypes_and_broadcast_residual(tri):
+    # fp16 activations with a float32 weight promote to float32, as in the reference; a residual of
+    # shape [d] broadcast over the rows
+    x, w, r = rand(3, 40, dtype=torch.float16, seed=1), rand(40, seed=2), rand(40, dtype=torch.float16, seed=3)
+    close(tri.rms_norm(x, w, 1e-6), ref.rms_norm(x, w, 1e-6), tol=TOL[torch.float16])
+    y, s = tri.rms_norm(x, w.half(), 1e-6, residual=r)
+    ey, es = ref.rms_norm(x, w.half(), 1e-6, residual=r)
+    close(y, ey), close(s, es)
+
+
+def test_norm_empty_batch(tri):
+    x, w = torch.empty(0, 33), rand(33)
+    assert tri.layer_norm(x, w, w, 1e-5).shape == (0, 33)
+
+
+# ---------------------------------------------------------------- activations
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7, 33), (2, 1100)])  # 1100 > one 1024-wide block
+def test_gelu(tri, dtype, shape):
+    x, b = rand(*shape, dtype=dtype, seed=1, scale=3.0), rand(shape[-1], dtype=dtype, seed=2)
+    close(tri.gelu(x, b), ref.gelu(x, b))
+    close(tri.gelu(x), ref.gelu(x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7, 33), (2, 1100)])
+def test_silu_mul(tri, dtype, shape):
+    g, u = rand(*shape, dtype=dtype, seed=1, scale=3.0), rand(*shape, dtype=dtype, seed=2)
+    close(tri.silu_mul(g, u), ref.silu_mul(g, u))
+
+
+def test_activations_strided(tri):
+    # the two halves of a fused gate/up projection [.., 2 * 45], read in place; a conv-style [B, C, T]
+    gu = rand(3, 5, 90, seed=3)
+    close(tri.silu_mul(gu[..., :45], gu[..., 45:]), ref.silu_mul(gu[..., :45], gu[..., 45:]))
+    x = rand(2, 37, 11, seed=4).transpose(1, 2)  # [2, 11, 37], last-dim stride 11
+    b = rand(37, seed=5)
+    close(tri.gelu(x, b), ref.gelu(x, b))
+    xs = rand(4, 50, seed=6)[:, 7:40]
+    close(tri.gelu(xs, b[:33]), ref.gelu(xs, b[:33]))
+
+
+# ---------------------------------------------------------------- rotary
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,H,Hkv,T,D,cos_batch", [(2, 6, 2, 5, 24, 1), (1, 9, 3, 1, 64, 1), (3, 4, 4, 7, 16, 3)])
+def test_rotary(tri, dtype, B, H, Hkv, T, D, cos_batch):
+    q, k = rand(B, H, T, D, dtype=dtype, seed=1), rand(B, Hkv, T, D, dtype=dtype, seed=2)
+    ang = rand(cos_batch, 1, T, D // 2, seed=3, scale=3.0)
+    cos, sin = ang.cos(), ang.sin()
+    oq, ok = tri.rotary(q, k, cos, sin)
+    eq, ek = ref.rotary(q, k, cos, sin)
+    close(oq, eq), close(ok, ek)
+
+
+def test_rotary_strided_fused_qkv(tri):
+    # q, k as views of a fused projection [B, T, (H + 2 Hkv) * D] -> [B, heads, T, D] (like Llama)
+    B, T, H, Hkv, D = 2, 5, 6, 2, 32
+    qkv = rand(B, T, (H + 2 * Hkv) * D, seed=4)
+    q = qkv[..., : H * D].view(B, T, H, D).transpose(1, 2)
+    k = qkv[..., H * D: (H + Hkv) * D].view(B, T, Hkv, D).transpose(1, 2)
+    ang = rand(1, 1, T, D // 2, seed=5)
+    oq, ok = tri.rotary(q, k, ang.cos(), ang.sin())
+    eq, ek = ref.rotary(q, k, ang.cos(), ang.sin())
+    close(oq, eq), close(ok, ek)
+
+
+# ---------------------------------------------------------------- linear
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M,K,N", [(1, 33, 37), (5, 7, 70), (70, 40, 19)])  # decode, mid, prefill configs
+def test_linear(tri, dtype, M, K, N):
+    x, w, b = rand(M, K, dtype=dtype, seed=1), rand(N, K, dtype=dtype, seed=2), rand(N, dtype=dtype, seed=3)
+    close(tri.linear(x, w, b), ref.linear(x, w, b))
+    close(tri.linear(x, w), ref.linear(x, w))
+
+
+def test_linear_strided_and_batched(tri):
+    xb = rand(2, 3, 50, seed=4)
+    x = xb[..., 5:38]  # [2, 3, 33] with row stride 50
+    wt = rand(33, 21, seed=5).t()  # [21, 33] weight stored transposed: strides (1, 21)
+    b = rand(21, seed=6)
+    close(tri.linear(x, wt, b), ref.linear(x, wt, b))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M,K,N", [(1, 33, 37), (3, 130, 20), (20, 64, 45)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_int8(tri, dtype, M, K, N, with_bias):
+    g = torch.Generator().manual_seed(M * K + N)
+    w = torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=g)
+    scale = (torch.rand(N, generator=g) * 0.02 + 0.001).to(dtype)
+    x = rand(1, M, K, dtype=dtype, seed=2)
+    b = rand(N, dtype=dtype, seed=3) if with_bias else None
+    close(tri.linear_int8(x, w, scale, b), ref.linear_int8(x, w, scale, b))
+
+
+def test_linear_int8_rejects_float_weights(tri):
+    with pytest.raises(TypeError, match="int8"):
+        tri.linear_int8(rand(1, 8), rand(4, 8), rand(4))
+
+
+# ---------------------------------------------------------------- attention
+
+ATT_CASES = [
+    # B, H, Hkv, Tq, Tk, D, causal, lengths
+    (2, 4, 2, 5, 5, 24, False, None),  # odd head dim, tiny
+    (1, 6, 3, 7, 70, 64, True, [70]),  # causal with a cache prefix, GQA, lengths = Tk
+    (2, 2, 1, 67, 67, 16, True, None),  # Tq not a multiple of the 64-row query tile
+    (2, 2, 2, 3, 1, 8, False, None),  # one key
+    (1, 2, 1, 4, 9, 128, True, None),  # head dim 128
+    (3, 4, 1, 6, 40, 32, False, [40, 17, 1]),  # padded keys per sequence
+]
+
+
+@pytest.mark.parametrize("B,H,Hkv,Tq,Tk,D,causal,lengths", ATT_CASES)
+def test_attention_prefill_float32(tri, B, H, Hkv, Tq, Tk, D, causal, lengths):
+    q, k, v = rand(B, H, Tq, D, seed=1), rand(B, Hkv, Tk, D, seed=2), rand(B, Hkv, Tk, D, seed=3)
+    L = torch.tensor(lengths) if lengths else None
+    close(tri.attention(q, k, v, causal=causal, lengths=L), ref.attention(q, k, v, causal=causal, lengths=L))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", [ATT_CASES[1], ATT_CASES[2], ATT_CASES[5]])
+def test_attention_prefill_16bit(tri, dtype, case):
+    B, H, Hkv, Tq, Tk, D, causal, lengths = case
+    q, k, v = (rand(B, H, Tq, D, seed=1, dtype=dtype), rand(B, Hkv, Tk, D, seed=2, dtype=dtype),
+               rand(B, Hkv, Tk, D, seed=3, dtype=dtype))
+    L = torch.tensor(lengths) if lengths else None
+    close(tri.attention(q, k, v, causal=causal, lengths=L), ref.attention(q, k, v, causal=causal, lengths=L))
+
+
+def test_attention_scale_and_strided_qkv(tri):
+    # q, k, v as views of Whisper's fused qkv projection [B, T, 3, H, D] -> [B, H, T, D]
+    B, T, H, D = 2, 9, 3, 16
+    qkv = rand(B, T, 3 * H * D, seed=4).view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv[0], qkv[1], qkv[2]
+    assert not q.is_contiguous()
+    close(tri.attention(q, k, v, scale=0.3), ref.attention(q, k, v, scale=0.3))
+    close(tri.attention(q, k, v, causal=True), ref.attention(q, k, v, causal=True))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_attention_padded_cache(tri, dtype):
+    # one query per sequence over a [B, Hkv, 256, D] cache of which the first 150 slots are in use,
+    # sequences of lengths 150, 1 and 77: split along the keys, merged by log-sum-exp
+    B, H, Hkv, D, Tmax, Tk = 3, 6, 3, 64, 256, 150
+    kc, vc = rand(B, Hkv, Tmax, D, dtype=dtype, seed=2), rand(B, Hkv, Tmax, D, dtype=dtype, seed=3)
+    k, v = kc[:, :, :Tk], vc[:, :, :Tk]
+    q = rand(B, H, 1, D, dtype=dtype, seed=1)
+    L = torch.tensor([150, 1, 77])
+    exp = ref.attention(q, k, v, causal=True, lengths=L)
+    close(tri.attention(q, k, v, causal=True, lengths=L), exp)
+    close(tri.attention(q, k, v, causal=False, lengths=L), exp)
+    close(tri.attention(q, k, v), ref.attention(q, k, v))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("H,Hkv,D", [(6, 6, 64), (5, 1, 24), (8, 2, 128), (3, 3, 8)])
+def test_decode_attention_heads_and_dims(tri, dtype, H, Hkv, D):
+    """Per-head kernel (H == Hkv) and grouped kernel (query heads sharing a key/value head), head dims
+    that are not powers of two or below the 16-wide tile, sequences of different lengths."""
+    B, Tk = 2, 37
+    q = rand(B, H, 1, D, dtype=dtype, seed=1)
+    k, v = rand(B, Hkv, Tk, D, dtype=dtype, seed=2), rand(B, Hkv, Tk, D, dtype=dtype, seed=3)
+    L = torch.tensor([37, 20])
+    close(tri.attention(q, k, v, causal=True, lengths=L), ref.attention(q, k, v, causal=True, lengths=L))
+    close(tri.attention(q, k, v, scale=0.05), ref.attention(q, k, v, scale=0.05))
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 5])
+def test_decode_attention_split_counts(num_splits):
+    from speechrt.kernels.triton_decode_attention import decode_attention
+
+    B, H, Hkv, D, Tk = 2, 4, 1, 40, 300  # head dim 40 (not a power of two), GQA 4:1
+    q, k, v = rand(B, H, 1, D, seed=1), rand(B, Hkv, Tk, D, seed=2), rand(B, Hkv, Tk, D, seed=3)
+    L = torch.tensor([300, 123])
+    close(decode_attention(q, k, v, lengths=L, num_splits=num_splits), ref.attention(q, k, v, lengths=L))
+
+
+def test_decode_attention_empty_sequence_gives_zeros():
+    """A sequence with no valid key (length 0) gets zeros, not NaN (the reference has no defined
+    output there); the other sequences are unaffected."""
+    from speechrt.kernels.triton_decode_attention import decode_attention
+
+    q, k, v = rand(2, 2, 1, 16, seed=1), rand(2, 2, 50, 16, seed=2), rand(2, 2, 50, 16, seed=3)
+    out = decode_attention(q, k, v, lengths=torch.tensor([0, 50]), num_splits=3)
+    assert torch.isfinite(out).all()
+    assert out[0].abs().max() == 0
+    close(out[1:], ref.attention(q[1:], k[1:], v[1:]))
+
+
+def test_attention_rejects_bad_shapes(tri):
+    with pytest.raises(ValueError, match="not a multiple"):
+        tri.attention(rand(1, 5, 2, 8), rand(1, 2, 2, 8), rand(1, 2, 2, 8))
+    with pytest.raises(ValueError, match="do not match"):
+        tri.attention(rand(1, 2, 2, 8), rand(1, 2, 2, 16), rand(1, 2, 2, 16))
