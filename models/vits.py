@@ -508,11 +508,26 @@ class Generator(nn.Module):
 
 # --------------------------------------------------------------------------------------------------- VITS
 
+def with_vits_ops(ops):
+    """`ops` (a kernels.KernelSet) plus the VITS-only ops it lacks (kernels.reference.VITS_OPS: convolutions
+    and relative-position attention), taken from the reference."""
+    from speechrt.kernels import KernelSet
+    from speechrt.kernels.reference import VITS_OPS
+
+    missing = {k: f for k, f in VITS_OPS.items() if k not in ops}
+    if not missing:
+        return ops
+    names = ops.names()
+    return KernelSet(ops.impl, ops.device, {**{n: getattr(ops, n) for n in names}, **missing},
+                     {**ops.sources, **{k: "torch" for k in missing}})
+
+
 class VITS(nn.Module):
-    """Inference-only VITS. `ops` is a kernels.KernelSet."""
+    """Inference-only VITS. `ops` is a kernels.KernelSet (the VITS-only ops are added if it lacks them)."""
 
     def __init__(self, config: VitsConfig, ops):
         super().__init__()
+        ops = with_vits_ops(ops)
         c = self.config = config
         self.enc_p = TextEncoder(ops, c)
         self.dp = StochasticDurationPredictor(ops, c) if c.use_sdp else DurationPredictor(ops, c)

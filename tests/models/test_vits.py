@@ -17,7 +17,7 @@ from speechrt import kernels
 from speechrt.models.piper_loader import config_from_weights, load_vits, read_onnx_weights
 from speechrt.models.registry import ModelError, resolve
 from speechrt.models.tts_text import TextFrontEnd
-from speechrt.models.vits import PRESETS
+from speechrt.models.vits import PRESETS, with_vits_ops
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -204,7 +204,7 @@ def test_relative_attention_op_matches_vits(T):
     with torch.no_grad():
         expected = ref(x, x, mask)
         q, k, v = (conv(x).view(1, H, C // H, T).transpose(2, 3) for conv in (ref.conv_q, ref.conv_k, ref.conv_v))
-        out = kernels.select("torch").relative_attention(q, k, v, ref.emb_rel_k, ref.emb_rel_v, mask)
+        out = with_vits_ops(kernels.select("torch")).relative_attention(q, k, v, ref.emb_rel_k, ref.emb_rel_v, mask)
         out = ref.conv_o(out.transpose(2, 3).reshape(1, C, T))
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
@@ -240,3 +240,12 @@ def test_other_voice_through_the_api_on_both_backends(exported_voice):
         t.synthesize_array("Hi.", speaker=3)
     with pytest.raises(UserError, match="unknown speaker 'z'.*a, b, c"):
         t.synthesize_array("Hi.", speaker="z")
+
+
+def test_vits_ops_join_any_kernel_set():
+    base = kernels.select("torch")
+    assert "conv1d" not in base  # kernel sets hold the ops that have Triton versions
+    ops = with_vits_ops(base)
+    assert {"conv1d", "conv_transpose1d", "relative_attention", "layer_norm", "gelu", "linear"} <= set(ops.names())
+    assert ops.sources["conv1d"] == "torch" and ops.layer_norm is base.layer_norm
+    assert with_vits_ops(ops) is ops
