@@ -458,15 +458,21 @@ class ResBlock(nn.Module):
             self.convs = mk()
 
     def forward(self, x):
+        """x [B, C, T] -> [B, C, T], a new tensor (x is shared by the stage's parallel blocks: never written)."""
         conv, k = self.ops.conv1d, self.k
+        out = None
         if self.kind == "1":
             for c1, c2, d in zip(self.convs1, self.convs2, self.dilations):
-                xt = conv(x, c1.weight, c1.bias, padding=d * (k - 1) // 2, dilation=d, pre_slope=LRELU_SLOPE)
-                x = x + conv(xt, c2.weight, c2.bias, padding=(k - 1) // 2, pre_slope=LRELU_SLOPE)
+                src = x if out is None else out
+                xt = conv(src, c1.weight, c1.bias, padding=d * (k - 1) // 2, dilation=d, pre_slope=LRELU_SLOPE)
+                y = conv(xt, c2.weight, c2.bias, padding=(k - 1) // 2, pre_slope=LRELU_SLOPE)
+                out = x + y if out is None else out.add_(y)  # residual in place once it is our own tensor
         else:
             for c, d in zip(self.convs, self.dilations):
-                x = x + conv(x, c.weight, c.bias, padding=d * (k - 1) // 2, dilation=d, pre_slope=LRELU_SLOPE)
-        return x
+                src = x if out is None else out
+                y = conv(src, c.weight, c.bias, padding=d * (k - 1) // 2, dilation=d, pre_slope=LRELU_SLOPE)
+                out = x + y if out is None else out.add_(y)
+        return out
 
 
 class Generator(nn.Module):
@@ -498,10 +504,10 @@ class Generator(nn.Module):
             k = up.kernel_size[0]
             x = ops.conv_transpose1d(x, up.weight, up.bias, u, (k - u) // 2, pre_slope=LRELU_SLOPE)
             blocks = self.resblocks[i * nk:(i + 1) * nk]
-            xs = blocks[0](x)
+            xs = blocks[0](x)  # a new tensor: the sum accumulates in place
             for rb in blocks[1:]:
-                xs = xs + rb(x)
-            x = xs / nk
+                xs.add_(rb(x))
+            x = xs.div_(nk)
         x = ops.conv1d(x, self.conv_post.weight, None, padding=3, pre_slope=0.01)  # F.leaky_relu default slope
         return torch.tanh(x)
 
