@@ -1,13 +1,15 @@
 """The `onnxruntime` backend: a model's ONNX graph as shipped, run by ONNX Runtime with the execution
 providers for the device (CPU; CUDA or TensorRT on NVIDIA; MIGraphX or ROCm on AMD).
 
-TTS: the Piper voice graph is cut, unchanged, at the generator's input into two sessions — the text encoder,
-durations, prior and flow (`latent`) and the HiFi-GAN generator (`vocode`) — so the shared streaming code
-can vocode windows of a sentence. `run_graph` runs the whole graph in one session, as Piper does.
+TTS: the Piper voice graph is cut, unchanged, into three sessions — text encoder, durations and prior
+sample; the reverse flow; the HiFi-GAN generator — so that, as with the torch runner, the flow runs on the
+first windows' frames before the first audio and on the rest in the background, and the shared streaming
+code vocodes windows of a sentence. `run_graph` runs the whole graph in one session, as Piper does.
 """
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import onnxruntime as ort
@@ -66,36 +68,79 @@ def session(model_or_bytes, providers) -> ort.InferenceSession:
     return ort.InferenceSession(data, sess_options=so, providers=providers)
 
 
-def split_at_generator(model):
-    """Cut a Piper graph at the generator's inputs -> (prefix ModelProto, decoder ModelProto, cut names).
+def _module_inputs(model, prefix: str) -> list[str]:
+    """Tensors that the nodes of module `prefix` ('/dec/', '/flow/') consume from outside it: not produced
+    by the module, not initializers, and not computed from the module's own outputs (unnamed nodes that
+    torch.onnx leaves between a module's named nodes, e.g. the WaveNet gates)."""
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    producer = {o: n for n in g.node for o in n.output}
+    mod = [n for n in g.node if n.name.startswith(prefix)]
+    inside = {o for n in mod for o in n.output}
 
-    The generator's inputs are the tensors that nodes named /dec/... consume but do not produce themselves
-    and that are not initializers: z (the masked flow output) and, in multi-speaker voices, the speaker
-    embedding. The first cut name is always z (the input of /dec/conv_pre/Conv).
-    """
+    def depends_on_module(t, seen):
+        n = producer.get(t)
+        if n is None or t in seen:
+            return False
+        seen.add(t)
+        return any(i in inside or depends_on_module(i, seen) for i in n.input if i)
+
+    out = []
+    for n in mod:
+        for i in n.input:
+            if i and i not in inside and i not in inits and i not in out and not depends_on_module(i, set()):
+                out.append(i)
+    return out
+
+
+def split_graph(model):
+    """Cut a Piper graph, unchanged, into (prefix, flow, generator) ModelProtos around the reverse flow
+    and the HiFi-GAN generator -> (prefix, flow, dec, flow_cuts, dec_cuts).
+
+    dec_cuts[0] is z (the input of /dec/conv_pre/Conv), flow_cuts[0] the flow's sample z_p, the others the
+    masks and speaker embedding they also read. `flow` is None where the flow cannot be cut out cleanly
+    (then the prefix runs up to z)."""
+    import onnx
     from onnx.utils import Extractor
 
     g = model.graph
     inits = {t.name for t in g.initializer}
-    dec_nodes = [n for n in g.node if n.name.startswith("/dec/")]
-    produced = {o for n in dec_nodes for o in n.output}
-    pre = next((n for n in dec_nodes if n.name == "/dec/conv_pre/Conv"), None)
+    pre = next((n for n in g.node if n.name == "/dec/conv_pre/Conv"), None)
     if pre is None:
         raise ValueError("no /dec/conv_pre/Conv node")
-    cuts = [pre.input[0]]
-    for n in dec_nodes:
-        for i in n.input:
-            if i and i not in produced and i not in inits and i not in cuts:
-                cuts.append(i)
+    dec_cuts = [pre.input[0]] + [t for t in _module_inputs(model, "/dec/") if t != pre.input[0]]
+    flow_cuts = _module_inputs(model, "/flow/")
     graph_inputs = [i.name for i in g.input if i.name not in inits]
     outputs = [o.name for o in g.output][:1]
+    # the Extractor needs a value_info for each cut; shape inference does not always produce one
+    # (dynamic shapes), and the cuts are float activations of any shape
+    model = onnx.shape_inference.infer_shapes(model)
+    known = {v.name for v in model.graph.value_info}
+    for name in dec_cuts + flow_cuts:
+        if name not in known:
+            model.graph.value_info.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
     ex = Extractor(model)
-    return ex.extract_model(graph_inputs, cuts), ex.extract_model(cuts, outputs), cuts
+    dec = ex.extract_model(dec_cuts, outputs)
+    flow = None
+    if flow_cuts:
+        try:
+            flow = ex.extract_model(flow_cuts, dec_cuts[:1])
+            if {i.name for i in flow.graph.input} - set(flow_cuts):
+                flow = None  # the flow reads more than its cut inputs (e.g. text-side tensors): no clean cut
+        except Exception as e:  # noqa: BLE001 - any failure means: do not cut here
+            log.info("onnxruntime TTS: flow not cut out (%s); the prefix runs it", e)
+            flow = None
+    if flow is None:
+        flow_cuts = []
+    head = flow_cuts + [t for t in dec_cuts[1:] if t not in flow_cuts] if flow is not None else dec_cuts
+    prefix = ex.extract_model(graph_inputs, head)
+    return prefix, flow, dec, flow_cuts, dec_cuts
 
 
 class OrtTTSRunner(TTSRunner):
     def __init__(self, path, providers):
-        from speechrt.models.piper_loader import config_from_weights, load_onnx, read_onnx_weights, voice_paths, VoiceConfig
+        from speechrt.models.piper_loader import (VoiceConfig, check_voice, config_from_weights, load_onnx,
+                                                 read_onnx_weights, voice_paths)
         from speechrt.models.registry import ModelError
 
         onnx_path, json_path = voice_paths(path)
@@ -105,6 +150,7 @@ class OrtTTSRunner(TTSRunner):
             cfg = config_from_weights(read_onnx_weights(model))
         except ModelError as e:
             raise ModelError(f"{onnx_path}: {e}") from None
+        check_voice(self.voice, cfg, onnx_path)
         self.config = cfg
         self.sample_rate = self.voice.sample_rate
         self.hop_length = cfg.hop_length
@@ -112,9 +158,13 @@ class OrtTTSRunner(TTSRunner):
         self.providers = providers
         self.path = onnx_path
         self.input_names = {i.name for i in model.graph.input}
-        prefix, dec, self.cuts = split_at_generator(model)
+        prefix, flow, dec, self.flow_cuts, self.cuts = split_graph(model)
         self.prefix = session(prefix, providers)
+        self.head_names = [o.name for o in prefix.graph.output]
+        self.flow = session(flow, providers) if flow is not None else None
         self.dec = session(dec, providers)
+        self.flow_context = cfg.flow_context()
+        self._bg = ThreadPoolExecutor(1, thread_name_prefix="speechrt-ort-flow")
         self._full = None
         log.info("onnxruntime TTS: %s on %s", onnx_path.name, self.dec.get_providers())
 
@@ -129,12 +179,34 @@ class OrtTTSRunner(TTSRunner):
     def latent(self, phoneme_ids, options) -> Latent:
         # options.seed cannot reach the graph's RandomNormalLike nodes; only noise scales of 0 are reproducible
         o = options.resolved(self.voice)
-        outs = self.prefix.run(self.cuts, self._feed(phoneme_ids, o))
-        return Latent(torch.from_numpy(outs[0]), outs[1:])
+        outs = dict(zip(self.head_names, self.prefix.run(self.head_names, self._feed(phoneme_ids, o))))
+        cond = [outs[n] for n in self.cuts[1:]]
+        if self.flow is None:
+            return Latent(torch.from_numpy(outs[self.cuts[0]]), (cond, None, None))
+        # as in the torch runner: the flow now on the frames the first two windows read, the rest in the
+        # background while they are vocoded (the flow's receptive field is its context)
+        fin = [outs[n] for n in self.flow_cuts]
+        F = fin[0].shape[-1]
+        head = min(F, 3 * options.first_chunk_frames + self.context_frames)
+        z = torch.empty(fin[0].shape[:-1] + (F,), dtype=torch.float32)
+        self._flow_into(z, fin, 0, head)
+        rest = self._bg.submit(self._flow_into, z, fin, head, F) if head < F else None
+        return Latent(z, (cond, rest, head))
+
+    def _flow_into(self, z, fin, start, end):
+        c, F = self.flow_context, z.shape[-1]
+        lo, hi = max(0, start - c), min(F, end + c)
+        # every flow input is [1, C, F] along time except the speaker embedding [1, C, 1]
+        feed = {n: np.ascontiguousarray(v[..., lo:hi] if v.shape[-1] == F else v) for n, v in zip(self.flow_cuts, fin)}
+        out = self.flow.run(None, feed)[0]
+        z[:, :, start:end] = torch.from_numpy(out[:, :, start - lo:end - lo])
 
     def vocode(self, latent: Latent, start: int, end: int) -> torch.Tensor:
+        cond, rest, ready = latent.cond
+        if rest is not None and end > ready:
+            rest.result()
         feed = {self.cuts[0]: np.ascontiguousarray(latent.z[:, :, start:end].numpy())}
-        for name, v in zip(self.cuts[1:], latent.cond):
+        for name, v in zip(self.cuts[1:], cond):
             feed[name] = v
         return torch.from_numpy(self.dec.run(None, feed)[0].reshape(-1))
 

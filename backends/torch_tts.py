@@ -16,7 +16,9 @@ class TorchTTSRunner(TTSRunner):
     count at build time): the text encoder and flow on one, and independent vocoder windows side by side.
     Window-level parallelism keeps every core busy without OpenMP barriers, which stall whenever another
     process holds a core (two-thread ops ran 5-20x slower on a shared 2-core machine; one-thread workers did
-    not). On a GPU everything runs on the calling thread."""
+    not). The flow runs at once only on the frames the first window needs; the rest of it is the first task
+    queued behind, so a window that waits for it never waits on a task that has not started (no deadlock,
+    whatever the number of workers or concurrent sentences). On a GPU everything runs on the calling thread."""
 
     def __init__(self, model, voice, device: torch.device, dtype: torch.dtype, threads: int | None = None):
         self.model, self.voice, self.device, self.dtype = model, voice, device, dtype
@@ -24,6 +26,7 @@ class TorchTTSRunner(TTSRunner):
         self.sample_rate = voice.sample_rate
         self.hop_length = model.config.hop_length
         self.context_frames = model.config.vocoder_context()
+        self.flow_context = model.config.flow_context()
         self.parallel = 1
         self._pool = None
         if device.type == "cpu":
@@ -58,13 +61,38 @@ class TorchTTSRunner(TTSRunner):
         # durations and the flow run in float32 whatever the vocoder's dtype: the spline inverse and
         # ceil(exp(logw)) are sensitive to rounding, and these parts are cheap
         m, logs = self.model.prior(ids, o.length_scale, o.noise_w, g=g, generator=gen)
-        z = self.model.latent(m, logs, o.noise_scale, g=g, generator=gen)
-        return Latent(z, g)
+        z_p = m
+        if o.noise_scale:
+            z_p = m + torch.randn(m.shape, device=m.device, dtype=m.dtype, generator=gen) * torch.exp(logs) * o.noise_scale
+        F = z_p.shape[-1]
+        # frames the first two windows (first, 2*first) read, context included: both can start at once
+        head = min(F, 3 * options.first_chunk_frames + self.context_frames)
+        if self._pool is None or head >= F:
+            return Latent(self._flow(z_p, 0, F, g), (g, None, F))
+        # The flow has a finite receptive field: run it now on the head only and on the rest in the
+        # background, side by side with the first windows' vocoding.
+        z = torch.empty_like(z_p)
+        z[:, :, :head] = self._flow(z_p, 0, head, g)
+        rest = self._pool.submit(self._flow_into, z, z_p, head, F, g)
+        return Latent(z, (g, rest, head))
+
+    @torch.inference_mode()
+    def _flow(self, z_p, start, end, g):
+        """Reverse flow on frames [start, end) of z_p, computed with flow_context frames of context."""
+        c = self.flow_context
+        lo, hi = max(0, start - c), min(z_p.shape[-1], end + c)
+        return self.model.flow.reverse(z_p[:, :, lo:hi], torch.ones_like(z_p[:, :1, lo:hi]), g=g)[:, :, start - lo:end - lo]
+
+    @torch.inference_mode()
+    def _flow_into(self, z, z_p, start, end, g):
+        z[:, :, start:end] = self._flow(z_p, start, end, g)
 
     @torch.inference_mode()
     def vocode(self, latent: Latent, start: int, end: int) -> torch.Tensor:
+        g, rest, ready = latent.cond
+        if end > ready:
+            rest.result()  # the background flow, submitted before any window: already running or done
         z = latent.z[:, :, start:end]
-        g = latent.cond
         if self.dtype != torch.float32:
             z = z.to(self.dtype)
             g = None if g is None else g.to(self.dtype)

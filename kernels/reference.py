@@ -217,6 +217,12 @@ OPS = {
     "linear_int8": linear_int8,
     "pack_int4": pack_int4,
     "linear_int4": linear_int4,
+}
+
+# Ops only the VITS model uses. Their fast path on a GPU is the vendor convolution library (cuDNN, MIOpen;
+# oneDNN on the CPU), not a Triton kernel, so they are kept out of OPS (a 'triton' kernel set stays all
+# Triton); models.vits.with_vits_ops() adds them to whatever kernel set the model is built with.
+VITS_OPS = {
     "conv1d": conv1d,
     "conv_transpose1d": conv_transpose1d,
     "relative_attention": relative_attention,

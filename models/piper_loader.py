@@ -225,6 +225,17 @@ def config_from_weights(w: OnnxWeights, n_vocab_hint: int | None = None) -> Vits
         upsample_kernel_sizes=ups_k, n_speakers=n_speakers, gin_channels=gin)
 
 
+def check_voice(voice: VoiceConfig, cfg: VitsConfig, path) -> None:
+    """The .onnx.json must fit the network: phoneme ids inside its vocabulary, the same speaker count."""
+    top = max((i for ids in voice.phoneme_id_map.values() for i in ids), default=0)
+    if top >= cfg.n_vocab:
+        raise ModelError(f"{path}: phoneme_id_map uses id {top} but the network has {cfg.n_vocab} symbols; "
+                         "the .onnx.json does not belong to this .onnx")
+    if max(voice.num_speakers, 1) != cfg.n_speakers:
+        raise ModelError(f"{path}: the .onnx.json says {voice.num_speakers} speakers, the network has "
+                         f"{cfg.n_speakers}; the .onnx.json does not belong to this .onnx")
+
+
 def load_vits(path: Path, ops, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
     """A Piper voice .onnx -> (VITS in eval mode on `device`, VoiceConfig)."""
     onnx_path, json_path = voice_paths(path)
@@ -236,6 +247,7 @@ def load_vits(path: Path, ops, device: torch.device | str = "cpu", dtype: torch.
         cfg = config_from_weights(w)
     except ModelError as e:
         raise ModelError(f"{onnx_path}: {e}") from None
+    check_voice(voice, cfg, onnx_path)
     model = VITS(cfg, ops)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(w.state))

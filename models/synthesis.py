@@ -69,12 +69,22 @@ class SynthesisOptions:
                        noise_w=voice.noise_w if self.noise_w is None else self.noise_w)
 
 
-def windows(frames: int, first: int, largest: int) -> list[tuple[int, int]]:
-    """[start, end) frame windows covering `frames`, sizes first, 2*first, ... up to `largest`; a short tail
-    (under `first` frames) is merged into the window before it."""
+def windows(frames: int, first: int, largest: int, parallel: int = 1) -> list[tuple[int, int]]:
+    """[start, end) frame windows covering `frames`: sizes first, 2*first, ... (the first audio comes early
+    and each window has the time the previous ones play to get decoded) up to `largest`. Once the rest fits
+    in `parallel` windows of at most `largest` frames — or a multiple of that — it is split evenly, so
+    parallel workers finish together; a short tail (under `first` frames) joins the window before it."""
     out, a, size = [], 0, first
     while a < frames:
-        b = min(frames, a + size)
+        rest = frames - a
+        if size >= largest or rest <= parallel * size:
+            n = max(parallel, -(-rest // largest))  # even split of the rest
+            n = -(-n // parallel) * parallel if parallel > 1 else n
+            n = max(1, min(n, rest // (2 * first)))  # windows of at least 2*first frames
+            bounds = [a + round(i * rest / n) for i in range(n + 1)]
+            out += list(zip(bounds[:-1], bounds[1:]))
+            break
+        b = a + size
         if frames - b < first:
             b = frames
         out.append((a, b))
@@ -88,27 +98,31 @@ def stream_latent(runner, latent, options: SynthesisOptions) -> Iterator[torch.T
     xf = min(options.crossfade, ctx * hop)
     ramp = None
     tail = None  # the previous window's last `xf` samples, which overlap the next window's first
-    wins = windows(F, options.first_chunk_frames, options.max_chunk_frames)
     ahead = max(1, runner.parallel)
+    wins = windows(F, options.first_chunk_frames, options.max_chunk_frames, ahead)
     pending = collections.deque()  # futures of the next windows, submitted in order
-    for k, (a, b) in enumerate(wins):
-        while len(pending) < ahead and k + len(pending) < len(wins):
-            pa, pb = wins[k + len(pending)]
-            pending.append(runner.vocode_async(latent, max(0, pa - ctx), min(F, pb + ctx)))
-        lo, hi = max(0, a - ctx), min(F, b + ctx)
-        audio = pending.popleft().result()
-        last = b == F
-        s0 = (a - lo) * hop
-        s1 = (b - lo) * hop + (0 if last else xf)
-        seg = audio[s0:s1].clone()
-        if tail is not None and xf:
-            if ramp is None:
-                ramp = 0.5 - 0.5 * torch.cos(torch.linspace(0, math.pi, xf + 2)[1:-1])  # 0 -> 1, sums to 1
-            seg[:xf] = tail * (1 - ramp) + seg[:xf] * ramp
-        if not last and xf:
-            tail = seg[-xf:]
-            seg = seg[:-xf]
-        yield seg
+    try:
+        for k, (a, b) in enumerate(wins):
+            while len(pending) < ahead and k + len(pending) < len(wins):
+                pa, pb = wins[k + len(pending)]
+                pending.append(runner.vocode_async(latent, max(0, pa - ctx), min(F, pb + ctx)))
+            lo = max(0, a - ctx)
+            audio = pending.popleft().result()
+            last = b == F
+            s0 = (a - lo) * hop
+            s1 = (b - lo) * hop + (0 if last else xf)
+            seg = audio[s0:s1].clone()
+            if tail is not None and xf:
+                if ramp is None:
+                    ramp = 0.5 - 0.5 * torch.cos(torch.linspace(0, math.pi, xf + 2)[1:-1])  # 0 -> 1, sums to 1
+                seg[:xf] = tail * (1 - ramp) + seg[:xf] * ramp
+            if not last and xf:
+                tail = seg[-xf:]
+                seg = seg[:-xf]
+            yield seg
+    finally:  # a consumer that stops early (barge-in) leaves no windows queued
+        for f in pending:
+            f.cancel()
     if options.sentence_silence:
         yield torch.zeros(int(options.sentence_silence * runner.sample_rate))
 

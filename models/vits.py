@@ -59,6 +59,13 @@ class VitsConfig:
     def hop_length(self) -> int:
         return math.prod(self.upsample_rates)
 
+    def flow_context(self) -> int:
+        """Latent frames each side that the reverse flow's output at a frame depends on (its WaveNet stacks;
+        the coupling 1x1 convs and flips are pointwise in time), plus one of margin."""
+        per_layer = sum(self.flow_dilation_rate ** i * (self.flow_kernel_size - 1) // 2
+                        for i in range(self.flow_n_layers))
+        return self.flow_n_flows * per_layer + 1
+
     def vocoder_context(self) -> int:
         """Latent frames each side of a window that the generator's output inside the window depends on.
 
@@ -451,15 +458,21 @@ class ResBlock(nn.Module):
             self.convs = mk()
 
     def forward(self, x):
+        """x [B, C, T] -> [B, C, T], a new tensor (x is shared by the stage's parallel blocks: never written)."""
         conv, k = self.ops.conv1d, self.k
+        out = None
         if self.kind == "1":
             for c1, c2, d in zip(self.convs1, self.convs2, self.dilations):
-                xt = conv(x, c1.weight, c1.bias, padding=d * (k - 1) // 2, dilation=d, pre_slope=LRELU_SLOPE)
-                x = x + conv(xt, c2.weight, c2.bias, padding=(k - 1) // 2, pre_slope=LRELU_SLOPE)
+                src = x if out is None else out
+                xt = conv(src, c1.weight, c1.bias, padding=d * (k - 1) // 2, dilation=d, pre_slope=LRELU_SLOPE)
+                y = conv(xt, c2.weight, c2.bias, padding=(k - 1) // 2, pre_slope=LRELU_SLOPE)
+                out = x + y if out is None else out.add_(y)  # residual in place once it is our own tensor
         else:
             for c, d in zip(self.convs, self.dilations):
-                x = x + conv(x, c.weight, c.bias, padding=d * (k - 1) // 2, dilation=d, pre_slope=LRELU_SLOPE)
-        return x
+                src = x if out is None else out
+                y = conv(src, c.weight, c.bias, padding=d * (k - 1) // 2, dilation=d, pre_slope=LRELU_SLOPE)
+                out = x + y if out is None else out.add_(y)
+        return out
 
 
 class Generator(nn.Module):
@@ -491,21 +504,36 @@ class Generator(nn.Module):
             k = up.kernel_size[0]
             x = ops.conv_transpose1d(x, up.weight, up.bias, u, (k - u) // 2, pre_slope=LRELU_SLOPE)
             blocks = self.resblocks[i * nk:(i + 1) * nk]
-            xs = blocks[0](x)
+            xs = blocks[0](x)  # a new tensor: the sum accumulates in place
             for rb in blocks[1:]:
-                xs = xs + rb(x)
-            x = xs / nk
+                xs.add_(rb(x))
+            x = xs.div_(nk)
         x = ops.conv1d(x, self.conv_post.weight, None, padding=3, pre_slope=0.01)  # F.leaky_relu default slope
         return torch.tanh(x)
 
 
 # --------------------------------------------------------------------------------------------------- VITS
 
+def with_vits_ops(ops):
+    """`ops` (a kernels.KernelSet) plus the VITS-only ops it lacks (kernels.reference.VITS_OPS: convolutions
+    and relative-position attention), taken from the reference."""
+    from speechrt.kernels import KernelSet
+    from speechrt.kernels.reference import VITS_OPS
+
+    missing = {k: f for k, f in VITS_OPS.items() if k not in ops}
+    if not missing:
+        return ops
+    names = ops.names()
+    return KernelSet(ops.impl, ops.device, {**{n: getattr(ops, n) for n in names}, **missing},
+                     {**ops.sources, **{k: "torch" for k in missing}})
+
+
 class VITS(nn.Module):
-    """Inference-only VITS. `ops` is a kernels.KernelSet."""
+    """Inference-only VITS. `ops` is a kernels.KernelSet (the VITS-only ops are added if it lacks them)."""
 
     def __init__(self, config: VitsConfig, ops):
         super().__init__()
+        ops = with_vits_ops(ops)
         c = self.config = config
         self.enc_p = TextEncoder(ops, c)
         self.dp = StochasticDurationPredictor(ops, c) if c.use_sdp else DurationPredictor(ops, c)

@@ -40,6 +40,22 @@ def run(args):
     tts = load_tts(args.voice, args.backend, args.device)
     controls = dict(rate=args.rate if args.length_scale is None else None, speaker=args.speaker,
                     sample_rate=args.sample_rate, format=args.format)
+    try:
+        stats = _speak(args, tts, opts, controls)
+    except BrokenPipeError:  # `speechrt say ... -o - | head`: the reader left; not an error
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    if args.output != "-":
+        print(f"{args.output}: {stats.audio_seconds:.2f} s of audio in {stats.compute_seconds:.2f} s "
+              f"(real-time factor {stats.rtf:.3f}, first audio after {stats.first_audio_seconds:.3f} s)",
+              file=sys.stderr)
+    return 0
+
+
+def _speak(args, tts, opts, controls):
+    from speechrt.errors import UserError
+
     if args.text in (None, "-"):
         if sys.stdin.isatty():
             print("reading text from stdin (Ctrl-D to end)", file=sys.stderr)
@@ -52,8 +68,4 @@ def run(args):
             raise UserError("nothing to say: stdin was empty")
     else:
         stats = tts.synthesize_to_file(args.text, args.output, opts, normalize=not args.no_normalize, **controls)
-    if args.output != "-":
-        print(f"{args.output}: {stats.audio_seconds:.2f} s of audio in {stats.compute_seconds:.2f} s "
-              f"(real-time factor {stats.rtf:.3f}, first audio after {stats.first_audio_seconds:.3f} s)",
-              file=sys.stderr)
-    return 0
+    return stats

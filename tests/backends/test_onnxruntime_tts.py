@@ -1,5 +1,5 @@
-"""The onnxruntime backend runs the Piper graph as shipped: cut at the generator into two sessions, the pair
-must give exactly what the whole graph gives; the torch backend must agree with it through the same runner
+"""The onnxruntime backend runs the Piper graph as shipped: cut around the flow and the generator into three
+sessions, which must give what the whole graph gives; the torch backend must agree with it through the same runner
 interface; providers are chosen per device with clear errors."""
 from __future__ import annotations
 
@@ -31,12 +31,14 @@ def test_registry_lists_onnxruntime():
 def test_split_graph_equals_whole_graph(runners):
     ort_r, _ = runners
     assert ort_r.cuts == ["/Mul_7_output_0"]  # z * y_mask, the input of /dec/conv_pre/Conv (one speaker: no g)
+    assert ort_r.flow_cuts == ["/Add_output_0", "/Cast_2_output_0"]  # the prior sample z_p and the frame mask
     o = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
     ids = next(TextFrontEnd(ort_r.voice).sentences("Two sessions, one graph."))
     lat = ort_r.latent(ids, o)
     split = ort_r.vocode(lat, 0, lat.frames).numpy()
     whole = ort_r.run_graph(ids, o)
-    assert split.shape == whole.shape and np.abs(split - whole).max() <= 1e-6
+    # the flow runs in two pieces (each with its receptive field as context): equal up to float rounding
+    assert split.shape == whole.shape and np.abs(split - whole).max() <= 1e-4
     assert lat.z.shape[1] == 192 and lat.frames * 256 == len(whole)
 
 

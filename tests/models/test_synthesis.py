@@ -2,11 +2,11 @@
 short window, text arriving token by token, controls (rate, noise, speaker, sample rate, format) and errors."""
 from __future__ import annotations
 
-import io
 import wave
 
 import numpy as np
 import pytest
+import torch
 
 from speechrt.backends.base import TTSRunner
 from speechrt.errors import UserError
@@ -14,6 +14,16 @@ from speechrt.models.synthesis import SynthesisOptions, load_tts, stream_latent,
 
 LONG = ("When the morning train finally pulled into the quiet station, the travelers gathered their heavy bags "
         "and walked slowly toward the old wooden bridge that crossed the river.")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Work called on this thread (direct vocode calls, Whisper) uses one intra-op thread: fast even when
+    other processes share the CPU, where two-thread OpenMP regions stall."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module", params=["torch", "onnxruntime"])
@@ -27,11 +37,16 @@ def torch_tts():
 
 
 def test_windows_cover_and_grow():
-    w = windows(700, 16, 256)
-    assert w[0] == (0, 16) and w[-1][1] == 700
-    assert all(a == b for (_, a), (b, _) in zip(w, w[1:]))  # contiguous
-    assert [b - a for a, b in w][:5] == [16, 32, 64, 128, 256]
+    for parallel in (1, 2):
+        w = windows(700, 16, 256, parallel)
+        sizes = [b - a for a, b in w]
+        assert w[0] == (0, 16) and w[-1][1] == 700
+        assert all(a == b for (_, a), (b, _) in zip(w, w[1:]))  # contiguous
+        assert sizes[:4] == [16, 32, 64, 128] and max(sizes) <= 256
+        tail = sizes[4:]
+        assert len(tail) % parallel == 0 and max(tail) - min(tail) <= 1  # even split: workers finish together
     assert windows(20, 16, 256) == [(0, 20)]  # a short tail joins the window before it
+    assert [b - a for a, b in windows(100, 16, 256, 2)] == [16, 32, 52]  # no window under 2 * first
 
 
 def test_chunked_matches_whole_sentence(tts):
@@ -61,6 +76,24 @@ def test_crossfade_hides_missing_context(torch_tts):
     whole = r.vocode(lat, 0, lat.frames).numpy()
     naive = np.concatenate([r.vocode(lat, a, b).numpy() for a, b in windows(lat.frames, 16, 256)])
     assert np.abs(naive - whole).max() > 1e-2
+
+
+def test_background_flow_equals_whole_flow(torch_tts):
+    """The torch runner runs the flow on the first windows' frames at once and on the rest in the background;
+    with the flow's receptive field as context, the pieces equal the whole-sentence flow."""
+
+
+    r = torch_tts.runner
+    o = torch_tts.options(noise_scale=0.0, noise_w=0.0)
+    ids = next(torch_tts.text.sentences(LONG))
+    lat = r.latent(ids, o)
+    g, rest, head = lat.cond
+    assert rest is not None and head < lat.frames
+    rest.result()
+    with torch.inference_mode():
+        m, logs = r.model.prior(torch.tensor([ids]), o.length_scale, 0.0)
+        whole = r.model.latent(m, logs, 0.0)
+    assert whole.shape == lat.z.shape and (whole - lat.z).abs().max() <= 1e-4
 
 
 class CountingRunner:
@@ -174,3 +207,11 @@ def test_bad_backend_and_voice():
         load_tts(backend="nope")
     with pytest.raises(UserError, match="registered tts models: piper-en_US-joe-medium"):
         load_tts("no-such-voice")
+
+
+def test_stopping_early_cancels_queued_windows(torch_tts):
+    gen = torch_tts.synthesize(LONG)
+    first = next(gen)
+    gen.close()  # a listener barged in
+    assert len(first) == 16 * 256
+    assert len(torch_tts.synthesize_array("Still works afterwards.")) > 22050 * 0.5

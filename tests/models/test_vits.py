@@ -17,7 +17,7 @@ from speechrt import kernels
 from speechrt.models.piper_loader import config_from_weights, load_vits, read_onnx_weights
 from speechrt.models.registry import ModelError, resolve
 from speechrt.models.tts_text import TextFrontEnd
-from speechrt.models.vits import PRESETS
+from speechrt.models.vits import PRESETS, with_vits_ops
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -25,6 +25,16 @@ SENTENCES = [
     "Streaming speech synthesis starts speaking long before the sentence is finished, which keeps latency low.",
     "Hello!",
 ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The model is called directly here (not through the runner's one-thread workers): one intra-op thread
+    keeps these tests fast when other processes share the CPU (OpenMP barriers stall otherwise)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +140,7 @@ def exported_voice(tmp_path_factory):
     torch.manual_seed(0)
     a = ModelAudioConfig.high_quality()
     m = models.SynthesizerTrn(
-        n_vocab=60, spec_channels=65, segment_size=32, inter_channels=32, hidden_channels=48, filter_channels=64,
+        n_vocab=256, spec_channels=65, segment_size=32, inter_channels=32, hidden_channels=48, filter_channels=64,
         n_heads=2, n_layers=2, kernel_size=3, p_dropout=0.0, resblock=a.resblock,
         resblock_kernel_sizes=a.resblock_kernel_sizes, resblock_dilation_sizes=a.resblock_dilation_sizes,
         upsample_rates=a.upsample_rates, upsample_initial_channel=64, upsample_kernel_sizes=a.upsample_kernel_sizes,
@@ -148,14 +158,14 @@ def exported_voice(tmp_path_factory):
     m.forward = infer_forward
     d = tmp_path_factory.mktemp("voice")
     path = d / "xx_XX-test-high.onnx"
-    ids = torch.randint(0, 60, (1, 50))
+    ids = torch.randint(0, 256, (1, 50))
     torch.onnx.export(m, (ids, torch.LongTensor([50]), torch.FloatTensor([0.667, 1.0, 0.8]), torch.LongTensor([0])),
                       str(path), opset_version=15, input_names=["input", "input_lengths", "scales", "sid"],
                       output_names=["output"], dynamo=False,
                       dynamic_axes={"input": {0: "batch_size", 1: "phonemes"}, "input_lengths": {0: "batch_size"},
                                     "output": {0: "batch_size", 2: "time"}})
     cfg = json.loads(resolve("piper-en_US-joe-medium", "tts").path.with_suffix(".onnx.json").read_text())
-    cfg.update(num_symbols=60, num_speakers=3, speaker_id_map={"a": 0, "b": 1, "c": 2})
+    cfg.update(num_symbols=256, num_speakers=3, speaker_id_map={"a": 0, "b": 1, "c": 2})
     (d / (path.name + ".json")).write_text(json.dumps(cfg))
     return path
 
@@ -169,7 +179,7 @@ def test_other_piper_architecture_loads_and_matches(exported_voice):
     sess = ort.InferenceSession(str(exported_voice), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(1)
     for sid in (0, 2):
-        ids = [1, 0] + [int(x) for x in rng.integers(3, 60, 30)] + [2]
+        ids = [1, 0] + [int(x) for x in rng.integers(3, 256, 30)] + [2]
         ref = _ort(sess, ids, sid=sid)
         g = model.speaker(torch.tensor([sid]))
         out = _torch(model, ids, g=g)
@@ -177,3 +187,65 @@ def test_other_piper_architecture_loads_and_matches(exported_voice):
         assert np.abs(out - ref).max() <= 1e-3
     w = read_onnx_weights(exported_voice)
     assert config_from_weights(w) == c
+
+
+@pytest.mark.parametrize("T", [1, 3, 5, 37])
+def test_relative_attention_op_matches_vits(T):
+    """The kernel-set op against VITS's own MultiHeadAttention (pad/reshape formulation), lengths below and
+    above the relative window, with a padded key."""
+    attentions = pytest.importorskip("piper.train.vits.attentions")
+    torch.manual_seed(T)
+    C, H, W = 16, 2, 4
+    ref = attentions.MultiHeadAttention(C, C, H, window_size=W).eval()
+    x = torch.randn(1, C, T)
+    mask = torch.ones(1, 1, T, T)
+    if T > 2:
+        mask[..., -1] = 0  # last key masked
+    with torch.no_grad():
+        expected = ref(x, x, mask)
+        q, k, v = (conv(x).view(1, H, C // H, T).transpose(2, 3) for conv in (ref.conv_q, ref.conv_k, ref.conv_v))
+        out = with_vits_ops(kernels.select("torch")).relative_attention(q, k, v, ref.emb_rel_k, ref.emb_rel_v, mask)
+        out = ref.conv_o(out.transpose(2, 3).reshape(1, C, T))
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_voice_config_must_fit_the_network(exported_voice, tmp_path):
+    bad = tmp_path / exported_voice.name
+    bad.write_bytes(exported_voice.read_bytes())
+    cfg = json.loads(exported_voice.with_suffix(".onnx.json").read_text())
+    (tmp_path / (bad.name + ".json")).write_text(json.dumps(dict(cfg, num_speakers=1)))
+    with pytest.raises(ModelError, match="says 1 speakers, the network has 3"):
+        load_vits(bad, kernels.select("torch"))
+    cfg["phoneme_id_map"]["x"] = [300]
+    (tmp_path / (bad.name + ".json")).write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match="uses id 300 but the network has 256 symbols"):
+        load_vits(bad, kernels.select("torch"))
+
+
+def test_other_voice_through_the_api_on_both_backends(exported_voice):
+    """Multi-speaker voice end to end: speaker names, the onnxruntime graph cut with the speaker embedding as
+    a second generator input, and both backends agreeing through the streaming code."""
+    from speechrt.errors import UserError
+    from speechrt.models.synthesis import load_tts
+
+    t = load_tts(str(exported_voice), backend="torch")
+    o = load_tts(str(exported_voice), backend="onnxruntime")
+    assert len(o.runner.cuts) == 2  # z and the speaker embedding
+    kw = dict(noise_scale=0.0, noise_w=0.0, speaker="b")
+    a, b = t.synthesize_array("Any voice loads.", **kw), o.synthesize_array("Any voice loads.", **kw)
+    assert a.shape == b.shape and np.abs(a - b).max() <= 1e-3
+    c = t.synthesize_array("Any voice loads.", noise_scale=0.0, noise_w=0.0, speaker=0)
+    assert not (c.shape == a.shape and np.allclose(c, a))  # another speaker sounds different
+    with pytest.raises(UserError, match="speakers 0..2"):
+        t.synthesize_array("Hi.", speaker=3)
+    with pytest.raises(UserError, match="unknown speaker 'z'.*a, b, c"):
+        t.synthesize_array("Hi.", speaker="z")
+
+
+def test_vits_ops_join_any_kernel_set():
+    base = kernels.select("torch")
+    assert "conv1d" not in base  # kernel sets hold the ops that have Triton versions
+    ops = with_vits_ops(base)
+    assert {"conv1d", "conv_transpose1d", "relative_attention", "layer_norm", "gelu", "linear"} <= set(ops.names())
+    assert ops.sources["conv1d"] == "torch" and ops.layer_norm is base.layer_norm
+    assert with_vits_ops(ops) is ops
