@@ -37,11 +37,21 @@ def tri():
         return kernels.select("triton", "cpu")
 
 
-def test_select_triton_uses_triton_for_every_op(tri):
-    assert set(tri.sources.values()) == {"triton"}
+HOT_OPS = {"layer_norm", "rms_norm", "gelu", "silu_mul", "linear", "linear_int8", "rotary", "attention"}
+
+
+def test_select_triton_covers_the_hot_ops(tri):
+    """Every hot op is a Triton kernel; an op without one (the int4 CPU path) raises naming itself when
+    called, and the 'auto' set falls back to the reference for exactly those."""
     assert set(tri.names()) == set(ref.OPS)
+    assert {k for k, v in tri.sources.items() if v == "triton"} >= HOT_OPS
+    missing = sorted(k for k, v in tri.sources.items() if v == "missing")
+    for k in missing:
+        with pytest.raises(RuntimeError, match=f"no Triton version of op '{k}'"):
+            getattr(tri, k)()
     auto = kernels.select("auto", "cpu")
-    assert set(auto.sources.values()) == {"triton"}
+    assert {k for k, v in auto.sources.items() if v == "torch"} == set(missing)
+    assert {k for k, v in auto.sources.items() if v == "triton"} >= HOT_OPS
 
 
 # ---------------------------------------------------------------- norms
