@@ -79,13 +79,13 @@ def test_stop_token_max_tokens_and_stop_string(lm):
 
 
 def test_seeded_sampling_is_reproducible_and_varies(lm):
-    kw = dict(max_tokens=16, temperature=1.0, top_p=0.95)
+    kw = dict(max_tokens=8, temperature=1.0, top_p=0.95)
     a = "".join(lm.generate("My favourite animal is", seed=1, **kw))
     assert a == "".join(lm.generate("My favourite animal is", seed=1, **kw))
     others = {"".join(lm.generate("My favourite animal is", seed=s, **kw)) for s in (2, 3, 4)}
     assert len(others | {a}) > 1
     # top_k = 1 leaves only the most likely token: sampling equals greedy
-    assert "".join(lm.chat(PROMPT, max_tokens=10, temperature=0.7, top_k=1, seed=5)) == "".join(lm.chat(PROMPT, max_tokens=10))
+    assert "".join(lm.chat(PROMPT, max_tokens=8, temperature=0.7, top_k=1, seed=5)) == "".join(lm.chat(PROMPT, max_tokens=8))
 
 
 def test_sampler_filters_match_transformers():
@@ -109,8 +109,8 @@ def test_sampler_filters_match_transformers():
 
 
 def test_repetition_penalty_changes_output(lm):
-    a = "".join(lm.generate("one, two, one, two, one,", max_tokens=12))
-    b = "".join(lm.generate("one, two, one, two, one,", max_tokens=12, repetition_penalty=1.8))
+    a = "".join(lm.generate("one, two, one, two, one,", max_tokens=8))
+    b = "".join(lm.generate("one, two, one, two, one,", max_tokens=8, repetition_penalty=1.8))
     assert a != b
 
 
