@@ -46,7 +46,13 @@ class ASRRunner(ABC):
 
 
 class SLMRunner(ABC):
-    """Decoder-only language model with a preallocated, slot-addressed KV cache."""
+    """Decoder-only language model with a preallocated, slot-addressed KV cache.
+
+    `config` has at least `vocab_size` and `max_seq_len`; runners also carry the model's `tokenizer` and
+    `chat_template` (models.llm_text). The cache object is the runner's own, exposing `max_batch` and
+    `max_seq`; each slot holds one sequence, so a scheduler can add and drop sequences between steps
+    (continuous batching).
+    """
 
     config: Any
     device: torch.device
@@ -57,11 +63,14 @@ class SLMRunner(ABC):
 
     @abstractmethod
     def prefill(self, cache: Any, slot: int, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
-        """Run tokens [T] into `slot` at positions start..start+T-1 -> logits [vocab] of the last."""
+        """Run tokens [T] into `slot` at positions start..start+T-1 -> logits [vocab] float32 of the last.
+        start=0 (re)starts the slot; start=n continues a slot that holds n positions."""
 
     @abstractmethod
-    def decode_step(self, cache: Any, slots: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """One token for each of `slots` [N] (sequences of different lengths) -> logits [N, vocab]."""
+    def decode_step(self, cache: Any, slots: list[int] | torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """One token [N] for each of `slots` [N] (distinct slots holding sequences of different lengths;
+        a host list of ints lets the step be planned without waiting on the device) -> logits [N, vocab]
+        float32. Each slot's sequence grows by one position."""
 
 
 @dataclass

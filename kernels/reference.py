@@ -52,9 +52,12 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     q [B, H, T, D], k [B, Hkv, T, D], cos/sin [B or 1, 1, T, D/2] -> rotated (q, k).
     """
     def rot(x):
-        x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
-        xf1, xf2 = x1.float(), x2.float()
-        return torch.cat([xf1 * cos - xf2 * sin, xf2 * cos + xf1 * sin], dim=-1).to(x.dtype)
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    if q.shape[0] == k.shape[0] and q.shape[2:] == k.shape[2:] and q.dtype == k.dtype:
+        # one pass over all H + Hkv heads: half the (tiny, overhead-bound) ops of a decode step
+        qk = rot(torch.cat([q, k], dim=1))
+        return qk[:, : q.shape[1]], qk[:, q.shape[1]:]
     return rot(q), rot(k)
 
 

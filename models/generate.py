@@ -184,8 +184,7 @@ def stream(runner, tokenizer: LMTokenizer, prompts: Sequence[Sequence[int]],
 
     # prefill each prompt into its slot; each row's first token comes from its prefill logits
     first = []
-    for i, p in enumerate(prompts):
-        cache.lengths[i] = 0
+    for i, p in enumerate(prompts):  # start=0 (re)starts slot i
         first.append(runner.prefill(cache, i, torch.tensor(list(p), dtype=torch.long), 0))
     logits = torch.stack(first)
     active = list(range(N))
@@ -210,7 +209,7 @@ def stream(runner, tokenizer: LMTokenizer, prompts: Sequence[Sequence[int]],
                 rest, hit = st.finish()
                 yield StreamEvent(row, text + rest, t, "stop" if hit else "length")
                 continue
-            if cache.lengths[row] + 1 > cache.max_seq:  # context full
+            if len(prompts[row]) + counts[row] > cache.max_seq:  # context full: no position to feed this token at
                 rest, hit = st.finish()
                 yield StreamEvent(row, text + rest, t, "stop" if hit else "length")
                 continue

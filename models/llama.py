@@ -136,11 +136,16 @@ def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
 class Linear(nn.Module):
     """y = x @ W.T with W stored as `fmt` (see WEIGHT_FORMATS); the op comes from the kernel set."""
 
-    def __init__(self, ops, weight: torch.Tensor, fmt: str, device: torch.device, q4=None):
-        """q4: the file's own 4-bit blocks (q, scale, zero) for this weight, used by fmt 'int4'; with
-        fmt 'int4' and no blocks, `q4='quantize'` quantizes the float weight, None falls back to int8."""
+    def __init__(self, ops, weight: torch.Tensor | list[torch.Tensor], fmt: str, device: torch.device, q4=None):
+        """weight [N, K] float, or a list of them to fuse along N. q4: the file's own 4-bit blocks
+        (q, scale, zero) for this weight, used by fmt 'int4'; with fmt 'int4' and no blocks,
+        `q4='quantize'` quantizes the float weight, None falls back to int8."""
         super().__init__()
-        self.out_features, self.in_features = weight.shape
+        if isinstance(q4, tuple):  # the float copy is not needed
+            self.out_features, self.in_features = q4[0].shape
+        else:
+            weight = torch.cat(weight) if isinstance(weight, list) else weight
+            self.out_features, self.in_features = weight.shape
         self.fmt = fmt
         if fmt == "int4" and q4 is not None:
             q, scale, zero = quantize_int4(weight) if isinstance(q4, str) else q4
@@ -150,6 +155,8 @@ class Linear(nn.Module):
             self._op = ops.linear_int4
             self._int8 = True  # (x, weight, scale) call
             return
+        if isinstance(weight, list):
+            weight = torch.cat(weight)
         if fmt == "int4":
             fmt = self.fmt = "int8"
         if fmt == "int8":
@@ -186,9 +193,9 @@ class Block(nn.Module):
                 return tuple(torch.cat([q4[n][i] for n in names]) for i in range(3))
             return None
         # fused projections: [(H + 2 Hkv) * D, dim] and [2 * hidden, dim]
-        self.wqkv = Linear(ops, torch.cat([w["wq"], w["wk"], w["wv"]]), fmt, device, blocks("wq", "wk", "wv"))
+        self.wqkv = Linear(ops, [w["wq"], w["wk"], w["wv"]], fmt, device, blocks("wq", "wk", "wv"))
         self.wo = Linear(ops, w["wo"], fmt, device, blocks("wo"))
-        self.w_gate_up = Linear(ops, torch.cat([w["w_gate"], w["w_up"]]), fmt, device, blocks("w_gate", "w_up"))
+        self.w_gate_up = Linear(ops, [w["w_gate"], w["w_up"]], fmt, device, blocks("w_gate", "w_up"))
         self.w_down = Linear(ops, w["w_down"], fmt, device, blocks("w_down"))
         self.q_size = cfg.n_heads * cfg.head_dim
         self.kv_size = cfg.n_kv_heads * cfg.head_dim

@@ -13,15 +13,22 @@ ignored so every engine does the same work). Batch B runs B different prompts to
 
 TTFT is from token ids to the first sampled token of every sequence of the batch; decode tok/s counts
 every sequence's tokens after the first (aggregate over the batch). Each measurement is repeated and
-the best run is kept (the machine may be shared); engines take turns within each repeat.
+the best run is kept (the machine may be shared), the median is shown beside it.
+
+Each engine runs in its own worker process, within this one command, and the engines take turns (one
+measurement each, round after round), so that they see the same background load. Not one process:
+torch and llama.cpp both keep OpenMP thread pools whose idle threads spin, and in one process each
+engine's pool steals cores from the other's (on 2 cores that halves either one's speed).
 """
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
-from dataclasses import dataclass
 
 PROMPTS = [
     "What is the capital of France?",
@@ -48,15 +55,6 @@ def add_arguments(p):
     p.add_argument("--llama-extra-bufts", action="store_true",
                    help="let llama.cpp use its extra (AMX/repacked) weight buffers; off by default because the "
                         "prebuilt wheel's AMX path dies with SIGILL on CPUs/VMs that do not enable AMX tiles")
-
-
-@dataclass
-class Row:
-    engine: str
-    batch: int
-    ttft: float  # seconds
-    decode_tps: float  # tokens/s over the whole batch
-    note: str = ""
 
 
 class Ours:
@@ -191,6 +189,94 @@ class Transformers:
         return ttft, B * (n - 1) / max(t2 - t1 - ttft, 1e-9)
 
 
+def _chat_prompts(model) -> list[list[int]]:
+    """The benchmark prompts as token ids, rendered by the model's chat template (without loading weights)."""
+    from speechrt.models import gguf_loader, registry
+    from speechrt.models.llm_text import ChatTemplate, LMTokenizer
+
+    rm = registry.resolve(model, "slm")
+    if rm.format == "gguf":
+        md = gguf_loader.metadata(gguf_loader.open_reader(rm.path))
+        tok, template = LMTokenizer.from_gguf_metadata(md, rm.path), md.get("tokenizer.chat_template")
+    else:
+        tok, template = LMTokenizer.from_hf_dir(rm.path)
+    if not template:
+        return [tok.encode(p) for p in PROMPTS]
+    t = ChatTemplate(template, tok.id_to_token(tok.bos_id) if tok.bos_id is not None else "",
+                     tok.id_to_token(tok.eos_id) if tok.eos_id is not None else "")
+    return [tok.encode(t.render([{"role": "user", "content": p}]), add_bos=False) for p in PROMPTS]
+
+
+def _start(spec: dict):
+    """Build one engine (in its worker process) -> (engine, None) or (None, reason it is skipped)."""
+    from speechrt.models import registry
+
+    rm = registry.resolve(spec["model"], "slm")
+    name, threads = spec["engine"], spec["threads"]
+    try:
+        if name == "speechrt":
+            return Ours(spec["model"], spec["device"], spec["dtype"], threads), None
+        if rm.format != "gguf":
+            return None, "needs a GGUF model"
+        if name == "llama.cpp":
+            try:
+                import llama_cpp  # noqa: F401
+            except ImportError:
+                return None, "not installed (pip install llama-cpp-python)"
+            return LlamaCpp(rm.path, threads, max(spec["batches"]), spec["n_ctx"], spec["extra_bufts"]), None
+        try:
+            import accelerate  # noqa: F401
+            import transformers  # noqa: F401
+        except ImportError as ex:
+            return None, f"not installed ({ex.name}; pip install transformers accelerate)"
+        return Transformers(rm.path, threads), None
+    except Exception as ex:  # a peer that cannot start is reported, not fatal
+        if name == "speechrt":
+            raise
+        return None, f"failed to start: {type(ex).__name__}: {ex}"
+
+
+def worker() -> None:
+    """Worker process: a JSON spec line on stdin builds the engine and answers {note} or {skip}; then each
+    {"batch", "tokens"} line runs one measurement and answers {"ttft", "tps"}. Waiting on stdin between
+    turns leaves its thread pool idle while the other engines run."""
+    spec = json.loads(sys.stdin.readline())
+    engine, skip = _start(spec)
+    print(json.dumps({"skip": skip} if engine is None else {"note": engine.note}), flush=True)
+    if engine is None:
+        return
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        ttft, tps = engine.run(spec["prompts"][:cmd["batch"]], cmd["tokens"])
+        print(json.dumps({"ttft": ttft, "tps": tps}), flush=True)
+
+
+class _Worker:
+    def __init__(self, spec, env):
+        self.err = tempfile.TemporaryFile(mode="w+")  # (a pipe could fill up and stall the worker)
+        self.p = subprocess.Popen([sys.executable, "-m", "speechrt.bench.lm"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=self.err, text=True, env=env)
+        self.ask(spec)
+
+    def ask(self, msg) -> dict:
+        self.p.stdin.write(json.dumps(msg) + "\n")
+        self.p.stdin.flush()
+        line = self.p.stdout.readline()
+        if not line:
+            self.p.wait()
+            self.err.seek(0)
+            err = self.err.read().strip().splitlines()[-3:]
+            raise RuntimeError(" | ".join(err) or f"worker exited with {self.p.wait()}")
+        self.reply = json.loads(line)
+        return self.reply
+
+    def close(self):
+        if self.p.poll() is None:
+            self.p.stdin.close()
+            self.p.wait()
+        self.err.close()
+
+
 def run(args):
     from speechrt.errors import UserError
     from speechrt.models import registry
@@ -209,59 +295,65 @@ def run(args):
     if bad:
         raise UserError(f"unknown peer(s) {', '.join(bad)}; valid: llama.cpp, transformers")
     rm = registry.resolve(args.model, "slm")
+    from speechrt.backends.torch_slm import resolve_format
+    import torch
+    resolve_format(args.dtype, torch.device("cpu"))  # a bad --dtype fails here, not in a worker
 
     print(f"speechrt bench lm: {rm.name} ({rm.path})")
-    print(f"threads {threads}, {args.tokens} tokens per sequence, greedy, best of {args.repeats}")
-    ours = Ours(args.model, args.device, args.dtype, threads)
-    prompts = [ours.lm.encode_chat(p) for p in PROMPTS]
-    engines = [ours]
-    notes = {}
-    if "llama.cpp" in peers:
-        if rm.format != "gguf":
-            notes["llama.cpp"] = "skipped: needs a GGUF model"
-        else:
-            try:
-                engines.append(LlamaCpp(rm.path, threads, max(batches),
-                                        max(batches) * (max(len(p) for p in prompts) + args.tokens) + 64,
-                                        args.llama_extra_bufts))
-            except ImportError:
-                notes["llama.cpp"] = "skipped: not installed (pip install llama-cpp-python)"
-    if "transformers" in peers:
-        if rm.format != "gguf":
-            notes["transformers"] = "skipped: this bench loads the GGUF with gguf_file="
-        else:
-            try:
-                engines.append(Transformers(rm.path, threads))
-            except ImportError as e:
-                notes["transformers"] = f"skipped: {e} (pip install transformers accelerate)"
-    for e in engines:
-        print(f"  {e.name:13} {e.note}")
-    for k, v in notes.items():
-        print(f"  {k:13} {v}")
+    print(f"threads {threads}, {args.tokens} tokens per sequence, greedy, best of {args.repeats}; "
+          "each engine in its own process, taking turns")
     sys.stdout.flush()
+    prompts = _chat_prompts(args.model)
+    spec = {"model": args.model, "device": args.device, "dtype": args.dtype, "threads": threads, "batches": batches,
+            "tokens": args.tokens, "repeats": args.repeats, "prompts": prompts, "extra_bufts": args.llama_extra_bufts,
+            "n_ctx": max(batches) * (max(len(p) for p in prompts) + args.tokens) + 64}
+    env = dict(os.environ, TQDM_DISABLE="1", TRANSFORMERS_VERBOSITY="error", OMP_NUM_THREADS=str(threads))
+    workers, notes = {}, {}
+    try:
+        for name in ["speechrt"] + peers:  # started one at a time, so loading does not overlap
+            try:
+                w = _Worker(dict(spec, engine=name), env)
+            except RuntimeError as e:
+                if name == "speechrt":
+                    raise UserError(f"our benchmark worker failed: {e}") from None
+                notes[name] = f"skipped: worker failed: {e}"
+            else:
+                if "skip" in w.reply:
+                    notes[name] = "skipped: " + w.reply["skip"]
+                    w.close()
+                else:
+                    notes[name] = w.reply["note"]
+                    workers[name] = w
+            print(f"  {name:13} {notes[name]}")
+            sys.stdout.flush()
+        results: dict[str, list[dict]] = {n: [] for n in workers}
+        for B in batches:
+            for w in workers.values():  # warm-up: first calls allocate and pick kernels
+                w.ask({"batch": B, "tokens": 4})
+            runs: dict[str, list[dict]] = {n: [] for n in workers}
+            for _ in range(args.repeats):  # engines take turns, so they see the same background load
+                for n, w in workers.items():
+                    runs[n].append(w.ask({"batch": B, "tokens": args.tokens}))
+            for n, r in runs.items():
+                results[n].append({"batch": B, "ttft": min(x["ttft"] for x in r), "tps": max(x["tps"] for x in r),
+                                   "tps_median": statistics.median(x["tps"] for x in r)})
+    finally:
+        for w in workers.values():
+            w.close()
+    results = {n: {"rows": rows} for n, rows in results.items()}
 
-    rows: list[Row] = []
-    for B in batches:
-        ps = prompts[:B]
-        for e in engines:  # warm-up: first calls allocate and pick kernels
-            e.run(ps, 4)
-        res = {e.name: [] for e in engines}
-        for _ in range(args.repeats):
-            for e in engines:
-                res[e.name].append(e.run(ps, args.tokens))
-        for e in engines:
-            r = res[e.name]
-            rows.append(Row(e.name, B, min(x[0] for x in r), max(x[1] for x in r),
-                            f"median {statistics.median(x[1] for x in r):.1f} tok/s"))
     print()
-    print(f"{'engine':13} {'batch':>5} {'TTFT ms':>9} {'decode tok/s':>13} {'vs llama.cpp':>13} {'vs transformers':>16}")
-    for B in batches:
-        by = {r.engine: r for r in rows if r.batch == B}
-        for r in by.values():
-            rl = by.get("llama.cpp")
-            rt = by.get("transformers")
-            vl = f"{r.decode_tps / rl.decode_tps:.2f}x" if rl else "-"
-            vt = f"{r.decode_tps / rt.decode_tps:.2f}x" if rt else "-"
-            print(f"{r.engine:13} {B:5d} {r.ttft * 1e3:9.1f} {r.decode_tps:13.1f} {vl:>13} {vt:>16}   ({r.note})")
-    print("\nratios are decode tok/s divided by the peer's; TTFT covers every sequence of the batch")
+    print(f"{'engine':13} {'batch':>5} {'TTFT ms':>9} {'decode tok/s':>13} {'(median)':>9} {'vs llama.cpp':>13} "
+          f"{'vs transformers':>16}")
+    for i, B in enumerate(batches):
+        by = {n: r["rows"][i] for n, r in results.items() if "rows" in r}
+        for n, row in by.items():
+            vl = f"{row['tps'] / by['llama.cpp']['tps']:.2f}x" if "llama.cpp" in by else "-"
+            vt = f"{row['tps'] / by['transformers']['tps']:.2f}x" if "transformers" in by else "-"
+            print(f"{n:13} {B:5d} {row['ttft'] * 1e3:9.1f} {row['tps']:13.1f} {row['tps_median']:9.1f} {vl:>13} {vt:>16}")
+    print("\nratios: decode tok/s (best run) over the peer's; TTFT covers every sequence of the batch")
     return 0
+
+
+if __name__ == "__main__":  # worker mode (see worker())
+    worker()

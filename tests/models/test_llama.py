@@ -24,7 +24,7 @@ CHATS = [
     "Give me one tip for sleeping better.",
     "What is 15 + 27?",
 ]
-GREEDY_TOKENS = 16
+GREEDY_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def hf(model_file):
 
 
 def test_logits_equal_transformers(ours, hf):
-    prompts = [ours.encode_chat(c) for c in CHATS[:3]] + [ours.tokenizer.encode("The quick brown fox jumps over")]
+    prompts = [ours.encode_chat(c) for c in CHATS[:2]] + [ours.tokenizer.encode("The quick brown fox jumps over")]
     r = ours.runner
     for ids in prompts:
         cache = r.new_cache(1, len(ids) + 1)
@@ -90,7 +90,7 @@ def test_batch_of_8_equals_one_by_one(model_file):
     prompts = [lm.encode_chat(c) for c in CHATS] + [lm.tokenizer.encode("Once upon a time"),
                                                     lm.encode_chat("Name three primary colors.", system="Be brief.")]
     assert len(prompts) == 8 and len({len(p) for p in prompts}) > 4  # different lengths share the batch
-    o = GenerationOptions(max_tokens=10)
+    o = GenerationOptions(max_tokens=8)
     batched = generate_text(runner, lm.tokenizer, prompts, o)
     single = [generate_text(runner, lm.tokenizer, [p], o)[0] for p in prompts]
     assert batched == single

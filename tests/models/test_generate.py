@@ -1,0 +1,121 @@
+"""The generation loop (models/generate.py) and the Python API (speechrt.load_lm) on the embedded model:
+option checks, sampling (seeded, top-k/top-p, repetition penalty as transformers defines it), stop
+tokens and strings, max tokens, streaming iterators (sync and async) and incremental text."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+import speechrt
+from speechrt.errors import UserError
+from speechrt.models.generate import GenerationError, GenerationOptions, Sampler, stream
+
+PROMPT = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return speechrt.load_lm()  # the default: smollm2-135m-instruct, int4 weights on the CPU
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"max_tokens": 0}, "max_tokens"), ({"temperature": -0.5}, "temperature"), ({"top_k": -1}, "top_k"),
+    ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"stop": ("",)}, "stop strings"), ({"seed": "x"}, "seed"),
+])
+def test_bad_options(kw, match):
+    with pytest.raises(GenerationError, match=match):
+        GenerationOptions(**kw)
+
+
+def test_api_rejects_bad_input(lm):
+    with pytest.raises(UserError, match="valid generation options: max_tokens"):
+        lm.chat(PROMPT, max_toks=3)
+    with pytest.raises(UserError, match="temperature"):
+        lm.generate("hi", temperature=-1)
+    with pytest.raises(UserError, match="valid roles"):
+        list(lm.chat([{"role": "robot", "content": "hi"}]))
+    with pytest.raises(GenerationError, match="empty"):
+        list(stream(lm.runner, lm.tokenizer, [[]]))
+    with pytest.raises(GenerationError, match="outside the vocabulary"):
+        list(stream(lm.runner, lm.tokenizer, [[1, 10**6]]))
+
+
+def test_stream_is_incremental_and_matches_whole_text(lm):
+    pieces = list(lm.chat(PROMPT, max_tokens=24))
+    assert len(pieces) > 3 and "Paris" in "".join(pieces)
+    assert lm.generate_batch([PROMPT], chat=True, max_tokens=24) == ["".join(pieces)]
+
+
+def test_async_stream_equals_sync(lm):
+    async def collect():
+        return [p async for p in lm.achat(PROMPT, max_tokens=12)]
+    assert asyncio.run(collect()) == list(lm.chat(PROMPT, max_tokens=12))
+
+
+def test_async_stream_can_stop_early(lm):
+    async def first_two():
+        out = []
+        async for p in lm.agenerate("Once upon a time", max_tokens=50):
+            out.append(p)
+            if len(out) == 2:
+                break
+        return out
+    assert len(asyncio.run(first_two())) == 2
+
+
+def test_stop_token_max_tokens_and_stop_string(lm):
+    ids = lm.encode_chat(PROMPT)
+    evs = list(stream(lm.runner, lm.tokenizer, [ids], GenerationOptions(max_tokens=64)))
+    assert evs[-1].finish_reason == "stop" and evs[-1].token in lm.tokenizer.stop_ids()  # <|im_end|>
+    assert [e.finish_reason for e in evs[:-1]] == [None] * (len(evs) - 1)
+    evs = list(stream(lm.runner, lm.tokenizer, [ids], GenerationOptions(max_tokens=3)))
+    assert len(evs) == 3 and evs[-1].finish_reason == "length"
+    full = "".join(lm.chat(PROMPT, max_tokens=64))
+    cut = "".join(lm.chat(PROMPT, max_tokens=64, stop=["Paris"]))
+    assert full.startswith(cut) and "Paris" not in cut and cut == full[:full.index("Paris")]
+
+
+def test_seeded_sampling_is_reproducible_and_varies(lm):
+    kw = dict(max_tokens=8, temperature=1.0, top_p=0.95)
+    a = "".join(lm.generate("My favourite animal is", seed=1, **kw))
+    assert a == "".join(lm.generate("My favourite animal is", seed=1, **kw))
+    others = {"".join(lm.generate("My favourite animal is", seed=s, **kw)) for s in (2, 3, 4)}
+    assert len(others | {a}) > 1
+    # top_k = 1 leaves only the most likely token: sampling equals greedy
+    assert "".join(lm.chat(PROMPT, max_tokens=8, temperature=0.7, top_k=1, seed=5)) == "".join(lm.chat(PROMPT, max_tokens=8))
+
+
+def test_sampler_filters_match_transformers():
+    tf = pytest.importorskip("transformers")
+    from transformers.generation.logits_process import (RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
+                                                        TopKLogitsWarper, TopPLogitsWarper)
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 50, generator=g) * 3
+    seen_ids = torch.tensor([[1, 2, 3], [4, 5, 5], [7, 8, 49]])
+    seen = torch.zeros(3, 50, dtype=torch.bool).scatter_(1, seen_ids, True)
+    o = GenerationOptions(temperature=0.7, top_k=10, top_p=0.8, repetition_penalty=1.3)
+    s = Sampler(o, 50, torch.device("cpu"))
+    ref = RepetitionPenaltyLogitsProcessor(1.3)(seen_ids, logits.clone())
+    assert torch.allclose(s.penalize(logits, seen), ref)
+    ref = TopPLogitsWarper(0.8)(seen_ids, TopKLogitsWarper(10)(seen_ids, TemperatureLogitsWarper(0.7)(seen_ids, ref)))
+    allowed = torch.isfinite(ref)
+    draws = torch.stack([s(logits, seen) for _ in range(200)])  # [200, 3]
+    assert all(bool(allowed[r, draws[:, r]].all()) for r in range(3))
+    assert tf is not None
+
+
+def test_repetition_penalty_changes_output(lm):
+    a = "".join(lm.generate("one, two, one, two, one,", max_tokens=8))
+    b = "".join(lm.generate("one, two, one, two, one,", max_tokens=8, repetition_penalty=1.8))
+    assert a != b
+
+
+def test_unknown_model_error():
+    from speechrt.models.registry import ModelError
+
+    with pytest.raises(ModelError, match="registered slm models: smollm2-135m-instruct"):
+        speechrt.load_lm("gpt-5")

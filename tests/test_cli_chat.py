@@ -1,0 +1,41 @@
+"""`speechrt chat` as a user runs it: a real process, the embedded model, output streamed to stdout."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def speechrt(*args, stdin=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "speechrt", *args], input=stdin, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_chat_answers_the_capital_of_france():
+    p = speechrt("chat", "What is the capital of France?", "--max-tokens", "32")
+    assert p.returncode == 0, p.stderr
+    assert "Paris" in p.stdout
+
+
+def test_interactive_chat_keeps_the_conversation():
+    q = "What is the capital of France?"
+    p = speechrt("chat", "--max-tokens", "24", stdin=f"{q}\n/reset\n{q}\nAnd of Italy?\n/quit\nnot read\n")
+    assert p.returncode == 0, p.stderr
+    replies = [line for line in p.stdout.splitlines() if line.strip()]
+    assert len(replies) == 3
+    assert "Paris" in replies[0] and replies[1] == replies[0]  # /reset: the same question, the same greedy reply
+    assert "Ital" in replies[2] or "Rom" in replies[2]  # the follow-up is answered in the conversation's context
+
+
+@pytest.mark.parametrize("args,message", [
+    (["chat", "hi", "--temperature", "-1"], "temperature must be >= 0"),
+    (["chat", "hi", "--model", "no-such-model"], "registered slm models: smollm2-135m-instruct"),
+    (["chat", "hi", "--dtype", "int3"], "unsupported dtype 'int3'"),
+    (["chat", "hi", "--device", "tpu"], "unsupported device 'tpu'"),
+    (["bench", "lm", "--batch", "9"], "--batch sizes must be between 1 and 8"),
+])
+def test_bad_arguments_give_clear_errors(args, message):
+    p = speechrt(*args)
+    assert p.returncode == 2
+    assert message in p.stderr and "Traceback" not in p.stderr
