@@ -54,7 +54,8 @@ class ContinuousBatcher:
         req.emit((text, reason))
         if req.slot >= 0:
             self.active.pop(req.slot, None)
-            self.runner.release(self.cache, req.slot) if hasattr(self.runner, "release") else None
+            if hasattr(self.runner, "release"):
+                self.runner.release(self.cache, req.slot)
             self.free.append(req.slot)
             req.slot = -1
 
@@ -69,7 +70,7 @@ class ContinuousBatcher:
         text, hit = st.push(st.detok.add(t))
         if hit:
             return self._finish(req, text, "stop")
-        if req.count >= req.options.max_tokens or self.cache.lengths[req.slot] + 1 >= self.max_seq:
+        if req.count >= req.options.max_tokens or len(req.ids) + req.count >= self.max_seq:  # context full
             rest, hit = st.finish()
             return self._finish(req, text + rest, "stop" if hit else "length")
         req.last = t
