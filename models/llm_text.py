@@ -195,6 +195,7 @@ class ChatTemplate:
 
     def __init__(self, source: str, bos_token: str = "", eos_token: str = ""):
         import jinja2
+        import jinja2.ext  # not imported by `import jinja2`: loopcontrols lives there
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(message):
