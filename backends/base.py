@@ -126,7 +126,7 @@ class Backend(ABC):
 
     name: str
 
-    def asr(self, model, device: str = "cpu", dtype: str | None = None) -> ASRRunner:
+    def asr(self, model, device: str = "cpu", dtype: str | None = None, loop_threads: int | None = None) -> ASRRunner:
         raise NotImplementedError(f"backend {self.name!r} does not run speech recognition models")
 
     def slm(self, model, device: str = "cpu", dtype: str | None = None) -> SLMRunner:

@@ -47,7 +47,8 @@ class DecoderState:
 
 
 class TorchASRRunner(ASRRunner):
-    def __init__(self, weights: WhisperWeights, device: torch.device, dtype: torch.dtype, kernels: str = "torch"):
+    def __init__(self, weights: WhisperWeights, device: torch.device, dtype: torch.dtype, kernels: str = "torch",
+                 loop_threads: int | None = None):
         self.config, self.device, self.dtype = weights.config, device, dtype
         self.weights_info = weights
         model = Whisper(weights.config, select(kernels, device))
@@ -56,12 +57,15 @@ class TorchASRRunner(ASRRunner):
         if missing or unexpected:
             raise UserError(f"weights do not fit the Whisper model: missing {missing[:5]}, unexpected {unexpected[:5]}")
         self.model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-        # the encoder's large matmuls use every thread; the decoding loop around it runs on one (see
-        # cpu_threads): decoders call decode steps inside `with runner.loop_threads():`
-        self.encode_threads = torch.get_num_threads() if device.type == "cpu" else None
+        # loop_threads=1 (CPU): the decoding loop's small ops run on one thread and only the large matmuls
+        # (encoder, vocabulary projection) on all of them — robust when other work shares the cores (see
+        # cpu_threads); None: every op on every thread, fastest on an otherwise idle machine.
+        # Decoders call this runner inside `with runner.loop_threads():`.
+        self.small_threads = loop_threads if device.type == "cpu" else None
+        self.encode_threads = torch.get_num_threads() if self.small_threads else None
 
     def loop_threads(self):
-        return cpu_threads(1 if self.device.type == "cpu" else None)
+        return cpu_threads(self.small_threads)
 
     @torch.inference_mode()
     def encode(self, mel):
@@ -82,7 +86,13 @@ class TorchASRRunner(ASRRunner):
         t = tokens.shape[1]
         if state.offset + t > state.caches[0][0].shape[2]:
             raise RuntimeError(f"decoder cache full ({state.caches[0][0].shape[2]} positions)")
-        logits = self.model.decoder(tokens.to(self.device), state.caches, state.offset, state.cross)
+        dec = self.model.decoder
+        # the blocks' small ops on one thread, the vocabulary projection (it reads the whole embedding
+        # matrix each step) on all of them
+        with cpu_threads(self.small_threads):
+            x = dec.hidden(tokens.to(self.device), state.caches, state.offset, state.cross)
+        with cpu_threads(self.encode_threads):
+            logits = dec.logits(x)
         state.offset += t
         return logits
 
@@ -93,5 +103,5 @@ class TorchASRRunner(ASRRunner):
         return state
 
 
-def build(model, device, dtype, kernels="torch"):
-    return TorchASRRunner(load_weights(model), device, parse_dtype(dtype, device), kernels)
+def build(model, device, dtype, kernels="torch", loop_threads=None):
+    return TorchASRRunner(load_weights(model), device, parse_dtype(dtype, device), kernels, loop_threads)

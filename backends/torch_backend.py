@@ -55,12 +55,13 @@ class TorchBackend(Backend):
     name = "torch"
     kernels = KERNELS
 
-    def _build(self, family, model, device, dtype):
+    def _build(self, family, model, device, dtype, **options):
         m = importlib.import_module(f"speechrt.backends.torch_{family}")
-        return m.build(model, resolve_device(device), dtype, kernels=self.kernels)
+        return m.build(model, resolve_device(device), dtype, kernels=self.kernels, **options)
 
-    def asr(self, model, device="cpu", dtype=None):
-        return self._build("asr", model, device, dtype)
+    def asr(self, model, device="cpu", dtype=None, loop_threads=None):
+        """loop_threads=1: the decoding loop's small ops on one CPU thread (for servers sharing the cores)."""
+        return self._build("asr", model, device, dtype, loop_threads=loop_threads)
 
     def slm(self, model, device="cpu", dtype=None):
         return self._build("slm", model, device, dtype)

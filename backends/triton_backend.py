@@ -37,7 +37,8 @@ class TritonBackend(TorchBackend):
     name = "triton"
     kernels = "triton"
 
-    def _build(self, family, model, device, dtype):
+    def _build(self, family, model, device, dtype, **options):
+        # GPU only: the CPU thread options of the torch runners (loop_threads) do not apply
         dev = check_device(resolve_device(device))
         if family == "asr":  # decoder steps replayed from CUDA/HIP graphs
             from .triton_asr import build

@@ -225,6 +225,10 @@ class TextDecoder(nn.Module):
         """tokens [B, T] at positions offset.. -> logits [B, vocab] (last position) or [B, T, vocab].
         `position` (int64 [1] tensor, T == 1): a fixed-shape decode step at that position instead of
         `offset` (see SelfAttention.forward)."""
+        return self.logits(self.hidden(tokens, caches, offset, cross_kvs, last_only, position))
+
+    def hidden(self, tokens, caches, offset, cross_kvs, last_only=True, position=None):
+        """The blocks and the final norm -> [B, d] (last position) or [B, T, d]: many small ops."""
         T = tokens.shape[1]
         if position is not None:
             if T != 1:
@@ -237,7 +241,10 @@ class TextDecoder(nn.Module):
             x = b(x, cache, offset, kv, position)
         if last_only:
             x = x[:, -1]
-        x = self.ln(x)
+        return self.ln(x)
+
+    def logits(self, x):
+        """The tied projection to the vocabulary, in float32: one large, bandwidth-bound matmul."""
         return self.ops.linear(x, self.token_embedding.weight).float()
 
 

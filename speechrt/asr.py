@@ -20,9 +20,12 @@ class SpeechRecognizer:
     """A Whisper model on one backend and device. Thread-compatible, not thread-safe."""
 
     def __init__(self, model: str | Path | None = None, backend: str = "torch", device: str = "cpu",
-                 dtype: str | None = None):
+                 dtype: str | None = None, loop_threads: int | None = None):
         self.model = resolve(model, "asr")
-        self.runner = get_backend(backend).asr(self.model, device=device, dtype=dtype)
+        be = get_backend(backend)
+        # loop_threads: see TorchASRRunner (1 = robust when other work shares the CPU cores)
+        self.runner = (be.asr(self.model, device=device, dtype=dtype, loop_threads=loop_threads) if loop_threads
+                       else be.asr(self.model, device=device, dtype=dtype))
         w = getattr(self.runner, "weights_info", None)
         tok_path = w.tokenizer_path if w is not None else self.model.path / "tokenizer.json"
         cfg = self.runner.config
@@ -47,5 +50,5 @@ class SpeechRecognizer:
 
 
 def load_asr(model: str | Path | None = None, backend: str = "torch", device: str = "cpu",
-             dtype: str | None = None) -> SpeechRecognizer:
-    return SpeechRecognizer(model, backend, device, dtype)
+             dtype: str | None = None, loop_threads: int | None = None) -> SpeechRecognizer:
+    return SpeechRecognizer(model, backend, device, dtype, loop_threads)

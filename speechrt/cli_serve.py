@@ -27,7 +27,10 @@ def load_models(args):
     """Load the models once; they are shared by every session."""
     import speechrt
 
-    asr = speechrt.load_asr(args.asr, args.backend, args.device, args.asr_dtype)
+    from speechrt.asr import load_asr
+
+    # the engine thread shares the cores with the event loop and VAD: small decode ops on one thread
+    asr = load_asr(args.asr, args.backend, args.device, args.asr_dtype, loop_threads=1 if args.device == "cpu" else None)
     lm = tts = None
     if not args.transcription_only:
         lm = speechrt.load_lm(args.lm, backend=args.backend, device=args.device)
