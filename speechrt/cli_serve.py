@@ -20,6 +20,11 @@ def add_arguments(p):
     p.add_argument("--max-buffer-seconds", type=float, default=120.0)
     p.add_argument("--idle-timeout", type=float, default=300.0)
     p.add_argument("--silence-duration-ms", type=int, default=None, help="server_vad default pause that ends a turn (API default 500)")
+    p.add_argument("--asr-loop-threads", type=int, default=1,
+                   help="CPU threads for the small ops of transcript decoding (default 1: robust when the cores are "
+                        "shared; 0: all threads, faster on an otherwise idle machine)")
+    p.add_argument("--partial-interval", type=float, default=1.0,
+                   help="seconds between live transcript updates while a person speaks (0: final transcripts only)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch")
 
 
@@ -30,7 +35,8 @@ def load_models(args):
     from speechrt.asr import load_asr
 
     # the engine thread shares the cores with the event loop and VAD: small decode ops on one thread
-    asr = load_asr(args.asr, args.backend, args.device, args.asr_dtype, loop_threads=1 if args.device == "cpu" else None)
+    asr = load_asr(args.asr, args.backend, args.device, args.asr_dtype,
+                   loop_threads=(args.asr_loop_threads or None) if args.device == "cpu" else None)
     lm = tts = None
     if not args.transcription_only:
         lm = speechrt.load_lm(args.lm, backend=args.backend, device=args.device)
@@ -52,7 +58,8 @@ def run(args):
     opts = ServerOptions(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("SPEECHRT_API_KEY"),
                          origins=tuple(args.allow_origin), max_sessions=args.max_sessions,
                          max_message_bytes=args.max_message_bytes, max_buffer_seconds=args.max_buffer_seconds,
-                         idle_timeout=args.idle_timeout, silence_duration_ms=args.silence_duration_ms)
+                         idle_timeout=args.idle_timeout, silence_duration_ms=args.silence_duration_ms,
+                         partial_interval=args.partial_interval)
     t = time.perf_counter()
     asr, lm, tts = load_models(args)
     print(f"speechrt: models loaded in {time.perf_counter() - t:.1f} s", flush=True)

@@ -81,7 +81,7 @@ class Engine:
     def __init__(self, asr, lm=None, max_batch: int = 8):
         self.asr = asr
         self.max_batch = max_batch
-        self.partial_batch = max(1, max_batch // 4)
+        self.partial_batch = 1  # a final that arrives while a partial runs waits for one utterance only
         self.lm = None
         if lm is not None:
             from .lm_batcher import ContinuousBatcher

@@ -37,7 +37,7 @@ class ServerOptions:
     max_buffer_seconds: float = 120.0  # uncommitted input audio per session
     idle_timeout: float = 300.0  # seconds without a client event before the session is closed
     drain_seconds: float = 15.0  # graceful shutdown: time given to turns in flight
-    partial_interval: float = 0.6  # seconds between live transcript updates of a turn
+    partial_interval: float = 1.0  # seconds between live transcript updates of a turn; 0: none
     silence_duration_ms: int | None = None  # server default for server_vad (None: the API's 500 ms)
     max_batch: int = 8
 
@@ -46,8 +46,9 @@ class ServerOptions:
             raise UserError(f"max_sessions must be >= 1, got {self.max_sessions}")
         if self.max_message_bytes < 1024:
             raise UserError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
-        if not 0 < self.partial_interval <= 10:
-            raise UserError(f"partial_interval must be in (0, 10] seconds, got {self.partial_interval}")
+        if not 0 <= self.partial_interval <= 10:
+            raise UserError(f"partial_interval must be in [0, 10] seconds (0: no live transcript deltas), "
+                            f"got {self.partial_interval}")
         if self.api_key is not None and not self.api_key:
             raise UserError("api_key must not be empty (omit it to disable authentication)")
 

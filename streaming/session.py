@@ -85,7 +85,7 @@ class RealtimeSession:
         self.partial_task: asyncio.Task | None = None
         self.tasks: set[asyncio.Task] = set()
         self.response = None  # the active agent.Response, if any
-        self.speculative = None  # (pause_ms, end sample, task): final transcript begun at a pause
+        self.speculative = None  # (pause_ms, task): the final transcript begun when a pause started
         self.last_activity = time.monotonic()
         self.closed = False
 
@@ -211,12 +211,12 @@ class RealtimeSession:
         pause = self.turns.pause_ms
         if pause is None:
             self.speculative = None
-        elif (self.speculative is None or self.speculative[0] != pause) and \
-                self.buf.end >= pause * RATE // 1000 + RATE // 10:
+        elif self.speculative is None or self.speculative[0] != pause:
             # A pause began: transcribe the turn up to here now, so that if the pause becomes the end
             # of the turn (silence_duration_ms later) its final transcript is already (nearly) done.
+            # The audio committed then differs from this only by trailing silence.
             start, end = self._turn_span(pause)
-            self.speculative = (pause, end, self.spawn(self.server.engine.transcribe(self.buf.slice(start, end))))
+            self.speculative = (pause, self.spawn(self.server.engine.transcribe(self.buf.slice(start, end))))
 
     async def _speech_started(self, ms: int):
         self.turn_item = new_id("item")
@@ -224,7 +224,8 @@ class RealtimeSession:
         await self.send({"type": "input_audio_buffer.speech_started", "audio_start_ms": ms, "item_id": self.turn_item})
         if self.response is not None and self.cfg.turn_detection.interrupt_response:
             self.response.cancel("turn_detected")  # barge-in
-        self.partial_task = self.spawn(self._partials(self.turn_item))
+        if self.server.options.partial_interval > 0:
+            self.partial_task = self.spawn(self._partials(self.turn_item))
 
     async def _speech_stopped(self, ms: int):
         item = self.turn_item
@@ -236,8 +237,8 @@ class RealtimeSession:
         self.buf.drop_until(end)
         self.turn_item = None
         early = None
-        if self.speculative is not None and self.speculative[0] == ms and self.speculative[1] == end:
-            early = self.speculative[2]  # the transcript started when the pause began
+        if self.speculative is not None and self.speculative[0] == ms:
+            early = self.speculative[1]  # the transcript started when this pause began
         self.speculative = None
         await self._commit(item, audio, auto=True, early=early)
 
@@ -262,6 +263,8 @@ class RealtimeSession:
             audio = self.buf.slice(max(self.buf.start, self.turn_start - pad), self.buf.end)[-30 * RATE:]
             if len(audio) - last_len < RATE // 4:
                 continue
+            if self.turns is not None and self.turns.pause_ms is not None:
+                continue  # paused: the final transcript (begun at the pause) has the engine's time
             last_len = len(audio)
             r = await self.server.engine.transcribe(audio, partial=True, key=self.id)
             if r is None or self.turn_item != item_id:

@@ -44,6 +44,8 @@ def add_arguments(p):
     p.add_argument("--silence-duration-ms", type=int, default=200, help="server_vad pause that ends a turn (default 200)")
     p.add_argument("--url", default=None, help="an already running server (ws://host:port/v1/realtime); default: start one")
     p.add_argument("--threads", type=int, default=None, help="PyTorch threads of the started server")
+    p.add_argument("--asr-loop-threads", type=int, default=1, help="the started server's --asr-loop-threads")
+    p.add_argument("--partial-interval", type=float, default=1.0, help="the started server's --partial-interval (0: no live deltas)")
     p.add_argument("--json", default=None, help="write the results to this JSON file")
 
 
@@ -60,6 +62,7 @@ def _start_server(args, conversation: bool):
         cmd.append("--transcription-only")
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    cmd += ["--partial-interval", str(args.partial_interval), "--asr-loop-threads", str(args.asr_loop_threads)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 300
     while time.time() < deadline:
