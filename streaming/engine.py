@@ -145,9 +145,10 @@ class Engine:
             self._cv.notify()
         return await job.future
 
-    def stream(self, gen) -> "asyncio.Queue":
+    def stream(self, gen) -> tuple[StreamTask, asyncio.Queue]:
         """Run generator `gen` on the worker, one item per step; returns (task, queue) where the queue
-        receives each item, then StopAsyncIteration (or the exception that ended it)."""
+        receives each item, then StopAsyncIteration (or the exception that ended it). Set
+        task.cancelled to stop it."""
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         task = StreamTask(loop, q, gen)

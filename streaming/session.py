@@ -86,6 +86,7 @@ class RealtimeSession:
         self.tasks: set[asyncio.Task] = set()
         self.response = None  # the active agent.Response, if any
         self.speculative = None  # (pause_ms, task): the final transcript begun when a pause started
+        self.partial_words: tuple[str | None, list[str]] = (None, [])  # (item id, words sent as deltas)
         self.last_activity = time.monotonic()
         self.closed = False
 
@@ -314,7 +315,7 @@ class RealtimeSession:
     async def _final_transcript(self, item: dict, audio: np.ndarray, auto: bool, early: asyncio.Task | None):
         r = await early if early is not None else await self.server.engine.transcribe(audio)
         text = r.text
-        said_id, said = getattr(self, "partial_words", (None, []))
+        said_id, said = self.partial_words
         if said_id == item["id"] and said:
             words = text.split()
             if words[: len(said)] == said and len(words) > len(said):
