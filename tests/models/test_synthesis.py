@@ -16,14 +16,7 @@ LONG = ("When the morning train finally pulled into the quiet station, the trave
         "and walked slowly toward the old wooden bridge that crossed the river.")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Work called on this thread (direct vocode calls, Whisper) uses one intra-op thread: fast even when
-    other processes share the CPU, where two-thread OpenMP regions stall."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
 
 @pytest.fixture(scope="module", params=["torch", "onnxruntime"])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 import speechrt
 from speechrt.models.wer import wer
@@ -34,14 +33,7 @@ SENTENCES = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Work called on this thread (direct vocode calls, Whisper) uses one intra-op thread: fast even when
-    other processes share the CPU, where two-thread OpenMP regions stall."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
 
 def _transcribe_groups(asr, audios, texts, max_seconds=24.0):
