@@ -82,7 +82,7 @@ def test_seeded_sampling_is_reproducible_and_varies(lm):
     kw = dict(max_tokens=8, temperature=1.0, top_p=0.95)
     a = "".join(lm.generate("My favourite animal is", seed=1, **kw))
     assert a == "".join(lm.generate("My favourite animal is", seed=1, **kw))
-    others = {"".join(lm.generate("My favourite animal is", seed=s, **kw)) for s in (2, 3, 4)}
+    others = {"".join(lm.generate("My favourite animal is", seed=s, **kw)) for s in (2, 3)}
     assert len(others | {a}) > 1
     # top_k = 1 leaves only the most likely token: sampling equals greedy
     assert "".join(lm.chat(PROMPT, max_tokens=8, temperature=0.7, top_k=1, seed=5)) == "".join(lm.chat(PROMPT, max_tokens=8))
