@@ -152,7 +152,7 @@ class _Rules:
 class WhisperDecoder:
     """Decodes 30-second windows through an ASRRunner."""
 
-    def __init__(self, runner, tokenizer, suppress_ids_begin=None):
+    def __init__(self, runner, tokenizer):
         self.runner, self.tok = runner, tokenizer
         self.cfg = runner.config
 

@@ -25,8 +25,6 @@ class WhisperWeights:
     state: dict[str, torch.Tensor]  # internal names
     tokenizer_path: Path | None
     alignment_heads: list[tuple[int, int]] = field(default_factory=list)
-    suppress_ids: list[int] | None = None  # from the model's own config, when it has one
-    suppress_ids_begin: list[int] | None = None
 
 
 def read_ct2(path: Path) -> tuple[str, int, dict[str, np.ndarray]]:
@@ -158,8 +156,7 @@ def load_ct2(path: Path) -> WhisperWeights:
         extra = json.loads(cj.read_text())
     tok = path / "tokenizer.json"
     return WhisperWeights(cfg, {k: _t(v) for k, v in st.items()}, tok if tok.exists() else None,
-                          [tuple(h) for h in extra.get("alignment_heads", [])],
-                          extra.get("suppress_ids"), extra.get("suppress_ids_begin"))
+                          [tuple(h) for h in extra.get("alignment_heads", [])])
 
 
 def _fuse_qkv(st, prefix, q, k, v):
@@ -294,12 +291,9 @@ def load_hf(path: Path) -> WhisperWeights:
         raise ModelError(f"{path}: no tokenizer.json in the directory (save the tokenizer with the model)")
     heads = []
     gen = path / "generation_config.json"
-    suppress = begin = None
     if gen.exists():
-        g = json.loads(gen.read_text())
-        heads = [tuple(h) for h in g.get("alignment_heads") or []]
-        suppress, begin = g.get("suppress_tokens"), g.get("begin_suppress_tokens")
-    return WhisperWeights(cfg, st, tok, heads, suppress, begin)
+        heads = [tuple(h) for h in json.loads(gen.read_text()).get("alignment_heads") or []]
+    return WhisperWeights(cfg, st, tok, heads)
 
 
 LOADERS = {"ct2-whisper": load_ct2, "hf-whisper": load_hf, "openai-whisper-pt": load_openai_pt}

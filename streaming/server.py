@@ -63,12 +63,11 @@ class Counters:
 
 
 class SpeechServer:
-    def __init__(self, options: ServerOptions, asr, lm=None, tts=None, agent_options=None):
+    def __init__(self, options: ServerOptions, asr, lm=None, tts=None):
         self.options = options
         self.asr, self.lm, self.tts = asr, lm, tts
         self.names = {"asr": [asr.model.name], "tts": [getattr(tts, "name", None) or "piper-en_US-joe-medium"]}
         self.conversation_ready = lm is not None and tts is not None
-        self.agent_options = agent_options
         self.vad = SileroVAD()
         self.vad_pool = ThreadPoolExecutor(2, thread_name_prefix="speechrt-vad")
         self.engine = Engine(asr, lm, max_batch=options.max_batch)

@@ -246,9 +246,12 @@ class RealtimeSession:
     def _turn_span(self, end_ms: int) -> tuple[int, int]:
         """Samples of the current turn ending at `end_ms`: from the speech start less the prefix
         padding, to 100 ms into the pause (the tail helps Whisper finish the last word)."""
+        return self._turn_first_sample(), min(self.buf.end, end_ms * RATE // 1000 + RATE // 10)
+
+    def _turn_first_sample(self) -> int:
+        """The current turn's speech start less the prefix padding, within the buffer."""
         pad = self.cfg.turn_detection.prefix_padding_ms * RATE // 1000
-        start = max(self.buf.start, self.turn_start - pad)
-        return start, min(self.buf.end, end_ms * RATE // 1000 + RATE // 10)
+        return max(self.buf.start, self.turn_start - pad)
 
     async def _partials(self, item_id: str):
         """Live transcript of the turn being spoken: re-transcribe the growing audio about every
@@ -260,8 +263,7 @@ class RealtimeSession:
         self.partial_words = (item_id, [])
         while True:
             await asyncio.sleep(interval)
-            pad = self.cfg.turn_detection.prefix_padding_ms * RATE // 1000
-            audio = self.buf.slice(max(self.buf.start, self.turn_start - pad), self.buf.end)[-30 * RATE:]
+            audio = self.buf.slice(self._turn_first_sample(), self.buf.end)[-30 * RATE:]
             if len(audio) - last_len < RATE // 4:
                 continue
             if self.turns is not None and self.turns.pause_ms is not None:

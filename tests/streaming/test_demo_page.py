@@ -220,18 +220,22 @@ def test_demo_page_transcribes_the_microphone(server, browser, mic_wav, context_
     assert not exceptions, f"uncaught errors in the page: {exceptions}"
 
 
-def test_demo_page_shows_why_the_server_refused(server, browser):
-    """A wrong API key: the handshake is refused, and the page says so instead of failing silently."""
-    browser.navigate(f"http://127.0.0.1:{server.port}/?autostart=1&mode=transcription&key=wrong-key")
-    deadline = time.monotonic() + 20
+def _wait_for_error(browser, failure: str, timeout: float = 20) -> dict:
+    """The page's state once it shows an error (polled), or the test fails with `failure`."""
+    deadline = time.monotonic() + timeout
     snap = None
     while time.monotonic() < deadline:
         snap = browser.eval(SNAPSHOT_JS)
         if snap["state"] == "error":
-            break
+            return snap
         time.sleep(0.1)
-    else:
-        pytest.fail("the page showed no error for a refused connection" + _diagnostics(browser, snap))
+    pytest.fail(failure + _diagnostics(browser, snap))
+
+
+def test_demo_page_shows_why_the_server_refused(server, browser):
+    """A wrong API key: the handshake is refused, and the page says so instead of failing silently."""
+    browser.navigate(f"http://127.0.0.1:{server.port}/?autostart=1&mode=transcription&key=wrong-key")
+    snap = _wait_for_error(browser, "the page showed no error for a refused connection")
     assert "refused" in snap["status"] and "API key" in snap["status"], snap["status"]
     assert server.counters.auth_failures >= 1
 
@@ -240,14 +244,5 @@ def test_demo_page_shows_the_servers_error_message(server, browser):
     """Conversation mode on a server started with only the speech recognizer: the server's error event
     (the reply to the page's session.update) is shown in the status line and the session stops."""
     browser.navigate(f"http://127.0.0.1:{server.port}/?autostart=1&mode=conversation&key={API_KEY}")
-    deadline = time.monotonic() + 20
-    snap = None
-    while time.monotonic() < deadline:
-        snap = browser.eval(SNAPSHOT_JS)
-        if snap["state"] == "error":
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("the page showed no error for conversation mode without conversation models"
-                    + _diagnostics(browser, snap))
+    snap = _wait_for_error(browser, "the page showed no error for conversation mode without conversation models")
     assert "Server error: this server runs transcription only" in snap["status"], snap["status"]
