@@ -31,9 +31,15 @@ class ASRRunner(ABC):
         preallocated for `max_tokens` positions."""
 
     @abstractmethod
-    def decode_step(self, state: Any, tokens: torch.Tensor) -> torch.Tensor:
+    def decode_step(self, state: Any, tokens: torch.Tensor, last_only: bool = True) -> torch.Tensor:
         """tokens [N, t] (the prompt on the first call, then one per row) -> logits [N, vocab] float32
-        of the last position. Appends to the state's cache."""
+        of the last position, or [N, t, vocab] of every position with last_only=False (checking a
+        draft in one pass). Appends to the state's cache."""
+
+    @abstractmethod
+    def rewind(self, state: Any, length: int) -> Any:
+        """Keep the first `length` positions of the state's self-attention cache and forget the rest
+        (the next decode_step writes at `length`): a checked draft's rejected tail."""
 
     @abstractmethod
     def reorder(self, state: Any, index: torch.Tensor) -> Any:

@@ -82,7 +82,7 @@ class TorchASRRunner(ASRRunner):
         return DecoderState(self.model.new_cache(n, max_tokens, self.dtype, self.device), cross, 0)
 
     @torch.inference_mode()
-    def decode_step(self, state, tokens):
+    def decode_step(self, state, tokens, last_only=True):
         t = tokens.shape[1]
         if state.offset + t > state.caches[0][0].shape[2]:
             raise RuntimeError(f"decoder cache full ({state.caches[0][0].shape[2]} positions)")
@@ -90,11 +90,17 @@ class TorchASRRunner(ASRRunner):
         # the blocks' small ops on one thread, the vocabulary projection (it reads the whole embedding
         # matrix each step) on all of them
         with cpu_threads(self.small_threads):
-            x = dec.hidden(tokens.to(self.device), state.caches, state.offset, state.cross)
+            x = dec.hidden(tokens.to(self.device), state.caches, state.offset, state.cross, last_only)
         with cpu_threads(self.encode_threads):
             logits = dec.logits(x)
         state.offset += t
         return logits
+
+    def rewind(self, state, length):
+        if not 0 <= length <= state.offset:
+            raise ValueError(f"cannot rewind a decoder state holding {state.offset} positions to {length}")
+        state.offset = length  # later positions are out of attention's reach until overwritten
+        return state
 
     @torch.inference_mode()
     def reorder(self, state, index):

@@ -69,9 +69,9 @@ class TritonASRRunner(TorchASRRunner):
         return g
 
     @torch.inference_mode()
-    def decode_step(self, state, tokens):
+    def decode_step(self, state, tokens, last_only=True):
         if not self.graphs_enabled or tokens.shape[1] != 1:
-            return super().decode_step(state, tokens)
+            return super().decode_step(state, tokens, last_only)
         if state.offset + 1 > state.caches[0][0].shape[2]:
             raise RuntimeError(f"decoder cache full ({state.caches[0][0].shape[2]} positions)")
         logits = self._graph_for(state, tokens.shape[0])(tokens.to(self.device), state.offset)

@@ -8,6 +8,7 @@ seeks window to window by the predicted timestamps (openai/whisper's `transcribe
 """
 from __future__ import annotations
 
+import itertools
 import math
 import zlib
 from dataclasses import dataclass, field
@@ -17,7 +18,8 @@ import torch
 
 from speechrt.errors import UserError
 
-from .audio import CHUNK_LENGTH, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, log_mel_spectrogram, pad_or_trim_frames
+from .audio import (CHUNK_LENGTH, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, log_mel_spectrogram, pad_or_trim_frames,
+                    utterance_mel)
 
 NEG_INF = float("-inf")
 
@@ -235,6 +237,70 @@ class WhisperDecoder:
             logits = self.runner.decode_step(state, nxt[:, None])
         return seqs, sum_lp
 
+    def _greedy_drafted(self, state, logits, rules, drafts: list[list[int]], sample_len: int, prompt_len: int):
+        """Greedy decoding of len(drafts) rows that checks a guess of each row's output first (speculative
+        decoding with the guess as the draft): one decoder pass over every draft gives the logits at each
+        draft position; a row keeps its draft up to the first token greedy decoding would not have
+        picked, then goes on one token per step. The result is greedy decoding's; the steps saved are
+        the accepted draft tokens. The streaming server drafts a turn's final transcript with its last
+        live hypothesis, which usually agrees with all but the last words."""
+        eot, n, dev = self.tok.eot, len(drafts), logits.device
+        drafts = [list(d[: sample_len - 1]) for d in drafts]  # a draft may not fill the sample budget
+        width = max(len(d) for d in drafts)
+        seqs: list[list[int]] = [[] for _ in range(n)]
+        sum_lp = [0.0] * n
+        done = [False] * n
+        checked = logits[:, None]
+        if width:
+            padded = torch.tensor([d + [eot] * (width - len(d)) for d in drafts], device=dev)
+            checked = torch.cat([checked, self.runner.decode_step(state, padded, last_only=False)], dim=1)
+        # checked[i, j]: the logits after the prompt and draft i's first j tokens
+        valid = []  # per row: leading tokens of the sequence whose cache entries the draft pass wrote
+        for i in range(n):
+            for j in range(len(drafts[i]) + 1):
+                lg = checked[i, j][None].clone()
+                rules.apply(lg, [seqs[i]])
+                tok = int(lg.argmax())
+                sum_lp[i] += float(torch.log_softmax(lg[0], -1)[tok])
+                if tok == eot:
+                    done[i] = True
+                    break
+                seqs[i].append(tok)
+                if j == len(drafts[i]) or tok != drafts[i][j]:
+                    break
+            valid.append(len(seqs[i]) - (0 if done[i] else 1))
+        active = [i for i in range(n) if not done[i] and len(seqs[i]) < sample_len]
+        if not active:
+            return seqs, sum_lp
+        if len(active) < n:
+            state = self.runner.reorder(state, torch.tensor(active, device=dev))
+        # rows go on together from the shortest checked prefix; a row whose next tokens are already
+        # known feeds them (their logits are not needed) until it reaches its first unknown token
+        pos = min(valid[i] for i in active)
+        state = self.runner.rewind(state, prompt_len + pos)
+        while True:
+            feed = torch.tensor([[seqs[i][pos]] for i in active], device=dev)
+            logits = self.runner.decode_step(state, feed)
+            pos += 1
+            keep = []
+            for j, i in enumerate(active):
+                if len(seqs[i]) == pos:  # this row's next token is new
+                    lg = logits[j: j + 1]
+                    rules.apply(lg, [seqs[i]])
+                    tok = int(lg.argmax())
+                    sum_lp[i] += float(torch.log_softmax(lg[0], -1)[tok])
+                    if tok == eot:
+                        continue
+                    seqs[i].append(tok)
+                    if len(seqs[i]) >= sample_len:
+                        continue
+                keep.append(j)
+            if not keep:
+                return seqs, sum_lp
+            if len(keep) < len(active):
+                state = self.runner.reorder(state, torch.tensor(keep, device=dev))
+                active = [active[j] for j in keep]
+
     def _beam(self, state, logits, rules, beam, opts, sample_len):
         """Beam search as openai/whisper: keep `beam` live hypotheses, collect finished ones until
         round(beam * patience) have ended."""
@@ -366,22 +432,25 @@ class WhisperDecoder:
         return Transcript(text, segments, language or "en", duration)
 
 
-def transcribe_batch(decoder: WhisperDecoder, audios: list[np.ndarray], opts: TranscribeOptions | None = None) -> list[WindowResult]:
+def transcribe_batch(decoder: WhisperDecoder, audios: list[np.ndarray], opts: TranscribeOptions | None = None,
+                     drafts: list[list[int] | None] | None = None) -> list[WindowResult]:
     """Greedy transcription of several short utterances (each at most 30 s at 16 kHz) in one batch:
     one encoder call for all windows, then decode steps over all rows together, finished rows leaving
     the batch. This is what the streaming server runs for turns of different sessions. Utterances
-    judged silent (no-speech probability above the threshold and low confidence) come back empty."""
+    judged silent (no-speech probability above the threshold and low confidence) come back empty.
+
+    `drafts`: per utterance, a guess of its tokens (e.g. the transcript of an earlier, shorter part of
+    the same speech) or None. The guesses are checked in one decoder pass and only the tokens after
+    the first wrong one are decoded step by step; the result is the same greedy transcript."""
     opts = opts or TranscribeOptions(without_timestamps=True)
     runner, tok, cfg = decoder.runner, decoder.tok, decoder.cfg
     dev = runner.device
     if any(len(a) > N_FRAMES * HOP_LENGTH for a in audios):
         raise ValueError("transcribe_batch takes utterances of at most 30 seconds; use transcribe() for long audio")
     with torch.inference_mode(), runner.loop_threads():
-        # as in transcribe(): log-mel of the audio with 30 s of padding, cut to the content frames,
-        # then zero-padded to a full window (openai/whisper pads in the log-mel domain)
-        mels = torch.stack([pad_or_trim_frames(log_mel_spectrogram(a, cfg.n_mels, padding=N_FRAMES * HOP_LENGTH,
-                                                                   device=dev)[:, : len(a) // HOP_LENGTH])
-                            for a in audios])
+        # as in transcribe(): the content frames, zero-padded to a full window (openai/whisper pads in
+        # the log-mel domain)
+        mels = torch.stack([utterance_mel(a, cfg.n_mels, dev) for a in audios])
         enc = runner.encode(mels)
         language = opts.language or "en"
         prompt = tok.sot_sequence(language, opts.task) + ([tok.no_timestamps] if opts.without_timestamps else [])
@@ -393,7 +462,14 @@ def transcribe_batch(decoder: WhisperDecoder, audios: list[np.ndarray], opts: Tr
         if len(prompt) > 1:
             logits = runner.decode_step(state, torch.tensor([prompt[1:]] * n, device=dev))
         rules = _Rules(tok, opts, len(prompt), dev)
-        seqs, sum_lp = decoder._sample(state, logits, rules, n, 0.0, sample_len, None)
+        if drafts is not None and any(drafts):
+            if len(drafts) != n:
+                raise ValueError(f"{len(drafts)} drafts for {n} utterances")
+            text_only = [list(itertools.takewhile(lambda t: 0 <= t < tok.eot, d or [])) for d in drafts]
+            seqs, sum_lp = decoder._greedy_drafted(state, logits, rules, text_only, sample_len,
+                                                   len(prompt))
+        else:
+            seqs, sum_lp = decoder._sample(state, logits, rules, n, 0.0, sample_len, None)
     out = []
     for i in range(n):
         text = tok.decode(seqs[i])

@@ -129,6 +129,14 @@ def log_mel_spectrogram(audio, n_mels: int = 80, padding: int = 0, device: str |
     return (log_spec + 4.0) / 4.0
 
 
+def utterance_mel(audio, n_mels: int = 80, device: str | torch.device = "cpu") -> torch.Tensor:
+    """The log-mel window of an utterance of at most 30 s: [n_mels, 3000], the content frames of
+    log_mel_spectrogram(audio, padding=30 s) followed by zeros, as Whisper's transcribe builds it.
+    Only N_FFT zeros are appended before the STFT: every content frame, and the maximum that sets the
+    floor, come out the same (later frames see only zeros), for a tenth of the work on short turns."""
+    return pad_or_trim_frames(log_mel_spectrogram(audio, n_mels, padding=N_FFT, device=device)[:, : len(audio) // HOP_LENGTH])
+
+
 def pad_or_trim_frames(mel: torch.Tensor, length: int = N_FRAMES) -> torch.Tensor:
     """[n_mels, n] -> [n_mels, length], zero-padded or cut at the end."""
     n = mel.shape[-1]

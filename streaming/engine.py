@@ -47,6 +47,7 @@ class _AsrJob:
     loop: asyncio.AbstractEventLoop
     submitted: float
     key: object = None  # partials: one pending job per key (a newer one replaces it)
+    draft: list[int] | None = None  # a guess of the tokens (an earlier transcript of the same speech)
 
 
 class StreamTask:
@@ -129,11 +130,14 @@ class Engine:
             req.cancelled = True
             self._cv.notify()
 
-    async def transcribe(self, audio: np.ndarray, partial: bool = False, key=None) -> WindowResult:
+    async def transcribe(self, audio: np.ndarray, partial: bool = False, key=None,
+                         draft: list[int] | None = None) -> WindowResult:
         """Transcript of one utterance (16 kHz float32). Partials with the same key coalesce: only the
-        newest pending one runs, older ones resolve to None."""
+        newest pending one runs, older ones resolve to None. `draft`: the tokens of an earlier
+        transcript of (the start of) the same speech; decoding checks them in one pass instead of
+        producing them one step at a time (see transcribe_batch) — same transcript, fewer steps."""
         loop = asyncio.get_running_loop()
-        job = _AsrJob(audio, loop.create_future(), loop, time.perf_counter(), key)
+        job = _AsrJob(audio, loop.create_future(), loop, time.perf_counter(), key, draft)
         with self._cv:
             if partial:
                 old = self._partials.pop(key, None)
@@ -234,7 +238,8 @@ class Engine:
         results: list[tuple[_AsrJob, object, Exception | None]] = []
         try:
             if short:
-                out = transcribe_batch(self.asr.decoder, [j.audio for j in short], self._final_opts)
+                out = transcribe_batch(self.asr.decoder, [j.audio for j in short], self._final_opts,
+                                       [j.draft for j in short])
                 results += [(j, r, None) for j, r in zip(short, out)]
         except Exception as e:  # noqa: BLE001 - reported to every waiting session
             log.exception("batched transcription failed")

@@ -87,6 +87,7 @@ class RealtimeSession:
         self.response = None  # the active agent.Response, if any
         self.speculative = None  # (pause_ms, task): the final transcript begun when a pause started
         self.partial_words: tuple[str | None, list[str]] = (None, [])  # (item id, words sent as deltas)
+        self.hypothesis: tuple[str | None, list[int]] = (None, [])  # (item id, tokens of its latest transcript)
         self.last_activity = time.monotonic()
         self.closed = False
 
@@ -217,7 +218,7 @@ class RealtimeSession:
             # of the turn (silence_duration_ms later) its final transcript is already (nearly) done.
             # The audio committed then differs from this only by trailing silence.
             start, end = self._turn_span(pause)
-            self.speculative = (pause, self.spawn(self.server.engine.transcribe(self.buf.slice(start, end))))
+            self.speculative = (pause, self.spawn(self._transcribe_turn(self.buf.slice(start, end), self.turn_item)))
 
     async def _speech_started(self, ms: int):
         self.turn_item = new_id("item")
@@ -269,7 +270,7 @@ class RealtimeSession:
             if self.turns is not None and self.turns.pause_ms is not None:
                 continue  # paused: the final transcript (begun at the pause) has the engine's time
             last_len = len(audio)
-            r = await self.server.engine.transcribe(audio, partial=True, key=self.id)
+            r = await self._transcribe_turn(audio, item_id, partial=True)
             if r is None or self.turn_item != item_id:
                 continue
             words = r.text.split()
@@ -281,6 +282,16 @@ class RealtimeSession:
                 self.partial_words = (item_id, words[:stable])
                 emitted = stable
             prev = words
+
+    async def _transcribe_turn(self, audio: np.ndarray, item_id: str | None, partial: bool = False):
+        """Transcribe (part of) turn `item_id`, drafting with the turn's latest transcript: the speech
+        only grew since, so most of its tokens are checked in one decoder pass."""
+        hyp_item, draft = self.hypothesis
+        r = await self.server.engine.transcribe(audio, partial=partial, key=self.id if partial else None,
+                                                draft=draft if item_id is not None and hyp_item == item_id else None)
+        if r is not None and item_id is not None and r.tokens:
+            self.hypothesis = (item_id, r.tokens)
+        return r
 
     async def on_input_audio_buffer_commit(self, ev):
         if self.buf.size < RATE // 10:
@@ -315,7 +326,7 @@ class RealtimeSession:
         self.spawn(self._final_transcript(item, audio, auto, early))
 
     async def _final_transcript(self, item: dict, audio: np.ndarray, auto: bool, early: asyncio.Task | None):
-        r = await early if early is not None else await self.server.engine.transcribe(audio)
+        r = await early if early is not None else await self._transcribe_turn(audio, item["id"])
         text = r.text
         said_id, said = self.partial_words
         if said_id == item["id"] and said:

@@ -66,3 +66,16 @@ def test_bad_audio_inputs(tmp_path):
         load_audio(np.full(100, np.nan, np.float32), source_rate=16000)
     with pytest.raises(AudioError, match="float"):
         load_audio(np.zeros(100, np.int64), source_rate=16000)
+
+
+@pytest.mark.parametrize("n", [1600, 16001, 160 * 1234 + 77, 480000])
+def test_utterance_mel_equals_padded_window(n):
+    """utterance_mel (N_FFT zeros appended) equals Whisper's window built from 30 s of padding."""
+    from speechrt.models.audio import HOP_LENGTH, N_FRAMES, log_mel_spectrogram, pad_or_trim_frames, utterance_mel
+
+    a = np.random.default_rng(n).standard_normal(n).astype(np.float32) * 0.1
+    a[: n // 3] *= 0.01
+    ref = pad_or_trim_frames(log_mel_spectrogram(a, 80, padding=N_FRAMES * HOP_LENGTH)[:, : n // HOP_LENGTH])
+    got = utterance_mel(a, 80)
+    assert got.shape == (80, N_FRAMES)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)

@@ -173,3 +173,35 @@ def test_truncated_and_foreign_model_files(tmp_path):
     torch.save({"weights": torch.zeros(3)}, pt)
     with pytest.raises(ModelError, match="not an openai-whisper checkpoint"):
         load_asr(pt)
+
+
+def test_drafted_greedy_equals_plain_greedy(asr, synth):
+    """transcribe_batch with drafts (checked in one pass, then stepwise from the first wrong token) gives
+    plain greedy decoding's tokens and log probabilities, whatever the drafts: the transcript of the
+    first part of the speech (the streaming server's case), the full answer, the answer plus junk,
+    junk alone, empty, and a draft longer than the sample budget; rows of one batch with different
+    drafts."""
+    from speechrt.models.asr_decoding import TranscribeOptions, transcribe_batch
+
+    dec = asr.decoder
+    opts = TranscribeOptions(without_timestamps=True)
+    audios = [synth(SENTENCES[i]) for i in (0, 7, 9)]
+    plain = transcribe_batch(dec, audios, opts)
+    assert all(p.tokens for p in plain)
+    rng = np.random.default_rng(0)
+    for k, (audio, ref) in enumerate(zip(audios, plain)):
+        part = transcribe_batch(dec, [audio[: len(audio) * 3 // 5]], opts)[0].tokens
+        junk = rng.integers(0, dec.tok.eot, 6).tolist()
+        for draft in (part, ref.tokens, ref.tokens + junk, junk, [], ref.tokens[:2] + [dec.tok.eot] + junk):
+            got = transcribe_batch(dec, [audio], opts, [draft])[0]
+            assert got.tokens == ref.tokens, (k, draft, got.text, ref.text)
+            assert abs(got.avg_logprob - ref.avg_logprob) < 1e-4
+    short = TranscribeOptions(without_timestamps=True, sample_len=4)
+    capped = transcribe_batch(dec, audios[:1], short)[0]
+    assert transcribe_batch(dec, audios[:1], short, [plain[0].tokens])[0].tokens == capped.tokens
+    assert len(capped.tokens) == 4
+    drafts = [plain[0].tokens[:3], None, plain[2].tokens + junk]
+    batch = transcribe_batch(dec, audios, opts, drafts)
+    assert [b.tokens for b in batch] == [p.tokens for p in plain]
+    with pytest.raises(ValueError, match="2 drafts for 3"):
+        transcribe_batch(dec, audios, opts, drafts[:2])
