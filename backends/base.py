@@ -70,7 +70,8 @@ class SLMRunner(ABC):
     @abstractmethod
     def prefill(self, cache: Any, slot: int, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
         """Run tokens [T] into `slot` at positions start..start+T-1 -> logits [vocab] float32 of the last.
-        start=0 (re)starts the slot; start=n continues a slot that holds n positions."""
+        start=0 (re)starts the slot; start=n keeps the first n positions the slot holds (n at most what
+        it holds; any later ones are forgotten) and continues from there."""
 
     @abstractmethod
     def decode_step(self, cache: Any, slots: list[int] | torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

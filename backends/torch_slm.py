@@ -59,7 +59,13 @@ class TorchSLMRunner(SLMRunner):
         self.source = lm_file.source
         self.weight_format = weight_format
         self.ops = K.select(kernels, device)
-        self.model = Llama(lm_file.config, lm_file.weights, self.ops, device, weight_format, lm_file.q4).eval()
+        # prompts through bf16 copies of the quantized weights where bf16 matmuls are native (CPU AMX /
+        # AVX512-BF16): prefill is compute bound, twice as fast that way (see models.llama.Linear)
+        from .torch_asr import cpu_has_native_bf16
+
+        dense = device.type == "cpu" and weight_format in ("int4", "int8") and cpu_has_native_bf16()
+        self.model = Llama(lm_file.config, lm_file.weights, self.ops, device, weight_format, lm_file.q4,
+                           dense_prefill=dense).eval()
 
     def new_cache(self, max_batch: int, max_seq: int):
         if max_batch < 1 or max_seq < 1:
@@ -70,8 +76,8 @@ class TorchSLMRunner(SLMRunner):
     def prefill(self, cache, slot: int, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
         if not 0 <= slot < cache.max_batch:
             raise ValueError(f"slot {slot} out of range; the cache has {cache.max_batch} slots")
-        if start != cache.lengths[slot] and start != 0:
-            raise ValueError(f"slot {slot} holds {cache.lengths[slot]} positions; prefill must start at 0 or there")
+        if not 0 <= start <= cache.lengths[slot]:
+            raise ValueError(f"slot {slot} holds {cache.lengths[slot]} positions; prefill must start within them (0..{cache.lengths[slot]})")
         return self.model.prefill(cache, slot, tokens.to(self.device), start)
 
     @torch.inference_mode()

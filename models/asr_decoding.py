@@ -62,6 +62,10 @@ class TranscribeOptions:
             bad(f"sample_len must be >= 1, got {self.sample_len}")
 
 
+class TranscriptionCancelled(Exception):
+    """transcribe_batch's `stop` asked to abandon the work."""
+
+
 @dataclass
 class WindowResult:
     tokens: list[int]  # sampled tokens, end-of-text excluded
@@ -206,8 +210,9 @@ class WhisperDecoder:
         text = self.tok.decode(toks)
         return WindowResult(toks, text, sum_lp[best] / (len(toks) + 1), no_speech, temperature, compression_ratio(text))
 
-    def _sample(self, state, logits, rules, n, temperature, sample_len, gen):
-        """Greedy (temperature 0) or sampled decoding of n rows; finished rows leave the batch."""
+    def _sample(self, state, logits, rules, n, temperature, sample_len, gen, stop=None):
+        """Greedy (temperature 0) or sampled decoding of n rows; finished rows leave the batch.
+        `stop()` is asked before each step; True abandons the work (TranscriptionCancelled)."""
         seqs: list[list[int]] = [[] for _ in range(n)]
         sum_lp = [0.0] * n
         active = list(range(n))
@@ -234,26 +239,24 @@ class WhisperDecoder:
                 state = self.runner.reorder(state, torch.tensor(keep, device=logits.device))
                 active = [active[j] for j in keep]
                 nxt = nxt[keep]
+            if stop is not None and stop():
+                raise TranscriptionCancelled()
             logits = self.runner.decode_step(state, nxt[:, None])
         return seqs, sum_lp
 
-    def _greedy_drafted(self, state, logits, rules, drafts: list[list[int]], sample_len: int, prompt_len: int):
+    def _greedy_drafted(self, state, checked, rules, drafts: list[list[int]], sample_len: int, prompt_len: int,
+                        stop=None):
         """Greedy decoding of len(drafts) rows that checks a guess of each row's output first (speculative
-        decoding with the guess as the draft): one decoder pass over every draft gives the logits at each
-        draft position; a row keeps its draft up to the first token greedy decoding would not have
-        picked, then goes on one token per step. The result is greedy decoding's; the steps saved are
-        the accepted draft tokens. The streaming server drafts a turn's final transcript with its last
-        live hypothesis, which usually agrees with all but the last words."""
-        eot, n, dev = self.tok.eot, len(drafts), logits.device
-        drafts = [list(d[: sample_len - 1]) for d in drafts]  # a draft may not fill the sample budget
-        width = max(len(d) for d in drafts)
+        decoding with the guess as the draft). The caller has run the prompt and every draft through
+        the decoder in one pass: checked [n, 1 + width, vocab] are the logits after the prompt and after
+        each draft prefix (drafts padded to `width`). A row keeps its draft up to the first token greedy
+        decoding would not have picked, then goes on one token per step. The result is greedy
+        decoding's; the steps saved are the accepted draft tokens. The streaming server drafts a turn's
+        transcript with its previous one, which usually agrees with all but the last words."""
+        eot, n, dev = self.tok.eot, len(drafts), checked.device
         seqs: list[list[int]] = [[] for _ in range(n)]
         sum_lp = [0.0] * n
         done = [False] * n
-        checked = logits[:, None]
-        if width:
-            padded = torch.tensor([d + [eot] * (width - len(d)) for d in drafts], device=dev)
-            checked = torch.cat([checked, self.runner.decode_step(state, padded, last_only=False)], dim=1)
         # checked[i, j]: the logits after the prompt and draft i's first j tokens
         valid = []  # per row: leading tokens of the sequence whose cache entries the draft pass wrote
         for i in range(n):
@@ -279,6 +282,8 @@ class WhisperDecoder:
         pos = min(valid[i] for i in active)
         state = self.runner.rewind(state, prompt_len + pos)
         while True:
+            if stop is not None and stop():
+                raise TranscriptionCancelled()
             feed = torch.tensor([[seqs[i][pos]] for i in active], device=dev)
             logits = self.runner.decode_step(state, feed)
             pos += 1
@@ -433,43 +438,51 @@ class WhisperDecoder:
 
 
 def transcribe_batch(decoder: WhisperDecoder, audios: list[np.ndarray], opts: TranscribeOptions | None = None,
-                     drafts: list[list[int] | None] | None = None) -> list[WindowResult]:
+                     drafts: list[list[int] | None] | None = None, stop=None) -> list[WindowResult]:
     """Greedy transcription of several short utterances (each at most 30 s at 16 kHz) in one batch:
     one encoder call for all windows, then decode steps over all rows together, finished rows leaving
     the batch. This is what the streaming server runs for turns of different sessions. Utterances
     judged silent (no-speech probability above the threshold and low confidence) come back empty.
 
     `drafts`: per utterance, a guess of its tokens (e.g. the transcript of an earlier, shorter part of
-    the same speech) or None. The guesses are checked in one decoder pass and only the tokens after
-    the first wrong one are decoded step by step; the result is the same greedy transcript."""
+    the same speech) or None. The guesses go through the decoder with the prompt, in one pass, and
+    only the tokens after the first wrong one are decoded step by step; the result is the same greedy
+    transcript. `stop`: asked between steps; when it returns True the work is abandoned with
+    TranscriptionCancelled (the server drops a live transcript that a final one made useless)."""
     opts = opts or TranscribeOptions(without_timestamps=True)
     runner, tok, cfg = decoder.runner, decoder.tok, decoder.cfg
     dev = runner.device
+    n = len(audios)
     if any(len(a) > N_FRAMES * HOP_LENGTH for a in audios):
         raise ValueError("transcribe_batch takes utterances of at most 30 seconds; use transcribe() for long audio")
+    if drafts is not None and len(drafts) != n:
+        raise ValueError(f"{len(drafts)} drafts for {n} utterances")
+    language = opts.language or "en"
+    prompt = tok.sot_sequence(language, opts.task) + ([tok.no_timestamps] if opts.without_timestamps else [])
+    sample_len = min(opts.sample_len or cfg.n_text_ctx // 2, cfg.n_text_ctx - len(prompt))
+    # text tokens only, and short enough that a draft leaves room for one more token
+    drafts = [list(itertools.takewhile(lambda t: 0 <= t < tok.eot, d or []))[: sample_len - 1] for d in drafts or [None] * n]
+    width = max(len(d) for d in drafts)
     with torch.inference_mode(), runner.loop_threads():
         # as in transcribe(): the content frames, zero-padded to a full window (openai/whisper pads in
         # the log-mel domain)
         mels = torch.stack([utterance_mel(a, cfg.n_mels, dev) for a in audios])
         enc = runner.encode(mels)
-        language = opts.language or "en"
-        prompt = tok.sot_sequence(language, opts.task) + ([tok.no_timestamps] if opts.without_timestamps else [])
-        sample_len = min(opts.sample_len or cfg.n_text_ctx // 2, cfg.n_text_ctx - len(prompt))
-        n = len(audios)
+        if stop is not None and stop():
+            raise TranscriptionCancelled()
         state = runner.start(enc, 1, len(prompt) + sample_len)
-        logits = runner.decode_step(state, torch.tensor([prompt[:1]] * n, device=dev))
-        no_speech = (torch.softmax(logits, -1)[:, tok.no_speech].tolist() if tok.no_speech is not None else [math.nan] * n)
-        if len(prompt) > 1:
-            logits = runner.decode_step(state, torch.tensor([prompt[1:]] * n, device=dev))
+        # the prompt and the drafts (padded with end-of-text) in one pass: logits at every position
+        rows = [prompt + d + [tok.eot] * (width - len(d)) for d in drafts]
+        logits = runner.decode_step(state, torch.tensor(rows, device=dev), last_only=False)
+        # <|startoftranscript|>'s logits give the no-speech probability
+        no_speech = (torch.softmax(logits[:, 0], -1)[:, tok.no_speech].tolist() if tok.no_speech is not None
+                     else [math.nan] * n)
         rules = _Rules(tok, opts, len(prompt), dev)
-        if drafts is not None and any(drafts):
-            if len(drafts) != n:
-                raise ValueError(f"{len(drafts)} drafts for {n} utterances")
-            text_only = [list(itertools.takewhile(lambda t: 0 <= t < tok.eot, d or [])) for d in drafts]
-            seqs, sum_lp = decoder._greedy_drafted(state, logits, rules, text_only, sample_len,
-                                                   len(prompt))
+        if width:
+            seqs, sum_lp = decoder._greedy_drafted(state, logits[:, len(prompt) - 1:], rules, drafts, sample_len,
+                                                   len(prompt), stop)
         else:
-            seqs, sum_lp = decoder._sample(state, logits, rules, n, 0.0, sample_len, None)
+            seqs, sum_lp = decoder._sample(state, logits[:, -1], rules, n, 0.0, sample_len, None, stop)
     out = []
     for i in range(n):
         text = tok.decode(seqs[i])

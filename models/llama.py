@@ -133,14 +133,25 @@ def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
     raise ValueError(f"unknown rope scaling kind {s.kind!r}; valid: linear, freq_factors, llama3")
 
 
+DENSE_MIN_ROWS = 16  # inputs with at least this many rows (prefill) take the dense copy, if there is one
+
+
 class Linear(nn.Module):
     """y = x @ W.T with W stored as `fmt` (see WEIGHT_FORMATS); the op comes from the kernel set."""
 
-    def __init__(self, ops, weight: torch.Tensor | list[torch.Tensor], fmt: str, device: torch.device, q4=None):
+    def __init__(self, ops, weight: torch.Tensor | list[torch.Tensor], fmt: str, device: torch.device, q4=None,
+                 dense: bool = False):
         """weight [N, K] float, or a list of them to fuse along N. q4: the file's own 4-bit blocks
         (q, scale, zero) for this weight, used by fmt 'int4'; with fmt 'int4' and no blocks,
-        `q4='quantize'` quantizes the float weight, None falls back to int8."""
+        `q4='quantize'` quantizes the float weight, None falls back to int8.
+
+        dense (int4 / int8 only): also keep the dequantized weight in bf16 for inputs of many rows.
+        Weight-only kernels are for memory-bound one-row decode steps; a prompt's prefill is compute
+        bound, and a bf16 matmul (AMX / AVX512-BF16 on CPUs that have it) runs it about twice as fast
+        end to end, computing with the same weight values."""
         super().__init__()
+        self.register_buffer("dense", None)
+        self._dense_op = ops.linear
         if isinstance(q4, tuple):  # the float copy is not needed
             self.out_features, self.in_features = q4[0].shape
         else:
@@ -149,6 +160,11 @@ class Linear(nn.Module):
         self.fmt = fmt
         if fmt == "int4" and q4 is not None:
             q, scale, zero = quantize_int4(weight) if isinstance(q4, str) else q4
+            if dense:
+                N, K = q.shape
+                g = K // scale.shape[1]
+                w = (q.float().view(N, -1, g) - 8) * scale.float()[..., None] + zero.float()[..., None]
+                self.register_buffer("dense", w.view(N, K).to(device, torch.bfloat16).contiguous())
             packed, sz = ops.pack_int4(q.to(device), scale.to(device), zero.to(device), WEIGHT_FORMATS[fmt])
             self.register_buffer("weight", packed)
             self.register_buffer("scale", sz)
@@ -165,6 +181,8 @@ class Linear(nn.Module):
             scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
             self.register_buffer("weight", torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8))
             self.register_buffer("scale", scale.to(WEIGHT_FORMATS[fmt]))
+            if dense:
+                self.register_buffer("dense", (self.weight.float() * scale[:, None]).to(torch.bfloat16).contiguous())
             self._op = ops.linear_int8
             self._int8 = True
         else:
@@ -174,13 +192,16 @@ class Linear(nn.Module):
             self._int8 = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dense is not None and x.numel() >= DENSE_MIN_ROWS * x.shape[-1]:
+            return self._dense_op(x, self.dense)
         if self._int8:
             return self._op(x, self.weight, self.scale)
         return self._op(x, self.weight)
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: LlamaConfig, ops, w: dict, fmt: str, device, adtype, q4: dict | str | None = None):
+    def __init__(self, cfg: LlamaConfig, ops, w: dict, fmt: str, device, adtype, q4: dict | str | None = None,
+                 dense: bool = False):
         super().__init__()
         self.ops, self.cfg = ops, cfg
         self.attn_norm = nn.Parameter(w["attn_norm"].to(device, adtype), requires_grad=False)
@@ -193,10 +214,10 @@ class Block(nn.Module):
                 return tuple(torch.cat([q4[n][i] for n in names]) for i in range(3))
             return None
         # fused projections: [(H + 2 Hkv) * D, dim] and [2 * hidden, dim]
-        self.wqkv = Linear(ops, [w["wq"], w["wk"], w["wv"]], fmt, device, blocks("wq", "wk", "wv"))
-        self.wo = Linear(ops, w["wo"], fmt, device, blocks("wo"))
-        self.w_gate_up = Linear(ops, [w["w_gate"], w["w_up"]], fmt, device, blocks("w_gate", "w_up"))
-        self.w_down = Linear(ops, w["w_down"], fmt, device, blocks("w_down"))
+        self.wqkv = Linear(ops, [w["wq"], w["wk"], w["wv"]], fmt, device, blocks("wq", "wk", "wv"), dense)
+        self.wo = Linear(ops, w["wo"], fmt, device, blocks("wo"), dense)
+        self.w_gate_up = Linear(ops, [w["w_gate"], w["w_up"]], fmt, device, blocks("w_gate", "w_up"), dense)
+        self.w_down = Linear(ops, w["w_down"], fmt, device, blocks("w_down"), dense)
         self.q_size = cfg.n_heads * cfg.head_dim
         self.kv_size = cfg.n_kv_heads * cfg.head_dim
 
@@ -246,9 +267,10 @@ class KVCache:
 
 class Llama(nn.Module):
     def __init__(self, cfg: LlamaConfig, weights: dict[str, torch.Tensor], ops, device: torch.device,
-                 weight_format: str = "float32", q4: dict | None = None):
+                 weight_format: str = "float32", q4: dict | None = None, dense_prefill: bool = False):
         """weights: float tensors named as models.gguf_loader produces them; q4: the file's 4-bit blocks
-        (gguf_loader.LMFile.q4) for weight_format 'int4' — without any, int4 quantizes the float weights."""
+        (gguf_loader.LMFile.q4) for weight_format 'int4' — without any, int4 quantizes the float weights.
+        dense_prefill (int4 / int8): the blocks' weights also in bf16 for prompts (see Linear)."""
         super().__init__()
         if weight_format not in WEIGHT_FORMATS:
             raise ValueError(f"unknown weight format {weight_format!r}; valid: {', '.join(WEIGHT_FORMATS)}")
@@ -272,7 +294,7 @@ class Llama(nn.Module):
             return q4 if isinstance(q4, str) else {n: q4[f"layers.{i}.{n}"] for n in names if f"layers.{i}.{n}" in q4}
         self.layers = nn.ModuleList(
             Block(cfg, ops, {n: weights[f"layers.{i}.{n}"] for n in names}, weight_format, device, self.dtype,
-                  layer_q4(i))
+                  layer_q4(i), dense_prefill and weight_format in ("int4", "int8"))
             for i in range(cfg.n_layers))
         self.norm = nn.Parameter(weights["norm"].to(device, self.dtype), requires_grad=False)
         self.output = Linear(ops, weights["tok_embeddings" if cfg.tie_embeddings else "output"], weight_format, device)

@@ -23,6 +23,9 @@ def add_arguments(p):
     p.add_argument("--asr-loop-threads", type=int, default=1,
                    help="CPU threads for the small ops of transcript decoding (default 1: robust when the cores are "
                         "shared; 0: all threads, faster on an otherwise idle machine)")
+    p.add_argument("--lm-threads", type=int, default=1,
+                   help="CPU threads for language model steps (default 1: robust when the cores are shared; 0: all "
+                        "threads, faster on an otherwise idle machine)")
     p.add_argument("--partial-interval", type=float, default=1.0,
                    help="seconds between live transcript updates while a person speaks (0: final transcripts only)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch")
@@ -59,7 +62,7 @@ def run(args):
                          origins=tuple(args.allow_origin), max_sessions=args.max_sessions,
                          max_message_bytes=args.max_message_bytes, max_buffer_seconds=args.max_buffer_seconds,
                          idle_timeout=args.idle_timeout, silence_duration_ms=args.silence_duration_ms,
-                         partial_interval=args.partial_interval)
+                         partial_interval=args.partial_interval, lm_threads=args.lm_threads or None)
     t = time.perf_counter()
     asr, lm, tts = load_models(args)
     print(f"speechrt: models loaded in {time.perf_counter() - t:.1f} s", flush=True)

@@ -105,7 +105,7 @@ class Response:
             ids = lm.encode_chat(conversation_messages(s.items[:-1], self.instructions))
             opts = GenerationOptions(max_tokens=self.max_tokens, temperature=s.cfg.temperature,
                                      seed=0 if s.cfg.temperature > 0 else None)
-            self._lm_req, q = eng.generate(ids, opts)
+            self._lm_req, q = eng.generate(ids, opts, key=s.id)
             pieces = self._drain(q)
         if self.audio:
             await self._speak(pieces)

@@ -19,8 +19,9 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
-from speechrt.models.asr_decoding import TranscribeOptions, WindowResult, transcribe_batch
+from speechrt.models.asr_decoding import TranscribeOptions, TranscriptionCancelled, WindowResult, transcribe_batch
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ class Metrics:
     asr_items: int = 0
     asr_seconds: float = 0.0
     asr_audio_seconds: float = 0.0
+    asr_cancelled: int = 0  # live transcripts stopped because the turn's final one was asked for
     stream_steps: int = 0
     final_latency: collections.deque = field(default_factory=lambda: collections.deque(maxlen=1000))
     partial_latency: collections.deque = field(default_factory=lambda: collections.deque(maxlen=1000))
@@ -48,6 +50,7 @@ class _AsrJob:
     submitted: float
     key: object = None  # partials: one pending job per key (a newer one replaces it)
     draft: list[int] | None = None  # a guess of the tokens (an earlier transcript of the same speech)
+    cancelled: bool = False  # a partial made useless by a final transcript of the same key
 
 
 class StreamTask:
@@ -79,8 +82,9 @@ class StreamTask:
 
 
 class Engine:
-    def __init__(self, asr, lm=None, max_batch: int = 8):
-        self.asr = asr
+    def __init__(self, asr, lm=None, max_batch: int = 8, lm_threads: int | None = 1, tts=None):
+        self.asr, self.tts = asr, tts
+        self.lm_threads = lm_threads  # CPU threads for language model steps (None: all)
         self.max_batch = max_batch
         self.partial_batch = 1  # a final that arrives while a partial runs waits for one utterance only
         self.lm = None
@@ -93,8 +97,9 @@ class Engine:
         self._finals: collections.deque[_AsrJob] = collections.deque()
         self._partials: collections.OrderedDict = collections.OrderedDict()
         self._tasks: collections.deque[StreamTask] = collections.deque()
+        self._running_partials: list[_AsrJob] = []
         self._stop = False
-        self._busy = False
+        self._warming = True  # until _warm_up has run
         self._thread = threading.Thread(target=self._run, name="speechrt-engine", daemon=True)
         self._final_opts = TranscribeOptions(without_timestamps=True)
 
@@ -112,14 +117,15 @@ class Engine:
         lm = len(self.lm.pending) + len(self.lm.active) if self.lm else 0
         return len(self._finals) + len(self._partials) + len(self._tasks) + lm
 
-    def generate(self, ids: list[int], options) -> tuple[object, asyncio.Queue]:
+    def generate(self, ids: list[int], options, key=None) -> tuple[object, asyncio.Queue]:
         """Join the continuous LM batch; the queue receives (text, None) per piece, then
-        (text, finish_reason) once. Cancel with engine.cancel_generation(request)."""
+        (text, finish_reason) once. Cancel with engine.cancel_generation(request). `key` names the
+        conversation: its next request reuses the positions of this one that its prompt repeats."""
         from .lm_batcher import LMRequest
 
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
-        req = LMRequest(list(ids), options, lambda item: loop.call_soon_threadsafe(q.put_nowait, item))
+        req = LMRequest(list(ids), options, lambda item: loop.call_soon_threadsafe(q.put_nowait, item), key=key)
         with self._cv:
             self.lm.submit(req)
             self._cv.notify()
@@ -133,18 +139,22 @@ class Engine:
     async def transcribe(self, audio: np.ndarray, partial: bool = False, key=None,
                          draft: list[int] | None = None) -> WindowResult:
         """Transcript of one utterance (16 kHz float32). Partials with the same key coalesce: only the
-        newest pending one runs, older ones resolve to None. `draft`: the tokens of an earlier
-        transcript of (the start of) the same speech; decoding checks them in one pass instead of
-        producing them one step at a time (see transcribe_batch) — same transcript, fewer steps."""
+        newest pending one runs, older ones resolve to None; a final with the same key drops the key's
+        pending partial and stops its running one (it resolves to None). `draft`: the tokens of an
+        earlier transcript of (the start of) the same speech; decoding checks them in one pass instead
+        of producing them one step at a time (see transcribe_batch) — same transcript, fewer steps."""
         loop = asyncio.get_running_loop()
         job = _AsrJob(audio, loop.create_future(), loop, time.perf_counter(), key, draft)
         with self._cv:
+            old = self._partials.pop(key, None) if key is not None else None
+            if old is not None:
+                loop.call_soon(self._resolve, old.future, None)
             if partial:
-                old = self._partials.pop(key, None)
-                if old is not None:
-                    loop.call_soon(self._resolve, old.future, None)
                 self._partials[key] = job
             else:
+                for running in self._running_partials:
+                    if key is not None and running.key == key:
+                        running.cancelled = True  # the worker stops it at its next step
                 self._finals.append(job)
             self._cv.notify()
         return await job.future
@@ -170,7 +180,35 @@ class Engine:
                 fut.set_result(value)
 
     # -- worker ----------------------------------------------------------------------------------
+    def _warm_up(self):
+        """Run each model once on this thread before the first request: the first call of a model in a
+        thread pays for its thread pool, kernel selection and allocations (~0.1-0.3 s each), which would
+        otherwise land on the first user's latency."""
+        from speechrt.backends.torch_backend import cpu_threads
+
+        t0 = time.perf_counter()
+        try:
+            noise = np.random.default_rng(0).standard_normal(16000).astype(np.float32) * 1e-3
+            first = transcribe_batch(self.asr.decoder, [noise], self._final_opts)[0]
+            transcribe_batch(self.asr.decoder, [noise], self._final_opts, [first.tokens or [0]])
+            if self.lm is not None:
+                runner = self.lm.runner
+                on_cpu = getattr(runner, "device", None) is not None and runner.device.type == "cpu"
+                with torch.inference_mode(), cpu_threads(self.lm_threads if on_cpu else None):
+                    slot = self.lm.free[0]
+                    runner.prefill(self.lm.cache, slot, torch.tensor(self.lm.lm.encode_chat(
+                        [{"role": "user", "content": "Hello."}]), dtype=torch.long), 0)
+                    runner.decode_step(self.lm.cache, [slot], torch.tensor([0]))
+            if self.tts is not None:
+                for _ in self.tts.synthesize("Hello there."):
+                    pass
+        except Exception:  # noqa: BLE001 - a failed warm-up only costs the first request time
+            log.exception("engine warm-up failed")
+        self._warming = False
+        log.info("engine warmed up in %.2f s", time.perf_counter() - t0)
+
     def _run(self):
+        self._warm_up()
         while True:
             with self._cv:
                 while not (self._stop or self._finals or self._partials or self._tasks or self._lm_work()):
@@ -188,6 +226,7 @@ class Engine:
                     jobs = []
                     while self._partials and len(jobs) < self.partial_batch:
                         jobs.append(self._partials.popitem(last=False)[1])
+                    self._running_partials = jobs
                     kind = "partial"
             if kind == "stream":
                 if self._tasks:
@@ -196,6 +235,8 @@ class Engine:
                     self._step_lm()
             else:
                 self._run_asr(jobs, kind)
+                with self._cv:
+                    self._running_partials = []
 
     def _lm_work(self) -> bool:
         return self.lm is not None and self.lm.has_work()
@@ -205,7 +246,7 @@ class Engine:
 
         on_cpu = getattr(self.lm.runner, "device", None) is not None and self.lm.runner.device.type == "cpu"
         try:  # submit() appends to a deque and cancel() sets a flag: both safe while the step runs
-            with cpu_threads(1 if on_cpu else None):  # small decode ops: no thread barriers (see cpu_threads)
+            with cpu_threads(self.lm_threads if on_cpu else None):  # 1: no thread barriers (see cpu_threads)
                 self.lm.step()
             self.metrics.stream_steps += 1
         except Exception as e:  # noqa: BLE001 - fail every request in the batch, keep serving
@@ -215,6 +256,7 @@ class Engine:
             self.lm.active.clear()
             self.lm.pending.clear()
             self.lm.free = list(range(self.lm.cache.max_batch))
+            self.lm.retained.clear()
 
     def _step_tasks(self):
         with self._cv:
@@ -236,11 +278,16 @@ class Engine:
         short = [j for j in jobs if len(j.audio) <= MAX_TURN_SAMPLES]
         long_ = [j for j in jobs if len(j.audio) > MAX_TURN_SAMPLES]
         results: list[tuple[_AsrJob, object, Exception | None]] = []
+        # partials: stop once a final transcript has made every one of them useless
+        stop = (lambda: all(j.cancelled for j in jobs)) if kind == "partial" else None
         try:
             if short:
                 out = transcribe_batch(self.asr.decoder, [j.audio for j in short], self._final_opts,
-                                       [j.draft for j in short])
+                                       [j.draft for j in short], stop)
                 results += [(j, r, None) for j, r in zip(short, out)]
+        except TranscriptionCancelled:
+            results += [(j, None, None) for j in short]
+            self.metrics.asr_cancelled += len(short)
         except Exception as e:  # noqa: BLE001 - reported to every waiting session
             log.exception("batched transcription failed")
             results += [(j, None, e) for j in short]
@@ -257,5 +304,6 @@ class Engine:
         m.asr_seconds += now - t0
         m.asr_audio_seconds += sum(len(j.audio) for j in jobs) / 16000
         for j, r, e in results:
-            (m.final_latency if kind == "final" else m.partial_latency).append(now - j.submitted)
+            if r is not None:
+                (m.final_latency if kind == "final" else m.partial_latency).append(now - j.submitted)
             j.loop.call_soon_threadsafe(self._resolve, j.future, r, e)

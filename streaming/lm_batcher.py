@@ -26,6 +26,9 @@ class LMRequest:
     last: int = -1
     sampler: Sampler | None = field(default=None, repr=False)
     text: _Text | None = field(default=None, repr=False)
+    key: object = None  # the conversation: its next request can reuse this one's cached positions
+    fed: list[int] = field(default_factory=list, repr=False)  # generated tokens written to the cache
+    reused: int = 0  # prompt positions found in the slot's cache (prefix caching)
 
 
 class ContinuousBatcher:
@@ -36,6 +39,11 @@ class ContinuousBatcher:
         self.max_seq = min(max_seq or 2048, cfg.max_seq_len)
         self.cache = self.runner.new_cache(max_batch, self.max_seq)
         self.free = list(range(max_batch))
+        # prefix caching: a free slot keeps the positions of the request that last used it, so that the
+        # same conversation's next turn (whose prompt starts with the previous prompt and answer) only
+        # prefills what is new. slot -> (key, token ids in its cache); the least recently freed is
+        # taken first by requests without a slot of their own.
+        self.retained: dict[int, tuple[object, list[int]]] = {}
         self.pending: collections.deque[LMRequest] = collections.deque()
         self.active: dict[int, LMRequest] = {}
         self.stop_ids = set(lm.tokenizer.stop_ids())
@@ -50,11 +58,30 @@ class ContinuousBatcher:
             req.ids = req.ids[-room:]
         self.pending.append(req)
 
+    def _slot_for(self, req: LMRequest) -> tuple[int, int]:
+        """A free slot for `req` and how many of its prompt's positions that slot already holds."""
+        for slot in reversed(self.free):
+            key, ids = self.retained.get(slot, (None, None))
+            if key is not None and key == req.key:
+                self.free.remove(slot)
+                del self.retained[slot]
+                n = 0
+                for a, b in zip(ids, req.ids[:-1]):  # the last prompt token is always run: its logits
+                    if a != b:
+                        break
+                    n += 1
+                return slot, n
+        slot = self.free.pop(0)
+        self.retained.pop(slot, None)
+        return slot, 0
+
     def _finish(self, req: LMRequest, text: str, reason: str):
         req.emit((text, reason))
         if req.slot >= 0:
             self.active.pop(req.slot, None)
-            if hasattr(self.runner, "release"):
+            if req.key is not None and reason != "cancelled":
+                self.retained[req.slot] = (req.key, req.ids + req.fed)
+            elif hasattr(self.runner, "release"):
                 self.runner.release(self.cache, req.slot)
             self.free.append(req.slot)
             req.slot = -1
@@ -88,17 +115,20 @@ class ContinuousBatcher:
             if req.cancelled:
                 req.emit(("", "cancelled"))
                 continue
-            req.slot = self.free.pop(0)
+            req.slot, req.reused = self._slot_for(req)
             req.sampler = Sampler(req.options, self.vocab, self.runner.device)
             req.text = _Text(self.lm.tokenizer, req.options.stop)
             self.active[req.slot] = req
-            logits = self.runner.prefill(self.cache, req.slot, torch.tensor(req.ids, dtype=torch.long), 0)
+            logits = self.runner.prefill(self.cache, req.slot, torch.tensor(req.ids[req.reused:], dtype=torch.long),
+                                         req.reused)
             self._take(req, logits)
             if self.active:  # decode the others before the next prefill: joining never stalls them long
                 break
         rows = [s for s, r in self.active.items() if r.last >= 0 and not r.cancelled]
         if not rows:
             return
+        for s in rows:
+            self.active[s].fed.append(self.active[s].last)
         toks = torch.tensor([self.active[s].last for s in rows], dtype=torch.long)
         logits = self.runner.decode_step(self.cache, rows, toks)
         for i, s in enumerate(rows):

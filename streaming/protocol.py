@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from speechrt.errors import UserError
 
 from .audio_codec import AudioFormat, AudioFormatError, parse_format
-from .vad import ServerVadConfig
+from .vad import EAGERNESS, ServerVadConfig
 
 CLIENT_EVENTS = (
     "session.update", "transcription_session.update", "input_audio_buffer.append", "input_audio_buffer.commit",
@@ -99,10 +99,16 @@ def _turn_detection(td, current: ServerVadConfig | None, name: str) -> ServerVad
         raise ProtocolError(f"{name} must be an object or null", "invalid_value", name)
     t = td.get("type", "server_vad")
     if t not in ("server_vad", "semantic_vad"):
-        raise ProtocolError(f"unsupported turn detection {t!r}; valid: server_vad, semantic_vad (served as server_vad), or null",
+        raise ProtocolError(f"unsupported turn detection {t!r}; valid: server_vad, semantic_vad, or null",
                             "invalid_value", f"{name}.type")
     base = current or ServerVadConfig()
-    kw = {}
+    kw = {"type": t}
+    if t == "semantic_vad":
+        e = td.get("eagerness") or "auto"
+        if e not in EAGERNESS:
+            raise ProtocolError(f"{name}.eagerness must be one of {', '.join(EAGERNESS)}, got {e!r}", "invalid_value",
+                                f"{name}.eagerness")
+        kw["eagerness"] = e
     if "threshold" in td and td["threshold"] is not None:
         kw["threshold"] = float(_num(td["threshold"], f"{name}.threshold", 0.0, 1.0))
     for k in ("prefix_padding_ms", "silence_duration_ms"):

@@ -40,6 +40,7 @@ class ServerOptions:
     partial_interval: float = 1.0  # seconds between live transcript updates of a turn; 0: none
     silence_duration_ms: int | None = None  # server default for server_vad (None: the API's 500 ms)
     max_batch: int = 8
+    lm_threads: int | None = 1  # CPU threads of language model steps (None: all; 1 is robust on shared cores)
 
     def __post_init__(self):
         if self.max_sessions < 1:
@@ -70,7 +71,7 @@ class SpeechServer:
         self.conversation_ready = lm is not None and tts is not None
         self.vad = SileroVAD()
         self.vad_pool = ThreadPoolExecutor(2, thread_name_prefix="speechrt-vad")
-        self.engine = Engine(asr, lm, max_batch=options.max_batch)
+        self.engine = Engine(asr, lm, max_batch=options.max_batch, lm_threads=options.lm_threads, tts=tts)
         self.sessions: set[RealtimeSession] = set()
         self.counters = Counters()
         self.shutting_down = False
@@ -158,6 +159,8 @@ class SpeechServer:
         metric("queue_depth", "gauge", "Work items waiting for the engine.", self.engine.queue_depth())
         metric("asr_batches_total", "counter", "Transcription batches run.", m.asr_batches)
         metric("asr_utterances_total", "counter", "Utterances transcribed.", m.asr_items)
+        metric("asr_partials_cancelled_total", "counter",
+               "Live transcripts stopped because their turn's final transcript was asked for.", m.asr_cancelled)
         rtf = m.asr_seconds / m.asr_audio_seconds if m.asr_audio_seconds else 0.0
         metric("asr_real_time_factor", "gauge", "Transcription compute seconds per second of audio.", f"{rtf:.4f}")
         metric("engine_stream_steps_total", "counter", "Steps of streaming tasks (tokens, audio chunks).", m.stream_steps)

@@ -13,7 +13,7 @@ import numpy as np
 from .audio_codec import AudioFormatError, InputDecoder, b64decode
 from .protocol import (BETA_NAMES, CLIENT_EVENTS, ProtocolError, SessionConfig, apply_session_update, error_event,
                        new_id)
-from .vad import TurnDetector
+from .vad import TurnDetector, transcript_finished
 
 log = logging.getLogger(__name__)
 RATE = 16000
@@ -218,7 +218,18 @@ class RealtimeSession:
             # of the turn (silence_duration_ms later) its final transcript is already (nearly) done.
             # The audio committed then differs from this only by trailing silence.
             start, end = self._turn_span(pause)
-            self.speculative = (pause, self.spawn(self._transcribe_turn(self.buf.slice(start, end), self.turn_item)))
+            self.speculative = (pause, self.spawn(self._speculate(pause, self.buf.slice(start, end), self.turn_item)))
+
+    async def _speculate(self, pause: int, audio: np.ndarray, item_id: str):
+        """The transcript of the turn up to the pause that began at `pause`. With semantic_vad it also
+        decides how long this pause must last to end the turn, and ends it now if it already has."""
+        r = await self._transcribe_turn(audio, item_id)
+        td = self.cfg.turn_detection
+        if (td is not None and td.semantic and self.turns is not None and self.turns.pause_ms == pause
+                and self.turn_item == item_id):
+            for _kind, ms in self.turns.finish_pause(transcript_finished(r.text)):
+                await self._speech_stopped(ms)
+        return r
 
     async def _speech_started(self, ms: int):
         self.turn_item = new_id("item")
@@ -230,8 +241,9 @@ class RealtimeSession:
             self.partial_task = self.spawn(self._partials(self.turn_item))
 
     async def _speech_stopped(self, ms: int):
+        # the turn's state is settled before the first await: a turn may end from the append handler
+        # or from a semantic_vad decision (_speculate), which interleave at awaits
         item = self.turn_item
-        await self.send({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": ms, "item_id": item})
         if self.partial_task:
             self.partial_task.cancel()
         start, end = self._turn_span(ms)
@@ -242,6 +254,7 @@ class RealtimeSession:
         if self.speculative is not None and self.speculative[0] == ms:
             early = self.speculative[1]  # the transcript started when this pause began
         self.speculative = None
+        await self.send({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": ms, "item_id": item})
         await self._commit(item, audio, auto=True, early=early)
 
     def _turn_span(self, end_ms: int) -> tuple[int, int]:
@@ -287,7 +300,8 @@ class RealtimeSession:
         """Transcribe (part of) turn `item_id`, drafting with the turn's latest transcript: the speech
         only grew since, so most of its tokens are checked in one decoder pass."""
         hyp_item, draft = self.hypothesis
-        r = await self.server.engine.transcribe(audio, partial=partial, key=self.id if partial else None,
+        # keyed by session: a final transcript stops this session's live one, which it makes useless
+        r = await self.server.engine.transcribe(audio, partial=partial, key=self.id,
                                                 draft=draft if item_id is not None and hyp_item == item_id else None)
         if r is not None and item_id is not None and r.tokens:
             self.hypothesis = (item_id, r.tokens)
@@ -303,7 +317,7 @@ class RealtimeSession:
         audio = self.buf.slice(self.buf.start, self.buf.end)
         self.buf.clear()
         if self.turns:
-            self.turns.speaking, self.turns.silence_frames = False, 0
+            self.turns.reset()
         self.turn_item = None
         await self._commit(item, audio, auto=False)
 
@@ -312,7 +326,7 @@ class RealtimeSession:
             self.partial_task.cancel()
         self.buf.clear()
         if self.turns:
-            self.turns.speaking, self.turns.silence_frames = False, 0
+            self.turns.reset()
         self.turn_item = None
         await self.send({"type": "input_audio_buffer.cleared"})
 

@@ -41,10 +41,15 @@ def add_arguments(p):
     p.add_argument("--utterances", type=int, default=4, help="utterances per stream (default 4)")
     p.add_argument("--find-max", action="store_true", help="ramp streams up to find the largest N with p95 final < 1 s")
     p.add_argument("--max-streams", type=int, default=24, help="upper end of the --find-max ramp")
+    p.add_argument("--turn-detection", choices=["server_vad", "semantic_vad"], default="server_vad",
+                   help="server_vad: a fixed pause ends a turn; semantic_vad: the pause needed depends on whether "
+                        "the words so far read as finished")
     p.add_argument("--silence-duration-ms", type=int, default=200, help="server_vad pause that ends a turn (default 200)")
+    p.add_argument("--eagerness", choices=["low", "medium", "high", "auto"], default="auto", help="semantic_vad eagerness")
     p.add_argument("--url", default=None, help="an already running server (ws://host:port/v1/realtime); default: start one")
     p.add_argument("--threads", type=int, default=None, help="PyTorch threads of the started server")
     p.add_argument("--asr-loop-threads", type=int, default=1, help="the started server's --asr-loop-threads")
+    p.add_argument("--lm-threads", type=int, default=1, help="the started server's --lm-threads")
     p.add_argument("--partial-interval", type=float, default=1.0, help="the started server's --partial-interval (0: no live deltas)")
     p.add_argument("--json", default=None, help="write the results to this JSON file")
 
@@ -62,7 +67,8 @@ def _start_server(args, conversation: bool):
         cmd.append("--transcription-only")
     if args.threads:
         cmd += ["--threads", str(args.threads)]
-    cmd += ["--partial-interval", str(args.partial_interval), "--asr-loop-threads", str(args.asr_loop_threads)]
+    cmd += ["--partial-interval", str(args.partial_interval), "--asr-loop-threads", str(args.asr_loop_threads),
+            "--lm-threads", str(args.lm_threads)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -93,12 +99,18 @@ def _recordings(texts):
     return out
 
 
-async def _stream(url, recs, idx, n_utt, silence_ms, conversation, results):
+def _turn_detection(args) -> dict:
+    if args.turn_detection == "semantic_vad":
+        return {"type": "semantic_vad", "eagerness": args.eagerness}
+    return {"type": "server_vad", "silence_duration_ms": args.silence_duration_ms}
+
+
+async def _stream(url, recs, idx, n_utt, turn_detection, conversation, results):
     from websockets.asyncio.client import connect
 
     async with connect(url + ("" if conversation else "?intent=transcription"), max_size=None) as ws:
         await ws.recv()
-        session = {"audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": silence_ms}}}}
+        session = {"audio": {"input": {"turn_detection": turn_detection}}}
         if conversation:
             session["instructions"] = "You are a helpful assistant. Answer in one short sentence."
         else:
@@ -157,7 +169,7 @@ def _pct(xs, q):
 
 async def _level(url, recs, n, args, conversation):
     results: list = []
-    await asyncio.gather(*(_stream(url, recs, i, args.utterances, args.silence_duration_ms, conversation, results)
+    await asyncio.gather(*(_stream(url, recs, i, args.utterances, _turn_detection(args), conversation, results)
                            for i in range(n)))
     return results
 
@@ -190,7 +202,7 @@ def run(args):
         proc, url = _start_server(args, conversation)
     try:
         print(f"server: {url}; mode: {args.mode}; {args.utterances} utterances per stream, real-time pace, "
-              f"{CHUNK_MS} ms chunks; server_vad silence_duration_ms={args.silence_duration_ms}; "
+              f"{CHUNK_MS} ms chunks; turn detection: {', '.join(f'{k}={v}' for k, v in _turn_detection(args).items())}; "
               f"cores: {os.cpu_count()}")
         head = f"{'streams':>7} {'partial p50':>7} {'p95':>7}  {'final p50':>7} {'p95':>7}"
         if conversation:
@@ -212,7 +224,7 @@ def run(args):
             print(f"largest N with p95 final-transcript latency under 1 s: {best}")
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"mode": args.mode, "silence_duration_ms": args.silence_duration_ms, "levels": rows,
+                json.dump({"mode": args.mode, "turn_detection": _turn_detection(args), "levels": rows,
                            "max_streams_under_1s": best if args.find_max else None}, f, indent=2)
     finally:
         if proc is not None:

@@ -1,0 +1,139 @@
+"""The shared engine's pieces on the real embedded models: prefix caching across a conversation's turns
+in the continuous LM batch, partial transcripts stopped by their turn's final one, and semantic_vad's
+turn rules."""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from speechrt.streaming.vad import EAGERNESS, FRAME_MS, ServerVadConfig, TurnDetector, transcript_finished
+
+SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."}
+
+
+@pytest.fixture(scope="module")
+def lm():
+    import speechrt
+
+    return speechrt.load_lm()
+
+
+def _run(batcher, reqs):
+    """Step the batcher until every request finished; each request's text and finish reason."""
+    out = {id(r): ["", None] for r in reqs}
+    for r in reqs:
+        r.emit = (lambda rr: lambda item: (out[id(rr)].__setitem__(0, out[id(rr)][0] + item[0]),
+                                           out[id(rr)].__setitem__(1, item[1])))(r)
+        batcher.submit(r)
+    while batcher.has_work():
+        batcher.step()
+    return [tuple(out[id(r)]) for r in reqs]
+
+
+def test_prefix_cache_reuses_a_conversations_positions(lm, one_cpu_thread):
+    """Turn 2 of a conversation prefills only what its prompt adds to turn 1's cached prompt and answer,
+    and gives the same greedy answer as a fresh prefill; another conversation never reuses them."""
+    from speechrt.models.generate import GenerationOptions
+    from speechrt.streaming.lm_batcher import ContinuousBatcher, LMRequest
+
+    opts = GenerationOptions(max_tokens=24)
+    cached = ContinuousBatcher(lm, max_batch=2, max_seq=512)
+    turn1 = [SYSTEM, {"role": "user", "content": "What is the capital of France?"}]
+    r1 = LMRequest(lm.encode_chat(turn1), opts, None, key="conv-a")
+    (answer, reason), = _run(cached, [r1])
+    assert "Paris" in answer and reason == "stop"
+    turn2 = turn1 + [{"role": "assistant", "content": answer}, {"role": "user", "content": "And of Italy?"}]
+    ids2 = lm.encode_chat(turn2)
+    r2 = LMRequest(ids2, opts, None, key="conv-a")
+    other = LMRequest(lm.encode_chat([SYSTEM, {"role": "user", "content": "What is two plus two?"}]), opts, None,
+                      key="conv-b")
+    got2, got_other = _run(cached, [r2, other])
+    assert r2.reused >= len(r1.ids), (r2.reused, len(r1.ids))  # at least turn 1's whole prompt was reused
+    assert r2.reused < len(ids2)
+    assert other.reused == 0
+    fresh = ContinuousBatcher(lm, max_batch=2, max_seq=512)
+    ref2, ref_other = _run(fresh, [LMRequest(ids2, opts, None),
+                                   LMRequest(other.ids, opts, None)])
+    assert got2 == ref2 and got_other == ref_other
+    assert "Rome" in got2[0]
+    # a cancelled request leaves nothing to reuse
+    r3 = LMRequest(ids2, opts, None, key="conv-c")
+    r3.cancelled = True
+    _run(cached, [r3])
+    assert all(k != "conv-c" for k, _ in cached.retained.values())
+
+
+def test_final_transcript_stops_the_sessions_running_partial(asr, synth):
+    """A final transcript for a key stops that key's running partial (it resolves to None) and is served
+    next; another key's partial is untouched."""
+    from speechrt.streaming.engine import Engine
+
+    speech = synth("The museum opens at nine and closes at five on weekdays.")
+
+    async def main():
+        eng = Engine(asr)
+        eng.start()
+        await asyncio.sleep(0)
+        try:
+            while eng._warming:  # noqa: SLF001 - wait for the warm-up, then time the real work
+                await asyncio.sleep(0.05)
+            part_a = asyncio.ensure_future(eng.transcribe(speech, partial=True, key="a"))
+            part_b = asyncio.ensure_future(eng.transcribe(speech, partial=True, key="b"))
+            while not eng._running_partials:  # noqa: SLF001
+                await asyncio.sleep(0.002)
+            running = eng._running_partials[0].key  # noqa: SLF001
+            final = await eng.transcribe(speech, key=running)
+            results = {running: await (part_a if running == "a" else part_b)}
+            other = "b" if running == "a" else "a"
+            results[other] = await (part_b if running == "a" else part_a)
+            return final, results, running, other, eng.metrics.asr_cancelled
+        finally:
+            eng.stop()
+
+    final, results, running, other, cancelled = asyncio.run(main())
+    assert "museum" in final.text.lower()
+    assert results[running] is None and cancelled == 1
+    assert results[other] is not None and results[other].text == final.text
+
+
+def test_transcript_finished():
+    for done in ("What is the capital of France?", "Turn off the lights.", "Wow!", "I'm done."):
+        assert transcript_finished(done), done
+    for open_ in ("", "What is the", "I want to go to Paris and", "Please book a table for", "So...",
+                  "I think that", "Tell me about the um.", "Add milk, eggs and.", "Turn off the lights,"):
+        assert not transcript_finished(open_), open_
+
+
+def test_semantic_turn_detector():
+    """semantic_vad: a pause ends the turn after EAGERNESS[e][0] ms once the transcript reads finished,
+    after EAGERNESS[e][1] ms otherwise; server_vad keeps its fixed silence."""
+    speech, silence = [0.9] * 10, [0.05]
+    for eagerness, (done_ms, open_ms) in EAGERNESS.items():
+        td = TurnDetector(ServerVadConfig(type="semantic_vad", eagerness=eagerness))
+        assert td.feed(speech) == [("start", 0)]
+        assert td.feed(silence * 3) == [] or open_ms <= 3 * FRAME_MS
+        assert td.pause_ms == 10 * FRAME_MS
+        ev = td.finish_pause(True)
+        if done_ms <= 3 * FRAME_MS:
+            assert ev == [("stop", 10 * FRAME_MS)]
+        else:
+            assert ev == [] and td.feed(silence * (done_ms // FRAME_MS)) == [("stop", 10 * FRAME_MS)]
+        # an unfinished transcript: the turn waits for the long pause
+        td.feed(speech)
+        td.feed(silence)
+        pause = td.pause_ms
+        assert td.finish_pause(False) == []
+        n = -(-open_ms // FRAME_MS)  # silent frames the open pause needs
+        assert td.feed(silence * (n - 2)) == []
+        assert td.feed(silence) == [("stop", pause)]
+        # speech resumed before the transcript came: nothing to end
+        td.feed(speech)
+        assert td.finish_pause(True) == []
+    plain = TurnDetector(ServerVadConfig(silence_duration_ms=200))
+    plain.feed([0.9] * 5)
+    assert plain.feed([0.05] * 6) == [] and plain.feed([0.05]) == [("stop", 5 * FRAME_MS)]
+    assert plain.finish_pause(True) == []  # no pause in progress after the stop
+    assert ServerVadConfig(type="semantic_vad").to_api() == {
+        "type": "semantic_vad", "eagerness": "auto", "create_response": True, "interrupt_response": True}
