@@ -139,8 +139,9 @@ class Engine:
     async def transcribe(self, audio: np.ndarray, partial: bool = False, key=None,
                          draft: list[int] | None = None) -> WindowResult:
         """Transcript of one utterance (16 kHz float32). Partials with the same key coalesce: only the
-        newest pending one runs, older ones resolve to None; a final with the same key drops the key's
-        pending partial and stops its running one (it resolves to None). `draft`: the tokens of an
+        newest pending one runs, older ones resolve to None. A final drops its key's pending partial
+        (made useless) and stops any running partial (a final never waits for a live transcript); both
+        resolve to None. `draft`: the tokens of an
         earlier transcript of (the start of) the same speech; decoding checks them in one pass instead
         of producing them one step at a time (see transcribe_batch) — same transcript, fewer steps."""
         loop = asyncio.get_running_loop()
@@ -152,9 +153,10 @@ class Engine:
             if partial:
                 self._partials[key] = job
             else:
+                # a final transcript never waits for a live one: the running partial stops at its next
+                # step (after its encoder pass at worst) and its session asks again later
                 for running in self._running_partials:
-                    if key is not None and running.key == key:
-                        running.cancelled = True  # the worker stops it at its next step
+                    running.cancelled = True
                 self._finals.append(job)
             self._cv.notify()
         return await job.future

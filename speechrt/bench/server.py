@@ -6,7 +6,9 @@ a `speechrt serve` process, and report latencies measured from the end of each u
 - voice-to-voice (conversation mode): end of speech -> first `response.output_audio.delta`.
 
 With --find-max, N ramps up until p95 final latency passes one second; the largest N that stays under
-it is reported.
+it is reported. Streams are staggered by default (stream i starts i/N of an utterance cycle later), as
+independent speakers are; --no-stagger starts them together, so every turn ends in the same instant
+(the burst case: N transcripts asked for at once).
 """
 from __future__ import annotations
 
@@ -39,6 +41,9 @@ def add_arguments(p):
     p.add_argument("--streams", type=int, default=1, help="concurrent sessions (default 1)")
     p.add_argument("--mode", choices=["transcription", "conversation"], default="transcription")
     p.add_argument("--utterances", type=int, default=4, help="utterances per stream (default 4)")
+    p.add_argument("--no-stagger", dest="stagger", action="store_false",
+                   help="start every stream at once, so that all turns end together (a burst); by default stream i "
+                        "starts i/N of an utterance cycle later, as independent speakers would")
     p.add_argument("--find-max", action="store_true", help="ramp streams up to find the largest N with p95 final < 1 s")
     p.add_argument("--max-streams", type=int, default=24, help="upper end of the --find-max ramp")
     p.add_argument("--turn-detection", choices=["server_vad", "semantic_vad"], default="server_vad",
@@ -105,9 +110,10 @@ def _turn_detection(args) -> dict:
     return {"type": "server_vad", "silence_duration_ms": args.silence_duration_ms}
 
 
-async def _stream(url, recs, idx, n_utt, turn_detection, conversation, results):
+async def _stream(url, recs, idx, n_utt, turn_detection, conversation, results, delay=0.0):
     from websockets.asyncio.client import connect
 
+    await asyncio.sleep(delay)
     async with connect(url + ("" if conversation else "?intent=transcription"), max_size=None) as ws:
         await ws.recv()
         session = {"audio": {"input": {"turn_detection": turn_detection}}}
@@ -169,7 +175,11 @@ def _pct(xs, q):
 
 async def _level(url, recs, n, args, conversation):
     results: list = []
-    await asyncio.gather(*(_stream(url, recs, i, args.utterances, _turn_detection(args), conversation, results)
+    # stagger: stream i starts i/n of an utterance cycle (the mean recording, plus the answer's time in
+    # conversations) after the first
+    cycle = sum(len(pcm) / 2 / RATE for _, pcm, _, _ in recs) / len(recs) + (1.5 if conversation else 0.3)
+    await asyncio.gather(*(_stream(url, recs, i, args.utterances, _turn_detection(args), conversation, results,
+                                   cycle * i / n if args.stagger else 0.0)
                            for i in range(n)))
     return results
 
@@ -202,7 +212,7 @@ def run(args):
         proc, url = _start_server(args, conversation)
     try:
         print(f"server: {url}; mode: {args.mode}; {args.utterances} utterances per stream, real-time pace, "
-              f"{CHUNK_MS} ms chunks; turn detection: {', '.join(f'{k}={v}' for k, v in _turn_detection(args).items())}; "
+              f"{CHUNK_MS} ms chunks, streams {'staggered' if args.stagger else 'started at once'}; turn detection: {', '.join(f'{k}={v}' for k, v in _turn_detection(args).items())}; "
               f"cores: {os.cpu_count()}")
         head = f"{'streams':>7} {'partial p50':>7} {'p95':>7}  {'final p50':>7} {'p95':>7}"
         if conversation:

@@ -66,8 +66,8 @@ def test_prefix_cache_reuses_a_conversations_positions(lm, one_cpu_thread):
 
 
 def test_final_transcript_stops_the_sessions_running_partial(asr, synth):
-    """A final transcript for a key stops that key's running partial (it resolves to None) and is served
-    next; another key's partial is untouched."""
+    """A final transcript stops the running partial (it resolves to None) and is served next; the other
+    key's pending partial still runs after it."""
     from speechrt.streaming.engine import Engine
 
     speech = synth("The museum opens at nine and closes at five on weekdays.")
