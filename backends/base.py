@@ -21,8 +21,9 @@ class ASRRunner(ABC):
     device: torch.device
 
     @abstractmethod
-    def encode(self, mel: torch.Tensor) -> Any:
-        """mel [B, n_mels, 3000] float32 -> encoder output (opaque to the caller)."""
+    def encode(self, mel: torch.Tensor, stop=None) -> Any:
+        """mel [B, n_mels, 3000] float32 -> encoder output (opaque to the caller). `stop()`, if given, may
+        be asked during the pass; when it returns True the pass is abandoned and None returned."""
 
     @abstractmethod
     def start(self, encoded: Any, repeat: int, max_tokens: int) -> Any:

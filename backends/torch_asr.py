@@ -68,9 +68,9 @@ class TorchASRRunner(ASRRunner):
         return cpu_threads(self.small_threads)
 
     @torch.inference_mode()
-    def encode(self, mel):
+    def encode(self, mel, stop=None):
         with cpu_threads(self.encode_threads):
-            return self.model.encoder(mel.to(self.device, self.dtype))
+            return self.model.encoder(mel.to(self.device, self.dtype), stop)
 
     @torch.inference_mode()
     def start(self, encoded, repeat, max_tokens):

@@ -467,8 +467,8 @@ def transcribe_batch(decoder: WhisperDecoder, audios: list[np.ndarray], opts: Tr
         # as in transcribe(): the content frames, zero-padded to a full window (openai/whisper pads in
         # the log-mel domain)
         mels = torch.stack([utterance_mel(a, cfg.n_mels, dev) for a in audios])
-        enc = runner.encode(mels)
-        if stop is not None and stop():
+        enc = runner.encode(mels, stop)  # stopped between encoder blocks too
+        if enc is None or (stop is not None and stop()):
             raise TranscriptionCancelled()
         state = runner.start(enc, 1, len(prompt) + sample_len)
         # the prompt and the drafts (padded with end-of-text) in one pass: logits at every position

@@ -199,14 +199,17 @@ class AudioEncoder(nn.Module):
         self.ln_post = LayerNorm(d, ops)
         self.ops = ops
 
-    def forward(self, mel):
-        """mel [B, n_mels, 2 * n_audio_ctx] -> [B, n_audio_ctx, d]."""
+    def forward(self, mel, stop=None):
+        """mel [B, n_mels, 2 * n_audio_ctx] -> [B, n_audio_ctx, d]. `stop()`, if given, is asked between
+        blocks; True abandons the pass (returns None)."""
         x = self.ops.gelu(self.conv1(mel))
         x = self.ops.gelu(self.conv2(x)).transpose(1, 2)
         if x.shape[1] != self.positional_embedding.shape[0]:
             raise ValueError(f"encoder expects {2 * self.positional_embedding.shape[0]} mel frames, got {mel.shape[-1]}")
         x = x + self.positional_embedding.to(x.dtype)
         for b in self.blocks:
+            if stop is not None and stop():
+                return None
             x = b(x)
         return self.ln_post(x)
 

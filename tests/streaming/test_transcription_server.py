@@ -251,3 +251,44 @@ def test_graceful_shutdown_finishes_turns_in_flight(asr, synth):
         await asyncio.wait_for(stopping, 60)
         await asyncio.wait_for(ws.wait_closed(), 10)
     asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_semantic_vad_ends_a_finished_turn_before_the_long_pause(transcription_server, synth):
+    """semantic_vad: speech followed by 500 ms of silence — shorter than the 800 ms an unfinished-sounding
+    turn waits at eagerness high, and than the 2 s at medium — ends the turn when its transcript reads as
+    finished; the same audio under server_vad with a 1 s pause does not end it. Bad eagerness: an error."""
+    pcm = pcm24(synth(SENTENCES[7]), tail_s=0.5)
+
+    async def turn(td):
+        ws, _ = await _raw(transcription_server)
+        await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription",
+                                                                         "audio": {"input": {"turn_detection": td}}}}))
+        upd = await _next(ws, "session.updated")
+        assert upd["type"] == "session.updated", upd
+        for i in range(0, len(pcm), 9600):
+            await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(pcm[i: i + 9600]).decode()}))
+        try:
+            done = await _next(ws, "conversation.item.input_audio_transcription.completed", timeout=8)
+        except asyncio.TimeoutError:
+            done = None
+        await ws.close()
+        return upd["session"]["audio"]["input"]["turn_detection"], done
+
+    async def main():
+        td, done = await turn({"type": "semantic_vad", "eagerness": "high"})
+        assert td == {"type": "semantic_vad", "eagerness": "high", "create_response": True, "interrupt_response": True}
+        assert done is not None and done["type"] != "error", done
+        assert wer(SENTENCES[7], done["transcript"]) <= 0.15, done["transcript"]
+        _, done = await turn({"type": "semantic_vad"})  # auto = medium
+        assert done is not None and wer(SENTENCES[7], done["transcript"]) <= 0.15
+        _, none = await turn({"type": "server_vad", "silence_duration_ms": 1000})
+        assert none is None
+        ws, _ = await _raw(transcription_server)
+        await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {
+            "turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}}}}))
+        err = await _next(ws, "session.updated")
+        assert err["type"] == "error" and "eagerness" in err["error"]["message"]
+        assert "low, medium, high, auto" in err["error"]["message"]
+        await ws.close()
+    asyncio.run(asyncio.wait_for(main(), 120))
