@@ -50,7 +50,7 @@ class _AsrJob:
     submitted: float
     key: object = None  # partials: one pending job per key (a newer one replaces it)
     draft: list[int] | None = None  # a guess of the tokens (an earlier transcript of the same speech)
-    cancelled: bool = False  # a partial made useless by a final transcript of the same key
+    cancelled: bool = False  # a running partial that a final transcript asked to stop
 
 
 class StreamTask:
@@ -141,9 +141,9 @@ class Engine:
         """Transcript of one utterance (16 kHz float32). Partials with the same key coalesce: only the
         newest pending one runs, older ones resolve to None. A final drops its key's pending partial
         (made useless) and stops any running partial (a final never waits for a live transcript); both
-        resolve to None. `draft`: the tokens of an
-        earlier transcript of (the start of) the same speech; decoding checks them in one pass instead
-        of producing them one step at a time (see transcribe_batch) — same transcript, fewer steps."""
+        resolve to None. `draft`: the tokens of an earlier transcript of (the start of) the same speech;
+        decoding checks them in one pass instead of producing them one step at a time (see
+        transcribe_batch) — same transcript, fewer steps."""
         loop = asyncio.get_running_loop()
         job = _AsrJob(audio, loop.create_future(), loop, time.perf_counter(), key, draft)
         with self._cv:

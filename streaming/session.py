@@ -300,7 +300,7 @@ class RealtimeSession:
         """Transcribe (part of) turn `item_id`, drafting with the turn's latest transcript: the speech
         only grew since, so most of its tokens are checked in one decoder pass."""
         hyp_item, draft = self.hypothesis
-        # keyed by session: a final transcript stops this session's live one, which it makes useless
+        # keyed by session: a final transcript drops the pending live one of this session (made useless)
         r = await self.server.engine.transcribe(audio, partial=partial, key=self.id,
                                                 draft=draft if item_id is not None and hyp_item == item_id else None)
         if r is not None and item_id is not None and r.tokens:
