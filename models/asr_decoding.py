@@ -257,14 +257,18 @@ class WhisperDecoder:
         seqs: list[list[int]] = [[] for _ in range(n)]
         sum_lp = [0.0] * n
         done = [False] * n
+
+        def pick(lg, i):  # lg [1, vocab] (changed in place) -> row i's greedy token; adds its logprob
+            rules.apply(lg, [seqs[i]])
+            tok = int(lg.argmax())
+            sum_lp[i] += float(torch.log_softmax(lg[0], -1)[tok])
+            return tok
+
         # checked[i, j]: the logits after the prompt and draft i's first j tokens
         valid = []  # per row: leading tokens of the sequence whose cache entries the draft pass wrote
         for i in range(n):
             for j in range(len(drafts[i]) + 1):
-                lg = checked[i, j][None].clone()
-                rules.apply(lg, [seqs[i]])
-                tok = int(lg.argmax())
-                sum_lp[i] += float(torch.log_softmax(lg[0], -1)[tok])
+                tok = pick(checked[i, j][None].clone(), i)
                 if tok == eot:
                     done[i] = True
                     break
@@ -290,10 +294,7 @@ class WhisperDecoder:
             keep = []
             for j, i in enumerate(active):
                 if len(seqs[i]) == pos:  # this row's next token is new
-                    lg = logits[j: j + 1]
-                    rules.apply(lg, [seqs[i]])
-                    tok = int(lg.argmax())
-                    sum_lp[i] += float(torch.log_softmax(lg[0], -1)[tok])
+                    tok = pick(logits[j: j + 1], i)
                     if tok == eot:
                         continue
                     seqs[i].append(tok)

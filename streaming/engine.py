@@ -35,7 +35,7 @@ class Metrics:
     asr_items: int = 0
     asr_seconds: float = 0.0
     asr_audio_seconds: float = 0.0
-    asr_cancelled: int = 0  # live transcripts stopped because the turn's final one was asked for
+    asr_cancelled: int = 0  # live transcripts stopped because a final transcript was asked for
     stream_steps: int = 0
     final_latency: collections.deque = field(default_factory=lambda: collections.deque(maxlen=1000))
     partial_latency: collections.deque = field(default_factory=lambda: collections.deque(maxlen=1000))
@@ -186,8 +186,6 @@ class Engine:
         """Run each model once on this thread before the first request: the first call of a model in a
         thread pays for its thread pool, kernel selection and allocations (~0.1-0.3 s each), which would
         otherwise land on the first user's latency."""
-        from speechrt.backends.torch_backend import cpu_threads
-
         t0 = time.perf_counter()
         try:
             noise = np.random.default_rng(0).standard_normal(16000).astype(np.float32) * 1e-3
@@ -195,8 +193,7 @@ class Engine:
             transcribe_batch(self.asr.decoder, [noise], self._final_opts, [first.tokens or [0]])
             if self.lm is not None:
                 runner = self.lm.runner
-                on_cpu = getattr(runner, "device", None) is not None and runner.device.type == "cpu"
-                with torch.inference_mode(), cpu_threads(self.lm_threads if on_cpu else None):
+                with torch.inference_mode(), self._lm_thread_count():
                     slot = self.lm.free[0]
                     runner.prefill(self.lm.cache, slot, torch.tensor(self.lm.lm.encode_chat(
                         [{"role": "user", "content": "Hello."}]), dtype=torch.long), 0)
@@ -243,12 +240,17 @@ class Engine:
     def _lm_work(self) -> bool:
         return self.lm is not None and self.lm.has_work()
 
-    def _step_lm(self):
+    def _lm_thread_count(self):
+        """Context for language model work on this thread: `lm_threads` CPU threads (1: no thread
+        barriers, see cpu_threads); nothing to set on GPUs."""
         from speechrt.backends.torch_backend import cpu_threads
 
-        on_cpu = getattr(self.lm.runner, "device", None) is not None and self.lm.runner.device.type == "cpu"
+        device = getattr(self.lm.runner, "device", None)
+        return cpu_threads(self.lm_threads if device is not None and device.type == "cpu" else None)
+
+    def _step_lm(self):
         try:  # submit() appends to a deque and cancel() sets a flag: both safe while the step runs
-            with cpu_threads(self.lm_threads if on_cpu else None):  # 1: no thread barriers (see cpu_threads)
+            with self._lm_thread_count():
                 self.lm.step()
             self.metrics.stream_steps += 1
         except Exception as e:  # noqa: BLE001 - fail every request in the batch, keep serving
