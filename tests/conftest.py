@@ -18,12 +18,19 @@ def piper_voice():
 
 @pytest.fixture(scope="session")
 def synth(piper_voice):
-    """text -> float32 mono audio at 16 kHz spoken by the Piper voice (cached per text)."""
+    """text -> float32 mono audio at 16 kHz spoken by the Piper voice (cached per text).
+
+    Piper's noise comes from a random op inside its ONNX graph that cannot be seeded, so the same text
+    gave different audio on every run (and a test could pass here and fail in CI). With both noise
+    scales at zero the speech is the same on every run and every machine."""
+    from piper import SynthesisConfig
+
+    config = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
     cache = {}
 
     def speak(text: str, pad_s: float = 0.3) -> np.ndarray:
         if text not in cache:
-            chunks = list(piper_voice.synthesize(text))
+            chunks = list(piper_voice.synthesize(text, syn_config=config))
             sr = chunks[0].sample_rate
             a = np.concatenate([c.audio_float_array for c in chunks]).astype(np.float32)
             pad = np.zeros(int(pad_s * sr), np.float32)
