@@ -36,6 +36,7 @@ class Metrics:
     asr_seconds: float = 0.0
     asr_audio_seconds: float = 0.0
     asr_cancelled: int = 0  # live transcripts stopped because a final transcript was asked for
+    early_finals: int = 0  # final transcripts begun when the input went quiet (counted by sessions)
     stream_steps: int = 0
     final_latency: collections.deque = field(default_factory=lambda: collections.deque(maxlen=1000))
     partial_latency: collections.deque = field(default_factory=lambda: collections.deque(maxlen=1000))
@@ -51,6 +52,7 @@ class _AsrJob:
     key: object = None  # partials: one pending job per key (a newer one replaces it)
     draft: list[int] | None = None  # a guess of the tokens (an earlier transcript of the same speech)
     cancelled: bool = False  # a running partial that a final transcript asked to stop
+    promoted: bool = False  # a partial whose result a final waits for: finals do not stop it
 
 
 class StreamTask:
@@ -137,13 +139,14 @@ class Engine:
             self._cv.notify()
 
     async def transcribe(self, audio: np.ndarray, partial: bool = False, key=None,
-                         draft: list[int] | None = None) -> WindowResult:
+                         draft: list[int] | None = None, supersede: bool = False) -> WindowResult:
         """Transcript of one utterance (16 kHz float32). Partials with the same key coalesce: only the
         newest pending one runs, older ones resolve to None. A final drops its key's pending partial
         (made useless) and stops any running partial (a final never waits for a live transcript); both
         resolve to None. `draft`: the tokens of an earlier transcript of (the start of) the same speech;
         decoding checks them in one pass instead of producing them one step at a time (see
-        transcribe_batch) — same transcript, fewer steps."""
+        transcribe_batch) — same transcript, fewer steps. `supersede` (partials): the running partial of
+        the same key stops too (this one covers its audio and more)."""
         loop = asyncio.get_running_loop()
         job = _AsrJob(audio, loop.create_future(), loop, time.perf_counter(), key, draft)
         with self._cv:
@@ -152,14 +155,40 @@ class Engine:
                 loop.call_soon(self._resolve, old.future, None)
             if partial:
                 self._partials[key] = job
+                if supersede:
+                    for running in self._running_partials:
+                        if running.key == key and not running.promoted:
+                            running.cancelled = True
             else:
                 # a final transcript never waits for a live one: the running partial stops at its next
                 # step (after its encoder pass at worst) and its session asks again later
                 for running in self._running_partials:
-                    running.cancelled = True
+                    running.cancelled = running.cancelled or not running.promoted
                 self._finals.append(job)
             self._cv.notify()
         return await job.future
+
+    def has_spare_time(self) -> bool:
+        """Nothing waits but what is running: no final transcript, live transcript, streaming task or
+        language model work queued. Sessions start speculative work only then."""
+        with self._cv:
+            return not (self._finals or self._partials or self._tasks or self._lm_work())
+
+    def promote(self, key) -> bool:
+        """The live (partial) transcript of `key` is now needed as a final one: a pending one moves to
+        the final queue, a running one is no longer stopped by finals. False if there is none (it
+        finished, or a final transcript stopped it: its result is then None)."""
+        with self._cv:
+            job = self._partials.pop(key, None)
+            if job is not None:
+                self._finals.append(job)
+                self._cv.notify()
+                return True
+            for running in self._running_partials:
+                if running.key == key and not running.cancelled:
+                    running.promoted = True
+                    return True
+        return False
 
     def stream(self, gen) -> tuple[StreamTask, asyncio.Queue]:
         """Run generator `gen` on the worker, one item per step; returns (task, queue) where the queue

@@ -161,6 +161,8 @@ class SpeechServer:
         metric("asr_utterances_total", "counter", "Utterances transcribed.", m.asr_items)
         metric("asr_partials_cancelled_total", "counter",
                "Live transcripts stopped because their turn's final transcript was asked for.", m.asr_cancelled)
+        metric("asr_early_finals_total", "counter",
+               "Final transcripts begun when the input went quiet, before Silero confirmed the pause.", m.early_finals)
         rtf = m.asr_seconds / m.asr_audio_seconds if m.asr_audio_seconds else 0.0
         metric("asr_real_time_factor", "gauge", "Transcription compute seconds per second of audio.", f"{rtf:.4f}")
         metric("engine_stream_steps_total", "counter", "Steps of streaming tasks (tokens, audio chunks).", m.stream_steps)

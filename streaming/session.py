@@ -13,10 +13,13 @@ import numpy as np
 from .audio_codec import AudioFormatError, InputDecoder, b64decode
 from .protocol import (BETA_NAMES, CLIENT_EVENTS, ProtocolError, SessionConfig, apply_session_update, error_event,
                        new_id)
-from .vad import TurnDetector, transcript_finished
+from .vad import QUIET_LEAD_MS, QuietTracker, TurnDetector, transcript_finished
 
 log = logging.getLogger(__name__)
 RATE = 16000
+# early transcripts: begun once the input has been quiet this long (before Silero confirms the pause),
+# and used as the final one if Silero's pause begins at most QUIET_LEAD_MS after the quiet did
+EARLY_QUIET = RATE * 20 // 1000
 
 
 class AudioBuffer:
@@ -86,7 +89,10 @@ class RealtimeSession:
         self.tasks: set[asyncio.Task] = set()
         self.response = None  # the active agent.Response, if any
         self.speculative = None  # (pause_ms, task): the final transcript begun when a pause started
+        self.quiet = QuietTracker()
+        self.early = None  # (quiet_since, item id, task): a transcript begun when the input went quiet
         self.partial_words: tuple[str | None, list[str]] = (None, [])  # (item id, words sent as deltas)
+        self.live_words: list[str] = []  # the latest live hypothesis of the turn in partial_words
         self.hypothesis: tuple[str | None, list[int]] = (None, [])  # (item id, tokens of its latest transcript)
         self.last_activity = time.monotonic()
         self.closed = False
@@ -204,8 +210,10 @@ class RealtimeSession:
         self.buf.append(x)
         if self.turns is None:
             return
+        self.quiet.feed(x, self.buf.end - len(x))
         probs = await asyncio.get_running_loop().run_in_executor(self.server.vad_pool, self.vad.process, x)
-        for kind, ms in self.turns.feed(probs):
+        q = self.quiet.quiet_since
+        for kind, ms in self.turns.feed(probs, None if q is None else q * 1000 // RATE):
             if kind == "start":
                 await self._speech_started(ms)
             else:
@@ -213,17 +221,61 @@ class RealtimeSession:
         pause = self.turns.pause_ms
         if pause is None:
             self.speculative = None
+            self._maybe_start_early()
         elif self.speculative is None or self.speculative[0] != pause:
             # A pause began: transcribe the turn up to here now, so that if the pause becomes the end
             # of the turn (silence_duration_ms later) its final transcript is already (nearly) done.
             # The audio committed then differs from this only by trailing silence.
             start, end = self._turn_span(pause)
-            self.speculative = (pause, self.spawn(self._speculate(pause, self.buf.slice(start, end), self.turn_item)))
+            self.speculative = (pause, self.spawn(self._speculate(pause, self.buf.slice(start, end), self.turn_item,
+                                                                  self._early_for(pause))))
 
-    async def _speculate(self, pause: int, audio: np.ndarray, item_id: str):
-        """The transcript of the turn up to the pause that began at `pause`. With semantic_vad it also
-        decides how long this pause must last to end the turn, and ends it now if it already has."""
-        r = await self._transcribe_turn(audio, item_id)
+    def _maybe_start_early(self):
+        """The input went quiet during a turn, but Silero has not called a pause yet (it lags the last
+        sound by 60-130 ms): if the engine has nothing else queued, transcribe the turn up to here
+        already, at live-transcript priority. If Silero's pause follows, this is its transcript."""
+        q = self.quiet.quiet_since
+        if (q is None or not self.turns.speaking or q <= self.turn_start or self.buf.end - q < EARLY_QUIET
+                or (self.early is not None and self.early[0] == q) or not self.server.engine.has_spare_time()):
+            return
+        audio = self.buf.slice(self._turn_first_sample(), min(self.buf.end, q + RATE // 10))
+        self.early = (q, self.turn_item, self.spawn(self._early(audio, self.turn_item)))
+
+    async def _early(self, audio: np.ndarray, item_id: str):
+        # it replaces the session's live transcript, queued or running: its audio is the newest
+        r = await self._transcribe_turn(audio, item_id, partial=True, supersede=True)
+        if r is not None and self.turn_item == item_id:
+            await self._live_hypothesis(item_id, r.text)
+        return r
+
+    def _early_for(self, pause: int) -> asyncio.Task | None:
+        """The early transcript that covers the pause Silero saw begin at `pause` ms: begun in this
+        turn, when the input went quiet shortly before, and quiet ever since (so the audio after it
+        holds no speech). It is promoted to final priority if it is still queued or running."""
+        if self.early is None:
+            return None
+        q, item, task = self.early
+        p = pause * RATE // 1000
+        if item != self.turn_item or self.quiet.quiet_since != q or not p - QUIET_LEAD_MS * RATE // 1000 <= q <= p:
+            return None
+        if not task.done():
+            self.server.engine.promote(self.id)
+        self.early = None  # used once
+
+        async def result():
+            r = await task
+            if r is not None:
+                self.server.engine.metrics.early_finals += 1
+            return r
+        return self.spawn(result())
+
+    async def _speculate(self, pause: int, audio: np.ndarray, item_id: str, early: asyncio.Task | None = None):
+        """The transcript of the turn up to the pause that began at `pause` (`early`'s, if it has one).
+        With semantic_vad it also decides how long this pause must last to end the turn, and ends it
+        now if it already has."""
+        r = await early if early is not None else None
+        if r is None:  # no early transcript, or a final transcript of another session stopped it
+            r = await self._transcribe_turn(audio, item_id)
         td = self.cfg.turn_detection
         if (td is not None and td.semantic and self.turns is not None and self.turns.pause_ms == pause
                 and self.turn_item == item_id):
@@ -246,13 +298,14 @@ class RealtimeSession:
         item = self.turn_item
         if self.partial_task:
             self.partial_task.cancel()
+        if self.speculative is not None and self.speculative[0] == ms:
+            early = self.speculative[1]  # the transcript started when this pause began
+        else:  # the turn ended on the pause's first frames (timed from where the input went quiet)
+            early = self._early_for(ms)
         start, end = self._turn_span(ms)
         audio = self.buf.slice(start, end)
         self.buf.drop_until(end)
         self.turn_item = None
-        early = None
-        if self.speculative is not None and self.speculative[0] == ms:
-            early = self.speculative[1]  # the transcript started when this pause began
         self.speculative = None
         await self.send({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": ms, "item_id": item})
         await self._commit(item, audio, auto=True, early=early)
@@ -271,10 +324,8 @@ class RealtimeSession:
         """Live transcript of the turn being spoken: re-transcribe the growing audio about every
         `partial_interval` seconds and emit only words two consecutive hypotheses agree on."""
         interval = self.server.options.partial_interval
-        prev: list[str] = []
-        emitted = 0  # words already sent as deltas
         last_len = 0
-        self.partial_words = (item_id, [])
+        self.partial_words, self.live_words = (item_id, []), []
         while True:
             await asyncio.sleep(interval)
             audio = self.buf.slice(self._turn_first_sample(), self.buf.end)[-30 * RATE:]
@@ -282,26 +333,34 @@ class RealtimeSession:
                 continue
             if self.turns is not None and self.turns.pause_ms is not None:
                 continue  # paused: the final transcript (begun at the pause) has the engine's time
+            if self.early is not None and self.early[0] == self.quiet.quiet_since:
+                continue  # quiet since the early transcript began: it is this round's hypothesis
             last_len = len(audio)
             r = await self._transcribe_turn(audio, item_id, partial=True)
-            if r is None or self.turn_item != item_id:
-                continue
-            words = r.text.split()
-            stable = _common_prefix(prev, words)
-            if stable > emitted:
-                piece = " ".join(words[emitted:stable])
-                await self.send({"type": "conversation.item.input_audio_transcription.delta", "item_id": item_id,
-                                 "content_index": 0, "delta": (" " if emitted else "") + piece})
-                self.partial_words = (item_id, words[:stable])
-                emitted = stable
-            prev = words
+            if r is not None and self.turn_item == item_id:
+                await self._live_hypothesis(item_id, r.text)
 
-    async def _transcribe_turn(self, audio: np.ndarray, item_id: str | None, partial: bool = False):
+    async def _live_hypothesis(self, item_id: str, text: str):
+        """A new transcript of the turn being spoken: send as deltas the words it agrees on with the
+        previous one, past those already sent."""
+        said_id, said = self.partial_words
+        if said_id != item_id:
+            return
+        words = text.split()
+        stable = _common_prefix(self.live_words, words)
+        if stable > len(said) and words[: len(said)] == said:
+            await self.send({"type": "conversation.item.input_audio_transcription.delta", "item_id": item_id,
+                             "content_index": 0, "delta": (" " if said else "") + " ".join(words[len(said):stable])})
+            self.partial_words = (item_id, words[:stable])
+        self.live_words = words
+
+    async def _transcribe_turn(self, audio: np.ndarray, item_id: str | None, partial: bool = False,
+                               supersede: bool = False):
         """Transcribe (part of) turn `item_id`, drafting with the turn's latest transcript: the speech
         only grew since, so most of its tokens are checked in one decoder pass."""
         hyp_item, draft = self.hypothesis
         # keyed by session: a final transcript drops the pending live one of this session (made useless)
-        r = await self.server.engine.transcribe(audio, partial=partial, key=self.id,
+        r = await self.server.engine.transcribe(audio, partial=partial, key=self.id, supersede=supersede,
                                                 draft=draft if item_id is not None and hyp_item == item_id else None)
         if r is not None and item_id is not None and r.tokens:
             self.hypothesis = (item_id, r.tokens)
@@ -340,7 +399,9 @@ class RealtimeSession:
         self.spawn(self._final_transcript(item, audio, auto, early))
 
     async def _final_transcript(self, item: dict, audio: np.ndarray, auto: bool, early: asyncio.Task | None):
-        r = await early if early is not None else await self._transcribe_turn(audio, item["id"])
+        r = await early if early is not None else None
+        if r is None:  # no early transcript, or a final transcript of another session stopped it
+            r = await self._transcribe_turn(audio, item["id"])
         text = r.text
         said_id, said = self.partial_words
         if said_id == item["id"] and said:

@@ -9,6 +9,9 @@ import numpy as np
 FRAME = 512  # samples per Silero frame at 16 kHz (32 ms)
 CONTEXT = 64  # samples of the previous frame the model sees
 FRAME_MS = 32
+# the input going quiet (QuietTracker) at most this long before Silero's pause begins is where that pause
+# began: Silero lags the last sound by 60-130 ms
+QUIET_LEAD_MS = 300
 
 
 class SileroVAD:
@@ -50,6 +53,47 @@ class VadStream:
             self.context = frame[-CONTEXT:]
         self.pending = x[n * FRAME:]
         return probs
+
+
+class QuietTracker:
+    """An early sign that speech has ended, from the signal's energy.
+
+    Silero's probability stays high for 60-130 ms after the last sound of an utterance (its window needs
+    context to be sure), while the energy falls at once. This tracks the RMS of 10 ms hops against the
+    recent loudness peak (decaying 6 dB per second): a hop 30 dB or more below it, or below -80 dBFS,
+    is quiet. `quiet_since` is the absolute sample index where the current run of quiet hops began
+    (None while the latest hop is loud). In noise louder than peak - 30 dB no hop is quiet and
+    nothing is reported: Silero alone decides, as before."""
+
+    HOP = 160  # samples at 16 kHz
+
+    def __init__(self, drop_db: float = 30.0, floor: float = 1e-4, decay_db_per_s: float = 6.0):
+        self.ratio = 10 ** (-drop_db / 20)
+        self.floor = floor
+        self.decay = 10 ** (-decay_db_per_s * self.HOP / 16000 / 20)
+        self.peak = 0.0
+        self.pending = np.zeros(0, np.float32)
+        self.pos = 0  # absolute index of the first sample not yet in a complete hop
+        self.quiet_since: int | None = None
+
+    def feed(self, audio16k: np.ndarray, start: int):
+        """Audio that begins at absolute sample `start` (a gap or overlap with what came before
+        restarts the hop grid there)."""
+        if start != self.pos + len(self.pending):
+            self.pending, self.pos = np.zeros(0, np.float32), start
+        x = np.concatenate([self.pending, audio16k.astype(np.float32, copy=False)])
+        n = len(x) // self.HOP
+        if n:
+            rms = np.sqrt(np.mean(np.square(x[: n * self.HOP].reshape(n, self.HOP), dtype=np.float64), axis=1))
+            for i, r in enumerate(rms):
+                self.peak = max(float(r), self.peak * self.decay)
+                if r < max(self.peak * self.ratio, self.floor):
+                    if self.quiet_since is None:
+                        self.quiet_since = self.pos + i * self.HOP
+                else:
+                    self.quiet_since = None
+        self.pending = x[n * self.HOP:]
+        self.pos += n * self.HOP
 
 
 # semantic_vad: silence (ms) that ends a turn, by eagerness, when the turn's transcript reads as finished
@@ -109,8 +153,10 @@ class TurnDetector:
 
     Speech starts at the first frame at or above `threshold`; it stops once frames stay below
     threshold - 0.15 (Silero's hysteresis) for the pause the config needs (`silence_duration_ms`, or
-    for semantic_vad what `finish_pause` says). `pause_ms` reports the start of a pause still in
-    progress, so callers can begin transcribing before the turn is confirmed over."""
+    for semantic_vad what `finish_pause` says). The pause is timed from where the input went quiet
+    (`quiet_ms`, from a QuietTracker) when that was at most QUIET_LEAD_MS before Silero's first
+    silent frame, else from that frame. `pause_ms` reports the start of a pause still in progress
+    (Silero's), so callers can begin transcribing before the turn is confirmed over."""
 
     def __init__(self, cfg: ServerVadConfig):
         self.cfg = cfg
@@ -119,6 +165,15 @@ class TurnDetector:
         self.silence_frames = 0
         self.start_ms = 0
         self.need_ms = cfg.pause_needed_ms(None)  # for the pause in progress
+        self.quiet_ms: int | None = None  # where the input went quiet, if it is quiet now
+
+    def _silence_ms(self) -> int:
+        """How long the pause in progress has lasted."""
+        now = self.frames * FRAME_MS
+        start = now - self.silence_frames * FRAME_MS
+        if self.quiet_ms is not None and start - QUIET_LEAD_MS <= self.quiet_ms < start:
+            start = self.quiet_ms
+        return now - start
 
     @property
     def pause_ms(self) -> int | None:
@@ -132,7 +187,7 @@ class TurnDetector:
         if self.pause_ms is None:
             return []
         self.need_ms = self.cfg.pause_needed_ms(finished)
-        if self.silence_frames * FRAME_MS >= self.need_ms:
+        if self._silence_ms() >= self.need_ms:
             return [self._stop()]
         return []
 
@@ -145,7 +200,10 @@ class TurnDetector:
         """Forget the turn in progress (the buffer was committed or cleared by the client)."""
         self.speaking, self.silence_frames = False, 0
 
-    def feed(self, probs) -> list[tuple[str, int]]:
+    def feed(self, probs, quiet_ms: int | None = None) -> list[tuple[str, int]]:
+        """Silero's probabilities of the next frames; `quiet_ms`: where the input went quiet, if it is
+        quiet at the end of these frames (QuietTracker.quiet_since, in ms)."""
+        self.quiet_ms = quiet_ms
         events = []
         low = max(self.cfg.threshold - 0.15, 0.01)
         for p in probs:
@@ -159,7 +217,7 @@ class TurnDetector:
                 if not self.silence_frames:  # a new pause: its length is not known yet
                     self.need_ms = self.cfg.pause_needed_ms(None)
                 self.silence_frames += 1
-                if self.silence_frames * FRAME_MS >= max(self.need_ms, 1):
+                if self._silence_ms() >= max(self.need_ms, 1):
                     events.append(self._stop())
             elif p >= self.cfg.threshold:
                 self.silence_frames = 0

@@ -89,13 +89,14 @@ def _start_server(args, conversation: bool):
 
 
 def _recordings(texts):
-    """Speech for each text from the embedded voice, pcm16 at 24 kHz, with its speech span."""
+    """Speech for each text from the embedded voice, pcm16 at 24 kHz, with its speech span. The voice's
+    noise is seeded: every run replays the same recordings."""
     import speechrt
 
     tts = speechrt.load_tts()
     out = []
-    for t in texts:
-        a = np.concatenate(list(tts.synthesize(t, sample_rate=RATE)))
+    for i, t in enumerate(texts):
+        a = np.concatenate(list(tts.synthesize(t, sample_rate=RATE, seed=i)))
         nz = np.flatnonzero(np.abs(a) > 0.01)
         lead = np.zeros(RATE // 2, np.float32)
         tail = np.zeros(RATE * 2, np.float32)  # silence after: the server detects the end of the turn

@@ -1,6 +1,7 @@
 """The shared engine's pieces on the real embedded models: prefix caching across a conversation's turns
-in the continuous LM batch, partial transcripts stopped by their turn's final one, and semantic_vad's
-turn rules."""
+in the continuous LM batch, partial transcripts stopped by their turn's final one, promoted to final
+priority or superseded, semantic_vad's turn rules, and the energy tracker that times pauses from
+where the input went quiet."""
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +9,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from speechrt.streaming.vad import EAGERNESS, FRAME_MS, ServerVadConfig, TurnDetector, transcript_finished
+from speechrt.streaming.vad import (EAGERNESS, FRAME_MS, QUIET_LEAD_MS, QuietTracker, ServerVadConfig, TurnDetector,
+                                    transcript_finished)
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."}
 
@@ -137,3 +139,102 @@ def test_semantic_turn_detector():
     assert plain.finish_pause(True) == []  # no pause in progress after the stop
     assert ServerVadConfig(type="semantic_vad").to_api() == {
         "type": "semantic_vad", "eagerness": "auto", "create_response": True, "interrupt_response": True}
+
+
+def test_quiet_tracker_marks_where_the_input_went_quiet():
+    """Loud, then 30 dB down or digital silence: quiet from the first quiet hop, whatever the chunking;
+    a loud hop ends the quiet run; background noise within 30 dB of the speech is never quiet; a gap in
+    the stream restarts the hop grid at the new position."""
+    rng = np.random.default_rng(1)
+    hop = QuietTracker.HOP
+    loud = (0.3 * np.sin(np.arange(40 * hop) * 0.07)).astype(np.float32)
+    soft = (0.005 * rng.standard_normal(23 * hop)).astype(np.float32)  # ~35 dB below the tone
+    audio = np.concatenate([loud, soft, np.zeros(17 * hop + 55, np.float32)])
+    for chunk in (len(audio), 1600, 517, 160):
+        t = QuietTracker()
+        seen = []
+        for i in range(0, len(audio), chunk):
+            t.feed(audio[i: i + chunk], i)
+            seen.append(t.quiet_since)
+        assert t.quiet_since == 40 * hop, chunk
+        assert seen[0] is None or chunk == len(audio)
+    t.feed(loud[: 3 * hop], len(audio))
+    assert t.quiet_since is None  # a loud hop (the stream went on where it left off)
+    t.feed(np.zeros(5 * hop, np.float32), len(audio) + 3 * hop)
+    assert t.quiet_since == -(-(len(audio) + 3 * hop) // hop) * hop  # the first hop with no loud sample
+    noisy = QuietTracker()
+    noise = (0.03 * rng.standard_normal(60 * hop)).astype(np.float32)  # 20 dB below the tone
+    noisy.feed(np.concatenate([loud + noise[: len(loud)], noise]), 0)
+    assert noisy.quiet_since is None
+    jump = QuietTracker()
+    jump.feed(loud[:1000], 0)
+    jump.feed(np.zeros(8 * hop, np.float32), 50_000)  # a gap: the grid restarts at 50_000
+    assert jump.quiet_since == 50_000
+
+
+def test_pause_timed_from_where_the_input_went_quiet():
+    """server_vad: the pause ends the turn `silence_duration_ms` after the input went quiet when Silero's
+    first silent frame came at most QUIET_LEAD_MS later; a quiet start further back, or after that
+    frame, does not count. The turn's end (pause_ms, the stop event) stays Silero's."""
+    speech, silence = [0.9] * 10, [0.05]
+    td = TurnDetector(ServerVadConfig(silence_duration_ms=200))
+    td.feed(speech)
+    quiet = 10 * FRAME_MS - 96  # the energy fell three frames before Silero's first silent frame
+    assert td.feed(silence * 3, quiet) == []
+    assert td.feed(silence, quiet) == [("stop", 10 * FRAME_MS)]  # 4 frames + 96 ms >= 200 ms
+    for late_or_early in (10 * FRAME_MS + 40, 10 * FRAME_MS - QUIET_LEAD_MS - 1, None):
+        td = TurnDetector(ServerVadConfig(silence_duration_ms=200))
+        td.feed(speech)
+        assert td.feed(silence * 6, late_or_early) == []
+        assert td.feed(silence, late_or_early) == [("stop", 10 * FRAME_MS)]  # 7 frames: Silero's timing
+    # semantic_vad: a finished transcript at eagerness medium needs 100 ms of quiet: here already
+    td = TurnDetector(ServerVadConfig(type="semantic_vad", eagerness="medium"))
+    td.feed(speech)
+    assert td.feed(silence, 10 * FRAME_MS - 80) == []
+    assert td.finish_pause(True) == [("stop", 10 * FRAME_MS)]
+
+
+def test_promoted_and_superseded_partials(asr, synth):
+    """promote(): a running partial is no longer stopped by finals, a queued one is served as a final
+    (before partials queued ahead of it); supersede: a newer partial of the same key stops the running
+    one. has_spare_time() is False while anything is queued."""
+    from speechrt.streaming.engine import Engine
+
+    speech = synth("The museum opens at nine and closes at five on weekdays.")
+    short = speech[: len(speech) // 2]
+
+    async def main():
+        eng = Engine(asr)
+        eng.start()
+        try:
+            while eng._warming:  # noqa: SLF001
+                await asyncio.sleep(0.05)
+            assert eng.has_spare_time() and not eng.promote("nobody")
+            running = asyncio.ensure_future(eng.transcribe(speech, partial=True, key="run"))
+            while not eng._running_partials:  # noqa: SLF001
+                await asyncio.sleep(0.002)
+            queued_a = asyncio.ensure_future(eng.transcribe(short, partial=True, key="a"))
+            queued_b = asyncio.ensure_future(eng.transcribe(short, partial=True, key="b"))
+            await asyncio.sleep(0)
+            assert not eng.has_spare_time()
+            assert eng.promote("run") and eng.promote("b")
+            final = await eng.transcribe(speech, key="other")  # would stop an unpromoted running partial
+            order = []
+            for name, fut in (("a", queued_a), ("b", queued_b)):
+                fut.add_done_callback(lambda _f, n=name: order.append(n))
+            got = [await running, await queued_a, await queued_b]
+            # supersede: the running partial of key "s" stops for the newer one
+            old = asyncio.ensure_future(eng.transcribe(speech, partial=True, key="s"))
+            while not eng._running_partials:  # noqa: SLF001
+                await asyncio.sleep(0.002)
+            new = await eng.transcribe(speech, partial=True, key="s", supersede=True)
+            return final, got, order, await old, new, eng.metrics.asr_cancelled
+        finally:
+            eng.stop()
+
+    final, (run, a, b), order, old, new, cancelled = asyncio.run(main())
+    assert "museum" in final.text.lower()
+    assert run is not None and run.text == final.text  # promoted: not stopped by the final
+    assert a is not None and b is not None and a.text == b.text
+    assert order == ["b", "a"]  # the promoted one went ahead as a final
+    assert old is None and new is not None and new.text == final.text and cancelled == 1

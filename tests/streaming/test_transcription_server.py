@@ -292,3 +292,35 @@ def test_semantic_vad_ends_a_finished_turn_before_the_long_pause(transcription_s
         assert "low, medium, high, auto" in err["error"]["message"]
         await ws.close()
     asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_early_transcript_becomes_the_final_one(asr, server_factory, synth):
+    """Speech streamed at real-time pace, then silence: the turn's transcript begins when the input goes
+    quiet, before Silero confirms the pause, and is the final transcript (counted in /metrics); the
+    speech_stopped time is still Silero's, within the recording's trailing silence."""
+    from speechrt.streaming.server import ServerOptions
+
+    audio = synth(SENTENCES[12])
+    pcm = pcm24(audio, tail_s=0.8)
+    speech_end_ms = 1000 * (np.flatnonzero(np.abs(audio) > 0.01)[-1] + 1) / 16000
+
+    with server_factory(ServerOptions(port=0, partial_interval=0, silence_duration_ms=200), asr) as srv:
+        async def main():
+            ws, _ = await _raw(srv)
+            stopped = None
+            for i in range(0, len(pcm), 4800):  # 100 ms chunks at real-time pace
+                await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                          "audio": base64.b64encode(pcm[i: i + 4800]).decode()}))
+                await asyncio.sleep(0.1)
+            while True:
+                ev = json.loads(await asyncio.wait_for(ws.recv(), 30))
+                if ev["type"] == "input_audio_buffer.speech_stopped":
+                    stopped = ev
+                if ev["type"] == "conversation.item.input_audio_transcription.completed":
+                    await ws.close()
+                    return stopped, ev
+        stopped, done = asyncio.run(asyncio.wait_for(main(), 60))
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/metrics").read().decode()
+    assert wer(SENTENCES[12], done["transcript"]) <= 0.1, done["transcript"]
+    assert speech_end_ms - 50 <= stopped["audio_end_ms"] <= speech_end_ms + 300, (stopped, speech_end_ms)
+    assert "speechrt_asr_early_finals_total 1" in metrics
