@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 RATE = 16000
 # early transcripts: begun once the input has been quiet this long (before Silero confirms the pause),
 # and used as the final one if Silero's pause begins at most QUIET_LEAD_MS after the quiet did
-EARLY_QUIET = RATE * 20 // 1000
+EARLY_QUIET = RATE * 10 // 1000
 
 
 class AudioBuffer:
