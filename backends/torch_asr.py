@@ -11,17 +11,9 @@ from speechrt.models.whisper import Whisper
 from speechrt.models.whisper_loaders import WhisperWeights, load_weights
 
 from .base import ASRRunner
-from .torch_backend import cpu_threads
+from .torch_backend import cpu_has_native_bf16, cpu_threads
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def cpu_has_native_bf16() -> bool:
-    """bf16 matmuls run natively (AVX512-BF16 / AMX) rather than emulated."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
 
 
 def parse_dtype(dtype: str | None, device: torch.device) -> torch.dtype:

@@ -50,6 +50,13 @@ def cpu_threads(n: int | None):
         torch.set_num_threads(prev)
 
 
+def cpu_has_native_bf16() -> bool:
+    """bf16 matmuls run natively (AVX512-BF16 / AMX) rather than emulated."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
 
 class TorchBackend(Backend):
     name = "torch"

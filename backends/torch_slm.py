@@ -61,7 +61,7 @@ class TorchSLMRunner(SLMRunner):
         self.ops = K.select(kernels, device)
         # prompts through bf16 copies of the quantized weights where bf16 matmuls are native (CPU AMX /
         # AVX512-BF16): prefill is compute bound, twice as fast that way (see models.llama.Linear)
-        from .torch_asr import cpu_has_native_bf16
+        from .torch_backend import cpu_has_native_bf16
 
         dense = device.type == "cpu" and weight_format in ("int4", "int8") and cpu_has_native_bf16()
         self.model = Llama(lm_file.config, lm_file.weights, self.ops, device, weight_format, lm_file.q4,

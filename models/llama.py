@@ -294,7 +294,7 @@ class Llama(nn.Module):
             return q4 if isinstance(q4, str) else {n: q4[f"layers.{i}.{n}"] for n in names if f"layers.{i}.{n}" in q4}
         self.layers = nn.ModuleList(
             Block(cfg, ops, {n: weights[f"layers.{i}.{n}"] for n in names}, weight_format, device, self.dtype,
-                  layer_q4(i), dense_prefill and weight_format in ("int4", "int8"))
+                  layer_q4(i), dense_prefill)
             for i in range(cfg.n_layers))
         self.norm = nn.Parameter(weights["norm"].to(device, self.dtype), requires_grad=False)
         self.output = Linear(ops, weights["tok_embeddings" if cfg.tie_embeddings else "output"], weight_format, device)

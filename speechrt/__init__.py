@@ -8,11 +8,12 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 
-def load_asr(model=None, backend: str = "torch", device: str = "cpu", dtype: str | None = None):
+def load_asr(model=None, backend: str = "torch", device: str = "cpu", dtype: str | None = None,
+             loop_threads: int | None = None):
     """A speech recognizer (default: the embedded Whisper tiny.en). See speechrt.asr.SpeechRecognizer."""
     from speechrt.asr import load_asr as _load
 
-    return _load(model, backend, device, dtype)
+    return _load(model, backend, device, dtype, loop_threads)
 
 
 def transcribe(audio, model=None, backend: str = "torch", device: str = "cpu", sample_rate: int | None = None, **options):

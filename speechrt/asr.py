@@ -22,10 +22,8 @@ class SpeechRecognizer:
     def __init__(self, model: str | Path | None = None, backend: str = "torch", device: str = "cpu",
                  dtype: str | None = None, loop_threads: int | None = None):
         self.model = resolve(model, "asr")
-        be = get_backend(backend)
         # loop_threads: see TorchASRRunner (1 = robust when other work shares the CPU cores)
-        self.runner = (be.asr(self.model, device=device, dtype=dtype, loop_threads=loop_threads) if loop_threads
-                       else be.asr(self.model, device=device, dtype=dtype))
+        self.runner = get_backend(backend).asr(self.model, device=device, dtype=dtype, loop_threads=loop_threads)
         w = getattr(self.runner, "weights_info", None)
         tok_path = w.tokenizer_path if w is not None else self.model.path / "tokenizer.json"
         cfg = self.runner.config

@@ -35,10 +35,8 @@ def load_models(args):
     """Load the models once; they are shared by every session."""
     import speechrt
 
-    from speechrt.asr import load_asr
-
     # the engine thread shares the cores with the event loop and VAD: small decode ops on one thread
-    asr = load_asr(args.asr, args.backend, args.device, args.asr_dtype,
+    asr = speechrt.load_asr(args.asr, args.backend, args.device, args.asr_dtype,
                    loop_threads=(args.asr_loop_threads or None) if args.device == "cpu" else None)
     lm = tts = None
     if not args.transcription_only:

@@ -172,7 +172,11 @@ class Engine:
         """Nothing waits but what is running: no final transcript, live transcript, streaming task or
         language model work queued. Sessions start speculative work only then."""
         with self._cv:
-            return not (self._finals or self._partials or self._tasks or self._lm_work())
+            return not self._queued()
+
+    def _queued(self) -> bool:
+        """Work waits for the worker (call with the lock held)."""
+        return bool(self._finals or self._partials or self._tasks or self._lm_work())
 
     def promote(self, key) -> bool:
         """The live (partial) transcript of `key` is now needed as a final one: a pending one moves to
@@ -239,7 +243,7 @@ class Engine:
         self._warm_up()
         while True:
             with self._cv:
-                while not (self._stop or self._finals or self._partials or self._tasks or self._lm_work()):
+                while not (self._stop or self._queued()):
                     self._cv.wait()
                 if self._stop:
                     return

@@ -13,12 +13,12 @@ import numpy as np
 from .audio_codec import AudioFormatError, InputDecoder, b64decode
 from .protocol import (BETA_NAMES, CLIENT_EVENTS, ProtocolError, SessionConfig, apply_session_update, error_event,
                        new_id)
-from .vad import QUIET_LEAD_MS, QuietTracker, TurnDetector, transcript_finished
+from .vad import QuietTracker, TurnDetector, quiet_began_pause, transcript_finished
 
 log = logging.getLogger(__name__)
 RATE = 16000
 # early transcripts: begun once the input has been quiet this long (before Silero confirms the pause),
-# and used as the final one if Silero's pause begins at most QUIET_LEAD_MS after the quiet did
+# and used as the final one if Silero's pause begins shortly after (vad.quiet_began_pause)
 EARLY_QUIET = RATE * 10 // 1000
 
 
@@ -255,8 +255,7 @@ class RealtimeSession:
         if self.early is None:
             return None
         q, item, task = self.early
-        p = pause * RATE // 1000
-        if item != self.turn_item or self.quiet.quiet_since != q or not p - QUIET_LEAD_MS * RATE // 1000 <= q <= p:
+        if item != self.turn_item or self.quiet.quiet_since != q or not quiet_began_pause(q * 1000 // RATE, pause):
             return None
         if not task.done():
             self.server.engine.promote(self.id)

@@ -14,6 +14,11 @@ FRAME_MS = 32
 QUIET_LEAD_MS = 300
 
 
+def quiet_began_pause(quiet_ms: int | None, pause_ms: int) -> bool:
+    """Whether the input going quiet at `quiet_ms` is where the pause Silero saw begin at `pause_ms` began."""
+    return quiet_ms is not None and pause_ms - QUIET_LEAD_MS <= quiet_ms <= pause_ms
+
+
 class SileroVAD:
     """One shared ONNX Runtime session (its `run` is thread-safe); each audio stream has its own state."""
 
@@ -171,7 +176,7 @@ class TurnDetector:
         """How long the pause in progress has lasted."""
         now = self.frames * FRAME_MS
         start = now - self.silence_frames * FRAME_MS
-        if self.quiet_ms is not None and start - QUIET_LEAD_MS <= self.quiet_ms < start:
+        if quiet_began_pause(self.quiet_ms, start):
             start = self.quiet_ms
         return now - start
 
