@@ -9,7 +9,7 @@ import importlib
 
 from speechrt.errors import UserError
 
-from .base import ASRRunner, Backend, Latent, SLMRunner, TTSRunner
+from .base import ASRRunner, Backend, Latent, LMRunner, Runner, RunnerInfo, TTSRunner
 
 BACKENDS: dict[str, str] = {
     "torch": "speechrt.backends.torch_backend:TorchBackend",
@@ -38,17 +38,19 @@ def get(name: str) -> Backend:
     return getattr(m, cls)()
 
 
-def available() -> list[str]:
-    """Backends whose modules import on this machine."""
+def available(family: str | None = None) -> list[str]:
+    """Backends whose modules import on this machine (and that run `family`, if given)."""
     out = []
     for n, target in BACKENDS.items():
+        mod, _, cls = target.partition(":")
         try:
-            importlib.import_module(target.partition(":")[0])
-            out.append(n)
+            m = importlib.import_module(mod)
         except ImportError:
-            pass
+            continue
+        if family is None or family in getattr(m, cls).families:
+            out.append(n)
     return out
 
 
-__all__ = ["ASRRunner", "SLMRunner", "TTSRunner", "Latent", "Backend", "BACKENDS", "BackendUnavailable", "UnknownBackend",
-           "get", "available"]
+__all__ = ["ASRRunner", "LMRunner", "TTSRunner", "Runner", "RunnerInfo", "Latent", "Backend", "BACKENDS",
+           "BackendUnavailable", "UnknownBackend", "get", "available"]

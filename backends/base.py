@@ -1,7 +1,9 @@
-"""Runner interfaces, one per model family. Decoding loops are written against these only.
+"""Runner interfaces, one per model family. The pipelines (speechrt.pipelines) are written against these only.
 
 Tensors crossing the seam are torch tensors on the runner's device (ids int64, logits float32);
-runners of non-torch engines (ONNX Runtime, TensorRT) convert at their edge.
+runners of non-torch engines (ONNX Runtime, TensorRT) convert at their edge. Everything a caller needs
+to know about a runner is a declared member here: nothing above this layer asks a runner with
+getattr/hasattr.
 """
 from __future__ import annotations
 
@@ -9,16 +11,50 @@ import contextlib
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Iterator
+from pathlib import Path
+from typing import Any
 
 import torch
 
+from speechrt.errors import UserError
 
-class ASRRunner(ABC):
-    """Encoder-decoder speech recognizer (Whisper). `config` is a models.whisper.WhisperConfig."""
+
+@dataclass(frozen=True)
+class RunnerInfo:
+    """What a runner runs, for logs, benchmarks and /healthz: the backend, the model's name and file
+    format, the precision its weights compute in (a dtype name, or a weight format such as int4), the
+    device, and how it uses the CPU's threads."""
+
+    backend: str
+    model: str
+    format: str
+    precision: str
+    device: str
+    threads: str = ""
+
+    def __str__(self) -> str:
+        extra = f", {self.threads}" if self.threads else ""
+        return f"{self.model} ({self.format}) as {self.precision} on {self.backend}/{self.device}{extra}"
+
+
+class Runner(ABC):
+    """What every runner declares: `info`, and `loop()`, the context in which a caller runs its decoding
+    loop around the runner's steps (its own small tensor ops: logit rules, sampling). A runner applies
+    its CPU thread policy there (see backends.torch_backend.ThreadPolicy); the default does nothing."""
+
+    info: RunnerInfo
+    device: torch.device
+
+    def loop(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+
+class ASRRunner(Runner):
+    """Encoder-decoder speech recognizer (Whisper). `config` is a models.whisper.WhisperConfig;
+    `tokenizer_path` the model's tokenizer.json (the front end's vocabulary and special tokens)."""
 
     config: Any
-    device: torch.device
+    tokenizer_path: Path
 
     @abstractmethod
     def encode(self, mel: torch.Tensor, stop=None) -> Any:
@@ -40,29 +76,26 @@ class ASRRunner(ABC):
     @abstractmethod
     def rewind(self, state: Any, length: int) -> Any:
         """Keep the first `length` positions of the state's self-attention cache and forget the rest
-        (the next decode_step writes at `length`): a checked draft's rejected tail."""
+        (the next decode_step writes at `length`): a checked draft's rejected tail. ValueError if the
+        state holds fewer than `length` positions."""
 
     @abstractmethod
     def reorder(self, state: Any, index: torch.Tensor) -> Any:
         """Keep rows `index` [N'] of the state (beam reordering, or dropping finished rows)."""
 
-    def loop_threads(self):
-        """Context for the decoding loop around encode/decode steps (the torch runner narrows it to
-        one CPU thread: the loop's many small ops stall on thread barriers otherwise)."""
-        return contextlib.nullcontext()
 
-
-class SLMRunner(ABC):
+class LMRunner(Runner):
     """Decoder-only language model with a preallocated, slot-addressed KV cache.
 
-    `config` has at least `vocab_size` and `max_seq_len`; runners also carry the model's `tokenizer` and
-    `chat_template` (models.llm_text). The cache object is the runner's own, exposing `max_batch` and
-    `max_seq`; each slot holds one sequence, so a scheduler can add and drop sequences between steps
-    (continuous batching).
+    `config` has at least `vocab_size` and `max_seq_len`; `tokenizer` is the model's
+    models.lm_text.LMTokenizer and `chat_template` its Jinja chat template (or None). The cache object
+    is the runner's own, exposing `max_batch` and `max_seq`; each slot holds one sequence, so a scheduler
+    can add and drop sequences between steps (continuous batching).
     """
 
     config: Any
-    device: torch.device
+    tokenizer: Any
+    chat_template: str | None
 
     @abstractmethod
     def new_cache(self, max_batch: int, max_seq: int) -> Any:
@@ -80,40 +113,54 @@ class SLMRunner(ABC):
         a host list of ints lets the step be planned without waiting on the device) -> logits [N, vocab]
         float32. Each slot's sequence grows by one position."""
 
+    @abstractmethod
+    def release(self, cache: Any, slot: int) -> None:
+        """Free `slot` for a new sequence (what it holds may simply be overwritten later)."""
+
 
 @dataclass
 class Latent:
-    """A sentence's vocoder input: z [1, C, F] float32 (F latent frames, `hop_length` samples each), plus
-    whatever conditioning the runner's vocoder needs besides z (the speaker embedding), opaque to callers."""
+    """A sentence's vocoder input.
+
+    z [1, C, F] float32: F latent frames, `hop_length` samples each. Only frames [0, ready) may be
+    computed when the latent is returned; `rest` (a Future) completes the others in the background
+    (None: all of z is ready). `vocoder_inputs` are what the runner's vocoder reads besides z (the
+    speaker embedding, masks), in the runner's own form: callers pass the Latent back unchanged."""
 
     z: torch.Tensor
-    cond: Any = None
+    vocoder_inputs: Any = None
+    ready: int | None = None
+    rest: Future | None = None
 
     @property
     def frames(self) -> int:
         return self.z.shape[-1]
 
+    def wait_for(self, end: int) -> None:
+        """Block until frames [0, end) of z are computed."""
+        if self.rest is not None and self.ready is not None and end > self.ready:
+            self.rest.result()
 
-class TTSRunner(ABC):
+
+class TTSRunner(Runner):
     """Text-to-speech acoustic model + vocoder (VITS), split where streaming needs it: `latent` runs the
     text encoder, durations, prior and flow for a whole sentence; `vocode` turns any window of that latent
-    into audio. The chunking policy (windows, context, crossfade) is written once, in models.synthesis."""
+    into audio. The chunking policy (windows, context, crossfade) is written once, in the TTS pipeline."""
 
     sample_rate: int
     hop_length: int  # audio samples per latent frame
     context_frames: int  # latent frames each side of a window that the vocoder's output inside it depends on
     voice: Any  # models.piper_loader.VoiceConfig
+    parallel: int = 1  # vocode calls that may usefully run at once (see vocode_async)
 
     @abstractmethod
     def latent(self, phoneme_ids: list[int], options: Any) -> Latent:
-        """Phoneme ids of one sentence -> its Latent. `options` is a models.synthesis.SynthesisOptions."""
+        """Phoneme ids of one sentence -> its Latent. `options` is a models.piper_loader.SynthesisOptions."""
 
     @abstractmethod
     def vocode(self, latent: Latent, start: int, end: int) -> torch.Tensor:
         """Frames [start, end) of `latent` -> float32 audio [(end - start) * hop_length] (CPU tensor).
         Windows shorter than the whole latent see zero padding at their edges: callers add context."""
-
-    parallel: int = 1  # vocode calls that may usefully run at once (see vocode_async)
 
     def vocode_async(self, latent: Latent, start: int, end: int) -> Future:
         """vocode() as a Future. Runners that can run several windows at once (parallel > 1) override it;
@@ -122,23 +169,40 @@ class TTSRunner(ABC):
         f.set_result(self.vocode(latent, start, end))
         return f
 
-    def synthesize(self, phoneme_ids: list[int], options: Any) -> Iterator[torch.Tensor]:
-        """Phoneme ids -> float32 audio chunks [n] at `sample_rate`, in order (first chunk early)."""
-        from speechrt.models.synthesis import stream_latent
+    def head_frames(self, frames: int, options: Any) -> int:
+        """How many of a sentence's `frames` latent frames to compute before returning its Latent: those
+        the first two windows read, context included, so that both can be vocoded at once; a runner
+        that can compute the rest in the background does so beside them (the flow's receptive field is
+        finite, so the pieces equal the whole)."""
+        return min(frames, 3 * options.first_chunk_frames + self.context_frames)
 
-        yield from stream_latent(self, self.latent(phoneme_ids, options), options)
+
+class FamilyNotSupported(UserError, NotImplementedError):
+    """A backend asked for a model family it does not run; the message names the backends that do."""
+
+    def __init__(self, backend: str, family: str):
+        from speechrt.backends import available
+
+        what = {"asr": "speech recognition", "lm": "language", "tts": "speech synthesis"}[family]
+        super().__init__(f"backend {backend!r} does not run {what} models; backends that do here: "
+                         f"{', '.join(available(family)) or 'none'}")
 
 
 class Backend(ABC):
-    """A way to run models: builds one runner per model family from a resolved model."""
+    """A way to run models: builds one runner per model family from a resolved model.
+
+    `step_threads`: CPU threads for the small ops of one step and of the caller's loop around it
+    (None: all; 1: no thread barriers, robust when other work shares the cores). Backends that do not
+    run on the CPU's threads ignore it."""
 
     name: str
+    families: tuple[str, ...] = ()  # the model families it runs: asr, lm, tts
 
-    def asr(self, model, device: str = "cpu", dtype: str | None = None, loop_threads: int | None = None) -> ASRRunner:
-        raise NotImplementedError(f"backend {self.name!r} does not run speech recognition models")
+    def asr(self, model, device: str = "cpu", dtype: str | None = None, step_threads: int | None = None) -> ASRRunner:
+        raise FamilyNotSupported(self.name, "asr")
 
-    def slm(self, model, device: str = "cpu", dtype: str | None = None) -> SLMRunner:
-        raise NotImplementedError(f"backend {self.name!r} does not run language models")
+    def lm(self, model, device: str = "cpu", dtype: str | None = None, step_threads: int | None = None) -> LMRunner:
+        raise FamilyNotSupported(self.name, "lm")
 
-    def tts(self, model, device: str = "cpu", dtype: str | None = None) -> TTSRunner:
-        raise NotImplementedError(f"backend {self.name!r} does not run speech synthesis models")
+    def tts(self, model, device: str = "cpu", dtype: str | None = None, step_threads: int | None = None) -> TTSRunner:
+        raise FamilyNotSupported(self.name, "tts")

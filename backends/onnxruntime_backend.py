@@ -15,7 +15,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from .base import Backend, Latent, TTSRunner
+from .base import Backend, Latent, RunnerInfo, TTSRunner
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def split_graph(model):
 
 
 class OrtTTSRunner(TTSRunner):
-    def __init__(self, path, providers):
+    def __init__(self, path, providers, model_name: str = ""):
         from speechrt.models.piper_loader import (VoiceConfig, check_voice, config_from_weights, load_onnx,
                                                  read_onnx_weights, voice_paths)
         from speechrt.models.registry import ModelError
@@ -166,7 +166,11 @@ class OrtTTSRunner(TTSRunner):
         self.flow_context = cfg.flow_context()
         self._bg = ThreadPoolExecutor(1, thread_name_prefix="speechrt-ort-flow")
         self._full = None
-        log.info("onnxruntime TTS: %s on %s", onnx_path.name, self.dec.get_providers())
+        device = "cpu" if self.dec.get_providers()[0] == "CPUExecutionProvider" else "cuda"
+        self.device = torch.device(device)
+        self.info = RunnerInfo("onnxruntime", model_name or onnx_path.stem, "piper-onnx", "float32", device,
+                               ", ".join(self.dec.get_providers()))
+        log.info("onnxruntime TTS: %s", self.info)
 
     def _feed(self, phoneme_ids, o):
         feed = {"input": np.array([phoneme_ids], dtype=np.int64),
@@ -180,18 +184,16 @@ class OrtTTSRunner(TTSRunner):
         # options.seed cannot reach the graph's RandomNormalLike nodes; only noise scales of 0 are reproducible
         o = options.resolved(self.voice)
         outs = dict(zip(self.head_names, self.prefix.run(self.head_names, self._feed(phoneme_ids, o))))
-        cond = [outs[n] for n in self.cuts[1:]]
+        extra = [outs[n] for n in self.cuts[1:]]  # the generator's other inputs (masks, speaker embedding)
         if self.flow is None:
-            return Latent(torch.from_numpy(outs[self.cuts[0]]), (cond, None, None))
-        # as in the torch runner: the flow now on the frames the first two windows read, the rest in the
-        # background while they are vocoded (the flow's receptive field is its context)
+            return Latent(torch.from_numpy(outs[self.cuts[0]]), extra)
         fin = [outs[n] for n in self.flow_cuts]
         F = fin[0].shape[-1]
-        head = min(F, 3 * options.first_chunk_frames + self.context_frames)
+        head = self.head_frames(F, options)
         z = torch.empty(fin[0].shape[:-1] + (F,), dtype=torch.float32)
         self._flow_into(z, fin, 0, head)
         rest = self._bg.submit(self._flow_into, z, fin, head, F) if head < F else None
-        return Latent(z, (cond, rest, head))
+        return Latent(z, extra, head, rest)
 
     def _flow_into(self, z, fin, start, end):
         c, F = self.flow_context, z.shape[-1]
@@ -202,11 +204,9 @@ class OrtTTSRunner(TTSRunner):
         z[:, :, start:end] = torch.from_numpy(out[:, :, start - lo:end - lo])
 
     def vocode(self, latent: Latent, start: int, end: int) -> torch.Tensor:
-        cond, rest, ready = latent.cond
-        if rest is not None and end > ready:
-            rest.result()
+        latent.wait_for(end)
         feed = {self.cuts[0]: np.ascontiguousarray(latent.z[:, :, start:end].numpy())}
-        for name, v in zip(self.cuts[1:], cond):
+        for name, v in zip(self.cuts[1:], latent.vocoder_inputs):
             feed[name] = v
         return torch.from_numpy(self.dec.run(None, feed)[0].reshape(-1))
 
@@ -219,12 +219,13 @@ class OrtTTSRunner(TTSRunner):
 
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
+    families = ("tts",)
 
-    def tts(self, model, device="cpu", dtype=None):
+    def tts(self, model, device="cpu", dtype=None, step_threads=None):
         from speechrt.errors import UserError
 
         if model.format != "piper-onnx":
             raise UserError(f"{model.name}: the onnxruntime TTS runner runs Piper voices (piper-onnx), not {model.format}")
         if dtype not in (None, "float32"):
             raise UserError(f"the onnxruntime backend runs the voice graph as shipped (float32); got dtype {dtype!r}")
-        return OrtTTSRunner(model.path, providers_for(device))
+        return OrtTTSRunner(model.path, providers_for(device), model.name)

@@ -10,8 +10,8 @@ from speechrt.kernels import select
 from speechrt.models.whisper import Whisper
 from speechrt.models.whisper_loaders import WhisperWeights, load_weights
 
-from .base import ASRRunner
-from .torch_backend import cpu_has_native_bf16, cpu_threads
+from .base import ASRRunner, RunnerInfo
+from .torch_backend import ThreadPolicy, cpu_has_native_bf16
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -40,28 +40,27 @@ class DecoderState:
 
 class TorchASRRunner(ASRRunner):
     def __init__(self, weights: WhisperWeights, device: torch.device, dtype: torch.dtype, kernels: str = "torch",
-                 loop_threads: int | None = None):
+                 threads: ThreadPolicy | None = None, model_name: str = "", model_format: str = ""):
         self.config, self.device, self.dtype = weights.config, device, dtype
-        self.weights_info = weights
+        self.tokenizer_path = weights.tokenizer_path
         model = Whisper(weights.config, select(kernels, device))
         missing, unexpected = model.load_state_dict(weights.state, strict=False)
         missing = [m for m in missing if m != "encoder.positional_embedding"]
         if missing or unexpected:
             raise UserError(f"weights do not fit the Whisper model: missing {missing[:5]}, unexpected {unexpected[:5]}")
         self.model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-        # loop_threads=1 (CPU): the decoding loop's small ops run on one thread and only the large matmuls
-        # (encoder, vocabulary projection) on all of them — robust when other work shares the cores (see
-        # cpu_threads); None: every op on every thread, fastest on an otherwise idle machine.
-        # Decoders call this runner inside `with runner.loop_threads():`.
-        self.small_threads = loop_threads if device.type == "cpu" else None
-        self.encode_threads = torch.get_num_threads() if self.small_threads else None
+        # the decoder blocks' small ops on `threads.step` threads, the encoder and the vocabulary
+        # projection (which reads the whole embedding matrix each step) on all of them
+        self.threads = threads or ThreadPolicy.build(device, None)
+        self.info = RunnerInfo(kernels, model_name, model_format, str(dtype).removeprefix("torch."), str(device),
+                               self.threads.describe())
 
-    def loop_threads(self):
-        return cpu_threads(self.small_threads)
+    def loop(self):
+        return self.threads.small()
 
     @torch.inference_mode()
     def encode(self, mel, stop=None):
-        with cpu_threads(self.encode_threads):
+        with self.threads.large():
             return self.model.encoder(mel.to(self.device, self.dtype), stop)
 
     @torch.inference_mode()
@@ -79,11 +78,9 @@ class TorchASRRunner(ASRRunner):
         if state.offset + t > state.caches[0][0].shape[2]:
             raise RuntimeError(f"decoder cache full ({state.caches[0][0].shape[2]} positions)")
         dec = self.model.decoder
-        # the blocks' small ops on one thread, the vocabulary projection (it reads the whole embedding
-        # matrix each step) on all of them
-        with cpu_threads(self.small_threads):
+        with self.threads.small():
             x = dec.hidden(tokens.to(self.device), state.caches, state.offset, state.cross, last_only)
-        with cpu_threads(self.encode_threads):
+        with self.threads.large():
             logits = dec.logits(x)
         state.offset += t
         return logits
@@ -101,5 +98,6 @@ class TorchASRRunner(ASRRunner):
         return state
 
 
-def build(model, device, dtype, kernels="torch", loop_threads=None):
-    return TorchASRRunner(load_weights(model), device, parse_dtype(dtype, device), kernels, loop_threads)
+def build(model, device, dtype, kernels: str = "torch", threads: ThreadPolicy | None = None) -> TorchASRRunner:
+    return TorchASRRunner(load_weights(model), device, parse_dtype(dtype, device), kernels, threads, model.name,
+                          model.format)

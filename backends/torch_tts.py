@@ -1,38 +1,39 @@
 """TTS runner of the `torch` backend: models/vits.py built with a kernel set, weights from the Piper ONNX file."""
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 import torch
 
-from speechrt.backends.base import Latent, TTSRunner
+from speechrt.backends.base import Latent, RunnerInfo, TTSRunner
 from speechrt.errors import UserError
+
+from .torch_backend import ThreadPolicy
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class TorchTTSRunner(TTSRunner):
-    """On the CPU, work runs on `parallel` worker threads with one intra-op thread each (the caller's thread
-    count at build time): the text encoder and flow on one, and independent vocoder windows side by side.
-    Window-level parallelism keeps every core busy without OpenMP barriers, which stall whenever another
-    process holds a core (two-thread ops ran 5-20x slower on a shared 2-core machine; one-thread workers did
-    not). The flow runs at once only on the frames the first window needs; the rest of it is the first task
-    queued behind, so a window that waits for it never waits on a task that has not started (no deadlock,
-    whatever the number of workers or concurrent sentences). On a GPU everything runs on the calling thread."""
+    """On the CPU, work runs on the thread policy's one-thread workers: the text encoder and flow on one, and
+    independent vocoder windows side by side. Window-level parallelism keeps every core busy without
+    OpenMP barriers (see ThreadPolicy). The flow runs at once only on the frames the first windows need
+    (TTSRunner.head_frames); the rest of it is the first task queued behind, so a window that waits for it
+    never waits on a task that has not started (no deadlock, whatever the number of workers or concurrent
+    sentences). On a GPU everything runs on the calling thread."""
 
-    def __init__(self, model, voice, device: torch.device, dtype: torch.dtype, threads: int | None = None):
+    def __init__(self, model, voice, device: torch.device, dtype: torch.dtype, threads: ThreadPolicy | None = None,
+                 kernels: str = "torch", model_name: str = ""):
         self.model, self.voice, self.device, self.dtype = model, voice, device, dtype
         self.config = model.config
         self.sample_rate = voice.sample_rate
         self.hop_length = model.config.hop_length
         self.context_frames = model.config.vocoder_context()
         self.flow_context = model.config.flow_context()
-        self.parallel = 1
-        self._pool = None
-        if device.type == "cpu":
-            self.parallel = max(1, threads or torch.get_num_threads())
-            self._pool = ThreadPoolExecutor(self.parallel, thread_name_prefix="speechrt-tts",
-                                            initializer=torch.set_num_threads, initargs=(1,))
+        threads = threads or ThreadPolicy.build(device, None)
+        self._pool = threads.workers("speechrt-tts")
+        self.parallel = threads.total if self._pool is not None else 1
+        self.info = RunnerInfo(kernels, model_name, "piper-onnx", str(dtype).removeprefix("torch."), str(device),
+                               f"{self.parallel} one-thread workers" if self._pool is not None else "")
 
     def vocode_async(self, latent, start, end) -> Future:
         if self._pool is None:
@@ -65,16 +66,13 @@ class TorchTTSRunner(TTSRunner):
         if o.noise_scale:
             z_p = m + torch.randn(m.shape, device=m.device, dtype=m.dtype, generator=gen) * torch.exp(logs) * o.noise_scale
         F = z_p.shape[-1]
-        # frames the first two windows (first, 2*first) read, context included: both can start at once
-        head = min(F, 3 * options.first_chunk_frames + self.context_frames)
+        head = self.head_frames(F, options)
         if self._pool is None or head >= F:
-            return Latent(self._flow(z_p, 0, F, g), (g, None, F))
-        # The flow has a finite receptive field: run it now on the head only and on the rest in the
-        # background, side by side with the first windows' vocoding.
+            return Latent(self._flow(z_p, 0, F, g), g)
         z = torch.empty_like(z_p)
         z[:, :, :head] = self._flow(z_p, 0, head, g)
         rest = self._pool.submit(self._flow_into, z, z_p, head, F, g)
-        return Latent(z, (g, rest, head))
+        return Latent(z, g, head, rest)
 
     @torch.inference_mode()
     def _flow(self, z_p, start, end, g):
@@ -89,9 +87,8 @@ class TorchTTSRunner(TTSRunner):
 
     @torch.inference_mode()
     def vocode(self, latent: Latent, start: int, end: int) -> torch.Tensor:
-        g, rest, ready = latent.cond
-        if end > ready:
-            rest.result()  # the background flow, submitted before any window: already running or done
+        latent.wait_for(end)  # the background flow, submitted before any window: already running or done
+        g = latent.vocoder_inputs  # the speaker embedding, or None
         z = latent.z[:, :, start:end]
         if self.dtype != torch.float32:
             z = z.to(self.dtype)
@@ -100,7 +97,8 @@ class TorchTTSRunner(TTSRunner):
         return audio.float().cpu()
 
 
-def build(model, device: torch.device, dtype: str | None, kernels: str) -> TorchTTSRunner:
+def build(model, device: torch.device, dtype: str | None, kernels: str = "torch",
+          threads: ThreadPolicy | None = None) -> TorchTTSRunner:
     """ResolvedModel (format 'piper-onnx') -> TorchTTSRunner."""
     from speechrt import kernels as K
     from speechrt.models.piper_loader import load_vits
@@ -118,4 +116,4 @@ def build(model, device: torch.device, dtype: str | None, kernels: str) -> Torch
     vits, voice = load_vits(model.path, ops, device=device)
     if dt != torch.float32:  # only the generator runs in reduced precision (see latent())
         vits.dec.to(dt)
-    return TorchTTSRunner(vits, voice, device, dt)
+    return TorchTTSRunner(vits, voice, device, dt, threads, kernels, model.name)

@@ -54,8 +54,8 @@ class _StepGraph:
 
 
 class TritonASRRunner(TorchASRRunner):
-    def __init__(self, weights, device, dtype, graphs: bool = True):
-        super().__init__(weights, device, dtype, kernels="triton")
+    def __init__(self, weights, device, dtype, model_name: str = "", model_format: str = "", graphs: bool = True):
+        super().__init__(weights, device, dtype, "triton", None, model_name, model_format)
         self.graphs_enabled = graphs and device.type == "cuda"
         self._graphs: dict[tuple, _StepGraph] = {}
 
@@ -89,5 +89,5 @@ class TritonASRRunner(TorchASRRunner):
         return state
 
 
-def build(model, device, dtype, kernels="triton"):
-    return TritonASRRunner(load_weights(model), device, parse_dtype(dtype, device))
+def build(model, device, dtype, kernels: str = "triton", threads=None) -> TritonASRRunner:
+    return TritonASRRunner(load_weights(model), device, parse_dtype(dtype, device), model.name, model.format)

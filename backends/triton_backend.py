@@ -14,7 +14,7 @@ except ImportError as e:  # backends.get('triton') reports this with the backend
 
 from speechrt.errors import UserError
 
-from .torch_backend import TorchBackend, resolve_device
+from .torch_backend import ThreadPolicy, TorchBackend, resolve_device
 
 
 class TritonUnavailable(UserError, RuntimeError):
@@ -37,11 +37,11 @@ class TritonBackend(TorchBackend):
     name = "triton"
     kernels = "triton"
 
-    def _build(self, family, model, device, dtype, **options):
-        # GPU only: the CPU thread options of the torch runners (loop_threads) do not apply
+    def _build(self, family, model, device, dtype, step_threads):
+        # GPU only: the CPU thread policy of the torch runners does not apply
         dev = check_device(resolve_device(device))
         if family == "asr":  # decoder steps replayed from CUDA/HIP graphs
             from .triton_asr import build
 
-            return build(model, dev, dtype)
-        return super()._build(family, model, dev, dtype)
+            return build(model, dev, dtype, self.kernels, ThreadPolicy.build(dev, None))
+        return super()._build(family, model, dev, dtype, None)

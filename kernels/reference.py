@@ -97,7 +97,7 @@ _SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
 
 def linear_int8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Weight-only int8 linear: x [..., K] @ (weight [N, K] int8 * scale [N]).T (+ bias [N]) -> [..., N] in
-    x's dtype (per-output-channel scales; the batch-1 decode matmul of the SLM).
+    x's dtype (per-output-channel scales; the batch-1 decode matmul of the language model).
 
     On the CPU this is ATen's fused int8-weight GEMM (`_weight_int8pack_mm`, which wants a 2-D
     contiguous input and is fast for bf16); elsewhere, and as the definition it is tested against, the scale

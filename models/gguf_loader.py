@@ -30,7 +30,7 @@ class LMFile:
 
     config: "LlamaConfig"  # noqa: F821 - models.llama.LlamaConfig
     weights: dict[str, torch.Tensor]
-    tokenizer: "LMTokenizer"  # noqa: F821 - models.llm_text.LMTokenizer
+    tokenizer: "LMTokenizer"  # noqa: F821 - models.lm_text.LMTokenizer
     chat_template: str | None
     source: str
     tensor_types: dict[str, int] = field(default_factory=dict)  # quant type name -> count, for logs
@@ -50,11 +50,6 @@ def _supported_types() -> dict[str, "gguf.GGMLQuantizationType"]:  # noqa: F821
         if t is not None and isinstance(getattr(quants, name), type):
             ok[name] = t
     return ok
-
-
-def supported_types() -> list[str]:
-    """Tensor types this loader can dequantize (those the installed `gguf` package implements)."""
-    return sorted(_supported_types())
 
 
 class _PlainNumpy:
@@ -159,7 +154,7 @@ def _num(md: dict, key: str, default=None, cast=int):
 def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
     """Read a Llama-family GGUF file. `keep_layers` loads only the first N blocks (for tests of the loader)."""
     from .llama import LlamaConfig, RopeScaling
-    from .llm_text import LMTokenizer
+    from .lm_text import LMTokenizer
 
     path = Path(path)
     reader = open_reader(path)

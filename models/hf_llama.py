@@ -56,7 +56,7 @@ def config_from_hf(conf: dict, where: Path):
 def load(d: str | Path) -> LMFile:
     from safetensors import SafetensorError, safe_open
 
-    from .llm_text import LMTokenizer
+    from .lm_text import LMTokenizer
 
     d = Path(d)
     try:

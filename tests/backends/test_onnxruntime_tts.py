@@ -10,7 +10,7 @@ import torch
 from speechrt import backends
 from speechrt.errors import UserError
 from speechrt.models.registry import resolve
-from speechrt.models.synthesis import SynthesisOptions
+from speechrt.pipelines.tts import SynthesisOptions, stream_latent
 from speechrt.models.tts_text import TextFrontEnd
 
 ort_backend = pytest.importorskip("speechrt.backends.onnxruntime_backend")
@@ -48,8 +48,8 @@ def test_runners_agree_through_the_interface(runners):
         (torch_r.hop_length, torch_r.context_frames, torch_r.sample_rate)
     o = SynthesisOptions(noise_scale=0.0, noise_w=0.0, length_scale=0.8)
     ids = next(TextFrontEnd(ort_r.voice).sentences("Both backends say the same thing."))
-    a = torch.cat(list(ort_r.synthesize(ids, o))).numpy()
-    b = torch.cat(list(torch_r.synthesize(ids, o))).numpy()
+    a = torch.cat(list(stream_latent(ort_r, ort_r.latent(ids, o), o))).numpy()
+    b = torch.cat(list(stream_latent(torch_r, torch_r.latent(ids, o), o))).numpy()
     assert a.shape == b.shape and np.abs(a - b).max() <= 1e-3
 
 

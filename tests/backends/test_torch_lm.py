@@ -1,12 +1,12 @@
 """The ops the Llama model adds to the kernel set (int8 / int4 weight-only linear, GQA attention) against
-their plain definitions, and the torch SLM runner's option checks."""
+their plain definitions, and the torch LM runner's option checks."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from speechrt import kernels
-from speechrt.backends import torch_slm
+from speechrt.backends import torch_lm
 from speechrt.errors import UserError
 from speechrt.kernels import reference as ref
 from speechrt.models.llama import quantize_int4
@@ -72,15 +72,15 @@ def test_kernel_set_has_the_llama_ops():
 
 def test_dtype_choices():
     cpu = torch.device("cpu")
-    assert torch_slm.resolve_format(None, cpu, has_q4=True) == "int4"
-    assert torch_slm.resolve_format(None, cpu, has_q4=False) == "int8"
-    assert torch_slm.resolve_format("bf16", cpu) == "bfloat16"
+    assert torch_lm.resolve_format(None, cpu, has_q4=True) == "int4"
+    assert torch_lm.resolve_format(None, cpu, has_q4=False) == "int8"
+    assert torch_lm.resolve_format("bf16", cpu) == "bfloat16"
     with pytest.raises(UserError, match="unsupported dtype 'int3'.*valid: .*bfloat16"):
-        torch_slm.resolve_format("int3", cpu)
+        torch_lm.resolve_format("int3", cpu)
 
 
 def test_unknown_backend_and_device():
-    from speechrt.lm import load_lm
+    from speechrt.pipelines.lm import load_lm
 
     with pytest.raises(UserError, match="valid backends: torch"):
         load_lm(backend="tensorflow")

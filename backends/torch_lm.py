@@ -1,4 +1,4 @@
-"""SLM runner of the `torch` backend: models/llama.py run eagerly, built with a kernel set."""
+"""Language-model runner of the `torch` backend: models/llama.py run eagerly, built with a kernel set."""
 from __future__ import annotations
 
 import logging
@@ -8,7 +8,8 @@ import torch
 
 from speechrt.errors import UserError
 
-from .base import SLMRunner
+from .base import LMRunner, RunnerInfo
+from .torch_backend import ThreadPolicy, cpu_has_native_bf16
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +46,12 @@ def load_file(model):
     raise UserError(f"{model.path}: format {model.format!r} is not a language-model format; valid: gguf, hf-llama")
 
 
-class TorchSLMRunner(SLMRunner):
-    """Prefill / decode step over a slot-addressed, preallocated KV cache (models.llama.KVCache)."""
+class TorchLMRunner(LMRunner):
+    """Prefill / decode step over a slot-addressed, preallocated KV cache (models.llama.KVCache). Both run
+    on `threads.step` CPU threads: a step of a small model is many small ops (see ThreadPolicy)."""
 
-    def __init__(self, lm_file, device: torch.device, weight_format: str, kernels: str = "torch"):
+    def __init__(self, lm_file, device: torch.device, weight_format: str, kernels: str = "torch",
+                 threads: ThreadPolicy | None = None, model_name: str = "", model_format: str = ""):
         from speechrt import kernels as K
         from speechrt.models.llama import Llama
 
@@ -56,16 +59,18 @@ class TorchSLMRunner(SLMRunner):
         self.config = lm_file.config
         self.tokenizer = lm_file.tokenizer
         self.chat_template = lm_file.chat_template
-        self.source = lm_file.source
         self.weight_format = weight_format
+        self.threads = threads or ThreadPolicy.build(device, None)
+        self.info = RunnerInfo(kernels, model_name, model_format, weight_format, str(device), self.threads.describe())
         self.ops = K.select(kernels, device)
         # prompts through bf16 copies of the quantized weights where bf16 matmuls are native (CPU AMX /
         # AVX512-BF16): prefill is compute bound, twice as fast that way (see models.llama.Linear)
-        from .torch_backend import cpu_has_native_bf16
-
         dense = device.type == "cpu" and weight_format in ("int4", "int8") and cpu_has_native_bf16()
         self.model = Llama(lm_file.config, lm_file.weights, self.ops, device, weight_format, lm_file.q4,
                            dense_prefill=dense).eval()
+
+    def loop(self):
+        return self.threads.small()
 
     def new_cache(self, max_batch: int, max_seq: int):
         if max_batch < 1 or max_seq < 1:
@@ -78,25 +83,26 @@ class TorchSLMRunner(SLMRunner):
             raise ValueError(f"slot {slot} out of range; the cache has {cache.max_batch} slots")
         if not 0 <= start <= cache.lengths[slot]:
             raise ValueError(f"slot {slot} holds {cache.lengths[slot]} positions; prefill must start within them (0..{cache.lengths[slot]})")
-        return self.model.prefill(cache, slot, tokens.to(self.device), start)
+        with self.threads.small():
+            return self.model.prefill(cache, slot, tokens.to(self.device), start)
 
     @torch.inference_mode()
     def decode_step(self, cache, slots, tokens: torch.Tensor) -> torch.Tensor:
         if isinstance(slots, torch.Tensor):
             slots = slots.tolist()
-        return self.model.decode_step(cache, list(slots), tokens.to(self.device))
+        with self.threads.small():
+            return self.model.decode_step(cache, list(slots), tokens.to(self.device))
 
     def release(self, cache, slot: int) -> None:
-        """Free a slot for a new sequence (its cached positions are simply overwritten later)."""
         cache.lengths[slot] = 0
 
 
-def build(model, device: torch.device, dtype: str | None, kernels: str = "torch") -> TorchSLMRunner:
+def build(model, device: torch.device, dtype: str | None, kernels: str = "torch",
+          threads: ThreadPolicy | None = None) -> TorchLMRunner:
     resolve_format(dtype, device)  # a bad dtype fails before the (slow) load
     t0 = time.perf_counter()
     f = load_file(model)
-    fmt = resolve_format(dtype, device, bool(getattr(f, "q4", None)))
-    runner = TorchSLMRunner(f, device, fmt, kernels)
-    log.info("loaded %s (%s; tensors %s) as %s on %s in %.1fs", model.name, model.format, f.tensor_types, fmt,
-             device, time.perf_counter() - t0)
+    fmt = resolve_format(dtype, device, bool(f.q4))
+    runner = TorchLMRunner(f, device, fmt, kernels, threads, model.name, model.format)
+    log.info("loaded %s (tensors %s) in %.1fs", runner.info, f.tensor_types, time.perf_counter() - t0)
     return runner
