@@ -63,26 +63,6 @@ class LlamaConfig:
     def replace(self, **kw) -> "LlamaConfig":
         return replace(self, **kw)
 
-    @property
-    def n_params(self) -> int:
-        D, L = self.dim, self.n_layers
-        qkv = D * (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
-        per = qkv + self.n_heads * self.head_dim * D + 3 * D * self.hidden_dim + 2 * D
-        return self.vocab_size * D * (1 if self.tie_embeddings else 2) + L * per + D
-
-
-PRESETS: dict[str, LlamaConfig] = {
-    "smollm2-135m": LlamaConfig(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, hidden_dim=1536,
-                                norm_eps=1e-5, rope_theta=100000.0, max_seq_len=8192),
-    "smollm2-360m": LlamaConfig(vocab_size=49152, dim=960, n_layers=32, n_heads=15, n_kv_heads=5, hidden_dim=2560,
-                                norm_eps=1e-5, rope_theta=100000.0, max_seq_len=8192),
-    "smollm2-1.7b": LlamaConfig(vocab_size=49152, dim=2048, n_layers=24, n_heads=32, n_kv_heads=32, hidden_dim=8192,
-                                norm_eps=1e-5, rope_theta=130000.0, max_seq_len=8192),
-    "llama-3.2-1b": LlamaConfig(vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, hidden_dim=8192,
-                                norm_eps=1e-5, rope_theta=500000.0, max_seq_len=131072,
-                                rope_scaling=RopeScaling("llama3", 32.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                                                         original_max_seq_len=8192)),
-}
 
 # Storage of linear-layer weights -> the activation dtype it computes in.
 WEIGHT_FORMATS: dict[str, torch.dtype] = {

@@ -12,7 +12,7 @@ Tensors are channels-first [B, C, T] like the original, except inside the text e
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -98,12 +98,6 @@ PRESETS: dict[str, VitsConfig] = {
                        upsample_rates=(8, 8, 2, 2), upsample_initial_channel=512,
                        upsample_kernel_sizes=(16, 16, 4, 4)),
 }
-
-
-def preset(name: str, **overrides) -> VitsConfig:
-    if name not in PRESETS:
-        raise ValueError(f"unknown VITS preset {name!r}; valid: {', '.join(PRESETS)}")
-    return replace(PRESETS[name], **overrides)
 
 
 def _conv(cin, cout, k, groups=1, bias=True):

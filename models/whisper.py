@@ -7,7 +7,7 @@ cross-attention key/value projections fused (kv); loaders for each file format m
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -44,26 +44,6 @@ class WhisperConfig:
             if getattr(self, name) % heads:
                 raise ValueError(f"{name}={getattr(self, name)} is not divisible by its head count {heads}")
         return self
-
-
-def _preset(d, heads, layers, **kw) -> WhisperConfig:
-    return WhisperConfig(n_audio_state=d, n_audio_head=heads, n_audio_layer=layers, n_text_state=d,
-                         n_text_head=heads, n_text_layer=layers, **kw)
-
-
-PRESETS: dict[str, WhisperConfig] = {
-    "tiny.en": _preset(384, 6, 4),
-    "tiny": _preset(384, 6, 4, n_vocab=51865),
-    "base.en": _preset(512, 8, 6),
-    "base": _preset(512, 8, 6, n_vocab=51865),
-    "small.en": _preset(768, 12, 12),
-    "small": _preset(768, 12, 12, n_vocab=51865),
-    "medium.en": _preset(1024, 16, 24),
-    "medium": _preset(1024, 16, 24, n_vocab=51865),
-    "large-v2": _preset(1280, 20, 32, n_vocab=51865),
-    "large-v3": _preset(1280, 20, 32, n_vocab=51866, n_mels=128),
-    "large-v3-turbo": replace(_preset(1280, 20, 32, n_vocab=51866, n_mels=128), n_text_layer=4),
-}
 
 
 def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:

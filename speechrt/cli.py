@@ -11,7 +11,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "transcribe": ("speechrt.cli_asr", "transcribe an audio file (WAV/FLAC/OGG, any rate)"),
     "bench": ("speechrt.bench", "benchmarks side by side with peer runtimes"),
     "models": ("speechrt.cli_models", "list the registered models"),
-    "chat": ("speechrt.cli_slm", "chat with a small language model, streaming its reply"),
+    "chat": ("speechrt.cli_lm", "chat with a small language model, streaming its reply"),
     "say": ("speechrt.cli_tts", "speak text into an audio file with a Piper voice (text argument or stdin)"),
     "kernels": ("speechrt.cli_kernels", "Triton kernels: ahead-of-time compile report for NVIDIA and AMD targets"),
 }

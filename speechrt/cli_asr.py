@@ -46,7 +46,7 @@ def run(args):
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
-    from speechrt.asr import load_asr
+    from speechrt.pipelines.asr import load_asr
 
     asr = load_asr(args.model, args.backend, args.device, args.dtype)
     opts = dict(beam_size=args.beam_size, language=args.language, task=args.task,

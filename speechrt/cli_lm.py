@@ -22,12 +22,13 @@ def add_arguments(p):
                                                   "(default: smollm2-135m-instruct)")
     p.add_argument("--backend", default="torch", help="backend (default torch)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
-    p.add_argument("--dtype", default=None, help="int8, bfloat16, float16, float32 (default: int8 on CPU, bf16/fp16 on GPU)")
+    p.add_argument("--dtype", default=None, help="int4, int8, bfloat16, float16, float32 (default on the CPU: int4 for files "
+                   "with 4-bit blocks, else int8; bf16/fp16 on GPUs)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
 
 
 def _options(args) -> dict:
-    from speechrt.models.generate import GenerationOptions
+    from speechrt.pipelines.generation import GenerationOptions
 
     o = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
              repetition_penalty=args.repetition_penalty, seed=args.seed, stop=tuple(args.stop))
@@ -50,7 +51,7 @@ def run(args):
     import torch
 
     from speechrt.errors import UserError
-    from speechrt.lm import load_lm
+    from speechrt.pipelines.lm import load_lm
 
     opts = _options(args)
     if args.threads is not None:
@@ -67,8 +68,7 @@ def run(args):
     history: list[dict] = []
     interactive = sys.stdin.isatty()
     if interactive:
-        print(f"chatting with {lm.name} ({lm.runner.weight_format} on {lm.runner.device}); /reset, /quit or Ctrl-D",
-              file=sys.stderr)
+        print(f"chatting with {lm.info}; /reset, /quit or Ctrl-D", file=sys.stderr)
     while True:
         try:
             line = input("> " if interactive else "")

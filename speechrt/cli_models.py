@@ -2,7 +2,7 @@
 
 
 def add_arguments(p):
-    p.add_argument("--family", choices=["asr", "slm", "tts", "vad"])
+    p.add_argument("--family", choices=["asr", "lm", "tts", "vad"])
 
 
 def run(args):

@@ -9,7 +9,11 @@ def add_arguments(p):
     p.add_argument("--lm", default=None, help="language model (default: smollm2-135m-instruct)")
     p.add_argument("--tts", default=None, help="voice (default: piper-en_US-joe-medium)")
     p.add_argument("--transcription-only", action="store_true", help="load no language model or voice")
-    p.add_argument("--backend", default="torch")
+    p.add_argument("--backend", default="torch", help="backend of every family without its own flag (default torch)")
+    p.add_argument("--asr-backend", default=None, help="speech recognition backend (default: --backend)")
+    p.add_argument("--lm-backend", default=None, help="language model backend (default: --backend)")
+    p.add_argument("--tts-backend", default=None, help="speech synthesis backend (default: --backend; onnxruntime "
+                   "runs the voice graph as shipped)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--asr-dtype", default="auto", help="speech recognition dtype (default auto: bfloat16 on CPUs with "
                    "native bf16, float32 on others, float16 on GPUs)")
@@ -32,16 +36,16 @@ def add_arguments(p):
 
 
 def load_models(args):
-    """Load the models once; they are shared by every session."""
+    """Load the models once; they are shared by every session. The engine's worker thread shares the
+    cores with the event loop and VAD: by default the small ops of decoding run on one thread."""
     import speechrt
 
-    # the engine thread shares the cores with the event loop and VAD: small decode ops on one thread
-    asr = speechrt.load_asr(args.asr, args.backend, args.device, args.asr_dtype,
-                   loop_threads=(args.asr_loop_threads or None) if args.device == "cpu" else None)
+    asr = speechrt.load_asr(args.asr, args.asr_backend or args.backend, args.device, args.asr_dtype,
+                            step_threads=args.asr_loop_threads or None)
     lm = tts = None
     if not args.transcription_only:
-        lm = speechrt.load_lm(args.lm, backend=args.backend, device=args.device)
-        tts = speechrt.load_tts(args.tts, backend=args.backend, device=args.device)
+        lm = speechrt.load_lm(args.lm, args.lm_backend or args.backend, args.device, step_threads=args.lm_threads or None)
+        tts = speechrt.load_tts(args.tts, args.tts_backend or args.backend, args.device)
     return asr, lm, tts
 
 
@@ -60,9 +64,12 @@ def run(args):
                          origins=tuple(args.allow_origin), max_sessions=args.max_sessions,
                          max_message_bytes=args.max_message_bytes, max_buffer_seconds=args.max_buffer_seconds,
                          idle_timeout=args.idle_timeout, silence_duration_ms=args.silence_duration_ms,
-                         partial_interval=args.partial_interval, lm_threads=args.lm_threads or None)
+                         partial_interval=args.partial_interval)
     t = time.perf_counter()
     asr, lm, tts = load_models(args)
     print(f"speechrt: models loaded in {time.perf_counter() - t:.1f} s", flush=True)
+    for p in (asr, lm, tts):
+        if p is not None:
+            print(f"  {p.info}", flush=True)
     asyncio.run(serve_forever(SpeechServer(opts, asr, lm, tts)))
     return 0

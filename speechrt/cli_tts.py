@@ -28,7 +28,7 @@ def add_arguments(p):
 
 def run(args):
     from speechrt.errors import UserError
-    from speechrt.models.synthesis import SynthesisOptions, load_tts
+    from speechrt.pipelines.tts import SynthesisOptions, load_tts
 
     if not args.output:
         raise UserError("no output given: -o out.wav (or .raw for pcm16, .f32 for float32, '-' for stdout)")

@@ -42,7 +42,7 @@ def synth(piper_voice):
 
 @pytest.fixture(scope="session")
 def asr():
-    from speechrt.asr import load_asr
+    from speechrt.pipelines.asr import load_asr
 
     return load_asr()
 

@@ -37,7 +37,7 @@ def _time(fn, repeats):
 def run(args):
     import torch
 
-    from speechrt.asr import load_asr
+    from speechrt.pipelines.asr import load_asr
     from speechrt.models.audio import SAMPLE_RATE, load_audio
     from speechrt.models.registry import resolve
     from speechrt.models.wer import wer
@@ -57,7 +57,7 @@ def run(args):
     seen = set()
     for dt in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
         asr = load_asr(args.model, args.backend, args.device, dt)
-        name = str(getattr(asr.runner, "dtype", dt)).removeprefix("torch.")
+        name = asr.info.precision
         if name in seen:  # 'auto' resolved to a dtype already timed
             continue
         seen.add(name)

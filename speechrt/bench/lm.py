@@ -4,8 +4,8 @@ All engines run in this one process, on the same GGUF, the same token ids (chat 
 model's own template), the same thread count, greedy decoding of a fixed number of tokens (stop tokens
 ignored so every engine does the same work). Batch B runs B different prompts together:
 
-- ours: `models.generate.stream` (the real generation loop: B prefills into B cache slots, then one
-  batched decode step per token, detokenizing as it goes);
+- ours: `pipelines.lm_batching.stream` (the real token loop: B prefills into B cache slots of a
+  continuous batcher, then one batched decode step per token, detokenizing as it goes);
 - llama.cpp (`llama-cpp-python`): one `llama_decode` with all B prompts as B sequences, then one
   `llama_decode` per step with B tokens; greedy argmax over its logits;
 - transformers (`AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`, float32 as it dequantizes):
@@ -48,7 +48,8 @@ def add_arguments(p):
     p.add_argument("--tokens", type=int, default=64, help="tokens generated per sequence (default 64)")
     p.add_argument("--batch", default="1,8", help="comma-separated batch sizes (default 1,8; at most 8)")
     p.add_argument("--repeats", type=int, default=3, help="runs per measurement; the best is kept (default 3)")
-    p.add_argument("--dtype", default=None, help="our weight format: int8, bfloat16, float32 (default: int8 on CPU)")
+    p.add_argument("--dtype", default=None, help="our weight format: int4, int8, bfloat16, float32 (default on the CPU: "
+                   "int4 for files with 4-bit blocks, else int8)")
     p.add_argument("--device", default="cpu", help="our device (default cpu; peers run on the CPU)")
     p.add_argument("--peers", default="llama.cpp,transformers",
                    help="peers to run if installed, comma-separated from: llama.cpp, transformers; '' for none")
@@ -63,14 +64,15 @@ class Ours:
     def __init__(self, model, device, dtype, threads):
         import torch
 
-        from speechrt.lm import load_lm
+        from speechrt.pipelines.lm import load_lm
 
         torch.set_num_threads(threads)
         self.lm = load_lm(model, device=device, dtype=dtype)
-        self.note = f"torch {torch.__version__}, {self.lm.runner.weight_format} on {self.lm.runner.device}"
+        self.note = f"torch {torch.__version__}, {self.lm.info.precision} on {self.lm.info.device}"
 
     def run(self, prompts, n):
-        from speechrt.models.generate import GenerationOptions, stream
+        from speechrt.pipelines.generation import GenerationOptions
+        from speechrt.pipelines.lm_batching import stream
 
         o = GenerationOptions(max_tokens=n, stop_token_ids=())
         B = len(prompts)
@@ -109,12 +111,12 @@ class LlamaCpp:
             return p
         LL.llama_cpp.llama_model_default_params, LL.llama_cpp.llama_context_default_params = mp, cp
         try:
-            self.llm = L.Llama(str(path), n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx, n_batch=512,
+            self.llama = L.Llama(str(path), n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx, n_batch=512,
                                n_ubatch=512, verbose=False)
         finally:
             LL.llama_cpp.llama_model_default_params, LL.llama_cpp.llama_context_default_params = mp0, cp0
-        self.ctx = self.llm._ctx.ctx
-        self.n_vocab = self.llm.n_vocab()
+        self.ctx = self.llama._ctx.ctx
+        self.n_vocab = self.llama.n_vocab()
         self.batch = L.llama_batch_init(512, 0, max_batch)
         self.note = f"llama-cpp-python {L.__version__}, GGUF as stored" + ("" if extra_bufts else ", no extra bufts")
 
@@ -192,9 +194,9 @@ class Transformers:
 def _chat_prompts(model) -> list[list[int]]:
     """The benchmark prompts as token ids, rendered by the model's chat template (without loading weights)."""
     from speechrt.models import gguf_loader, registry
-    from speechrt.models.llm_text import ChatTemplate, LMTokenizer
+    from speechrt.models.lm_text import ChatTemplate, LMTokenizer
 
-    rm = registry.resolve(model, "slm")
+    rm = registry.resolve(model, "lm")
     if rm.format == "gguf":
         md = gguf_loader.metadata(gguf_loader.open_reader(rm.path))
         tok, template = LMTokenizer.from_gguf_metadata(md, rm.path), md.get("tokenizer.chat_template")
@@ -211,7 +213,7 @@ def _start(spec: dict):
     """Build one engine (in its worker process) -> (engine, None) or (None, reason it is skipped)."""
     from speechrt.models import registry
 
-    rm = registry.resolve(spec["model"], "slm")
+    rm = registry.resolve(spec["model"], "lm")
     name, threads = spec["engine"], spec["threads"]
     try:
         if name == "speechrt":
@@ -294,8 +296,8 @@ def run(args):
     bad = [p for p in peers if p not in ("llama.cpp", "transformers")]
     if bad:
         raise UserError(f"unknown peer(s) {', '.join(bad)}; valid: llama.cpp, transformers")
-    rm = registry.resolve(args.model, "slm")
-    from speechrt.backends.torch_slm import resolve_format
+    rm = registry.resolve(args.model, "lm")
+    from speechrt.backends.torch_lm import resolve_format
     import torch
     resolve_format(args.dtype, torch.device("cpu"))  # a bad --dtype fails here, not in a worker
 

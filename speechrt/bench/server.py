@@ -17,7 +17,6 @@ import base64
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import time

@@ -32,7 +32,7 @@ def add_arguments(p):
 
 class _Ours:
     def __init__(self, backend, voice, device):
-        from speechrt.models.synthesis import load_tts
+        from speechrt.pipelines.tts import load_tts
         self.tts = load_tts(voice, backend, device)
         self.name = f"speechrt {backend}"
         self.sample_rate = self.tts.sample_rate

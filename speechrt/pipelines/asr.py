@@ -1,52 +1,120 @@
-"""Speech recognition API: `load_asr(...)` -> SpeechRecognizer with `.transcribe(audio)`."""
+"""The speech recognition pipeline: an ASR runner, its front end (log-mel, Whisper tokenizer) and the
+decoding loops (whisper_decoding). `speechrt.load_asr(...)` returns one; so does the server's engine use it.
+
+    asr = speechrt.load_asr()                          # the embedded Whisper tiny.en, torch on the CPU
+    asr.transcribe("talk.wav").text                    # any length (long-form)
+    asr.transcribe_batch([a, b], drafts=[None, prev])  # short utterances of several streams in one batch
+"""
 from __future__ import annotations
 
 from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from speechrt.backends import get as get_backend
+from speechrt import backends
 from speechrt.errors import UserError
-from speechrt.models.asr_decoding import TranscribeOptions, Transcript, WhisperDecoder
-from speechrt.models.audio import SAMPLE_RATE, load_audio
+from speechrt.models.audio import HOP_LENGTH, N_FRAMES, SAMPLE_RATE, load_audio, log_mel_spectrogram, utterance_mel
 from speechrt.models.registry import resolve
 from speechrt.models.whisper_tokenizer import WhisperTokenizer
 
-_OPTION_NAMES = {f.name for f in fields(TranscribeOptions)}
+from .whisper_decoding import (TranscribeOptions, TranscriptionCancelled, Transcript, WindowDecoder, WindowResult,
+                               decode_utterances, long_form)
+
+OPTION_NAMES = frozenset(f.name for f in fields(TranscribeOptions))
+MAX_UTTERANCE_SAMPLES = N_FRAMES * HOP_LENGTH  # one 30-second window
+
+__all__ = ["ASRPipeline", "load_asr", "TranscribeOptions", "Transcript", "WindowResult", "TranscriptionCancelled",
+           "SAMPLE_RATE", "MAX_UTTERANCE_SAMPLES"]
 
 
-class SpeechRecognizer:
+class ASRPipeline:
     """A Whisper model on one backend and device. Thread-compatible, not thread-safe."""
 
-    def __init__(self, model: str | Path | None = None, backend: str = "torch", device: str = "cpu",
-                 dtype: str | None = None, loop_threads: int | None = None):
-        self.model = resolve(model, "asr")
-        # loop_threads: see TorchASRRunner (1 = robust when other work shares the CPU cores)
-        self.runner = get_backend(backend).asr(self.model, device=device, dtype=dtype, loop_threads=loop_threads)
-        w = getattr(self.runner, "weights_info", None)
-        tok_path = w.tokenizer_path if w is not None else self.model.path / "tokenizer.json"
-        cfg = self.runner.config
-        self.tokenizer = WhisperTokenizer(tok_path, cfg.is_multilingual, cfg.num_languages)
-        self.decoder = WhisperDecoder(self.runner, self.tokenizer)
+    sample_rate = SAMPLE_RATE  # what transcribe_batch takes: float32 mono at 16 kHz
 
-    def transcribe(self, audio, sample_rate: int | None = None, on_segment=None, **options) -> Transcript:
-        """Transcribe a file path (WAV/FLAC/OGG/MP3, any rate and channel count) or an array (float32 in
-        [-1, 1] or int16, with `sample_rate`). Options are TranscribeOptions fields (beam_size, language,
-        temperatures, initial_prompt, without_timestamps, ...)."""
-        unknown = set(options) - _OPTION_NAMES
+    def __init__(self, runner, name: str = ""):
+        self.runner = runner
+        self.name = name or runner.info.model
+        cfg = runner.config
+        self.tokenizer = WhisperTokenizer(runner.tokenizer_path, cfg.is_multilingual, cfg.num_languages)
+        self.decoder = WindowDecoder(runner, self.tokenizer)
+
+    @property
+    def info(self):
+        return self.runner.info
+
+    # -- options ----------------------------------------------------------------------------------
+    def languages(self) -> list[str]:
+        """Language codes this model recognizes (['en'] for English-only models)."""
+        return list(self.tokenizer.languages) if self.tokenizer.multilingual else ["en"]
+
+    def check_language(self, language: str | None) -> str | None:
+        """`language` if this model recognizes it (None: detect, or English for English-only models)."""
+        if language is None or language in self.languages():
+            return language
+        valid = self.languages()
+        shown = ", ".join(valid[:12]) + (", ..." if len(valid) > 12 else "")
+        only = " (an English-only model)" if valid == ["en"] else ""
+        raise UserError(f"language {language!r} is not recognized by {self.name}{only}; valid: {shown}")
+
+    def options(self, **options) -> TranscribeOptions:
+        """TranscribeOptions from keywords, with errors that name the valid ones."""
+        unknown = set(options) - OPTION_NAMES
         if unknown:
-            raise UserError(f"unknown transcription option(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(_OPTION_NAMES))}")
+            raise UserError(f"unknown transcription option(s) {', '.join(sorted(unknown))}; "
+                            f"valid: {', '.join(sorted(OPTION_NAMES))}")
         if "temperatures" in options and isinstance(options["temperatures"], (int, float)):
             options["temperatures"] = (float(options["temperatures"]),)
         opts = TranscribeOptions(**options)
+        self.check_language(opts.language)
+        return opts
+
+    # -- transcription ----------------------------------------------------------------------------
+    def transcribe(self, audio, sample_rate: int | None = None, on_segment=None, **options) -> Transcript:
+        """Transcribe a file path (WAV/FLAC/OGG/MP3, any rate and channel count) or an array (float32 in
+        [-1, 1] or int16, with `sample_rate`), of any length. Options are TranscribeOptions fields
+        (beam_size, language, temperatures, initial_prompt, without_timestamps, ...); `on_segment(seg)` is
+        called as each segment is decoded."""
+        opts = self.options(**options)
         if isinstance(audio, (str, Path)):
             pcm = load_audio(audio)
         else:
             pcm = load_audio(np.asarray(audio), source_rate=sample_rate or SAMPLE_RATE)
-        return self.decoder.transcribe(pcm, opts, on_segment=on_segment)
+        with torch.inference_mode(), self.runner.loop():
+            mel = log_mel_spectrogram(pcm, self.runner.config.n_mels, padding=N_FRAMES * HOP_LENGTH,
+                                      device=self.runner.device)
+            return long_form(self.decoder, mel, len(pcm) / SAMPLE_RATE, opts, on_segment)
+
+    def transcribe_batch(self, audios: list[np.ndarray], opts: TranscribeOptions | None = None,
+                         drafts: list[list[int] | None] | None = None, stop=None) -> list[WindowResult]:
+        """Greedy transcripts of several short utterances (float32 at 16 kHz, each at most 30 s) in one
+        batch — the step a scheduler runs for the turns of several sessions (see decode_utterances).
+        `drafts`: per utterance, the tokens of an earlier transcript of (the start of) the same speech,
+        checked in one pass. `stop()`: asked between steps and encoder blocks; True abandons the work
+        with TranscriptionCancelled."""
+        opts = opts or TranscribeOptions(without_timestamps=True)
+        if any(len(a) > MAX_UTTERANCE_SAMPLES for a in audios):
+            raise ValueError("transcribe_batch takes utterances of at most 30 seconds; use transcribe() for long audio")
+        with torch.inference_mode(), self.runner.loop():
+            # as in transcribe(): the content frames, zero-padded to a full window (openai/whisper pads in
+            # the log-mel domain)
+            mels = torch.stack([utterance_mel(a, self.runner.config.n_mels, self.runner.device) for a in audios])
+            return decode_utterances(self.decoder, mels, opts, drafts, stop)
+
+    def warm_up(self) -> None:
+        """Run the model once on this thread: the first call in a thread pays for its thread pool, kernel
+        choices and allocations."""
+        noise = np.random.default_rng(0).standard_normal(SAMPLE_RATE).astype(np.float32) * 1e-3
+        first = self.transcribe_batch([noise])[0]
+        self.transcribe_batch([noise], drafts=[first.tokens or [0]])
 
 
-def load_asr(model: str | Path | None = None, backend: str = "torch", device: str = "cpu",
-             dtype: str | None = None, loop_threads: int | None = None) -> SpeechRecognizer:
-    return SpeechRecognizer(model, backend, device, dtype, loop_threads)
+def load_asr(model: str | Path | None = None, backend: str = "torch", device: str = "cpu", dtype: str | None = None,
+             step_threads: int | None = None) -> ASRPipeline:
+    """A registered name or a path (CTranslate2 / Hugging Face directory, openai-whisper .pt; None: the
+    embedded Whisper tiny.en). `step_threads`: CPU threads of the decoding loop's small ops (1: robust
+    when other work shares the cores; None: all)."""
+    m = resolve(model, "asr")
+    return ASRPipeline(backends.get(backend).asr(m, device=device, dtype=dtype, step_threads=step_threads), m.name)

@@ -1,10 +1,6 @@
-"""Text generation, written once against the SLMRunner interface (backends/base.py), for every backend.
-
-`stream(runner, tokenizer, prompts, options)` runs a batch of token-id prompts of different lengths in
-one KV cache (one slot each): each prompt is prefilled into its slot, then every step decodes one token
-for all unfinished sequences at once; finished ones leave the batch. It yields `StreamEvent`s — text
-deltas per sequence, produced by incremental detokenization that never splits a UTF-8 character and
-that holds back text which could still become a stop string.
+"""Generation options, sampling and incremental text for the language model pipeline, written once
+against the LMRunner interface (backends/base.py). The token loop itself is the continuous batcher
+(lm_batching.py).
 
 Sampling follows transformers' order: repetition penalty -> temperature -> top-k -> top-p -> sample.
 temperature == 0 is greedy (argmax).
@@ -12,13 +8,12 @@ temperature == 0 is greedy (argmax).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 
 from speechrt.errors import UserError
-
-from .llm_text import Detokenizer, LMTokenizer
+from speechrt.models.lm_text import Detokenizer, LMTokenizer
 
 
 class GenerationError(UserError, ValueError):
@@ -62,12 +57,24 @@ class GenerationOptions:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def argmax(self) -> bool:
+        """The next token is the argmax of the logits as they are (greedy, no repetition penalty)."""
+        return self.greedy and self.repetition_penalty == 1.0
+
+
+class Piece(NamedTuple):
+    """What one sampled token adds to a sequence's output."""
+    text: str  # new text (may be empty when a token only completed part of a character)
+    finish_reason: str | None = None  # None while running, then "stop" (stop token/string), "length" or "cancelled"
+    token: int | None = None  # the token that produced it
+
 
 @dataclass
 class StreamEvent:
     index: int  # which prompt of the batch
     text: str  # new text (may be empty when a token only completed part of a character)
-    token: int | None  # the token that produced it (None on the final flush)
+    token: int | None  # the token that produced it
     finish_reason: str | None = None  # None while running, then "stop" (stop token/string) or "length"
 
 
@@ -110,7 +117,7 @@ class Sampler:
         return torch.multinomial(probs, 1, generator=self.gen)[:, 0]
 
 
-class _Text:
+class TextStream:
     """Per-sequence text state: detokenizer + stop-string hold-back."""
 
     def __init__(self, tok: LMTokenizer, stops: tuple[str, ...]):
@@ -144,7 +151,7 @@ class _Text:
         return text, hit
 
 
-def check_prompts(prompts: Sequence[Sequence[int]], vocab: int, max_len: int, max_tokens: int) -> None:
+def check_prompts(prompts: Sequence[Sequence[int]], vocab: int, max_len: int) -> None:
     if not prompts:
         raise GenerationError("no prompts given")
     for i, p in enumerate(prompts):
@@ -155,75 +162,3 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab: int, max_len: int, ma
             raise GenerationError(f"prompt {i} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
         if len(p) + 1 > max_len:
             raise GenerationError(f"prompt {i} has {len(p)} tokens; the model's context holds {max_len}")
-
-
-def stream(runner, tokenizer: LMTokenizer, prompts: Sequence[Sequence[int]],
-           options: GenerationOptions = GenerationOptions(), cache=None) -> Iterator[StreamEvent]:
-    """Generate for every prompt (token ids) at once; yields text deltas as they are decoded.
-
-    One event per new token per sequence (text may be ''), and exactly one event with a finish_reason
-    per sequence. Rows finish independently and leave the decode batch.
-    """
-    cfg = runner.config
-    o = options
-    check_prompts(prompts, cfg.vocab_size, cfg.max_seq_len, o.max_tokens)
-    N = len(prompts)
-    dev = runner.device
-    stop_ids = set(tokenizer.stop_ids() if o.stop_token_ids is None else o.stop_token_ids)
-    max_seq = min(max(len(p) for p in prompts) + o.max_tokens, cfg.max_seq_len)
-    if cache is None or cache.max_batch < N or cache.max_seq < max_seq:
-        cache = runner.new_cache(N, max_seq)
-    sampler = Sampler(o, cfg.vocab_size, dev)
-    seen = None
-    if o.repetition_penalty != 1.0:
-        seen = torch.zeros(N, cfg.vocab_size, dtype=torch.bool, device=dev)
-        for i, p in enumerate(prompts):
-            seen[i, torch.tensor(list(p), device=dev)] = True
-    texts = [_Text(tokenizer, o.stop) for _ in range(N)]
-    counts = [0] * N
-
-    # prefill each prompt into its slot; each row's first token comes from its prefill logits
-    first = []
-    for i, p in enumerate(prompts):  # start=0 (re)starts slot i
-        first.append(runner.prefill(cache, i, torch.tensor(list(p), dtype=torch.long), 0))
-    logits = torch.stack(first)
-    active = list(range(N))
-    while active:
-        rows_seen = None if seen is None else seen[active]
-        toks = sampler(logits, rows_seen).tolist()  # the one host sync per step: text needs the ids
-        still = []
-        for row, t in zip(active, toks):
-            counts[row] += 1
-            if seen is not None:
-                seen[row, t] = True
-            st = texts[row]
-            if t in stop_ids:
-                text, _ = st.finish()
-                yield StreamEvent(row, text, t, "stop")
-                continue
-            text, hit = st.push(st.detok.add(t))
-            if hit:
-                yield StreamEvent(row, text, t, "stop")
-                continue
-            if counts[row] >= o.max_tokens:
-                rest, hit = st.finish()
-                yield StreamEvent(row, text + rest, t, "stop" if hit else "length")
-                continue
-            if len(prompts[row]) + counts[row] > cache.max_seq:  # context full: no position to feed this token at
-                rest, hit = st.finish()
-                yield StreamEvent(row, text + rest, t, "stop" if hit else "length")
-                continue
-            yield StreamEvent(row, text, t)
-            still.append((row, t))
-        if not still:
-            break
-        active = [r for r, _ in still]
-        logits = runner.decode_step(cache, active, torch.tensor([t for _, t in still], dtype=torch.long, device=dev))
-
-
-def generate_text(runner, tokenizer, prompts, options=GenerationOptions()) -> list[str]:
-    """Whole texts for a batch of token-id prompts (non-streaming convenience)."""
-    out = [""] * len(prompts)
-    for ev in stream(runner, tokenizer, prompts, options):
-        out[ev.index] += ev.text
-    return out

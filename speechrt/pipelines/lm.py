@@ -1,4 +1,5 @@
-"""Python API for the small language models: `speechrt.load_lm()` -> LanguageModel.
+"""The language model pipeline: an LM runner, its tokenizer and chat template, and the token loop
+(lm_batching). `speechrt.load_lm()` returns one; the server's engine steps its continuous batcher.
 
     lm = speechrt.load_lm()                       # SmolLM2-135M-Instruct, embedded GGUF, torch on CPU
     for piece in lm.chat("What is the capital of France?"):
@@ -12,17 +13,23 @@ import asyncio
 import threading
 from typing import AsyncIterator, Iterator, Sequence
 
+from speechrt import backends
 from speechrt.errors import UserError
+from speechrt.models import registry
+from speechrt.models.lm_text import ChatTemplate
+
+from .generation import GenerationOptions
+from .lm_batching import ContinuousBatcher, generate_text, stream
+
+__all__ = ["LMPipeline", "load_lm", "GenerationOptions"]
 
 
-class LanguageModel:
+class LMPipeline:
     """A loaded language model: its runner (prefill / decode step on some backend), tokenizer and chat template."""
 
     def __init__(self, runner, name: str = ""):
-        from speechrt.models.llm_text import ChatTemplate
-
         self.runner = runner
-        self.name = name
+        self.name = name or runner.info.model
         self.tokenizer = runner.tokenizer
         self.config = runner.config
         tok = self.tokenizer
@@ -31,6 +38,18 @@ class LanguageModel:
             bos = tok.id_to_token(tok.bos_id) if tok.bos_id is not None else ""
             eos = tok.id_to_token(tok.eos_id) if tok.eos_id is not None else ""
             self.template = ChatTemplate(runner.chat_template, bos or "", eos or "")
+
+    @property
+    def info(self):
+        return self.runner.info
+
+    def batcher(self, max_batch: int = 8, max_seq: int | None = None) -> ContinuousBatcher:
+        """A continuous batcher over a KV cache of `max_batch` slots (the server's engine steps one)."""
+        return ContinuousBatcher(self.runner, self.tokenizer, max_batch, max_seq)
+
+    def warm_up(self, batcher: ContinuousBatcher) -> None:
+        """Run a short chat prompt through `batcher`'s cache on this thread."""
+        batcher.warm_up(self.encode_chat([{"role": "user", "content": "Hello."}]))
 
     # --- prompts -------------------------------------------------------------------------------------------
     def messages(self, prompt, system: str | None = None) -> list[dict]:
@@ -52,9 +71,8 @@ class LanguageModel:
         return self.tokenizer.encode(self.render_chat(prompt, system), add_bos=False)
 
     # --- streaming -----------------------------------------------------------------------------------------
-    def _options(self, kw):
-        from speechrt.models.generate import GenerationOptions
-
+    def options(self, **kw) -> GenerationOptions:
+        """GenerationOptions from keywords, with errors that name the valid ones."""
         try:
             return GenerationOptions(**kw)
         except TypeError as e:
@@ -62,30 +80,26 @@ class LanguageModel:
             raise UserError(f"{e}; valid generation options: {valid}") from None
 
     def stream_ids(self, ids: list[int], **options) -> Iterator[str]:
-        from speechrt.models.generate import stream
-
-        for ev in stream(self.runner, self.tokenizer, [ids], self._options(options)):
+        for ev in stream(self.runner, self.tokenizer, [ids], self.options(**options)):
             if ev.text:
                 yield ev.text
 
     def generate(self, prompt: str, **options) -> Iterator[str]:
-        """Stream the continuation of a plain-text prompt. Options: see models.generate.GenerationOptions."""
-        opts = self._options(options)  # validate before the first token is asked for
+        """Stream the continuation of a plain-text prompt. Options: see GenerationOptions."""
+        opts = self.options(**options)  # validate before the first token is asked for
         ids = self.tokenizer.encode(prompt)
         return self.stream_ids(ids, **opts.__dict__)
 
     def chat(self, prompt, system: str | None = None, **options) -> Iterator[str]:
         """Stream the assistant's reply to `prompt` (a string, or a list of {'role', 'content'} messages)."""
-        opts = self._options(options)
+        opts = self.options(**options)
         return self.stream_ids(self.encode_chat(prompt, system), **opts.__dict__)
 
     def generate_batch(self, prompts: Sequence[str], chat: bool = False, system: str | None = None,
                        **options) -> list[str]:
         """Whole replies for many prompts, decoded together as one batch."""
-        from speechrt.models.generate import generate_text
-
         enc = (lambda p: self.encode_chat(p, system)) if chat else self.tokenizer.encode
-        return generate_text(self.runner, self.tokenizer, [enc(p) for p in prompts], self._options(options))
+        return generate_text(self.runner, self.tokenizer, [enc(p) for p in prompts], self.options(**options))
 
     async def agenerate(self, prompt: str, **options) -> AsyncIterator[str]:
         async for piece in _aiter(self.generate(prompt, **options)):
@@ -121,15 +135,11 @@ async def _aiter(it: Iterator[str]) -> AsyncIterator[str]:
         threading.Thread(target=close, daemon=True).start()
 
 
-def load_lm(model=None, backend: str = "torch", device: str = "cpu", dtype: str | None = None) -> LanguageModel:
+def load_lm(model=None, backend: str = "torch", device: str = "cpu", dtype: str | None = None,
+            step_threads: int | None = None) -> LMPipeline:
     """Load a language model: a registry name (default: smollm2-135m-instruct), a .gguf file, or a Hugging
-    Face Llama-family directory; `dtype` None picks int8 weight-only on CPU, bf16/fp16 on GPU."""
-    from speechrt import backends
-    from speechrt.models import registry
-
-    rm = registry.resolve(model, "slm")
-    try:
-        be = backends.get(backend)
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    return LanguageModel(be.slm(rm, device=device, dtype=dtype), rm.name)
+    Face Llama-family directory. `dtype` None picks int4 weight-only on the CPU for files with 4-bit blocks
+    (int8 for others), bf16/fp16 on GPUs. `step_threads`: CPU threads of each step (1: robust when other
+    work shares the cores; None: all)."""
+    rm = registry.resolve(model, "lm")
+    return LMPipeline(backends.get(backend).lm(rm, device=device, dtype=dtype, step_threads=step_threads), rm.name)

@@ -1,43 +1,57 @@
-"""Continuous batching of language-model generation across conversations.
+"""The language model's token loop: continuous batching over one preallocated, slot-addressed KV cache.
 
-One preallocated KV cache with `max_batch` slots. Requests join as slots free up (their prompt is
-prefilled into the slot) and leave when they stop; every `step()` runs one decode step for all active
-sequences together, whatever their lengths. Runs on the engine's worker thread only; `submit` and
-`cancel` are called from the event loop under the engine's lock.
+Requests join as slots free up (their prompt is prefilled into the slot, which also samples their first
+token) and leave when they stop; every decode step runs one token for all active sequences together,
+whatever their lengths. The server's engine steps one batcher for all conversations; `stream()` (and
+with it every `generate`/`chat` call of the Python API) is a thin loop over a batcher of its own.
 """
 from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
 
 import torch
 
-from speechrt.models.generate import GenerationOptions, Sampler, _Text
+from .generation import GenerationOptions, Piece, Sampler, StreamEvent, TextStream, check_prompts
 
 
-@dataclass
+@dataclass(eq=False)
 class LMRequest:
+    """One sequence to generate. `emit` receives each Piece (and an Exception if the batch fails), on the
+    thread that steps the batcher. `key` names the conversation: its next request reuses the cached
+    positions of this one that its prompt repeats (prefix caching)."""
+
     ids: list[int]
     options: GenerationOptions
-    emit: callable  # emit((text, finish_reason or None)) -> delivered to the waiting session
+    emit: Callable[[Piece | Exception], None] | None = None
+    key: object = None
     cancelled: bool = False
+    # while it runs
     slot: int = -1
-    count: int = 0
-    last: int = -1
-    sampler: Sampler | None = field(default=None, repr=False)
-    text: _Text | None = field(default=None, repr=False)
-    key: object = None  # the conversation: its next request can reuse this one's cached positions
+    count: int = 0  # tokens sampled
+    last: int = -1  # the last sampled token, to be fed at the next decode step
     fed: list[int] = field(default_factory=list, repr=False)  # generated tokens written to the cache
     reused: int = 0  # prompt positions found in the slot's cache (prefix caching)
+    sampler: Sampler | None = field(default=None, repr=False)
+    text: TextStream | None = field(default=None, repr=False)
+    seen: torch.Tensor | None = field(default=None, repr=False)  # [vocab] bool, for the repetition penalty
+    stop_ids: frozenset = frozenset()
 
 
 class ContinuousBatcher:
-    def __init__(self, lm, max_batch: int = 8, max_seq: int | None = None):
-        self.lm = lm
-        self.runner = lm.runner
-        cfg = self.runner.config
-        self.max_seq = min(max_seq or 2048, cfg.max_seq_len)
-        self.cache = self.runner.new_cache(max_batch, self.max_seq)
+    """Slots of one KV cache shared by requests that come and go. Not thread-safe: `submit` and
+    `cancelled` flags may be set from another thread only under the caller's own lock (the engine's)."""
+
+    def __init__(self, runner, tokenizer, max_batch: int = 8, max_seq: int | None = None, cache=None):
+        self.runner, self.tokenizer = runner, tokenizer
+        cfg = runner.config
+        max_seq = min(max_seq or 2048, cfg.max_seq_len)
+        if cache is None or cache.max_batch < max_batch or cache.max_seq < max_seq:
+            cache = runner.new_cache(max_batch, max_seq)
+        self.cache = cache
+        self.max_batch = max_batch
+        self.max_seq = cache.max_seq
         self.free = list(range(max_batch))
         # prefix caching: a free slot keeps the positions of the request that last used it, so that the
         # same conversation's next turn (whose prompt starts with the previous prompt and answer) only
@@ -46,17 +60,93 @@ class ContinuousBatcher:
         self.retained: dict[int, tuple[object, list[int]]] = {}
         self.pending: collections.deque[LMRequest] = collections.deque()
         self.active: dict[int, LMRequest] = {}
-        self.stop_ids = set(lm.tokenizer.stop_ids())
-        self.vocab = cfg.vocab_size
+
+    # -- queue --------------------------------------------------------------------------------------
+    def submit(self, req: LMRequest) -> None:
+        if len(req.ids) + 1 > self.max_seq:
+            raise ValueError(f"a prompt of {len(req.ids)} tokens does not fit this batcher's {self.max_seq} positions")
+        self.pending.append(req)
 
     def has_work(self) -> bool:
         return bool(self.active) or (bool(self.pending) and bool(self.free))
 
-    def submit(self, req: LMRequest):
-        room = self.max_seq - req.options.max_tokens
-        if len(req.ids) > room:  # keep the end of the conversation
-            req.ids = req.ids[-room:]
-        self.pending.append(req)
+    def size(self) -> int:
+        """Requests running or waiting."""
+        return len(self.active) + len(self.pending)
+
+    def fail(self, error: Exception) -> None:
+        """A step raised: every request running or waiting gets `error`, and every slot is free again
+        (what the cache held is forgotten)."""
+        for req in list(self.active.values()) + list(self.pending):
+            if req.emit is not None:
+                req.emit(error)
+        self.active.clear()
+        self.pending.clear()
+        self.retained.clear()
+        for slot in range(self.max_batch):
+            self.runner.release(self.cache, slot)
+        self.free = list(range(self.max_batch))
+
+    # -- steps --------------------------------------------------------------------------------------
+    def step(self) -> None:
+        """One scheduling step: drop cancelled requests, let one waiting request join, then one decode
+        step for every running sequence."""
+        self.admit()
+        self.decode()
+
+    @torch.inference_mode()
+    def admit(self, all_pending: bool = False) -> None:
+        """Prefill waiting requests into free slots (each prefill also samples the request's first token).
+        Once any sequence is decoding, at most one joins per call (unless `all_pending`), so that
+        joining never stalls the others long."""
+        for req in [r for r in self.active.values() if r.cancelled]:
+            self._finish(req, Piece("", "cancelled"))
+        with self.runner.loop():
+            while self.pending and self.free:
+                req = self.pending.popleft()
+                if req.cancelled:
+                    self._emit(req, Piece("", "cancelled"))
+                    continue
+                self._start(req)
+                logits = self.runner.prefill(self.cache, req.slot, torch.tensor(req.ids[req.reused:], dtype=torch.long),
+                                             req.reused)
+                self._take([req], logits[None])
+                if self.active and not all_pending:
+                    break
+
+    @torch.inference_mode()
+    def decode(self) -> None:
+        """One decode step: each running sequence's last token in, its next token sampled."""
+        rows = [s for s, r in self.active.items() if r.last >= 0 and not r.cancelled]
+        if not rows:
+            return
+        reqs = [self.active[s] for s in rows]
+        with self.runner.loop():
+            for r in reqs:
+                r.fed.append(r.last)
+            logits = self.runner.decode_step(self.cache, rows, torch.tensor([r.last for r in reqs], dtype=torch.long))
+            self._take(reqs, logits)
+
+    def warm_up(self, ids: list[int]) -> None:
+        """Run a prompt and one decode step through a free slot and free it again (the first calls on a
+        thread pay for its thread pool, kernel choices and allocations)."""
+        slot = self.free[0]
+        with torch.inference_mode(), self.runner.loop():
+            self.runner.prefill(self.cache, slot, torch.tensor(ids, dtype=torch.long), 0)
+            self.runner.decode_step(self.cache, [slot], torch.tensor([0]))
+        self.runner.release(self.cache, slot)
+
+    # -- per request ----------------------------------------------------------------------------------
+    def _start(self, req: LMRequest) -> None:
+        req.slot, req.reused = self._slot_for(req)
+        o, dev = req.options, self.runner.device
+        req.sampler = Sampler(o, self.runner.config.vocab_size, dev)
+        req.text = TextStream(self.tokenizer, o.stop)
+        req.stop_ids = frozenset(self.tokenizer.stop_ids() if o.stop_token_ids is None else o.stop_token_ids)
+        if o.repetition_penalty != 1.0:
+            req.seen = torch.zeros(self.runner.config.vocab_size, dtype=torch.bool, device=dev)
+            req.seen[torch.tensor(req.ids, device=dev)] = True
+        self.active[req.slot] = req
 
     def _slot_for(self, req: LMRequest) -> tuple[int, int]:
         """A free slot for `req` and how many of its prompt's positions that slot already holds."""
@@ -75,61 +165,78 @@ class ContinuousBatcher:
         self.retained.pop(slot, None)
         return slot, 0
 
-    def _finish(self, req: LMRequest, text: str, reason: str):
-        req.emit((text, reason))
+    def _take(self, reqs: list[LMRequest], logits: torch.Tensor) -> None:
+        """Sample each request's next token from its row of logits [N, vocab] and deliver it."""
+        if all(r.options.argmax for r in reqs):  # one argmax and one host sync for the whole batch
+            toks = logits.argmax(dim=-1).tolist()
+        else:
+            toks = [int(r.sampler(logits[i: i + 1], None if r.seen is None else r.seen[None])[0])
+                    for i, r in enumerate(reqs)]
+        for r, t in zip(reqs, toks):
+            self._deliver(r, t)
+
+    def _deliver(self, req: LMRequest, t: int) -> None:
+        req.count += 1
+        if req.seen is not None:
+            req.seen[t] = True
+        st = req.text
+        if t in req.stop_ids:
+            text, _ = st.finish()
+            return self._finish(req, Piece(text, "stop", t))
+        text, hit = st.push(st.detok.add(t))
+        if hit:
+            return self._finish(req, Piece(text, "stop", t))
+        # the token would be fed at position len(ids) + count - 1: past the cache, the context is full
+        if req.count >= req.options.max_tokens or len(req.ids) + req.count > self.max_seq:
+            rest, hit = st.finish()
+            return self._finish(req, Piece(text + rest, "stop" if hit else "length", t))
+        req.last = t
+        self._emit(req, Piece(text, None, t))
+
+    @staticmethod
+    def _emit(req: LMRequest, piece: Piece) -> None:
+        if req.emit is not None:
+            req.emit(piece)
+
+    def _finish(self, req: LMRequest, piece: Piece) -> None:
+        self._emit(req, piece)
         if req.slot >= 0:
             self.active.pop(req.slot, None)
-            if req.key is not None and reason != "cancelled":
+            if req.key is not None and piece.finish_reason != "cancelled":
                 self.retained[req.slot] = (req.key, req.ids + req.fed)
-            elif hasattr(self.runner, "release"):
+            else:
                 self.runner.release(self.cache, req.slot)
             self.free.append(req.slot)
             req.slot = -1
 
-    def _take(self, req: LMRequest, logits: torch.Tensor):
-        """Sample the next token of `req` from its logits [vocab] and deliver the text it completes."""
-        t = int(req.sampler(logits[None], None)[0])
-        req.count += 1
-        st = req.text
-        if t in self.stop_ids:
-            text, _ = st.finish()
-            return self._finish(req, text, "stop")
-        text, hit = st.push(st.detok.add(t))
-        if hit:
-            return self._finish(req, text, "stop")
-        if req.count >= req.options.max_tokens or len(req.ids) + req.count >= self.max_seq:  # context full
-            rest, hit = st.finish()
-            return self._finish(req, text + rest, "stop" if hit else "length")
-        req.last = t
-        if text:
-            req.emit((text, None))
 
-    @torch.inference_mode()
-    def step(self):
-        for slot, req in list(self.active.items()):
-            if req.cancelled:
-                self._finish(req, "", "cancelled")
-        # admit waiting requests into free slots (each prefill also yields its first token)
-        while self.pending and self.free:
-            req = self.pending.popleft()
-            if req.cancelled:
-                req.emit(("", "cancelled"))
-                continue
-            req.slot, req.reused = self._slot_for(req)
-            req.sampler = Sampler(req.options, self.vocab, self.runner.device)
-            req.text = _Text(self.lm.tokenizer, req.options.stop)
-            self.active[req.slot] = req
-            logits = self.runner.prefill(self.cache, req.slot, torch.tensor(req.ids[req.reused:], dtype=torch.long),
-                                         req.reused)
-            self._take(req, logits)
-            if self.active:  # decode the others before the next prefill: joining never stalls them long
-                break
-        rows = [s for s, r in self.active.items() if r.last >= 0 and not r.cancelled]
-        if not rows:
-            return
-        for s in rows:
-            self.active[s].fed.append(self.active[s].last)
-        toks = torch.tensor([self.active[s].last for s in rows], dtype=torch.long)
-        logits = self.runner.decode_step(self.cache, rows, toks)
-        for i, s in enumerate(rows):
-            self._take(self.active[s], logits[i])
+def stream(runner, tokenizer, prompts: Sequence[Sequence[int]], options: GenerationOptions = GenerationOptions(),
+           cache=None) -> Iterator[StreamEvent]:
+    """Generate for every prompt (token ids) at once; yields text deltas as they are decoded.
+
+    One event per new token per sequence (text may be ''), and exactly one event with a finish_reason
+    per sequence. All prompts are prefilled first; rows finish independently and leave the decode batch.
+    `cache`: a KV cache of the runner's to reuse, if it is large enough."""
+    cfg = runner.config
+    check_prompts(prompts, cfg.vocab_size, cfg.max_seq_len)
+    max_seq = min(max(len(p) for p in prompts) + options.max_tokens, cfg.max_seq_len)
+    batcher = ContinuousBatcher(runner, tokenizer, max_batch=len(prompts), max_seq=max_seq, cache=cache)
+    events: collections.deque[StreamEvent] = collections.deque()
+    for i, p in enumerate(prompts):
+        batcher.submit(LMRequest(list(p), options, lambda piece, i=i: events.append(
+            StreamEvent(i, piece.text, piece.token, piece.finish_reason))))
+    while batcher.has_work():
+        batcher.admit(all_pending=True)
+        while events:
+            yield events.popleft()
+        batcher.decode()
+        while events:
+            yield events.popleft()
+
+
+def generate_text(runner, tokenizer, prompts, options: GenerationOptions = GenerationOptions()) -> list[str]:
+    """Whole texts for a batch of token-id prompts (non-streaming convenience)."""
+    out = [""] * len(prompts)
+    for ev in stream(runner, tokenizer, prompts, options):
+        out[ev.index] += ev.text
+    return out

@@ -1,4 +1,5 @@
-"""Streaming speech synthesis, written once against the TTSRunner interface (backends/base.py).
+"""The speech synthesis pipeline: a TTS runner, the text front end (models/tts_text.py) and the streaming
+policy, written once against the TTSRunner interface (backends/base.py). `speechrt.load_tts()` returns one.
 
 Per sentence, the runner computes the whole latent (text encoder, durations, prior, flow: cheap), then the
 generator — most of the cost — runs on windows of the latent that grow from `first_chunk_frames` to
@@ -20,53 +21,15 @@ from typing import Iterable, Iterator
 import numpy as np
 import torch
 
+from speechrt import backends
 from speechrt.errors import UserError
+from speechrt.models.piper_loader import SynthesisOptions
+from speechrt.models.registry import resolve
+from speechrt.models.tts_text import SentenceStream, TextFrontEnd, TextOptions, stream_segments
+
+__all__ = ["TTSPipeline", "load_tts", "SynthesisOptions", "SynthesisStats", "stream_latent", "windows"]
 
 FORMATS = ("wav", "pcm16", "f32")
-
-
-@dataclass(frozen=True)
-class SynthesisOptions:
-    """Synthesis controls. None means the voice's default (from its .onnx.json)."""
-
-    length_scale: float | None = None  # > 1 speaks slower; speaking rate r is length_scale = default / r
-    noise_scale: float | None = None  # prior sampling noise (voice quality variation); 0 = deterministic
-    noise_w: float | None = None  # duration noise (rhythm variation); 0 = deterministic
-    speaker_id: int | None = None  # multi-speaker voices only
-    seed: int | None = None  # torch backend: reproducible noise
-    first_chunk_frames: int = 16  # latent frames of the first window: 16 * 256 / 22050 = 0.19 s of audio
-    max_chunk_frames: int = 256  # windows double up to this size (less overlap overhead)
-    crossfade: int = 256  # samples blended at each window border
-    sentence_silence: float = 0.0  # seconds of silence after each sentence
-
-    def __post_init__(self):
-        for name, lo, hi in (("length_scale", 0.05, 20.0), ("noise_scale", 0.0, 2.0), ("noise_w", 0.0, 2.0)):
-            v = getattr(self, name)
-            if v is not None and not (lo <= v <= hi):
-                raise UserError(f"{name} must be in [{lo}, {hi}], got {v}")
-        if self.speaker_id is not None and (not isinstance(self.speaker_id, int) or self.speaker_id < 0):
-            raise UserError(f"speaker_id must be a non-negative integer, got {self.speaker_id!r}")
-        if not (1 <= self.first_chunk_frames <= self.max_chunk_frames):
-            raise UserError(f"need 1 <= first_chunk_frames <= max_chunk_frames, got "
-                            f"{self.first_chunk_frames}, {self.max_chunk_frames}")
-        if self.crossfade < 0:
-            raise UserError(f"crossfade must be >= 0 samples, got {self.crossfade}")
-        if not (0.0 <= self.sentence_silence <= 10.0):
-            raise UserError(f"sentence_silence must be in [0, 10] seconds, got {self.sentence_silence}")
-
-    def resolved(self, voice) -> "SynthesisOptions":
-        """Defaults filled from the voice; speaker id checked against it."""
-        sid = self.speaker_id
-        if voice.num_speakers <= 1:
-            if sid not in (None, 0):
-                raise UserError(f"voice {voice.name!r} has a single speaker; speaker_id {sid} is not valid")
-            sid = None
-        elif sid is not None and sid >= voice.num_speakers:
-            raise UserError(f"speaker_id {sid} out of range: voice {voice.name!r} has speakers 0..{voice.num_speakers - 1}")
-        return replace(self, speaker_id=sid,
-                       length_scale=voice.length_scale if self.length_scale is None else self.length_scale,
-                       noise_scale=voice.noise_scale if self.noise_scale is None else self.noise_scale,
-                       noise_w=voice.noise_w if self.noise_w is None else self.noise_w)
 
 
 def windows(frames: int, first: int, largest: int, parallel: int = 1) -> list[tuple[int, int]]:
@@ -183,7 +146,7 @@ class SynthesisStats:
         return self.compute_seconds / self.audio_seconds if self.audio_seconds else float("nan")
 
 
-class TTS:
+class TTSPipeline:
     """A voice ready to speak: text front end + a backend's TTS runner.
 
     synthesize(text) yields float32 chunks at `sample_rate` (or the rate asked for); synthesize_stream(pieces)
@@ -191,15 +154,23 @@ class TTS:
     synthesize_to_file(text, path) writes WAV, raw pcm16 or raw float32.
     """
 
-    def __init__(self, runner, voice_name: str = "", backend: str = ""):
-        from speechrt.models.tts_text import TextFrontEnd
-
+    def __init__(self, runner, name: str = ""):
         self.runner = runner
         self.voice = runner.voice
         self.text = TextFrontEnd(runner.voice)
         self.sample_rate = runner.sample_rate
-        self.name, self.backend = voice_name, backend
+        self.name = name or runner.info.model
         self.last_stats = SynthesisStats()
+
+    @property
+    def info(self):
+        return self.runner.info
+
+    @staticmethod
+    def clause_splitter(min_clause_words: int = 8) -> SentenceStream:
+        """Cuts text that arrives in pieces into sentences and long-enough clauses, each spoken as soon as
+        it is complete (`push(piece)` -> finished segments, `flush()` -> the rest)."""
+        return SentenceStream(min_clause_words=min_clause_words)
 
     def options(self, options: SynthesisOptions | None = None, *, rate: float | None = None,
                 speaker: int | str | None = None, **kw) -> SynthesisOptions:
@@ -228,7 +199,7 @@ class TTS:
         busy = 0.0
         tick = time.perf_counter()
         for ids in id_seqs:
-            for chunk in self.runner.synthesize(ids, o):
+            for chunk in stream_latent(self.runner, self.runner.latent(ids, o), o):
                 st.audio_seconds += len(chunk) / self.sample_rate
                 out = enc.feed(chunk)
                 now = time.perf_counter()
@@ -247,8 +218,6 @@ class TTS:
                    format: str = "f32", normalize: bool = True, on_unsupported: str = "error", **controls):
         """Text -> audio chunks (float32 arrays, or pcm16 bytes with format='pcm16'), sentence by sentence,
         each sentence in windows. Input is checked before any audio is produced."""
-        from speechrt.models.tts_text import TextOptions
-
         o = self.options(options, **controls)
         topt = TextOptions(normalize=normalize, on_unsupported=on_unsupported)
         if format == "wav":
@@ -262,8 +231,6 @@ class TTS:
                           on_unsupported: str = "drop", **controls):
         """Text arriving in pieces (e.g. LLM tokens) -> audio chunks; each sentence or long-enough clause is
         spoken as soon as it is complete. Unsupported characters (emoji) are dropped by default here."""
-        from speechrt.models.tts_text import TextOptions, stream_segments
-
         o = self.options(options, **controls)
         topt = TextOptions(on_unsupported=on_unsupported)
 
@@ -325,15 +292,7 @@ def _format_for(path) -> str:
 
 
 def load_tts(voice: str | Path | None = None, backend: str = "torch", device: str = "cpu",
-             dtype: str | None = None) -> TTS:
-    """A registered voice name or a Piper .onnx path (None = the default voice) on a backend -> TTS."""
-    from speechrt import backends
-    from speechrt.models.registry import resolve
-
+             dtype: str | None = None, step_threads: int | None = None) -> TTSPipeline:
+    """A registered voice name or a Piper .onnx path (None = the default voice) on a backend -> TTSPipeline."""
     m = resolve(voice, "tts")
-    try:
-        be = backends.get(backend)
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    runner = be.tts(m, device=device, dtype=dtype)
-    return TTS(runner, voice_name=m.name, backend=backend)
+    return TTSPipeline(backends.get(backend).tts(m, device=device, dtype=dtype, step_threads=step_threads), m.name)

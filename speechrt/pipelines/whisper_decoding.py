@@ -1,10 +1,14 @@
-"""Whisper decoding, written once against the ASRRunner interface (backends/base.py).
+"""Whisper decoding loops, written once against the ASRRunner interface (backends/base.py), for every backend.
 
-Greedy, temperature sampling and beam search per 30-second window, with Whisper's logit rules
-(suppress blank at the start, suppressed tokens, timestamp pairing and monotonicity, the
-max-initial-timestamp bound, forcing a timestamp when timestamps are jointly more likely than any text
-token), temperature fallback on repetitive or low-confidence output, and long-form transcription that
-seeks window to window by the predicted timestamps (openai/whisper's `transcribe`).
+- `WindowDecoder`: one 30-second window — greedy, temperature sampling and beam search with Whisper's
+  logit rules (suppress blank at the start, suppressed tokens, timestamp pairing and monotonicity, the
+  max-initial-timestamp bound, forcing a timestamp when timestamps are jointly more likely than any text
+  token), greedy decoding that checks a draft of its output in one pass, and temperature fallback on
+  repetitive or low-confidence output;
+- `decode_utterances`: short utterances of several streams in one batch (one encoder call, decode steps
+  over all rows, drafts, cancellable between steps): what the streaming server runs;
+- `long_form`: any length, seeking window to window by the predicted timestamps (openai/whisper's
+  `transcribe`).
 """
 from __future__ import annotations
 
@@ -13,13 +17,10 @@ import math
 import zlib
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from speechrt.errors import UserError
-
-from .audio import (CHUNK_LENGTH, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, log_mel_spectrogram, pad_or_trim_frames,
-                    utterance_mel)
+from speechrt.models.audio import CHUNK_LENGTH, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, pad_or_trim_frames
 
 NEG_INF = float("-inf")
 
@@ -63,7 +64,7 @@ class TranscribeOptions:
 
 
 class TranscriptionCancelled(Exception):
-    """transcribe_batch's `stop` asked to abandon the work."""
+    """decode_utterances' `stop` asked to abandon the work."""
 
 
 @dataclass
@@ -108,7 +109,7 @@ def compression_ratio(text: str) -> float:
     return len(b) / len(zlib.compress(b)) if b else 0.0
 
 
-class _Rules:
+class LogitRules:
     """Whisper's logit filters for one window, precomputed as index tensors."""
 
     def __init__(self, tok, opts: TranscribeOptions, sample_begin: int, device):
@@ -155,15 +156,16 @@ class _Rules:
             logits[force, :tb] = NEG_INF
 
 
-class WhisperDecoder:
-    """Decodes 30-second windows through an ASRRunner."""
+class WindowDecoder:
+    """Decodes 30-second windows through an ASRRunner (callers hold `runner.loop()` around the calls)."""
 
     def __init__(self, runner, tokenizer):
         self.runner, self.tok = runner, tokenizer
         self.cfg = runner.config
 
-    # -- one window -------------------------------------------------------------------------------
-    def _prompt(self, prev: list[int], opts: TranscribeOptions, language: str) -> tuple[list[int], int]:
+    def prompt(self, prev: list[int], opts: TranscribeOptions, language: str) -> tuple[list[int], int]:
+        """The decoder prompt -> (tokens, index of <|startoftranscript|>): `prev` (earlier text, or the
+        initial prompt) after <|startofprev|>, then the task's start sequence."""
         out = []
         if prev:
             out = [self.tok.sot_prev] + prev[-(self.cfg.n_text_ctx // 2 - 1):]
@@ -174,32 +176,34 @@ class WhisperDecoder:
         return out, sot_index
 
     @torch.inference_mode()
-    def detect_language(self, encoded) -> str:
+    def detect_languages(self, encoded, n: int = 1) -> list[str]:
+        """The most likely language of each of the `n` windows of `encoded` (one decoder step on
+        <|startoftranscript|>)."""
         state = self.runner.start(encoded, 1, 1)
-        logits = self.runner.decode_step(state, torch.tensor([[self.tok.sot]], device=self.runner.device))[0]
+        logits = self.runner.decode_step(state, torch.tensor([[self.tok.sot]] * n, device=self.runner.device))
         ids = torch.tensor(self.tok.language_ids, device=logits.device)
-        return self.tok.languages[int(logits[ids].argmax())]
+        return [self.tok.languages[i] for i in logits[:, ids].argmax(-1).tolist()]
 
     @torch.inference_mode()
     def decode_window(self, encoded, prev: list[int], opts: TranscribeOptions, temperature: float,
                       language: str, gen: torch.Generator) -> WindowResult:
-        prompt, sot_index = self._prompt(prev, opts, language)
+        prompt, sot_index = self.prompt(prev, opts, language)
         sample_len = opts.sample_len or self.cfg.n_text_ctx // 2
         sample_len = min(sample_len, self.cfg.n_text_ctx - len(prompt))
         beam = opts.beam_size if temperature == 0 else 1
         n = beam if temperature == 0 else (opts.best_of if opts.best_of > 1 else 1)
         dev = self.runner.device
         state = self.runner.start(encoded, n, len(prompt) + sample_len)
-        rules = _Rules(self.tok, opts, len(prompt), dev)
+        rules = LogitRules(self.tok, opts, len(prompt), dev)
         # First the prompt up to <|startoftranscript|>: its logits give the no-speech probability.
         logits = self.runner.decode_step(state, torch.tensor([prompt[: sot_index + 1]] * n, device=dev))
         no_speech = float(torch.softmax(logits[0], -1)[self.tok.no_speech]) if self.tok.no_speech is not None else math.nan
         if sot_index + 1 < len(prompt):
             logits = self.runner.decode_step(state, torch.tensor([prompt[sot_index + 1:]] * n, device=dev))
         if beam > 1:
-            seqs, sum_lp = self._beam(state, logits, rules, beam, opts, sample_len)
+            seqs, sum_lp = self.beam(state, logits, rules, beam, opts, sample_len)
         else:
-            seqs, sum_lp = self._sample(state, logits, rules, n, temperature, sample_len, gen)
+            seqs, sum_lp = self.sample(state, logits, rules, n, temperature, sample_len, gen)
         # rank candidates by length-normalized log probability (openai's MaximumLikelihoodRanker)
         def score(i):
             L = len(seqs[i])
@@ -210,7 +214,7 @@ class WhisperDecoder:
         text = self.tok.decode(toks)
         return WindowResult(toks, text, sum_lp[best] / (len(toks) + 1), no_speech, temperature, compression_ratio(text))
 
-    def _sample(self, state, logits, rules, n, temperature, sample_len, gen, stop=None):
+    def sample(self, state, logits, rules, n, temperature, sample_len, gen, stop=None):
         """Greedy (temperature 0) or sampled decoding of n rows; finished rows leave the batch.
         `stop()` is asked before each step; True abandons the work (TranscriptionCancelled)."""
         seqs: list[list[int]] = [[] for _ in range(n)]
@@ -244,8 +248,8 @@ class WhisperDecoder:
             logits = self.runner.decode_step(state, nxt[:, None])
         return seqs, sum_lp
 
-    def _greedy_drafted(self, state, checked, rules, drafts: list[list[int]], sample_len: int, prompt_len: int,
-                        stop=None):
+    def greedy_drafted(self, state, checked, rules, drafts: list[list[int]], sample_len: int, prompt_len: int,
+                       stop=None):
         """Greedy decoding of len(drafts) rows that checks a guess of each row's output first (speculative
         decoding with the guess as the draft). The caller has run the prompt and every draft through
         the decoder in one pass: checked [n, 1 + width, vocab] are the logits after the prompt and after
@@ -307,7 +311,7 @@ class WhisperDecoder:
                 state = self.runner.reorder(state, torch.tensor(keep, device=dev))
                 active = [active[j] for j in keep]
 
-    def _beam(self, state, logits, rules, beam, opts, sample_len):
+    def beam(self, state, logits, rules, beam, opts, sample_len):
         """Beam search as openai/whisper: keep `beam` live hypotheses, collect finished ones until
         round(beam * patience) have ended."""
         eot = self.tok.eot
@@ -363,127 +367,120 @@ class WhisperDecoder:
                 return res
         return res
 
-    # -- long form -----------------------------------------------------------------------------------
-    def transcribe(self, audio: np.ndarray, opts: TranscribeOptions | None = None, on_segment=None) -> Transcript:
-        """audio: float32 mono at 16 kHz, any length. Windows of 30 s; each next window starts where the
-        last complete segment of the previous one ended."""
-        with self.runner.loop_threads():
-            return self._transcribe(audio, opts, on_segment)
 
-    @torch.inference_mode()
-    def _transcribe(self, audio, opts, on_segment) -> Transcript:
-        opts = opts or TranscribeOptions()
-        dev = self.runner.device
-        mel = log_mel_spectrogram(audio, self.cfg.n_mels, padding=N_FRAMES * HOP_LENGTH, device=dev)
-        content_frames = mel.shape[-1] - N_FRAMES
-        duration = len(audio) / SAMPLE_RATE
-        gen = torch.Generator(device=dev).manual_seed(opts.seed)
-        tb, prec = self.tok.timestamp_begin, CHUNK_LENGTH / self.cfg.n_audio_ctx  # 0.02 s per token
-        input_stride = N_FRAMES // self.cfg.n_audio_ctx  # mel frames per output position (2)
-        language = opts.language or ("en" if not self.tok.multilingual else None)
-        all_tokens: list[int] = []
-        if opts.initial_prompt:
-            all_tokens = self.tok.encode(" " + opts.initial_prompt.strip())
-        prompt_reset = len(all_tokens)
-        segments: list[Segment] = []
-        seek = 0
-        while seek < content_frames:
-            time_offset = seek * HOP_LENGTH / SAMPLE_RATE
-            seg_frames = min(N_FRAMES, content_frames - seek)
-            window = pad_or_trim_frames(mel[:, seek: seek + seg_frames])[None]
-            encoded = self.runner.encode(window)
-            if language is None:
-                language = self.detect_language(encoded)
-            res = self.decode_with_fallback(encoded, all_tokens[prompt_reset:], opts, language, gen)
-            if opts.no_speech_threshold is not None and res.no_speech_prob > opts.no_speech_threshold and (
-                    opts.logprob_threshold is None or res.avg_logprob < opts.logprob_threshold):
-                seek += seg_frames  # silence: skip the window
-                continue
-            toks = res.tokens
-            new: list[tuple[float, float, list[int]]] = []
-            is_ts = [t >= tb for t in toks]
-            single_ending = len(toks) >= 2 and is_ts[-2:] == [False, True]
-            consecutive = [i + 1 for i in range(len(toks) - 1) if is_ts[i] and is_ts[i + 1]]
-            if consecutive:
-                slices = consecutive + ([len(toks)] if single_ending else [])
-                last = 0
-                for cur in slices:
-                    part = toks[last:cur]
-                    new.append((time_offset + (part[0] - tb) * prec, time_offset + (part[-1] - tb) * prec, part))
-                    last = cur
-                if single_ending:
-                    seek += seg_frames
-                else:
-                    seek += (toks[last - 1] - tb) * input_stride
-            else:
-                dur = seg_frames * HOP_LENGTH / SAMPLE_RATE
-                stamps = [t for t in toks if t >= tb]
-                if stamps and stamps[-1] != tb:
-                    dur = (stamps[-1] - tb) * prec
-                new.append((time_offset, time_offset + dur, toks))
+def initial_prompt_tokens(tok, text: str | None) -> list[int]:
+    """An initial prompt (earlier words, names, spellings) as the tokens that follow <|startofprev|>."""
+    return tok.encode(" " + text.strip()) if text and text.strip() else []
+
+
+def long_form(decoder: WindowDecoder, mel: torch.Tensor, duration: float, opts: TranscribeOptions,
+              on_segment=None) -> Transcript:
+    """mel [n_mels, frames + N_FRAMES]: the log-mel of audio of any length followed by a window's worth of
+    zero padding. Windows of 30 s; each next window starts where the last complete segment of the previous
+    one ended; its text conditions the next window's decoding."""
+    runner, tok, cfg = decoder.runner, decoder.tok, decoder.cfg
+    content_frames = mel.shape[-1] - N_FRAMES
+    gen = torch.Generator(device=runner.device).manual_seed(opts.seed)
+    tb, prec = tok.timestamp_begin, CHUNK_LENGTH / cfg.n_audio_ctx  # 0.02 s per token
+    input_stride = N_FRAMES // cfg.n_audio_ctx  # mel frames per output position (2)
+    language = opts.language or ("en" if not tok.multilingual else None)
+    all_tokens = initial_prompt_tokens(tok, opts.initial_prompt)
+    prompt_reset = len(all_tokens)
+    segments: list[Segment] = []
+    seek = 0
+    while seek < content_frames:
+        time_offset = seek * HOP_LENGTH / SAMPLE_RATE
+        seg_frames = min(N_FRAMES, content_frames - seek)
+        window = pad_or_trim_frames(mel[:, seek: seek + seg_frames])[None]
+        encoded = runner.encode(window)
+        if language is None:
+            language = decoder.detect_languages(encoded)[0]
+        res = decoder.decode_with_fallback(encoded, all_tokens[prompt_reset:], opts, language, gen)
+        if opts.no_speech_threshold is not None and res.no_speech_prob > opts.no_speech_threshold and (
+                opts.logprob_threshold is None or res.avg_logprob < opts.logprob_threshold):
+            seek += seg_frames  # silence: skip the window
+            continue
+        toks = res.tokens
+        new: list[tuple[float, float, list[int]]] = []
+        is_ts = [t >= tb for t in toks]
+        single_ending = len(toks) >= 2 and is_ts[-2:] == [False, True]
+        consecutive = [i + 1 for i in range(len(toks) - 1) if is_ts[i] and is_ts[i + 1]]
+        if consecutive:
+            slices = consecutive + ([len(toks)] if single_ending else [])
+            last = 0
+            for cur in slices:
+                part = toks[last:cur]
+                new.append((time_offset + (part[0] - tb) * prec, time_offset + (part[-1] - tb) * prec, part))
+                last = cur
+            if single_ending:
                 seek += seg_frames
-            for start, end, part in new:
-                text = self.tok.decode(part)
-                if not text.strip() or start == end:
-                    continue  # instantaneous or empty segments are dropped, from the prompt too
-                s = Segment(len(segments), start, end, text, [t for t in part if t < self.tok.eot],
-                            res.avg_logprob, res.no_speech_prob, res.temperature, res.compression_ratio)
-                segments.append(s)
-                all_tokens.extend(part)
-                if on_segment:
-                    on_segment(s)
-            if not opts.condition_on_previous_text or res.temperature > 0.5:
-                prompt_reset = len(all_tokens)
-        text = "".join(s.text for s in segments).strip()
-        return Transcript(text, segments, language or "en", duration)
+            else:
+                seek += (toks[last - 1] - tb) * input_stride
+        else:
+            dur = seg_frames * HOP_LENGTH / SAMPLE_RATE
+            stamps = [t for t in toks if t >= tb]
+            if stamps and stamps[-1] != tb:
+                dur = (stamps[-1] - tb) * prec
+            new.append((time_offset, time_offset + dur, toks))
+            seek += seg_frames
+        for start, end, part in new:
+            text = tok.decode(part)
+            if not text.strip() or start == end:
+                continue  # instantaneous or empty segments are dropped, from the prompt too
+            seg = Segment(len(segments), start, end, text, [t for t in part if t < tok.eot],
+                          res.avg_logprob, res.no_speech_prob, res.temperature, res.compression_ratio)
+            segments.append(seg)
+            all_tokens.extend(part)
+            if on_segment:
+                on_segment(seg)
+        if not opts.condition_on_previous_text or res.temperature > 0.5:
+            prompt_reset = len(all_tokens)
+    text = "".join(seg.text for seg in segments).strip()
+    return Transcript(text, segments, language or "en", duration)
 
 
-def transcribe_batch(decoder: WhisperDecoder, audios: list[np.ndarray], opts: TranscribeOptions | None = None,
-                     drafts: list[list[int] | None] | None = None, stop=None) -> list[WindowResult]:
-    """Greedy transcription of several short utterances (each at most 30 s at 16 kHz) in one batch:
-    one encoder call for all windows, then decode steps over all rows together, finished rows leaving
-    the batch. This is what the streaming server runs for turns of different sessions. Utterances
-    judged silent (no-speech probability above the threshold and low confidence) come back empty.
+def decode_utterances(decoder: WindowDecoder, mels: torch.Tensor, opts: TranscribeOptions,
+                      drafts: list[list[int] | None] | None = None, stop=None) -> list[WindowResult]:
+    """Greedy transcription of several short utterances in one batch: mels [n, n_mels, N_FRAMES] (each
+    utterance's log-mel, zero-padded to a window), one encoder call for all, then decode steps over all
+    rows together, finished rows leaving the batch. Utterances judged silent (no-speech probability above
+    the threshold and low confidence) come back empty.
 
     `drafts`: per utterance, a guess of its tokens (e.g. the transcript of an earlier, shorter part of
     the same speech) or None. The guesses go through the decoder with the prompt, in one pass, and
     only the tokens after the first wrong one are decoded step by step; the result is the same greedy
     transcript. `stop`: asked between steps; when it returns True the work is abandoned with
-    TranscriptionCancelled (the server drops a live transcript that a final one made useless)."""
-    opts = opts or TranscribeOptions(without_timestamps=True)
+    TranscriptionCancelled."""
     runner, tok, cfg = decoder.runner, decoder.tok, decoder.cfg
     dev = runner.device
-    n = len(audios)
-    if any(len(a) > N_FRAMES * HOP_LENGTH for a in audios):
-        raise ValueError("transcribe_batch takes utterances of at most 30 seconds; use transcribe() for long audio")
+    n = mels.shape[0]
     if drafts is not None and len(drafts) != n:
         raise ValueError(f"{len(drafts)} drafts for {n} utterances")
-    language = opts.language or "en"
-    prompt = tok.sot_sequence(language, opts.task) + ([tok.no_timestamps] if opts.without_timestamps else [])
-    sample_len = min(opts.sample_len or cfg.n_text_ctx // 2, cfg.n_text_ctx - len(prompt))
+    enc = runner.encode(mels, stop)  # stopped between encoder blocks too
+    if enc is None or (stop is not None and stop()):
+        raise TranscriptionCancelled()
+    # every row's prompt has the same length: languages differ in one token
+    langs = [opts.language] * n if opts.language or not tok.multilingual else decoder.detect_languages(enc, n)
+    prev = initial_prompt_tokens(tok, opts.initial_prompt)
+    prompts = [decoder.prompt(prev, opts, lang or "en") for lang in langs]
+    prompt_len, sot_index = len(prompts[0][0]), prompts[0][1]
+    sample_len = min(opts.sample_len or cfg.n_text_ctx // 2, cfg.n_text_ctx - prompt_len)
     # text tokens only, and short enough that a draft leaves room for one more token
     drafts = [list(itertools.takewhile(lambda t: 0 <= t < tok.eot, d or []))[: sample_len - 1] for d in drafts or [None] * n]
     width = max(len(d) for d in drafts)
-    with torch.inference_mode(), runner.loop_threads():
-        # as in transcribe(): the content frames, zero-padded to a full window (openai/whisper pads in
-        # the log-mel domain)
-        mels = torch.stack([utterance_mel(a, cfg.n_mels, dev) for a in audios])
-        enc = runner.encode(mels, stop)  # stopped between encoder blocks too
-        if enc is None or (stop is not None and stop()):
-            raise TranscriptionCancelled()
-        state = runner.start(enc, 1, len(prompt) + sample_len)
-        # the prompt and the drafts (padded with end-of-text) in one pass: logits at every position
-        rows = [prompt + d + [tok.eot] * (width - len(d)) for d in drafts]
-        logits = runner.decode_step(state, torch.tensor(rows, device=dev), last_only=False)
-        # <|startoftranscript|>'s logits give the no-speech probability
-        no_speech = (torch.softmax(logits[:, 0], -1)[:, tok.no_speech].tolist() if tok.no_speech is not None
-                     else [math.nan] * n)
-        rules = _Rules(tok, opts, len(prompt), dev)
-        if width:
-            seqs, sum_lp = decoder._greedy_drafted(state, logits[:, len(prompt) - 1:], rules, drafts, sample_len,
-                                                   len(prompt), stop)
-        else:
-            seqs, sum_lp = decoder._sample(state, logits[:, -1], rules, n, 0.0, sample_len, None, stop)
+    state = runner.start(enc, 1, prompt_len + sample_len)
+    # the prompt and the drafts (padded with end-of-text) in one pass: logits at every position
+    rows = [p + d + [tok.eot] * (width - len(d)) for (p, _), d in zip(prompts, drafts)]
+    logits = runner.decode_step(state, torch.tensor(rows, device=dev), last_only=False)
+    # <|startoftranscript|>'s logits give the no-speech probability
+    no_speech = (torch.softmax(logits[:, sot_index], -1)[:, tok.no_speech].tolist() if tok.no_speech is not None
+                 else [math.nan] * n)
+    rules = LogitRules(tok, opts, prompt_len, dev)
+    if width:
+        seqs, sum_lp = decoder.greedy_drafted(state, logits[:, prompt_len - 1:], rules, drafts, sample_len,
+                                              prompt_len, stop)
+    else:
+        seqs, sum_lp = decoder.sample(state, logits[:, -1], rules, n, 0.0, sample_len, None, stop)
     out = []
     for i in range(n):
         text = tok.decode(seqs[i])

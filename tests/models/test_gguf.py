@@ -14,7 +14,7 @@ import torch
 gguf = pytest.importorskip("gguf")
 
 from speechrt.models import gguf_loader, registry  # noqa: E402
-from speechrt.models.llm_text import byte_alphabet  # noqa: E402
+from speechrt.models.lm_text import byte_alphabet  # noqa: E402
 from speechrt.models.registry import ModelError  # noqa: E402
 
 T = gguf.GGMLQuantizationType
@@ -138,14 +138,14 @@ def test_kquants_match_transformers_dequantizer(tmp_path, qtype):
 
 
 def test_tiny_model_runs_in_every_format(tmp_path):
-    from speechrt.backends import torch_slm
+    from speechrt.backends import torch_lm
 
     p = tmp_path / "m.gguf"
     write_llama_gguf(p, {k: T.Q4_1 for k in ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]})
-    rm = registry.resolve(str(p), "slm")
+    rm = registry.resolve(str(p), "lm")
     ref = None
     for fmt in ("float32", "bfloat16", "int8", "int4"):
-        r = torch_slm.build(rm, torch.device("cpu"), fmt)
+        r = torch_lm.build(rm, torch.device("cpu"), fmt)
         lg = r.prefill(r.new_cache(1, 16), 0, torch.tensor([5, 6, 7, 8]))
         assert lg.shape == (VOCAB,) and torch.isfinite(lg).all()
         ref = lg if ref is None else ref
@@ -178,7 +178,7 @@ def test_corrupt_files(tmp_path):
     junk.write_bytes(b"this is not a gguf file at all" * 10)
     with pytest.raises(ModelError, match="not a readable GGUF file"):
         gguf_loader.load(junk)
-    real = registry.resolve("smollm2-135m-instruct", "slm").path
+    real = registry.resolve("smollm2-135m-instruct", "lm").path
     cut = tmp_path / "truncated.gguf"
     with open(real, "rb") as f:
         cut.write_bytes(f.read(3_000_000))  # header and metadata intact, tensor data cut off
@@ -187,10 +187,10 @@ def test_corrupt_files(tmp_path):
 
 
 def test_registry_errors(tmp_path):
-    with pytest.raises(ModelError, match="registered slm models: smollm2-135m-instruct"):
-        registry.resolve("no-such-model", "slm")
+    with pytest.raises(ModelError, match="registered lm models: smollm2-135m-instruct"):
+        registry.resolve("no-such-model", "lm")
     with pytest.raises(ModelError, match="asr model"):
         registry.resolve("smollm2-135m-instruct", "asr")
     (tmp_path / "weights.bin").write_bytes(b"\0" * 16)
     with pytest.raises(ModelError, match="unrecognized model file"):
-        registry.resolve(str(tmp_path / "weights.bin"), "slm")
+        registry.resolve(str(tmp_path / "weights.bin"), "lm")

@@ -11,10 +11,11 @@ import torch
 pytest.importorskip("transformers", reason="the comparison peer: pip install 'speechrt[peers]'")
 pytest.importorskip("accelerate", reason="transformers needs accelerate to load a GGUF: pip install 'speechrt[peers]'")
 
-from speechrt.backends import torch_slm  # noqa: E402
-from speechrt.lm import LanguageModel  # noqa: E402
+from speechrt.backends import torch_lm  # noqa: E402
+from speechrt.pipelines.lm import LMPipeline  # noqa: E402
 from speechrt.models import registry  # noqa: E402
-from speechrt.models.generate import GenerationOptions, generate_text, stream  # noqa: E402
+from speechrt.pipelines.generation import GenerationOptions
+from speechrt.pipelines.lm_batching import generate_text, stream  # noqa: E402
 
 CHATS = [
     "What is the capital of France?",
@@ -29,13 +30,13 @@ GREEDY_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def model_file():
-    rm = registry.resolve("smollm2-135m-instruct", "slm")
-    return rm, torch_slm.load_file(rm)
+    rm = registry.resolve("smollm2-135m-instruct", "lm")
+    return rm, torch_lm.load_file(rm)
 
 
 @pytest.fixture(scope="module")
 def ours(model_file):
-    return LanguageModel(torch_slm.TorchSLMRunner(model_file[1], torch.device("cpu"), "float32"), "smollm2")
+    return LMPipeline(torch_lm.TorchLMRunner(model_file[1], torch.device("cpu"), "float32"), "smollm2")
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +86,8 @@ def test_capital_of_france(ours):
 
 def test_batch_of_8_equals_one_by_one(model_file):
     """In the default CPU format (int4 weights, bf16 activations), as a server would run it."""
-    runner = torch_slm.TorchSLMRunner(model_file[1], torch.device("cpu"), "int4")
-    lm = LanguageModel(runner)
+    runner = torch_lm.TorchLMRunner(model_file[1], torch.device("cpu"), "int4")
+    lm = LMPipeline(runner)
     prompts = [lm.encode_chat(c) for c in CHATS] + [lm.tokenizer.encode("Once upon a time"),
                                                     lm.encode_chat("Name three primary colors.", system="Be brief.")]
     assert len(prompts) == 8 and len({len(p) for p in prompts}) > 4  # different lengths share the batch
@@ -129,9 +130,9 @@ def test_hf_directory_loads_same_model(tmp_path, ours, hf, model_file):
     state = {k: v.contiguous() for k, v in hf.state_dict().items() if k != "lm_head.weight"}  # tied
     save_file(state, str(tmp_path / "model.safetensors"))
     AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(tmp_path)
-    rm = registry.resolve(str(tmp_path), "slm")
+    rm = registry.resolve(str(tmp_path), "lm")
     assert rm.format == "hf-llama"
-    other = LanguageModel(torch_slm.build(rm, torch.device("cpu"), "float32"))
+    other = LMPipeline(torch_lm.build(rm, torch.device("cpu"), "float32"))
     ids = ours.encode_chat(CHATS[1])
     assert other.encode_chat(CHATS[1]) == ids
     c1, c2 = ours.runner.new_cache(1, 64), other.runner.new_cache(1, 64)
@@ -146,7 +147,7 @@ def test_compact_formats_agree_with_float32(model_file, ours):
     c = ours.runner.new_cache(1, 64)
     ref = ours.runner.prefill(c, 0, torch.tensor(ids))
     for fmt in ("bfloat16", "int8"):
-        r = torch_slm.TorchSLMRunner(model_file[1], torch.device("cpu"), fmt)
+        r = torch_lm.TorchLMRunner(model_file[1], torch.device("cpu"), fmt)
         lg = r.prefill(r.new_cache(1, 64), 0, torch.tensor(ids))
         assert int(lg.argmax()) == int(ref.argmax()), fmt
         assert torch.corrcoef(torch.stack([lg, ref]))[0, 1] > 0.99, fmt

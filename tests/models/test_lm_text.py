@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from speechrt.models import gguf_loader, registry
-from speechrt.models.generate import _Text
-from speechrt.models.llm_text import ChatTemplate, Detokenizer, LMTokenizer
+from speechrt.pipelines.generation import TextStream
+from speechrt.models.lm_text import ChatTemplate, Detokenizer, LMTokenizer
 
 TEXTS = [
     "Hello, world!",
@@ -31,7 +31,7 @@ CONVERSATIONS = [
 
 @pytest.fixture(scope="module")
 def gguf_path():
-    return registry.resolve("smollm2-135m-instruct", "slm").path
+    return registry.resolve("smollm2-135m-instruct", "lm").path
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def test_incomplete_character_at_end_becomes_replacement(tok):
 
 def test_stop_strings_hold_back_text(tok):
     ids = tok.encode("The answer is 42.\nUser: next question")
-    st = _Text(tok, ("\nUser:",))
+    st = TextStream(tok, ("\nUser:",))
     out, hit = "", False
     for i in ids:
         piece, hit = st.push(st.detok.add(i))

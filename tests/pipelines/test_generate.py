@@ -1,4 +1,4 @@
-"""The generation loop (models/generate.py) and the Python API (speechrt.load_lm) on the embedded model:
+"""The generation loop (pipelines/lm_batching.py) and the Python API (speechrt.load_lm) on the embedded model:
 option checks, sampling (seeded, top-k/top-p, repetition penalty as transformers defines it), stop
 tokens and strings, max tokens, streaming iterators (sync and async) and incremental text."""
 from __future__ import annotations
@@ -10,7 +10,8 @@ import torch
 
 import speechrt
 from speechrt.errors import UserError
-from speechrt.models.generate import GenerationError, GenerationOptions, Sampler, stream
+from speechrt.pipelines.generation import GenerationError, GenerationOptions, Sampler
+from speechrt.pipelines.lm_batching import stream
 
 PROMPT = "What is the capital of France?"
 
@@ -117,5 +118,5 @@ def test_repetition_penalty_changes_output(lm):
 def test_unknown_model_error():
     from speechrt.models.registry import ModelError
 
-    with pytest.raises(ModelError, match="registered slm models: smollm2-135m-instruct"):
+    with pytest.raises(ModelError, match="registered lm models: smollm2-135m-instruct"):
         speechrt.load_lm("gpt-5")

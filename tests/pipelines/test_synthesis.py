@@ -1,5 +1,5 @@
-"""Streaming synthesis on the real voice: chunked vs whole-sentence audio (both backends), first audio after one
-short window, text arriving token by token, controls (rate, noise, speaker, sample rate, format) and errors."""
+"""Streaming synthesis on the real voice (chunked vs whole-sentence audio per backend: tests/backends/
+test_conformance.py): context and crossfade, the background flow, first audio after one short window, text arriving token by token, controls (rate, noise, speaker, sample rate, format) and errors."""
 from __future__ import annotations
 
 import wave
@@ -10,18 +10,13 @@ import torch
 
 from speechrt.backends.base import TTSRunner
 from speechrt.errors import UserError
-from speechrt.models.synthesis import SynthesisOptions, load_tts, stream_latent, windows
+from speechrt.pipelines.tts import SynthesisOptions, load_tts, stream_latent, windows
 
 LONG = ("When the morning train finally pulled into the quiet station, the travelers gathered their heavy bags "
         "and walked slowly toward the old wooden bridge that crossed the river.")
 
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")
-
-
-@pytest.fixture(scope="module", params=["torch", "onnxruntime"])
-def tts(request):
-    return load_tts(backend=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -40,25 +35,6 @@ def test_windows_cover_and_grow():
         assert len(tail) % parallel == 0 and max(tail) - min(tail) <= 1  # even split: workers finish together
     assert windows(20, 16, 256) == [(0, 20)]  # a short tail joins the window before it
     assert [b - a for a, b in windows(100, 16, 256, 2)] == [16, 32, 52]  # no window under 2 * first
-
-
-def test_chunked_matches_whole_sentence(tts):
-    r = tts.runner
-    o = tts.options(noise_scale=0.0, noise_w=0.0)
-    lat = r.latent(next(tts.text.sentences(LONG)), o)
-    whole = r.vocode(lat, 0, lat.frames).numpy()
-    chunks = [c.numpy() for c in stream_latent(r, lat, o)]
-    out = np.concatenate(chunks)
-    assert len(chunks) >= 5 and len(chunks[0]) == o.first_chunk_frames * r.hop_length
-    assert out.shape == whole.shape
-    # away from the crossfades the chunked audio is the whole-sentence audio; across them, inaudibly close
-    borders = np.cumsum([len(c) for c in chunks])[:-1]
-    away = np.ones(len(out), bool)
-    for b in borders:
-        away[b:b + o.crossfade] = False
-    assert np.abs(out - whole)[away].max() <= 1e-4
-    assert np.abs(out - whole).max() <= 1e-3
-    assert np.abs(whole).max() > 0.1
 
 
 def test_crossfade_hides_missing_context(torch_tts):
@@ -80,7 +56,7 @@ def test_background_flow_equals_whole_flow(torch_tts):
     o = torch_tts.options(noise_scale=0.0, noise_w=0.0)
     ids = next(torch_tts.text.sentences(LONG))
     lat = r.latent(ids, o)
-    g, rest, head = lat.cond
+    rest, head = lat.rest, lat.ready
     assert rest is not None and head < lat.frames
     rest.result()
     with torch.inference_mode():
