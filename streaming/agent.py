@@ -12,23 +12,12 @@ import asyncio
 import base64
 import time
 
-from speechrt.models.generate import GenerationOptions
-from speechrt.models.tts_text import SentenceStream
+from speechrt.pipelines.lm import GenerationOptions
 
+from . import protocol as P
 from .audio_codec import OutputEncoder
+from .conversation import Item, Part
 from .protocol import ProtocolError, new_id
-
-
-def conversation_messages(items: list[dict], instructions: str) -> list[dict]:
-    """Realtime conversation items -> chat messages for the language model."""
-    msgs = [{"role": "system", "content": instructions}] if instructions else []
-    for it in items:
-        if it.get("type") != "message":
-            continue
-        text = " ".join((p.get("text") or p.get("transcript") or "") for p in it["content"]).strip()
-        if text:
-            msgs.append({"role": it["role"], "content": text})
-    return msgs
 
 
 class Response:
@@ -38,7 +27,6 @@ class Response:
         cfg = session.cfg
         self.session = session
         self.id = new_id("resp")
-        self.item_id = new_id("item")
         mods = overrides.get("output_modalities") or overrides.get("modalities") or list(cfg.output_modalities)
         if not isinstance(mods, list) or any(m not in ("text", "audio") for m in mods):
             raise ProtocolError(f"output_modalities must be ['audio'] or ['text'], got {mods!r}", "invalid_value",
@@ -52,9 +40,10 @@ class Response:
         self.max_tokens = 1024 if max_tokens == "inf" else int(max_tokens)
         self.status = "in_progress"
         self.reason = None
+        self.item = Item("assistant", [], status="in_progress")
+        self.transcript = ""  # text delivered (for audio: text whose audio was sent)
         self._lm_req = None
         self._tts_tasks: list = []
-        self.transcript = ""  # text delivered (for audio: text whose audio was sent)
         self._runner: asyncio.Task | None = None
 
     def cancel(self, reason: str):
@@ -85,24 +74,18 @@ class Response:
     async def _run(self):
         s, eng = self.session, self.session.server.engine
         self.t0 = time.perf_counter()
-        self.item = {"id": self.item_id, "object": "realtime.item", "type": "message", "role": "assistant",
-                     "status": "in_progress", "content": [], "_spoken": [], "_audio_ms": 0}
-        prev = s.items[-1]["id"] if s.items else None
-        s.items.append(self.item)
-        await s.send({"type": "response.created", "response": self._api("in_progress", [])})
-        await s.send({"type": "response.output_item.added", "response_id": self.id, "output_index": 0,
-                      "item": self._public_item()})
-        await s.send({"type": "conversation.item.added", "item": self._public_item(), "previous_item_id": prev})
-        part = {"type": "audio", "transcript": ""} if self.audio else {"type": "text", "text": ""}
-        self.item["content"].append({"type": "output_audio", "transcript": ""} if self.audio
-                                    else {"type": "output_text", "text": ""})
-        await s.send({"type": "response.content_part.added", "response_id": self.id, "item_id": self.item_id,
-                      "output_index": 0, "content_index": 0, "part": part})
+        prev = s.conversation.append(self.item)
+        await s.send(P.response_created(self._api("in_progress", [])))
+        await s.send(P.output_item_added(self.id, self.item.to_api()))
+        await s.send(P.item_added(self.item.to_api(), prev))
+        part = Part("output_audio" if self.audio else "output_text", "")
+        self.item.parts.append(part)
+        await s.send(P.content_part_added(self.id, self.item.id, part.to_response_api()))
         if self.say is not None:
             pieces = self._static(self.say)
         else:
             lm = s.server.lm
-            ids = lm.encode_chat(conversation_messages(s.items[:-1], self.instructions))
+            ids = lm.encode_chat(s.conversation.messages(self.instructions, upto=self.item))
             opts = GenerationOptions(max_tokens=self.max_tokens, temperature=s.cfg.temperature,
                                      seed=0 if s.cfg.temperature > 0 else None)
             self._lm_req, q = eng.generate(ids, opts, key=s.id)
@@ -112,8 +95,7 @@ class Response:
         else:
             async for text in pieces:
                 self.transcript += text
-                await s.send({"type": "response.output_text.delta", "response_id": self.id, "item_id": self.item_id,
-                              "output_index": 0, "content_index": 0, "delta": text})
+                await s.send(P.output_text_delta(self.id, self.item.id, text))
         if self.status == "in_progress":
             self.status = "completed"
 
@@ -123,14 +105,13 @@ class Response:
 
     async def _drain(self, q: asyncio.Queue):
         while True:
-            item = await q.get()
-            if isinstance(item, Exception):
-                raise item
-            text, finish = item
-            if text:
-                yield text
-            if finish is not None:
-                if finish == "length" and self.status == "in_progress":
+            piece = await q.get()
+            if isinstance(piece, Exception):
+                raise piece
+            if piece.text:
+                yield piece.text
+            if piece.finish_reason is not None:
+                if piece.finish_reason == "length" and self.status == "in_progress":
                     self.status, self.reason = "incomplete", "max_output_tokens"
                 return
 
@@ -142,7 +123,7 @@ class Response:
         segments: asyncio.Queue = asyncio.Queue()
 
         async def cut():
-            splitter = SentenceStream(min_clause_words=6)
+            splitter = tts.clause_splitter(min_clause_words=6)
             try:
                 async for text in pieces:
                     for seg in splitter.push(text):
@@ -181,26 +162,19 @@ class Response:
                     if not announced:  # the transcript of a segment goes out with its first audio
                         announced = True
                         self.transcript += spoken_text
-                        await s.send({"type": "response.output_audio_transcript.delta", "response_id": self.id,
-                                      "item_id": self.item_id, "output_index": 0, "content_index": 0,
-                                      "delta": spoken_text})
+                        await s.send(P.output_audio_transcript_delta(self.id, self.item.id, spoken_text))
                     if first:
                         first = False
-                        s.server.engine.metrics.first_audio_latency.append(time.perf_counter() - self.t0)
+                        eng.metrics.first_audio_latency.append(time.perf_counter() - self.t0)
                     sent_samples += len(data) // s.cfg.output_format.bytes_per_sample
-                    await s.send({"type": "response.output_audio.delta", "response_id": self.id,
-                                  "item_id": self.item_id, "output_index": 0, "content_index": 0,
-                                  "delta": base64.b64encode(data).decode()})
-                    self.item["_audio_ms"] = sent_samples * 1000 // s.cfg.output_format.rate
+                    await s.send(P.output_audio_delta(self.id, self.item.id, base64.b64encode(data).decode()))
+                    self.item.audio_ms = sent_samples * 1000 // s.cfg.output_format.rate
                 if announced:
-                    self.item["_spoken"].append((self.item["_audio_ms"], self.transcript))
+                    self.item.spoken.append((self.item.audio_ms, self.transcript))
         finally:
             cutter.cancel()
             if self._lm_req is not None and self.status != "in_progress":
                 eng.cancel_generation(self._lm_req)
-
-    def _public_item(self) -> dict:
-        return {k: v for k, v in self.item.items() if not k.startswith("_")}
 
     def _api(self, status: str, output: list) -> dict:
         r = {"id": self.id, "object": "realtime.response", "status": status, "output": output,
@@ -210,26 +184,18 @@ class Response:
         return r
 
     async def _done(self):
-        s = self.session
-        part = self.item["content"][0] if self.item.get("content") else None
-        if part is None:
+        s, item = self.session, self.item
+        if not item.parts:
             return
+        part = item.parts[0]
+        part.text = self.transcript
         if self.audio:
-            part["transcript"] = self.transcript
-            await s.send({"type": "response.output_audio.done", "response_id": self.id, "item_id": self.item_id,
-                          "output_index": 0, "content_index": 0})
-            await s.send({"type": "response.output_audio_transcript.done", "response_id": self.id,
-                          "item_id": self.item_id, "output_index": 0, "content_index": 0, "transcript": self.transcript})
-            api_part = {"type": "audio", "transcript": self.transcript}
+            await s.send(P.output_audio_done(self.id, item.id))
+            await s.send(P.output_audio_transcript_done(self.id, item.id, self.transcript))
         else:
-            part["text"] = self.transcript
-            await s.send({"type": "response.output_text.done", "response_id": self.id, "item_id": self.item_id,
-                          "output_index": 0, "content_index": 0, "text": self.transcript})
-            api_part = {"type": "text", "text": self.transcript}
-        self.item["status"] = "completed" if self.status == "completed" else "incomplete"
-        await s.send({"type": "response.content_part.done", "response_id": self.id, "item_id": self.item_id,
-                      "output_index": 0, "content_index": 0, "part": api_part})
-        await s.send({"type": "response.output_item.done", "response_id": self.id, "output_index": 0,
-                      "item": self._public_item()})
-        await s.send({"type": "conversation.item.done", "item": self._public_item()})
-        await s.send({"type": "response.done", "response": self._api(self.status, [self._public_item()])})
+            await s.send(P.output_text_done(self.id, item.id, self.transcript))
+        item.status = "completed" if self.status == "completed" else "incomplete"
+        await s.send(P.content_part_done(self.id, item.id, part.to_response_api()))
+        await s.send(P.output_item_done(self.id, item.to_api()))
+        await s.send(P.item_done(item.to_api()))
+        await s.send(P.response_done(self._api(self.status, [item.to_api()])))

@@ -10,8 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from speechrt.errors import UserError
-
-MODEL_RATE = 16000
+from speechrt.pipelines.asr import SAMPLE_RATE as MODEL_RATE
 
 
 class AudioFormatError(UserError, ValueError):

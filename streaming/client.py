@@ -13,7 +13,7 @@ import base64
 import json
 import threading
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterable
+from typing import AsyncIterator, Iterable
 
 import numpy as np
 

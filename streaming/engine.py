@@ -8,24 +8,29 @@ and await futures (or async queues for streams). The worker takes work in priori
 2. steps of streaming tasks that produce audio or tokens for someone waiting (TTS chunks, language
    model tokens), round-robin, one step each, so every response keeps moving and first audio is soon;
 3. partial transcripts of turns still being spoken, batched, newest request per stream only.
+
+It calls the pipelines only (speechrt.pipelines): ASR transcribe_batch, the LM's continuous batcher,
+TTS synthesis; how they use the device and the CPU's threads was chosen when they were loaded.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
-from speechrt.models.asr_decoding import TranscribeOptions, TranscriptionCancelled, WindowResult, transcribe_batch
+from speechrt.pipelines.asr import (MAX_UTTERANCE_SAMPLES, SAMPLE_RATE, TranscribeOptions, TranscriptionCancelled,
+                                   WindowResult)
+
+from .transcripts import TranscriptJob, TranscriptQueue
 
 log = logging.getLogger(__name__)
-
-MAX_TURN_SAMPLES = 30 * 16000
+LIVE = TranscribeOptions(without_timestamps=True)  # transcripts of turns: greedy, no timestamps
 
 
 @dataclass
@@ -41,18 +46,6 @@ class Metrics:
     final_latency: collections.deque = field(default_factory=lambda: collections.deque(maxlen=1000))
     partial_latency: collections.deque = field(default_factory=lambda: collections.deque(maxlen=1000))
     first_audio_latency: collections.deque = field(default_factory=lambda: collections.deque(maxlen=1000))
-
-
-@dataclass
-class _AsrJob:
-    audio: np.ndarray
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
-    submitted: float
-    key: object = None  # partials: one pending job per key (a newer one replaces it)
-    draft: list[int] | None = None  # a guess of the tokens (an earlier transcript of the same speech)
-    cancelled: bool = False  # a running partial that a final transcript asked to stop
-    promoted: bool = False  # a partial whose result a final waits for: finals do not stop it
 
 
 class StreamTask:
@@ -84,26 +77,20 @@ class StreamTask:
 
 
 class Engine:
-    def __init__(self, asr, lm=None, max_batch: int = 8, lm_threads: int | None = 1, tts=None):
-        self.asr, self.tts = asr, tts
-        self.lm_threads = lm_threads  # CPU threads for language model steps (None: all)
+    """`asr`, `lm`, `tts`: the pipelines (speechrt.pipelines); lm and tts may be None (transcription only)."""
+
+    def __init__(self, asr, lm=None, max_batch: int = 8, tts=None):
+        self.asr, self.lm, self.tts = asr, lm, tts
         self.max_batch = max_batch
         self.partial_batch = 1  # a final that arrives while a partial runs waits for one utterance only
-        self.lm = None
-        if lm is not None:
-            from .lm_batcher import ContinuousBatcher
-
-            self.lm = ContinuousBatcher(lm, max_batch=max_batch)
+        self.batcher = lm.batcher(max_batch=max_batch) if lm is not None else None  # one for all conversations
         self.metrics = Metrics()
         self._cv = threading.Condition()
-        self._finals: collections.deque[_AsrJob] = collections.deque()
-        self._partials: collections.OrderedDict = collections.OrderedDict()
+        self._transcripts = TranscriptQueue()
         self._tasks: collections.deque[StreamTask] = collections.deque()
-        self._running_partials: list[_AsrJob] = []
         self._stop = False
-        self._warming = True  # until _warm_up has run
+        self._ready = threading.Event()  # set once the warm-up has run
         self._thread = threading.Thread(target=self._run, name="speechrt-engine", daemon=True)
-        self._final_opts = TranscribeOptions(without_timestamps=True)
 
     # -- submission (event loop side) -------------------------------------------------------------
     def start(self):
@@ -115,21 +102,37 @@ class Engine:
             self._cv.notify()
         self._thread.join(timeout=10)
 
+    @property
+    def warming(self) -> bool:
+        return not self._ready.is_set()
+
+    def running_keys(self) -> list:
+        """Keys of the live transcripts being computed now."""
+        with self._cv:
+            return [j.key for j in self._transcripts.running]
+
     def queue_depth(self) -> int:
-        lm = len(self.lm.pending) + len(self.lm.active) if self.lm else 0
-        return len(self._finals) + len(self._partials) + len(self._tasks) + lm
+        with self._cv:
+            return len(self._transcripts) + len(self._tasks) + (self.batcher.size() if self.batcher else 0)
 
     def generate(self, ids: list[int], options, key=None) -> tuple[object, asyncio.Queue]:
-        """Join the continuous LM batch; the queue receives (text, None) per piece, then
-        (text, finish_reason) once. Cancel with engine.cancel_generation(request). `key` names the
-        conversation: its next request reuses the positions of this one that its prompt repeats."""
-        from .lm_batcher import LMRequest
+        """Join the continuous LM batch; the queue receives each generation.Piece with text, then the last
+        one (with its finish_reason). Cancel with engine.cancel_generation(request). `key` names the
+        conversation: its next request reuses the positions of this one that its prompt repeats. A prompt
+        too long for the cache keeps its end (the latest turns), leaving room for the answer."""
+        from speechrt.pipelines.lm_batching import LMRequest
 
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
-        req = LMRequest(list(ids), options, lambda item: loop.call_soon_threadsafe(q.put_nowait, item), key=key)
+
+        def emit(piece):
+            if isinstance(piece, Exception) or piece.text or piece.finish_reason is not None:
+                loop.call_soon_threadsafe(q.put_nowait, piece)
+
+        room = max(self.batcher.max_seq // 2, self.batcher.max_seq - options.max_tokens)
+        req = LMRequest(list(ids[-room:]), options, emit, key=key)
         with self._cv:
-            self.lm.submit(req)
+            self.batcher.submit(req)
             self._cv.notify()
         return req, q
 
@@ -138,34 +141,22 @@ class Engine:
             req.cancelled = True
             self._cv.notify()
 
-    async def transcribe(self, audio: np.ndarray, partial: bool = False, key=None,
-                         draft: list[int] | None = None, supersede: bool = False) -> WindowResult:
-        """Transcript of one utterance (16 kHz float32). Partials with the same key coalesce: only the
-        newest pending one runs, older ones resolve to None. A final drops its key's pending partial
-        (made useless) and stops any running partial (a final never waits for a live transcript); both
-        resolve to None. `draft`: the tokens of an earlier transcript of (the start of) the same speech;
-        decoding checks them in one pass instead of producing them one step at a time (see
-        transcribe_batch) — same transcript, fewer steps. `supersede` (partials): the running partial of
-        the same key stops too (this one covers its audio and more)."""
+    async def transcribe(self, audio: np.ndarray, partial: bool = False, key=None, draft: list[int] | None = None,
+                         supersede: bool = False, options: TranscribeOptions = LIVE):
+        """Transcript (a WindowResult) of one utterance (16 kHz float32), or None. Partials with the same
+        key coalesce: only the newest pending one runs, older ones resolve to None. A final drops its key's
+        pending partial (made useless) and stops any running partial (a final never waits for a live
+        transcript); both resolve to None. `draft`: the tokens of an earlier transcript of (the start of)
+        the same speech; decoding checks them in one pass instead of producing them one step at a time —
+        same transcript, fewer steps. `supersede` (partials): the running partial of the same key stops
+        too (this one covers its audio and more). `options`: language and prompt of the session."""
         loop = asyncio.get_running_loop()
-        job = _AsrJob(audio, loop.create_future(), loop, time.perf_counter(), key, draft)
+        job = TranscriptJob(audio, options, loop.create_future(), loop, time.perf_counter(), key, draft)
         with self._cv:
-            old = self._partials.pop(key, None) if key is not None else None
-            if old is not None:
-                loop.call_soon(self._resolve, old.future, None)
-            if partial:
-                self._partials[key] = job
-                if supersede:
-                    for running in self._running_partials:
-                        if running.key == key and not running.promoted:
-                            running.cancelled = True
-            else:
-                # a final transcript never waits for a live one: the running partial stops at its next
-                # step (after its encoder pass at worst) and its session asks again later
-                for running in self._running_partials:
-                    running.cancelled = running.cancelled or not running.promoted
-                self._finals.append(job)
+            old = self._transcripts.submit(job, partial, supersede)
             self._cv.notify()
+        if old is not None:
+            old.resolve(None)
         return await job.future
 
     def has_spare_time(self) -> bool:
@@ -174,25 +165,12 @@ class Engine:
         with self._cv:
             return not self._queued()
 
-    def _queued(self) -> bool:
-        """Work waits for the worker (call with the lock held)."""
-        return bool(self._finals or self._partials or self._tasks or self._lm_work())
-
     def promote(self, key) -> bool:
-        """The live (partial) transcript of `key` is now needed as a final one: a pending one moves to
-        the final queue, a running one is no longer stopped by finals. False if there is none (it
-        finished, or a final transcript stopped it: its result is then None)."""
+        """The live transcript of `key` is now needed as a final one (see TranscriptQueue.promote)."""
         with self._cv:
-            job = self._partials.pop(key, None)
-            if job is not None:
-                self._finals.append(job)
-                self._cv.notify()
-                return True
-            for running in self._running_partials:
-                if running.key == key and not running.cancelled:
-                    running.promoted = True
-                    return True
-        return False
+            promoted = self._transcripts.promote(key)
+            self._cv.notify()
+        return promoted
 
     def stream(self, gen) -> tuple[StreamTask, asyncio.Queue]:
         """Run generator `gen` on the worker, one item per step; returns (task, queue) where the queue
@@ -206,37 +184,29 @@ class Engine:
             self._cv.notify()
         return task, q
 
-    @staticmethod
-    def _resolve(fut, value, exc=None):
-        if not fut.done():
-            if exc is not None:
-                fut.set_exception(exc)
-            else:
-                fut.set_result(value)
-
     # -- worker ----------------------------------------------------------------------------------
+    def _queued(self) -> bool:
+        """Work waits for the worker (call with the lock held)."""
+        return bool(len(self._transcripts) or self._tasks or self._lm_work())
+
+    def _lm_work(self) -> bool:
+        return self.batcher is not None and self.batcher.has_work()
+
     def _warm_up(self):
         """Run each model once on this thread before the first request: the first call of a model in a
         thread pays for its thread pool, kernel selection and allocations (~0.1-0.3 s each), which would
         otherwise land on the first user's latency."""
         t0 = time.perf_counter()
         try:
-            noise = np.random.default_rng(0).standard_normal(16000).astype(np.float32) * 1e-3
-            first = transcribe_batch(self.asr.decoder, [noise], self._final_opts)[0]
-            transcribe_batch(self.asr.decoder, [noise], self._final_opts, [first.tokens or [0]])
+            self.asr.warm_up()
             if self.lm is not None:
-                runner = self.lm.runner
-                with torch.inference_mode(), self._lm_thread_count():
-                    slot = self.lm.free[0]
-                    runner.prefill(self.lm.cache, slot, torch.tensor(self.lm.lm.encode_chat(
-                        [{"role": "user", "content": "Hello."}]), dtype=torch.long), 0)
-                    runner.decode_step(self.lm.cache, [slot], torch.tensor([0]))
+                self.lm.warm_up(self.batcher)
             if self.tts is not None:
                 for _ in self.tts.synthesize("Hello there."):
                     pass
         except Exception:  # noqa: BLE001 - a failed warm-up only costs the first request time
             log.exception("engine warm-up failed")
-        self._warming = False
+        self._ready.set()
         log.info("engine warmed up in %.2f s", time.perf_counter() - t0)
 
     def _run(self):
@@ -248,18 +218,12 @@ class Engine:
                 if self._stop:
                     return
                 lm_work = self._lm_work()
-                if self._finals:
-                    jobs = [self._finals.popleft() for _ in range(min(self.max_batch, len(self._finals)))]
-                    kind = "final"
+                if self._transcripts.finals:
+                    jobs, kind = self._transcripts.take_finals(self.max_batch), "final"
                 elif self._tasks or lm_work:
                     jobs, kind = [], "stream"
-                else:
-                    # small partial batches: a final that arrives meanwhile waits for at most this much
-                    jobs = []
-                    while self._partials and len(jobs) < self.partial_batch:
-                        jobs.append(self._partials.popitem(last=False)[1])
-                    self._running_partials = jobs
-                    kind = "partial"
+                else:  # small partial batches: a final that arrives meanwhile waits for at most this much
+                    jobs, kind = self._transcripts.take_partials(self.partial_batch), "partial"
             if kind == "stream":
                 if self._tasks:
                     self._step_tasks()
@@ -268,32 +232,16 @@ class Engine:
             else:
                 self._run_asr(jobs, kind)
                 with self._cv:
-                    self._running_partials = []
-
-    def _lm_work(self) -> bool:
-        return self.lm is not None and self.lm.has_work()
-
-    def _lm_thread_count(self):
-        """Context for language model work on this thread: `lm_threads` CPU threads (1: no thread
-        barriers, see cpu_threads); nothing to set on GPUs."""
-        from speechrt.backends.torch_backend import cpu_threads
-
-        device = getattr(self.lm.runner, "device", None)
-        return cpu_threads(self.lm_threads if device is not None and device.type == "cpu" else None)
+                    self._transcripts.done()
 
     def _step_lm(self):
         try:  # submit() appends to a deque and cancel() sets a flag: both safe while the step runs
-            with self._lm_thread_count():
-                self.lm.step()
+            self.batcher.step()
             self.metrics.stream_steps += 1
         except Exception as e:  # noqa: BLE001 - fail every request in the batch, keep serving
             log.exception("language model step failed")
-            for req in list(self.lm.active.values()) + list(self.lm.pending):
-                req.emit(e)
-            self.lm.active.clear()
-            self.lm.pending.clear()
-            self.lm.free = list(range(self.lm.cache.max_batch))
-            self.lm.retained.clear()
+            with self._cv:
+                self.batcher.fail(e)
 
     def _step_tasks(self):
         with self._cv:
@@ -307,40 +255,42 @@ class Engine:
                         self._tasks.remove(t)
                     except ValueError:
                         pass
-            if self._finals:  # a finished turn waits: serve it before the next round
+            if self._transcripts.finals:  # a finished turn waits: serve it before the next round
                 break
 
-    def _run_asr(self, jobs: list[_AsrJob], kind: str):
+    def _run_asr(self, jobs: list[TranscriptJob], kind: str):
         t0 = time.perf_counter()
-        short = [j for j in jobs if len(j.audio) <= MAX_TURN_SAMPLES]
-        long_ = [j for j in jobs if len(j.audio) > MAX_TURN_SAMPLES]
-        results: list[tuple[_AsrJob, object, Exception | None]] = []
+        results: list[tuple[TranscriptJob, object, Exception | None]] = []
         # partials: stop once a final transcript has made every one of them useless
         stop = (lambda: all(j.cancelled for j in jobs)) if kind == "partial" else None
-        try:
-            if short:
-                out = transcribe_batch(self.asr.decoder, [j.audio for j in short], self._final_opts,
-                                       [j.draft for j in short], stop)
-                results += [(j, r, None) for j, r in zip(short, out)]
-        except TranscriptionCancelled:
-            results += [(j, None, None) for j in short]
-            self.metrics.asr_cancelled += len(short)
-        except Exception as e:  # noqa: BLE001 - reported to every waiting session
-            log.exception("batched transcription failed")
-            results += [(j, None, e) for j in short]
-        for j in long_:
+        short = [j for j in jobs if len(j.audio) <= MAX_UTTERANCE_SAMPLES]
+        # one batch per set of options (a session's language and prompt)
+        for opts, group in itertools.groupby(sorted(short, key=lambda j: repr(j.options)), key=lambda j: j.options):
+            group = list(group)
             try:
-                tr = self.asr.decoder.transcribe(j.audio, TranscribeOptions())
-                results.append((j, WindowResult([], tr.text, 0.0, 0.0, 0.0, 0.0), None))
-            except Exception as e:  # noqa: BLE001
-                results.append((j, None, e))
+                out = self.asr.transcribe_batch([j.audio for j in group], opts, [j.draft for j in group], stop)
+                results += [(j, r, None) for j, r in zip(group, out)]
+            except TranscriptionCancelled:
+                results += [(j, None, None) for j in group]
+                self.metrics.asr_cancelled += len(group)
+            except Exception as e:  # noqa: BLE001 - reported to every waiting session
+                log.exception("batched transcription failed")
+                results += [(j, None, e) for j in group]
+        for j in jobs:
+            if len(j.audio) > MAX_UTTERANCE_SAMPLES:  # long turns: long-form transcription, window by window
+                try:
+                    tr = self.asr.transcribe(j.audio, SAMPLE_RATE, language=j.options.language,
+                                             initial_prompt=j.options.initial_prompt)
+                    results.append((j, WindowResult([], tr.text, 0.0, 0.0, 0.0, 0.0), None))
+                except Exception as e:  # noqa: BLE001
+                    results.append((j, None, e))
         now = time.perf_counter()
         m = self.metrics
         m.asr_batches += 1
         m.asr_items += len(jobs)
         m.asr_seconds += now - t0
-        m.asr_audio_seconds += sum(len(j.audio) for j in jobs) / 16000
+        m.asr_audio_seconds += sum(len(j.audio) for j in jobs) / SAMPLE_RATE
         for j, r, e in results:
             if r is not None:
                 (m.final_latency if kind == "final" else m.partial_latency).append(now - j.submitted)
-            j.loop.call_soon_threadsafe(self._resolve, j.future, r, e)
+            j.resolve(r, e)

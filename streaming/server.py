@@ -15,6 +15,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from speechrt.errors import UserError
+from speechrt.models.registry import DEFAULTS
 
 from .engine import Engine
 from .protocol import error_event
@@ -40,7 +41,6 @@ class ServerOptions:
     partial_interval: float = 1.0  # seconds between live transcript updates of a turn; 0: none
     silence_duration_ms: int | None = None  # server default for server_vad (None: the API's 500 ms)
     max_batch: int = 8
-    lm_threads: int | None = 1  # CPU threads of language model steps (None: all; 1 is robust on shared cores)
 
     def __post_init__(self):
         if self.max_sessions < 1:
@@ -64,14 +64,17 @@ class Counters:
 
 
 class SpeechServer:
+    """`asr`, `lm`, `tts`: the pipelines (speechrt.pipelines) every session shares; lm and tts may be None
+    (transcription only)."""
+
     def __init__(self, options: ServerOptions, asr, lm=None, tts=None):
         self.options = options
         self.asr, self.lm, self.tts = asr, lm, tts
-        self.names = {"asr": [asr.model.name], "tts": [getattr(tts, "name", None) or "piper-en_US-joe-medium"]}
+        self.names = {"asr": [asr.name], "tts": [tts.name if tts is not None else DEFAULTS["tts"]]}
         self.conversation_ready = lm is not None and tts is not None
         self.vad = SileroVAD()
         self.vad_pool = ThreadPoolExecutor(2, thread_name_prefix="speechrt-vad")
-        self.engine = Engine(asr, lm, max_batch=options.max_batch, lm_threads=options.lm_threads, tts=tts)
+        self.engine = Engine(asr, lm, max_batch=options.max_batch, tts=tts)
         self.sessions: set[RealtimeSession] = set()
         self.counters = Counters()
         self.shutting_down = False
@@ -126,6 +129,7 @@ class SpeechServer:
         if path == "/healthz":
             body = {"status": "draining" if self.shutting_down else "ok", "sessions": len(self.sessions),
                     "max_sessions": self.options.max_sessions, "models": self.names,
+                    "runners": {f: str(p.info) for f, p in (("asr", self.asr), ("lm", self.lm), ("tts", self.tts)) if p},
                     "conversation": self.conversation_ready, "uptime_s": round(time.time() - self.counters.started, 1)}
             return respond(503 if self.shutting_down else 200, json.dumps(body).encode(), "application/json")
         if path == "/metrics":

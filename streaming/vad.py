@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from speechrt.pipelines.asr import SAMPLE_RATE as RATE  # Silero runs at the recognizer's 16 kHz
+
 FRAME = 512  # samples per Silero frame at 16 kHz (32 ms)
 CONTEXT = 64  # samples of the previous frame the model sees
 FRAME_MS = 32
@@ -43,7 +45,7 @@ class VadStream:
         self.state = np.zeros((2, 1, 128), np.float32)
         self.context = np.zeros(CONTEXT, np.float32)
         self.pending = np.zeros(0, np.float32)
-        self._sr = np.array(16000, np.int64)
+        self._sr = np.array(RATE, np.int64)
 
     def process(self, audio16k: np.ndarray) -> np.ndarray:
         """Speech probabilities of each complete 32 ms frame in the audio so far (the remainder waits)."""
@@ -68,14 +70,14 @@ class QuietTracker:
     recent loudness peak (decaying 6 dB per second): a hop 30 dB or more below it, or below -80 dBFS,
     is quiet. `quiet_since` is the absolute sample index where the current run of quiet hops began
     (None while the latest hop is loud). In noise louder than peak - 30 dB no hop is quiet and
-    nothing is reported: Silero alone decides, as before."""
+    nothing is reported: Silero alone decides."""
 
     HOP = 160  # samples at 16 kHz
 
     def __init__(self, drop_db: float = 30.0, floor: float = 1e-4, decay_db_per_s: float = 6.0):
         self.ratio = 10 ** (-drop_db / 20)
         self.floor = floor
-        self.decay = 10 ** (-decay_db_per_s * self.HOP / 16000 / 20)
+        self.decay = 10 ** (-decay_db_per_s * self.HOP / RATE / 20)
         self.peak = 0.0
         self.pending = np.zeros(0, np.float32)
         self.pos = 0  # absolute index of the first sample not yet in a complete hop

@@ -37,11 +37,11 @@ def _run(batcher, reqs):
 def test_prefix_cache_reuses_a_conversations_positions(lm, one_cpu_thread):
     """Turn 2 of a conversation prefills only what its prompt adds to turn 1's cached prompt and answer,
     and gives the same greedy answer as a fresh prefill; another conversation never reuses them."""
-    from speechrt.models.generate import GenerationOptions
-    from speechrt.streaming.lm_batcher import ContinuousBatcher, LMRequest
+    from speechrt.pipelines.generation import GenerationOptions
+    from speechrt.pipelines.lm_batching import LMRequest
 
     opts = GenerationOptions(max_tokens=24)
-    cached = ContinuousBatcher(lm, max_batch=2, max_seq=512)
+    cached = lm.batcher(max_batch=2, max_seq=512)
     turn1 = [SYSTEM, {"role": "user", "content": "What is the capital of France?"}]
     r1 = LMRequest(lm.encode_chat(turn1), opts, None, key="conv-a")
     (answer, reason), = _run(cached, [r1])
@@ -55,7 +55,7 @@ def test_prefix_cache_reuses_a_conversations_positions(lm, one_cpu_thread):
     assert r2.reused >= len(r1.ids), (r2.reused, len(r1.ids))  # at least turn 1's whole prompt was reused
     assert r2.reused < len(ids2)
     assert other.reused == 0
-    fresh = ContinuousBatcher(lm, max_batch=2, max_seq=512)
+    fresh = lm.batcher(max_batch=2, max_seq=512)
     ref2, ref_other = _run(fresh, [LMRequest(ids2, opts, None),
                                    LMRequest(other.ids, opts, None)])
     assert got2 == ref2 and got_other == ref_other
@@ -79,13 +79,13 @@ def test_final_transcript_stops_the_sessions_running_partial(asr, synth):
         eng.start()
         await asyncio.sleep(0)
         try:
-            while eng._warming:  # noqa: SLF001 - wait for the warm-up, then time the real work
+            while eng.warming:  # wait for the warm-up, then time the real work
                 await asyncio.sleep(0.05)
             part_a = asyncio.ensure_future(eng.transcribe(speech, partial=True, key="a"))
             part_b = asyncio.ensure_future(eng.transcribe(speech, partial=True, key="b"))
-            while not eng._running_partials:  # noqa: SLF001
+            while not eng.running_keys():
                 await asyncio.sleep(0.002)
-            running = eng._running_partials[0].key  # noqa: SLF001
+            running = eng.running_keys()[0]
             final = await eng.transcribe(speech, key=running)
             results = {running: await (part_a if running == "a" else part_b)}
             other = "b" if running == "a" else "a"
@@ -207,11 +207,11 @@ def test_promoted_and_superseded_partials(asr, synth):
         eng = Engine(asr)
         eng.start()
         try:
-            while eng._warming:  # noqa: SLF001
+            while eng.warming:
                 await asyncio.sleep(0.05)
             assert eng.has_spare_time() and not eng.promote("nobody")
             running = asyncio.ensure_future(eng.transcribe(speech, partial=True, key="run"))
-            while not eng._running_partials:  # noqa: SLF001
+            while not eng.running_keys():
                 await asyncio.sleep(0.002)
             queued_a = asyncio.ensure_future(eng.transcribe(short, partial=True, key="a"))
             queued_b = asyncio.ensure_future(eng.transcribe(short, partial=True, key="b"))
@@ -225,7 +225,7 @@ def test_promoted_and_superseded_partials(asr, synth):
             got = [await running, await queued_a, await queued_b]
             # supersede: the running partial of key "s" stops for the newer one
             old = asyncio.ensure_future(eng.transcribe(speech, partial=True, key="s"))
-            while not eng._running_partials:  # noqa: SLF001
+            while not eng.running_keys():
                 await asyncio.sleep(0.002)
             new = await eng.transcribe(speech, partial=True, key="s", supersede=True)
             return final, got, order, await old, new, eng.metrics.asr_cancelled

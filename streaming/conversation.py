@@ -1,0 +1,132 @@
+"""A session's conversation: its items as dataclasses, serialized to the Realtime API's shapes only at the
+edge (`to_api`), and the chat messages the language model reads from them."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .protocol import ProtocolError, new_id
+
+ROLES = ("user", "assistant", "system")
+
+
+@dataclass
+class Part:
+    """One content part. Audio parts (input_audio, output_audio) carry a transcript (None until known);
+    text parts (input_text, output_text) their text."""
+
+    type: str
+    text: str | None = None
+
+    @property
+    def audio(self) -> bool:
+        return self.type in ("input_audio", "output_audio")
+
+    def to_api(self) -> dict:
+        return {"type": self.type, "transcript" if self.audio else "text": self.text}
+
+    def to_response_api(self) -> dict:
+        """The part as response.content_part events show it ('audio' / 'text')."""
+        return {"type": "audio", "transcript": self.text or ""} if self.audio else {"type": "text", "text": self.text or ""}
+
+
+@dataclass(eq=False)
+class Item:
+    """A message item. For an assistant's spoken answer, `spoken` records, as its audio went out, how
+    much text had been said by each point of the audio: (audio end ms, transcript so far); `audio_ms` is
+    how much audio was sent (or, after a truncation, played)."""
+
+    role: str
+    parts: list[Part]
+    id: str = field(default_factory=lambda: new_id("item"))
+    status: str = "completed"
+    spoken: list[tuple[int, str]] = field(default_factory=list)
+    audio_ms: int = 0
+
+    def text(self) -> str:
+        return " ".join(p.text or "" for p in self.parts).strip()
+
+    def to_api(self) -> dict:
+        return {"id": self.id, "object": "realtime.item", "type": "message", "role": self.role, "status": self.status,
+                "content": [p.to_api() for p in self.parts]}
+
+    def truncate(self, audio_end_ms) -> None:
+        """Keep what was said up to `audio_end_ms` of the item's audio (what the user heard)."""
+        part = next((p for p in self.parts if p.type == "output_audio"), None)
+        if self.role != "assistant" or part is None:
+            raise ProtocolError("only assistant items with audio can be truncated", "invalid_value", "item_id")
+        if isinstance(audio_end_ms, bool) or not isinstance(audio_end_ms, int) or audio_end_ms < 0:
+            raise ProtocolError("audio_end_ms must be a non-negative integer", "invalid_value", "audio_end_ms")
+        if audio_end_ms > self.audio_ms:
+            raise ProtocolError(f"audio_end_ms {audio_end_ms} is past the item's audio ({self.audio_ms} ms)",
+                                "invalid_value", "audio_end_ms")
+        part.text = next((upto for end, upto in reversed(self.spoken) if end <= audio_end_ms), "")
+        self.audio_ms = audio_end_ms
+
+
+def item_from_api(item) -> Item:
+    """A client's conversation.item.create payload -> Item (text messages), or ProtocolError."""
+    if not isinstance(item, dict):
+        raise ProtocolError("conversation.item.create needs an 'item' object", "missing_required_parameter", "item")
+    if item.get("type", "message") != "message":
+        raise ProtocolError(f"item type {item.get('type')!r} is not supported; valid: message", "invalid_value", "item.type")
+    role = item.get("role")
+    if role not in ROLES:
+        raise ProtocolError(f"item.role must be user, assistant or system, got {role!r}", "invalid_value", "item.role")
+    content = item.get("content")
+    if not isinstance(content, list) or not content:
+        raise ProtocolError("item.content must be a non-empty list of parts", "invalid_value", "item.content")
+    texts = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") not in ("input_text", "text", "output_text"):
+            raise ProtocolError("content parts must be {'type': 'input_text', 'text': ...} (text items only)",
+                                "invalid_value", "item.content")
+        if not isinstance(part.get("text"), str):
+            raise ProtocolError("a text part needs a string 'text'", "invalid_value", "item.content.text")
+        texts.append(part["text"])
+    kind = "output_text" if role == "assistant" else "input_text"
+    return Item(role, [Part(kind, t) for t in texts], id=item.get("id") or new_id("item"))
+
+
+class Conversation:
+    def __init__(self):
+        self.items: list[Item] = []
+
+    @property
+    def last_id(self) -> str | None:
+        return self.items[-1].id if self.items else None
+
+    def append(self, item: Item) -> str | None:
+        """Add `item` at the end -> the id of the item before it."""
+        prev = self.last_id
+        self.items.append(item)
+        return prev
+
+    def find(self, item_id) -> Item:
+        for it in self.items:
+            if it.id == item_id:
+                return it
+        raise ProtocolError(f"no conversation item with id {item_id!r}", "item_not_found", "item_id")
+
+    def check_previous(self, previous_item_id) -> None:
+        """Items are appended at the end: `previous_item_id` must be the last item (or absent, or 'root')."""
+        if previous_item_id in (None, "root") or previous_item_id == self.last_id:
+            return
+        self.find(previous_item_id)
+        raise ProtocolError("items can only be appended at the end of the conversation", "invalid_value",
+                            "previous_item_id")
+
+    def delete(self, item_id) -> Item:
+        it = self.find(item_id)
+        self.items.remove(it)
+        return it
+
+    def messages(self, instructions: str, upto: Item | None = None) -> list[dict]:
+        """The items before `upto` (all, if None) as chat messages for the language model."""
+        msgs = [{"role": "system", "content": instructions}] if instructions else []
+        for it in self.items:
+            if it is upto:
+                break
+            text = it.text()
+            if text:
+                msgs.append({"role": it.role, "content": text})
+        return msgs

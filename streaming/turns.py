@@ -1,0 +1,339 @@
+"""The user's side of a Realtime session: the input audio buffer, voice activity and turn detection, and
+each turn's transcripts — live while the person speaks, early when the input goes quiet, final when the
+turn ends. Model work goes through the shared Engine; events go out through the session."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from speechrt.pipelines.asr import SAMPLE_RATE as RATE
+
+from . import protocol as P
+from .audio_codec import InputDecoder
+from .conversation import Item, Part
+from .protocol import ProtocolError, new_id
+from .vad import FRAME, QuietTracker, TurnDetector, quiet_began_pause, transcript_finished
+
+# early transcripts: begun once the input has been quiet this long (before Silero confirms the pause),
+# and used as the final one if Silero's pause begins shortly after (vad.quiet_began_pause)
+EARLY_QUIET = RATE * 10 // 1000
+TAIL = RATE // 10  # audio kept after the end of speech: the tail helps Whisper finish the last word
+
+
+class AudioBuffer:
+    """Uncommitted input audio at 16 kHz, addressed by absolute sample index since the session began."""
+
+    def __init__(self):
+        self.chunks: list[np.ndarray] = []
+        self.start = 0  # absolute index of the first buffered sample
+        self.size = 0
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+    def append(self, x: np.ndarray):
+        if len(x):
+            self.chunks.append(x)
+            self.size += len(x)
+
+    def slice(self, a: int, b: int) -> np.ndarray:
+        a, b = max(a, self.start), min(b, self.end)
+        if b <= a:
+            return np.zeros(0, np.float32)
+        if len(self.chunks) > 1:
+            self.chunks = [np.concatenate(self.chunks)]
+        return self.chunks[0][a - self.start: b - self.start].copy()
+
+    def drop_until(self, idx: int):
+        idx = min(max(idx, self.start), self.end)
+        if idx == self.start:
+            return
+        rest = self.slice(idx, self.end)
+        self.chunks = [rest] if len(rest) else []
+        self.start, self.size = idx, len(rest)
+
+    def clear(self):
+        self.drop_until(self.end)
+
+
+def common_prefix(a: list[str], b: list[str]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass(eq=False)
+class Turn:
+    """One user turn, from the speech start (or a commit without one) to its final transcript, with the
+    transcripts in flight for it:
+    - `live`: the loop that re-transcribes the growing turn; words that two consecutive hypotheses agree
+      on go out as deltas (`sent`: those sent, None when the session sends none; `heard`: the latest);
+    - `early`: (quiet since, task), a transcript begun when the input went quiet, before Silero calls
+      the pause;
+    - `paused`: (pause start ms, task), the transcript up to the pause in progress (the early one if it
+      covers that pause): the final transcript if the pause ends the turn.
+    `draft`: the tokens of its latest transcript, which the next one checks in one decoder pass."""
+
+    item_id: str
+    start: int  # absolute sample index where its speech began
+    draft: list[int] = field(default_factory=list)
+    live: asyncio.Task | None = None
+    sent: list[str] | None = None
+    heard: list[str] = field(default_factory=list)
+    early: tuple[int, asyncio.Task] | None = None
+    paused: tuple[int, asyncio.Task] | None = None
+
+    def agree(self, text: str) -> str | None:
+        """A new live hypothesis -> the delta to send: the words it agrees on with the previous one, past
+        those already sent."""
+        if self.sent is None:
+            return None
+        words = text.split()
+        stable = common_prefix(self.heard, words)
+        delta = None
+        if stable > len(self.sent) and words[: len(self.sent)] == self.sent:
+            delta = (" " if self.sent else "") + " ".join(words[len(self.sent):stable])
+            self.sent = words[:stable]
+        self.heard = words
+        return delta
+
+    def final_delta(self, text: str) -> str | None:
+        """The final transcript -> the delta that completes the live deltas sent (all of it if none)."""
+        if not self.sent:
+            return text or None
+        words = text.split()
+        if words[: len(self.sent)] == self.sent and len(words) > len(self.sent):
+            return " " + " ".join(words[len(self.sent):])
+        return None
+
+    def stop_live(self):
+        if self.live is not None:
+            self.live.cancel()
+
+
+class InputTurns:
+    """Input audio in, turns out: `append` runs turn detection (server_vad / semantic_vad on Silero, timed
+    from where the input went quiet) and starts each turn's transcripts; `commit` / `clear` are the
+    client's. A finished turn becomes a user item of the conversation with its final transcript."""
+
+    def __init__(self, session):
+        self.session = session
+        self.engine = session.server.engine
+        self.vad = session.server.vad.stream()
+        self.quiet = QuietTracker()
+        self.buf = AudioBuffer()
+        self.turn: Turn | None = None
+        self.input = InputDecoder(session.cfg.input_format)
+        td = session.cfg.turn_detection
+        self.detector = TurnDetector(td) if td else None
+
+    def configure(self, old, new):
+        """The session's config changes from `old` to `new` (input format, turn detection)."""
+        if new.input_format != old.input_format:
+            if self.buf.size:
+                raise ProtocolError("the input audio format cannot change while audio is buffered; "
+                                    "commit or clear the buffer first", "invalid_value", "session.audio.input.format")
+            self.input = InputDecoder(new.input_format)
+        if new.turn_detection != old.turn_detection:
+            self.detector = TurnDetector(new.turn_detection) if new.turn_detection else None
+            if self.detector:  # continue the frame clock of the stream
+                self.detector.frames = self.buf.end // FRAME
+
+    # -- input audio ------------------------------------------------------------------------------
+    async def append(self, raw: bytes, max_seconds: float):
+        x = self.input.decode(raw)
+        if self.buf.size + len(x) > int(max_seconds * RATE):
+            raise ProtocolError(f"input audio buffer full: at most {max_seconds:.0f} s of uncommitted audio per "
+                                "session; commit or clear it (the chunk was not added)", "input_audio_buffer_full", "audio")
+        self.buf.append(x)
+        if self.detector is None:
+            return
+        self.quiet.feed(x, self.buf.end - len(x))
+        probs = await asyncio.get_running_loop().run_in_executor(self.session.server.vad_pool, self.vad.process, x)
+        q = self.quiet.quiet_since
+        for kind, ms in self.detector.feed(probs, None if q is None else q * 1000 // RATE):
+            await (self._speech_started(ms) if kind == "start" else self._speech_stopped(ms))
+        turn, pause = self.turn, self.detector.pause_ms
+        if turn is None:
+            return
+        if pause is None:
+            turn.paused = None
+            self._maybe_start_early(turn)
+        elif turn.paused is None or turn.paused[0] != pause:
+            # A pause began: transcribe the turn up to here now, so that if the pause becomes the end
+            # of the turn (silence_duration_ms later) its final transcript is already (nearly) done.
+            # The audio committed then differs from this only by trailing silence.
+            audio = self.buf.slice(*self._span(turn, pause))
+            turn.paused = (pause, self.session.spawn(self._speculate(turn, pause, audio, self._early_for(turn, pause))))
+
+    async def commit(self):
+        if self.buf.size < RATE // 10:
+            raise ProtocolError(f"buffer too small: expected at least 100 ms of audio, the buffer has "
+                                f"{self.buf.size * 1000 // RATE} ms", "input_audio_buffer_commit_empty")
+        turn = self._end_turn() or Turn(new_id("item"), self.buf.start)
+        audio = self.buf.slice(self.buf.start, self.buf.end)
+        self.buf.clear()
+        await self._commit(turn, audio, auto=False)
+
+    async def clear(self):
+        self._end_turn()
+        self.buf.clear()
+        await self.session.send(P.buffer_cleared())
+
+    def _end_turn(self) -> Turn | None:
+        """Forget the turn in progress (the client committed or cleared the buffer)."""
+        turn, self.turn = self.turn, None
+        if turn is not None:
+            turn.stop_live()
+        if self.detector:
+            self.detector.reset()
+        return turn
+
+    # -- turns ----------------------------------------------------------------------------------------
+    async def _speech_started(self, ms: int):
+        turn = self.turn = Turn(new_id("item"), ms * RATE // 1000)
+        await self.session.send(P.speech_started(ms, turn.item_id))
+        self.session.barge_in()
+        if self.session.server.options.partial_interval > 0:
+            turn.sent = []
+            turn.live = self.session.spawn(self._live(turn))
+
+    async def _speech_stopped(self, ms: int):
+        # the turn's state is settled before the first await: a turn may end from the append handler
+        # or from a semantic_vad decision (_speculate), which interleave at awaits
+        turn, self.turn = self.turn, None
+        turn.stop_live()
+        if turn.paused is not None and turn.paused[0] == ms:
+            early = turn.paused[1]  # the transcript started when this pause began
+        else:  # the turn ended on the pause's first frames (timed from where the input went quiet)
+            early = self._early_for(turn, ms)
+        start, end = self._span(turn, ms)
+        audio = self.buf.slice(start, end)
+        self.buf.drop_until(end)
+        await self.session.send(P.speech_stopped(ms, turn.item_id))
+        await self._commit(turn, audio, auto=True, early=early)
+
+    def _span(self, turn: Turn, end_ms: int) -> tuple[int, int]:
+        """Samples of `turn` ending at `end_ms`: from its speech start less the prefix padding, to 100 ms
+        into the pause."""
+        return self._first_sample(turn), min(self.buf.end, end_ms * RATE // 1000 + TAIL)
+
+    def _first_sample(self, turn: Turn) -> int:
+        """The turn's speech start less the prefix padding, within the buffer."""
+        td = self.session.cfg.turn_detection  # (None if the client turned turn detection off mid-turn)
+        pad = td.prefix_padding_ms * RATE // 1000 if td else 0
+        return max(self.buf.start, turn.start - pad)
+
+    async def _commit(self, turn: Turn, audio: np.ndarray, auto: bool, early: asyncio.Task | None = None):
+        item = Item("user", [Part("input_audio")], id=turn.item_id)
+        prev = self.session.conversation.append(item)
+        await self.session.send(P.buffer_committed(item.id, prev))
+        await self.session.send(P.item_added(item.to_api(), prev))
+        self.session.spawn(self._final(turn, item, audio, auto, early))
+
+    # -- transcripts ------------------------------------------------------------------------------------
+    async def _transcribe(self, turn: Turn, audio: np.ndarray, partial: bool = False, supersede: bool = False):
+        """Transcribe (part of) `turn`, drafting with its latest transcript: the speech only grew since,
+        so most of its tokens are checked in one decoder pass."""
+        # keyed by session: a final transcript drops the pending live one of this session (made useless)
+        r = await self.engine.transcribe(audio, partial=partial, key=self.session.id, supersede=supersede,
+                                         draft=turn.draft or None, options=self.session.asr_options)
+        if r is not None and r.tokens:
+            turn.draft = r.tokens
+        return r
+
+    async def _live(self, turn: Turn):
+        """Live transcript of the turn being spoken: re-transcribe the growing audio about every
+        `partial_interval` seconds and send the words two consecutive hypotheses agree on."""
+        interval = self.session.server.options.partial_interval
+        last_len = 0
+        while True:
+            await asyncio.sleep(interval)
+            audio = self.buf.slice(self._first_sample(turn), self.buf.end)[-30 * RATE:]
+            if len(audio) - last_len < RATE // 4:
+                continue
+            if self.detector is not None and self.detector.pause_ms is not None:
+                continue  # paused: the final transcript (begun at the pause) has the engine's time
+            if turn.early is not None and turn.early[0] == self.quiet.quiet_since:
+                continue  # quiet since the early transcript began: it is this round's hypothesis
+            last_len = len(audio)
+            r = await self._transcribe(turn, audio, partial=True)
+            if r is not None:
+                await self._hypothesis(turn, r.text)
+
+    async def _hypothesis(self, turn: Turn, text: str):
+        delta = turn.agree(text) if self.turn is turn else None
+        if delta:
+            await self.session.send(P.transcription_delta(turn.item_id, delta))
+
+    def _maybe_start_early(self, turn: Turn):
+        """The input went quiet during a turn, but Silero has not called a pause yet (it lags the last
+        sound by 60-130 ms): if the engine has nothing else queued, transcribe the turn up to here
+        already, at live-transcript priority. If Silero's pause follows, this is its transcript."""
+        q = self.quiet.quiet_since
+        if (q is None or not self.detector.speaking or q <= turn.start or self.buf.end - q < EARLY_QUIET
+                or (turn.early is not None and turn.early[0] == q) or not self.engine.has_spare_time()):
+            return
+        audio = self.buf.slice(self._first_sample(turn), min(self.buf.end, q + TAIL))
+        turn.early = (q, self.session.spawn(self._early(turn, audio)))
+
+    async def _early(self, turn: Turn, audio: np.ndarray):
+        # it replaces the session's live transcript, queued or running: its audio is the newest
+        r = await self._transcribe(turn, audio, partial=True, supersede=True)
+        if r is not None:
+            await self._hypothesis(turn, r.text)
+        return r
+
+    def _early_for(self, turn: Turn, pause: int) -> asyncio.Task | None:
+        """The early transcript that covers the pause Silero saw begin at `pause` ms: begun when the
+        input went quiet shortly before, and quiet ever since (so the audio after it holds no speech).
+        It is promoted to final priority if it is still queued or running."""
+        if turn.early is None:
+            return None
+        q, task = turn.early
+        if self.quiet.quiet_since != q or not quiet_began_pause(q * 1000 // RATE, pause):
+            return None
+        if not task.done():
+            self.engine.promote(self.session.id)
+        turn.early = None  # used once
+
+        async def result():
+            r = await task
+            if r is not None:
+                self.engine.metrics.early_finals += 1
+            return r
+        return self.session.spawn(result())
+
+    async def _speculate(self, turn: Turn, pause: int, audio: np.ndarray, early: asyncio.Task | None):
+        """The transcript of the turn up to the pause that began at `pause` (`early`'s, if it has one).
+        With semantic_vad it also decides how long this pause must last to end the turn, and ends it
+        now if it already has."""
+        r = await early if early is not None else None
+        if r is None:  # no early transcript, or a final transcript of another session stopped it
+            r = await self._transcribe(turn, audio)
+        td = self.session.cfg.turn_detection
+        if (td is not None and td.semantic and self.detector is not None and self.detector.pause_ms == pause
+                and self.turn is turn):
+            for _kind, ms in self.detector.finish_pause(transcript_finished(r.text)):
+                await self._speech_stopped(ms)
+        return r
+
+    async def _final(self, turn: Turn, item: Item, audio: np.ndarray, auto: bool, early: asyncio.Task | None):
+        r = await early if early is not None else None
+        if r is None:  # no early transcript, or a final transcript of another session stopped it
+            r = await self._transcribe(turn, audio)
+        text = r.text
+        delta = turn.final_delta(text)
+        if delta:
+            await self.session.send(P.transcription_delta(item.id, delta))
+        item.parts[0].text = text
+        await self.session.send(P.transcription_completed(item.id, text, len(audio) / RATE))
+        await self.session.send(P.item_done(item.to_api()))
+        if auto:
+            await self.session.user_turn_done(text)
