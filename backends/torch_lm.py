@@ -63,9 +63,13 @@ class TorchLMRunner(LMRunner):
         self.threads = threads or ThreadPolicy.build(device, None)
         self.info = RunnerInfo(kernels, model_name, model_format, weight_format, str(device), self.threads.describe())
         self.ops = K.select(kernels, device)
-        # prompts through bf16 copies of the quantized weights where bf16 matmuls are native (CPU AMX /
-        # AVX512-BF16): prefill is compute bound, twice as fast that way (see models.llama.Linear)
-        dense = device.type == "cpu" and weight_format in ("int4", "int8") and cpu_has_native_bf16()
+        # prompts on the CPU through dense copies of the quantized weights in the CPU's native matmul dtype
+        # (see models.llama.Linear): bf16 with AMX / AVX512-BF16, twice as fast as the weight-only kernels;
+        # float32 elsewhere, as fast as they are there and exact, where the int4 kernel's (emulated) bf16
+        # activations round a whole prompt enough to change near-tie first tokens
+        dense = None
+        if device.type == "cpu" and weight_format in ("int4", "int8"):
+            dense = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
         self.model = Llama(lm_file.config, lm_file.weights, self.ops, device, weight_format, lm_file.q4,
                            dense_prefill=dense).eval()
 

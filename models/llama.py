@@ -120,15 +120,16 @@ class Linear(nn.Module):
     """y = x @ W.T with W stored as `fmt` (see WEIGHT_FORMATS); the op comes from the kernel set."""
 
     def __init__(self, ops, weight: torch.Tensor | list[torch.Tensor], fmt: str, device: torch.device, q4=None,
-                 dense: bool = False):
+                 dense: torch.dtype | None = None):
         """weight [N, K] float, or a list of them to fuse along N. q4: the file's own 4-bit blocks
         (q, scale, zero) for this weight, used by fmt 'int4'; with fmt 'int4' and no blocks,
         `q4='quantize'` quantizes the float weight, None falls back to int8.
 
-        dense (int4 / int8 only): also keep the dequantized weight in bf16 for inputs of many rows.
+        dense (int4 / int8 only): also keep the dequantized weight in this dtype for inputs of many rows.
         Weight-only kernels are for memory-bound one-row decode steps; a prompt's prefill is compute
-        bound, and a bf16 matmul (AMX / AVX512-BF16 on CPUs that have it) runs it about twice as fast
-        end to end, computing with the same weight values."""
+        bound, and a matmul in the CPU's native dtype (bf16 with AMX / AVX512-BF16, where it runs prefill
+        about twice as fast end to end; float32 elsewhere, as fast as the int4 kernel and exact) computes
+        it with the same weight values, converting the activations in and out."""
         super().__init__()
         self.register_buffer("dense", None)
         self._dense_op = ops.linear
@@ -144,7 +145,7 @@ class Linear(nn.Module):
                 N, K = q.shape
                 g = K // scale.shape[1]
                 w = (q.float().view(N, -1, g) - 8) * scale.float()[..., None] + zero.float()[..., None]
-                self.register_buffer("dense", w.view(N, K).to(device, torch.bfloat16).contiguous())
+                self.register_buffer("dense", w.view(N, K).to(device, dense).contiguous())
             packed, sz = ops.pack_int4(q.to(device), scale.to(device), zero.to(device), WEIGHT_FORMATS[fmt])
             self.register_buffer("weight", packed)
             self.register_buffer("scale", sz)
@@ -162,7 +163,7 @@ class Linear(nn.Module):
             self.register_buffer("weight", torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8))
             self.register_buffer("scale", scale.to(WEIGHT_FORMATS[fmt]))
             if dense:
-                self.register_buffer("dense", (self.weight.float() * scale[:, None]).to(torch.bfloat16).contiguous())
+                self.register_buffer("dense", (self.weight.float() * scale[:, None]).to(dense).contiguous())
             self._op = ops.linear_int8
             self._int8 = True
         else:
@@ -173,7 +174,7 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.dense is not None and x.numel() >= DENSE_MIN_ROWS * x.shape[-1]:
-            return self._dense_op(x, self.dense)
+            return self._dense_op(x.to(self.dense.dtype), self.dense).to(x.dtype)
         if self._int8:
             return self._op(x, self.weight, self.scale)
         return self._op(x, self.weight)
@@ -181,7 +182,7 @@ class Linear(nn.Module):
 
 class Block(nn.Module):
     def __init__(self, cfg: LlamaConfig, ops, w: dict, fmt: str, device, adtype, q4: dict | str | None = None,
-                 dense: bool = False):
+                 dense: torch.dtype | None = None):
         super().__init__()
         self.ops, self.cfg = ops, cfg
         self.attn_norm = nn.Parameter(w["attn_norm"].to(device, adtype), requires_grad=False)
@@ -247,10 +248,10 @@ class KVCache:
 
 class Llama(nn.Module):
     def __init__(self, cfg: LlamaConfig, weights: dict[str, torch.Tensor], ops, device: torch.device,
-                 weight_format: str = "float32", q4: dict | None = None, dense_prefill: bool = False):
+                 weight_format: str = "float32", q4: dict | None = None, dense_prefill: torch.dtype | None = None):
         """weights: float tensors named as models.gguf_loader produces them; q4: the file's 4-bit blocks
         (gguf_loader.LMFile.q4) for weight_format 'int4' — without any, int4 quantizes the float weights.
-        dense_prefill (int4 / int8): the blocks' weights also in bf16 for prompts (see Linear)."""
+        dense_prefill (int4 / int8): the blocks' weights also in this dtype for prompts (see Linear)."""
         super().__init__()
         if weight_format not in WEIGHT_FORMATS:
             raise ValueError(f"unknown weight format {weight_format!r}; valid: {', '.join(WEIGHT_FORMATS)}")

@@ -88,12 +88,14 @@ def test_unknown_backend_and_device():
         load_lm(device="tpu")
 
 
+@pytest.mark.parametrize("dense_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("fmt", ["int4", "int8"])
 @pytest.mark.parametrize("rows", [1, 15, 16, 37])
-def test_dense_prefill_copy_matches_the_quantized_weights(fmt, rows):
-    """Linear(dense=True) keeps the dequantized weights in bf16 and uses them for inputs of at least
-    DENSE_MIN_ROWS rows (prefill); fewer rows take the weight-only kernel. Both compute with the same
-    weight values: they agree to bf16 accuracy, on either side of the threshold."""
+def test_dense_prefill_copy_matches_the_quantized_weights(fmt, rows, dense_dtype):
+    """Linear(dense=dtype) keeps the dequantized weights in that dtype (bf16 where the CPU has native bf16,
+    float32 elsewhere) and uses them for inputs of at least DENSE_MIN_ROWS rows (prefill); fewer rows take
+    the weight-only kernel. Both compute with the same weight values: they agree to bf16 accuracy, on
+    either side of the threshold."""
     from speechrt.models.llama import DENSE_MIN_ROWS, Linear
 
     g = torch.Generator().manual_seed(rows)
@@ -101,14 +103,14 @@ def test_dense_prefill_copy_matches_the_quantized_weights(fmt, rows):
     w = torch.randn(N, K, generator=g) * 0.05
     ops = kernels.select("torch", torch.device("cpu"))
     q4 = quantize_int4(w) if fmt == "int4" else None
-    dense = Linear(ops, w, fmt, torch.device("cpu"), q4, dense=True)
+    dense = Linear(ops, w, fmt, torch.device("cpu"), q4, dense=dense_dtype)
     plain = Linear(ops, w, fmt, torch.device("cpu"), q4)
-    assert plain.dense is None and dense.dense.dtype == torch.bfloat16 and dense.dense.shape == (N, K)
+    assert plain.dense is None and dense.dense.dtype == dense_dtype and dense.dense.shape == (N, K)
     x = torch.randn(rows, K, generator=g).bfloat16()
     y, y_ref = dense(x), plain(x)
     assert y.dtype == torch.bfloat16 and y.shape == (rows, N) and torch.isfinite(y).all()
     assert (y.float() - y_ref.float()).abs().max() <= 2e-2 * y_ref.float().abs().max()
     if rows >= DENSE_MIN_ROWS:
-        assert torch.equal(y, torch.nn.functional.linear(x, dense.dense))
+        assert torch.equal(y, torch.nn.functional.linear(x.to(dense_dtype), dense.dense).bfloat16())
     else:
         assert torch.equal(y, y_ref)
