@@ -95,6 +95,7 @@ class ASRPipeline:
         checked in one pass. `stop()`: asked between steps and encoder blocks; True abandons the work
         with TranscriptionCancelled."""
         opts = opts or TranscribeOptions(without_timestamps=True)
+        self.check_language(opts.language)
         if any(len(a) > MAX_UTTERANCE_SAMPLES for a in audios):
             raise ValueError("transcribe_batch takes utterances of at most 30 seconds; use transcribe() for long audio")
         with torch.inference_mode(), self.runner.loop():

@@ -385,7 +385,7 @@ def long_form(decoder: WindowDecoder, mel: torch.Tensor, duration: float, opts: 
     input_stride = N_FRAMES // cfg.n_audio_ctx  # mel frames per output position (2)
     language = opts.language or ("en" if not tok.multilingual else None)
     all_tokens = initial_prompt_tokens(tok, opts.initial_prompt)
-    prompt_reset = len(all_tokens)
+    prompt_reset = 0  # the text the next window is conditioned on starts here (the initial prompt first)
     segments: list[Segment] = []
     seek = 0
     while seek < content_frames:

@@ -324,3 +324,39 @@ def test_early_transcript_becomes_the_final_one(asr, server_factory, synth):
     assert wer(SENTENCES[12], done["transcript"]) <= 0.1, done["transcript"]
     assert speech_end_ms - 50 <= stopped["audio_end_ms"] <= speech_end_ms + 300, (stopped, speech_end_ms)
     assert "speechrt_asr_early_finals_total 1" in metrics
+
+
+def test_session_language_and_prompt_reach_the_transcriber(transcription_server, asr, synth):
+    """A language the model does not recognize is refused naming the valid ones; the session's prompt is
+    the transcriber's initial prompt: the committed turn's transcript is the pipeline's with that prompt."""
+    from speechrt.pipelines.asr import TranscribeOptions
+
+    audio = synth(SENTENCES[6])
+    prompt = "Opening hours of the city museum, nine to five."
+    want = asr.transcribe_batch([audio], TranscribeOptions(without_timestamps=True, initial_prompt=prompt))[0].text
+    plain = asr.transcribe_batch([audio], TranscribeOptions(without_timestamps=True))[0].text
+    assert plain.split() != want.split()  # the prompt changes this transcript (numbers in words, not digits)
+
+    async def main():
+        ws, _ = await _raw(transcription_server)
+        await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {
+            "turn_detection": None, "transcription": {"language": "fr"}}}}}))
+        err = await _next(ws, "session.updated")
+        assert err["type"] == "error" and err["error"]["code"] == "invalid_value", err
+        assert "valid: en" in err["error"]["message"]
+        assert err["error"]["param"] == "session.audio.input.transcription.language"
+        await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {
+            "turn_detection": None, "transcription": {"language": "en", "prompt": prompt}}}}}))
+        updated = await _next(ws, "session.updated")
+        assert updated["session"]["audio"]["input"]["transcription"] == {
+            "model": asr.name, "language": "en", "prompt": prompt}, updated
+        await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                  "audio": base64.b64encode(pcm24(audio, tail_s=0.0)).decode()}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        done = await _next(ws, "conversation.item.input_audio_transcription.completed")
+        await ws.close()
+        return done["transcript"]
+    got = asyncio.run(asyncio.wait_for(main(), 120))
+    assert wer(SENTENCES[6], got) <= 0.1, got
+    # the wire audio went through 24 kHz and back: the same words as the pipeline's, with the prompt
+    assert got.split() == want.split(), (got, want)

@@ -1,0 +1,37 @@
+"""The speech recognition pipeline's options: an initial prompt and the language, in the batched path the
+server runs (decode_utterances) and in long-form transcription (which, like openai/whisper, conditions
+its first window on the initial prompt)."""
+from __future__ import annotations
+
+import pytest
+
+from speechrt.errors import UserError
+from speechrt.pipelines.asr import TranscribeOptions
+
+SPEECH = "The museum opens at nine and closes at five on weekdays."
+PROMPT = "Opening hours of the city museum, nine to five."
+
+
+def test_initial_prompt_in_a_batch_equals_long_form(asr, synth):
+    """With a prompt, the batched path (prompt after <|startofprev|>, no-speech probability read at
+    <|startoftranscript|>, drafts checked after the prompt) gives long-form transcription's greedy tokens."""
+    audio = synth(SPEECH)
+    long = asr.transcribe(audio, 16000, without_timestamps=True, temperatures=(0.0,), initial_prompt=PROMPT)
+    opts = TranscribeOptions(without_timestamps=True, initial_prompt=PROMPT)
+    batch = asr.transcribe_batch([audio, audio[: len(audio) // 2]], opts)[0]
+    assert batch.tokens == long.segments[0].tokens and batch.text == long.text
+    drafted = asr.transcribe_batch([audio], opts, [batch.tokens[:4] + [13]])[0]
+    assert drafted.tokens == batch.tokens
+    # the prompt is used: its style (numbers in words) carries over, where plain decoding writes digits
+    plain = asr.transcribe_batch([audio], TranscribeOptions(without_timestamps=True))[0]
+    assert "9" in plain.text and "nine" in batch.text, (plain.text, batch.text)
+
+
+def test_language_is_checked_against_the_model(asr):
+    assert asr.languages() == ["en"] and asr.check_language("en") == "en" and asr.check_language(None) is None
+    with pytest.raises(UserError, match="English-only.*valid: en"):
+        asr.check_language("fr")
+    with pytest.raises(UserError, match="language 'de'"):
+        asr.options(language="de")
+    with pytest.raises(UserError, match="language 'de'"):
+        asr.transcribe_batch([], TranscribeOptions(language="de"))
