@@ -245,13 +245,15 @@ def check_text(text: str, espeak_voice: str, on_unsupported: str = "error") -> s
         raise UserError(f"text must be a string, got {type(text).__name__}")
     bad = unsupported_characters(re.sub(r"\[\[.*?\]\]", " ", text), espeak_voice)  # [[ raw IPA ]] passes
     if bad:
+        shown = ", ".join(f"{c!r} (U+{ord(c):04X} {unicodedata.name(c, 'unnamed')})" for c in bad[:5])
+        shown += " ..." if len(bad) > 5 else ""
         if on_unsupported == "error":
-            shown = ", ".join(f"{c!r} (U+{ord(c):04X} {unicodedata.name(c, 'unnamed')})" for c in bad[:5])
             script = "Latin-script text, digits and punctuation" if espeak_voice.split("-")[0] in _LATIN_LANGS \
                 else "text in its language"
-            raise UserError(f"unsupported characters for voice language {espeak_voice!r}: {shown}"
-                            f"{' ...' if len(bad) > 5 else ''}; this voice reads {script} "
-                            "(pass on_unsupported='drop' to skip them)")
+            raise UserError(f"unsupported characters for voice language {espeak_voice!r}: {shown}; this voice reads "
+                            f"{script} (to speak the rest, drop them: `speechrt say --on-unsupported drop`, "
+                            "on_unsupported='drop' in Python)")
+        log.warning("dropped characters the voice (%s) cannot read: %s", espeak_voice, shown)
         text = "".join(c for c in text if c not in set(bad))
     if not any(c.isalnum() for c in text):
         raise UserError("nothing to say: the text is empty or has no letters or digits")

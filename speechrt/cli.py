@@ -24,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (mod, help_) in COMMANDS.items():
         m = importlib.import_module(mod)
         sp = sub.add_parser(name, help=help_, description=help_)
+        # also after the command (`speechrt serve -v`); SUPPRESS keeps an earlier -v when it is not repeated
+        sp.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="log what the runtime chooses")
         m.add_arguments(sp)
         sp.set_defaults(_run=m.run)
     return p

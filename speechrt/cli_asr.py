@@ -43,22 +43,25 @@ def run(args):
         args.file = str(sample_path())
     if not args.file:
         raise UserError("no audio file given (FILE, or --sample for the bundled recording)")
-    if args.threads:
-        import torch
-        torch.set_num_threads(args.threads)
-    from speechrt.pipelines.asr import load_asr
+    from speechrt.models.audio import load_audio
+    from speechrt.pipelines.asr import TranscribeOptions, load_asr
 
-    asr = load_asr(args.model, args.backend, args.device, args.dtype)
     opts = dict(beam_size=args.beam_size, language=args.language, task=args.task,
                 initial_prompt=args.initial_prompt, without_timestamps=args.no_timestamps)
     if args.temperature is not None:
         opts["temperatures"] = (args.temperature,)
+    TranscribeOptions(**opts)  # the options and the file are checked before the model loads
+    audio = load_audio(args.file)
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
+    asr = load_asr(args.model, args.backend, args.device, args.dtype)
     live = args.segments and not args.json
 
     def show(seg):
         print(f"[{_ts(seg.start)} --> {_ts(seg.end)}] {seg.text.strip()}", flush=True)
 
-    result = asr.transcribe(args.file, on_segment=show if live else None, **opts)
+    result = asr.transcribe(audio, on_segment=show if live else None, **opts)
     if args.json:
         json.dump(result.to_dict(), sys.stdout, ensure_ascii=False, indent=2)
         print()

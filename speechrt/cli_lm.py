@@ -54,15 +54,15 @@ def run(args):
     from speechrt.pipelines.lm import load_lm
 
     opts = _options(args)
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads must be >= 1, got {args.threads}")
+    if args.prompt is not None and not args.prompt.strip():
+        raise UserError("the prompt is empty; give a message, or no prompt for an interactive chat")
     if args.threads is not None:
-        if args.threads < 1:
-            raise UserError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     lm = load_lm(args.model, backend=args.backend, device=args.device, dtype=args.dtype)
     out = sys.stdout
     if args.prompt is not None:
-        if not args.prompt.strip():
-            raise UserError("the prompt is empty; give a message, or no prompt for an interactive chat")
         _stream(lm.chat(args.prompt, system=args.system, **opts), out)
         return 0
     history: list[dict] = []

@@ -1,6 +1,7 @@
 """`speechrt say "text" -o out.wav`: speak text (an argument, or stdin read as it arrives) with a Piper voice."""
 from __future__ import annotations
 
+import contextlib
 import sys
 
 
@@ -23,6 +24,10 @@ def add_arguments(p):
     p.add_argument("--sentence-silence", type=float, default=0.0, help="seconds of silence after each sentence")
     p.add_argument("--seed", type=int, default=None, help="noise seed (torch backend)")
     p.add_argument("--no-normalize", action="store_true", help="do not expand numbers, dates, currency, abbreviations")
+    p.add_argument("--on-unsupported", choices=["error", "drop"], default=None,
+                   help="characters the voice cannot read (emoji, other scripts): error (the default for TEXT) or drop "
+                        "with a warning (the default for text read from stdin, as for a language model's replies)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr when writing a file")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch")
 
 
@@ -63,9 +68,36 @@ def _speak(args, tts, opts, controls):
         def pieces():  # line by line, so piped text is spoken as it arrives
             for line in sys.stdin:
                 yield line
-        stats = tts.synthesize_to_file(pieces(), args.output, opts, **controls)
+        stats = tts.synthesize_to_file(pieces(), args.output, opts, on_unsupported=args.on_unsupported or "drop",
+                                       **controls)
         if stats.audio_seconds == 0:
             raise UserError("nothing to say: stdin was empty")
     else:
-        stats = tts.synthesize_to_file(args.text, args.output, opts, normalize=not args.no_normalize, **controls)
+        with _progress_bar(args.output == "-" or args.no_progress) as progress:
+            stats = tts.synthesize_to_file(args.text, args.output, opts, normalize=not args.no_normalize,
+                                           on_unsupported=args.on_unsupported or "error", progress=progress,
+                                           **controls)
     return stats
+
+
+@contextlib.contextmanager
+def _progress_bar(off: bool):
+    """A progress(done, total) callback drawing sentences done on stderr (tqdm), or None when `off`."""
+    if off:
+        yield None
+        return
+    from tqdm import tqdm
+
+    bar = None
+
+    def progress(done, total):
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, unit="sentence", file=sys.stderr, leave=False, disable=total is not None and total < 2)
+        bar.update(done - bar.n)
+
+    try:
+        yield progress
+    finally:
+        if bar is not None:
+            bar.close()

@@ -23,6 +23,8 @@ from .whisper_decoding import (TranscribeOptions, TranscriptionCancelled, Transc
                                decode_utterances, long_form)
 
 OPTION_NAMES = frozenset(f.name for f in fields(TranscribeOptions))
+MULTILINGUAL = ("a multilingual Whisper model (a Hugging Face or CTranslate2 directory, or an openai-whisper .pt, of "
+                "tiny, base, small, medium or large: not the .en ones)")
 MAX_UTTERANCE_SAMPLES = N_FRAMES * HOP_LENGTH  # one 30-second window
 
 __all__ = ["ASRPipeline", "load_asr", "TranscribeOptions", "Transcript", "WindowResult", "TranscriptionCancelled",
@@ -56,8 +58,8 @@ class ASRPipeline:
             return language
         valid = self.languages()
         shown = ", ".join(valid[:12]) + (", ..." if len(valid) > 12 else "")
-        only = " (an English-only model)" if valid == ["en"] else ""
-        raise UserError(f"language {language!r} is not recognized by {self.name}{only}; valid: {shown}")
+        only = f" (an English-only model); for other languages use {MULTILINGUAL}" if valid == ["en"] else ""
+        raise UserError(f"language {language!r} is not recognized by {self.name}; valid: {shown}{only}")
 
     def options(self, **options) -> TranscribeOptions:
         """TranscribeOptions from keywords, with errors that name the valid ones."""
@@ -69,6 +71,8 @@ class ASRPipeline:
             options["temperatures"] = (float(options["temperatures"]),)
         opts = TranscribeOptions(**options)
         self.check_language(opts.language)
+        if opts.task == "translate" and not self.tokenizer.multilingual:
+            raise UserError(f"{self.name} is an English-only model: it cannot translate; use {MULTILINGUAL}")
         return opts
 
     # -- transcription ----------------------------------------------------------------------------

@@ -30,6 +30,7 @@ class GenerationOptions:
     stop: tuple[str, ...] = ()  # strings that end generation (not included in the text)
     stop_token_ids: tuple[int, ...] | None = None  # None -> the tokenizer's EOS and end-of-turn tokens
     seed: int | None = None  # sampling seed; None -> nondeterministic
+    stop_repeats: int = 4  # end a reply whose last tokens are one span repeated this many times (0 -> off)
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -52,6 +53,8 @@ class GenerationOptions:
             raise GenerationError(f"stop strings must be non-empty strings, got {self.stop!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise GenerationError(f"seed must be an integer or None, got {self.seed!r}")
+        if not isinstance(self.stop_repeats, int) or self.stop_repeats < 0 or self.stop_repeats == 1:
+            raise GenerationError(f"stop_repeats must be 0 (off) or an integer >= 2, got {self.stop_repeats!r}")
 
     @property
     def greedy(self) -> bool:
@@ -66,7 +69,8 @@ class GenerationOptions:
 class Piece(NamedTuple):
     """What one sampled token adds to a sequence's output."""
     text: str  # new text (may be empty when a token only completed part of a character)
-    finish_reason: str | None = None  # None while running, then "stop" (stop token/string), "length" or "cancelled"
+    finish_reason: str | None = None  # None while running, then "stop" (stop token/string), "length", "repetition"
+    # (the reply repeats itself: see repeating()) or "cancelled"
     token: int | None = None  # the token that produced it
 
 
@@ -75,7 +79,7 @@ class StreamEvent:
     index: int  # which prompt of the batch
     text: str  # new text (may be empty when a token only completed part of a character)
     token: int | None  # the token that produced it
-    finish_reason: str | None = None  # None while running, then "stop" (stop token/string) or "length"
+    finish_reason: str | None = None  # None while running, then "stop" (stop token/string), "length" or "repetition"
 
 
 class Sampler:
@@ -149,6 +153,26 @@ class TextStream:
         if not hit:
             text, self.pending = text + self.pending, ""
         return text, hit
+
+
+MAX_PERIOD = 32  # longest repeated span (tokens) that repeating() looks for
+
+
+def repeating(tokens: list[int], times: int) -> bool:
+    """Whether `tokens` end with one span of 1 to MAX_PERIOD tokens repeated `times` times in a row (a span
+    of one token needs 4 * times: a run of one character can be text). A reply caught in such a loop
+    never ends by itself; small quantized models fall into them."""
+    n = len(tokens)
+    for period in range(1, min(MAX_PERIOD, n // times) + 1):
+        reps = times * 4 if period == 1 else times
+        if period * reps > n:
+            continue
+        tail = tokens[n - period:]
+        if period > 1 and len(set(tail)) == 1:  # a run of one token: the period-1 rule decides
+            continue
+        if all(tokens[n - (k + 1) * period: n - k * period] == tail for k in range(1, reps)):
+            return True
+    return False
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], vocab: int, max_len: int) -> None:

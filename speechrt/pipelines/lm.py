@@ -70,6 +70,23 @@ class LMPipeline:
         # the template writes special tokens (and any BOS) itself
         return self.tokenizer.encode(self.render_chat(prompt, system), add_bos=False)
 
+    def encode_chat_within(self, messages: list[dict], max_tokens: int) -> list[int]:
+        """The chat prompt of `messages` in at most `max_tokens` tokens: the system message (if first) and
+        the latest messages that fit; older turns are left out whole. Each message is tokenized once to
+        choose them (a long conversation costs one pass, not one per message dropped)."""
+        system = messages[:1] if messages and messages[0].get("role") == "system" else []
+        turns = messages[len(system):]
+        sizes = [len(self.tokenizer.encode(str(m.get("content", "")), add_bos=False)) + 8 for m in turns]  # + template
+        budget = max_tokens - (len(self.encode_chat(system)) if system else 8)
+        keep = len(turns)
+        while keep > 1 and sum(sizes[len(turns) - keep:]) > budget:
+            keep -= 1
+        while True:
+            ids = self.encode_chat(system + turns[len(turns) - keep:])
+            if len(ids) <= max_tokens or keep <= 1:
+                return ids[-max_tokens:]
+            keep -= 1
+
     # --- streaming -----------------------------------------------------------------------------------------
     def options(self, **kw) -> GenerationOptions:
         """GenerationOptions from keywords, with errors that name the valid ones."""

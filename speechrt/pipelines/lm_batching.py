@@ -13,7 +13,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from .generation import GenerationOptions, Piece, Sampler, StreamEvent, TextStream, check_prompts
+from .generation import GenerationOptions, Piece, Sampler, StreamEvent, TextStream, check_prompts, repeating
 
 
 @dataclass(eq=False)
@@ -36,6 +36,7 @@ class LMRequest:
     sampler: Sampler | None = field(default=None, repr=False)
     text: TextStream | None = field(default=None, repr=False)
     seen: torch.Tensor | None = field(default=None, repr=False)  # [vocab] bool, for the repetition penalty
+    out: list[int] = field(default_factory=list, repr=False)  # the reply's tokens so far
     stop_ids: frozenset = frozenset()
 
 
@@ -108,8 +109,12 @@ class ContinuousBatcher:
                     self._emit(req, Piece("", "cancelled"))
                     continue
                 self._start(req)
-                logits = self.runner.prefill(self.cache, req.slot, torch.tensor(req.ids[req.reused:], dtype=torch.long),
-                                             req.reused)
+                try:
+                    logits = self.runner.prefill(self.cache, req.slot,
+                                                 torch.tensor(req.ids[req.reused:], dtype=torch.long), req.reused)
+                except Exception as e:  # noqa: BLE001 - this request's prompt failed: only it is told
+                    self._drop(req, e)
+                    continue
                 self._take([req], logits[None])
                 if self.active and not all_pending:
                     break
@@ -190,11 +195,23 @@ class ContinuousBatcher:
         if req.count >= req.options.max_tokens or len(req.ids) + req.count > self.max_seq:
             rest, hit = st.finish()
             return self._finish(req, Piece(text + rest, "stop" if hit else "length", t))
+        req.out.append(t)
+        if req.options.stop_repeats and repeating(req.out, req.options.stop_repeats):
+            rest, hit = st.finish()
+            return self._finish(req, Piece(text + rest, "stop" if hit else "repetition", t))
         req.last = t
         self._emit(req, Piece(text, None, t))
 
+    def _drop(self, req: LMRequest, error: Exception) -> None:
+        """`req` failed on its own: it gets the error and its slot is freed."""
+        self._emit(req, error)
+        self.active.pop(req.slot, None)
+        self.runner.release(self.cache, req.slot)
+        self.free.append(req.slot)
+        req.slot = -1
+
     @staticmethod
-    def _emit(req: LMRequest, piece: Piece) -> None:
+    def _emit(req: LMRequest, piece: Piece | Exception) -> None:
         if req.emit is not None:
             req.emit(piece)
 

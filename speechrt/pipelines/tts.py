@@ -192,13 +192,20 @@ class TTSPipeline:
         o = replace(o, **kw) if kw else o
         return o.resolved(self.voice)
 
-    def _speak(self, id_seqs: Iterable[list[int]], o: SynthesisOptions, sample_rate, format):
+    def check_text(self, text: str) -> None:
+        """UserError if this voice cannot read `text` (characters it cannot read, nothing to say)."""
+        self.text.prepare(text, TextOptions(normalize=False))
+
+    def _speak(self, id_seqs: Iterable[list[int]], o: SynthesisOptions, sample_rate, format, progress=None):
         enc = AudioEncoder(self.sample_rate, sample_rate, format)
         st = self.last_stats = SynthesisStats()
         t0 = time.perf_counter()
         busy = 0.0
         tick = time.perf_counter()
-        for ids in id_seqs:
+        total = len(id_seqs) if isinstance(id_seqs, list) else None
+        for done, ids in enumerate(id_seqs):
+            if progress is not None:
+                progress(done, total)
             for chunk in stream_latent(self.runner, self.runner.latent(ids, o), o):
                 st.audio_seconds += len(chunk) / self.sample_rate
                 out = enc.feed(chunk)
@@ -209,22 +216,27 @@ class TTSPipeline:
                 if len(out):
                     yield out
                 tick = time.perf_counter()
+        if progress is not None and total is not None:
+            progress(total, total)
         out = enc.flush()
         st.compute_seconds = busy
         if len(out):
             yield out
 
     def synthesize(self, text: str, options: SynthesisOptions | None = None, *, sample_rate: int | None = None,
-                   format: str = "f32", normalize: bool = True, on_unsupported: str = "error", **controls):
+                   format: str = "f32", normalize: bool = True, on_unsupported: str = "error", progress=None,
+                   **controls):
         """Text -> audio chunks (float32 arrays, or pcm16 bytes with format='pcm16'), sentence by sentence,
-        each sentence in windows. Input is checked before any audio is produced."""
+        each sentence in windows. Input is checked before any audio is produced: characters the voice
+        cannot read are an error, or, with on_unsupported='drop', dropped with a warning. `progress(done,
+        total)` is called before each sentence and at the end."""
         o = self.options(options, **controls)
         topt = TextOptions(normalize=normalize, on_unsupported=on_unsupported)
         if format == "wav":
             raise UserError("format 'wav' is for files (synthesize_to_file); stream 'f32' or 'pcm16'")
         AudioEncoder(self.sample_rate, sample_rate, format)  # validate before the first chunk
         sentences = list(self.text.sentences(text, topt))
-        return self._speak(sentences, o, sample_rate, format)
+        return self._speak(sentences, o, sample_rate, format, progress)
 
     def synthesize_stream(self, pieces: Iterable[str], options: SynthesisOptions | None = None, *,
                           sample_rate: int | None = None, format: str = "f32", min_clause_words: int = 8,
