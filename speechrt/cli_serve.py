@@ -9,21 +9,41 @@ def add_arguments(p):
     p.add_argument("--lm", default=None, help="language model (default: smollm2-135m-instruct)")
     p.add_argument("--tts", default=None, help="voice (default: piper-en_US-joe-medium)")
     p.add_argument("--transcription-only", action="store_true", help="load no language model or voice")
-    p.add_argument("--backend", default="torch", help="backend of every family without its own flag (default torch)")
+    p.add_argument("--backend", default="torch", help="backend of every model family without its own flag: torch, "
+                   "triton (CUDA/ROCm GPU), onnxruntime (default torch)")
     p.add_argument("--asr-backend", default=None, help="speech recognition backend (default: --backend)")
     p.add_argument("--lm-backend", default=None, help="language model backend (default: --backend)")
     p.add_argument("--tts-backend", default=None, help="speech synthesis backend (default: --backend; onnxruntime "
                    "runs the voice graph as shipped)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (ROCm GPUs are cuda too) or auto (default cpu)")
     p.add_argument("--asr-dtype", default="auto", help="speech recognition dtype (default auto: bfloat16 on CPUs with "
                    "native bf16, float32 on others, float16 on GPUs)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (also $SPEECHRT_API_KEY)")
-    p.add_argument("--allow-origin", action="append", default=[], help="browser origin allowed besides the server's own (repeatable; '*' for any)")
-    p.add_argument("--max-sessions", type=int, default=32)
-    p.add_argument("--max-message-bytes", type=int, default=1 << 20)
-    p.add_argument("--max-buffer-seconds", type=float, default=120.0)
-    p.add_argument("--idle-timeout", type=float, default=300.0)
-    p.add_argument("--silence-duration-ms", type=int, default=None, help="server_vad default pause that ends a turn (API default 500)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' for sessions (also "
+                   "$SPEECHRT_API_KEY); /healthz and /metrics stay open for probes and scrapers unless --private-metrics")
+    p.add_argument("--private-metrics", action="store_true", help="with --api-key: /metrics and the full /healthz "
+                   "need the key too (without it /healthz answers only its status)")
+    p.add_argument("--allow-origin", action="append", default=[], help="browser origin allowed besides pages served "
+                   "from loopback or the bound address (repeatable; '*' for any)")
+    p.add_argument("--max-sessions", type=int, default=32, help="sessions served at once; one more is told "
+                   "(session_limit_reached) and closed with 1013 (default 32)")
+    p.add_argument("--max-message-bytes", type=int, default=1 << 20, help="largest client event; a larger one gets "
+                   "an error event and the session goes on (default 1 MiB)")
+    p.add_argument("--max-buffer-seconds", type=float, default=120.0, help="uncommitted input audio a session may "
+                   "hold (default 120 s); with turn detection only the open turn is held")
+    p.add_argument("--idle-timeout", type=float, default=300.0, help="seconds without an event either way before a "
+                   "session is closed (default 300)")
+    p.add_argument("--stall-timeout", type=float, default=60.0, help="seconds the engine may spend in one model step "
+                   "(a hang) before the sessions waiting on it are told their transcript or answer failed; waiting "
+                   "behind other work that moves is not a stall (default 60)")
+    p.add_argument("--drain-seconds", type=float, default=15.0, help="on SIGTERM/SIGINT: time given to final "
+                   "transcripts and answers in flight before the sessions are closed (default 15)")
+    p.add_argument("--max-send-queue-bytes", type=int, default=8 << 20, help="events a session may have waiting for "
+                   "a client that does not read them; then the session is closed (1008) (default 8 MiB)")
+    p.add_argument("--ping-interval", type=float, default=20.0, help="seconds between WebSocket pings; a client that "
+                   "does not answer one within --ping-timeout is closed (default 20)")
+    p.add_argument("--ping-timeout", type=float, default=20.0, help="see --ping-interval (default 20)")
+    p.add_argument("--silence-duration-ms", type=int, default=None, help="server_vad default pause that ends a turn "
+                   "(API default 500)")
     p.add_argument("--asr-loop-threads", type=int, default=1,
                    help="CPU threads for the small ops of transcript decoding (default 1: robust when the cores are "
                         "shared; 0: all threads, faster on an otherwise idle machine)")
@@ -32,7 +52,26 @@ def add_arguments(p):
                         "threads, faster on an otherwise idle machine)")
     p.add_argument("--partial-interval", type=float, default=1.0,
                    help="seconds between live transcript updates while a person speaks (0: final transcripts only)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: all cores)")
+    p.add_argument("--debug-endpoints", action="store_true", help="serve POST /debug/fault (inject a failing or "
+                   "stalling model step; for tests, never in production)")
+
+
+def options(args):
+    """ServerOptions from the command line (checked before any model loads)."""
+    import os
+
+    from speechrt.streaming.server import ServerOptions
+
+    return ServerOptions(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("SPEECHRT_API_KEY"),
+                         origins=tuple(args.allow_origin), private_metrics=args.private_metrics,
+                         max_sessions=args.max_sessions, max_message_bytes=args.max_message_bytes,
+                         max_buffer_seconds=args.max_buffer_seconds, idle_timeout=args.idle_timeout,
+                         stall_timeout=args.stall_timeout, drain_seconds=args.drain_seconds,
+                         max_send_queue_bytes=args.max_send_queue_bytes, ping_interval=args.ping_interval,
+                         ping_timeout=args.ping_timeout,
+                         silence_duration_ms=args.silence_duration_ms, partial_interval=args.partial_interval,
+                         debug=args.debug_endpoints)
 
 
 def load_models(args):
@@ -51,20 +90,15 @@ def load_models(args):
 
 def run(args):
     import asyncio
-    import os
     import time
 
     import torch
 
-    from speechrt.streaming.server import ServerOptions, SpeechServer, serve_forever
+    from speechrt.streaming.server import SpeechServer, serve_forever
 
+    opts = options(args)
     if args.threads:
         torch.set_num_threads(args.threads)
-    opts = ServerOptions(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("SPEECHRT_API_KEY"),
-                         origins=tuple(args.allow_origin), max_sessions=args.max_sessions,
-                         max_message_bytes=args.max_message_bytes, max_buffer_seconds=args.max_buffer_seconds,
-                         idle_timeout=args.idle_timeout, silence_duration_ms=args.silence_duration_ms,
-                         partial_interval=args.partial_interval)
     t = time.perf_counter()
     asr, lm, tts = load_models(args)
     print(f"speechrt: models loaded in {time.perf_counter() - t:.1f} s", flush=True)

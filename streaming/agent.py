@@ -12,34 +12,30 @@ import asyncio
 import base64
 import time
 
+from speechrt.errors import UserError
 from speechrt.pipelines.lm import GenerationOptions
 
 from . import protocol as P
 from .audio_codec import OutputEncoder
 from .conversation import Item, Part
-from .protocol import ProtocolError, new_id
+from .engine import EngineStalled
+from .protocol import ProtocolError, new_id, response_options
 
 
 class Response:
     def __init__(self, session, overrides: dict):
-        if not isinstance(overrides, dict):
-            raise ProtocolError("'response' must be an object", "invalid_value", "response")
-        cfg = session.cfg
         self.session = session
+        self.options = response_options(overrides, session.cfg)
+        if self.options.say is not None:  # text the client gave: what the voice cannot read is an error
+            try:
+                session.server.tts.check_text(self.options.say)
+            except UserError as e:
+                raise ProtocolError(str(e), "invalid_value", "response.speechrt_say") from None
+        self.audio = self.options.audio
         self.id = new_id("resp")
-        mods = overrides.get("output_modalities") or overrides.get("modalities") or list(cfg.output_modalities)
-        if not isinstance(mods, list) or any(m not in ("text", "audio") for m in mods):
-            raise ProtocolError(f"output_modalities must be ['audio'] or ['text'], got {mods!r}", "invalid_value",
-                                "response.output_modalities")
-        self.audio = "audio" in mods
-        self.instructions = overrides.get("instructions", cfg.instructions)
-        self.say = overrides.get("speechrt_say")  # speechrt extension: speak this text verbatim
-        if self.say is not None and (not isinstance(self.say, str) or not self.say.strip()):
-            raise ProtocolError("speechrt_say must be a non-empty string", "invalid_value", "response.speechrt_say")
-        max_tokens = overrides.get("max_output_tokens", cfg.max_output_tokens)
-        self.max_tokens = 1024 if max_tokens == "inf" else int(max_tokens)
         self.status = "in_progress"
         self.reason = None
+        self.error: dict | None = None  # why it failed
         self.item = Item("assistant", [], status="in_progress")
         self.transcript = ""  # text delivered (for audio: text whose audio was sent)
         self._lm_req = None
@@ -50,13 +46,17 @@ class Response:
         if self.status != "in_progress":
             return
         self.status, self.reason = "cancelled", reason
+        self._stop_work()
+        if self._runner is not None:
+            self._runner.cancel()
+
+    def _stop_work(self):
+        """Stop the language model and the synthesis of this response in the engine."""
         eng = self.session.server.engine
         if self._lm_req is not None:
             eng.cancel_generation(self._lm_req)
         for t in self._tts_tasks:
             t.cancelled = True
-        if self._runner is not None:
-            self._runner.cancel()
 
     async def run(self):
         self._runner = asyncio.current_task()
@@ -66,6 +66,16 @@ class Response:
         except asyncio.CancelledError:
             if self.status == "in_progress":
                 self.status = "cancelled"
+        except Exception as e:  # noqa: BLE001 - a failed step, a stall: this response fails, the session goes on
+            stalled = isinstance(e, EngineStalled)
+            message = f"the response failed: {e}" if stalled else f"the response failed: {type(e).__name__}: {e}"
+            code = "engine_stalled" if stalled else "server_error"
+            if self.status == "in_progress":
+                self._stop_work()
+                self.status, self.error = "failed", {"type": "server_error", "code": code, "message": message}
+            if stalled:
+                s.server.counters.stalls += 1
+            await s.error(message, code, type="server_error")
         finally:
             await self._done()
             if s.response is self:
@@ -73,6 +83,7 @@ class Response:
 
     async def _run(self):
         s, eng = self.session, self.session.server.engine
+        o, stall = self.options, s.server.options.stall_timeout
         self.t0 = time.perf_counter()
         prev = s.conversation.append(self.item)
         await s.send(P.response_created(self._api("in_progress", [])))
@@ -81,15 +92,16 @@ class Response:
         part = Part("output_audio" if self.audio else "output_text", "")
         self.item.parts.append(part)
         await s.send(P.content_part_added(self.id, self.item.id, part.to_response_api()))
-        if self.say is not None:
-            pieces = self._static(self.say)
+        if o.say is not None:
+            pieces = self._static(o.say)
         else:
-            lm = s.server.lm
-            ids = lm.encode_chat(s.conversation.messages(self.instructions, upto=self.item))
-            opts = GenerationOptions(max_tokens=self.max_tokens, temperature=s.cfg.temperature,
+            # the latest turns that fit in the model's context, tokenized off the event loop
+            messages = s.conversation.messages(o.instructions, upto=self.item)
+            ids = await asyncio.to_thread(s.server.lm.encode_chat_within, messages, eng.prompt_room(o.max_tokens))
+            opts = GenerationOptions(max_tokens=o.max_tokens, temperature=s.cfg.temperature,
                                      seed=0 if s.cfg.temperature > 0 else None)
             self._lm_req, q = eng.generate(ids, opts, key=s.id)
-            pieces = self._drain(q)
+            pieces = self._drain(q, stall)
         if self.audio:
             await self._speak(pieces)
         else:
@@ -103,9 +115,10 @@ class Response:
     async def _static(text):
         yield text
 
-    async def _drain(self, q: asyncio.Queue):
+    async def _drain(self, q: asyncio.Queue, stall: float):
+        eng = self.session.server.engine
         while True:
-            piece = await q.get()
+            piece = await eng.wait(q.get(), stall)
             if isinstance(piece, Exception):
                 raise piece
             if piece.text:
@@ -148,7 +161,7 @@ class Response:
                 spoken_text = (" " if self.transcript else "") + seg
                 announced = False
                 while True:
-                    chunk = await q.get()
+                    chunk = await eng.wait(q.get(), s.server.options.stall_timeout)
                     if isinstance(chunk, StopAsyncIteration):
                         break
                     if isinstance(chunk, Exception):
@@ -181,6 +194,8 @@ class Response:
              "output_modalities": ["audio"] if self.audio else ["text"], "conversation_id": self.session.id}
         if status in ("cancelled", "incomplete"):
             r["status_details"] = {"type": status, "reason": self.reason}
+        elif status == "failed":
+            r["status_details"] = {"type": "failed", "error": self.error}
         return r
 
     async def _done(self):
@@ -194,7 +209,7 @@ class Response:
             await s.send(P.output_audio_transcript_done(self.id, item.id, self.transcript))
         else:
             await s.send(P.output_text_done(self.id, item.id, self.transcript))
-        item.status = "completed" if self.status == "completed" else "incomplete"
+        item.status = "completed" if self.status == "completed" else "incomplete"  # (the API's item statuses)
         await s.send(P.content_part_done(self.id, item.id, part.to_response_api()))
         await s.send(P.output_item_done(self.id, item.to_api()))
         await s.send(P.item_done(item.to_api()))

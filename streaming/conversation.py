@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .protocol import ProtocolError, new_id
+from .protocol import ProtocolError, new_id, short
 
 ROLES = ("user", "assistant", "system")
 
@@ -49,11 +49,14 @@ class Item:
         return {"id": self.id, "object": "realtime.item", "type": "message", "role": self.role, "status": self.status,
                 "content": [p.to_api() for p in self.parts]}
 
-    def truncate(self, audio_end_ms) -> None:
+    def truncate(self, content_index, audio_end_ms) -> None:
         """Keep what was said up to `audio_end_ms` of the item's audio (what the user heard)."""
         part = next((p for p in self.parts if p.type == "output_audio"), None)
         if self.role != "assistant" or part is None:
             raise ProtocolError("only assistant items with audio can be truncated", "invalid_value", "item_id")
+        if isinstance(content_index, bool) or content_index != self.parts.index(part):
+            raise ProtocolError(f"content_index must be {self.parts.index(part)} (the item's audio part), got "
+                                f"{short(content_index)}", "invalid_value", "content_index")
         if isinstance(audio_end_ms, bool) or not isinstance(audio_end_ms, int) or audio_end_ms < 0:
             raise ProtocolError("audio_end_ms must be a non-negative integer", "invalid_value", "audio_end_ms")
         if audio_end_ms > self.audio_ms:
@@ -63,8 +66,9 @@ class Item:
         self.audio_ms = audio_end_ms
 
 
-def item_from_api(item) -> Item:
-    """A client's conversation.item.create payload -> Item (text messages), or ProtocolError."""
+def item_from_api(item, max_chars: int) -> Item:
+    """A client's conversation.item.create payload -> Item (text messages of at most `max_chars`), or
+    ProtocolError."""
     if not isinstance(item, dict):
         raise ProtocolError("conversation.item.create needs an 'item' object", "missing_required_parameter", "item")
     if item.get("type", "message") != "message":
@@ -83,13 +87,26 @@ def item_from_api(item) -> Item:
         if not isinstance(part.get("text"), str):
             raise ProtocolError("a text part needs a string 'text'", "invalid_value", "item.content.text")
         texts.append(part["text"])
+    chars = sum(len(t) for t in texts)
+    if chars > max_chars:
+        raise ProtocolError(f"the item's text has {chars} characters; this server takes at most {max_chars} per item",
+                            "invalid_value", "item.content")
+    item_id = item.get("id")
+    if item_id is not None and (not isinstance(item_id, str) or not 0 < len(item_id) <= 64):
+        raise ProtocolError("item.id must be a string of 1 to 64 characters", "invalid_value", "item.id")
     kind = "output_text" if role == "assistant" else "input_text"
-    return Item(role, [Part(kind, t) for t in texts], id=item.get("id") or new_id("item"))
+    return Item(role, [Part(kind, t) for t in texts], id=item_id or new_id("item"))
 
 
 class Conversation:
     def __init__(self):
         self.items: list[Item] = []
+
+    def check_room(self, item: Item, max_chars: int) -> None:
+        """The conversation's text stays within `max_chars` with `item` added."""
+        if sum(len(it.text()) for it in self.items) + len(item.text()) > max_chars:
+            raise ProtocolError(f"the conversation would hold more than {max_chars} characters of text; delete older "
+                                "items (conversation.item.delete) first", "conversation_full", "item")
 
     @property
     def last_id(self) -> str | None:

@@ -16,36 +16,69 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from speechrt.pipelines.asr import (MAX_UTTERANCE_SAMPLES, SAMPLE_RATE, TranscribeOptions, TranscriptionCancelled,
-                                   WindowResult)
+from speechrt.pipelines.asr import SAMPLE_RATE, TranscribeOptions
 
-from .transcripts import TranscriptJob, TranscriptQueue
+from .metrics import Metrics
+from .transcripts import TranscriptJob, TranscriptQueue, run_jobs
 
 log = logging.getLogger(__name__)
 LIVE = TranscribeOptions(without_timestamps=True)  # transcripts of turns: greedy, no timestamps
 
 
 @dataclass
-class Metrics:
-    """Counters and latency samples for /metrics."""
-    asr_batches: int = 0
-    asr_items: int = 0
-    asr_seconds: float = 0.0
-    asr_audio_seconds: float = 0.0
-    asr_cancelled: int = 0  # live transcripts stopped because a final transcript was asked for
-    early_finals: int = 0  # final transcripts begun when the input went quiet (counted by sessions)
-    stream_steps: int = 0
-    final_latency: collections.deque = field(default_factory=lambda: collections.deque(maxlen=1000))
-    partial_latency: collections.deque = field(default_factory=lambda: collections.deque(maxlen=1000))
-    first_audio_latency: collections.deque = field(default_factory=lambda: collections.deque(maxlen=1000))
+class Fault:
+    """A fault to inject into the next `count` steps of a stage (asr, lm, tts): each raises InjectedFault, or,
+    with `stall_s`, sleeps that long first (a worker that hangs). For tests of what sessions are told."""
+    stage: str
+    count: int = 1
+    stall_s: float = 0.0
+
+    def __post_init__(self):
+        if self.stage not in ("asr", "lm", "tts"):
+            raise ValueError(f"fault stage must be asr, lm or tts, got {self.stage!r}")
+        if self.count < 1 or not 0 <= self.stall_s <= 600:
+            raise ValueError("fault count must be >= 1 and stall_s in [0, 600]")
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+class EngineStalled(RuntimeError):
+    """The engine's worker spent longer than the stall timeout in one step."""
+
+
+class FaultPlan:
+    """The faults injected and not yet spent; checked by the worker before each step."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.faults: list[Fault] = []
+
+    def add(self, fault: Fault) -> None:
+        with self.lock:
+            self.faults.append(fault)
+
+    def check(self, stage: str) -> None:
+        """Before a step of `stage`: apply a pending fault of that stage, if any."""
+        with self.lock:
+            fault = next((f for f in self.faults if f.stage == stage), None)
+            if fault is None:
+                return
+            fault.count -= 1
+            if fault.count <= 0:
+                self.faults.remove(fault)
+        if fault.stall_s:
+            time.sleep(fault.stall_s)
+        else:
+            raise InjectedFault(f"injected fault in a {stage} step")
 
 
 class StreamTask:
@@ -88,8 +121,10 @@ class Engine:
         self._cv = threading.Condition()
         self._transcripts = TranscriptQueue()
         self._tasks: collections.deque[StreamTask] = collections.deque()
+        self.faults = FaultPlan()  # injected by tests (the server's /debug/fault)
         self._stop = False
         self._ready = threading.Event()  # set once the warm-up has run
+        self._step_started: float | None = None  # when the worker began the step it is in (None: idle)
         self._thread = threading.Thread(target=self._run, name="speechrt-engine", daemon=True)
 
     # -- submission (event loop side) -------------------------------------------------------------
@@ -119,7 +154,7 @@ class Engine:
         """Join the continuous LM batch; the queue receives each generation.Piece with text, then the last
         one (with its finish_reason). Cancel with engine.cancel_generation(request). `key` names the
         conversation: its next request reuses the positions of this one that its prompt repeats. A prompt
-        too long for the cache keeps its end (the latest turns), leaving room for the answer."""
+        longer than prompt_room() keeps its end (callers trim whole turns first: LMPipeline.encode_chat_within)."""
         from speechrt.pipelines.lm_batching import LMRequest
 
         loop = asyncio.get_running_loop()
@@ -129,12 +164,16 @@ class Engine:
             if isinstance(piece, Exception) or piece.text or piece.finish_reason is not None:
                 loop.call_soon_threadsafe(q.put_nowait, piece)
 
-        room = max(self.batcher.max_seq // 2, self.batcher.max_seq - options.max_tokens)
-        req = LMRequest(list(ids[-room:]), options, emit, key=key)
+        req = LMRequest(list(ids[-self.prompt_room(options.max_tokens):]), options, emit, key=key)
         with self._cv:
             self.batcher.submit(req)
             self._cv.notify()
         return req, q
+
+    def prompt_room(self, max_tokens: int) -> int:
+        """The longest prompt that leaves room in the cache for an answer of `max_tokens` (at least half
+        of the cache is the prompt's: a longer answer stops when the context is full)."""
+        return max(self.batcher.max_seq // 2, self.batcher.max_seq - max_tokens)
 
     def cancel_generation(self, req):
         with self._cv:
@@ -158,6 +197,36 @@ class Engine:
         if old is not None:
             old.resolve(None)
         return await job.future
+
+    def forget(self, key) -> None:
+        """A session closed: its queued transcripts are dropped (resolving to None) and its running live
+        transcript stops."""
+        with self._cv:
+            dropped = self._transcripts.forget(key)
+        for job in dropped:
+            job.resolve(None)
+
+    def stalled_for(self) -> float:
+        """Seconds the worker has spent in its current step (0 while it waits for work). A step is one
+        transcription batch, one language model step or one round of synthesis steps: far under a
+        second normally, a few seconds for long-form transcription."""
+        started = self._step_started
+        return 0.0 if started is None else time.monotonic() - started
+
+    async def wait(self, awaitable, stall_timeout: float):
+        """Await engine work; EngineStalled if the worker spends more than `stall_timeout` in one step
+        meanwhile (a hang: the work may never come). Waiting behind other work that moves is not a stall."""
+        task = asyncio.ensure_future(awaitable)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=min(1.0, stall_timeout / 4))
+                if done:
+                    return task.result()
+                if self.stalled_for() > stall_timeout:
+                    raise EngineStalled(f"the engine has been stuck in one step for more than {stall_timeout:g} s")
+        finally:
+            if not task.done():
+                task.cancel()
 
     def has_spare_time(self) -> bool:
         """Nothing waits but what is running: no final transcript, live transcript, streaming task or
@@ -224,6 +293,7 @@ class Engine:
                     jobs, kind = [], "stream"
                 else:  # small partial batches: a final that arrives meanwhile waits for at most this much
                     jobs, kind = self._transcripts.take_partials(self.partial_batch), "partial"
+            self._step_started = time.monotonic()
             if kind == "stream":
                 if self._tasks:
                     self._step_tasks()
@@ -233,13 +303,16 @@ class Engine:
                 self._run_asr(jobs, kind)
                 with self._cv:
                     self._transcripts.done()
+            self._step_started = None
 
     def _step_lm(self):
         try:  # submit() appends to a deque and cancel() sets a flag: both safe while the step runs
+            self.faults.check("lm")
             self.batcher.step()
             self.metrics.stream_steps += 1
         except Exception as e:  # noqa: BLE001 - fail every request in the batch, keep serving
             log.exception("language model step failed")
+            self.metrics.step_failures += 1
             with self._cv:
                 self.batcher.fail(e)
 
@@ -247,7 +320,13 @@ class Engine:
         with self._cv:
             tasks = list(self._tasks)
         for t in tasks:
-            alive = t.step()
+            try:
+                self.faults.check("tts")
+                alive = t.step()
+            except InjectedFault as e:
+                t.emit(e)
+                alive = False
+                self.metrics.step_failures += 1
             self.metrics.stream_steps += 1
             if not alive:
                 with self._cv:
@@ -260,30 +339,7 @@ class Engine:
 
     def _run_asr(self, jobs: list[TranscriptJob], kind: str):
         t0 = time.perf_counter()
-        results: list[tuple[TranscriptJob, object, Exception | None]] = []
-        # partials: stop once a final transcript has made every one of them useless
-        stop = (lambda: all(j.cancelled for j in jobs)) if kind == "partial" else None
-        short = [j for j in jobs if len(j.audio) <= MAX_UTTERANCE_SAMPLES]
-        # one batch per set of options (a session's language and prompt)
-        for opts, group in itertools.groupby(sorted(short, key=lambda j: repr(j.options)), key=lambda j: j.options):
-            group = list(group)
-            try:
-                out = self.asr.transcribe_batch([j.audio for j in group], opts, [j.draft for j in group], stop)
-                results += [(j, r, None) for j, r in zip(group, out)]
-            except TranscriptionCancelled:
-                results += [(j, None, None) for j in group]
-                self.metrics.asr_cancelled += len(group)
-            except Exception as e:  # noqa: BLE001 - reported to every waiting session
-                log.exception("batched transcription failed")
-                results += [(j, None, e) for j in group]
-        for j in jobs:
-            if len(j.audio) > MAX_UTTERANCE_SAMPLES:  # long turns: long-form transcription, window by window
-                try:
-                    tr = self.asr.transcribe(j.audio, SAMPLE_RATE, language=j.options.language,
-                                             initial_prompt=j.options.initial_prompt)
-                    results.append((j, WindowResult([], tr.text, 0.0, 0.0, 0.0, 0.0), None))
-                except Exception as e:  # noqa: BLE001
-                    results.append((j, None, e))
+        results = run_jobs(self.asr, jobs, kind == "partial", self.faults, self.metrics)
         now = time.perf_counter()
         m = self.metrics
         m.asr_batches += 1

@@ -91,6 +91,11 @@ def transcription_completed(item_id: str, transcript: str, seconds: float) -> di
             "content_index": 0, "transcript": transcript, "usage": {"type": "duration", "seconds": round(seconds, 3)}}
 
 
+def transcription_failed(item_id: str, message: str, code: str) -> dict:
+    return {"type": "conversation.item.input_audio_transcription.failed", "item_id": item_id, "content_index": 0,
+            "error": {"type": "transcription_error", "code": code, "message": message, "param": None}}
+
+
 def item_added(item: dict, previous_item_id: str | None) -> dict:
     return {"type": "conversation.item.added", "item": item, "previous_item_id": previous_item_id}
 
@@ -198,6 +203,34 @@ class SessionConfig:
         return s
 
 
+@dataclass(frozen=True)
+class ResponseOptions:
+    audio: bool  # speak the answer (else text only)
+    instructions: str
+    max_tokens: int
+    say: str | None = None  # speechrt extension: speak this text verbatim, without the language model
+
+
+def response_options(overrides, cfg: SessionConfig) -> ResponseOptions:
+    """A `response.create`'s `response` object (overrides of the session's settings) -> ResponseOptions,
+    or ProtocolError naming the field."""
+    if not isinstance(overrides, dict):
+        raise ProtocolError("'response' must be an object", "invalid_value", "response")
+    mods = overrides.get("output_modalities", overrides.get("modalities")) or list(cfg.output_modalities)
+    if not isinstance(mods, list) or not mods or any(m not in ("text", "audio") for m in mods):
+        raise ProtocolError(f"output_modalities must be ['audio'] or ['text'], got {mods!r}", "invalid_value",
+                            "response.output_modalities")
+    instructions = overrides.get("instructions", cfg.instructions)
+    if not isinstance(instructions, str):
+        raise ProtocolError("response.instructions must be a string", "invalid_value", "response.instructions")
+    say = overrides.get("speechrt_say")
+    if say is not None and (not isinstance(say, str) or not say.strip()):
+        raise ProtocolError("speechrt_say must be a non-empty string", "invalid_value", "response.speechrt_say")
+    v = overrides.get("max_output_tokens", cfg.max_output_tokens)
+    max_tokens = 1024 if v == "inf" else _num(v, "response.max_output_tokens", 1, 4096, integer=True)
+    return ResponseOptions("audio" in mods, instructions, max_tokens, say)
+
+
 def _bool(v, name):
     if not isinstance(v, bool):
         raise ProtocolError(f"{name} must be true or false, got {v!r}", "invalid_value", name)
@@ -207,8 +240,35 @@ def _bool(v, name):
 def _num(v, name, lo, hi, integer=False):
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)) or not lo <= v <= hi:
         kind = "an integer" if integer else "a number"
-        raise ProtocolError(f"{name} must be {kind} from {lo} to {hi}, got {v!r}", "invalid_value", name)
+        raise ProtocolError(f"{name} must be {kind} from {lo} to {hi}, got {short(v)}", "invalid_value", name)
     return v
+
+
+def _obj(v, name) -> dict:
+    """An optional object field: {} when absent or null."""
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ProtocolError(f"{name} must be an object, got {short(v)}", "invalid_value", name)
+    return v
+
+
+def _str(v, name, choices=None) -> str:
+    if not isinstance(v, str) or (choices is not None and v not in choices):
+        valid = f"one of {', '.join(choices)}" if choices is not None else "a string"
+        raise ProtocolError(f"{name} must be {valid}, got {short(v)}", "invalid_value", name)
+    return v
+
+
+def short(v) -> str:
+    """repr(v), cut to 80 characters (error messages quote what the client sent)."""
+    r = repr(v)
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
+def item_id(ev: dict) -> str:
+    """The `item_id` of an event about one conversation item."""
+    return _str(ev.get("item_id"), "item_id")
 
 
 def _turn_detection(td, current: ServerVadConfig | None, name: str) -> ServerVadConfig | None:
@@ -218,25 +278,43 @@ def _turn_detection(td, current: ServerVadConfig | None, name: str) -> ServerVad
         raise ProtocolError(f"{name} must be an object or null", "invalid_value", name)
     t = td.get("type", "server_vad")
     if t not in ("server_vad", "semantic_vad"):
-        raise ProtocolError(f"unsupported turn detection {t!r}; valid: server_vad, semantic_vad, or null",
+        raise ProtocolError(f"unsupported turn detection {short(t)}; valid: server_vad, semantic_vad, or null",
                             "invalid_value", f"{name}.type")
     base = current or ServerVadConfig()
     kw = {"type": t}
     if t == "semantic_vad":
-        e = td.get("eagerness") or "auto"
-        if e not in EAGERNESS:
-            raise ProtocolError(f"{name}.eagerness must be one of {', '.join(EAGERNESS)}, got {e!r}", "invalid_value",
-                                f"{name}.eagerness")
-        kw["eagerness"] = e
-    if "threshold" in td and td["threshold"] is not None:
+        e = td.get("eagerness")
+        kw["eagerness"] = "auto" if e is None else _str(e, f"{name}.eagerness", tuple(EAGERNESS))
+    if td.get("threshold") is not None:
         kw["threshold"] = float(_num(td["threshold"], f"{name}.threshold", 0.0, 1.0))
     for k in ("prefix_padding_ms", "silence_duration_ms"):
-        if k in td and td[k] is not None:
+        if td.get(k) is not None:
             kw[k] = _num(td[k], f"{name}.{k}", 0, 10000, integer=True)
     for k in ("create_response", "interrupt_response"):
-        if k in td and td[k] is not None:
+        if td.get(k) is not None:
             kw[k] = _bool(td[k], f"{name}.{k}")
     return replace(base, **kw)
+
+
+def _transcription(tr, available: dict, name: str) -> dict:
+    """The input transcription settings -> SessionConfig fields."""
+    kw = {}
+    m = tr.get("model")
+    if m is not None:
+        m = _str(m, f"{name}.model")
+        # OpenAI model names (gpt-4o-transcribe, whisper-1) map to the loaded recognizer
+        if m not in available["asr"] and not m.startswith(("whisper", "gpt-")):
+            raise ProtocolError(f"unknown transcription model {short(m)}; this server runs: {', '.join(available['asr'])}",
+                                "invalid_value", f"{name}.model")
+        kw["transcription_model"] = m if m in available["asr"] else available["asr"][0]
+    if tr.get("language") is not None:
+        kw["language"] = _str(tr["language"], f"{name}.language")
+    if tr.get("prompt") is not None:
+        kw["prompt"] = _str(tr["prompt"], f"{name}.prompt")
+        if len(kw["prompt"]) > 4096:
+            raise ProtocolError(f"{name}.prompt has {len(kw['prompt'])} characters; at most 4096", "invalid_value",
+                                f"{name}.prompt")
+    return kw
 
 
 def apply_session_update(cfg: SessionConfig, s: dict, available: dict) -> SessionConfig:
@@ -248,29 +326,23 @@ def apply_session_update(cfg: SessionConfig, s: dict, available: dict) -> Sessio
     kw = {}
     try:
         if "type" in s:
-            if s["type"] not in ("realtime", "transcription"):
-                raise ProtocolError(f"session.type must be 'realtime' or 'transcription', got {s['type']!r}",
-                                    "invalid_value", "session.type")
-            kw["type"] = s["type"]
+            kw["type"] = _str(s["type"], "session.type", ("realtime", "transcription"))
         if "instructions" in s:
-            if not isinstance(s["instructions"], str):
-                raise ProtocolError("session.instructions must be a string", "invalid_value", "session.instructions")
-            kw["instructions"] = s["instructions"]
+            kw["instructions"] = _str(s["instructions"], "session.instructions")
         mods = s.get("output_modalities", s.get("modalities"))
         if mods is not None:
             if not isinstance(mods, list) or not mods or any(m not in ("text", "audio") for m in mods):
-                raise ProtocolError(f"output_modalities must be ['audio'] or ['text'], got {mods!r}", "invalid_value",
-                                    "session.output_modalities")
+                raise ProtocolError(f"output_modalities must be ['audio'] or ['text'], got {short(mods)}",
+                                    "invalid_value", "session.output_modalities")
             kw["output_modalities"] = ("audio",) if "audio" in mods else ("text",)
         if "max_output_tokens" in s or "max_response_output_tokens" in s:
             v = s.get("max_output_tokens", s.get("max_response_output_tokens"))
             kw["max_output_tokens"] = 1024 if v == "inf" else _num(v, "session.max_output_tokens", 1, 4096, integer=True)
         if "temperature" in s:
             kw["temperature"] = float(_num(s["temperature"], "session.temperature", 0.0, 2.0))
-        audio = s.get("audio") or {}
-        if not isinstance(audio, dict):
-            raise ProtocolError("session.audio must be an object", "invalid_value", "session.audio")
-        inp, out = audio.get("input") or {}, audio.get("output") or {}
+        audio = _obj(s.get("audio"), "session.audio")
+        inp = _obj(audio.get("input"), "session.audio.input")
+        out = _obj(audio.get("output"), "session.audio.output")
         # input format: GA audio.input.format, beta input_audio_format
         if "format" in inp:
             kw["input_format"] = parse_format(inp["format"])
@@ -284,23 +356,13 @@ def apply_session_update(cfg: SessionConfig, s: dict, available: dict) -> Sessio
             kw["turn_detection"] = _turn_detection(inp["turn_detection"], cfg.turn_detection, "session.audio.input.turn_detection")
         elif "turn_detection" in s:
             kw["turn_detection"] = _turn_detection(s["turn_detection"], cfg.turn_detection, "session.turn_detection")
-        tr = inp.get("transcription", s.get("input_audio_transcription"))
-        if isinstance(tr, dict):
-            m = tr.get("model")
-            if m is not None:
-                # OpenAI model names (gpt-4o-transcribe, whisper-1) map to the loaded recognizer
-                if m in available["asr"] or m.startswith(("whisper", "gpt-")):
-                    kw["transcription_model"] = m if m in available["asr"] else available["asr"][0]
-                else:
-                    raise ProtocolError(f"unknown transcription model {m!r}; this server runs: {', '.join(available['asr'])}",
-                                        "invalid_value", "session.audio.input.transcription.model")
-            if tr.get("language") is not None:
-                kw["language"] = str(tr["language"])
-            if tr.get("prompt") is not None:
-                kw["prompt"] = str(tr["prompt"])
+        tr_name = "session.audio.input.transcription" if "transcription" in inp else "session.input_audio_transcription"
+        kw.update(_transcription(_obj(inp.get("transcription", s.get("input_audio_transcription")), tr_name),
+                                 available, tr_name))
         voice = out.get("voice", s.get("voice"))
         if voice is not None:
             # OpenAI voice names (alloy, marin, ...) map to the loaded voice; ours are accepted by name
+            voice = _str(voice, "session.audio.output.voice")
             kw["voice"] = voice if voice in available["tts"] else available["tts"][0]
         if "speed" in out:
             kw["speed"] = float(_num(out["speed"], "session.audio.output.speed", 0.25, 4.0))

@@ -1,30 +1,32 @@
-"""The speechrt server: OpenAI Realtime API over WebSocket at /v1/realtime, plus /healthz, /metrics
-(Prometheus text) and the demo page at / — all on one port. One coroutine per connection, one shared
-Engine (scheduler) per device, a cap on admitted sessions."""
+"""The speechrt server: one shared Engine (scheduler) per device, the Realtime sessions it admits, and their
+limits, served over HTTP and WebSocket on one port by the ASGI app of streaming/http.py (uvicorn).
+
+Sessions: one coroutine per connection; a cap on admitted sessions (one more is told and closed with
+1013); a closed connection's work is cancelled at once; an idle session is closed; graceful shutdown
+stops admitting, lets final transcripts and answers in flight finish (up to `drain_seconds`), and tells
+the sessions whose work did not."""
 from __future__ import annotations
 
 import asyncio
-import hmac
-import http
+import contextlib
 import json
 import logging
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from dataclasses import dataclass
 
 from speechrt.errors import UserError
 from speechrt.models.registry import DEFAULTS
 
 from .engine import Engine
+from .http import UvicornServer, build_app, uvicorn_config
+from .metrics import Counters, metrics_text
 from .protocol import error_event
 from .session import RealtimeSession
 from .vad import SileroVAD
 
 log = logging.getLogger(__name__)
-STATIC = Path(__file__).parent / "static"
-REALTIME_PATHS = ("/v1/realtime", "/realtime")
 
 
 @dataclass(frozen=True)
@@ -32,35 +34,43 @@ class ServerOptions:
     host: str = "127.0.0.1"
     port: int = 8765
     api_key: str | None = None
-    origins: tuple[str, ...] = ()  # extra allowed browser origins ("*" allows any)
+    origins: tuple[str, ...] = ()  # browser origins allowed besides loopback pages ("*" allows any)
+    private_metrics: bool = False  # with api_key: /metrics and the full /healthz need the key too
     max_sessions: int = 32
     max_message_bytes: int = 1 << 20  # larger events get an error event; the session goes on
+    max_frame_bytes: int = 64 << 20  # larger WebSocket frames close the connection (1009)
+    max_send_queue_bytes: int = 8 << 20  # events waiting for a client that does not read; then it is closed
+    socket_send_buffer: int = 256 << 10  # kernel send buffer per connection (the kernel doubles it)
     max_buffer_seconds: float = 120.0  # uncommitted input audio per session
-    idle_timeout: float = 300.0  # seconds without a client event before the session is closed
-    drain_seconds: float = 15.0  # graceful shutdown: time given to turns in flight
+    max_item_chars: int = 32_768  # text of one conversation item
+    max_conversation_chars: int = 1 << 20  # text of all the items of a conversation
+    idle_timeout: float = 300.0  # seconds without an event either way before the session is closed
+    stall_timeout: float = 60.0  # seconds the engine may spend in one step before the sessions waiting are told
+    drain_seconds: float = 15.0  # graceful shutdown: time given to transcripts and answers in flight
+    ping_interval: float = 20.0  # WebSocket pings; a client that does not answer within ping_timeout is closed
+    ping_timeout: float = 20.0
     partial_interval: float = 1.0  # seconds between live transcript updates of a turn; 0: none
     silence_duration_ms: int | None = None  # server default for server_vad (None: the API's 500 ms)
     max_batch: int = 8
+    debug: bool = False  # /debug endpoints: fault injection into the engine (tests)
 
     def __post_init__(self):
+        if self.max_send_queue_bytes < 1024:
+            raise UserError(f"max_send_queue_bytes must be >= 1024, got {self.max_send_queue_bytes}")
         if self.max_sessions < 1:
             raise UserError(f"max_sessions must be >= 1, got {self.max_sessions}")
-        if self.max_message_bytes < 1024:
-            raise UserError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
+        if not 1024 <= self.max_message_bytes <= self.max_frame_bytes:
+            raise UserError(f"max_message_bytes must be at least 1024 and at most max_frame_bytes "
+                            f"({self.max_frame_bytes}), got {self.max_message_bytes}")
         if not 0 <= self.partial_interval <= 10:
             raise UserError(f"partial_interval must be in [0, 10] seconds (0: no live transcript deltas), "
                             f"got {self.partial_interval}")
+        for name in ("idle_timeout", "stall_timeout", "drain_seconds", "ping_interval", "ping_timeout",
+                     "max_buffer_seconds"):
+            if not getattr(self, name) > 0:
+                raise UserError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.api_key is not None and not self.api_key:
             raise UserError("api_key must not be empty (omit it to disable authentication)")
-
-
-@dataclass
-class Counters:
-    sessions_total: int = 0
-    sessions_rejected: int = 0
-    auth_failures: int = 0
-    errors_sent: int = 0
-    started: float = field(default_factory=time.time)
 
 
 class SpeechServer:
@@ -70,7 +80,8 @@ class SpeechServer:
     def __init__(self, options: ServerOptions, asr, lm=None, tts=None):
         self.options = options
         self.asr, self.lm, self.tts = asr, lm, tts
-        self.names = {"asr": [asr.name], "tts": [tts.name if tts is not None else DEFAULTS["tts"]]}
+        self.names = {"asr": [asr.name], "lm": [lm.name] if lm is not None else [],
+                      "tts": [tts.name if tts is not None else DEFAULTS["tts"]]}
         self.conversation_ready = lm is not None and tts is not None
         self.vad = SileroVAD()
         self.vad_pool = ThreadPoolExecutor(2, thread_name_prefix="speechrt-vad")
@@ -78,166 +89,92 @@ class SpeechServer:
         self.sessions: set[RealtimeSession] = set()
         self.counters = Counters()
         self.shutting_down = False
-        self._server = None
-        self._watchdog = None
+        self._uvicorn = None
+        self._serving: asyncio.Task | None = None
+        self._watchdog: asyncio.Task | None = None
+        self._socket: socket.socket | None = None
 
-    # -- HTTP ------------------------------------------------------------------------------------------
-    def _authorized(self, request) -> bool:
-        key = self.options.api_key
-        if key is None:
-            return True
-        auth = request.headers.get("Authorization", "")
-        if auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].strip(), key):
-            return True
-        # browsers cannot set headers on a WebSocket: the API's subprotocol form carries the key
-        for proto in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
-            proto = proto.strip()
-            if proto.startswith("openai-insecure-api-key.") and hmac.compare_digest(proto.split(".", 1)[1], key):
-                return True
-        return False
-
-    def _origin_ok(self, request) -> bool:
-        origin = request.headers.get("Origin")
-        if origin is None or "*" in self.options.origins or origin in self.options.origins:
-            return True
-        host = request.headers.get("Host", "")
-        return origin in (f"http://{host}", f"https://{host}")
-
-    def _process_request(self, connection, request):
-        from websockets.datastructures import Headers
-        from websockets.http11 import Response
-
-        def respond(status: int, body: bytes, ctype: str):
-            h = Headers([("Content-Type", ctype), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")])
-            return Response(status, http.HTTPStatus(status).phrase, h, body)
-
-        def jerr(status, message, code):
-            return respond(status, json.dumps({"error": {"message": message, "type": "invalid_request_error",
-                                                         "code": code}}).encode(), "application/json")
-
-        path = urlsplit(request.path).path
-        if path in REALTIME_PATHS:
-            if request.headers.get("Upgrade", "").lower() != "websocket":
-                return jerr(426, f"{path} is a WebSocket endpoint (OpenAI Realtime API)", "upgrade_required")
-            if not self._authorized(request):
-                self.counters.auth_failures += 1
-                return jerr(401, "invalid or missing API key (send 'Authorization: Bearer <key>')", "invalid_api_key")
-            if not self._origin_ok(request):
-                return jerr(403, f"origin {request.headers.get('Origin')!r} is not allowed (start the server with "
-                                 "--allow-origin to add it)", "origin_not_allowed")
-            return None  # proceed with the WebSocket handshake
-        if path == "/healthz":
-            body = {"status": "draining" if self.shutting_down else "ok", "sessions": len(self.sessions),
-                    "max_sessions": self.options.max_sessions, "models": self.names,
-                    "runners": {f: str(p.info) for f, p in (("asr", self.asr), ("lm", self.lm), ("tts", self.tts)) if p},
-                    "conversation": self.conversation_ready, "uptime_s": round(time.time() - self.counters.started, 1)}
-            return respond(503 if self.shutting_down else 200, json.dumps(body).encode(), "application/json")
-        if path == "/metrics":
-            return respond(200, self.metrics_text().encode(), "text/plain; version=0.0.4")
-        if path in ("/", "/index.html"):
-            return respond(200, (STATIC / "index.html").read_bytes(), "text/html; charset=utf-8")
-        if path == "/audio-worklet.js":
-            return respond(200, (STATIC / "audio-worklet.js").read_bytes(), "text/javascript")
-        return jerr(404, f"no such path {path!r}; endpoints: /v1/realtime (WebSocket), /healthz, /metrics, /", "not_found")
-
-    def metrics_text(self) -> str:
-        m = self.engine.metrics
-        lines = []
-
-        def metric(name, kind, help_, value):
-            lines.extend([f"# HELP speechrt_{name} {help_}", f"# TYPE speechrt_{name} {kind}", f"speechrt_{name} {value}"])
-
-        def summary(name, help_, samples):
-            s = sorted(samples)
-            lines.extend([f"# HELP speechrt_{name} {help_}", f"# TYPE speechrt_{name} summary"])
-            for q in (0.5, 0.95, 0.99):
-                v = s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
-                lines.append(f'speechrt_{name}{{quantile="{q}"}} {v:.6f}')
-            lines.extend([f"speechrt_{name}_count {len(s)}", f"speechrt_{name}_sum {sum(s):.6f}"])
-
-        metric("sessions_active", "gauge", "Open Realtime sessions.", len(self.sessions))
-        metric("sessions_total", "counter", "Sessions admitted since start.", self.counters.sessions_total)
-        metric("sessions_rejected_total", "counter", "Sessions refused (server full or shutting down).",
-               self.counters.sessions_rejected)
-        metric("auth_failures_total", "counter", "Handshakes refused for a bad API key.", self.counters.auth_failures)
-        metric("queue_depth", "gauge", "Work items waiting for the engine.", self.engine.queue_depth())
-        metric("asr_batches_total", "counter", "Transcription batches run.", m.asr_batches)
-        metric("asr_utterances_total", "counter", "Utterances transcribed.", m.asr_items)
-        metric("asr_partials_cancelled_total", "counter",
-               "Live transcripts stopped because their turn's final transcript was asked for.", m.asr_cancelled)
-        metric("asr_early_finals_total", "counter",
-               "Final transcripts begun when the input went quiet, before Silero confirmed the pause.", m.early_finals)
-        rtf = m.asr_seconds / m.asr_audio_seconds if m.asr_audio_seconds else 0.0
-        metric("asr_real_time_factor", "gauge", "Transcription compute seconds per second of audio.", f"{rtf:.4f}")
-        metric("engine_stream_steps_total", "counter", "Steps of streaming tasks (tokens, audio chunks).", m.stream_steps)
-        summary("final_transcript_latency_seconds", "Queue + compute time of final transcripts.", m.final_latency)
-        summary("partial_transcript_latency_seconds", "Queue + compute time of partial transcripts.", m.partial_latency)
-        summary("first_audio_latency_seconds", "Response start to first audio chunk.", m.first_audio_latency)
-        return "\n".join(lines) + "\n"
-
-    # -- WebSocket ---------------------------------------------------------------------------------------
-    async def _handler(self, ws):
+    # -- sessions ---------------------------------------------------------------------------------------
+    async def serve_session(self, conn, intent: str | None):
+        """Run a Realtime session on an accepted connection until either side closes it."""
         if self.shutting_down or len(self.sessions) >= self.options.max_sessions:
             self.counters.sessions_rejected += 1
             why = ("the server is shutting down" if self.shutting_down else
                    f"the server is full: {self.options.max_sessions} sessions at most; try again later")
-            await ws.send(json.dumps(error_event(why, "session_limit_reached", "server_error")))
-            await ws.close(1013, "try again later")
+            await conn.send(json.dumps(error_event(why, "session_limit_reached", "server_error")))
+            await conn.close(1013, "try again later")
             return
-        intent = parse_qs(urlsplit(ws.request.path).query).get("intent", [None])[0]
-        session = RealtimeSession(self, ws, intent)
+        session = RealtimeSession(self, conn, intent)
         self.sessions.add(session)
         self.counters.sessions_total += 1
-        graceful = True
         try:
             await session.run()
-        except Exception as e:  # connection dropped mid-frame etc.
-            from websockets.exceptions import ConnectionClosed
-            graceful = False
-            if not isinstance(e, ConnectionClosed):
-                log.exception("session %s failed", session.id)
+        except Exception:  # noqa: BLE001 - one session's failure never reaches the others
+            log.exception("session %s failed", session.id)
         finally:
-            await session.finish(graceful=graceful and not self.shutting_down)
             self.sessions.discard(session)
+            await session.close()
+
+    def health(self, full: bool) -> tuple[int, dict]:
+        body = {"status": "draining" if self.shutting_down else "ok"}
+        if full:
+            body.update(sessions=len(self.sessions), max_sessions=self.options.max_sessions, models=self.names,
+                        runners={f: str(p.info) for f, p in (("asr", self.asr), ("lm", self.lm), ("tts", self.tts))
+                                 if p is not None},
+                        conversation=self.conversation_ready, uptime_s=round(time.time() - self.counters.started, 1))
+        return (503 if self.shutting_down else 200), body
+
+    def metrics_text(self) -> str:
+        return metrics_text(len(self.sessions), self.engine.queue_depth(), self.counters, self.engine.metrics)
 
     async def _watch_idle(self):
         while True:
             await asyncio.sleep(min(5.0, self.options.idle_timeout / 4))
             now = time.monotonic()
             for s in list(self.sessions):
-                if now - s.last_activity > self.options.idle_timeout and not s.tasks:
-                    await s.error(f"session idle for more than {self.options.idle_timeout:.0f} s; closing",
-                                  "idle_timeout", type="server_error")
-                    await s.ws.close(1000, "idle timeout")
+                if now - s.last_activity > self.options.idle_timeout:
+                    await s.end(f"session idle for more than {self.options.idle_timeout:g} s (no events either "
+                                "way); closing", "idle_timeout", 1000)
 
-    async def start(self):
-        from websockets.asyncio.server import serve
-
+    # -- lifecycle --------------------------------------------------------------------------------------
+    async def start(self) -> "SpeechServer":
         self.engine.start()
-        self._server = await serve(
-            self._handler, self.options.host, self.options.port, process_request=self._process_request,
-            max_size=self.options.max_message_bytes * 4, max_queue=64, compression=None,
-            select_subprotocol=lambda conn, protos: "realtime" if "realtime" in protos else None,
-            ping_interval=20, ping_timeout=60)
+        self._socket = socket.create_server((self.options.host, self.options.port))
+        # accepted connections inherit it: what a client that stops reading can hold up in the kernel is bounded
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.options.socket_send_buffer)
+        self._uvicorn = UvicornServer(uvicorn_config(build_app(self), self.options))
+        self._serving = asyncio.create_task(self._uvicorn.serve(sockets=[self._socket]))
+        while not self._uvicorn.started:
+            if self._serving.done():  # it failed to start: raise its error
+                await self._serving
+            await asyncio.sleep(0.01)
         self._watchdog = asyncio.create_task(self._watch_idle())
         return self
 
     @property
     def port(self) -> int:
-        return self._server.sockets[0].getsockname()[1]
+        return self._socket.getsockname()[1]
 
     async def shutdown(self, graceful: bool = True):
-        """Stop admitting sessions; let turns and responses in flight finish (up to drain_seconds);
-        then close every connection with 1001 (going away)."""
+        """Stop admitting sessions; with `graceful`, let final transcripts and answers in flight finish (up
+        to drain_seconds) while live transcripts stop; then tell the sessions whose work did not finish,
+        close every connection with 1001 (going away), and stop."""
         self.shutting_down = True
-        if graceful:
-            busy = [t for s in self.sessions for t in s.tasks]
-            if busy:
-                await asyncio.wait(busy, timeout=self.options.drain_seconds)
         if self._watchdog:
             self._watchdog.cancel()
-        self._server.close()
-        await self._server.wait_closed()
+        sessions = list(self.sessions)
+        if graceful:
+            pending = [t for s in sessions for t in s.drain()]
+            if pending:
+                await asyncio.wait(pending, timeout=self.options.drain_seconds)
+        for s in sessions:
+            unfinished = graceful and s.has_essential_work()
+            await s.end("the server is shutting down" + (": work in flight was not finished" if unfinished else ""),
+                        "server_shutting_down", 1001, error=unfinished or not graceful)
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._serving, 15)
         self.engine.stop()
         self.vad_pool.shutdown(wait=False)
 
@@ -249,10 +186,8 @@ async def serve_forever(server: SpeechServer):
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):
-            pass
     print(f"speechrt: serving on http://{server.options.host}:{server.port}  "
           f"(Realtime API at ws://{server.options.host}:{server.port}/v1/realtime)", flush=True)
     await stop.wait()

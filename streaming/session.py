@@ -5,6 +5,7 @@ shared Engine."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -23,9 +24,58 @@ from .turns import InputTurns
 log = logging.getLogger(__name__)
 
 
+def asr_options(cfg: SessionConfig) -> TranscribeOptions:
+    """The transcriber's options for a session's turns: greedy, its language and prompt."""
+    return TranscribeOptions(without_timestamps=True, language=cfg.language, initial_prompt=cfg.prompt)
+
+
+class Outbox:
+    """Events on their way to one client: a queue drained by one writer task, bounded in bytes. A client
+    that stops reading fills it up, and `put` says so (the session is then closed: its memory stays
+    bounded whatever the client does)."""
+
+    def __init__(self, conn, max_bytes: int):
+        self.conn, self.max_bytes = conn, max_bytes
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.size = 0
+        self.writer: asyncio.Task | None = None
+
+    def start(self):
+        self.writer = asyncio.create_task(self._write())
+
+    def put(self, text: str) -> bool:
+        if self.size + len(text) > self.max_bytes:
+            return False
+        self.size += len(text)
+        self.queue.put_nowait(text)
+        return True
+
+    async def _write(self):
+        while True:
+            item = await self.queue.get()
+            if isinstance(item, tuple):  # (code, reason): close after what was queued before it
+                return await self.conn.close(*item)
+            try:
+                await self.conn.send(item)
+            except Exception:  # noqa: BLE001 - the connection is gone: the receive loop ends the session
+                return await self.conn.close(1011, "send failed")
+            finally:
+                self.size -= len(item)
+
+    async def close(self, code: int, reason: str, flush: bool, timeout: float = 5.0):
+        """Close the connection; with `flush`, after the events queued so far (for at most `timeout`)."""
+        if flush and self.writer is not None and not self.writer.done():
+            self.queue.put_nowait((code, reason))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.writer), timeout)
+        if self.writer is not None:
+            self.writer.cancel()
+        await self.conn.close(code, reason)
+
+
 class RealtimeSession:
-    def __init__(self, server, ws, intent: str | None):
-        self.server, self.ws = server, ws
+    def __init__(self, server, conn, intent: str | None):
+        self.server, self.conn = server, conn
         self.id = new_id("sess")
         opts = server.options
         cfg = SessionConfig(type="transcription" if intent == "transcription" else "realtime",
@@ -33,11 +83,13 @@ class RealtimeSession:
         if opts.silence_duration_ms is not None and cfg.turn_detection:
             cfg = replace(cfg, turn_detection=replace(cfg.turn_detection, silence_duration_ms=opts.silence_duration_ms))
         self.cfg = cfg
-        self.asr_options = self._asr_options(cfg)
+        self.asr_options = asr_options(cfg)
         self.conversation = Conversation()
         self.turns = InputTurns(self)
         self.response = None  # the active agent.Response, if any
         self.tasks: set[asyncio.Task] = set()
+        self.essential: set[asyncio.Task] = set()  # final transcripts and responses: a drain waits for them
+        self.outbox = Outbox(conn, opts.max_send_queue_bytes)
         self.last_activity = time.monotonic()
         self.closed = False
 
@@ -48,43 +100,76 @@ class RealtimeSession:
         if self.cfg.beta and event["type"] in BETA_NAMES:
             event = {**event, "type": BETA_NAMES[event["type"]]}
         event.setdefault("event_id", new_id("event"))
-        try:
-            await self.ws.send(json.dumps(event))
-        except Exception:  # connection gone: the receive loop ends the session
+        self.last_activity = time.monotonic()
+        if event["type"] == "error":
+            self.server.counters.errors_sent += 1
+        if not self.outbox.put(json.dumps(event)):
             self.closed = True
+            self.server.counters.slow_readers_closed += 1
+            log.warning("session %s: the client does not read; closing it", self.id)
+            await self.outbox.close(1008, "send queue full: the client does not read the events sent to it", flush=False)
 
     async def error(self, message: str, code: str, param: str | None = None, event_id: str | None = None,
                     type: str = "invalid_request_error"):
         await self.send(error_event(message, code, type, param, event_id))
 
-    def spawn(self, coro) -> asyncio.Task:
+    def spawn(self, coro, essential: bool = False) -> asyncio.Task:
+        """Run `coro` for this session; `essential` work (a final transcript, a response) is what a graceful
+        shutdown waits for."""
         t = asyncio.create_task(coro)
         self.tasks.add(t)
+        if essential:
+            self.essential.add(t)
         t.add_done_callback(self._task_done)
         return t
 
     def _task_done(self, t: asyncio.Task):
         self.tasks.discard(t)
+        self.essential.discard(t)
         if not t.cancelled() and t.exception() is not None:
             log.error("session %s task failed", self.id, exc_info=t.exception())
             asyncio.ensure_future(self.error(f"internal error: {t.exception()}", "server_error", type="server_error"))
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def run(self):
+        """Serve the client's events until the connection closes."""
+        self.outbox.start()
         await self.send(P.session_created(self.cfg.to_api(self.id)))
-        async for message in self.ws:
+        while (message := await self.conn.receive()) is not None:
             self.last_activity = time.monotonic()
             await self.handle(message)
 
-    async def finish(self, graceful: bool):
-        """Connection closing: with `graceful`, let turns in flight finish first."""
-        if graceful and self.tasks:
-            await asyncio.wait(list(self.tasks), timeout=self.server.options.drain_seconds)
+    def drain(self) -> list[asyncio.Task]:
+        """Graceful shutdown: stop what only serves a turn still being spoken (no more audio will come);
+        -> the final transcripts and responses in flight, to be waited for."""
+        self.turns.end_turn()
+        for t in self.tasks - self.essential:
+            t.cancel()
+        return list(self.essential)
+
+    def has_essential_work(self) -> bool:
+        return any(not t.done() for t in self.essential)
+
+    async def end(self, message: str, code: str, close_code: int, error: bool = True):
+        """Close the session from the server's side: an error event saying why (if `error`), then the
+        connection, after the events already queued."""
+        if self.closed:
+            return
+        if error:
+            await self.error(message, code, type="server_error")
+        self.closed = True
+        await self.outbox.close(close_code, message, flush=True)
+
+    async def close(self):
+        """The connection is closed: stop this session's work at once and forget its queued work."""
         self.closed = True
         for t in list(self.tasks):
             t.cancel()
         if self.response is not None:
             self.response.cancel("client_closed")
+        self.turns.end_turn()
+        self.server.engine.forget(self.id)
+        await self.outbox.close(1000, "", flush=False)
 
     async def handle(self, message):
         limit = self.server.options.max_message_bytes
@@ -95,8 +180,8 @@ class RealtimeSession:
             return await self.error("binary frames are not part of the protocol; send JSON text events", "invalid_json")
         try:
             ev = json.loads(message)
-        except json.JSONDecodeError as e:
-            return await self.error(f"message is not valid JSON: {e}", "invalid_json")
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, 4300+ digit integers, deep nesting
+            return await self.error(f"message is not valid JSON: {str(e)[:200]}", "invalid_json")
         if not isinstance(ev, dict) or not isinstance(ev.get("type"), str):
             return await self.error("every event must be a JSON object with a string 'type'", "invalid_event")
         etype, eid = ev["type"], ev.get("event_id")
@@ -110,13 +195,12 @@ class RealtimeSession:
             await self.error(str(e), e.code, e.param, eid, e.type)
         except AudioFormatError as e:
             await self.error(str(e), "invalid_audio", "audio", eid)
+        except Exception as e:  # noqa: BLE001 - a bug must not end the session: the client is told
+            log.exception("session %s: %s failed", self.id, etype)
+            await self.error(f"internal error handling {etype}: {type(e).__name__}: {e}", "server_error", None, eid,
+                             "server_error")
 
     # -- session ----------------------------------------------------------------------------------
-    @staticmethod
-    def _asr_options(cfg: SessionConfig) -> TranscribeOptions:
-        """The transcriber's options for this session's turns: greedy, its language and prompt."""
-        return TranscribeOptions(without_timestamps=True, language=cfg.language, initial_prompt=cfg.prompt)
-
     async def on_session_update(self, ev):
         s = ev.get("session")
         if s is None:
@@ -132,7 +216,7 @@ class RealtimeSession:
         except UserError as e:
             raise ProtocolError(str(e), "invalid_value", "session.audio.input.transcription.language") from None
         self.turns.configure(self.cfg, new)
-        self.cfg, self.asr_options = new, self._asr_options(new)
+        self.cfg, self.asr_options = new, asr_options(new)
         await self.send(P.session_updated(self.cfg.to_api(self.id)))
 
     async def on_transcription_session_update(self, ev):
@@ -167,26 +251,28 @@ class RealtimeSession:
 
     # -- conversation items -----------------------------------------------------------------------
     async def on_conversation_item_create(self, ev):
-        item = item_from_api(ev.get("item"))
+        o = self.server.options
+        item = item_from_api(ev.get("item"), o.max_item_chars)
+        self.conversation.check_room(item, o.max_conversation_chars)
         self.conversation.check_previous(ev.get("previous_item_id"))
         prev = self.conversation.append(item)
         await self.send(P.item_added(item.to_api(), prev))
         await self.send(P.item_done(item.to_api()))
 
     async def on_conversation_item_delete(self, ev):
-        it = self.conversation.delete(ev.get("item_id"))
+        it = self.conversation.delete(P.item_id(ev))
         await self.send(P.item_deleted(it.id))
 
     async def on_conversation_item_retrieve(self, ev):
-        await self.send(P.item_retrieved(self.conversation.find(ev.get("item_id")).to_api()))
+        await self.send(P.item_retrieved(self.conversation.find(P.item_id(ev)).to_api()))
 
     async def on_conversation_item_truncate(self, ev):
-        it = self.conversation.find(ev.get("item_id"))
+        it = self.conversation.find(P.item_id(ev))
         ms = ev.get("audio_end_ms")
-        it.truncate(ms)
+        it.truncate(ev.get("content_index", 0), ms)
         if self.response is not None and self.response.item.id == it.id:
             self.response.cancel("client_truncated")
-        await self.send(P.item_truncated(it.id, ev.get("content_index", 0), ms))
+        await self.send(P.item_truncated(it.id, 0, ms))
 
     # -- responses ----------------------------------------------------------------------------------
     async def on_response_create(self, ev):
@@ -205,11 +291,15 @@ class RealtimeSession:
         from .agent import Response
 
         self.response = Response(self, overrides)
-        self.spawn(self.response.run())
+        self.spawn(self.response.run(), essential=True)
 
     async def on_response_cancel(self, ev):
         if self.response is None:
             raise ProtocolError("there is no response in progress to cancel", "response_cancel_not_active")
+        rid = ev.get("response_id")
+        if rid is not None and rid != self.response.id:
+            raise ProtocolError(f"no response in progress with id {P.short(rid)} (the one in progress is "
+                                f"{self.response.id})", "response_cancel_not_active", "response_id")
         self.response.cancel("client_cancelled")
 
     async def on_output_audio_buffer_clear(self, ev):

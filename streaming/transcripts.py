@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 
-from speechrt.pipelines.asr import TranscribeOptions
+from speechrt.pipelines.asr import (MAX_UTTERANCE_SAMPLES, SAMPLE_RATE, TranscribeOptions, TranscriptionCancelled,
+                                   WindowResult)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -77,6 +82,18 @@ class TranscriptQueue:
                 return True
         return False
 
+    def forget(self, key) -> list[TranscriptJob]:
+        """Drop every queued job of `key` (returned, to be resolved with None); its running live transcript
+        stops at its next step."""
+        dropped = [j for j in self.finals if j.key == key]
+        self.finals = collections.deque(j for j in self.finals if j.key != key)
+        if key in self.partials:
+            dropped.append(self.partials.pop(key))
+        for run in self.running:
+            if run.key == key:
+                run.cancelled, run.promoted = True, False
+        return dropped
+
     def take_finals(self, max_batch: int) -> list[TranscriptJob]:
         return [self.finals.popleft() for _ in range(min(max_batch, len(self.finals)))]
 
@@ -90,3 +107,36 @@ class TranscriptQueue:
 
     def done(self) -> None:
         self.running = []
+
+
+def run_jobs(asr, jobs: list[TranscriptJob], partial: bool, faults, metrics) -> list[tuple]:
+    """Transcribe `jobs` (on the engine's worker) -> (job, WindowResult or None, error or None) each. Short
+    utterances run as one batch per set of options (a session's language and prompt); longer ones
+    long-form. Live transcripts (`partial`) stop once a final transcript made every one of them useless."""
+    results: list[tuple[TranscriptJob, object, Exception | None]] = []
+    stop = (lambda: all(j.cancelled for j in jobs)) if partial else None
+    short = [j for j in jobs if len(j.audio) <= MAX_UTTERANCE_SAMPLES]
+    for opts, group in itertools.groupby(sorted(short, key=lambda j: repr(j.options)), key=lambda j: j.options):
+        group = list(group)
+        try:
+            faults.check("asr")
+            out = asr.transcribe_batch([j.audio for j in group], opts, [j.draft for j in group], stop)
+            results += [(j, r, None) for j, r in zip(group, out)]
+        except TranscriptionCancelled:
+            results += [(j, None, None) for j in group]
+            metrics.asr_cancelled += len(group)
+        except Exception as e:  # noqa: BLE001 - reported to every waiting session
+            log.exception("batched transcription failed")
+            metrics.step_failures += 1
+            results += [(j, None, e) for j in group]
+    for j in jobs:
+        if len(j.audio) > MAX_UTTERANCE_SAMPLES:  # long turns: long-form transcription, window by window
+            try:
+                faults.check("asr")
+                tr = asr.transcribe(j.audio, SAMPLE_RATE, language=j.options.language,
+                                    initial_prompt=j.options.initial_prompt)
+                results.append((j, WindowResult([], tr.text, 0.0, 0.0, 0.0, 0.0), None))
+            except Exception as e:  # noqa: BLE001
+                metrics.step_failures += 1
+                results.append((j, None, e))
+    return results

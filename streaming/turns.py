@@ -8,11 +8,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from speechrt.pipelines.asr import MAX_UTTERANCE_SAMPLES
 from speechrt.pipelines.asr import SAMPLE_RATE as RATE
 
 from . import protocol as P
 from .audio_codec import InputDecoder
 from .conversation import Item, Part
+from .engine import EngineStalled
 from .protocol import ProtocolError, new_id
 from .vad import FRAME, QuietTracker, TurnDetector, quiet_began_pause, transcript_finished
 
@@ -20,6 +22,7 @@ from .vad import FRAME, QuietTracker, TurnDetector, quiet_began_pause, transcrip
 # and used as the final one if Silero's pause begins shortly after (vad.quiet_began_pause)
 EARLY_QUIET = RATE * 10 // 1000
 TAIL = RATE // 10  # audio kept after the end of speech: the tail helps Whisper finish the last word
+IDLE_KEEP = RATE  # audio kept, besides the prefix padding, while no turn is open (Silero may start a turn late)
 
 
 class AudioBuffer:
@@ -154,14 +157,16 @@ class InputTurns:
         self.buf.append(x)
         if self.detector is None:
             return
+        if self.turn is None:  # no turn open: keep only what the next one may need (its prefix padding)
+            self.buf.drop_until(self.buf.end - len(x) - IDLE_KEEP - self._padding())
         self.quiet.feed(x, self.buf.end - len(x))
         probs = await asyncio.get_running_loop().run_in_executor(self.session.server.vad_pool, self.vad.process, x)
         q = self.quiet.quiet_since
         for kind, ms in self.detector.feed(probs, None if q is None else q * 1000 // RATE):
             await (self._speech_started(ms) if kind == "start" else self._speech_stopped(ms))
         turn, pause = self.turn, self.detector.pause_ms
-        if turn is None:
-            return
+        if turn is None or self.buf.end - turn.start > MAX_UTTERANCE_SAMPLES:
+            return  # (a turn past 30 s is transcribed long-form, once, when it ends: no early or paused drafts)
         if pause is None:
             turn.paused = None
             self._maybe_start_early(turn)
@@ -176,18 +181,19 @@ class InputTurns:
         if self.buf.size < RATE // 10:
             raise ProtocolError(f"buffer too small: expected at least 100 ms of audio, the buffer has "
                                 f"{self.buf.size * 1000 // RATE} ms", "input_audio_buffer_commit_empty")
-        turn = self._end_turn() or Turn(new_id("item"), self.buf.start)
+        turn = self.end_turn() or Turn(new_id("item"), self.buf.start)
         audio = self.buf.slice(self.buf.start, self.buf.end)
         self.buf.clear()
         await self._commit(turn, audio, auto=False)
 
     async def clear(self):
-        self._end_turn()
+        self.end_turn()
         self.buf.clear()
         await self.session.send(P.buffer_cleared())
 
-    def _end_turn(self) -> Turn | None:
-        """Forget the turn in progress (the client committed or cleared the buffer)."""
+    def end_turn(self) -> Turn | None:
+        """Forget the turn in progress (the client committed or cleared the buffer, or the session is
+        closing) and stop its live transcript."""
         turn, self.turn = self.turn, None
         if turn is not None:
             turn.stop_live()
@@ -226,16 +232,19 @@ class InputTurns:
 
     def _first_sample(self, turn: Turn) -> int:
         """The turn's speech start less the prefix padding, within the buffer."""
+        return max(self.buf.start, turn.start - self._padding())
+
+    def _padding(self) -> int:
+        """Samples kept before a turn's speech start (turn detection's prefix_padding_ms)."""
         td = self.session.cfg.turn_detection  # (None if the client turned turn detection off mid-turn)
-        pad = td.prefix_padding_ms * RATE // 1000 if td else 0
-        return max(self.buf.start, turn.start - pad)
+        return td.prefix_padding_ms * RATE // 1000 if td else 0
 
     async def _commit(self, turn: Turn, audio: np.ndarray, auto: bool, early: asyncio.Task | None = None):
         item = Item("user", [Part("input_audio")], id=turn.item_id)
         prev = self.session.conversation.append(item)
         await self.session.send(P.buffer_committed(item.id, prev))
         await self.session.send(P.item_added(item.to_api(), prev))
-        self.session.spawn(self._final(turn, item, audio, auto, early))
+        self.session.spawn(self._final(turn, item, audio, auto, early), essential=True)
 
     # -- transcripts ------------------------------------------------------------------------------------
     async def _transcribe(self, turn: Turn, audio: np.ndarray, partial: bool = False, supersede: bool = False):
@@ -325,9 +334,13 @@ class InputTurns:
         return r
 
     async def _final(self, turn: Turn, item: Item, audio: np.ndarray, auto: bool, early: asyncio.Task | None):
-        r = await early if early is not None else None
-        if r is None:  # no early transcript, or a final transcript of another session stopped it
-            r = await self._transcribe(turn, audio)
+        try:
+            r = await self.engine.wait(self._final_result(turn, audio, early), self.session.server.options.stall_timeout)
+        except EngineStalled as e:
+            self.session.server.counters.stalls += 1
+            return await self._failed(item, f"{e}; the turn was not transcribed", "engine_stalled")
+        except Exception as e:  # noqa: BLE001 - the engine's step failed: this turn is told, the session goes on
+            return await self._failed(item, f"transcription failed: {type(e).__name__}: {e}", "server_error")
         text = r.text
         delta = turn.final_delta(text)
         if delta:
@@ -337,3 +350,15 @@ class InputTurns:
         await self.session.send(P.item_done(item.to_api()))
         if auto:
             await self.session.user_turn_done(text)
+
+    async def _final_result(self, turn: Turn, audio: np.ndarray, early: asyncio.Task | None):
+        r = await early if early is not None else None
+        if r is None:  # no early transcript, or a final transcript of another session stopped it
+            r = await self._transcribe(turn, audio)
+        return r
+
+    async def _failed(self, item: Item, message: str, code: str):
+        item.status = "incomplete"
+        await self.session.send(P.transcription_failed(item.id, message, code))
+        await self.session.error(message, code, type="server_error")
+        await self.session.send(P.item_done(item.to_api()))

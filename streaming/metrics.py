@@ -1,0 +1,116 @@
+"""What the server counts and measures, and its /metrics page (Prometheus text format)."""
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+
+def _samples() -> collections.deque:
+    return collections.deque(maxlen=1000)
+
+
+@dataclass
+class Metrics:
+    """The engine's counters and latency samples."""
+    asr_batches: int = 0
+    asr_items: int = 0
+    asr_seconds: float = 0.0
+    asr_audio_seconds: float = 0.0
+    asr_cancelled: int = 0  # live transcripts stopped because a final transcript was asked for
+    early_finals: int = 0  # final transcripts begun when the input went quiet (counted by sessions)
+    stream_steps: int = 0
+    step_failures: int = 0  # model steps that raised (their requests got an error)
+    final_latency: collections.deque = field(default_factory=_samples)
+    partial_latency: collections.deque = field(default_factory=_samples)
+    first_audio_latency: collections.deque = field(default_factory=_samples)
+
+
+@dataclass
+class Counters:
+    """The server's counters."""
+    sessions_total: int = 0
+    sessions_rejected: int = 0
+    auth_failures: int = 0
+    errors_sent: int = 0
+    slow_readers_closed: int = 0  # sessions closed because their client stopped reading
+    stalls: int = 0  # transcripts or answers given up because the engine stalled in one step
+    started: float = field(default_factory=time.time)
+
+
+def process_resources() -> dict:
+    """This process's resident memory (bytes), open file descriptors, threads and asyncio tasks (of the
+    running loop). Memory and descriptors are read from /proc where there is one (Linux), else -1."""
+    rss = fds = -1
+    try:
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        fds = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        pass
+    try:
+        tasks = len(asyncio.all_tasks())
+    except RuntimeError:  # no running loop
+        tasks = -1
+    return {"rss_bytes": rss, "open_fds": fds, "threads": threading.active_count(), "asyncio_tasks": tasks}
+
+
+class MetricsPage:
+    """Builds the /metrics text."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def metric(self, name: str, kind: str, help_: str, value) -> None:
+        self.lines += [f"# HELP speechrt_{name} {help_}", f"# TYPE speechrt_{name} {kind}", f"speechrt_{name} {value}"]
+
+    def summary(self, name: str, help_: str, samples) -> None:
+        s = sorted(samples)
+        self.lines += [f"# HELP speechrt_{name} {help_}", f"# TYPE speechrt_{name} summary"]
+        for q in (0.5, 0.95, 0.99):
+            v = s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
+            self.lines.append(f'speechrt_{name}{{quantile="{q}"}} {v:.6f}')
+        self.lines += [f"speechrt_{name}_count {len(s)}", f"speechrt_{name}_sum {sum(s):.6f}"]
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def metrics_text(sessions: int, queue_depth: int, c: Counters, m: Metrics) -> str:
+    page = MetricsPage()
+    page.metric("sessions_active", "gauge", "Open Realtime sessions.", sessions)
+    page.metric("sessions_total", "counter", "Sessions admitted since start.", c.sessions_total)
+    page.metric("sessions_rejected_total", "counter", "Sessions refused (server full or shutting down).",
+                c.sessions_rejected)
+    page.metric("auth_failures_total", "counter", "Handshakes refused for a bad API key.", c.auth_failures)
+    page.metric("slow_readers_closed_total", "counter",
+                "Sessions closed because their client stopped reading what the server sent.", c.slow_readers_closed)
+    page.metric("engine_stalls_total", "counter",
+                "Transcripts or answers given up because the engine spent longer than the stall timeout in one step.",
+                c.stalls)
+    page.metric("queue_depth", "gauge", "Work items waiting for the engine.", queue_depth)
+    page.metric("engine_step_failures_total", "counter", "Model steps that raised (their requests got an error).",
+                m.step_failures)
+    page.metric("asr_batches_total", "counter", "Transcription batches run.", m.asr_batches)
+    page.metric("asr_utterances_total", "counter", "Utterances transcribed.", m.asr_items)
+    page.metric("asr_partials_cancelled_total", "counter",
+                "Live transcripts stopped because their turn's final transcript was asked for.", m.asr_cancelled)
+    page.metric("asr_early_finals_total", "counter",
+                "Final transcripts begun when the input went quiet, before Silero confirmed the pause.", m.early_finals)
+    rtf = m.asr_seconds / m.asr_audio_seconds if m.asr_audio_seconds else 0.0
+    page.metric("asr_real_time_factor", "gauge", "Transcription compute seconds per second of audio.", f"{rtf:.4f}")
+    page.metric("engine_stream_steps_total", "counter", "Steps of streaming tasks (tokens, audio chunks).",
+                m.stream_steps)
+    page.summary("final_transcript_latency_seconds", "Queue + compute time of final transcripts.", m.final_latency)
+    page.summary("partial_transcript_latency_seconds", "Queue + compute time of partial transcripts.",
+                 m.partial_latency)
+    page.summary("first_audio_latency_seconds", "Response start to first audio chunk.", m.first_audio_latency)
+    r = process_resources()
+    page.metric("process_resident_memory_bytes", "gauge", "Resident memory of the server process.", r["rss_bytes"])
+    page.metric("process_open_fds", "gauge", "Open file descriptors of the server process.", r["open_fds"])
+    page.metric("process_threads", "gauge", "Threads of the server process.", r["threads"])
+    page.metric("asyncio_tasks", "gauge", "Tasks on the server's event loop.", r["asyncio_tasks"])
+    return page.text()
