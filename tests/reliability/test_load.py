@@ -1,0 +1,136 @@
+"""Load and long input on a real transcription server: 16 and 32 concurrent sessions streaming real speech
+at real-time pace, each getting its own turns' transcripts (none crossed, none lost), with the final
+latency recorded (printed, not asserted: it depends on the machine); sessions beyond --max-sessions are
+refused cleanly; a 60-second utterance without a pause comes back whole."""
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+
+import numpy as np
+import pytest
+from rel_helpers import SENTENCES, append_event, next_event, open_session, pcm24, run, stream_pcm, update
+
+from speechrt.models.wer import wer
+
+SECOND = 24000 * 2  # bytes of pcm16 at 24 kHz
+
+async def speaker(server, turns: list[tuple[str, bytes]], delay: float, latencies: list):
+    """One session speaking its turns at real-time pace -> the transcripts of its committed turns."""
+    await asyncio.sleep(delay)
+    ws, _ = await open_session(server)
+    got = []
+
+    async def listen():
+        while len(got) < len(turns):
+            ev = json.loads(await ws.recv())
+            if ev["type"] == "conversation.item.input_audio_transcription.completed":
+                got.append((ev["transcript"], time.monotonic()))
+            elif ev["type"] in ("error", "conversation.item.input_audio_transcription.failed"):
+                got.append((f"ERROR {ev}", time.monotonic()))
+
+    listener = asyncio.create_task(listen())
+    ends = []
+    for _, pcm in turns:
+        await stream_pcm(ws, pcm[:-SECOND])  # the speech
+        ends.append(time.monotonic())
+        await stream_pcm(ws, pcm[-SECOND:])  # then a second of silence
+    await asyncio.wait_for(listener, 240)
+    await ws.close()
+    latencies += [t - end for (_, t), end in zip(got, ends)]
+    return [text for text, _ in got]
+
+
+def load(server, synth, streams: int):
+    rng = np.random.default_rng(streams)
+    plans = [[(SENTENCES[j], pcm24(synth(SENTENCES[j]), tail_s=1.0)) for j in rng.choice(len(SENTENCES), 2, False)]
+             for _ in range(streams)]
+    latencies: list[float] = []
+
+    async def main():
+        return await asyncio.gather(*(speaker(server, plan, 0.05 * i, latencies) for i, plan in enumerate(plans)))
+    results = run(main(), 300)
+    for plan, texts in zip(plans, results):
+        assert len(texts) == len(plan), texts
+        for (want, _), got in zip(plan, texts):
+            assert wer(want, got) <= 0.2, (want, got)  # its own words, in order: no crossed or lost turns
+    q = statistics.quantiles(latencies, n=20)
+    print(f"{streams} streams: final latency p50 {statistics.median(latencies) * 1e3:.0f} ms, "
+          f"p95 {q[18] * 1e3:.0f} ms over {len(latencies)} turns")
+    return latencies
+
+
+@pytest.mark.parametrize("streams", [16, 32])
+def test_concurrent_sessions_each_get_their_own_transcripts(tserver, synth, streams):
+    assert len(load(tserver, synth, streams)) == 2 * streams
+
+
+def test_sessions_beyond_the_cap_are_refused_cleanly(tserver):
+    async def main():
+        cap = 40 - int(tserver.metrics()["sessions_active"])
+        held = [await open_session(tserver) for _ in range(cap)]
+        assert all(created["type"] == "session.created" for _, created in held)
+        ws, first = await open_session(tserver)
+        await asyncio.wait_for(ws.wait_closed(), 10)
+        code = ws.close_code
+        for h, _ in held:
+            await h.close()
+        return first, code
+    first, code = run(main(), 120)
+    assert first["type"] == "error" and first["error"]["code"] == "session_limit_reached"
+    assert "40 sessions" in first["error"]["message"] and code == 1013
+
+
+@pytest.fixture(scope="module")
+def minute(synth):
+    """About a minute of speech without a pause longer than 0.15 s, and its text."""
+    parts = []
+    for s in SENTENCES * 2:
+        a = synth(s)
+        nz = np.flatnonzero(np.abs(a) > 0.01)
+        parts += [a[nz[0]: nz[-1] + 1], np.zeros(int(0.15 * 16000), np.float32)]
+        if sum(len(p) for p in parts) > 60 * 16000:
+            break
+    audio = np.concatenate(parts)
+    text = " ".join((SENTENCES * 2)[: len(parts) // 2])
+    return audio, text
+
+
+@pytest.mark.parametrize("mode", ["server_vad", "manual_commit"])
+def test_a_minute_without_a_pause_comes_back_whole(tserver, minute, mode):
+    audio, text = minute
+    assert len(audio) > 55 * 16000
+    pcm = pcm24(audio, tail_s=1.5)
+
+    async def main():
+        ws, _ = await open_session(tserver)
+        td = {"type": "server_vad", "silence_duration_ms": 1000} if mode == "server_vad" else None
+        await update(ws, {"audio": {"input": {"turn_detection": td}}})
+        await stream_pcm(ws, pcm, realtime=False)
+        if mode == "manual_commit":
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        done = await next_event(ws, "conversation.item.input_audio_transcription.completed", timeout=240)
+        await ws.close()
+        return done
+    done = run(main(), 300)
+    assert done["type"] == "conversation.item.input_audio_transcription.completed", done
+    assert done["usage"]["seconds"] > 55
+    assert wer(text, done["transcript"]) <= 0.15, done["transcript"]
+
+
+def test_silence_does_not_fill_the_buffer(tserver):
+    """Under server_vad the buffer holds only the open turn: three minutes of silence (past the 120 s cap on
+    uncommitted audio) are all accepted."""
+    silence = b"\x00\x00" * 24000  # one second at 24 kHz
+
+    async def main():
+        ws, _ = await open_session(tserver)
+        for _ in range(180):
+            await ws.send(append_event(silence))
+        await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+        ev = await next_event(ws, "input_audio_buffer.cleared", timeout=60)
+        await ws.close()
+        return ev
+    assert run(main(), 120)["type"] == "input_audio_buffer.cleared"
