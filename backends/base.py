@@ -51,15 +51,20 @@ class Runner(ABC):
 
 class ASRRunner(Runner):
     """Encoder-decoder speech recognizer (Whisper). `config` is a models.whisper.WhisperConfig;
-    `tokenizer_path` the model's tokenizer.json (the front end's vocabulary and special tokens)."""
+    `tokenizer_path` the model's tokenizer.json (the front end's vocabulary and special tokens);
+    `trims`: whether encode() takes windows shorter than 30 s (the encoder's work in proportion to the
+    audio); runners that do not get whole windows."""
 
     config: Any
     tokenizer_path: Path
+    trims: bool = False
 
     @abstractmethod
-    def encode(self, mel: torch.Tensor, stop=None) -> Any:
-        """mel [B, n_mels, 3000] float32 -> encoder output (opaque to the caller). `stop()`, if given, may
-        be asked during the pass; when it returns True the pass is abandoned and None returned."""
+    def encode(self, mel: torch.Tensor, stop=None, frames: list[int] | None = None) -> Any:
+        """mel [B, n_mels, T] float32 (T = 3000, or with `trims` any even T up to it) -> encoder output
+        (opaque to the caller). `frames` [B]: the mel frames of each row that hold its audio (the rest
+        is padding its encoding must not depend on); None: all T. `stop()`, if given, may be asked
+        during the pass; when it returns True the pass is abandoned and None returned."""
 
     @abstractmethod
     def start(self, encoded: Any, repeat: int, max_tokens: int) -> Any:

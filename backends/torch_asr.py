@@ -32,13 +32,21 @@ def parse_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
 
 
 @dataclass
+class Encoded:
+    states: torch.Tensor  # [B, S, d]
+    lengths: torch.Tensor | None  # [B] positions holding each row's audio (None: all S)
+
+
+@dataclass
 class DecoderState:
     caches: list  # per layer (k, v) [N, H, max_len, Dh]
     cross: list  # per layer (k, v) [N, H, S, Dh]
     offset: int
+    cross_lengths: torch.Tensor | None = None  # [N] encoder positions of each row (None: all S)
 
 
 class TorchASRRunner(ASRRunner):
+    trims = True
     def __init__(self, weights: WhisperWeights, device: torch.device, dtype: torch.dtype, kernels: str = "torch",
                  threads: ThreadPolicy | None = None, model_name: str = "", model_format: str = ""):
         self.config, self.device, self.dtype = weights.config, device, dtype
@@ -59,18 +67,24 @@ class TorchASRRunner(ASRRunner):
         return self.threads.small()
 
     @torch.inference_mode()
-    def encode(self, mel, stop=None):
+    def encode(self, mel, stop=None, frames=None):
+        lengths = None
+        if frames is not None:  # conv2 halves the frames: position p sees frames 2p-1..2p+1
+            lengths = torch.tensor([min((f + 1) // 2, mel.shape[-1] // 2) for f in frames], device=self.device)
         with self.threads.large():
-            return self.model.encoder(mel.to(self.device, self.dtype), stop)
+            states = self.model.encoder(mel.to(self.device, self.dtype), stop, lengths)
+        return None if states is None else Encoded(states, lengths)
 
     @torch.inference_mode()
     def start(self, encoded, repeat, max_tokens):
-        cross = self.model.cross_kv(encoded)
+        cross = self.model.cross_kv(encoded.states)
+        lengths = encoded.lengths
         if repeat > 1:
             cross = [(k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0)) for k, v in cross]
-        n = encoded.shape[0] * repeat
+            lengths = None if lengths is None else lengths.repeat_interleave(repeat, 0)
+        n = encoded.states.shape[0] * repeat
         max_tokens = min(max_tokens, self.config.n_text_ctx)
-        return DecoderState(self.model.new_cache(n, max_tokens, self.dtype, self.device), cross, 0)
+        return DecoderState(self.model.new_cache(n, max_tokens, self.dtype, self.device), cross, 0, lengths)
 
     @torch.inference_mode()
     def decode_step(self, state, tokens, last_only=True):
@@ -79,7 +93,8 @@ class TorchASRRunner(ASRRunner):
             raise RuntimeError(f"decoder cache full ({state.caches[0][0].shape[2]} positions)")
         dec = self.model.decoder
         with self.threads.small():
-            x = dec.hidden(tokens.to(self.device), state.caches, state.offset, state.cross, last_only)
+            x = dec.hidden(tokens.to(self.device), state.caches, state.offset, state.cross, last_only,
+                           cross_lengths=state.cross_lengths)
         with self.threads.large():
             logits = dec.logits(x)
         state.offset += t
@@ -95,6 +110,8 @@ class TorchASRRunner(ASRRunner):
     def reorder(self, state, index):
         state.caches = [(k.index_select(0, index), v.index_select(0, index)) for k, v in state.caches]
         state.cross = [(k.index_select(0, index), v.index_select(0, index)) for k, v in state.cross]
+        if state.cross_lengths is not None:
+            state.cross_lengths = state.cross_lengths.index_select(0, index)
         return state
 
 

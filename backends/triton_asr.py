@@ -27,10 +27,11 @@ class _StepGraph:
         dev = state.caches[0][0].device
         self.tokens = torch.zeros((n, 1), dtype=torch.long, device=dev)
         self.position = torch.zeros((1,), dtype=torch.long, device=dev)
-        self.caches, self.cross = state.caches, state.cross
+        self.caches, self.cross, self.cross_lengths = state.caches, state.cross, state.cross_lengths
 
         def step():
-            return model.decoder(self.tokens, self.caches, 0, self.cross, position=self.position)
+            return model.decoder(self.tokens, self.caches, 0, self.cross, position=self.position,
+                                 cross_lengths=self.cross_lengths)
 
         self.step = step
         self.graph = None
@@ -60,7 +61,8 @@ class TritonASRRunner(TorchASRRunner):
         self._graphs: dict[tuple, _StepGraph] = {}
 
     def _graph_for(self, state, n):
-        key = (n, *(t.data_ptr() for kv in (*state.caches, *state.cross) for t in kv))
+        key = (n, *(t.data_ptr() for kv in (*state.caches, *state.cross) for t in kv),
+               None if state.cross_lengths is None else state.cross_lengths.data_ptr())
         g = self._graphs.get(key)
         if g is None:
             if len(self._graphs) >= MAX_GRAPHS:
@@ -86,6 +88,8 @@ class TritonASRRunner(TorchASRRunner):
         for kv in (*state.caches, *state.cross):  # in place: the captured graphs keep their addresses
             for t in kv:
                 t.copy_(t.index_select(0, index.to(t.device)))
+        if state.cross_lengths is not None:
+            state.cross_lengths.copy_(state.cross_lengths.index_select(0, index.to(state.cross_lengths.device)))
         return state
 
 

@@ -97,9 +97,10 @@ class SelfAttention(nn.Module):
         self.out = Linear(d, d, ops)
 
     def forward(self, x, cache: tuple[torch.Tensor, torch.Tensor] | None = None, offset: int = 0,
-                position: torch.Tensor | None = None):
+                position: torch.Tensor | None = None, lengths: torch.Tensor | None = None):
         """x [B, T, d]. With cache (k, v each [B, H, max_len, Dh]) the new keys/values are written at
-        positions offset..offset+T-1 and attention runs over positions < offset+T, causally.
+        positions offset..offset+T-1 and attention runs over positions < offset+T, causally. Without a
+        cache (the encoder) `lengths` [B] limits each row's keys to its first lengths[b] positions.
 
         `position` (int64 [1] on the device, T == 1) replaces `offset` for a decode step with fixed
         shapes and no host sync (capturable as a CUDA/HIP graph): the key/value go to that slot and
@@ -119,7 +120,7 @@ class SelfAttention(nn.Module):
             k, v = kc[:, :, : offset + T], vc[:, :, : offset + T]
             o = self.ops.attention(q, k, v, causal=True)
         else:
-            o = self.ops.attention(q, k, v, causal=False)
+            o = self.ops.attention(q, k, v, causal=False, lengths=lengths)
         return self.out(o.transpose(1, 2).reshape(B, T, d))
 
 
@@ -137,10 +138,11 @@ class CrossAttention(nn.Module):
         kv = self.kv(xa).view(B, S, 2, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         return kv[0].contiguous(), kv[1].contiguous()
 
-    def forward(self, x, kv):
+    def forward(self, x, kv, lengths=None):
+        """`lengths` [B]: each row's encoder positions (keys past them are padding)."""
         B, T, d = x.shape
         q = self.q(x).view(B, T, self.heads, d // self.heads).transpose(1, 2)
-        o = self.ops.attention(q, kv[0], kv[1], causal=False)
+        o = self.ops.attention(q, kv[0], kv[1], causal=False, lengths=lengths)
         return self.out(o.transpose(1, 2).reshape(B, T, d))
 
 
@@ -150,8 +152,8 @@ class EncoderBlock(nn.Module):
         self.attn_ln, self.attn = LayerNorm(d, ops), SelfAttention(d, heads, ops)
         self.mlp_ln, self.mlp = LayerNorm(d, ops), MLP(d, ffn, ops)
 
-    def forward(self, x):
-        x = x + self.attn(self.attn_ln(x))
+    def forward(self, x, lengths=None):
+        x = x + self.attn(self.attn_ln(x), lengths=lengths)
         return x + self.mlp(self.mlp_ln(x))
 
 
@@ -162,9 +164,9 @@ class DecoderBlock(nn.Module):
         self.cross_attn_ln, self.cross_attn = LayerNorm(d, ops), CrossAttention(d, heads, ops)
         self.mlp_ln, self.mlp = LayerNorm(d, ops), MLP(d, ffn, ops)
 
-    def forward(self, x, cache, offset, cross_kv, position=None):
+    def forward(self, x, cache, offset, cross_kv, position=None, cross_lengths=None):
         x = x + self.attn(self.attn_ln(x), cache, offset, position)
-        x = x + self.cross_attn(self.cross_attn_ln(x), cross_kv)
+        x = x + self.cross_attn(self.cross_attn_ln(x), cross_kv, cross_lengths)
         return x + self.mlp(self.mlp_ln(x))
 
 
@@ -179,18 +181,23 @@ class AudioEncoder(nn.Module):
         self.ln_post = LayerNorm(d, ops)
         self.ops = ops
 
-    def forward(self, mel, stop=None):
-        """mel [B, n_mels, 2 * n_audio_ctx] -> [B, n_audio_ctx, d]. `stop()`, if given, is asked between
+    def forward(self, mel, stop=None, lengths=None):
+        """mel [B, n_mels, 2 * S] -> [B, S, d] for S <= n_audio_ctx (1500: a 30-second window). Whisper
+        was trained on whole windows; a shorter S encodes only the start of one (whisper.cpp's audio_ctx),
+        with `lengths` [B] (<= S) the positions of each row that hold its audio: its keys stop there, so a
+        row's encoding does not depend on the others of its batch. `stop()`, if given, is asked between
         blocks; True abandons the pass (returns None)."""
         x = self.ops.gelu(self.conv1(mel))
         x = self.ops.gelu(self.conv2(x)).transpose(1, 2)
-        if x.shape[1] != self.positional_embedding.shape[0]:
-            raise ValueError(f"encoder expects {2 * self.positional_embedding.shape[0]} mel frames, got {mel.shape[-1]}")
-        x = x + self.positional_embedding.to(x.dtype)
+        S = x.shape[1]
+        if mel.shape[-1] % 2 or S > self.positional_embedding.shape[0]:
+            raise ValueError(f"encoder takes an even number of mel frames, at most {2 * self.positional_embedding.shape[0]}; "
+                             f"got {mel.shape[-1]}")
+        x = x + self.positional_embedding[:S].to(x.dtype)
         for b in self.blocks:
             if stop is not None and stop():
                 return None
-            x = b(x)
+            x = b(x, lengths)
         return self.ln_post(x)
 
 
@@ -204,13 +211,13 @@ class TextDecoder(nn.Module):
         self.ln = LayerNorm(d, ops)
         self.ops = ops
 
-    def forward(self, tokens, caches, offset, cross_kvs, last_only=True, position=None):
+    def forward(self, tokens, caches, offset, cross_kvs, last_only=True, position=None, cross_lengths=None):
         """tokens [B, T] at positions offset.. -> logits [B, vocab] (last position) or [B, T, vocab].
         `position` (int64 [1] tensor, T == 1): a fixed-shape decode step at that position instead of
-        `offset` (see SelfAttention.forward)."""
-        return self.logits(self.hidden(tokens, caches, offset, cross_kvs, last_only, position))
+        `offset` (see SelfAttention.forward). `cross_lengths` [B]: each row's encoder positions."""
+        return self.logits(self.hidden(tokens, caches, offset, cross_kvs, last_only, position, cross_lengths))
 
-    def hidden(self, tokens, caches, offset, cross_kvs, last_only=True, position=None):
+    def hidden(self, tokens, caches, offset, cross_kvs, last_only=True, position=None, cross_lengths=None):
         """The blocks and the final norm -> [B, d] (last position) or [B, T, d]: many small ops."""
         T = tokens.shape[1]
         if position is not None:
@@ -221,7 +228,7 @@ class TextDecoder(nn.Module):
             pos = self.positional_embedding[offset: offset + T]
         x = self.token_embedding(tokens) + pos
         for b, cache, kv in zip(self.blocks, caches, cross_kvs):
-            x = b(x, cache, offset, kv, position)
+            x = b(x, cache, offset, kv, position, cross_lengths)
         if last_only:
             x = x[:, -1]
         return self.ln(x)

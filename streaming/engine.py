@@ -29,7 +29,8 @@ from .metrics import Metrics
 from .transcripts import TranscriptJob, TranscriptQueue, run_jobs
 
 log = logging.getLogger(__name__)
-LIVE = TranscribeOptions(without_timestamps=True)  # transcripts of turns: greedy, no timestamps
+# turns: greedy, the encoder over the audio only, loops cut (see session.asr_options)
+LIVE = TranscribeOptions(without_timestamps=True, trim_context=True, stop_repeats=3)
 
 
 @dataclass

@@ -2,6 +2,31 @@
 synthesizer (Piper, through the `piper-tts` peer package, with the embedded voice)."""
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import os
+import sys
+
+# Triton kernels run on the CPU through the Triton interpreter in tests/kernels. `triton.jit` decides at
+# decoration time whether a kernel is interpreted, and triton.language's own helpers (tl.sum's combine
+# function, ...) are decorated when triton is first imported; a test module imported during collection
+# (a backend list, torch itself) can import triton, so this is done here, before any test module, with
+# TRITON_INTERPRET=1 set only for these imports.
+if importlib.util.find_spec("triton") is not None and "triton" not in sys.modules:
+    _prev = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        from speechrt import kernels as _k
+
+        for _mod in _k.TRITON_MODULES:
+            importlib.import_module(_mod)
+        importlib.import_module("speechrt.kernels.triton_decode_attention")
+    finally:
+        if _prev is None:
+            os.environ.pop("TRITON_INTERPRET")
+        else:
+            os.environ["TRITON_INTERPRET"] = _prev
+
 import numpy as np
 import pytest
 

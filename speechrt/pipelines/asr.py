@@ -26,6 +26,7 @@ OPTION_NAMES = frozenset(f.name for f in fields(TranscribeOptions))
 MULTILINGUAL = ("a multilingual Whisper model (a Hugging Face or CTranslate2 directory, or an openai-whisper .pt, of "
                 "tiny, base, small, medium or large: not the .en ones)")
 MAX_UTTERANCE_SAMPLES = N_FRAMES * HOP_LENGTH  # one 30-second window
+TRIM_STEP = 32  # trimmed windows are a multiple of this many mel frames (fewer shapes for kernels and allocator)
 
 __all__ = ["ASRPipeline", "load_asr", "TranscribeOptions", "Transcript", "WindowResult", "TranscriptionCancelled",
            "SAMPLE_RATE", "MAX_UTTERANCE_SAMPLES"]
@@ -104,9 +105,14 @@ class ASRPipeline:
             raise ValueError("transcribe_batch takes utterances of at most 30 seconds; use transcribe() for long audio")
         with torch.inference_mode(), self.runner.loop():
             # as in transcribe(): the content frames, zero-padded to a full window (openai/whisper pads in
-            # the log-mel domain)
+            # the log-mel domain), or to as much of one as the longest utterance needs
             mels = torch.stack([utterance_mel(a, self.runner.config.n_mels, self.runner.device) for a in audios])
-            return decode_utterances(self.decoder, mels, opts, drafts, stop)
+            frames = None
+            if opts.trim_context and self.runner.trims and audios:
+                margin = round(opts.trim_margin * SAMPLE_RATE / HOP_LENGTH)
+                frames = [min(N_FRAMES, len(a) // HOP_LENGTH + margin) for a in audios]
+                mels = mels[:, :, : -(-max(frames) // TRIM_STEP) * TRIM_STEP]
+            return decode_utterances(self.decoder, mels, opts, drafts, stop, frames)
 
     def warm_up(self) -> None:
         """Run the model once on this thread: the first call in a thread pays for its thread pool, kernel

@@ -158,10 +158,10 @@ class TextStream:
 MAX_PERIOD = 32  # longest repeated span (tokens) that repeating() looks for
 
 
-def repeating(tokens: list[int], times: int) -> bool:
-    """Whether `tokens` end with one span of 1 to MAX_PERIOD tokens repeated `times` times in a row (a span
-    of one token needs 4 * times: a run of one character can be text). A reply caught in such a loop
-    never ends by itself; small quantized models fall into them."""
+def repeat_period(tokens: list[int], times: int) -> int:
+    """The length of the span of 1 to MAX_PERIOD tokens that `tokens` end with, repeated `times` times in a
+    row (a span of one token needs 4 * times: a run of one character can be text); 0 if there is none.
+    Output caught in such a loop never ends by itself: small (quantized) models fall into them."""
     n = len(tokens)
     for period in range(1, min(MAX_PERIOD, n // times) + 1):
         reps = times * 4 if period == 1 else times
@@ -171,8 +171,12 @@ def repeating(tokens: list[int], times: int) -> bool:
         if period > 1 and len(set(tail)) == 1:  # a run of one token: the period-1 rule decides
             continue
         if all(tokens[n - (k + 1) * period: n - k * period] == tail for k in range(1, reps)):
-            return True
-    return False
+            return period
+    return 0
+
+
+def repeating(tokens: list[int], times: int) -> bool:
+    return repeat_period(tokens, times) > 0
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], vocab: int, max_len: int) -> None:

@@ -22,6 +22,8 @@ import torch
 from speechrt.errors import UserError
 from speechrt.models.audio import CHUNK_LENGTH, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, pad_or_trim_frames
 
+from .generation import repeat_period
+
 NEG_INF = float("-inf")
 
 
@@ -44,6 +46,14 @@ class TranscribeOptions:
     language: str | None = None  # None: English for .en models, detected for multilingual ones
     task: str = "transcribe"
     sample_len: int | None = None  # max tokens per window; default n_text_ctx // 2
+    # batches of utterances (decode_utterances): encode only the frames that hold the audio, plus
+    # trim_margin seconds of the padding after it, instead of the whole 30 s window Whisper was trained on
+    # (the encoder's work in proportion to the audio)
+    trim_context: bool = False
+    trim_margin: float = 1.0
+    # batches of utterances: a row whose text ends with one span repeated this many times stops there,
+    # keeping one copy (a greedy loop, "Turn off the lights... Turn off the lights..."); 0: off
+    stop_repeats: int = 0
     seed: int = 0
 
     def __post_init__(self):
@@ -61,6 +71,10 @@ class TranscribeOptions:
             bad(f"task must be 'transcribe' or 'translate', got {self.task!r}")
         if self.sample_len is not None and self.sample_len < 1:
             bad(f"sample_len must be >= 1, got {self.sample_len}")
+        if self.stop_repeats < 0 or self.stop_repeats == 1:
+            bad(f"stop_repeats must be 0 (off) or >= 2, got {self.stop_repeats}")
+        if not 0 <= self.trim_margin <= CHUNK_LENGTH:
+            bad(f"trim_margin must be in [0, {CHUNK_LENGTH}] seconds, got {self.trim_margin}")
 
 
 class TranscriptionCancelled(Exception):
@@ -102,6 +116,15 @@ class Transcript:
                 "segments": [{"id": s.id, "start": round(s.start, 3), "end": round(s.end, 3), "text": s.text,
                               "avg_logprob": s.avg_logprob, "no_speech_prob": s.no_speech_prob,
                               "temperature": s.temperature} for s in self.segments]}
+
+
+def cut_loop(seq: list[int], times: int) -> bool:
+    """If `seq` ends with one span repeated `times` times, drop all copies but the first -> True (the row
+    is done); False otherwise, or when `times` is 0."""
+    period = repeat_period(seq, times) if times else 0
+    if period:
+        del seq[len(seq) - (times - 1) * period:]
+    return period > 0
 
 
 def compression_ratio(text: str) -> float:
@@ -214,9 +237,10 @@ class WindowDecoder:
         text = self.tok.decode(toks)
         return WindowResult(toks, text, sum_lp[best] / (len(toks) + 1), no_speech, temperature, compression_ratio(text))
 
-    def sample(self, state, logits, rules, n, temperature, sample_len, gen, stop=None):
+    def sample(self, state, logits, rules, n, temperature, sample_len, gen, stop=None, loops: int = 0):
         """Greedy (temperature 0) or sampled decoding of n rows; finished rows leave the batch.
-        `stop()` is asked before each step; True abandons the work (TranscriptionCancelled)."""
+        `stop()` is asked before each step; True abandons the work (TranscriptionCancelled). `loops`: a
+        row stops when it repeats itself that many times (see TranscribeOptions.stop_repeats)."""
         seqs: list[list[int]] = [[] for _ in range(n)]
         sum_lp = [0.0] * n
         active = list(range(n))
@@ -236,7 +260,8 @@ class WindowDecoder:
                 if nxt_l[j] == eot:
                     continue
                 seqs[i].append(nxt_l[j])
-                keep.append(j)
+                if not cut_loop(seqs[i], loops):
+                    keep.append(j)
             if not keep:
                 break
             if len(keep) < len(active):
@@ -249,7 +274,7 @@ class WindowDecoder:
         return seqs, sum_lp
 
     def greedy_drafted(self, state, checked, rules, drafts: list[list[int]], sample_len: int, prompt_len: int,
-                       stop=None):
+                       stop=None, loops: int = 0):
         """Greedy decoding of len(drafts) rows that checks a guess of each row's output first (speculative
         decoding with the guess as the draft). The caller has run the prompt and every draft through
         the decoder in one pass: checked [n, 1 + width, vocab] are the logits after the prompt and after
@@ -302,7 +327,7 @@ class WindowDecoder:
                     if tok == eot:
                         continue
                     seqs[i].append(tok)
-                    if len(seqs[i]) >= sample_len:
+                    if len(seqs[i]) >= sample_len or cut_loop(seqs[i], loops):
                         continue
                 keep.append(j)
             if not keep:
@@ -440,11 +465,13 @@ def long_form(decoder: WindowDecoder, mel: torch.Tensor, duration: float, opts: 
 
 
 def decode_utterances(decoder: WindowDecoder, mels: torch.Tensor, opts: TranscribeOptions,
-                      drafts: list[list[int] | None] | None = None, stop=None) -> list[WindowResult]:
-    """Greedy transcription of several short utterances in one batch: mels [n, n_mels, N_FRAMES] (each
-    utterance's log-mel, zero-padded to a window), one encoder call for all, then decode steps over all
-    rows together, finished rows leaving the batch. Utterances judged silent (no-speech probability above
-    the threshold and low confidence) come back empty.
+                      drafts: list[list[int] | None] | None = None, stop=None,
+                      frames: list[int] | None = None) -> list[WindowResult]:
+    """Greedy transcription of several short utterances in one batch: mels [n, n_mels, T] (each
+    utterance's log-mel, zero-padded to T frames: a whole window, or with `frames` — the frames of each
+    row that hold its audio — only as much of one as the longest needs), one encoder call for all, then
+    decode steps over all rows together, finished rows leaving the batch. Utterances judged silent
+    (no-speech probability above the threshold and low confidence) come back empty.
 
     `drafts`: per utterance, a guess of its tokens (e.g. the transcript of an earlier, shorter part of
     the same speech) or None. The guesses go through the decoder with the prompt, in one pass, and
@@ -456,7 +483,7 @@ def decode_utterances(decoder: WindowDecoder, mels: torch.Tensor, opts: Transcri
     n = mels.shape[0]
     if drafts is not None and len(drafts) != n:
         raise ValueError(f"{len(drafts)} drafts for {n} utterances")
-    enc = runner.encode(mels, stop)  # stopped between encoder blocks too
+    enc = runner.encode(mels, stop, frames)  # stopped between encoder blocks too
     if enc is None or (stop is not None and stop()):
         raise TranscriptionCancelled()
     # every row's prompt has the same length: languages differ in one token
@@ -478,9 +505,9 @@ def decode_utterances(decoder: WindowDecoder, mels: torch.Tensor, opts: Transcri
     rules = LogitRules(tok, opts, prompt_len, dev)
     if width:
         seqs, sum_lp = decoder.greedy_drafted(state, logits[:, prompt_len - 1:], rules, drafts, sample_len,
-                                              prompt_len, stop)
+                                              prompt_len, stop, opts.stop_repeats)
     else:
-        seqs, sum_lp = decoder.sample(state, logits[:, -1], rules, n, 0.0, sample_len, None, stop)
+        seqs, sum_lp = decoder.sample(state, logits[:, -1], rules, n, 0.0, sample_len, None, stop, opts.stop_repeats)
     out = []
     for i in range(n):
         text = tok.decode(seqs[i])

@@ -117,6 +117,22 @@ def test_asr_reorder_and_rewind(asr, speech):
     assert torch.isfinite(a).all()
 
 
+def test_asr_trimmed_windows_do_not_depend_on_the_batch(asr, speech):
+    """A runner that trims (encodes fewer than 3000 frames) must give a row the same decoding whatever the
+    other rows' lengths: the first steps' logits of a short utterance alone and batched with a longer one."""
+    r, tok = asr.runner, asr.tokenizer
+    if not r.trims:
+        pytest.skip(f"{r.info.backend} encodes whole windows only")
+    mels = torch.stack([utterance_mel(a, r.config.n_mels, r.device) for a in speech[:2]])
+    frames = [(len(a) // 160 + 100) // 2 * 2 for a in speech[:2]]
+    prompt = torch.tensor([tok.sot_sequence("en", "transcribe") + [tok.no_timestamps]], device=r.device)
+    with torch.inference_mode():
+        alone = r.decode_step(r.start(r.encode(mels[:1, :, :frames[0] + 32], None, frames[:1]), 1, 8), prompt)
+        both = r.decode_step(r.start(r.encode(mels[:, :, :max(frames) + 64], None, frames), 1, 8),
+                             prompt.expand(2, -1))
+    torch.testing.assert_close(both[0], alone[0], rtol=1e-3, atol=1e-3)
+
+
 def test_asr_encode_stops_between_blocks(asr, speech):
     r = asr.runner
     asked = []

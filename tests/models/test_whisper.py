@@ -67,7 +67,7 @@ def test_encoder_matches_ctranslate2(asr, ct2_model, synth):
 
     audio = synth(SENTENCES[0])
     mel = pad_or_trim_frames(log_mel_spectrogram(audio, 80, padding=N_FRAMES * 160))[None]
-    ours = asr.runner.encode(mel).float().numpy()
+    ours = asr.runner.encode(mel).states.float().numpy()
     ref = np.array(ct2_model.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(mel.numpy()))))
     assert ours.shape == ref.shape == (1, 1500, 384)
     assert np.isfinite(ours).all()

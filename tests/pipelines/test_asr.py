@@ -35,3 +35,20 @@ def test_language_is_checked_against_the_model(asr):
         asr.options(language="de")
     with pytest.raises(UserError, match="language 'de'"):
         asr.transcribe_batch([], TranscribeOptions(language="de"))
+
+
+def test_trimmed_context_is_batch_independent_and_drafts_still_check(asr, synth):
+    """With the encoder over each utterance's audio (plus a second), an utterance's transcript does not
+    depend on the others of its batch (their lengths set the batch's window), and a draft checked in one
+    pass gives the same tokens. A greedy loop is cut to one copy."""
+    short, long_ = synth("Turn off the lights."), synth(SPEECH + " " + SPEECH)
+    opts = TranscribeOptions(without_timestamps=True, trim_context=True, stop_repeats=3)
+    alone = asr.transcribe_batch([short], opts)[0]
+    both = asr.transcribe_batch([short, long_], opts)
+    assert both[0].tokens == alone.tokens and "lights" in alone.text.lower()
+    assert "museum" in both[1].text.lower()
+    drafted = asr.transcribe_batch([short, long_], opts, [alone.tokens[:2], both[1].tokens[:5] + [11]])
+    assert [d.tokens for d in drafted] == [b.tokens for b in both]
+    assert both[0].text.count("lights") == 1  # this one loops: "Turn off the lights... Turn off the lights..."
+    looped = asr.transcribe_batch([short], TranscribeOptions(without_timestamps=True, trim_context=True))[0]
+    assert looped.text.count("lights") > 3 and looped.tokens[:len(alone.tokens)] == alone.tokens
