@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import warnings
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from speechrt.kernels import KernelSet
-from speechrt.kernels.reference import OPS as REFERENCE
 from speechrt.models.whisper import Whisper, WhisperConfig
 from speechrt.models.whisper_loaders import load_weights
 
 from .manifest import Graph, Manifest, Tensor
+from .trace import export_ops, trace
 
 PRECISIONS = ("fp32", "fp16", "int8")
 
@@ -46,21 +44,6 @@ def io(c: WhisperConfig, dtype: str = "float32") -> dict[str, tuple[list[Tensor]
            + [Tensor(t.name, dtype, ("batch",) + t.shape[1:]) for t in cross],
            [Tensor("logits", "float32", ("batch", "tokens", c.n_vocab))] + new_kv)
     return {"encoder": enc, "decoder": dec}
-
-
-def _layer_norm(x, weight, bias, eps=1e-5, residual=None):
-    """kernels.reference.layer_norm with the normalized size taken from the weight: the tracer records
-    x.shape[-1] as a graph value, which torch.onnx's layer_norm cannot take."""
-    if residual is not None:
-        x = x + residual
-        return torch.nn.functional.layer_norm(x, (weight.numel(),), weight, bias, eps), x
-    return torch.nn.functional.layer_norm(x, (weight.numel(),), weight, bias, eps)
-
-
-def export_ops() -> KernelSet:
-    """The torch reference kernel set, traceable by torch.onnx."""
-    ops = dict(REFERENCE, layer_norm=_layer_norm)
-    return KernelSet("torch", torch.device("cpu"), ops, {k: "torch" for k in ops})
 
 
 class EncoderGraph(nn.Module):
@@ -105,15 +88,6 @@ class DecoderGraph(nn.Module):
         return (self.dec.logits(self.dec.ln(x)),) + tuple(new)
 
 
-def _export(module, args, path: Path, ins: list[Tensor], outs: list[Tensor], opset: int):
-    dyn = {t.name: {i: s for i, s in enumerate(t.shape) if isinstance(s, str)} for t in ins + outs}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
-        torch.onnx.export(module, args, str(path), input_names=[t.name for t in ins],
-                          output_names=[t.name for t in outs], dynamic_axes={k: v for k, v in dyn.items() if v},
-                          opset_version=opset, dynamo=False, do_constant_folding=True)
-
-
 def quantize_int8(path: Path) -> None:
     """MatMul weights -> int8 per output channel, activations quantized per call (ONNX Runtime's dynamic
     quantization: DynamicQuantizeLinear + MatMulInteger)."""
@@ -143,7 +117,7 @@ def export(model, out: Path, precision: str | None, opset: int, variant: str, ba
     spec = io(c, tdt)
     bar.update(1)
     bar.set_description("tracing the encoder")
-    _export(EncoderGraph(m), (torch.zeros(1, c.n_mels, 2 * c.n_audio_ctx, dtype=dtype),), out / "encoder.onnx",
+    trace(EncoderGraph(m), (torch.zeros(1, c.n_mels, 2 * c.n_audio_ctx, dtype=dtype),), out / "encoder.onnx",
             *spec["encoder"], opset)
     bar.update(1)
     bar.set_description("tracing the decoder")
@@ -152,7 +126,7 @@ def export(model, out: Path, precision: str | None, opset: int, variant: str, ba
     kv = [torch.zeros(2, c.n_text_head, 8, dh, dtype=dtype) for _ in range(2 * n)]
     cross = [torch.zeros(2, c.n_text_head, c.n_audio_ctx, dh, dtype=dtype) for _ in range(2 * n)]
     args = (torch.zeros(2, 3, dtype=torch.long), torch.tensor(2)) + tuple(kv) + tuple(cross)
-    _export(DecoderGraph(m), args, out / "decoder.onnx", *spec["decoder"], opset)
+    trace(DecoderGraph(m), args, out / "decoder.onnx", *spec["decoder"], opset)
     bar.update(1)
     if precision == "int8":
         bar.set_description("quantizing to int8")
