@@ -15,6 +15,7 @@ BACKENDS: dict[str, str] = {
     "torch": "speechrt.backends.torch_backend:TorchBackend",
     "onnxruntime": "speechrt.backends.onnxruntime_backend:OnnxRuntimeBackend",
     "triton": "speechrt.backends.triton_backend:TritonBackend",
+    "tensorrt": "speechrt.backends.tensorrt_backend:TensorRTBackend",
 }
 
 

@@ -52,9 +52,9 @@ def providers_for(device: str | None) -> list:
         if dev == "auto":
             return ["CPUExecutionProvider"]
         wanted, install = GPU_PROVIDERS["rocm" if dev == "rocm" else "cuda"]
-        raise UserError(f"device {device!r}: this onnxruntime {ort.__version__} has no {' or '.join(wanted)} "
-                        f"(available: {', '.join(have)}); pip uninstall onnxruntime && pip install {install}, "
-                        "or use --device cpu")
+        raise UserError(f"device {device!r}: this onnxruntime {ort.__version__} has no GPU execution provider "
+                        f"({' or '.join(wanted)}; available: {', '.join(have)}); pip uninstall onnxruntime && "
+                        f"pip install {install}, or use --device cpu")
     out = []
     for p in gpu:
         opts = {"device_id": index}
@@ -274,7 +274,7 @@ class OnnxRuntimeBackend(Backend):
         from speechrt.errors import UserError
 
         if dtype not in (None, "float32", "fp32", "auto"):
-            raise UserError(f"the onnxruntime TTS runner runs float32 graphs; got dtype {dtype!r}")
+            raise UserError(f"the onnxruntime backend runs the voice graph as shipped (float32); got dtype {dtype!r}")
         if model.format == "speechrt-onnx":
             from .onnxruntime_tts import exported_tts_runner
             return exported_tts_runner(model, providers_for(device))

@@ -9,6 +9,7 @@ first use into a cache directory (the onnxruntime backend given a model name).
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
 import shutil
@@ -110,12 +111,21 @@ def cache_dir() -> Path:
     return Path(base) / "onnx"
 
 
+def exporter_hash() -> str:
+    """A hash of the exporters' own code: an export made by other code is made again."""
+    h = hashlib.sha256()
+    for f in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def cached_export(family: str, model, precision: str | None, variant: str = "ort", progress: bool = True) -> Path:
     """The directory of `model`'s export in the cache, made now (with a progress bar) if it is not there.
-    Keyed by the model's name, file size and modification time, precision and variant; a directory that
-    does not hold a manifest of this speechrt's format is exported again."""
+    Keyed by the model's name, file size and modification time, precision, variant and the exporters' code;
+    a directory that does not hold a readable manifest is exported again."""
     st = Path(model.path).stat()
-    key = f"{model.name}-{family}-{variant}-{precision or 'default'}-{st.st_size:x}-{int(st.st_mtime):x}"
+    key = (f"{model.name}-{family}-{variant}-{precision or 'default'}-{st.st_size:x}-{int(st.st_mtime):x}-"
+           f"{exporter_hash()}")
     d = cache_dir() / key
     if (d / MANIFEST).exists():
         try:
