@@ -130,3 +130,32 @@ def test_exported_dir_and_dtype_errors():
         backends.get("onnxruntime").lm(m, dtype="int3")
     with pytest.raises(UserError, match="already an export"):
         export_model("lm", str(d), d.parent / "again", progress=False)
+
+
+def test_serve_loads_onnxruntime_models():
+    """`speechrt serve --asr-backend onnxruntime --lm-backend onnxruntime` loads both from exports (made on first
+    use), beside the torch voice."""
+    import argparse
+
+    from speechrt import cli_serve
+
+    p = argparse.ArgumentParser()
+    cli_serve.add_arguments(p)
+    asr, lm, tts = cli_serve.load_models(p.parse_args(["--asr-backend", "onnxruntime", "--lm-backend", "onnxruntime"]))
+    assert (asr.info.backend, lm.info.backend, tts.info.backend) == ("onnxruntime", "onnxruntime", "torch")
+    assert asr.info.format == lm.info.format == "speechrt-onnx" and lm.info.precision == "int4"
+    reply = "".join(lm.chat("What is the capital of France?", max_tokens=8))
+    assert "Paris" in reply
+
+
+def test_backend_auto_follows_the_table():
+    from speechrt.backends import auto
+
+    kind = auto.machine_kind("cpu")
+    assert kind in ("amx", "avx512", "avx2", "generic") and auto.machine_kind("cuda") == "gpu"
+    c = auto.choose("lm", "cpu")
+    assert c == auto.TABLE.get((kind, "lm"), c) and c.backend in backends.available("lm")
+    r = backends.get("auto").tts(resolve(None, "tts"))
+    assert r.info.backend == auto.choose("tts", "cpu").backend
+    with pytest.raises(UserError, match="valid backends: .*auto"):
+        backends.get("fastest")
