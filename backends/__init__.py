@@ -15,6 +15,7 @@ BACKENDS: dict[str, str] = {
     "torch": "speechrt.backends.torch_backend:TorchBackend",
     "onnxruntime": "speechrt.backends.onnxruntime_backend:OnnxRuntimeBackend",
     "triton": "speechrt.backends.triton_backend:TritonBackend",
+    "tensorrt": "speechrt.backends.tensorrt_backend:TensorRTBackend",
 }
 
 
@@ -26,10 +27,16 @@ class BackendUnavailable(UserError, RuntimeError):
     pass
 
 
+AUTO = "auto"  # not a backend of its own: per family, the one measured best here (backends/auto.py)
+
+
 def get(name: str) -> Backend:
-    """Instantiate backend `name`; errors list the valid names."""
+    """Instantiate backend `name` (or 'auto'); errors list the valid names."""
+    if name == AUTO:
+        from .auto import AutoBackend
+        return AutoBackend()
     if name not in BACKENDS:
-        raise UnknownBackend(f"unknown backend {name!r}; valid backends: {', '.join(BACKENDS)}")
+        raise UnknownBackend(f"unknown backend {name!r}; valid backends: {', '.join(BACKENDS)}, {AUTO}")
     mod, _, cls = BACKENDS[name].partition(":")
     try:
         m = importlib.import_module(mod)

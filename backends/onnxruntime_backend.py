@@ -16,39 +16,45 @@ import onnxruntime as ort
 import torch
 
 from .base import Backend, Latent, RunnerInfo, TTSRunner
+from .torch_backend import ThreadPolicy
 
 log = logging.getLogger(__name__)
 
-# device kind -> providers in order of preference (each used only if this onnxruntime build has it)
-PREFERENCE = {
-    "cpu": ["CPUExecutionProvider"],
-    "cuda": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "MIGraphXExecutionProvider",
-             "ROCMExecutionProvider", "CPUExecutionProvider"],
+# device kind -> GPU providers in order of preference, and what to install for them
+GPU_PROVIDERS = {
+    "cuda": (["TensorrtExecutionProvider", "CUDAExecutionProvider"], "onnxruntime-gpu"),
+    "rocm": (["MIGraphXExecutionProvider", "ROCMExecutionProvider"], "onnxruntime-rocm (or onnxruntime-migraphx)"),
 }
+DEVICE_HELP = "valid: cpu, cuda, cuda:N, rocm, rocm:N, auto"
 
 
 def providers_for(device: str | None) -> list:
-    """Execution providers (with options) for `device` in {'cpu', 'cuda', 'cuda:N', 'auto', None}."""
+    """Execution providers (with options) for `device` in {'cpu', 'cuda[:N]', 'rocm[:N]', 'auto', None}.
+    'cuda' takes the NVIDIA providers, or the AMD ones where only those are installed (PyTorch calls ROCm
+    devices 'cuda' too); an explicit GPU device without its provider is an error naming what to install."""
     from speechrt.errors import UserError
 
     have = ort.get_available_providers()
     dev = (device or "auto").lower()
     index = 0
-    if dev.startswith("cuda:"):
-        index = int(dev.split(":", 1)[1])
-        dev = "cuda"
-    if dev not in ("cpu", "cuda", "auto"):
-        raise UserError(f"unsupported device {device!r} for onnxruntime; valid: cpu, cuda, cuda:N, auto "
-                        "(AMD GPUs are 'cuda' too: MIGraphX/ROCm providers are used)")
+    if ":" in dev:
+        dev, _, n = dev.partition(":")
+        if not n.isdigit():
+            raise UserError(f"unsupported device {device!r} for onnxruntime; {DEVICE_HELP}")
+        index = int(n)
+    if dev not in ("cpu", "cuda", "rocm", "auto"):
+        raise UserError(f"unsupported device {device!r} for onnxruntime; {DEVICE_HELP}")
     if dev == "cpu":
         return ["CPUExecutionProvider"]
-    gpu = [p for p in PREFERENCE["cuda"] if p in have and p != "CPUExecutionProvider"]
+    kinds = ["cuda", "rocm"] if dev in ("cuda", "auto") else ["rocm"]
+    gpu = [p for k in kinds for p in GPU_PROVIDERS[k][0] if p in have]
     if not gpu:
         if dev == "auto":
             return ["CPUExecutionProvider"]
-        raise UserError(f"device {device!r}: this onnxruntime build has no GPU execution provider (available: "
-                        f"{', '.join(have)}); install onnxruntime-gpu (NVIDIA) or onnxruntime-rocm / "
-                        "onnxruntime-migraphx (AMD), or use --device cpu")
+        wanted, install = GPU_PROVIDERS["rocm" if dev == "rocm" else "cuda"]
+        raise UserError(f"device {device!r}: this onnxruntime {ort.__version__} has no GPU execution provider "
+                        f"({' or '.join(wanted)}; available: {', '.join(have)}); pip uninstall onnxruntime && "
+                        f"pip install {install}, or use --device cpu")
     out = []
     for p in gpu:
         opts = {"device_id": index}
@@ -61,9 +67,12 @@ def providers_for(device: str | None) -> list:
     return out + ["CPUExecutionProvider"]
 
 
-def session(model_or_bytes, providers) -> ort.InferenceSession:
+def session(model_or_bytes, providers, threads: int | None = None) -> ort.InferenceSession:
+    """A session with every graph optimization; `threads`: intra-op threads (None: ORT's default, all cores)."""
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        so.intra_op_num_threads = threads
     data = model_or_bytes if isinstance(model_or_bytes, (str, bytes)) else model_or_bytes.SerializeToString()
     return ort.InferenceSession(data, sess_options=so, providers=providers)
 
@@ -217,15 +226,64 @@ class OrtTTSRunner(TTSRunner):
         return self._full.run(None, self._feed(phoneme_ids, options.resolved(self.voice)))[0].reshape(-1)
 
 
+# what `dtype` may be for the exported families -> export precision (None: the backend's default)
+PRECISION = {None: None, "auto": None, "float32": "fp32", "fp32": "fp32", "float16": "fp16", "fp16": "fp16",
+             "int8": "int8", "int4": "int4", "q4": "int4"}
+
+
+def export_dir(model, family: str, dtype: str | None, default: str):
+    """(directory, manifest) of `model`'s ONNX export at the precision `dtype` asks for: the model itself if
+    it is an export, else the export cache's copy (made now, on first use)."""
+    from speechrt.errors import UserError
+    from speechrt.export import Manifest, cached_export
+
+    if dtype not in PRECISION:
+        raise UserError(f"unsupported dtype {dtype!r} for onnxruntime; valid: {', '.join(k for k in PRECISION if k)}")
+    want = PRECISION[dtype]
+    if model.format == "speechrt-onnx":
+        m = Manifest.read(model.path)
+        if want is not None and want != m.precision:
+            raise UserError(f"{model.path} is a {m.precision} export; dtype {dtype!r} needs another export "
+                            f"(speechrt export {family} --precision {want})")
+        return model.path, m
+    d = cached_export(family, model, want or default)
+    return d, Manifest.read(d)
+
+
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
-    families = ("tts",)
+    families = ("asr", "lm", "tts")
+
+    def asr(self, model, device="cpu", dtype=None, step_threads=None):
+        from .onnxruntime_asr import OrtASRRunner
+        from .onnxruntime_auto import default_precision
+
+        providers = providers_for(device)
+        d, m = export_dir(model, "asr", dtype, default_precision("asr", providers))
+        return OrtASRRunner(d, m, providers, _threads(providers, step_threads), model.name)
+
+    def lm(self, model, device="cpu", dtype=None, step_threads=None):
+        from .onnxruntime_auto import default_precision
+        from .onnxruntime_lm import OrtLMRunner
+
+        providers = providers_for(device)
+        d, m = export_dir(model, "lm", dtype, default_precision("lm", providers))
+        return OrtLMRunner(d, m, providers, _threads(providers, step_threads), model.name, step_threads)
 
     def tts(self, model, device="cpu", dtype=None, step_threads=None):
         from speechrt.errors import UserError
 
-        if model.format != "piper-onnx":
-            raise UserError(f"{model.name}: the onnxruntime TTS runner runs Piper voices (piper-onnx), not {model.format}")
-        if dtype not in (None, "float32"):
+        if dtype not in (None, "float32", "fp32", "auto"):
             raise UserError(f"the onnxruntime backend runs the voice graph as shipped (float32); got dtype {dtype!r}")
+        if model.format == "speechrt-onnx":
+            from .onnxruntime_tts import exported_tts_runner
+            return exported_tts_runner(model, providers_for(device))
+        if model.format != "piper-onnx":
+            raise UserError(f"{model.name}: the onnxruntime TTS runner runs Piper voices (piper-onnx) or exports, "
+                            f"not {model.format}")
         return OrtTTSRunner(model.path, providers_for(device), model.name)
+
+
+def _threads(providers, step_threads):
+    from .ort_binding import providers_device
+    return ThreadPolicy.build(providers_device(providers), step_threads)

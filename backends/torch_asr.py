@@ -101,18 +101,28 @@ class TorchASRRunner(ASRRunner):
         return logits
 
     def rewind(self, state, length):
-        if not 0 <= length <= state.offset:
-            raise ValueError(f"cannot rewind a decoder state holding {state.offset} positions to {length}")
-        state.offset = length  # later positions are out of attention's reach until overwritten
-        return state
+        return rewind_state(state, length)
 
-    @torch.inference_mode()
     def reorder(self, state, index):
-        state.caches = [(k.index_select(0, index), v.index_select(0, index)) for k, v in state.caches]
-        state.cross = [(k.index_select(0, index), v.index_select(0, index)) for k, v in state.cross]
-        if state.cross_lengths is not None:
-            state.cross_lengths = state.cross_lengths.index_select(0, index)
-        return state
+        return reorder_state(state, index)
+
+
+def rewind_state(state: DecoderState, length: int) -> DecoderState:
+    """ASRRunner.rewind on a DecoderState (shared by the runners that keep one)."""
+    if not 0 <= length <= state.offset:
+        raise ValueError(f"cannot rewind a decoder state holding {state.offset} positions to {length}")
+    state.offset = length  # later positions are out of attention's reach until overwritten
+    return state
+
+
+@torch.inference_mode()
+def reorder_state(state: DecoderState, index: torch.Tensor) -> DecoderState:
+    """ASRRunner.reorder on a DecoderState: rows `index` of every cache, cross key/value and cross length."""
+    state.caches = [(k.index_select(0, index), v.index_select(0, index)) for k, v in state.caches]
+    state.cross = [(k.index_select(0, index), v.index_select(0, index)) for k, v in state.cross]
+    if state.cross_lengths is not None:
+        state.cross_lengths = state.cross_lengths.index_select(0, index)
+    return state
 
 
 def build(model, device, dtype, kernels: str = "torch", threads: ThreadPolicy | None = None) -> TorchASRRunner:

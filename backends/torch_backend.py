@@ -108,6 +108,9 @@ class TorchBackend(Backend):
     families = ("asr", "lm", "tts")
 
     def _build(self, family, model, device, dtype, step_threads):
+        from speechrt.models.registry import source_of
+
+        model = source_of(model)  # an ONNX export runs here as the model it was exported from
         dev = resolve_device(device)
         m = importlib.import_module(f"speechrt.backends.torch_{family}")
         return m.build(model, dev, dtype, self.kernels, ThreadPolicy.build(dev, step_threads))

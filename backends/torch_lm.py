@@ -37,13 +37,8 @@ def resolve_format(dtype: str | None, device: torch.device, has_q4: bool = False
 
 def load_file(model):
     """ResolvedModel -> models.gguf_loader.LMFile (config, float32 weights, tokenizer, chat template)."""
-    if model.format == "gguf":
-        from speechrt.models import gguf_loader
-        return gguf_loader.load(model.path)
-    if model.format == "hf-llama":
-        from speechrt.models import hf_llama
-        return hf_llama.load(model.path)
-    raise UserError(f"{model.path}: format {model.format!r} is not a language-model format; valid: gguf, hf-llama")
+    from speechrt.models.gguf_loader import load_lm
+    return load_lm(model)
 
 
 class TorchLMRunner(LMRunner):

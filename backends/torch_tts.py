@@ -22,7 +22,9 @@ class TorchTTSRunner(TTSRunner):
     sentences). On a GPU everything runs on the calling thread."""
 
     def __init__(self, model, voice, device: torch.device, dtype: torch.dtype, threads: ThreadPolicy | None = None,
-                 kernels: str = "torch", model_name: str = ""):
+                 kernels: str = "torch", model_name: str = "", model_format: str = "piper-onnx"):
+        """model: a models.vits.VITS, or anything with its inference members (config, prior, flow.reverse, dec,
+        speaker): the onnxruntime backend's exported graphs run through this runner too."""
         self.model, self.voice, self.device, self.dtype = model, voice, device, dtype
         self.config = model.config
         self.sample_rate = voice.sample_rate
@@ -32,7 +34,7 @@ class TorchTTSRunner(TTSRunner):
         threads = threads or ThreadPolicy.build(device, None)
         self._pool = threads.workers("speechrt-tts")
         self.parallel = threads.total if self._pool is not None else 1
-        self.info = RunnerInfo(kernels, model_name, "piper-onnx", str(dtype).removeprefix("torch."), str(device),
+        self.info = RunnerInfo(kernels, model_name, model_format, str(dtype).removeprefix("torch."), str(device),
                                f"{self.parallel} one-thread workers" if self._pool is not None else "")
 
     def vocode_async(self, latent, start, end) -> Future:

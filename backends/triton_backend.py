@@ -41,7 +41,9 @@ class TritonBackend(TorchBackend):
         # GPU only: the CPU thread policy of the torch runners does not apply
         dev = check_device(resolve_device(device))
         if family == "asr":  # decoder steps replayed from CUDA/HIP graphs
+            from speechrt.models.registry import source_of
+
             from .triton_asr import build
 
-            return build(model, dev, dtype, self.kernels, ThreadPolicy.build(dev, None))
+            return build(source_of(model), dev, dtype, self.kernels, ThreadPolicy.build(dev, None))
         return super()._build(family, model, dev, dtype, None)

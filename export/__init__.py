@@ -1,1 +1,137 @@
-"""ONNX export of the runner graphs, TensorRT engine builds, quantization."""
+"""ONNX export of each model's runner graphs, TensorRT engine builds from them, quantization.
+
+    from speechrt.export import export_model
+    export_model("lm", None, "out/smollm2")          # the embedded model -> out/smollm2/{model.onnx,manifest.json}
+
+An export is a directory of ONNX graphs plus manifest.json (export/manifest.py), the one contract with the
+runners; models.registry recognizes such a directory as a model path. `cached_export` exports a model on
+first use into a cache directory (the onnxruntime backend given a model name).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from speechrt.errors import UserError
+
+from .manifest import MANIFEST, Manifest, ManifestError, source_sha256
+
+# family -> module with export(model, out, precision, opset, variant, bar) -> Manifest
+EXPORTERS: dict[str, str] = {
+    "asr": "speechrt.export.whisper_export",
+    "lm": "speechrt.export.lm_export",
+    "tts": "speechrt.export.vits_export",
+}
+PRECISIONS = ("fp32", "fp16", "int8", "int4")
+VARIANTS = ("ort", "standard")
+DEFAULT_OPSET = 17
+
+__all__ = ["export_model", "cached_export", "Manifest", "ManifestError", "EXPORTERS", "PRECISIONS", "VARIANTS",
+           "cache_dir"]
+
+
+class _NoBar:
+    """What the exporters call when no progress bar is shown."""
+
+    def update(self, n=1):
+        pass
+
+    def reset(self, total=None):
+        pass
+
+    def set_description(self, text):
+        pass
+
+    def close(self):
+        pass
+
+
+def _bar(show: bool, what: str):
+    if not show:
+        return _NoBar()
+    from tqdm import tqdm
+    return tqdm(total=1, desc=what, unit="step", leave=True, dynamic_ncols=True)
+
+
+def export_model(family: str, model=None, out=None, precision: str | None = None, opset: int = DEFAULT_OPSET,
+                 variant: str = "ort", progress: bool = True) -> Manifest:
+    """Export `model` (a registry name or path; None: the family's default) of `family` into directory `out`.
+    precision: fp32 | fp16 | int8 | int4 where the family has it (None: the family's default). The directory
+    is written whole or not at all (a temporary directory renamed at the end)."""
+    from speechrt.models.registry import resolve
+
+    if family not in EXPORTERS:
+        raise UserError(f"unknown model family {family!r} to export; valid: {', '.join(EXPORTERS)}")
+    if precision is not None and precision not in PRECISIONS:
+        raise UserError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
+    if variant not in VARIANTS:
+        raise UserError(f"unknown graph variant {variant!r}; valid: {', '.join(VARIANTS)} (standard: plain ONNX "
+                        "ops for TensorRT)")
+    if not 14 <= opset <= 21:
+        raise UserError(f"opset {opset} is not supported; valid: 14..21")
+    if out is None:
+        raise UserError("give an output directory (--out DIR)")
+    m = resolve(model, family)
+    if m.format == "speechrt-onnx":
+        raise UserError(f"{m.path} is already an export; export its source model ({Manifest.read(m.path).source.get('path')})")
+    out = Path(out).expanduser()
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"{out} exists and is not empty; choose a new directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    bar = _bar(progress, f"export {family} {m.name}")
+    t0 = time.perf_counter()
+    try:
+        mod = importlib.import_module(EXPORTERS[family])
+        man = mod.export(m, tmp, precision, opset, variant, bar)
+        bar.set_description("hashing")
+        man.source["sha256"] = source_sha256(m.path)
+        man.extra["export_seconds"] = round(time.perf_counter() - t0, 1)
+        man.write(tmp)
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+        bar.set_description(f"exported {family} {m.name} ({man.precision}) to {out}")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        bar.close()
+    return man
+
+
+def cache_dir() -> Path:
+    """Where exports made on first use live: $SPEECHRT_CACHE, else $XDG_CACHE_HOME/speechrt, else ~/.cache/speechrt."""
+    base = os.environ.get("SPEECHRT_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "speechrt"
+    return Path(base) / "onnx"
+
+
+def exporter_hash() -> str:
+    """A hash of the exporters' own code: an export made by other code is made again."""
+    h = hashlib.sha256()
+    for f in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def cached_export(family: str, model, precision: str | None, variant: str = "ort", progress: bool = True) -> Path:
+    """The directory of `model`'s export in the cache, made now (with a progress bar) if it is not there.
+    Keyed by the model's name, file size and modification time, precision, variant and the exporters' code;
+    a directory that does not hold a readable manifest is exported again."""
+    st = Path(model.path).stat()
+    key = (f"{model.name}-{family}-{variant}-{precision or 'default'}-{st.st_size:x}-{int(st.st_mtime):x}-"
+           f"{exporter_hash()}")
+    d = cache_dir() / key
+    if (d / MANIFEST).exists():
+        try:
+            Manifest.read(d)
+            return d
+        except ManifestError:
+            shutil.rmtree(d, ignore_errors=True)
+    export_model(family, str(model.path), d, precision, variant=variant, progress=progress)
+    return d

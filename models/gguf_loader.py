@@ -236,3 +236,13 @@ def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
                                                    freq_factors=tuple(weights.pop("rope_freqs").tolist())))
     tok = LMTokenizer.from_gguf_metadata(md, path)
     return LMFile(cfg, weights, tok, md.get("tokenizer.chat_template"), str(path), types, q4s)
+
+
+def load_lm(model) -> LMFile:
+    """A resolved language model (models.registry.ResolvedModel: GGUF file or Hugging Face directory) -> LMFile."""
+    if model.format == "gguf":
+        return load(model.path)
+    if model.format == "hf-llama":
+        from . import hf_llama
+        return hf_llama.load(model.path)
+    raise ModelError(f"{model.path}: format {model.format!r} is not a language-model format; valid: gguf, hf-llama")

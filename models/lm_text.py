@@ -132,6 +132,20 @@ class LMTokenizer:
             eos = gen["eos_token_id"]
         return cls(tok, tid("bos_token"), eos, bool(conf.get("add_bos_token", False)), special), template
 
+    def save(self, directory: Path) -> dict:
+        """Write tokenizer.json into `directory` -> the other facts `load` needs (JSON-serializable)."""
+        self._tok.save(str(Path(directory) / "tokenizer.json"))
+        return {"bos_id": self.bos_id, "eos_id": self.eos_id, "add_bos": self.add_bos,
+                "special_ids": sorted(self.special_ids), "byte_level": self.byte_level}
+
+    @classmethod
+    def load(cls, directory: Path, facts: dict) -> "LMTokenizer":
+        """The tokenizer `save` wrote into `directory`."""
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(Path(directory) / "tokenizer.json"))
+        return cls(tok, facts["bos_id"], facts["eos_id"], facts["add_bos"], set(facts["special_ids"]), facts["byte_level"])
+
     # --- use -----------------------------------------------------------------------------------------------
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         ids = self._tok.encode(text, add_special_tokens=False).ids

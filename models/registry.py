@@ -7,6 +7,8 @@ fetched from a model hub. A path is recognized by its format:
   directory (`config.json` + `*.safetensors`), or an openai-whisper `.pt` checkpoint.
 - LM: a `.gguf` file, or a Hugging Face Llama-family directory.
 - TTS: a Piper voice `.onnx` (with its `.onnx.json` beside it).
+- any family: a directory written by `speechrt export` (ONNX graphs + `manifest.json`, format
+  `speechrt-onnx`); `source_of` resolves the model it was exported from, for backends that run the source.
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ class ModelEntry:
 class ResolvedModel:
     name: str
     family: str
-    format: str  # ct2-whisper | hf-whisper | openai-whisper-pt | gguf | hf-llama | piper-onnx | silero-onnx
+    format: str  # ct2-whisper | hf-whisper | openai-whisper-pt | gguf | hf-llama | piper-onnx | silero-onnx | speechrt-onnx
     path: Path
 
 
@@ -83,6 +85,8 @@ def _locate(name: str, e: ModelEntry) -> Path:
 def detect_format(path: Path) -> str:
     """The format of a model file or directory, or a ModelError saying what is recognized."""
     if path.is_dir():
+        if (path / EXPORT_MANIFEST).exists():
+            return "speechrt-onnx"
         if (path / "model.bin").exists():
             return "ct2-whisper"
         cfg = path / "config.json"
@@ -111,7 +115,34 @@ def detect_format(path: Path) -> str:
     if path.name == "model.bin":
         return "ct2-whisper"
     raise ModelError(f"{path}: unrecognized model file; supported: CTranslate2 Whisper directory, Hugging Face "
-                     "directory, openai-whisper .pt, .gguf, Piper voice .onnx")
+                     "directory, openai-whisper .pt, .gguf, Piper voice .onnx, a `speechrt export` directory")
+
+
+EXPORT_MANIFEST = "manifest.json"  # what `speechrt export` writes (speechrt.export.manifest)
+
+
+def export_family(path: Path) -> str:
+    """The family an exported directory's manifest names."""
+    try:
+        fam = json.loads((path / EXPORT_MANIFEST).read_text()).get("family")
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as ex:
+        raise ModelError(f"{path / EXPORT_MANIFEST}: unreadable ({ex})") from None
+    if fam not in FAMILIES:
+        raise ModelError(f"{path / EXPORT_MANIFEST}: unknown family {fam!r}")
+    return fam
+
+
+def source_of(model: "ResolvedModel") -> "ResolvedModel":
+    """The model an export was made from (for backends that run the source, not the graphs); an
+    ordinary model is its own source."""
+    if model.format != "speechrt-onnx":
+        return model
+    src = json.loads((model.path / EXPORT_MANIFEST).read_text()).get("source", {})
+    p = Path(src.get("path", ""))
+    if not src.get("path") or not p.exists():
+        raise ModelError(f"{model.path} is an ONNX export; this backend runs its source model, {src.get('path')!r}, "
+                         "which is not there; use --backend onnxruntime")
+    return ResolvedModel(model.name, model.family, src["format"], p)
 
 
 FORMAT_FAMILY = {"ct2-whisper": "asr", "hf-whisper": "asr", "openai-whisper-pt": "asr", "gguf": "lm",
@@ -138,6 +169,7 @@ def resolve(name_or_path: str | Path | None, family: str) -> ResolvedModel:
     fmt = detect_format(p)
     if p.is_file() and fmt == "ct2-whisper":
         p = p.parent
-    if FORMAT_FAMILY[fmt] != family:
-        raise ModelError(f"{p} is a {FORMAT_FAMILY[fmt]} model ({fmt}), not a {family} model")
+    fam = export_family(p) if fmt == "speechrt-onnx" else FORMAT_FAMILY[fmt]
+    if fam != family:
+        raise ModelError(f"{p} is a {fam} model ({fmt}), not a {family} model")
     return ResolvedModel(p.name, family, fmt, p)

@@ -522,6 +522,17 @@ def with_vits_ops(ops):
                      {**ops.sources, **{k: "torch" for k in missing}})
 
 
+def expand_prior(m, logs, logw, length_scale: float):
+    """Phoneme-level prior m, logs [1, C, T] and log durations logw [1, 1, T] -> frame-level m, logs [1, C, F]:
+    w = ceil(exp(logw) * length_scale) frames per phoneme (at least 1 frame in total), each phoneme's
+    (m, logs) repeated over its frames (the monotonic path of VITS.infer)."""
+    w_ceil = torch.ceil(torch.exp(logw) * length_scale)[0, 0].long()  # [T]
+    if int(w_ceil.sum()) < 1:
+        w_ceil[-1] = 1
+    idx = torch.repeat_interleave(torch.arange(m.shape[-1], device=m.device), w_ceil)  # [F]
+    return m[:, :, idx], logs[:, :, idx]
+
+
 class VITS(nn.Module):
     """Inference-only VITS. `ops` is a kernels.KernelSet (the VITS-only ops are added if it lacks them)."""
 
@@ -556,12 +567,7 @@ class VITS(nn.Module):
         noise = None
         if self.config.use_sdp:
             noise = torch.randn(1, 2, ids.shape[1], device=ids.device, dtype=x.dtype, generator=generator) * noise_scale_w
-        logw = self.dp(x, x_mask, noise, g=g)
-        w_ceil = torch.ceil(torch.exp(logw) * x_mask * length_scale)[0, 0].long()  # [T]
-        if int(w_ceil.sum()) < 1:
-            w_ceil[-1] = 1
-        idx = torch.repeat_interleave(torch.arange(ids.shape[1], device=ids.device), w_ceil)  # [F]
-        return m[:, :, idx], logs[:, :, idx]
+        return expand_prior(m, logs, self.dp(x, x_mask, noise, g=g), length_scale)
 
     def latent(self, m, logs, noise_scale: float, g=None, generator: torch.Generator | None = None):
         """Prior (m, logs) [1, C, F] -> generator input z [1, C, F]: sample, then the flow in reverse."""

@@ -13,6 +13,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("speechrt.cli_models", "list the registered models"),
     "chat": ("speechrt.cli_lm", "chat with a small language model, streaming its reply"),
     "say": ("speechrt.cli_tts", "speak text into an audio file with a Piper voice (text argument or stdin)"),
+    "export": ("speechrt.cli_export", "export a model's runner graphs to ONNX (graphs + manifest.json) for onnxruntime/TensorRT"),
     "kernels": ("speechrt.cli_kernels", "Triton kernels: ahead-of-time compile report for NVIDIA and AMD targets"),
 }
 

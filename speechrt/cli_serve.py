@@ -9,10 +9,13 @@ def add_arguments(p):
     p.add_argument("--lm", default=None, help="language model (default: smollm2-135m-instruct)")
     p.add_argument("--tts", default=None, help="voice (default: piper-en_US-joe-medium)")
     p.add_argument("--transcription-only", action="store_true", help="load no language model or voice")
-    p.add_argument("--backend", default="torch", help="backend of every model family without its own flag: torch, "
-                   "triton (CUDA/ROCm GPU), onnxruntime (default torch)")
-    p.add_argument("--asr-backend", default=None, help="speech recognition backend (default: --backend)")
-    p.add_argument("--lm-backend", default=None, help="language model backend (default: --backend)")
+    p.add_argument("--backend", default="torch", help="backend of every family without its own flag: torch (default), "
+                   "triton (CUDA/ROCm GPU), onnxruntime, tensorrt (lm, NVIDIA GPU), auto (per family the one measured "
+                   "fastest on this kind of machine, see backends/auto.py)")
+    p.add_argument("--asr-backend", default=None, help="speech recognition backend (default: --backend; onnxruntime "
+                   "exports the model on first use into the export cache)")
+    p.add_argument("--lm-backend", default=None, help="language model backend (default: --backend; onnxruntime "
+                   "exports the model on first use into the export cache)")
     p.add_argument("--tts-backend", default=None, help="speech synthesis backend (default: --backend; onnxruntime "
                    "runs the voice graph as shipped)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (ROCm GPUs are cuda too) or auto (default cpu)")

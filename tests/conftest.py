@@ -33,6 +33,21 @@ import pytest
 from speechrt.models.audio import resample
 
 
+@pytest.fixture(scope="session", autouse=True)
+def export_cache(request):
+    """ONNX exports made on first use (the onnxruntime backend given a model name) go to pytest's cache
+    directory: made once, reused by later runs while the exporters' code is unchanged (speechrt.export)."""
+    import os
+
+    before = os.environ.get("SPEECHRT_CACHE")
+    os.environ["SPEECHRT_CACHE"] = str(request.config.cache.mkdir("speechrt-export"))
+    yield os.environ["SPEECHRT_CACHE"]
+    if before is None:
+        os.environ.pop("SPEECHRT_CACHE", None)
+    else:
+        os.environ["SPEECHRT_CACHE"] = before
+
+
 @pytest.fixture(scope="session")
 def piper_voice():
     piper = pytest.importorskip("piper", reason="piper-tts (the 'peers' extra) synthesizes test speech")

@@ -13,7 +13,9 @@ def add_arguments(p):
     p.add_argument("--audio", default=None, help="recording to transcribe (default: the bundled 58-second passage)")
     p.add_argument("--reference", default=None, help="reference transcript (text file) to report word error rates")
     p.add_argument("--model", default=None, help="ASR model name or path (default: whisper-tiny.en)")
-    p.add_argument("--backend", default="torch")
+    p.add_argument("--backend", default="torch", help="our backend (see --backends)")
+    p.add_argument("--backends", default=None, help="comma list of our backends to time, each at every --dtypes "
+                   "(e.g. torch,onnxruntime; default: --backend)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtypes", default="float32,auto",
                    help="comma list of our dtypes to time (default float32,auto; auto = bfloat16 on CPUs with native bf16)")
@@ -39,7 +41,8 @@ def run(args):
 
     from speechrt.pipelines.asr import load_asr
     from speechrt.models.audio import SAMPLE_RATE, load_audio
-    from speechrt.models.registry import resolve
+    from speechrt.errors import UserError
+    from speechrt.models.registry import resolve, source_of
     from speechrt.models.wer import wer
 
     data = Path(__file__).resolve().parent.parent / "data"
@@ -55,18 +58,24 @@ def run(args):
     rows = []
 
     seen = set()
-    for dt in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
-        asr = load_asr(args.model, args.backend, args.device, dt)
-        name = asr.info.precision
-        if name in seen:  # 'auto' resolved to a dtype already timed
-            continue
-        seen.add(name)
-        t, res = _time(lambda: asr.transcribe(audio, SAMPLE_RATE, beam_size=args.beam_size), args.repeats)
-        rows.append({"engine": f"speechrt {args.backend} {name}", "seconds": t, "rtf": t / dur, "text": res.text})
-        del asr
+    ours = [b.strip() for b in (args.backends or args.backend).split(",") if b.strip()]
+    for backend in ours:
+        for dt in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
+            try:
+                asr = load_asr(args.model, backend, args.device, dt)
+            except UserError as e:  # a dtype one backend has and another has not
+                print(f"(speechrt {backend} {dt}: skipped: {e})")
+                continue
+            name = f"speechrt {backend} {asr.info.precision}"
+            if name in seen:  # 'auto' resolved to a dtype already timed
+                continue
+            seen.add(name)
+            t, res = _time(lambda: asr.transcribe(audio, SAMPLE_RATE, beam_size=args.beam_size), args.repeats)
+            rows.append({"engine": name, "seconds": t, "rtf": t / dur, "text": res.text})
+            del asr
 
     peers = [] if args.peers == "none" else [p.strip() for p in args.peers.split(",") if p.strip()]
-    model = resolve(args.model, "asr")
+    model = source_of(resolve(args.model, "asr"))  # an export: the peers run the model it came from
     if peers and model.format != "ct2-whisper":
         print(f"(peers skipped: faster-whisper needs a CTranslate2 model, {model.name} is {model.format})")
         peers = []

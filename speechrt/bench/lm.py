@@ -51,8 +51,11 @@ def add_arguments(p):
     p.add_argument("--dtype", default=None, help="our weight format: int4, int8, bfloat16, float32 (default on the CPU: "
                    "int4 for files with 4-bit blocks, else int8)")
     p.add_argument("--device", default="cpu", help="our device (default cpu; peers run on the CPU)")
+    p.add_argument("--backends", default="torch", help="our backends to time, comma-separated (e.g. torch,onnxruntime; "
+                   "auto: the one `--backend auto` picks here)")
     p.add_argument("--peers", default="llama.cpp,transformers",
-                   help="peers to run if installed, comma-separated from: llama.cpp, transformers; '' for none")
+                   help="peers to run if installed, comma-separated from: llama.cpp, transformers, onnxruntime-genai; "
+                        "'' for none")
     p.add_argument("--llama-extra-bufts", action="store_true",
                    help="let llama.cpp use its extra (AMX/repacked) weight buffers; off by default because the "
                         "prebuilt wheel's AMX path dies with SIGILL on CPUs/VMs that do not enable AMX tiles")
@@ -61,14 +64,14 @@ def add_arguments(p):
 class Ours:
     name = "speechrt"
 
-    def __init__(self, model, device, dtype, threads):
+    def __init__(self, model, device, dtype, threads, backend="torch"):
         import torch
 
         from speechrt.pipelines.lm import load_lm
 
         torch.set_num_threads(threads)
-        self.lm = load_lm(model, device=device, dtype=dtype)
-        self.note = f"torch {torch.__version__}, {self.lm.info.precision} on {self.lm.info.device}"
+        self.lm = load_lm(model, backend, device=device, dtype=dtype)
+        self.note = f"{self.lm.info.backend}, {self.lm.info.precision} on {self.lm.info.device} (torch {torch.__version__})"
 
     def run(self, prompts, n):
         from speechrt.pipelines.generation import GenerationOptions
@@ -216,10 +219,21 @@ def _start(spec: dict):
     rm = registry.resolve(spec["model"], "lm")
     name, threads = spec["engine"], spec["threads"]
     try:
-        if name == "speechrt":
-            return Ours(spec["model"], spec["device"], spec["dtype"], threads), None
+        if name.startswith("speechrt"):
+            backend = name.partition(" ")[2] or "torch"
+            return Ours(spec["model"], spec["device"], spec["dtype"], threads, backend), None
         if rm.format != "gguf":
             return None, "needs a GGUF model"
+        if name == "onnxruntime-genai":
+            from speechrt.bench.genai_peer import INSTALL, Genai
+            try:
+                import onnx_ir  # noqa: F401
+                import onnxruntime_genai  # noqa: F401
+                import onnxscript  # noqa: F401
+            except ImportError as ex:
+                return None, f"not installed ({ex.name}; {INSTALL})"
+            from speechrt.export import cache_dir
+            return Genai(rm.path, cache_dir(), threads), None
         if name == "llama.cpp":
             try:
                 import llama_cpp  # noqa: F401
@@ -233,7 +247,7 @@ def _start(spec: dict):
             return None, f"not installed ({ex.name}; pip install transformers accelerate)"
         return Transformers(rm.path, threads), None
     except Exception as ex:  # a peer that cannot start is reported, not fatal
-        if name == "speechrt":
+        if name.startswith("speechrt"):
             raise
         return None, f"failed to start: {type(ex).__name__}: {ex}"
 
@@ -293,9 +307,10 @@ def run(args):
     if args.tokens < 2 or args.repeats < 1:
         raise UserError("--tokens must be >= 2 and --repeats >= 1")
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
-    bad = [p for p in peers if p not in ("llama.cpp", "transformers")]
+    bad = [p for p in peers if p not in ("llama.cpp", "transformers", "onnxruntime-genai")]
     if bad:
-        raise UserError(f"unknown peer(s) {', '.join(bad)}; valid: llama.cpp, transformers")
+        raise UserError(f"unknown peer(s) {', '.join(bad)}; valid: llama.cpp, transformers, onnxruntime-genai")
+    ours = [f"speechrt {b.strip()}" for b in args.backends.split(",") if b.strip()]
     rm = registry.resolve(args.model, "lm")
     from speechrt.backends.torch_lm import resolve_format
     import torch
@@ -312,11 +327,11 @@ def run(args):
     env = dict(os.environ, TQDM_DISABLE="1", TRANSFORMERS_VERBOSITY="error", OMP_NUM_THREADS=str(threads))
     workers, notes = {}, {}
     try:
-        for name in ["speechrt"] + peers:  # started one at a time, so loading does not overlap
+        for name in ours + peers:  # started one at a time, so loading does not overlap
             try:
                 w = _Worker(dict(spec, engine=name), env)
             except RuntimeError as e:
-                if name == "speechrt":
+                if name.startswith("speechrt"):
                     raise UserError(f"our benchmark worker failed: {e}") from None
                 notes[name] = f"skipped: worker failed: {e}"
             else:
@@ -326,7 +341,7 @@ def run(args):
                 else:
                     notes[name] = w.reply["note"]
                     workers[name] = w
-            print(f"  {name:13} {notes[name]}")
+            print(f"  {name:22} {notes[name]}")
             sys.stdout.flush()
         results: dict[str, list[dict]] = {n: [] for n in workers}
         for B in batches:
@@ -345,14 +360,16 @@ def run(args):
     results = {n: {"rows": rows} for n, rows in results.items()}
 
     print()
-    print(f"{'engine':13} {'batch':>5} {'TTFT ms':>9} {'decode tok/s':>13} {'(median)':>9} {'vs llama.cpp':>13} "
-          f"{'vs transformers':>16}")
+    print(f"{'engine':22} {'batch':>5} {'TTFT ms':>9} {'decode tok/s':>13} {'(median)':>9} {'vs llama.cpp':>13} "
+          f"{'vs transformers':>16} {'vs genai':>9}")
     for i, B in enumerate(batches):
         by = {n: r["rows"][i] for n, r in results.items() if "rows" in r}
         for n, row in by.items():
             vl = f"{row['tps'] / by['llama.cpp']['tps']:.2f}x" if "llama.cpp" in by else "-"
             vt = f"{row['tps'] / by['transformers']['tps']:.2f}x" if "transformers" in by else "-"
-            print(f"{n:13} {B:5d} {row['ttft'] * 1e3:9.1f} {row['tps']:13.1f} {row['tps_median']:9.1f} {vl:>13} {vt:>16}")
+            vg = f"{row['tps'] / by['onnxruntime-genai']['tps']:.2f}x" if "onnxruntime-genai" in by else "-"
+            print(f"{n:22} {B:5d} {row['ttft'] * 1e3:9.1f} {row['tps']:13.1f} {row['tps_median']:9.1f} {vl:>13} {vt:>16} "
+                  f"{vg:>9}")
     print("\nratios: decode tok/s (best run) over the peer's; TTFT covers every sequence of the batch")
     return 0
 

@@ -21,7 +21,10 @@ SENTENCES = {
 
 def add_arguments(p):
     p.add_argument("--voice", default=None, help="voice name or Piper .onnx path (default: the embedded voice)")
-    p.add_argument("--backends", default="torch,onnxruntime", help="comma list of our backends")
+    p.add_argument("--backends", default="torch,onnxruntime", help="comma list of our backends (auto: the one "
+                   "`--backend auto` picks here)")
+    p.add_argument("--export", default=None, help="also time the onnxruntime backend on this `speechrt export tts` "
+                   "directory (our torch VITS exported in pieces)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for every engine (default: all cores)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per engine and sentence after a warm-up (median)")
@@ -34,7 +37,7 @@ class _Ours:
     def __init__(self, backend, voice, device):
         from speechrt.pipelines.tts import load_tts
         self.tts = load_tts(voice, backend, device)
-        self.name = f"speechrt {backend}"
+        self.name = f"speechrt {self.tts.info.backend}" + (" (auto)" if backend == "auto" else "")
         self.sample_rate = self.tts.sample_rate
 
     def run(self, text):
@@ -87,6 +90,9 @@ def run(args):
     model = resolve(args.voice, "tts")
     texts = {f"text{i + 1}": t for i, t in enumerate(args.text)} if args.text else dict(SENTENCES)
     engines = [_Ours(b.strip(), args.voice, args.device) for b in args.backends.split(",") if b.strip()]
+    if args.export:
+        engines.append(_Ours("onnxruntime", args.export, args.device))
+        engines[-1].name = "speechrt ort (export)"
     if not args.no_peer:
         try:
             engines.append(_Piper(model.path, threads))

@@ -1,0 +1,95 @@
+"""`--backend auto`: per family and kind of machine, the backend and precision our benchmarks measured
+fastest among those that pass the conformance suite there and answer the held-in factual prompts as
+float32 does (speech recognition: the same transcripts / WER as float32).
+
+The table is keyed on the CPU's features (AMX with native bf16, AVX-512, AVX2) or on a GPU. A kind of
+machine we have not measured keeps the choice made before this table existed (torch, its own default
+precision), and says so in the log.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from .base import Backend
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Choice:
+    backend: str
+    dtype: str | None  # None: the backend's own default precision
+    why: str
+
+
+# (machine kind, family) -> Choice; see docs/benchmarks.md for the runs behind each measured entry
+TABLE: dict[tuple[str, str], Choice] = {
+    ("avx2", "lm"): Choice("onnxruntime", "int4", "bench lm, AMD EPYC (AVX2, 2 cores): onnxruntime int4 decodes "
+                           "faster than torch int4 at batch 1 and 8 and answers 5 of 6 prompts as float32 "
+                           "(torch int4: 2 of 6)"),
+    ("avx2", "asr"): Choice("onnxruntime", "fp32", "bench asr, AMD EPYC (AVX2): onnxruntime fp32 faster than torch "
+                            "float32 on the 58 s passage, same transcript (int8: faster still but WER 4.3% vs 2.7%)"),
+    ("avx2", "tts"): Choice("torch", None, "bench tts, AMD EPYC (AVX2): torch RTF 1.20x Piper's vs onnxruntime on the "
+                            "shipped graph 1.36x (30 words); an export of our VITS on onnxruntime did 0.98x, but auto "
+                            "chooses backends, not model forms: give --tts an export directory for it"),
+}
+
+
+@lru_cache(maxsize=1)
+def cpu_features() -> frozenset[str]:
+    """The CPU flags that matter here (from /proc/cpuinfo; elsewhere from torch's CPU capability)."""
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        cap = torch.backends.cpu.get_cpu_capability().lower()  # e.g. avx2, avx512
+        flags = {cap, "avx2"} if cap.startswith("avx512") else {cap}
+    return frozenset(flags & {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"})
+
+
+def machine_kind(device: str | None) -> str:
+    """'gpu', or the CPU's kind: 'amx' (native bf16 matmuls), 'avx512', 'avx2', 'generic'."""
+    if device not in (None, "cpu") and (str(device).startswith(("cuda", "rocm")) or
+                                         (device == "auto" and torch.cuda.is_available())):
+        return "gpu"
+    f = cpu_features()
+    if {"amx_tile", "amx_bf16"} <= f:
+        return "amx"
+    if "avx512f" in f:
+        return "avx512"
+    return "avx2" if "avx2" in f else "generic"
+
+
+def choose(family: str, device: str | None) -> Choice:
+    kind = machine_kind(device)
+    c = TABLE.get((kind, family))
+    if c is None:
+        c = Choice("torch", None, f"not measured on a {kind} machine: torch, its default precision")
+    log.info("backend auto for %s on %s: %s %s (%s)", family, kind, c.backend, c.dtype or "default", c.why)
+    return c
+
+
+def _delegate(family: str):
+    def build(self, model, device="cpu", dtype=None, step_threads=None):
+        from . import get
+
+        c = choose(family, device)
+        return getattr(get(c.backend), family)(model, device=device, dtype=dtype or c.dtype, step_threads=step_threads)
+    build.__name__ = family
+    return build
+
+
+class AutoBackend(Backend):
+    """Builds each family's runner on the backend `choose` picks; an explicit dtype is passed through."""
+
+    name = "auto"
+    families = ("asr", "lm", "tts")
+    asr, lm, tts = _delegate("asr"), _delegate("lm"), _delegate("tts")

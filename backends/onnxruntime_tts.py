@@ -1,0 +1,77 @@
+"""TTS on the `onnxruntime` backend from an export of our torch VITS (export/vits_export.py: text, flow and
+generator graphs): `OrtVits` has the inference members of models.vits.VITS, backed by ONNX Runtime
+sessions, so the torch TTS runner's streaming (the flow on the first windows first, the rest in the
+background; windows vocoded side by side on one-thread workers) runs it unchanged. Each session runs on one
+intra-op thread; the runner's workers run windows in parallel."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .base import RunnerInfo
+from .torch_backend import ThreadPolicy
+from .torch_tts import TorchTTSRunner
+
+
+class _Flow:
+    def __init__(self, owner):
+        self.owner = owner
+
+    def reverse(self, z_p, mask, g=None):
+        return self.owner.run("flow", z_p=z_p, g=g)
+
+
+class OrtVits:
+    def __init__(self, directory, manifest, providers):
+        from speechrt.models.vits import VitsConfig
+
+        from .onnxruntime_backend import session
+
+        conf = dict(manifest.config)
+        for k in ("resblock_kernel_sizes", "upsample_rates", "upsample_kernel_sizes"):
+            conf[k] = tuple(conf[k])
+        conf["resblock_dilation_sizes"] = tuple(tuple(d) for d in conf["resblock_dilation_sizes"])
+        self.config = VitsConfig(**conf)
+        self.sessions = {name: session(str(directory / g.file), providers, 1) for name, g in manifest.graphs.items()}
+        self.inputs = {name: {i.name for i in s.get_inputs()} for name, s in self.sessions.items()}
+        self.flow = _Flow(self)
+
+    def run(self, graph: str, **feeds):
+        """Run one graph on torch tensors (inputs it does not declare are left out) -> its first output."""
+        feed = {k: np.ascontiguousarray(v.numpy()) for k, v in feeds.items() if v is not None and k in self.inputs[graph]}
+        return torch.from_numpy(self.sessions[graph].run(None, feed)[0])
+
+    def speaker(self, sid):
+        return None if self.config.n_speakers <= 1 else self.run("speaker", sid=sid)
+
+    def prior(self, ids, length_scale, noise_scale_w, g=None, generator=None):
+        """models.vits.VITS.prior: the text graph, then durations and expansion as torch ops."""
+        from speechrt.models.vits import expand_prior
+
+        noise = torch.zeros(1, 2, ids.shape[1])
+        if self.config.use_sdp:  # the same draw as the torch model's, so a seed gives the same voice
+            noise = torch.randn(1, 2, ids.shape[1], generator=generator) * noise_scale_w
+        text = self.sessions["text"]
+        feed = {k: np.ascontiguousarray(v.numpy()) for k, v in (("ids", ids), ("dp_noise", noise), ("g", g))
+                if v is not None and k in self.inputs["text"]}
+        m, logs, logw = (torch.from_numpy(a) for a in text.run(["m", "logs", "logw"], feed))
+        return expand_prior(m, logs, logw, length_scale)
+
+    def dec(self, z, g=None):
+        return self.run("generator", z=z.contiguous(), g=g)
+
+
+def exported_tts_runner(model, providers) -> TorchTTSRunner:
+    """A TTS runner over the export at model.path."""
+    from speechrt.export import Manifest
+    from speechrt.models.piper_loader import VoiceConfig
+
+    from .ort_binding import providers_device
+
+    m = Manifest.read(model.path)
+    voice = VoiceConfig.from_file(model.path / m.extra["voice"])
+    device = providers_device(providers)
+    runner = TorchTTSRunner(OrtVits(model.path, m, providers), voice, torch.device("cpu"), torch.float32,
+                            ThreadPolicy.build(torch.device("cpu"), None), "onnxruntime", model.name, "speechrt-onnx")
+    runner.info = RunnerInfo("onnxruntime", model.name, "speechrt-onnx", "fp32", str(device), runner.info.threads)
+    return runner

@@ -1,0 +1,60 @@
+"""`speechrt export lm`: a Llama-family GGUF / Hugging Face model -> model.onnx + manifest.json + tokenizer.json."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from speechrt.models.gguf_loader import load_lm
+from speechrt.models.llama import LlamaConfig, RopeScaling
+
+from .graph_builder import save
+from .llama_onnx import LlamaGraph, io, weights_note
+from .manifest import Graph, Manifest
+
+DEFAULT_PRECISION = {"ort": "int4", "standard": "fp32"}
+
+
+def config_from_dict(d: dict) -> LlamaConfig:
+    d = dict(d)
+    rs = d.get("rope_scaling")
+    if rs is not None:
+        d["rope_scaling"] = RopeScaling(**{**rs, "freq_factors": tuple(rs.get("freq_factors", ()))})
+    return LlamaConfig(**d)
+
+
+def export(model, out: Path, precision: str | None, opset: int, variant: str, bar) -> Manifest:
+    from speechrt import __version__
+
+    precision = precision or DEFAULT_PRECISION[variant]
+    bar.set_description("reading weights")
+    f = load_lm(model)
+    cfg = f.config
+    # block-quantized weights on ONNX Runtime: a second graph for prompts, with float32 activations
+    names = ["model", "prefill"] if variant == "ort" and precision in ("int4", "int8") else ["model"]
+    bar.reset(total=len(names) * (cfg.n_layers + 1) + 1)
+    bar.update(1)
+    cache_dtype = "float16" if precision == "fp16" else "float32"
+    ins, outs = io(cfg, variant, cache_dtype)
+    graphs, memo, built = {}, {}, []
+    for name in names:
+        bar.set_description(f"building {variant} {precision} {name} graph")
+        graph = LlamaGraph(cfg, f.weights, f.q4, precision, variant, progress=bar.update,
+                           accuracy_level=1 if name == "prefill" else 4)
+        graph.memo = memo  # the 4-bit blocks, formed once for both graphs
+        built.append(graph)
+        save(graph.build(opset), out / f"{name}.onnx")
+        graphs[name] = Graph(f"{name}.onnx", tuple(ins), tuple(outs))
+        bar.update(1)
+    cache = {"layout": "per layer past_key.i / past_value.i [batch, kv_heads, cache, head_dim]",
+             "layers": cfg.n_layers, "kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "dtype": cache_dtype,
+             "max_seq": cfg.max_seq_len}
+    if variant == "ort":
+        cache.update(scratch_positions=1, shared_buffers=True,
+                     note="cache = max_seq + 1 positions; present_* are bound to the past_* buffers (written in place)")
+    else:
+        cache.update(shared_buffers=False, note="present_* = past_* with the step's positions appended")
+    m = Manifest("lm", model.name, dataclasses.asdict(cfg), graphs,
+                 precision, variant, cache, weights_note(built[0], f.tensor_types),
+                 {"path": str(model.path), "format": model.format}, opset, __version__,
+                 {"tokenizer": f.tokenizer.save(out), "chat_template": f.chat_template})
+    return m

@@ -1,0 +1,161 @@
+"""speechrt export and the onnxruntime runners of exported graphs, against the torch runners on the same
+weights: Whisper logits (fp32) and transcripts, Llama greedy ids (int4 vs our torch int4; the factual prompt
+answered as float32 answers it), VITS audio with noise 0 and with a seed; the manifest as the contract
+(registry, CLI, errors). Exports are made once per session through the export cache (tests/conftest.py)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from speechrt import backends
+from speechrt.cli import main
+from speechrt.errors import UserError
+from speechrt.export import Manifest, cached_export, export_model
+from speechrt.models.audio import utterance_mel
+from speechrt.models.registry import ModelError, resolve, source_of
+from speechrt.pipelines.asr import ASRPipeline, TranscribeOptions
+from speechrt.pipelines.generation import GenerationOptions
+from speechrt.pipelines.lm import LMPipeline
+from speechrt.pipelines.lm_batching import stream
+from speechrt.pipelines.tts import load_tts
+
+PROMPTS = ["What is the capital of France?", "Who wrote Pride and Prejudice?", "Write a haiku about the sea.",
+           "List three uses of copper."]
+SPEECH = ["The museum opens at nine and closes at five on weekdays.",
+          "I would like a cup of coffee with a little sugar, please."]
+
+
+@pytest.fixture(scope="module")
+def tts_export(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tts") / "joe"
+    assert main(["export", "tts", "--out", str(out), "--no-progress"]) == 0  # through the CLI
+    return out
+
+
+def _greedy(lm, ids, n=32):
+    return [ev.token for ev in stream(lm.runner, lm.tokenizer, [ids], GenerationOptions(max_tokens=n, stop_token_ids=()))]
+
+
+def test_manifest_is_the_contract(tts_export):
+    m = Manifest.read(tts_export)
+    assert m.family == "tts" and m.precision == "fp32" and set(m.graphs) == {"text", "flow", "generator"}
+    assert m.source["format"] == "piper-onnx" and len(m.source["sha256"]) == 64 and m.opset == 17
+    assert m.graph("flow").inputs[0].shape == (1, 192, "frames") and m.graph("generator").sha256
+    assert 0 < m.extra["export_seconds"] < 60
+    rm = resolve(str(tts_export), "tts")  # an export is a model path like any other
+    assert rm.format == "speechrt-onnx" and source_of(rm).format == "piper-onnx"
+    with pytest.raises(ModelError, match="is a tts model"):
+        resolve(str(tts_export), "asr")
+    with pytest.raises(UserError, match="not empty"):
+        export_model("tts", None, tts_export, progress=False)
+    with pytest.raises(UserError, match="valid: fp32, fp16, int8, int4"):
+        export_model("tts", None, tts_export.parent / "x", "int3", progress=False)
+    bad = json.loads((tts_export / "manifest.json").read_text())
+    bad["format_version"] = 99
+    (tts_export.parent / "old").mkdir()
+    (tts_export.parent / "old" / "manifest.json").write_text(json.dumps(bad))
+    with pytest.raises(UserError, match="export the model again"):
+        Manifest.read(tts_export.parent / "old")
+
+
+def test_vits_export_equals_torch(tts_export):
+    """Our torch VITS exported in three pieces: the same audio with noise 0 and with the same seed."""
+    ours, ref = load_tts(str(tts_export), "onnxruntime"), load_tts(None, "torch")
+    assert ours.info.backend == "onnxruntime" and ours.info.format == "speechrt-onnx"
+    text = "Exported from the torch model, it speaks the same words."
+    for kw in (dict(noise_scale=0.0, noise_w=0.0), dict(seed=7)):
+        a, b = ours.synthesize_array(text, **kw), ref.synthesize_array(text, **kw)
+        assert a.shape == b.shape and np.isfinite(a).all() and np.abs(a).max() > 0.1
+        assert np.abs(a - b).max() <= 1e-4, kw
+
+
+@pytest.fixture(scope="module")
+def asr_pair():
+    m = resolve(None, "asr")
+    return (ASRPipeline(backends.get("onnxruntime").asr(m, dtype="float32")),
+            ASRPipeline(backends.get("torch").asr(m, dtype="float32")))
+
+
+def test_whisper_logits_and_transcripts(asr_pair, synth):
+    ours, ref = asr_pair
+    audio = synth(SPEECH[0])
+    mel = utterance_mel(audio, 80, torch.device("cpu"))[None]
+    prompt = torch.tensor([ours.tokenizer.sot_sequence("en", "transcribe") + [ours.tokenizer.no_timestamps]])
+    with torch.inference_mode():
+        sa, sb = ours.runner.start(ours.runner.encode(mel), 1, 16), ref.runner.start(ref.runner.encode(mel), 1, 16)
+        for step in (prompt, torch.tensor([[440]]), torch.tensor([[2068]])):
+            a, b = ours.runner.decode_step(sa, step, last_only=False), ref.runner.decode_step(sb, step, last_only=False)
+            assert torch.isfinite(a).all() and (a - b).abs().max() <= 1e-3 * b.abs().max()
+    # (identical greedy transcripts: tests/backends/test_conformance.py)
+
+
+def test_whisper_int8_transcribes(synth):
+    """int8 (MatMulInteger) is a different model numerically: it must still transcribe the test speech."""
+    from speechrt.models.wer import wer
+
+    asr = ASRPipeline(backends.get("onnxruntime").asr(resolve(None, "asr"), dtype="int8"))
+    assert asr.info.precision == "int8"
+    got = asr.transcribe_batch([synth(SPEECH[1])], TranscribeOptions(without_timestamps=True))
+    assert wer(SPEECH[1], got[0].text) <= 0.1, got[0].text
+
+
+def test_llama_int4_greedy_ids():
+    """The GGUF's Q4_1 blocks, kept exactly (prompts at float32 activations, decode steps at int8 ones): the
+    greedy ids equal float32's on at least 3 of 4 prompts, and our torch int4 runner's on the first.
+    (Not on 3 of 4 as the issue asks: the torch int4 kernel's emulated bf16 activations leave float32's path
+    on 2 of these 4 prompts, 4 of 6 in the benchmark's set, where this graph agrees with float32 on 5 of 6.)"""
+    m = resolve(None, "lm")
+    ours = LMPipeline(backends.get("onnxruntime").lm(m))
+    assert ours.info.precision == "int4" and "prefill" in ours.runner.manifest.graphs
+    assert "kept exactly" in ours.runner.manifest.weights
+    got = [_greedy(ours, ours.encode_chat(p), 16) for p in PROMPTS]
+    f32 = LMPipeline(backends.get("torch").lm(m, dtype="float32"))
+    assert sum(g == _greedy(f32, f32.encode_chat(p), 16) for g, p in zip(got, PROMPTS)) >= 3
+    t4 = LMPipeline(backends.get("torch").lm(m, dtype="int4"))
+    assert got[0] == _greedy(t4, t4.encode_chat(PROMPTS[0]), 16)
+    assert ours.tokenizer.decode(got[0]).startswith("The capital of France is Paris.")
+
+
+def test_exported_dir_and_dtype_errors():
+    m = resolve(None, "lm")
+    d = cached_export("lm", m, "int4")
+    assert cached_export("lm", m, "int4") == d  # made once
+    rm = resolve(str(d), "lm")
+    with pytest.raises(UserError, match="int4 export.*--precision fp32"):
+        backends.get("onnxruntime").lm(rm, dtype="float32")
+    with pytest.raises(UserError, match="valid:"):
+        backends.get("onnxruntime").lm(m, dtype="int3")
+    with pytest.raises(UserError, match="already an export"):
+        export_model("lm", str(d), d.parent / "again", progress=False)
+
+
+def test_serve_loads_onnxruntime_models():
+    """`speechrt serve --asr-backend onnxruntime --lm-backend onnxruntime` loads both from exports (made on first
+    use), beside the torch voice."""
+    import argparse
+
+    from speechrt import cli_serve
+
+    p = argparse.ArgumentParser()
+    cli_serve.add_arguments(p)
+    asr, lm, tts = cli_serve.load_models(p.parse_args(["--asr-backend", "onnxruntime", "--lm-backend", "onnxruntime"]))
+    assert (asr.info.backend, lm.info.backend, tts.info.backend) == ("onnxruntime", "onnxruntime", "torch")
+    assert asr.info.format == lm.info.format == "speechrt-onnx" and lm.info.precision == "int4"
+    reply = "".join(lm.chat("What is the capital of France?", max_tokens=8))
+    assert "Paris" in reply
+
+
+def test_backend_auto_follows_the_table():
+    from speechrt.backends import auto
+
+    kind = auto.machine_kind("cpu")
+    assert kind in ("amx", "avx512", "avx2", "generic") and auto.machine_kind("cuda") == "gpu"
+    c = auto.choose("lm", "cpu")
+    assert c == auto.TABLE.get((kind, "lm"), c) and c.backend in backends.available("lm")
+    r = backends.get("auto").tts(resolve(None, "tts"))
+    assert r.info.backend == auto.choose("tts", "cpu").backend
+    with pytest.raises(UserError, match="valid backends: .*auto"):
+        backends.get("fastest")
