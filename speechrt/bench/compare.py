@@ -1,15 +1,15 @@
 """`speechrt bench compare base.json new.json --max-regression 10%`: a speed gate for CI and users.
 
 Rows are matched by what was measured (family, model, engine/backend/precision, device, workload,
-metric). A row regressed when it got worse by more than the threshold (its value: lower is better for
-times, higher for throughputs) AND the runs do not overlap: the new run's best repeat is worse than the
-base run's worst one. A shift inside the repeats' spread is noise, however large its median change; a
-row measured once has no spread and is judged on the threshold alone. Rows without a direction (word
+metric). Noise-aware: a row regressed when both its median repeat and its best repeat (the fastest time,
+the highest throughput: the run least disturbed by other work) got worse by more than the threshold. A
+few disturbed repeats move the median but not the best, one lucky repeat the best but not the median:
+neither is a regression. A row measured once is judged on its value. Rows without a direction (word
 error rates, counts) are never a regression.
 
---relative-to-peer compares each of our rows' ratio to the peer measured in the same run instead (the
-spread of a ratio: ours' range over the peer's), which cancels most of a machine's speed and load: for
-two runs on different or shared machines.
+--relative-to-peer compares each of our rows' ratio to the peer measured in the same run instead (medians
+over medians, bests over bests), which cancels what load or a different machine does to both: for two
+runs on different or shared machines.
 
 Exit status: 0 when nothing regressed, 1 naming every row that did, 2 on a usage error.
 """
@@ -53,19 +53,19 @@ def worsening(base: float, new: float, better: str) -> float:
     return base / new - 1 if new > 0 else float("inf")
 
 
-def separated(base: Repeats | None, new: Repeats | None, better: str) -> bool | None:
-    """Whether the new run's best repeat is worse than the base run's worst; None without repeats."""
-    if base is None or new is None or base.n < 2 or new.n < 2:
-        return None
-    return new.min > base.max if better == "lower" else new.max < base.min
+def typical_and_best(r: Record) -> tuple[float, float]:
+    """(median, best) of a row's repeats; its value twice when it was measured once."""
+    if r.repeats is None or r.repeats.n < 2:
+        return r.value, r.value
+    return r.repeats.median, r.repeats.min if r.better == "lower" else r.repeats.max
 
 
 @dataclass(frozen=True)
 class Change:
     base: Record
     new: Record
-    worse_by: float  # fraction, negative when better
-    separated: bool | None
+    worse_by: float  # of the medians, as a fraction; negative when better
+    best_worse_by: float  # of the best repeats
     regression: bool
 
     def describe(self) -> str:
@@ -75,7 +75,8 @@ class Change:
             return f" [{r.repeats.min:.4g}..{r.repeats.max:.4g}]" if r.repeats else ""
         word = "worse" if self.worse_by > 0 else "better"
         return (f"{b.family} | {b.label} on {b.device} | {b.workload} | {b.metric}: {b.value:.4g}{spread(b)} -> "
-                f"{n.value:.4g}{spread(n)} {b.unit} ({abs(self.worse_by) * 100:.1f}% {word})")
+                f"{n.value:.4g}{spread(n)} {b.unit} (median {abs(self.worse_by) * 100:.1f}% {word}, best "
+                f"{self.best_worse_by * 100:+.1f}%)")
 
 
 def relative(results: Results) -> Results:
@@ -86,9 +87,12 @@ def relative(results: Results) -> Results:
         if p is None or p.value == 0:
             continue
         rep = None
-        if r.repeats and p.repeats and p.repeats.min > 0:
-            rep = Repeats(min(r.repeats.n, p.repeats.n), r.repeats.min / p.repeats.max,
-                          r.repeats.median / p.repeats.median, r.repeats.max / p.repeats.min)
+        if r.repeats and p.repeats and r.repeats.n > 1 and p.repeats.n > 1 and p.repeats.min > 0:
+            med = r.repeats.median / p.repeats.median
+            # the ratio of the bests: mins over mins for times (a), maxes over maxes for throughputs (b)
+            a, b = r.repeats.min / p.repeats.min, r.repeats.max / p.repeats.max
+            n = min(r.repeats.n, p.repeats.n)
+            rep = Repeats(n, a, med, max(a, med, b)) if r.better == "lower" else Repeats(n, min(a, med, b), med, b)
         out.records.append(dataclasses.replace(r, metric=f"{r.metric} / {r.peer}", unit="x",
                                                value=r.value / p.value, repeats=rep))
     return out
@@ -105,9 +109,9 @@ def compare(base: Results, new: Results, threshold: float, families=None) -> tup
         if n is None:
             missing.append(b)
             continue
-        w = worsening(b.value, n.value, b.better)
-        sep = separated(b.repeats, n.repeats, b.better)
-        changes.append(Change(b, n, w, sep, w > threshold and sep is not False))
+        (bm, bb), (nm, nb) = typical_and_best(b), typical_and_best(n)
+        w, wb = worsening(bm, nm, b.better), worsening(bb, nb, b.better)
+        changes.append(Change(b, n, w, wb, w > threshold and wb > threshold))
     return changes, missing
 
 
@@ -125,8 +129,8 @@ def run(args):
     changes, missing = compare(base, new, threshold, families)
     regressions = [c for c in changes if c.regression]
     noisy = [c for c in changes if not c.regression and c.worse_by > threshold]
-    print(f"{len(changes)} rows compared: {len(regressions)} regressed, {len(noisy)} worse beyond the threshold "
-          f"but within the repeats' spread (noise), {len(missing)} missing from the new run")
+    print(f"{len(changes)} rows compared: {len(regressions)} regressed, {len(noisy)} with a median worse beyond the "
+          f"threshold but not the best repeat (noise), {len(missing)} missing from the new run")
     for c in noisy:
         print(f"  noise: {c.describe()}")
     for r in missing:

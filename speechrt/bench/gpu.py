@@ -189,7 +189,7 @@ def compare_providers(providers: list[str]) -> tuple[list[str], list[str]]:
     ok, bad = [], []
     for ep in providers:
         try:
-            r = OrtTTSRunner(voice.path, [ep, "CPUExecutionProvider"])
+            r = OrtTTSRunner(voice.path, list(dict.fromkeys([ep, "CPUExecutionProvider"])))
             got = r.run_graph(ids, opts)
             used = r.dec.get_providers()[0]
         except Exception as e:  # one provider failing must not hide the others

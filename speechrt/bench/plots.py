@@ -98,7 +98,7 @@ def rtf(runs, family):
     if not bars:
         return None
     workloads = sorted({w for v in bars.values() for w in v})
-    fig, ax = plt.subplots(figsize=(max(6.0, 2.2 * len(workloads) + 3), 4))
+    fig, ax = plt.subplots(figsize=(max(6.0, 2.2 * len(workloads) + 3) + 3.5, 4))
     width = 0.8 / len(bars)
     for i, (bar, vals) in enumerate(sorted(bars.items())):
         xs = [j + i * width for j, w in enumerate(workloads) if w in vals]
@@ -107,7 +107,7 @@ def rtf(runs, family):
     ax.set_ylabel("real-time factor (lower is faster)")
     ax.set_title(f"{ {'asr': 'speech recognition', 'tts': 'speech synthesis'}[family]}: compute time / audio time",
                  fontsize=10)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     return fig

@@ -184,6 +184,11 @@ th{background:#f3f5f7}td.up{background:#e3f5e1}td.down{background:#fbe3e1}img{ma
 .small{color:#555;font-size:12px}"""
 
 
+# marks the page once loaded with how many of its charts the browser decoded: <body data-plots="4/4">
+LOADED_JS = ("window.addEventListener('load', () => { const i = [...document.images]; document.body.dataset.plots = "
+             "i.filter(x => x.complete && x.naturalWidth > 0).length + '/' + i.length; });")
+
+
 def _html_table(t: Table) -> str:
     e = html.escape
     head = "".join(f"<th>{e(h)}</th>" for h in t.header)
@@ -229,7 +234,7 @@ def html_page(runs: list[Run], base: int, pngs: dict[str, Path], title: str) -> 
     if skipped:
         out.write("<h2 id=skipped>Not measured</h2><ul>" + "".join(
             f"<li>{e(n)}: {e(s.family)} {e(s.what)} — {e(s.reason)}</li>" for n, s in skipped) + "</ul>")
-    out.write("</body></html>\n")
+    out.write(f"<script>{LOADED_JS}</script></body></html>\n")
     return out.getvalue()
 
 
