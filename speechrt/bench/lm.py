@@ -246,11 +246,18 @@ def _start(spec: dict):
 
 
 def worker() -> None:
-    """Worker process: a JSON spec line on stdin builds the engine and answers {note} or {skip}; then each
+    """Worker process: a JSON spec line on stdin builds the engine and answers {note, meta}, {skip} or
+    {error} (ours cannot run: a user error, in one line); then each
     {"batch", "tokens"} line runs one measurement and answers {"ttft", "tps"}. Waiting on stdin between
     turns leaves its thread pool idle while the other engines run."""
+    from speechrt.errors import UserError
+
     spec = json.loads(sys.stdin.readline())
-    engine, skip = _start(spec)
+    try:
+        engine, skip = _start(spec)
+    except UserError as e:  # ours cannot run here (a backend without its device): said in one line
+        print(json.dumps({"error": str(e)}), flush=True)
+        return
     print(json.dumps({"skip": skip} if engine is None else {"note": engine.note, "meta": engine.meta}), flush=True)
     if engine is None:
         return
@@ -329,6 +336,9 @@ def run(args):
                     raise UserError(f"our benchmark worker failed: {e}") from None
                 notes[name] = f"skipped: worker failed: {e}"
             else:
+                if "error" in w.reply:
+                    w.close()
+                    raise UserError(w.reply["error"])
                 if "skip" in w.reply:
                     notes[name] = "skipped: " + w.reply["skip"]
                     w.close()

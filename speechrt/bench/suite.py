@@ -14,11 +14,12 @@ counts; the full mode the 58-second passage, batch sizes 1 to 8, the 1..32 strea
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from speechrt.bench.record import FAMILIES, Results, load
@@ -36,6 +37,8 @@ def add_arguments(p):
     p.add_argument("--json", default="speechrt-bench.json", help="result file (default: %(default)s)")
     p.add_argument("--log", default=None, help="the steps' output (default: the result file with .log)")
     p.add_argument("--machine", default=None, help="name of this machine in reports (default: its GPU or CPU)")
+    p.add_argument("--note", action="append", default=[], help="a note kept with the results and shown in reports "
+                   "(repeatable), e.g. what else ran on the machine")
 
 
 # the arguments that leave a family's peers out (they already ran in an earlier step of this run)
@@ -49,12 +52,6 @@ class Step:
     what: str  # the backend / precision it covers, for the progress line and skips
     args: tuple[str, ...]  # after `speechrt bench FAMILY`
     estimate_s: float  # expected seconds on a 2-core CPU (the ETA's starting point)
-
-
-@dataclass
-class Plan:
-    steps: list[Step] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
 
 
 def _precisions(family: str, device: str, quick: bool) -> list[str]:
@@ -103,11 +100,11 @@ def _family_steps(family: str, device: str, quick: bool, t: list[str]) -> list[S
     raise UserError(f"unknown family {family!r}; valid: {', '.join(SUITE_FAMILIES)}")
 
 
-def plan(families: list[str], device: str, quick: bool, threads: int | None) -> Plan:
+def plan(families: list[str], device: str, quick: bool, threads: int | None) -> list[Step]:
     """The steps for these families on this machine: one per backend the registry says runs the family
     here (backends.available), and per precision where the family's bench times one at a time."""
     t = ["--threads", str(threads)] if threads else []
-    return Plan([s for f in families for s in _family_steps(f, device, quick, t)])
+    return [s for f in families for s in _family_steps(f, device, quick, t)]
 
 
 class Progress:
@@ -190,16 +187,17 @@ def run(args):
         raise UserError(f"--device must be cpu, cuda or auto, got {args.device!r}")
     out_path = Path(args.json)
     log_path = Path(args.log) if args.log else out_path.with_suffix(".log")
-    p = plan(families, device, args.quick, args.threads)
+    steps = plan(families, device, args.quick, args.threads)
     machine = fingerprint(args.machine)
     mode = "quick" if args.quick else "full"
-    print(f"speechrt bench all ({mode}) on {machine['label']}, device {device}: {len(p.steps)} steps, "
-          f"about {_mmss(sum(s.estimate_s for s in p.steps))} expected; output in {log_path}", flush=True)
-    merged = Results(notes=[f"bench all --{mode} on {device}"] + p.notes)
-    progress = Progress(p.steps)
+    print(f"speechrt bench all ({mode}) on {machine['label']}, device {device}: {len(steps)} steps, "
+          f"about {_mmss(sum(s.estimate_s for s in steps))} expected; output in {log_path}", flush=True)
+    merged = Results(notes=list(args.note))
+    load_before = os.getloadavg()[0]
+    progress = Progress(steps)
     peers_done: set[str] = set()
     with open(log_path, "w") as log, tempfile.TemporaryDirectory(prefix="speechrt-bench-") as tmp:
-        for i, step in enumerate(p.steps):
+        for i, step in enumerate(steps):
             progress.show(i)
             t0 = time.monotonic()
             step_json = Path(tmp) / f"step{i}.json"
@@ -213,10 +211,13 @@ def run(args):
                 merged.notes.append(f"{step.family} {step.what}: {time.monotonic() - t0:.0f} s")
             else:
                 merged.skip(step.family, step.what, err if rc == 2 else f"failed (exit code {rc}): {err}")
-        progress.show(len(p.steps))
+        progress.show(len(steps))
     if progress.tty:
         sys.stderr.write("\n")
     link_peers(merged)
+    merged.notes.insert(len(args.note), f"bench all --{mode} on {device}: {_mmss(time.monotonic() - progress.t0)} in all; "
+                        f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after (on "
+                        f"{os.cpu_count()} cores; above 0 is other work sharing the CPU)")
     merged.notes = list(dict.fromkeys(merged.notes))  # steps of one family repeat their settings line
     merged.write(out_path, machine=machine)
     print(f"{len(merged.records)} measurements, {len(merged.skipped)} skipped -> {out_path}")

@@ -13,9 +13,8 @@ from speechrt.bench.suite import Progress, Step, plan
 
 
 def test_plan_has_a_step_per_available_backend_and_precision():
-    p = plan(["asr", "lm", "tts", "server", "kernels"], "cpu", True, None)
     by = {}
-    for s in p.steps:
+    for s in plan(["asr", "lm", "tts", "server", "kernels"], "cpu", True, None):
         by.setdefault(s.family, []).append(s)
     assert [s.what for s in by["asr"]] == backends.available("asr")
     assert [s.what for s in by["tts"]] == backends.available("tts")
@@ -24,8 +23,8 @@ def test_plan_has_a_step_per_available_backend_and_precision():
     assert [s.args[s.args.index("--mode") + 1] for s in by["server"]] == ["transcription", "conversation"]
     assert by["kernels"][0].args == ("--device", "cpu")
     full = plan(["lm"], "cpu", False, 2)
-    assert {s.args[s.args.index("--dtype") + 1] for s in full.steps} >= {"int4", "int8", "float32"}
-    assert all(s.args[-2:] == ("--threads", "2") for s in full.steps)
+    assert {s.args[s.args.index("--dtype") + 1] for s in full} >= {"int4", "int8", "float32"}
+    assert all(s.args[-2:] == ("--threads", "2") for s in full)
 
 
 def test_progress_estimate_scales_with_the_finished_steps():
