@@ -234,7 +234,8 @@ def check_roofline(dev, out: Results, quick: bool = False):
 
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "kernels.json"
-        kernels.run(argparse.Namespace(ops=None, device=str(dev), dtype=None, no_compile=quick, json=str(path)))
+        kernels.run(argparse.Namespace(ops=None, device=str(dev), dtype=None, no_compile=quick, threads=None,
+                                       json=str(path)))
         res = load(path)
     out.records += res.records
     probe = {r.metric: r.value for r in res.records if r.engine == "probe"}

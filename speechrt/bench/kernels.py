@@ -15,6 +15,7 @@ def add_arguments(p):
     p.add_argument("--dtype", default=None, choices=["float16", "bfloat16", "float32"],
                    help="default: float16 on GPUs, float32 on the CPU")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (--device cpu; default: all cores)")
     p.add_argument("--json", default=None, help="also write the results (speechrt.bench.record schema) to this file")
 
 
@@ -116,6 +117,8 @@ def run(args):
             raise UserError("`speechrt bench kernels` needs Triton: pip install 'speechrt[triton]'") from None
     from speechrt import kernels
 
+    if not gpu and args.threads:
+        torch.set_num_threads(args.threads)
     dtype_name = args.dtype or ("float16" if gpu else "float32")
     dtype = getattr(torch, dtype_name)
     ref = kernels.select("torch", device)
@@ -124,7 +127,8 @@ def run(args):
     impls = {"triton": kernels.select("triton", device), "torch": ref} if gpu else {"torch": ref}
     compile_ = gpu and not args.no_compile
     name = torch.cuda.get_device_name(device) if gpu else "CPU"
-    print(f"device: {name}; torch {torch.__version__}; dtype {dtype_name}")
+    print(f"device: {name}; torch {torch.__version__}; dtype {dtype_name}" + ("" if gpu else
+                                                                          f"; threads {torch.get_num_threads()}"))
     peak = roofline.probe(device, dtype)
     ridge = peak.matmul_tflops * 1e12 / (peak.bandwidth_gbps * 1e9)  # FLOP/byte where the roofs meet
     print(f"measured roofline: copy {peak.bandwidth_gbps:.0f} GB/s, {dtype_name} matmul {peak.matmul_tflops:.2f} "

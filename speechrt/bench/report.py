@@ -66,18 +66,25 @@ def pick_baseline(runs: list[Run], spec: str) -> int:
     return hits[0]
 
 
-def fmt(v: float, unit: str) -> str:
+def _scale(v: float, unit: str) -> tuple[float, str, str]:
+    """(factor, number format, unit suffix) to print values of about `v`."""
     if unit == "s":
-        return f"{v * 1000:.0f} ms" if abs(v) < 1 else f"{v:.2f} s"
+        return (1000, ".0f", " ms") if abs(v) < 1 else (1, ".2f", " s")
     if unit == "us":
-        return f"{v:.1f} µs"
+        return 1, ".1f", " µs"
     if unit == "%":
-        return f"{v:.1f}%"
+        return 1, ".1f", "%"
     if unit == "x":
-        return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
+        return 1, ".3f" if abs(v) < 10 else ".1f", ""
     if unit == "streams":
-        return f"{v:.0f}"
-    return f"{v:.3g} {unit}".strip() if abs(v) < 1000 else f"{v:.0f} {unit}"
+        return 1, ".0f", ""
+    return 1, ".3g" if abs(v) < 1000 else ".0f", f" {unit}" if unit else ""
+
+
+def fmt(v: float, unit: str, like: float | None = None) -> str:
+    """`v` in `unit`, scaled as a value of about `like` would be (default: v)."""
+    k, f, suffix = _scale(v if like is None else like, unit)
+    return f"{v * k:{f}}{suffix}"
 
 
 def speedup(r: Record, ref: Record) -> float | None:
@@ -134,11 +141,12 @@ def table(runs: list[Run], family: str, base: int) -> Table | None:
 
 
 def value_text(r: Record) -> str:
-    """The value, and the spread of its repeats as ± half their range over the median."""
-    if not r.repeats or r.repeats.n < 2 or r.repeats.median == 0:
+    """The value, and the range of its repeats in the same scale: '412 ms (398–470 ms, n=5)'."""
+    if not r.repeats or r.repeats.n < 2:
         return fmt(r.value, r.unit)
-    half = (r.repeats.max - r.repeats.min) / 2 / abs(r.repeats.median)
-    return f"{fmt(r.value, r.unit)} ±{100 * half:.0f}% (n={r.repeats.n})"
+    suffix = _scale(r.value, r.unit)[2]
+    lo, hi = (fmt(x, r.unit, like=r.value).removesuffix(suffix) for x in (r.repeats.min, r.repeats.max))
+    return f"{fmt(r.value, r.unit)} ({lo}–{hi}{suffix}, n={r.repeats.n})"
 
 
 def _tone(s: float | None) -> int:

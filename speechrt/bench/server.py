@@ -30,6 +30,7 @@ import urllib.request
 import numpy as np
 
 from speechrt.bench import whisper_live
+from speechrt.bench.pacing import FINAL_WAIT_S, listen, send_paced
 from speechrt.bench.record import Record, Repeats, Results, percentile
 
 SENTENCES = [
@@ -148,33 +149,20 @@ async def _stream(url, recs, idx, n_utt, turn_detection, conversation, results, 
         await ws.send(json.dumps({"type": "session.update", "session": session}))
         while json.loads(await ws.recv())["type"] != "session.updated":
             pass
-        events: asyncio.Queue = asyncio.Queue()
-
-        async def reader():
-            async for m in ws:
-                events.put_nowait((time.perf_counter(), json.loads(m)))
-        rd = asyncio.create_task(reader())
+        events, rd = listen(ws)
         try:
             for u in range(n_utt):
                 text, pcm, s0, s1 = recs[(idx + u) % len(recs)]
-                step = RATE * CHUNK_MS // 1000 * 2
-                t_start = time.perf_counter()
-                t_speech_start = t_speech_end = None
-                for k, i in enumerate(range(0, len(pcm), step)):
-                    target = t_start + k * CHUNK_MS / 1000  # real-time pace
-                    await asyncio.sleep(max(0.0, target - time.perf_counter()))
+
+                async def send(a, b, pcm=pcm):  # samples a..b of pcm16
                     await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                              "audio": base64.b64encode(pcm[i: i + step]).decode()}))
-                    sent_until = (i + step) / 2 / RATE
-                    if t_speech_start is None and sent_until >= s0:
-                        t_speech_start = time.perf_counter()
-                    if t_speech_end is None and sent_until >= s1:
-                        t_speech_end = time.perf_counter()
+                                              "audio": base64.b64encode(pcm[2 * a: 2 * b]).decode()}))
+                t_speech_start, t_speech_end = await send_paced(send, len(pcm) // 2, RATE, CHUNK_MS / 1000, (s0, s1))
                 r = {"stream": idx, "text": text}
                 t_response = None
                 while True:
                     try:
-                        t, ev = await asyncio.wait_for(events.get(), 60)
+                        t, ev = await asyncio.wait_for(events.get(), FINAL_WAIT_S)
                     except asyncio.TimeoutError:  # an overloaded server: counted as lost, not a crash
                         results.append(r)
                         return

@@ -93,7 +93,7 @@ def _family_steps(family: str, device: str, quick: bool, t: list[str]) -> list[S
                 Step("server", "conversation 1..4 streams", ("--mode", "conversation", "--streams", "1,2,4", *dev), 200)]
     if family == "kernels":
         if device == "cpu":
-            return [Step("kernels", "reference on the CPU", ("--device", "cpu"), 25)]
+            return [Step("kernels", "reference on the CPU", ("--device", "cpu", *t), 25)]
         return [Step("kernels", "triton on the GPU", ("--no-compile",) if quick else (), 30 if quick else 90)]
     from speechrt.errors import UserError
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from speechrt.bench.pacing import FINAL_WAIT_S, listen, send_paced
 from speechrt.errors import UserError
 
 NAME = "whisper-live"
@@ -144,32 +145,20 @@ async def _session(url, model_dir, recs, idx, n_utt, results, delay):
                 raise RuntimeError(f"{NAME} refused the session: {ev}")
             if ev.get("message") == "SERVER_READY":
                 break
-        events: asyncio.Queue = asyncio.Queue()
-
-        async def reader():
-            async for m in ws:
-                events.put_nowait((time.perf_counter(), json.loads(m)))
-        rd = asyncio.create_task(reader())
-        step = int(RATE * CHUNK_S)
+        events, rd = listen(ws)
         t_stream = 0.0  # seconds of audio sent so far in this session
         try:
             for u in range(n_utt):
                 text, pcm, s0, s1 = recs[(idx + u) % len(recs)]
                 audio = to_float16k(pcm)
-                t_start = time.perf_counter()
-                t_speech_start = t_speech_end = None
-                for k, i in enumerate(range(0, len(audio), step)):
-                    await asyncio.sleep(max(0.0, t_start + k * CHUNK_S - time.perf_counter()))  # real-time pace
-                    await ws.send(audio[i: i + step].tobytes())
-                    sent = (i + step) / RATE
-                    if t_speech_start is None and sent >= s0:
-                        t_speech_start = time.perf_counter()
-                    if t_speech_end is None and sent >= s1:
-                        t_speech_end = time.perf_counter()
+
+                async def send(a, b, audio=audio):
+                    await ws.send(audio[a:b].tobytes())
+                t_speech_start, t_speech_end = await send_paced(send, len(audio), RATE, CHUNK_S, (s0, s1))
                 u_speech = (t_stream + s0, t_stream + s1, t_speech_start, t_speech_end)
                 t_stream += len(audio) / RATE
                 r = {"stream": idx, "text": text}
-                deadline = time.perf_counter() + 60
+                deadline = time.perf_counter() + FINAL_WAIT_S
                 while "final" not in r:
                     try:
                         t, ev = await asyncio.wait_for(events.get(), max(0.0, deadline - time.perf_counter()))
