@@ -32,7 +32,7 @@ def _read(path: str) -> str:
 
 
 def cpu() -> dict:
-    """{model, vendor, arch, logical_cores, physical_cores, isa: {feature: bool}, memory_gib, torch_capability}."""
+    """{model, vendor, arch, logical_cores, physical_cores, isa: {feature: bool}, memory_gib, mhz, torch_capability}."""
     info = _read("/proc/cpuinfo")
     fields: dict[str, str] = {}
     for line in info.splitlines():
@@ -43,6 +43,7 @@ def cpu() -> dict:
     sockets = {(ln.split(":")[1].strip()) for ln in info.splitlines() if ln.startswith("physical id")}
     mem_kib = next((int(ln.split()[1]) for ln in _read("/proc/meminfo").splitlines()
                     if ln.startswith("MemTotal:")), None)
+    mhz = [float(ln.split(":")[1]) for ln in info.splitlines() if ln.startswith("cpu MHz")]
     try:
         import torch
 
@@ -57,6 +58,7 @@ def cpu() -> dict:
         "physical_cores": len(cores) * max(1, len(sockets)) if cores else None,
         "isa": {name: flag in flags for name, flag in ISA_FLAGS.items()} if flags else {},
         "memory_gib": round(mem_kib / 2**20, 1) if mem_kib else None,
+        "mhz": round(max(mhz)) if mhz else None,  # as the kernel reports it now (turbo and power states vary)
         "torch_capability": capability,  # the ATen kernel level torch dispatches to (AVX2, AVX512, ...)
     }
 

@@ -120,7 +120,7 @@ def _roofs(res) -> list[roofline.Peak]:
     if "copy_GBps" in probe and "matmul_TFLOPs" in probe:
         gpu = probe["copy_GBps"].params.get("gpu", "")
         out.append(roofline.Peak(gpu or "measured", probe["copy_GBps"].value, probe["matmul_TFLOPs"].value, "measured"))
-        sheet = roofline.datasheet(gpu) if gpu and gpu != "CPU" else None
+        sheet = roofline.datasheet(gpu) if gpu != "CPU" else roofline.cpu_estimate(res.machine.get("cpu", {}))
         if sheet:
             out.append(sheet)
     return out
@@ -139,9 +139,12 @@ def roofline_chart(runs):
         color = f"C{i % 10}"
         for roof in _roofs(res):
             xs = [2 ** (k / 4) for k in range(-16, 57)]  # arithmetic intensity 1/16 .. ~16k FLOP/byte
-            ys = [min(roof.matmul_tflops, x * roof.bandwidth_gbps / 1000) for x in xs]
+            # a roof without a bandwidth (a CPU's estimate) is its compute ceiling alone
+            ys = [min(roof.matmul_tflops, x * roof.bandwidth_gbps / 1000) if roof.bandwidth_gbps else roof.matmul_tflops
+                  for x in xs]
+            bw = f"{roof.bandwidth_gbps:.0f} GB/s, " if roof.bandwidth_gbps else ""
             ax.plot(xs, ys, color=color, ls="-" if roof.source == "measured" else "--", lw=1,
-                    label=f"{name}: {roof.source} roof ({roof.bandwidth_gbps:.0f} GB/s, {roof.matmul_tflops:.3g} TFLOP/s)")
+                    label=f"{name}: {roof.source} roof ({bw}{roof.matmul_tflops:.3g} TFLOP/s)")
         for r in rows:
             b, f, t = r.params.get("bytes", 0), r.params.get("flops", 0), r.value * 1e-6
             if f and b:
@@ -157,7 +160,7 @@ def roofline_chart(runs):
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte moved)")
     ax.set_ylabel("attained TFLOP/s")
-    ax.set_title("roofline (o: triton, x: torch reference; dashed: datasheet peak)", fontsize=10)
+    ax.set_title("roofline (o: triton, x: torch reference; dashed: datasheet or estimated peak)", fontsize=10)
     ax.legend(fontsize=6, loc="lower right")
     ax.grid(alpha=0.3, which="both")
     height = 0.8 / max(1, len(fracs))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import shlex
 import statistics
 import sys
 from dataclasses import asdict, dataclass, field
@@ -154,7 +155,7 @@ class Results:
 
         doc = {
             "schema": SCHEMA,
-            "command": self.command or " ".join(["speechrt"] + sys.argv[1:]),
+            "command": self.command or "speechrt " + shlex.join(sys.argv[1:]),
             "created": self.created or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "machine": machine or self.machine or fingerprint(),
             "records": [r.to_dict() for r in self.records],

@@ -40,16 +40,15 @@ def datasheet(gpu_name: str) -> Peak | None:
 
 
 def cpu_estimate(cpu: dict) -> Peak | None:
-    """Matrix peak of a CPU from its fingerprint; its bandwidth is left to the probe (0: unknown)."""
-    try:
-        mhz = max(float(ln.split(":")[1]) for ln in open("/proc/cpuinfo") if ln.startswith("cpu MHz"))
-    except (OSError, ValueError):
+    """Matrix peak of a CPU from its fingerprint (cores x clock x FLOP/cycle of its widest FMA unit); its
+    bandwidth is left to the probe (0: unknown). None without a clock."""
+    if not cpu.get("mhz"):
         return None
     isa = cpu.get("isa", {})
     per_cycle = next((v for k, v in CPU_FLOP_PER_CYCLE.items() if isa.get(k)), 8)
     cores = cpu.get("physical_cores") or cpu.get("logical_cores") or 1
-    return Peak(cpu.get("model") or "CPU", 0.0, cores * mhz * 1e6 * per_cycle / 1e12,
-                f"estimate ({cores} cores x {mhz:.0f} MHz x {per_cycle} FLOP/cycle)")
+    return Peak(cpu.get("model") or "CPU", 0.0, cores * cpu["mhz"] * 1e6 * per_cycle / 1e12,
+                f"estimate: {cores} cores x {cpu['mhz']} MHz x {per_cycle} FLOP/cycle")
 
 
 def timer(device):

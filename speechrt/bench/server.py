@@ -24,6 +24,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -97,11 +98,13 @@ def _start_server(args, conversation: bool):
         cmd += ["--threads", str(args.threads)]
     cmd += ["--partial-interval", str(args.partial_interval), "--asr-loop-threads", str(args.asr_loop_threads),
             "--lm-threads", str(args.lm_threads)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tempfile.TemporaryFile("w+")  # (a pipe nobody reads could fill up and stall the server)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 300
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"server exited: {proc.stdout.read()}")
+            log.seek(0)
+            raise SystemExit(f"server exited: {log.read()}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
                 health = json.load(r)
@@ -180,7 +183,8 @@ async def _stream(url, recs, idx, n_utt, turn_detection, conversation, results, 
                         t_response = t
                     elif et == "response.output_audio.delta" and "v2v" not in r:
                         r["v2v"] = t - t_speech_end
-                        r["first_audio"] = t - t_response
+                        if t_response is not None:
+                            r["first_audio"] = t - t_response
                     elif et == "response.done":
                         break
                 results.append(r)
