@@ -2,7 +2,6 @@
 on the same audio, same weights, same thread count, same decoding options, in one process."""
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -23,7 +22,7 @@ def add_arguments(p):
     p.add_argument("--beam-size", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3, help="timed runs per engine after one warm-up (median reported)")
     p.add_argument("--peers", default="ct2-float32,ct2-int8", help="comma list of peers, or 'none'")
-    p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    p.add_argument("--json", default=None, help="also write the results (speechrt.bench.record schema) to this file")
 
 
 def _time(fn, repeats):
@@ -33,7 +32,27 @@ def _time(fn, repeats):
         t = time.perf_counter()
         out = fn()
         times.append(time.perf_counter() - t)
-    return statistics.median(times), out
+    return statistics.median(times), out, times
+
+
+def _records(rows, model, device, workload, threads, dur):
+    """One rtf record (repeats: each run's time over the audio's) and one WER record per engine; ours are
+    compared with the peer of the same precision, else the first peer."""
+    from speechrt.bench.record import Record, Repeats
+
+    peers = [r for r in rows if not r["engine"].startswith("speechrt")]
+    out = []
+    for r in rows:
+        ours = r["engine"].startswith("speechrt")
+        peer = next((p for p in peers if p["precision"] == r["precision"]), peers[0] if peers else None)
+        common = dict(family="asr", model=model, engine="speechrt" if ours else "faster-whisper",
+                      backend=r["backend"], precision=r["precision"], device=device, workload=workload,
+                      peer=f"faster-whisper {peer['precision']}" if ours and peer else "", params={"threads": threads})
+        out.append(Record(metric="rtf", unit="x", value=r["rtf"], better="lower",
+                          repeats=Repeats.of(t / dur for t in r["times"]), **common))
+        if "wer" in r:
+            out.append(Record(metric="wer", unit="%", value=100 * r["wer"], better="", **common))
+    return out
 
 
 def run(args):
@@ -66,12 +85,14 @@ def run(args):
             except UserError as e:  # a dtype one backend has and another has not
                 print(f"(speechrt {backend} {dt}: skipped: {e})")
                 continue
-            name = f"speechrt {backend} {asr.info.precision}"
+            precision = asr.info.precision
+            name = f"speechrt {asr.info.backend} {precision}"
             if name in seen:  # 'auto' resolved to a dtype already timed
                 continue
             seen.add(name)
-            t, res = _time(lambda: asr.transcribe(audio, SAMPLE_RATE, beam_size=args.beam_size), args.repeats)
-            rows.append({"engine": name, "seconds": t, "rtf": t / dur, "text": res.text})
+            t, res, times = _time(lambda: asr.transcribe(audio, SAMPLE_RATE, beam_size=args.beam_size), args.repeats)
+            rows.append({"engine": name, "seconds": t, "rtf": t / dur, "text": res.text, "times": times,
+                         "backend": asr.info.backend, "precision": precision, "device": asr.info.device})
             del asr
 
     peers = [] if args.peers == "none" else [p.strip() for p in args.peers.split(",") if p.strip()]
@@ -95,8 +116,9 @@ def run(args):
         def fw_run():
             segs, _ = fw.transcribe(audio, beam_size=args.beam_size, vad_filter=False)
             return "".join(s.text for s in segs).strip()
-        t, text = _time(fw_run, args.repeats)
-        rows.append({"engine": f"faster-whisper {compute}", "seconds": t, "rtf": t / dur, "text": text})
+        t, text, times = _time(fw_run, args.repeats)
+        rows.append({"engine": f"faster-whisper {compute}", "seconds": t, "rtf": t / dur, "text": text,
+                     "times": times, "backend": "ctranslate2", "precision": compute})
 
     print(f"\n{'engine':34} {'time s':>8} {'RTF':>8}" + (f" {'WER':>6}" if reference else ""))
     for r in rows:
@@ -110,6 +132,9 @@ def run(args):
                 print(f"{o['engine']} vs {r['engine']}: {r['seconds'] / o['seconds']:.2f}x "
                       f"(their time / ours; >1 means we are faster)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"audio": str(audio_path), "duration": dur, "threads": threads,
-                                               "beam_size": args.beam_size, "results": rows}, indent=2))
+        from speechrt.bench.record import Results
+
+        device = next((r["device"] for r in rows if "device" in r), args.device)
+        workload = f"{audio_path.name} {dur:.1f} s, beam {args.beam_size}"
+        Results(_records(rows, model.name, device, workload, threads, dur)).write(args.json)
     return 0

@@ -61,6 +61,7 @@ class Genai:
         self.model = og.Model(config)
         self.threads = threads
         self.note = f"onnxruntime-genai {og.__version__}, its builder's int4 graph (accuracy level 4) of the same GGUF"
+        self.meta = {"backend": "onnxruntime-genai", "precision": "int4", "device": "cpu"}
 
     def run(self, prompts, n):
         import numpy as np

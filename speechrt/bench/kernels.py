@@ -5,19 +5,21 @@ reported against the roofline measured in the same run: copy bandwidth (GB/s) fo
 fp16 matmul throughput (TFLOP/s) for the matmul-like ones."""
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 
 def add_arguments(p):
     p.add_argument("--ops", default=None, help="comma list of op names to run (default: all)")
-    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    p.add_argument("--device", default="cuda", help="cuda (default): the Triton kernels against torch eager and "
+                   "torch.compile; cpu: the torch reference kernels against the CPU's measured roofline")
+    p.add_argument("--dtype", default=None, choices=["float16", "bfloat16", "float32"],
+                   help="default: float16 on GPUs, float32 on the CPU")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
-    p.add_argument("--json", default=None, help="also write the results (with the device name) to this file")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (--device cpu; default: all cores)")
+    p.add_argument("--json", default=None, help="also write the results (speechrt.bench.record schema) to this file")
 
 
-def _cases(dtype, device):
+def cases(dtype, device):
     """(name, op, args, kwargs, bytes moved, flops) at Whisper tiny / SmolLM2-135M shapes."""
     import torch
 
@@ -64,69 +66,105 @@ def _cases(dtype, device):
     return cases
 
 
-def run(args):
+def _measure(label, op, call_args, kw, impls, ref, timer, compile_):
+    """One case: error of each non-reference kernel set against the reference, and every impl's run
+    times (seconds); torch.compile of the reference too when asked."""
     import torch
 
+    exp = getattr(ref, op)(*call_args, **kw)
+    exp = exp[0] if isinstance(exp, tuple) else exp
+    times, errs = {}, {}
+    for name, ks in impls.items():
+        f = getattr(ks, op)
+        if ks is not ref:
+            out = f(*call_args, **kw)
+            out = out[0] if isinstance(out, tuple) else out
+            err = (out.float() - exp.float()).abs().max().item()
+            errs[name] = err if math.isfinite(err) else float("inf")
+        times[name] = timer(lambda: f(*call_args, **kw))
+    if compile_:
+        f = torch.compile(getattr(ref, op), dynamic=False)
+        try:
+            f(*call_args, **kw)
+            times["torch.compile"] = timer(lambda: f(*call_args, **kw))
+        except Exception as e:  # report, do not abort the table
+            print(f"  (torch.compile failed for {label}: {type(e).__name__})")
+    return times, errs
+
+
+def run(args):
+    import statistics
+
+    import torch
+
+    from speechrt.bench import roofline
+    from speechrt.bench.record import Record, Repeats, Results
     from speechrt.errors import UserError
 
-    if not torch.cuda.is_available():
+    device = torch.device(args.device)
+    gpu = device.type == "cuda"
+    if device.type not in ("cuda", "cpu"):
+        raise UserError(f"--device must be cuda or cpu, got {args.device!r}")
+    if gpu and not torch.cuda.is_available():
         raise UserError("`speechrt bench kernels` times the Triton kernels on a CUDA or ROCm GPU, and none is "
                         f"visible to PyTorch here (torch {torch.__version__}). Without a GPU, "
-                        "`speechrt kernels report` compiles them for sm_80/sm_90/gfx90a/gfx942 instead.")
-    try:
-        from triton.testing import do_bench
-    except ImportError:
-        raise UserError("`speechrt bench kernels` needs Triton: pip install 'speechrt[triton]'") from None
+                        "`speechrt kernels report` compiles them for sm_80/sm_90/gfx90a/gfx942 instead, and "
+                        "`speechrt bench kernels --device cpu` times the torch reference against the CPU's roofline.")
+    if gpu:
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            raise UserError("`speechrt bench kernels` needs Triton: pip install 'speechrt[triton]'") from None
     from speechrt import kernels
 
-    device = torch.device("cuda")
-    dtype = getattr(torch, args.dtype)
-    tri, ref = kernels.select("triton", device), kernels.select("torch", device)
-    name = torch.cuda.get_device_name(device)
-    print(f"device: {name}; torch {torch.__version__}; dtype {args.dtype}")
-
-    buf = torch.empty(1 << 28, dtype=torch.float32, device=device)  # 1 GiB
-    dst = torch.empty_like(buf)
-    t = do_bench(lambda: dst.copy_(buf)) * 1e-3
-    bw = 2 * buf.numel() * 4 / t / 1e9
-    a = torch.randn(8192, 8192, device=device, dtype=dtype)
-    t = do_bench(lambda: a @ a) * 1e-3
-    tflops = 2 * 8192 ** 3 / t / 1e12
-    del buf, dst, a
-    print(f"measured roofline: copy {bw:.0f} GB/s, {args.dtype} matmul {tflops:.0f} TFLOP/s\n")
+    if not gpu and args.threads:
+        torch.set_num_threads(args.threads)
+    dtype_name = args.dtype or ("float16" if gpu else "float32")
+    dtype = getattr(torch, dtype_name)
+    ref = kernels.select("torch", device)
+    # on the CPU only the reference runs: Triton kernels there are an interpreter (correctness, not speed),
+    # and torch.compile would spend minutes compiling C++ per op
+    impls = {"triton": kernels.select("triton", device), "torch": ref} if gpu else {"torch": ref}
+    compile_ = gpu and not args.no_compile
+    name = torch.cuda.get_device_name(device) if gpu else "CPU"
+    print(f"device: {name}; torch {torch.__version__}; dtype {dtype_name}" + ("" if gpu else
+                                                                          f"; threads {torch.get_num_threads()}"))
+    peak = roofline.probe(device, dtype)
+    ridge = peak.matmul_tflops * 1e12 / (peak.bandwidth_gbps * 1e9)  # FLOP/byte where the roofs meet
+    print(f"measured roofline: copy {peak.bandwidth_gbps:.0f} GB/s, {dtype_name} matmul {peak.matmul_tflops:.2f} "
+          f"TFLOP/s (ridge at {ridge:.0f} FLOP/byte)\n")
+    timer = roofline.timer(device)
 
     wanted = set(args.ops.split(",")) if args.ops else None
-    rows = []
-    head = f"{'case':44} {'max err':>8} {'triton us':>10} {'eager us':>9} {'compile us':>10} {'achieved':>16} {'of peak':>7}"
-    print(head)
-    for label, op, a_, kw, nbytes, flops in _cases(dtype, device):
+    out = Results()
+    dev = str(device)
+    probe = dict(family="kernels", model="-", engine="probe", backend="torch", precision=dtype_name, device=dev,
+                 workload="roofline probe", better="higher", params={"gpu": name})
+    out.records += [Record(metric="copy_GBps", unit="GB/s", value=peak.bandwidth_gbps, **probe),
+                    Record(metric="matmul_TFLOPs", unit="TFLOP/s", value=peak.matmul_tflops, **probe)]
+    print(f"{'case':44} {'impl':14} {'max err':>8} {'time us':>10} {'achieved':>16} {'of roof':>7}")
+    for label, op, a_, kw, nbytes, flops in cases(dtype, device):
         if wanted and op not in wanted:
             continue
-        out, exp = getattr(tri, op)(*a_, **kw), getattr(ref, op)(*a_, **kw)
-        out = out[0] if isinstance(out, tuple) else out
-        exp = exp[0] if isinstance(exp, tuple) else exp
-        err = (out.float() - exp.float()).abs().max().item()
-        if not math.isfinite(err):
-            err = float("inf")
-        t_tri = do_bench(lambda: getattr(tri, op)(*a_, **kw)) * 1e3
-        t_eager = do_bench(lambda: getattr(ref, op)(*a_, **kw)) * 1e3
-        t_comp = None
-        if not args.no_compile:
-            f = torch.compile(getattr(ref, op), dynamic=False)
-            try:
-                f(*a_, **kw)
-                t_comp = do_bench(lambda: f(*a_, **kw)) * 1e3
-            except Exception as e:  # report, do not abort the table
-                print(f"  (torch.compile failed for {label}: {type(e).__name__})")
-        if flops and flops / max(nbytes, 1) > 50:  # compute-bound: compare with matmul throughput
-            ach, frac = f"{flops / t_tri / 1e6:.1f} TFLOP/s", flops / t_tri / 1e6 / tflops
-        else:
-            ach, frac = f"{nbytes / t_tri / 1e3:.0f} GB/s", nbytes / t_tri / 1e3 / bw
-        comp = f"{t_comp:10.1f}" if t_comp is not None else f"{'-':>10}"
-        print(f"{label:44} {err:8.1e} {t_tri:10.1f} {t_eager:9.1f} {comp} {ach:>16} {100 * frac:6.0f}%")
-        rows.append({"case": label, "op": op, "max_abs_err": err, "triton_us": t_tri, "eager_us": t_eager,
-                     "compile_us": t_comp, "bytes": nbytes, "flops": flops, "achieved": ach, "of_peak": frac})
+        times, errs = _measure(label, op, a_, kw, impls, ref, timer, compile_)
+        roof = min(peak.matmul_tflops * 1e12, flops / max(nbytes, 1) * peak.bandwidth_gbps * 1e9) if flops else None
+        for impl, ts in times.items():
+            t = statistics.median(ts)
+            if flops and flops / max(nbytes, 1) > ridge:
+                ach, frac = f"{flops / t / 1e12:.2f} TFLOP/s", flops / t / roof
+            else:
+                ach, frac = f"{nbytes / t / 1e9:.1f} GB/s", nbytes / t / 1e9 / peak.bandwidth_gbps
+            err = f"{errs[impl]:8.1e}" if impl in errs else f"{'-':>8}"
+            print(f"{label:44} {impl:14} {err} {t * 1e6:10.1f} {ach:>16} {100 * frac:6.0f}%")
+            engine, backend = ("torch.compile", "inductor") if impl == "torch.compile" else ("speechrt", impl)
+            peer = "torch.compile " + dtype_name if impl == "triton" and "torch.compile" in times else (
+                f"speechrt torch {dtype_name}" if impl == "triton" else "")
+            common = dict(family="kernels", model=op, engine=engine, backend=backend, precision=dtype_name, device=dev,
+                          workload=label, peer=peer,
+                          params={"op": op, "bytes": nbytes, "flops": flops, "max_abs_err": errs.get(impl)})
+            out.records += [Record(metric="time_us", unit="us", value=t * 1e6, better="lower",
+                                   repeats=Repeats.of(x * 1e6 for x in ts), **common),
+                            Record(metric="roof_fraction", unit="", value=frac, better="higher", **common)]
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": name, "torch": torch.__version__, "dtype": args.dtype,
-                                               "copy_GBps": bw, "matmul_TFLOPs": tflops, "results": rows}, indent=2))
+        out.write(args.json)
     return 0

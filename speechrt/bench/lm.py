@@ -53,6 +53,7 @@ def add_arguments(p):
     p.add_argument("--device", default="cpu", help="our device (default cpu; peers run on the CPU)")
     p.add_argument("--backends", default="torch", help="our backends to time, comma-separated (e.g. torch,onnxruntime; "
                    "auto: the one `--backend auto` picks here)")
+    p.add_argument("--json", default=None, help="also write the results (speechrt.bench.record schema) to this file")
     p.add_argument("--peers", default="llama.cpp,transformers",
                    help="peers to run if installed, comma-separated from: llama.cpp, transformers, onnxruntime-genai; "
                         "'' for none")
@@ -71,7 +72,9 @@ class Ours:
 
         torch.set_num_threads(threads)
         self.lm = load_lm(model, backend, device=device, dtype=dtype)
-        self.note = f"{self.lm.info.backend}, {self.lm.info.precision} on {self.lm.info.device} (torch {torch.__version__})"
+        info = self.lm.info
+        self.note = f"{info.backend}, {info.precision} on {info.device} (torch {torch.__version__})"
+        self.meta = {"backend": info.backend, "precision": info.precision, "device": info.device}
 
     def run(self, prompts, n):
         from speechrt.pipelines.generation import GenerationOptions
@@ -122,6 +125,8 @@ class LlamaCpp:
         self.n_vocab = self.llama.n_vocab()
         self.batch = L.llama_batch_init(512, 0, max_batch)
         self.note = f"llama-cpp-python {L.__version__}, GGUF as stored" + ("" if extra_bufts else ", no extra bufts")
+        stored = path.stem.rpartition(".")[2]  # SmolLM2-135M-Instruct.Q4_1 -> Q4_1
+        self.meta = {"backend": "ggml", "precision": stored if stored != path.stem else "gguf", "device": "cpu"}
 
     def _decode(self, entries):
         b = self.batch
@@ -173,6 +178,7 @@ class Transformers:
         self.torch = torch
         self.model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
         self.note = f"transformers {transformers.__version__}, {self.model.dtype} (dequantized GGUF)"
+        self.meta = {"backend": "torch", "precision": str(self.model.dtype).removeprefix("torch."), "device": "cpu"}
 
     def _gen(self, ids, mask, n):
         return self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
@@ -253,12 +259,19 @@ def _start(spec: dict):
 
 
 def worker() -> None:
-    """Worker process: a JSON spec line on stdin builds the engine and answers {note} or {skip}; then each
+    """Worker process: a JSON spec line on stdin builds the engine and answers {note, meta}, {skip} or
+    {error} (ours cannot run: a user error, in one line); then each
     {"batch", "tokens"} line runs one measurement and answers {"ttft", "tps"}. Waiting on stdin between
     turns leaves its thread pool idle while the other engines run."""
+    from speechrt.errors import UserError
+
     spec = json.loads(sys.stdin.readline())
-    engine, skip = _start(spec)
-    print(json.dumps({"skip": skip} if engine is None else {"note": engine.note}), flush=True)
+    try:
+        engine, skip = _start(spec)
+    except UserError as e:  # ours cannot run here (a backend without its device): said in one line
+        print(json.dumps({"error": str(e)}), flush=True)
+        return
+    print(json.dumps({"skip": skip} if engine is None else {"note": engine.note, "meta": engine.meta}), flush=True)
     if engine is None:
         return
     for line in sys.stdin:
@@ -312,6 +325,9 @@ def run(args):
         raise UserError(f"unknown peer(s) {', '.join(bad)}; valid: llama.cpp, transformers, onnxruntime-genai")
     ours = [f"speechrt {b.strip()}" for b in args.backends.split(",") if b.strip()]
     rm = registry.resolve(args.model, "lm")
+    from speechrt import backends
+    for name in ours:
+        backends.get(name.partition(" ")[2])  # an unknown backend fails here, naming the valid ones
     from speechrt.backends.torch_lm import resolve_format
     import torch
     resolve_format(args.dtype, torch.device("cpu"))  # a bad --dtype fails here, not in a worker
@@ -325,7 +341,7 @@ def run(args):
             "tokens": args.tokens, "repeats": args.repeats, "prompts": prompts, "extra_bufts": args.llama_extra_bufts,
             "n_ctx": max(batches) * (max(len(p) for p in prompts) + args.tokens) + 64}
     env = dict(os.environ, TQDM_DISABLE="1", TRANSFORMERS_VERBOSITY="error", OMP_NUM_THREADS=str(threads))
-    workers, notes = {}, {}
+    workers, notes, meta = {}, {}, {}
     try:
         for name in ours + peers:  # started one at a time, so loading does not overlap
             try:
@@ -335,11 +351,14 @@ def run(args):
                     raise UserError(f"our benchmark worker failed: {e}") from None
                 notes[name] = f"skipped: worker failed: {e}"
             else:
+                if "error" in w.reply:
+                    w.close()
+                    raise UserError(w.reply["error"])
                 if "skip" in w.reply:
                     notes[name] = "skipped: " + w.reply["skip"]
                     w.close()
                 else:
-                    notes[name] = w.reply["note"]
+                    notes[name], meta[name] = w.reply["note"], w.reply["meta"]
                     workers[name] = w
             print(f"  {name:22} {notes[name]}")
             sys.stdout.flush()
@@ -353,7 +372,7 @@ def run(args):
                     runs[n].append(w.ask({"batch": B, "tokens": args.tokens}))
             for n, r in runs.items():
                 results[n].append({"batch": B, "ttft": min(x["ttft"] for x in r), "tps": max(x["tps"] for x in r),
-                                   "tps_median": statistics.median(x["tps"] for x in r)})
+                                   "tps_median": statistics.median(x["tps"] for x in r), "runs": r})
     finally:
         for w in workers.values():
             w.close()
@@ -371,7 +390,36 @@ def run(args):
             print(f"{n:22} {B:5d} {row['ttft'] * 1e3:9.1f} {row['tps']:13.1f} {row['tps_median']:9.1f} {vl:>13} {vt:>16} "
                   f"{vg:>9}")
     print("\nratios: decode tok/s (best run) over the peer's; TTFT covers every sequence of the batch")
+    if args.json:
+        from speechrt.bench.record import Results
+
+        out = Results(_records(results, meta, rm.name, args.tokens, threads))
+        for name, note in notes.items():
+            if note.startswith("skipped: "):
+                out.skip("lm", name, note.removeprefix("skipped: "))
+        out.write(args.json)
     return 0
+
+
+def _records(results, meta, model, tokens, threads):
+    """Per engine and batch size: time to first token (best run) and decode tok/s (best run), with the
+    spread of the runs; ours compared with llama.cpp, else transformers."""
+    from speechrt.bench.record import Record, Repeats
+
+    peer = next((n for n in ("llama.cpp", "transformers") if n in results), None)
+    out = []
+    for name, r in results.items():
+        m = meta[name]
+        for row in r["rows"]:
+            B = row["batch"]
+            common = dict(family="lm", model=model, engine=name, workload=f"batch {B}, {tokens} tokens",
+                          peer=f"{peer} {meta[peer]['precision']}" if peer and name.startswith("speechrt") else "",
+                          params={"batch": B, "tokens": tokens, "threads": threads}, **m)
+            out.append(Record(metric="ttft_s", unit="s", value=row["ttft"], better="lower",
+                              repeats=Repeats.of(x["ttft"] for x in row["runs"]), **common))
+            out.append(Record(metric="decode_tok_s", unit="tok/s", value=row["tps"], better="higher",
+                              repeats=Repeats.of(x["tps"] for x in row["runs"]), **common))
+    return out
 
 
 if __name__ == "__main__":  # worker mode (see worker())

@@ -3,12 +3,16 @@ a `speechrt serve` process, and report latencies measured from the end of each u
 
 - partial: time from speech start until the first live transcript delta;
 - final: end of speech (the last speech sample sent) -> `...input_audio_transcription.completed`;
+- first audio (conversation mode): `response.created` -> first `response.output_audio.delta` (the answer's
+  language model and speech synthesis, after the transcript);
 - voice-to-voice (conversation mode): end of speech -> first `response.output_audio.delta`.
 
-With --find-max, N ramps up until p95 final latency passes one second; the largest N that stays under
-it is reported. Streams are staggered by default (stream i starts i/N of an utterance cycle later), as
-independent speakers are; --no-stagger starts them together, so every turn ends in the same instant
-(the burst case: N transcripts asked for at once).
+`--streams 1,2,4,8,16,32` is a load sweep: each level in turn, up to the first level whose p95 final
+latency passes one second (`--keep-going` runs them all); the highest level that keeps it is reported.
+Side by side, level by level, the same streams run against a peer streaming server on the same Whisper
+weights (WhisperLive, `whisper_live.py`; transcription only). Streams are staggered by default (stream i
+starts i/N of an utterance cycle later), as independent speakers are; --no-stagger starts them together,
+so every turn ends in the same instant (the burst case: N transcripts asked for at once).
 """
 from __future__ import annotations
 
@@ -16,13 +20,19 @@ import asyncio
 import base64
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
 import numpy as np
+
+from speechrt.bench import whisper_live
+from speechrt.bench.pacing import FINAL_WAIT_S, listen, send_paced
+from speechrt.bench.record import Record, Repeats, Results, percentile
 
 SENTENCES = [
     "Please book a table for two at seven tonight.", "The package should arrive on Monday morning.",
@@ -34,28 +44,42 @@ QUESTIONS = ["What is the capital of France?", "What color is the sky on a clear
              "How many days are in a week?", "What is the largest planet in our solar system?"]
 CHUNK_MS = 100
 RATE = 24000
+KEYS = ("partial", "final", "first_audio", "v2v")  # latencies per utterance; the last two in conversations
+BOUND_S = 1.0  # the p95 final-transcript latency a level must keep
 
 
 def add_arguments(p):
-    p.add_argument("--streams", type=int, default=1, help="concurrent sessions (default 1)")
-    p.add_argument("--mode", choices=["transcription", "conversation"], default="transcription")
+    p.add_argument("--streams", default="1", help="concurrent sessions: a number, or a comma list of levels for a "
+                   "load sweep (e.g. 1,2,4,8,16,32; default 1)")
+    p.add_argument("--mode", choices=["transcription", "conversation", "both"], default="transcription",
+                   help="transcription sessions, conversation turns (ASR -> LM -> voice), or both, one after the other")
     p.add_argument("--utterances", type=int, default=4, help="utterances per stream (default 4)")
     p.add_argument("--no-stagger", dest="stagger", action="store_false",
                    help="start every stream at once, so that all turns end together (a burst); by default stream i "
                         "starts i/N of an utterance cycle later, as independent speakers would")
-    p.add_argument("--find-max", action="store_true", help="ramp streams up to find the largest N with p95 final < 1 s")
+    p.add_argument("--find-max", action="store_true", help="ramp streams up (1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 32) to "
+                   "find the largest N with p95 final <= 1 s")
     p.add_argument("--max-streams", type=int, default=24, help="upper end of the --find-max ramp")
+    p.add_argument("--keep-going", action="store_true", help="run every level even after one missed p95 final <= 1 s")
+    p.add_argument("--peer", choices=["auto", "whisper-live", "none"], default="auto",
+                   help="streaming server run side by side on the same weights (transcription): whisper-live; "
+                        "auto (default): whisper-live when its virtual environment exists")
+    p.add_argument("--peer-venv", default=str(whisper_live.DEFAULT_VENV),
+                   help="the peer's virtual environment (default: $SPEECHRT_PEER_VENV or %(default)s)")
+    p.add_argument("--setup-peer", action="store_true", help="create the peer's virtual environment with pip and exit")
     p.add_argument("--turn-detection", choices=["server_vad", "semantic_vad"], default="server_vad",
                    help="server_vad: a fixed pause ends a turn; semantic_vad: the pause needed depends on whether "
                         "the words so far read as finished")
     p.add_argument("--silence-duration-ms", type=int, default=200, help="server_vad pause that ends a turn (default 200)")
     p.add_argument("--eagerness", choices=["low", "medium", "high", "auto"], default="auto", help="semantic_vad eagerness")
     p.add_argument("--url", default=None, help="an already running server (ws://host:port/v1/realtime); default: start one")
-    p.add_argument("--threads", type=int, default=None, help="PyTorch threads of the started server")
+    p.add_argument("--threads", type=int, default=None, help="PyTorch threads of the started server (and the peer's)")
+    p.add_argument("--backend", default="torch", help="the started server's --backend")
+    p.add_argument("--device", default="cpu", help="the started server's --device")
     p.add_argument("--asr-loop-threads", type=int, default=1, help="the started server's --asr-loop-threads")
     p.add_argument("--lm-threads", type=int, default=1, help="the started server's --lm-threads")
     p.add_argument("--partial-interval", type=float, default=1.0, help="the started server's --partial-interval (0: no live deltas)")
-    p.add_argument("--json", default=None, help="write the results to this JSON file")
+    p.add_argument("--json", default=None, help="also write the results (speechrt.bench.record schema) to this file")
 
 
 def _free_port() -> int:
@@ -66,21 +90,25 @@ def _free_port() -> int:
 
 def _start_server(args, conversation: bool):
     port = _free_port()
-    cmd = [sys.executable, "-m", "speechrt", "serve", "--port", str(port), "--max-sessions", "64"]
+    cmd = [sys.executable, "-m", "speechrt", "serve", "--port", str(port), "--max-sessions", "256",
+           "--backend", args.backend, "--device", args.device]
     if not conversation:
         cmd.append("--transcription-only")
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     cmd += ["--partial-interval", str(args.partial_interval), "--asr-loop-threads", str(args.asr_loop_threads),
             "--lm-threads", str(args.lm_threads)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tempfile.TemporaryFile("w+")  # (a pipe nobody reads could fill up and stall the server)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 300
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"server exited: {proc.stdout.read()}")
+            log.seek(0)
+            raise SystemExit(f"server exited: {log.read()}")
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
-            return proc, f"ws://127.0.0.1:{port}/v1/realtime"
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+                health = json.load(r)
+            return proc, f"ws://127.0.0.1:{port}/v1/realtime", health
         except OSError:
             time.sleep(0.3)
     proc.kill()
@@ -124,31 +152,23 @@ async def _stream(url, recs, idx, n_utt, turn_detection, conversation, results, 
         await ws.send(json.dumps({"type": "session.update", "session": session}))
         while json.loads(await ws.recv())["type"] != "session.updated":
             pass
-        events: asyncio.Queue = asyncio.Queue()
-
-        async def reader():
-            async for m in ws:
-                events.put_nowait((time.perf_counter(), json.loads(m)))
-        rd = asyncio.create_task(reader())
+        events, rd = listen(ws)
         try:
             for u in range(n_utt):
                 text, pcm, s0, s1 = recs[(idx + u) % len(recs)]
-                step = RATE * CHUNK_MS // 1000 * 2
-                t_start = time.perf_counter()
-                t_speech_start = t_speech_end = None
-                for k, i in enumerate(range(0, len(pcm), step)):
-                    target = t_start + k * CHUNK_MS / 1000  # real-time pace
-                    await asyncio.sleep(max(0.0, target - time.perf_counter()))
+
+                async def send(a, b, pcm=pcm):  # samples a..b of pcm16
                     await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                              "audio": base64.b64encode(pcm[i: i + step]).decode()}))
-                    sent_until = (i + step) / 2 / RATE
-                    if t_speech_start is None and sent_until >= s0:
-                        t_speech_start = time.perf_counter()
-                    if t_speech_end is None and sent_until >= s1:
-                        t_speech_end = time.perf_counter()
+                                              "audio": base64.b64encode(pcm[2 * a: 2 * b]).decode()}))
+                t_speech_start, t_speech_end = await send_paced(send, len(pcm) // 2, RATE, CHUNK_MS / 1000, (s0, s1))
                 r = {"stream": idx, "text": text}
+                t_response = None
                 while True:
-                    t, ev = await asyncio.wait_for(events.get(), 60)
+                    try:
+                        t, ev = await asyncio.wait_for(events.get(), FINAL_WAIT_S)
+                    except asyncio.TimeoutError:  # an overloaded server: counted as lost, not a crash
+                        results.append(r)
+                        return
                     et = ev["type"]
                     if et == "error":
                         raise RuntimeError(ev["error"])
@@ -159,8 +179,12 @@ async def _stream(url, recs, idx, n_utt, turn_detection, conversation, results, 
                         r["transcript"] = ev["transcript"]
                         if not conversation:
                             break
+                    elif et == "response.created":
+                        t_response = t
                     elif et == "response.output_audio.delta" and "v2v" not in r:
                         r["v2v"] = t - t_speech_end
+                        if t_response is not None:
+                            r["first_audio"] = t - t_response
                     elif et == "response.done":
                         break
                 results.append(r)
@@ -168,76 +192,225 @@ async def _stream(url, recs, idx, n_utt, turn_detection, conversation, results, 
             rd.cancel()
 
 
-def _pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
+def _delays(recs, n, conversation, stagger) -> list[float]:
+    """Start offsets: stream i starts i/n of an utterance cycle (the mean recording, plus the answer's time
+    in conversations) after the first; all at once without stagger."""
+    cycle = sum(len(pcm) / 2 / RATE for _, pcm, _, _ in recs) / len(recs) + (1.5 if conversation else 0.3)
+    return [cycle * i / n if stagger else 0.0 for i in range(n)]
 
 
 async def _level(url, recs, n, args, conversation):
     results: list = []
-    # stagger: stream i starts i/n of an utterance cycle (the mean recording, plus the answer's time in
-    # conversations) after the first
-    cycle = sum(len(pcm) / 2 / RATE for _, pcm, _, _ in recs) / len(recs) + (1.5 if conversation else 0.3)
+    delays = _delays(recs, n, conversation, args.stagger)
     await asyncio.gather(*(_stream(url, recs, i, args.utterances, _turn_detection(args), conversation, results,
-                                   cycle * i / n if args.stagger else 0.0)
-                           for i in range(n)))
+                                   delays[i]) for i in range(n)))
     return results
 
 
-def _summary(n, results, conversation):
+def _summary(n, results, conversation) -> dict:
+    """One level: p50/p95 of each latency over its utterances (None where none had it), the utterances
+    that got no final transcript, the word error rate."""
     from speechrt.models.wer import wer
 
-    row = {"streams": n, "utterances": len(results)}
-    for key in ("partial", "final") + (("v2v",) if conversation else ()):
+    row = {"streams": n, "utterances": len(results), "lost": sum("final" not in r for r in results)}
+    for key in KEYS if conversation else KEYS[:2]:
         xs = [r[key] for r in results if key in r]
-        row[key] = {"p50": _pct(xs, 0.5), "p95": _pct(xs, 0.95), "n": len(xs)}
+        row[key] = {"p50": percentile(xs, 0.5) if xs else None, "p95": percentile(xs, 0.95) if xs else None,
+                    "samples": xs}
     row["wer"] = wer([r["text"] for r in results], [r.get("transcript", "") for r in results])
+    row["ok"] = row["lost"] == 0 and row["final"]["p95"] is not None and row["final"]["p95"] <= BOUND_S
     return row
 
 
-def _print(row, conversation):
-    f = lambda d: f"{1000 * d['p50']:7.0f} {1000 * d['p95']:7.0f}"  # noqa: E731
-    line = f"{row['streams']:7d} {f(row['partial'])}  {f(row['final'])}"
+def _print(name, row, conversation):
+    def f(d):
+        return " ".join(f"{1000 * d[q]:7.0f}" if d[q] is not None else f"{'-':>7}" for q in ("p50", "p95"))
+    line = f"{name:14} {row['streams']:7d} {f(row['partial'])}  {f(row['final'])}"
     if conversation:
-        line += f"  {f(row['v2v'])}"
-    print(line + f"  {100 * row['wer']:5.1f}%", flush=True)
+        line += f"  {f(row['first_audio'])}  {f(row['v2v'])}"
+    lost = f"  ({row['lost']} without a final)" if row["lost"] else ""
+    print(line + f"  {100 * row['wer']:5.1f}%" + lost, flush=True)
+
+
+def _levels(args) -> list[int]:
+    from speechrt.errors import UserError
+
+    if args.find_max:
+        return [n for n in (1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 32) if n <= args.max_streams]
+    try:
+        levels = [int(x) for x in str(args.streams).split(",") if x.strip()]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 1:
+        raise UserError(f"--streams must be a positive number or a comma list of them (1,2,4,8), got {args.streams!r}")
+    return sorted(set(levels))
+
+
+class _Speechrt:
+    """speechrt's server: started here (one per mode) or the one at --url."""
+
+    name = "speechrt"
+
+    def __init__(self, args, conversation):
+        self.proc, self.args, self.conversation = None, args, conversation
+        if args.url:
+            self.url = args.url
+            http = args.url.replace("ws://", "http://").replace("wss://", "https://").split("/v1/")[0]
+            with urllib.request.urlopen(http + "/healthz", timeout=10) as r:
+                health = json.load(r)
+        else:
+            self.proc, self.url, health = _start_server(args, conversation)
+        # RunnerInfo's text: "whisper-tiny.en (ct2-whisper) as float32 on torch/cpu, ..."
+        m = re.search(r" as (\S+) on ([^/\s]+)/([^,\s]+)", health.get("runners", {}).get("asr", ""))
+        self.backend, self.precision, self.device = (m.group(2), m.group(1), m.group(3)) if m else (
+            args.backend, "?", args.device)
+
+    def level(self, recs, n):
+        return asyncio.run(_level(self.url, recs, n, self.args, self.conversation))
+
+    def close(self):
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(30)
+
+
+class _WhisperLive:
+    name = whisper_live.NAME
+
+    def __init__(self, args, venv, recs):
+        from speechrt.models.registry import resolve
+
+        self.args = args
+        self.model_dir = resolve(None, "asr").path
+        self.server = whisper_live.Server(venv, self.model_dir, args.threads or os.cpu_count())
+        self.url = self.server.url
+        self.backend, self.device = "ctranslate2", "cpu"
+        self.precision = "int8"  # what its faster-whisper backend picks on the CPU
+        self.version = whisper_live.version(venv)
+        self.server.warm_up(recs[0][1])
+
+    def level(self, recs, n):
+        delays = _delays(recs, n, False, self.args.stagger)
+        return asyncio.run(whisper_live.level(self.url, str(self.model_dir), recs, n, self.args.utterances, delays))
+
+    def close(self):
+        self.server.close()
+
+
+def _peer_venv(args, out: Results):
+    """The peer's virtual environment, or None (with the reason recorded) when it will not run."""
+    from pathlib import Path
+
+    from speechrt.errors import UserError
+
+    if args.peer == "none":
+        return None
+    venv = Path(args.peer_venv)
+    problem = whisper_live.unavailable(venv)
+    if problem:
+        if args.peer == "whisper-live":
+            raise UserError(f"peer whisper-live: {problem}")
+        out.skip("server", whisper_live.NAME, problem)
+        print(f"(peer {whisper_live.NAME} skipped: {problem})")
+        return None
+    return venv
+
+
+def _records(engine, mode, rows, peer_label, levels) -> list[Record]:
+    from speechrt.models.registry import resolve
+
+    model = resolve(None, "asr").name
+    out = []
+    for row in rows:
+        n = row["streams"]
+        common = dict(family="server", model=model, engine=engine.name, backend=engine.backend,
+                      precision=engine.precision, device=engine.device, workload=f"{mode}, {n} streams",
+                      peer=peer_label if engine.name == "speechrt" else "",
+                      params={"streams": n, "mode": mode, "utterances": row["utterances"], "lost": row["lost"]})
+        for key, d in row.items():
+            if key not in KEYS or d["p50"] is None:
+                continue
+            rep = Repeats.of(d["samples"])
+            out += [Record(metric=f"{key}_{q}_s", unit="s", value=d[q], better="lower", repeats=rep, **common)
+                    for q in ("p50", "p95")]
+        out.append(Record(metric="wer", unit="%", value=100 * row["wer"], better="", **common))
+    if rows:
+        best = max([r["streams"] for r in rows if r["ok"]], default=0)
+        out.append(Record(family="server", model=model, engine=engine.name, backend=engine.backend,
+                          precision=engine.precision, device=engine.device,
+                          workload=f"{mode} sweep {','.join(map(str, levels))}", metric="max_streams_p95_final_le_1s",
+                          unit="streams", value=best, better="higher",
+                          peer=peer_label if engine.name == "speechrt" else "", params={"mode": mode}))
+    return out
+
+
+def _sweep(engines, recs, levels, conversation, keep_going, out: Results) -> dict:
+    """Every level on every engine in turn (so both see the same background load); an engine stops after
+    its first level over the bound unless keep_going. -> {engine name: [rows]}"""
+    rows = {e.name: [] for e in engines}
+    active = list(engines)
+    for n in levels:
+        for e in list(active):
+            try:
+                row = _summary(n, e.level(recs, n), conversation)
+            except (OSError, RuntimeError, asyncio.TimeoutError) as ex:
+                if e.name == "speechrt":
+                    raise
+                out.skip("server", f"{e.name} {n} streams", f"failed: {type(ex).__name__}: {ex}")
+                active.remove(e)
+                continue
+            rows[e.name].append(row)
+            _print(e.name, row, conversation)
+            if not row["ok"] and not keep_going:
+                active.remove(e)
+                rest = [m for m in levels if m > n]
+                if rest:
+                    out.skip("server", f"{e.name} {','.join(map(str, rest))} streams",
+                             f"p95 final latency passed {BOUND_S:g} s at {n} streams")
+        if not active:
+            break
+    return rows
 
 
 def run(args):
-    conversation = args.mode == "conversation"
-    recs = _recordings(QUESTIONS if conversation else SENTENCES)
-    proc = None
-    url = args.url
-    if url is None:
-        proc, url = _start_server(args, conversation)
-    try:
-        print(f"server: {url}; mode: {args.mode}; {args.utterances} utterances per stream, real-time pace, "
-              f"{CHUNK_MS} ms chunks, streams {'staggered' if args.stagger else 'started at once'}; turn detection: {', '.join(f'{k}={v}' for k, v in _turn_detection(args).items())}; "
-              f"cores: {os.cpu_count()}")
-        head = f"{'streams':>7} {'partial p50':>7} {'p95':>7}  {'final p50':>7} {'p95':>7}"
-        if conversation:
-            head += f"  {'v2v p50':>7} {'p95':>7}"
-        print(head + "    WER   (latencies in ms)")
-        levels = [args.streams]
-        if args.find_max:
-            levels = [n for n in (1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 32) if n <= args.max_streams]
-        rows, best = [], 0
-        for n in levels:
-            row = _summary(n, asyncio.run(_level(url, recs, n, args, conversation)), conversation)
-            rows.append(row)
-            _print(row, conversation)
-            if row["final"]["p95"] < 1.0:
-                best = max(best, n)
-            elif args.find_max:
-                break
-        if args.find_max:
-            print(f"largest N with p95 final-transcript latency under 1 s: {best}")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"mode": args.mode, "turn_detection": _turn_detection(args), "levels": rows,
-                           "max_streams_under_1s": best if args.find_max else None}, f, indent=2)
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(30)
+    out = Results()
+    if args.setup_peer:
+        from pathlib import Path
+
+        whisper_live.setup(Path(args.peer_venv))
+        return 0
+    levels = _levels(args)
+    modes = ["transcription", "conversation"] if args.mode == "both" else [args.mode]
+    venv = _peer_venv(args, out) if "transcription" in modes else None
+    settings = (f"{args.utterances} utterances per stream, real-time pace, {CHUNK_MS} ms chunks, streams "
+                f"{'staggered' if args.stagger else 'started at once'}; turn detection: "
+                f"{', '.join(f'{k}={v}' for k, v in _turn_detection(args).items())}; cores: {os.cpu_count()}")
+    out.notes.append(f"bench server: {settings}")
+    for mode in modes:
+        conversation = mode == "conversation"
+        recs = _recordings(QUESTIONS if conversation else SENTENCES)
+        engines = [_Speechrt(args, conversation)]
+        try:
+            if venv is not None and not conversation:
+                engines.append(_WhisperLive(args, venv, recs))
+                out.notes.append(f"peer: {whisper_live.NAME} {engines[-1].version} on the same model.bin "
+                                 f"(faster-whisper backend, {engines[-1].precision}, one shared model)")
+            print(f"\nmode: {mode}; servers: {', '.join(f'{e.name} {e.url}' for e in engines)}; {settings}")
+            head = f"{'server':14} {'streams':>7} {'partial p50':>7} {'p95':>7}  {'final p50':>7} {'p95':>7}"
+            if conversation:
+                head += f"  {'1st audio p50':>7} {'p95':>7}  {'v2v p50':>7} {'p95':>7}"
+            print(head + "    WER   (latencies in ms)")
+            rows = _sweep(engines, recs, levels, conversation, args.keep_going, out)
+        finally:
+            for e in engines:
+                e.close()
+        peer = next((e for e in engines if e.name != "speechrt"), None)
+        peer_label = f"{peer.name} {peer.precision}" if peer else ""
+        for e in engines:
+            ok = [r["streams"] for r in rows[e.name] if r["ok"]]
+            print(f"{e.name}: highest level with p95 final-transcript latency <= {BOUND_S:g} s: {max(ok, default=0)}"
+                  + ("" if ok else " (none)"))
+            out.records += _records(e, mode, rows[e.name], peer_label, levels)
+    if args.json:
+        out.write(args.json)
     return 0

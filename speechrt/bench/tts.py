@@ -7,7 +7,6 @@ the time to produce all of a sentence's audio over its duration.
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -30,7 +29,7 @@ def add_arguments(p):
     p.add_argument("--repeats", type=int, default=5, help="timed runs per engine and sentence after a warm-up (median)")
     p.add_argument("--text", action="append", default=None, help="benchmark this text instead (repeatable)")
     p.add_argument("--no-peer", action="store_true", help="skip Piper")
-    p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    p.add_argument("--json", default=None, help="also write the results (speechrt.bench.record schema) to this file")
 
 
 class _Ours:
@@ -39,6 +38,8 @@ class _Ours:
         self.tts = load_tts(voice, backend, device)
         self.name = f"speechrt {self.tts.info.backend}" + (" (auto)" if backend == "auto" else "")
         self.sample_rate = self.tts.sample_rate
+        info = self.tts.info
+        self.engine, self.backend, self.precision, self.device = "speechrt", info.backend, info.precision, info.device
 
     def run(self, text):
         t0 = time.perf_counter()
@@ -55,6 +56,7 @@ class _Ours:
 
 class _Piper:
     name = "piper-tts"
+    engine, backend, precision, device = "piper-tts", "onnxruntime", "float32", "cpu"
 
     def __init__(self, path, threads):
         import onnxruntime
@@ -119,7 +121,8 @@ def run(args):
             total = statistics.median(x[1] for x in r)
             audio = statistics.median(x[2] for x in r)
             results[(key, e.name)] = {"sentence": key, "words": len(text.split()), "engine": e.name,
-                                      "audio_s": audio, "synth_s": total, "rtf": total / audio, "first_audio_s": first}
+                                      "audio_s": audio, "synth_s": total, "rtf": total / audio, "first_audio_s": first,
+                                      "runs": r, "of": e}
 
     hdr = f"{'sentence':9} {'engine':22} {'audio s':>8} {'synth s':>8} {'RTF':>7} {'first audio s':>14}"
     if peer is not None:
@@ -137,6 +140,26 @@ def run(args):
                 line += f" {r['rtf_ratio']:12.2f} {r['first_audio_ratio']:14.2f}"
             print(line)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"threads": threads, "voice": model.name, "results": list(results.values())}, f, indent=2)
+        from speechrt.bench.record import Results
+
+        Results(_records(results.values(), model.name, threads, peer)).write(args.json)
     return 0
+
+
+def _records(rows, model, threads, peer):
+    """Per sentence and engine: the real-time factor and the time to first audio, each with its repeats;
+    ours compared with Piper."""
+    from speechrt.bench.record import Record, Repeats
+
+    out = []
+    for r in rows:
+        e = r["of"]
+        common = dict(family="tts", model=model, engine=e.engine, backend=e.backend, precision=e.precision,
+                      device=e.device, workload=f"{r['sentence']} ({r['words']} words)",
+                      peer=f"{peer.engine} {peer.precision}" if peer is not None and e is not peer else "",
+                      params={"threads": threads, "words": r["words"], "audio_s": r["audio_s"]})
+        out.append(Record(metric="rtf", unit="x", value=r["rtf"], better="lower",
+                          repeats=Repeats.of(x[1] / x[2] for x in r["runs"]), **common))
+        out.append(Record(metric="first_audio_s", unit="s", value=r["first_audio_s"], better="lower",
+                          repeats=Repeats.of(x[0] for x in r["runs"]), **common))
+    return out

@@ -1,0 +1,287 @@
+"""`speechrt bench gpu --json gpu.json`: everything that can only be checked on a GPU, in one command.
+
+Checks, in order (each one pass / fail / skip with what it compared or why it could not run):
+- gpu: the device PyTorch sees (name, compute capability or gfx arch, runtime);
+- kernels: every Triton kernel against the torch reference on the GPU, at the models' shapes;
+- asr-triton: the triton backend's Whisper token ids against the torch backend's on the GPU (float32), and
+  its float16 transcript;
+- lm-triton: the triton backend's greedy ids (32 tokens, float32) against the torch backend's;
+- cuda-graphs: the triton ASR decode step replayed from a CUDA/HIP graph against the same step run
+  eagerly (logits, and time per step);
+- onnxruntime: each GPU execution provider installed (CUDA, TensorRT, ROCm, MIGraphX) runs the Piper
+  voice graph like the CPU provider does; the other onnxruntime families on the GPU against the CPU;
+- tensorrt: the TensorRT package, if installed;
+- roofline: `speechrt bench kernels` (Triton vs torch eager and torch.compile against the measured
+  copy/GEMM roofline), its records in the same file.
+
+Without a GPU every check that needs one is a skip that says so; the exit status is 1 only when a check
+failed.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from speechrt.bench.record import Check, Record, Repeats, Results
+
+TOL = {"float32": (1e-4, 1e-4), "float16": (1e-2, 1e-2), "bfloat16": (2e-2, 2e-2)}  # (rtol, atol) of kernels
+CHATS = ["What is the capital of France?", "Write a haiku about the sea."]
+DATA = Path(__file__).resolve().parent.parent / "data"
+
+
+def add_arguments(p):
+    p.add_argument("--json", default="speechrt-gpu.json", help="result file (default: %(default)s)")
+    p.add_argument("--device", default="cuda", help="the GPU (default cuda; cuda:N for another)")
+    p.add_argument("--checks", default=None, help="comma list of checks to run (default: all): " + ", ".join(
+        ["gpu", "kernels", "asr-triton", "lm-triton", "cuda-graphs", "onnxruntime", "tensorrt", "roofline"]))
+    p.add_argument("--quick", action="store_true", help="roofline without torch.compile (minutes less)")
+
+
+def _no_gpu() -> str | None:
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return (f"no CUDA or ROCm GPU is visible to PyTorch here (torch {torch.__version__}, CUDA runtime "
+            f"{torch.version.cuda or 'none'}, HIP {torch.version.hip or 'none'}); run `speechrt bench gpu` on a "
+            "GPU machine with a CUDA or ROCm build of torch")
+
+
+def check_gpu(dev, out: Results):
+    import torch
+
+    p = torch.cuda.get_device_properties(dev)
+    arch = getattr(p, "gcnArchName", None) if torch.version.hip else f"sm_{p.major}{p.minor}"
+    runtime = f"ROCm {torch.version.hip}" if torch.version.hip else f"CUDA {torch.version.cuda}"
+    return "pass", f"{p.name}, {arch}, {p.total_memory / 2**30:.0f} GiB, {runtime}"
+
+
+def check_kernels(dev, out: Results):
+    import torch
+
+    from speechrt import kernels
+    from speechrt.bench.kernels import cases
+
+    bad, n = [], 0
+    for dtype in (torch.float16, torch.bfloat16):
+        name = str(dtype).removeprefix("torch.")
+        rtol, atol = TOL[name]
+        tri, ref = kernels.select("triton", dev), kernels.select("torch", dev)
+        for label, op, args, kw, _, _ in cases(dtype, dev):
+            got, exp = getattr(tri, op)(*args, **kw), getattr(ref, op)(*args, **kw)
+            got, exp = (got[0], exp[0]) if isinstance(got, tuple) else (got, exp)
+            err = (got.float() - exp.float()).abs().max().item()
+            limit = atol + rtol * exp.float().abs().max().item()
+            n += 1
+            out.records.append(Record(family="gpu", model=op, engine="speechrt", backend="triton", precision=name,
+                                      device=str(dev), workload=label, metric="max_abs_err", unit="",
+                                      value=err if math.isfinite(err) else 1e30, better="", params={"limit": limit}))
+            if not err <= limit:
+                bad.append(f"{label} {name}: max error {err:.3g} > {limit:.3g}")
+    return ("fail", "; ".join(bad)) if bad else ("pass", f"{n} cases (float16, bfloat16) within tolerance")
+
+
+def check_asr_triton(dev, out: Results):
+    from speechrt.models.audio import load_audio
+    from speechrt.models.wer import wer
+    from speechrt.pipelines.asr import load_asr
+    from speechrt.pipelines.whisper_decoding import TranscribeOptions
+
+    audio = [load_audio(DATA / "sample.wav"), load_audio(DATA / "passage.flac")[: 16000 * 20]]
+    opts = TranscribeOptions(without_timestamps=True)
+    torch32, triton32 = load_asr(None, "torch", str(dev), "float32"), load_asr(None, "triton", str(dev), "float32")
+    ref = [r.tokens for r in torch32.transcribe_batch(audio, opts)]
+    got = [r.tokens for r in triton32.transcribe_batch(audio, opts)]
+    del torch32, triton32
+    t16 = load_asr(None, "triton", str(dev), "float16").transcribe_batch(audio, opts)
+    ref_text = (DATA / "sample.txt").read_text().strip()
+    w = wer(ref_text, t16[0].text)
+    if got != ref:
+        return "fail", f"float32 token ids differ from the torch backend's ({sum(a != b for a, b in zip(got, ref))} of 2 recordings)"
+    return "pass", f"float32 token ids equal torch's on 2 recordings; float16 WER on sample.wav {100 * w:.1f}%"
+
+
+def check_lm_triton(dev, out: Results):
+    from speechrt.pipelines.generation import GenerationOptions
+    from speechrt.pipelines.lm import load_lm
+    from speechrt.pipelines.lm_batching import stream
+
+    def ids(lm, prompt):
+        o = GenerationOptions(max_tokens=32, stop_token_ids=())
+        return [ev.token for ev in stream(lm.runner, lm.tokenizer, [lm.encode_chat(prompt)], o)]
+    ref_lm = load_lm(None, "torch", str(dev), "float32")
+    ref = [ids(ref_lm, c) for c in CHATS]
+    del ref_lm
+    tri = load_lm(None, "triton", str(dev), "float32")
+    got = [ids(tri, c) for c in CHATS]
+    if got != ref:
+        return "fail", "greedy ids differ from the torch backend's: " + "; ".join(
+            f"{c!r} first differs at token {next(i for i, (a, b) in enumerate(zip(g, r)) if a != b)}"
+            for c, g, r in zip(CHATS, got, ref) if g != r)
+    return "pass", f"greedy ids (32 tokens, float32) equal torch's for {len(CHATS)} chats"
+
+
+def check_cuda_graphs(dev, out: Results):
+    import torch
+
+    from speechrt.backends.triton_asr import TritonASRRunner
+    from speechrt.models.audio import load_audio, utterance_mel
+    from speechrt.models.registry import resolve
+    from speechrt.models.whisper_loaders import load_weights
+    from speechrt.pipelines.asr import ASRPipeline
+
+    model = resolve(None, "asr")
+    weights = load_weights(model)
+    runners = {g: TritonASRRunner(weights, dev, torch.float16, model.name, model.format, graphs=g) for g in (True, False)}
+    tok = ASRPipeline(runners[False]).tokenizer
+    prompt = tok.sot_sequence("en", "transcribe") + [tok.no_timestamps]
+    audio = load_audio(DATA / "sample.wav")
+    steps, logits, times = 32, {}, {}
+    with torch.inference_mode():
+        for g, r in runners.items():
+            mel = utterance_mel(audio, r.config.n_mels, dev)[None]
+            state = r.start(r.encode(mel), 1, steps + 8)
+            r.decode_step(state, torch.tensor([prompt], device=dev))
+            nxt = torch.tensor([[440]], device=dev)
+            ts, outs = [], []
+            for _ in range(steps):
+                torch.cuda.synchronize(dev)
+                t = time.perf_counter()
+                outs.append(r.decode_step(state, nxt))
+                torch.cuda.synchronize(dev)
+                ts.append(time.perf_counter() - t)
+            logits[g], times[g] = torch.stack(outs).float(), ts
+    err = (logits[True] - logits[False]).abs().max().item()
+    for g, ts in times.items():
+        out.records.append(Record(family="gpu", model=model.name, engine="speechrt", backend="triton", precision="float16",
+                                  device=str(dev), workload="whisper decode step, batch 1",
+                                  metric="decode_step_us_graphs" if g else "decode_step_us_eager", unit="us",
+                                  value=statistics.median(ts[4:]) * 1e6, better="lower",
+                                  repeats=Repeats.of(t * 1e6 for t in ts[4:])))
+    speed = statistics.median(times[False][4:]) / statistics.median(times[True][4:])
+    if not runners[True].graphs_enabled:
+        return "fail", "the triton ASR runner did not enable CUDA graphs on this device"
+    if err > 5e-2:
+        return "fail", f"graph replay logits differ from eager steps by {err:.3g}"
+    return "pass", f"{steps} decode steps: graph replay = eager (max logit diff {err:.2g}), {speed:.2f}x faster"
+
+
+def compare_providers(providers: list[str]) -> tuple[list[str], list[str]]:
+    """The Piper voice graph (noise scales 0: deterministic) on each execution provider against the CPU
+    provider: -> (agreements, failures), one line each. A session that silently fell back to the CPU
+    provider is a failure."""
+    import numpy as np
+
+    from speechrt.backends.onnxruntime_backend import OrtTTSRunner
+    from speechrt.models.piper_loader import SynthesisOptions
+    from speechrt.models.registry import resolve
+    from speechrt.models.tts_text import TextFrontEnd
+
+    voice = resolve(None, "tts")
+    opts = SynthesisOptions(noise_scale=0.0, noise_w=0.0)
+    cpu = OrtTTSRunner(voice.path, ["CPUExecutionProvider"])
+    ids = next(iter(TextFrontEnd(cpu.voice).sentences("The weather is nice today.")))
+    want = cpu.run_graph(ids, opts)
+    ok, bad = [], []
+    for ep in providers:
+        try:
+            r = OrtTTSRunner(voice.path, list(dict.fromkeys([ep, "CPUExecutionProvider"])))
+            got = r.run_graph(ids, opts)
+            used = r.dec.get_providers()[0]
+        except Exception as e:  # one provider failing must not hide the others
+            bad.append(f"{ep}: {type(e).__name__}: {e}")
+            continue
+        diff = float(np.abs(got - want).max()) if len(got) == len(want) else float("inf")
+        (ok if diff < 1e-2 and used == ep else bad).append(f"{ep} (session runs on {used}): max diff {diff:.2g} "
+                                                          f"over {len(want)} samples")
+    return ok, bad
+
+
+def check_onnxruntime(dev, out: Results):
+    import onnxruntime as ort
+
+    from speechrt import backends
+
+    gpu_eps = [p for p in ort.get_available_providers() if p not in ("CPUExecutionProvider", "AzureExecutionProvider")]
+    if not gpu_eps:
+        return "skip", (f"no GPU execution provider in this onnxruntime build (onnxruntime {ort.__version__}: "
+                        f"{', '.join(ort.get_available_providers())}); pip install onnxruntime-gpu (NVIDIA) or "
+                        "onnxruntime-rocm / onnxruntime-migraphx (AMD)")
+    ok, bad = compare_providers(gpu_eps)
+    others = [f for f in backends.get("onnxruntime").families if f != "tts"]
+    if others:
+        ok.append(f"onnxruntime families {', '.join(others)} run on the GPU in `speechrt bench all --device cuda`")
+    return ("fail" if bad else "pass"), "; ".join(bad + ok)
+
+
+def check_tensorrt(dev, out: Results):
+    try:
+        import tensorrt
+    except ImportError:
+        return "skip", "the tensorrt package is not installed (pip install tensorrt); the TensorRT execution " \
+                       "provider of onnxruntime, if present, is checked under onnxruntime"
+    return "skip", (f"tensorrt {tensorrt.__version__} is installed, but speechrt has no tensorrt backend yet "
+                    "(speechrt.backends.BACKENDS); its engines run through onnxruntime's TensorRT provider")
+
+
+def check_roofline(dev, out: Results, quick: bool = False):
+    from speechrt.bench import kernels
+    from speechrt.bench.record import load
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "kernels.json"
+        kernels.run(argparse.Namespace(ops=None, device=str(dev), dtype=None, no_compile=quick, threads=None,
+                                       json=str(path)))
+        res = load(path)
+    out.records += res.records
+    probe = {r.metric: r.value for r in res.records if r.engine == "probe"}
+    return "pass", (f"measured {probe.get('copy_GBps', 0):.0f} GB/s copy, {probe.get('matmul_TFLOPs', 0):.0f} "
+                    f"TFLOP/s matmul; {sum(r.metric == 'time_us' for r in res.records)} kernel timings")
+
+
+CHECKS = {"gpu": check_gpu, "kernels": check_kernels, "asr-triton": check_asr_triton, "lm-triton": check_lm_triton,
+          "cuda-graphs": check_cuda_graphs, "onnxruntime": check_onnxruntime, "tensorrt": check_tensorrt,
+          "roofline": check_roofline}
+NEEDS_TORCH_GPU = {"gpu", "kernels", "asr-triton", "lm-triton", "cuda-graphs", "roofline"}
+
+
+def run(args):
+    import torch
+
+    from speechrt.errors import UserError
+
+    names = [c.strip() for c in args.checks.split(",")] if args.checks else list(CHECKS)
+    bad = [c for c in names if c not in CHECKS]
+    if bad:
+        raise UserError(f"unknown check(s) {', '.join(bad)}; valid: {', '.join(CHECKS)}")
+    out = Results()
+    no_gpu, no_triton = _no_gpu(), None
+    if no_gpu is None:
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            no_triton = "Triton is not installed (pip install 'speechrt[triton]')"
+    dev = torch.device(args.device) if no_gpu is None else None
+    for name in names:
+        t0 = time.monotonic()
+        if name in NEEDS_TORCH_GPU and no_gpu:
+            status, detail = "skip", no_gpu
+        elif name in NEEDS_TORCH_GPU - {"gpu"} and no_triton:
+            status, detail = "skip", no_triton
+        else:
+            try:
+                fn = CHECKS[name]
+                status, detail = fn(dev, out, args.quick) if name == "roofline" else fn(dev, out)
+            except Exception as e:  # a crashing check is a failed check, and the others still run
+                status, detail = "fail", f"{type(e).__name__}: {e}"
+        out.checks.append(Check(name, status, detail))
+        print(f"{status.upper():4} {name:12} {detail} ({time.monotonic() - t0:.0f} s)", flush=True)
+    out.write(args.json)
+    failed = [c.name for c in out.checks if c.status == "fail"]
+    print(f"{len(out.checks)} checks: {len(failed)} failed, {sum(c.status == 'skip' for c in out.checks)} skipped -> "
+          f"{args.json}")
+    return 1 if failed else 0

@@ -1,0 +1,62 @@
+"""`speechrt bench server --streams 1,2`: the load sweep against a real `speechrt serve`, real-time paced
+speech, its records per level, and the highest level that keeps p95 final latency <= 1 s. The peer
+(WhisperLive) needs its own virtual environment with network installs: its test runs only where one
+exists (`speechrt bench server --setup-peer`, or $SPEECHRT_PEER_VENV)."""
+from __future__ import annotations
+
+import pytest
+
+from speechrt.bench import whisper_live
+from speechrt.bench.record import load
+
+
+def _check_sweep(res, engine, levels):
+    rows = [r for r in res.records if r.engine == engine]
+    ran = sorted({r.params["streams"] for r in rows if "streams" in r.params})
+    assert ran and ran == levels[:len(ran)], ran
+    by = {(r.params.get("streams"), r.metric): r for r in rows}
+    ok = []
+    for n in ran:
+        p50, p95 = by[(n, "final_p50_s")], by[(n, "final_p95_s")]
+        assert 0 < p50.value <= p95.value < 60
+        assert p95.repeats.n == p50.params["utterances"] - p50.params["lost"]
+        assert by[(n, "wer")].value <= 25.0  # Whisper tiny.en on clean synthetic speech
+        if p95.value <= 1.0 and p50.params["lost"] == 0:
+            ok.append(n)
+    (best,) = [r for r in rows if r.metric == "max_streams_p95_final_le_1s"]
+    assert best.value == max(ok, default=0)
+    if len(ran) < len(levels):  # it stopped: the last level it ran missed the bound, and the rest are skips
+        assert ran[-1] not in ok
+        assert any(s.what.startswith(f"{engine} ") and "p95 final latency passed 1 s" in s.reason for s in res.skipped)
+    return rows
+
+
+def test_sweep_against_speechrt(bench, tmp_path):
+    out = tmp_path / "sweep.json"
+    r = bench("server", "--streams", "1,2", "--utterances", "2", "--peer", "none", "--json", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = load(out)
+    rows = _check_sweep(res, "speechrt", [1, 2])
+    assert {x.backend for x in rows} == {"torch"} and {x.precision for x in rows} <= {"float32", "bfloat16"}
+    assert "highest level with p95 final-transcript latency <= 1 s" in r.stdout
+
+
+def test_streams_must_be_positive(bench):
+    r = bench("server", "--streams", "1,0")
+    assert r.returncode == 2 and "--streams must be a positive number or a comma list" in r.stderr
+
+
+@pytest.mark.skipif(whisper_live.unavailable(whisper_live.DEFAULT_VENV) is not None,
+                    reason="the WhisperLive peer is not installed: `speechrt bench server --setup-peer` "
+                           "(or set SPEECHRT_PEER_VENV); its install needs the package index")
+def test_sweep_with_the_whisper_live_peer(bench, tmp_path):
+    out = tmp_path / "sweep.json"
+    r = bench("server", "--streams", "1", "--utterances", "2", "--peer", "whisper-live", "--json", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = load(out)
+    _check_sweep(res, "speechrt", [1])
+    peer = [x for x in res.records if x.engine == "whisper-live"]
+    assert peer and {x.backend for x in peer} == {"ctranslate2"}
+    ours = [x for x in res.records if x.engine == "speechrt" and x.metric == "final_p50_s"]
+    assert ours and all(x.peer == "whisper-live int8" for x in ours)
+    assert any(n.startswith("peer: whisper-live 0.10.0") for n in res.notes)

@@ -1,0 +1,58 @@
+"""`speechrt bench all`: the plan follows the backend registry, and a real --quick run of one family gives
+one file with every backend that runs here, the peer measured once, and a skip with the reason for the
+backend that cannot run here."""
+from __future__ import annotations
+
+import io
+
+import torch
+
+from speechrt import backends
+from speechrt.bench.record import load
+from speechrt.bench.suite import Progress, Step, plan
+
+
+def test_plan_has_a_step_per_available_backend_and_precision():
+    by = {}
+    for s in plan(["asr", "lm", "tts", "server", "kernels"], "cpu", True, None):
+        by.setdefault(s.family, []).append(s)
+    assert [s.what for s in by["asr"]] == backends.available("asr")
+    assert [s.what for s in by["tts"]] == backends.available("tts")
+    assert [s.what for s in by["lm"]] == [f"{b} auto" for b in backends.available("lm")]
+    assert all("--dtypes" in s.args and "float32,auto" in s.args for s in by["asr"])
+    assert [s.args[s.args.index("--mode") + 1] for s in by["server"]] == ["transcription", "conversation"]
+    assert by["kernels"][0].args == ("--device", "cpu")
+    full = plan(["lm"], "cpu", False, 2)
+    assert {s.args[s.args.index("--dtype") + 1] for s in full} >= {"int4", "int8", "float32"}
+    assert all(s.args[-2:] == ("--threads", "2") for s in full)
+
+
+def test_progress_estimate_scales_with_the_finished_steps():
+    steps = [Step("asr", str(i), (), 10.0) for i in range(4)]
+    stream = io.StringIO()
+    p = Progress(steps, stream)
+    assert p.eta(0) == 40
+    p.finished(0, 20.0)  # the first step took twice its estimate: the rest will too
+    assert p.eta(1) == 60
+    p.show(1)
+    line = stream.getvalue()
+    assert line.startswith("[######..................] 1/4 asr 1") and "~1:00 left" in line
+
+
+def test_quick_run_of_one_family(bench, tmp_path):
+    out = tmp_path / "a.json"
+    r = bench("all", "--quick", "--families", "tts", "--json", out, "--machine", "ci box")
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = load(out)
+    assert res.machine["label"] == "ci box" and res.command.startswith("speechrt bench all --quick")
+    assert (tmp_path / "a.log").read_text().count("$ ") == len(backends.available("tts"))
+    ours = {x.backend for x in res.records if x.engine == "speechrt"}
+    runs_here = [b for b in backends.available("tts") if b != "triton" or torch.cuda.is_available()]
+    assert ours == set(runs_here)
+    piper = [x for x in res.records if x.engine == "piper-tts"]
+    assert len(piper) == 4  # once (2 sentences x rtf, first audio), in the first step only
+    # every row of ours is compared with Piper, the later backends' rows too (measured in the same run)
+    assert all(x.peer == "piper-tts float32" for x in res.records if x.engine == "speechrt")
+    if not torch.cuda.is_available() and "triton" in backends.available("tts"):
+        (skip,) = res.skipped
+        assert skip.what == "triton" and "CUDA or ROCm GPU" in skip.reason and "--backend torch" in skip.reason
