@@ -4,7 +4,9 @@ All model compute runs on one worker thread, so the event loop never blocks on i
 and await futures (or async queues for streams). The worker takes work in priority order:
 
 1. final transcripts of finished turns, batched across sessions (one encoder call, decode steps over all
-   rows together);
+   rows together); a turn over 30 s is transcribed one 30-s window per step, long turns taking turns
+   with each other and, when there is any, with a round of streaming steps (so a minute-long monologue
+   delays no one by more than a window);
 2. steps of streaming tasks that produce audio or tokens for someone waiting (TTS chunks, language
    model tokens), round-robin, one step each, so every response keeps moving and first audio is soon;
 3. partial transcripts of turns still being spoken, batched, newest request per stream only.
@@ -26,11 +28,12 @@ import numpy as np
 from speechrt.pipelines.asr import SAMPLE_RATE, TranscribeOptions
 
 from .metrics import Metrics
-from .transcripts import TranscriptJob, TranscriptQueue, run_jobs
+from .transcripts import TranscriptJob, TranscriptQueue, run_jobs, step_long
 
 log = logging.getLogger(__name__)
 # turns: greedy, the encoder over the audio only, loops cut (see session.asr_options)
 LIVE = TranscribeOptions(without_timestamps=True, trim_context=True, stop_repeats=3)
+MAX_LIVE_STRETCH = 4.0
 
 
 @dataclass
@@ -126,6 +129,7 @@ class Engine:
         self._stop = False
         self._ready = threading.Event()  # set once the warm-up has run
         self._step_started: float | None = None  # when the worker began the step it is in (None: idle)
+        self._long_last = False  # the last step was a long turn's window (the next goes to streaming work)
         self._thread = threading.Thread(target=self._run, name="speechrt-engine", daemon=True)
 
     # -- submission (event loop side) -------------------------------------------------------------
@@ -210,7 +214,7 @@ class Engine:
     def stalled_for(self) -> float:
         """Seconds the worker has spent in its current step (0 while it waits for work). A step is one
         transcription batch, one language model step or one round of synthesis steps: far under a
-        second normally, a few seconds for long-form transcription."""
+        second normally, one 30-s window of a long turn at most."""
         started = self._step_started
         return 0.0 if started is None else time.monotonic() - started
 
@@ -228,6 +232,14 @@ class Engine:
         finally:
             if not task.done():
                 task.cancel()
+
+    def live_interval(self, base: float) -> float:
+        """The wait before a session's next live transcript: `base`, stretched (up to 4x) while transcripts
+        queue, so that live text degrades before final transcripts wait."""
+        with self._cv:
+            stretch = min(MAX_LIVE_STRETCH, max(1.0, len(self._transcripts) / 2))
+        self.metrics.live_stretch = stretch
+        return base * stretch
 
     def has_spare_time(self) -> bool:
         """Nothing waits but what is running: no final transcript, live transcript, streaming task or
@@ -262,25 +274,9 @@ class Engine:
     def _lm_work(self) -> bool:
         return self.batcher is not None and self.batcher.has_work()
 
-    def _warm_up(self):
-        """Run each model once on this thread before the first request: the first call of a model in a
-        thread pays for its thread pool, kernel selection and allocations (~0.1-0.3 s each), which would
-        otherwise land on the first user's latency."""
-        t0 = time.perf_counter()
-        try:
-            self.asr.warm_up()
-            if self.lm is not None:
-                self.lm.warm_up(self.batcher)
-            if self.tts is not None:
-                for _ in self.tts.synthesize("Hello there."):
-                    pass
-        except Exception:  # noqa: BLE001 - a failed warm-up only costs the first request time
-            log.exception("engine warm-up failed")
-        self._ready.set()
-        log.info("engine warmed up in %.2f s", time.perf_counter() - t0)
-
     def _run(self):
-        self._warm_up()
+        warm_up(self.asr, self.lm, self.batcher, self.tts)
+        self._ready.set()
         while True:
             with self._cv:
                 while not (self._stop or self._queued()):
@@ -288,14 +284,22 @@ class Engine:
                 if self._stop:
                     return
                 lm_work = self._lm_work()
+                streaming = bool(self._tasks or lm_work)
                 if self._transcripts.finals:
                     jobs, kind = self._transcripts.take_finals(self.max_batch), "final"
-                elif self._tasks or lm_work:
+                elif self._transcripts.long and not (streaming and self._long_last):
+                    jobs, kind = [self._transcripts.take_long()], "long"
+                elif streaming:
                     jobs, kind = [], "stream"
                 else:  # small partial batches: a final that arrives meanwhile waits for at most this much
                     jobs, kind = self._transcripts.take_partials(self.partial_batch), "partial"
             self._step_started = time.monotonic()
-            if kind == "stream":
+            self._long_last = kind == "long"
+            if kind == "long":
+                if step_long(self.asr, jobs[0], self.faults, self.metrics):
+                    with self._cv:
+                        self._transcripts.finish_long(jobs[0])
+            elif kind == "stream":
                 if self._tasks:
                     self._step_tasks()
                 if lm_work:
@@ -351,3 +355,20 @@ class Engine:
             if r is not None:
                 (m.final_latency if kind == "final" else m.partial_latency).append(now - j.submitted)
             j.resolve(r, e)
+
+
+def warm_up(asr, lm, batcher, tts):
+    """Run each model once on the engine's thread before the first request: the first call of a model in a
+    thread pays for its thread pool, kernel selection and allocations (~0.1-0.3 s each), which would
+    otherwise land on the first user's latency."""
+    t0 = time.perf_counter()
+    try:
+        asr.warm_up()
+        if lm is not None:
+            lm.warm_up(batcher)
+        if tts is not None:
+            for _ in tts.synthesize("Hello there."):
+                pass
+    except Exception:  # noqa: BLE001 - a failed warm-up only costs the first request time
+        log.exception("engine warm-up failed")
+    log.info("engine warmed up in %.2f s", time.perf_counter() - t0)

@@ -24,6 +24,8 @@ class Metrics:
     early_finals: int = 0  # final transcripts begun when the input went quiet (counted by sessions)
     stream_steps: int = 0
     step_failures: int = 0  # model steps that raised (their requests got an error)
+    long_steps: int = 0  # windows of long turns' transcripts (one engine step each)
+    live_stretch: float = 1.0  # live transcripts' interval over --partial-interval, as last set by the queue
     final_latency: collections.deque = field(default_factory=_samples)
     partial_latency: collections.deque = field(default_factory=_samples)
     first_audio_latency: collections.deque = field(default_factory=_samples)
@@ -100,6 +102,10 @@ def metrics_text(sessions: int, queue_depth: int, c: Counters, m: Metrics) -> st
                 "Live transcripts stopped because their turn's final transcript was asked for.", m.asr_cancelled)
     page.metric("asr_early_finals_total", "counter",
                 "Final transcripts begun when the input went quiet, before Silero confirmed the pause.", m.early_finals)
+    page.metric("asr_long_steps_total", "counter", "Windows of long turns' transcripts, one engine step each.",
+                m.long_steps)
+    page.metric("live_interval_stretch", "gauge", "Live transcripts' interval over --partial-interval: it stretches "
+                "(up to 4x) while transcription work queues, so finals are not starved.", f"{m.live_stretch:.2f}")
     rtf = m.asr_seconds / m.asr_audio_seconds if m.asr_audio_seconds else 0.0
     page.metric("asr_real_time_factor", "gauge", "Transcription compute seconds per second of audio.", f"{rtf:.4f}")
     page.metric("engine_stream_steps_total", "counter", "Steps of streaming tasks (tokens, audio chunks).",

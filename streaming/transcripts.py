@@ -1,13 +1,16 @@
 """The engine's queue of transcription work. Final transcripts (of finished turns) are served first, in
-order, batched across sessions; live transcripts (of turns still being spoken) are kept newest-only per
-key (a session), and a final one stops a running live one. All methods are called with the engine's lock
-held; futures are resolved by the caller on their event loops."""
+order, batched across sessions; those of turns over 30 s run long-form one window per engine step, taking
+turns with each other and with other work (LONG_STEPS); live transcripts (of turns still being spoken)
+are kept newest-only per key (a session), and a final one stops a running live one. All methods are
+called with the engine's lock held; futures are resolved by the caller on their event loops."""
 from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import itertools
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +32,7 @@ class TranscriptJob:
     draft: list[int] | None = None  # a guess of the tokens (an earlier transcript of the same speech)
     cancelled: bool = False  # a running live transcript that a final one asked to stop
     promoted: bool = False  # a live transcript whose result a final waits for: finals do not stop it
+    steps: object = None  # a long turn's long-form transcription, one window per next() (once begun)
 
     def resolve(self, value, error: Exception | None = None) -> None:
         """Deliver the result (or the error) to the waiting session, from any thread."""
@@ -46,11 +50,12 @@ def _settle(fut: asyncio.Future, value, error):
 class TranscriptQueue:
     def __init__(self):
         self.finals: collections.deque[TranscriptJob] = collections.deque()
+        self.long: collections.deque[TranscriptJob] = collections.deque()  # finals over 30 s, begun or not
         self.partials: collections.OrderedDict[object, TranscriptJob] = collections.OrderedDict()
         self.running: list[TranscriptJob] = []  # the live transcripts being computed
 
     def __len__(self) -> int:
-        return len(self.finals) + len(self.partials)
+        return len(self.finals) + len(self.long) + len(self.partials)
 
     def submit(self, job: TranscriptJob, partial: bool, supersede: bool = False) -> TranscriptJob | None:
         """Queue `job` -> the pending live job of its key that it replaces (to be resolved with None)."""
@@ -66,15 +71,18 @@ class TranscriptQueue:
             # (after its encoder pass at worst) and its session asks again later
             for run in self.running:
                 run.cancelled = run.cancelled or not run.promoted
-            self.finals.append(job)
+            self._final(job)
         return old
+
+    def _final(self, job: TranscriptJob) -> None:
+        (self.long if len(job.audio) > MAX_UTTERANCE_SAMPLES else self.finals).append(job)
 
     def promote(self, key) -> bool:
         """The live transcript of `key` is now needed as a final one: a pending one moves to the final
         queue, a running one is no longer stopped by finals. False if there is none."""
         job = self.partials.pop(key, None)
         if job is not None:
-            self.finals.append(job)
+            self._final(job)
             return True
         for run in self.running:
             if run.key == key and not run.cancelled:
@@ -85,8 +93,9 @@ class TranscriptQueue:
     def forget(self, key) -> list[TranscriptJob]:
         """Drop every queued job of `key` (returned, to be resolved with None); its running live transcript
         stops at its next step."""
-        dropped = [j for j in self.finals if j.key == key]
+        dropped = [j for j in (*self.finals, *self.long) if j.key == key]
         self.finals = collections.deque(j for j in self.finals if j.key != key)
+        self.long = collections.deque(j for j in self.long if j.key != key)
         if key in self.partials:
             dropped.append(self.partials.pop(key))
         for run in self.running:
@@ -96,6 +105,16 @@ class TranscriptQueue:
 
     def take_finals(self, max_batch: int) -> list[TranscriptJob]:
         return [self.finals.popleft() for _ in range(min(max_batch, len(self.finals)))]
+
+    def take_long(self) -> TranscriptJob:
+        """The long turn whose window is next; it goes to the back of the line (round-robin)."""
+        job = self.long.popleft()
+        self.long.append(job)
+        return job
+
+    def finish_long(self, job: TranscriptJob) -> None:
+        if job in self.long:
+            self.long.remove(job)
 
     def take_partials(self, max_batch: int) -> list[TranscriptJob]:
         """The oldest pending live transcripts, now running (until `done()`)."""
@@ -110,12 +129,15 @@ class TranscriptQueue:
 
 
 def run_jobs(asr, jobs: list[TranscriptJob], partial: bool, faults, metrics) -> list[tuple]:
-    """Transcribe `jobs` (on the engine's worker) -> (job, WindowResult or None, error or None) each. Short
-    utterances run as one batch per set of options (a session's language and prompt); longer ones
-    long-form. Live transcripts (`partial`) stop once a final transcript made every one of them useless."""
+    """Transcribe `jobs` (utterances of at most 30 s, on the engine's worker) -> (job, WindowResult or None,
+    error or None) each, as one batch per set of options (a session's language and prompt). Live
+    transcripts (`partial`) stop once a final transcript made every one of them useless."""
     results: list[tuple[TranscriptJob, object, Exception | None]] = []
     stop = (lambda: all(j.cancelled for j in jobs)) if partial else None
     short = [j for j in jobs if len(j.audio) <= MAX_UTTERANCE_SAMPLES]
+    # a live transcript of a turn over 30 s (an early one: live ones take the last 30 s) is not worth a
+    # long-form pass at live priority: none, and the turn's final transcript is made when it ends
+    results += [(j, None, None) for j in jobs if len(j.audio) > MAX_UTTERANCE_SAMPLES]
     for opts, group in itertools.groupby(sorted(short, key=lambda j: repr(j.options)), key=lambda j: j.options):
         group = list(group)
         try:
@@ -129,14 +151,43 @@ def run_jobs(asr, jobs: list[TranscriptJob], partial: bool, faults, metrics) -> 
             log.exception("batched transcription failed")
             metrics.step_failures += 1
             results += [(j, None, e) for j in group]
-    for j in jobs:
-        if len(j.audio) > MAX_UTTERANCE_SAMPLES:  # long turns: long-form transcription, window by window
-            try:
-                faults.check("asr")
-                tr = asr.transcribe(j.audio, SAMPLE_RATE, language=j.options.language,
-                                    initial_prompt=j.options.initial_prompt)
-                results.append((j, WindowResult([], tr.text, 0.0, 0.0, 0.0, 0.0), None))
-            except Exception as e:  # noqa: BLE001
-                metrics.step_failures += 1
-                results.append((j, None, e))
     return results
+
+
+def long_options(opts: TranscribeOptions) -> TranscribeOptions:
+    """A long turn's long-form options in the server: the session's language and prompt, and a bounded
+    fallback (two temperatures, one sample each: at most two decodes of a window, not 6 x 5)."""
+    return dataclasses.replace(TranscribeOptions(), language=opts.language, initial_prompt=opts.initial_prompt,
+                               temperatures=LONG_TEMPERATURES, best_of=1)
+
+
+LONG_TEMPERATURES = (0.0, 0.4)
+
+
+def step_long(asr, job: TranscriptJob, faults, metrics) -> bool:
+    """One window of a long turn's transcript (on the engine's worker) -> True when the job is over (its
+    transcript or its error delivered)."""
+    try:
+        faults.check("asr")
+        if job.steps is None:
+            job.steps = asr.transcribe_steps(job.audio, long_options(job.options))
+        t0 = time.perf_counter()
+        try:
+            next(job.steps)
+            metrics.long_steps += 1
+            return False
+        except StopIteration as end:
+            metrics.long_steps += 1
+            tr = end.value
+        finally:
+            metrics.asr_seconds += time.perf_counter() - t0
+    except Exception as e:  # noqa: BLE001 - reported to the waiting session
+        log.exception("long-form transcription failed")
+        metrics.step_failures += 1
+        job.resolve(None, e)
+        return True
+    metrics.asr_items += 1
+    metrics.asr_audio_seconds += len(job.audio) / SAMPLE_RATE
+    metrics.final_latency.append(time.perf_counter() - job.submitted)
+    job.resolve(WindowResult([], tr.text, 0.0, 0.0, 0.0, 0.0))
+    return True

@@ -259,11 +259,12 @@ class InputTurns:
 
     async def _live(self, turn: Turn):
         """Live transcript of the turn being spoken: re-transcribe the growing audio about every
-        `partial_interval` seconds and send the words two consecutive hypotheses agree on."""
+        `partial_interval` seconds (longer while the engine's transcription queue is long) and send the
+        words two consecutive hypotheses agree on."""
         interval = self.session.server.options.partial_interval
         last_len = 0
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self.engine.live_interval(interval))
             audio = self.buf.slice(self._first_sample(turn), self.buf.end)[-30 * RATE:]
             if len(audio) - last_len < RATE // 4:
                 continue

@@ -403,17 +403,18 @@ def run(args):
 
 def _records(results, meta, model, tokens, threads):
     """Per engine and batch size: time to first token (best run) and decode tok/s (best run), with the
-    spread of the runs; ours compared with llama.cpp, else transformers."""
+    spread of the runs; ours compared with llama.cpp, else transformers, else onnxruntime-genai."""
     from speechrt.bench.record import Record, Repeats
 
-    peer = next((n for n in ("llama.cpp", "transformers") if n in results), None)
+    peer = next((n for n in ("llama.cpp", "transformers", "onnxruntime-genai") if n in results), None)
     out = []
     for name, r in results.items():
-        m = meta[name]
+        m, ours = meta[name], name.startswith("speechrt")  # ours: 'speechrt <backend>' (the backend in meta)
         for row in r["rows"]:
             B = row["batch"]
-            common = dict(family="lm", model=model, engine=name, workload=f"batch {B}, {tokens} tokens",
-                          peer=f"{peer} {meta[peer]['precision']}" if peer and name.startswith("speechrt") else "",
+            common = dict(family="lm", model=model, engine="speechrt" if ours else name,
+                          workload=f"batch {B}, {tokens} tokens",
+                          peer=f"{peer} {meta[peer]['precision']}" if peer and ours else "",
                           params={"batch": B, "tokens": tokens, "threads": threads}, **m)
             out.append(Record(metric="ttft_s", unit="s", value=row["ttft"], better="lower",
                               repeats=Repeats.of(x["ttft"] for x in row["runs"]), **common))

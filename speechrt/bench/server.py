@@ -1,7 +1,9 @@
 """`speechrt bench server`: replay speech at real-time pace over N concurrent Realtime sessions against
-a `speechrt serve` process, and report latencies measured from the end of each utterance's speech:
+a `speechrt serve` process, and report latencies per utterance:
 
-- partial: time from speech start until the first live transcript delta;
+- partial ("first live" in the table): speech START -> the first live transcript delta (it includes the
+  time the person has been speaking, about a live interval or more, so it can exceed the final latency,
+  which is timed from the END of speech);
 - final: end of speech (the last speech sample sent) -> `...input_audio_transcription.completed`;
 - first audio (conversation mode): `response.created` -> first `response.output_audio.delta` (the answer's
   language model and speech synthesis, after the transcript);
@@ -396,10 +398,11 @@ def run(args):
                 out.notes.append(f"peer: {whisper_live.NAME} {engines[-1].version} on the same model.bin "
                                  f"(faster-whisper backend, {engines[-1].precision}, one shared model)")
             print(f"\nmode: {mode}; servers: {', '.join(f'{e.name} {e.url}' for e in engines)}; {settings}")
-            head = f"{'server':14} {'streams':>7} {'partial p50':>7} {'p95':>7}  {'final p50':>7} {'p95':>7}"
+            head = f"{'server':14} {'streams':>7} {'first live p50':>7} {'p95':>7}  {'final p50':>7} {'p95':>7}"
             if conversation:
                 head += f"  {'1st audio p50':>7} {'p95':>7}  {'v2v p50':>7} {'p95':>7}"
-            print(head + "    WER   (latencies in ms)")
+            print(head + "    WER   (latencies in ms; first live: speech start -> first live delta; final: end of "
+                  "speech -> completed)")
             rows = _sweep(engines, recs, levels, conversation, args.keep_going, out)
         finally:
             for e in engines:

@@ -76,7 +76,7 @@ def _family_steps(family: str, device: str, quick: bool, t: list[str]) -> list[S
     if family == "lm":
         size = ["--tokens", "16", "--batch", "1,4", "--repeats", "2"] if quick else [
             "--tokens", "64", "--batch", "1,2,4,8", "--repeats", "3"]
-        return [Step("lm", f"{b} {dt}", ("--backend", b, "--device", device, "--dtype", dt, *size, *t),
+        return [Step("lm", f"{b} {dt}", ("--backends", b, "--device", device, "--dtype", dt, *size, *t),
                      45 if quick else 120) for b in backends.available("lm") for dt in _precisions("lm", device, quick)]
     if family == "tts":
         return [Step("tts", b, ("--backends", b, "--device", device, "--repeats", "2" if quick else "5", *t),

@@ -20,7 +20,7 @@ from speechrt.models.registry import resolve
 from speechrt.models.whisper_tokenizer import WhisperTokenizer
 
 from .whisper_decoding import (TranscribeOptions, TranscriptionCancelled, Transcript, WindowDecoder, WindowResult,
-                               decode_utterances, long_form)
+                               decode_utterances, long_form, long_form_steps)
 
 OPTION_NAMES = frozenset(f.name for f in fields(TranscribeOptions))
 MULTILINGUAL = ("a multilingual Whisper model (a Hugging Face or CTranslate2 directory, or an openai-whisper .pt, of "
@@ -91,6 +91,23 @@ class ASRPipeline:
             mel = log_mel_spectrogram(pcm, self.runner.config.n_mels, padding=N_FRAMES * HOP_LENGTH,
                                       device=self.runner.device)
             return long_form(self.decoder, mel, len(pcm) / SAMPLE_RATE, opts, on_segment)
+
+    def transcribe_steps(self, audio: np.ndarray, opts: TranscribeOptions):
+        """transcribe() of float32 audio at 16 kHz as a generator of steps, one 30-s window each (yielding
+        the seconds done), that returns the Transcript: a scheduler runs one step at a time between other
+        work (see whisper_decoding.long_form_steps)."""
+        self.check_language(opts.language)
+        with torch.inference_mode(), self.runner.loop():
+            mel = log_mel_spectrogram(audio, self.runner.config.n_mels, padding=N_FRAMES * HOP_LENGTH,
+                                      device=self.runner.device)
+        steps = long_form_steps(self.decoder, mel, len(audio) / SAMPLE_RATE, opts)
+        while True:
+            with torch.inference_mode(), self.runner.loop():
+                try:
+                    done = next(steps)
+                except StopIteration as end:
+                    return end.value
+            yield done
 
     def transcribe_batch(self, audios: list[np.ndarray], opts: TranscribeOptions | None = None,
                          drafts: list[list[int] | None] | None = None, stop=None) -> list[WindowResult]:

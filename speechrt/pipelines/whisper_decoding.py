@@ -403,6 +403,19 @@ def long_form(decoder: WindowDecoder, mel: torch.Tensor, duration: float, opts: 
     """mel [n_mels, frames + N_FRAMES]: the log-mel of audio of any length followed by a window's worth of
     zero padding. Windows of 30 s; each next window starts where the last complete segment of the previous
     one ended; its text conditions the next window's decoding."""
+    steps = long_form_steps(decoder, mel, duration, opts, on_segment)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, opts: TranscribeOptions,
+                    on_segment=None):
+    """long_form() one window at a time: a generator that decodes one 30-s window per next() (yielding the
+    seconds of audio done so far) and returns the Transcript. A scheduler interleaves these steps with other
+    work, so one long recording does not hold the device for all of its windows at once."""
     runner, tok, cfg = decoder.runner, decoder.tok, decoder.cfg
     content_frames = mel.shape[-1] - N_FRAMES
     gen = torch.Generator(device=runner.device).manual_seed(opts.seed)
@@ -424,6 +437,7 @@ def long_form(decoder: WindowDecoder, mel: torch.Tensor, duration: float, opts: 
         if opts.no_speech_threshold is not None and res.no_speech_prob > opts.no_speech_threshold and (
                 opts.logprob_threshold is None or res.avg_logprob < opts.logprob_threshold):
             seek += seg_frames  # silence: skip the window
+            yield min(duration, seek * HOP_LENGTH / SAMPLE_RATE)
             continue
         toks = res.tokens
         new: list[tuple[float, float, list[int]]] = []
@@ -460,6 +474,7 @@ def long_form(decoder: WindowDecoder, mel: torch.Tensor, duration: float, opts: 
                 on_segment(seg)
         if not opts.condition_on_previous_text or res.temperature > 0.5:
             prompt_reset = len(all_tokens)
+        yield min(duration, seek * HOP_LENGTH / SAMPLE_RATE)
     text = "".join(seg.text for seg in segments).strip()
     return Transcript(text, segments, language or "en", duration)
 

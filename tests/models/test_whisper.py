@@ -195,7 +195,7 @@ def test_drafted_greedy_equals_plain_greedy(asr, synth):
     from speechrt.pipelines.asr import TranscribeOptions
 
     transcribe_batch = asr.transcribe_batch
-    opts = TranscribeOptions(without_timestamps=True)
+    opts = TranscribeOptions(without_timestamps=True, trim_context=True)  # the server's windows (and 5x faster)
     audios = [synth(SENTENCES[i]) for i in (0, 7, 9)]
     plain = transcribe_batch(audios, opts)
     assert all(p.tokens for p in plain)
@@ -207,7 +207,7 @@ def test_drafted_greedy_equals_plain_greedy(asr, synth):
             got = transcribe_batch([audio], opts, [draft])[0]
             assert got.tokens == ref.tokens, (k, draft, got.text, ref.text)
             assert abs(got.avg_logprob - ref.avg_logprob) < 1e-4
-    short = TranscribeOptions(without_timestamps=True, sample_len=4)
+    short = TranscribeOptions(without_timestamps=True, trim_context=True, sample_len=4)
     capped = transcribe_batch(audios[:1], short)[0]
     assert transcribe_batch(audios[:1], short, [plain[0].tokens])[0].tokens == capped.tokens
     assert len(capped.tokens) == 4

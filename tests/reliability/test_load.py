@@ -98,7 +98,7 @@ def minute(synth):
     return audio, text
 
 
-@pytest.mark.parametrize("mode", ["server_vad", "manual_commit"])
+@pytest.mark.parametrize("mode", ["server_vad"])  # manual commit: test_a_long_turn_does_not_hold_up_other_sessions
 def test_a_minute_without_a_pause_comes_back_whole(tserver, minute, mode):
     audio, text = minute
     assert len(audio) > 55 * 16000
@@ -134,3 +134,52 @@ def test_silence_does_not_fill_the_buffer(tserver):
         await ws.close()
         return ev
     assert run(main(), 120)["type"] == "input_audio_buffer.cleared"
+
+
+def test_a_long_turn_does_not_hold_up_other_sessions(tserver, minute, synth):
+    """A minute-long turn is transcribed one 30-s window per engine step: the short turns another session
+    commits while it runs are answered between its windows (before it), and both transcripts are whole.
+    (When the long turn was one blocking long-form call, every other session waited for all of it.)"""
+    audio, text = minute
+    shorts = SENTENCES[:3]
+
+    async def main():
+        long_ws, _ = await open_session(tserver)
+        short_ws, _ = await open_session(tserver)
+        for ws in (long_ws, short_ws):
+            await update(ws, {"audio": {"input": {"turn_detection": None}}})
+        await stream_pcm(long_ws, pcm24(audio, tail_s=0.3), realtime=False)
+        steps_before = tserver.metrics()["asr_long_steps_total"]
+        await long_ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        await next_event(long_ws, "input_audio_buffer.committed")
+        order = []
+
+        async def collect(ws, name, n):
+            """-> {item id: transcript} of the next n completed transcripts (in the order they come; turns
+            of one session may complete in any order, each names its item), committed ids in order."""
+            got, committed = {}, []
+            while len(got) < n:
+                ev = await next_event(ws, "conversation.item.input_audio_transcription.completed",
+                                      "input_audio_buffer.committed", timeout=240)
+                assert ev["type"] != "error", ev
+                if ev["type"] == "input_audio_buffer.committed":
+                    committed.append(ev["item_id"])
+                    continue
+                order.append(name)
+                got[ev["item_id"]] = ev["transcript"]
+            return [got[i] for i in committed] if committed else list(got.values())
+        long_task = asyncio.create_task(collect(long_ws, "long", 1))
+        for s in shorts:  # three turns, committed at once: they queue behind the long turn's first window
+            await short_ws.send(append_event(pcm24(synth(s), tail_s=0.2)))
+            await short_ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        short_text = await collect(short_ws, "short", len(shorts))
+        long_text = (await long_task)[0]
+        for ws in (long_ws, short_ws):
+            await ws.close()
+        return order, long_text, short_text, tserver.metrics()["asr_long_steps_total"] - steps_before
+    order, long_text, short_text, steps = run(main(), 300)
+    assert order == ["short"] * len(shorts) + ["long"], order
+    assert steps >= 2, f"the minute went through {steps} long-form steps"
+    assert wer(text, long_text) <= 0.15, long_text
+    for s, t in zip(shorts, short_text):
+        assert wer(s, t) <= 0.15, (s, t)
