@@ -31,7 +31,7 @@ from .metrics import Metrics
 from .transcripts import TranscriptJob, TranscriptQueue, run_jobs, step_long
 
 log = logging.getLogger(__name__)
-# turns: greedy, the encoder over the audio only, loops cut (see session.asr_options)
+# live transcripts: greedy, the encoder over the audio only, loops cut (see session.asr_options)
 LIVE = TranscribeOptions(without_timestamps=True, trim_context=True, stop_repeats=3)
 MAX_LIVE_STRETCH = 4.0
 

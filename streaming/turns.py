@@ -247,12 +247,15 @@ class InputTurns:
         self.session.spawn(self._final(turn, item, audio, auto, early), essential=True)
 
     # -- transcripts ------------------------------------------------------------------------------------
-    async def _transcribe(self, turn: Turn, audio: np.ndarray, partial: bool = False, supersede: bool = False):
+    async def _transcribe(self, turn: Turn, audio: np.ndarray, partial: bool = False, supersede: bool = False,
+                          live: bool = False):
         """Transcribe (part of) `turn`, drafting with its latest transcript: the speech only grew since,
-        so most of its tokens are checked in one decoder pass."""
+        so most of its tokens are checked in one decoder pass. `live`: a live transcript's options (the
+        encoder over the audio only), else a final's (see session.asr_options)."""
         # keyed by session: a final transcript drops the pending live one of this session (made useless)
+        opts = self.session.live_options if live else self.session.asr_options
         r = await self.engine.transcribe(audio, partial=partial, key=self.session.id, supersede=supersede,
-                                         draft=turn.draft or None, options=self.session.asr_options)
+                                         draft=turn.draft or None, options=opts)
         if r is not None and r.tokens:
             turn.draft = r.tokens
         return r
@@ -273,7 +276,7 @@ class InputTurns:
             if turn.early is not None and turn.early[0] == self.quiet.quiet_since:
                 continue  # quiet since the early transcript began: it is this round's hypothesis
             last_len = len(audio)
-            r = await self._transcribe(turn, audio, partial=True)
+            r = await self._transcribe(turn, audio, partial=True, live=True)
             if r is not None:
                 await self._hypothesis(turn, r.text)
 
