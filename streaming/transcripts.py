@@ -1,6 +1,6 @@
 """The engine's queue of transcription work. Final transcripts (of finished turns) are served first, in
 order, batched across sessions; those of turns over 30 s run long-form one window per engine step, taking
-turns with each other and with other work (LONG_STEPS); live transcripts (of turns still being spoken)
+turns with each other and with other work (step_long); live transcripts (of turns still being spoken)
 are kept newest-only per key (a session), and a final one stops a running live one. All methods are
 called with the engine's lock held; futures are resolved by the caller on their event loops."""
 from __future__ import annotations
