@@ -88,9 +88,13 @@ class ASRPipeline:
         else:
             pcm = load_audio(np.asarray(audio), source_rate=sample_rate or SAMPLE_RATE)
         with torch.inference_mode(), self.runner.loop():
-            mel = log_mel_spectrogram(pcm, self.runner.config.n_mels, padding=N_FRAMES * HOP_LENGTH,
-                                      device=self.runner.device)
-            return long_form(self.decoder, mel, len(pcm) / SAMPLE_RATE, opts, on_segment)
+            return long_form(self.decoder, self.long_form_mel(pcm), len(pcm) / SAMPLE_RATE, opts, on_segment)
+
+    def long_form_mel(self, pcm: np.ndarray) -> torch.Tensor:
+        """The log-mel long-form transcription reads: the audio's frames and a window's worth of padding
+        (call under inference mode)."""
+        return log_mel_spectrogram(pcm, self.runner.config.n_mels, padding=N_FRAMES * HOP_LENGTH,
+                                   device=self.runner.device)
 
     def transcribe_steps(self, audio: np.ndarray, opts: TranscribeOptions):
         """transcribe() of float32 audio at 16 kHz as a generator of steps, one 30-s window each (yielding
@@ -98,8 +102,7 @@ class ASRPipeline:
         work (see whisper_decoding.long_form_steps)."""
         self.check_language(opts.language)
         with torch.inference_mode(), self.runner.loop():
-            mel = log_mel_spectrogram(audio, self.runner.config.n_mels, padding=N_FRAMES * HOP_LENGTH,
-                                      device=self.runner.device)
+            mel = self.long_form_mel(audio)
         steps = long_form_steps(self.decoder, mel, len(audio) / SAMPLE_RATE, opts)
         while True:
             with torch.inference_mode(), self.runner.loop():
