@@ -42,18 +42,22 @@ def test_transcribe_stereo_48k_flac_with_segments_and_beam(tmp_path):
     assert wer(SAMPLE_TEXT, text) <= 0.15, text
 
 
-def test_bad_inputs_exit_2_with_clear_message(tmp_path):
+def test_bad_inputs_exit_2_with_clear_message(tmp_path, capsys):
     r = speechrt("transcribe", str(tmp_path / "nope.wav"))
     assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
+    # the rest through the same entry point in this process (a subprocess each costs a torch import)
+    from speechrt.cli import main
+
+    def run(*args):
+        code = main(["transcribe", *args])
+        return code, capsys.readouterr().err
+
     notaudio = tmp_path / "a.wav"
     notaudio.write_text("hello")
-    r = speechrt("transcribe", str(notaudio))
-    assert r.returncode == 2 and "not a readable audio file" in r.stderr
-    r = speechrt("transcribe", "--sample", "--model", "whisper-gigantic")
-    assert r.returncode == 2 and "whisper-tiny.en" in r.stderr
-    r = speechrt("transcribe", "--sample", "--backend", "nonesuch")
-    assert r.returncode == 2 and "valid backends: torch" in r.stderr
-    r = speechrt("transcribe", "--sample", "--beam-size", "0")
-    assert r.returncode == 2 and "beam_size" in r.stderr
-    r = speechrt("transcribe", "--sample", "--device", "cuda:3")
-    assert r.returncode == 2 and "device" in r.stderr
+    for args, says in [((str(notaudio),), "not a readable audio file"),
+                       (("--sample", "--model", "whisper-gigantic"), "whisper-tiny.en"),
+                       (("--sample", "--backend", "nonesuch"), "valid backends: torch"),
+                       (("--sample", "--beam-size", "0"), "beam_size"),
+                       (("--sample", "--device", "cuda:3"), "device")]:
+        code, err = run(*args)
+        assert code == 2 and says in err and err.startswith("speechrt transcribe: error:"), (args, err)
