@@ -5,6 +5,7 @@ the server refuses while it goes on serving."""
 from __future__ import annotations
 
 import io
+import json
 import time
 import urllib.request
 
@@ -169,7 +170,6 @@ def test_models_list(client, server):
 
 def test_key_and_admission_limit(asr, server_factory):
     """The Bearer key guards REST as it guards sessions; past --max-rest-requests one more gets 429."""
-    import json
     import threading
 
     from speechrt.streaming.server import ServerOptions
@@ -194,3 +194,13 @@ def test_key_and_admission_limit(asr, server_factory):
         t.join(60)
         assert wer(SAMPLE_TEXT, first["text"]) <= 0.15
         assert client.models.list().data[0].id == asr.name
+
+
+def test_unknown_path_lists_the_rest_endpoints(server):
+    import urllib.error
+
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(f"http://127.0.0.1:{server.port}/v1/audio/nonesuch")
+    assert e.value.code == 404
+    message = json.loads(e.value.read())["error"]["message"]
+    assert "POST /v1/audio/transcriptions" in message and "POST /v1/chat/completions" in message
