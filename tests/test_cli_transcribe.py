@@ -61,3 +61,28 @@ def test_bad_inputs_exit_2_with_clear_message(tmp_path, capsys):
                        (("--sample", "--device", "cuda:3"), "device")]:
         code, err = run(*args)
         assert code == 2 and says in err and err.startswith("speechrt transcribe: error:"), (args, err)
+
+
+def test_several_files_to_output_dir_as_srt_with_a_progress_bar(tmp_path):
+    copy = tmp_path / "copy.flac"
+    sf.write(copy, sf.read(sample_path())[0], 16000)
+    out = tmp_path / "out"
+    r = speechrt("transcribe", str(sample_path()), str(copy), "--format", "srt", "--output-dir", str(out), "--progress")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "" and "sample.wav: " in r.stderr and "%|" in r.stderr  # tqdm's bar, on stderr
+    for name in ("sample.srt", "copy.srt"):
+        srt = (out / name).read_text()
+        assert srt.startswith("1\n00:00:00,000 --> 00:00:0")
+        text = " ".join(block.split("\n", 2)[2] for block in srt.strip().split("\n\n"))
+        assert wer(SAMPLE_TEXT, text) <= 0.15, text
+
+
+def test_formats_of_several_files_are_printed_one_after_another(tmp_path):
+    r = speechrt("transcribe", "--sample", str(sample_path()), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    parts = r.stdout.split("==> ")[1:]
+    assert len(parts) == 2 and all(p.startswith(str(sample_path())) for p in parts)
+    texts = [json.loads(p.split(" <==\n", 1)[1])["text"] for p in parts]
+    assert texts[0] == texts[1] and wer(SAMPLE_TEXT, texts[0]) <= 0.15
+    r = speechrt("transcribe", "--sample", "--format", "tsv")
+    assert r.returncode == 2 and "valid: text, json, verbose_json, srt, vtt" in r.stderr

@@ -96,14 +96,14 @@ class ASRPipeline:
         return log_mel_spectrogram(pcm, self.runner.config.n_mels, padding=N_FRAMES * HOP_LENGTH,
                                    device=self.runner.device)
 
-    def transcribe_steps(self, audio: np.ndarray, opts: TranscribeOptions):
+    def transcribe_steps(self, audio: np.ndarray, opts: TranscribeOptions, on_segment=None):
         """transcribe() of float32 audio at 16 kHz as a generator of steps, one 30-s window each (yielding
         the seconds done), that returns the Transcript: a scheduler runs one step at a time between other
-        work (see whisper_decoding.long_form_steps)."""
+        work (see whisper_decoding.long_form_steps). `on_segment(seg)`: called as each segment is decoded."""
         self.check_language(opts.language)
         with torch.inference_mode(), self.runner.loop():
             mel = self.long_form_mel(audio)
-        steps = long_form_steps(self.decoder, mel, len(audio) / SAMPLE_RATE, opts)
+        steps = long_form_steps(self.decoder, mel, len(audio) / SAMPLE_RATE, opts, on_segment)
         while True:
             with torch.inference_mode(), self.runner.loop():
                 try:
