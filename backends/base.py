@@ -90,6 +90,7 @@ class ASRRunner(Runner):
 
     # word timestamps read cross-attention weights, which only the torch-built runners expose
     WORD_TIMING_BACKENDS = ("torch", "triton")
+    word_timing: bool = False  # whether cross_attention is implemented
     alignment_heads: tuple[tuple[int, int], ...] = ()  # (decoder layer, head) pairs that track timing
 
     def cross_attention(self, encoded: Any, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

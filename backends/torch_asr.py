@@ -47,6 +47,7 @@ class DecoderState:
 
 class TorchASRRunner(ASRRunner):
     trims = True
+    word_timing = True
     def __init__(self, weights: WhisperWeights, device: torch.device, dtype: torch.dtype, kernels: str = "torch",
                  threads: ThreadPolicy | None = None, model_name: str = "", model_format: str = ""):
         self.config, self.device, self.dtype = weights.config, device, dtype

@@ -25,6 +25,9 @@ def add_arguments(p):
     p.add_argument("--initial-prompt", default=None)
     p.add_argument("--no-timestamps", action="store_true", help="decode without timestamp tokens")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch")
+    p.add_argument("--word-timestamps", action="store_true",
+                   help="time each word (cross-attention alignment, as faster-whisper): one line per segment, "
+                        "then its words with start, end and probability; in --json each segment gets `words`")
     p.add_argument("--json", action="store_true", help="print JSON with segments")
     p.add_argument("--segments", action="store_true", help="print one line per segment with timestamps")
 
@@ -47,7 +50,8 @@ def run(args):
     from speechrt.pipelines.asr import TranscribeOptions, load_asr
 
     opts = dict(beam_size=args.beam_size, language=args.language, task=args.task,
-                initial_prompt=args.initial_prompt, without_timestamps=args.no_timestamps)
+                initial_prompt=args.initial_prompt, without_timestamps=args.no_timestamps,
+                word_timestamps=args.word_timestamps)
     if args.temperature is not None:
         opts["temperatures"] = (args.temperature,)
     TranscribeOptions(**opts)  # the options and the file are checked before the model loads
@@ -56,10 +60,12 @@ def run(args):
         import torch
         torch.set_num_threads(args.threads)
     asr = load_asr(args.model, args.backend, args.device, args.dtype)
-    live = args.segments and not args.json
+    live = (args.segments or args.word_timestamps) and not args.json
 
     def show(seg):
         print(f"[{_ts(seg.start)} --> {_ts(seg.end)}] {seg.text.strip()}", flush=True)
+        for w in seg.words:
+            print(f"    {_ts(w.start)} {_ts(w.end)}  {w.probability:.2f}  {w.word.strip()}", flush=True)
 
     result = asr.transcribe(audio, on_segment=show if live else None, **opts)
     if args.json:

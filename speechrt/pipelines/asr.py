@@ -72,6 +72,9 @@ class ASRPipeline:
             options["temperatures"] = (float(options["temperatures"]),)
         opts = TranscribeOptions(**options)
         self.check_language(opts.language)
+        if opts.word_timestamps and not self.runner.word_timing:
+            raise UserError(f"word timestamps are not available on the {self.info.backend} backend (it does not expose "
+                            f"the decoder's cross-attention); use one of: {', '.join(self.runner.WORD_TIMING_BACKENDS)}")
         if opts.task == "translate" and not self.tokenizer.multilingual:
             raise UserError(f"{self.name} is an English-only model: it cannot translate; use {MULTILINGUAL}")
         return opts
