@@ -109,12 +109,11 @@ def split_to_word_tokens(tok, tokens: list[int], language: str = "en") -> tuple[
     return words, word_tokens
 
 
-def find_alignment(runner, tok, encoded, text_tokens: list[int], num_frames: int, sot_sequence: list[int],
-                   language: str = "en") -> list[dict]:
-    """Words of `text_tokens` decoded in the window `encoded` (one row; `num_frames` mel frames of it hold
-    audio) -> [{word, tokens, start, end, probability}] with times in seconds from the window's start."""
-    if not text_tokens:
-        return []
+def token_alignment(runner, tok, encoded, text_tokens: list[int], num_frames: int,
+                    sot_sequence: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """`text_tokens` (non-empty) decoded in the window `encoded` (one row; its first `num_frames` mel frames
+    hold audio) -> (the start in seconds of each token and of the end-of-text after them [T + 1],
+    each token's probability among the text tokens [T])."""
     tokens = [*sot_sequence, tok.no_timestamps, *text_tokens, tok.eot]
     logits, qk = runner.cross_attention(encoded, torch.tensor([tokens], device=runner.device))
     n = len(sot_sequence)
@@ -124,15 +123,20 @@ def find_alignment(runner, tok, encoded, text_tokens: list[int], num_frames: int
     w = (w - w.mean(-2, keepdims=True)) / w.std(-2, keepdims=True)  # standardized over the tokens
     matrix = median_filter(w, MEDIAN_FILTER_WIDTH).mean(0)[n: -1]  # rows: text tokens and end-of-text
     text_idx, time_idx = dtw(-matrix)
+    jumps = np.pad(np.diff(text_idx), (1, 0), constant_values=1).astype(bool)
+    return time_idx[jumps] / TOKENS_PER_SECOND, token_probs
 
+
+def group_words(tok, text_tokens: list[int], starts: np.ndarray, probs: np.ndarray,
+                language: str = "en") -> list[dict]:
+    """Tokens with their starts and probabilities (token_alignment) -> words [{word, tokens, start, end,
+    probability}], a word ending where the next begins."""
     words, word_tokens = split_to_word_tokens(tok, text_tokens + [tok.eot], language)
     if len(word_tokens) <= 1:
         return []
     bounds = np.pad(np.cumsum([len(t) for t in word_tokens[:-1]]), (1, 0))
-    jumps = np.pad(np.diff(text_idx), (1, 0), constant_values=1).astype(bool)
-    jump_times = time_idx[jumps] / TOKENS_PER_SECOND  # the start of each token
-    return [dict(word=word, tokens=toks, start=float(jump_times[i]), end=float(jump_times[j]),
-                 probability=float(np.mean(token_probs[i:j])))
+    return [dict(word=word, tokens=toks, start=float(starts[i]), end=float(starts[j]),
+                 probability=float(np.mean(probs[i:j])))
             for word, toks, i, j in zip(words, word_tokens, bounds[:-1], bounds[1:])]
 
 
@@ -160,14 +164,29 @@ def merge_punctuations(alignment: list[dict], prepended: str = PREPEND_PUNCTUATI
         j += 1
 
 
+def find_alignment(runner, tok, encoded, text_tokens: list[int], num_frames: int, sot_sequence: list[int],
+                   language: str = "en") -> list[dict]:
+    """Words of `text_tokens` decoded in the window `encoded` (one row; `num_frames` mel frames of it hold
+    audio) -> [{word, tokens, start, end, probability}] with times in seconds from the window's start."""
+    if not text_tokens:
+        return []
+    starts, probs = token_alignment(runner, tok, encoded, text_tokens, num_frames, sot_sequence)
+    return group_words(tok, text_tokens, starts, probs, language)
+
+
 def add_word_timestamps(runner, tok, encoded, segments: list[dict], time_offset: float, num_frames: int,
                         sot_sequence: list[int], language: str, last_speech: float) -> float:
     """Words for the segments of one window (dicts with start, end, tokens; each gets `words`, a list of
     Word, and its start/end moved to its first/last word's unless those look too long) -> the end of
     the last speech, for the next window."""
+    text = [t for s in segments for t in s["tokens"] if t < tok.eot]
+    alignment = find_alignment(runner, tok, encoded, text, num_frames, sot_sequence, language)
+    return place_words(tok, segments, alignment, time_offset, last_speech)
+
+
+def place_words(tok, segments: list[dict], alignment: list[dict], time_offset: float, last_speech: float) -> float:
+    """add_word_timestamps with the window's words found (find_alignment)."""
     seg_tokens = [[t for t in s["tokens"] if t < tok.eot] for s in segments]
-    alignment = find_alignment(runner, tok, encoded, [t for ts in seg_tokens for t in ts], num_frames,
-                               sot_sequence, language)
     durations = np.array([w["end"] - w["start"] for w in alignment])
     durations = durations[durations.nonzero()]
     median = min(0.7, float(np.median(durations))) if len(durations) else 0.0
@@ -215,6 +234,27 @@ def _clamp_segment_words(seg: dict, words: list[Word], median: float, longest: f
         last.end = max(last.start + median, seg["end"])
     else:
         seg["end"] = last.end
+
+
+def token_bytes(tok, token: int) -> bytes:
+    """The bytes a token stands for (byte-level BPE: one token may hold part of a UTF-8 character)."""
+    return bytes(_BYTE_DECODER[c] for c in tok.tok.id_to_token(token) or "")
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet (printable bytes as themselves, the others shifted past 255), reversed."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_DECODER = _byte_decoder()
 
 
 def last_end(segments: list[dict]) -> float | None:
