@@ -30,7 +30,7 @@ MAX_UTTERANCE_SAMPLES = N_FRAMES * HOP_LENGTH  # one 30-second window
 TRIM_STEP = 32  # trimmed windows are a multiple of this many mel frames (fewer shapes for kernels and allocator)
 
 __all__ = ["ASRPipeline", "load_asr", "TranscribeOptions", "Transcript", "WindowResult", "TranscriptionCancelled",
-           "SAMPLE_RATE", "MAX_UTTERANCE_SAMPLES"]
+           "Word", "SAMPLE_RATE", "MAX_UTTERANCE_SAMPLES"]
 
 
 class ASRPipeline:
@@ -153,9 +153,10 @@ class ASRPipeline:
         text = [t for t in tokens if t < tok.eot]
         if not text:
             return [], []
-        language = self.check_language(language) or "en"
+        language = self.check_language(language) or (None if tok.multilingual else "en")
         with torch.inference_mode(), self.runner.loop():
             encoded = self.runner.encode(utterance_mel(audio, self.runner.config.n_mels, self.runner.device)[None])
+            language = language or self.decoder.detect_languages(encoded)[0]
             starts, probs = token_alignment(self.runner, tok, encoded, text, len(audio) // HOP_LENGTH,
                                             tok.sot_sequence(language, task))
         segment = {"start": 0.0, "end": round(len(audio) / SAMPLE_RATE, 2), "tokens": text}

@@ -81,3 +81,16 @@ def test_word_timestamps_are_off_by_default(asr):
     t = asr.transcribe(sample_path())
     assert t.segments and all(s.words == [] for s in t.segments)
     assert "words" not in t.to_dict()["segments"][0]
+
+
+def test_onnxruntime_refuses_word_timestamps_naming_the_backends_that_have_them():
+    pytest.importorskip("onnxruntime")
+    from speechrt import backends
+    from speechrt.errors import UserError
+    from speechrt.pipelines.asr import ASRPipeline
+
+    asr = ASRPipeline(backends.get("onnxruntime").asr(resolve(None, "asr"), dtype="float32"))
+    with pytest.raises(UserError, match="onnxruntime backend.*torch, triton"):
+        asr.transcribe(sample_path(), word_timestamps=True)
+    with pytest.raises(UserError, match="torch, triton"):
+        asr.align(load_audio(sample_path()), [1, 2, 3])
