@@ -34,6 +34,9 @@ def add_arguments(p):
                    "srt, vtt) instead of printing it")
     p.add_argument("--progress", action="store_true", help="a progress bar on stderr for every file (default: for "
                    "files over 30 s when stderr is a terminal)")
+    p.add_argument("--word-timestamps", action="store_true",
+                   help="time each word (cross-attention alignment, as faster-whisper): one line per segment, "
+                        "then its words with start, end and probability; in --json/verbose_json each segment gets `words`")
 
 
 def _ts(t: float) -> str:
@@ -84,7 +87,8 @@ def run(args):
 
     fmt = output_format(args)
     opts = dict(beam_size=args.beam_size, language=args.language, task=args.task,
-                initial_prompt=args.initial_prompt, without_timestamps=args.no_timestamps)
+                initial_prompt=args.initial_prompt, without_timestamps=args.no_timestamps,
+                word_timestamps=args.word_timestamps)
     if args.temperature is not None:
         opts["temperatures"] = (args.temperature,)
     TranscribeOptions(**opts)  # the options and the files are checked before the model loads
@@ -96,9 +100,13 @@ def run(args):
         import torch
         torch.set_num_threads(args.threads)
     asr = load_asr(args.model, args.backend, args.device, args.dtype)
+    # segments (and their words) printed as they are decoded
+    live = (args.segments or (args.word_timestamps and not args.json and not args.format)) and out_dir is None
 
     def show(seg):
         print(f"[{_ts(seg.start)} --> {_ts(seg.end)}] {seg.text.strip()}", flush=True)
+        for w in seg.words:
+            print(f"    {_ts(w.start)} {_ts(w.end)}  {w.probability:.2f}  {w.word.strip()}", flush=True)
 
     for i, (name, audio) in enumerate(zip(files, audios)):
         duration = len(audio) / SAMPLE_RATE
@@ -106,14 +114,14 @@ def run(args):
 
         def on_segment(seg, bar=bar):
             bar.segment(seg)
-            if args.segments and out_dir is None:
+            if live:
                 show(seg)
 
         if len(files) > 1 and out_dir is None:
             print(f"{'' if i == 0 else chr(10)}==> {name} <==", flush=True)
         result = asr.transcribe(audio, on_segment=on_segment, **opts)
         bar.close()
-        if args.segments and out_dir is None:
+        if live:
             continue
         text = render(result, fmt, args.task)
         if out_dir is not None:

@@ -86,3 +86,15 @@ def test_formats_of_several_files_are_printed_one_after_another(tmp_path):
     assert texts[0] == texts[1] and wer(SAMPLE_TEXT, texts[0]) <= 0.15
     r = speechrt("transcribe", "--sample", "--format", "tsv")
     assert r.returncode == 2 and "valid: text, json, verbose_json, srt, vtt" in r.stderr
+
+
+def test_transcribe_word_timestamps():
+    r = speechrt("transcribe", "--sample", "--word-timestamps", "--json")
+    assert r.returncode == 0, r.stderr
+    words = [w for s in json.loads(r.stdout)["segments"] for w in s["words"]]
+    assert wer(SAMPLE_TEXT, "".join(w["word"] for w in words)) <= 0.15
+    assert all(w["start"] <= w["end"] and 0 <= w["probability"] <= 1 for w in words)
+    r = speechrt("transcribe", "--sample", "--word-timestamps")
+    lines = r.stdout.strip().splitlines()
+    assert r.returncode == 0 and lines[0].startswith("[00:00.000 --> ") and len(lines) > len(words)
+    assert lines[1].split()[-1] == words[0]["word"].strip()

@@ -43,7 +43,7 @@ def timestamp(seconds: float, sep: str = ".") -> str:
 def words_of(transcript) -> list[dict]:
     """The word timings of every segment (segments carry `words` when word timestamps were asked for)."""
     return [{"word": w.word, "start": round(w.start, 3), "end": round(w.end, 3)}
-            for s in transcript.segments for w in (getattr(s, "words", None) or [])]
+            for s in transcript.segments for w in s.words]
 
 
 def to_openai(transcript, verbose: bool, task: str = "transcribe") -> dict:
@@ -54,7 +54,9 @@ def to_openai(transcript, verbose: bool, task: str = "transcribe") -> dict:
            "text": transcript.text,
            "segments": [{"id": s.id, "seek": 0, "start": round(s.start, 3), "end": round(s.end, 3), "text": s.text,
                          "tokens": list(s.tokens), "temperature": s.temperature, "avg_logprob": s.avg_logprob,
-                         "compression_ratio": s.compression_ratio, "no_speech_prob": s.no_speech_prob}
+                         "compression_ratio": s.compression_ratio, "no_speech_prob": s.no_speech_prob,
+                         # beyond OpenAI's object: each segment's words with their probabilities
+                         **({"words": [w.to_dict() for w in s.words]} if s.words else {})}
                         for s in transcript.segments]}
     words = words_of(transcript)
     if words:
