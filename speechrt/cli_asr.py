@@ -20,7 +20,10 @@ def add_arguments(p):
     p.add_argument("--dtype", default=None, help="float32, float16, bfloat16 (default: float32 on CPU, float16 on GPU)")
     p.add_argument("--beam-size", type=int, default=1, help="1 = greedy (default), >1 = beam search")
     p.add_argument("--language", default=None, help="language code for multilingual models (default: detect)")
-    p.add_argument("--task", default="transcribe", choices=["transcribe", "translate"])
+    p.add_argument("--task", default="transcribe", choices=["transcribe", "translate"],
+                   help="translate: English text from speech in another language (multilingual models)")
+    p.add_argument("--detect-language", action="store_true", help="print the 5 most likely languages of the first "
+                   "30 s with their probabilities (multilingual models), then the transcript")
     p.add_argument("--temperature", type=float, default=None, help="a single temperature (default: 0 with fallback)")
     p.add_argument("--initial-prompt", default=None)
     p.add_argument("--no-timestamps", action="store_true", help="decode without timestamp tokens")
@@ -57,13 +60,20 @@ def run(args):
         torch.set_num_threads(args.threads)
     asr = load_asr(args.model, args.backend, args.device, args.dtype)
     live = args.segments and not args.json
+    if args.detect_language and not args.json:
+        for code, prob in asr.detect_language(audio, k=5):
+            print(f"{code:4} {prob:.3f}")
+        print(flush=True)
 
     def show(seg):
         print(f"[{_ts(seg.start)} --> {_ts(seg.end)}] {seg.text.strip()}", flush=True)
 
     result = asr.transcribe(audio, on_segment=show if live else None, **opts)
     if args.json:
-        json.dump(result.to_dict(), sys.stdout, ensure_ascii=False, indent=2)
+        out = result.to_dict()
+        if args.detect_language:
+            out["language_candidates"] = [[c, round(p, 4)] for c, p in asr.detect_language(audio, k=5)]
+        json.dump(out, sys.stdout, ensure_ascii=False, indent=2)
         print()
     elif not live:
         print(result.text)
