@@ -181,3 +181,20 @@ def test_language_errors(asr, speech):
         asr.transcribe(speech["es"], language="xx")
     with pytest.raises(UserError, match="k must be"):
         asr.detect_language(speech["es"], k=0)
+
+
+def test_session_turns_detect_or_take_the_language(asr, speech):
+    """A Realtime session's turns (its transcription options, batched as the engine batches them): without
+    `input_audio_transcription.language` each turn's language is detected from its own audio (a German and
+    a Spanish turn in one batch); with it, that language is used."""
+    from speechrt.streaming.protocol import SessionConfig
+    from speechrt.streaming.session import asr_options
+
+    auto = asr.transcribe_batch([speech["de"], speech["es"]], asr_options(SessionConfig(type="transcription")))
+    print("session turns:", [r.text for r in auto])
+    assert wer(PASSAGES["de"], auto[0].text) <= MAX_WER["de"] and wer(PASSAGES["es"], auto[1].text) <= MAX_WER["es"]
+    fixed = asr.transcribe_batch([speech["es"]], asr_options(SessionConfig(type="transcription", language="es")))
+    assert wer(PASSAGES["es"], fixed[0].text) <= MAX_WER["es"]
+    # told the wrong language, whisper-base writes another text: the session's language is what decodes
+    wrong = asr.transcribe_batch([speech["es"]], asr_options(SessionConfig(type="transcription", language="de")))
+    assert wrong[0].text != fixed[0].text
