@@ -199,3 +199,22 @@ def test_session_turns_detect_or_take_the_language(asr, speech):
     told = asr.transcribe_batch([speech["es"]], asr_options(SessionConfig(type="transcription", language="de")))
     print("Spanish turn, session language de:", told[0].text)
     assert told[0].text != fixed[0].text
+
+
+def test_cli_detect_language_json(base, speech, tmp_path, capsys):
+    """`speechrt transcribe FILE --model whisper-base --detect-language --json`: the detected language, its
+    probability and the five candidates."""
+    import json
+
+    import soundfile as sf
+
+    from speechrt.cli import main
+
+    sf.write(tmp_path / "de.wav", speech["de"], 16000)
+    assert main(["transcribe", str(tmp_path / "de.wav"), "--model", "whisper-base", "--detect-language",
+                 "--json", "--temperature", "0"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["language"] == "de" and 0.5 < out["language_probability"] <= 1
+    cands = out["language_candidates"]
+    assert len(cands) == 5 and cands[0][0] == "de" and cands[0][1] == pytest.approx(out["language_probability"], abs=1e-3)
+    assert wer(PASSAGES["de"], out["text"]) <= MAX_WER["de"]
