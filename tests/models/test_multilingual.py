@@ -155,9 +155,14 @@ def test_transcripts_within_wer_bound(ours):
     assert all(got[lang] <= MAX_WER[lang] for lang in got), (got, {lang: t.text for lang, t in ours.items()})
 
 
-def test_same_transcripts_as_faster_whisper(joined, speech, ours):
+@pytest.fixture(scope="module")
+def peer(joined):
     fw = pytest.importorskip("faster_whisper")
-    model = fw.WhisperModel(str(joined), device="cpu", compute_type="float32", cpu_threads=2)
+    return fw.WhisperModel(str(joined), device="cpu", compute_type="float32", cpu_threads=2)
+
+
+def test_same_transcripts_as_faster_whisper(peer, speech, ours):
+    model = peer
     for lang, audio in speech.items():
         segs, info = model.transcribe(audio, beam_size=1, temperature=0.0, without_timestamps=True,
                                       condition_on_previous_text=True, vad_filter=False)
@@ -168,12 +173,15 @@ def test_same_transcripts_as_faster_whisper(joined, speech, ours):
         assert text == ours[lang].text, lang
 
 
-def test_translates_german_to_english(asr, speech):
+def test_translates_german_to_english(asr, speech, peer):
     t = asr.transcribe(speech["de"], language="de", task="translate", **GREEDY)
     assert t.language == "de" and t.language_probability == 1.0
     got = set(words(t.text))
     assert len({"i", "have", "tomorrow", "train", "berlin", "very", "good"} & got) >= 5, t.text
     assert not got & {"ich", "habe", "und"}, t.text  # English, not the German words
+    segs, _ = peer.transcribe(speech["de"], language="de", task="translate", beam_size=1, temperature=0.0,
+                              without_timestamps=True, vad_filter=False)
+    assert "".join(s.text for s in segs).strip() == t.text
 
 
 def test_language_errors(asr, speech):
