@@ -88,6 +88,20 @@ class ASRRunner(Runner):
     def reorder(self, state: Any, index: torch.Tensor) -> Any:
         """Keep rows `index` [N'] of the state (beam reordering, or dropping finished rows)."""
 
+    # word timestamps read cross-attention weights, which only the torch-built runners expose
+    WORD_TIMING_BACKENDS = ("torch", "triton")
+    word_timing: bool = False  # whether cross_attention is implemented
+    alignment_heads: tuple[tuple[int, int], ...] = ()  # (decoder layer, head) pairs that track timing
+
+    def cross_attention(self, encoded: Any, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One uncached decoder pass over tokens [B, T] (row b against row b of `encoded`) -> logits
+        [B, T, vocab] float32 and the cross-attention logits q.k/sqrt(Dh) of `alignment_heads`
+        [B, len(alignment_heads), T, S] float32 (before the softmax; S encoder positions). The decoder
+        states of earlier calls are not touched. Runners that cannot expose them raise UserError."""
+        raise UserError(f"word timestamps need the decoder's cross-attention weights, which the {self.info.backend} "
+                        f"backend does not expose; use one of the backends {', '.join(self.WORD_TIMING_BACKENDS)} "
+                        "(e.g. --backend torch)")
+
 
 class LMRunner(Runner):
     """Decoder-only language model with a preallocated, slot-addressed KV cache.

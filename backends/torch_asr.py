@@ -47,10 +47,12 @@ class DecoderState:
 
 class TorchASRRunner(ASRRunner):
     trims = True
+    word_timing = True
     def __init__(self, weights: WhisperWeights, device: torch.device, dtype: torch.dtype, kernels: str = "torch",
                  threads: ThreadPolicy | None = None, model_name: str = "", model_format: str = ""):
         self.config, self.device, self.dtype = weights.config, device, dtype
         self.tokenizer_path = weights.tokenizer_path
+        self.alignment_heads = default_alignment_heads(weights)
         model = Whisper(weights.config, select(kernels, device))
         missing, unexpected = model.load_state_dict(weights.state, strict=False)
         missing = [m for m in missing if m != "encoder.positional_embedding"]
@@ -100,11 +102,36 @@ class TorchASRRunner(ASRRunner):
         state.offset += t
         return logits
 
+    @torch.inference_mode()
+    def cross_attention(self, encoded, tokens):
+        state = self.start(encoded, 1, tokens.shape[1])
+        scores: list[torch.Tensor] = []
+        dec = self.model.decoder
+        with self.threads.large():
+            x = dec.hidden(tokens.to(self.device), state.caches, 0, state.cross, False,
+                           cross_lengths=state.cross_lengths, scores=scores)
+            logits = dec.logits(x)
+        heads = torch.stack([scores[layer][:, head] for layer, head in self.alignment_heads], 1)
+        return logits, heads.float()
+
     def rewind(self, state, length):
         return rewind_state(state, length)
 
     def reorder(self, state, index):
         return reorder_state(state, index)
+
+
+def default_alignment_heads(weights: WhisperWeights) -> tuple[tuple[int, int], ...]:
+    """The file's alignment heads (CTranslate2 config.json, Hugging Face generation_config.json); a file
+    without them gets openai-whisper's default for a model without a tuned table: every head of the last
+    half of the decoder layers."""
+    c = weights.config
+    bad = [h for h in weights.alignment_heads if not (0 <= h[0] < c.n_text_layer and 0 <= h[1] < c.n_text_head)]
+    if bad:
+        raise UserError(f"alignment heads {bad} are outside the decoder's {c.n_text_layer} layers x {c.n_text_head} heads")
+    if weights.alignment_heads:
+        return tuple((int(l), int(h)) for l, h in weights.alignment_heads)
+    return tuple((l, h) for l in range(c.n_text_layer // 2, c.n_text_layer) for h in range(c.n_text_head))
 
 
 def rewind_state(state: DecoderState, length: int) -> DecoderState:

@@ -9,6 +9,7 @@ first use into a cache directory (the onnxruntime backend given a model name).
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib
 import os
@@ -127,11 +128,16 @@ def cached_export(family: str, model, precision: str | None, variant: str = "ort
     key = (f"{model.name}-{family}-{variant}-{precision or 'default'}-{st.st_size:x}-{int(st.st_mtime):x}-"
            f"{exporter_hash()}")
     d = cache_dir() / key
-    if (d / MANIFEST).exists():
-        try:
-            Manifest.read(d)
-            return d
-        except ManifestError:
-            shutil.rmtree(d, ignore_errors=True)
-    export_model(family, str(model.path), d, precision, variant=variant, progress=progress)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    # several processes (servers started together, test workers) may want the same export: one makes
+    # it while the others wait on the lock, then read it
+    with open(d.parent / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (d / MANIFEST).exists():
+            try:
+                Manifest.read(d)
+                return d
+            except ManifestError:
+                shutil.rmtree(d, ignore_errors=True)
+        export_model(family, str(model.path), d, precision, variant=variant, progress=progress)
     return d

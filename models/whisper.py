@@ -138,6 +138,12 @@ class CrossAttention(nn.Module):
         kv = self.kv(xa).view(B, S, 2, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         return kv[0].contiguous(), kv[1].contiguous()
 
+    def scores(self, x, kv):
+        """Attention logits q.k/sqrt(Dh) [B, H, T, S] before the softmax: what word timing reads."""
+        B, T, d = x.shape
+        q = self.q(x).view(B, T, self.heads, d // self.heads).transpose(1, 2)
+        return (q.float() @ kv[0].float().transpose(-1, -2)) / math.sqrt(d // self.heads)
+
     def forward(self, x, kv, lengths=None):
         """`lengths` [B]: each row's encoder positions (keys past them are padding)."""
         B, T, d = x.shape
@@ -164,9 +170,13 @@ class DecoderBlock(nn.Module):
         self.cross_attn_ln, self.cross_attn = LayerNorm(d, ops), CrossAttention(d, heads, ops)
         self.mlp_ln, self.mlp = LayerNorm(d, ops), MLP(d, ffn, ops)
 
-    def forward(self, x, cache, offset, cross_kv, position=None, cross_lengths=None):
+    def forward(self, x, cache, offset, cross_kv, position=None, cross_lengths=None, scores=None):
+        """`scores`: a list to append this block's cross-attention logits [B, H, T, S] to (word timing)."""
         x = x + self.attn(self.attn_ln(x), cache, offset, position)
-        x = x + self.cross_attn(self.cross_attn_ln(x), cross_kv, cross_lengths)
+        h = self.cross_attn_ln(x)
+        if scores is not None:
+            scores.append(self.cross_attn.scores(h, cross_kv))
+        x = x + self.cross_attn(h, cross_kv, cross_lengths)
         return x + self.mlp(self.mlp_ln(x))
 
 
@@ -217,8 +227,10 @@ class TextDecoder(nn.Module):
         `offset` (see SelfAttention.forward). `cross_lengths` [B]: each row's encoder positions."""
         return self.logits(self.hidden(tokens, caches, offset, cross_kvs, last_only, position, cross_lengths))
 
-    def hidden(self, tokens, caches, offset, cross_kvs, last_only=True, position=None, cross_lengths=None):
-        """The blocks and the final norm -> [B, d] (last position) or [B, T, d]: many small ops."""
+    def hidden(self, tokens, caches, offset, cross_kvs, last_only=True, position=None, cross_lengths=None,
+               scores=None):
+        """The blocks and the final norm -> [B, d] (last position) or [B, T, d]: many small ops. `scores`:
+        a list that gets each block's cross-attention logits [B, H, T, S] (see DecoderBlock)."""
         T = tokens.shape[1]
         if position is not None:
             if T != 1:
@@ -228,7 +240,7 @@ class TextDecoder(nn.Module):
             pos = self.positional_embedding[offset: offset + T]
         x = self.token_embedding(tokens) + pos
         for b, cache, kv in zip(self.blocks, caches, cross_kvs):
-            x = b(x, cache, offset, kv, position, cross_lengths)
+            x = b(x, cache, offset, kv, position, cross_lengths, scores)
         if last_only:
             x = x[:, -1]
         return self.ln(x)

@@ -1,4 +1,6 @@
-"""`speechrt transcribe FILE`: text, or segments with timestamps, or JSON."""
+"""`speechrt transcribe FILE ...`: text, JSON, verbose JSON, SRT or VTT (the formats of the server's
+/v1/audio/transcriptions, speechrt/pipelines/formats.py), or segments with timestamps as they are decoded;
+several files in one call, printed one after another or written to --output-dir."""
 from __future__ import annotations
 
 import json
@@ -12,7 +14,7 @@ def sample_path() -> Path:
 
 
 def add_arguments(p):
-    p.add_argument("file", nargs="?", help="audio file: WAV, FLAC, OGG, MP3; any sample rate and channel count")
+    p.add_argument("file", nargs="*", help="audio files: WAV, FLAC, OGG, MP3; any sample rate and channel count")
     p.add_argument("--sample", action="store_true", help="transcribe the bundled sample recording")
     p.add_argument("--model", default=None, help="registered name or path (default: whisper-tiny.en)")
     p.add_argument("--backend", default="torch", help="backend (default: torch)")
@@ -28,8 +30,17 @@ def add_arguments(p):
     p.add_argument("--initial-prompt", default=None)
     p.add_argument("--no-timestamps", action="store_true", help="decode without timestamp tokens")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch")
-    p.add_argument("--json", action="store_true", help="print JSON with segments")
-    p.add_argument("--segments", action="store_true", help="print one line per segment with timestamps")
+    p.add_argument("--format", default=None, help="output format: txt (default), json ({\"text\"}), verbose_json "
+                   "(text, language, duration, segments), srt, vtt: the same as the server's response_format")
+    p.add_argument("--json", action="store_true", help="same as --format verbose_json")
+    p.add_argument("--segments", action="store_true", help="print one line per segment with timestamps, as decoded")
+    p.add_argument("--output-dir", default=None, help="write each FILE's transcript to DIR/FILE.<ext> (txt, json, "
+                   "srt, vtt) instead of printing it")
+    p.add_argument("--progress", action="store_true", help="a progress bar on stderr for every file (default: for "
+                   "files over 30 s when stderr is a terminal)")
+    p.add_argument("--word-timestamps", action="store_true",
+                   help="time each word (cross-attention alignment, as faster-whisper): one line per segment, "
+                        "then its words with start, end and probability; in --json/verbose_json each segment gets `words`")
 
 
 def _ts(t: float) -> str:
@@ -37,44 +48,96 @@ def _ts(t: float) -> str:
     return f"{int(m):02d}:{s:06.3f}"
 
 
+def output_format(args) -> str:
+    """The --format asked for (--json is verbose_json), checked before any model loads."""
+    from speechrt.errors import UserError
+    from speechrt.pipelines.formats import check_format
+
+    if args.json and args.format not in (None, "verbose_json"):
+        raise UserError(f"--json is --format verbose_json; it cannot be combined with --format {args.format}")
+    if args.segments and (args.json or args.format):
+        raise UserError("--segments prints lines as segments are decoded; give it without --json/--format")
+    return check_format("verbose_json" if args.json else args.format or "text")
+
+
+class Progress:
+    """A bar over a file's duration, advanced to each decoded segment's end (tqdm, on stderr)."""
+
+    def __init__(self, name: str, duration: float, shown: bool):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=round(duration, 1), unit="s", desc=name, leave=False, disable=not shown,
+                        bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} s [{elapsed}<{remaining}]")
+
+    def segment(self, seg) -> None:
+        self.bar.update(max(0.0, min(self.bar.total, round(seg.end, 1)) - self.bar.n))
+
+    def close(self) -> None:
+        self.bar.update(self.bar.total - self.bar.n)
+        self.bar.close()
+
+
 def run(args):
     from speechrt.errors import UserError
 
+    files = list(args.file)
     if args.sample:
-        if args.file:
-            raise UserError("give either FILE or --sample, not both")
-        args.file = str(sample_path())
-    if not args.file:
-        raise UserError("no audio file given (FILE, or --sample for the bundled recording)")
-    from speechrt.models.audio import load_audio
+        files.append(str(sample_path()))
+    if not files:
+        raise UserError("no audio file given (FILE ..., or --sample for the bundled recording)")
+    from speechrt.models.audio import SAMPLE_RATE, load_audio
     from speechrt.pipelines.asr import TranscribeOptions, load_asr
+    from speechrt.pipelines.formats import EXTENSIONS, render
 
+    fmt = output_format(args)
     opts = dict(beam_size=args.beam_size, language=args.language, task=args.task,
-                initial_prompt=args.initial_prompt, without_timestamps=args.no_timestamps)
+                initial_prompt=args.initial_prompt, without_timestamps=args.no_timestamps,
+                word_timestamps=args.word_timestamps)
     if args.temperature is not None:
         opts["temperatures"] = (args.temperature,)
-    TranscribeOptions(**opts)  # the options and the file are checked before the model loads
-    audio = load_audio(args.file)
+    TranscribeOptions(**opts)  # the options and the files are checked before the model loads
+    audios = [load_audio(f) for f in files]
+    out_dir = Path(args.output_dir) if args.output_dir else None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
     asr = load_asr(args.model, args.backend, args.device, args.dtype)
-    live = args.segments and not args.json
-    if args.detect_language and not args.json:
-        for code, prob in asr.detect_language(audio, k=5):
-            print(f"{code:4} {prob:.3f}")
-        print(flush=True)
+    # segments (and their words) printed as they are decoded
+    live = (args.segments or (args.word_timestamps and not args.json and not args.format)) and out_dir is None
 
     def show(seg):
         print(f"[{_ts(seg.start)} --> {_ts(seg.end)}] {seg.text.strip()}", flush=True)
+        for w in seg.words:
+            print(f"    {_ts(w.start)} {_ts(w.end)}  {w.probability:.2f}  {w.word.strip()}", flush=True)
 
-    result = asr.transcribe(audio, on_segment=show if live else None, **opts)
-    if args.json:
-        out = result.to_dict()
-        if args.detect_language:
-            out["language_candidates"] = [[c, round(p, 4)] for c, p in asr.detect_language(audio, k=5)]
-        json.dump(out, sys.stdout, ensure_ascii=False, indent=2)
-        print()
-    elif not live:
-        print(result.text)
+    for i, (name, audio) in enumerate(zip(files, audios)):
+        duration = len(audio) / SAMPLE_RATE
+        bar = Progress(Path(name).name, duration, args.progress or (duration > 30 and sys.stderr.isatty()))
+
+        def on_segment(seg, bar=bar):
+            bar.segment(seg)
+            if live:
+                show(seg)
+
+        if len(files) > 1 and out_dir is None:
+            print(f"{'' if i == 0 else chr(10)}==> {name} <==", flush=True)
+        languages = asr.detect_language(audio, k=5) if args.detect_language else None
+        if languages and fmt != "verbose_json" and out_dir is None:
+            print("".join(f"{code:4} {prob:.3f}\n" for code, prob in languages), flush=True)
+        result = asr.transcribe(audio, on_segment=on_segment, **opts)
+        bar.close()
+        if live:
+            continue
+        text = render(result, fmt, args.task)
+        if languages and fmt == "verbose_json":  # the candidates beside the detected language and its probability
+            text = json.dumps({**json.loads(text), "language_candidates": [[c, round(p, 4)] for c, p in languages]},
+                              ensure_ascii=False)
+        if out_dir is not None:
+            path = out_dir / f"{Path(name).stem}.{EXTENSIONS[fmt]}"
+            path.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
+            print(f"{name} -> {path}", file=sys.stderr)
+        else:
+            print(text, end="" if text.endswith("\n") else "\n", flush=True)
     return 0

@@ -29,6 +29,10 @@ def add_arguments(p):
                    "from loopback or the bound address (repeatable; '*' for any)")
     p.add_argument("--max-sessions", type=int, default=32, help="sessions served at once; one more is told "
                    "(session_limit_reached) and closed with 1013 (default 32)")
+    p.add_argument("--max-rest-requests", type=int, default=16, help="OpenAI REST requests (/v1/audio/*, "
+                   "/v1/chat/completions) served at once; one more is answered 429 (default 16)")
+    p.add_argument("--max-upload-bytes", type=int, default=25 << 20, help="largest audio file POST "
+                   "/v1/audio/transcriptions accepts; a larger one is answered 413 (default 25 MiB)")
     p.add_argument("--max-message-bytes", type=int, default=1 << 20, help="largest client event; a larger one gets "
                    "an error event and the session goes on (default 1 MiB)")
     p.add_argument("--max-buffer-seconds", type=float, default=120.0, help="uncommitted input audio a session may "
@@ -68,7 +72,8 @@ def options(args):
 
     return ServerOptions(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("SPEECHRT_API_KEY"),
                          origins=tuple(args.allow_origin), private_metrics=args.private_metrics,
-                         max_sessions=args.max_sessions, max_message_bytes=args.max_message_bytes,
+                         max_sessions=args.max_sessions, max_rest_requests=args.max_rest_requests,
+                         max_upload_bytes=args.max_upload_bytes, max_message_bytes=args.max_message_bytes,
                          max_buffer_seconds=args.max_buffer_seconds, idle_timeout=args.idle_timeout,
                          stall_timeout=args.stall_timeout, drain_seconds=args.drain_seconds,
                          max_send_queue_bytes=args.max_send_queue_bytes, ping_interval=args.ping_interval,

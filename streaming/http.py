@@ -1,5 +1,6 @@
 """HTTP and WebSocket on one port: the ASGI app (FastAPI) of a SpeechServer — the Realtime API at
-/v1/realtime, /healthz, /metrics, the demo page, and (with `debug`) fault injection — and how uvicorn runs it.
+/v1/realtime, the OpenAI REST endpoints (streaming/rest.py), /healthz, /metrics, the demo page, and (with
+`debug`) fault injection — and how uvicorn runs it.
 The same app can be mounted by another ASGI server (Ray Serve's ingress)."""
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from starlette.responses import JSONResponse, Response
 STATIC = Path(__file__).parent / "static"
 REALTIME_PATHS = ("/v1/realtime", "/realtime")
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-ENDPOINTS = "/v1/realtime (WebSocket), /healthz, /metrics, /"
+ENDPOINTS = ("/v1/realtime (WebSocket), POST /v1/audio/transcriptions, POST /v1/audio/translations, "
+             "POST /v1/audio/speech, POST /v1/chat/completions, GET /v1/models, /healthz, /metrics, /")
 
 
 def json_error(status: int, message: str, code: str, type_: str = "invalid_request_error") -> JSONResponse:
@@ -135,6 +137,10 @@ def build_app(server) -> FastAPI:
     @app.api_route("/audio-worklet.js", methods=["GET", "HEAD"])
     async def worklet():
         return Response((STATIC / "audio-worklet.js").read_bytes(), media_type="text/javascript")
+
+    from .rest import RestAPI
+
+    RestAPI(server).register(app)
 
     if o.debug:
         from .engine import Fault

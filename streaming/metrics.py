@@ -40,6 +40,9 @@ class Counters:
     errors_sent: int = 0
     slow_readers_closed: int = 0  # sessions closed because their client stopped reading
     stalls: int = 0  # transcripts or answers given up because the engine stalled in one step
+    rest_requests: collections.Counter = field(default_factory=collections.Counter)  # per endpoint path
+    rest_rejected: int = 0  # REST requests refused because max_rest_requests were running (429)
+    rest_errors: int = 0  # REST requests answered with a 4xx/5xx status
     started: float = field(default_factory=time.time)
 
 
@@ -93,6 +96,13 @@ def metrics_text(sessions: int, queue_depth: int, c: Counters, m: Metrics) -> st
     page.metric("engine_stalls_total", "counter",
                 "Transcripts or answers given up because the engine spent longer than the stall timeout in one step.",
                 c.stalls)
+    page.lines += ["# HELP speechrt_rest_requests_total OpenAI REST requests received, per endpoint.",
+                   "# TYPE speechrt_rest_requests_total counter"]
+    page.lines += [f'speechrt_rest_requests_total{{endpoint="{e}"}} {n}' for e, n in sorted(c.rest_requests.items())]
+    page.metric("rest_rejected_total", "counter", "REST requests refused: --max-rest-requests were running (429).",
+                c.rest_rejected)
+    page.metric("rest_errors_total", "counter", "REST requests answered with an error status (4xx, 5xx).",
+                c.rest_errors)
     page.metric("queue_depth", "gauge", "Work items waiting for the engine.", queue_depth)
     page.metric("engine_step_failures_total", "counter", "Model steps that raised (their requests got an error).",
                 m.step_failures)

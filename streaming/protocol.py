@@ -86,9 +86,17 @@ def transcription_delta(item_id: str, delta: str) -> dict:
             "delta": delta}
 
 
-def transcription_completed(item_id: str, transcript: str, seconds: float) -> dict:
-    return {"type": "conversation.item.input_audio_transcription.completed", "item_id": item_id,
-            "content_index": 0, "transcript": transcript, "usage": {"type": "duration", "seconds": round(seconds, 3)}}
+def transcription_completed(item_id: str, transcript: str, seconds: float, logprobs: list[dict] | None = None,
+                            words: list[dict] | None = None) -> dict:
+    """`logprobs` ([{token, logprob, bytes}]) for sessions that include them; `words` ([{word, start, end,
+    probability}], seconds from the start of the item's audio) under the `speechrt` extension field."""
+    ev = {"type": "conversation.item.input_audio_transcription.completed", "item_id": item_id,
+          "content_index": 0, "transcript": transcript, "usage": {"type": "duration", "seconds": round(seconds, 3)}}
+    if logprobs is not None:
+        ev["logprobs"] = logprobs
+    if words is not None:
+        ev["speechrt"] = {"words": words}
+    return ev
 
 
 def transcription_failed(item_id: str, message: str, code: str) -> dict:
@@ -188,13 +196,18 @@ class SessionConfig:
     max_output_tokens: int = 256
     temperature: float = 0.0
     beta: bool = False  # emit the beta event names (a client used them)
+    # a final transcript's extras, computed only for sessions that ask (one more encoder/decoder pass):
+    logprobs: bool = False  # include: ["item.input_audio_transcription.logprobs"]
+    word_timestamps: bool = False  # speechrt extension: transcription.speechrt_word_timestamps
 
     def to_api(self, session_id: str) -> dict:
         td = self.turn_detection.to_api() if self.turn_detection else None
         s = {"id": session_id, "object": "realtime.session", "type": self.type, "model": self.model,
              "audio": {"input": {"format": self.input_format.to_api(), "turn_detection": td,
                                  "transcription": {"model": self.transcription_model, "language": self.language,
-                                                   "prompt": self.prompt}}}}
+                                                   "prompt": self.prompt,
+                                                   "speechrt_word_timestamps": self.word_timestamps}}},
+             "include": [LOGPROBS_INCLUDE] if self.logprobs else []}
         if self.type == "realtime":
             s["instructions"] = self.instructions
             s["output_modalities"] = list(self.output_modalities)
@@ -309,12 +322,17 @@ def _transcription(tr, available: dict, name: str) -> dict:
         kw["transcription_model"] = m if m in available["asr"] else available["asr"][0]
     if tr.get("language") is not None:
         kw["language"] = _str(tr["language"], f"{name}.language")
+    if tr.get("speechrt_word_timestamps") is not None:
+        kw["word_timestamps"] = _bool(tr["speechrt_word_timestamps"], f"{name}.speechrt_word_timestamps")
     if tr.get("prompt") is not None:
         kw["prompt"] = _str(tr["prompt"], f"{name}.prompt")
         if len(kw["prompt"]) > 4096:
             raise ProtocolError(f"{name}.prompt has {len(kw['prompt'])} characters; at most 4096", "invalid_value",
                                 f"{name}.prompt")
     return kw
+
+
+LOGPROBS_INCLUDE = "item.input_audio_transcription.logprobs"
 
 
 def apply_session_update(cfg: SessionConfig, s: dict, available: dict) -> SessionConfig:
@@ -338,6 +356,12 @@ def apply_session_update(cfg: SessionConfig, s: dict, available: dict) -> Sessio
         if "max_output_tokens" in s or "max_response_output_tokens" in s:
             v = s.get("max_output_tokens", s.get("max_response_output_tokens"))
             kw["max_output_tokens"] = 1024 if v == "inf" else _num(v, "session.max_output_tokens", 1, 4096, integer=True)
+        if "include" in s:
+            inc = s["include"] or []
+            if not isinstance(inc, list) or any(i != LOGPROBS_INCLUDE for i in inc):
+                raise ProtocolError(f"session.include must be a list of {LOGPROBS_INCLUDE!r} (the one value this server "
+                                    f"knows), got {short(inc)}", "invalid_value", "session.include")
+            kw["logprobs"] = LOGPROBS_INCLUDE in inc
         if "temperature" in s:
             kw["temperature"] = float(_num(s["temperature"], "session.temperature", 0.0, 2.0))
         audio = _obj(s.get("audio"), "session.audio")

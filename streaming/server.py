@@ -52,6 +52,8 @@ class ServerOptions:
     partial_interval: float = 1.0  # seconds between live transcript updates of a turn; 0: none
     silence_duration_ms: int | None = None  # server default for server_vad (None: the API's 500 ms)
     max_batch: int = 8
+    max_rest_requests: int = 16  # REST requests served at once; one more is answered 429
+    max_upload_bytes: int = 25 << 20  # largest audio file /v1/audio/transcriptions accepts (413 past it)
     debug: bool = False  # /debug endpoints: fault injection into the engine (tests)
 
     def __post_init__(self):
@@ -59,6 +61,10 @@ class ServerOptions:
             raise UserError(f"max_send_queue_bytes must be >= 1024, got {self.max_send_queue_bytes}")
         if self.max_sessions < 1:
             raise UserError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        if self.max_rest_requests < 1:
+            raise UserError(f"max_rest_requests must be >= 1, got {self.max_rest_requests}")
+        if self.max_upload_bytes < 1024:
+            raise UserError(f"max_upload_bytes must be >= 1024, got {self.max_upload_bytes}")
         if not 1024 <= self.max_message_bytes <= self.max_frame_bytes:
             raise UserError(f"max_message_bytes must be at least 1024 and at most max_frame_bytes "
                             f"({self.max_frame_bytes}), got {self.max_message_bytes}")

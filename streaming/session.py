@@ -40,6 +40,14 @@ def asr_options(cfg: SessionConfig, live: bool = False) -> TranscribeOptions:
 FINAL_MARGIN_S = 8.0
 
 
+def check_word_timing(asr, cfg: SessionConfig) -> None:
+    """ProtocolError if the session asks for word times and the server's ASR backend cannot give them."""
+    if cfg.word_timestamps and not asr.runner.word_timing:
+        raise ProtocolError(f"word timestamps are not available on this server's {asr.info.backend} backend; start "
+                            f"it with one of: {', '.join(asr.runner.WORD_TIMING_BACKENDS)}", "invalid_value",
+                            "session.audio.input.transcription.speechrt_word_timestamps")
+
+
 class Outbox:
     """Events on their way to one client: a queue drained by one writer task, bounded in bytes. A client
     that stops reading fills it up, and `put` says so (the session is then closed: its memory stays
@@ -226,6 +234,7 @@ class RealtimeSession:
             self.server.asr.check_language(new.language)
         except UserError as e:
             raise ProtocolError(str(e), "invalid_value", "session.audio.input.transcription.language") from None
+        check_word_timing(self.server.asr, new)
         self.turns.configure(self.cfg, new)
         self.cfg, self.asr_options, self.live_options = new, asr_options(new), asr_options(new, live=True)
         await self.send(P.session_updated(self.cfg.to_api(self.id)))

@@ -350,7 +350,8 @@ class InputTurns:
         if delta:
             await self.session.send(P.transcription_delta(item.id, delta))
         item.parts[0].text = text
-        await self.session.send(P.transcription_completed(item.id, text, len(audio) / RATE))
+        logprobs, words = await final_extras(self.session, self.engine, r, audio)
+        await self.session.send(P.transcription_completed(item.id, text, len(audio) / RATE, logprobs, words))
         await self.session.send(P.item_done(item.to_api()))
         if auto:
             await self.session.user_turn_done(text)
@@ -366,3 +367,27 @@ class InputTurns:
         await self.session.send(P.transcription_failed(item.id, message, code))
         await self.session.error(message, code, type="server_error")
         await self.session.send(P.item_done(item.to_api()))
+
+
+async def final_extras(session, engine, r, audio: np.ndarray) -> tuple[list | None, list | None]:
+    """A final transcript's token logprobs and word times, for a session that asked for them (None
+    otherwise): one more encoder and decoder pass on the engine's worker. A turn over 30 s (transcribed
+    long-form) and an empty transcript get empty lists; a failure is reported and gives None."""
+    cfg = session.cfg
+    if not (cfg.logprobs or cfg.word_timestamps):
+        return None, None
+    words, logprobs = [], []
+    if r.tokens and len(audio) <= MAX_UTTERANCE_SAMPLES:
+        asr, lang = engine.asr, cfg.language
+
+        def align():
+            yield asr.align(audio, r.tokens, lang)
+        _, q = engine.stream(align())
+        got = await q.get()
+        if isinstance(got, BaseException):  # the transcript still goes out, without the extras
+            await session.error(f"word timing failed: {type(got).__name__}: {got}", "server_error", type="server_error")
+            return None, None
+        words, logprobs = got
+    return ([{"token": b.decode("utf-8", "replace"), "logprob": round(lp, 6), "bytes": list(b)}
+             for _, b, lp in logprobs] if cfg.logprobs else None,
+            [w.to_dict() for w in words] if cfg.word_timestamps else None)

@@ -32,6 +32,27 @@ import pytest
 
 from speechrt.models.audio import resample
 
+# Tests that time real-time streams (latency bounds, stalls, a browser's microphone) or start clusters of
+# processes: the README's test command runs them after the others, alone, so that a second test worker
+# (pytest-xdist, `-n 2`) does not share the two cores with them.
+SERIAL = ("tests/reliability/", "tests/streaming/test_demo_page.py", "tests/bench/test_server_sweep.py",
+          "tests/streaming/test_ray_scale.py")
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # two workers on two cores: one intra-op thread each (OpenMP barriers of two-thread regions stall
+    # for a time slice whenever the other worker holds a core)
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    root = config.rootpath
+    for item in items:
+        rel = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
+        if rel.startswith(SERIAL):
+            item.add_marker(pytest.mark.serial)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def export_cache(request):

@@ -42,18 +42,59 @@ def test_transcribe_stereo_48k_flac_with_segments_and_beam(tmp_path):
     assert wer(SAMPLE_TEXT, text) <= 0.15, text
 
 
-def test_bad_inputs_exit_2_with_clear_message(tmp_path):
+def test_bad_inputs_exit_2_with_clear_message(tmp_path, capsys):
     r = speechrt("transcribe", str(tmp_path / "nope.wav"))
     assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
+    # the rest through the same entry point in this process (a subprocess each costs a torch import)
+    from speechrt.cli import main
+
+    def run(*args):
+        code = main(["transcribe", *args])
+        return code, capsys.readouterr().err
+
     notaudio = tmp_path / "a.wav"
     notaudio.write_text("hello")
-    r = speechrt("transcribe", str(notaudio))
-    assert r.returncode == 2 and "not a readable audio file" in r.stderr
-    r = speechrt("transcribe", "--sample", "--model", "whisper-gigantic")
-    assert r.returncode == 2 and "whisper-tiny.en" in r.stderr
-    r = speechrt("transcribe", "--sample", "--backend", "nonesuch")
-    assert r.returncode == 2 and "valid backends: torch" in r.stderr
-    r = speechrt("transcribe", "--sample", "--beam-size", "0")
-    assert r.returncode == 2 and "beam_size" in r.stderr
-    r = speechrt("transcribe", "--sample", "--device", "cuda:3")
-    assert r.returncode == 2 and "device" in r.stderr
+    for args, says in [((str(notaudio),), "not a readable audio file"),
+                       (("--sample", "--model", "whisper-gigantic"), "whisper-tiny.en"),
+                       (("--sample", "--backend", "nonesuch"), "valid backends: torch"),
+                       (("--sample", "--beam-size", "0"), "beam_size"),
+                       (("--sample", "--device", "cuda:3"), "device")]:
+        code, err = run(*args)
+        assert code == 2 and says in err and err.startswith("speechrt transcribe: error:"), (args, err)
+
+
+def test_several_files_to_output_dir_as_srt_with_a_progress_bar(tmp_path):
+    copy = tmp_path / "copy.flac"
+    sf.write(copy, sf.read(sample_path())[0], 16000)
+    out = tmp_path / "out"
+    r = speechrt("transcribe", str(sample_path()), str(copy), "--format", "srt", "--output-dir", str(out), "--progress")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "" and "sample.wav: " in r.stderr and "%|" in r.stderr  # tqdm's bar, on stderr
+    for name in ("sample.srt", "copy.srt"):
+        srt = (out / name).read_text()
+        assert srt.startswith("1\n00:00:00,000 --> 00:00:0")
+        text = " ".join(block.split("\n", 2)[2] for block in srt.strip().split("\n\n"))
+        assert wer(SAMPLE_TEXT, text) <= 0.15, text
+
+
+def test_formats_of_several_files_are_printed_one_after_another(tmp_path):
+    r = speechrt("transcribe", "--sample", str(sample_path()), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    parts = r.stdout.split("==> ")[1:]
+    assert len(parts) == 2 and all(p.startswith(str(sample_path())) for p in parts)
+    texts = [json.loads(p.split(" <==\n", 1)[1])["text"] for p in parts]
+    assert texts[0] == texts[1] and wer(SAMPLE_TEXT, texts[0]) <= 0.15
+    r = speechrt("transcribe", "--sample", "--format", "tsv")
+    assert r.returncode == 2 and "valid: text, json, verbose_json, srt, vtt" in r.stderr
+
+
+def test_transcribe_word_timestamps():
+    r = speechrt("transcribe", "--sample", "--word-timestamps", "--json")
+    assert r.returncode == 0, r.stderr
+    words = [w for s in json.loads(r.stdout)["segments"] for w in s["words"]]
+    assert wer(SAMPLE_TEXT, "".join(w["word"] for w in words)) <= 0.15
+    assert all(w["start"] <= w["end"] and 0 <= w["probability"] <= 1 for w in words)
+    r = speechrt("transcribe", "--sample", "--word-timestamps")
+    lines = r.stdout.strip().splitlines()
+    assert r.returncode == 0 and lines[0].startswith("[00:00.000 --> ") and len(lines) > len(words)
+    assert lines[1].split()[-1] == words[0]["word"].strip()

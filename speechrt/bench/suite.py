@@ -74,7 +74,8 @@ def _family_steps(family: str, device: str, quick: bool, t: list[str]) -> list[S
                                 ",".join(_precisions("asr", device, quick)), "--repeats", "2" if quick else "3",
                                 *audio, *t), 30 if quick else 75) for b in backends.available("asr")]
     if family == "lm":
-        size = ["--tokens", "16", "--batch", "1,4", "--repeats", "2"] if quick else [
+        # quick: llama.cpp is the peer; transformers' GGUF load alone takes ~40 s on 2 cores
+        size = ["--tokens", "16", "--batch", "1,4", "--repeats", "2", "--peers", "llama.cpp"] if quick else [
             "--tokens", "64", "--batch", "1,2,4,8", "--repeats", "3"]
         return [Step("lm", f"{b} {dt}", ("--backends", b, "--device", device, "--dtype", dt, *size, *t),
                      45 if quick else 120) for b in backends.available("lm") for dt in _precisions("lm", device, quick)]

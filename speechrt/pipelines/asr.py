@@ -22,6 +22,7 @@ from speechrt.models.whisper_tokenizer import WhisperTokenizer
 
 from .whisper_decoding import (TranscribeOptions, TranscriptionCancelled, Transcript, WindowDecoder, WindowResult,
                                decode_utterances, long_form, long_form_steps)
+from .whisper_timing import Word, group_words, place_words, token_alignment, token_bytes
 
 OPTION_NAMES = frozenset(f.name for f in fields(TranscribeOptions))
 MULTILINGUAL = ("a multilingual Whisper model (a Hugging Face or CTranslate2 directory, or an openai-whisper .pt, of "
@@ -30,7 +31,7 @@ MAX_UTTERANCE_SAMPLES = N_FRAMES * HOP_LENGTH  # one 30-second window
 TRIM_STEP = 32  # trimmed windows are a multiple of this many mel frames (fewer shapes for kernels and allocator)
 
 __all__ = ["ASRPipeline", "load_asr", "TranscribeOptions", "Transcript", "WindowResult", "TranscriptionCancelled",
-           "SAMPLE_RATE", "MAX_UTTERANCE_SAMPLES"]
+           "Word", "SAMPLE_RATE", "MAX_UTTERANCE_SAMPLES"]
 
 
 class ASRPipeline:
@@ -73,6 +74,9 @@ class ASRPipeline:
             options["temperatures"] = (float(options["temperatures"]),)
         opts = TranscribeOptions(**options)
         self.check_language(opts.language)
+        if opts.word_timestamps and not self.runner.word_timing:
+            raise UserError(f"word timestamps are not available on the {self.info.backend} backend (it does not expose "
+                            f"the decoder's cross-attention); use one of: {', '.join(self.runner.WORD_TIMING_BACKENDS)}")
         if opts.task == "translate" and not self.tokenizer.multilingual:
             raise UserError(f"{self.name} is an English-only model: it cannot translate; use {MULTILINGUAL}")
         return opts
@@ -113,14 +117,14 @@ class ASRPipeline:
         return log_mel_spectrogram(pcm, self.runner.config.n_mels, padding=N_FRAMES * HOP_LENGTH,
                                    device=self.runner.device)
 
-    def transcribe_steps(self, audio: np.ndarray, opts: TranscribeOptions):
+    def transcribe_steps(self, audio: np.ndarray, opts: TranscribeOptions, on_segment=None):
         """transcribe() of float32 audio at 16 kHz as a generator of steps, one 30-s window each (yielding
         the seconds done), that returns the Transcript: a scheduler runs one step at a time between other
-        work (see whisper_decoding.long_form_steps)."""
+        work (see whisper_decoding.long_form_steps). `on_segment(seg)`: called as each segment is decoded."""
         self.check_language(opts.language)
         with torch.inference_mode(), self.runner.loop():
             mel = self.long_form_mel(audio)
-        steps = long_form_steps(self.decoder, mel, len(audio) / SAMPLE_RATE, opts)
+        steps = long_form_steps(self.decoder, mel, len(audio) / SAMPLE_RATE, opts, on_segment)
         while True:
             with torch.inference_mode(), self.runner.loop():
                 try:
@@ -150,6 +154,32 @@ class ASRPipeline:
                 frames = [min(N_FRAMES, len(a) // HOP_LENGTH + margin) for a in audios]
                 mels = mels[:, :, : -(-max(frames) // TRIM_STEP) * TRIM_STEP]
             return decode_utterances(self.decoder, mels, opts, drafts, stop, frames)
+
+    def align(self, audio: np.ndarray, tokens: list[int], language: str | None = None,
+              task: str = "transcribe") -> tuple[list[Word], list[tuple[int, bytes, float]]]:
+        """Word times and token log probabilities of `tokens`, a transcript of `audio` (float32 at 16 kHz, at
+        most 30 s; e.g. a transcribe_batch result's tokens) -> (words with start/end in seconds from the
+        audio's start, [(token, its bytes, log probability among the text tokens)]). One encoder pass and
+        one decoder pass over the tokens (the server runs it only for sessions that ask)."""
+        if len(audio) > MAX_UTTERANCE_SAMPLES:
+            raise ValueError("align takes audio of at most 30 seconds")
+        if not self.runner.word_timing:
+            raise UserError(f"word timestamps are not available on the {self.info.backend} backend; use one of: "
+                            f"{', '.join(self.runner.WORD_TIMING_BACKENDS)}")
+        tok = self.tokenizer
+        text = [t for t in tokens if t < tok.eot]
+        if not text:
+            return [], []
+        language = self.check_language(language) or (None if tok.multilingual else "en")
+        with torch.inference_mode(), self.runner.loop():
+            encoded = self.runner.encode(utterance_mel(audio, self.runner.config.n_mels, self.runner.device)[None])
+            language = language or self.decoder.detect_languages(encoded)[0]
+            starts, probs = token_alignment(self.runner, tok, encoded, text, len(audio) // HOP_LENGTH,
+                                            tok.sot_sequence(language, task))
+        segment = {"start": 0.0, "end": round(len(audio) / SAMPLE_RATE, 2), "tokens": text}
+        place_words(tok, [segment], group_words(tok, text, starts, probs, language), 0.0, 0.0)
+        logprobs = [(t, token_bytes(tok, t), float(np.log(max(p, 1e-30)))) for t, p in zip(text, probs.tolist())]
+        return segment["words"], logprobs
 
     def warm_up(self) -> None:
         """Run the model once on this thread: the first call in a thread pays for its thread pool, kernel

@@ -23,6 +23,7 @@ from speechrt.errors import UserError
 from speechrt.models.audio import CHUNK_LENGTH, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, pad_or_trim_frames
 
 from .generation import repeat_period
+from .whisper_timing import Word, add_word_timestamps, last_end
 
 NEG_INF = float("-inf")
 
@@ -55,6 +56,8 @@ class TranscribeOptions:
     # keeping one copy (a greedy loop, "Turn off the lights... Turn off the lights..."); 0: off
     stop_repeats: int = 0
     seed: int = 0
+    # long-form: each segment's words with their start/end (cross-attention alignment, see whisper_timing)
+    word_timestamps: bool = False
 
     def __post_init__(self):
         def bad(msg):
@@ -102,6 +105,7 @@ class Segment:
     no_speech_prob: float
     temperature: float
     compression_ratio: float
+    words: list[Word] = field(default_factory=list)  # with word_timestamps
 
 
 @dataclass
@@ -117,7 +121,8 @@ class Transcript:
                 "language_probability": round(self.language_probability, 4), "duration": self.duration,
                 "segments": [{"id": s.id, "start": round(s.start, 3), "end": round(s.end, 3), "text": s.text,
                               "avg_logprob": s.avg_logprob, "no_speech_prob": s.no_speech_prob,
-                              "temperature": s.temperature} for s in self.segments]}
+                              "temperature": s.temperature, **({"words": [w.to_dict() for w in s.words]} if s.words else {})}
+                             for s in self.segments]}
 
 
 def cut_loop(seq: list[int], times: int) -> bool:
@@ -436,6 +441,7 @@ def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, 
     prompt_reset = 0  # the text the next window is conditioned on starts here (the initial prompt first)
     segments: list[Segment] = []
     seek = 0
+    last_speech = 0.0  # the end of the last word (word_timestamps)
     while seek < content_frames:
         time_offset = seek * HOP_LENGTH / SAMPLE_RATE
         seg_frames = min(N_FRAMES, content_frames - seek)
@@ -472,12 +478,21 @@ def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, 
                 dur = (stamps[-1] - tb) * prec
             new.append((time_offset, time_offset + dur, toks))
             seek += seg_frames
-        for start, end, part in new:
-            text = tok.decode(part)
-            if not text.strip() or start == end:
+        found = [{"start": start, "end": end, "tokens": part, "words": []} for start, end, part in new]
+        if opts.word_timestamps and found:
+            last_speech = add_word_timestamps(runner, tok, encoded, found, time_offset, seg_frames,
+                                              tok.sot_sequence(language, opts.task), language, last_speech)
+            if not single_ending:  # the next window starts after the last word (faster-whisper)
+                end = last_end(found)
+                if end is not None and end > time_offset:
+                    seek = round(end * SAMPLE_RATE / HOP_LENGTH)
+            last_speech = last_end(found)
+        for f in found:
+            part, text = f["tokens"], tok.decode(f["tokens"])
+            if not text.strip() or f["start"] == f["end"]:
                 continue  # instantaneous or empty segments are dropped, from the prompt too
-            seg = Segment(len(segments), start, end, text, [t for t in part if t < tok.eot],
-                          res.avg_logprob, res.no_speech_prob, res.temperature, res.compression_ratio)
+            seg = Segment(len(segments), f["start"], f["end"], text, [t for t in part if t < tok.eot],
+                          res.avg_logprob, res.no_speech_prob, res.temperature, res.compression_ratio, f["words"])
             segments.append(seg)
             all_tokens.extend(part)
             if on_segment:

@@ -43,8 +43,19 @@ def ours(model_file):
 def hf(model_file):
     from transformers import AutoModelForCausalLM
 
+    import functools
+
+    import gguf
+
     path = model_file[0].path
-    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
+    # transformers asks gguf for the same tensor-name table once per module of the model (~400 times,
+    # each building it anew: most of the load's 35 s here); the table depends only on its arguments
+    plain = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(plain)
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
+    finally:
+        gguf.get_tensor_name_map = plain
 
 
 def test_logits_equal_transformers(ours, hf):

@@ -1,0 +1,154 @@
+"""POST /v1/chat/completions: OpenAI's chat completion, whole or streamed (`chat.completion.chunk` server-sent
+events, then `data: [DONE]`), through the engine's continuous batch (the same one the voice conversations
+use); messages are rendered with the language model's chat template."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from starlette.responses import JSONResponse, StreamingResponse
+
+from speechrt.errors import UserError
+from speechrt.pipelines.lm import GenerationOptions
+
+from .protocol import new_id
+from .rest import SSE, RestError, number, sse
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+DEFAULT_MAX_TOKENS = 512
+# the batcher's reasons -> OpenAI's (a reply cut because it repeats itself stopped, as far as a client knows)
+FINISH = {"stop": "stop", "length": "length", "repetition": "stop", "cancelled": "stop"}
+
+
+def message_text(content, i: int) -> str:
+    """A message's content: a string, or a list of parts of which the text ones are read."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        out = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise RestError(400, f"messages[{i}].content: only text parts are understood, got {kind!r}")
+            out.append(str(part.get("text", "")))
+        return "".join(out)
+    raise RestError(400, f"messages[{i}].content must be a string or a list of text parts")
+
+
+def chat_messages(raw) -> list[dict]:
+    if not isinstance(raw, list) or not raw:
+        raise RestError(400, "'messages' must be a non-empty list of {role, content} objects",
+                        "missing_required_parameter")
+    out = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            role = m.get("role") if isinstance(m, dict) else None
+            raise RestError(400, f"messages[{i}].role {role!r} is not valid; valid: {', '.join(ROLES)}")
+        role = "system" if m["role"] == "developer" else m["role"]
+        out.append({"role": role, "content": message_text(m.get("content"), i)})
+    return out
+
+
+def generation_options(body: dict) -> GenerationOptions:
+    if body.get("n") not in (None, 1):
+        raise RestError(400, f"n must be 1 (one choice per request), got {body.get('n')!r}")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is None:
+        max_tokens = DEFAULT_MAX_TOKENS
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise RestError(400, f"max_tokens / max_completion_tokens must be an integer >= 1, got {max_tokens!r}")
+    stop = body.get("stop") or ()
+    if isinstance(stop, str):
+        stop = (stop,)
+    if not isinstance(stop, (list, tuple)) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+        raise RestError(400, f"stop must be a string or a list of up to 4 non-empty strings, got {stop!r}")
+    temperature = number(body.get("temperature"), "temperature", 0, 2, 1.0)
+    seed = body.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise RestError(400, f"seed must be an integer, got {seed!r}")
+    try:
+        return GenerationOptions(max_tokens=max_tokens, temperature=temperature,
+                                 top_p=number(body.get("top_p"), "top_p", 0.01, 1, 1.0), stop=tuple(stop), seed=seed)
+    except UserError as e:
+        raise RestError(400, str(e)) from None
+
+
+class ChatCompletion:
+    """One request: its prompt in the batch, its pieces gathered or streamed."""
+
+    def __init__(self, server, body: dict):
+        self.server, self.lm, self.engine = server, server.lm, server.engine
+        self.messages = chat_messages(body.get("messages"))
+        self.options = generation_options(body)
+        self.stream = bool(body.get("stream"))
+        self.usage_chunk = bool((body.get("stream_options") or {}).get("include_usage"))
+        self.model = self.lm.name
+        self.id = new_id("chatcmpl")
+        self.created = int(time.time())
+        self.prompt_tokens = 0
+        self.text = ""
+
+    async def respond(self):
+        room = self.engine.prompt_room(self.options.max_tokens)
+        ids = await asyncio.to_thread(self.lm.encode_chat_within, self.messages, room)
+        self.prompt_tokens = len(ids)
+        pieces = self.pieces(ids)
+        if self.stream:
+            return StreamingResponse(self.events(pieces), media_type="text/event-stream", headers=SSE)
+        async with contextlib.aclosing(pieces):
+            finish = None
+            async for text, finish in pieces:
+                self.text += text
+        message = {"role": "assistant", "content": self.text}
+        return JSONResponse({"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+                             "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+                             "usage": self.usage()}, headers={"Cache-Control": "no-store"})
+
+    async def pieces(self, ids: list[int]):
+        """(text, None) per piece, then ("", finish_reason); the request leaves the batch if the consumer stops."""
+        eng = self.engine
+        req, q = eng.generate(ids, self.options)
+        finished = False
+        try:
+            while True:
+                piece = await eng.wait(q.get(), self.server.options.stall_timeout)
+                if isinstance(piece, Exception):
+                    raise piece
+                if piece.text:
+                    yield piece.text, None
+                if piece.finish_reason is not None:
+                    finished = True
+                    yield "", FINISH.get(piece.finish_reason, "stop")
+                    return
+        finally:
+            if not finished:
+                eng.cancel_generation(req)
+
+    def usage(self) -> dict:
+        done = len(self.lm.tokenizer.encode(self.text, add_bos=False)) if self.text else 0
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": done,
+                "total_tokens": self.prompt_tokens + done}
+
+    def chunk(self, delta: dict, finish=None) -> str:
+        return sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
+
+    async def events(self, pieces):
+        yield self.chunk({"role": "assistant", "content": ""})
+        async with contextlib.aclosing(pieces):
+            try:
+                async for text, finish in pieces:
+                    self.text += text
+                    yield self.chunk({"content": text} if text else {}, finish)
+            except Exception as e:  # noqa: BLE001 - the status is sent: the error goes as an event
+                yield sse({"error": {"message": f"the completion failed: {e}", "type": "server_error",
+                                     "code": "server_error"}})
+                return
+        if self.usage_chunk:
+            yield sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                       "choices": [], "usage": self.usage()})
+        yield sse("[DONE]")
+

@@ -1,0 +1,206 @@
+"""The OpenAI REST endpoints on the server's port, driven by the official `openai` SDK over loopback with the
+embedded models: transcription in every response format and streamed, translation refused by an English-only
+model, streamed speech that is real speech, chat completions whole and streamed, the model list, and uploads
+the server refuses while it goes on serving."""
+from __future__ import annotations
+
+import io
+import json
+import time
+import urllib.request
+
+import pytest
+import soundfile as sf
+
+from speechrt.cli_asr import sample_path
+from speechrt.models.wer import wer
+
+openai = pytest.importorskip("openai")
+
+SAMPLE = sample_path()
+SAMPLE_TEXT = SAMPLE.with_suffix(".txt").read_text()
+SPOKEN = "The quick brown fox jumps over the lazy dog. A second sentence follows the first one here."
+MAX_UPLOAD = 400_000  # the sample (237 kB) fits, a 1 MB file does not
+
+
+@pytest.fixture(scope="module")
+def server(asr, server_factory):
+    import speechrt
+    from speechrt.streaming.server import ServerOptions
+
+    lm, tts = speechrt.load_lm(), speechrt.load_tts()
+    with server_factory(ServerOptions(port=0, max_upload_bytes=MAX_UPLOAD), asr, lm, tts) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def verbose(client):
+    with open(SAMPLE, "rb") as f:
+        return client.audio.transcriptions.create(model="whisper-1", file=f, response_format="verbose_json")
+
+
+def transcribe(client, fmt, data=None, **kw):
+    file = ("sample.wav", data if data is not None else SAMPLE.read_bytes())
+    return client.audio.transcriptions.create(model="whisper-1", file=file, response_format=fmt, **kw)
+
+
+def test_transcription_json_and_verbose_json(client, verbose):
+    assert wer(SAMPLE_TEXT, transcribe(client, "json").text) <= 0.15
+    assert wer(SAMPLE_TEXT, verbose.text) <= 0.15
+    assert verbose.language == "en" and abs(verbose.duration - 7.41) < 0.05
+    segs = verbose.segments
+    assert segs and segs[0].start == 0.0 and all(s.start < s.end for s in segs)
+    assert " ".join(s.text.strip() for s in segs) == verbose.text.strip()
+
+
+def test_transcription_text_srt_vtt_share_the_segments(client, verbose):
+    text = transcribe(client, "text")
+    assert isinstance(text, str) and text.strip() == verbose.text.strip()
+    srt = transcribe(client, "srt")
+    blocks = srt.strip().split("\n\n")
+    assert len(blocks) == len(verbose.segments)
+    assert blocks[0].splitlines()[0] == "1" and blocks[0].splitlines()[1].startswith("00:00:00,000 --> 00:00:0")
+    vtt = transcribe(client, "vtt")
+    assert vtt.startswith("WEBVTT\n\n00:00:00.000 --> ") and vtt.count(" --> ") == len(verbose.segments)
+
+
+def test_transcription_stream_sends_deltas_then_done(client, verbose):
+    with open(SAMPLE, "rb") as f:
+        events = list(client.audio.transcriptions.create(model="whisper-1", file=f, stream=True))
+    deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
+    done = [e for e in events if e.type == "transcript.text.done"]
+    assert deltas and len(done) == 1 and events[-1] is done[0]
+    assert "".join(deltas).strip() == done[0].text.strip() == verbose.text.strip()
+
+
+def test_word_timestamps_when_the_build_has_them(client):
+    from speechrt.pipelines.asr import OPTION_NAMES
+
+    if "word_timestamps" in OPTION_NAMES:
+        v = transcribe(client, "verbose_json", timestamp_granularities=["word", "segment"])
+        assert v.words and all(w.start <= w.end for w in v.words)
+    else:
+        with pytest.raises(openai.BadRequestError, match="word timestamps are not available"):
+            transcribe(client, "verbose_json", timestamp_granularities=["word"])
+
+
+def test_translation_on_an_english_only_model_is_refused(client):
+    with pytest.raises(openai.BadRequestError, match="English-only model: it cannot translate"):
+        client.audio.translations.create(model="whisper-1", file=("a.wav", SAMPLE.read_bytes()))
+
+
+def test_bad_uploads_get_json_errors_and_the_server_goes_on(client, server, verbose):
+    with pytest.raises(openai.BadRequestError, match="not a readable audio file.*readable formats: WAV"):
+        transcribe(client, "json", data=b"hello, not audio" * 10)
+    with pytest.raises(openai.BadRequestError, match="is empty"):
+        transcribe(client, "json", data=b"")
+    with pytest.raises(openai.APIStatusError, match=f"at most {MAX_UPLOAD} bytes") as e:
+        transcribe(client, "json", data=b"\0" * (MAX_UPLOAD + 100_000))
+    assert e.value.status_code == 413 and e.value.body["code"] == "file_too_large"
+    with pytest.raises(openai.NotFoundError, match="transcription models: whisper-tiny.en, whisper-1"):
+        client.audio.transcriptions.create(model="whisper-huge", file=("a.wav", SAMPLE.read_bytes()))
+    with pytest.raises(openai.BadRequestError, match="response_format 'tsv'.*valid: text, json"):
+        transcribe(client, "tsv")
+    assert [m.id for m in client.models.list()][0] == server.asr.name  # still serving (later tests transcribe)
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics").read().decode()
+    assert 'speechrt_rest_requests_total{endpoint="/v1/audio/transcriptions"}' in metrics
+    errors = [line for line in metrics.splitlines() if line.startswith("speechrt_rest_errors_total")]
+    assert errors and int(errors[0].split()[1]) >= 5
+
+
+def test_speech_streams_a_wav_of_real_speech(client):
+    t0 = time.perf_counter()
+    with client.audio.speech.with_streaming_response.create(model="tts-1", voice="alloy", input=SPOKEN,
+                                                            response_format="wav") as r:
+        assert r.headers["content-type"] == "audio/wav"
+        rate = int(r.headers["x-sample-rate"])
+        chunks, first_at = [], None
+        for chunk in r.iter_bytes():
+            if first_at is None:
+                first_at = time.perf_counter()
+            chunks.append(chunk)
+        ended = time.perf_counter()
+    data = b"".join(chunks)
+    # streamed: the first bytes came while the rest was still being synthesized
+    assert len(chunks) > 1 and len(chunks[0]) < len(data) // 2 and t0 < first_at < ended
+    assert data[:4] == b"RIFF" and data[40:44] == b"\xdb\xff\xff\xff"  # sizes: unknown length, as OpenAI's
+    audio, sr = sf.read(io.BytesIO(data), dtype="float32")
+    assert sr == rate == 22050 and len(audio) > 3 * sr
+    back = transcribe(client, "text", data=data)
+    assert wer(SPOKEN, back) <= 0.2, back
+
+
+def test_speech_pcm_and_flac(client):
+    pcm = client.audio.speech.create(model="tts-1", voice="echo", input="Hello there.", response_format="pcm")
+    flac = client.audio.speech.create(model="tts-1", voice="echo", input="Hello there.", response_format="flac")
+    audio, sr = sf.read(io.BytesIO(flac.content), dtype="int16")
+    pcm_samples = len(pcm.content) // 2  # the voice's noise makes each synthesis a little different
+    assert sr == 22050 and pcm_samples > 0.3 * sr and len(audio) > 0.3 * sr
+    with pytest.raises(openai.BadRequestError, match="response_format 'mp3'.*valid: wav, pcm, flac"):
+        client.audio.speech.create(model="tts-1", voice="alloy", input="Hi.", response_format="mp3")
+    with pytest.raises(openai.BadRequestError, match="voice 'nobody'.*valid: "):
+        client.audio.speech.create(model="tts-1", voice="nobody", input="Hi.")
+
+
+def test_chat_completions_whole_and_streamed(client, server):
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    whole = client.chat.completions.create(model=server.lm.name, messages=question, temperature=0, max_tokens=24)
+    answer = whole.choices[0].message.content
+    assert "Paris" in answer and whole.choices[0].finish_reason in ("stop", "length")
+    assert whole.usage.prompt_tokens > 5 and 0 < whole.usage.completion_tokens <= 24
+    chunks = list(client.chat.completions.create(model=server.lm.name, messages=question, temperature=0,
+                                                 max_completion_tokens=24, stream=True))
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason in ("stop", "length")
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == answer
+    with pytest.raises(openai.NotFoundError, match=f"chat models: {server.lm.name}"):
+        client.chat.completions.create(model="gpt-4o", messages=question)
+
+
+def test_models_list(client, server):
+    ids = [m.id for m in client.models.list()]
+    assert ids == [server.asr.name, server.lm.name, server.tts.name]
+    assert client.models.retrieve(server.lm.name).id == server.lm.name
+
+
+def test_key_and_admission_limit(asr, server_factory):
+    """The Bearer key guards REST as it guards sessions; past --max-rest-requests one more gets 429."""
+    import threading
+
+    from speechrt.streaming.server import ServerOptions
+
+    with server_factory(ServerOptions(port=0, api_key="k", max_rest_requests=1, debug=True), asr) as srv:
+        url = f"http://127.0.0.1:{srv.port}"
+        with pytest.raises(openai.AuthenticationError, match="invalid or missing API key"):
+            openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0, timeout=120)
+        stall = urllib.request.Request(f"{url}/debug/fault", json.dumps({"stage": "tts", "stall_s": 3}).encode(),
+                                       {"Content-Type": "application/json", "Authorization": "Bearer k"})
+        urllib.request.urlopen(stall).read()  # the next engine stream step (the transcription's) hangs 3 s
+        first = {}
+        t = threading.Thread(target=lambda: first.update(text=transcribe(client, "text")))
+        t.start()
+        deadline = time.monotonic() + 30
+        while 'endpoint="/v1/audio/transcriptions"} 1' not in urllib.request.urlopen(f"{url}/metrics").read().decode():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with pytest.raises(openai.RateLimitError, match="1 REST requests at most at once"):
+            client.models.list()
+        t.join(60)
+        assert wer(SAMPLE_TEXT, first["text"]) <= 0.15
+        assert client.models.list().data[0].id == asr.name
+
+
+def test_unknown_path_lists_the_rest_endpoints(server):
+    import urllib.error
+
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(f"http://127.0.0.1:{server.port}/v1/audio/nonesuch")
+    assert e.value.code == 404
+    message = json.loads(e.value.read())["error"]["message"]
+    assert "POST /v1/audio/transcriptions" in message and "POST /v1/chat/completions" in message
