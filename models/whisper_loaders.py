@@ -3,7 +3,9 @@
 of models/whisper.py (fused self-attention qkv, fused cross-attention kv)."""
 from __future__ import annotations
 
+import bisect
 import json
+import mmap
 import re
 import struct
 from dataclasses import dataclass, field
@@ -12,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .registry import ModelError, ResolvedModel
+from .registry import ModelError, ResolvedModel, ct2_weight_files
 from .whisper import WhisperConfig
 
 # CTranslate2's DataType enum order (include/ctranslate2/types.h)
@@ -27,10 +29,52 @@ class WhisperWeights:
     alignment_heads: list[tuple[int, int]] = field(default_factory=list)
 
 
-def read_ct2(path: Path) -> tuple[str, int, dict[str, np.ndarray]]:
+class JoinedBytes:
+    """Files read as one byte string without writing them joined: a memory map of each; a slice inside one
+    file is a view of its map, a slice across a boundary (a variable split between two parts) is copied."""
+
+    def __init__(self, paths):
+        self.paths = [Path(p) for p in paths]
+        self.maps, self.starts, total = [], [], 0
+        for p in self.paths:
+            with open(p, "rb") as f:
+                size = f.seek(0, 2)
+                self.maps.append(memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)) if size else
+                                 memoryview(b""))
+            self.starts.append(total)
+            total += size
+        self.size = total
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, s: slice):
+        start, stop = max(s.start or 0, 0), min(self.size if s.stop is None else s.stop, self.size)
+        if stop <= start:
+            return b""
+        i = bisect.bisect_right(self.starts, start) - 1
+        lo = start - self.starts[i]
+        if stop - self.starts[i] <= len(self.maps[i]):
+            return self.maps[i][lo: lo + stop - start]
+        pieces = []
+        while start < stop:  # across one or more boundaries
+            while start - self.starts[i] >= len(self.maps[i]):
+                i += 1
+            lo = start - self.starts[i]
+            piece = self.maps[i][lo: lo + stop - start]
+            pieces.append(piece)
+            start += len(piece)
+        return b"".join(pieces)
+
+
+def read_ct2(path) -> tuple[str, int, dict[str, np.ndarray]]:
     """Parse a CTranslate2 model.bin -> (spec name, revision, {name: array}), aliases resolved and int8
-    weights dequantized with their `weight_scale`. Raises ModelError on a malformed or truncated file."""
-    buf = Path(path).read_bytes()
+    weights dequantized with their `weight_scale`. `path`: the file, or a list of the files it is split
+    into (read in order as one stream, not joined on disk). Raises ModelError on a malformed or truncated
+    file."""
+    parts = [Path(p) for p in path] if isinstance(path, (list, tuple)) else [Path(path)]
+    path = parts[0] if len(parts) == 1 else f"{parts[0]} (+{len(parts) - 1} parts)"
+    buf = JoinedBytes(parts)
     off = 0
 
     def take(fmt):
@@ -38,7 +82,7 @@ def read_ct2(path: Path) -> tuple[str, int, dict[str, np.ndarray]]:
         size = struct.calcsize(fmt)
         if off + size > len(buf):
             raise ModelError(f"{path}: truncated CTranslate2 model file (ended at byte {off} of a field)")
-        v = struct.unpack_from(fmt, buf, off)
+        v = struct.unpack(fmt, buf[off: off + size])
         off += size
         return v[0]
 
@@ -47,7 +91,7 @@ def read_ct2(path: Path) -> tuple[str, int, dict[str, np.ndarray]]:
         n = take("<H")
         if off + n > len(buf) or n == 0:
             raise ModelError(f"{path}: truncated or malformed CTranslate2 model file (string at byte {off})")
-        s = buf[off: off + n - 1].decode("utf-8", errors="replace")
+        s = bytes(buf[off: off + n - 1]).decode("utf-8", errors="replace")
         off += n
         return s
 
@@ -101,10 +145,11 @@ def _count(keys, pattern) -> int:
 
 def load_ct2(path: Path) -> WhisperWeights:
     path = Path(path)
-    mb = path / "model.bin"
-    if not mb.exists():
+    files = ct2_weight_files(path)
+    if not files:
         raise ModelError(f"{path}: no model.bin (expected a CTranslate2 Whisper directory)")
-    spec, _, a = read_ct2(mb)
+    mb = files[0] if len(files) == 1 else path / "model.bin.part*"
+    spec, _, a = read_ct2(files)
     if spec and spec != "WhisperSpec":
         raise ModelError(f"{mb}: a CTranslate2 {spec} model, not Whisper (WhisperSpec)")
     try:

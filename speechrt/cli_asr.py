@@ -3,6 +3,7 @@
 several files in one call, printed one after another or written to --output-dir."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -21,7 +22,10 @@ def add_arguments(p):
     p.add_argument("--dtype", default=None, help="float32, float16, bfloat16 (default: float32 on CPU, float16 on GPU)")
     p.add_argument("--beam-size", type=int, default=1, help="1 = greedy (default), >1 = beam search")
     p.add_argument("--language", default=None, help="language code for multilingual models (default: detect)")
-    p.add_argument("--task", default="transcribe", choices=["transcribe", "translate"])
+    p.add_argument("--task", default="transcribe", choices=["transcribe", "translate"],
+                   help="translate: English text from speech in another language (multilingual models)")
+    p.add_argument("--detect-language", action="store_true", help="print the 5 most likely languages of the first "
+                   "30 s with their probabilities (multilingual models), then the transcript")
     p.add_argument("--temperature", type=float, default=None, help="a single temperature (default: 0 with fallback)")
     p.add_argument("--initial-prompt", default=None)
     p.add_argument("--no-timestamps", action="store_true", help="decode without timestamp tokens")
@@ -119,11 +123,17 @@ def run(args):
 
         if len(files) > 1 and out_dir is None:
             print(f"{'' if i == 0 else chr(10)}==> {name} <==", flush=True)
+        languages = asr.detect_language(audio, k=5) if args.detect_language else None
+        if languages and fmt != "verbose_json" and out_dir is None:
+            print("".join(f"{code:4} {prob:.3f}\n" for code, prob in languages), flush=True)
         result = asr.transcribe(audio, on_segment=on_segment, **opts)
         bar.close()
         if live:
             continue
         text = render(result, fmt, args.task)
+        if languages and fmt == "verbose_json":  # the candidates beside the detected language and its probability
+            text = json.dumps({**json.loads(text), "language_candidates": [[c, round(p, 4)] for c, p in languages]},
+                              ensure_ascii=False)
         if out_dir is not None:
             path = out_dir / f"{Path(name).stem}.{EXTENSIONS[fmt]}"
             path.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")

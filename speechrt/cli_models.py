@@ -14,6 +14,8 @@ def run(args):
         try:
             path = registry.resolve(name, e.family).path
             where = str(path)
+            if e.parts:  # a model.bin split across packages: where its other pieces are
+                where += "".join(f"\n     + {p}" for p in registry.ct2_weight_files(path)[1:])
         except registry.ModelError:
             where = f"not installed ({e.install or 'pip install ' + e.package})"
         default = " (default)" if registry.DEFAULTS[e.family] == name else ""

@@ -100,6 +100,9 @@ def run(args):
     if peers and model.format != "ct2-whisper":
         print(f"(peers skipped: faster-whisper needs a CTranslate2 model, {model.name} is {model.format})")
         peers = []
+    elif peers and not (model.path / "model.bin").exists():
+        print(f"(peers skipped: faster-whisper needs one model.bin; {model.name}'s is split into parts)")
+        peers = []
     for peer in peers:
         if not peer.startswith("ct2-"):
             print(f"(unknown peer {peer!r}; valid: ct2-float32, ct2-int8, ct2-int8_float32, ...)")

@@ -3,6 +3,7 @@ decoding loops (whisper_decoding). `speechrt.load_asr(...)` returns one; so does
 
     asr = speechrt.load_asr()                          # the embedded Whisper tiny.en, torch on the CPU
     asr.transcribe("talk.wav").text                    # any length (long-form)
+    asr.detect_language("talk.wav", k=3)               # [('de', 0.97), ...] (multilingual models)
     asr.transcribe_batch([a, b], drafts=[None, prev])  # short utterances of several streams in one batch
 """
 from __future__ import annotations
@@ -80,6 +81,25 @@ class ASRPipeline:
             raise UserError(f"{self.name} is an English-only model: it cannot translate; use {MULTILINGUAL}")
         return opts
 
+    def detect_language(self, audio, k: int = 5, sample_rate: int | None = None) -> list[tuple[str, float]]:
+        """The `k` most likely languages of the audio's first 30 seconds (a file path, or an array as
+        transcribe() takes) with their probabilities, most likely first: [('de', 0.97), ('nl', 0.01), ...].
+        An English-only model answers [('en', 1.0)]."""
+        if k < 1:
+            raise UserError(f"k must be >= 1, got {k}")
+        if not self.tokenizer.multilingual:
+            return [("en", 1.0)]
+        pcm = self._pcm(audio, sample_rate)[:MAX_UTTERANCE_SAMPLES]
+        with torch.inference_mode(), self.runner.loop():
+            mel = utterance_mel(pcm, self.runner.config.n_mels, self.runner.device)[None]
+            return self.decoder.language_probabilities(self.runner.encode(mel), 1, k)[0]
+
+    @staticmethod
+    def _pcm(audio, sample_rate: int | None) -> np.ndarray:
+        if isinstance(audio, (str, Path)):
+            return load_audio(audio)
+        return load_audio(np.asarray(audio), source_rate=sample_rate or SAMPLE_RATE)
+
     # -- transcription ----------------------------------------------------------------------------
     def transcribe(self, audio, sample_rate: int | None = None, on_segment=None, **options) -> Transcript:
         """Transcribe a file path (WAV/FLAC/OGG/MP3, any rate and channel count) or an array (float32 in
@@ -87,10 +107,7 @@ class ASRPipeline:
         (beam_size, language, temperatures, initial_prompt, without_timestamps, ...); `on_segment(seg)` is
         called as each segment is decoded."""
         opts = self.options(**options)
-        if isinstance(audio, (str, Path)):
-            pcm = load_audio(audio)
-        else:
-            pcm = load_audio(np.asarray(audio), source_rate=sample_rate or SAMPLE_RATE)
+        pcm = self._pcm(audio, sample_rate)
         with torch.inference_mode(), self.runner.loop():
             return long_form(self.decoder, self.long_form_mel(pcm), len(pcm) / SAMPLE_RATE, opts, on_segment)
 

