@@ -258,7 +258,7 @@ class SpeechReplica:
             if o.private_metrics and not authorized(request.headers, o.api_key):
                 return json_error(401, "/metrics/cluster needs the API key ('Authorization: Bearer <key>'): the "
                                        "server was started with --private-metrics", "invalid_api_key")
-            rows = await self.board.current.remote() if self.board is not None else {}
+            rows = await asyncio.wait_for(self.board.current.remote(), 5) if self.board is not None else {}
             rows.setdefault(self.server.replica, replica_row(self.server))
             return Response(cluster_metrics_text(rows), media_type="text/plain; version=0.0.4",
                             headers={"Cache-Control": "no-store"})
@@ -272,7 +272,7 @@ class SpeechReplica:
     async def report(self):
         while self.board is not None:
             with contextlib.suppress(Exception):  # the board restarting: the next report fills it in again
-                await self.board.push.remote(self.server.replica, replica_row(self.server))
+                await asyncio.wait_for(self.board.push.remote(self.server.replica, replica_row(self.server)), 5)
             await asyncio.sleep(1.0)
 
     async def stop_when_told(self):
@@ -284,16 +284,16 @@ class SpeechReplica:
         for t in self.tasks:
             t.cancel()
         await self.server.shutdown(graceful=True, notice=STOP_NOTICE)
-        if self.board is not None:
+        if self.board is not None:  # (the board may be stopping too, as when the application is deleted)
             with contextlib.suppress(Exception):
-                await self.board.drop.remote(self.server.replica)
+                await asyncio.wait_for(self.board.drop.remote(self.server.replica), 2)
 
 
 # built once: a deployment whose definition and arguments are unchanged keeps its replicas when only its
 # options change (a new number of replicas scales, it does not redeploy)
 SPEECH_DEPLOYMENT = serve.deployment(serve.ingress()(SpeechReplica))
 BOARD_DEPLOYMENT = serve.deployment(MetricsBoard, num_replicas=1, ray_actor_options={"num_cpus": 0},
-                                    max_ongoing_requests=1000)
+                                    max_ongoing_requests=1000, logging_config={"enable_access_log": False})
 
 
 def application(serve_args: dict, scale: ScaleOptions, name: str = "speechrt"):
