@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import logging
 import random
@@ -121,22 +122,23 @@ class CapacityRouter(FIFOMixin, RequestRouter):
     RECENT_S = 3.0  # longer than the stats period: by then the replica's own report counts the session
 
     def initialize_state(self, **kwargs):
-        self.recent: list[tuple[float, object]] = []  # (when, replica id) of this router's choices
+        self.recent: dict[object, tuple[float, object]] = {}  # request -> (when, replica id) of its last choice
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
         cache, now = self.replica_queue_len_cache, time.monotonic()
-        self.recent = [(t, r) for t, r in getattr(self, "recent", []) if now - t < self.RECENT_S]
+        self.recent = {k: v for k, v in getattr(self, "recent", {}).items() if now - v[0] < self.RECENT_S}
+        sent = collections.Counter(rid for _, rid in self.recent.values())
 
         def load(r: RunningReplica):
             s = r.routing_stats or {}
             cap = s.get("max_sessions") or r.max_ongoing_requests
-            sent = sum(rid == r.replica_id for _, rid in self.recent)
-            sessions = max(s.get("sessions", 0) + sent, cache.get(r.replica_id) or 0)
+            sessions = max(s.get("sessions", 0) + sent[r.replica_id], cache.get(r.replica_id) or 0)
             return bool(s.get("draining")), sessions / cap + s.get("queue_depth", 0) / (4 * cap), random.random()
         ranked = sorted(candidate_replicas, key=load)
-        if ranked:
-            self.recent.append((now, ranked[0].replica_id))
+        if ranked:  # one entry per request: a request routed again replaces its earlier choice
+            key = pending_request.metadata.internal_request_id if pending_request is not None else object()
+            self.recent[key] = (now, ranked[0].replica_id)
         return [[r] for r in ranked]
 
 

@@ -162,6 +162,36 @@ def test_health_metrics_and_cluster_metrics(cluster):
     assert sum(k.startswith("speechrt_replica_sessions_total{") for k in lines) == 2
 
 
+def test_a_full_cluster_answers_session_limit_reached(cluster):
+    """Two replicas of 8 sessions each take 16 sessions, eight on each; the 17th is told as a single
+    server tells it (session_limit_reached, close 1013) so that the client can try again."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    url = f"ws://127.0.0.1:{cluster['port']}/v1/realtime?intent=transcription"
+
+    async def main():
+        held, placed = [], []
+        try:
+            for _ in range(16):
+                ws = await connect(url)
+                held.append(ws)
+                placed.append(json.loads(await ws.recv())["speechrt"]["replica"])
+            ws = await connect(url)
+            held.append(ws)
+            refused = json.loads(await ws.recv())
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.recv()
+            return placed, refused, closed.value.rcvd.code
+        finally:
+            for ws in held:
+                await ws.close()
+    placed, refused, code = run(main(), 60)
+    assert sorted(placed.count(r) for r in set(placed)) == [8, 8], placed
+    assert refused["type"] == "error" and refused["error"]["code"] == "session_limit_reached", refused
+    assert code == 1013
+
+
 def test_scale_down_loses_no_committed_turn(cluster, synth):
     """Four sessions speak three utterances each; meanwhile the deployment goes from 2 replicas to 1.
     The stopping replica finishes its turns in flight and tells its sessions, which reconnect (to the
