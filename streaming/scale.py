@@ -115,30 +115,37 @@ class ScaleOptions:
 class CapacityRouter(FIFOMixin, RequestRouter):
     """New requests go to the replica with the most spare capacity: the lowest sessions over its session
     cap, plus its engine backlog; replicas stopping come last, ties are broken at random. A replica's
-    sessions: what it last reported (routing stats, every stats period) plus what this router sent it
-    since (RECENT_S), or what the router has in flight to it if more. One replica per rank: a full one (at
-    max_ongoing_requests) is passed over for the next."""
+    sessions: the requests this router has in flight to it (Serve's queue-length cache, counted up as it
+    sends; where it has no fresh entry, what the replica last reported in its routing stats), plus the
+    requests this router has chosen it for and not sent yet (several are routed at once). One replica per
+    rank: a full one (at max_ongoing_requests) is passed over for the next."""
 
-    RECENT_S = 3.0  # longer than the stats period: by then the replica's own report counts the session
+    CHOICE_S = 5.0  # a choice not followed by a send within this long is forgotten
 
     def initialize_state(self, **kwargs):
-        self.recent: dict[object, tuple[float, object]] = {}  # request -> (when, replica id) of its last choice
+        self.choosing: dict[object, tuple[float, object]] = {}  # request -> (when, replica id), not sent yet
+
+    def on_send_request(self, replica_id):
+        super().on_send_request(replica_id)  # the cache counts it from now on
+        key = next((k for k, (_, rid) in self.choosing.items() if rid == replica_id), None)
+        self.choosing.pop(key, None)
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
         cache, now = self.replica_queue_len_cache, time.monotonic()
-        self.recent = {k: v for k, v in getattr(self, "recent", {}).items() if now - v[0] < self.RECENT_S}
-        sent = collections.Counter(rid for _, rid in self.recent.values())
+        self.choosing = {k: v for k, v in getattr(self, "choosing", {}).items() if now - v[0] < self.CHOICE_S}
+        chosen = collections.Counter(rid for _, rid in self.choosing.values())
 
         def load(r: RunningReplica):
             s = r.routing_stats or {}
             cap = s.get("max_sessions") or r.max_ongoing_requests
-            sessions = max(s.get("sessions", 0) + sent[r.replica_id], cache.get(r.replica_id) or 0)
+            ongoing = cache.get(r.replica_id)
+            sessions = (ongoing if ongoing is not None else s.get("sessions", 0)) + chosen[r.replica_id]
             return bool(s.get("draining")), sessions / cap + s.get("queue_depth", 0) / (4 * cap), random.random()
         ranked = sorted(candidate_replicas, key=load)
         if ranked:  # one entry per request: a request routed again replaces its earlier choice
             key = pending_request.metadata.internal_request_id if pending_request is not None else object()
-            self.recent[key] = (now, ranked[0].replica_id)
+            self.choosing[key] = (now, ranked[0].replica_id)
         return [[r] for r in ranked]
 
 

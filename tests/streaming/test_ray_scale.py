@@ -171,6 +171,7 @@ def test_a_full_cluster_answers_session_limit_reached(cluster):
     url = f"ws://127.0.0.1:{cluster['port']}/v1/realtime?intent=transcription"
 
     async def main():
+        await asyncio.sleep(2.0)  # the replicas' reports (every second) no longer count the earlier tests' sessions
         held, placed = [], []
         try:
             for _ in range(16):
