@@ -62,6 +62,22 @@ def add_arguments(p):
     p.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: all cores)")
     p.add_argument("--debug-endpoints", action="store_true", help="serve POST /debug/fault (inject a failing or "
                    "stalling model step; for tests, never in production)")
+    r = p.add_argument_group("Ray Serve (--ray; docs/scale-out.md; needs pip install 'speechrt[ray]')")
+    r.add_argument("--ray", action="store_true", help="serve on Ray Serve: replicas each with their own models and "
+                   "engine behind one endpoint at --host:--port, a WebSocket pinned to its replica")
+    r.add_argument("--ray-address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else start one "
+                   "on this machine)")
+    r.add_argument("--replicas", type=int, default=1, help="fixed number of replicas (default 1)")
+    r.add_argument("--min-replicas", type=int, default=None, help="autoscaling: fewest replicas (with --max-replicas)")
+    r.add_argument("--max-replicas", type=int, default=None, help="autoscaling: most replicas (with --min-replicas)")
+    r.add_argument("--target-sessions", type=float, default=None, help="autoscaling: ongoing sessions per replica "
+                   "to aim for (default 3/4 of --max-sessions)")
+    r.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs each replica reserves (default 1; also its "
+                   "PyTorch threads unless --threads)")
+    r.add_argument("--replica-gpus", type=float, default=0.0, help="GPUs each replica reserves (default 0; 1 with "
+                   "--device cuda; fractions share a GPU)")
+    r.add_argument("--graceful-shutdown-s", type=float, default=30.0, help="time a stopping replica has to finish "
+                   "turns in flight and tell its sessions before Serve kills it (default 30; > --drain-seconds)")
 
 
 def options(args):
@@ -97,6 +113,10 @@ def load_models(args):
 
 
 def run(args):
+    if args.ray:
+        from speechrt.streaming import scale  # imports ray; an error names `pip install 'speechrt[ray]'`
+
+        return scale.run(args)
     import asyncio
     import time
 

@@ -84,8 +84,11 @@ class MetricsPage:
         return "\n".join(self.lines) + "\n"
 
 
-def metrics_text(sessions: int, queue_depth: int, c: Counters, m: Metrics) -> str:
+def metrics_text(sessions: int, queue_depth: int, c: Counters, m: Metrics, replica: str | None = None) -> str:
     page = MetricsPage()
+    if replica is not None:
+        page.lines += ["# HELP speechrt_replica_info The Ray Serve replica serving this page.",
+                       "# TYPE speechrt_replica_info gauge", f'speechrt_replica_info{{replica="{replica}"}} 1']
     page.metric("sessions_active", "gauge", "Open Realtime sessions.", sessions)
     page.metric("sessions_total", "counter", "Sessions admitted since start.", c.sessions_total)
     page.metric("sessions_rejected_total", "counter", "Sessions refused (server full or shutting down).",

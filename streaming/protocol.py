@@ -53,8 +53,12 @@ def error_event(message: str, code: str, type: str = "invalid_request_error", pa
 # Items and parts are passed in their wire form (conversation.Item.to_api()). Responses here have one
 # output item with one content part: output_index and content_index are 0.
 
-def session_created(session: dict) -> dict:
-    return {"type": "session.created", "session": session}
+def session_created(session: dict, replica: str | None = None) -> dict:
+    """`replica` (speechrt extension, under "speechrt"): the Ray Serve replica the session is pinned to."""
+    ev = {"type": "session.created", "session": session}
+    if replica is not None:
+        ev["speechrt"] = {"replica": replica}
+    return ev
 
 
 def session_updated(session: dict) -> dict:

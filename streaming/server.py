@@ -95,6 +95,8 @@ class SpeechServer:
         self.sessions: set[RealtimeSession] = set()
         self.counters = Counters()
         self.shutting_down = False
+        self.replica: str | None = None  # the Ray Serve replica serving it (session.created, /healthz, /metrics)
+        self._stopped: asyncio.Task | None = None
         self._uvicorn = None
         self._serving: asyncio.Task | None = None
         self._watchdog: asyncio.Task | None = None
@@ -128,10 +130,13 @@ class SpeechServer:
                         runners={f: str(p.info) for f, p in (("asr", self.asr), ("lm", self.lm), ("tts", self.tts))
                                  if p is not None},
                         conversation=self.conversation_ready, uptime_s=round(time.time() - self.counters.started, 1))
+            if self.replica is not None:
+                body["replica"] = self.replica
         return (503 if self.shutting_down else 200), body
 
     def metrics_text(self) -> str:
-        return metrics_text(len(self.sessions), self.engine.queue_depth(), self.counters, self.engine.metrics)
+        return metrics_text(len(self.sessions), self.engine.queue_depth(), self.counters, self.engine.metrics,
+                            replica=self.replica)
 
     async def _watch_idle(self):
         while True:
@@ -143,8 +148,13 @@ class SpeechServer:
                                 "way); closing", "idle_timeout", 1000)
 
     # -- lifecycle --------------------------------------------------------------------------------------
-    async def start(self) -> "SpeechServer":
+    async def start(self, listen: bool = True) -> "SpeechServer":
+        """Start the engine and the idle watchdog; with `listen`, also serve build_app on options.host:port
+        (without it another ASGI server serves the app: Ray Serve's ingress, streaming/scale.py)."""
         self.engine.start()
+        self._watchdog = asyncio.create_task(self._watch_idle())
+        if not listen:
+            return self
         self._socket = socket.create_server((self.options.host, self.options.port))
         # accepted connections inherit it: what a client that stops reading can hold up in the kernel is bounded
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.options.socket_send_buffer)
@@ -154,29 +164,35 @@ class SpeechServer:
             if self._serving.done():  # it failed to start: raise its error
                 await self._serving
             await asyncio.sleep(0.01)
-        self._watchdog = asyncio.create_task(self._watch_idle())
         return self
 
     @property
     def port(self) -> int:
         return self._socket.getsockname()[1]
 
-    async def shutdown(self, graceful: bool = True):
+    async def shutdown(self, graceful: bool = True, notice: str | None = None):
         """Stop admitting sessions; with `graceful`, let final transcripts and answers in flight finish (up
-        to drain_seconds) while live transcripts stop; then tell the sessions whose work did not finish,
-        close every connection with 1001 (going away), and stop."""
+        to drain_seconds) while live transcripts stop; then tell the sessions whose work did not finish
+        (with `notice`: every session, in those words), close every connection with 1001 (going away), and
+        stop. A second call waits for the first."""
+        if self._stopped is None:
+            self._stopped = asyncio.ensure_future(self._shutdown(graceful, notice))
+        await asyncio.shield(self._stopped)
+
+    async def _shutdown(self, graceful: bool, notice: str | None):
         self.shutting_down = True
         if self._watchdog:
             self._watchdog.cancel()
         sessions = list(self.sessions)
-        if graceful:
-            pending = [t for s in sessions for t in s.drain()]
-            if pending:
-                await asyncio.wait(pending, timeout=self.options.drain_seconds)
+        if graceful:  # (again until none is left: a turn being committed as the drain began joins late)
+            deadline = time.monotonic() + self.options.drain_seconds
+            while (pending := [t for s in sessions for t in s.drain()]) and time.monotonic() < deadline:
+                await asyncio.wait(pending, timeout=deadline - time.monotonic())
         for s in sessions:
             unfinished = graceful and s.has_essential_work()
-            await s.end("the server is shutting down" + (": work in flight was not finished" if unfinished else ""),
-                        "server_shutting_down", 1001, error=unfinished or not graceful)
+            why = notice or "the server is shutting down"
+            await s.end(why + (": work in flight was not finished" if unfinished else ""),
+                        "server_shutting_down", 1001, error=unfinished or not graceful or notice is not None)
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
             with contextlib.suppress(Exception):

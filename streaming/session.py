@@ -22,6 +22,9 @@ from .protocol import (BETA_NAMES, CLIENT_EVENTS, ProtocolError, SessionConfig, 
 from .turns import InputTurns
 
 log = logging.getLogger(__name__)
+# client events not taken once the server drains (graceful shutdown): they would begin new work
+DRAIN_IGNORES = frozenset({"input_audio_buffer.append", "input_audio_buffer.commit", "conversation.item.create",
+                           "response.create"})
 
 
 def asr_options(cfg: SessionConfig, live: bool = False) -> TranscribeOptions:
@@ -110,7 +113,7 @@ class RealtimeSession:
         self.essential: set[asyncio.Task] = set()  # final transcripts and responses: a drain waits for them
         self.outbox = Outbox(conn, opts.max_send_queue_bytes)
         self.last_activity = time.monotonic()
-        self.closed = False
+        self.closed = self.draining = False  # draining: set by drain(), input that would begin new work is not taken
 
     # -- output -----------------------------------------------------------------------------------
     async def send(self, event: dict):
@@ -153,14 +156,15 @@ class RealtimeSession:
     async def run(self):
         """Serve the client's events until the connection closes."""
         self.outbox.start()
-        await self.send(P.session_created(self.cfg.to_api(self.id)))
+        await self.send(P.session_created(self.cfg.to_api(self.id), self.server.replica))
         while (message := await self.conn.receive()) is not None:
             self.last_activity = time.monotonic()
             await self.handle(message)
 
     def drain(self) -> list[asyncio.Task]:
-        """Graceful shutdown: stop what only serves a turn still being spoken (no more audio will come);
-        -> the final transcripts and responses in flight, to be waited for."""
+        """Graceful shutdown: stop what only serves a turn still being spoken, take no input that would
+        begin new work (DRAIN_IGNORES); -> the final transcripts and responses in flight, to be waited for."""
+        self.draining = True
         self.turns.end_turn()
         for t in self.tasks - self.essential:
             t.cancel()
@@ -170,8 +174,7 @@ class RealtimeSession:
         return any(not t.done() for t in self.essential)
 
     async def end(self, message: str, code: str, close_code: int, error: bool = True):
-        """Close the session from the server's side: an error event saying why (if `error`), then the
-        connection, after the events already queued."""
+        """Close from the server's side: an error event saying why (if `error`), then the connection."""
         if self.closed:
             return
         if error:
@@ -204,6 +207,8 @@ class RealtimeSession:
         if not isinstance(ev, dict) or not isinstance(ev.get("type"), str):
             return await self.error("every event must be a JSON object with a string 'type'", "invalid_event")
         etype, eid = ev["type"], ev.get("event_id")
+        if self.draining and etype in DRAIN_IGNORES:
+            return  # the server is shutting down: its notice says input after the drain began was not taken
         handler = self.HANDLERS.get(etype)
         if handler is None:
             return await self.error(f"unknown event type {etype!r}; valid client events: {', '.join(CLIENT_EVENTS)}",

@@ -357,7 +357,10 @@ class InputTurns:
             await self.session.user_turn_done(text)
 
     async def _final_result(self, turn: Turn, audio: np.ndarray, early: asyncio.Task | None):
-        r = await early if early is not None else None
+        r = None
+        if early is not None:  # a drain (graceful shutdown) cancels early transcripts: then this one is made anew
+            await asyncio.wait([early])
+            r = None if early.cancelled() else early.result()
         if r is None:  # no early transcript, or a final transcript of another session stopped it
             r = await self._transcribe(turn, audio)
         return r

@@ -75,6 +75,9 @@ def add_arguments(p):
     p.add_argument("--silence-duration-ms", type=int, default=200, help="server_vad pause that ends a turn (default 200)")
     p.add_argument("--eagerness", choices=["low", "medium", "high", "auto"], default="auto", help="semantic_vad eagerness")
     p.add_argument("--url", default=None, help="an already running server (ws://host:port/v1/realtime); default: start one")
+    p.add_argument("--also-url", action="append", default=[], metavar="NAME=URL",
+                   help="another running speechrt server measured side by side, level by level in the same run "
+                        "(e.g. ray=ws://127.0.0.1:8000/v1/realtime for `speechrt serve --ray`; repeatable)")
     p.add_argument("--threads", type=int, default=None, help="PyTorch threads of the started server (and the peer's)")
     p.add_argument("--backend", default="torch", help="the started server's --backend")
     p.add_argument("--device", default="cpu", help="the started server's --device")
@@ -234,6 +237,19 @@ def _print(name, row, conversation):
     print(line + f"  {100 * row['wer']:5.1f}%" + lost, flush=True)
 
 
+def _also_urls(args) -> list[tuple[str, str]]:
+    from speechrt.errors import UserError
+
+    out = []
+    for spec in args.also_url:
+        name, _, url = spec.partition("=")
+        if not name or not url.startswith(("ws://", "wss://")) or name == "speechrt":
+            raise UserError(f"--also-url wants NAME=ws://host:port/v1/realtime with a NAME other than 'speechrt', "
+                            f"got {spec!r}")
+        out.append((name, url))
+    return out
+
+
 def _levels(args) -> list[int]:
     from speechrt.errors import UserError
 
@@ -253,11 +269,11 @@ class _Speechrt:
 
     name = "speechrt"
 
-    def __init__(self, args, conversation):
-        self.proc, self.args, self.conversation = None, args, conversation
-        if args.url:
-            self.url = args.url
-            http = args.url.replace("ws://", "http://").replace("wss://", "https://").split("/v1/")[0]
+    def __init__(self, args, conversation, url=None, name="speechrt"):
+        self.proc, self.args, self.conversation, self.name = None, args, conversation, name
+        if url or args.url:
+            self.url = url or args.url
+            http = self.url.replace("ws://", "http://").replace("wss://", "https://").split("/v1/")[0]
             with urllib.request.urlopen(http + "/healthz", timeout=10) as r:
                 health = json.load(r)
         else:
@@ -391,7 +407,8 @@ def run(args):
     for mode in modes:
         conversation = mode == "conversation"
         recs = _recordings(QUESTIONS if conversation else SENTENCES)
-        engines = [_Speechrt(args, conversation)]
+        engines = [_Speechrt(args, conversation)] + [_Speechrt(args, conversation, url, name)
+                                                     for name, url in _also_urls(args)]
         try:
             if venv is not None and not conversation:
                 engines.append(_WhisperLive(args, venv, recs))
@@ -407,7 +424,7 @@ def run(args):
         finally:
             for e in engines:
                 e.close()
-        peer = next((e for e in engines if e.name != "speechrt"), None)
+        peer = next((e for e in engines if isinstance(e, _WhisperLive)), None)
         peer_label = f"{peer.name} {peer.precision}" if peer else ""
         for e in engines:
             ok = [r["streams"] for r in rows[e.name] if r["ok"]]
