@@ -12,17 +12,20 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import zlib
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from speechrt.errors import UserError
 from speechrt.models.audio import CHUNK_LENGTH, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, pad_or_trim_frames
 
 from .generation import repeat_period
+from .speech_regions import VadOptions
 from .whisper_timing import Word, add_word_timestamps, last_end
 
 NEG_INF = float("-inf")
@@ -58,6 +61,13 @@ class TranscribeOptions:
     seed: int = 0
     # long-form: each segment's words with their start/end (cross-attention alignment, see whisper_timing)
     word_timestamps: bool = False
+    # silence gate: a 30-s window (or an utterance) whose loudest 10 ms hop is quieter than this (dBFS) is
+    # silence and is not decoded (Whisper invents "you" over digital silence); None: off
+    silence_level_db: float | None = -60.0
+    # transcribe(): decode only the speech regions Silero VAD finds (vad_parameters: VadOptions or a dict
+    # of its fields), times mapped back to the recording
+    vad_filter: bool = False
+    vad_parameters: VadOptions | dict | None = None
 
     def __post_init__(self):
         def bad(msg):
@@ -78,6 +88,10 @@ class TranscribeOptions:
             bad(f"stop_repeats must be 0 (off) or >= 2, got {self.stop_repeats}")
         if not 0 <= self.trim_margin <= CHUNK_LENGTH:
             bad(f"trim_margin must be in [0, {CHUNK_LENGTH}] seconds, got {self.trim_margin}")
+        if self.silence_level_db is not None and not -200 <= self.silence_level_db <= 0:
+            bad(f"silence_level_db must be None (off) or in [-200, 0] dBFS, got {self.silence_level_db}")
+        object.__setattr__(self, "vad_parameters", VadOptions.parse(self.vad_parameters) if self.vad_filter
+                           or self.vad_parameters is not None else None)
 
 
 class TranscriptionCancelled(Exception):
@@ -240,7 +254,8 @@ class WindowDecoder:
         best = max(range(len(seqs)), key=score)
         toks = seqs[best]
         text = self.tok.decode(toks)
-        return WindowResult(toks, text, sum_lp[best] / (len(toks) + 1), no_speech, temperature, compression_ratio(text))
+        return WindowResult(toks, text, sum_lp[best] / (len(toks) + 1), no_speech, temperature,
+                            compression_ratio(text.strip()))
 
     def sample(self, state, logits, rules, n, temperature, sample_len, gen, stop=None, loops: int = 0):
         """Greedy (temperature 0) or sampled decoding of n rows; finished rows leave the batch.
@@ -385,17 +400,43 @@ class WindowDecoder:
         return [list(k) for k in keys], [finished[k] for k in keys]
 
     def decode_with_fallback(self, encoded, prev, opts, language, gen) -> WindowResult:
-        res = None
+        """Decode at each temperature of the ladder until the result is neither too repetitive (compression
+        ratio above its threshold) nor too unsure (average log probability below its threshold), or is
+        silence (no-speech probability above its threshold and unsure). When every temperature fails: the
+        most confident result among those not too repetitive (or among all), with the last temperature
+        (faster-whisper's generate_with_fallback)."""
+        results, below_cr = [], []
         for t in opts.temperatures:
             res = self.decode_window(encoded, prev, opts, t, language, gen)
-            too_repetitive = opts.compression_ratio_threshold is not None and res.compression_ratio > opts.compression_ratio_threshold
-            too_unsure = opts.logprob_threshold is not None and res.avg_logprob < opts.logprob_threshold
-            silent = opts.no_speech_threshold is not None and res.no_speech_prob > opts.no_speech_threshold
-            if silent and opts.logprob_threshold is not None and res.avg_logprob < opts.logprob_threshold:
-                return res  # silence: no need to retry
-            if not too_repetitive and not too_unsure:
+            results.append(res)
+            needs_fallback = False
+            if opts.compression_ratio_threshold is not None:
+                if res.compression_ratio > opts.compression_ratio_threshold:
+                    needs_fallback = True
+                else:
+                    below_cr.append(res)
+            if opts.logprob_threshold is not None and res.avg_logprob < opts.logprob_threshold:
+                needs_fallback = True
+            if is_silence(res, opts):
+                needs_fallback = False  # silence: no need to retry
+            if not needs_fallback:
                 return res
-        return res
+        best = max(below_cr or results, key=lambda r: r.avg_logprob)
+        return dataclasses.replace(best, temperature=opts.temperatures[-1])
+
+
+def is_silence(res: WindowResult, opts: TranscribeOptions) -> bool:
+    """Whisper's no-speech guard: the no-speech probability is above its threshold and the text is not
+    confident (its average log probability below logprob_threshold, when that is set)."""
+    return (opts.no_speech_threshold is not None and res.no_speech_prob > opts.no_speech_threshold
+            and (opts.logprob_threshold is None or res.avg_logprob < opts.logprob_threshold))
+
+
+def is_quiet(levels, opts: TranscribeOptions) -> bool:
+    """The silence gate: every hop of `levels` (dBFS per 10 ms, see speech_regions.hop_levels_db) is
+    quieter than silence_level_db (False when the gate is off or no levels are given)."""
+    return (levels is not None and opts.silence_level_db is not None
+            and float(np.max(levels, initial=-np.inf)) < opts.silence_level_db)
 
 
 def initial_prompt_tokens(tok, text: str | None) -> list[int]:
@@ -404,11 +445,12 @@ def initial_prompt_tokens(tok, text: str | None) -> list[int]:
 
 
 def long_form(decoder: WindowDecoder, mel: torch.Tensor, duration: float, opts: TranscribeOptions,
-              on_segment=None) -> Transcript:
+              on_segment=None, levels=None) -> Transcript:
     """mel [n_mels, frames + N_FRAMES]: the log-mel of audio of any length followed by a window's worth of
     zero padding. Windows of 30 s; each next window starts where the last complete segment of the previous
-    one ended; its text conditions the next window's decoding."""
-    steps = long_form_steps(decoder, mel, duration, opts, on_segment)
+    one ended; its text conditions the next window's decoding. `levels`: the audio's level per mel frame
+    (dBFS, speech_regions.hop_levels_db) for the silence gate; None: no gate."""
+    steps = long_form_steps(decoder, mel, duration, opts, on_segment, levels)
     while True:
         try:
             next(steps)
@@ -417,7 +459,7 @@ def long_form(decoder: WindowDecoder, mel: torch.Tensor, duration: float, opts: 
 
 
 def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, opts: TranscribeOptions,
-                    on_segment=None):
+                    on_segment=None, levels=None):
     """long_form() one window at a time: a generator that decodes one 30-s window per next() (yielding the
     seconds of audio done so far) and returns the Transcript. A scheduler interleaves these steps with other
     work, so one long recording does not hold the device for all of its windows at once."""
@@ -435,13 +477,16 @@ def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, 
     while seek < content_frames:
         time_offset = seek * HOP_LENGTH / SAMPLE_RATE
         seg_frames = min(N_FRAMES, content_frames - seek)
+        if is_quiet(None if levels is None else levels[seek: seek + seg_frames], opts):
+            seek += seg_frames  # the silence gate: nothing to decode
+            yield min(duration, seek * HOP_LENGTH / SAMPLE_RATE)
+            continue
         window = pad_or_trim_frames(mel[:, seek: seek + seg_frames])[None]
         encoded = runner.encode(window)
         if language is None:
             language = decoder.detect_languages(encoded)[0]
         res = decoder.decode_with_fallback(encoded, all_tokens[prompt_reset:], opts, language, gen)
-        if opts.no_speech_threshold is not None and res.no_speech_prob > opts.no_speech_threshold and (
-                opts.logprob_threshold is None or res.avg_logprob < opts.logprob_threshold):
+        if is_silence(res, opts):
             seek += seg_frames  # silence: skip the window
             yield min(duration, seek * HOP_LENGTH / SAMPLE_RATE)
             continue
@@ -541,9 +586,9 @@ def decode_utterances(decoder: WindowDecoder, mels: torch.Tensor, opts: Transcri
     out = []
     for i in range(n):
         text = tok.decode(seqs[i])
-        avg = sum_lp[i] / (len(seqs[i]) + 1)
-        if opts.no_speech_threshold is not None and no_speech[i] > opts.no_speech_threshold and (
-                opts.logprob_threshold is None or avg < opts.logprob_threshold):
-            text, seqs[i] = "", []
-        out.append(WindowResult(seqs[i], text.strip(), avg, no_speech[i], 0.0, compression_ratio(text)))
+        res = WindowResult(seqs[i], text.strip(), sum_lp[i] / (len(seqs[i]) + 1), no_speech[i], 0.0,
+                           compression_ratio(text.strip()))
+        if is_silence(res, opts):  # the long-form guard: no text
+            res.text, res.tokens = "", []
+        out.append(res)
     return out
