@@ -19,9 +19,9 @@ from speechrt.models.audio import HOP_LENGTH, N_FRAMES, SAMPLE_RATE, load_audio,
 from speechrt.models.registry import resolve
 from speechrt.models.whisper_tokenizer import WhisperTokenizer
 
-from .speech_regions import SpeechMap, VadOptions, hop_levels_db, speech_timestamps
+from .speech_regions import SpeechMap, VadOptions, hop_levels_db, is_quiet, speech_timestamps
 from .whisper_decoding import (TranscribeOptions, TranscriptionCancelled, Transcript, WindowDecoder, WindowResult,
-                               decode_utterances, is_quiet, long_form, long_form_steps)
+                               decode_utterances, long_form, long_form_steps)
 from .whisper_timing import Word, group_words, place_words, token_alignment, token_bytes
 
 OPTION_NAMES = frozenset(f.name for f in fields(TranscribeOptions))

@@ -4,7 +4,9 @@
   threshold with hysteresis, minimum speech and silence durations, padding), for `vad_filter`;
 - `SpeechMap`: the regions cut out and joined, and the way back from times in the joined audio to times
   in the recording (faster-whisper's SpeechTimestampsMap);
-- `hop_levels_db`: the level of each 10 ms hop, which the silence gate (`silence_level_db`) reads.
+- `hop_levels_db`: the level of each 10 ms hop, which the silence gate (`silence_level_db`) reads;
+- the guards the decoding loops apply: `is_silence` (Whisper's no-speech rule), `is_quiet` (the silence
+  gate), `has_words`.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from speechrt.errors import UserError
 from speechrt.models.audio import HOP_LENGTH, SAMPLE_RATE
 from speechrt.models.silero import FRAME, shared_vad
 
-__all__ = ["VadOptions", "speech_timestamps", "SpeechMap", "hop_levels_db"]
+__all__ = ["VadOptions", "speech_timestamps", "SpeechMap", "hop_levels_db", "is_silence", "is_quiet", "has_words"]
 
 
 @dataclass(frozen=True)
@@ -196,3 +198,24 @@ def hop_levels_db(audio: np.ndarray) -> np.ndarray:
     x[: len(audio)] = audio
     ms = np.mean(np.square(x.reshape(n, HOP_LENGTH), dtype=np.float64), axis=1)
     return 10 * np.log10(np.maximum(ms, 1e-20))
+
+
+def is_silence(res, opts, unsure: bool = False) -> bool:
+    """Whisper's no-speech guard on a decoded window or utterance (`res`: its no_speech_prob and
+    avg_logprob; `opts`: TranscribeOptions): the no-speech probability is above no_speech_threshold and the
+    text is not confident — its average log probability below logprob_threshold (when that is set), or
+    `unsure` (the caller knows the text is not to be trusted)."""
+    return (opts.no_speech_threshold is not None and res.no_speech_prob > opts.no_speech_threshold
+            and (unsure or opts.logprob_threshold is None or res.avg_logprob < opts.logprob_threshold))
+
+
+def is_quiet(levels, opts) -> bool:
+    """The silence gate: every hop of `levels` (dBFS per 10 ms, see hop_levels_db) is quieter than
+    opts.silence_level_db (False when the gate is off or no levels are given)."""
+    return (levels is not None and opts.silence_level_db is not None
+            and float(np.max(levels, initial=-np.inf)) < opts.silence_level_db)
+
+
+def has_words(text: str) -> bool:
+    """Whether a transcript holds any letter or digit (not only punctuation, '...', '♪')."""
+    return any(c.isalnum() for c in text)

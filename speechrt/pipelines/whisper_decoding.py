@@ -12,20 +12,18 @@
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-import numpy as np
 import torch
 
 from speechrt.errors import UserError
 from speechrt.models.audio import CHUNK_LENGTH, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, pad_or_trim_frames
 
 from .generation import repeat_period
-from .speech_regions import VadOptions
+from .speech_regions import VadOptions, has_words, is_quiet, is_silence
 from .whisper_timing import Word, add_word_timestamps, last_end
 
 NEG_INF = float("-inf")
@@ -257,10 +255,12 @@ class WindowDecoder:
         return WindowResult(toks, text, sum_lp[best] / (len(toks) + 1), no_speech, temperature,
                             compression_ratio(text.strip()))
 
-    def sample(self, state, logits, rules, n, temperature, sample_len, gen, stop=None, loops: int = 0):
+    def sample(self, state, logits, rules, n, temperature, sample_len, gen, stop=None, loops: int = 0,
+               looped: set | None = None):
         """Greedy (temperature 0) or sampled decoding of n rows; finished rows leave the batch.
         `stop()` is asked before each step; True abandons the work (TranscriptionCancelled). `loops`: a
-        row stops when it repeats itself that many times (see TranscribeOptions.stop_repeats)."""
+        row stops when it repeats itself that many times (see TranscribeOptions.stop_repeats); the rows
+        cut so are added to `looped`."""
         seqs: list[list[int]] = [[] for _ in range(n)]
         sum_lp = [0.0] * n
         active = list(range(n))
@@ -282,6 +282,8 @@ class WindowDecoder:
                 seqs[i].append(nxt_l[j])
                 if not cut_loop(seqs[i], loops):
                     keep.append(j)
+                elif looped is not None:
+                    looped.add(i)
             if not keep:
                 break
             if len(keep) < len(active):
@@ -294,7 +296,7 @@ class WindowDecoder:
         return seqs, sum_lp
 
     def greedy_drafted(self, state, checked, rules, drafts: list[list[int]], sample_len: int, prompt_len: int,
-                       stop=None, loops: int = 0):
+                       stop=None, loops: int = 0, looped: set | None = None):
         """Greedy decoding of len(drafts) rows that checks a guess of each row's output first (speculative
         decoding with the guess as the draft). The caller has run the prompt and every draft through
         the decoder in one pass: checked [n, 1 + width, vocab] are the logits after the prompt and after
@@ -347,7 +349,11 @@ class WindowDecoder:
                     if tok == eot:
                         continue
                     seqs[i].append(tok)
-                    if len(seqs[i]) >= sample_len or cut_loop(seqs[i], loops):
+                    if len(seqs[i]) >= sample_len:
+                        continue
+                    if cut_loop(seqs[i], loops):
+                        if looped is not None:
+                            looped.add(i)
                         continue
                 keep.append(j)
             if not keep:
@@ -422,21 +428,7 @@ class WindowDecoder:
             if not needs_fallback:
                 return res
         best = max(below_cr or results, key=lambda r: r.avg_logprob)
-        return dataclasses.replace(best, temperature=opts.temperatures[-1])
-
-
-def is_silence(res: WindowResult, opts: TranscribeOptions) -> bool:
-    """Whisper's no-speech guard: the no-speech probability is above its threshold and the text is not
-    confident (its average log probability below logprob_threshold, when that is set)."""
-    return (opts.no_speech_threshold is not None and res.no_speech_prob > opts.no_speech_threshold
-            and (opts.logprob_threshold is None or res.avg_logprob < opts.logprob_threshold))
-
-
-def is_quiet(levels, opts: TranscribeOptions) -> bool:
-    """The silence gate: every hop of `levels` (dBFS per 10 ms, see speech_regions.hop_levels_db) is
-    quieter than silence_level_db (False when the gate is off or no levels are given)."""
-    return (levels is not None and opts.silence_level_db is not None
-            and float(np.max(levels, initial=-np.inf)) < opts.silence_level_db)
+        return replace(best, temperature=opts.temperatures[-1])
 
 
 def initial_prompt_tokens(tok, text: str | None) -> list[int]:
@@ -578,17 +570,21 @@ def decode_utterances(decoder: WindowDecoder, mels: torch.Tensor, opts: Transcri
     no_speech = (torch.softmax(logits[:, sot_index], -1)[:, tok.no_speech].tolist() if tok.no_speech is not None
                  else [math.nan] * n)
     rules = LogitRules(tok, opts, prompt_len, dev)
+    looped: set[int] = set()
     if width:
         seqs, sum_lp = decoder.greedy_drafted(state, logits[:, prompt_len - 1:], rules, drafts, sample_len,
-                                              prompt_len, stop, opts.stop_repeats)
+                                              prompt_len, stop, opts.stop_repeats, looped)
     else:
-        seqs, sum_lp = decoder.sample(state, logits[:, -1], rules, n, 0.0, sample_len, None, stop, opts.stop_repeats)
+        seqs, sum_lp = decoder.sample(state, logits[:, -1], rules, n, 0.0, sample_len, None, stop, opts.stop_repeats,
+                                      looped)
     out = []
     for i in range(n):
         text = tok.decode(seqs[i])
         res = WindowResult(seqs[i], text.strip(), sum_lp[i] / (len(seqs[i]) + 1), no_speech[i], 0.0,
                            compression_ratio(text.strip()))
-        if is_silence(res, opts):  # the long-form guard: no text
+        # the long-form guard: no text. A row cut short by its own repetition is too repetitive (long-form
+        # would fall back to sampling), so its confident average does not vouch for it ('. . . .' over tones)
+        if is_silence(res, opts, unsure=i in looped) or not has_words(res.text):
             res.text, res.tokens = "", []
         out.append(res)
     return out
