@@ -114,3 +114,27 @@ def test_bad_options_say_what_is_valid(asr):
         TranscribeOptions(vad_filter=True, vad_parameters={"threshold": 1.5})
     assert TranscribeOptions(vad_filter=True).vad_parameters == VadOptions()
     assert TranscribeOptions(vad_parameters={"speech_pad_ms": 200}).vad_parameters.speech_pad_ms == 200
+
+
+def test_cli_vad_filter(tmp_path, capsys, speech_with_gap):
+    """`speechrt transcribe --vad-filter --json`: the file's own times; VAD parameters without the filter and
+    a bad level are refused."""
+    import json
+
+    from speechrt.cli import main
+
+    audio, cut = speech_with_gap
+    short = np.concatenate([audio[: round(cut * SR)], audio[-(len(audio) - round(cut * SR) - 50 * SR):]])  # 10 s gap
+    path = tmp_path / "gap.wav"
+    sf.write(path, short, SR)
+    assert main(["transcribe", str(path), "--vad-filter", "--vad-speech-pad-ms", "300", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert wer((DATA / "sample.txt").read_text(), out["text"]) <= 0.15, out["text"]
+    segs = out["segments"]
+    assert all(s["end"] <= cut + 0.5 or s["start"] >= cut + 9.5 for s in segs), segs
+    assert any(s["start"] >= cut + 9.5 for s in segs) and out["duration"] == pytest.approx(len(short) / SR, abs=0.01)
+    assert main(["transcribe", str(path), "--vad-min-silence-ms", "500"]) == 2
+    assert "apply to --vad-filter" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["transcribe", str(path), "--silence-level-db", "loud"])
+    assert "not a level in dBFS" in capsys.readouterr().err

@@ -11,6 +11,7 @@ import base64
 import json
 
 import numpy as np
+import pytest
 
 from speechrt.models.audio import resample
 
@@ -71,3 +72,25 @@ def test_noise_and_tones_never_complete_with_invented_text(transcription_server)
 
     seen = asyncio.run(asyncio.wait_for(main(), 240))
     assert seen["white"] == 0 and seen["pink"] == 0, seen  # Silero opens no turn in noise
+
+
+def test_rest_transcription_with_vad_filter(transcription_server):
+    """POST /v1/audio/transcriptions with the vad_filter form field: 5 s of leading silence are skipped and
+    the segments keep the upload's times; a value that is not a boolean is refused."""
+    import io
+
+    import soundfile as sf
+
+    openai = pytest.importorskip("openai")
+    from speechrt.cli_asr import sample_path
+
+    speech, sr = sf.read(sample_path(), dtype="float32")
+    buf = io.BytesIO()
+    sf.write(buf, np.concatenate([np.zeros(5 * sr, np.float32), speech]), sr, format="WAV")
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{transcription_server.port}/v1", api_key="x", max_retries=0)
+    out = client.audio.transcriptions.create(model="whisper-1", file=("gap.wav", buf.getvalue()),
+                                             response_format="verbose_json", extra_body={"vad_filter": "true"})
+    assert out.text.strip() and out.segments[0].start >= 4.5, [(s.start, s.end) for s in out.segments]
+    with pytest.raises(openai.BadRequestError, match="vad_filter 'maybe' is not a boolean"):
+        client.audio.transcriptions.create(model="whisper-1", file=("gap.wav", buf.getvalue()),
+                                           extra_body={"vad_filter": "maybe"})
