@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +21,8 @@ from speechrt.errors import UserError
 from speechrt.models.audio import HOP_LENGTH, SAMPLE_RATE
 from speechrt.models.silero import FRAME, shared_vad
 
-__all__ = ["VadOptions", "speech_timestamps", "SpeechMap", "hop_levels_db", "is_silence", "is_quiet", "has_words"]
+__all__ = ["VadOptions", "speech_timestamps", "SpeechMap", "hop_levels_db", "is_silence", "is_quiet", "has_words",
+           "compression_ratio"]
 
 
 @dataclass(frozen=True)
@@ -219,3 +221,9 @@ def is_quiet(levels, opts) -> bool:
 def has_words(text: str) -> bool:
     """Whether a transcript holds any letter or digit (not only punctuation, '...', '♪')."""
     return any(c.isalnum() for c in text)
+
+
+def compression_ratio(text: str) -> float:
+    """gzip's compression ratio of a transcript: above 2.4 it repeats itself (a decoding loop)."""
+    b = text.encode("utf-8")
+    return len(b) / len(zlib.compress(b)) if b else 0.0

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import zlib
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -22,9 +21,9 @@ import torch
 from speechrt.errors import UserError
 from speechrt.models.audio import CHUNK_LENGTH, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, pad_or_trim_frames
 
-from .generation import repeat_period
-from .speech_regions import VadOptions, has_words, is_quiet, is_silence
-from .whisper_timing import Word, add_word_timestamps, last_end
+from .generation import cut_loop
+from .speech_regions import VadOptions, compression_ratio, has_words, is_quiet, is_silence
+from .whisper_timing import Word, add_word_timestamps, last_end, skip_hallucinations
 
 NEG_INF = float("-inf")
 
@@ -59,6 +58,9 @@ class TranscribeOptions:
     seed: int = 0
     # long-form: each segment's words with their start/end (cross-attention alignment, see whisper_timing)
     word_timestamps: bool = False
+    # with word_timestamps: a likely hallucination (improbable, too short or too long words) after more than
+    # this many seconds of silence is skipped (faster-whisper's); None: off
+    hallucination_silence_threshold: float | None = None
     # silence gate: a 30-s window (or an utterance) whose loudest 10 ms hop is quieter than this (dBFS) is
     # silence and is not decoded (Whisper invents "you" over digital silence); None: off
     silence_level_db: float | None = -60.0
@@ -86,6 +88,10 @@ class TranscribeOptions:
             bad(f"stop_repeats must be 0 (off) or >= 2, got {self.stop_repeats}")
         if not 0 <= self.trim_margin <= CHUNK_LENGTH:
             bad(f"trim_margin must be in [0, {CHUNK_LENGTH}] seconds, got {self.trim_margin}")
+        if self.hallucination_silence_threshold is not None and (
+                not self.word_timestamps or self.hallucination_silence_threshold < 0):
+            bad(f"hallucination_silence_threshold ({self.hallucination_silence_threshold}) must be >= 0 seconds "
+                "and needs word_timestamps=True (it judges words)")
         if self.silence_level_db is not None and not -200 <= self.silence_level_db <= 0:
             bad(f"silence_level_db must be None (off) or in [-200, 0] dBFS, got {self.silence_level_db}")
         object.__setattr__(self, "vad_parameters", VadOptions.parse(self.vad_parameters) if self.vad_filter
@@ -133,20 +139,6 @@ class Transcript:
                               "avg_logprob": s.avg_logprob, "no_speech_prob": s.no_speech_prob,
                               "temperature": s.temperature, **({"words": [w.to_dict() for w in s.words]} if s.words else {})}
                              for s in self.segments]}
-
-
-def cut_loop(seq: list[int], times: int) -> bool:
-    """If `seq` ends with one span repeated `times` times, drop all copies but the first -> True (the row
-    is done); False otherwise, or when `times` is 0."""
-    period = repeat_period(seq, times) if times else 0
-    if period:
-        del seq[len(seq) - (times - 1) * period:]
-    return period > 0
-
-
-def compression_ratio(text: str) -> float:
-    b = text.encode("utf-8")
-    return len(b) / len(zlib.compress(b)) if b else 0.0
 
 
 class LogitRules:
@@ -467,7 +459,7 @@ def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, 
     seek = 0
     last_speech = 0.0  # the end of the last word (word_timestamps)
     while seek < content_frames:
-        time_offset = seek * HOP_LENGTH / SAMPLE_RATE
+        time_offset, window_seek = seek * HOP_LENGTH / SAMPLE_RATE, seek
         seg_frames = min(N_FRAMES, content_frames - seek)
         if is_quiet(None if levels is None else levels[seek: seek + seg_frames], opts):
             seek += seg_frames  # the silence gate: nothing to decode
@@ -507,13 +499,21 @@ def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, 
             seek += seg_frames
         found = [{"start": start, "end": end, "tokens": part, "words": []} for start, end, part in new]
         if opts.word_timestamps and found:
+            speech_before = last_speech
             last_speech = add_word_timestamps(runner, tok, encoded, found, time_offset, seg_frames,
                                               tok.sot_sequence(language, opts.task), language, last_speech)
             if not single_ending:  # the next window starts after the last word (faster-whisper)
                 end = last_end(found)
                 if end is not None and end > time_offset:
                     seek = round(end * SAMPLE_RATE / HOP_LENGTH)
-            last_speech = last_end(found)
+            if opts.hallucination_silence_threshold is not None:
+                skip, drop = skip_hallucinations(found, opts.hallucination_silence_threshold, window_seek, seg_frames,
+                                                 content_frames, speech_before)
+                seek = seek if skip is None else skip
+                if drop:
+                    yield min(duration, seek * HOP_LENGTH / SAMPLE_RATE)
+                    continue
+            last_speech = last_end(found) if found else speech_before
         for f in found:
             part, text = f["tokens"], tok.decode(f["tokens"])
             if not text.strip() or f["start"] == f["end"]:

@@ -73,6 +73,18 @@ def test_speech_around_a_minute_of_silence(asr, one_cpu_thread, speech_with_gap)
     assert second[-1].end <= len(audio) / SR + 0.01
 
 
+
+def test_hallucination_silence_threshold_keeps_the_speech(asr, one_cpu_thread, speech_with_gap):
+    """faster-whisper's hallucination_silence_threshold (with word timestamps) on speech around 60 s of
+    silence: the speech is kept, the gap stays empty, words stay in order."""
+    audio, cut = speech_with_gap
+    tr = asr.transcribe(audio, word_timestamps=True, hallucination_silence_threshold=2.0)
+    assert wer((DATA / "sample.txt").read_text(), tr.text) <= 0.15, tr.text
+    words = [w for s in tr.segments for w in s.words]
+    assert all(w.end <= cut + 0.5 or w.start >= 60.0 for w in words), [(w.word, w.start, w.end) for w in words]
+    with pytest.raises(UserError, match="needs word_timestamps=True"):
+        asr.options(hallucination_silence_threshold=2.0)
+
 def test_speech_map_restores_times_across_regions():
     """Two regions of a recording joined: times in the joined audio map back; a segment that ends just
     inside the next region's padding ends with its own region."""
