@@ -204,8 +204,9 @@ class ASRPipeline:
         """Run the model once on this thread: the first call in a thread pays for its thread pool, kernel
         choices and allocations."""
         noise = np.random.default_rng(0).standard_normal(SAMPLE_RATE).astype(np.float32) * 1e-3
-        first = self.transcribe_batch([noise])[0]
-        self.transcribe_batch([noise], drafts=[first.tokens or [0]])
+        opts = TranscribeOptions(without_timestamps=True, silence_level_db=None)  # faint noise, decoded anyway
+        first = self.transcribe_batch([noise], opts)[0]
+        self.transcribe_batch([noise], opts, drafts=[first.tokens or [0]])
 
 
 def load_asr(model: str | Path | None = None, backend: str = "torch", device: str = "cpu", dtype: str | None = None,
