@@ -38,9 +38,40 @@ def add_arguments(p):
                    "srt, vtt) instead of printing it")
     p.add_argument("--progress", action="store_true", help="a progress bar on stderr for every file (default: for "
                    "files over 30 s when stderr is a terminal)")
+    p.add_argument("--vad-filter", action="store_true",
+                   help="decode only the speech Silero VAD finds (faster-whisper's vad_filter); times stay the file's")
+    p.add_argument("--vad-threshold", type=float, default=None, help="with --vad-filter: speech probability (default 0.5)")
+    p.add_argument("--vad-min-silence-ms", type=int, default=None,
+                   help="with --vad-filter: a pause this long ends a speech region (default 2000)")
+    p.add_argument("--vad-speech-pad-ms", type=int, default=None,
+                   help="with --vad-filter: audio kept on both sides of each speech region (default 400)")
+    p.add_argument("--silence-level-db", type=_level, default=-60.0, metavar="DB|off",
+                   help="silence gate: 30-s windows whose loudest 10 ms is quieter than DB dBFS are not decoded "
+                        "(default -60; off: decode every window)")
     p.add_argument("--word-timestamps", action="store_true",
                    help="time each word (cross-attention alignment, as faster-whisper): one line per segment, "
                         "then its words with start, end and probability; in --json/verbose_json each segment gets `words`")
+
+
+def _level(v: str) -> float | None:
+    if v.lower() in ("off", "none"):
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        import argparse
+        raise argparse.ArgumentTypeError(f"{v!r} is not a level in dBFS (a number such as -60) or 'off'") from None
+
+
+def vad_options(args) -> dict:
+    """The transcription options of --vad-filter and its --vad-* parameters (an error if those come alone)."""
+    from speechrt.errors import UserError
+
+    given = {k: v for k, v in (("threshold", args.vad_threshold), ("min_silence_duration_ms", args.vad_min_silence_ms),
+                               ("speech_pad_ms", args.vad_speech_pad_ms)) if v is not None}
+    if given and not args.vad_filter:
+        raise UserError("--vad-threshold, --vad-min-silence-ms and --vad-speech-pad-ms apply to --vad-filter; add it")
+    return {"vad_filter": True, "vad_parameters": given} if args.vad_filter else {}
 
 
 def _ts(t: float) -> str:
@@ -92,7 +123,7 @@ def run(args):
     fmt = output_format(args)
     opts = dict(beam_size=args.beam_size, language=args.language, task=args.task,
                 initial_prompt=args.initial_prompt, without_timestamps=args.no_timestamps,
-                word_timestamps=args.word_timestamps)
+                word_timestamps=args.word_timestamps, silence_level_db=args.silence_level_db, **vad_options(args))
     if args.temperature is not None:
         opts["temperatures"] = (args.temperature,)
     TranscribeOptions(**opts)  # the options and the files are checked before the model loads

@@ -200,6 +200,10 @@ class RestAPI:
                 raise RestError(400, "word timestamps are not available in this build of speechrt; "
                                      "timestamp_granularities[] may be: segment")
             opts["word_timestamps"] = True
+        vad = form.get("vad_filter")  # speechrt's extension (faster-whisper's vad_filter): decode only speech
+        if vad not in (None, "", "true", "True", "1", "false", "False", "0"):
+            raise RestError(400, f"vad_filter {vad!r} is not a boolean; valid: true, false")
+        opts["vad_filter"] = vad in ("true", "True", "1")
         options = asr.options(**opts)
         gen = transcription_steps(asr, audio, options)
         if form.get("stream") in ("true", "True", "1"):

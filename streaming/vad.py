@@ -6,10 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from speechrt.models.silero import FRAME, SileroVAD, VadStream  # noqa: F401 - the runner, re-exported here
 from speechrt.pipelines.asr import SAMPLE_RATE as RATE  # Silero runs at the recognizer's 16 kHz
 
-FRAME = 512  # samples per Silero frame at 16 kHz (32 ms)
-CONTEXT = 64  # samples of the previous frame the model sees
 FRAME_MS = 32
 # the input going quiet (QuietTracker) at most this long before Silero's pause begins is where that pause
 # began: Silero lags the last sound by 60-130 ms
@@ -19,47 +18,6 @@ QUIET_LEAD_MS = 300
 def quiet_began_pause(quiet_ms: int | None, pause_ms: int) -> bool:
     """Whether the input going quiet at `quiet_ms` is where the pause Silero saw begin at `pause_ms` began."""
     return quiet_ms is not None and pause_ms - QUIET_LEAD_MS <= quiet_ms <= pause_ms
-
-
-class SileroVAD:
-    """One shared ONNX Runtime session (its `run` is thread-safe); each audio stream has its own state."""
-
-    def __init__(self, path=None):
-        import onnxruntime as ort
-
-        from speechrt.models.registry import resolve
-
-        path = path or resolve("silero-vad", "vad").path
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = 1
-        so.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-
-    def stream(self) -> "VadStream":
-        return VadStream(self)
-
-
-class VadStream:
-    def __init__(self, vad: SileroVAD):
-        self.vad = vad
-        self.state = np.zeros((2, 1, 128), np.float32)
-        self.context = np.zeros(CONTEXT, np.float32)
-        self.pending = np.zeros(0, np.float32)
-        self._sr = np.array(RATE, np.int64)
-
-    def process(self, audio16k: np.ndarray) -> np.ndarray:
-        """Speech probabilities of each complete 32 ms frame in the audio so far (the remainder waits)."""
-        x = np.concatenate([self.pending, audio16k.astype(np.float32, copy=False)])
-        n = len(x) // FRAME
-        probs = np.empty(n, np.float32)
-        for i in range(n):
-            frame = x[i * FRAME: (i + 1) * FRAME]
-            inp = np.concatenate([self.context, frame])[None]
-            out, self.state = self.vad.session.run(None, {"input": inp, "state": self.state, "sr": self._sr})
-            probs[i] = out[0, 0]
-            self.context = frame[-CONTEXT:]
-        self.pending = x[n * FRAME:]
-        return probs
 
 
 class QuietTracker:

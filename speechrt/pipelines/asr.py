@@ -20,6 +20,7 @@ from speechrt.models.audio import HOP_LENGTH, N_FRAMES, SAMPLE_RATE, load_audio,
 from speechrt.models.registry import resolve
 from speechrt.models.whisper_tokenizer import WhisperTokenizer
 
+from .speech_regions import SpeechMap, VadOptions, hop_levels_db, is_quiet, speech_timestamps
 from .whisper_decoding import (TranscribeOptions, TranscriptionCancelled, Transcript, WindowDecoder, WindowResult,
                                decode_utterances, long_form, long_form_steps)
 from .whisper_timing import Word, group_words, place_words, token_alignment, token_bytes
@@ -31,7 +32,7 @@ MAX_UTTERANCE_SAMPLES = N_FRAMES * HOP_LENGTH  # one 30-second window
 TRIM_STEP = 32  # trimmed windows are a multiple of this many mel frames (fewer shapes for kernels and allocator)
 
 __all__ = ["ASRPipeline", "load_asr", "TranscribeOptions", "Transcript", "WindowResult", "TranscriptionCancelled",
-           "Word", "SAMPLE_RATE", "MAX_UTTERANCE_SAMPLES"]
+           "Word", "VadOptions", "SAMPLE_RATE", "MAX_UTTERANCE_SAMPLES"]
 
 
 class ASRPipeline:
@@ -108,8 +109,31 @@ class ASRPipeline:
         called as each segment is decoded."""
         opts = self.options(**options)
         pcm = self._pcm(audio, sample_rate)
+        speech, regions = self.speech_only(pcm, opts)
         with torch.inference_mode(), self.runner.loop():
-            return long_form(self.decoder, self.long_form_mel(pcm), len(pcm) / SAMPLE_RATE, opts, on_segment)
+            out = long_form(self.decoder, self.long_form_mel(speech), len(speech) / SAMPLE_RATE, opts,
+                            on_segment if regions is None else None, hop_levels_db(speech))
+        return self.restore_times(out, pcm, regions, on_segment)
+
+    @staticmethod
+    def speech_only(pcm: np.ndarray, opts: TranscribeOptions) -> tuple[np.ndarray, SpeechMap | None]:
+        """With vad_filter: the speech regions Silero finds, joined, and their map back to the recording's
+        times; otherwise the audio as it is and None."""
+        if not opts.vad_filter:
+            return pcm, None
+        regions = SpeechMap(speech_timestamps(pcm, opts.vad_parameters))
+        return regions.join(pcm), regions
+
+    @staticmethod
+    def restore_times(out: Transcript, pcm: np.ndarray, regions: SpeechMap | None, on_segment=None) -> Transcript:
+        """A transcript of the joined speech regions -> times of the recording (segments, then words)."""
+        if regions is None:
+            return out
+        regions.restore(out.segments)
+        out.duration = len(pcm) / SAMPLE_RATE
+        for seg in out.segments if on_segment else ():
+            on_segment(seg)
+        return out
 
     def long_form_mel(self, pcm: np.ndarray) -> torch.Tensor:
         """The log-mel long-form transcription reads: the audio's frames and a window's worth of padding
@@ -122,15 +146,17 @@ class ASRPipeline:
         the seconds done), that returns the Transcript: a scheduler runs one step at a time between other
         work (see whisper_decoding.long_form_steps). `on_segment(seg)`: called as each segment is decoded."""
         self.check_language(opts.language)
+        speech, regions = self.speech_only(audio, opts)
         with torch.inference_mode(), self.runner.loop():
-            mel = self.long_form_mel(audio)
-        steps = long_form_steps(self.decoder, mel, len(audio) / SAMPLE_RATE, opts, on_segment)
+            mel = self.long_form_mel(speech)
+        steps = long_form_steps(self.decoder, mel, len(speech) / SAMPLE_RATE, opts,
+                                on_segment if regions is None else None, hop_levels_db(speech))
         while True:
             with torch.inference_mode(), self.runner.loop():
                 try:
                     done = next(steps)
                 except StopIteration as end:
-                    return end.value
+                    return self.restore_times(end.value, audio, regions, on_segment)
             yield done
 
     def transcribe_batch(self, audios: list[np.ndarray], opts: TranscribeOptions | None = None,
@@ -144,6 +170,16 @@ class ASRPipeline:
         self.check_language(opts.language)
         if any(len(a) > MAX_UTTERANCE_SAMPLES for a in audios):
             raise ValueError("transcribe_batch takes utterances of at most 30 seconds; use transcribe() for long audio")
+        # the silence gate: quiet utterances are not decoded (no text, no-speech probability 1)
+        loud = [i for i, a in enumerate(audios) if not is_quiet(hop_levels_db(a), opts)]
+        if len(loud) < len(audios):
+            out = [WindowResult([], "", 0.0, 1.0, 0.0, 0.0) for _ in audios]
+            if loud:
+                got = self.transcribe_batch([audios[i] for i in loud], opts,
+                                            None if drafts is None else [drafts[i] for i in loud], stop)
+                for i, r in zip(loud, got):
+                    out[i] = r
+            return out
         with torch.inference_mode(), self.runner.loop():
             # as in transcribe(): the content frames, zero-padded to a full window (openai/whisper pads in
             # the log-mel domain), or to as much of one as the longest utterance needs
@@ -185,8 +221,9 @@ class ASRPipeline:
         """Run the model once on this thread: the first call in a thread pays for its thread pool, kernel
         choices and allocations."""
         noise = np.random.default_rng(0).standard_normal(SAMPLE_RATE).astype(np.float32) * 1e-3
-        first = self.transcribe_batch([noise])[0]
-        self.transcribe_batch([noise], drafts=[first.tokens or [0]])
+        opts = TranscribeOptions(without_timestamps=True, silence_level_db=None)  # faint noise, decoded anyway
+        first = self.transcribe_batch([noise], opts)[0]
+        self.transcribe_batch([noise], opts, drafts=[first.tokens or [0]])
 
 
 def load_asr(model: str | Path | None = None, backend: str = "torch", device: str = "cpu", dtype: str | None = None,

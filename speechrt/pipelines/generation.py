@@ -190,3 +190,12 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab: int, max_len: int) ->
             raise GenerationError(f"prompt {i} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
         if len(p) + 1 > max_len:
             raise GenerationError(f"prompt {i} has {len(p)} tokens; the model's context holds {max_len}")
+
+
+def cut_loop(seq: list[int], times: int) -> bool:
+    """If `seq` ends with one span repeated `times` times, drop all copies but the first -> True (the row
+    is done); False otherwise, or when `times` is 0."""
+    period = repeat_period(seq, times) if times else 0
+    if period:
+        del seq[len(seq) - (times - 1) * period:]
+    return period > 0

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import itertools
 import math
-import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from speechrt.errors import UserError
 from speechrt.models.audio import CHUNK_LENGTH, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, pad_or_trim_frames
 
-from .generation import repeat_period
-from .whisper_timing import Word, add_word_timestamps, last_end
+from .generation import cut_loop
+from .speech_regions import VadOptions, compression_ratio, has_words, is_quiet, is_silence
+from .whisper_timing import Word, add_word_timestamps, last_end, skip_hallucinations
 
 NEG_INF = float("-inf")
 
@@ -58,6 +58,16 @@ class TranscribeOptions:
     seed: int = 0
     # long-form: each segment's words with their start/end (cross-attention alignment, see whisper_timing)
     word_timestamps: bool = False
+    # with word_timestamps: a likely hallucination (improbable, too short or too long words) after more than
+    # this many seconds of silence is skipped (faster-whisper's); None: off
+    hallucination_silence_threshold: float | None = None
+    # silence gate: a 30-s window (or an utterance) whose loudest 10 ms hop is quieter than this (dBFS) is
+    # silence and is not decoded (Whisper invents "you" over digital silence); None: off
+    silence_level_db: float | None = -60.0
+    # transcribe(): decode only the speech regions Silero VAD finds (vad_parameters: VadOptions or a dict
+    # of its fields), times mapped back to the recording
+    vad_filter: bool = False
+    vad_parameters: VadOptions | dict | None = None
 
     def __post_init__(self):
         def bad(msg):
@@ -78,6 +88,14 @@ class TranscribeOptions:
             bad(f"stop_repeats must be 0 (off) or >= 2, got {self.stop_repeats}")
         if not 0 <= self.trim_margin <= CHUNK_LENGTH:
             bad(f"trim_margin must be in [0, {CHUNK_LENGTH}] seconds, got {self.trim_margin}")
+        if self.hallucination_silence_threshold is not None and (
+                not self.word_timestamps or self.hallucination_silence_threshold < 0):
+            bad(f"hallucination_silence_threshold ({self.hallucination_silence_threshold}) must be >= 0 seconds "
+                "and needs word_timestamps=True (it judges words)")
+        if self.silence_level_db is not None and not -200 <= self.silence_level_db <= 0:
+            bad(f"silence_level_db must be None (off) or in [-200, 0] dBFS, got {self.silence_level_db}")
+        object.__setattr__(self, "vad_parameters", VadOptions.parse(self.vad_parameters) if self.vad_filter
+                           or self.vad_parameters is not None else None)
 
 
 class TranscriptionCancelled(Exception):
@@ -123,20 +141,6 @@ class Transcript:
                               "avg_logprob": s.avg_logprob, "no_speech_prob": s.no_speech_prob,
                               "temperature": s.temperature, **({"words": [w.to_dict() for w in s.words]} if s.words else {})}
                              for s in self.segments]}
-
-
-def cut_loop(seq: list[int], times: int) -> bool:
-    """If `seq` ends with one span repeated `times` times, drop all copies but the first -> True (the row
-    is done); False otherwise, or when `times` is 0."""
-    period = repeat_period(seq, times) if times else 0
-    if period:
-        del seq[len(seq) - (times - 1) * period:]
-    return period > 0
-
-
-def compression_ratio(text: str) -> float:
-    b = text.encode("utf-8")
-    return len(b) / len(zlib.compress(b)) if b else 0.0
 
 
 class LogitRules:
@@ -250,12 +254,15 @@ class WindowDecoder:
         best = max(range(len(seqs)), key=score)
         toks = seqs[best]
         text = self.tok.decode(toks)
-        return WindowResult(toks, text, sum_lp[best] / (len(toks) + 1), no_speech, temperature, compression_ratio(text))
+        return WindowResult(toks, text, sum_lp[best] / (len(toks) + 1), no_speech, temperature,
+                            compression_ratio(text.strip()))
 
-    def sample(self, state, logits, rules, n, temperature, sample_len, gen, stop=None, loops: int = 0):
+    def sample(self, state, logits, rules, n, temperature, sample_len, gen, stop=None, loops: int = 0,
+               looped: set | None = None):
         """Greedy (temperature 0) or sampled decoding of n rows; finished rows leave the batch.
         `stop()` is asked before each step; True abandons the work (TranscriptionCancelled). `loops`: a
-        row stops when it repeats itself that many times (see TranscribeOptions.stop_repeats)."""
+        row stops when it repeats itself that many times (see TranscribeOptions.stop_repeats); the rows
+        cut so are added to `looped`."""
         seqs: list[list[int]] = [[] for _ in range(n)]
         sum_lp = [0.0] * n
         active = list(range(n))
@@ -277,6 +284,8 @@ class WindowDecoder:
                 seqs[i].append(nxt_l[j])
                 if not cut_loop(seqs[i], loops):
                     keep.append(j)
+                elif looped is not None:
+                    looped.add(i)
             if not keep:
                 break
             if len(keep) < len(active):
@@ -289,7 +298,7 @@ class WindowDecoder:
         return seqs, sum_lp
 
     def greedy_drafted(self, state, checked, rules, drafts: list[list[int]], sample_len: int, prompt_len: int,
-                       stop=None, loops: int = 0):
+                       stop=None, loops: int = 0, looped: set | None = None):
         """Greedy decoding of len(drafts) rows that checks a guess of each row's output first (speculative
         decoding with the guess as the draft). The caller has run the prompt and every draft through
         the decoder in one pass: checked [n, 1 + width, vocab] are the logits after the prompt and after
@@ -342,7 +351,11 @@ class WindowDecoder:
                     if tok == eot:
                         continue
                     seqs[i].append(tok)
-                    if len(seqs[i]) >= sample_len or cut_loop(seqs[i], loops):
+                    if len(seqs[i]) >= sample_len:
+                        continue
+                    if cut_loop(seqs[i], loops):
+                        if looped is not None:
+                            looped.add(i)
                         continue
                 keep.append(j)
             if not keep:
@@ -395,17 +408,29 @@ class WindowDecoder:
         return [list(k) for k in keys], [finished[k] for k in keys]
 
     def decode_with_fallback(self, encoded, prev, opts, language, gen) -> WindowResult:
-        res = None
+        """Decode at each temperature of the ladder until the result is neither too repetitive (compression
+        ratio above its threshold) nor too unsure (average log probability below its threshold), or is
+        silence (no-speech probability above its threshold and unsure). When every temperature fails: the
+        most confident result among those not too repetitive (or among all), with the last temperature
+        (faster-whisper's generate_with_fallback)."""
+        results, below_cr = [], []
         for t in opts.temperatures:
             res = self.decode_window(encoded, prev, opts, t, language, gen)
-            too_repetitive = opts.compression_ratio_threshold is not None and res.compression_ratio > opts.compression_ratio_threshold
-            too_unsure = opts.logprob_threshold is not None and res.avg_logprob < opts.logprob_threshold
-            silent = opts.no_speech_threshold is not None and res.no_speech_prob > opts.no_speech_threshold
-            if silent and opts.logprob_threshold is not None and res.avg_logprob < opts.logprob_threshold:
-                return res  # silence: no need to retry
-            if not too_repetitive and not too_unsure:
+            results.append(res)
+            needs_fallback = False
+            if opts.compression_ratio_threshold is not None:
+                if res.compression_ratio > opts.compression_ratio_threshold:
+                    needs_fallback = True
+                else:
+                    below_cr.append(res)
+            if opts.logprob_threshold is not None and res.avg_logprob < opts.logprob_threshold:
+                needs_fallback = True
+            if is_silence(res, opts):
+                needs_fallback = False  # silence: no need to retry
+            if not needs_fallback:
                 return res
-        return res
+        best = max(below_cr or results, key=lambda r: r.avg_logprob)
+        return replace(best, temperature=opts.temperatures[-1])
 
 
 def initial_prompt_tokens(tok, text: str | None) -> list[int]:
@@ -414,11 +439,12 @@ def initial_prompt_tokens(tok, text: str | None) -> list[int]:
 
 
 def long_form(decoder: WindowDecoder, mel: torch.Tensor, duration: float, opts: TranscribeOptions,
-              on_segment=None) -> Transcript:
+              on_segment=None, levels=None) -> Transcript:
     """mel [n_mels, frames + N_FRAMES]: the log-mel of audio of any length followed by a window's worth of
     zero padding. Windows of 30 s; each next window starts where the last complete segment of the previous
-    one ended; its text conditions the next window's decoding."""
-    steps = long_form_steps(decoder, mel, duration, opts, on_segment)
+    one ended; its text conditions the next window's decoding. `levels`: the audio's level per mel frame
+    (dBFS, speech_regions.hop_levels_db) for the silence gate; None: no gate."""
+    steps = long_form_steps(decoder, mel, duration, opts, on_segment, levels)
     while True:
         try:
             next(steps)
@@ -427,7 +453,7 @@ def long_form(decoder: WindowDecoder, mel: torch.Tensor, duration: float, opts: 
 
 
 def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, opts: TranscribeOptions,
-                    on_segment=None):
+                    on_segment=None, levels=None):
     """long_form() one window at a time: a generator that decodes one 30-s window per next() (yielding the
     seconds of audio done so far) and returns the Transcript. A scheduler interleaves these steps with other
     work, so one long recording does not hold the device for all of its windows at once."""
@@ -443,15 +469,18 @@ def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, 
     seek = 0
     last_speech = 0.0  # the end of the last word (word_timestamps)
     while seek < content_frames:
-        time_offset = seek * HOP_LENGTH / SAMPLE_RATE
+        time_offset, window_seek = seek * HOP_LENGTH / SAMPLE_RATE, seek
         seg_frames = min(N_FRAMES, content_frames - seek)
+        if is_quiet(None if levels is None else levels[seek: seek + seg_frames], opts):
+            seek += seg_frames  # the silence gate: nothing to decode
+            yield min(duration, seek * HOP_LENGTH / SAMPLE_RATE)
+            continue
         window = pad_or_trim_frames(mel[:, seek: seek + seg_frames])[None]
         encoded = runner.encode(window)
         if language is None:  # from the first window, as openai-whisper and faster-whisper do
             ((language, language_prob),) = decoder.language_probabilities(encoded, 1, 1)[0]
         res = decoder.decode_with_fallback(encoded, all_tokens[prompt_reset:], opts, language, gen)
-        if opts.no_speech_threshold is not None and res.no_speech_prob > opts.no_speech_threshold and (
-                opts.logprob_threshold is None or res.avg_logprob < opts.logprob_threshold):
+        if is_silence(res, opts):
             seek += seg_frames  # silence: skip the window
             yield min(duration, seek * HOP_LENGTH / SAMPLE_RATE)
             continue
@@ -480,13 +509,21 @@ def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, 
             seek += seg_frames
         found = [{"start": start, "end": end, "tokens": part, "words": []} for start, end, part in new]
         if opts.word_timestamps and found:
+            speech_before = last_speech
             last_speech = add_word_timestamps(runner, tok, encoded, found, time_offset, seg_frames,
                                               tok.sot_sequence(language, opts.task), language, last_speech)
             if not single_ending:  # the next window starts after the last word (faster-whisper)
                 end = last_end(found)
                 if end is not None and end > time_offset:
                     seek = round(end * SAMPLE_RATE / HOP_LENGTH)
-            last_speech = last_end(found)
+            if opts.hallucination_silence_threshold is not None:
+                skip, drop = skip_hallucinations(found, opts.hallucination_silence_threshold, window_seek, seg_frames,
+                                                 content_frames, speech_before)
+                seek = seek if skip is None else skip
+                if drop:
+                    yield min(duration, seek * HOP_LENGTH / SAMPLE_RATE)
+                    continue
+            last_speech = last_end(found) if found else speech_before
         for f in found:
             part, text = f["tokens"], tok.decode(f["tokens"])
             if not text.strip() or f["start"] == f["end"]:
@@ -543,17 +580,21 @@ def decode_utterances(decoder: WindowDecoder, mels: torch.Tensor, opts: Transcri
     no_speech = (torch.softmax(logits[:, sot_index], -1)[:, tok.no_speech].tolist() if tok.no_speech is not None
                  else [math.nan] * n)
     rules = LogitRules(tok, opts, prompt_len, dev)
+    looped: set[int] = set()
     if width:
         seqs, sum_lp = decoder.greedy_drafted(state, logits[:, prompt_len - 1:], rules, drafts, sample_len,
-                                              prompt_len, stop, opts.stop_repeats)
+                                              prompt_len, stop, opts.stop_repeats, looped)
     else:
-        seqs, sum_lp = decoder.sample(state, logits[:, -1], rules, n, 0.0, sample_len, None, stop, opts.stop_repeats)
+        seqs, sum_lp = decoder.sample(state, logits[:, -1], rules, n, 0.0, sample_len, None, stop, opts.stop_repeats,
+                                      looped)
     out = []
     for i in range(n):
         text = tok.decode(seqs[i])
-        avg = sum_lp[i] / (len(seqs[i]) + 1)
-        if opts.no_speech_threshold is not None and no_speech[i] > opts.no_speech_threshold and (
-                opts.logprob_threshold is None or avg < opts.logprob_threshold):
-            text, seqs[i] = "", []
-        out.append(WindowResult(seqs[i], text.strip(), avg, no_speech[i], 0.0, compression_ratio(text)))
+        res = WindowResult(seqs[i], text.strip(), sum_lp[i] / (len(seqs[i]) + 1), no_speech[i], 0.0,
+                           compression_ratio(text.strip()))
+        # the long-form guard: no text. A row cut short by its own repetition is too repetitive (long-form
+        # would fall back to sampling), so its confident average does not vouch for it ('. . . .' over tones)
+        if is_silence(res, opts, unsure=i in looped) or not has_words(res.text):
+            res.text, res.tokens = "", []
+        out.append(res)
     return out

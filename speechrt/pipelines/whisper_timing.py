@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from speechrt.models.audio import HOP_LENGTH, N_FRAMES, SAMPLE_RATE
+
 PREPEND_PUNCTUATIONS = "\"'“¿([{-"
 APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
 TOKENS_PER_SECOND = 50  # encoder positions per second: 16 kHz / 160 samples per frame / stride 2
@@ -263,3 +265,60 @@ def last_end(segments: list[dict]) -> float | None:
         if s.get("words"):
             return s["words"][-1].end
     return segments[-1]["end"] if segments else None
+
+
+PUNCTUATION = "\"'“¿([{-\"'.。,，!！?？:：”)]}、"
+
+
+def word_anomaly(w: Word) -> float:
+    """How unlike a spoken word `w` is: improbable, very short or very long (faster-whisper)."""
+    d, score = w.end - w.start, 0.0
+    if w.probability < 0.15:
+        score += 1.0
+    if d < 0.133:
+        score += (0.133 - d) * 15
+    if d > 2.0:
+        score += d - 2.0
+    return score
+
+
+def is_anomaly(seg: dict | None) -> bool:
+    """A segment whose first (up to 8) words are mostly anomalous: a likely hallucination."""
+    if seg is None or not seg["words"]:
+        return False
+    words = [w for w in seg["words"] if w.word not in PUNCTUATION][:8]
+    score = sum(word_anomaly(w) for w in words)
+    return score >= 3 or score + 0.01 >= len(words)
+
+
+def skip_hallucinations(found: list[dict], threshold: float, window_seek: int, window_frames: int,
+                        content_frames: int, last_speech: float) -> tuple[int | None, bool]:
+    """hallucination_silence_threshold (faster-whisper's, with word timestamps): in one window's segments
+    (`found`, with words; window starting at mel frame `window_seek`, `window_frames` long; `last_speech`:
+    the end of the last word before it), a likely hallucination after more than `threshold` seconds of
+    silence is skipped -> (the mel frame the next window starts at, or None to keep the seek; True when the
+    whole window's text is dropped). Segments from a hallucination surrounded by silence on are removed
+    from `found`."""
+    fps = SAMPLE_RATE / HOP_LENGTH
+    offset, duration = window_seek / fps, window_frames / fps
+    window_end, content_end = offset + N_FRAMES / fps, content_frames / fps
+    with_words = [s for s in found if s["words"]]
+    if with_words and is_anomaly(with_words[0]) and with_words[0]["start"] - offset > threshold:
+        return window_seek + round((with_words[0]["start"] - offset) * fps), True  # skip the leading silence
+    last_end = last_speech
+    for i, seg in enumerate(found):
+        if not seg["words"]:
+            continue
+        if is_anomaly(seg):
+            nxt = next((s for s in found[i + 1:] if s["words"]), None)
+            next_start = nxt["words"][0].start if nxt is not None else offset + duration
+            before = seg["start"] - last_end > threshold or seg["start"] < threshold or seg["start"] - offset < 2.0
+            after = next_start - seg["end"] > threshold or is_anomaly(nxt) or window_end - seg["end"] < 2.0
+            if before and after:
+                seek = round(max(offset + 1, seg["start"]) * fps)
+                if content_end - seg["end"] < threshold:
+                    seek = content_frames
+                del found[i:]
+                return seek, False
+        last_end = seg["end"]
+    return None, False
