@@ -325,7 +325,7 @@ def test_session_language_and_prompt_reach_the_transcriber(transcription_server,
             "turn_detection": None, "transcription": {"language": "en", "prompt": prompt}}}}}))
         updated = await _next(ws, "session.updated")
         assert updated["session"]["audio"]["input"]["transcription"] == {
-            "model": asr.name, "language": "en", "prompt": prompt}, updated
+            "model": asr.name, "language": "en", "prompt": prompt, "speechrt_word_timestamps": False}, updated
         await ws.send(json.dumps({"type": "input_audio_buffer.append",
                                   "audio": base64.b64encode(pcm24(audio, tail_s=0.0)).decode()}))
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
