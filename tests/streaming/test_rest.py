@@ -78,15 +78,13 @@ def test_transcription_stream_sends_deltas_then_done(client, verbose):
     assert "".join(deltas).strip() == done[0].text.strip() == verbose.text.strip()
 
 
-def test_word_timestamps_when_the_build_has_them(client):
-    from speechrt.pipelines.asr import OPTION_NAMES
-
-    if "word_timestamps" in OPTION_NAMES:
-        v = transcribe(client, "verbose_json", timestamp_granularities=["word", "segment"])
-        assert v.words and all(w.start <= w.end for w in v.words)
-    else:
-        with pytest.raises(openai.BadRequestError, match="word timestamps are not available"):
-            transcribe(client, "verbose_json", timestamp_granularities=["word"])
+def test_word_timestamps(client):
+    v = transcribe(client, "verbose_json", timestamp_granularities=["word", "segment"])
+    words = v.words
+    assert words and "".join(w.word for w in words).strip() == v.text.strip()
+    assert all(0 <= w.start <= w.end <= v.duration + 0.5 for w in words)
+    assert all(a.start <= b.start for a, b in zip(words, words[1:]))
+    assert all(seg["words"] for seg in v.model_dump()["segments"])  # each segment's own, with probabilities
 
 
 def test_translation_on_an_english_only_model_is_refused(client):
