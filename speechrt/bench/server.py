@@ -406,7 +406,9 @@ def run(args):
     out.notes.append(f"bench server: {settings}")
     for mode in modes:
         conversation = mode == "conversation"
-        recs = _recordings(QUESTIONS if conversation else SENTENCES)
+        # stream i speaks recordings i, i+1, ...: synthesize only those the highest level uses
+        texts = QUESTIONS if conversation else SENTENCES
+        recs = _recordings(texts[: max(levels) + args.utterances - 1])
         engines = [_Speechrt(args, conversation)] + [_Speechrt(args, conversation, url, name)
                                                      for name, url in _also_urls(args)]
         try:

@@ -86,7 +86,7 @@ def _family_steps(family: str, device: str, quick: bool, t: list[str]) -> list[S
         dev = ("--device", device, *t)
         if quick:
             return [Step("server", "transcription 1,2 streams",
-                         ("--mode", "transcription", "--streams", "1,2", "--utterances", "2", *dev), 60),
+                         ("--mode", "transcription", "--streams", "1,2", "--utterances", "1", *dev), 120),
                     Step("server", "conversation 1 stream",
                          ("--mode", "conversation", "--streams", "1", "--utterances", "2", *dev), 45)]
         return [Step("server", "transcription 1..32 streams", ("--mode", "transcription", "--streams", "1,2,4,8,16,32",
