@@ -38,6 +38,8 @@ from speechrt.models.audio import resample
 # (node id prefixes: a directory, a file, or one test whose outcome depends on how the engine's worker and
 # the event loop interleave)
 SERIAL = ("tests/reliability/", "tests/streaming/test_demo_page.py", "tests/bench/test_server_sweep.py",
+          # two timed runs of one commit must compare equal: not beside another worker's load
+          "tests/bench/test_compare.py", "tests/bench/test_report.py",
           "tests/streaming/test_ray_scale.py", "tests/streaming/test_silence_server.py",
           "tests/streaming/test_transcription_server.py::test_early_transcript_becomes_the_final_one",
           "tests/streaming/test_transcription_server.py::test_semantic_vad_ends_a_finished_turn",
