@@ -22,7 +22,7 @@ from speechrt.models.whisper_tokenizer import WhisperTokenizer
 
 from .speech_regions import SpeechMap, VadOptions, hop_levels_db, is_quiet, speech_timestamps
 from .whisper_decoding import (TranscribeOptions, TranscriptionCancelled, Transcript, WindowDecoder, WindowResult,
-                               decode_utterances, long_form, long_form_steps)
+                               decode_utterances, long_form_steps)
 from .whisper_timing import Word, group_words, place_words, token_alignment, token_bytes
 
 OPTION_NAMES = frozenset(f.name for f in fields(TranscribeOptions))
@@ -107,13 +107,12 @@ class ASRPipeline:
         [-1, 1] or int16, with `sample_rate`), of any length. Options are TranscribeOptions fields
         (beam_size, language, temperatures, initial_prompt, without_timestamps, ...); `on_segment(seg)` is
         called as each segment is decoded."""
-        opts = self.options(**options)
-        pcm = self._pcm(audio, sample_rate)
-        speech, regions = self.speech_only(pcm, opts)
-        with torch.inference_mode(), self.runner.loop():
-            out = long_form(self.decoder, self.long_form_mel(speech), len(speech) / SAMPLE_RATE, opts,
-                            on_segment if regions is None else None, hop_levels_db(speech))
-        return self.restore_times(out, pcm, regions, on_segment)
+        steps = self.transcribe_steps(self._pcm(audio, sample_rate), self.options(**options), on_segment)
+        while True:  # every step at once
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
 
     @staticmethod
     def speech_only(pcm: np.ndarray, opts: TranscribeOptions) -> tuple[np.ndarray, SpeechMap | None]:

@@ -7,8 +7,8 @@
   repetitive or low-confidence output;
 - `decode_utterances`: short utterances of several streams in one batch (one encoder call, decode steps
   over all rows, drafts, cancellable between steps): what the streaming server runs;
-- `long_form`: any length, seeking window to window by the predicted timestamps (openai/whisper's
-  `transcribe`).
+- `long_form_steps`: any length, seeking window to window by the predicted timestamps (openai/whisper's
+  `transcribe`), one window per step.
 """
 from __future__ import annotations
 
@@ -438,25 +438,16 @@ def initial_prompt_tokens(tok, text: str | None) -> list[int]:
     return tok.encode(" " + text.strip()) if text and text.strip() else []
 
 
-def long_form(decoder: WindowDecoder, mel: torch.Tensor, duration: float, opts: TranscribeOptions,
-              on_segment=None, levels=None) -> Transcript:
-    """mel [n_mels, frames + N_FRAMES]: the log-mel of audio of any length followed by a window's worth of
+def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, opts: TranscribeOptions,
+                    on_segment=None, levels=None):
+    """Long-form transcription, one window at a time: a generator that decodes one 30-s window per next()
+    (yielding the seconds of audio done so far) and returns the Transcript. A scheduler interleaves these
+    steps with other work, so one long recording does not hold the device for all of its windows at once.
+
+    mel [n_mels, frames + N_FRAMES]: the log-mel of audio of any length followed by a window's worth of
     zero padding. Windows of 30 s; each next window starts where the last complete segment of the previous
     one ended; its text conditions the next window's decoding. `levels`: the audio's level per mel frame
     (dBFS, speech_regions.hop_levels_db) for the silence gate; None: no gate."""
-    steps = long_form_steps(decoder, mel, duration, opts, on_segment, levels)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
-
-
-def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, opts: TranscribeOptions,
-                    on_segment=None, levels=None):
-    """long_form() one window at a time: a generator that decodes one 30-s window per next() (yielding the
-    seconds of audio done so far) and returns the Transcript. A scheduler interleaves these steps with other
-    work, so one long recording does not hold the device for all of its windows at once."""
     runner, tok, cfg = decoder.runner, decoder.tok, decoder.cfg
     content_frames = mel.shape[-1] - N_FRAMES
     gen = torch.Generator(device=runner.device).manual_seed(opts.seed)
