@@ -78,6 +78,14 @@ def check_model(name, valid: list[str], what: str) -> None:
         raise RestError(404, f"model {name!r} is not served here; {what} models: {', '.join(valid)}", "model_not_found")
 
 
+def loaded(model, what: str):
+    """`model` (a pipeline of the server), or a 404 saying the server loads no such model."""
+    if model is None:
+        raise RestError(404, f"this server loads no {what} (it was started with --transcription-only)",
+                        "model_not_found")
+    return model
+
+
 def number(value, name: str, lo: float, hi: float, default):
     if value is None or value == "":
         return default
@@ -228,10 +236,7 @@ class RestAPI:
 
     # -- speech ----------------------------------------------------------------------------------------
     async def speech(self, request: Request):
-        tts = self.server.tts
-        if tts is None:
-            raise RestError(404, "this server loads no voice (it was started with --transcription-only)",
-                            "model_not_found")
+        tts = loaded(self.server.tts, "voice")
         body = await json_body(request)
         check_model(body.get("model"), [tts.name, *TTS_ALIASES], "speech")
         text = body.get("input")
@@ -274,10 +279,7 @@ class RestAPI:
     async def chat(self, request: Request):
         from .rest_chat import ChatCompletion
 
-        lm = self.server.lm
-        if lm is None:
-            raise RestError(404, "this server loads no language model (it was started with --transcription-only)",
-                            "model_not_found")
+        lm = loaded(self.server.lm, "language model")
         body = await json_body(request)
         check_model(body.get("model"), [lm.name], "chat")
         return await ChatCompletion(self.server, body).respond()
