@@ -112,8 +112,11 @@ class Server:
                 time.sleep(0.3)
 
     def warm_up(self, pcm16: bytes) -> None:
-        """The model loads when the first client connects: one utterance through it before timing."""
-        asyncio.run(_session(self.url, self.model_dir, [(None, pcm16, 0.0, len(pcm16) / 2 / 24000)], 0, 1, [], 0.0))
+        """The model loads when the first client connects (before SERVER_READY): one client sends an
+        utterance at once and leaves after the first transcription of it, so that timing starts with the
+        model loaded and CTranslate2's first call made (waiting for this utterance's final would cost the
+        ~10 re-transcriptions its final takes)."""
+        asyncio.run(_first_text(self.url, self.model_dir, to_float16k(pcm16)))
 
     def close(self):
         if self.proc.poll() is None:
@@ -131,6 +134,28 @@ def to_float16k(pcm16: bytes) -> np.ndarray:
     return resample(np.frombuffer(pcm16, "<i2").astype(np.float32) / 32768, 24000, RATE).astype(np.float32)
 
 
+async def _ready(ws, model_dir):
+    """Open a WhisperLive session on `ws`: its options, then its SERVER_READY."""
+    await ws.send(json.dumps(dict(OPTIONS, uid=str(uuid.uuid4()), model=model_dir)))
+    while True:
+        ev = json.loads(await asyncio.wait_for(ws.recv(), 120))
+        if ev.get("status") in ("WAIT", "ERROR"):
+            raise RuntimeError(f"{NAME} refused the session: {ev}")
+        if ev.get("message") == "SERVER_READY":
+            return
+
+
+async def _first_text(url, model_dir, audio: np.ndarray) -> None:
+    from websockets.asyncio.client import connect
+
+    async with connect(url, max_size=None, open_timeout=60) as ws:
+        await _ready(ws, model_dir)
+        await ws.send(audio.tobytes())
+        while not any(s.get("text", "").strip() for s in json.loads(await asyncio.wait_for(ws.recv(), 120))
+                      .get("segments", [])):
+            pass
+
+
 async def _session(url, model_dir, recs, idx, n_utt, results, delay):
     """One client: utterances back to back in one session, each followed by its silence, the next one
     sent once this one's final has arrived (as the speechrt streams do)."""
@@ -138,13 +163,7 @@ async def _session(url, model_dir, recs, idx, n_utt, results, delay):
 
     await asyncio.sleep(delay)
     async with connect(url, max_size=None, open_timeout=60) as ws:
-        await ws.send(json.dumps(dict(OPTIONS, uid=str(uuid.uuid4()), model=model_dir)))
-        while True:
-            ev = json.loads(await asyncio.wait_for(ws.recv(), 120))
-            if ev.get("status") in ("WAIT", "ERROR"):
-                raise RuntimeError(f"{NAME} refused the session: {ev}")
-            if ev.get("message") == "SERVER_READY":
-                break
+        await _ready(ws, model_dir)
         events, rd = listen(ws)
         t_stream = 0.0  # seconds of audio sent so far in this session
         try:
