@@ -55,7 +55,7 @@ def _supported_types() -> dict[str, "gguf.GGMLQuantizationType"]:  # noqa: F821
 class _PlainNumpy:
     """numpy, except that `memmap` returns a plain ndarray view of the map. GGUFReader slices its memmap
     once per metadata item (~100k for a 49k-token vocabulary), and the np.memmap subclass hooks on each
-    slice make that about half of the file's load time; the plain view maps the same bytes."""
+    slice make that about half of its time; the plain view maps the same bytes."""
 
     def __getattr__(self, name):
         return getattr(np, name)
@@ -69,23 +69,35 @@ _reader_lock = threading.Lock()
 
 
 def open_reader(path: Path):
-    import gguf
-    import gguf.gguf_reader as gr
+    """-> the file's header (gguf_header.GGUFHeader: metadata as Python values, tensors as views of a memory
+    map); files gguf_header does not read (byte-swapped, other versions) through gguf's GGUFReader."""
+    import struct
+
+    from . import gguf_header
 
     try:
-        with _reader_lock:
-            gr.np = _PlainNumpy()
-            try:
-                return gguf.GGUFReader(str(path), "r")
-            finally:
-                gr.np = np
-    except (ValueError, IndexError, KeyError, OSError, TypeError, AssertionError) as e:
+        try:
+            return gguf_header.read(path)
+        except gguf_header.Unsupported:
+            return read_with_gguf(path)
+    except (ValueError, IndexError, KeyError, OSError, TypeError, AssertionError, struct.error) as e:
         raise ModelError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e}); "
                          "expected a GGUF v2/v3 file as written by llama.cpp's converters") from None
 
 
-def metadata(reader) -> dict:
-    """GGUF key/value metadata as Python values (arrays as lists, strings decoded)."""
+def read_with_gguf(path: Path):
+    """The same header through gguf's GGUFReader (the reference the fast reader is tested against)."""
+    import gguf
+    import gguf.gguf_reader as gr
+
+    from .gguf_header import GGUFHeader
+
+    with _reader_lock:
+        gr.np = _PlainNumpy()
+        try:
+            reader = gguf.GGUFReader(str(path), "r")
+        finally:
+            gr.np = np
     out = {}
     for k, f in reader.fields.items():
         if k.startswith("GGUF."):
@@ -94,7 +106,12 @@ def metadata(reader) -> dict:
             out[k] = f.contents()
         except Exception as e:  # a field the reader cannot decode is a broken file
             raise ModelError(f"GGUF metadata field {k!r} cannot be decoded: {e}") from None
-    return out
+    return GGUFHeader(int(reader.fields["GGUF.version"].contents()), out, list(reader.tensors))
+
+
+def metadata(reader) -> dict:
+    """GGUF key/value metadata as Python values (arrays as lists, strings decoded)."""
+    return reader.metadata
 
 
 def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:

@@ -194,3 +194,27 @@ def test_registry_errors(tmp_path):
     (tmp_path / "weights.bin").write_bytes(b"\0" * 16)
     with pytest.raises(ModelError, match="unrecognized model file"):
         registry.resolve(str(tmp_path / "weights.bin"), "lm")
+
+
+@pytest.mark.parametrize("which", ["embedded", "written"])
+def test_header_reader_equals_gguf_reader(which, tmp_path):
+    """models.gguf_header (one struct pass) reads the metadata and tensors GGUFReader reads: the embedded
+    SmolLM2 file (Q4_1 / Q8_0 / F32, a 49k-token vocabulary with merges, int / float / bool / string
+    values) and a written file with seven block types (float, 4/8-bit, K-quant)."""
+    if which == "embedded":
+        path = registry.resolve("smollm2-135m-instruct", "lm").path
+    else:
+        path = tmp_path / "m.gguf"
+        write_llama_gguf(path, {"attn_q": T.Q4_0, "attn_k": T.Q4_1, "attn_v": T.Q8_0, "ffn_down": T.F16,
+                                "ffn_up": T.BF16, "ffn_gate": T.Q6_K, "attn_output": T.Q4_K})
+    fast, ref = gguf_loader.open_reader(path), gguf_loader.read_with_gguf(path)
+    assert fast.version == ref.version and fast.metadata.keys() == ref.metadata.keys()
+    for k, v in ref.metadata.items():
+        assert fast.metadata[k] == v and type(fast.metadata[k]) is type(v), k
+        if isinstance(v, list) and v:
+            assert {type(x) for x in fast.metadata[k]} == {type(x) for x in v}, k
+    assert [t.name for t in fast.tensors] == [t.name for t in ref.tensors] and len(fast.tensors) > 10
+    for a, b in zip(fast.tensors, ref.tensors):
+        assert a.tensor_type == b.tensor_type and list(a.shape) == [int(d) for d in b.shape], a.name
+        assert a.data.dtype == b.data.dtype and a.data.shape == b.data.shape, a.name
+        assert np.array_equal(a.data, b.data, equal_nan=True), a.name
