@@ -112,7 +112,9 @@ def read(path: str | Path) -> GGUFHeader:
         name = cur.string()
         dims = cur.dims()
         index.append((name, dims, cur.unpack("<I"), cur.unpack("<Q")))
-    align = int(metadata.get("general.alignment", 32))
+    align = metadata.get("general.alignment", 32)
+    if not isinstance(align, int) or isinstance(align, bool) or align < 1:
+        raise ValueError(f"general.alignment is {align!r}, not a positive integer")
     start = -(-cur.pos // align) * align
     tensors, seen = [], set()
     for name, dims, raw_type, offset in index:

@@ -151,9 +151,12 @@ async def _first_text(url, model_dir, audio: np.ndarray) -> None:
     async with connect(url, max_size=None, open_timeout=60) as ws:
         await _ready(ws, model_dir)
         await ws.send(audio.tobytes())
-        while not any(s.get("text", "").strip() for s in json.loads(await asyncio.wait_for(ws.recv(), 120))
-                      .get("segments", [])):
-            pass
+        while True:
+            ev = json.loads(await asyncio.wait_for(ws.recv(), 120))
+            if ev.get("status") == "ERROR":
+                raise RuntimeError(f"{NAME}: {ev}")
+            if any(s.get("text", "").strip() for s in ev.get("segments", [])):
+                return
 
 
 async def _session(url, model_dir, recs, idx, n_utt, results, delay):
