@@ -109,11 +109,6 @@ def read_with_gguf(path: Path):
     return GGUFHeader(int(reader.fields["GGUF.version"].contents()), out, list(reader.tensors))
 
 
-def metadata(reader) -> dict:
-    """GGUF key/value metadata as Python values (arrays as lists, strings decoded)."""
-    return reader.metadata
-
-
 def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """Undo llama.cpp's Q/K row permutation: rows [n_head, D/2, 2] (interleaved pairs) -> [n_head, 2, D/2]."""
     rows = w.shape[0]
@@ -175,7 +170,7 @@ def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
 
     path = Path(path)
     reader = open_reader(path)
-    md = metadata(reader)
+    md = reader.metadata
     arch = md.get("general.architecture")
     if arch not in LLAMA_ARCHS:
         raise ModelError(f"{path}: GGUF architecture {arch!r} is not supported by the Llama model; "

@@ -207,7 +207,7 @@ def _chat_prompts(model) -> list[list[int]]:
 
     rm = registry.resolve(model, "lm")
     if rm.format == "gguf":
-        md = gguf_loader.metadata(gguf_loader.open_reader(rm.path))
+        md = gguf_loader.open_reader(rm.path).metadata
         tok, template = LMTokenizer.from_gguf_metadata(md, rm.path), md.get("tokenizer.chat_template")
     else:
         tok, template = LMTokenizer.from_hf_dir(rm.path)

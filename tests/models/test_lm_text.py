@@ -36,7 +36,7 @@ def gguf_path():
 
 @pytest.fixture(scope="module")
 def meta(gguf_path):
-    return gguf_loader.metadata(gguf_loader.open_reader(gguf_path))
+    return gguf_loader.open_reader(gguf_path).metadata
 
 
 @pytest.fixture(scope="module")
