@@ -1,9 +1,12 @@
-"""ASR runner of the `onnxruntime` backend: the exported Whisper graphs (export/whisper_export.py).
+"""ASR runner of the `onnxruntime` backend: the exported Whisper graphs (export/whisper_onnx.py, or the
+traced standard variant of export/whisper_export.py).
 
 encode runs the encoder graph, which also computes every decoder layer's cross-attention keys/values;
 start repeats them for beams and preallocates the self-attention cache (torch tensors); decode_step binds
 the cache, the cross keys/values and the logits in place (I/O binding) and writes the step's new keys/values
-into the cache at the state's offset. Rewind and reorder are torch ops on those buffers.
+into the cache at the state's offset. Rewind and reorder are torch ops on those buffers. The 'ort' graphs
+take windows shorter than 30 s with per-row lengths (`trims`), and compute logits only at the positions
+asked for (the last one, unless a draft is checked).
 """
 from __future__ import annotations
 
@@ -16,8 +19,11 @@ import torch
 
 from .base import ASRRunner, RunnerInfo
 from .ort_binding import TORCH, bind, providers_device
-from .torch_asr import DecoderState, reorder_state, rewind_state
+from .torch_asr import DecoderState, Encoded, reorder_state, rewind_state
 from .torch_backend import ThreadPolicy
+
+PROMPT_ROWS = 48  # decoder rows (batch x tokens) from which the prompt graph runs a step (measured: 150 rows
+# 85 vs 130 ms, 60 rows 45 vs 54 ms, 16 rows 48 vs 39 ms)
 
 
 class OrtASRRunner(ASRRunner):
@@ -29,13 +35,18 @@ class OrtASRRunner(ASRRunner):
         self.manifest = manifest
         self.config = WhisperConfig(**manifest.config)
         self.tokenizer_path = Path(directory) / "tokenizer.json"
-        self.encoder = session(str(directory / manifest.graph("encoder").file), providers)
+        # (no spinning: the decoding loop runs torch ops between the runs; see onnxruntime_backend.session)
+        self.encoder = session(str(directory / manifest.graph("encoder").file), providers, spin=False)
         # the decoder's steps are small ops: they run on the loop's threads (ThreadPolicy.step)
-        self.decoder = session(str(directory / manifest.graph("decoder").file), providers, threads.step)
+        self.decoder = session(str(directory / manifest.graph("decoder").file), providers, threads.step, spin=False)
+        # int8: a second decoder graph for many rows at once (prompts), with float32 activations
+        self.prompt = (session(str(directory / manifest.graph("prompt").file), providers, threads.step, spin=False)
+                       if "prompt" in manifest.graphs else self.decoder)
         self.device = providers_device(self.encoder.get_providers())
         self.dtype = TORCH[manifest.graph("encoder").inputs[0].dtype]
         self.threads = threads
         self.cross_names = [t.name for t in manifest.graph("encoder").outputs]
+        self.trims = "lengths" in [t.name for t in manifest.graph("encoder").inputs]
         self._waiter = ThreadPoolExecutor(1, thread_name_prefix="speechrt-ort-encode")
         self._lock = threading.Lock()
         self.info = RunnerInfo("onnxruntime", model_name or manifest.model, "speechrt-onnx", manifest.precision,
@@ -44,33 +55,41 @@ class OrtASRRunner(ASRRunner):
     def loop(self):
         return self.threads.small()
 
-    def _run_encoder(self, mel, outs, opts=None):
+    def _run_encoder(self, mel, lengths, outs, opts=None):
         io = self.encoder.io_binding()
         bind(io, "mel", mel)
+        if self.trims:
+            bind(io, "lengths", lengths)
         for name, t in zip(self.cross_names, outs):
             bind(io, name, t, output=True)
         self.encoder.run_with_iobinding(io, opts)
 
     @torch.inference_mode()
     def encode(self, mel, stop=None, frames=None):
-        """mel [B, n_mels, 3000] -> cross keys/values [k0, v0, k1, v1, ...] each [B, H, S, Dh]. With `stop`, the
-        graph runs on a helper thread while this one asks stop(); True terminates the run (ORT checks
-        between nodes) and returns None. The graph encodes whole windows (trims is False): `frames` adds
-        nothing to a 3000-frame window."""
-        if mel.shape[-1] != 3000:
-            raise ValueError(f"the exported Whisper encoder takes 3000 mel frames, got {mel.shape[-1]}")
+        """mel [B, n_mels, F] -> Encoded(cross keys/values [k0, v0, k1, v1, ...] each [B, H, F / 2, Dh], lengths).
+        F: 3000, or with `trims` any even count up to it, `frames` [B] the frames of each row that hold audio.
+        With `stop`, the graph runs on a helper thread while this one asks stop(); True terminates the run
+        (ORT checks between nodes) and returns None."""
         c = self.config
+        F = mel.shape[-1]
+        if (F != 2 * c.n_audio_ctx and not self.trims) or F % 2 or F > 2 * c.n_audio_ctx:
+            valid = f"an even count up to {2 * c.n_audio_ctx}" if self.trims else str(2 * c.n_audio_ctx)
+            raise ValueError(f"the exported Whisper encoder takes {valid} mel frames, got {F}")
         mel = mel.to(self.device, self.dtype).contiguous()
-        B, dh = mel.shape[0], c.n_text_state // c.n_text_head
-        outs = [torch.empty(B, c.n_text_head, c.n_audio_ctx, dh, dtype=self.dtype, device=self.device)
-                for _ in self.cross_names]
+        B, S, dh = mel.shape[0], F // 2, c.n_text_state // c.n_text_head
+        lengths = None
+        if frames is not None and self.trims:  # conv2 halves the frames: position p sees frames 2p-1..2p+1
+            lengths = torch.tensor([min((f + 1) // 2, S) for f in frames], dtype=torch.int32, device=self.device)
+        full = torch.full((B,), S, dtype=torch.int32, device=self.device)
+        outs = [torch.empty(B, c.n_text_head, S, dh, dtype=self.dtype, device=self.device) for _ in self.cross_names]
+        run = (mel, full if lengths is None else lengths, outs)
         if stop is None:
-            self._run_encoder(mel, outs)
-            return outs
+            self._run_encoder(*run)
+            return Encoded(outs, lengths)
         if stop():
             return None
         opts = ort.RunOptions()
-        fut = self._waiter.submit(self._run_encoder, mel, outs, opts)
+        fut = self._waiter.submit(self._run_encoder, *run, opts)
         while True:
             if stop():
                 opts.terminate = True
@@ -81,22 +100,24 @@ class OrtASRRunner(ASRRunner):
                 return None
             try:
                 fut.result(timeout=0.005)
-                return outs
+                return Encoded(outs, lengths)
             except TimeoutError:
                 continue
 
     @torch.inference_mode()
     def start(self, encoded, repeat, max_tokens):
-        cross = [(encoded[2 * i], encoded[2 * i + 1]) for i in range(len(encoded) // 2)]
+        kv, lengths = encoded.states, encoded.lengths
+        cross = [(kv[2 * i], kv[2 * i + 1]) for i in range(len(kv) // 2)]
         if repeat > 1:
             cross = [(k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0)) for k, v in cross]
+            lengths = None if lengths is None else lengths.repeat_interleave(repeat, 0)
         c = self.config
-        n = encoded[0].shape[0] * repeat
+        n = kv[0].shape[0] * repeat
         max_tokens = min(max_tokens, c.n_text_ctx)
         shape = (n, c.n_text_head, max_tokens, c.n_text_state // c.n_text_head)
         caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                    torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(c.n_text_layer)]
-        return DecoderState(caches, cross, 0)
+        return DecoderState(caches, cross, 0, lengths)
 
     @torch.inference_mode()
     def decode_step(self, state, tokens, last_only=True):
@@ -104,25 +125,18 @@ class OrtASRRunner(ASRRunner):
         L = state.caches[0][0].shape[2]
         if state.offset + t > L:
             raise RuntimeError(f"decoder cache full ({L} positions)")
-        c = self.config
-        io = self.decoder.io_binding()
-        # (bound tensors must live until the run: ORT keeps their addresses, not references)
-        tokens = tokens.to(self.device, torch.int64).contiguous()
-        offset = torch.tensor(state.offset, dtype=torch.int64, device=self.device)
-        bind(io, "tokens", tokens)
-        bind(io, "offset", offset)
-        logits = torch.empty(N, t, c.n_vocab, dtype=torch.float32, device=self.device)
-        bind(io, "logits", logits, output=True)
-        new = []
-        for i, ((k, v), (ck, cv)) in enumerate(zip(state.caches, state.cross)):
-            for kind, buf, cross in (("key", k, ck), ("value", v, cv)):
-                bind(io, f"self_{kind}.{i}", buf)
-                bind(io, f"cross_{kind}.{i}", cross)
-                out = torch.empty(N, c.n_text_head, t, buf.shape[3], dtype=self.dtype, device=self.device)
-                bind(io, f"new_{kind}.{i}", out, output=True)
-                new.append((buf, out))
-        self.decoder.run_with_iobinding(io)
-        for buf, out in new:
+        graph = self.prompt if N * t >= PROMPT_ROWS else self.decoder
+        rows = (1 if last_only else t) if self.trims else t  # the 'ort' graph: logits only where asked
+        key = (id(graph), N, t, rows)
+        if state.bound is None or state.bound.key != key:
+            state.bound = _Binding(self, graph, state, key)
+        b = state.bound
+        b.tokens.copy_(tokens)
+        b.offset.fill_(state.offset)
+        logits = torch.empty(N, rows, self.config.n_vocab, dtype=torch.float32, device=self.device)
+        bind(b.io, "logits", logits, output=True)  # a new tensor each step: callers may keep the last one
+        graph.run_with_iobinding(b.io)
+        for buf, out in b.new:
             buf[:, :, state.offset:state.offset + t] = out
         state.offset += t
         return logits[:, -1] if last_only else logits
@@ -132,3 +146,33 @@ class OrtASRRunner(ASRRunner):
 
     def reorder(self, state, index):
         return reorder_state(state, index)
+
+
+class _Binding:
+    """A decoder graph's I/O binding for one state and step shape: the caches and cross keys/values bound once
+    (ORT keeps their addresses), the step's tokens and offset copied into bound buffers, the new keys/values
+    into bound outputs; rebinding all ~30 tensors every step cost ~0.9 ms of a 6 ms step."""
+
+    def __init__(self, runner: OrtASRRunner, graph, state, key):
+        _, N, t, rows = key
+        dev, c = runner.device, runner.config
+        self.key, self.io = key, graph.io_binding()
+        self.tokens = torch.empty(N, t, dtype=torch.int64, device=dev)
+        self.offset = torch.zeros((), dtype=torch.int64, device=dev)
+        bind(self.io, "tokens", self.tokens)
+        bind(self.io, "offset", self.offset)
+        if runner.trims:
+            self.where = torch.arange(t - rows, t, dtype=torch.int64, device=dev)
+            S = state.cross[0][0].shape[2]
+            lengths = state.cross_lengths
+            self.lengths = torch.full((N,), S, dtype=torch.int32, device=dev) if lengths is None else lengths
+            bind(self.io, "logit_positions", self.where)
+            bind(self.io, "cross_lengths", self.lengths)
+        self.new = []
+        for i, ((k, v), (ck, cv)) in enumerate(zip(state.caches, state.cross)):
+            for kind, buf, cross in (("key", k, ck), ("value", v, cv)):
+                bind(self.io, f"self_{kind}.{i}", buf)
+                bind(self.io, f"cross_{kind}.{i}", cross)
+                out = torch.empty(N, c.n_text_head, t, buf.shape[3], dtype=runner.dtype, device=dev)
+                bind(self.io, f"new_{kind}.{i}", out, output=True)
+                self.new.append((buf, out))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -43,6 +44,7 @@ class DecoderState:
     cross: list  # per layer (k, v) [N, H, S, Dh]
     offset: int
     cross_lengths: torch.Tensor | None = None  # [N] encoder positions of each row (None: all S)
+    bound: Any = None  # a runner's bindings of the buffers above, kept between steps (reset when they move)
 
 
 class TorchASRRunner(ASRRunner):
@@ -145,6 +147,7 @@ def rewind_state(state: DecoderState, length: int) -> DecoderState:
 @torch.inference_mode()
 def reorder_state(state: DecoderState, index: torch.Tensor) -> DecoderState:
     """ASRRunner.reorder on a DecoderState: rows `index` of every cache, cross key/value and cross length."""
+    state.bound = None
     state.caches = [(k.index_select(0, index), v.index_select(0, index)) for k, v in state.caches]
     state.cross = [(k.index_select(0, index), v.index_select(0, index)) for k, v in state.cross]
     if state.cross_lengths is not None:

@@ -1,5 +1,8 @@
 """`speechrt export asr`: Whisper (models/whisper.py) -> encoder.onnx + decoder.onnx + manifest + tokenizer.
 
+Variant 'ort' (the default): the graphs written op by op on ONNX Runtime's fused ops (export/whisper_onnx.py).
+Variant 'standard' (plain ONNX ops, for TensorRT and other runtimes), described below:
+
 encoder: mel [B, n_mels, 2 * n_audio_ctx] -> every decoder layer's cross-attention keys and values
   cross_key.i / cross_value.i [B, H, n_audio_ctx, Dh], computed once per window.
 decoder: tokens [N, T] at positions offset..offset+T-1 (T > 1: a prompt, or a draft checked in one pass;
@@ -24,6 +27,8 @@ from torch import nn
 from speechrt.models.whisper import Whisper, WhisperConfig
 from speechrt.models.whisper_loaders import load_weights
 
+from . import whisper_onnx
+from .graph_builder import save
 from .manifest import Graph, Manifest, Tensor
 from .trace import export_ops, trace
 
@@ -109,17 +114,49 @@ def export(model, out: Path, precision: str | None, opset: int, variant: str, ba
     bar.set_description("reading weights")
     w = load_weights(model)
     c = w.config
+    if w.tokenizer_path is None:
+        raise ValueError(f"{model.path}: the model has no tokenizer.json; it is needed beside the graphs")
+    tdt = "float16" if precision == "fp16" else "float32"
+    bar.update(1)
+    if variant == "ort":
+        spec = whisper_onnx.io(c, tdt)
+        bar.set_description("writing the graphs")
+        for name, g in whisper_onnx.build(c, w.state, precision, opset).items():
+            save(g, out / f"{name}.onnx")
+            if name not in spec:  # the decoder for many rows: the decoder's inputs and outputs
+                spec[name] = spec["decoder"]
+        bar.update(2)
+        weights = {"fp32": "float32 as loaded", "fp16": "float16",
+                   "int8": "encoder: linear weights int8 per output channel, activations per call "
+                           "(DynamicQuantizeMatMul); decoder: 8-bit blocks of 32 (MatMulNBits), activations "
+                           "int8 per block in decode steps, float32 in the prompt graph; convolutions and "
+                           "attention float32"}[precision]
+    else:
+        spec = io(c, tdt)
+        _trace_graphs(w, spec, out, opset, bar, precision)
+        weights = {"fp32": "float32 as loaded", "fp16": "float16",
+                   "int8": "MatMul weights int8 per output channel (dynamic quantization), convolutions float32"
+                   }[precision]
+    bar.update(1)
+    shutil.copy(w.tokenizer_path, out / "tokenizer.json")
+    graphs = {k: Graph(f"{k}.onnx", tuple(i), tuple(o)) for k, (i, o) in spec.items()}
+    cache = {"layout": "self_key.i / self_value.i [batch, heads, cache, head_dim], positions < offset read",
+             "max_tokens": c.n_text_ctx, "dtype": tdt, "cross": "cross_key.i / cross_value.i from the encoder"}
+    return Manifest("asr", model.name, dataclasses.asdict(c), graphs, precision, variant, cache, weights,
+                    {"path": str(model.path), "format": model.format}, opset, __version__,
+                    {"alignment_heads": [list(h) for h in w.alignment_heads]})
+
+
+def _trace_graphs(w, spec, out: Path, opset: int, bar, precision: str) -> None:
+    """The standard variant: both graphs traced from the torch modules (plain ONNX ops)."""
+    c = w.config
     m = Whisper(c, export_ops())
     m.load_state_dict(w.state, strict=False)  # the encoder's positional embedding is computed, not loaded
     dtype = torch.float16 if precision == "fp16" else torch.float32
     m = m.to(dtype).eval().requires_grad_(False)
-    tdt = "float16" if precision == "fp16" else "float32"
-    spec = io(c, tdt)
-    bar.update(1)
     bar.set_description("tracing the encoder")
     trace(EncoderGraph(m), (torch.zeros(1, c.n_mels, 2 * c.n_audio_ctx, dtype=dtype),), out / "encoder.onnx",
-            *spec["encoder"], opset)
-    bar.update(1)
+          *spec["encoder"], opset)
     bar.set_description("tracing the decoder")
     dh = c.n_text_state // c.n_text_head
     n = c.n_text_layer
@@ -132,15 +169,3 @@ def export(model, out: Path, precision: str | None, opset: int, variant: str, ba
         bar.set_description("quantizing to int8")
         for name in ("encoder", "decoder"):
             quantize_int8(out / f"{name}.onnx")
-    bar.update(1)
-    if w.tokenizer_path is None:
-        raise ValueError(f"{model.path}: the model has no tokenizer.json; it is needed beside the graphs")
-    shutil.copy(w.tokenizer_path, out / "tokenizer.json")
-    graphs = {k: Graph(f"{k}.onnx", tuple(i), tuple(o)) for k, (i, o) in spec.items()}
-    cache = {"layout": "self_key.i / self_value.i [batch, heads, cache, head_dim], positions < offset read",
-             "max_tokens": c.n_text_ctx, "dtype": tdt, "cross": "cross_key.i / cross_value.i from the encoder"}
-    weights = {"fp32": "float32 as loaded", "fp16": "float16",
-               "int8": "MatMul weights int8 per output channel (dynamic quantization), convolutions float32"}[precision]
-    return Manifest("asr", model.name, dataclasses.asdict(c), graphs, precision, "ort", cache, weights,
-                    {"path": str(model.path), "format": model.format}, opset, __version__,
-                    {"alignment_heads": [list(h) for h in w.alignment_heads]})

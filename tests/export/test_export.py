@@ -92,6 +92,54 @@ def test_whisper_logits_and_transcripts(asr_pair, synth):
     # (identical greedy transcripts: tests/backends/test_conformance.py)
 
 
+def test_whisper_trimmed_rows_match_torch(asr_pair):
+    """The op-by-op graph encodes windows shorter than 30 s with each row's own length (a batch of a long and
+    a short utterance), as the torch runner does: cross keys/values and logits of every row <= 1e-3 relative,
+    fresh random input, odd frame counts; the step's cached bindings survive a reorder and a rewind."""
+    ours, ref = (p.runner for p in asr_pair)
+    assert ours.trims and "lengths" in [t.name for t in ours.manifest.graph("encoder").inputs]
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    mel = torch.randn(2, 80, 2 * 347, generator=g) * 0.5
+    frames = [2 * 347, 301]
+    ea, eb = ours.encode(mel, frames=frames), ref.encode(mel, frames=frames)
+    assert ea.lengths.tolist() == eb.lengths.tolist() == [347, 151]
+    sa, sb = ours.start(ea, 2, 24), ref.start(eb, 2, 24)
+    for (ka, va), (kb, vb) in zip(sa.cross, sb.cross):
+        for row, n in enumerate([347, 347, 151, 151]):
+            for a, b in ((ka, kb), (va, vb)):
+                assert (a[row, :, :n] - b[row, :, :n]).abs().max() <= 1e-3 * b[row, :, :n].abs().max()
+    steps = [torch.randint(0, 50000, (4, 5), generator=g), torch.randint(0, 50000, (4, 1), generator=g),
+             torch.randint(0, 50000, (4, 3), generator=g)]
+    for i, step in enumerate(steps):
+        last = i == 1
+        a, b = ours.decode_step(sa, step, last_only=last), ref.decode_step(sb, step, last_only=last)
+        assert a.shape == b.shape and torch.isfinite(a).all()
+        assert (a - b).abs().max() <= 1e-3 * b.abs().max()
+        if i == 1:
+            order = torch.tensor([3, 2, 1, 0])
+            ours.reorder(sa, order), ref.reorder(sb, order)
+            ours.rewind(sa, 5), ref.rewind(sb, 5)
+    with pytest.raises(ValueError, match="an even count up to 3000"):
+        ours.encode(torch.zeros(1, 80, 3001))
+
+
+def test_whisper_int8_prompt_graph():
+    """int8 decodes many rows at once (a prompt) on a second graph with float32 activations: its logits are
+    the step graph's (int8 activations) within int8's error, the same best token at each position."""
+    from backends.onnxruntime_asr import PROMPT_ROWS
+
+    r = backends.get("onnxruntime").asr(resolve(None, "asr"), dtype="int8")
+    assert r.prompt is not r.decoder and "8-bit blocks" in r.manifest.weights
+    enc = r.encode(torch.randn(1, 80, 3000) * 0.5)
+    tokens = torch.tensor([[50257, 50362] + [440, 2068, 11, 1312] * (PROMPT_ROWS // 4)])
+    full = r.decode_step(r.start(enc, 1, 448), tokens, last_only=False)  # the prompt graph
+    split = r.start(enc, 1, 448)
+    steps = [r.decode_step(split, tokens[:, i:i + 1], last_only=False) for i in range(tokens.shape[1])]
+    parts = torch.cat(steps, 1)  # the step graph, one row at a time
+    assert torch.isfinite(full).all() and (full - parts).abs().max() <= 0.05 * parts.abs().max()
+    assert (full.argmax(-1) == parts.argmax(-1)).float().mean() >= 0.9
+
+
 def test_whisper_int8_transcribes(synth):
     """int8 (MatMulInteger) is a different model numerically: it must still transcribe the test speech."""
     from speechrt.models.wer import wer

@@ -1,0 +1,224 @@
+"""Whisper (models/whisper.py) -> encoder and decoder graphs written op by op on ONNX Runtime's fused ops.
+
+The 'ort' variant of `speechrt export asr`. The TorchScript export (export/whisper_export.py, the 'standard'
+variant for TensorRT) leaves ~400 nodes in a decoder step, half of them shape arithmetic; a step here is ~80:
+
+encoder: mel [B, n_mels, F] (F even, <= 2 * n_audio_ctx: a shorter window encodes only the frames that hold
+  audio, whisper.cpp's audio_ctx) and `lengths` int32 [B] (the positions of each row that hold its audio:
+  keys past them are masked, so a row's encoding does not depend on the others of its batch) -> every
+  decoder layer's cross-attention keys/values [B, H, F / 2, Dh], from one MatMul over all layers' weights.
+  Per layer: SkipLayerNormalization (residual add + LayerNorm), MultiHeadAttention, BiasGelu.
+decoder: tokens [N, T] at positions offset..offset+T-1, the self-attention cache (the first `offset`
+  positions of self_key.i / self_value.i [N, H, L, Dh] are read), the cross keys/values with
+  `cross_lengths` int32 [N], and `logit_positions` int64 [P] (which of the T positions get logits: the last
+  one for a step or a prompt, all of them for a draft check) -> logits [N, P, vocab] and the step's new
+  keys/values [N, H, T, Dh] (the runner writes them into its cache at `offset`).
+
+int8: every linear layer's weight int8 per output channel with the activations quantized per call
+(DynamicQuantizeMatMul, bias fused), the vocabulary projection included; convolutions and attention float32.
+fp16: float16 weights and activations (for GPUs).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from speechrt.models.whisper import WhisperConfig
+
+from .graph_builder import MS, GraphBuilder
+from .llama_onnx import int8_blocks
+from .manifest import Tensor
+
+
+def io(c: WhisperConfig, dtype: str = "float32") -> dict[str, tuple[list[Tensor], list[Tensor]]]:
+    """Inputs and outputs of the two graphs: the names the runner binds."""
+    dh = c.n_text_state // c.n_text_head
+    cross = [Tensor(f"cross_{kv}.{i}", dtype, ("batch", c.n_text_head, "positions", dh))
+             for i in range(c.n_text_layer) for kv in ("key", "value")]
+    enc = ([Tensor("mel", dtype, ("batch", c.n_mels, "frames")), Tensor("lengths", "int32", ("batch",))], cross)
+    self_kv = [Tensor(f"self_{kv}.{i}", dtype, ("batch", c.n_text_head, "cache", dh))
+               for i in range(c.n_text_layer) for kv in ("key", "value")]
+    new_kv = [Tensor(f"new_{kv}.{i}", dtype, ("batch", c.n_text_head, "tokens", dh))
+              for i in range(c.n_text_layer) for kv in ("key", "value")]
+    dec = ([Tensor("tokens", "int64", ("batch", "tokens")), Tensor("offset", "int64", ()),
+            Tensor("logit_positions", "int64", ("logit_tokens",))] + self_kv + cross
+           + [Tensor("cross_lengths", "int32", ("batch",))],
+           [Tensor("logits", "float32", ("batch", "logit_tokens", c.n_vocab))] + new_kv)
+    return {"encoder": enc, "decoder": dec}
+
+
+class WhisperGraphs:
+    """Builds the two graphs for one (config, weights, precision)."""
+
+    def __init__(self, c: WhisperConfig, state: dict[str, torch.Tensor], precision: str, accuracy_level: int = 4):
+        self.c, self.w, self.precision, self.accuracy_level = c, state, precision, accuracy_level
+        self.fdt = np.float16 if precision == "fp16" else np.float32
+        self.g = GraphBuilder("whisper")
+        self.part = "decoder"
+        self.made: set[str] = set()
+
+    # -- weights and layers ------------------------------------------------------------------------------
+    def arr(self, name: str, values=None) -> str:
+        """An initializer in the graph's float type (from the state dict, or `values`)."""
+        v = self.w[name] if values is None else values
+        return self.g.init(name, np.asarray(v.float().numpy() if torch.is_tensor(v) else v, dtype=self.fdt))
+
+    def linear(self, x: str, weight: torch.Tensor, bias: torch.Tensor | None, tag: str) -> str:
+        """x [..., K] @ weight.T (+ bias); weight [N, K]."""
+        g = self.g
+        if self.precision == "int8" and self.part == "decoder":  # 8-bit blocks, activations per block
+            q, s = self.blocks8(weight, tag)
+            N, K = weight.shape
+            ins = [x, q, s, g.init(f"{tag}.zero", np.full(N * K // 32, 128, np.uint8))]
+            y = g.op("MatMulNBits", ins, domain=MS, name=tag, K=K, N=N, bits=8, block_size=32,
+                     accuracy_level=4 if tag == "logits" else self.accuracy_level)
+            return y if bias is None else g.op("Add", [y, self.arr(f"{tag}.bias", bias)], name=f"{tag}/bias")
+        if self.precision == "int8":  # the encoder: int8 per output channel, activations per call
+            w = weight.float()
+            scale = (w.abs().amax(1) / 127).clamp_min(1e-12)  # per output channel, symmetric
+            q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+            ins = [x, g.init(f"{tag}.qweight", q.T.numpy()), g.init(f"{tag}.scale", scale.numpy()),
+                   g.init(f"{tag}.zero", np.zeros(q.shape[0], np.int8))]
+            if bias is not None:
+                ins.append(g.init(f"{tag}.bias", bias.float().numpy()))
+            return g.op("DynamicQuantizeMatMul", ins, domain=MS, name=tag)
+        y = g.op("MatMul", [x, g.init(f"{tag}.weight", weight.float().T.numpy().astype(self.fdt))], name=tag)
+        return y if bias is None else g.op("Add", [y, self.arr(f"{tag}.bias", bias)], name=f"{tag}/bias")
+
+    def blocks8(self, weight: torch.Tensor, tag: str) -> tuple[str, str]:
+        """The initializers (q [N, K/32, 32] uint8 with zero point 128, scale [N * K/32]) of weight [N, K]."""
+        if f"{tag}.q8" not in self.made:
+            q, s = int8_blocks(weight)
+            self.g.init(f"{tag}.q8", q)
+            self.g.init(f"{tag}.scale", s.reshape(-1))
+            self.made.add(f"{tag}.q8")
+        return f"{tag}.q8", f"{tag}.scale"
+
+    def token_embedding(self) -> str:
+        """tokens -> [N, T, d]. int8: the table in float16, cast after the Gather (40 MB instead of 80 beside
+        the 20 MB int8 vocabulary projection; rounding 2^-11 relative, where int8 blocks of the projection's
+        table moved the passage's greedy transcript)."""
+        g, w = self.g, self.w["decoder.token_embedding.weight"]
+        if self.precision != "int8":
+            return g.op("Gather", [self.arr("decoder.token_embedding.weight"), "tokens"], name="token_embedding")
+        table = g.init("token_embedding.fp16", w.half().numpy())
+        return g.op("Cast", [g.op("Gather", [table, "tokens"], name="token_embedding/half")], name="token_embedding", to=1)
+
+    def lin(self, x: str, prefix: str, bias: bool = True) -> str:
+        return self.linear(x, self.w[f"{prefix}.weight"], self.w[f"{prefix}.bias"] if bias else None, prefix)
+
+    def skip_ln(self, x: str, skip: str, ln: str, bias: str | None = None) -> tuple[str, str]:
+        """(LayerNorm(x + skip + bias), x + skip + bias): the residual add fused into the norm."""
+        ins = [x, skip, self.arr(f"{ln}.weight"), self.arr(f"{ln}.bias")] + ([bias] if bias else [])
+        out = self.g.op("SkipLayerNormalization", ins, 4, domain=MS, name=f"{ln}/skip", epsilon=1e-5)
+        return out[0], out[3]
+
+    def mlp(self, h: str, prefix: str) -> str:
+        """fc2(gelu(fc1(h))) without fc2's bias (added by the next SkipLayerNormalization)."""
+        g = self.g
+        a = self.linear(h, self.w[f"{prefix}.fc1.weight"], None, f"{prefix}.fc1")
+        a = g.op("BiasGelu", [a, self.arr(f"{prefix}.fc1.bias")], domain=MS, name=f"{prefix}.fc1/gelu")
+        return self.linear(a, self.w[f"{prefix}.fc2.weight"], None, f"{prefix}.fc2")
+
+    def heads(self, x: str, tag: str) -> str:
+        """[B, T, d] -> [B, H, T, Dh]."""
+        c, g = self.c, self.g
+        shape = g.const_i64(f"{tag}/shape", [0, 0, c.n_text_head, c.n_text_state // c.n_text_head])
+        return g.op("Transpose", [g.op("Reshape", [x, shape], name=f"{tag}/split_heads")], perm=[0, 2, 1, 3],
+                    name=f"{tag}/heads")
+
+    # -- graphs --------------------------------------------------------------------------------------------
+    def encoder(self):
+        self.part = "encoder"
+        c, g, w = self.c, self.g, self.w
+        g.nodes, g.inits = [], []
+        x = g.op("Conv", ["mel", self.arr("encoder.conv1.weight"), self.arr("encoder.conv1.bias")], name="conv1",
+                 kernel_shape=[3], pads=[1, 1])
+        x = g.op("Gelu", [x], domain=MS, name="conv1/gelu")
+        x = g.op("Conv", [x, self.arr("encoder.conv2.weight"), self.arr("encoder.conv2.bias")], name="conv2",
+                 kernel_shape=[3], pads=[1, 1], strides=[2])
+        x = g.op("Transpose", [g.op("Gelu", [x], domain=MS, name="conv2/gelu")], perm=[0, 2, 1], name="to_bsd")
+        S = g.op("Shape", [x], name="positions", start=1, end=2)
+        pos = g.op("Slice", [self.arr("encoder.positional_embedding"), g.const_i64("zero1", [0]), S,
+                             g.const_i64("axis0", [0])], name="positional_embedding")
+        x = g.op("Add", [x, pos], name="embed")
+        h = g.op("LayerNormalization", [x, self.arr("encoder.blocks.0.attn_ln.weight"),
+                                        self.arr("encoder.blocks.0.attn_ln.bias")], name="ln0", epsilon=1e-5)
+        d = c.n_audio_state
+        split = g.const_i64("qkv_split", [d, d, d])
+        for i in range(c.n_audio_layer):
+            p = f"encoder.blocks.{i}"
+            qkv = self.linear(h, w[f"{p}.attn.qkv.weight"], None, f"{p}.attn.qkv")
+            q, k, v = g.op("Split", [qkv, split], 3, name=f"{p}.attn/split", axis=2)
+            o = g.op("MultiHeadAttention", [q, k, v, self.arr(f"{p}.attn.qkv.bias"), "lengths"], domain=MS,
+                     name=f"{p}.attn/attention", num_heads=c.n_audio_head)
+            o = self.linear(o, w[f"{p}.attn.out.weight"], None, f"{p}.attn.out")
+            h, x = self.skip_ln(o, x, f"{p}.mlp_ln", self.arr(f"{p}.attn.out.bias"))
+            o = self.mlp(h, f"{p}.mlp")
+            nxt = f"encoder.blocks.{i + 1}.attn_ln" if i + 1 < c.n_audio_layer else "encoder.ln_post"
+            h, x = self.skip_ln(o, x, nxt, self.arr(f"{p}.mlp.fc2.bias"))
+        # every decoder layer's cross keys/values from one MatMul: [B, S, n_layers * 2 * d]
+        L = c.n_text_layer
+        kv_w = torch.cat([w[f"decoder.blocks.{i}.cross_attn.kv.weight"] for i in range(L)])
+        kv_b = torch.cat([w[f"decoder.blocks.{i}.cross_attn.kv.bias"] for i in range(L)])
+        kv = self.linear(h, kv_w, kv_b, "cross_kv")
+        parts = g.op("Split", [kv, g.const_i64("cross_split", [c.n_text_state] * 2 * L)], 2 * L, name="cross_kv/split",
+                     axis=2)
+        for j, part in enumerate(parts):
+            name = f"cross_{('key', 'value')[j % 2]}.{j // 2}"
+            shape = g.const_i64(f"{name}/shape", [0, 0, c.n_text_head, c.n_text_state // c.n_text_head])
+            g.op("Transpose", [g.op("Reshape", [part, shape], name=f"{name}/split_heads")], perm=[0, 2, 1, 3],
+                 name=name, outputs=[name])
+        return g
+
+    def decoder(self):
+        c, g, w = self.c, self.g, self.w
+        g.nodes, g.inits = [], []
+        past_end = g.op("Unsqueeze", ["offset", g.const_i64("axis0", [0])], name="past_end")  # [1]
+        end = g.op("Add", [past_end, g.op("Shape", ["tokens"], name="T", start=1, end=2)], name="end")
+        pos = g.op("Slice", [self.arr("decoder.positional_embedding"), past_end, end, "axis0"], name="position_embedding")
+        x = g.op("Add", [self.token_embedding(), pos], name="embed")
+        h = g.op("LayerNormalization", [x, self.arr("decoder.blocks.0.attn_ln.weight"),
+                                        self.arr("decoder.blocks.0.attn_ln.bias")], name="ln0", epsilon=1e-5)
+        d = c.n_text_state
+        split = g.const_i64("qkv_split", [d, d, d])
+        zero, axis2 = g.const_i64("zero1", [0]), g.const_i64("axis2", [2])
+        for i in range(c.n_text_layer):
+            p = f"decoder.blocks.{i}"
+            qkv = self.lin(h, f"{p}.attn.qkv")  # the bias added before the split: the new values carry it
+            q, k, v = g.op("Split", [qkv, split], 3, name=f"{p}.attn/split", axis=2)
+            g.op("Identity", [self.heads(k, f"{p}.attn.k")], name=f"new_key.{i}", outputs=[f"new_key.{i}"])
+            g.op("Identity", [self.heads(v, f"{p}.attn.v")], name=f"new_value.{i}", outputs=[f"new_value.{i}"])
+            past = [g.op("Slice", [f"self_{kv}.{i}", zero, past_end, axis2], name=f"{p}.attn/past_{kv}")
+                    for kv in ("key", "value")]
+            o = g.op("MultiHeadAttention", [q, k, v, "", "", "", past[0], past[1]], 3, domain=MS,
+                     name=f"{p}.attn/attention", num_heads=c.n_text_head, unidirectional=1)[0]
+            o = self.linear(o, w[f"{p}.attn.out.weight"], None, f"{p}.attn.out")
+            h, x = self.skip_ln(o, x, f"{p}.cross_attn_ln", self.arr(f"{p}.attn.out.bias"))
+            q = self.lin(h, f"{p}.cross_attn.q")
+            o = g.op("MultiHeadAttention", [q, f"cross_key.{i}", f"cross_value.{i}", "", "cross_lengths"], domain=MS,
+                     name=f"{p}.cross_attn/attention", num_heads=c.n_text_head)
+            o = self.linear(o, w[f"{p}.cross_attn.out.weight"], None, f"{p}.cross_attn.out")
+            h, x = self.skip_ln(o, x, f"{p}.mlp_ln", self.arr(f"{p}.cross_attn.out.bias"))
+            o = self.mlp(h, f"{p}.mlp")
+            nxt = f"decoder.blocks.{i + 1}.attn_ln" if i + 1 < c.n_text_layer else "decoder.ln"
+            h, x = self.skip_ln(o, x, nxt, self.arr(f"{p}.mlp.fc2.bias"))
+        h = g.op("Gather", [h, "logit_positions"], name="logit_positions", axis=1)
+        logits = self.linear(h, w["decoder.token_embedding.weight"], None, "logits")
+        g.op("Cast", [logits], name="logits/float32", outputs=["logits"], to=1)
+        return g
+
+
+def build(c: WhisperConfig, state: dict, precision: str, opset: int) -> dict:
+    """-> {"encoder": ModelProto, "decoder": ModelProto}, and for int8 "prompt": the decoder for many rows
+    at once (prompts, several sessions' steps), its 8-bit weights multiplied in float32 (accuracy level 1),
+    where the decode step's int8 activations (level 4) are 2.5x slower than that at 150 rows."""
+    tdt = "float16" if precision == "fp16" else "float32"
+    spec = io(c, tdt)
+    out = {}
+    parts = [("encoder", "encoder", 4), ("decoder", "decoder", 4)] + ([("prompt", "decoder", 1)] if precision == "int8" else [])
+    for name, part, level in parts:
+        b = WhisperGraphs(c, state, precision, level)
+        getattr(b, part)()
+        out[name] = b.g.model(*spec[part], opset)
+    return out
