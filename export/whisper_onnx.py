@@ -123,18 +123,27 @@ class WhisperGraphs:
         a = g.op("BiasGelu", [a, self.arr(f"{prefix}.fc1.bias")], domain=MS, name=f"{prefix}.fc1/gelu")
         return self.linear(a, self.w[f"{prefix}.fc2.weight"], None, f"{prefix}.fc2")
 
-    def heads(self, x: str, tag: str) -> str:
-        """[B, T, d] -> [B, H, T, Dh]."""
+    def heads(self, x: str, out: str) -> str:
+        """[B, T, d] -> graph output `out` [B, H, T, Dh]."""
         c, g = self.c, self.g
-        shape = g.const_i64(f"{tag}/shape", [0, 0, c.n_text_head, c.n_text_state // c.n_text_head])
-        return g.op("Transpose", [g.op("Reshape", [x, shape], name=f"{tag}/split_heads")], perm=[0, 2, 1, 3],
-                    name=f"{tag}/heads")
+        shape = g.const_i64(f"{out}/shape", [0, 0, c.n_text_head, c.n_text_state // c.n_text_head])
+        return g.op("Transpose", [g.op("Reshape", [x, shape], name=f"{out}/split_heads")], perm=[0, 2, 1, 3],
+                    name=out, outputs=[out])
+
+    def attention_out(self, o: str, x: str, proj: str, ln: str) -> tuple[str, str]:
+        """The attention's output projection `proj`, its bias and the residual add fused into norm `ln`:
+        -> (normed, residual sum)."""
+        o = self.linear(o, self.w[f"{proj}.weight"], None, proj)
+        return self.skip_ln(o, x, ln, self.arr(f"{proj}.bias"))
+
+    def mlp_block(self, h: str, x: str, block: str, nxt: str) -> tuple[str, str]:
+        """Block `block`'s MLP on h, fc2's bias and the residual add fused into the next norm `nxt`."""
+        return self.skip_ln(self.mlp(h, f"{block}.mlp"), x, nxt, self.arr(f"{block}.mlp.fc2.bias"))
 
     # -- graphs --------------------------------------------------------------------------------------------
     def encoder(self):
         self.part = "encoder"
         c, g, w = self.c, self.g, self.w
-        g.nodes, g.inits = [], []
         x = g.op("Conv", ["mel", self.arr("encoder.conv1.weight"), self.arr("encoder.conv1.bias")], name="conv1",
                  kernel_shape=[3], pads=[1, 1])
         x = g.op("Gelu", [x], domain=MS, name="conv1/gelu")
@@ -155,11 +164,9 @@ class WhisperGraphs:
             q, k, v = g.op("Split", [qkv, split], 3, name=f"{p}.attn/split", axis=2)
             o = g.op("MultiHeadAttention", [q, k, v, self.arr(f"{p}.attn.qkv.bias"), "lengths"], domain=MS,
                      name=f"{p}.attn/attention", num_heads=c.n_audio_head)
-            o = self.linear(o, w[f"{p}.attn.out.weight"], None, f"{p}.attn.out")
-            h, x = self.skip_ln(o, x, f"{p}.mlp_ln", self.arr(f"{p}.attn.out.bias"))
-            o = self.mlp(h, f"{p}.mlp")
+            h, x = self.attention_out(o, x, f"{p}.attn.out", f"{p}.mlp_ln")
             nxt = f"encoder.blocks.{i + 1}.attn_ln" if i + 1 < c.n_audio_layer else "encoder.ln_post"
-            h, x = self.skip_ln(o, x, nxt, self.arr(f"{p}.mlp.fc2.bias"))
+            h, x = self.mlp_block(h, x, p, nxt)
         # every decoder layer's cross keys/values from one MatMul: [B, S, n_layers * 2 * d]
         L = c.n_text_layer
         kv_w = torch.cat([w[f"decoder.blocks.{i}.cross_attn.kv.weight"] for i in range(L)])
@@ -168,15 +175,11 @@ class WhisperGraphs:
         parts = g.op("Split", [kv, g.const_i64("cross_split", [c.n_text_state] * 2 * L)], 2 * L, name="cross_kv/split",
                      axis=2)
         for j, part in enumerate(parts):
-            name = f"cross_{('key', 'value')[j % 2]}.{j // 2}"
-            shape = g.const_i64(f"{name}/shape", [0, 0, c.n_text_head, c.n_text_state // c.n_text_head])
-            g.op("Transpose", [g.op("Reshape", [part, shape], name=f"{name}/split_heads")], perm=[0, 2, 1, 3],
-                 name=name, outputs=[name])
+            self.heads(part, f"cross_{('key', 'value')[j % 2]}.{j // 2}")
         return g
 
     def decoder(self):
         c, g, w = self.c, self.g, self.w
-        g.nodes, g.inits = [], []
         past_end = g.op("Unsqueeze", ["offset", g.const_i64("axis0", [0])], name="past_end")  # [1]
         end = g.op("Add", [past_end, g.op("Shape", ["tokens"], name="T", start=1, end=2)], name="end")
         pos = g.op("Slice", [self.arr("decoder.positional_embedding"), past_end, end, "axis0"], name="position_embedding")
@@ -190,22 +193,19 @@ class WhisperGraphs:
             p = f"decoder.blocks.{i}"
             qkv = self.lin(h, f"{p}.attn.qkv")  # the bias added before the split: the new values carry it
             q, k, v = g.op("Split", [qkv, split], 3, name=f"{p}.attn/split", axis=2)
-            g.op("Identity", [self.heads(k, f"{p}.attn.k")], name=f"new_key.{i}", outputs=[f"new_key.{i}"])
-            g.op("Identity", [self.heads(v, f"{p}.attn.v")], name=f"new_value.{i}", outputs=[f"new_value.{i}"])
+            self.heads(k, f"new_key.{i}")
+            self.heads(v, f"new_value.{i}")
             past = [g.op("Slice", [f"self_{kv}.{i}", zero, past_end, axis2], name=f"{p}.attn/past_{kv}")
                     for kv in ("key", "value")]
             o = g.op("MultiHeadAttention", [q, k, v, "", "", "", past[0], past[1]], 3, domain=MS,
                      name=f"{p}.attn/attention", num_heads=c.n_text_head, unidirectional=1)[0]
-            o = self.linear(o, w[f"{p}.attn.out.weight"], None, f"{p}.attn.out")
-            h, x = self.skip_ln(o, x, f"{p}.cross_attn_ln", self.arr(f"{p}.attn.out.bias"))
+            h, x = self.attention_out(o, x, f"{p}.attn.out", f"{p}.cross_attn_ln")
             q = self.lin(h, f"{p}.cross_attn.q")
             o = g.op("MultiHeadAttention", [q, f"cross_key.{i}", f"cross_value.{i}", "", "cross_lengths"], domain=MS,
                      name=f"{p}.cross_attn/attention", num_heads=c.n_text_head)
-            o = self.linear(o, w[f"{p}.cross_attn.out.weight"], None, f"{p}.cross_attn.out")
-            h, x = self.skip_ln(o, x, f"{p}.mlp_ln", self.arr(f"{p}.cross_attn.out.bias"))
-            o = self.mlp(h, f"{p}.mlp")
+            h, x = self.attention_out(o, x, f"{p}.cross_attn.out", f"{p}.mlp_ln")
             nxt = f"decoder.blocks.{i + 1}.attn_ln" if i + 1 < c.n_text_layer else "decoder.ln"
-            h, x = self.skip_ln(o, x, nxt, self.arr(f"{p}.mlp.fc2.bias"))
+            h, x = self.mlp_block(h, x, p, nxt)
         h = g.op("Gather", [h, "logit_positions"], name="logit_positions", axis=1)
         logits = self.linear(h, w["decoder.token_embedding.weight"], None, "logits")
         g.op("Cast", [logits], name="logits/float32", outputs=["logits"], to=1)
