@@ -22,8 +22,10 @@ from .ort_binding import TORCH, bind, providers_device
 from .torch_asr import DecoderState, Encoded, reorder_state, rewind_state
 from .torch_backend import ThreadPolicy
 
-PROMPT_ROWS = 48  # decoder rows (batch x tokens) from which the prompt graph runs a step (measured: 150 rows
-# 85 vs 130 ms, 60 rows 45 vs 54 ms, 16 rows 48 vs 39 ms)
+# decoder rows (batch x tokens) from which an int8 export's float32 decoder graph runs a step: int8 activations
+# cost in proportion to the rows (AMD EPYC AVX2, 2 threads, ms per step int8 / float32: 1 row 4.4 / 7.5,
+# 2 rows 7.3 / 7.5, 4 rows 13.4 / 9.1, 8 rows 30.7 / 12.9)
+PROMPT_ROWS = 3
 
 
 class OrtASRRunner(ASRRunner):
@@ -39,7 +41,7 @@ class OrtASRRunner(ASRRunner):
         self.encoder = session(str(directory / manifest.graph("encoder").file), providers, spin=False)
         # the decoder's steps are small ops: they run on the loop's threads (ThreadPolicy.step)
         self.decoder = session(str(directory / manifest.graph("decoder").file), providers, threads.step, spin=False)
-        # int8: a second decoder graph for many rows at once (prompts), with float32 activations
+        # int8: a second decoder graph, float32, for steps of PROMPT_ROWS rows or more (prompts, batches)
         self.prompt = (session(str(directory / manifest.graph("prompt").file), providers, threads.step, spin=False)
                        if "prompt" in manifest.graphs else self.decoder)
         self.device = providers_device(self.encoder.get_providers())

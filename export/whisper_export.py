@@ -129,8 +129,8 @@ def export(model, out: Path, precision: str | None, opset: int, variant: str, ba
         weights = {"fp32": "float32 as loaded", "fp16": "float16",
                    "int8": "encoder: linear weights int8 per output channel, activations per call "
                            "(DynamicQuantizeMatMul); decoder: 8-bit blocks of 32 (MatMulNBits), activations "
-                           "int8 per block in decode steps, float32 in the prompt graph; convolutions and "
-                           "attention float32"}[precision]
+                           "int8 per block, in steps of 1-2 rows; a float32 copy (the prompt graph) for steps of "
+                           "more rows; convolutions and attention float32"}[precision]
     else:
         spec = io(c, tdt)
         _trace_graphs(w, spec, out, opset, bar, precision)

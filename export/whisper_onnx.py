@@ -17,8 +17,9 @@ decoder: tokens [N, T] at positions offset..offset+T-1, the self-attention cache
 int8: the encoder's linear weights int8 per output channel, activations quantized per call
 (DynamicQuantizeMatMul, bias fused); the decoder's (vocabulary projection included) 8-bit blocks of 32
 (MatMulNBits) with int8 activations per block — per-tensor activations cost the 58-s passage 2.7 WER points —
-and a second decoder graph, `prompt`, with float32 activations for many rows at once; the token embedding in
-float16; convolutions and attention float32.
+for steps of one or two rows, and a second decoder graph, `prompt`, all float32, for steps of more rows (int8
+activations cost in proportion to the rows); the token embedding in float16; convolutions and attention
+float32.
 fp16: float16 weights and activations (for GPUs).
 """
 from __future__ import annotations
@@ -53,8 +54,8 @@ def io(c: WhisperConfig, dtype: str = "float32") -> dict[str, tuple[list[Tensor]
 class WhisperGraphs:
     """Builds the two graphs for one (config, weights, precision)."""
 
-    def __init__(self, c: WhisperConfig, state: dict[str, torch.Tensor], precision: str, accuracy_level: int = 4):
-        self.c, self.w, self.precision, self.accuracy_level = c, state, precision, accuracy_level
+    def __init__(self, c: WhisperConfig, state: dict[str, torch.Tensor], precision: str):
+        self.c, self.w, self.precision = c, state, precision
         self.fdt = np.float16 if precision == "fp16" else np.float32
         self.g = GraphBuilder("whisper")
         self.part = "decoder"
@@ -74,7 +75,7 @@ class WhisperGraphs:
             N, K = weight.shape
             ins = [x, q, s, g.init(f"{tag}.zero", np.full(N * K // 32, 128, np.uint8))]
             y = g.op("MatMulNBits", ins, domain=MS, name=tag, K=K, N=N, bits=8, block_size=32,
-                     accuracy_level=4 if tag == "logits" else self.accuracy_level)
+                     accuracy_level=4)
             return y if bias is None else g.op("Add", [y, self.arr(f"{tag}.bias", bias)], name=f"{tag}/bias")
         if self.precision == "int8":  # the encoder: int8 per output channel, activations per call
             w = weight.float()
@@ -213,15 +214,18 @@ class WhisperGraphs:
 
 
 def build(c: WhisperConfig, state: dict, precision: str, opset: int) -> dict:
-    """-> {"encoder": ModelProto, "decoder": ModelProto}, and for int8 "prompt": the decoder for many rows
-    at once (prompts, several sessions' steps), its 8-bit weights multiplied in float32 (accuracy level 1),
-    where the decode step's int8 activations (level 4) are 2.5x slower than that at 150 rows."""
+    """-> {"encoder": ModelProto, "decoder": ModelProto}, and for int8 "prompt": the decoder in float32, for
+    steps of several rows (prompts, drafts, several sessions' rows): MatMulNBits' int8 activations cost in
+    proportion to the rows (AMD EPYC AVX2, 2 threads: a step of 8 rows 30.7 ms, float32 12.9 ms; 1 row
+    4.4 ms, float32 7.5 ms)."""
     tdt = "float16" if precision == "fp16" else "float32"
     spec = io(c, tdt)
     out = {}
-    parts = [("encoder", "encoder", 4), ("decoder", "decoder", 4)] + ([("prompt", "decoder", 1)] if precision == "int8" else [])
-    for name, part, level in parts:
-        b = WhisperGraphs(c, state, precision, level)
+    parts = [("encoder", "encoder", precision), ("decoder", "decoder", precision)]
+    if precision == "int8":
+        parts.append(("prompt", "decoder", "fp32"))
+    for name, part, prec in parts:
+        b = WhisperGraphs(c, state, prec)
         getattr(b, part)()
         out[name] = b.g.model(*spec[part], opset)
     return out

@@ -124,20 +124,40 @@ def test_whisper_trimmed_rows_match_torch(asr_pair):
 
 
 def test_whisper_int8_prompt_graph():
-    """int8 decodes many rows at once (a prompt) on a second graph with float32 activations: its logits are
-    the step graph's (int8 activations) within int8's error, the same best token at each position."""
+    """int8 runs steps of PROMPT_ROWS rows or more (a prompt; several sessions' rows) on a float32 copy of the
+    decoder (int8 activations cost in proportion to the rows): its logits are the int8 step graph's one row
+    at a time within int8's error, with the same best token at nearly every position, for a prompt and for a
+    batch of 7 rows (an odd count, fresh random audio)."""
+    import onnx
+
     from backends.onnxruntime_asr import PROMPT_ROWS
 
     r = backends.get("onnxruntime").asr(resolve(None, "asr"), dtype="int8")
     assert r.prompt is not r.decoder and "8-bit blocks" in r.manifest.weights
+    ops = {n.op_type for n in onnx.load(str(r.tokenizer_path.parent / r.manifest.graph("prompt").file)).graph.node}
+    assert "MatMulNBits" not in ops and "MatMul" in ops
     enc = r.encode(torch.randn(1, 80, 3000) * 0.5)
-    tokens = torch.tensor([[50257, 50362] + [440, 2068, 11, 1312] * (PROMPT_ROWS // 4)])
-    full = r.decode_step(r.start(enc, 1, 448), tokens, last_only=False)  # the prompt graph
+    tokens = torch.tensor([[50257, 50362] + [440, 2068, 11, 1312] * 12])
+    full = r.decode_step(r.start(enc, 1, 448), tokens, last_only=False)  # the float32 graph
     split = r.start(enc, 1, 448)
     steps = [r.decode_step(split, tokens[:, i:i + 1], last_only=False) for i in range(tokens.shape[1])]
-    parts = torch.cat(steps, 1)  # the step graph, one row at a time
+    parts = torch.cat(steps, 1)  # the int8 step graph, one row at a time
     assert torch.isfinite(full).all() and (full - parts).abs().max() <= 0.05 * parts.abs().max()
     assert (full.argmax(-1) == parts.argmax(-1)).float().mean() >= 0.9
+
+    n = 7
+    assert n >= PROMPT_ROWS
+    enc = r.encode(torch.randn(n, 80, 600) * 0.5, frames=[600, 450, 320, 600, 96, 510, 250])
+    prompt = torch.tensor([[50257, 50362]] * n)
+    both = r.start(enc, 1, 448)
+    r.decode_step(both, prompt)
+    batch = r.decode_step(both, torch.full((n, 1), 440))  # n rows: the float32 graph
+    for i in range(n):
+        one = r.start(type(enc)([s[i:i + 1] for s in enc.states], enc.lengths[i:i + 1]), 1, 448)
+        r.decode_step(one, prompt[i:i + 1])
+        alone = r.decode_step(one, torch.full((1, 1), 440))[0]  # 1 row: the int8 graph
+        assert (batch[i] - alone).abs().max() <= 0.05 * alone.abs().max(), i
+        assert torch.topk(alone, 5).indices.tolist().count(int(batch[i].argmax())) == 1, i
 
 
 def test_whisper_int8_transcribes(synth):
