@@ -88,8 +88,9 @@ class ASRRunner(Runner):
     def reorder(self, state: Any, index: torch.Tensor) -> Any:
         """Keep rows `index` [N'] of the state (beam reordering, or dropping finished rows)."""
 
-    # word timestamps read cross-attention weights, which only the torch-built runners expose
-    WORD_TIMING_BACKENDS = ("torch", "triton")
+    # word timestamps read cross-attention weights: the torch-built runners expose them, the onnxruntime one
+    # computes them with the source model's torch decoder
+    WORD_TIMING_BACKENDS = ("torch", "triton", "onnxruntime")
     word_timing: bool = False  # whether cross_attention is implemented
     alignment_heads: tuple[tuple[int, int], ...] = ()  # (decoder layer, head) pairs that track timing
 

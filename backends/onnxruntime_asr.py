@@ -6,7 +6,9 @@ start repeats them for beams and preallocates the self-attention cache (torch te
 the cache, the cross keys/values and the logits in place (I/O binding) and writes the step's new keys/values
 into the cache at the state's offset. Rewind and reorder are torch ops on those buffers. The 'ort' graphs
 take windows shorter than 30 s with per-row lengths (`trims`), and compute logits only at the positions
-asked for (the last one, unless a draft is checked).
+asked for (the last one, unless a draft is checked). Word timing, which reads the decoder's cross-attention
+weights that the graphs do not output, runs the source model's torch decoder over the graphs' cross
+keys/values (cross_attention).
 """
 from __future__ import annotations
 
@@ -50,7 +52,8 @@ class OrtASRRunner(ASRRunner):
         self.cross_names = [t.name for t in manifest.graph("encoder").outputs]
         self.trims = "lengths" in [t.name for t in manifest.graph("encoder").inputs]
         self._waiter = ThreadPoolExecutor(1, thread_name_prefix="speechrt-ort-encode")
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # loads the word-timing decoder once (cross_attention)
+        self._timing = None
         self.info = RunnerInfo("onnxruntime", model_name or manifest.model, "speechrt-onnx", manifest.precision,
                                str(self.device), ", ".join(self.encoder.get_providers()))
 
@@ -148,6 +151,55 @@ class OrtASRRunner(ASRRunner):
 
     def reorder(self, state, index):
         return reorder_state(state, index)
+
+    word_timing = True
+
+    @torch.inference_mode()
+    def cross_attention(self, encoded, tokens):
+        """One uncached pass of the source model's torch decoder (loaded on first use: the graphs do not
+        output attention weights) over this runner's cross keys/values -> (logits, the alignment heads'
+        cross-attention logits), as ASRRunner.cross_attention."""
+        dec = self._timing_decoder()
+        kv = [t.float() for t in encoded.states]
+        cross = [(kv[2 * i], kv[2 * i + 1]) for i in range(len(kv) // 2)]
+        c, (B, T) = self.config, tokens.shape
+        shape = (B, c.n_text_head, T, c.n_text_state // c.n_text_head)
+        caches = [(kv[0].new_zeros(shape), kv[0].new_zeros(shape)) for _ in range(c.n_text_layer)]
+        scores: list[torch.Tensor] = []
+        with self.threads.large():
+            x = dec.hidden(tokens.to(kv[0].device), caches, 0, cross, False, cross_lengths=encoded.lengths,
+                           scores=scores)
+            logits = dec.logits(x)
+        return logits, torch.stack([scores[layer][:, head] for layer, head in self.alignment_heads], 1).float()
+
+    def _timing_decoder(self):
+        with self._lock:
+            if self._timing is None:
+                self._timing = _load_timing_decoder(self.manifest, self.device)
+                self.alignment_heads = self._timing[1]
+            return self._timing[0]
+
+
+def _load_timing_decoder(manifest, device):
+    """(the float32 torch decoder of the model `manifest` was exported from, its alignment heads)."""
+    from speechrt.errors import UserError
+    from speechrt.kernels import select
+    from speechrt.models.registry import ResolvedModel
+    from speechrt.models.whisper import TextDecoder, WhisperConfig
+    from speechrt.models.whisper_loaders import load_weights
+
+    from .torch_asr import default_alignment_heads
+
+    src = manifest.source or {}
+    path = Path(src.get("path") or "")
+    if not src.get("path") or not path.exists():
+        raise UserError(f"word timestamps on an ONNX export read the decoder's cross-attention weights from the "
+                        f"model it was exported from ({src.get('path') or 'not recorded'}), which is not there; "
+                        "use --backend torch with that model, or export it again from where it is now")
+    w = load_weights(ResolvedModel(manifest.model, "asr", src["format"], path))
+    dec = TextDecoder(WhisperConfig(**manifest.config), select("torch", device))
+    dec.load_state_dict({k.removeprefix("decoder."): v for k, v in w.state.items() if k.startswith("decoder.")})
+    return dec.to(device=device, dtype=torch.float32).eval().requires_grad_(False), default_alignment_heads(w)
 
 
 class _Binding:
