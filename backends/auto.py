@@ -83,7 +83,9 @@ def _delegate(family: str):
         from . import get
 
         c = choose(family, device)
-        return getattr(get(c.backend), family)(model, device=device, dtype=dtype or c.dtype, step_threads=step_threads)
+        if dtype in (None, "auto"):  # 'auto' precision under the auto backend: the table's
+            dtype = c.dtype or dtype
+        return getattr(get(c.backend), family)(model, device=device, dtype=dtype, step_threads=step_threads)
     build.__name__ = family
     return build
 

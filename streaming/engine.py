@@ -350,6 +350,8 @@ class Engine:
         m.asr_batches += 1
         m.asr_items += len(jobs)
         m.asr_seconds += now - t0
+        m.kind_seconds[kind] += now - t0
+        m.kind_items[kind] += len(jobs)
         m.asr_audio_seconds += sum(len(j.audio) for j in jobs) / SAMPLE_RATE
         for j, r, e in results:
             if r is not None:

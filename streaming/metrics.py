@@ -26,6 +26,9 @@ class Metrics:
     step_failures: int = 0  # model steps that raised (their requests got an error)
     long_steps: int = 0  # windows of long turns' transcripts (one engine step each)
     live_stretch: float = 1.0  # live transcripts' interval over --partial-interval, as last set by the queue
+    # engine seconds and transcripts per kind of transcription work: final, partial (live and early), long
+    kind_seconds: collections.Counter = field(default_factory=collections.Counter)
+    kind_items: collections.Counter = field(default_factory=collections.Counter)
     final_latency: collections.deque = field(default_factory=_samples)
     partial_latency: collections.deque = field(default_factory=_samples)
     first_audio_latency: collections.deque = field(default_factory=_samples)
@@ -119,6 +122,13 @@ def metrics_text(sessions: int, queue_depth: int, c: Counters, m: Metrics, repli
                 m.long_steps)
     page.metric("live_interval_stretch", "gauge", "Live transcripts' interval over --partial-interval: it stretches "
                 "(up to 4x) while transcription work queues, so finals are not starved.", f"{m.live_stretch:.2f}")
+    page.lines += ["# HELP speechrt_asr_engine_seconds_total Engine seconds spent on transcription, per kind "
+                   "(final, partial: live and early transcripts, long: windows of turns over 30 s).",
+                   "# TYPE speechrt_asr_engine_seconds_total counter"]
+    page.lines += [f'speechrt_asr_engine_seconds_total{{kind="{k}"}} {v:.3f}' for k, v in sorted(m.kind_seconds.items())]
+    page.lines += ["# HELP speechrt_asr_transcripts_total Transcripts made (or stopped), per kind.",
+                   "# TYPE speechrt_asr_transcripts_total counter"]
+    page.lines += [f'speechrt_asr_transcripts_total{{kind="{k}"}} {v}' for k, v in sorted(m.kind_items.items())]
     rtf = m.asr_seconds / m.asr_audio_seconds if m.asr_audio_seconds else 0.0
     page.metric("asr_real_time_factor", "gauge", "Transcription compute seconds per second of audio.", f"{rtf:.4f}")
     page.metric("engine_stream_steps_total", "counter", "Steps of streaming tasks (tokens, audio chunks).",
