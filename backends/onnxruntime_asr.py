@@ -52,6 +52,7 @@ class OrtASRRunner(ASRRunner):
         self.cross_names = [t.name for t in manifest.graph("encoder").outputs]
         self.trims = "lengths" in [t.name for t in manifest.graph("encoder").inputs]
         self._waiter = ThreadPoolExecutor(1, thread_name_prefix="speechrt-ort-encode")
+        self._waiter.submit(int).result()  # its thread now, not at the first stoppable encode: a fixed count
         self._lock = threading.Lock()  # loads the word-timing decoder once (cross_attention)
         self._timing = None
         self.info = RunnerInfo("onnxruntime", model_name or manifest.model, "speechrt-onnx", manifest.precision,

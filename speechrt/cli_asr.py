@@ -17,9 +17,11 @@ def add_arguments(p):
     p.add_argument("file", nargs="*", help="audio files: WAV, FLAC, OGG, MP3; any sample rate and channel count")
     p.add_argument("--sample", action="store_true", help="transcribe the bundled sample recording")
     p.add_argument("--model", default=None, help="registered name or path (default: whisper-tiny.en)")
-    p.add_argument("--backend", default="torch", help="backend (default: torch)")
+    p.add_argument("--backend", default="auto", help="torch, triton, onnxruntime or auto (default: auto, the backend and "
+                   "precision measured fastest on this kind of machine, see backends/auto.py; torch where none was measured)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, auto (default: cpu)")
-    p.add_argument("--dtype", default=None, help="float32, float16, bfloat16 (default: float32 on CPU, float16 on GPU)")
+    p.add_argument("--dtype", default=None, help="float32, float16, bfloat16, int8 (onnxruntime) (default: the "
+                   "precision --backend auto chose; on another backend float32 on CPU, float16 on GPU)")
     p.add_argument("--beam-size", type=int, default=1, help="1 = greedy (default), >1 = beam search")
     p.add_argument("--language", default=None, help="language code for multilingual models (default: detect)")
     p.add_argument("--task", default="transcribe", choices=["transcribe", "translate"],

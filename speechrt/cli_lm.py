@@ -20,10 +20,11 @@ def add_arguments(p):
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--model", default=None, help="registry name, .gguf file or Hugging Face Llama directory "
                                                   "(default: smollm2-135m-instruct)")
-    p.add_argument("--backend", default="torch", help="backend (default torch)")
+    p.add_argument("--backend", default="auto", help="torch, triton, onnxruntime, tensorrt or auto (default: auto, the backend and "
+                   "precision measured fastest on this kind of machine, see backends/auto.py; torch where none was measured)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
-    p.add_argument("--dtype", default=None, help="int4, int8, bfloat16, float16, float32 (default on the CPU: int4 for files "
-                   "with 4-bit blocks, else int8; bf16/fp16 on GPUs)")
+    p.add_argument("--dtype", default=None, help="int4, int8, bfloat16, float16, float32 (default: the precision --backend auto "
+                   "chose; on another backend, on the CPU int4 for files with 4-bit blocks, else int8; bf16/fp16 on GPUs)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
 
 

@@ -9,9 +9,9 @@ def add_arguments(p):
     p.add_argument("--lm", default=None, help="language model (default: smollm2-135m-instruct)")
     p.add_argument("--tts", default=None, help="voice (default: piper-en_US-joe-medium)")
     p.add_argument("--transcription-only", action="store_true", help="load no language model or voice")
-    p.add_argument("--backend", default="torch", help="backend of every family without its own flag: torch (default), "
-                   "triton (CUDA/ROCm GPU), onnxruntime, tensorrt (lm, NVIDIA GPU), auto (per family the one measured "
-                   "fastest on this kind of machine, see backends/auto.py)")
+    p.add_argument("--backend", default="auto", help="backend of every family without its own flag: auto (default: per "
+                   "family the backend and precision measured fastest on this kind of machine, see backends/auto.py; "
+                   "torch where none was measured), torch, triton (CUDA/ROCm GPU), onnxruntime, tensorrt (lm, NVIDIA GPU)")
     p.add_argument("--asr-backend", default=None, help="speech recognition backend (default: --backend; onnxruntime "
                    "exports the model on first use into the export cache)")
     p.add_argument("--lm-backend", default=None, help="language model backend (default: --backend; onnxruntime "

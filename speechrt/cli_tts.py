@@ -11,7 +11,8 @@ def add_arguments(p):
     p.add_argument("-o", "--output", default=None,
                    help="output file: .wav, .raw/.pcm (pcm16), .f32 (float32); '-' = stdout (required)")
     p.add_argument("--voice", default=None, help="registered voice name or Piper .onnx path (default: piper-en_US-joe-medium)")
-    p.add_argument("--backend", default="torch", help="torch or onnxruntime (default: torch)")
+    p.add_argument("--backend", default="auto", help="torch, onnxruntime or auto (default: auto, the backend and "
+                   "precision measured fastest on this kind of machine, see backends/auto.py; torch where none was measured)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, auto (default: cpu)")
     p.add_argument("--rate", type=float, default=None, help="speaking rate, 1 = normal, 1.5 = faster, 0.8 = slower")
     p.add_argument("--length-scale", type=float, default=None, help="phoneme length scale (overrides --rate)")

@@ -79,7 +79,7 @@ def add_arguments(p):
                    help="another running speechrt server measured side by side, level by level in the same run "
                         "(e.g. ray=ws://127.0.0.1:8000/v1/realtime for `speechrt serve --ray`; repeatable)")
     p.add_argument("--threads", type=int, default=None, help="PyTorch threads of the started server (and the peer's)")
-    p.add_argument("--backend", default="torch", help="the started server's --backend")
+    p.add_argument("--backend", default="auto", help="the started server's --backend (default auto, as serve)")
     p.add_argument("--device", default="cpu", help="the started server's --device")
     p.add_argument("--asr-loop-threads", type=int, default=1, help="the started server's --asr-loop-threads")
     p.add_argument("--lm-threads", type=int, default=1, help="the started server's --lm-threads")

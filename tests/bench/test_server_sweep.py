@@ -37,7 +37,11 @@ def test_sweep_against_speechrt(bench, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     res = load(out)
     rows = _check_sweep(res, "speechrt", [1, 2])
-    assert {x.backend for x in rows} == {"torch"} and {x.precision for x in rows} <= {"float32", "bfloat16"}
+    from speechrt.backends.auto import choose
+
+    auto = choose("asr", "cpu")  # the server runs --backend auto: the records name what it chose
+    assert {x.backend for x in rows} == {auto.backend}
+    assert {x.precision for x in rows} <= ({auto.dtype} if auto.dtype else {"float32", "bfloat16"})
     assert "highest level with p95 final-transcript latency <= 1 s" in r.stdout
 
 
