@@ -80,7 +80,7 @@ class OrtLMRunner(LMRunner):
         self.config = config_from_dict(manifest.config)
         self.tokenizer = LMTokenizer.load(directory, manifest.extra["tokenizer"])
         self.chat_template = manifest.extra.get("chat_template")
-        self.session = session(str(directory / manifest.graph("model").file), providers, intra_op_threads)
+        self.session = session(str(directory / manifest.graph("model").file), providers, intra_op_threads, spin=False)
         # prompts run a graph of their own where the export has one (block weights, float32 activations)
         self.prefill_session = (session(str(directory / manifest.graph("prefill").file), providers, intra_op_threads)
                                 if "prefill" in manifest.graphs else self.session)
