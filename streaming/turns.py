@@ -261,15 +261,13 @@ class InputTurns:
         return r
 
     async def _live(self, turn: Turn):
-        """Live transcript of the turn being spoken: re-transcribe the growing audio about every
-        `partial_interval` seconds (longer while the engine's transcription queue is long) and send the
-        words two consecutive hypotheses agree on. The first two come half an interval apart, so that the
-        first words can agree about one interval after the speech began, not two."""
+        """Live transcript of the turn being spoken: re-transcribe the growing audio every `partial_interval`
+        seconds (longer while transcripts queue; the first two half that apart, so first words agree one
+        interval after the speech began, not two) and send the words two consecutive hypotheses agree on."""
         interval = self.session.server.options.partial_interval
-        last_len, rounds = 0, 0
+        last_len, halves = 0, iter((2, 2))
         while True:
-            rounds += 1
-            await asyncio.sleep(self.engine.live_interval(interval) / (2 if rounds <= 2 else 1))
+            await asyncio.sleep(self.engine.live_interval(interval) / next(halves, 1))
             audio = self.buf.slice(self._first_sample(turn), self.buf.end)[-30 * RATE:]
             if len(audio) - last_len < RATE // 4:
                 continue
