@@ -113,7 +113,7 @@ class OrtASRRunner(ASRRunner):
     @torch.inference_mode()
     def start(self, encoded, repeat, max_tokens):
         kv, lengths = encoded.states, encoded.lengths
-        cross = [(kv[2 * i], kv[2 * i + 1]) for i in range(len(kv) // 2)]
+        cross = _layer_pairs(kv)
         if repeat > 1:
             cross = [(k.repeat_interleave(repeat, 0), v.repeat_interleave(repeat, 0)) for k, v in cross]
             lengths = None if lengths is None else lengths.repeat_interleave(repeat, 0)
@@ -162,7 +162,7 @@ class OrtASRRunner(ASRRunner):
         cross-attention logits), as ASRRunner.cross_attention."""
         dec = self._timing_decoder()
         kv = [t.float() for t in encoded.states]
-        cross = [(kv[2 * i], kv[2 * i + 1]) for i in range(len(kv) // 2)]
+        cross = _layer_pairs(kv)
         c, (B, T) = self.config, tokens.shape
         shape = (B, c.n_text_head, T, c.n_text_state // c.n_text_head)
         caches = [(kv[0].new_zeros(shape), kv[0].new_zeros(shape)) for _ in range(c.n_text_layer)]
@@ -179,6 +179,11 @@ class OrtASRRunner(ASRRunner):
                 self._timing = _load_timing_decoder(self.manifest, self.device)
                 self.alignment_heads = self._timing[1]
             return self._timing[0]
+
+
+def _layer_pairs(kv: list) -> list[tuple]:
+    """The encoder graph's outputs [k0, v0, k1, v1, ...] -> per decoder layer (key, value)."""
+    return [(kv[2 * i], kv[2 * i + 1]) for i in range(len(kv) // 2)]
 
 
 def _load_timing_decoder(manifest, device):

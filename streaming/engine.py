@@ -348,8 +348,6 @@ class Engine:
         now = time.perf_counter()
         m = self.metrics
         m.asr_batches += 1
-        m.asr_items += len(jobs)
-        m.asr_seconds += now - t0
         m.kind_seconds[kind] += now - t0
         m.kind_items[kind] += len(jobs)
         m.asr_audio_seconds += sum(len(j.audio) for j in jobs) / SAMPLE_RATE

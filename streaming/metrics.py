@@ -17,8 +17,6 @@ def _samples() -> collections.deque:
 class Metrics:
     """The engine's counters and latency samples."""
     asr_batches: int = 0
-    asr_items: int = 0
-    asr_seconds: float = 0.0
     asr_audio_seconds: float = 0.0
     asr_cancelled: int = 0  # live transcripts stopped because a final transcript was asked for
     early_finals: int = 0  # final transcripts begun when the input went quiet (counted by sessions)
@@ -32,6 +30,16 @@ class Metrics:
     final_latency: collections.deque = field(default_factory=_samples)
     partial_latency: collections.deque = field(default_factory=_samples)
     first_audio_latency: collections.deque = field(default_factory=_samples)
+
+    @property
+    def asr_items(self) -> int:
+        """Utterances transcribed, of every kind."""
+        return sum(self.kind_items.values())
+
+    @property
+    def asr_seconds(self) -> float:
+        """Engine seconds spent on transcription, of every kind."""
+        return sum(self.kind_seconds.values())
 
 
 @dataclass

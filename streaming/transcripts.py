@@ -180,15 +180,12 @@ def step_long(asr, job: TranscriptJob, faults, metrics) -> bool:
             metrics.long_steps += 1
             tr = end.value
         finally:
-            spent = time.perf_counter() - t0
-            metrics.asr_seconds += spent
-            metrics.kind_seconds["long"] += spent
+            metrics.kind_seconds["long"] += time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001 - reported to the waiting session
         log.exception("long-form transcription failed")
         metrics.step_failures += 1
         job.resolve(None, e)
         return True
-    metrics.asr_items += 1
     metrics.kind_items["long"] += 1
     metrics.asr_audio_seconds += len(job.audio) / SAMPLE_RATE
     metrics.final_latency.append(time.perf_counter() - job.submitted)
