@@ -8,6 +8,9 @@ length. Slots inside the range that are not in the step ride along as filler row
 length (past what they hold, so nothing they keep is touched) or, for a full slot, at the scratch column.
 Bindings of decode steps are kept per (first slot, rows): a step writes its token ids, positions and total
 length into tensors those bindings already point at, and runs.
+
+A block-quantized export has a second graph for prompts (`prefill`: the same weights dequantized to float32,
+export/llama_onnx.py LlamaGraph rows); decode steps run the 4-bit blocks.
 """
 from __future__ import annotations
 
@@ -81,9 +84,9 @@ class OrtLMRunner(LMRunner):
         self.tokenizer = LMTokenizer.load(directory, manifest.extra["tokenizer"])
         self.chat_template = manifest.extra.get("chat_template")
         self.session = session(str(directory / manifest.graph("model").file), providers, intra_op_threads, spin=False)
-        # prompts run a graph of their own where the export has one (block weights, float32 activations)
-        self.prefill_session = (session(str(directory / manifest.graph("prefill").file), providers, intra_op_threads)
-                                if "prefill" in manifest.graphs else self.session)
+        # prompts run a graph of their own where the export has one (float32 weights)
+        self.prefill_session = (session(str(directory / manifest.graph("prefill").file), providers, intra_op_threads,
+                                        spin=False) if "prefill" in manifest.graphs else self.session)
         self.device = providers_device(self.session.get_providers())
         self.cache_dtype = TORCH[manifest.cache["dtype"]]
         self.threads = threads

@@ -29,18 +29,17 @@ def export(model, out: Path, precision: str | None, opset: int, variant: str, ba
     bar.set_description("reading weights")
     f = load_lm(model)
     cfg = f.config
-    # block-quantized weights on ONNX Runtime: a second graph for prompts, with float32 activations
+    # block-quantized weights on ONNX Runtime: a second graph for prompts and batched steps (LlamaGraph rows)
     names = ["model", "prefill"] if variant == "ort" and precision in ("int4", "int8") else ["model"]
     bar.reset(total=len(names) * (cfg.n_layers + 1) + 1)
     bar.update(1)
     cache_dtype = "float16" if precision == "fp16" else "float32"
     ins, outs = io(cfg, variant, cache_dtype)
-    graphs, memo, built = {}, {}, []
+    graphs, built = {}, []
     for name in names:
         bar.set_description(f"building {variant} {precision} {name} graph")
         graph = LlamaGraph(cfg, f.weights, f.q4, precision, variant, progress=bar.update,
-                           accuracy_level=1 if name == "prefill" else 4)
-        graph.memo = memo  # the 4-bit blocks, formed once for both graphs
+                           rows=name == "prefill")
         built.append(graph)
         save(graph.build(opset), out / f"{name}.onnx")
         graphs[name] = Graph(f"{name}.onnx", tuple(ins), tuple(outs))
