@@ -4,7 +4,7 @@ All model compute runs on one worker thread, so the event loop never blocks on i
 and await futures (or async queues for streams). The worker takes work in priority order:
 
 1. final transcripts of finished turns, batched across sessions (one encoder call, decode steps over all
-   rows together); a turn over 30 s is transcribed one 30-s window per step, long turns taking turns
+   rows together), at most one queued per turn (the turn up to a later pause replaces the one before); a turn over 30 s is transcribed one 30-s window per step, long turns taking turns
    with each other and, when there is any, with a round of streaming steps (so a minute-long monologue
    delays no one by more than a window);
 2. steps of streaming tasks that produce audio or tokens for someone waiting (TTS chunks, language
@@ -186,21 +186,24 @@ class Engine:
             self._cv.notify()
 
     async def transcribe(self, audio: np.ndarray, partial: bool = False, key=None, draft: list[int] | None = None,
-                         supersede: bool = False, options: TranscribeOptions = LIVE):
+                         supersede: bool = False, options: TranscribeOptions = LIVE, turn=None):
         """Transcript (a WindowResult) of one utterance (16 kHz float32), or None. Partials with the same
         key coalesce: only the newest pending one runs, older ones resolve to None. A final drops its key's
         pending partial (made useless) and stops any running partial (a final never waits for a live
         transcript); both resolve to None. `draft`: the tokens of an earlier transcript of (the start of)
         the same speech; decoding checks them in one pass instead of producing them one step at a time —
         same transcript, fewer steps. `supersede` (partials): the running partial of the same key stops
-        too (this one covers its audio and more). `options`: language and prompt of the session."""
+        too (this one covers its audio and more). `options`: language and prompt of the session. `turn` (finals):
+        a final of the same key and turn still queued is replaced (resolves to None): one per turn waits."""
         loop = asyncio.get_running_loop()
-        job = TranscriptJob(audio, options, loop.create_future(), loop, time.perf_counter(), key, draft)
+        job = TranscriptJob(audio, options, loop.create_future(), loop, time.perf_counter(), key,
+                            None if partial else turn, draft)
         with self._cv:
             old = self._transcripts.submit(job, partial, supersede)
             self._cv.notify()
-        if old is not None:
-            old.resolve(None)
+        for j in old:
+            j.resolve(None)
+        self.metrics.finals_superseded += sum(j.turn is not None for j in old)
         return await job.future
 
     def forget(self, key) -> None:

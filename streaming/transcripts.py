@@ -29,6 +29,7 @@ class TranscriptJob:
     loop: asyncio.AbstractEventLoop
     submitted: float
     key: object = None  # live transcripts: one pending job per key (a newer one replaces it)
+    turn: object = None  # finals: one queued job per (key, turn); a newer one (a later pause) replaces it
     draft: list[int] | None = None  # a guess of the tokens (an earlier transcript of the same speech)
     cancelled: bool = False  # a running live transcript that a final one asked to stop
     promoted: bool = False  # a live transcript whose result a final waits for: finals do not stop it
@@ -57,9 +58,11 @@ class TranscriptQueue:
     def __len__(self) -> int:
         return len(self.finals) + len(self.long) + len(self.partials)
 
-    def submit(self, job: TranscriptJob, partial: bool, supersede: bool = False) -> TranscriptJob | None:
-        """Queue `job` -> the pending live job of its key that it replaces (to be resolved with None)."""
-        old = self.partials.pop(job.key, None) if job.key is not None else None
+    def submit(self, job: TranscriptJob, partial: bool, supersede: bool = False) -> list[TranscriptJob]:
+        """Queue `job` -> the jobs it replaces (to be resolved with None): the pending live job of its key and,
+        for a final one of a turn, that turn's final queued before it (the turn up to an earlier pause,
+        which the turn's speech made useless when it went on)."""
+        old = [self.partials.pop(job.key)] if job.key is not None and job.key in self.partials else []
         if partial:
             self.partials[job.key] = job
             if supersede:  # the running live transcript of this key covers less audio: stop it
@@ -71,6 +74,9 @@ class TranscriptQueue:
             # (after its encoder pass at worst) and its session asks again later
             for run in self.running:
                 run.cancelled = run.cancelled or not run.promoted
+            if job.turn is not None:
+                old += [j for j in self.finals if (j.key, j.turn) == (job.key, job.turn)]
+                self.finals = collections.deque(j for j in self.finals if j not in old)
             self._final(job)
         return old
 

@@ -255,7 +255,7 @@ class InputTurns:
         # keyed by session: a final transcript drops the pending live one of this session (made useless)
         opts = self.session.live_options if live else self.session.asr_options
         r = await self.engine.transcribe(audio, partial=partial, key=self.session.id, supersede=supersede,
-                                         draft=turn.draft or None, options=opts)
+                                         draft=turn.draft or None, options=opts, turn=turn.item_id)
         if r is not None and r.tokens:
             turn.draft = r.tokens
         return r
@@ -330,9 +330,9 @@ class InputTurns:
         r = await early if early is not None else None
         if r is None:  # no early transcript, or a final transcript of another session stopped it
             r = await self._transcribe(turn, audio)
-        td = self.session.cfg.turn_detection
-        if (td is not None and td.semantic and self.detector is not None and self.detector.pause_ms == pause
-                and self.turn is turn):
+        td = self.session.cfg.turn_detection  # (r is None if one up to a later pause replaced it while queued)
+        if (r is not None and td is not None and td.semantic and self.detector is not None
+                and self.detector.pause_ms == pause and self.turn is turn):
             for _kind, ms in self.detector.finish_pause(transcript_finished(r.text)):
                 await self._speech_stopped(ms)
         return r

@@ -238,3 +238,36 @@ def test_promoted_and_superseded_partials(asr, synth):
     assert a is not None and b is not None and a.text == b.text
     assert order == ["b", "a"]  # the promoted one went ahead as a final
     assert old is None and new is not None and new.text == final.text and cancelled == 1
+
+
+def test_a_later_pause_replaces_the_turns_queued_final(asr, synth):
+    """A final transcript of a turn (up to a pause) still queued when one of the same turn arrives (up to a
+    later pause) is replaced: it resolves to None and only the newer one runs. A queued final of the
+    session's previous turn stays (its transcript is still owed)."""
+    from speechrt.streaming.engine import Engine, Fault
+
+    speech = synth("The museum opens at nine and closes at five on weekdays.")
+    short = speech[: len(speech) // 2]
+
+    async def main():
+        eng = Engine(asr)
+        eng.start()
+        try:
+            while eng.warming:
+                await asyncio.sleep(0.05)
+            eng.faults.add(Fault("asr", stall_s=0.5))  # the worker holds its first step, so the rest queue
+            busy = asyncio.ensure_future(eng.transcribe(speech, key="other"))
+            while eng.stalled_for() == 0:
+                await asyncio.sleep(0.002)
+            previous = asyncio.ensure_future(eng.transcribe(short, key="s", turn="t0"))
+            first = asyncio.ensure_future(eng.transcribe(short, key="s", turn="t1"))
+            await asyncio.sleep(0)
+            second = await eng.transcribe(speech, key="s", turn="t1")
+            return await busy, await previous, await first, second, eng.metrics.finals_superseded
+        finally:
+            eng.stop()
+
+    busy, previous, first, second, superseded = asyncio.run(main())
+    assert first is None and superseded == 1
+    assert "museum" in second.text.lower() and busy.text == second.text
+    assert previous is not None and previous.text and previous.text != second.text
