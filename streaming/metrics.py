@@ -21,6 +21,7 @@ class Metrics:
     asr_cancelled: int = 0  # live transcripts stopped because a final transcript was asked for
     early_finals: int = 0  # final transcripts begun when the input went quiet (counted by sessions)
     finals_superseded: int = 0  # queued transcripts of a turn up to a pause, replaced by one up to a later pause
+    turn_commits: int = 0  # stable parts of long turns committed while they were spoken (local agreement)
     stream_steps: int = 0
     step_failures: int = 0  # model steps that raised (their requests got an error)
     long_steps: int = 0  # windows of long turns' transcripts (one engine step each)
@@ -130,6 +131,8 @@ def metrics_text(sessions: int, queue_depth: int, c: Counters, m: Metrics, repli
     page.metric("asr_finals_superseded_total", "counter",
                 "Queued transcripts of a turn up to a pause, replaced by one up to a later pause of the same turn.",
                 m.finals_superseded)
+    page.metric("asr_turn_commits_total", "counter",
+                "Stable parts of long turns committed while they were spoken (local agreement).", m.turn_commits)
     page.metric("asr_long_steps_total", "counter", "Windows of long turns' transcripts, one engine step each.",
                 m.long_steps)
     page.metric("live_interval_stretch", "gauge", "Live transcripts' interval over --partial-interval: it stretches "

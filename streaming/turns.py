@@ -4,6 +4,7 @@ turn ends. Model work goes through the shared Engine; events go out through the 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,6 +24,9 @@ from .vad import FRAME, QuietTracker, TurnDetector, quiet_began_pause, transcrip
 EARLY_QUIET = RATE * 10 // 1000
 TAIL = RATE // 10  # audio kept after the end of speech: the tail helps Whisper finish the last word
 IDLE_KEEP = RATE  # audio kept, besides the prefix padding, while no turn is open (Silero may start a turn late)
+# local agreement on long turns: past COMMIT_AFTER of audio not yet committed, live rounds transcribe it with
+# timestamps and commit the segments that end COMMIT_MARGIN or more before its end
+COMMIT_AFTER, COMMIT_MARGIN = 12 * RATE, 3 * RATE
 
 
 class AudioBuffer:
@@ -81,7 +85,9 @@ class Turn:
       the pause;
     - `paused`: (pause start ms, task), the transcript up to the pause in progress (the early one if it
       covers that pause): the final transcript if the pause ends the turn.
-    `draft`: the tokens of its latest transcript, which the next one checks in one decoder pass."""
+    `draft`: the tokens of its latest transcript, which the next one checks in one decoder pass.
+    A long turn commits what is stable as it goes (commit_stable): `committed` is the text of its audio
+    before sample `base`, which its transcripts from then on leave out."""
 
     item_id: str
     start: int  # absolute sample index where its speech began
@@ -91,13 +97,30 @@ class Turn:
     heard: list[str] = field(default_factory=list)
     early: tuple[int, asyncio.Task] | None = None
     paused: tuple[int, asyncio.Task] | None = None
+    base: int | None = None  # where its audio not yet committed begins (None: at its start)
+    committed: str = ""
+    committed_s: float = 0.0  # seconds of the committed audio
+
+    def full(self, text: str) -> str:
+        """The turn's text: what it committed, then `text` (a transcript of its audio after `base`)."""
+        return f"{self.committed} {text}".strip() if self.committed else text
+
+    def commit(self, text: str, base: int, seconds: float):
+        self.committed, self.base, self.draft = self.full(text), base, []
+        self.committed_s += seconds
+
+    def speculates(self, uncommitted: int) -> bool:
+        """Are early and paused transcripts worth starting, with `uncommitted` samples not committed? Not once a
+        live round has a commit to make (they would stop it, see commit_stable; and each pause would start a
+        final-priority transcript of all of it), nor past 30 s (long-form, once, when the turn ends)."""
+        return uncommitted <= (COMMIT_AFTER if self.live is not None else MAX_UTTERANCE_SAMPLES)
 
     def agree(self, text: str) -> str | None:
         """A new live hypothesis -> the delta to send: the words it agrees on with the previous one, past
         those already sent."""
         if self.sent is None:
             return None
-        words = text.split()
+        words = self.full(text).split()
         stable = common_prefix(self.heard, words)
         delta = None
         if stable > len(self.sent) and words[: len(self.sent)] == self.sent:
@@ -165,8 +188,8 @@ class InputTurns:
         for kind, ms in self.detector.feed(probs, None if q is None else q * 1000 // RATE):
             await (self._speech_started(ms) if kind == "start" else self._speech_stopped(ms))
         turn, pause = self.turn, self.detector.pause_ms
-        if turn is None or self.buf.end - turn.start > MAX_UTTERANCE_SAMPLES:
-            return  # (a turn past 30 s is transcribed long-form, once, when it ends: no early or paused drafts)
+        if turn is None or not turn.speculates(self.buf.end - self._first_sample(turn)):
+            return
         if pause is None:
             turn.paused = None
             self._maybe_start_early(turn)
@@ -231,8 +254,9 @@ class InputTurns:
         return self._first_sample(turn), min(self.buf.end, end_ms * RATE // 1000 + TAIL)
 
     def _first_sample(self, turn: Turn) -> int:
-        """The turn's speech start less the prefix padding, within the buffer."""
-        return max(self.buf.start, turn.start - self._padding())
+        """The turn's speech start less the prefix padding (or where its audio not committed begins), within
+        the buffer."""
+        return max(self.buf.start, turn.start - self._padding() if turn.base is None else turn.base)
 
     def _padding(self) -> int:
         """Samples kept before a turn's speech start (turn detection's prefix_padding_ms)."""
@@ -268,19 +292,23 @@ class InputTurns:
         last_len, halves = 0, iter((2, 2))
         while True:
             await asyncio.sleep(self.engine.live_interval(interval) / next(halves, 1))
-            audio = self.buf.slice(self._first_sample(turn), self.buf.end)[-30 * RATE:]
+            first = self._first_sample(turn)
+            audio = self.buf.slice(first, self.buf.end)
             if len(audio) - last_len < RATE // 4:
                 continue
             if self.detector is not None and self.detector.pause_ms is not None:
                 continue  # paused: the final transcript (begun at the pause) has the engine's time
             if turn.early is not None and turn.early[0] == self.quiet.quiet_since:
                 continue  # quiet since the early transcript began: it is this round's hypothesis
+            if len(audio) > COMMIT_AFTER:  # a long turn: this round also commits what is stable
+                last_len = len(audio) - await commit_stable(self, turn, first, audio)
+                continue
             last_len = len(audio)
             r = await self._transcribe(turn, audio, partial=True, live=True)
             if r is not None:
-                await self._hypothesis(turn, r.text)
+                await self.hypothesis(turn, r.text)
 
-    async def _hypothesis(self, turn: Turn, text: str):
+    async def hypothesis(self, turn: Turn, text: str):
         delta = turn.agree(text) if self.turn is turn else None
         if delta:
             await self.session.send(P.transcription_delta(turn.item_id, delta))
@@ -300,7 +328,7 @@ class InputTurns:
         # it replaces the session's live transcript, queued or running: its audio is the newest
         r = await self._transcribe(turn, audio, partial=True, supersede=True)
         if r is not None:
-            await self._hypothesis(turn, r.text)
+            await self.hypothesis(turn, r.text)
         return r
 
     def _early_for(self, turn: Turn, pause: int) -> asyncio.Task | None:
@@ -342,16 +370,17 @@ class InputTurns:
             r = await self.engine.wait(self._final_result(turn, audio, early), self.session.server.options.stall_timeout)
         except EngineStalled as e:
             self.session.server.counters.stalls += 1
-            return await self._failed(item, f"{e}; the turn was not transcribed", "engine_stalled")
+            return await failed(self.session, item, f"{e}; the turn was not transcribed", "engine_stalled")
         except Exception as e:  # noqa: BLE001 - the engine's step failed: this turn is told, the session goes on
-            return await self._failed(item, f"transcription failed: {type(e).__name__}: {e}", "server_error")
-        text = r.text
+            return await failed(self.session, item, f"transcription failed: {type(e).__name__}: {e}", "server_error")
+        text = turn.full(r.text)
         delta = turn.final_delta(text)
         if delta:
             await self.session.send(P.transcription_delta(item.id, delta))
         item.parts[0].text = text
-        logprobs, words = await final_extras(self.session, self.engine, r, audio)
-        await self.session.send(P.transcription_completed(item.id, text, len(audio) / RATE, logprobs, words))
+        logprobs, words = await final_extras(self.session, self.engine, r, None if turn.committed_s else audio)
+        await self.session.send(P.transcription_completed(item.id, text, len(audio) / RATE + turn.committed_s,
+                                                          logprobs, words))
         await self.session.send(P.item_done(item.to_api()))
         if auto:
             await self.session.user_turn_done(text)
@@ -365,22 +394,47 @@ class InputTurns:
             r = await self._transcribe(turn, audio)
         return r
 
-    async def _failed(self, item: Item, message: str, code: str):
-        item.status = "incomplete"
-        await self.session.send(P.transcription_failed(item.id, message, code))
-        await self.session.error(message, code, type="server_error")
-        await self.session.send(P.item_done(item.to_api()))
+
+async def failed(session, item: Item, message: str, code: str):
+    """The transcript of `item` failed: the session is told (and the item is incomplete)."""
+    item.status = "incomplete"
+    await session.send(P.transcription_failed(item.id, message, code))
+    await session.error(message, code, type="server_error")
+    await session.send(P.item_done(item.to_api()))
 
 
-async def final_extras(session, engine, r, audio: np.ndarray) -> tuple[list | None, list | None]:
+async def commit_stable(turns: InputTurns, turn: Turn, first: int, audio: np.ndarray) -> int:
+    """A live round of a long turn with local agreement (whisper_streaming's buffer trimming): its audio not
+    yet committed (`audio`, from sample `first`; the first 30 s of it) is transcribed with timestamps, the
+    text goes out as the round's hypothesis, and the segments that end COMMIT_MARGIN or more before the end
+    are committed: their text is the turn's for good, and its transcripts from then on start where they end,
+    so a turn's cost grows with its length, not with its square. -> the samples committed (0: none)."""
+    s = turns.session
+    opts = dataclasses.replace(s.live_options, without_timestamps=False)
+    r = await turns.engine.transcribe(audio[:MAX_UTTERANCE_SAMPLES], partial=True, key=s.id, options=opts)
+    if r is None:
+        return 0
+    await turns.hypothesis(turn, r.text)
+    segs = [x for x in turns.engine.asr.closed_segments(r) if x[1] * RATE <= len(audio) - COMMIT_MARGIN]
+    if not segs:
+        return 0
+    end = round(segs[-1][1] * RATE)
+    turn.commit(" ".join(text.strip() for _, _, text in segs), first + end, end / RATE)
+    turns.buf.drop_until(turn.base)
+    turns.engine.metrics.turn_commits += 1
+    return end
+
+
+async def final_extras(session, engine, r, audio: np.ndarray | None) -> tuple[list | None, list | None]:
     """A final transcript's token logprobs and word times, for a session that asked for them (None
     otherwise): one more encoder and decoder pass on the engine's worker. A turn over 30 s (transcribed
-    long-form) and an empty transcript get empty lists; a failure is reported and gives None."""
+    long-form, or with committed parts: `audio` None) and an empty transcript get empty lists; a failure is
+    reported and gives None."""
     cfg = session.cfg
     if not (cfg.logprobs or cfg.word_timestamps):
         return None, None
     words, logprobs = [], []
-    if r.tokens and len(audio) <= MAX_UTTERANCE_SAMPLES:
+    if r.tokens and audio is not None and len(audio) <= MAX_UTTERANCE_SAMPLES:
         asr, lang = engine.asr, cfg.language
 
         def align():

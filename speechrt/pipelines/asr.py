@@ -16,13 +16,14 @@ import torch
 
 from speechrt import backends
 from speechrt.errors import UserError
-from speechrt.models.audio import HOP_LENGTH, N_FRAMES, SAMPLE_RATE, load_audio, log_mel_spectrogram, utterance_mel
+from speechrt.models.audio import (CHUNK_LENGTH, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, load_audio, log_mel_spectrogram,
+                                   utterance_mel)
 from speechrt.models.registry import resolve
 from speechrt.models.whisper_tokenizer import WhisperTokenizer
 
 from .speech_regions import SpeechMap, VadOptions, hop_levels_db, is_quiet, speech_timestamps
 from .whisper_decoding import (TranscribeOptions, TranscriptionCancelled, Transcript, WindowDecoder, WindowResult,
-                               decode_utterances, long_form_steps)
+                               decode_utterances, long_form_steps, timed_segments)
 from .whisper_timing import Word, group_words, place_words, token_alignment, token_bytes
 
 OPTION_NAMES = frozenset(f.name for f in fields(TranscribeOptions))
@@ -189,6 +190,13 @@ class ASRPipeline:
                 frames = [min(N_FRAMES, len(a) // HOP_LENGTH + margin) for a in audios]
                 mels = mels[:, :, : -(-max(frames) // TRIM_STEP) * TRIM_STEP]
             return decode_utterances(self.decoder, mels, opts, drafts, stop, frames)
+
+    def closed_segments(self, result: WindowResult) -> list[tuple[float, float, str]]:
+        """The segments of a transcript made with timestamps that two consecutive timestamps close:
+        (start s, end s, text) from the audio's start; not the open one at its end."""
+        tok = self.tokenizer
+        prec = CHUNK_LENGTH / self.runner.config.n_audio_ctx
+        return [(a, b, tok.decode(part)) for a, b, part in timed_segments(result.tokens, tok.timestamp_begin, prec)]
 
     def align(self, audio: np.ndarray, tokens: list[int], language: str | None = None,
               task: str = "transcribe") -> tuple[list[Word], list[tuple[int, bytes, float]]]:

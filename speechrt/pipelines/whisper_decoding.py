@@ -98,6 +98,22 @@ class TranscribeOptions:
                            or self.vad_parameters is not None else None)
 
 
+def timed_segments(toks: list[int], tb: int, prec: float, to_the_end: bool = False) -> list[tuple]:
+    """A window's tokens with timestamps (`tb` the first, `prec` s each) -> the segments two consecutive
+    timestamps close, (start s, end s, tokens) from the window's start; `to_the_end`: and the tokens after
+    the last pair (a window ending in text then one timestamp). [] when no pair closes one."""
+    is_ts = [t >= tb for t in toks]
+    cuts = [i + 1 for i in range(len(toks) - 1) if is_ts[i] and is_ts[i + 1]]
+    if cuts and to_the_end:
+        cuts.append(len(toks))
+    out, last = [], 0
+    for cur in cuts:
+        part = toks[last:cur]
+        out.append(((part[0] - tb) * prec, (part[-1] - tb) * prec, part))
+        last = cur
+    return out
+
+
 class TranscriptionCancelled(Exception):
     """decode_utterances' `stop` asked to abandon the work."""
 
@@ -476,21 +492,11 @@ def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, 
             yield min(duration, seek * HOP_LENGTH / SAMPLE_RATE)
             continue
         toks = res.tokens
-        new: list[tuple[float, float, list[int]]] = []
-        is_ts = [t >= tb for t in toks]
-        single_ending = len(toks) >= 2 and is_ts[-2:] == [False, True]
-        consecutive = [i + 1 for i in range(len(toks) - 1) if is_ts[i] and is_ts[i + 1]]
-        if consecutive:
-            slices = consecutive + ([len(toks)] if single_ending else [])
-            last = 0
-            for cur in slices:
-                part = toks[last:cur]
-                new.append((time_offset + (part[0] - tb) * prec, time_offset + (part[-1] - tb) * prec, part))
-                last = cur
-            if single_ending:
-                seek += seg_frames
-            else:
-                seek += (toks[last - 1] - tb) * input_stride
+        single_ending = len(toks) >= 2 and toks[-2] < tb <= toks[-1]
+        parts = timed_segments(toks, tb, prec, single_ending)
+        new = [(time_offset + a, time_offset + b, part) for a, b, part in parts]
+        if parts:
+            seek += seg_frames if single_ending else (parts[-1][2][-1] - tb) * input_stride
         else:
             dur = seg_frames * HOP_LENGTH / SAMPLE_RATE
             stamps = [t for t in toks if t >= tb]

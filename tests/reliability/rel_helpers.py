@@ -129,13 +129,13 @@ async def update(ws, session: dict) -> dict:
     return await next_event(ws, "session.updated")
 
 
-async def stream_pcm(ws, pcm: bytes, chunk_ms: int = 100, realtime: bool = True):
-    """Send 24 kHz pcm16 in chunks, at real-time pace or as fast as the server takes it."""
+async def stream_pcm(ws, pcm: bytes, chunk_ms: int = 100, realtime: bool = True, speed: float = 1.0):
+    """Send 24 kHz pcm16 in chunks, at real-time pace (`speed` times it) or as fast as the server takes it."""
     step = 24000 * 2 * chunk_ms // 1000
     for i in range(0, len(pcm), step):
         await ws.send(append_event(pcm[i: i + step]))
         if realtime:
-            await asyncio.sleep(chunk_ms / 1000)
+            await asyncio.sleep(chunk_ms / 1000 / speed)
 
 
 def run(coro, timeout: float = 120.0):

@@ -183,3 +183,56 @@ def test_a_long_turn_does_not_hold_up_other_sessions(tserver, minute, synth):
     assert wer(text, long_text) <= 0.15, long_text
     for s, t in zip(shorts, short_text):
         assert wer(s, t) <= 0.15, (s, t)
+
+
+def test_a_long_turn_commits_what_is_stable_as_it_goes(tserver, minute, synth):
+    """Local agreement under server_vad: a minute without a pause, streamed at twice real time beside a
+    session saying three short sentences. The long turn commits its stable segments while it is spoken (its
+    final transcript is of the rest only); every transcript is whole, the short ones come back before the
+    long one, and the long one's usage covers the whole minute. (Latencies are the benchmark's to record;
+    the long turn's is printed.)"""
+    audio, text = minute
+    shorts = SENTENCES[:3]
+
+    async def main():
+        long_ws, _ = await open_session(tserver)
+        short_ws, _ = await open_session(tserver)
+        commits = tserver.metrics()["asr_turn_commits_total"]
+        order = []
+
+        async def listen(ws, name, n):
+            got = []
+            while len(got) < n:
+                ev = await next_event(ws, "conversation.item.input_audio_transcription.completed", timeout=240)
+                assert ev["type"] != "error", ev
+                order.append(name)
+                got.append((ev, time.monotonic()))
+            return got
+
+        async def say_shorts():
+            await asyncio.sleep(6)
+            for s in shorts:
+                await stream_pcm(short_ws, pcm24(synth(s), tail_s=1.0), speed=2)
+
+        long_task = asyncio.create_task(listen(long_ws, "long", 1))
+        short_task = asyncio.create_task(listen(short_ws, "short", len(shorts)))
+        speaking = asyncio.create_task(say_shorts())
+        await stream_pcm(long_ws, pcm24(audio, tail_s=0.0), speed=2)
+        end = time.monotonic()
+        await stream_pcm(long_ws, pcm24(np.zeros(0, np.float32), tail_s=1.0), speed=2)  # the pause ends the turn
+        (long_ev, t_long), = await long_task
+        short_evs = await short_task
+        await speaking
+        for ws in (long_ws, short_ws):
+            await ws.close()
+        return order, long_ev, t_long - end, [e["transcript"] for e, _ in short_evs], \
+            tserver.metrics()["asr_turn_commits_total"] - commits
+
+    order, long_ev, latency, short_text, commits = run(main(), 300)
+    print(f"long turn: {commits:.0f} commits, final transcript {latency:.2f} s after its speech ended")
+    assert commits >= 1
+    assert order == ["short"] * len(shorts) + ["long"], order
+    assert long_ev["usage"]["seconds"] > 55
+    assert wer(text, long_ev["transcript"]) <= 0.15, long_ev["transcript"]
+    for s, t in zip(shorts, short_text):
+        assert wer(s, t) <= 0.15, (s, t)

@@ -255,7 +255,7 @@ def test_a_later_pause_replaces_the_turns_queued_final(asr, synth):
         try:
             while eng.warming:
                 await asyncio.sleep(0.05)
-            eng.faults.add(Fault("asr", stall_s=0.5))  # the worker holds its first step, so the rest queue
+            eng.faults.add(Fault("asr", stall_s=2.0))  # the worker holds its first step, so the rest queue
             busy = asyncio.ensure_future(eng.transcribe(speech, key="other"))
             while eng.stalled_for() == 0:
                 await asyncio.sleep(0.002)
