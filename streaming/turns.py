@@ -25,7 +25,7 @@ EARLY_QUIET = RATE * 10 // 1000
 TAIL = RATE // 10  # audio kept after the end of speech: the tail helps Whisper finish the last word
 IDLE_KEEP = RATE  # audio kept, besides the prefix padding, while no turn is open (Silero may start a turn late)
 # local agreement on long turns: past COMMIT_AFTER of audio not yet committed, live rounds transcribe it with
-# timestamps and commit the segments that end COMMIT_MARGIN or more before its end
+# timestamps and commit the segments two rounds agree on that end COMMIT_MARGIN or more before its end
 COMMIT_AFTER, COMMIT_MARGIN = 12 * RATE, 3 * RATE
 
 
@@ -100,6 +100,7 @@ class Turn:
     base: int | None = None  # where its audio not yet committed begins (None: at its start)
     committed: str = ""
     committed_s: float = 0.0  # seconds of the committed audio
+    closed: tuple = ()  # the last commit round's closed segments: (base, [(start s, end s, text), ...])
 
     def full(self, text: str) -> str:
         """The turn's text: what it committed, then `text` (a transcript of its audio after `base`)."""
@@ -404,18 +405,21 @@ async def failed(session, item: Item, message: str, code: str):
 
 
 async def commit_stable(turns: InputTurns, turn: Turn, first: int, audio: np.ndarray) -> int:
-    """A live round of a long turn with local agreement (whisper_streaming's buffer trimming): its audio not
-    yet committed (`audio`, from sample `first`; the first 30 s of it) is transcribed with timestamps, the
-    text goes out as the round's hypothesis, and the segments that end COMMIT_MARGIN or more before the end
-    are committed: their text is the turn's for good, and its transcripts from then on start where they end,
-    so a turn's cost grows with its length, not with its square. -> the samples committed (0: none)."""
+    """A live round of a long turn with local agreement (whisper_streaming's LocalAgreement-2 and buffer
+    trimming): its audio not yet committed (`audio`, from sample `first`; the first 30 s of it) is transcribed
+    with timestamps, the text goes out as the round's hypothesis, and the leading segments that the previous
+    round also had and that end COMMIT_MARGIN or more before the end are committed: their text is the turn's
+    for good, and its transcripts from then on start where they end, so a turn's cost grows with its length,
+    not with its square. -> the samples committed (0: none)."""
     s = turns.session
     opts = dataclasses.replace(s.live_options, without_timestamps=False)
     r = await turns.engine.transcribe(audio[:MAX_UTTERANCE_SAMPLES], partial=True, key=s.id, options=opts)
     if r is None:
         return 0
     await turns.hypothesis(turn, r.text)
-    segs = [x for x in turns.engine.asr.closed_segments(r) if x[1] * RATE <= len(audio) - COMMIT_MARGIN]
+    segs = turns.engine.asr.closed_segments(r)
+    before, turn.closed = turn.closed, (first, segs)
+    segs = agreed(before[1] if before and before[0] == first else [], segs, min(len(audio), MAX_UTTERANCE_SAMPLES))
     if not segs:
         return 0
     end = round(segs[-1][1] * RATE)
@@ -423,6 +427,18 @@ async def commit_stable(turns: InputTurns, turn: Turn, first: int, audio: np.nda
     turns.buf.drop_until(turn.base)
     turns.engine.metrics.turn_commits += 1
     return end
+
+
+def agreed(before: list, now: list, samples: int) -> list:
+    """Local agreement: the leading segments of this round (`now`) that the previous round over the same start
+    (`before`) also had — same words, ends within 0.5 s — and that end COMMIT_MARGIN before the end of the
+    `samples` transcribed. (One round alone may skip or repeat speech; two rather not the same way.)"""
+    out = []
+    for (_, end, text), (_, end0, text0) in zip(now, before):
+        if text.split() != text0.split() or abs(end - end0) > 0.5 or end * RATE > samples - COMMIT_MARGIN:
+            break
+        out.append((_, end, text))
+    return out
 
 
 async def final_extras(session, engine, r, audio: np.ndarray | None) -> tuple[list | None, list | None]:

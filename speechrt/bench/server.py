@@ -84,6 +84,9 @@ def add_arguments(p):
     p.add_argument("--asr-loop-threads", type=int, default=1, help="the started server's --asr-loop-threads")
     p.add_argument("--lm-threads", type=int, default=1, help="the started server's --lm-threads")
     p.add_argument("--partial-interval", type=float, default=1.0, help="the started server's --partial-interval (0: no live deltas)")
+    p.add_argument("--long-turn", type=float, default=0.0, metavar="SECONDS",
+                   help="transcription: after the sweep, one session speaks SECONDS of speech without a pause while "
+                        "another speaks its utterances; records the long turn's final latency and the other's")
     p.add_argument("--json", default=None, help="also write the results (speechrt.bench.record schema) to this file")
 
 
@@ -135,6 +138,60 @@ def _recordings(texts):
         pcm = (np.clip(np.concatenate([lead, a, tail]), -1, 1) * 32767).astype("<i2").tobytes()
         out.append((t, pcm, (len(lead) + nz[0]) / RATE, (len(lead) + nz[-1] + 1) / RATE))
     return out
+
+
+def _long_recording(recs, seconds: float):
+    """(text, pcm, speech start s, speech end s): the recordings' speech back to back with 0.15 s gaps (shorter
+    than any pause that ends a turn) until `seconds`, with the recordings' lead and tail silence around it."""
+    gap = np.zeros(int(0.15 * RATE), "<i2")
+    parts, texts, n = [], [], 0
+    while n < seconds * RATE:
+        text, pcm, s0, s1 = recs[len(texts) % len(recs)]
+        speech = np.frombuffer(pcm, "<i2")[int(s0 * RATE): int(s1 * RATE)]
+        parts += [speech, gap]
+        texts.append(text)
+        n += len(speech) + len(gap)
+    speech = np.concatenate(parts[:-1])
+    lead, tail = np.zeros(RATE // 2, "<i2"), np.zeros(RATE * 2, "<i2")
+    pcm = np.concatenate([lead, speech, tail]).tobytes()
+    return " ".join(texts), pcm, len(lead) / RATE, (len(lead) + len(speech)) / RATE
+
+
+async def _long_level(url, recs, long_rec, args):
+    """One session speaks `long_rec`; another, starting 5 s later, speaks its utterances. -> (the long turn's
+    result, the other's results)."""
+    long_res, short_res = [], []
+    td = _turn_detection(args)
+    await asyncio.gather(_stream(url, [long_rec], 0, 1, td, False, long_res),
+                         _stream(url, recs, 1, args.utterances, td, False, short_res, 5.0))
+    return long_res[0], short_res
+
+
+def _long_turn(engine, recs, args, out: Results) -> None:
+    """--long-turn: the long turn's final latency and WER and the other session's finals, printed and recorded."""
+    from speechrt.models.registry import resolve
+    from speechrt.models.wer import wer
+
+    # every sentence once before any repeats (a text that loops would be cut as a decoding loop)
+    long_rec = _long_recording(_recordings(SENTENCES), args.long_turn)
+    r, others = asyncio.run(_long_level(engine.url, recs, long_rec, args))
+    row = _summary(1, others, False)
+    seconds = long_rec[3] - long_rec[2]
+    print(f"long turn: {seconds:.1f} s without a pause beside 1 stream: final "
+          + (f"{1000 * r['final']:.0f} ms after its speech ended, WER {100 * wer(r['text'], r['transcript']):.1f}%"
+             if "final" in r else "never came") + "; the other stream:")
+    _print(engine.name, row, False)
+    workload = f"long turn {seconds:.0f} s beside 1 stream"
+    common = dict(family="server", model=resolve(None, "asr").name, engine=engine.name, backend=engine.backend,
+                  precision=engine.precision, device=engine.device, workload=workload,
+                  params={"long_turn_s": round(seconds, 1), "utterances": row["utterances"], "lost": row["lost"]})
+    if "final" in r:
+        out.records += [Record(metric="long_turn_final_s", unit="s", value=r["final"], better="lower", **common),
+                        Record(metric="long_turn_wer", unit="%", value=100 * wer(r["text"], r["transcript"]),
+                               better="", **common)]
+    if row["final"]["p95"] is not None:
+        out.records += [Record(metric=f"final_{q}_s", unit="s", value=row["final"][q], better="lower",
+                               repeats=Repeats.of(row["final"]["samples"]), **common) for q in ("p50", "p95")]
 
 
 def _turn_detection(args) -> dict:
@@ -423,6 +480,8 @@ def run(args):
             print(head + "    WER   (latencies in ms; first live: speech start -> first live delta; final: end of "
                   "speech -> completed)")
             rows = _sweep(engines, recs, levels, conversation, args.keep_going, out)
+            if args.long_turn > 0 and not conversation:
+                _long_turn(engines[0], recs, args, out)
         finally:
             for e in engines:
                 e.close()

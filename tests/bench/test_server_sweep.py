@@ -64,3 +64,21 @@ def test_sweep_with_the_whisper_live_peer(bench, tmp_path):
     ours = [x for x in res.records if x.engine == "speechrt" and x.metric == "final_p50_s"]
     assert ours and all(x.peer == "whisper-live int8" for x in ours)
     assert any(n.startswith("peer: whisper-live 0.10.0") for n in res.notes)
+
+
+def test_long_recording_speaks_without_a_pause():
+    """--long-turn's recording: the given recordings' speech back to back, 0.15 s apart, until the length
+    asked, with their text in order and the speech span measured."""
+    import numpy as np
+
+    from speechrt.bench.server import RATE, _long_recording
+
+    def rec(text, n):
+        pcm = np.concatenate([np.zeros(RATE // 2), np.full(n, 1000), np.zeros(RATE)]).astype("<i2").tobytes()
+        return text, pcm, 0.5, 0.5 + n / RATE
+
+    text, pcm, s0, s1 = _long_recording([rec("one", RATE * 2), rec("two", RATE * 3)], 9.0)
+    assert text == "one two one two" and s0 == 0.5
+    speech = np.frombuffer(pcm, "<i2")[int(s0 * RATE): int(round(s1 * RATE))]
+    assert abs(len(speech) / RATE - (10 + 3 * 0.15)) < 1e-6
+    assert (speech != 0).sum() == 10 * RATE and len(pcm) // 2 == int(round(s1 * RATE)) + 2 * RATE

@@ -271,3 +271,18 @@ def test_a_later_pause_replaces_the_turns_queued_final(asr, synth):
     assert first is None and superseded == 1
     assert "museum" in second.text.lower() and busy.text == second.text
     assert previous is not None and previous.text and previous.text != second.text
+
+
+def test_local_agreement_commits_what_two_rounds_share():
+    """A long turn commits the leading segments two commit rounds over the same start agree on (same words,
+    ends within 0.5 s) and that end COMMIT_MARGIN before the end of the audio transcribed; the first
+    disagreement stops it."""
+    from speechrt.streaming.turns import COMMIT_MARGIN, RATE, agreed
+
+    before = [(0.0, 2.0, " Book a table."), (2.0, 4.1, " For two."), (4.1, 6.0, " Tonight")]
+    now = [(0.0, 2.1, " Book a  table."), (2.1, 4.0, " For two."), (4.0, 6.5, " Tonight, please.")]
+    assert [s[2] for s in agreed(before, now, 10 * RATE)] == [" Book a  table.", " For two."]
+    assert len(agreed(before, now, int(4.0 * RATE) + COMMIT_MARGIN)) == 2
+    assert len(agreed(before, now, int(3.9 * RATE) + COMMIT_MARGIN)) == 1  # the second ends too near the end
+    moved = [(0.0, 2.7, " Book a table.")] + now[1:]  # the same words, but ending 0.7 s later: not agreed
+    assert agreed(before, moved, 10 * RATE) == [] and agreed([], now, 10 * RATE) == []
