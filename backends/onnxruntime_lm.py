@@ -9,8 +9,8 @@ length (past what they hold, so nothing they keep is touched) or, for a full slo
 Bindings of decode steps are kept per (first slot, rows): a step writes its token ids, positions and total
 length into tensors those bindings already point at, and runs.
 
-A block-quantized export has a second graph for prompts (`prefill`: the same weights dequantized to float32,
-export/llama_onnx.py LlamaGraph rows); decode steps run the 4-bit blocks.
+A block-quantized export has a second graph for prompts (`prefill`: the file's weights in float32,
+export/llama_onnx.py LlamaGraph rows); decode steps run the quantized blocks.
 """
 from __future__ import annotations
 

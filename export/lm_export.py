@@ -29,7 +29,7 @@ def export(model, out: Path, precision: str | None, opset: int, variant: str, ba
     bar.set_description("reading weights")
     f = load_lm(model)
     cfg = f.config
-    # block-quantized weights on ONNX Runtime: a second graph for prompts and batched steps (LlamaGraph rows)
+    # block-quantized weights on ONNX Runtime: a second graph for prompts, float32 weights (LlamaGraph rows)
     names = ["model", "prefill"] if variant == "ort" and precision in ("int4", "int8") else ["model"]
     bar.reset(total=len(names) * (cfg.n_layers + 1) + 1)
     bar.update(1)

@@ -4,9 +4,10 @@ All model compute runs on one worker thread, so the event loop never blocks on i
 and await futures (or async queues for streams). The worker takes work in priority order:
 
 1. final transcripts of finished turns, batched across sessions (one encoder call, decode steps over all
-   rows together), at most one queued per turn (the turn up to a later pause replaces the one before); a turn over 30 s is transcribed one 30-s window per step, long turns taking turns
-   with each other and, when there is any, with a round of streaming steps (so a minute-long monologue
-   delays no one by more than a window);
+   rows together), at most one queued per turn (the turn up to a later pause replaces the one before); a
+   turn with over 30 s not committed (streaming/turns.py commits long turns' stable parts as they are
+   spoken) is transcribed one 30-s window per step, long turns taking turns with each other and, when there
+   is any, with a round of streaming steps (so a minute-long monologue delays no one by more than a window);
 2. steps of streaming tasks that produce audio or tokens for someone waiting (TTS chunks, language
    model tokens), round-robin, one step each, so every response keeps moving and first audio is soon;
 3. partial transcripts of turns still being spoken, batched, newest request per stream only.
