@@ -434,10 +434,11 @@ def agreed(before: list, now: list, samples: int) -> list:
     (`before`) also had — same words, ends within 0.5 s — and that end COMMIT_MARGIN before the end of the
     `samples` transcribed. (One round alone may skip or repeat speech; two rather not the same way.)"""
     out = []
-    for (_, end, text), (_, end0, text0) in zip(now, before):
+    for seg, (_, end0, text0) in zip(now, before):
+        _, end, text = seg
         if text.split() != text0.split() or abs(end - end0) > 0.5 or end * RATE > samples - COMMIT_MARGIN:
             break
-        out.append((_, end, text))
+        out.append(seg)
     return out
 
 
