@@ -5,6 +5,7 @@ where the input went quiet."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import numpy as np
 import pytest
@@ -20,6 +21,21 @@ def lm():
     import speechrt
 
     return speechrt.load_lm()
+
+
+@contextlib.asynccontextmanager
+async def warm_engine(asr):
+    """A started Engine over `asr`, once its warm-up has run (so the test times the real work); stopped after."""
+    from speechrt.streaming.engine import Engine
+
+    eng = Engine(asr)
+    eng.start()
+    try:
+        while eng.warming:
+            await asyncio.sleep(0.05)
+        yield eng
+    finally:
+        eng.stop()
 
 
 def _run(batcher, reqs):
@@ -70,17 +86,10 @@ def test_prefix_cache_reuses_a_conversations_positions(lm, one_cpu_thread):
 def test_final_transcript_stops_the_sessions_running_partial(asr, synth):
     """A final transcript stops the running partial (it resolves to None) and is served next; the other
     key's pending partial still runs after it."""
-    from speechrt.streaming.engine import Engine
-
     speech = synth("The museum opens at nine and closes at five on weekdays.")
 
     async def main():
-        eng = Engine(asr)
-        eng.start()
-        await asyncio.sleep(0)
-        try:
-            while eng.warming:  # wait for the warm-up, then time the real work
-                await asyncio.sleep(0.05)
+        async with warm_engine(asr) as eng:
             part_a = asyncio.ensure_future(eng.transcribe(speech, partial=True, key="a"))
             part_b = asyncio.ensure_future(eng.transcribe(speech, partial=True, key="b"))
             while not eng.running_keys():
@@ -91,8 +100,6 @@ def test_final_transcript_stops_the_sessions_running_partial(asr, synth):
             other = "b" if running == "a" else "a"
             results[other] = await (part_b if running == "a" else part_a)
             return final, results, running, other, eng.metrics.asr_cancelled
-        finally:
-            eng.stop()
 
     final, results, running, other, cancelled = asyncio.run(main())
     assert "museum" in final.text.lower()
@@ -198,17 +205,11 @@ def test_promoted_and_superseded_partials(asr, synth):
     """promote(): a running partial is no longer stopped by finals, a queued one is served as a final
     (before partials queued ahead of it); supersede: a newer partial of the same key stops the running
     one. has_spare_time() is False while anything is queued."""
-    from speechrt.streaming.engine import Engine
-
     speech = synth("The museum opens at nine and closes at five on weekdays.")
     short = speech[: len(speech) // 2]
 
     async def main():
-        eng = Engine(asr)
-        eng.start()
-        try:
-            while eng.warming:
-                await asyncio.sleep(0.05)
+        async with warm_engine(asr) as eng:
             assert eng.has_spare_time() and not eng.promote("nobody")
             running = asyncio.ensure_future(eng.transcribe(speech, partial=True, key="run"))
             while not eng.running_keys():
@@ -229,8 +230,6 @@ def test_promoted_and_superseded_partials(asr, synth):
                 await asyncio.sleep(0.002)
             new = await eng.transcribe(speech, partial=True, key="s", supersede=True)
             return final, got, order, await old, new, eng.metrics.asr_cancelled
-        finally:
-            eng.stop()
 
     final, (run, a, b), order, old, new, cancelled = asyncio.run(main())
     assert "museum" in final.text.lower()
@@ -244,17 +243,13 @@ def test_a_later_pause_replaces_the_turns_queued_final(asr, synth):
     """A final transcript of a turn (up to a pause) still queued when one of the same turn arrives (up to a
     later pause) is replaced: it resolves to None and only the newer one runs. A queued final of the
     session's previous turn stays (its transcript is still owed)."""
-    from speechrt.streaming.engine import Engine, Fault
+    from speechrt.streaming.engine import Fault
 
     speech = synth("The museum opens at nine and closes at five on weekdays.")
     short = speech[: len(speech) // 2]
 
     async def main():
-        eng = Engine(asr)
-        eng.start()
-        try:
-            while eng.warming:
-                await asyncio.sleep(0.05)
+        async with warm_engine(asr) as eng:
             eng.faults.add(Fault("asr", stall_s=2.0))  # the worker holds its first step, so the rest queue
             busy = asyncio.ensure_future(eng.transcribe(speech, key="other"))
             while eng.stalled_for() == 0:
@@ -264,8 +259,6 @@ def test_a_later_pause_replaces_the_turns_queued_final(asr, synth):
             await asyncio.sleep(0)
             second = await eng.transcribe(speech, key="s", turn="t1")
             return await busy, await previous, await first, second, eng.metrics.finals_superseded
-        finally:
-            eng.stop()
 
     busy, previous, first, second, superseded = asyncio.run(main())
     assert first is None and superseded == 1
