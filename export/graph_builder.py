@@ -20,6 +20,7 @@ class GraphBuilder:
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self._count = 0
+        self._consts: dict[str, list[int]] = {}
         self.uses_ms = False
 
     def op(self, op_type: str, inputs: list[str], n_out: int = 1, name: str = "", domain: str = "",
@@ -38,6 +39,12 @@ class GraphBuilder:
         return name
 
     def const_i64(self, name: str, values) -> str:
+        """An int64 constant; asked again under the same name (with the same values), the one already made."""
+        if name in self._consts:
+            if self._consts[name] != list(np.ravel(values)):
+                raise ValueError(f"constant {name!r} already holds {self._consts[name]}")
+            return name
+        self._consts[name] = [int(v) for v in np.ravel(values)]
         return self.init(name, np.asarray(values, dtype=np.int64))
 
     def model(self, inputs: list[Tensor], outputs: list[Tensor], opset: int) -> onnx.ModelProto:

@@ -117,9 +117,10 @@ class LlamaGraph:
         y = self._nbits(x, _pack4(q.numpy()), s.numpy(), 4, tag)
         if not torch.any(z != 0):  # Q4_0: nothing to add
             return y
-        K = q.shape[1]
-        ones = np.kron(np.eye(K // BLOCK, dtype=self.fdt), np.ones((BLOCK, 1), self.fdt))  # [K, K/32]
-        sums = g.op("MatMul", [x, g.init(f"{tag}.block_ones", ones)], name=f"{tag}/block_sums")
+        # the sums of x over each 32-block, [..., K/32]: a reshape and a reduction, no weights to read
+        blocks = g.op("Reshape", [x, g.const_i64(f"blocks{q.shape[1] // BLOCK}", [0, 0, -1, BLOCK])],
+                      name=f"{tag}/blocks")
+        sums = g.op("ReduceSum", [blocks, g.const_i64("axes_last", [-1])], name=f"{tag}/block_sums", keepdims=0)
         corr = g.op("MatMul", [sums, g.init(f"{tag}.zero", z.T.numpy().astype(self.fdt))], name=f"{tag}/zero")
         return g.op("Add", [y, corr], name=f"{tag}/add_zero")
 
