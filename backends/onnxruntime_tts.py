@@ -5,6 +5,8 @@ background; windows vocoded side by side on one-thread workers) runs it unchange
 intra-op thread; the runner's workers run windows in parallel."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -61,17 +63,15 @@ class OrtVits:
         return self.run("generator", z=z.contiguous(), g=g)
 
 
-def exported_tts_runner(model, providers) -> TorchTTSRunner:
-    """A TTS runner over the export at model.path."""
-    from speechrt.export import Manifest
+def exported_tts_runner(path: Path, manifest, providers, name: str) -> TorchTTSRunner:
+    """A TTS runner over the export in `path` (its `manifest`), called `name`."""
     from speechrt.models.piper_loader import VoiceConfig
 
     from .ort_binding import providers_device
 
-    m = Manifest.read(model.path)
-    voice = VoiceConfig.from_file(model.path / m.extra["voice"])
+    voice = VoiceConfig.from_file(path / manifest.extra["voice"])
     device = providers_device(providers)
-    runner = TorchTTSRunner(OrtVits(model.path, m, providers), voice, torch.device("cpu"), torch.float32,
-                            ThreadPolicy.build(torch.device("cpu"), None), "onnxruntime", model.name, "speechrt-onnx")
-    runner.info = RunnerInfo("onnxruntime", model.name, "speechrt-onnx", "fp32", str(device), runner.info.threads)
+    runner = TorchTTSRunner(OrtVits(path, manifest, providers), voice, torch.device("cpu"), torch.float32,
+                            ThreadPolicy.build(torch.device("cpu"), None), "onnxruntime", name, "speechrt-onnx")
+    runner.info = RunnerInfo("onnxruntime", name, "speechrt-onnx", "fp32", str(device), runner.info.threads)
     return runner
