@@ -1,10 +1,13 @@
-"""The `onnxruntime` backend: a model's ONNX graph as shipped, run by ONNX Runtime with the execution
-providers for the device (CPU; CUDA or TensorRT on NVIDIA; MIGraphX or ROCm on AMD).
+"""The `onnxruntime` backend: each family's exported graphs (export/; made on first use for a model name)
+run by ONNX Runtime with the execution providers for the device (CPU; CUDA or TensorRT on NVIDIA; MIGraphX
+or ROCm on AMD). The runners live in onnxruntime_{asr,lm,tts}.py.
 
-TTS: the Piper voice graph is cut, unchanged, into three sessions — text encoder, durations and prior
-sample; the reverse flow; the HiFi-GAN generator — so that, as with the torch runner, the flow runs on the
-first windows' frames before the first audio and on the rest in the background, and the shared streaming
-code vocodes windows of a sentence. `run_graph` runs the whole graph in one session, as Piper does.
+TTS: a voice runs as our VITS exported in pieces (onnxruntime_tts). `OrtTTSRunner` runs a Piper voice's
+shipped graph instead, cut, unchanged, into three sessions — text encoder, durations and prior sample; the
+reverse flow; the HiFi-GAN generator — so that, as with the torch runner, the flow runs on the first windows'
+frames before the first audio and on the rest in the background, and the shared streaming code vocodes
+windows of a sentence; `run_graph` runs the whole graph in one session, as Piper does (the GPU check of
+`bench gpu` and the tests use it).
 """
 from __future__ import annotations
 
@@ -277,9 +280,8 @@ class OnnxRuntimeBackend(Backend):
 
     def tts(self, model, device="cpu", dtype=None, step_threads=None):
         """Our VITS exported in pieces (export/vits_export.py; made on first use for a Piper voice, ~3 s), not
-        the voice's shipped graph: the pieces skip the shipped graph's whole-sentence work and stream windows
-        (30 words, AMD EPYC AVX2: RTF 1.39x Piper's vs 1.50x on the shipped graph cut in three, first audio
-        115 vs 121 ms). OrtTTSRunner runs the shipped graph itself."""
+        the voice's shipped graph (OrtTTSRunner): measured faster (30 words, AMD EPYC AVX2: RTF 1.39x Piper's
+        vs 1.50x on the shipped graph cut in three, first audio 115 vs 121 ms)."""
         from speechrt.errors import UserError
 
         from .onnxruntime_tts import exported_tts_runner

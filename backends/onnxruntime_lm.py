@@ -84,7 +84,7 @@ class OrtLMRunner(LMRunner):
         self.tokenizer = LMTokenizer.load(directory, manifest.extra["tokenizer"])
         self.chat_template = manifest.extra.get("chat_template")
         # decode steps come back to back: the pool's threads spin between them instead of sleeping (a step is
-        # ~350 small nodes, and waking a sleeping thread for each cost ~1.5 ms of a ~9 ms step: SmolLM2-135M
+        # ~670 small nodes, and waking a sleeping thread for each cost ~1.5 ms of a ~9 ms step: SmolLM2-135M
         # int4, AMD EPYC AVX2, 2 threads); loop() keeps the caller's torch ops off the spinning core
         self.session = session(str(directory / manifest.graph("model").file), providers, intra_op_threads, spin=True)
         # prompts run a graph of their own where the export has one (float32 weights); its threads sleep when
