@@ -40,11 +40,12 @@ class GraphBuilder:
 
     def const_i64(self, name: str, values) -> str:
         """An int64 constant; asked again under the same name (with the same values), the one already made."""
+        vals = [int(v) for v in np.ravel(values)]
         if name in self._consts:
-            if self._consts[name] != list(np.ravel(values)):
-                raise ValueError(f"constant {name!r} already holds {self._consts[name]}")
+            if self._consts[name] != vals:
+                raise ValueError(f"constant {name!r} already holds {self._consts[name]}, not {vals}")
             return name
-        self._consts[name] = [int(v) for v in np.ravel(values)]
+        self._consts[name] = vals
         return self.init(name, np.asarray(values, dtype=np.int64))
 
     def model(self, inputs: list[Tensor], outputs: list[Tensor], opset: int) -> onnx.ModelProto:

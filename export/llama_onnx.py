@@ -118,7 +118,7 @@ class LlamaGraph:
         if not torch.any(z != 0):  # Q4_0: nothing to add
             return y
         # the sums of x over each 32-block, [..., K/32]: a reshape and a reduction, no weights to read
-        blocks = g.op("Reshape", [x, g.const_i64(f"blocks{q.shape[1] // BLOCK}", [0, 0, -1, BLOCK])],
+        blocks = g.op("Reshape", [x, g.const_i64("block_shape", [0, 0, -1, BLOCK])],
                       name=f"{tag}/blocks")
         sums = g.op("ReduceSum", [blocks, g.const_i64("axes_last", [-1])], name=f"{tag}/block_sums", keepdims=0)
         corr = g.op("MatMul", [sums, g.init(f"{tag}.zero", z.T.numpy().astype(self.fdt))], name=f"{tag}/zero")
