@@ -18,6 +18,9 @@ import torch
 
 from speechrt.errors import UserError
 
+# each TTS window is this many times the one before it (pipelines.tts.windows; TTSRunner.head_frames)
+WINDOW_GROWTH = 3
+
 
 @dataclass(frozen=True)
 class RunnerInfo:
@@ -191,10 +194,10 @@ class TTSRunner(Runner):
 
     def head_frames(self, frames: int, options: Any) -> int:
         """How many of a sentence's `frames` latent frames to compute before returning its Latent: those
-        the first two windows read, context included, so that both can be vocoded at once; a runner
-        that can compute the rest in the background does so beside them (the flow's receptive field is
-        finite, so the pieces equal the whole)."""
-        return min(frames, 3 * options.first_chunk_frames + self.context_frames)
+        the first two windows read (pipelines.tts.windows), context included, so that both can be vocoded at
+        once; a runner that can compute the rest in the background does so beside them (the flow's
+        receptive field is finite, so the pieces equal the whole)."""
+        return min(frames, (1 + WINDOW_GROWTH) * options.first_chunk_frames + self.context_frames)
 
 
 class FamilyNotSupported(UserError, NotImplementedError):

@@ -16,15 +16,15 @@ from .torch_tts import TorchTTSRunner
 
 
 class _Flow:
-    def __init__(self, owner):
-        self.owner = owner
+    def __init__(self, owner, graph: str):
+        self.owner, self.graph = owner, graph
 
     def reverse(self, z_p, mask, g=None):
-        return self.owner.run("flow", z_p=z_p, g=g)
+        return self.owner.run(self.graph, z_p=z_p, g=g)
 
 
 class OrtVits:
-    def __init__(self, directory, manifest, providers):
+    def __init__(self, directory, manifest, providers, text_threads: int = 1):
         from speechrt.models.vits import VitsConfig
 
         from .onnxruntime_backend import session
@@ -34,9 +34,15 @@ class OrtVits:
             conf[k] = tuple(conf[k])
         conf["resblock_dilation_sizes"] = tuple(tuple(d) for d in conf["resblock_dilation_sizes"])
         self.config = VitsConfig(**conf)
-        self.sessions = {name: session(str(directory / g.file), providers, 1) for name, g in manifest.graphs.items()}
+        # the windows' graphs on one thread each (the runner's workers run them side by side); the text graph
+        # and the flow's head run alone at a sentence's start, when no window is ready yet: all threads
+        files = {name: str(directory / g.file) for name, g in manifest.graphs.items()}
+        self.sessions = {name: session(f, providers, 1) for name, f in files.items() if name != "text"}
+        self.sessions["text"] = session(files["text"], providers, text_threads, spin=False)
+        self.sessions["flow/wide"] = session(files["flow"], providers, text_threads, spin=False)
         self.inputs = {name: {i.name for i in s.get_inputs()} for name, s in self.sessions.items()}
-        self.flow = _Flow(self)
+        self.flow = _Flow(self, "flow")
+        self.wide_flow = _Flow(self, "flow/wide")
 
     def run(self, graph: str, **feeds):
         """Run one graph on torch tensors (inputs it does not declare are left out) -> its first output."""
@@ -71,7 +77,8 @@ def exported_tts_runner(path: Path, manifest, providers, name: str) -> TorchTTSR
 
     voice = VoiceConfig.from_file(path / manifest.extra["voice"])
     device = providers_device(providers)
-    runner = TorchTTSRunner(OrtVits(path, manifest, providers), voice, torch.device("cpu"), torch.float32,
-                            ThreadPolicy.build(torch.device("cpu"), None), "onnxruntime", name, "speechrt-onnx")
+    threads = ThreadPolicy.build(torch.device("cpu"), None)
+    runner = TorchTTSRunner(OrtVits(path, manifest, providers, threads.total), voice, torch.device("cpu"),
+                            torch.float32, threads, "onnxruntime", name, "speechrt-onnx")
     runner.info = RunnerInfo("onnxruntime", name, "speechrt-onnx", "fp32", str(device), runner.info.threads)
     return runner

@@ -72,16 +72,17 @@ class TorchTTSRunner(TTSRunner):
         if self._pool is None or head >= F:
             return Latent(self._flow(z_p, 0, F, g), g)
         z = torch.empty_like(z_p)
-        z[:, :, :head] = self._flow(z_p, 0, head, g)
+        # a model may offer `wide_flow`, the flow on all threads: the head is computed while no window can run
+        z[:, :, :head] = self._flow(z_p, 0, head, g, getattr(self.model, "wide_flow", None))
         rest = self._pool.submit(self._flow_into, z, z_p, head, F, g)
         return Latent(z, g, head, rest)
 
     @torch.inference_mode()
-    def _flow(self, z_p, start, end, g):
+    def _flow(self, z_p, start, end, g, flow=None):
         """Reverse flow on frames [start, end) of z_p, computed with flow_context frames of context."""
         c = self.flow_context
         lo, hi = max(0, start - c), min(z_p.shape[-1], end + c)
-        return self.model.flow.reverse(z_p[:, :, lo:hi], torch.ones_like(z_p[:, :1, lo:hi]), g=g)[:, :, start - lo:end - lo]
+        return (flow or self.model.flow).reverse(z_p[:, :, lo:hi], torch.ones_like(z_p[:, :1, lo:hi]), g=g)[:, :, start - lo:end - lo]
 
     @torch.inference_mode()
     def _flow_into(self, z, z_p, start, end, g):

@@ -91,7 +91,7 @@ class SynthesisOptions:
     speaker_id: int | None = None  # multi-speaker voices only
     seed: int | None = None  # torch backend: reproducible noise
     first_chunk_frames: int = 16  # latent frames of the first window: 16 * 256 / 22050 = 0.19 s of audio
-    max_chunk_frames: int = 256  # windows double up to this size (less overlap overhead)
+    max_chunk_frames: int = 400  # windows grow up to this size (pipelines.tts.windows)
     crossfade: int = 256  # samples blended at each window border
     sentence_silence: float = 0.0  # seconds of silence after each sentence
 

@@ -3,11 +3,12 @@ policy, written once against the TTSRunner interface (backends/base.py). `speech
 
 Per sentence, the runner computes the whole latent (text encoder, durations, prior, flow: cheap), then the
 generator — most of the cost — runs on windows of the latent that grow from `first_chunk_frames` to
-`max_chunk_frames`. Each window is decoded with `runner.context_frames` latent frames of context on both
+`max_chunk_frames` (see windows()). Each window is decoded with `runner.context_frames` latent frames of context on both
 sides (the generator's receptive field), so its interior equals the whole-sentence output up to float
 rounding; `crossfade` samples at each border are blended with a raised-cosine ramp to hide what rounding
 remains. The first audio is ready after one short window instead of after the whole sentence. Runners
-that can vocode several windows at once (`runner.parallel`) get the next windows submitted ahead.
+that can vocode several windows at once (`runner.parallel`) get the next windows submitted ahead, one more
+than they have workers.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from speechrt import backends
+from speechrt.backends.base import WINDOW_GROWTH
 from speechrt.errors import UserError
 from speechrt.models.piper_loader import SynthesisOptions
 from speechrt.models.registry import resolve
@@ -33,14 +35,17 @@ FORMATS = ("wav", "pcm16", "f32")
 
 
 def windows(frames: int, first: int, largest: int, parallel: int = 1) -> list[tuple[int, int]]:
-    """[start, end) frame windows covering `frames`: sizes first, 2*first, ... (the first audio comes early
-    and each window has the time the previous ones play to get decoded) up to `largest`. Once the rest fits
-    in `parallel` windows of at most `largest` frames — or a multiple of that — it is split evenly, so
-    parallel workers finish together; a short tail (under `first` frames) joins the window before it."""
+    """[start, end) frame windows covering `frames`: sizes first, WINDOW_GROWTH * first, ... up to `largest`
+    (the first audio comes early, and each window has the time the ones before it play to get decoded).
+    From the third window on, once the rest fits in `parallel` windows of at most `largest` frames — or a
+    multiple of that — it is split evenly, so parallel workers finish together: few windows, since each
+    border costs the generator 2 * context frames of work twice over. A short tail (under `first` frames)
+    joins the window before it. (30 words on two one-thread workers, AMD EPYC: 16, 48, 363, 363 frames
+    synthesize in 0.91x the time of doubling windows up to 256 frames, 16 ... 128, 4 x 138.)"""
     out, a, size = [], 0, first
     while a < frames:
         rest = frames - a
-        if size >= largest or rest <= parallel * size:
+        if size >= largest or (len(out) >= 2 and rest <= parallel * largest):
             n = max(parallel, -(-rest // largest))  # even split of the rest
             n = -(-n // parallel) * parallel if parallel > 1 else n
             n = max(1, min(n, rest // (2 * first)))  # windows of at least 2*first frames
@@ -51,7 +56,7 @@ def windows(frames: int, first: int, largest: int, parallel: int = 1) -> list[tu
         if frames - b < first:
             b = frames
         out.append((a, b))
-        a, size = b, min(size * 2, largest)
+        a, size = b, min(size * WINDOW_GROWTH, largest)
     return out
 
 
@@ -61,8 +66,9 @@ def stream_latent(runner, latent, options: SynthesisOptions) -> Iterator[torch.T
     xf = min(options.crossfade, ctx * hop)
     ramp = None
     tail = None  # the previous window's last `xf` samples, which overlap the next window's first
-    ahead = max(1, runner.parallel)
-    wins = windows(F, options.first_chunk_frames, options.max_chunk_frames, ahead)
+    par = max(1, runner.parallel)
+    ahead = par + 1 if par > 1 else 1  # one more than the workers: none waits for this loop to hand it work
+    wins = windows(F, options.first_chunk_frames, options.max_chunk_frames, par)
     pending = collections.deque()  # futures of the next windows, submitted in order
     try:
         for k, (a, b) in enumerate(wins):

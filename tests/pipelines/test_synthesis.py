@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from speechrt.backends.base import TTSRunner
+from speechrt.backends.base import WINDOW_GROWTH, TTSRunner
 from speechrt.errors import UserError
 from speechrt.pipelines.tts import SynthesisOptions, load_tts, stream_latent, windows
 
@@ -26,15 +26,20 @@ def torch_tts():
 
 def test_windows_cover_and_grow():
     for parallel in (1, 2):
-        w = windows(700, 16, 256, parallel)
-        sizes = [b - a for a, b in w]
-        assert w[0] == (0, 16) and w[-1][1] == 700
-        assert all(a == b for (_, a), (b, _) in zip(w, w[1:]))  # contiguous
-        assert sizes[:4] == [16, 32, 64, 128] and max(sizes) <= 256
-        tail = sizes[4:]
-        assert len(tail) % parallel == 0 and max(tail) - min(tail) <= 1  # even split: workers finish together
+        for frames, largest in ((700, 256), (2000, 400), (790, 400)):
+            w = windows(frames, 16, largest, parallel)
+            sizes = [b - a for a, b in w]
+            assert w[0] == (0, 16) and w[-1][1] == frames
+            assert all(a == b for (_, a), (b, _) in zip(w, w[1:]))  # contiguous
+            assert sizes[:2] == [16, 16 * WINDOW_GROWTH] and max(sizes) <= largest
+            grown = [16 * WINDOW_GROWTH ** i for i in range(len(sizes))]
+            k = next(i for i, (s, g) in enumerate(zip(sizes, grown)) if s != min(g, largest))  # the split
+            tail = sizes[k:]
+            assert k >= 2 and len(tail) % parallel == 0 and max(tail) - min(tail) <= 1  # workers finish together
+    # two workers, 30 words: the rest after two windows fits in two, so it is two (few borders)
+    assert [b - a for a, b in windows(790, 16, 400, 2)] == [16, 48, 363, 363]
     assert windows(20, 16, 256) == [(0, 20)]  # a short tail joins the window before it
-    assert [b - a for a, b in windows(100, 16, 256, 2)] == [16, 32, 52]  # no window under 2 * first
+    assert [b - a for a, b in windows(100, 16, 256, 2)] == [16, 48, 36]  # no window under 2 * first
 
 
 def test_crossfade_hides_missing_context(torch_tts):
