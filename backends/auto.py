@@ -35,9 +35,9 @@ TABLE: dict[tuple[str, str], Choice] = {
                             "int8 4.45 s (WER 2.1%) vs onnxruntime fp32 5.47 s and torch float32 ~8 s (WER 2.7%); "
                             "faster-whisper int8 4.4-5.6 s in the same runs, WER 2.1%"),
     ("avx2", "tts"): Choice("onnxruntime", None, "bench tts, AMD EPYC (AVX2, 2 cores), 30 words: onnxruntime on our "
-                            "VITS exported in pieces (made on first use) RTF 1.39x Piper's, first audio 115 ms, vs "
-                            "torch 1.72x / 130 ms and the shipped graph 1.50x / 121 ms; short sentences 0.086 vs "
-                            "0.120 RTF; the same audio as torch within 1e-4 at noise 0"),
+                            "VITS exported in pieces (made on first use) RTF 0.96x Piper's, first audio 107 ms, vs "
+                            "torch 1.57x / 154 ms; short sentences 0.079 vs 0.116 RTF; the same audio as torch "
+                            "within 1e-4 at noise 0"),
 }
 
 

@@ -281,7 +281,8 @@ class OnnxRuntimeBackend(Backend):
     def tts(self, model, device="cpu", dtype=None, step_threads=None):
         """Our VITS exported in pieces (export/vits_export.py; made on first use for a Piper voice, ~3 s), not
         the voice's shipped graph (OrtTTSRunner): measured faster (30 words, AMD EPYC AVX2: RTF 1.39x Piper's
-        vs 1.50x on the shipped graph cut in three, first audio 115 vs 121 ms)."""
+        vs 1.50x on the shipped graph cut in three, first audio 115 vs 121 ms; since then 0.96x with 2-D
+        convolutions and the current windows, docs/onnx-runtime.md)."""
         from speechrt.errors import UserError
 
         from .onnxruntime_tts import exported_tts_runner
