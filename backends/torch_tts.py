@@ -82,7 +82,8 @@ class TorchTTSRunner(TTSRunner):
         """Reverse flow on frames [start, end) of z_p, computed with flow_context frames of context."""
         c = self.flow_context
         lo, hi = max(0, start - c), min(z_p.shape[-1], end + c)
-        return (flow or self.model.flow).reverse(z_p[:, :, lo:hi], torch.ones_like(z_p[:, :1, lo:hi]), g=g)[:, :, start - lo:end - lo]
+        z = (flow or self.model.flow).reverse(z_p[:, :, lo:hi], torch.ones_like(z_p[:, :1, lo:hi]), g=g)
+        return z[:, :, start - lo:end - lo]
 
     @torch.inference_mode()
     def _flow_into(self, z, z_p, start, end, g):

@@ -3,10 +3,10 @@ policy, written once against the TTSRunner interface (backends/base.py). `speech
 
 Per sentence, the runner computes the whole latent (text encoder, durations, prior, flow: cheap), then the
 generator — most of the cost — runs on windows of the latent that grow from `first_chunk_frames` to
-`max_chunk_frames` (see windows()). Each window is decoded with `runner.context_frames` latent frames of context on both
-sides (the generator's receptive field), so its interior equals the whole-sentence output up to float
-rounding; `crossfade` samples at each border are blended with a raised-cosine ramp to hide what rounding
-remains. The first audio is ready after one short window instead of after the whole sentence. Runners
+`max_chunk_frames` (see windows()). Each window is decoded with `runner.context_frames` latent frames of
+context on both sides (the generator's receptive field), so its interior equals the whole-sentence output up
+to float rounding; `crossfade` samples at each border are blended with a raised-cosine ramp to hide what
+rounding remains. The first audio is ready after one short window instead of after the whole sentence. Runners
 that can vocode several windows at once (`runner.parallel`) get the next windows submitted ahead, one more
 than they have workers.
 """
@@ -39,8 +39,8 @@ def windows(frames: int, first: int, largest: int, parallel: int = 1) -> list[tu
     (the first audio comes early, and each window has the time the ones before it play to get decoded).
     From the third window on, once the rest fits in `parallel` windows of at most `largest` frames — or a
     multiple of that — it is split evenly, so parallel workers finish together: few windows, since each
-    border costs the generator 2 * context frames of work twice over. A short tail (under `first` frames)
-    joins the window before it. (30 words on two one-thread workers, AMD EPYC: 16, 48, 363, 363 frames
+    border costs the generator 2 * context frames of extra work. A short tail (under `first` frames) joins
+    the window before it. (30 words on two one-thread workers, AMD EPYC: 16, 48, 363, 363 frames
     synthesize in 0.91x the time of doubling windows up to 256 frames, 16 ... 128, 4 x 138.)"""
     out, a, size = [], 0, first
     while a < frames:
