@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,6 +28,17 @@ from .session import RealtimeSession
 from .vad import SileroVAD
 
 log = logging.getLogger(__name__)
+
+
+def started_pool(n: int, prefix: str) -> ThreadPoolExecutor:
+    """A pool of `n` threads, all started now. ThreadPoolExecutor starts its threads as work overlaps and keeps
+    them: the server's thread count (in /metrics, and what the leak tests compare) would step up under the
+    first concurrent load and stay, however idle the server is afterwards."""
+    pool = ThreadPoolExecutor(n, thread_name_prefix=prefix)
+    meet = threading.Barrier(n)  # n tasks that wait for each other: n threads
+    for f in [pool.submit(meet.wait, 10.0) for _ in range(n)]:
+        f.result()
+    return pool
 
 
 @dataclass(frozen=True)
@@ -90,7 +102,7 @@ class SpeechServer:
                       "tts": [tts.name if tts is not None else DEFAULTS["tts"]]}
         self.conversation_ready = lm is not None and tts is not None
         self.vad = SileroVAD()
-        self.vad_pool = ThreadPoolExecutor(2, thread_name_prefix="speechrt-vad")
+        self.vad_pool = started_pool(2, "speechrt-vad")
         self.engine = Engine(asr, lm, max_batch=options.max_batch, tts=tts)
         self.sessions: set[RealtimeSession] = set()
         self.counters = Counters()
