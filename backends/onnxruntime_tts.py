@@ -24,7 +24,7 @@ class _Flow:
 
 
 class OrtVits:
-    def __init__(self, directory, manifest, providers, text_threads: int = 1):
+    def __init__(self, directory, manifest, providers, wide_threads: int = 1):
         from speechrt.models.vits import VitsConfig
 
         from .onnxruntime_backend import session
@@ -38,8 +38,8 @@ class OrtVits:
         # and the flow's head run alone at a sentence's start, when no window is ready yet: all threads
         files = {name: str(directory / g.file) for name, g in manifest.graphs.items()}
         self.sessions = {name: session(f, providers, 1) for name, f in files.items() if name != "text"}
-        self.sessions["text"] = session(files["text"], providers, text_threads, spin=False)
-        self.sessions["flow/wide"] = session(files["flow"], providers, text_threads, spin=False)
+        self.sessions["text"] = session(files["text"], providers, wide_threads, spin=False)
+        self.sessions["flow/wide"] = session(files["flow"], providers, wide_threads, spin=False)
         self.inputs = {name: {i.name for i in s.get_inputs()} for name, s in self.sessions.items()}
         self.flow = _Flow(self, "flow")
         self.wide_flow = _Flow(self, "flow/wide")
