@@ -11,7 +11,9 @@ import pytest
 
 from speechrt.models.wer import wer
 
-QUESTION = "What is the capital of France?"
+# The spoken question: tiny.en hears the embedded voice's "France" as "friends" in 12 of 36 decodes (6 noise
+# seeds x 2 context margins x 3 cut points, the server's trimmed-context options); "Japan" in none of them.
+QUESTION = "What is the capital of Japan?"
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +40,9 @@ def server(asr, lm, tts, server_factory):
 
 @pytest.fixture(scope="module")
 def question_pcm(tts):
-    """The question spoken by the embedded voice, pcm16 at 24 kHz, with silence after it."""
-    a = np.concatenate(list(tts.synthesize(QUESTION, sample_rate=24000)))
+    """The question spoken by the embedded voice (its noise seeded: the same recording every run), pcm16 at
+    24 kHz, with silence after it."""
+    a = np.concatenate(list(tts.synthesize(QUESTION, sample_rate=24000, seed=0)))
     a = np.concatenate([np.zeros(4800, np.float32), a, np.zeros(24000, np.float32)])
     return (np.clip(a, -1, 1) * 32767).astype("<i2").tobytes()
 
@@ -75,7 +78,7 @@ def test_openai_sdk_conversation(server, question_pcm, asr):
     types, user, answer, audio, status = asyncio.run(asyncio.wait_for(main(), 240))
     assert wer(QUESTION, user) <= 0.2, user
     assert status == "completed"
-    assert "paris" in answer.lower(), answer
+    assert "tokyo" in answer.lower(), answer
     for t in ("response.created", "response.output_item.added", "response.content_part.added",
               "response.output_audio.delta", "response.output_audio_transcript.done", "response.output_item.done"):
         assert t in types, t
@@ -91,7 +94,7 @@ def test_our_sdk_ask_talk_and_say(server, question_pcm, asr):
 
     with Client(ws_url(server)) as c:
         reply = c.ask(QUESTION)
-        assert reply.status == "completed" and "paris" in reply.transcript.lower(), reply.transcript
+        assert reply.status == "completed" and "tokyo" in reply.transcript.lower(), reply.transcript
         assert len(reply.audio) > 24000 * 0.5
         q = np.frombuffer(question_pcm, "<i2").astype(np.float32) / 32768
         spoken = c.talk(q, 24000)
@@ -130,7 +133,7 @@ def test_text_response_and_cancel(server):
         await ws.send(json.dumps({"type": "response.create"}))
         done, seen = await _until(ws, "response.done")
         text = "".join(e["delta"] for e in seen if e["type"] == "response.output_text.delta")
-        assert "paris" in text.lower() and done["response"]["status"] == "completed"
+        assert "tokyo" in text.lower() and done["response"]["status"] == "completed"
         assert not any(e["type"] == "response.output_audio.delta" for e in seen)
         # a long answer, cancelled after its first words
         await ws.send(json.dumps({"type": "conversation.item.create", "item": {
