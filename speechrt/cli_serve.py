@@ -59,6 +59,10 @@ def add_arguments(p):
                         "threads, faster on an otherwise idle machine)")
     p.add_argument("--partial-interval", type=float, default=1.0,
                    help="seconds between live transcript updates while a person speaks (0: final transcripts only)")
+    p.add_argument("--no-speculative-replies", dest="speculative_replies", action="store_false",
+                   help="do not begin a reply during a pause before turn detection ends the turn (by default, when "
+                        "the engine has time to spare, the reply to the transcript so far is made during the pause "
+                        "and sent at once if the pause ends the turn; speech resuming drops it)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: all cores)")
     p.add_argument("--debug-endpoints", action="store_true", help="serve POST /debug/fault (inject a failing or "
                    "stalling model step; for tests, never in production)")
@@ -95,7 +99,7 @@ def options(args):
                          max_send_queue_bytes=args.max_send_queue_bytes, ping_interval=args.ping_interval,
                          ping_timeout=args.ping_timeout,
                          silence_duration_ms=args.silence_duration_ms, partial_interval=args.partial_interval,
-                         debug=args.debug_endpoints)
+                         speculative_replies=args.speculative_replies, debug=args.debug_endpoints)
 
 
 def load_models(args):

@@ -1,8 +1,9 @@
 """The speech-to-speech agent: one Response per assistant turn.
 
 The language model's reply streams from the engine's continuous batch; it is cut into sentences and
-clauses as it arrives, and each piece is synthesized (as engine stream tasks) and sent as
-`response.output_audio.delta` while the model is still writing the rest. Cancelling (response.cancel,
+clauses as it arrives, and each piece is synthesized (as engine stream tasks, streaming/reply.py) and sent
+as `response.output_audio.delta` while the model is still writing the rest. A reply the session began
+during the turn's last pause (a speculative one) is taken over when it answered the same conversation. Cancelling (response.cancel,
 barge-in, truncation) stops generation and synthesis at once and keeps, as the assistant's message,
 only the text whose audio was sent.
 """
@@ -13,13 +14,13 @@ import base64
 import time
 
 from speechrt.errors import UserError
-from speechrt.pipelines.lm import GenerationOptions
 
 from . import protocol as P
 from .audio_codec import OutputEncoder
 from .conversation import Item, Part
 from .engine import EngineStalled
 from .protocol import ProtocolError, new_id, response_options
+from .reply import Reply
 
 
 class Response:
@@ -38,8 +39,7 @@ class Response:
         self.error: dict | None = None  # why it failed
         self.item = Item("assistant", [], status="in_progress")
         self.transcript = ""  # text delivered (for audio: text whose audio was sent)
-        self._lm_req = None
-        self._tts_tasks: list = []
+        self._reply: Reply | None = None
         self._runner: asyncio.Task | None = None
 
     def cancel(self, reason: str):
@@ -52,11 +52,8 @@ class Response:
 
     def _stop_work(self):
         """Stop the language model and the synthesis of this response in the engine."""
-        eng = self.session.server.engine
-        if self._lm_req is not None:
-            eng.cancel_generation(self._lm_req)
-        for t in self._tts_tasks:
-            t.cancelled = True
+        if self._reply is not None:
+            self._reply.cancel()
 
     async def run(self):
         self._runner = asyncio.current_task()
@@ -82,8 +79,7 @@ class Response:
                 s.response = None
 
     async def _run(self):
-        s, eng = self.session, self.session.server.engine
-        o, stall = self.options, s.server.options.stall_timeout
+        s, o = self.session, self.options
         self.t0 = time.perf_counter()
         prev = s.conversation.append(self.item)
         await s.send(P.response_created(self._api("in_progress", [])))
@@ -92,102 +88,54 @@ class Response:
         part = Part("output_audio" if self.audio else "output_text", "")
         self.item.parts.append(part)
         await s.send(P.content_part_added(self.id, self.item.id, part.to_response_api()))
-        if o.say is not None:
-            pieces = self._static(o.say)
-        else:
-            # the latest turns that fit in the model's context, tokenized off the event loop
-            messages = s.conversation.messages(o.instructions, upto=self.item)
-            ids = await asyncio.to_thread(s.server.lm.encode_chat_within, messages, eng.prompt_room(o.max_tokens))
-            opts = GenerationOptions(max_tokens=o.max_tokens, temperature=s.cfg.temperature,
-                                     seed=0 if s.cfg.temperature > 0 else None)
-            self._lm_req, q = eng.generate(ids, opts, key=s.id)
-            pieces = self._drain(q, stall)
-        if self.audio:
-            await self._speak(pieces)
-        else:
-            async for text in pieces:
-                self.transcript += text
-                await s.send(P.output_text_delta(self.id, self.item.id, text))
+        # the latest turns that fit in the model's context: the reply begun during the turn's last pause,
+        # if it answered these very messages (see reply.Speculation), else one begun now
+        messages = s.conversation.messages(o.instructions, upto=self.item)
+        self._reply = s.ahead.take(messages, o)
+        if self._reply is None:
+            self._reply = Reply(s.server, o, s.cfg.speed, s.cfg.temperature)
+            self._reply.start(messages, s.id)
+        try:
+            if self.audio:
+                await self._speak()
+            else:
+                async for text in self._reply.texts():
+                    self.transcript += text
+                    await s.send(P.output_text_delta(self.id, self.item.id, text))
+        finally:
+            if self.status != "in_progress":
+                self._reply.cancel()
+        if self._reply.finish_reason == "length" and self.status == "in_progress":
+            self.status, self.reason = "incomplete", "max_output_tokens"
         if self.status == "in_progress":
             self.status = "completed"
 
-    @staticmethod
-    async def _static(text):
-        yield text
-
-    async def _drain(self, q: asyncio.Queue, stall: float):
-        eng = self.session.server.engine
-        while True:
-            piece = await eng.wait(q.get(), stall)
-            if isinstance(piece, Exception):
-                raise piece
-            if piece.text:
-                yield piece.text
-            if piece.finish_reason is not None:
-                if piece.finish_reason == "length" and self.status == "in_progress":
-                    self.status, self.reason = "incomplete", "max_output_tokens"
-                return
-
-    async def _speak(self, pieces):
-        """Sentences/clauses from the text stream are synthesized in order while more text arrives."""
-        s, eng = self.session, self.session.server.engine
-        tts = s.server.tts
-        enc = OutputEncoder(tts.sample_rate, s.cfg.output_format)
-        segments: asyncio.Queue = asyncio.Queue()
-
-        async def cut():
-            splitter = tts.clause_splitter(min_clause_words=6)
-            try:
-                async for text in pieces:
-                    for seg in splitter.push(text):
-                        segments.put_nowait(seg)
-                for seg in splitter.flush():
-                    segments.put_nowait(seg)
-            finally:
-                segments.put_nowait(None)
-
-        cutter = asyncio.create_task(cut())
-        sent_samples = 0
-        first = True
-        try:
-            while (seg := await segments.get()) is not None:
+    async def _speak(self):
+        """Send each clause's audio as it is made, its transcript with its first audio."""
+        s = self.session
+        enc = OutputEncoder(s.server.tts.sample_rate, s.cfg.output_format)
+        sent_samples, first = 0, True
+        async for seg in self._reply.segments():
+            spoken_text = (" " if self.transcript else "") + seg.text
+            announced = False
+            async for chunk in seg.chunks():
                 if self.status != "in_progress":
-                    break
-                if not any(c.isalnum() for c in seg):
+                    return
+                data = enc.encode(chunk)
+                if not data:
                     continue
-                gen = tts.synthesize(seg, rate=s.cfg.speed, on_unsupported="drop")
-                task, q = eng.stream(gen)
-                self._tts_tasks.append(task)
-                spoken_text = (" " if self.transcript else "") + seg
-                announced = False
-                while True:
-                    chunk = await eng.wait(q.get(), s.server.options.stall_timeout)
-                    if isinstance(chunk, StopAsyncIteration):
-                        break
-                    if isinstance(chunk, Exception):
-                        raise chunk
-                    if self.status != "in_progress":
-                        task.cancelled = True
-                        break
-                    data = enc.encode(chunk)
-                    if not data:
-                        continue
-                    if not announced:  # the transcript of a segment goes out with its first audio
-                        announced = True
-                        self.transcript += spoken_text
-                        await s.send(P.output_audio_transcript_delta(self.id, self.item.id, spoken_text))
-                    if first:
-                        first = False
-                        eng.metrics.first_audio_latency.append(time.perf_counter() - self.t0)
-                    sent_samples += len(data) // s.cfg.output_format.bytes_per_sample
-                    await s.send(P.output_audio_delta(self.id, self.item.id, base64.b64encode(data).decode()))
-                    self.item.audio_ms = sent_samples * 1000 // s.cfg.output_format.rate
-                if announced:
-                    self.item.spoken.append((self.item.audio_ms, self.transcript))
-        finally:
-            cutter.cancel()
-            if self._lm_req is not None and self.status != "in_progress":
-                eng.cancel_generation(self._lm_req)
+                if not announced:  # the transcript of a segment goes out with its first audio
+                    announced = True
+                    self.transcript += spoken_text
+                    await s.send(P.output_audio_transcript_delta(self.id, self.item.id, spoken_text))
+                if first:
+                    first = False
+                    s.server.engine.metrics.first_audio_latency.append(time.perf_counter() - self.t0)
+                sent_samples += len(data) // s.cfg.output_format.bytes_per_sample
+                await s.send(P.output_audio_delta(self.id, self.item.id, base64.b64encode(data).decode()))
+                self.item.audio_ms = sent_samples * 1000 // s.cfg.output_format.rate
+            if announced:
+                self.item.spoken.append((self.item.audio_ms, self.transcript))
 
     def _api(self, status: str, output: list) -> dict:
         r = {"id": self.id, "object": "realtime.response", "status": status, "output": output,

@@ -21,6 +21,8 @@ class Metrics:
     asr_cancelled: int = 0  # live transcripts stopped because a final transcript was asked for
     early_finals: int = 0  # final transcripts begun when the input went quiet (counted by sessions)
     finals_superseded: int = 0  # queued transcripts of a turn up to a pause, replaced by one up to a later pause
+    replies_speculated: int = 0  # replies begun during a pause, before turn detection ended the turn
+    replies_speculation_used: int = 0  # of those, the ones the turn's response took over
     turn_commits: int = 0  # stable parts of long turns committed while they were spoken (local agreement)
     stream_steps: int = 0
     step_failures: int = 0  # model steps that raised (their requests got an error)
@@ -131,6 +133,12 @@ def metrics_text(sessions: int, queue_depth: int, c: Counters, m: Metrics, repli
     page.metric("asr_finals_superseded_total", "counter",
                 "Queued transcripts of a turn up to a pause, replaced by one up to a later pause of the same turn.",
                 m.finals_superseded)
+    page.metric("replies_speculated_total", "counter",
+                "Replies begun during a pause of a turn, before turn detection ended it (nothing sent yet).",
+                m.replies_speculated)
+    page.metric("replies_speculation_used_total", "counter",
+                "Replies begun during a pause that the turn's response took over (the pause ended the turn, "
+                "with the transcript they answered).", m.replies_speculation_used)
     page.metric("asr_turn_commits_total", "counter",
                 "Stable parts of long turns committed while they were spoken (local agreement).", m.turn_commits)
     page.metric("asr_long_steps_total", "counter", "Windows of long turns' transcripts, one engine step each.",

@@ -62,6 +62,7 @@ class ServerOptions:
     ping_interval: float = 20.0  # WebSocket pings; a client that does not answer within ping_timeout is closed
     ping_timeout: float = 20.0
     partial_interval: float = 1.0  # seconds between live transcript updates of a turn; 0: none
+    speculative_replies: bool = True  # begin a reply during a pause, before it ends the turn (streaming/reply.py)
     silence_duration_ms: int | None = None  # server default for server_vad (None: the API's 500 ms)
     max_batch: int = 8
     max_rest_requests: int = 16  # REST requests served at once; one more is answered 429

@@ -19,6 +19,7 @@ from .audio_codec import AudioFormatError, b64decode
 from .conversation import Conversation, item_from_api
 from .protocol import (BETA_NAMES, CLIENT_EVENTS, ProtocolError, SessionConfig, apply_session_update, error_event,
                        new_id)
+from .reply import Speculator
 from .turns import InputTurns
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,19 @@ def asr_options(cfg: SessionConfig, live: bool = False) -> TranscribeOptions:
 
 
 FINAL_MARGIN_S = 8.0
+
+
+def check_settings(server, cfg: SessionConfig) -> None:
+    """ProtocolError if the server cannot serve a session with settings `cfg`: a conversation on a
+    transcription-only server, a language its ASR model lacks, word times from a backend without them."""
+    if cfg.type == "realtime" and not server.conversation_ready:
+        raise ProtocolError("this server runs transcription only (started without a language model or voice)",
+                            "invalid_value", "session.type")
+    try:
+        server.asr.check_language(cfg.language)
+    except UserError as e:
+        raise ProtocolError(str(e), "invalid_value", "session.audio.input.transcription.language") from None
+    check_word_timing(server.asr, cfg)
 
 
 def check_word_timing(asr, cfg: SessionConfig) -> None:
@@ -109,6 +123,7 @@ class RealtimeSession:
         self.conversation = Conversation()
         self.turns = InputTurns(self)
         self.response = None  # the active agent.Response, if any
+        self.ahead = Speculator(self)  # a reply begun during the open turn's pause, if any
         self.tasks: set[asyncio.Task] = set()
         self.essential: set[asyncio.Task] = set()  # final transcripts and responses: a drain waits for them
         self.outbox = Outbox(conn, opts.max_send_queue_bytes)
@@ -165,6 +180,7 @@ class RealtimeSession:
         """Graceful shutdown: stop what only serves a turn still being spoken, take no input that would
         begin new work (DRAIN_IGNORES); -> the final transcripts and responses in flight, to be waited for."""
         self.draining = True
+        self.ahead.drop()
         self.turns.end_turn()
         for t in self.tasks - self.essential:
             t.cancel()
@@ -189,6 +205,7 @@ class RealtimeSession:
             t.cancel()
         if self.response is not None:
             self.response.cancel("client_closed")
+        self.ahead.drop()
         self.turns.end_turn()
         self.server.engine.forget(self.id)
         await self.outbox.close(1000, "", flush=False)
@@ -232,15 +249,9 @@ class RealtimeSession:
         new = apply_session_update(self.cfg, s, self.server.names)
         if isinstance(s, dict) and ("modalities" in s or "input_audio_format" in s):
             new = replace(new, beta=True)  # a beta client: answer with the beta event names
-        if new.type == "realtime" and not self.server.conversation_ready:
-            raise ProtocolError("this server runs transcription only (started without a language model or voice)",
-                                "invalid_value", "session.type")
-        try:
-            self.server.asr.check_language(new.language)
-        except UserError as e:
-            raise ProtocolError(str(e), "invalid_value", "session.audio.input.transcription.language") from None
-        check_word_timing(self.server.asr, new)
+        check_settings(self.server, new)
         self.turns.configure(self.cfg, new)
+        self.ahead.drop()  # (it was made under the old settings)
         self.cfg, self.asr_options, self.live_options = new, asr_options(new), asr_options(new, live=True)
         await self.send(P.session_updated(self.cfg.to_api(self.id)))
 
@@ -263,7 +274,8 @@ class RealtimeSession:
         await self.turns.clear()
 
     def barge_in(self):
-        """Speech began: a response in progress stops (if the session's turn detection says so)."""
+        """Speech began: a response in progress stops (if turn detection says so), a reply begun in a pause too."""
+        self.ahead.drop()
         td = self.cfg.turn_detection
         if self.response is not None and td is not None and td.interrupt_response:
             self.response.cancel("turn_detected")

@@ -193,6 +193,7 @@ class InputTurns:
             return
         if pause is None:
             turn.paused = None
+            self.session.ahead.drop(turn.item_id)  # speech resumed: a reply begun in a pause answered too little
             self._maybe_start_early(turn)
         elif turn.paused is None or turn.paused[0] != pause:
             # A pause began: transcribe the turn up to here now, so that if the pause becomes the end
@@ -221,6 +222,7 @@ class InputTurns:
         turn, self.turn = self.turn, None
         if turn is not None:
             turn.stop_live()
+            self.session.ahead.drop(turn.item_id)
         if self.detector:
             self.detector.reset()
         return turn
@@ -295,12 +297,10 @@ class InputTurns:
             await asyncio.sleep(self.engine.live_interval(interval) / next(halves, 1))
             first = self._first_sample(turn)
             audio = self.buf.slice(first, self.buf.end)
-            if len(audio) - last_len < RATE // 4:
+            # paused: the final (begun at the pause) has the engine; quiet since the early one: it is this round's
+            paused = self.detector is not None and self.detector.pause_ms is not None
+            if len(audio) - last_len < RATE // 4 or paused or turn.early and turn.early[0] == self.quiet.quiet_since:
                 continue
-            if self.detector is not None and self.detector.pause_ms is not None:
-                continue  # paused: the final transcript (begun at the pause) has the engine's time
-            if turn.early is not None and turn.early[0] == self.quiet.quiet_since:
-                continue  # quiet since the early transcript began: it is this round's hypothesis
             if len(audio) > COMMIT_AFTER:  # a long turn: this round also commits what is stable
                 last_len = len(audio) - await commit_stable(self, turn, first, audio)
                 continue
@@ -310,8 +310,7 @@ class InputTurns:
                 await self.hypothesis(turn, r.text)
 
     async def hypothesis(self, turn: Turn, text: str):
-        delta = turn.agree(text) if self.turn is turn else None
-        if delta:
+        if self.turn is turn and (delta := turn.agree(text)):
             await self.session.send(P.transcription_delta(turn.item_id, delta))
 
     def _maybe_start_early(self, turn: Turn):
@@ -353,17 +352,18 @@ class InputTurns:
         return self.session.spawn(result())
 
     async def _speculate(self, turn: Turn, pause: int, audio: np.ndarray, early: asyncio.Task | None):
-        """The transcript of the turn up to the pause that began at `pause` (`early`'s, if it has one).
-        With semantic_vad it also decides how long this pause must last to end the turn, and ends it
-        now if it already has."""
+        """The transcript of the turn up to the pause that began at `pause` (`early`'s, if it has one; None if
+        one up to a later pause replaced it while queued). With semantic_vad it decides how long this pause must
+        last to end the turn (ending it now if it has); if the turn is still paused then, a reply may begin."""
         r = await early if early is not None else None
         if r is None:  # no early transcript, or a final transcript of another session stopped it
             r = await self._transcribe(turn, audio)
-        td = self.session.cfg.turn_detection  # (r is None if one up to a later pause replaced it while queued)
-        if (r is not None and td is not None and td.semantic and self.detector is not None
-                and self.detector.pause_ms == pause and self.turn is turn):
-            for _kind, ms in self.detector.finish_pause(transcript_finished(r.text)):
-                await self._speech_stopped(ms)
+        if r is not None and self.detector is not None and self.detector.pause_ms == pause and self.turn is turn:
+            if (td := self.session.cfg.turn_detection) is not None and td.semantic:
+                for _kind, ms in self.detector.finish_pause(transcript_finished(r.text)):
+                    await self._speech_stopped(ms)
+            if self.turn is turn:  # still paused: the reply to the turn so far can begin before the pause ends it
+                self.session.ahead.speculate(turn.item_id, turn.full(r.text))
         return r
 
     async def _final(self, turn: Turn, item: Item, audio: np.ndarray, auto: bool, early: asyncio.Task | None):
@@ -398,6 +398,7 @@ class InputTurns:
 
 async def failed(session, item: Item, message: str, code: str):
     """The transcript of `item` failed: the session is told (and the item is incomplete)."""
+    session.ahead.drop(item.id)
     item.status = "incomplete"
     await session.send(P.transcription_failed(item.id, message, code))
     await session.error(message, code, type="server_error")

@@ -84,6 +84,8 @@ def add_arguments(p):
     p.add_argument("--asr-loop-threads", type=int, default=1, help="the started server's --asr-loop-threads")
     p.add_argument("--lm-threads", type=int, default=1, help="the started server's --lm-threads")
     p.add_argument("--partial-interval", type=float, default=1.0, help="the started server's --partial-interval (0: no live deltas)")
+    p.add_argument("--no-speculative-replies", dest="speculative_replies", action="store_false",
+                   help="start the server with --no-speculative-replies (replies begun only once the turn ends)")
     p.add_argument("--long-turn", type=float, default=0.0, metavar="SECONDS",
                    help="transcription: after the sweep, one session speaks SECONDS of speech without a pause while "
                         "another speaks its utterances; records the long turn's final latency and the other's")
@@ -106,6 +108,8 @@ def _start_server(args, conversation: bool):
         cmd += ["--threads", str(args.threads)]
     cmd += ["--partial-interval", str(args.partial_interval), "--asr-loop-threads", str(args.asr_loop_threads),
             "--lm-threads", str(args.lm_threads)]
+    if not args.speculative_replies:
+        cmd.append("--no-speculative-replies")
     log = tempfile.TemporaryFile("w+")  # (a pipe nobody reads could fill up and stall the server)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 300
@@ -459,7 +463,8 @@ def run(args):
     venv = _peer_venv(args, out) if "transcription" in modes else None
     settings = (f"{args.utterances} utterances per stream, real-time pace, {CHUNK_MS} ms chunks, streams "
                 f"{'staggered' if args.stagger else 'started at once'}; turn detection: "
-                f"{', '.join(f'{k}={v}' for k, v in _turn_detection(args).items())}; cores: {os.cpu_count()}")
+                f"{', '.join(f'{k}={v}' for k, v in _turn_detection(args).items())}; cores: {os.cpu_count()}"
+                + ("" if args.speculative_replies else "; no speculative replies"))
     out.notes.append(f"bench server: {settings}")
     for mode in modes:
         conversation = mode == "conversation"

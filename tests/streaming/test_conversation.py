@@ -197,3 +197,75 @@ def test_barge_in_stops_the_response_and_truncates(server, question_pcm):
         assert answered["response"]["status"] == "completed"
         await ws.close()
     asyncio.run(asyncio.wait_for(main(), 300))
+
+
+def _spoken(tts, *parts, gap_s=0.0, tail_s=2.5):
+    """`parts` spoken by the embedded voice (seeded), `gap_s` of silence between them, pcm16 at 24 kHz."""
+    gap = np.zeros(int(24000 * gap_s), np.float32)
+    pieces = [np.zeros(4800, np.float32)]
+    for i, text in enumerate(parts):
+        pieces += ([gap] if i else []) + [np.concatenate(list(tts.synthesize(text, sample_rate=24000, seed=i)))]
+    pieces.append(np.zeros(int(24000 * tail_s), np.float32))
+    return (np.clip(np.concatenate(pieces), -1, 1) * 32767).astype("<i2").tobytes()
+
+
+async def _speak_paced(ws, pcm: bytes):
+    """Send `pcm` (pcm16, 24 kHz) at real-time pace, 100 ms a chunk."""
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    for k, i in enumerate(range(0, len(pcm), 4800)):
+        await asyncio.sleep(max(0.0, t0 + k * 0.1 - loop.time()))
+        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[i: i + 4800]).decode()}))
+
+
+def _turn(server, pcm, silence_ms):
+    """One spoken turn in a new conversation session -> (events up to response.done, the engine's speculation
+    counters' increase: begun, taken over)."""
+    m = server.engine.metrics
+
+    async def main():
+        ws = await _conn(server)
+        await ws.send(json.dumps({"type": "session.update", "session": {
+            "instructions": "You are a helpful assistant. Answer in one short sentence.",
+            "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": silence_ms}}}}}))
+        await _until(ws, "session.updated")
+        sender = asyncio.create_task(_speak_paced(ws, pcm))
+        done, seen = await _until(ws, "response.done", timeout=180)
+        await sender
+        await ws.close()
+        return seen
+    before = m.replies_speculated, m.replies_speculation_used
+    seen = asyncio.run(asyncio.wait_for(main(), 240))
+    return seen, (m.replies_speculated - before[0], m.replies_speculation_used - before[1])
+
+
+def test_the_reply_begun_in_the_final_pause_is_the_response(server, tts, asr):
+    """The pause that ends the turn (1.2 s) is long enough for its transcript and a reply to it to begin
+    before it ends: the response takes that reply over, with the usual events in the usual order."""
+    seen, (begun, used) = _turn(server, _spoken(tts, QUESTION), 1200)
+    assert (begun, used) == (1, 1)
+    types = [e["type"] for e in seen]
+    assert types.index("conversation.item.input_audio_transcription.completed") < types.index("response.created")
+    user = next(e["transcript"] for e in seen if e["type"] == "conversation.item.input_audio_transcription.completed")
+    assert wer(QUESTION, user) <= 0.2, user
+    done = seen[-1]["response"]
+    assert done["status"] == "completed"
+    answer = done["output"][0]["content"][0]["transcript"]
+    assert "tokyo" in answer.lower(), answer
+    pcm = np.concatenate([np.frombuffer(base64.b64decode(e["delta"]), "<i2") for e in seen
+                          if e["type"] == "response.output_audio.delta"]).astype(np.float32) / 32768
+    assert wer(answer, asr.transcribe(pcm, 24000).text) <= 0.35
+
+
+def test_speech_after_a_pause_drops_the_reply_begun_in_it(server, tts):
+    """A 1-s pause inside a turn (2.5 s ends one) begins a reply to the question so far; speech resuming
+    drops it, and the one response answers the whole turn (the reply begun in the final pause, which
+    answered the final transcript: a reply is only taken over for the very messages it answered)."""
+    pcm = _spoken(tts, "What is the capital of Japan?", "Answer with one word.", gap_s=1.0)
+    seen, (begun, used) = _turn(server, pcm, 2500)
+    assert (begun, used) == (2, 1)
+    assert [e["type"] for e in seen].count("response.created") == 1
+    user = next(e["transcript"] for e in seen if e["type"] == "conversation.item.input_audio_transcription.completed")
+    assert wer("What is the capital of Japan? Answer with one word.", user) <= 0.2, user
+    answer = seen[-1]["response"]["output"][0]["content"][0]["transcript"]
+    assert "tokyo" in answer.lower(), answer
