@@ -38,6 +38,16 @@ TABLE: dict[tuple[str, str], Choice] = {
                             "VITS exported in pieces (made on first use) RTF 0.96x Piper's, first audio 107 ms, vs "
                             "torch 1.57x / 154 ms; short sentences 0.079 vs 0.116 RTF; the same audio as torch "
                             "within 1e-4 at noise 0"),
+    # measured on an AMD EPYC Zen 4 VM (AVX-512 with BF16 and VNNI, no AMX; 2 cores), 2026-11-24
+    ("avx512", "lm"): Choice("onnxruntime", "int4", "bench lm, AMD EPYC Zen 4 (AVX-512, 2 cores): onnxruntime int4 "
+                             "134.8 tok/s at batch 1 (llama.cpp 136.7, torch int4 72.9, torch bf16 32.3) and 427.7 "
+                             "at batch 8 (llama.cpp 216.2, torch int4 188.0)"),
+    ("avx512", "asr"): Choice("onnxruntime", "int8", "bench asr, AMD EPYC Zen 4 (AVX-512, 2 cores), 58 s passage: "
+                              "onnxruntime int8 1.62 s (WER 3.2%) vs onnxruntime fp32 3.08 s, torch bf16 3.14 s, "
+                              "torch float32 4.83 s (WER 2.7%); faster-whisper int8 2.24 s (WER 1.6%) in the same run"),
+    ("avx512", "tts"): Choice("onnxruntime", None, "bench tts, AMD EPYC Zen 4 (AVX-512, 2 cores), 30 words: "
+                              "onnxruntime RTF 1.00x Piper's, first audio 116 ms (0.26x Piper's) vs torch 1.61x / "
+                              "145 ms; 5 words 1.34x Piper's RTF (torch 1.89x)"),
 }
 
 
