@@ -23,6 +23,8 @@ class Metrics:
     finals_superseded: int = 0  # queued transcripts of a turn up to a pause, replaced by one up to a later pause
     replies_speculated: int = 0  # replies begun during a pause, before turn detection ended the turn
     replies_speculation_used: int = 0  # of those, the ones the turn's response took over
+    prompts_primed: int = 0  # reply prompts read up to a turn's live words while it was spoken
+    prompt_tokens_reused: int = 0  # replies' prompt positions found in the language model's cache, not read again
     turn_commits: int = 0  # stable parts of long turns committed while they were spoken (local agreement)
     stream_steps: int = 0
     step_failures: int = 0  # model steps that raised (their requests got an error)
@@ -139,6 +141,11 @@ def metrics_text(sessions: int, queue_depth: int, c: Counters, m: Metrics, repli
     page.metric("replies_speculation_used_total", "counter",
                 "Replies begun during a pause that the turn's response took over (the pause ended the turn, "
                 "with the transcript they answered).", m.replies_speculation_used)
+    page.metric("lm_prompts_primed_total", "counter",
+                "Reply prompts the language model read up to a turn's live words while it was spoken.", m.prompts_primed)
+    page.metric("lm_prompt_tokens_reused_total", "counter",
+                "Replies' prompt positions found in the language model's cache (the conversation so far, a primed "
+                "prompt), not read again.", m.prompt_tokens_reused)
     page.metric("asr_turn_commits_total", "counter",
                 "Stable parts of long turns committed while they were spoken (local agreement).", m.turn_commits)
     page.metric("asr_long_steps_total", "counter", "Windows of long turns' transcripts, one engine step each.",

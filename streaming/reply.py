@@ -15,6 +15,8 @@ from speechrt.pipelines.lm import GenerationOptions
 
 from .protocol import ResponseOptions, response_options
 
+PRIME = GenerationOptions(max_tokens=1, temperature=0.0)  # a prompt read ahead: its one token is not used
+
 
 class Segment:
     """One clause: its text and the audio chunks of it made so far (float32 at the voice's rate)."""
@@ -125,6 +127,7 @@ class Reply:
                 yield piece.text
             if piece.finish_reason is not None:
                 self.finish_reason = piece.finish_reason
+                self.engine.metrics.prompt_tokens_reused += self._lm_req.reused
                 return
 
     async def _speak(self, pieces):
@@ -201,19 +204,46 @@ class Speculator:
     def speculate(self, item_id: str, text: str) -> None:
         """Turn `item_id` is paused, with transcript `text` so far: if the pause ends the turn, its response
         will answer `text`. When the engine has time to spare, begin that reply now (nothing is sent)."""
-        s = self.session
-        td, srv = s.cfg.turn_detection, s.server
+        s, srv = self.session, self.session.server
         self.drop()
-        if not (srv.options.speculative_replies and s.cfg.type == "realtime" and td and td.create_response
-                and text.strip() and srv.conversation_ready
-                and s.response is None and not s.draining and srv.engine.has_spare_time()):
+        if not self._wanted(text):
             return
-        options = response_options({}, s.cfg)
-        messages = s.conversation.messages(options.instructions) + [{"role": "user", "content": text.strip()}]
+        options, messages = self._prompt(text)
         reply = Reply(srv, options, s.cfg.speed, s.cfg.temperature)
         reply.start(messages, s.id)
         self.speculation = Speculation(item_id, messages, s.cfg, reply)
         srv.engine.metrics.replies_speculated += 1
+
+    def prime(self, text: str) -> None:
+        """The turn being spoken has said `text` so far (the words its live transcript sent): when the engine
+        has time to spare, the language model reads the prompt of the reply to it up to there (nothing is
+        sent). When the turn ends, its reply's prompt shares those positions (the session's cache slot, by
+        key), so only the words after them, not the conversation before, are read on the reply's path."""
+        if self.speculation is None and self._wanted(text):
+            self.session.spawn(self._prime(*self._prompt(text)))
+
+    async def _prime(self, options: ResponseOptions, messages: list[dict]) -> None:
+        eng = self.session.server.engine
+        ids = await asyncio.to_thread(self.session.server.lm.encode_chat_within, messages,
+                                      eng.prompt_room(options.max_tokens))
+        if self.session.response is None and self.speculation is None:
+            eng.generate(ids, PRIME, key=self.session.id)  # (its queue gets the token nobody reads)
+            eng.metrics.prompts_primed += 1
+
+    def _wanted(self, text: str) -> bool:
+        """Is reply work worth beginning before the turn ends: a conversation session that answers turns
+        on its own, with nothing being answered now, words to answer, and an engine with time to spare."""
+        s, srv = self.session, self.session.server
+        td = s.cfg.turn_detection
+        return bool(srv.options.speculative_replies and s.cfg.type == "realtime" and td and td.create_response
+                    and text.strip() and srv.conversation_ready
+                    and s.response is None and not s.draining and srv.engine.has_spare_time())
+
+    def _prompt(self, text: str) -> tuple[ResponseOptions, list[dict]]:
+        """The response options and the chat of the reply to the open turn if it ends with `text`."""
+        s = self.session
+        options = response_options({}, s.cfg)
+        return options, s.conversation.messages(options.instructions) + [{"role": "user", "content": text.strip()}]
 
     def take(self, messages: list[dict], options: ResponseOptions) -> Reply | None:
         """The reply begun during the last pause, if it answers `messages` with the response options

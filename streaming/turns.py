@@ -233,8 +233,7 @@ class InputTurns:
         await self.session.send(P.speech_started(ms, turn.item_id))
         self.session.barge_in()
         if self.session.server.options.partial_interval > 0:
-            turn.sent = []
-            turn.live = self.session.spawn(self._live(turn))
+            turn.sent, turn.live = [], self.session.spawn(self._live(turn))
 
     async def _speech_stopped(self, ms: int):
         # the turn's state is settled before the first await: a turn may end from the append handler
@@ -312,6 +311,7 @@ class InputTurns:
     async def hypothesis(self, turn: Turn, text: str):
         if self.turn is turn and (delta := turn.agree(text)):
             await self.session.send(P.transcription_delta(turn.item_id, delta))
+            self.session.ahead.prime(" ".join(turn.sent))
 
     def _maybe_start_early(self, turn: Turn):
         """The input went quiet during a turn, but Silero has not called a pause yet (it lags the last

@@ -82,7 +82,7 @@ def add_arguments(p):
     p.add_argument("--backend", default="auto", help="the started server's --backend (default auto, as serve)")
     p.add_argument("--device", default="cpu", help="the started server's --device")
     p.add_argument("--asr-loop-threads", type=int, default=1, help="the started server's --asr-loop-threads")
-    p.add_argument("--lm-threads", type=int, default=1, help="the started server's --lm-threads")
+    p.add_argument("--lm-threads", type=int, default=0, help="the started server's --lm-threads (default 0, as serve)")
     p.add_argument("--partial-interval", type=float, default=1.0, help="the started server's --partial-interval (0: no live deltas)")
     p.add_argument("--no-speculative-replies", dest="speculative_replies", action="store_false",
                    help="start the server with --no-speculative-replies (replies begun only once the turn ends)")

@@ -14,6 +14,7 @@ from speechrt.models.wer import wer
 # The spoken question: tiny.en hears the embedded voice's "France" as "friends" in 12 of 36 decodes (6 noise
 # seeds x 2 context margins x 3 cut points, the server's trimmed-context options); "Japan" in none of them.
 QUESTION = "What is the capital of Japan?"
+INSTRUCTIONS = "You are a helpful assistant. Answer in one short sentence."
 
 
 @pytest.fixture(scope="module")
@@ -226,7 +227,7 @@ def _turn(server, pcm, silence_ms):
     async def main():
         ws = await _conn(server)
         await ws.send(json.dumps({"type": "session.update", "session": {
-            "instructions": "You are a helpful assistant. Answer in one short sentence.",
+            "instructions": INSTRUCTIONS,
             "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": silence_ms}}}}}))
         await _until(ws, "session.updated")
         sender = asyncio.create_task(_speak_paced(ws, pcm))
@@ -267,5 +268,19 @@ def test_speech_after_a_pause_drops_the_reply_begun_in_it(server, tts):
     assert [e["type"] for e in seen].count("response.created") == 1
     user = next(e["transcript"] for e in seen if e["type"] == "conversation.item.input_audio_transcription.completed")
     assert wer("What is the capital of Japan? Answer with one word.", user) <= 0.2, user
+    answer = seen[-1]["response"]["output"][0]["content"][0]["transcript"]
+    assert "tokyo" in answer.lower(), answer
+
+
+def test_the_reply_prompt_is_read_while_the_turn_is_spoken(server, tts, lm):
+    """The turn's live words prime the reply's prompt while it is spoken: the reply, the first request of a
+    new session, finds the instructions and the words so far already in the language model's cache
+    (positions reused, not read again), and answers as before."""
+    m = server.engine.metrics
+    before = m.prompts_primed, m.prompt_tokens_reused
+    seen, _ = _turn(server, _spoken(tts, QUESTION), 500)
+    assert m.prompts_primed > before[0]
+    instructions = lm.encode_chat([{"role": "system", "content": INSTRUCTIONS}])
+    assert m.prompt_tokens_reused - before[1] > len(instructions)  # and some of the question's words
     answer = seen[-1]["response"]["output"][0]["content"][0]["transcript"]
     assert "tokyo" in answer.lower(), answer
