@@ -245,11 +245,11 @@ class Engine:
         self.metrics.live_stretch = stretch
         return base * stretch
 
-    def has_spare_time(self) -> bool:
-        """Nothing waits but what is running: no final transcript, live transcript, streaming task or
-        language model work queued. Sessions start speculative work only then."""
+    def has_spare_time(self, lm: bool = True) -> bool:
+        """Nothing waits but what is running: no final transcript, live transcript, streaming task or (unless
+        not `lm`: a sequence more joins its batch) language model work queued. Speculative work starts only then."""
         with self._cv:
-            return not self._queued()
+            return not (len(self._transcripts) or self._tasks or (lm and self._lm_work()))
 
     def promote(self, key) -> bool:
         """The live transcript of `key` is now needed as a final one (see TranscriptQueue.promote)."""

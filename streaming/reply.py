@@ -206,7 +206,7 @@ class Speculator:
         will answer `text`. When the engine has time to spare, begin that reply now (nothing is sent)."""
         s, srv = self.session, self.session.server
         self.drop()
-        if not self._wanted(text):
+        if not self._wanted(text, lm=False):  # (a prompt it primed may still be in the language model's queue)
             return
         options, messages = self._prompt(text)
         reply = Reply(srv, options, s.cfg.speed, s.cfg.temperature)
@@ -230,14 +230,15 @@ class Speculator:
             eng.generate(ids, PRIME, key=self.session.id)  # (its queue gets the token nobody reads)
             eng.metrics.prompts_primed += 1
 
-    def _wanted(self, text: str) -> bool:
+    def _wanted(self, text: str, lm: bool = True) -> bool:
         """Is reply work worth beginning before the turn ends: a conversation session that answers turns
-        on its own, with nothing being answered now, words to answer, and an engine with time to spare."""
+        on its own, with nothing being answered now, words to answer, and an engine with time to spare
+        (language model work aside, unless `lm`)."""
         s, srv = self.session, self.session.server
         td = s.cfg.turn_detection
         return bool(srv.options.speculative_replies and s.cfg.type == "realtime" and td and td.create_response
                     and text.strip() and srv.conversation_ready
-                    and s.response is None and not s.draining and srv.engine.has_spare_time())
+                    and s.response is None and not s.draining and srv.engine.has_spare_time(lm))
 
     def _prompt(self, text: str) -> tuple[ResponseOptions, list[dict]]:
         """The response options and the chat of the reply to the open turn if it ends with `text`."""

@@ -130,7 +130,7 @@ def test_whisper_int8_prompt_graph():
     batch of 7 rows (an odd count, fresh random audio)."""
     import onnx
 
-    from backends.onnxruntime_asr import PROMPT_ROWS
+    from speechrt.backends.onnxruntime_asr import PROMPT_ROWS
 
     r = backends.get("onnxruntime").asr(resolve(None, "asr"), dtype="int8")
     assert r.prompt is not r.decoder and "8-bit blocks" in r.manifest.weights
@@ -209,7 +209,9 @@ def test_serve_loads_onnxruntime_models():
 
     p = argparse.ArgumentParser()
     cli_serve.add_arguments(p)
-    asr, lm, tts = cli_serve.load_models(p.parse_args(["--asr-backend", "onnxruntime", "--lm-backend", "onnxruntime"]))
+    # (the voice's backend named: `auto` picks onnxruntime for it on some CPU kinds)
+    asr, lm, tts = cli_serve.load_models(p.parse_args(["--asr-backend", "onnxruntime", "--lm-backend", "onnxruntime",
+                                                       "--tts-backend", "torch"]))
     assert (asr.info.backend, lm.info.backend, tts.info.backend) == ("onnxruntime", "onnxruntime", "torch")
     assert asr.info.format == lm.info.format == "speechrt-onnx" and lm.info.precision == "int4"
     reply = "".join(lm.chat("What is the capital of France?", max_tokens=8))

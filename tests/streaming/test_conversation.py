@@ -275,10 +275,11 @@ def test_speech_after_a_pause_drops_the_reply_begun_in_it(server, tts):
 def test_the_reply_prompt_is_read_while_the_turn_is_spoken(server, tts, lm):
     """The turn's live words prime the reply's prompt while it is spoken: the reply, the first request of a
     new session, finds the instructions and the words so far already in the language model's cache
-    (positions reused, not read again), and answers as before."""
+    (positions reused, not read again), and answers as before. (A turn of about 4 s, so that live rounds
+    agree on words before it ends even on a loaded machine.)"""
     m = server.engine.metrics
     before = m.prompts_primed, m.prompt_tokens_reused
-    seen, _ = _turn(server, _spoken(tts, QUESTION), 500)
+    seen, _ = _turn(server, _spoken(tts, "Please tell me,", QUESTION, "Answer with one word.", gap_s=0.25), 800)
     assert m.prompts_primed > before[0]
     instructions = lm.encode_chat([{"role": "system", "content": INSTRUCTIONS}])
     assert m.prompt_tokens_reused - before[1] > len(instructions)  # and some of the question's words
