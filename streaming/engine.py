@@ -249,7 +249,7 @@ class Engine:
         """Nothing waits but what is running: no final transcript, live transcript, streaming task or (unless
         not `lm`: a sequence more joins its batch) language model work queued. Speculative work starts only then."""
         with self._cv:
-            return not (len(self._transcripts) or self._tasks or (lm and self._lm_work()))
+            return not self._queued(lm)
 
     def promote(self, key) -> bool:
         """The live transcript of `key` is now needed as a final one (see TranscriptQueue.promote)."""
@@ -271,9 +271,9 @@ class Engine:
         return task, q
 
     # -- worker ----------------------------------------------------------------------------------
-    def _queued(self) -> bool:
-        """Work waits for the worker (call with the lock held)."""
-        return bool(len(self._transcripts) or self._tasks or self._lm_work())
+    def _queued(self, lm: bool = True) -> bool:
+        """Work waits for the worker (language model work only if `lm`; call with the lock held)."""
+        return bool(len(self._transcripts) or self._tasks or (lm and self._lm_work()))
 
     def _lm_work(self) -> bool:
         return self.batcher is not None and self.batcher.has_work()

@@ -204,6 +204,12 @@ class SessionConfig:
     logprobs: bool = False  # include: ["item.input_audio_transcription.logprobs"]
     word_timestamps: bool = False  # speechrt extension: transcription.speechrt_word_timestamps
 
+    @property
+    def answers_turns(self) -> bool:
+        """Does the server answer each turn turn detection ends (a conversation session with create_response)?"""
+        td = self.turn_detection
+        return self.type == "realtime" and td is not None and td.create_response
+
     def to_api(self, session_id: str) -> dict:
         td = self.turn_detection.to_api() if self.turn_detection else None
         s = {"id": session_id, "object": "realtime.session", "type": self.type, "model": self.model,

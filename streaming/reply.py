@@ -235,9 +235,7 @@ class Speculator:
         on its own, with nothing being answered now, words to answer, and an engine with time to spare
         (language model work aside, unless `lm`)."""
         s, srv = self.session, self.session.server
-        td = s.cfg.turn_detection
-        return bool(srv.options.speculative_replies and s.cfg.type == "realtime" and td and td.create_response
-                    and text.strip() and srv.conversation_ready
+        return bool(srv.options.speculative_replies and s.cfg.answers_turns and text.strip() and srv.conversation_ready
                     and s.response is None and not s.draining and srv.engine.has_spare_time(lm))
 
     def _prompt(self, text: str) -> tuple[ResponseOptions, list[dict]]:

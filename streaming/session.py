@@ -282,8 +282,7 @@ class RealtimeSession:
 
     async def user_turn_done(self, text: str):
         """A turn that turn detection ended has its transcript: answer it (conversation sessions)."""
-        td = self.cfg.turn_detection
-        if self.cfg.type == "realtime" and td and td.create_response and text.strip():
+        if self.cfg.answers_turns and text.strip():
             await self.start_response({})
 
     # -- conversation items -----------------------------------------------------------------------
