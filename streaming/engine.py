@@ -245,11 +245,12 @@ class Engine:
         self.metrics.live_stretch = stretch
         return base * stretch
 
-    def has_spare_time(self, lm: bool = True) -> bool:
-        """Nothing waits but what is running: no final transcript, live transcript, streaming task or (unless
-        not `lm`: a sequence more joins its batch) language model work queued. Speculative work starts only then."""
+    def has_spare_time(self, lm: bool = True, live: bool = True) -> bool:
+        """Nothing waits but what is running: no final transcript, streaming task, live transcript (unless not
+        `live`: they come after language model work anyway) or language model work (unless not `lm`: a sequence
+        more joins its batch) queued. Speculative work starts only then."""
         with self._cv:
-            return not self._queued(lm)
+            return not self._queued(lm, live)
 
     def promote(self, key) -> bool:
         """The live transcript of `key` is now needed as a final one (see TranscriptQueue.promote)."""
@@ -271,9 +272,11 @@ class Engine:
         return task, q
 
     # -- worker ----------------------------------------------------------------------------------
-    def _queued(self, lm: bool = True) -> bool:
-        """Work waits for the worker (language model work only if `lm`; call with the lock held)."""
-        return bool(len(self._transcripts) or self._tasks or (lm and self._lm_work()))
+    def _queued(self, lm: bool = True, live: bool = True) -> bool:
+        """Work waits for the worker (language model work only if `lm`, live transcripts only if `live`; call
+        with the lock held)."""
+        t = self._transcripts
+        return bool(t.finals or t.long or (live and t.partials) or self._tasks or (lm and self._lm_work()))
 
     def _lm_work(self) -> bool:
         return self.batcher is not None and self.batcher.has_work()

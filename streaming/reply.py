@@ -219,7 +219,7 @@ class Speculator:
         has time to spare, the language model reads the prompt of the reply to it up to there (nothing is
         sent). When the turn ends, its reply's prompt shares those positions (the session's cache slot, by
         key), so only the words after them, not the conversation before, are read on the reply's path."""
-        if self.speculation is None and self._wanted(text):
+        if self.speculation is None and self._wanted(text, live=False):  # (the turn's own live rounds queue often)
             self.session.spawn(self._prime(*self._prompt(text)))
 
     async def _prime(self, options: ResponseOptions, messages: list[dict]) -> None:
@@ -230,13 +230,13 @@ class Speculator:
             eng.generate(ids, PRIME, key=self.session.id)  # (its queue gets the token nobody reads)
             eng.metrics.prompts_primed += 1
 
-    def _wanted(self, text: str, lm: bool = True) -> bool:
+    def _wanted(self, text: str, lm: bool = True, live: bool = True) -> bool:
         """Is reply work worth beginning before the turn ends: a conversation session that answers turns
         on its own, with nothing being answered now, words to answer, and an engine with time to spare
-        (language model work aside, unless `lm`)."""
+        (see Engine.has_spare_time for `lm` and `live`)."""
         s, srv = self.session, self.session.server
         return bool(srv.options.speculative_replies and s.cfg.answers_turns and text.strip() and srv.conversation_ready
-                    and s.response is None and not s.draining and srv.engine.has_spare_time(lm))
+                    and s.response is None and not s.draining and srv.engine.has_spare_time(lm, live))
 
     def _prompt(self, text: str) -> tuple[ResponseOptions, list[dict]]:
         """The response options and the chat of the reply to the open turn if it ends with `text`."""
