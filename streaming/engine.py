@@ -10,7 +10,8 @@ and await futures (or async queues for streams). The worker takes work in priori
    is any, with a round of streaming steps (so a minute-long monologue delays no one by more than a window);
 2. steps of streaming tasks that produce audio or tokens for someone waiting (TTS chunks, language
    model tokens), round-robin, one step each, so every response keeps moving and first audio is soon;
-3. partial transcripts of turns still being spoken, batched, newest request per stream only.
+3. partial transcripts of turns still being spoken, newest request per stream only: first those that open a
+   turn's text (its first words: short audio, tens of ms), then the others, oldest first.
 
 It calls the pipelines only (speechrt.pipelines): ASR transcribe_batch, the LM's continuous batcher,
 TTS synthesis; how they use the device and the CPU's threads was chosen when they were loaded.
@@ -187,7 +188,7 @@ class Engine:
             self._cv.notify()
 
     async def transcribe(self, audio: np.ndarray, partial: bool = False, key=None, draft: list[int] | None = None,
-                         supersede: bool = False, options: TranscribeOptions = LIVE, turn=None):
+                         supersede: bool = False, options: TranscribeOptions = LIVE, turn=None, opening: bool = False):
         """Transcript (a WindowResult) of one utterance (16 kHz float32), or None. Partials with the same
         key coalesce: only the newest pending one runs, older ones resolve to None. A final drops its key's
         pending partial (made useless) and stops any running partial (a final never waits for a live
@@ -195,10 +196,11 @@ class Engine:
         the same speech; decoding checks them in one pass instead of producing them one step at a time —
         same transcript, fewer steps. `supersede` (partials): the running partial of the same key stops
         too (this one covers its audio and more). `options`: language and prompt of the session. `turn` (finals):
-        a final of the same key and turn still queued is replaced (resolves to None): one per turn waits."""
+        a final of the same key and turn still queued is replaced (resolves to None): one per turn waits.
+        `opening` (partials): a turn's first words are sought; it runs before other live transcripts."""
         loop = asyncio.get_running_loop()
         job = TranscriptJob(audio, options, loop.create_future(), loop, time.perf_counter(), key,
-                            None if partial else turn, draft)
+                            None if partial else turn, draft, opening=partial and opening)
         with self._cv:
             old = self._transcripts.submit(job, partial, supersede)
             self._cv.notify()

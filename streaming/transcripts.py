@@ -33,6 +33,8 @@ class TranscriptJob:
     draft: list[int] | None = None  # a guess of the tokens (an earlier transcript of the same speech)
     cancelled: bool = False  # a running live transcript that a final one asked to stop
     promoted: bool = False  # a live transcript whose result a final waits for: finals do not stop it
+    opening: bool = False  # a turn's first live words (none sent yet, short audio): served before other live
+    # transcripts, and not stopped by finals (finishing it costs a final tens of ms; stopping it, a round)
     steps: object = None  # a long turn's long-form transcription, one window per next() (once begun)
 
     def resolve(self, value, error: Exception | None = None) -> None:
@@ -73,7 +75,7 @@ class TranscriptQueue:
             # a final transcript never waits for a live one: the running one stops at its next step
             # (after its encoder pass at worst) and its session asks again later
             for run in self.running:
-                run.cancelled = run.cancelled or not run.promoted
+                run.cancelled = run.cancelled or not (run.promoted or run.opening)
             if job.turn is not None:
                 old += [j for j in self.finals if (j.key, j.turn) == (job.key, job.turn)]
                 self.finals = collections.deque(j for j in self.finals if j not in old)
@@ -123,10 +125,10 @@ class TranscriptQueue:
             self.long.remove(job)
 
     def take_partials(self, max_batch: int) -> list[TranscriptJob]:
-        """The oldest pending live transcripts, now running (until `done()`)."""
-        jobs = []
-        while self.partials and len(jobs) < max_batch:
-            jobs.append(self.partials.popitem(last=False)[1])
+        """The pending live transcripts that open a turn's text, then the others, oldest first; now running
+        (until `done()`)."""
+        order = sorted(self.partials.values(), key=lambda j: (not j.opening, j.submitted))[:max_batch]
+        jobs = [self.partials.pop(j.key) for j in order]
         self.running = jobs
         return jobs
 

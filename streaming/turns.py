@@ -27,6 +27,10 @@ IDLE_KEEP = RATE  # audio kept, besides the prefix padding, while no turn is ope
 # local agreement on long turns: past COMMIT_AFTER of audio not yet committed, live rounds transcribe it with
 # timestamps and commit the segments two rounds agree on that end COMMIT_MARGIN or more before its end
 COMMIT_AFTER, COMMIT_MARGIN = 12 * RATE, 3 * RATE
+# live rounds before a turn's first words: OPENING_ROUND partial intervals apart, and run before other live
+# transcripts while their audio is at most OPENING_MAX (a short encoder pass and a word or two: tens of ms)
+OPENING_ROUND, OPENING_MAX = 0.3, 2 * RATE
+OPENING_WORDS = 2  # words a turn's first hypothesis may send before a second one agrees (Turn.agree)
 
 
 class AudioBuffer:
@@ -67,12 +71,17 @@ class AudioBuffer:
 
 
 def common_prefix(a: list[str], b: list[str]) -> int:
+    """How many leading words `a` and `b` share, ignoring case and the punctuation around them (a live hypothesis
+    of "the pack," and a later "The package" share "the")."""
     n = 0
     for x, y in zip(a, b):
-        if x != y:
+        if x.lower().strip(PUNCTUATION) != y.lower().strip(PUNCTUATION):
             break
         n += 1
     return n
+
+
+PUNCTUATION = ".,!?;:\"'()[]-…"
 
 
 @dataclass(eq=False)
@@ -118,24 +127,30 @@ class Turn:
 
     def agree(self, text: str) -> str | None:
         """A new live hypothesis -> the delta to send: the words it agrees on with the previous one, past
-        those already sent."""
+        those already sent. Until some are sent, up to OPENING_WORDS of a hypothesis's words but its last (the
+        word being spoken, often cut) go out without waiting for a second one: a turn's first words come one
+        round sooner. (The first words of a hypothesis are its surest: at 0.6 s of speech, 20 of 24 clips'
+        words but the last were right, the other 4 mostly past the second word.)"""
         if self.sent is None:
             return None
         words = self.full(text).split()
         stable = common_prefix(self.heard, words)
+        if not self.sent:
+            stable = max(stable, min(OPENING_WORDS, len(words) - 1))
         delta = None
-        if stable > len(self.sent) and words[: len(self.sent)] == self.sent:
+        if stable > len(self.sent) and common_prefix(words, self.sent) == len(self.sent):
             delta = (" " if self.sent else "") + " ".join(words[len(self.sent):stable])
-            self.sent = words[:stable]
+            self.sent = self.sent + words[len(self.sent):stable]
         self.heard = words
         return delta
 
     def final_delta(self, text: str) -> str | None:
-        """The final transcript -> the delta that completes the live deltas sent (all of it if none)."""
+        """The final transcript -> the delta that completes the live deltas sent (all of it if none; none if
+        the final transcript does not begin with them)."""
         if not self.sent:
             return text or None
         words = text.split()
-        if words[: len(self.sent)] == self.sent and len(words) > len(self.sent):
+        if common_prefix(words, self.sent) == len(self.sent) and len(words) > len(self.sent):
             return " " + " ".join(words[len(self.sent):])
         return None
 
@@ -274,26 +289,26 @@ class InputTurns:
 
     # -- transcripts ------------------------------------------------------------------------------------
     async def _transcribe(self, turn: Turn, audio: np.ndarray, partial: bool = False, supersede: bool = False,
-                          live: bool = False):
+                          live: bool = False, opening: bool = False):
         """Transcribe (part of) `turn`, drafting with its latest transcript: the speech only grew since,
         so most of its tokens are checked in one decoder pass. `live`: a live transcript's options (the
         encoder over the audio only), else a final's (see session.asr_options)."""
         # keyed by session: a final transcript drops the pending live one of this session (made useless)
         opts = self.session.live_options if live else self.session.asr_options
         r = await self.engine.transcribe(audio, partial=partial, key=self.session.id, supersede=supersede,
-                                         draft=turn.draft or None, options=opts, turn=turn.item_id)
+                                         draft=turn.draft or None, options=opts, turn=turn.item_id, opening=opening)
         if r is not None and r.tokens:
             turn.draft = r.tokens
         return r
 
     async def _live(self, turn: Turn):
-        """Live transcript of the turn being spoken: re-transcribe the growing audio every `partial_interval`
-        seconds (longer while transcripts queue; the first two half that apart, so first words agree one
-        interval after the speech began, not two) and send the words two consecutive hypotheses agree on."""
-        interval = self.session.server.options.partial_interval
-        last_len, halves = 0, iter((2, 2))
+        """Live transcript of the turn being spoken: re-transcribe the growing audio every `partial_interval` s
+        (longer while transcripts queue) and send the words hypotheses agree on (Turn.agree). Until its first words
+        go out, rounds come OPENING_ROUND apart, unstretched, before other live transcripts while short (cheap)."""
+        interval, last_len = self.session.server.options.partial_interval, 0
         while True:
-            await asyncio.sleep(self.engine.live_interval(interval) / next(halves, 1))
+            opening = not turn.sent
+            await asyncio.sleep(interval * OPENING_ROUND if opening else self.engine.live_interval(interval))
             first = self._first_sample(turn)
             audio = self.buf.slice(first, self.buf.end)
             # paused: the final (begun at the pause) has the engine; quiet since the early one: it is this round's
@@ -304,7 +319,7 @@ class InputTurns:
                 last_len = len(audio) - await commit_stable(self, turn, first, audio)
                 continue
             last_len = len(audio)
-            r = await self._transcribe(turn, audio, partial=True, live=True)
+            r = await self._transcribe(turn, audio, partial=True, live=True, opening=opening and len(audio) <= OPENING_MAX)
             if r is not None:
                 await self.hypothesis(turn, r.text)
 

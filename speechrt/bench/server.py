@@ -35,6 +35,7 @@ import numpy as np
 from speechrt.bench import whisper_live
 from speechrt.bench.pacing import FINAL_WAIT_S, listen, send_paced
 from speechrt.bench.record import Record, Repeats, Results, percentile
+from speechrt.models.wer import normalize, wer
 
 SENTENCES = [
     "Please book a table for two at seven tonight.", "The package should arrive on Monday morning.",
@@ -174,7 +175,6 @@ async def _long_level(url, recs, long_rec, args):
 def _long_turn(engine, recs, args, out: Results) -> None:
     """--long-turn: the long turn's final latency and WER and the other session's finals, printed and recorded."""
     from speechrt.models.registry import resolve
-    from speechrt.models.wer import wer
 
     # every sentence once before any repeats (a text that loops would be cut as a decoding loop)
     long_rec = _long_recording(_recordings(SENTENCES), args.long_turn)
@@ -227,7 +227,7 @@ async def _stream(url, recs, idx, n_utt, turn_detection, conversation, results, 
                     await ws.send(json.dumps({"type": "input_audio_buffer.append",
                                               "audio": base64.b64encode(pcm[2 * a: 2 * b]).decode()}))
                 t_speech_start, t_speech_end = await send_paced(send, len(pcm) // 2, RATE, CHUNK_MS / 1000, (s0, s1))
-                r = {"stream": idx, "text": text}
+                r, deltas = {"stream": idx, "text": text}, []
                 t_response = None
                 while True:
                     try:
@@ -238,11 +238,13 @@ async def _stream(url, recs, idx, n_utt, turn_detection, conversation, results, 
                     et = ev["type"]
                     if et == "error":
                         raise RuntimeError(ev["error"])
-                    if et == "conversation.item.input_audio_transcription.delta" and "partial" not in r:
-                        r["partial"] = t - t_speech_start
+                    if et == "conversation.item.input_audio_transcription.delta":
+                        r.setdefault("partial", t - t_speech_start)
+                        deltas.append(ev["delta"])
                     elif et == "conversation.item.input_audio_transcription.completed":
                         r["final"] = t - t_speech_end
                         r["transcript"] = ev["transcript"]
+                        r["live_consistent"] = normalize("".join(deltas)) == normalize(ev["transcript"])
                         if not conversation:
                             break
                     elif et == "response.created":
@@ -266,24 +268,36 @@ def _delays(recs, n, conversation, stagger) -> list[float]:
 
 
 async def _level(url, recs, n, args, conversation):
+    """n streams, each speaking _utterances(): so each level's WER has the same utterances spoken alone to compare
+    with (_summary's wer_alone)."""
     results: list = []
     delays = _delays(recs, n, conversation, args.stagger)
-    await asyncio.gather(*(_stream(url, recs, i, args.utterances, _turn_detection(args), conversation, results,
-                                   delays[i]) for i in range(n)))
+    utterances, td = _utterances(args, recs, n), _turn_detection(args)
+    await asyncio.gather(*(_stream(url, recs, i, utterances, td, conversation, results, delays[i]) for i in range(n)))
     return results
 
 
-def _summary(n, results, conversation) -> dict:
-    """One level: p50/p95 of each latency over its utterances (None where none had it), the utterances
-    that got no final transcript, the word error rate."""
-    from speechrt.models.wer import wer
+def _utterances(args, recs, n) -> int:
+    """Utterances per stream at level n: a single stream speaks every recording (at least --utterances)."""
+    return max(args.utterances, len(recs)) if n == 1 else args.utterances
 
+
+def _summary(n, results, conversation, alone: dict | None = None) -> dict:
+    """One level: p50/p95 of each latency over its utterances (None where none had it), the utterances
+    that got no final transcript, the word error rate, and (given `alone`, the single-stream level's row) the
+    word error rate of the same utterances spoken alone; how many utterances' live deltas did not add up to
+    their final transcript (words sent live that the final transcript does not begin with)."""
     row = {"streams": n, "utterances": len(results), "lost": sum("final" not in r for r in results)}
     for key in KEYS if conversation else KEYS[:2]:
         xs = [r[key] for r in results if key in r]
         row[key] = {"p50": percentile(xs, 0.5) if xs else None, "p95": percentile(xs, 0.95) if xs else None,
                     "samples": xs}
-    row["wer"] = wer([r["text"] for r in results], [r.get("transcript", "") for r in results])
+    row["pairs"] = [(r["text"], r.get("transcript", "")) for r in results]
+    row["wer"] = wer([t for t, _ in row["pairs"]], [h for _, h in row["pairs"]])
+    heard = dict(alone["pairs"]) if alone else {}
+    if alone and all(t in heard for t, _ in row["pairs"]):
+        row["wer_alone"] = wer([t for t, _ in row["pairs"]], [heard[t] for t, _ in row["pairs"]])
+    row["live_inconsistent"] = sum(r.get("live_consistent") is False for r in results)
     row["ok"] = row["lost"] == 0 and row["final"]["p95"] is not None and row["final"]["p95"] <= BOUND_S
     return row
 
@@ -295,7 +309,9 @@ def _print(name, row, conversation):
     if conversation:
         line += f"  {f(row['first_audio'])}  {f(row['v2v'])}"
     lost = f"  ({row['lost']} without a final)" if row["lost"] else ""
-    print(line + f"  {100 * row['wer']:5.1f}%" + lost, flush=True)
+    alone = f" (alone {100 * row['wer_alone']:.1f}%)" if "wer_alone" in row and row["streams"] > 1 else ""
+    live = f"  {row['live_inconsistent']} with live text unlike the final" if row.get("live_inconsistent") else ""
+    print(line + f"  {100 * row['wer']:5.1f}%" + alone + lost + live, flush=True)
 
 
 def _also_urls(args) -> list[tuple[str, str]]:
@@ -370,7 +386,8 @@ class _WhisperLive:
 
     def level(self, recs, n):
         delays = _delays(recs, n, False, self.args.stagger)
-        return asyncio.run(whisper_live.level(self.url, str(self.model_dir), recs, n, self.args.utterances, delays))
+        return asyncio.run(whisper_live.level(self.url, str(self.model_dir), recs, n, _utterances(self.args, recs, n),
+                                               delays))
 
     def close(self):
         self.server.close()
@@ -413,6 +430,11 @@ def _records(engine, mode, rows, peer_label, levels) -> list[Record]:
             out += [Record(metric=f"{key}_{q}_s", unit="s", value=d[q], better="lower", repeats=rep, **common)
                     for q in ("p50", "p95")]
         out.append(Record(metric="wer", unit="%", value=100 * row["wer"], better="", **common))
+        if "wer_alone" in row:
+            out.append(Record(metric="wer_same_utterances_alone", unit="%", value=100 * row["wer_alone"], better="",
+                              **common))
+        out.append(Record(metric="live_text_unlike_final", unit="utterances", value=row["live_inconsistent"],
+                          better="lower", **common))
     if rows:
         best = max([r["streams"] for r in rows if r["ok"]], default=0)
         out.append(Record(family="server", model=model, engine=engine.name, backend=engine.backend,
@@ -431,7 +453,7 @@ def _sweep(engines, recs, levels, conversation, keep_going, out: Results) -> dic
     for n in levels:
         for e in list(active):
             try:
-                row = _summary(n, e.level(recs, n), conversation)
+                row = _summary(n, e.level(recs, n), conversation, next((r for r in rows[e.name] if r["streams"] == 1), None))
             except (OSError, RuntimeError, asyncio.TimeoutError) as ex:
                 if e.name == "speechrt":
                     raise

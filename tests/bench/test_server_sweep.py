@@ -43,6 +43,28 @@ def test_sweep_against_speechrt(bench, tmp_path):
     assert {x.backend for x in rows} == {auto.backend}
     assert {x.precision for x in rows} <= ({auto.dtype} if auto.dtype else {"float32", "bfloat16"})
     assert "highest level with p95 final-transcript latency <= 1 s" in r.stdout
+    by = {(x.params.get("streams"), x.metric): x for x in rows}
+    # the single stream spoke every recording (3), so level 2's utterances have their WER alone beside
+    assert by[(1, "wer")].params["utterances"] == 3 and (2, "wer_same_utterances_alone") in by
+    assert 0 <= by[(2, "live_text_unlike_final")].value <= by[(2, "wer")].params["utterances"]
+
+
+def test_level_summary_compares_the_same_utterances_alone():
+    """_summary: the WER of a level's utterances as the single stream heard them, and the utterances whose
+    live deltas did not add up to their final transcript."""
+    from speechrt.bench.server import _summary
+
+    alone = _summary(1, [{"text": "turn off the lights", "transcript": "Turn off the lights.", "final": 0.2},
+                         {"text": "add milk and eggs", "transcript": "And no can eggs.", "final": 0.3}], False)
+    assert alone["wer"] == 3 / 8 and alone["live_inconsistent"] == 0
+    loaded = [{"text": "add milk and eggs", "transcript": "And milk and eggs.", "final": 0.5, "partial": 0.9,
+               "live_consistent": False},
+              {"text": "add milk and eggs", "transcript": "And no can eggs.", "final": 0.6, "live_consistent": True}]
+    row = _summary(2, loaded, False, alone)
+    assert row["wer"] == 4 / 8 and row["wer_alone"] == 6 / 8  # alone, both were "And no can eggs."
+    assert row["live_inconsistent"] == 1 and row["partial"]["samples"] == [0.9]
+    stranger = _summary(2, [{"text": "a sentence alone never spoke", "transcript": "", "final": 1.0}], False, alone)
+    assert "wer_alone" not in stranger and stranger["wer"] == 1.0
 
 
 def test_streams_must_be_positive(bench):

@@ -239,6 +239,57 @@ def test_promoted_and_superseded_partials(asr, synth):
     assert old is None and new is not None and new.text == final.text and cancelled == 1
 
 
+def test_opening_partials_go_first_and_finals_do_not_stop_them(asr, synth):
+    """A live transcript that opens a turn's text (opening=True) runs before live transcripts queued earlier,
+    and a final transcript arriving while it runs does not stop it (its audio is short)."""
+    from speechrt.streaming.engine import Fault
+
+    speech = synth("The museum opens at nine and closes at five on weekdays.")
+    short = speech[: len(speech) // 3]
+
+    async def main():
+        async with warm_engine(asr) as eng:
+            eng.faults.add(Fault("asr", stall_s=1.0))  # the worker holds its first step, so the rest queue
+            busy = asyncio.ensure_future(eng.transcribe(speech, key="busy"))
+            while eng.stalled_for() == 0:
+                await asyncio.sleep(0.002)
+            order = []
+            old = asyncio.ensure_future(eng.transcribe(short, partial=True, key="old"))
+            new = asyncio.ensure_future(eng.transcribe(short, partial=True, key="new", opening=True))
+            for name, fut in (("old", old), ("new", new)):
+                fut.add_done_callback(lambda _f, n=name: order.append(n))
+            await busy
+            while "new" not in eng.running_keys():
+                await asyncio.sleep(0.002)
+            final = await eng.transcribe(speech, key="other")  # stops running live transcripts, not this one
+            return order, await new, await old, final, eng.metrics.asr_cancelled
+
+    order, new, old, final, cancelled = asyncio.run(main())
+    assert order == ["new", "old"]
+    assert new is not None and new.text and new.text == old.text and cancelled == 0
+    assert "museum" in final.text.lower()
+
+
+def test_live_text_opens_with_one_hypothesis_then_follows_agreement():
+    """Turn.agree: until words are sent, a hypothesis's words but its last (OPENING_WORDS at most) go out; then
+    only words two hypotheses agree on, compared without case or punctuation; the final transcript completes
+    the live text if it begins with it."""
+    from speechrt.streaming.turns import OPENING_WORDS, Turn
+
+    assert OPENING_WORDS == 2
+    t = Turn("item", 0, sent=[])
+    assert t.agree("Please") is None  # one word: the one being spoken
+    assert t.agree("Please book a tab-") == "Please book"
+    assert t.agree("please book a table,") == " a"  # "tab-" and "table," differ
+    assert t.agree("Please book a table for two") == " table"
+    assert t.final_delta("Please book a table for two at seven.") == " for two at seven."
+    assert t.sent == ["Please", "book", "a", "table"]
+    u = Turn("item", 0, sent=[])
+    assert u.agree("The pack, the") == "The pack,"
+    assert u.agree("A package") is None and u.final_delta("A package should arrive.") is None  # unlike the live text
+    assert Turn("item", 0).agree("Words") is None  # a session without live deltas
+
+
 def test_a_later_pause_replaces_the_turns_queued_final(asr, synth):
     """A final transcript of a turn (up to a pause) still queued when one of the same turn arrives (up to a
     later pause) is replaced: it resolves to None and only the newer one runs. A queued final of the
