@@ -244,7 +244,8 @@ async def _stream(url, recs, idx, n_utt, turn_detection, conversation, results, 
                     elif et == "conversation.item.input_audio_transcription.completed":
                         r["final"] = t - t_speech_end
                         r["transcript"] = ev["transcript"]
-                        r["live_consistent"] = normalize("".join(deltas)) == normalize(ev["transcript"])
+                        r["live_text"] = "".join(deltas)
+                        r["live_consistent"] = normalize(r["live_text"]) == normalize(ev["transcript"])
                         if not conversation:
                             break
                     elif et == "response.created":
