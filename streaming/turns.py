@@ -129,8 +129,9 @@ class Turn:
         """A new live hypothesis -> the delta to send: the words it agrees on with the previous one, past
         those already sent. Until some are sent, a hypothesis of two words or more sends its first OPENING_WORDS
         without waiting for a second one: a turn's first word comes one round sooner. (A hypothesis's first word
-        is its surest: at 0.6 s of speech, 24 clips' words but the last were wrong in 4, never in the first
-        word; 2 words went out wrong in 2 of 24 turns at 8 streams: "the concept", "Please but".)"""
+        is its surest: at 0.6 s of speech, 24 clips' words but the last were wrong in 4, the first word only
+        where the final transcript is wrong too, "and" for "Add"; two words went out wrong in 2 of 24 turns at
+        8 streams: "the concept", "Please but".)"""
         if self.sent is None:
             return None
         words = self.full(text).split()
