@@ -294,10 +294,11 @@ def _summary(n, results, conversation, alone: dict | None = None) -> dict:
         row[key] = {"p50": percentile(xs, 0.5) if xs else None, "p95": percentile(xs, 0.95) if xs else None,
                     "samples": xs}
     row["pairs"] = [(r["text"], r.get("transcript", "")) for r in results]
-    row["wer"] = wer([t for t, _ in row["pairs"]], [h for _, h in row["pairs"]])
+    refs = [t for t, _ in row["pairs"]]
+    row["wer"] = wer(refs, [h for _, h in row["pairs"]])
     heard = dict(alone["pairs"]) if alone else {}
-    if alone and all(t in heard for t, _ in row["pairs"]):
-        row["wer_alone"] = wer([t for t, _ in row["pairs"]], [heard[t] for t, _ in row["pairs"]])
+    if alone and all(t in heard for t in refs):
+        row["wer_alone"] = wer(refs, [heard[t] for t in refs])
     row["live_inconsistent"] = sum(r.get("live_consistent") is False for r in results)
     row["ok"] = row["lost"] == 0 and row["final"]["p95"] is not None and row["final"]["p95"] <= BOUND_S
     return row
@@ -454,7 +455,8 @@ def _sweep(engines, recs, levels, conversation, keep_going, out: Results) -> dic
     for n in levels:
         for e in list(active):
             try:
-                row = _summary(n, e.level(recs, n), conversation, next((r for r in rows[e.name] if r["streams"] == 1), None))
+                alone = next((r for r in rows[e.name] if r["streams"] == 1), None)
+                row = _summary(n, e.level(recs, n), conversation, alone)
             except (OSError, RuntimeError, asyncio.TimeoutError) as ex:
                 if e.name == "speechrt":
                     raise

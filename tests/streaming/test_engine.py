@@ -23,6 +23,18 @@ def lm():
     return speechrt.load_lm()
 
 
+async def hold_worker(eng, audio, seconds: float, key) -> asyncio.Future:
+    """Start a final transcript of `audio` whose step the worker holds for `seconds` first (an injected stall),
+    so that what is submitted meanwhile queues -> its future, once the worker is in that step."""
+    from speechrt.streaming.engine import Fault
+
+    eng.faults.add(Fault("asr", stall_s=seconds))
+    busy = asyncio.ensure_future(eng.transcribe(audio, key=key))
+    while eng.stalled_for() == 0:
+        await asyncio.sleep(0.002)
+    return busy
+
+
 @contextlib.asynccontextmanager
 async def warm_engine(asr):
     """A started Engine over `asr`, once its warm-up has run (so the test times the real work); stopped after."""
@@ -242,17 +254,12 @@ def test_promoted_and_superseded_partials(asr, synth):
 def test_opening_partials_go_first_and_finals_do_not_stop_them(asr, synth):
     """A live transcript that opens a turn's text (opening=True) runs before live transcripts queued earlier,
     and a final transcript arriving while it runs does not stop it (its audio is short)."""
-    from speechrt.streaming.engine import Fault
-
     speech = synth("The museum opens at nine and closes at five on weekdays.")
     short = speech[: len(speech) // 3]
 
     async def main():
         async with warm_engine(asr) as eng:
-            eng.faults.add(Fault("asr", stall_s=1.0))  # the worker holds its first step, so the rest queue
-            busy = asyncio.ensure_future(eng.transcribe(speech, key="busy"))
-            while eng.stalled_for() == 0:
-                await asyncio.sleep(0.002)
+            busy = await hold_worker(eng, speech, 1.0, "busy")
             order = []
             old = asyncio.ensure_future(eng.transcribe(short, partial=True, key="old"))
             # (the whole sentence: long enough to be seen running)
@@ -296,17 +303,12 @@ def test_a_later_pause_replaces_the_turns_queued_final(asr, synth):
     """A final transcript of a turn (up to a pause) still queued when one of the same turn arrives (up to a
     later pause) is replaced: it resolves to None and only the newer one runs. A queued final of the
     session's previous turn stays (its transcript is still owed)."""
-    from speechrt.streaming.engine import Fault
-
     speech = synth("The museum opens at nine and closes at five on weekdays.")
     short = speech[: len(speech) // 2]
 
     async def main():
         async with warm_engine(asr) as eng:
-            eng.faults.add(Fault("asr", stall_s=2.0))  # the worker holds its first step, so the rest queue
-            busy = asyncio.ensure_future(eng.transcribe(speech, key="other"))
-            while eng.stalled_for() == 0:
-                await asyncio.sleep(0.002)
+            busy = await hold_worker(eng, speech, 2.0, "other")
             previous = asyncio.ensure_future(eng.transcribe(short, key="s", turn="t0"))
             first = asyncio.ensure_future(eng.transcribe(short, key="s", turn="t1"))
             await asyncio.sleep(0)
