@@ -194,9 +194,9 @@ class Engine:
         pending partial (made useless) and stops any running partial but one that opens a turn's text (a final
         waits for no live transcript but a short one); both resolve to None. `draft`: the tokens of an earlier
         transcript of (the start of) the same speech; decoding checks them in one pass instead of producing them
-        one step at a time — same transcript, fewer steps. `supersede` (partials): the running partial of the same key stops
-        too (this one covers its audio and more). `options`: language and prompt of the session. `turn` (finals):
-        a final of the same key and turn still queued is replaced (resolves to None): one per turn waits.
+        one step at a time — same transcript, fewer steps. `supersede` (partials): the running partial of the same
+        key stops too (this one covers its audio and more). `options`: language and prompt of the session. `turn`
+        (finals): a final of the same key and turn still queued is replaced (resolves to None): one per turn waits.
         `opening` (partials): a turn's first words are sought; it runs before other live transcripts."""
         loop = asyncio.get_running_loop()
         job = TranscriptJob(audio, options, loop.create_future(), loop, time.perf_counter(), key,

@@ -70,6 +70,9 @@ class AudioBuffer:
         self.drop_until(self.end)
 
 
+PUNCTUATION = ".,!?;:\"'()[]-…"  # stripped from words' ends when live hypotheses are compared
+
+
 def common_prefix(a: list[str], b: list[str]) -> int:
     """How many leading words `a` and `b` share, ignoring case and the punctuation around them (a live hypothesis
     of "the pack," and a later "The package" share "the")."""
@@ -79,9 +82,6 @@ def common_prefix(a: list[str], b: list[str]) -> int:
             break
         n += 1
     return n
-
-
-PUNCTUATION = ".,!?;:\"'()[]-…"
 
 
 @dataclass(eq=False)
