@@ -46,7 +46,9 @@ SERIAL = ("tests/reliability/", "tests/streaming/test_demo_page.py", "tests/benc
           "tests/streaming/test_transcription_server.py::test_graceful_shutdown",
           "tests/streaming/test_engine.py::test_promoted_and_superseded_partials",
           "tests/streaming/test_engine.py::test_final_transcript_stops_the_sessions_running_partial",
-          "tests/streaming/test_engine.py::test_opening_partials_go_first_and_finals_do_not_stop_them")
+          "tests/streaming/test_engine.py::test_opening_partials_go_first_and_finals_do_not_stop_them",
+          # live rounds must agree on words before the turn ends: too slow beside another worker (CI, once)
+          "tests/streaming/test_conversation.py::test_the_reply_prompt_is_read_while_the_turn_is_spoken")
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # two workers on two cores: one intra-op thread each (OpenMP barriers of two-thread regions stall

@@ -21,6 +21,7 @@ from speechrt.models.audio import (CHUNK_LENGTH, HOP_LENGTH, N_FRAMES, SAMPLE_RA
 from speechrt.models.registry import resolve
 from speechrt.models.whisper_tokenizer import WhisperTokenizer
 
+from .generation import whole_repeat_period
 from .speech_regions import SpeechMap, VadOptions, hop_levels_db, is_quiet, speech_timestamps
 from .whisper_decoding import (TranscribeOptions, TranscriptionCancelled, Transcript, WindowDecoder, WindowResult,
                                decode_utterances, long_form_steps, timed_segments)
@@ -30,6 +31,9 @@ OPTION_NAMES = frozenset(f.name for f in fields(TranscribeOptions))
 MULTILINGUAL = ("a multilingual Whisper model (a Hugging Face or CTranslate2 directory, or an openai-whisper .pt, of "
                 "tiny, base, small, medium or large: not the .en ones)")
 MAX_UTTERANCE_SAMPLES = N_FRAMES * HOP_LENGTH  # one 30-second window
+# characters a second (spaces and punctuation counted) that no one speaks at: conversational English is
+# about 14, fast speech 20; a transcript faster than this over its whole audio was not all said
+MAX_CHARS_PER_S = 25.0
 TRIM_STEP = 32  # trimmed windows are a multiple of this many mel frames (fewer shapes for kernels and allocator)
 
 __all__ = ["ASRPipeline", "load_asr", "TranscribeOptions", "Transcript", "WindowResult", "TranscriptionCancelled",
@@ -189,7 +193,11 @@ class ASRPipeline:
                 margin = round(opts.trim_margin * SAMPLE_RATE / HOP_LENGTH)
                 frames = [min(N_FRAMES, len(a) // HOP_LENGTH + margin) for a in audios]
                 mels = mels[:, :, : -(-max(frames) // TRIM_STEP) * TRIM_STEP]
-            return decode_utterances(self.decoder, mels, opts, drafts, stop, frames)
+            out = decode_utterances(self.decoder, mels, opts, drafts, stop, frames)
+        if opts.stop_repeats:
+            for res, a in zip(out, audios):
+                cut_repeat_said_too_fast(res, self.tokenizer, len(a) / SAMPLE_RATE)
+        return out
 
     def closed_segments(self, result: WindowResult) -> list[tuple[float, float, str]]:
         """The segments of a transcript made with timestamps that two consecutive timestamps close:
@@ -231,6 +239,19 @@ class ASRPipeline:
         opts = TranscribeOptions(without_timestamps=True, silence_level_db=None)  # faint noise, decoded anyway
         first = self.transcribe_batch([noise], opts)[0]
         self.transcribe_batch([noise], opts, drafts=[first.tokens or [0]])
+
+
+def cut_repeat_said_too_fast(res: WindowResult, tok: WhisperTokenizer, seconds: float) -> bool:
+    """A greedy loop that ended by itself after two copies ("Close the windows. Close the windows." over
+    two seconds) is one stop_repeats does not see: if the whole transcript is one span said two or more
+    times, faster than anyone speaks over the `seconds` of its audio, keep one copy -> True. A repeat
+    really said takes its time, and stays."""
+    period = whole_repeat_period(res.tokens)
+    if not period or len(res.text) <= MAX_CHARS_PER_S * seconds:
+        return False
+    res.tokens = res.tokens[:period]
+    res.text = tok.decode(res.tokens).strip()
+    return True
 
 
 def load_asr(model: str | Path | None = None, backend: str = "torch", device: str = "cpu", dtype: str | None = None,

@@ -179,6 +179,16 @@ def repeating(tokens: list[int], times: int) -> bool:
     return repeat_period(tokens, times) > 0
 
 
+def whole_repeat_period(tokens: list[int]) -> int:
+    """The length of the shortest span that the whole of `tokens` is two or more copies of, back to back;
+    0 if there is none."""
+    n = len(tokens)
+    for period in range(1, n // 2 + 1):
+        if n % period == 0 and tokens == tokens[:period] * (n // period):
+            return period
+    return 0
+
+
 def check_prompts(prompts: Sequence[Sequence[int]], vocab: int, max_len: int) -> None:
     if not prompts:
         raise GenerationError("no prompts given")

@@ -53,7 +53,8 @@ class TranscribeOptions:
     trim_context: bool = False
     trim_margin: float = 1.0
     # batches of utterances: a row whose text ends with one span repeated this many times stops there,
-    # keeping one copy (a greedy loop, "Turn off the lights... Turn off the lights..."); 0: off
+    # keeping one copy (a greedy loop, "Turn off the lights... Turn off the lights..."); and (transcribe_batch)
+    # a whole text of two or more copies said faster than anyone speaks keeps one; 0: off
     stop_repeats: int = 0
     seed: int = 0
     # long-form: each segment's words with their start/end (cross-attention alignment, see whisper_timing)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from speechrt.errors import UserError
-from speechrt.pipelines.asr import TranscribeOptions
+from speechrt.pipelines.asr import TranscribeOptions, WindowResult, cut_repeat_said_too_fast
 
 SPEECH = "The museum opens at nine and closes at five on weekdays."
 PROMPT = "Opening hours of the city museum, nine to five."
@@ -46,9 +46,32 @@ def test_trimmed_context_is_batch_independent_and_drafts_still_check(asr, synth)
     alone = asr.transcribe_batch([short], opts)[0]
     both = asr.transcribe_batch([short, long_], opts)
     assert both[0].tokens == alone.tokens and "lights" in alone.text.lower()
-    assert "museum" in both[1].text.lower()
+    assert both[1].text.lower().count("museum") == 2  # said twice, at a speaker's pace: both copies stay
     drafted = asr.transcribe_batch([short, long_], opts, [alone.tokens[:2], both[1].tokens[:5] + [11]])
     assert [d.tokens for d in drafted] == [b.tokens for b in both]
     assert both[0].text.count("lights") == 1  # this one loops: "Turn off the lights... Turn off the lights..."
     looped = asr.transcribe_batch([short], TranscribeOptions(without_timestamps=True, trim_context=True))[0]
     assert looped.text.count("lights") > 3 and looped.tokens[:len(alone.tokens)] == alone.tokens
+
+
+def test_a_repeat_said_faster_than_anyone_speaks_keeps_one_copy(asr):
+    """A greedy loop that ends by itself after two copies (seen in a batch of eight server finals: "Please
+    remember to close the windows." twice over a 2.3-s cut) keeps one copy; the same text over audio long
+    enough to have said it twice, a text that is not all copies, and a short span said over a short cut
+    stay as they are."""
+    tok = asr.tokenizer
+    once = " Please remember to close the windows."
+
+    def result(text):
+        return WindowResult(tok.encode(text), text.strip(), -0.1, 0.01, 0.0, 1.0)
+
+    doubled = result(once * 2)
+    assert cut_repeat_said_too_fast(doubled, tok, 2.32)
+    assert doubled.text == once.strip() and doubled.tokens == tok.encode(once)
+    thrice = result(once * 3)
+    assert cut_repeat_said_too_fast(thrice, tok, 3.0) and thrice.text == once.strip()
+    for text, seconds in [(once * 2, 4.5), (once + " Please remember to close the door.", 2.32),
+                          (" No. No.", 0.5), (once, 1.0)]:
+        res = result(text)
+        assert not cut_repeat_said_too_fast(res, tok, seconds), text
+        assert res.text == text.strip() and res.tokens == tok.encode(text)
