@@ -148,6 +148,10 @@ class Engine:
     def warming(self) -> bool:
         return not self._ready.is_set()
 
+    def wait_warm(self, timeout: float) -> bool:
+        """Block until the worker has warmed the models up (True), or `timeout` seconds passed (False)."""
+        return self._ready.wait(timeout)
+
     def running_keys(self) -> list:
         """Keys of the live transcripts being computed now."""
         with self._cv:

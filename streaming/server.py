@@ -28,6 +28,7 @@ from .session import RealtimeSession
 from .vad import SileroVAD
 
 log = logging.getLogger(__name__)
+WARM_UP_TIMEOUT_S = 300  # start() waits this long at most for the engine to warm the models up
 
 
 def started_pool(n: int, prefix: str) -> ThreadPoolExecutor:
@@ -162,9 +163,13 @@ class SpeechServer:
 
     # -- lifecycle --------------------------------------------------------------------------------------
     async def start(self, listen: bool = True) -> "SpeechServer":
-        """Start the engine and the idle watchdog; with `listen`, also serve build_app on options.host:port
-        (without it another ASGI server serves the app: Ray Serve's ingress, streaming/scale.py)."""
+        """Start the engine (returning once it has warmed the models up) and the idle watchdog; with `listen`,
+        also serve build_app on options.host:port (without it another ASGI server serves the app: Ray Serve's
+        ingress, streaming/scale.py)."""
         self.engine.start()
+        # ready means warm: a first session's turns do not wait behind the models' first runs
+        if not await asyncio.to_thread(self.engine.wait_warm, WARM_UP_TIMEOUT_S):
+            log.warning("the engine has not warmed up in %d s; serving anyway", WARM_UP_TIMEOUT_S)
         self._watchdog = asyncio.create_task(self._watch_idle())
         if not listen:
             return self

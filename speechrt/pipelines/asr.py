@@ -236,7 +236,9 @@ class ASRPipeline:
         """Run the model once on this thread: the first call in a thread pays for its thread pool, kernel
         choices and allocations."""
         noise = np.random.default_rng(0).standard_normal(SAMPLE_RATE).astype(np.float32) * 1e-3
-        opts = TranscribeOptions(without_timestamps=True, silence_level_db=None)  # faint noise, decoded anyway
+        # faint noise, decoded anyway, over the trimmed window the server's transcripts use (a whole 30-s window
+        # twice took 1.6 s on the torch runner: a server's first turns waited behind it)
+        opts = TranscribeOptions(without_timestamps=True, silence_level_db=None, trim_context=True)
         first = self.transcribe_batch([noise], opts)[0]
         self.transcribe_batch([noise], opts, drafts=[first.tokens or [0]])
 
