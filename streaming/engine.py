@@ -144,10 +144,6 @@ class Engine:
             self._cv.notify()
         self._thread.join(timeout=10)
 
-    @property
-    def warming(self) -> bool:
-        return not self._ready.is_set()
-
     def wait_warm(self, timeout: float) -> bool:
         """Block until the worker has warmed the models up (True), or `timeout` seconds passed (False)."""
         return self._ready.wait(timeout)

@@ -43,8 +43,7 @@ async def warm_engine(asr):
     eng = Engine(asr)
     eng.start()
     try:
-        while eng.warming:
-            await asyncio.sleep(0.05)
+        assert await asyncio.to_thread(eng.wait_warm, 120)
         yield eng
     finally:
         eng.stop()
