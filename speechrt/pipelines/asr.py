@@ -22,7 +22,7 @@ from speechrt.models.registry import resolve
 from speechrt.models.whisper_tokenizer import WhisperTokenizer
 
 from .generation import whole_repeat_period
-from .speech_regions import SpeechMap, VadOptions, hop_levels_db, is_quiet, speech_timestamps
+from .speech_regions import SpeechMap, VadOptions, compression_ratio, hop_levels_db, is_quiet, speech_timestamps
 from .whisper_decoding import (TranscribeOptions, TranscriptionCancelled, Transcript, WindowDecoder, WindowResult,
                                decode_utterances, long_form_steps, timed_segments)
 from .whisper_timing import Word, group_words, place_words, token_alignment, token_bytes
@@ -253,6 +253,7 @@ def cut_repeat_said_too_fast(res: WindowResult, tok: WhisperTokenizer, seconds: 
         return False
     res.tokens = res.tokens[:period]
     res.text = tok.decode(res.tokens).strip()
+    res.compression_ratio = compression_ratio(res.text)  # of the copy kept, as a result made with it would say
     return True
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from speechrt.errors import UserError
 from speechrt.pipelines.asr import TranscribeOptions, WindowResult, cut_repeat_said_too_fast
+from speechrt.pipelines.speech_regions import compression_ratio
 
 SPEECH = "The museum opens at nine and closes at five on weekdays."
 PROMPT = "Opening hours of the city museum, nine to five."
@@ -68,6 +69,7 @@ def test_a_repeat_said_faster_than_anyone_speaks_keeps_one_copy(asr):
     doubled = result(once * 2)
     assert cut_repeat_said_too_fast(doubled, tok, 2.32)
     assert doubled.text == once.strip() and doubled.tokens == tok.encode(once)
+    assert doubled.compression_ratio == compression_ratio(once.strip())
     thrice = result(once * 3)
     assert cut_repeat_said_too_fast(thrice, tok, 3.0) and thrice.text == once.strip()
     for text, seconds in [(once * 2, 4.5), (once + " Please remember to close the door.", 2.32),
