@@ -19,6 +19,7 @@ HOP_LENGTH = 160
 CHUNK_LENGTH = 30
 N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000 samples in a 30-second window
 N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 frames in a mel window
+TRIM_STEP = 32  # trimmed windows are a multiple of this many mel frames (fewer shapes for kernels and allocator)
 
 
 class AudioError(UserError, ValueError):
@@ -145,3 +146,12 @@ def pad_or_trim_frames(mel: torch.Tensor, length: int = N_FRAMES) -> torch.Tenso
     if n < length:
         return torch.nn.functional.pad(mel, (0, length - n))
     return mel
+
+
+def trimmed_frames(content: list[int], margin_s: float) -> tuple[list[int], int]:
+    """A trimmed window (the encoder's work in proportion to the audio) for rows holding `content` mel frames
+    of audio each -> (the frames each row's encoder attends to: its audio and `margin_s` seconds of the
+    padding after it, at most a window; the window's length, the longest of those rounded up to TRIM_STEP)."""
+    margin = round(margin_s * SAMPLE_RATE / HOP_LENGTH)
+    valid = [min(N_FRAMES, n + margin) for n in content]
+    return valid, min(N_FRAMES, -(-max(valid) // TRIM_STEP) * TRIM_STEP)

@@ -50,6 +50,9 @@ def add_arguments(p):
     p.add_argument("--silence-level-db", type=_level, default=-60.0, metavar="DB|off",
                    help="silence gate: 30-s windows whose loudest 10 ms is quieter than DB dBFS are not decoded "
                         "(default -60; off: decode every window)")
+    p.add_argument("--whole-windows", action="store_true",
+                   help="encode every 30-s window whole, a recording's last too (faster-whisper's windows exactly; "
+                        "default: the last window of a long recording is encoded over its audio and 5 s more)")
     p.add_argument("--word-timestamps", action="store_true",
                    help="time each word (cross-attention alignment, as faster-whisper): one line per segment, "
                         "then its words with start, end and probability; in --json/verbose_json each segment gets `words`")
@@ -126,6 +129,8 @@ def run(args):
     opts = dict(beam_size=args.beam_size, language=args.language, task=args.task,
                 initial_prompt=args.initial_prompt, without_timestamps=args.no_timestamps,
                 word_timestamps=args.word_timestamps, silence_level_db=args.silence_level_db, **vad_options(args))
+    if args.whole_windows:
+        opts["trim_context"] = False
     if args.temperature is not None:
         opts["temperatures"] = (args.temperature,)
     TranscribeOptions(**opts)  # the options and the files are checked before the model loads

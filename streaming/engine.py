@@ -34,7 +34,7 @@ from .transcripts import TranscriptJob, TranscriptQueue, run_jobs, step_long
 
 log = logging.getLogger(__name__)
 # live transcripts: greedy, the encoder over the audio only, loops cut (see session.asr_options)
-LIVE = TranscribeOptions(without_timestamps=True, trim_context=True, stop_repeats=3)
+LIVE = TranscribeOptions(without_timestamps=True, trim_context=True, trim_margin=1.0, stop_repeats=3)
 MAX_LIVE_STRETCH = 4.0
 
 

@@ -20,6 +20,8 @@ def add_arguments(p):
                    help="comma list of our dtypes to time (default float32,auto; auto = bfloat16 on CPUs with native bf16)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for every engine (default: all cores)")
     p.add_argument("--beam-size", type=int, default=1)
+    p.add_argument("--whole-windows", action="store_true", help="ours encode every 30-s window whole, as "
+                   "faster-whisper does (default: a long recording's last window over its audio and 5 s more)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per engine after one warm-up (median reported)")
     p.add_argument("--peers", default="ct2-float32,ct2-int8", help="comma list of peers, or 'none'")
     p.add_argument("--json", default=None, help="also write the results (speechrt.bench.record schema) to this file")
@@ -73,7 +75,9 @@ def run(args):
     audio = load_audio(audio_path)
     dur = len(audio) / SAMPLE_RATE
     print(f"audio: {audio_path.name}, {dur:.1f} s; threads: {threads}; beam size: {args.beam_size}; "
-          f"torch {torch.__version__}; device: {args.device}")
+          f"torch {torch.__version__}; device: {args.device}; our windows: "
+          f"{'whole' if args.whole_windows else 'the last trimmed to its audio + 5 s'}")
+    trim = {"trim_context": False} if args.whole_windows else {}
     rows = []
 
     seen = set()
@@ -90,7 +94,8 @@ def run(args):
             if name in seen:  # 'auto' resolved to a dtype already timed
                 continue
             seen.add(name)
-            t, res, times = _time(lambda: asr.transcribe(audio, SAMPLE_RATE, beam_size=args.beam_size), args.repeats)
+            t, res, times = _time(lambda: asr.transcribe(audio, SAMPLE_RATE, beam_size=args.beam_size, **trim),
+                                    args.repeats)
             rows.append({"engine": name, "seconds": t, "rtf": t / dur, "text": res.text, "times": times,
                          "backend": asr.info.backend, "precision": precision, "device": asr.info.device})
             del asr
@@ -138,6 +143,6 @@ def run(args):
         from speechrt.bench.record import Results
 
         device = next((r["device"] for r in rows if "device" in r), args.device)
-        workload = f"{audio_path.name} {dur:.1f} s, beam {args.beam_size}"
+        workload = f"{audio_path.name} {dur:.1f} s, beam {args.beam_size}" + (", whole windows" if trim else "")
         Results(_records(rows, model.name, device, workload, threads, dur)).write(args.json)
     return 0

@@ -17,7 +17,7 @@ import torch
 from speechrt import backends
 from speechrt.errors import UserError
 from speechrt.models.audio import (CHUNK_LENGTH, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, load_audio, log_mel_spectrogram,
-                                   utterance_mel)
+                                   trimmed_frames, utterance_mel)
 from speechrt.models.registry import resolve
 from speechrt.models.whisper_tokenizer import WhisperTokenizer
 
@@ -34,7 +34,6 @@ MAX_UTTERANCE_SAMPLES = N_FRAMES * HOP_LENGTH  # one 30-second window
 # characters a second (spaces and punctuation counted) that no one speaks at: conversational English is
 # about 14, fast speech 20; a transcript faster than this over its whole audio was not all said
 MAX_CHARS_PER_S = 25.0
-TRIM_STEP = 32  # trimmed windows are a multiple of this many mel frames (fewer shapes for kernels and allocator)
 
 __all__ = ["ASRPipeline", "load_asr", "TranscribeOptions", "Transcript", "WindowResult", "TranscriptionCancelled",
            "Word", "VadOptions", "SAMPLE_RATE", "MAX_UTTERANCE_SAMPLES"]
@@ -190,9 +189,8 @@ class ASRPipeline:
             mels = torch.stack([utterance_mel(a, self.runner.config.n_mels, self.runner.device) for a in audios])
             frames = None
             if opts.trim_context and self.runner.trims and audios:
-                margin = round(opts.trim_margin * SAMPLE_RATE / HOP_LENGTH)
-                frames = [min(N_FRAMES, len(a) // HOP_LENGTH + margin) for a in audios]
-                mels = mels[:, :, : -(-max(frames) // TRIM_STEP) * TRIM_STEP]
+                frames, length = trimmed_frames([len(a) // HOP_LENGTH for a in audios], opts.trim_margin)
+                mels = mels[:, :, :length]
             out = decode_utterances(self.decoder, mels, opts, drafts, stop, frames)
         if opts.stop_repeats:
             for res, a in zip(out, audios):
@@ -238,7 +236,8 @@ class ASRPipeline:
         noise = np.random.default_rng(0).standard_normal(SAMPLE_RATE).astype(np.float32) * 1e-3
         # faint noise, decoded anyway, over the trimmed window the server's transcripts use (a whole 30-s window
         # twice took 1.6 s on the torch runner: a server's first turns waited behind it)
-        opts = TranscribeOptions(without_timestamps=True, silence_level_db=None, trim_context=True)
+        opts = TranscribeOptions(without_timestamps=True, silence_level_db=None, trim_context=True,
+                                 trim_margin=1.0)
         first = self.transcribe_batch([noise], opts)[0]
         self.transcribe_batch([noise], opts, drafts=[first.tokens or [0]])
 

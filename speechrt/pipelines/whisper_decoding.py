@@ -18,85 +18,14 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from speechrt.errors import UserError
-from speechrt.models.audio import CHUNK_LENGTH, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, pad_or_trim_frames
+from speechrt.models.audio import CHUNK_LENGTH, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, pad_or_trim_frames, trimmed_frames
 
 from .generation import cut_loop
-from .speech_regions import VadOptions, compression_ratio, has_words, is_quiet, is_silence
+from .speech_regions import compression_ratio, has_words, is_quiet, is_silence
+from .transcribe_options import TranscribeOptions
 from .whisper_timing import Word, add_word_timestamps, last_end, skip_hallucinations
 
 NEG_INF = float("-inf")
-
-
-@dataclass(frozen=True)
-class TranscribeOptions:
-    beam_size: int = 1  # 1 = greedy (at temperature 0)
-    patience: float = 1.0
-    length_penalty: float | None = None
-    temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # fallback ladder
-    best_of: int = 5  # candidates sampled at temperature > 0
-    compression_ratio_threshold: float | None = 2.4
-    logprob_threshold: float | None = -1.0
-    no_speech_threshold: float | None = 0.6
-    condition_on_previous_text: bool = True
-    initial_prompt: str | None = None
-    without_timestamps: bool = False
-    max_initial_timestamp: float = 1.0
-    suppress_blank: bool = True
-    suppress_tokens: tuple[int, ...] = (-1,)
-    language: str | None = None  # None: English for .en models, detected for multilingual ones
-    task: str = "transcribe"
-    sample_len: int | None = None  # max tokens per window; default n_text_ctx // 2
-    # batches of utterances (decode_utterances): encode only the frames that hold the audio, plus
-    # trim_margin seconds of the padding after it, instead of the whole 30 s window Whisper was trained on
-    # (the encoder's work in proportion to the audio)
-    trim_context: bool = False
-    trim_margin: float = 1.0
-    # batches of utterances: a row whose text ends with one span repeated this many times stops there,
-    # keeping one copy (a greedy loop, "Turn off the lights... Turn off the lights..."); and (transcribe_batch)
-    # a whole text of two or more copies said faster than anyone speaks keeps one; 0: off
-    stop_repeats: int = 0
-    seed: int = 0
-    # long-form: each segment's words with their start/end (cross-attention alignment, see whisper_timing)
-    word_timestamps: bool = False
-    # with word_timestamps: a likely hallucination (improbable, too short or too long words) after more than
-    # this many seconds of silence is skipped (faster-whisper's); None: off
-    hallucination_silence_threshold: float | None = None
-    # silence gate: a 30-s window (or an utterance) whose loudest 10 ms hop is quieter than this (dBFS) is
-    # silence and is not decoded (Whisper invents "you" over digital silence); None: off
-    silence_level_db: float | None = -60.0
-    # transcribe(): decode only the speech regions Silero VAD finds (vad_parameters: VadOptions or a dict
-    # of its fields), times mapped back to the recording
-    vad_filter: bool = False
-    vad_parameters: VadOptions | dict | None = None
-
-    def __post_init__(self):
-        def bad(msg):
-            raise UserError(f"invalid transcription option: {msg}")
-        if self.beam_size < 1:
-            bad(f"beam_size must be >= 1, got {self.beam_size}")
-        if self.best_of < 1:
-            bad(f"best_of must be >= 1, got {self.best_of}")
-        if self.patience <= 0:
-            bad(f"patience must be > 0, got {self.patience}")
-        if not self.temperatures or any(not (0 <= t <= 2) for t in self.temperatures):
-            bad(f"temperatures must be a non-empty list of values in [0, 2], got {self.temperatures}")
-        if self.task not in ("transcribe", "translate"):
-            bad(f"task must be 'transcribe' or 'translate', got {self.task!r}")
-        if self.sample_len is not None and self.sample_len < 1:
-            bad(f"sample_len must be >= 1, got {self.sample_len}")
-        if self.stop_repeats < 0 or self.stop_repeats == 1:
-            bad(f"stop_repeats must be 0 (off) or >= 2, got {self.stop_repeats}")
-        if not 0 <= self.trim_margin <= CHUNK_LENGTH:
-            bad(f"trim_margin must be in [0, {CHUNK_LENGTH}] seconds, got {self.trim_margin}")
-        if self.hallucination_silence_threshold is not None and (
-                not self.word_timestamps or self.hallucination_silence_threshold < 0):
-            bad(f"hallucination_silence_threshold ({self.hallucination_silence_threshold}) must be >= 0 seconds "
-                "and needs word_timestamps=True (it judges words)")
-        if self.silence_level_db is not None and not -200 <= self.silence_level_db <= 0:
-            bad(f"silence_level_db must be None (off) or in [-200, 0] dBFS, got {self.silence_level_db}")
-        object.__setattr__(self, "vad_parameters", VadOptions.parse(self.vad_parameters) if self.vad_filter
-                           or self.vad_parameters is not None else None)
 
 
 def timed_segments(toks: list[int], tb: int, prec: float, to_the_end: bool = False) -> list[tuple]:
@@ -462,9 +391,10 @@ def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, 
     steps with other work, so one long recording does not hold the device for all of its windows at once.
 
     mel [n_mels, frames + N_FRAMES]: the log-mel of audio of any length followed by a window's worth of
-    zero padding. Windows of 30 s; each next window starts where the last complete segment of the previous
-    one ended; its text conditions the next window's decoding. `levels`: the audio's level per mel frame
-    (dBFS, speech_regions.hop_levels_db) for the silence gate; None: no gate."""
+    zero padding. Windows of 30 s (trim_context: the last is cut to its audio); each next window starts
+    where the last complete segment of the previous one ended; its text conditions the next window's
+    decoding. `levels`: the audio's level per mel frame (dBFS, speech_regions.hop_levels_db) for the
+    silence gate; None: no gate."""
     runner, tok, cfg = decoder.runner, decoder.tok, decoder.cfg
     content_frames = mel.shape[-1] - N_FRAMES
     gen = torch.Generator(device=runner.device).manual_seed(opts.seed)
@@ -483,8 +413,12 @@ def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, 
             seek += seg_frames  # the silence gate: nothing to decode
             yield min(duration, seek * HOP_LENGTH / SAMPLE_RATE)
             continue
-        window = pad_or_trim_frames(mel[:, seek: seek + seg_frames])[None]
-        encoded = runner.encode(window)
+        # trim_context: a window of less than 30 s of audio (the last) is encoded over its audio only; by
+        # default (None) not a recording's first window (a short recording is encoded as Whisper was trained)
+        trim = runner.trims and (opts.trim_context or (opts.trim_context is None and seek > 0))
+        valid, length = trimmed_frames([seg_frames], opts.trim_margin) if trim else (None, N_FRAMES)
+        encoded = runner.encode(pad_or_trim_frames(mel[:, seek: seek + seg_frames], length)[None], None,
+                                valid if length < N_FRAMES else None)
         if language is None:  # from the first window, as openai-whisper and faster-whisper do
             ((language, language_prob),) = decoder.language_probabilities(encoded, 1, 1)[0]
         res = decoder.decode_with_fallback(encoded, all_tokens[prompt_reset:], opts, language, gen)
@@ -524,8 +458,8 @@ def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, 
             last_speech = last_end(found) if found else speech_before
         for f in found:
             part, text = f["tokens"], tok.decode(f["tokens"])
-            if not text.strip() or f["start"] == f["end"]:
-                continue  # instantaneous or empty segments are dropped, from the prompt too
+            if not text.strip() or f["start"] == f["end"] or f["start"] >= duration:
+                continue  # instantaneous, empty or after the audio's end: dropped, from the prompt too
             seg = Segment(len(segments), f["start"], f["end"], text, [t for t in part if t < tok.eot],
                           res.avg_logprob, res.no_speech_prob, res.temperature, res.compression_ratio, f["words"])
             segments.append(seg)

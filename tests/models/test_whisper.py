@@ -112,12 +112,12 @@ def test_greedy_transcripts_identical_to_faster_whisper(asr, fw_model, synth):
 
 
 def test_long_form_identical_to_faster_whisper(asr, fw_model):
-    """58 s passage, two 30-second windows seeking by timestamps."""
+    """58 s passage, three 30-second windows seeking by timestamps (whole windows, as faster-whisper's)."""
     from speechrt.cli_asr import sample_path
     from speechrt.models.audio import load_audio
 
     audio = load_audio(sample_path().with_name("passage.flac"))
-    ours = asr.transcribe(audio, 16000)
+    ours = asr.transcribe(audio, 16000, trim_context=False)
     segs = list(fw_model.transcribe(audio, beam_size=1, vad_filter=False)[0])
     assert len(ours.segments) == len(segs) > 4
     assert [s.text for s in ours.segments] == [s.text for s in segs]
@@ -199,7 +199,8 @@ def test_drafted_greedy_equals_plain_greedy(asr, synth):
     from speechrt.pipelines.asr import TranscribeOptions
 
     transcribe_batch = asr.transcribe_batch
-    opts = TranscribeOptions(without_timestamps=True, trim_context=True)  # the server's windows (and 5x faster)
+    # the server's live windows (and 5x faster)
+    opts = TranscribeOptions(without_timestamps=True, trim_context=True, trim_margin=1.0)
     audios = [synth(SENTENCES[i]) for i in (0, 7, 9)]
     plain = transcribe_batch(audios, opts)
     assert all(p.tokens for p in plain)
@@ -211,7 +212,7 @@ def test_drafted_greedy_equals_plain_greedy(asr, synth):
             got = transcribe_batch([audio], opts, [draft])[0]
             assert got.tokens == ref.tokens, (k, draft, got.text, ref.text)
             assert abs(got.avg_logprob - ref.avg_logprob) < 1e-4
-    short = TranscribeOptions(without_timestamps=True, trim_context=True, sample_len=4)
+    short = TranscribeOptions(without_timestamps=True, trim_context=True, trim_margin=1.0, sample_len=4)
     capped = transcribe_batch(audios[:1], short)[0]
     assert transcribe_batch(audios[:1], short, [plain[0].tokens])[0].tokens == capped.tokens
     assert len(capped.tokens) == 4

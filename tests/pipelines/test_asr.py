@@ -3,6 +3,8 @@ server runs (decode_utterances) and in long-form transcription (which, like open
 its first window on the initial prompt)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from speechrt.errors import UserError
@@ -43,7 +45,7 @@ def test_trimmed_context_is_batch_independent_and_drafts_still_check(asr, synth)
     depend on the others of its batch (their lengths set the batch's window), and a draft checked in one
     pass gives the same tokens. A greedy loop is cut to one copy."""
     short, long_ = synth("Turn off the lights."), synth(SPEECH + " " + SPEECH)
-    opts = TranscribeOptions(without_timestamps=True, trim_context=True, stop_repeats=3)
+    opts = TranscribeOptions(without_timestamps=True, trim_context=True, trim_margin=1.0, stop_repeats=3)
     alone = asr.transcribe_batch([short], opts)[0]
     both = asr.transcribe_batch([short, long_], opts)
     assert both[0].tokens == alone.tokens and "lights" in alone.text.lower()
@@ -51,7 +53,7 @@ def test_trimmed_context_is_batch_independent_and_drafts_still_check(asr, synth)
     drafted = asr.transcribe_batch([short, long_], opts, [alone.tokens[:2], both[1].tokens[:5] + [11]])
     assert [d.tokens for d in drafted] == [b.tokens for b in both]
     assert both[0].text.count("lights") == 1  # this one loops: "Turn off the lights... Turn off the lights..."
-    looped = asr.transcribe_batch([short], TranscribeOptions(without_timestamps=True, trim_context=True))[0]
+    looped = asr.transcribe_batch([short], replace(opts, stop_repeats=0))[0]
     assert looped.text.count("lights") > 3 and looped.tokens[:len(alone.tokens)] == alone.tokens
 
 
@@ -77,3 +79,40 @@ def test_a_repeat_said_faster_than_anyone_speaks_keeps_one_copy(asr):
         res = result(text)
         assert not cut_repeat_said_too_fast(res, tok, seconds), text
         assert res.text == text.strip() and res.tokens == tok.encode(text)
+
+
+def test_long_form_trims_the_last_window_to_its_audio(asr):
+    """The 58-s passage takes three windows; the last holds a few seconds of audio. By default that window's
+    encoder pass covers its audio and a 5-s margin (not 30 s); trim_context=False keeps faster-whisper's whole
+    windows. At a 1-s margin a segment decoded after the audio's end (float32 said the last sentence again,
+    from 59.6 s of 58.0) is dropped."""
+    from speechrt.cli_asr import sample_path
+    from speechrt.models.audio import HOP_LENGTH, N_FRAMES, SAMPLE_RATE, TRIM_STEP, load_audio
+    from speechrt.models.wer import wer
+
+    audio = load_audio(sample_path().with_name("passage.flac"))
+    ref = sample_path().with_name("passage.txt").read_text()
+    runner, lengths = asr.runner, []
+    encode = runner.encode
+
+    def recording(mel, stop=None, frames=None):
+        lengths.append((mel.shape[-1], frames))
+        return encode(mel, stop, frames)
+
+    runner.encode = recording
+    try:
+        for options, margin in (({}, 5.0), ({"trim_context": True, "trim_margin": 1.0}, 1.0),
+                                ({"trim_context": False}, None)):
+            lengths.clear()
+            out = asr.transcribe(audio, 16000, **options)
+            assert len(lengths) >= 2 and all(n == N_FRAMES and f is None for n, f in lengths[:-1]), lengths
+            if margin is None:
+                assert lengths[-1] == (N_FRAMES, None)
+            else:
+                n, (valid,) = lengths[-1]
+                assert n < N_FRAMES // 2 and n % TRIM_STEP == 0 and valid <= n < valid + TRIM_STEP, lengths
+                assert valid - margin * SAMPLE_RATE / HOP_LENGTH < 6 * SAMPLE_RATE / HOP_LENGTH  # <6 s of audio
+            assert all(s.start < out.duration for s in out.segments) and out.segments[-1].end > 50
+            assert ref.split()[-1].strip(".") in out.text.split()[-1] and wer(ref, out.text) <= 0.05, out.text
+    finally:
+        del runner.encode
