@@ -32,7 +32,9 @@ def _read(path: str) -> str:
 
 
 def cpu() -> dict:
-    """{model, vendor, arch, logical_cores, physical_cores, isa: {feature: bool}, memory_gib, mhz, torch_capability}."""
+    """{model, vendor, family, arch, logical_cores, physical_cores, isa: {feature: bool}, memory_gib, mhz,
+    torch_capability}. `family` ("family 25 model 1") tells apart x86 CPUs a VM names alike ("AMD EPYC" is Zen 1
+    at family 23 model 1, Zen 3 at 25 model 1, Zen 4 at 25 model 17): their speeds differ by up to 2x."""
     info = _read("/proc/cpuinfo")
     fields: dict[str, str] = {}
     for line in info.splitlines():
@@ -53,6 +55,8 @@ def cpu() -> dict:
     return {
         "model": fields.get("model name") or platform.processor() or None,
         "vendor": fields.get("vendor_id"),
+        "family": (f"family {fields['cpu family']} model {fields['model']}"
+                   if fields.get("cpu family") and fields.get("model") else None),
         "arch": platform.machine(),
         "logical_cores": os.cpu_count(),
         "physical_cores": len(cores) * max(1, len(sockets)) if cores else None,
@@ -136,7 +140,8 @@ def label(machine: dict) -> str:
     isa = c.get("isa", {})
     widest = next((f for f in ("amx_tile", "avx512f", "avx2", "neon") if isa.get(f)), None)
     widest = {"amx_tile": "AMX", "avx512f": "AVX-512", "avx2": "AVX2", "neon": "NEON"}.get(widest, "")
-    return f"{c.get('model') or c.get('arch')} {c.get('logical_cores')} cores" + (f" {widest}" if widest else "")
+    name = f"{c.get('model') or c.get('arch')}" + (f" {c['family']}" if c.get("family") else "")
+    return f"{name} {c.get('logical_cores')} cores" + (f" {widest}" if widest else "")
 
 
 def fingerprint(name: str | None = None) -> dict:
@@ -159,6 +164,7 @@ def describe(machine: dict) -> str:
     gpu = "; ".join(f"{g['name']} {g['memory_gib']} GiB ({_arch(g)}, {g['runtime']}, driver {g['driver']})"
                     for g in machine.get("gpus", [])) or "no GPU"
     commit = (s.get("git_commit") or "?")[:10] + ("+dirty" if s.get("git_dirty") else "")
-    return (f"{c.get('model')} ({c.get('logical_cores')} logical cores; {isa or 'ISA unknown'}), "
+    family = f" {c['family']}" if c.get("family") else ""
+    return (f"{c.get('model')}{family} ({c.get('logical_cores')} logical cores; {isa or 'ISA unknown'}), "
             f"{c.get('memory_gib')} GiB; {gpu}; torch {s['packages'].get('torch', '-')}; speechrt {s['speechrt']} "
             f"@ {commit}")

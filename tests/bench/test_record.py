@@ -66,6 +66,11 @@ def test_fingerprint_matches_this_machine():
     if cap in ("AVX2", "AVX512"):  # torch's own detection agrees with the kernel's flags
         assert cpu["isa"]["avx2"]
     assert cpu["memory_gib"] > 0 and cpu["logical_cores"] == os.cpu_count()
+    entry = dict(ln.split(":", 1) for ln in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines() if ":" in ln)
+    entry = {k.strip(): v.strip() for k, v in entry.items()}
+    if "cpu family" in entry:  # x86: the family and model number lscpu prints
+        assert cpu["family"] == f"family {entry['cpu family']} model {entry['model']}"
+        assert cpu["family"] in fingerprint.label(m) and cpu["family"] in fingerprint.describe(m)
     sw = m["software"]
     assert sw["packages"]["torch"] == importlib.metadata.version("torch")
     assert sw["speechrt"] == speechrt.__version__
