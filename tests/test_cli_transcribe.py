@@ -98,3 +98,33 @@ def test_transcribe_word_timestamps():
     lines = r.stdout.strip().splitlines()
     assert r.returncode == 0 and lines[0].startswith("[00:00.000 --> ") and len(lines) > len(words)
     assert lines[1].split()[-1] == words[0]["word"].strip()
+
+
+def test_whole_windows_flag_encodes_the_last_window_whole(monkeypatch, capsys):
+    """By default the passage's last window (a few seconds of audio) is encoded over its audio and a margin;
+    --whole-windows encodes it as a whole 30-s window, as faster-whisper does. The real pipeline runs; its
+    runner's encode is wrapped to record each window's length."""
+    import speechrt.pipelines.asr as asr_module
+    from speechrt.cli import main
+    from speechrt.models.audio import N_FRAMES
+
+    lengths, load = [], asr_module.load_asr
+
+    def loading(*a, **k):
+        asr = load(*a, **k)
+        encode = asr.runner.encode
+        asr.runner.encode = lambda mel, *rest: lengths.append(mel.shape[-1]) or encode(mel, *rest)
+        return asr
+
+    monkeypatch.setattr(asr_module, "load_asr", loading)
+    passage = str(sample_path().with_name("passage.flac"))
+    ref = sample_path().with_name("passage.txt").read_text()
+    seen = {}
+    for flags in ([], ["--whole-windows"]):
+        lengths.clear()
+        assert main(["transcribe", passage, "--backend", "torch", "--json", *flags]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert wer(ref, out["text"]) <= 0.05, out["text"]
+        seen[bool(flags)] = list(lengths)
+    assert len(seen[True]) >= 3 and set(seen[True]) == {N_FRAMES}, seen
+    assert seen[False][:-1] == seen[True][:-1] and seen[False][-1] < N_FRAMES // 2, seen
