@@ -35,8 +35,8 @@ class TranscribeOptions:
     # None (the default): long-form's windows after a recording's first (its last, which holds what is left);
     # False: never (faster-whisper's windows exactly). The default and its 5-s margin are measured
     # (speechrt.bench.trim_study, docs/onnx-runtime.md): on 19 recordings of 34-65 s the WER of whole windows
-    # (int8 3.08 -> 2.93 %, float32 3.26 -> 3.23 %) in 84-86 % of the time on ONNX Runtime (98 % on torch);
-    # 1-3 s margins lose words or loop.
+    # (int8 3.08 -> 2.93 %, float32 3.26 -> 3.23 %); on ONNX Runtime int8 5-16 % faster over three runs,
+    # float32 between 2 % slower and 14 % faster (torch 2 % faster); 1-3 s margins lose words or loop.
     # The server passes its own: 1 s for live transcripts, 3 s for finals (streaming.session.asr_options).
     trim_context: bool | None = None
     trim_margin: float = 5.0
