@@ -142,7 +142,7 @@ def main(argv=None):
 
     import onnx
 
-    graphs = {Path(g).stem: Path(g) for g in args.graph} if args.graph else default_graphs(args.model)
+    graphs = graph_names([Path(g) for g in args.graph]) if args.graph else default_graphs(args.model)
     print(f"batch-1 decode step, {args.past} positions of past, {args.threads or 'all'} threads; "
           f"{args.rounds} rounds of {args.steps} steps, the graphs taking turns", file=sys.stderr)
     steps, rows = {}, {}
@@ -163,12 +163,18 @@ def main(argv=None):
         n, b, _ = rows[name]
         best, med = min(times[name]), statistics.median(times[name])
         parts = ", ".join(f"{k} {v / 2**20:.1f}" for k, v in b.items() if v >= 2**16)
-        ratio = "" if name == first else f"; {min(times[first]) / best:.2f}x the speed of {first}"
+        ratio = "" if name == first else f"; {min(times[first]) / best:.2f}x the first row's speed"
         total = sum(b.values())
         print(f"{name[:28]:28s} {n:5d} {total / 2**20:8.1f}  {best:12.2f} {med:7.2f} {total / best / 1e6:5.1f}  "
               f"{parts}{ratio}")
     for name in graphs:
         print(f"  {name[:28]}: " + ", ".join(f"{op} {c}" for op, c in rows[name][2].most_common()))
+
+
+def graph_names(paths: list[Path]) -> dict[str, Path]:
+    """Each graph by its file's stem, or its folder's name where stems repeat (exports are all model.onnx)."""
+    stems = collections.Counter(p.stem for p in paths)
+    return {(p.parent.name if stems[p.stem] > 1 else p.stem): p for p in paths}
 
 
 def default_graphs(model: str) -> dict[str, Path]:

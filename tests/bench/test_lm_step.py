@@ -67,5 +67,11 @@ def test_bare_steps_of_our_export(capsys):
     assert np.isfinite(s.logits).all() and s.logits.std() > 0
     main(["--graph", str(path), "--threads", "1", "--rounds", "1", "--steps", "2"])
     out = capsys.readouterr().out
-    row = next(line for line in out.splitlines() if line.startswith("model"))
+    row = next(line for line in out.splitlines() if line.startswith("model "))
     assert "head" in row and "block weights" in row and "dense weights" in row
+
+
+def test_graphs_named_by_folder_where_stems_repeat(tmp_path):
+    from speechrt.bench.lm_step import graph_names
+    a, b, c = tmp_path / "ours" / "model.onnx", tmp_path / "genai" / "model.onnx", tmp_path / "x.onnx"
+    assert graph_names([a, b, c]) == {"ours": a, "genai": b, "x": c}
