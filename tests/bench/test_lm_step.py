@@ -1,4 +1,6 @@
 """bench.lm_step's accounting of the bytes a decode step reads, on a small graph built here."""
+import re
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -68,7 +70,10 @@ def test_bare_steps_of_our_export(capsys):
     main(["--graph", str(path), "--threads", "1", "--rounds", "1", "--steps", "2"])
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("model "))
-    assert "head" in row and "block weights" in row and "dense weights" in row
+    mib = {k: float(v) for k, v in re.findall(r"(head|block weights|dense weights) ([\d.]+)", row)}
+    # SmolLM2-135M: 4-bit blocks with their scales, the Q4_1 minimum as float [blocks, N] per linear (a 32nd of
+    # the weights in float32), the Q8_0 head at 8 bits with a scale per block
+    assert 60 < mib["block weights"] < 66 and 12 < mib["dense weights"] < 13.5 and 30 < mib["head"] < 32, row
 
 
 def test_graphs_named_by_folder_where_stems_repeat(tmp_path):
