@@ -12,7 +12,9 @@ import sys
 # function, ...) are decorated when triton is first imported; a test module imported during collection
 # (a backend list, torch itself) can import triton, so this is done here, before any test module, with
 # TRITON_INTERPRET=1 set only for these imports.
-if importlib.util.find_spec("triton") is not None and "triton" not in sys.modules:
+# SPEECHRT_TEST_DEVICE=cuda runs the kernel tests compiled on a GPU instead (tests/kernels/conftest.py).
+if (importlib.util.find_spec("triton") is not None and "triton" not in sys.modules
+        and os.environ.get("SPEECHRT_TEST_DEVICE", "cpu") == "cpu"):
     _prev = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:

@@ -1,7 +1,12 @@
 """Every Triton kernel against its torch reference, in the Triton interpreter on the CPU: odd widths,
 length 1, lengths that are not multiples of the blocks, strided (non-contiguous) inputs, and each dtype
-the kernels claim. Shapes are small because the interpreter runs each program in numpy."""
+the kernels claim. Shapes are small because the interpreter runs each program in numpy.
+
+On a GPU the same cases run compiled: `SPEECHRT_TEST_DEVICE=cuda pytest tests/kernels/test_triton_kernels.py`
+(inputs drawn on the CPU with the same seeds, then moved; the reference runs on the GPU too)."""
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -10,6 +15,7 @@ from speechrt import kernels
 from speechrt.kernels import reference as ref
 
 pytestmark = pytest.mark.usefixtures("interpret")
+DEVICE = os.environ.get("SPEECHRT_TEST_DEVICE", "cpu")  # tests/kernels/conftest.py
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-2, 1e-2), torch.bfloat16: (2e-2, 2e-2)}
@@ -27,14 +33,15 @@ def close(out, expected, dtype=None, tol=None):
 
 def rand(*shape, dtype=torch.float32, seed=0, scale=1.0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=g) * scale).to(dtype)
+    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEVICE)
 
 
 @pytest.fixture(scope="module")
 def tri():
     with pytest.MonkeyPatch.context() as mp:  # runs before the function-scoped `interpret` fixture
-        mp.setenv("TRITON_INTERPRET", "1")
-        return kernels.select("triton", "cpu")
+        if DEVICE == "cpu":  # a GPU runs the kernels compiled: interpreting them there fails at launch
+            mp.setenv("TRITON_INTERPRET", "1")
+        return kernels.select("triton", DEVICE)
 
 
 HOT_OPS = {"layer_norm", "rms_norm", "gelu", "silu_mul", "linear", "linear_int8", "rotary", "attention"}
@@ -49,7 +56,7 @@ def test_select_triton_covers_the_hot_ops(tri):
     for k in missing:
         with pytest.raises(RuntimeError, match=f"no Triton version of op '{k}'"):
             getattr(tri, k)()
-    auto = kernels.select("auto", "cpu")
+    auto = kernels.select("auto", DEVICE)
     assert {k for k, v in auto.sources.items() if v == "torch"} == set(missing)
     assert {k for k, v in auto.sources.items() if v == "triton"} >= HOT_OPS
 
@@ -112,7 +119,7 @@ def test_rms_norm_mixed_dtypes_and_broadcast_residual(tri):
 
 
 def test_norm_empty_batch(tri):
-    x, w = torch.empty(0, 33), rand(33)
+    x, w = torch.empty(0, 33, device=DEVICE), rand(33)
     assert tri.layer_norm(x, w, w, 1e-5).shape == (0, 33)
 
 
@@ -192,8 +199,8 @@ def test_linear_strided_and_batched(tri):
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_int8(tri, dtype, M, K, N, with_bias):
     g = torch.Generator().manual_seed(M * K + N)
-    w = torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=g)
-    scale = (torch.rand(N, generator=g) * 0.02 + 0.001).to(dtype)
+    w = torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=g).to(DEVICE)
+    scale = (torch.rand(N, generator=g) * 0.02 + 0.001).to(dtype).to(DEVICE)
     x = rand(1, M, K, dtype=dtype, seed=2)
     b = rand(N, dtype=dtype, seed=3) if with_bias else None
     close(tri.linear_int8(x, w, scale, b), ref.linear_int8(x, w, scale, b))
@@ -220,7 +227,7 @@ ATT_CASES = [
 @pytest.mark.parametrize("B,H,Hkv,Tq,Tk,D,causal,lengths", ATT_CASES)
 def test_attention_prefill_float32(tri, B, H, Hkv, Tq, Tk, D, causal, lengths):
     q, k, v = rand(B, H, Tq, D, seed=1), rand(B, Hkv, Tk, D, seed=2), rand(B, Hkv, Tk, D, seed=3)
-    L = torch.tensor(lengths) if lengths else None
+    L = torch.tensor(lengths, device=DEVICE) if lengths else None
     close(tri.attention(q, k, v, causal=causal, lengths=L), ref.attention(q, k, v, causal=causal, lengths=L))
 
 
@@ -230,7 +237,7 @@ def test_attention_prefill_16bit(tri, dtype, case):
     B, H, Hkv, Tq, Tk, D, causal, lengths = case
     q, k, v = (rand(B, H, Tq, D, seed=1, dtype=dtype), rand(B, Hkv, Tk, D, seed=2, dtype=dtype),
                rand(B, Hkv, Tk, D, seed=3, dtype=dtype))
-    L = torch.tensor(lengths) if lengths else None
+    L = torch.tensor(lengths, device=DEVICE) if lengths else None
     close(tri.attention(q, k, v, causal=causal, lengths=L), ref.attention(q, k, v, causal=causal, lengths=L))
 
 
@@ -252,7 +259,7 @@ def test_decode_attention_padded_cache(tri, dtype):
     kc, vc = rand(B, Hkv, Tmax, D, dtype=dtype, seed=2), rand(B, Hkv, Tmax, D, dtype=dtype, seed=3)
     k, v = kc[:, :, :Tk], vc[:, :, :Tk]
     q = rand(B, H, 1, D, dtype=dtype, seed=1)
-    L = torch.tensor([150, 1, 77])
+    L = torch.tensor([150, 1, 77], device=DEVICE)
     exp = ref.attention(q, k, v, causal=True, lengths=L)
     close(tri.attention(q, k, v, causal=True, lengths=L), exp)
     close(tri.attention(q, k, v, causal=False, lengths=L), exp)
@@ -267,7 +274,7 @@ def test_decode_attention_heads_and_dims(tri, dtype, H, Hkv, D):
     B, Tk = 2, 37
     q = rand(B, H, 1, D, dtype=dtype, seed=1)
     k, v = rand(B, Hkv, Tk, D, dtype=dtype, seed=2), rand(B, Hkv, Tk, D, dtype=dtype, seed=3)
-    L = torch.tensor([37, 20])
+    L = torch.tensor([37, 20], device=DEVICE)
     close(tri.attention(q, k, v, causal=True, lengths=L), ref.attention(q, k, v, causal=True, lengths=L))
     close(tri.attention(q, k, v, scale=0.05), ref.attention(q, k, v, scale=0.05))
 
@@ -278,7 +285,7 @@ def test_decode_attention_split_counts(num_splits):
 
     B, H, Hkv, D, Tk = 2, 4, 1, 40, 300  # head dim 40 (not a power of two), GQA 4:1
     q, k, v = rand(B, H, 1, D, seed=1), rand(B, Hkv, Tk, D, seed=2), rand(B, Hkv, Tk, D, seed=3)
-    L = torch.tensor([300, 123])
+    L = torch.tensor([300, 123], device=DEVICE)
     close(decode_attention(q, k, v, lengths=L, num_splits=num_splits), ref.attention(q, k, v, lengths=L))
 
 
@@ -288,7 +295,7 @@ def test_decode_attention_empty_sequence_gives_zeros():
     from speechrt.kernels.triton_decode_attention import decode_attention
 
     q, k, v = rand(2, 2, 1, 16, seed=1), rand(2, 2, 50, 16, seed=2), rand(2, 2, 50, 16, seed=3)
-    out = decode_attention(q, k, v, lengths=torch.tensor([0, 50]), num_splits=3)
+    out = decode_attention(q, k, v, lengths=torch.tensor([0, 50], device=DEVICE), num_splits=3)
     assert torch.isfinite(out).all()
     assert out[0].abs().max() == 0
     close(out[1:], ref.attention(q[1:], k[1:], v[1:]))
