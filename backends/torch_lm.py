@@ -97,11 +97,11 @@ class TorchLMRunner(LMRunner):
 
 
 def build(model, device: torch.device, dtype: str | None, kernels: str = "torch",
-          threads: ThreadPolicy | None = None) -> TorchLMRunner:
+          threads: ThreadPolicy | None = None, runner_class: type[TorchLMRunner] = TorchLMRunner) -> TorchLMRunner:
     resolve_format(dtype, device)  # a bad dtype fails before the (slow) load
     t0 = time.perf_counter()
     f = load_file(model)
     fmt = resolve_format(dtype, device, bool(f.q4))
-    runner = TorchLMRunner(f, device, fmt, kernels, threads, model.name, model.format)
+    runner = runner_class(f, device, fmt, kernels, threads, model.name, model.format)
     log.info("loaded %s (tensors %s) in %.1fs", runner.info, f.tensor_types, time.perf_counter() - t0)
     return runner

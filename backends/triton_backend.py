@@ -1,9 +1,11 @@
 """The `triton` backend: the same PyTorch modules as the `torch` backend, built with the Triton kernel
-set (kernels.select('triton', device)), on a CUDA or ROCm GPU only; ASR decoder steps are replayed
-from CUDA/HIP graphs (triton_asr). On a machine without one it
+set (kernels.select('triton', device)), on a CUDA or ROCm GPU only; ASR decoder steps and language-model
+decode steps are replayed from CUDA/HIP graphs (triton_asr, triton_lm). On a machine without one it
 refuses with an error naming the alternative instead of running the kernels slowly in an interpreter.
 """
 from __future__ import annotations
+
+import importlib
 
 import torch
 
@@ -40,10 +42,9 @@ class TritonBackend(TorchBackend):
     def _build(self, family, model, device, dtype, step_threads):
         # GPU only: the CPU thread policy of the torch runners does not apply
         dev = check_device(resolve_device(device))
-        if family == "asr":  # decoder steps replayed from CUDA/HIP graphs
+        if family in ("asr", "lm"):  # decode steps replayed from CUDA/HIP graphs (triton_asr, triton_lm)
             from speechrt.models.registry import source_of
 
-            from .triton_asr import build
-
-            return build(source_of(model), dev, dtype, self.kernels, ThreadPolicy.build(dev, None))
+            m = importlib.import_module(f"speechrt.backends.triton_{family}")
+            return m.build(source_of(model), dev, dtype, self.kernels, ThreadPolicy.build(dev, None))
         return super()._build(family, model, dev, dtype, None)

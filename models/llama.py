@@ -336,34 +336,25 @@ class Llama(nn.Module):
         tk = max(pos_host) + 1
         if tk > cache.max_seq:
             raise ValueError(f"a sequence reached the cache's {cache.max_seq} positions per slot")
-        h = self.tok_embeddings[tokens][:, None]  # [N, 1, dim]
         dev = self.device
-        contiguous = slots == list(range(slots[0], slots[0] + N))
-        if N == 1:
-            p = pos_host[0]
-            cos, sin = self.cos[p:p + 1][None, None], self.sin[p:p + 1][None, None]
-            s = slots[0]
-
-            def write(c, x):  # x [1, Hkv, 1, D]
-                c[s, :, p] = x[0, :, 0]
-
-            def read(c):
-                return c[s:s + 1, :, :tk]
-            lengths = None
+        if N > 1 and slots == list(range(slots[0], slots[0] + N)):
+            logits = self.decode_range(cache, slots[0], tokens, torch.tensor(pos_host, device=dev), tk)
         else:
-            pos = torch.tensor(pos_host, device=dev)
-            cos, sin = self.cos[pos][:, None, None], self.sin[pos][:, None, None]  # [N, 1, 1, D/2]
-            if contiguous:
-                s0 = slots[0]
-                sl = slice(s0, s0 + N)
-                ar = torch.arange(N, device=dev)
+            h = self.tok_embeddings[tokens][:, None]  # [N, 1, dim]
+            if N == 1:
+                p = pos_host[0]
+                cos, sin = self.cos[p:p + 1][None, None], self.sin[p:p + 1][None, None]
+                s = slots[0]
 
-                def write(c, x):  # x [N, Hkv, 1, D] -> c[s0 + i, :, pos[i]]
-                    c[sl][ar, :, pos] = x[:, :, 0]
+                def write(c, x):  # x [1, Hkv, 1, D]
+                    c[s, :, p] = x[0, :, 0]
 
                 def read(c):
-                    return c[sl, :, :tk]
+                    return c[s:s + 1, :, :tk]
+                lengths = None
             else:
+                pos = torch.tensor(pos_host, device=dev)
+                cos, sin = self.cos[pos][:, None, None], self.sin[pos][:, None, None]  # [N, 1, 1, D/2]
                 idx = torch.tensor(slots, device=dev)
 
                 def write(c, x):
@@ -371,8 +362,26 @@ class Llama(nn.Module):
 
                 def read(c):
                     return c[idx, :, :tk]
-            lengths = pos + 1
-        logits = self._run(h, cos, sin, cache, write, read, lengths)[:, 0]
+                lengths = pos + 1
+            logits = self._run(h, cos, sin, cache, write, read, lengths)[:, 0]
         for s, p in zip(slots, pos_host):
             cache.lengths[s] = p + 1
         return logits
+
+    def decode_range(self, cache: KVCache, s0: int, tokens: torch.Tensor, pos: torch.Tensor, tk: int) -> torch.Tensor:
+        """One new token for each of the N contiguous slots s0..s0+N-1: tokens [N] and pos [N] (device
+        tensors: each slot's position) -> logits [N, vocab] float32, attending over the first `tk` cache
+        positions, masked by pos + 1. Fixed shapes and no reads on the host for a given (s0, N, tk): what a
+        CUDA graph captures (backends.triton_lm). Leaves cache.lengths to the caller."""
+        N = tokens.shape[0]
+        h = self.tok_embeddings[tokens][:, None]  # [N, 1, dim]
+        cos, sin = self.cos[pos][:, None, None], self.sin[pos][:, None, None]  # [N, 1, 1, D/2]
+        sl = slice(s0, s0 + N)
+        ar = torch.arange(N, device=self.device)
+
+        def write(c, x):  # x [N, Hkv, 1, D] -> c[s0 + i, :, pos[i]]
+            c[sl][ar, :, pos] = x[:, :, 0]
+
+        def read(c):
+            return c[sl, :, :tk]
+        return self._run(h, cos, sin, cache, write, read, pos + 1)[:, 0]

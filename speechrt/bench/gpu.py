@@ -8,6 +8,8 @@ Checks, in order (each one pass / fail / skip with what it compared or why it co
 - lm-triton: the triton backend's greedy ids (32 tokens, float32) against the torch backend's;
 - cuda-graphs: the triton ASR decode step replayed from a CUDA/HIP graph against the same step run
   eagerly (logits, and time per step);
+- lm-graphs: the same for the triton language model's decode step (bf16, two sequences of different
+  lengths, the eager run's tokens fed to both);
 - onnxruntime: each GPU execution provider installed (CUDA, TensorRT, ROCm, MIGraphX) runs the Piper
   voice graph like the CPU provider does; the other onnxruntime families on the GPU against the CPU;
 - tensorrt: the TensorRT package, if installed;
@@ -37,7 +39,8 @@ def add_arguments(p):
     p.add_argument("--json", default="speechrt-gpu.json", help="result file (default: %(default)s)")
     p.add_argument("--device", default="cuda", help="the GPU (default cuda; cuda:N for another)")
     p.add_argument("--checks", default=None, help="comma list of checks to run (default: all): " + ", ".join(
-        ["gpu", "kernels", "asr-triton", "lm-triton", "cuda-graphs", "onnxruntime", "tensorrt", "roofline"]))
+        ["gpu", "kernels", "asr-triton", "lm-triton", "cuda-graphs", "lm-graphs", "onnxruntime", "tensorrt",
+         "roofline"]))
     p.add_argument("--quick", action="store_true", help="roofline without torch.compile (minutes less)")
 
 
@@ -170,6 +173,49 @@ def check_cuda_graphs(dev, out: Results):
     return "pass", f"{steps} decode steps: graph replay = eager (max logit diff {err:.2g}), {speed:.2f}x faster"
 
 
+def check_lm_graphs(dev, out: Results):
+    import torch
+
+    from speechrt.pipelines.lm import load_lm
+
+    lm = load_lm(None, "triton", str(dev), "bfloat16")
+    r = lm.runner
+    prompts = [lm.encode_chat(c) for c in CHATS]
+    steps, logits, times, fed = 32, {}, {}, None
+    for g in (False, True):  # eager first: its greedy tokens are fed to the graph run too
+        r.graphs_enabled = g
+        cache = r.new_cache(len(prompts), max(map(len, prompts)) + steps + 8)
+        tok = torch.tensor([int(r.prefill(cache, i, torch.tensor(p)).argmax()) for i, p in enumerate(prompts)],
+                           device=dev)
+        outs, ts, toks = [], [], []
+        for i in range(steps):
+            torch.cuda.synchronize(dev)
+            t = time.perf_counter()
+            o = r.decode_step(cache, list(range(len(prompts))), tok if fed is None else fed[i])
+            torch.cuda.synchronize(dev)
+            ts.append(time.perf_counter() - t)
+            toks.append(tok if fed is None else fed[i])
+            outs.append(o)
+            tok = o.argmax(-1)
+        fed = fed or toks
+        logits[g], times[g] = torch.stack(outs).float(), ts
+    err = (logits[True] - logits[False]).abs().max().item() / logits[False].abs().max().item()
+    for g, ts in times.items():
+        out.records.append(Record(family="gpu", model="smollm2-135m-instruct", engine="speechrt", backend="triton",
+                                  precision="bfloat16", device=str(dev),
+                                  workload=f"LM decode step, batch {len(prompts)}",
+                                  metric="decode_step_us_graphs" if g else "decode_step_us_eager", unit="us",
+                                  value=statistics.median(ts[4:]) * 1e6, better="lower",
+                                  repeats=Repeats.of(t * 1e6 for t in ts[4:])))
+    speed = statistics.median(times[False][4:]) / statistics.median(times[True][4:])
+    if len(r.graphs) == 0:
+        return "fail", "the triton LM runner captured no graph on this device"
+    if not err <= 2e-2:
+        return "fail", f"graph replay logits differ from eager steps by {err:.3g} of the largest logit"
+    return "pass", (f"{steps} decode steps of {len(prompts)} sequences: graph replay = eager (max logit diff "
+                    f"{err:.2g} of the largest, bf16), {speed:.2f}x faster per step")
+
+
 def compare_providers(providers: list[str]) -> tuple[list[str], list[str]]:
     """The Piper voice graph (noise scales 0: deterministic) on each execution provider against the CPU
     provider: -> (agreements, failures), one line each. A session that silently fell back to the CPU
@@ -224,8 +270,8 @@ def check_tensorrt(dev, out: Results):
     except ImportError:
         return "skip", "the tensorrt package is not installed (pip install tensorrt); the TensorRT execution " \
                        "provider of onnxruntime, if present, is checked under onnxruntime"
-    return "skip", (f"tensorrt {tensorrt.__version__} is installed, but speechrt has no tensorrt backend yet "
-                    "(speechrt.backends.BACKENDS); its engines run through onnxruntime's TensorRT provider")
+    return "skip", (f"tensorrt {tensorrt.__version__} is installed: time the tensorrt backend's engines with "
+                    "`speechrt bench lm --device cuda --backends tensorrt` (this check only looks for the package)")
 
 
 def check_roofline(dev, out: Results, quick: bool = False):
@@ -244,9 +290,9 @@ def check_roofline(dev, out: Results, quick: bool = False):
 
 
 CHECKS = {"gpu": check_gpu, "kernels": check_kernels, "asr-triton": check_asr_triton, "lm-triton": check_lm_triton,
-          "cuda-graphs": check_cuda_graphs, "onnxruntime": check_onnxruntime, "tensorrt": check_tensorrt,
-          "roofline": check_roofline}
-NEEDS_TORCH_GPU = {"gpu", "kernels", "asr-triton", "lm-triton", "cuda-graphs", "roofline"}
+          "cuda-graphs": check_cuda_graphs, "lm-graphs": check_lm_graphs, "onnxruntime": check_onnxruntime,
+          "tensorrt": check_tensorrt, "roofline": check_roofline}
+NEEDS_TORCH_GPU = {"gpu", "kernels", "asr-triton", "lm-triton", "cuda-graphs", "lm-graphs", "roofline"}
 
 
 def run(args):

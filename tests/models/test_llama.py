@@ -124,6 +124,30 @@ def test_decode_on_scattered_slots(ours):
     assert cache.lengths[4] == len(a) + 1 and cache.lengths[1] == len(b) + 1
 
 
+def test_fixed_shape_decode_matches_per_slot_steps(ours):
+    """Llama.decode_range, the step the triton backend's CUDA graphs capture (tokens and positions as
+    device tensors, attention over the whole cache masked by length), gives each slot the logits of a
+    step of that slot alone, for slots of different lengths in the middle of the cache."""
+    r, model = ours.runner, ours.runner.model
+    prompts = [ours.encode_chat(CHATS[i]) for i in (0, 2, 5)]
+    cache, ref = r.new_cache(5, 96), r.new_cache(1, 96)
+    firsts = [int(r.prefill(cache, 1 + i, torch.tensor(p)).argmax()) for i, p in enumerate(prompts)]
+    pos = torch.tensor([len(p) for p in prompts])
+    assert len(set(pos.tolist())) == 3
+    with torch.inference_mode():
+        got = model.decode_range(cache, 1, torch.tensor(firsts), pos, cache.max_seq)
+    for i, p in enumerate(prompts):
+        ref.lengths[0] = 0
+        r.prefill(ref, 0, torch.tensor(p))
+        want = r.decode_step(ref, [0], torch.tensor([firsts[i]]))[0]
+        assert torch.isfinite(got[i]).all()
+        assert (got[i] - want).abs().max().item() < 1e-4 * want.abs().max().item()
+        # the new keys went to the slot's next position (to rounding: the batched matmuls sum in another order)
+        torch.testing.assert_close(cache.k[:, 1 + i, :, len(p)], ref.k[:, 0, :, len(p)], rtol=1e-4, atol=1e-4)
+        assert cache.k[:, 1 + i, :, len(p) + 1].abs().max() == 0
+    assert cache.lengths[1:4] == [len(p) for p in prompts]  # decode_range leaves the lengths to its caller
+
+
 def test_hf_directory_loads_same_model(tmp_path, ours, hf, model_file):
     """A Hugging Face directory (config.json + safetensors + tokenizer.json) written by transformers from
     the same GGUF gives the same logits through models/hf_llama.py."""
