@@ -8,7 +8,8 @@ ignored so every engine does the same work). Batch B runs B different prompts to
   continuous batcher, then one batched decode step per token, detokenizing as it goes);
 - llama.cpp (`llama-cpp-python`): one `llama_decode` with all B prompts as B sequences, then one
   `llama_decode` per step with B tokens; greedy argmax over its logits;
-- transformers (`AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`, float32 as it dequantizes):
+- transformers (`AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`, float32 as it dequantizes;
+  with `--device cuda` on the GPU in bf16, eager with its dynamic cache, as `generate()` runs by default):
   `generate()` on the left-padded batch; TTFT is a 1-token generate, decode rate is the rest.
 
 TTFT is from token ids to the first sampled token of every sequence of the batch; decode tok/s counts
@@ -50,7 +51,8 @@ def add_arguments(p):
     p.add_argument("--repeats", type=int, default=3, help="runs per measurement; the best is kept (default 3)")
     p.add_argument("--dtype", default=None, help="our weight format: int4, int8, bfloat16, float32 (default on the CPU: "
                    "int4 for files with 4-bit blocks, else int8)")
-    p.add_argument("--device", default="cpu", help="our device (default cpu; peers run on the CPU)")
+    p.add_argument("--device", default="cpu", help="our device (default cpu); transformers runs there too, "
+                   "llama.cpp and onnxruntime-genai on the CPU")
     p.add_argument("--backends", default="torch", help="our backends to time, comma-separated (e.g. torch,onnxruntime; "
                    "auto: the one `--backend auto` picks here)")
     p.add_argument("--json", default=None, help="also write the results (speechrt.bench.record schema) to this file")
@@ -169,16 +171,21 @@ class LlamaCpp:
 class Transformers:
     name = "transformers"
 
-    def __init__(self, path, threads):
+    def __init__(self, path, threads, device="cpu"):
         import torch
         import transformers
         from transformers import AutoModelForCausalLM
 
         torch.set_num_threads(threads)
-        self.torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
-        self.note = f"transformers {transformers.__version__}, {self.model.dtype} (dequantized GGUF)"
-        self.meta = {"backend": "torch", "precision": str(self.model.dtype).removeprefix("torch."), "device": "cpu"}
+        self.torch, self.device = torch, torch.device(device)
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
+        if self.device.type != "cpu":  # on a GPU in the dtype our GPU default uses (bf16 where supported)
+            gpu_dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            model = model.to(self.device, gpu_dtype)
+        self.model = model
+        self.note = f"transformers {transformers.__version__}, {model.dtype} on {self.device} (dequantized GGUF)"
+        self.meta = {"backend": "torch", "precision": str(model.dtype).removeprefix("torch."),
+                     "device": str(self.device)}
 
     def _gen(self, ids, mask, n):
         return self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
@@ -187,14 +194,14 @@ class Transformers:
     def run(self, prompts, n):
         torch = self.torch
         T = max(len(p) for p in prompts)
-        ids = torch.tensor([[0] * (T - len(p)) + list(p) for p in prompts])  # left padding
-        mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in prompts])
+        ids = torch.tensor([[0] * (T - len(p)) + list(p) for p in prompts], device=self.device)  # left padding
+        mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in prompts], device=self.device)
         B = len(prompts)
         with torch.inference_mode():
             t0 = time.perf_counter()
-            self._gen(ids, mask, 1)
+            self._gen(ids, mask, 1).tolist()  # .tolist(): the tokens reach the host, as ours do
             t1 = time.perf_counter()
-            self._gen(ids, mask, n)
+            self._gen(ids, mask, n).tolist()
             t2 = time.perf_counter()
         ttft = t1 - t0
         return ttft, B * (n - 1) / max(t2 - t1 - ttft, 1e-9)
@@ -251,7 +258,7 @@ def _start(spec: dict):
             import transformers  # noqa: F401
         except ImportError as ex:
             return None, f"not installed ({ex.name}; pip install transformers accelerate)"
-        return Transformers(rm.path, threads), None
+        return Transformers(rm.path, threads, spec["device"]), None
     except Exception as ex:  # a peer that cannot start is reported, not fatal
         if name.startswith("speechrt"):
             raise
