@@ -130,6 +130,18 @@ class LMRunner(Runner):
         start=0 (re)starts the slot; start=n keeps the first n positions the slot holds (n at most what
         it holds; any later ones are forgotten) and continues from there."""
 
+    def prefill_many(self, cache: Any, jobs: list[tuple[int, torch.Tensor, int]]) -> list[torch.Tensor | Exception]:
+        """Several prompts at once, `(slot, tokens, start)` each as for `prefill` -> each one's logits, or
+        the exception its prompt raised (the others still run). Here one by one; a runner that can run
+        them as one batch overrides this."""
+        out: list[torch.Tensor | Exception] = []
+        for slot, tokens, start in jobs:
+            try:
+                out.append(self.prefill(cache, slot, tokens, start))
+            except Exception as e:  # noqa: BLE001 - reported to that prompt's caller alone
+                out.append(e)
+        return out
+
     @abstractmethod
     def decode_step(self, cache: Any, slots: list[int] | torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """One token [N] for each of `slots` [N] (distinct slots holding sequences of different lengths;

@@ -86,6 +86,21 @@ class TorchLMRunner(LMRunner):
             return self.model.prefill(cache, slot, tokens.to(self.device), start)
 
     @torch.inference_mode()
+    def prefill_many(self, cache, jobs):
+        """Prompts for contiguous slots, all from position 0, run as one right-padded batch (Llama.prefill_range)
+        when padding would not double the work; anything else, or a batch that fails, one by one (so that
+        only a bad prompt's caller gets its error)."""
+        slots, lens = [j[0] for j in jobs], [int(j[1].shape[0]) for j in jobs]
+        if (len(jobs) < 2 or any(j[2] != 0 for j in jobs) or slots != list(range(slots[0], slots[0] + len(slots)))
+                or len(jobs) * max(lens) > 2 * sum(lens)):
+            return super().prefill_many(cache, jobs)
+        try:
+            with self.threads.small():
+                return list(self.model.prefill_range(cache, slots[0], [j[1] for j in jobs]))
+        except Exception:  # noqa: BLE001 - retried one by one below, where each error reaches its own prompt
+            return super().prefill_many(cache, jobs)
+
+    @torch.inference_mode()
     def decode_step(self, cache, slots, tokens: torch.Tensor) -> torch.Tensor:
         if isinstance(slots, torch.Tensor):
             slots = slots.tolist()

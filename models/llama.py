@@ -328,6 +328,36 @@ class Llama(nn.Module):
         cache.lengths[slot] = end
         return logits
 
+    def prefill_range(self, cache: KVCache, s0: int, prompts: list[torch.Tensor]) -> torch.Tensor:
+        """N prompts [T_i] into the contiguous slots s0..s0+N-1 from position 0, as one batch -> logits
+        [N, vocab] float32 of each one's last position. Right-padded to the longest: causal attention keeps
+        every real position from seeing the padding after it, and the padding's keys land beyond each
+        slot's length, where no step reads them (a decode step writes a position before it attends to it)."""
+        N, lens = len(prompts), [int(p.shape[0]) for p in prompts]
+        T = max(lens)
+        if min(lens) < 1 or T > cache.max_seq or s0 < 0 or s0 + N > cache.max_batch:
+            raise ValueError(f"prompts of {min(lens)}..{T} tokens into slots {s0}..{s0 + N - 1} do not fit the "
+                             f"cache ({cache.max_batch} slots of {cache.max_seq} positions)")
+        tokens = torch.nn.utils.rnn.pad_sequence([p.to(self.device) for p in prompts], batch_first=True)
+        h = self.tok_embeddings[tokens]  # [N, T, dim]
+        cos, sin = self.cos[:T][None, None], self.sin[:T][None, None]
+        sl = slice(s0, s0 + N)
+
+        def write(c, x):  # x [N, Hkv, T, D]
+            c[sl, :, :T] = x
+
+        def read(c):
+            return c[sl, :, :T]
+
+        residual = None
+        for i, layer in enumerate(self.layers):
+            h, residual = layer(h, residual, cos, sin, cache.k[i], cache.v[i], write, read, None)
+        rows, last = torch.arange(N, device=self.device), torch.tensor(lens, device=self.device) - 1
+        h = self.ops.rms_norm(h[rows, last][:, None], self.norm, self.cfg.norm_eps,
+                              residual=residual[rows, last][:, None])[0]
+        cache.lengths[sl] = lens
+        return self.output(h).float()[:, 0]
+
     def decode_step(self, cache: KVCache, slots: list[int], tokens: torch.Tensor) -> torch.Tensor:
         """One new token per slot: tokens [N] (device tensor) for `slots` (host list of N distinct slot
         indices, sequences of any lengths) -> logits [N, vocab] float32."""

@@ -98,26 +98,31 @@ class ContinuousBatcher:
     @torch.inference_mode()
     def admit(self, all_pending: bool = False) -> None:
         """Prefill waiting requests into free slots (each prefill also samples the request's first token).
-        Once any sequence is decoding, at most one joins per call (unless `all_pending`), so that
-        joining never stalls the others long."""
+        One joins per call, so that joining never stalls the running sequences long; `all_pending`: every
+        waiting request that has a free slot, their prompts handed to the runner together."""
         for req in [r for r in self.active.values() if r.cancelled]:
             self._finish(req, Piece("", "cancelled"))
-        with self.runner.loop():
-            while self.pending and self.free:
-                req = self.pending.popleft()
-                if req.cancelled:
-                    self._emit(req, Piece("", "cancelled"))
-                    continue
-                self._start(req)
-                try:
-                    logits = self.runner.prefill(self.cache, req.slot,
-                                                 torch.tensor(req.ids[req.reused:], dtype=torch.long), req.reused)
-                except Exception as e:  # noqa: BLE001 - this request's prompt failed: only it is told
-                    self._drop(req, e)
-                    continue
-                self._take([req], logits[None])
-                if self.active and not all_pending:
-                    break
+        joining = []
+        while self.pending and self.free:
+            req = self.pending.popleft()
+            if req.cancelled:
+                self._emit(req, Piece("", "cancelled"))
+                continue
+            self._start(req)
+            joining.append(req)
+            if not all_pending:
+                break
+        if not joining:
+            return
+        with self.runner.loop():  # the prompts in one call: a runner may run them as one batch
+            results = self.runner.prefill_many(
+                self.cache, [(r.slot, torch.tensor(r.ids[r.reused:], dtype=torch.long), r.reused) for r in joining])
+        for req, res in zip(joining, results):
+            if isinstance(res, Exception):  # this request's prompt failed: only it is told
+                self._drop(req, res)
+        ok = [(req, res) for req, res in zip(joining, results) if not isinstance(res, Exception)]
+        if ok:
+            self._take([req for req, _ in ok], torch.stack([res for _, res in ok]))
 
     @torch.inference_mode()
     def decode(self) -> None:

@@ -148,6 +148,38 @@ def test_fixed_shape_decode_matches_per_slot_steps(ours):
     assert cache.lengths[1:4] == [len(p) for p in prompts]  # decode_range leaves the lengths to its caller
 
 
+def test_batched_prefill_matches_one_prompt_at_a_time(ours):
+    """Prompts of different lengths prefilled as one right-padded batch (what `stream` hands the torch
+    runner) give each slot the logits, cache and next step of prefilling it alone."""
+    r = ours.runner
+    prompts = [torch.tensor(ours.encode_chat(CHATS[i])) for i in (0, 3, 5)]
+    assert len({len(p) for p in prompts}) == 3
+    cache, ref = r.new_cache(4, 96), r.new_cache(4, 96)
+    got = r.prefill_many(cache, [(1 + i, p, 0) for i, p in enumerate(prompts)])
+    assert cache.lengths == [0] + [len(p) for p in prompts]
+    want = [r.prefill(ref, 1 + i, p) for i, p in enumerate(prompts)]
+    for i, p in enumerate(prompts):
+        assert torch.isfinite(got[i]).all()
+        torch.testing.assert_close(got[i], want[i], rtol=1e-4, atol=1e-4 * want[i].abs().max().item())
+        torch.testing.assert_close(cache.k[:, 1 + i, :, :len(p)], ref.k[:, 1 + i, :, :len(p)], rtol=1e-4, atol=1e-4)
+    tokens = torch.tensor([int(w.argmax()) for w in want])
+    torch.testing.assert_close(r.decode_step(cache, [1, 2, 3], tokens), r.decode_step(ref, [1, 2, 3], tokens),
+                               rtol=1e-4, atol=1e-3)
+
+
+def test_prefill_many_isolates_a_bad_prompt(ours):
+    """A prompt that does not fit fails alone: the batch falls back to one prompt at a time, the others
+    get their logits, the bad one its own error."""
+    r = ours.runner
+    cache = r.new_cache(3, 40)
+    good = torch.tensor(ours.encode_chat(CHATS[0]))
+    assert len(good) <= 40
+    out = r.prefill_many(cache, [(0, good, 0), (1, torch.arange(41) + 100, 0), (2, good, 0)])
+    assert isinstance(out[1], ValueError) and "does not fit" in str(out[1])
+    torch.testing.assert_close(out[0], out[2])
+    assert cache.lengths[0] == cache.lengths[2] == len(good)
+
+
 def test_hf_directory_loads_same_model(tmp_path, ours, hf, model_file):
     """A Hugging Face directory (config.json + safetensors + tokenizer.json) written by transformers from
     the same GGUF gives the same logits through models/hf_llama.py."""
