@@ -2,9 +2,10 @@
 fastest among those that pass the conformance suite there and answer the held-in factual prompts as
 float32 does (speech recognition: the same transcripts / WER as float32).
 
-The table is keyed on the CPU's features (AMX with native bf16, AVX-512, AVX2) or on a GPU. A kind of
-machine we have not measured keeps the choice made before this table existed (torch, its own default
-precision), and says so in the log.
+The table is keyed on the CPU's features (AMX with native bf16, AVX-512, AVX2) or on the GPU's vendor. A
+kind of machine we have not measured (an AMX CPU, a ROCm GPU, TTS on a GPU) keeps the choice made before
+this table existed (torch, its own default precision), and says so in the log; so does a measured choice
+whose backend is not installed.
 """
 from __future__ import annotations
 
@@ -48,6 +49,15 @@ TABLE: dict[tuple[str, str], Choice] = {
     ("avx512", "tts"): Choice("onnxruntime", None, "bench tts, AMD EPYC Zen 4 (AVX-512, 2 cores), 30 words: "
                               "onnxruntime RTF 1.00x Piper's, first audio 116 ms (0.26x Piper's) vs torch 1.61x / "
                               "145 ms; 5 words 1.34x Piper's RTF (torch 1.89x)"),
+    # measured on an NVIDIA H200 (CUDA 13.0, torch 2.11, Triton 3.6), 2026-11-26 (docs/gpu.md); the triton LM
+    # keeps the GPU's default precision (bf16, as torch ran it before this entry), the ASR's float16 the
+    # WER of float32 on the passage
+    ("nvidia", "asr"): Choice("triton", "float16", "bench asr, NVIDIA H200, 58 s passage: triton float16 0.28 s "
+                              "(RTF 0.005, WER 3.2%) vs torch float32 0.45 s, torch float16 0.55 s, triton float32 "
+                              "0.52 s (all WER 3.2%); decoder steps from CUDA graphs"),
+    ("nvidia", "lm"): Choice("triton", "bfloat16", "bench lm, NVIDIA H200: triton bf16 (decode steps from CUDA "
+                             "graphs) 467 tok/s at batch 1 and 3049 at batch 8 vs torch bf16 65 / 453 and "
+                             "transformers bf16 54 / 409; greedy ids equal torch's at float32 (bench gpu)"),
 }
 
 
@@ -68,10 +78,11 @@ def cpu_features() -> frozenset[str]:
 
 
 def machine_kind(device: str | None) -> str:
-    """'gpu', or the CPU's kind: 'amx' (native bf16 matmuls), 'avx512', 'avx2', 'generic'."""
+    """A GPU's kind ('nvidia'; 'rocm' for torch's ROCm build), or the CPU's: 'amx' (native bf16 matmuls),
+    'avx512', 'avx2', 'generic'."""
     if device not in (None, "cpu") and (str(device).startswith(("cuda", "rocm")) or
                                          (device == "auto" and torch.cuda.is_available())):
-        return "gpu"
+        return "rocm" if torch.version.hip else "nvidia"
     f = cpu_features()
     if {"amx_tile", "amx_bf16"} <= f:
         return "amx"
@@ -85,6 +96,12 @@ def choose(family: str, device: str | None) -> Choice:
     c = TABLE.get((kind, family))
     if c is None:
         c = Choice("torch", None, f"not measured on a {kind} machine: torch, its default precision")
+    else:
+        from . import available
+
+        if c.backend not in available(family):  # e.g. triton not installed: the measured choice cannot run
+            c = Choice("torch", None, f"{c.backend} is not installed here (measured fastest on a {kind} "
+                       "machine): torch, its default precision")
     log.info("backend auto for %s on %s: %s %s (%s)", family, kind, c.backend, c.dtype or "default", c.why)
     return c
 

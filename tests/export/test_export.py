@@ -222,7 +222,11 @@ def test_backend_auto_follows_the_table():
     from speechrt.backends import auto
 
     kind = auto.machine_kind("cpu")
-    assert kind in ("amx", "avx512", "avx2", "generic") and auto.machine_kind("cuda") == "gpu"
+    assert kind in ("amx", "avx512", "avx2", "generic")
+    assert auto.machine_kind("cuda") == ("rocm" if torch.version.hip else "nvidia")
+    gpu_lm = auto.choose("lm", "cuda")  # measured on an H200: triton, or torch where Triton is missing
+    assert (gpu_lm.backend, gpu_lm.dtype) == (("triton", "bfloat16") if "triton" in backends.available("lm")
+                                              else ("torch", None))
     c = auto.choose("lm", "cpu")
     assert c == auto.TABLE.get((kind, "lm"), c) and c.backend in backends.available("lm")
     r = backends.get("auto").tts(resolve(None, "tts"))
