@@ -5,7 +5,6 @@ shared Engine."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -102,8 +101,17 @@ class Outbox:
         """Close the connection; with `flush`, after the events queued so far (for at most `timeout`)."""
         if flush and self.writer is not None and not self.writer.done():
             self.queue.put_nowait((code, reason))
-            with contextlib.suppress(asyncio.TimeoutError):
+            try:
                 await asyncio.wait_for(asyncio.shield(self.writer), timeout)
+            except asyncio.TimeoutError:
+                pass
+            except asyncio.CancelledError:
+                # the writer was cancelled meanwhile (the client left and its session closed): nothing more
+                # to flush, and the caller (a server shutting down) goes on; a cancellation of the caller
+                # itself still propagates
+                me = asyncio.current_task()
+                if not self.writer.cancelled() or (me is not None and getattr(me, "cancelling", lambda: 0)()):
+                    raise
         if self.writer is not None:
             self.writer.cancel()
         await self.conn.close(code, reason)
