@@ -7,6 +7,7 @@ import time
 import torch
 
 from speechrt.errors import UserError
+from speechrt.models.llama import contiguous
 
 from .base import LMRunner, RunnerInfo
 from .torch_backend import ThreadPolicy, cpu_has_native_bf16
@@ -91,7 +92,7 @@ class TorchLMRunner(LMRunner):
         when padding would not double the work; anything else, or a batch that fails, one by one (so that
         only a bad prompt's caller gets its error)."""
         slots, lens = [j[0] for j in jobs], [int(j[1].shape[0]) for j in jobs]
-        if (len(jobs) < 2 or any(j[2] != 0 for j in jobs) or slots != list(range(slots[0], slots[0] + len(slots)))
+        if (len(jobs) < 2 or any(j[2] != 0 for j in jobs) or not contiguous(slots)
                 or len(jobs) * max(lens) > 2 * sum(lens)):
             return super().prefill_many(cache, jobs)
         try:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from speechrt.models.llama import contiguous
+
 from .cuda_graphs import CapturedStep, GraphCache
 from .torch_lm import TorchLMRunner, build as build_torch
 
@@ -44,16 +46,13 @@ class TritonLMRunner(TorchLMRunner):
         if isinstance(slots, torch.Tensor):
             slots = slots.tolist()
         slots = list(slots)
-        if not self.graphs_enabled or not slots or slots != list(range(slots[0], slots[0] + len(slots))):
+        if not self.graphs_enabled or not contiguous(slots):
             return super().decode_step(cache, slots, tokens)
-        pos = [cache.lengths[s] for s in slots]
-        if max(pos) + 1 > cache.max_seq:
-            raise ValueError(f"a sequence reached the cache's {cache.max_seq} positions per slot")
+        pos = cache.next_positions(slots)
         key = (cache.k.data_ptr(), cache.v.data_ptr(), slots[0], len(slots))
         g = self.graphs.get(key, lambda: _DecodeGraph(self.model, cache, slots[0], len(slots)))
         logits = g(tokens.to(self.device), pos)
-        for s, p in zip(slots, pos):
-            cache.lengths[s] = p + 1
+        cache.advance(slots, pos)
         return logits
 
 

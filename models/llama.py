@@ -245,6 +245,23 @@ class KVCache:
     def max_seq(self) -> int:
         return self.k.shape[3]
 
+    def next_positions(self, slots: list[int]) -> list[int]:
+        """Where each slot's next token goes (its length), checked against the cache's size."""
+        pos = [self.lengths[s] for s in slots]
+        if max(pos) + 1 > self.max_seq:
+            raise ValueError(f"a sequence reached the cache's {self.max_seq} positions per slot")
+        return pos
+
+    def advance(self, slots: list[int], pos: list[int]) -> None:
+        """The slots hold one more position each, after a step that wrote position `pos` of each."""
+        for s, p in zip(slots, pos):
+            self.lengths[s] = p + 1
+
+
+def contiguous(slots: list[int]) -> bool:
+    """Whether `slots` are s0, s0 + 1, ... in order: a range of the cache a step addresses as a slice."""
+    return bool(slots) and slots == list(range(slots[0], slots[0] + len(slots)))
+
 
 class Llama(nn.Module):
     def __init__(self, cfg: LlamaConfig, weights: dict[str, torch.Tensor], ops, device: torch.device,
@@ -362,12 +379,10 @@ class Llama(nn.Module):
         """One new token per slot: tokens [N] (device tensor) for `slots` (host list of N distinct slot
         indices, sequences of any lengths) -> logits [N, vocab] float32."""
         N = len(slots)
-        pos_host = [cache.lengths[s] for s in slots]
+        pos_host = cache.next_positions(slots)
         tk = max(pos_host) + 1
-        if tk > cache.max_seq:
-            raise ValueError(f"a sequence reached the cache's {cache.max_seq} positions per slot")
         dev = self.device
-        if N > 1 and slots == list(range(slots[0], slots[0] + N)):
+        if N > 1 and contiguous(slots):
             logits = self.decode_range(cache, slots[0], tokens, torch.tensor(pos_host, device=dev), tk)
         else:
             h = self.tok_embeddings[tokens][:, None]  # [N, 1, dim]
@@ -394,8 +409,7 @@ class Llama(nn.Module):
                     return c[idx, :, :tk]
                 lengths = pos + 1
             logits = self._run(h, cos, sin, cache, write, read, lengths)[:, 0]
-        for s, p in zip(slots, pos_host):
-            cache.lengths[s] = p + 1
+        cache.advance(slots, pos_host)
         return logits
 
     def decode_range(self, cache: KVCache, s0: int, tokens: torch.Tensor, pos: torch.Tensor, tk: int) -> torch.Tensor:

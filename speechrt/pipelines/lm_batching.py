@@ -117,10 +117,12 @@ class ContinuousBatcher:
         with self.runner.loop():  # the prompts in one call: a runner may run them as one batch
             results = self.runner.prefill_many(
                 self.cache, [(r.slot, torch.tensor(r.ids[r.reused:], dtype=torch.long), r.reused) for r in joining])
+        ok = []
         for req, res in zip(joining, results):
             if isinstance(res, Exception):  # this request's prompt failed: only it is told
                 self._drop(req, res)
-        ok = [(req, res) for req, res in zip(joining, results) if not isinstance(res, Exception)]
+            else:
+                ok.append((req, res))
         if ok:
             self._take([req for req, _ in ok], torch.stack([res for _, res in ok]))
 
