@@ -128,6 +128,18 @@ def check_lm_triton(dev, out: Results):
     return "pass", f"greedy ids (32 tokens, float32) equal torch's for {len(CHATS)} chats"
 
 
+def step_records(out: Results, times: dict[bool, list[float]], dev, model: str, precision: str, workload: str):
+    """Records of a decode step's times (seconds) replayed from a graph (True) and eager (False), the first
+    four of each left out as warm-up -> how many times faster the replay is (medians)."""
+    for g, ts in times.items():
+        out.records.append(Record(family="gpu", model=model, engine="speechrt", backend="triton", precision=precision,
+                                  device=str(dev), workload=workload,
+                                  metric="decode_step_us_graphs" if g else "decode_step_us_eager", unit="us",
+                                  value=statistics.median(ts[4:]) * 1e6, better="lower",
+                                  repeats=Repeats.of(t * 1e6 for t in ts[4:])))
+    return statistics.median(times[False][4:]) / statistics.median(times[True][4:])
+
+
 def check_cuda_graphs(dev, out: Results):
     import torch
 
@@ -159,13 +171,7 @@ def check_cuda_graphs(dev, out: Results):
                 ts.append(time.perf_counter() - t)
             logits[g], times[g] = torch.stack(outs).float(), ts
     err = (logits[True] - logits[False]).abs().max().item()
-    for g, ts in times.items():
-        out.records.append(Record(family="gpu", model=model.name, engine="speechrt", backend="triton", precision="float16",
-                                  device=str(dev), workload="whisper decode step, batch 1",
-                                  metric="decode_step_us_graphs" if g else "decode_step_us_eager", unit="us",
-                                  value=statistics.median(ts[4:]) * 1e6, better="lower",
-                                  repeats=Repeats.of(t * 1e6 for t in ts[4:])))
-    speed = statistics.median(times[False][4:]) / statistics.median(times[True][4:])
+    speed = step_records(out, times, dev, model.name, "float16", "whisper decode step, batch 1")
     if not runners[True].graphs_enabled:
         return "fail", "the triton ASR runner did not enable CUDA graphs on this device"
     if err > 5e-2:
@@ -200,14 +206,7 @@ def check_lm_graphs(dev, out: Results):
         fed = fed or toks
         logits[g], times[g] = torch.stack(outs).float(), ts
     err = (logits[True] - logits[False]).abs().max().item() / logits[False].abs().max().item()
-    for g, ts in times.items():
-        out.records.append(Record(family="gpu", model="smollm2-135m-instruct", engine="speechrt", backend="triton",
-                                  precision="bfloat16", device=str(dev),
-                                  workload=f"LM decode step, batch {len(prompts)}",
-                                  metric="decode_step_us_graphs" if g else "decode_step_us_eager", unit="us",
-                                  value=statistics.median(ts[4:]) * 1e6, better="lower",
-                                  repeats=Repeats.of(t * 1e6 for t in ts[4:])))
-    speed = statistics.median(times[False][4:]) / statistics.median(times[True][4:])
+    speed = step_records(out, times, dev, lm.info.model, "bfloat16", f"LM decode step, batch {len(prompts)}")
     if len(r.graphs) == 0:
         return "fail", "the triton LM runner captured no graph on this device"
     if not err <= 2e-2:
