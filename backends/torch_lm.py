@@ -118,6 +118,14 @@ def build(model, device: torch.device, dtype: str | None, kernels: str = "torch"
     t0 = time.perf_counter()
     f = load_file(model)
     fmt = resolve_format(dtype, device, bool(f.q4))
+    if runner_class is TorchLMRunner and fmt == "int4" and device.type == "cpu" and kernels == "torch":
+        from .torch_cpu_lm import CpuInt4LMRunner, unavailable
+
+        why = unavailable(f.config)
+        if why is None:
+            runner_class = CpuInt4LMRunner
+        else:
+            log.info("int4 on ATen's weight-only kernels (bf16 activations): the AVX2 kernel %s", why)
     runner = runner_class(f, device, fmt, kernels, threads, model.name, model.format)
     log.info("loaded %s (tensors %s) in %.1fs", runner.info, f.tensor_types, time.perf_counter() - t0)
     return runner

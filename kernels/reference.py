@@ -230,3 +230,26 @@ VITS_OPS = {
     "conv_transpose1d": conv_transpose1d,
     "relative_attention": relative_attention,
 }
+
+
+def block_linear(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+    """Definition of the CPU decode step's matmul (kernels/cpu_decode): x [M, K] @ W.T -> [M, N] float64.
+
+    W is block-quantized along K in blocks of 32: w = d * (q - 8) + z (4-bit, q in 0..15) or w = d * q
+    (8-bit, z None); q [N, K], d / z [N, K / 32]. x is quantized the way the kernel does it, per block of 32
+    in float32: scale max|x| / 127, values round(x * 127 / max|x|) (half to even), which meet q - 8 (or q);
+    the offsets' term takes x's exact block sums. A block holding a NaN or inf gives NaN.
+    """
+    M, K = x.shape
+    N, nb = q.shape[0], K // 32
+    xb = x.float().reshape(M, nb, 32)
+    amax = xb.abs().amax(-1)
+    bad = ~torch.isfinite(xb).all(-1)
+    inv = torch.where((amax > 0) & ~bad, 127 / amax, torch.zeros_like(amax))
+    xq = torch.round(torch.nan_to_num(xb) * inv[..., None]).double()  # [M, nb, 32]
+    xd = torch.where(bad, torch.full_like(amax, float("nan")), amax / 127).double()
+    wq = q.double().reshape(N, nb, 32) - (8 if z is not None else 0)
+    y = (torch.einsum("mbj,nbj->mnb", xq, wq) * d.double()[None] * xd[:, None]).sum(-1)
+    if z is not None:
+        y = y + (z.double()[None] * xb.double().sum(-1)[:, None]).sum(-1)
+    return y

@@ -17,7 +17,8 @@ def test_wheel_layout_and_import(tmp_path):
     tops = {n.split("/")[0] for n in names}
     assert tops == {"speechrt", whl.name.split("-")[0] + "-" + whl.name.split("-")[1] + ".dist-info"}, tops
     for must in ("speechrt/models/whisper.py", "speechrt/backends/torch_asr.py", "speechrt/kernels/reference.py",
-                 "speechrt/data/sample.wav", "speechrt/data/passage.flac", "speechrt/cli.py"):
+                 "speechrt/data/sample.wav", "speechrt/data/passage.flac", "speechrt/cli.py",
+                 "speechrt/kernels/cpu_decode.c"):
         assert must in names, must
     site = tmp_path / "site"
     r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(whl)],

@@ -10,6 +10,7 @@ from speechrt.backends import torch_lm
 from speechrt.errors import UserError
 from speechrt.kernels import reference as ref
 from speechrt.models.llama import quantize_int4
+from speechrt.models.registry import resolve
 
 
 @pytest.mark.parametrize("shape", [(1, 576), (3, 7, 256), (8, 96)])
@@ -114,3 +115,63 @@ def test_dense_prefill_copy_matches_the_quantized_weights(fmt, rows, dense_dtype
         assert torch.equal(y, torch.nn.functional.linear(x.to(dense_dtype), dense.dense).bfloat16())
     else:
         assert torch.equal(y, y_ref)
+
+
+# -- int4 on the CPU through kernels/cpu_decode (backends/torch_cpu_lm) ---------------------------------------
+
+@pytest.fixture(scope="module")
+def cpu_int4():
+    from speechrt import backends
+    from speechrt.kernels.cpu_decode import unavailable
+
+    if unavailable():
+        pytest.skip(f"the CPU int4 kernel does not run here: {unavailable()}")
+    return backends.get("torch").lm(resolve(None, "lm"), dtype="int4")
+
+
+def test_int4_on_the_cpu_takes_the_kernel(cpu_int4, monkeypatch):
+    from speechrt import backends
+    from speechrt.backends.torch_cpu_lm import CpuInt4LMRunner
+
+    assert isinstance(cpu_int4, CpuInt4LMRunner) and "AVX2 kernel" in cpu_int4.info.threads
+    assert cpu_int4.info.precision == "int4" and cpu_int4.info.backend == "torch"
+    monkeypatch.setenv("SPEECHRT_CPU_DECODE", "0")  # turned off: ATen's weight-only kernels
+    other = backends.get("torch").lm(resolve(None, "lm"), dtype="int4")
+    assert type(other) is torch_lm.TorchLMRunner and other.info.precision == "int4"
+
+
+def test_int4_long_prompts_batches_and_bad_prompts(cpu_int4):
+    """Prompts longer than one call (max_rows rows) equal the same prompt continued from a cut; a batch of
+    prompts equals them one by one, and a bad prompt (a token past the vocabulary) fails alone; more
+    sequences than one call takes step together as they do alone."""
+    r = cpu_int4
+    g = torch.Generator().manual_seed(5)
+    n = r.model.max_rows
+    long = torch.randint(0, r.config.vocab_size, (2 * n + 7,), generator=g)
+    c = r.new_cache(n + 3, 2 * n + 16)
+    whole = r.prefill(c, 0, long)
+    r.prefill(c, 1, long[:n - 5])
+    cut = r.prefill(c, 1, long[n - 5:], start=n - 5)
+    assert torch.equal(whole, cut) and c.lengths[:2] == [len(long)] * 2
+    prompts = [torch.randint(0, r.config.vocab_size, (t,), generator=g) for t in (5, n, 9)]
+    bad = torch.tensor([1, 2, r.config.vocab_size])
+    out = r.prefill_many(c, [(2, prompts[0], 0), (3, bad, 0), (4, prompts[1], 0), (5, prompts[2], 0)])
+    assert isinstance(out[1], RuntimeError) and "vocabulary" in str(out[1])
+    single = r.new_cache(1, 2 * n + 16)
+    for got, p in zip([out[0], out[2], out[3]], prompts):
+        assert torch.equal(got, r.prefill(single, 0, p))
+    ok = r.prefill_many(c, [(2, prompts[0], 0), (4, prompts[1], 0), (5, prompts[2], 0)])
+    assert all(torch.equal(a, b) for a, b in zip(ok, [out[0], out[2], out[3]]))
+    # n + 3 sequences in one decode step: two calls, each row as it steps alone
+    for s in range(6, n + 3):
+        r.prefill(c, s, prompts[0])
+    slots = [s for s in range(n + 3) if s != 3]
+    tokens = torch.randint(0, r.config.vocab_size, (len(slots),), generator=g)
+    before = list(c.lengths)
+    k0, v0 = c.k.clone(), c.v.clone()
+    both = r.decode_step(c, slots, tokens)
+    assert both.shape == (len(slots), r.config.vocab_size)
+    assert all(c.lengths[s] == before[s] + 1 for s in slots) and c.lengths[3] == before[3]
+    for i in (0, len(slots) - 1):
+        alone = type(c)(k0.clone(), v0.clone(), list(before))
+        assert torch.equal(r.decode_step(alone, [slots[i]], tokens[i:i + 1])[0], both[i])

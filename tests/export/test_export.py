@@ -233,3 +233,20 @@ def test_backend_auto_follows_the_table():
     assert r.info.backend == auto.choose("tts", "cpu").backend
     with pytest.raises(UserError, match="valid backends: .*auto"):
         backends.get("fastest")
+
+
+def test_backend_auto_takes_the_runner_up_where_a_choice_cannot_run(monkeypatch):
+    """A choice that needs the CPU int4 kernel (torch int4 on AVX2 machines) gives way to its runner-up where
+    the kernel cannot run (here: turned off), saying why."""
+    from speechrt.backends import auto
+
+    kind = auto.machine_kind("cpu")
+    entry = auto.Choice("torch", "int4", "measured", needs="cpu int4 kernel",
+                        instead=auto.Choice("onnxruntime", "int4", "the runner-up"))
+    monkeypatch.setitem(auto.TABLE, (kind, "lm"), entry)
+    if auto.NEEDS["cpu int4 kernel"]() is None:
+        assert auto.choose("lm", "cpu") == entry
+    monkeypatch.setenv("SPEECHRT_CPU_DECODE", "0")
+    c = auto.choose("lm", "cpu")
+    assert (c.backend, c.dtype) == ("onnxruntime", "int4")
+    assert "SPEECHRT_CPU_DECODE=0" in c.why and "the runner-up" in c.why

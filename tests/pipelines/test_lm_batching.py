@@ -64,7 +64,8 @@ def test_a_failing_prompt_fails_only_its_request(lm, one_cpu_thread):
 
 
 def test_a_looping_reply_ends_as_repetition(lm, one_cpu_thread):
-    ids = lm.tokenizer.encode("The cat sat on the mat. The cat sat on the mat. The cat")
+    # a prompt the model loops on in every precision measured (float32, int4 on the AVX2 kernel)
+    ids = lm.tokenizer.encode("I am a robot. I am a robot. I am a robot. I am a robot. I am")
     evs = list(stream(lm.runner, lm.tokenizer, [ids], GenerationOptions(max_tokens=80)))
     assert evs[-1].finish_reason == "repetition" and len(evs) < 60
     evs = list(stream(lm.runner, lm.tokenizer, [ids], GenerationOptions(max_tokens=80, stop_repeats=0)))

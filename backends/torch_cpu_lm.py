@@ -1,0 +1,116 @@
+"""Language-model runner of the `torch` backend for int4 on x86 CPUs with AVX2: prompts and decode steps in
+kernels/cpu_decode (4-bit blocks read once per step; float32 activations quantized to int8 per block of 32
+at each matmul, as llama.cpp and ONNX Runtime's int4 graphs do; fp16 KV cache), through ctypes.
+
+`TorchLMRunner` keeps int4 on ATen's weight-only kernels (bf16 activations) where this one cannot run: not
+x86-64 with AVX2/FMA/F16C, no C compiler to build the kernel, a model shape it does not take, or
+SPEECHRT_CPU_DECODE=0.
+"""
+from __future__ import annotations
+
+import torch
+
+from speechrt.errors import UserError
+from speechrt.kernels import cpu_decode
+from speechrt.models.llama import KVCache, quantize_int4, rope_inv_freq
+
+from .base import LMRunner, RunnerInfo
+from .torch_backend import ThreadPolicy, cpu_threads
+
+
+def unavailable(cfg) -> str | None:
+    """None where CpuInt4LMRunner runs a model of `cfg` here; otherwise why not."""
+    return cpu_decode.unavailable() or cpu_decode.CpuLlama.unsupported(cfg)
+
+
+def block_weights(lm_file) -> tuple[dict, dict]:
+    """(float weights, 4-bit blocks): a GGUF's Q4_0 / Q4_1 blocks as they are (its other linear weights take
+    8-bit blocks in the kernel); a float checkpoint's linear weights quantized to 4 bits by min/max."""
+    if lm_file.q4:
+        return lm_file.weights, lm_file.q4
+    return lm_file.weights, {n: quantize_int4(lm_file.weights[n]) for n in cpu_decode.CpuLlama.needs(lm_file.config)}
+
+
+class CpuInt4LMRunner(LMRunner):
+    def __init__(self, lm_file, device: torch.device, weight_format: str, kernels: str = "torch",
+                 threads: ThreadPolicy | None = None, model_name: str = "", model_format: str = ""):
+        cfg = lm_file.config
+        self.device, self.config = device, cfg
+        self.tokenizer, self.chat_template = lm_file.tokenizer, lm_file.chat_template
+        self.threads = threads or ThreadPolicy.build(device, None)
+        t = torch.arange(cfg.max_seq_len, dtype=torch.float64)[:, None] * rope_inv_freq(cfg)[None]
+        weights, q4 = block_weights(lm_file)
+        self.model = cpu_decode.CpuLlama(cfg, weights, q4, t.cos(), t.sin(), self.threads.total)
+        self.info = RunnerInfo(kernels, model_name, model_format, weight_format, str(device),
+                               f"AVX2 kernel (kernels/cpu_decode) on {self.threads.total} threads, float32 "
+                               "activations, fp16 KV cache")
+
+    def loop(self):
+        """One torch thread for the sampling between steps: the kernel's threads spin there for a moment."""
+        return cpu_threads(1)
+
+    def new_cache(self, max_batch: int, max_seq: int) -> KVCache:
+        if max_batch < 1 or max_seq < 1:
+            raise UserError(f"cache needs max_batch >= 1 and max_seq >= 1, got {max_batch}, {max_seq}")
+        k, v = self.model.new_cache(max_batch, max_seq)
+        return KVCache(k, v, [0] * max_batch)
+
+    def _rows(self, cache: KVCache, rows: list[tuple[int, int, int]], outs: list[int]) -> torch.Tensor:
+        """(slot, position, token) rows in order, up to max_rows a call -> the logits of rows `outs` [len, vocab]."""
+        got, n = [], self.model.max_rows
+        for c in range(0, len(rows), n):
+            part = rows[c:c + n]
+            sl, ps, tk = (list(x) for x in zip(*part))
+            got.append(self.model(cache.k, cache.v, sl, ps, tk, [i - c for i in outs if c <= i < c + len(part)]))
+        return torch.cat(got)
+
+    @staticmethod
+    def _check(cache: KVCache, slot: int, T: int, start: int) -> None:
+        if not 0 <= slot < cache.max_batch:
+            raise ValueError(f"slot {slot} out of range; the cache has {cache.max_batch} slots")
+        if not 0 <= start <= cache.lengths[slot]:
+            raise ValueError(f"slot {slot} holds {cache.lengths[slot]} positions; prefill must start within them "
+                             f"(0..{cache.lengths[slot]})")
+        if T < 1:
+            raise ValueError("prefill needs at least one token")
+        if start + T > cache.max_seq:
+            raise ValueError(f"sequence of {start + T} tokens does not fit the cache ({cache.max_seq} positions per slot)")
+
+    @torch.inference_mode()
+    def prefill(self, cache: KVCache, slot: int, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
+        T = int(tokens.shape[0])
+        self._check(cache, slot, T, start)
+        logits = self._rows(cache, [(slot, start + i, t) for i, t in enumerate(tokens.tolist())], [T - 1])[0]
+        cache.lengths[slot] = start + T
+        return logits
+
+    @torch.inference_mode()
+    def prefill_many(self, cache: KVCache, jobs):
+        """All prompts' rows together, up to max_rows a call; a prompt that does not fit, or a failing call,
+        sends them one by one (so that only the bad prompt's caller gets its error)."""
+        slots = [j[0] for j in jobs]
+        rows, outs = [], []
+        try:
+            if len(set(slots)) != len(slots):
+                raise ValueError("two prompts for one slot")
+            for slot, tokens, start in jobs:
+                self._check(cache, slot, int(tokens.shape[0]), start)
+                rows += [(slot, start + i, t) for i, t in enumerate(tokens.tolist())]
+                outs.append(len(rows) - 1)
+            logits = self._rows(cache, rows, outs)
+        except Exception:  # noqa: BLE001 - retried one by one, where each error reaches its own prompt
+            return super().prefill_many(cache, jobs)
+        for slot, tokens, start in jobs:
+            cache.lengths[slot] = start + int(tokens.shape[0])
+        return list(logits)
+
+    @torch.inference_mode()
+    def decode_step(self, cache: KVCache, slots, tokens: torch.Tensor) -> torch.Tensor:
+        slots = slots.tolist() if isinstance(slots, torch.Tensor) else list(slots)
+        pos = cache.next_positions(slots)
+        logits = self._rows(cache, list(zip(slots, pos, tokens.tolist())), list(range(len(slots))))
+        cache.advance(slots, pos)
+        return logits
+
+    def release(self, cache: KVCache, slot: int) -> None:
+        cache.lengths[slot] = 0

@@ -1,0 +1,354 @@
+/* A Llama decode step on x86 CPUs with AVX2, FMA and F16C: 4-bit (and 8-bit) block weights read once per
+ * step, activations in float32, built on first use by kernels/cpu_decode.py (gcc -O3 -mavx2 -mfma -mf16c
+ * -fopenmp) and called through ctypes.
+ *
+ * Weights are repacked for the kernel (cpu_decode.Packed): rows in groups of 8; for each group and each
+ * block of 32 inputs, the 8 rows' quantized values side by side (4-bit: rows in the order 0 4 1 5 2 6 3 7,
+ * see group_dot4), then their fp16 scales (and, for 4-bit, their fp16 offsets) in row order: w = d * (q - 8) + z, q in 0..15 (llama.cpp's Q4_1 with z = m + 8 d; Q4_0 is
+ * z = 0), or w = d * q, q in -127..127 (Q8_0). Inputs to a matmul are quantized per block of 32 to int8
+ * with a float scale (as llama.cpp's q8 activations and ONNX Runtime's MatMulNBits at accuracy level 4),
+ * the offsets' term uses the exact float sum of each block. The 4-bit dot products are centred (q - 8, not
+ * q: the quantized inputs' rounding errors meet weights a third the size, the error of ONNX Runtime's
+ * int8-activation MatMulNBits rather than 3x it). One group-block is a 32-wide int8 dot product for each of 8 rows
+ * (vpmaddubsw + vpmaddwd), reduced to one vector of 8 row sums and scaled by 8 scales at once.
+ *
+ * The KV cache is the caller's (fp16 [layers, slots, Hkv, S, D], any strides): each call writes the new
+ * position of each of its rows' slots and attends over that slot's positions 0..pos.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const uint8_t *data; /* packed groups, see above */
+    int64_t n, k;        /* logical output rows and inputs (k % 32 == 0) */
+    int64_t bits;        /* 4 or 8 */
+} srt_mat;
+
+typedef struct {
+    const float *attn_norm, *ffn_norm; /* [dim] */
+    srt_mat qkv, o, gate_up, down;     /* fused q|k|v, o, gate|up, down */
+} srt_layer;
+
+typedef struct {
+    int64_t dim, n_layers, n_heads, n_kv, head_dim, hidden, vocab, max_pos;
+    float eps;
+    const float *emb;       /* [vocab, dim] */
+    const float *norm;      /* [dim] */
+    const float *cos, *sin; /* [max_pos, head_dim / 2] */
+    const srt_layer *layers;
+    srt_mat head;
+} srt_model;
+
+/* ---- activations: per block of 32, int8 values, their scale and the exact block sum ---- */
+
+typedef struct {
+    int8_t *q;    /* [M, K] */
+    float *d, *s; /* [M, K / 32]: scale, exact float sum */
+    int32_t *is;  /* [M, K / 32]: sum of the int8 values */
+} qact;
+
+/* block i (32 values at p) into a */
+static void quantize_block(const float *p, qact *a, int64_t i) {
+    float amax = 0.f, sum = 0.f;
+    int nan = 0;
+    for (int j = 0; j < 32; j++) {
+        float v = fabsf(p[j]);
+        amax = v > amax ? v : amax;
+        nan |= v != v;
+        sum += p[j];
+    }
+    /* a NaN (or inf) input makes its block's scale NaN, so it reaches the output as a NaN */
+    const int bad = nan || isinf(amax);
+    float inv = amax > 0.f && !bad ? 127.f / amax : 0.f;
+    int32_t isum = 0;
+    for (int j = 0; j < 32; j++) isum += a->q[i * 32 + j] = (int8_t)nearbyintf(p[j] * inv);
+    a->is[i] = isum;
+    a->d[i] = bad ? NAN : amax / 127.f;
+    a->s[i] = sum;
+}
+
+static void quantize_rows(const float *x, int64_t M, int64_t K, qact *a) {
+    for (int64_t i = 0; i < M * K / 32; i++) quantize_block(x + i * 32, a, i);
+}
+
+/* e^x for 8 floats (Cephes' polynomial, as in avx_mathfun; ~1 ulp), x clamped to [-88.38, 88.38] */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)), _mm256_set1_ps(-88.3762626647949f));
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+    const __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+}
+
+static inline float hsum_ps(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_hadd_ps(a, a);
+    return _mm_cvtss_f32(_mm_hadd_ps(a, a));
+}
+
+#define MAXD 256 /* head_dim the attention takes (a multiple of 8) */
+
+/* one query head over T cached positions (fp16 keys / values `ps` apart) -> o [D]; p: T floats of scratch */
+static inline __m256 load_h8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+static void attend(const float *q, const uint16_t *kb, const uint16_t *vb, int64_t ps, int64_t T, int64_t D,
+                   float scale, float *p, float *o) {
+    const int64_t nv = D / 8;
+    __m256 qv[MAXD / 8], ov[MAXD / 8];
+    for (int64_t i = 0; i < nv; i++) qv[i] = _mm256_mul_ps(_mm256_loadu_ps(q + 8 * i), _mm256_set1_ps(scale));
+    float mx = -INFINITY;
+    for (int64_t t = 0; t < T; t++) {
+        const uint16_t *kt = kb + t * ps;
+        __m256 acc = _mm256_mul_ps(qv[0], load_h8(kt));
+        for (int64_t i = 1; i < nv; i++) acc = _mm256_fmadd_ps(qv[i], load_h8(kt + 8 * i), acc);
+        p[t] = hsum_ps(acc);
+        mx = p[t] > mx ? p[t] : mx;
+    }
+    __m256 tot = _mm256_setzero_ps();
+    int64_t t = 0;
+    for (; t + 8 <= T; t += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), _mm256_set1_ps(mx)));
+        _mm256_storeu_ps(p + t, e);
+        tot = _mm256_add_ps(tot, e);
+    }
+    float sum = hsum_ps(tot);
+    for (; t < T; t++) sum += p[t] = expf(p[t] - mx);
+    for (int64_t i = 0; i < nv; i++) ov[i] = _mm256_setzero_ps();
+    for (t = 0; t < T; t++) {
+        const uint16_t *vt = vb + t * ps;
+        const __m256 w = _mm256_set1_ps(p[t]);
+        for (int64_t i = 0; i < nv; i++) ov[i] = _mm256_fmadd_ps(w, load_h8(vt + 8 * i), ov[i]);
+    }
+    const __m256 inv = _mm256_set1_ps(1.f / sum);
+    for (int64_t i = 0; i < nv; i++) _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(ov[i], inv));
+}
+
+/* eight vectors of eight int32 -> one vector of their eight sums */
+static inline __m256i hsum8(const __m256i *p) {
+    __m256i s01 = _mm256_hadd_epi32(p[0], p[1]), s23 = _mm256_hadd_epi32(p[2], p[3]);
+    __m256i s45 = _mm256_hadd_epi32(p[4], p[5]), s67 = _mm256_hadd_epi32(p[6], p[7]);
+    __m256i a = _mm256_hadd_epi32(s01, s23), b = _mm256_hadd_epi32(s45, s67);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+#define MAXM 64 /* activation rows one call takes (a decode step's batch) */
+
+/* 4-bit: y[m, n] = sum_k w[n, k] x[m, k] for the 8 rows of group g, all M activation rows. A group-block is
+ * four 32-byte loads, each two rows (r and r + 4) side by side: the low nibbles meet x[0:16] and the high
+ * ones x[16:32] broadcast to both halves, and three horizontal adds leave the 8 rows' sums in order. */
+static inline __attribute__((always_inline)) void group_dot4(const srt_mat *w, int64_t g, const qact *a, int64_t M, __m256 *acc) {
+    const int64_t nb = w->k / 32;
+    const uint8_t *base = w->data + g * nb * 160;
+    const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0xF);
+    for (int64_t m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = base + b * 160;
+        __m256i lo[4], hi[4];
+        for (int r = 0; r < 4; r++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 32 * r));
+            lo[r] = _mm256_and_si256(q, low);
+            hi[r] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 128)));
+        const __m256 z = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 144)));
+        for (int64_t m = 0; m < M; m++) {
+            const int8_t *xq = a->q + (m * nb + b) * 32;
+            const __m256i xl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)xq));
+            const __m256i xh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xq + 16)));
+            __m256i p[4];
+            for (int r = 0; r < 4; r++)
+                p[r] = _mm256_madd_epi16(
+                    _mm256_add_epi16(_mm256_maddubs_epi16(lo[r], xl), _mm256_maddubs_epi16(hi[r], xh)), ones);
+            __m256i si = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+            si = _mm256_sub_epi32(si, _mm256_set1_epi32(8 * a->is[m * nb + b])); /* centred: q - 8 */
+            acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(a->d[m * nb + b])), _mm256_cvtepi32_ps(si), acc[m]);
+            acc[m] = _mm256_fmadd_ps(z, _mm256_set1_ps(a->s[m * nb + b]), acc[m]);
+        }
+    }
+}
+
+/* 8-bit: as group_dot4, one 32-byte load per row (signed x signed: |w| times x with w's sign) */
+static inline __attribute__((always_inline)) void group_dot8(const srt_mat *w, int64_t g, const qact *a, int64_t M, __m256 *acc) {
+    const int64_t nb = w->k / 32;
+    const uint8_t *base = w->data + g * nb * 272;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = base + b * 272;
+        __m256i wv[8], aw[8];
+        for (int r = 0; r < 8; r++) {
+            wv[r] = _mm256_loadu_si256((const __m256i *)(blk + 32 * r));
+            aw[r] = _mm256_sign_epi8(wv[r], wv[r]);
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 256)));
+        for (int64_t m = 0; m < M; m++) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(a->q + (m * nb + b) * 32));
+            __m256i p[8];
+            for (int r = 0; r < 8; r++)
+                p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(xv, wv[r])), ones);
+            const __m256 s = _mm256_cvtepi32_ps(hsum8(p));
+            acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(a->d[m * nb + b])), s, acc[m]);
+        }
+    }
+}
+
+static void matmul(const srt_mat *w, const qact *a, int64_t M, float *y, int64_t ldy) {
+    const int64_t groups = (w->n + 7) / 8;
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < groups; g++) {
+        __m256 acc[MAXM];
+        if (w->bits == 4 && M == 1) /* one row (a decode step of one sequence): its accumulator in a register */
+            group_dot4(w, g, a, 1, acc);
+        else if (w->bits == 4)
+            group_dot4(w, g, a, M, acc);
+        else if (M == 1)
+            group_dot8(w, g, a, 1, acc);
+        else
+            group_dot8(w, g, a, M, acc);
+        for (int64_t m = 0; m < M; m++) {
+            float tmp[8];
+            _mm256_storeu_ps(tmp, acc[m]);
+            int64_t rows = w->n - g * 8 < 8 ? w->n - g * 8 : 8;
+            memcpy(y + m * ldy + g * 8, tmp, rows * sizeof(float));
+        }
+    }
+}
+
+/* Standalone matmul (tests, benchmarks): x [M, K] float32 -> y [M, N]. */
+int srt_matmul(const srt_mat *w, const float *x, int64_t M, float *y, int nthreads) {
+    if (M < 1 || M > MAXM || w->k % 32) return -1;
+    const int64_t nb = w->k / 32;
+    qact a = {malloc(M * w->k), malloc(M * nb * sizeof(float)), malloc(M * nb * sizeof(float)),
+              malloc(M * nb * sizeof(int32_t))};
+    if (!a.q || !a.d || !a.s || !a.is) return -2;
+    quantize_rows(x, M, w->k, &a);
+#pragma omp parallel num_threads(nthreads)
+    matmul(w, &a, M, y, w->n);
+    free(a.q), free(a.d), free(a.s), free(a.is);
+    return 0;
+}
+
+static void rms_norm(const float *x, const float *w, int64_t n, float eps, float *y) {
+    float ss = 0.f;
+    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    const float r = 1.f / sqrtf(ss / (float)n + eps);
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] * r * w[i];
+}
+
+static void rotate(float *x, const float *cos, const float *sin, int64_t half) {
+    for (int64_t i = 0; i < half; i++) {
+        const float a = x[i], b = x[i + half];
+        x[i] = a * cos[i] - b * sin[i];
+        x[i + half] = b * cos[i] + a * sin[i];
+    }
+}
+
+/* M rows, each a token at a position of a cache slot: tokens[m] goes to position pos[m] of slot slots[m] and
+ * attends over that slot's positions 0..pos[m]. One new token for each of M sequences (a decode step), or
+ * the tokens of a prompt (rows of one slot at consecutive positions: every row's keys are written before any
+ * row attends), or several prompts' rows. kc / vc: the fp16 caches with strides (in elements) per layer,
+ * slot, kv head and position (head_dim contiguous). logits [n_out, vocab] for the rows out_rows[0..n_out).
+ * Returns 0, or < 0 for arguments it cannot take. */
+int srt_forward(const srt_model *md, int64_t M, const int64_t *tokens, const int64_t *slots, const int64_t *pos,
+                uint16_t *kc, uint16_t *vc, const int64_t *strides, int64_t n_out, const int64_t *out_rows, float *logits,
+                int nthreads) {
+    const int64_t dim = md->dim, D = md->head_dim, H = md->n_heads, Hkv = md->n_kv, half = D / 2;
+    const int64_t qn = H * D, kvn = Hkv * D, hid = md->hidden, per = H / Hkv;
+    if (M < 1 || M > MAXM || n_out < 0 || n_out > M || D % 8 || D > MAXD || dim % 32 || hid % 32 || qn % 32) return -1;
+    for (int64_t i = 0; i < n_out; i++)
+        if (out_rows[i] < 0 || out_rows[i] >= M) return -1;
+    int64_t maxlen = 0;
+    for (int64_t m = 0; m < M; m++) {
+        if (pos[m] < 0 || pos[m] >= md->max_pos || tokens[m] < 0 || tokens[m] >= md->vocab) return -2;
+        maxlen = pos[m] + 1 > maxlen ? pos[m] + 1 : maxlen;
+    }
+    const int64_t kmax = hid > dim ? (hid > qn ? hid : qn) : (dim > qn ? dim : qn);
+    float *h = malloc(M * dim * sizeof(float)), *x = malloc(M * kmax * sizeof(float));
+    float *qkv = malloc(M * (qn + 2 * kvn) * sizeof(float)), *att = malloc(M * qn * sizeof(float));
+    float *gu = malloc(M * 2 * hid * sizeof(float)), *y = malloc(M * dim * sizeof(float));
+    float *sc = malloc(M * H * maxlen * sizeof(float));
+    qact a = {malloc(M * kmax), malloc(M * (kmax / 32) * sizeof(float)), malloc(M * (kmax / 32) * sizeof(float)),
+              malloc(M * (kmax / 32) * sizeof(int32_t))};
+    if (!h || !x || !qkv || !att || !gu || !y || !sc || !a.q || !a.d || !a.s || !a.is) return -3;
+    for (int64_t m = 0; m < M; m++) memcpy(h + m * dim, md->emb + tokens[m] * dim, dim * sizeof(float));
+    const float scale = 1.f / sqrtf((float)D);
+
+#pragma omp parallel num_threads(nthreads)
+    {
+        for (int64_t l = 0; l < md->n_layers; l++) {
+            const srt_layer *L = md->layers + l;
+            uint16_t *kl = kc + l * strides[0], *vl = vc + l * strides[0];
+#pragma omp single
+            {
+                for (int64_t m = 0; m < M; m++) rms_norm(h + m * dim, L->attn_norm, dim, md->eps, x + m * dim);
+                quantize_rows(x, M, dim, &a);
+            }
+            matmul(&L->qkv, &a, M, qkv, qn + 2 * kvn);
+#pragma omp single
+            for (int64_t m = 0; m < M; m++) { /* rotary on q and k, then k and v into the cache */
+                float *r = qkv + m * (qn + 2 * kvn);
+                const float *c = md->cos + pos[m] * half, *s = md->sin + pos[m] * half;
+                for (int64_t j = 0; j < H + Hkv; j++) rotate(r + j * D, c, s, half);
+                for (int64_t j = 0; j < Hkv; j++) {
+                    const int64_t off = slots[m] * strides[1] + j * strides[2] + pos[m] * strides[3];
+                    for (int64_t i = 0; i < D; i += 8) {
+                        _mm_storeu_si128((__m128i *)(kl + off + i), _mm256_cvtps_ph(_mm256_loadu_ps(r + qn + j * D + i), 0));
+                        _mm_storeu_si128((__m128i *)(vl + off + i),
+                                         _mm256_cvtps_ph(_mm256_loadu_ps(r + qn + kvn + j * D + i), 0));
+                    }
+                }
+            }
+#pragma omp for schedule(static)
+            for (int64_t mh = 0; mh < M * H; mh++) { /* attention of one head of one row over its slot */
+                const int64_t m = mh / H, hh = mh % H;
+                const int64_t off = slots[m] * strides[1] + (hh / per) * strides[2];
+                attend(qkv + m * (qn + 2 * kvn) + hh * D, kl + off, vl + off, strides[3], pos[m] + 1, D, scale,
+                       sc + mh * maxlen, att + m * qn + hh * D);
+            }
+#pragma omp single
+            quantize_rows(att, M, qn, &a);
+            matmul(&L->o, &a, M, y, dim);
+#pragma omp single
+            {
+                for (int64_t i = 0; i < M * dim; i++) h[i] += y[i];
+                for (int64_t m = 0; m < M; m++) rms_norm(h + m * dim, L->ffn_norm, dim, md->eps, x + m * dim);
+                quantize_rows(x, M, dim, &a);
+            }
+            matmul(&L->gate_up, &a, M, gu, 2 * hid);
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < M * hid / 32; i++) { /* silu(gate) * up, a block at a time, quantized */
+                const int64_t m = i / (hid / 32), j = (i % (hid / 32)) * 32;
+                const float *gt = gu + m * 2 * hid + j, *up = gt + hid;
+                float *xo = x + m * hid + j;
+                for (int k = 0; k < 32; k += 8) {
+                    const __m256 g = _mm256_loadu_ps(gt + k);
+                    const __m256 sg = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+                    _mm256_storeu_ps(xo + k, _mm256_mul_ps(sg, _mm256_loadu_ps(up + k)));
+                }
+                quantize_block(xo, &a, i);
+            }
+            matmul(&L->down, &a, M, y, dim);
+#pragma omp single
+            for (int64_t i = 0; i < M * dim; i++) h[i] += y[i];
+        }
+#pragma omp single
+        {
+            for (int64_t i = 0; i < n_out; i++) rms_norm(h + out_rows[i] * dim, md->norm, dim, md->eps, x + i * dim);
+            quantize_rows(x, n_out, dim, &a);
+        }
+        if (n_out > 0) matmul(&md->head, &a, n_out, logits, md->vocab);
+    }
+    free(h), free(x), free(qkv), free(att), free(gu), free(y), free(sc), free(a.q), free(a.d), free(a.s), free(a.is);
+    return 0;
+}

@@ -1,0 +1,303 @@
+"""Launcher of cpu_decode.c: a Llama decode step on x86 CPUs with AVX2 (the torch backend's int4 decode on
+the CPU), and its block-quantized matmul on its own (for tests and benchmarks).
+
+The C file is compiled on first use with the system's C compiler (`$CC`, else cc / gcc: -O3 -mavx2 -mfma
+-mf16c -fopenmp) into speechrt's cache directory, keyed by the source's hash, and loaded with ctypes; a
+machine without AVX2/FMA/F16C, an x86-64 CPU or a compiler does not get it (`unavailable()` says why) and
+the callers keep their torch path. `kernels.reference.block_linear` is the definition the matmul is tested
+against.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_decode.c")
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC"]
+MAX_ROWS = 64  # activation rows per call (MAXM in the C file): a decode step's batch
+GROUP = 8  # output rows per packed group
+BLOCK = 32  # inputs per quantization block
+PAIRS = [0, 4, 1, 5, 2, 6, 3, 7]  # 4-bit rows of a group as the kernel loads them
+UNPAIRS = [PAIRS.index(i) for i in range(GROUP)]
+
+
+class _Mat(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("n", ctypes.c_int64), ("k", ctypes.c_int64), ("bits", ctypes.c_int64)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p),
+                ("qkv", _Mat), ("o", _Mat), ("gate_up", _Mat), ("down", _Mat)]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in ("dim", "n_layers", "n_heads", "n_kv", "head_dim", "hidden", "vocab",
+                                               "max_pos")] + [
+        ("eps", ctypes.c_float), ("emb", ctypes.c_void_p), ("norm", ctypes.c_void_p), ("cos", ctypes.c_void_p),
+        ("sin", ctypes.c_void_p), ("layers", ctypes.POINTER(_Layer)), ("head", _Mat)]
+
+
+def cache_root() -> Path:
+    """$SPEECHRT_CACHE, else $XDG_CACHE_HOME/speechrt, else ~/.cache/speechrt; compiled code under native/."""
+    base = os.environ.get("SPEECHRT_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "speechrt"
+    return Path(base) / "native"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _compiler() -> str | None:
+    for c in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if c and shutil.which(c):
+            return c
+    return None
+
+
+@lru_cache(maxsize=1)
+def _load() -> tuple[ctypes.CDLL | None, str | None]:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None, f"needs an x86-64 CPU (this is {platform.machine()})"
+    missing = {"avx2", "fma", "f16c"} - _cpu_flags()
+    if missing:
+        return None, f"needs the CPU features avx2, fma, f16c (missing: {', '.join(sorted(missing))})"
+    cc = _compiler()
+    if cc is None:
+        return None, "needs a C compiler (set $CC, or install gcc)"
+    src = SOURCE.read_bytes()
+    key = hashlib.sha256(src + " ".join([cc] + FLAGS).encode()).hexdigest()[:16]
+    lib = cache_root() / f"cpu_decode-{key}.so"
+    if not lib.exists():
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
+        os.close(fd)
+        try:
+            r = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True, timeout=300)
+            if r.returncode:
+                return None, f"{cc} could not build {SOURCE.name}: {r.stderr.strip()[-400:]}"
+            os.replace(tmp, lib)  # atomic: a concurrent build of the same key writes the same bytes
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        log.info("built %s with %s", lib, cc)
+    dll = ctypes.CDLL(str(lib))
+    dll.srt_matmul.argtypes = [ctypes.POINTER(_Mat), ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+    dll.srt_forward.argtypes = [ctypes.POINTER(_Model), ctypes.c_int64] + [ctypes.c_void_p] * 6 + [
+        ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    return dll, None
+
+
+def unavailable() -> str | None:
+    """None where the step can run here; otherwise why not (what the machine lacks)."""
+    if os.environ.get("SPEECHRT_CPU_DECODE", "1") == "0":
+        return "turned off by SPEECHRT_CPU_DECODE=0"
+    return _load()[1]
+
+
+def _lib() -> ctypes.CDLL:
+    dll, why = _load()
+    if dll is None:
+        raise RuntimeError(f"the CPU decode step cannot run here: {why}")
+    return dll
+
+
+def _f16_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.float16).contiguous().view(torch.uint8)
+
+
+class Packed:
+    """A weight matrix [N, K] in the kernel's layout (see cpu_decode.c): 4-bit values q in 0..15 with
+    w = d * (q - 8) + z, or 8-bit q in -127..127 with w = d * q, per block of 32 inputs; d, z in fp16."""
+
+    def __init__(self, data: torch.Tensor, n: int, k: int, bits: int):
+        self.data, self.n, self.k, self.bits = data, n, k, bits
+        self.mat = _Mat(data.data_ptr(), n, k, bits)
+
+    @classmethod
+    def q4(cls, q: torch.Tensor, d: torch.Tensor, z: torch.Tensor) -> "Packed":
+        """q [N, K] integers 0..15, d / z [N, K // 32] (rounded to fp16): models.gguf_loader's (q, scale,
+        zero) blocks as they are."""
+        N, K = q.shape
+        _check(K, d.shape, N)
+        nb, Np = K // BLOCK, -(-N // GROUP) * GROUP
+        qb = q.to(torch.uint8).view(N, nb, BLOCK)
+        qs = qb[..., :16] | (qb[..., 16:] << 4)  # byte j: value j (low nibble) and value j + 16 (high)
+        out = torch.zeros(Np // GROUP, nb, 160, dtype=torch.uint8)
+        # rows of a group in the order 0 4 1 5 2 6 3 7: each 32-byte load of the kernel holds rows r and r + 4
+        qs = _rows(qs, Np).reshape(Np // GROUP, GROUP, nb, 16)[:, PAIRS]
+        out[:, :, :128] = qs.transpose(1, 2).reshape(-1, nb, 128)
+        out[:, :, 128:144] = _groups_f16(d, Np)
+        out[:, :, 144:160] = _groups_f16(z, Np)
+        return cls(out, N, K, 4)
+
+    @classmethod
+    def q8(cls, w: torch.Tensor) -> "Packed":
+        """float w [N, K] -> 8 bits per weight, a scale per block of 32 (max |w| / 127: a Q8_0 tensor's
+        dequantized values come back as its own blocks)."""
+        N, K = w.shape
+        _check(K, (N, K // BLOCK), N)
+        nb, Np = K // BLOCK, -(-N // GROUP) * GROUP
+        wb = w.float().view(N, nb, BLOCK)
+        d = wb.abs().amax(-1) / 127
+        q = torch.where(d[..., None] > 0, torch.round(wb / d.clamp_min(1e-30)[..., None]), 0).to(torch.int8)
+        out = torch.zeros(Np // GROUP, nb, 272, dtype=torch.uint8)
+        qs = _rows(q.view(torch.uint8), Np).reshape(Np // GROUP, GROUP, nb, BLOCK)
+        out[:, :, :256] = qs.transpose(1, 2).reshape(-1, nb, 256)
+        out[:, :, 256:272] = _groups_f16(d, Np)
+        return cls(out, N, K, 8)
+
+    def blocks(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The values back from the layout: (q [N, K], d [N, K/32] float32, z or None) — what the
+        reference computes with."""
+        G, nb, _ = self.data.shape
+        if self.bits == 4:
+            qs = self.data[:, :, :128].reshape(G, nb, GROUP, 16).transpose(1, 2)[:, UNPAIRS].reshape(G * GROUP, nb, 16)
+            q = torch.cat([qs & 15, qs >> 4], dim=-1).reshape(G * GROUP, -1)
+            dm = self.data[:, :, 128:160].reshape(G, nb, 2, GROUP, 2).permute(2, 0, 3, 1, 4).contiguous()
+            d, z = (dm[i].view(torch.float16).reshape(G * GROUP, nb).float() for i in range(2))
+            return q[:self.n], d[:self.n], z[:self.n]
+        qs = self.data[:, :, :256].reshape(G, nb, GROUP, BLOCK).transpose(1, 2).reshape(G * GROUP, -1)
+        d = self.data[:, :, 256:272].reshape(G, nb, GROUP, 2).transpose(1, 2).contiguous()
+        return (qs.contiguous().view(torch.int8)[:self.n], d.view(torch.float16).reshape(G * GROUP, nb).float()[:self.n],
+                None)
+
+    def __call__(self, x: torch.Tensor, threads: int = 1) -> torch.Tensor:
+        """x [M, K] float32 (M <= MAX_ROWS) -> [M, N] float32."""
+        M, K = x.shape
+        if K != self.k or not 1 <= M <= MAX_ROWS:
+            raise ValueError(f"x must be [1..{MAX_ROWS}, {self.k}], got {tuple(x.shape)}")
+        x = x.float().contiguous()
+        y = torch.empty(M, self.n)
+        if _lib().srt_matmul(ctypes.byref(self.mat), x.data_ptr(), M, y.data_ptr(), threads):
+            raise RuntimeError("srt_matmul refused its arguments")
+        return y
+
+
+def _check(K: int, groups_shape, N: int) -> None:
+    if K % BLOCK:
+        raise ValueError(f"block-quantized weights need K a multiple of {BLOCK}, got {K}")
+    if tuple(groups_shape) != (N, K // BLOCK):
+        raise ValueError(f"scales must be [{N}, {K // BLOCK}], got {tuple(groups_shape)}")
+
+
+def _rows(t: torch.Tensor, Np: int) -> torch.Tensor:
+    """Zero rows appended up to Np (a whole last group)."""
+    return torch.cat([t, t.new_zeros(Np - t.shape[0], *t.shape[1:])]) if Np > t.shape[0] else t
+
+
+def _groups_f16(s: torch.Tensor, Np: int) -> torch.Tensor:
+    """[N, nb] scales -> [Np / 8, nb, 16] bytes: each group's 8 fp16 values per block."""
+    nb = s.shape[1]
+    b = _f16_bytes(_rows(s.float(), Np)).view(Np // GROUP, GROUP, nb, 2)
+    return b.transpose(1, 2).reshape(Np // GROUP, nb, 2 * GROUP)
+
+
+class CpuLlama:
+    """A Llama's decode steps and prompts in cpu_decode.c: `cfg` a models.llama.LlamaConfig; `weights` float
+    tensors named as models.gguf_loader names them (the embedding, norms, and the float weights of linears
+    without 4-bit blocks); `q4[name] = (q, scale, zero)`, a linear's 4-bit blocks as models.gguf_loader keeps
+    them (w = (q - 8) * scale + zero); cos / sin [positions, head_dim / 2] the rotary tables. A fused
+    projection without blocks for all its parts, and the output head, become 8-bit blocks of their float
+    weights (a GGUF's Q8_0 tensors exactly). The caches (`new_cache`) hold fp16 keys and values."""
+
+    max_rows = MAX_ROWS
+
+    def __init__(self, cfg, weights: dict, q4: dict, cos: torch.Tensor, sin: torch.Tensor, threads: int):
+        why = self.unsupported(cfg)
+        if why:
+            raise ValueError(why)
+        self.cfg, self.threads = cfg, threads
+        self.packs: list[Packed] = []
+        f32 = [t.float().contiguous() for t in (weights["tok_embeddings"], weights["norm"], cos, sin)]
+        self.emb, self.norm, self.cos, self.sin = f32
+        self.norms = [(weights[f"layers.{i}.attn_norm"].float().contiguous(), weights[f"layers.{i}.ffn_norm"].float().contiguous())
+                      for i in range(cfg.n_layers)]
+
+        def pack(names):
+            if all(n in q4 for n in names):
+                q, sc, z = (torch.cat([q4[n][j] for n in names]) for j in range(3))
+                p = Packed.q4(q, sc, z)
+            else:
+                p = Packed.q8(torch.cat([weights[n].float() for n in names]))
+            self.packs.append(p)
+            return p.mat
+
+        layers = []
+        for i, (an, fn) in enumerate(self.norms):
+            n = f"layers.{i}."
+            layers.append(_Layer(an.data_ptr(), fn.data_ptr(), pack([n + "wq", n + "wk", n + "wv"]), pack([n + "wo"]),
+                                 pack([n + "w_gate", n + "w_up"]), pack([n + "w_down"])))
+        self.layers = (_Layer * len(layers))(*layers)
+        head = pack(["tok_embeddings" if cfg.tie_embeddings else "output"])
+        self.struct = _Model(cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden_dim,
+                             cfg.vocab_size, self.cos.shape[0], cfg.norm_eps, self.emb.data_ptr(), self.norm.data_ptr(),
+                             self.cos.data_ptr(), self.sin.data_ptr(), self.layers, head)
+
+    @staticmethod
+    def unsupported(cfg) -> str | None:
+        """None where a model of `cfg` fits the kernel, else why not."""
+        if cfg.head_dim % 8 or cfg.head_dim > 256:
+            return f"the CPU kernel needs head_dim a multiple of 8 up to 256, got {cfg.head_dim}"
+        if cfg.dim % BLOCK or cfg.hidden_dim % BLOCK or (cfg.n_heads * cfg.head_dim) % BLOCK:
+            return f"the CPU kernel needs dim, hidden_dim and n_heads * head_dim multiples of {BLOCK}"
+        return None
+
+    @staticmethod
+    def needs(cfg) -> list[str]:
+        """The linear weights of a model of `cfg` (each one 4-bit where q4 has it)."""
+        return [f"layers.{i}.{n}" for i in range(cfg.n_layers)
+                for n in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")]
+
+    def new_cache(self, max_batch: int, max_seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp16 keys and values [layers, max_batch, Hkv, max_seq, D]."""
+        cfg = self.cfg
+        if max_seq > self.cos.shape[0]:
+            raise ValueError(f"max_seq {max_seq} exceeds the model's context length {self.cos.shape[0]}")
+        shape = (cfg.n_layers, max_batch, cfg.n_kv_heads, max_seq, cfg.head_dim)
+        return torch.zeros(shape, dtype=torch.float16), torch.zeros(shape, dtype=torch.float16)
+
+    def __call__(self, k: torch.Tensor, v: torch.Tensor, slots: list[int], pos: list[int], tokens,
+                 out_rows: list[int] | None = None) -> torch.Tensor:
+        """Rows of (slot, position, token) into the caches k / v (from new_cache): each token goes into its
+        slot at its position and attends over the slot's positions up to it -> logits [len(out_rows), vocab]
+        float32 for those rows (None: all). One token per slot is a decode step; a slot's prompt is its tokens
+        at consecutive positions (no more than MAX_ROWS rows a call)."""
+        M = len(slots)
+        if not 1 <= M <= MAX_ROWS:
+            raise ValueError(f"the CPU kernel takes 1..{MAX_ROWS} rows a call, got {M}")
+        if k.dtype != torch.float16 or k.stride() != v.stride() or k.stride(-1) != 1 or k.shape[-1] != self.cfg.head_dim:
+            raise ValueError("the CPU kernel needs fp16 caches of one layout (new_cache)")
+        if len(pos) != M or min(pos) < 0 or max(pos) >= k.shape[3] or min(slots) < 0 or max(slots) >= k.shape[1]:
+            raise ValueError(f"slots must be within the cache's {k.shape[1]} and positions within its {k.shape[3]}, "
+                             f"got slots {slots}, positions {pos}")
+        rows = list(range(M)) if out_rows is None else list(out_rows)
+        tok = torch.as_tensor(tokens, dtype=torch.int64).contiguous()
+        sl, ps, out = (torch.tensor(a, dtype=torch.int64) for a in (slots, pos, rows))
+        strides = torch.tensor(k.stride()[:4], dtype=torch.int64)
+        logits = torch.empty(len(rows), self.cfg.vocab_size)
+        rc = _lib().srt_forward(ctypes.byref(self.struct), M, tok.data_ptr(), sl.data_ptr(), ps.data_ptr(), k.data_ptr(),
+                                v.data_ptr(), strides.data_ptr(), len(rows), out.data_ptr(), logits.data_ptr(),
+                                self.threads)
+        if rc:
+            raise RuntimeError(f"srt_forward refused its arguments ({rc}): tokens within the vocabulary, positions "
+                               "within the rotary table, output rows among the rows")
+        return logits

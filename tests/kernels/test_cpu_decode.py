@@ -1,0 +1,162 @@
+"""kernels/cpu_decode (the AVX2 Llama decode step) against its definitions: the block matmul against
+kernels.reference.block_linear on fresh random inputs and odd shapes, the packed layout against the blocks it
+was given, and a whole decode step of a small random Llama against the torch model run with the same
+(emulated) matmuls."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from speechrt import kernels
+from speechrt.kernels import cpu_decode
+from speechrt.kernels.reference import block_linear
+from speechrt.models.llama import Llama, LlamaConfig, quantize_int4, rope_inv_freq
+
+pytestmark = pytest.mark.skipif(cpu_decode.unavailable() is not None,
+                                reason=f"the AVX2 decode step cannot run here: {cpu_decode.unavailable()}")
+
+
+def _q4(N, K, g):
+    q = torch.randint(0, 16, (N, K), dtype=torch.uint8, generator=g)
+    d = torch.rand(N, K // 32, generator=g) * 0.02 + 1e-3
+    z = torch.randn(N, K // 32, generator=g) * 0.05
+    return q, d, z
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("N,K,M", [(1, 32, 1), (13, 64, 3), (200, 576, 1), (577, 1536, 8), (96, 96, 17),
+                                   (1031, 160, cpu_decode.MAX_ROWS)])
+def test_block_matmul_matches_definition(bits, N, K, M):
+    g = torch.Generator().manual_seed(N * K + M + bits)
+    if bits == 4:
+        q, d, z = _q4(N, K, g)
+        p = cpu_decode.Packed.q4(q, d, z)
+        d, z = d.half().float(), z.half().float()  # the layout keeps fp16 scales
+    else:
+        w = torch.randn(N, K, generator=g) * torch.rand(N, 1, generator=g)
+        p = cpu_decode.Packed.q8(w)
+        q, d, z = p.blocks()
+        # half a step of rounding, and the scale kept in fp16 (127 steps x 2^-11 of it)
+        assert (q.float() * d.repeat_interleave(32, 1) - w).abs().max() <= 0.57 * d.max()
+    got = p.blocks()
+    assert torch.equal(got[0].to(q.dtype), q) and torch.equal(got[1], d)
+    assert (got[2] is None and z is None) or torch.equal(got[2], z)
+    x = torch.randn(M, K, generator=g) * 3
+    x[0, :5] *= 40  # an outlier block, as RMSNorm outputs have
+    for threads in (1, 2):
+        y = p(x, threads)
+        assert y.shape == (M, N) and torch.isfinite(y).all()
+        assert _rel(y, block_linear(x, q, d, z)) < 1e-5
+
+
+def test_q8_keeps_q8_0_blocks_exactly():
+    """A GGUF Q8_0 tensor's dequantized values (d fp16, |q| up to 127 in each block) pack back to its blocks."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randint(-127, 128, (24, 96), generator=g)
+    q[:, ::32] = 127  # Q8_0: max |q| is 127 in every block
+    d = (torch.rand(24, 3, generator=g) * 0.01).half().float()
+    bq, bd, _ = cpu_decode.Packed.q8(q.float() * d.repeat_interleave(32, 1)).blocks()
+    assert torch.equal(bq.long(), q) and torch.equal(bd, d)
+
+
+def test_nan_and_bad_shapes():
+    g = torch.Generator().manual_seed(4)
+    p = cpu_decode.Packed.q4(*_q4(16, 64, g))
+    x = torch.randn(2, 64, generator=g)
+    x[1, 40] = float("nan")
+    y = p(x)
+    assert torch.isfinite(y[0]).all() and torch.isnan(y[1]).all()
+    x[1, 40] = float("inf")
+    assert torch.isnan(p(x)[1]).all()
+    with pytest.raises(ValueError, match="multiple of 32"):
+        cpu_decode.Packed.q4(torch.zeros(4, 40, dtype=torch.uint8), torch.ones(4, 1), torch.ones(4, 1))
+    with pytest.raises(ValueError, match=r"x must be \[1\.\.64, 64\]"):
+        p(torch.zeros(65, 64))
+
+
+def _emulating(cpu: cpu_decode.CpuLlama, cfg, w):
+    """A float32 Llama of weights `w` whose kernel set's `linear` is the block matmul's definition on the
+    kernel's own packed weights (matched to the model's linears in order), attending over fp16-rounded keys
+    and values."""
+    ops = kernels.select("torch", torch.device("cpu"))
+    by_ptr = {}
+
+    def linear(x, weight, bias=None):
+        y = block_linear(x.reshape(-1, x.shape[-1]), *by_ptr[weight.data_ptr()].blocks()).float()
+        return y.view(*x.shape[:-1], -1)
+    def attention(q, k, v, **kw):  # keys and values as the kernel's fp16 cache holds them
+        return ops.attention(q, k.half().float(), v.half().float(), **kw)
+    table = {n: getattr(ops, n) for n in ops.names()}
+    table["linear"], table["attention"] = linear, attention
+    model = Llama(cfg, w, kernels.KernelSet("torch", torch.device("cpu"), table, {}), torch.device("cpu"), "float32")
+    lins = [lin for L in model.layers for lin in (L.wqkv, L.wo, L.w_gate_up, L.w_down)] + [model.output]
+    assert len(lins) == len(cpu.packs)
+    by_ptr.update({lin.weight.data_ptr(): p for lin, p in zip(lins, cpu.packs)})
+    return model
+
+
+def _small_llama(g, q8_names=()):
+    cfg = LlamaConfig(vocab_size=301, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=96, max_seq_len=64)
+    shapes = {"wq": (64, 64), "wk": (32, 64), "wv": (32, 64), "wo": (64, 64), "w_gate": (96, 64), "w_up": (96, 64),
+              "w_down": (64, 96)}
+    w = {"tok_embeddings": torch.randn(301, 64, generator=g), "norm": 1 + 0.1 * torch.randn(64, generator=g)}
+    q4 = {}
+    for i in range(2):
+        w[f"layers.{i}.attn_norm"] = 1 + 0.1 * torch.randn(64, generator=g)
+        w[f"layers.{i}.ffn_norm"] = 1 + 0.1 * torch.randn(64, generator=g)
+        for n, shape in shapes.items():
+            name = f"layers.{i}.{n}"
+            q, s, z = quantize_int4(torch.randn(*shape, generator=g) * 0.2)
+            s, z = s.half().float(), z.half().float()  # what the layout keeps
+            w[name] = ((q.float().view(q.shape[0], -1, 32) - 8) * s[..., None] + z[..., None]).view(q.shape)
+            if n not in q8_names:
+                q4[name] = (q, s, z)
+    t = torch.arange(64, dtype=torch.float64)[:, None] * rope_inv_freq(cfg)[None]
+    return cfg, w, q4, cpu_decode.CpuLlama(cfg, w, q4, t.cos(), t.sin(), threads=2)
+
+
+@pytest.mark.parametrize("slots", [[0], [3, 1], [0, 1, 2, 3]])
+@pytest.mark.parametrize("q8_names", [(), ("wk", "w_down")])
+def test_forward_matches_the_model(slots, q8_names):
+    """A small random Llama (GQA, odd vocabulary; some projections 8-bit): prompts of different lengths, then a
+    decode step of `slots`: the logits equal the torch model's run with the kernel's own block matmul
+    definition and fp16 keys and values, and the cache holds the model's keys and values."""
+    g = torch.Generator().manual_seed(len(slots) + len(q8_names))
+    cfg, w, q4, cpu = _small_llama(g, q8_names)
+    assert [p.bits for p in cpu.packs[:4]] == [8 if "wk" in q8_names else 4, 4, 4, 8 if q8_names else 4]
+    ref = _emulating(cpu, cfg, w)
+    k, v = cpu.new_cache(4, 32)
+    ref_cache = ref.new_cache(4, 32)
+    for s in range(4):  # prompts of different lengths, each one call
+        p = torch.randint(0, 301, (3 + 5 * s,), generator=g)
+        got = cpu(k, v, [s] * len(p), list(range(len(p))), p, [len(p) - 1])
+        want = ref.prefill(ref_cache, s, p)
+        assert _rel(got[0], want) < 1e-4
+    assert _rel(k.float(), ref_cache.k) < 1e-3 and _rel(v.float(), ref_cache.v) < 1e-3  # fp16: 2^-11
+    tokens = torch.randint(0, 301, (len(slots),), generator=g)
+    got = cpu(k, v, slots, ref_cache.next_positions(slots), tokens)
+    want = ref.decode_step(ref_cache, slots, tokens)
+    assert got.shape == (len(slots), 301) and torch.isfinite(got).all()
+    assert _rel(got, want) < 1e-4
+    with pytest.raises(ValueError, match="positions within its 32"):
+        cpu(k, v, [0], [32], tokens[:1])
+    with pytest.raises(RuntimeError, match="refused"):
+        cpu(k, v, [0], [0], [301])  # past the vocabulary
+
+
+def test_prompt_in_one_call_equals_token_by_token():
+    """A prompt's rows in one call (each row's keys written before any row attends) leave the cache and last
+    logits that feeding it one token at a time does."""
+    g = torch.Generator().manual_seed(9)
+    cfg, w, q4, cpu = _small_llama(g)
+    p = torch.randint(0, 301, (11,), generator=g)
+    k1, v1 = cpu.new_cache(1, 16)
+    k2, v2 = cpu.new_cache(1, 16)
+    a = cpu(k1, v1, [0] * 11, list(range(11)), p, [10])[0]
+    for i in range(11):
+        b = cpu(k2, v2, [0], [i], p[i:i + 1])[0]
+    assert torch.equal(k1, k2) and torch.equal(v1, v2) and torch.equal(a, b)
