@@ -4,7 +4,8 @@
  *
  * Weights are repacked for the kernel (cpu_decode.Packed): rows in groups of 8; for each group and each
  * block of 32 inputs, the 8 rows' quantized values side by side (4-bit: rows in the order 0 4 1 5 2 6 3 7,
- * see group_dot4), then their fp16 scales (and, for 4-bit, their fp16 offsets) in row order: w = d * (q - 8) + z, q in 0..15 (llama.cpp's Q4_1 with z = m + 8 d; Q4_0 is
+ * see group_dot4), then their fp16 scales (and, for 4-bit, their fp16 offsets) in row order:
+ * w = d * (q - 8) + z, q in 0..15 (llama.cpp's Q4_1 with z = m + 8 d; Q4_0 is
  * z = 0), or w = d * q, q in -127..127 (Q8_0). Inputs to a matmul are quantized per block of 32 to int8
  * with a float scale (as llama.cpp's q8 activations and ONNX Runtime's MatMulNBits at accuracy level 4),
  * the offsets' term uses the exact float sum of each block. The 4-bit dot products are centred (q - 8, not
@@ -99,39 +100,78 @@ static inline float hsum_ps(__m256 v) {
 
 #define MAXD 256 /* head_dim the attention takes (a multiple of 8) */
 
-/* one query head over T cached positions (fp16 keys / values `ps` apart) -> o [D]; p: T floats of scratch */
 static inline __m256 load_h8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
-static void attend(const float *q, const uint16_t *kb, const uint16_t *vb, int64_t ps, int64_t T, int64_t D,
-                   float scale, float *p, float *o) {
-    const int64_t nv = D / 8;
-    __m256 qv[MAXD / 8], ov[MAXD / 8];
-    for (int64_t i = 0; i < nv; i++) qv[i] = _mm256_mul_ps(_mm256_loadu_ps(q + 8 * i), _mm256_set1_ps(scale));
-    float mx = -INFINITY;
+#define MAXPER 16 /* query heads per kv head the attention takes */
+
+/* The `per` query heads of one kv head (q: per x D, contiguous) over the cached positions [t0, t1) (fp16 keys and
+ * values `ps` apart): each head's unnormalized output o [per, D], the max of its scores and the sum of their
+ * exponentials (a split of flash decoding, merged by merge_parts). Each key is read and converted once for
+ * all the group's heads; p: per x (t1 - t0) floats of scratch; head h's results at o + h hs D, mx + h hs and
+ * sum + h hs. */
+static void attend_part(const float *q, int64_t per, const uint16_t *kb, const uint16_t *vb, int64_t ps, int64_t t0,
+                        int64_t t1, int64_t D, float scale, float *p, float *o, float *mx, float *sum, int64_t hs) {
+    const int64_t nv = D / 8, T = t1 - t0;
+    float qs[MAXPER * MAXD];
+    for (int64_t i = 0; i < per * D; i++) qs[i] = q[i] * scale;
+    float m[MAXPER];
+    for (int64_t h = 0; h < per; h++) m[h] = -INFINITY;
     for (int64_t t = 0; t < T; t++) {
-        const uint16_t *kt = kb + t * ps;
-        __m256 acc = _mm256_mul_ps(qv[0], load_h8(kt));
-        for (int64_t i = 1; i < nv; i++) acc = _mm256_fmadd_ps(qv[i], load_h8(kt + 8 * i), acc);
-        p[t] = hsum_ps(acc);
-        mx = p[t] > mx ? p[t] : mx;
+        const uint16_t *kt = kb + (t0 + t) * ps;
+        _mm_prefetch((const char *)(kt + 8 * ps), _MM_HINT_T0);
+        _mm_prefetch((const char *)(kt + 8 * ps + 32), _MM_HINT_T0);
+        __m256 kv[MAXD / 8];
+        for (int64_t i = 0; i < nv; i++) kv[i] = load_h8(kt + 8 * i);
+        for (int64_t h = 0; h < per; h++) {
+            const float *qh = qs + h * D;
+            __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(qh), kv[0]);
+            for (int64_t i = 1; i < nv; i++) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * i), kv[i], acc);
+            const float sc = p[h * T + t] = hsum_ps(acc);
+            m[h] = sc > m[h] ? sc : m[h];
+        }
     }
-    __m256 tot = _mm256_setzero_ps();
-    int64_t t = 0;
-    for (; t + 8 <= T; t += 8) {
-        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), _mm256_set1_ps(mx)));
-        _mm256_storeu_ps(p + t, e);
-        tot = _mm256_add_ps(tot, e);
+    for (int64_t h = 0; h < per; h++) {
+        float *ph = p + h * T;
+        __m256 tot = _mm256_setzero_ps();
+        int64_t t = 0;
+        for (; t + 8 <= T; t += 8) {
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(ph + t), _mm256_set1_ps(m[h])));
+            _mm256_storeu_ps(ph + t, e);
+            tot = _mm256_add_ps(tot, e);
+        }
+        float tsum = hsum_ps(tot);
+        for (; t < T; t++) tsum += ph[t] = expf(ph[t] - m[h]);
+        mx[h * hs] = m[h];
+        sum[h * hs] = tsum;
+        __m256 ov[MAXD / 8];
+        for (int64_t i = 0; i < nv; i++) ov[i] = _mm256_setzero_ps();
+        for (t = 0; t < T; t++) {
+            const uint16_t *vt = vb + (t0 + t) * ps;
+            if (h == 0) {
+                _mm_prefetch((const char *)(vt + 8 * ps), _MM_HINT_T0);
+                _mm_prefetch((const char *)(vt + 8 * ps + 32), _MM_HINT_T0);
+            }
+            const __m256 w = _mm256_set1_ps(ph[t]);
+            for (int64_t i = 0; i < nv; i++) ov[i] = _mm256_fmadd_ps(w, load_h8(vt + 8 * i), ov[i]);
+        }
+        for (int64_t i = 0; i < nv; i++) _mm256_storeu_ps(o + h * hs * D + 8 * i, ov[i]);
     }
-    float sum = hsum_ps(tot);
-    for (; t < T; t++) sum += p[t] = expf(p[t] - mx);
-    for (int64_t i = 0; i < nv; i++) ov[i] = _mm256_setzero_ps();
-    for (t = 0; t < T; t++) {
-        const uint16_t *vt = vb + t * ps;
-        const __m256 w = _mm256_set1_ps(p[t]);
-        for (int64_t i = 0; i < nv; i++) ov[i] = _mm256_fmadd_ps(w, load_h8(vt + 8 * i), ov[i]);
+}
+
+/* C parts of one head (o [C, D] unnormalized, their max and sum; a part with sum 0 is empty) -> out [D] */
+static void merge_parts(const float *o, const float *mx, const float *sum, int64_t C, int64_t D, float *out) {
+    float m = -INFINITY, tot = 0.f;
+    for (int64_t c = 0; c < C; c++)
+        if (sum[c] > 0.f && mx[c] > m) m = mx[c];
+    for (int64_t i = 0; i < D; i++) out[i] = 0.f;
+    for (int64_t c = 0; c < C; c++) {
+        if (!(sum[c] > 0.f)) continue;
+        const float w = expf(mx[c] - m);
+        tot += w * sum[c];
+        for (int64_t i = 0; i < D; i++) out[i] += w * o[c * D + i];
     }
-    const __m256 inv = _mm256_set1_ps(1.f / sum);
-    for (int64_t i = 0; i < nv; i++) _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(ov[i], inv));
+    const float inv = 1.f / tot;
+    for (int64_t i = 0; i < D; i++) out[i] *= inv;
 }
 
 /* eight vectors of eight int32 -> one vector of their eight sums */
@@ -147,7 +187,8 @@ static inline __m256i hsum8(const __m256i *p) {
 /* 4-bit: y[m, n] = sum_k w[n, k] x[m, k] for the 8 rows of group g, all M activation rows. A group-block is
  * four 32-byte loads, each two rows (r and r + 4) side by side: the low nibbles meet x[0:16] and the high
  * ones x[16:32] broadcast to both halves, and three horizontal adds leave the 8 rows' sums in order. */
-static inline __attribute__((always_inline)) void group_dot4(const srt_mat *w, int64_t g, const qact *a, int64_t M, __m256 *acc) {
+static inline __attribute__((always_inline)) void group_dot4(const srt_mat *w, int64_t g, const qact *a, int64_t M,
+                                                             __m256 *acc) {
     const int64_t nb = w->k / 32;
     const uint8_t *base = w->data + g * nb * 160;
     const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0xF);
@@ -176,14 +217,16 @@ static inline __attribute__((always_inline)) void group_dot4(const srt_mat *w, i
                     _mm256_add_epi16(_mm256_maddubs_epi16(lo[r], xl), _mm256_maddubs_epi16(hi[r], xh)), ones);
             __m256i si = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
             si = _mm256_sub_epi32(si, _mm256_set1_epi32(8 * a->is[m * nb + b])); /* centred: q - 8 */
-            acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(a->d[m * nb + b])), _mm256_cvtepi32_ps(si), acc[m]);
+            const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(a->d[m * nb + b]));
+            acc[m] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(si), acc[m]);
             acc[m] = _mm256_fmadd_ps(z, _mm256_set1_ps(a->s[m * nb + b]), acc[m]);
         }
     }
 }
 
 /* 8-bit: as group_dot4, one 32-byte load per row (signed x signed: |w| times x with w's sign) */
-static inline __attribute__((always_inline)) void group_dot8(const srt_mat *w, int64_t g, const qact *a, int64_t M, __m256 *acc) {
+static inline __attribute__((always_inline)) void group_dot8(const srt_mat *w, int64_t g, const qact *a, int64_t M,
+                                                             __m256 *acc) {
     const int64_t nb = w->k / 32;
     const uint8_t *base = w->data + g * nb * 272;
     const __m256i ones = _mm256_set1_epi16(1);
@@ -266,11 +309,13 @@ static void rotate(float *x, const float *cos, const float *sin, int64_t half) {
  * slot, kv head and position (head_dim contiguous). logits [n_out, vocab] for the rows out_rows[0..n_out).
  * Returns 0, or < 0 for arguments it cannot take. */
 int srt_forward(const srt_model *md, int64_t M, const int64_t *tokens, const int64_t *slots, const int64_t *pos,
-                uint16_t *kc, uint16_t *vc, const int64_t *strides, int64_t n_out, const int64_t *out_rows, float *logits,
-                int nthreads) {
+                uint16_t *kc, uint16_t *vc, const int64_t *strides, int64_t n_out, const int64_t *out_rows,
+                float *logits, int nthreads) {
     const int64_t dim = md->dim, D = md->head_dim, H = md->n_heads, Hkv = md->n_kv, half = D / 2;
     const int64_t qn = H * D, kvn = Hkv * D, hid = md->hidden, per = H / Hkv;
-    if (M < 1 || M > MAXM || n_out < 0 || n_out > M || D % 8 || D > MAXD || dim % 32 || hid % 32 || qn % 32) return -1;
+    if (M < 1 || M > MAXM || n_out < 0 || n_out > M || D % 8 || D > MAXD || per > MAXPER || dim % 32 || hid % 32 ||
+        qn % 32)
+        return -1;
     for (int64_t i = 0; i < n_out; i++)
         if (out_rows[i] < 0 || out_rows[i] >= M) return -1;
     int64_t maxlen = 0;
@@ -283,9 +328,15 @@ int srt_forward(const srt_model *md, int64_t M, const int64_t *tokens, const int
     float *qkv = malloc(M * (qn + 2 * kvn) * sizeof(float)), *att = malloc(M * qn * sizeof(float));
     float *gu = malloc(M * 2 * hid * sizeof(float)), *y = malloc(M * dim * sizeof(float));
     float *sc = malloc(M * H * maxlen * sizeof(float));
+    /* each row's positions in C parts, so that a step of few rows and kv heads still splits over the threads */
+    int64_t C = M * Hkv >= 2 * nthreads ? 1 : (2 * nthreads + M * Hkv - 1) / (M * Hkv);
+    if (C > maxlen / 32) C = maxlen / 32 > 1 ? maxlen / 32 : 1;
+    float *part_o = malloc(M * H * C * D * sizeof(float)), *part_m = malloc(M * H * C * sizeof(float));
+    float *part_s = malloc(M * H * C * sizeof(float));
     qact a = {malloc(M * kmax), malloc(M * (kmax / 32) * sizeof(float)), malloc(M * (kmax / 32) * sizeof(float)),
               malloc(M * (kmax / 32) * sizeof(int32_t))};
-    if (!h || !x || !qkv || !att || !gu || !y || !sc || !a.q || !a.d || !a.s || !a.is) return -3;
+    if (!h || !x || !qkv || !att || !gu || !y || !sc || !part_o || !part_m || !part_s || !a.q || !a.d || !a.s || !a.is)
+        return -3;
     for (int64_t m = 0; m < M; m++) memcpy(h + m * dim, md->emb + tokens[m] * dim, dim * sizeof(float));
     const float scale = 1.f / sqrtf((float)D);
 
@@ -308,19 +359,25 @@ int srt_forward(const srt_model *md, int64_t M, const int64_t *tokens, const int
                 for (int64_t j = 0; j < Hkv; j++) {
                     const int64_t off = slots[m] * strides[1] + j * strides[2] + pos[m] * strides[3];
                     for (int64_t i = 0; i < D; i += 8) {
-                        _mm_storeu_si128((__m128i *)(kl + off + i), _mm256_cvtps_ph(_mm256_loadu_ps(r + qn + j * D + i), 0));
+                        _mm_storeu_si128((__m128i *)(kl + off + i),
+                                         _mm256_cvtps_ph(_mm256_loadu_ps(r + qn + j * D + i), 0));
                         _mm_storeu_si128((__m128i *)(vl + off + i),
                                          _mm256_cvtps_ph(_mm256_loadu_ps(r + qn + kvn + j * D + i), 0));
                     }
                 }
             }
 #pragma omp for schedule(static)
-            for (int64_t mh = 0; mh < M * H; mh++) { /* attention of one head of one row over its slot */
-                const int64_t m = mh / H, hh = mh % H;
-                const int64_t off = slots[m] * strides[1] + (hh / per) * strides[2];
-                attend(qkv + m * (qn + 2 * kvn) + hh * D, kl + off, vl + off, strides[3], pos[m] + 1, D, scale,
-                       sc + mh * maxlen, att + m * qn + hh * D);
+            for (int64_t it = 0; it < M * Hkv * C; it++) { /* a part of a row's positions, one kv head's group */
+                const int64_t m = it / (Hkv * C), j = (it / C) % Hkv, c = it % C, T = pos[m] + 1;
+                const int64_t len = (T + C - 1) / C, t0 = c * len < T ? c * len : T, t1 = t0 + len < T ? t0 + len : T;
+                const int64_t off = slots[m] * strides[1] + j * strides[2], h0 = m * H + j * per;
+                attend_part(qkv + m * (qn + 2 * kvn) + j * per * D, per, kl + off, vl + off, strides[3], t0, t1, D,
+                            scale, sc + h0 * maxlen + t0 * per, part_o + (h0 * C + c) * D, part_m + h0 * C + c,
+                            part_s + h0 * C + c, C);
             }
+#pragma omp for schedule(static)
+            for (int64_t mh = 0; mh < M * H; mh++)
+                merge_parts(part_o + mh * C * D, part_m + mh * C, part_s + mh * C, C, D, att + mh * D);
 #pragma omp single
             quantize_rows(att, M, qn, &a);
             matmul(&L->o, &a, M, y, dim);
@@ -338,7 +395,8 @@ int srt_forward(const srt_model *md, int64_t M, const int64_t *tokens, const int
                 float *xo = x + m * hid + j;
                 for (int k = 0; k < 32; k += 8) {
                     const __m256 g = _mm256_loadu_ps(gt + k);
-                    const __m256 sg = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+                    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+                    const __m256 sg = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e));
                     _mm256_storeu_ps(xo + k, _mm256_mul_ps(sg, _mm256_loadu_ps(up + k)));
                 }
                 quantize_block(xo, &a, i);
@@ -354,6 +412,7 @@ int srt_forward(const srt_model *md, int64_t M, const int64_t *tokens, const int
         }
         if (n_out > 0) matmul(&md->head, &a, n_out, logits, md->vocab);
     }
-    free(h), free(x), free(qkv), free(att), free(gu), free(y), free(sc), free(a.q), free(a.d), free(a.s), free(a.is);
+    free(h), free(x), free(qkv), free(att), free(gu), free(y), free(sc), free(part_o), free(part_m), free(part_s);
+    free(a.q), free(a.d), free(a.s), free(a.is);
     return 0;
 }

@@ -257,6 +257,8 @@ class CpuLlama:
         """None where a model of `cfg` fits the kernel, else why not."""
         if cfg.head_dim % 8 or cfg.head_dim > 256:
             return f"the CPU kernel needs head_dim a multiple of 8 up to 256, got {cfg.head_dim}"
+        if cfg.n_heads // cfg.n_kv_heads > 16:
+            return f"the CPU kernel takes up to 16 query heads per kv head, got {cfg.n_heads // cfg.n_kv_heads}"
         if cfg.dim % BLOCK or cfg.hidden_dim % BLOCK or (cfg.n_heads * cfg.head_dim) % BLOCK:
             return f"the CPU kernel needs dim, hidden_dim and n_heads * head_dim multiples of {BLOCK}"
         return None

@@ -99,8 +99,8 @@ def _emulating(cpu: cpu_decode.CpuLlama, cfg, w):
     return model
 
 
-def _small_llama(g, q8_names=()):
-    cfg = LlamaConfig(vocab_size=301, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=96, max_seq_len=64)
+def _small_llama(g, q8_names=(), threads=2):
+    cfg = LlamaConfig(vocab_size=301, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=96, max_seq_len=160)
     shapes = {"wq": (64, 64), "wk": (32, 64), "wv": (32, 64), "wo": (64, 64), "w_gate": (96, 64), "w_up": (96, 64),
               "w_down": (64, 96)}
     w = {"tok_embeddings": torch.randn(301, 64, generator=g), "norm": 1 + 0.1 * torch.randn(64, generator=g)}
@@ -115,8 +115,8 @@ def _small_llama(g, q8_names=()):
             w[name] = ((q.float().view(q.shape[0], -1, 32) - 8) * s[..., None] + z[..., None]).view(q.shape)
             if n not in q8_names:
                 q4[name] = (q, s, z)
-    t = torch.arange(64, dtype=torch.float64)[:, None] * rope_inv_freq(cfg)[None]
-    return cfg, w, q4, cpu_decode.CpuLlama(cfg, w, q4, t.cos(), t.sin(), threads=2)
+    t = torch.arange(160, dtype=torch.float64)[:, None] * rope_inv_freq(cfg)[None]
+    return cfg, w, q4, cpu_decode.CpuLlama(cfg, w, q4, t.cos(), t.sin(), threads=threads)
 
 
 @pytest.mark.parametrize("slots", [[0], [3, 1], [0, 1, 2, 3]])
@@ -160,3 +160,21 @@ def test_prompt_in_one_call_equals_token_by_token():
     for i in range(11):
         b = cpu(k2, v2, [0], [i], p[i:i + 1])[0]
     assert torch.equal(k1, k2) and torch.equal(v1, v2) and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_long_context_split_over_threads(threads):
+    """A step of one sequence over 121 positions splits each kv head's positions into parts across the threads
+    (1, 2 or 3 parts here) and merges them: the logits are the model's."""
+    g = torch.Generator().manual_seed(11)
+    cfg, w, q4, cpu = _small_llama(g, threads=threads)
+    ref = _emulating(cpu, cfg, w)
+    k, v = cpu.new_cache(1, 160)
+    ref_cache = ref.new_cache(1, 160)
+    p = torch.randint(0, 301, (120,), generator=g)
+    cpu(k, v, [0] * 60, list(range(60)), p[:60], [])
+    cpu(k, v, [0] * 60, list(range(60, 120)), p[60:], [])
+    ref.prefill(ref_cache, 0, p)
+    got = cpu(k, v, [0], [120], [7])
+    want = ref.decode_step(ref_cache, [0], torch.tensor([7]))
+    assert _rel(got, want) < 1e-4
