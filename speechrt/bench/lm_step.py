@@ -1,7 +1,8 @@
 """`python -m speechrt.bench.lm_step`: where one batch-1 decode step goes, our exported graph beside
-onnxruntime-genai's graph of the same GGUF — the nodes each runs, the bytes of weights each step reads (by
-what reads them), and the time of bare steps: ONNX Runtime with I/O binding, the caches bound in place, no
-sampling and no Python loop around them, each graph in turn for `--rounds` rounds (best and median kept).
+onnxruntime-genai's graph of the same GGUF and the torch backend's int4 kernel on AVX2 CPUs — the nodes each
+runs, the bytes of weights each step reads (by what reads them), and the time of bare steps: ONNX Runtime
+with I/O binding, the caches bound in place (the kernel: one C call on its fp16 cache), no sampling and no
+Python loop around them, each in turn for `--rounds` rounds (best and median kept).
 
 A decode step at one row reads every weight once, so on a CPU it is bound by memory bandwidth and by the
 cost of dispatching its nodes; the bytes say which graph can be faster at all. Our graph keeps the GGUF's
@@ -128,6 +129,36 @@ class BareStep:
         return (time.perf_counter() - t) / steps
 
 
+class KernelStep:
+    """The torch backend's int4 step on the CPU (kernels/cpu_decode, AVX2): one token of one sequence after
+    `past` positions of its fp16 cache, one C call, no sampling; the bytes it reads by reader, as step_bytes."""
+
+    def __init__(self, model: str, threads: int | None, past: int, cache: int = 512):
+        import torch
+
+        from speechrt import backends
+        from speechrt.models import registry
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.lm = backends.get("torch").lm(registry.resolve(model, "lm"), dtype="int4")
+        self.cpu = getattr(self.lm, "model", None)
+        if type(self.cpu).__name__ != "CpuLlama":
+            raise RuntimeError(f"the AVX2 int4 kernel does not run here ({self.lm.info})")
+        self.k, self.v = self.cpu.new_cache(1, cache)
+        self.past = past
+        packs = [p.data.numel() for p in self.cpu.packs]
+        cfg = self.cpu.cfg
+        self.bytes = {"head": packs[-1], "block weights": sum(packs[:-1]), "dense weights": 0,
+                      "embedding row": cfg.dim * 4, "other": (2 * cfg.n_layers + 1) * cfg.dim * 4 + cfg.head_dim * 4}
+
+    def run(self, steps: int) -> float:
+        t = time.perf_counter()
+        for _ in range(steps):
+            self.cpu(self.k, self.v, [0], [self.past], [42])
+        return (time.perf_counter() - t) / steps
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m speechrt.bench.lm_step", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct", help="registry name or .gguf path")
@@ -151,6 +182,15 @@ def main(argv=None):
         del m
         steps[name] = BareStep(path, args.threads, args.past)
         steps[name].run(10)  # warm-up: prepacking done, caches touched
+    if not args.graph:
+        try:
+            k = KernelStep(args.model, args.threads, args.past)
+        except (RuntimeError, ValueError) as e:
+            print(f"(the AVX2 kernel's step left out: {e})", file=sys.stderr)
+        else:
+            name = "speechrt torch int4 AVX2"
+            graphs[name], steps[name], rows[name] = None, k, (k.bytes, collections.Counter({"srt_forward (C)": 1}))
+            k.run(10)
     times = collections.defaultdict(list)
     for _ in range(args.rounds):
         for name, s in steps.items():

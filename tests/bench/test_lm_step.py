@@ -80,3 +80,17 @@ def test_graphs_named_by_folder_where_stems_repeat(tmp_path):
     from speechrt.bench.lm_step import graph_names
     a, b, c = tmp_path / "ours" / "model.onnx", tmp_path / "genai" / "model.onnx", tmp_path / "x.onnx"
     assert graph_names([a, b, c]) == {"ours": a, "genai": b, "x": c}
+
+
+def test_kernel_step_bytes():
+    """The AVX2 kernel's step reads the GGUF's own blocks: 5 bits a weight in the layers (as genai's graph), the
+    Q8_0 head at 8.5 bits, nothing dense; its steps run."""
+    from speechrt.bench.lm_step import KernelStep
+    from speechrt.kernels.cpu_decode import unavailable
+
+    if unavailable():
+        pytest.skip(f"the CPU int4 kernel does not run here: {unavailable()}")
+    k = KernelStep("smollm2-135m-instruct", 1, past=7)
+    mib = {n: b / 2**20 for n, b in k.bytes.items()}
+    assert 63 < mib["block weights"] < 64 and 28 < mib["head"] < 29.5 and mib["dense weights"] == 0
+    assert k.run(2) > 0
