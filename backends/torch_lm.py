@@ -32,7 +32,8 @@ def resolve_format(dtype: str | None, device: torch.device, has_q4: bool = False
         return default_format(device, has_q4)
     if dtype not in DTYPES:
         raise UserError(f"unsupported dtype {dtype!r} for language models; valid: "
-                        f"{', '.join(k for k in DTYPES)} (int8 / int4 = weight-only with bf16 activations)")
+                        f"{', '.join(k for k in DTYPES)} (int8 / int4 = weight-only; int4 on AVX2 CPUs in "
+                        "kernels/cpu_decode, elsewhere with bf16 activations)")
     return DTYPES[dtype]
 
 
