@@ -1,6 +1,7 @@
 """Language-model runner of the `torch` backend for int4 on x86 CPUs with AVX2: prompts and decode steps in
-kernels/cpu_decode (4-bit blocks read once per step; float32 activations quantized to int8 per block of 32
-at each matmul, as llama.cpp and ONNX Runtime's int4 graphs do; fp16 KV cache), through ctypes.
+kernels/cpu_decode (4-bit blocks read once per step; float32 activations quantized per block of 32 at each
+matmul: to int8 in decode steps, as llama.cpp and ONNX Runtime's int4 graphs do, to two int8 terms (~14 bits)
+in prompts, whose matmuls are bound by compute; fp16 KV cache), through ctypes.
 
 `TorchLMRunner` keeps int4 on ATen's weight-only kernels (bf16 activations) where this one cannot run: not
 x86-64 with AVX2/FMA/F16C, no C compiler to build the kernel, a model shape it does not take, or
@@ -55,13 +56,15 @@ class CpuInt4LMRunner(LMRunner):
         k, v = self.model.new_cache(max_batch, max_seq)
         return KVCache(k, v, [0] * max_batch)
 
-    def _rows(self, cache: KVCache, rows: list[tuple[int, int, int]], outs: list[int]) -> torch.Tensor:
-        """(slot, position, token) rows in order, up to max_rows a call -> the logits of rows `outs` [len, vocab]."""
-        got, n = [], self.model.max_rows
+    def _rows(self, cache: KVCache, rows: list[tuple[int, int, int]], outs: list[int], fine: bool) -> torch.Tensor:
+        """(slot, position, token) rows in order, as many a call as the kernel takes -> the logits of rows `outs`
+        [len, vocab]. `fine`: prompts, their matmuls' inputs in two int8 terms (see CpuLlama)."""
+        got, n = [], self.model.max_rows // (2 if fine else 1)
         for c in range(0, len(rows), n):
             part = rows[c:c + n]
             sl, ps, tk = (list(x) for x in zip(*part))
-            got.append(self.model(cache.k, cache.v, sl, ps, tk, [i - c for i in outs if c <= i < c + len(part)]))
+            mine = [i - c for i in outs if c <= i < c + len(part)]
+            got.append(self.model(cache.k, cache.v, sl, ps, tk, mine, fine=fine))
         return torch.cat(got)
 
     @staticmethod
@@ -80,7 +83,7 @@ class CpuInt4LMRunner(LMRunner):
     def prefill(self, cache: KVCache, slot: int, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
         T = int(tokens.shape[0])
         self._check(cache, slot, T, start)
-        logits = self._rows(cache, [(slot, start + i, t) for i, t in enumerate(tokens.tolist())], [T - 1])[0]
+        logits = self._rows(cache, [(slot, start + i, t) for i, t in enumerate(tokens.tolist())], [T - 1], True)[0]
         cache.lengths[slot] = start + T
         return logits
 
@@ -97,7 +100,7 @@ class CpuInt4LMRunner(LMRunner):
                 self._check(cache, slot, int(tokens.shape[0]), start)
                 rows += [(slot, start + i, t) for i, t in enumerate(tokens.tolist())]
                 outs.append(len(rows) - 1)
-            logits = self._rows(cache, rows, outs)
+            logits = self._rows(cache, rows, outs, True)
         except Exception:  # noqa: BLE001 - retried one by one, where each error reaches its own prompt
             return super().prefill_many(cache, jobs)
         for slot, tokens, start in jobs:
@@ -108,7 +111,7 @@ class CpuInt4LMRunner(LMRunner):
     def decode_step(self, cache: KVCache, slots, tokens: torch.Tensor) -> torch.Tensor:
         slots = slots.tolist() if isinstance(slots, torch.Tensor) else list(slots)
         pos = cache.next_positions(slots)
-        logits = self._rows(cache, list(zip(slots, pos, tokens.tolist())), list(range(len(slots))))
+        logits = self._rows(cache, list(zip(slots, pos, tokens.tolist())), list(range(len(slots))), False)
         cache.advance(slots, pos)
         return logits
 

@@ -71,8 +71,26 @@ static void quantize_block(const float *p, qact *a, int64_t i) {
     a->s[i] = sum;
 }
 
-static void quantize_rows(const float *x, int64_t M, int64_t K, qact *a) {
-    for (int64_t i = 0; i < M * K / 32; i++) quantize_block(x + i * 32, a, i);
+/* block i of p as above, and what that leaves (p minus its int8 values times their scale) as block i2: two
+ * int8 terms whose sum is p to ~1/127^2 of a block's largest value. The remainder's offset term is 0 (block i
+ * has the exact sum). */
+static void quantize_fine(const float *p, qact *a, int64_t i, int64_t i2) {
+    float r[32];
+    quantize_block(p, a, i);
+    for (int j = 0; j < 32; j++) r[j] = p[j] - a->d[i] * (float)a->q[i * 32 + j];
+    quantize_block(r, a, i2);
+    a->s[i2] = 0.f;
+}
+
+/* x [M, K] -> M rows of int8 blocks, or with `fine` 2M rows: the values, then the remainders (quantize_fine) */
+static void quantize_rows(const float *x, int64_t M, int64_t K, qact *a, int fine) {
+    const int64_t n = M * K / 32;
+    for (int64_t i = 0; i < n; i++) {
+        if (fine)
+            quantize_fine(x + i * 32, a, i, n + i);
+        else
+            quantize_block(x + i * 32, a, i);
+    }
 }
 
 /* e^x for 8 floats (Cephes' polynomial, as in avx_mathfun; ~1 ulp), x clamped to [-88.38, 88.38] */
@@ -273,16 +291,31 @@ static void matmul(const srt_mat *w, const qact *a, int64_t M, float *y, int64_t
     }
 }
 
-/* Standalone matmul (tests, benchmarks): x [M, K] float32 -> y [M, N]. */
-int srt_matmul(const srt_mat *w, const float *x, int64_t M, float *y, int nthreads) {
-    if (M < 1 || M > MAXM || w->k % 32) return -1;
-    const int64_t nb = w->k / 32;
-    qact a = {malloc(M * w->k), malloc(M * nb * sizeof(float)), malloc(M * nb * sizeof(float)),
-              malloc(M * nb * sizeof(int32_t))};
-    if (!a.q || !a.d || !a.s || !a.is) return -2;
-    quantize_rows(x, M, w->k, &a);
+/* y [M, ldy] = w x for M rows of activations, quantized fine (2M rows: values and remainders, summed here;
+ * y holds 2M rows) or not */
+static void matmul_rows(const srt_mat *w, const qact *a, int64_t M, int fine, float *y, int64_t ldy) {
+    matmul(w, a, fine ? 2 * M : M, y, ldy);
+    if (fine) {
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < M * ldy; i++) y[i] += y[M * ldy + i];
+    }
+}
+
+/* Standalone matmul (tests, benchmarks): x [M, K] float32 -> y [M, N], x quantized `fine` or not. */
+int srt_matmul(const srt_mat *w, const float *x, int64_t M, float *y, int fine, int nthreads) {
+    const int64_t R = fine ? 2 : 1, nb = w->k / 32;
+    if (M < 1 || R * M > MAXM || w->k % 32) return -1;
+    qact a = {malloc(R * M * w->k), malloc(R * M * nb * sizeof(float)), malloc(R * M * nb * sizeof(float)),
+              malloc(R * M * nb * sizeof(int32_t))};
+    float *out = fine ? malloc(R * M * w->n * sizeof(float)) : y;
+    if (!a.q || !a.d || !a.s || !a.is || !out) return -2;
+    quantize_rows(x, M, w->k, &a, fine);
 #pragma omp parallel num_threads(nthreads)
-    matmul(w, &a, M, y, w->n);
+    matmul_rows(w, &a, M, fine, out, w->n);
+    if (fine) {
+        memcpy(y, out, M * w->n * sizeof(float));
+        free(out);
+    }
     free(a.q), free(a.d), free(a.s), free(a.is);
     return 0;
 }
@@ -307,13 +340,16 @@ static void rotate(float *x, const float *cos, const float *sin, int64_t half) {
  * the tokens of a prompt (rows of one slot at consecutive positions: every row's keys are written before any
  * row attends), or several prompts' rows. kc / vc: the fp16 caches with strides (in elements) per layer,
  * slot, kv head and position (head_dim contiguous). logits [n_out, vocab] for the rows out_rows[0..n_out).
+ * `fine` quantizes every matmul's input in two int8 terms (quantize_fine: ~14 bits, twice the matmul work;
+ * for prompts, whose matmuls are bound by compute, not bytes), else in one (decode steps, as MatMulNBits).
  * Returns 0, or < 0 for arguments it cannot take. */
 int srt_forward(const srt_model *md, int64_t M, const int64_t *tokens, const int64_t *slots, const int64_t *pos,
                 uint16_t *kc, uint16_t *vc, const int64_t *strides, int64_t n_out, const int64_t *out_rows,
-                float *logits, int nthreads) {
+                float *logits, int fine, int nthreads) {
     const int64_t dim = md->dim, D = md->head_dim, H = md->n_heads, Hkv = md->n_kv, half = D / 2;
     const int64_t qn = H * D, kvn = Hkv * D, hid = md->hidden, per = H / Hkv;
-    if (M < 1 || M > MAXM || n_out < 0 || n_out > M || D % 8 || D > MAXD || per > MAXPER || dim % 32 || hid % 32 ||
+    const int64_t R = fine ? 2 : 1; /* activation rows per row: fine quantization has two */
+    if (M < 1 || R * M > MAXM || n_out < 0 || n_out > M || D % 8 || D > MAXD || per > MAXPER || dim % 32 || hid % 32 ||
         qn % 32)
         return -1;
     for (int64_t i = 0; i < n_out; i++)
@@ -325,17 +361,20 @@ int srt_forward(const srt_model *md, int64_t M, const int64_t *tokens, const int
     }
     const int64_t kmax = hid > dim ? (hid > qn ? hid : qn) : (dim > qn ? dim : qn);
     float *h = malloc(M * dim * sizeof(float)), *x = malloc(M * kmax * sizeof(float));
-    float *qkv = malloc(M * (qn + 2 * kvn) * sizeof(float)), *att = malloc(M * qn * sizeof(float));
-    float *gu = malloc(M * 2 * hid * sizeof(float)), *y = malloc(M * dim * sizeof(float));
+    float *qkv = malloc(R * M * (qn + 2 * kvn) * sizeof(float)), *att = malloc(M * qn * sizeof(float));
+    float *gu = malloc(R * M * 2 * hid * sizeof(float)), *y = malloc(R * M * dim * sizeof(float));
+    float *lo = fine && n_out ? malloc(R * n_out * md->vocab * sizeof(float)) : logits;
     float *sc = malloc(M * H * maxlen * sizeof(float));
     /* each row's positions in C parts, so that a step of few rows and kv heads still splits over the threads */
     int64_t C = M * Hkv >= 2 * nthreads ? 1 : (2 * nthreads + M * Hkv - 1) / (M * Hkv);
     if (C > maxlen / 32) C = maxlen / 32 > 1 ? maxlen / 32 : 1;
     float *part_o = malloc(M * H * C * D * sizeof(float)), *part_m = malloc(M * H * C * sizeof(float));
     float *part_s = malloc(M * H * C * sizeof(float));
-    qact a = {malloc(M * kmax), malloc(M * (kmax / 32) * sizeof(float)), malloc(M * (kmax / 32) * sizeof(float)),
-              malloc(M * (kmax / 32) * sizeof(int32_t))};
-    if (!h || !x || !qkv || !att || !gu || !y || !sc || !part_o || !part_m || !part_s || !a.q || !a.d || !a.s || !a.is)
+    const int64_t nq = R * M * kmax;
+    qact a = {malloc(nq), malloc(nq / 32 * sizeof(float)), malloc(nq / 32 * sizeof(float)),
+              malloc(nq / 32 * sizeof(int32_t))};
+    if (!h || !x || !qkv || !att || !gu || !y || (n_out && !lo) || !sc || !part_o || !part_m || !part_s || !a.q ||
+        !a.d || !a.s || !a.is)
         return -3;
     for (int64_t m = 0; m < M; m++) memcpy(h + m * dim, md->emb + tokens[m] * dim, dim * sizeof(float));
     const float scale = 1.f / sqrtf((float)D);
@@ -348,9 +387,9 @@ int srt_forward(const srt_model *md, int64_t M, const int64_t *tokens, const int
 #pragma omp single
             {
                 for (int64_t m = 0; m < M; m++) rms_norm(h + m * dim, L->attn_norm, dim, md->eps, x + m * dim);
-                quantize_rows(x, M, dim, &a);
+                quantize_rows(x, M, dim, &a, fine);
             }
-            matmul(&L->qkv, &a, M, qkv, qn + 2 * kvn);
+            matmul_rows(&L->qkv, &a, M, fine, qkv, qn + 2 * kvn);
 #pragma omp single
             for (int64_t m = 0; m < M; m++) { /* rotary on q and k, then k and v into the cache */
                 float *r = qkv + m * (qn + 2 * kvn);
@@ -379,15 +418,15 @@ int srt_forward(const srt_model *md, int64_t M, const int64_t *tokens, const int
             for (int64_t mh = 0; mh < M * H; mh++)
                 merge_parts(part_o + mh * C * D, part_m + mh * C, part_s + mh * C, C, D, att + mh * D);
 #pragma omp single
-            quantize_rows(att, M, qn, &a);
-            matmul(&L->o, &a, M, y, dim);
+            quantize_rows(att, M, qn, &a, fine);
+            matmul_rows(&L->o, &a, M, fine, y, dim);
 #pragma omp single
             {
                 for (int64_t i = 0; i < M * dim; i++) h[i] += y[i];
                 for (int64_t m = 0; m < M; m++) rms_norm(h + m * dim, L->ffn_norm, dim, md->eps, x + m * dim);
-                quantize_rows(x, M, dim, &a);
+                quantize_rows(x, M, dim, &a, fine);
             }
-            matmul(&L->gate_up, &a, M, gu, 2 * hid);
+            matmul_rows(&L->gate_up, &a, M, fine, gu, 2 * hid);
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < M * hid / 32; i++) { /* silu(gate) * up, a block at a time, quantized */
                 const int64_t m = i / (hid / 32), j = (i % (hid / 32)) * 32;
@@ -399,18 +438,25 @@ int srt_forward(const srt_model *md, int64_t M, const int64_t *tokens, const int
                     const __m256 sg = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e));
                     _mm256_storeu_ps(xo + k, _mm256_mul_ps(sg, _mm256_loadu_ps(up + k)));
                 }
-                quantize_block(xo, &a, i);
+                if (fine)
+                    quantize_fine(xo, &a, i, M * hid / 32 + i);
+                else
+                    quantize_block(xo, &a, i);
             }
-            matmul(&L->down, &a, M, y, dim);
+            matmul_rows(&L->down, &a, M, fine, y, dim);
 #pragma omp single
             for (int64_t i = 0; i < M * dim; i++) h[i] += y[i];
         }
 #pragma omp single
         {
             for (int64_t i = 0; i < n_out; i++) rms_norm(h + out_rows[i] * dim, md->norm, dim, md->eps, x + i * dim);
-            quantize_rows(x, n_out, dim, &a);
+            quantize_rows(x, n_out, dim, &a, fine);
         }
-        if (n_out > 0) matmul(&md->head, &a, n_out, logits, md->vocab);
+        if (n_out > 0) matmul_rows(&md->head, &a, n_out, fine, lo, md->vocab);
+    }
+    if (lo != logits) {
+        memcpy(logits, lo, n_out * md->vocab * sizeof(float));
+        free(lo);
     }
     free(h), free(x), free(qkv), free(att), free(gu), free(y), free(sc), free(part_o), free(part_m), free(part_s);
     free(a.q), free(a.d), free(a.s), free(a.is);

@@ -100,9 +100,10 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
                 os.unlink(tmp)
         log.info("built %s with %s", lib, cc)
     dll = ctypes.CDLL(str(lib))
-    dll.srt_matmul.argtypes = [ctypes.POINTER(_Mat), ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+    dll.srt_matmul.argtypes = [ctypes.POINTER(_Mat), ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int,
+                               ctypes.c_int]
     dll.srt_forward.argtypes = [ctypes.POINTER(_Model), ctypes.c_int64] + [ctypes.c_void_p] * 6 + [
-        ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     return dll, None
 
 
@@ -180,14 +181,15 @@ class Packed:
         return (qs.contiguous().view(torch.int8)[:self.n], d.view(torch.float16).reshape(G * GROUP, nb).float()[:self.n],
                 None)
 
-    def __call__(self, x: torch.Tensor, threads: int = 1) -> torch.Tensor:
-        """x [M, K] float32 (M <= MAX_ROWS) -> [M, N] float32."""
+    def __call__(self, x: torch.Tensor, threads: int = 1, fine: bool = False) -> torch.Tensor:
+        """x [M, K] float32 (M <= MAX_ROWS, or MAX_ROWS / 2 `fine`) -> [M, N] float32 (reference.block_linear)."""
         M, K = x.shape
-        if K != self.k or not 1 <= M <= MAX_ROWS:
-            raise ValueError(f"x must be [1..{MAX_ROWS}, {self.k}], got {tuple(x.shape)}")
+        limit = MAX_ROWS // 2 if fine else MAX_ROWS
+        if K != self.k or not 1 <= M <= limit:
+            raise ValueError(f"x must be [1..{limit}, {self.k}], got {tuple(x.shape)}")
         x = x.float().contiguous()
         y = torch.empty(M, self.n)
-        if _lib().srt_matmul(ctypes.byref(self.mat), x.data_ptr(), M, y.data_ptr(), threads):
+        if _lib().srt_matmul(ctypes.byref(self.mat), x.data_ptr(), M, y.data_ptr(), int(fine), threads):
             raise RuntimeError("srt_matmul refused its arguments")
         return y
 
@@ -278,14 +280,15 @@ class CpuLlama:
         return torch.zeros(shape, dtype=torch.float16), torch.zeros(shape, dtype=torch.float16)
 
     def __call__(self, k: torch.Tensor, v: torch.Tensor, slots: list[int], pos: list[int], tokens,
-                 out_rows: list[int] | None = None) -> torch.Tensor:
+                 out_rows: list[int] | None = None, fine: bool = False) -> torch.Tensor:
         """Rows of (slot, position, token) into the caches k / v (from new_cache): each token goes into its
         slot at its position and attends over the slot's positions up to it -> logits [len(out_rows), vocab]
         float32 for those rows (None: all). One token per slot is a decode step; a slot's prompt is its tokens
-        at consecutive positions (no more than MAX_ROWS rows a call)."""
-        M = len(slots)
-        if not 1 <= M <= MAX_ROWS:
-            raise ValueError(f"the CPU kernel takes 1..{MAX_ROWS} rows a call, got {M}")
+        at consecutive positions. Up to MAX_ROWS rows a call; with `fine` (each matmul's input quantized in two
+        int8 terms, ~14 bits: for prompts) up to MAX_ROWS / 2."""
+        M, limit = len(slots), MAX_ROWS // 2 if fine else MAX_ROWS
+        if not 1 <= M <= limit:
+            raise ValueError(f"the CPU kernel takes 1..{limit} rows a call{' (fine)' if fine else ''}, got {M}")
         if k.dtype != torch.float16 or k.stride() != v.stride() or k.stride(-1) != 1 or k.shape[-1] != self.cfg.head_dim:
             raise ValueError("the CPU kernel needs fp16 caches of one layout (new_cache)")
         if len(pos) != M or min(pos) < 0 or max(pos) >= k.shape[3] or min(slots) < 0 or max(slots) >= k.shape[1]:
@@ -298,7 +301,7 @@ class CpuLlama:
         logits = torch.empty(len(rows), self.cfg.vocab_size)
         rc = _lib().srt_forward(ctypes.byref(self.struct), M, tok.data_ptr(), sl.data_ptr(), ps.data_ptr(), k.data_ptr(),
                                 v.data_ptr(), strides.data_ptr(), len(rows), out.data_ptr(), logits.data_ptr(),
-                                self.threads)
+                                int(fine), self.threads)
         if rc:
             raise RuntimeError(f"srt_forward refused its arguments ({rc}): tokens within the vocabulary, positions "
                                "within the rotary table, output rows among the rows")

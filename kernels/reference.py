@@ -232,24 +232,33 @@ VITS_OPS = {
 }
 
 
-def block_linear(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+def block_linear(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, z: torch.Tensor | None = None,
+                 fine: bool = False) -> torch.Tensor:
     """Definition of the CPU decode step's matmul (kernels/cpu_decode): x [M, K] @ W.T -> [M, N] float64.
 
     W is block-quantized along K in blocks of 32: w = d * (q - 8) + z (4-bit, q in 0..15) or w = d * q
     (8-bit, z None); q [N, K], d / z [N, K / 32]. x is quantized the way the kernel does it, per block of 32
     in float32: scale max|x| / 127, values round(x * 127 / max|x|) (half to even), which meet q - 8 (or q);
-    the offsets' term takes x's exact block sums. A block holding a NaN or inf gives NaN.
+    with `fine`, what that leaves of x is quantized the same way and meets the weights too (x in two int8
+    terms). The offsets' term takes x's exact block sums. A block holding a NaN or inf gives NaN.
     """
     M, K = x.shape
     N, nb = q.shape[0], K // 32
     xb = x.float().reshape(M, nb, 32)
-    amax = xb.abs().amax(-1)
-    bad = ~torch.isfinite(xb).all(-1)
-    inv = torch.where((amax > 0) & ~bad, 127 / amax, torch.zeros_like(amax))
-    xq = torch.round(torch.nan_to_num(xb) * inv[..., None]).double()  # [M, nb, 32]
-    xd = torch.where(bad, torch.full_like(amax, float("nan")), amax / 127).double()
     wq = q.double().reshape(N, nb, 32) - (8 if z is not None else 0)
-    y = (torch.einsum("mbj,nbj->mnb", xq, wq) * d.double()[None] * xd[:, None]).sum(-1)
+
+    def quantize(b):
+        amax = b.abs().amax(-1)
+        bad = ~torch.isfinite(b).all(-1)
+        inv = torch.where((amax > 0) & ~bad, 127 / amax, torch.zeros_like(amax))
+        bq = torch.round(torch.nan_to_num(b) * inv[..., None])  # [M, nb, 32]
+        return bq, torch.where(bad, torch.full_like(amax, float("nan")), amax / 127)
+
+    xq, xd = quantize(xb)
+    y = (torch.einsum("mbj,nbj->mnb", xq.double(), wq) * d.double()[None] * xd.double()[:, None]).sum(-1)
+    if fine:
+        rq, rd = quantize(xb - xd[..., None] * xq)
+        y = y + (torch.einsum("mbj,nbj->mnb", rq.double(), wq) * d.double()[None] * rd.double()[:, None]).sum(-1)
     if z is not None:
         y = y + (z.double()[None] * xb.double().sum(-1)[:, None]).sum(-1)
     return y

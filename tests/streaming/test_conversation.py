@@ -195,7 +195,11 @@ def test_barge_in_stops_the_response_and_truncates(server, question_pcm):
         answered = next((e for e in skipped if e["type"] == "response.done"), None)
         if answered is None:
             answered, _ = await _until(ws, "response.done", timeout=180)
-        assert answered["response"]["status"] == "completed"
+        # answered in full, or (the storyteller's instructions) up to the session's 256 output tokens
+        r = answered["response"]
+        assert r["status"] == "completed" or (r["status"], r["status_details"]["reason"]) == ("incomplete",
+                                                                                              "max_output_tokens")
+        assert r["output"][0]["content"][0]["transcript"].strip()
         await ws.close()
     asyncio.run(asyncio.wait_for(main(), 300))
 
