@@ -42,9 +42,9 @@ NEEDS = {"cpu int4 kernel": _cpu_int4_kernel}
 # (machine kind, family) -> Choice; see docs/benchmarks.md for the runs behind each measured entry
 TABLE: dict[tuple[str, str], Choice] = {
     ("avx2", "lm"): Choice("torch", "int4", "bench lm, AMD EPYC Zen 3 (AVX2, 2 cores): torch int4 on the AVX2 kernel "
-                           "(kernels/cpu_decode) 152 tok/s at batch 1 and 363 at batch 8, TTFT 63 ms, vs onnxruntime "
-                           "int4 94 / 231 (99 ms), onnxruntime-genai 101 / 185, llama.cpp 86 / 128 in the same run; "
-                           "the factual prompts answered as float32 does (int8 activations, as those peers)",
+                           "(kernels/cpu_decode) 149 tok/s at batch 1 and 366 at batch 8, TTFT 131 ms, vs onnxruntime "
+                           "int4 84 / 254 (95 ms), onnxruntime-genai 88 / 187 (145 ms), llama.cpp 77 / 149 (235 ms) in "
+                           "the same run; the factual prompts answered as float32 does",
                            needs="cpu int4 kernel",
                            instead=Choice("onnxruntime", "int4", "bench lm, AMD EPYC (AVX2, 2 cores): onnxruntime int4 "
                                           "decodes faster than torch int4 on ATen's kernels at batch 1 and 8 and "
