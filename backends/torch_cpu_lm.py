@@ -43,8 +43,8 @@ class CpuInt4LMRunner(LMRunner):
         weights, q4 = block_weights(lm_file)
         self.model = cpu_decode.CpuLlama(cfg, weights, q4, t.cos(), t.sin(), self.threads.total)
         self.info = RunnerInfo(kernels, model_name, model_format, weight_format, str(device),
-                               f"AVX2 kernel (kernels/cpu_decode) on {self.threads.total} threads, float32 "
-                               "activations, fp16 KV cache")
+                               f"AVX2 kernel (kernels/cpu_decode) on {self.threads.total} threads, activations in "
+                               "int8 blocks at each matmul (prompts in two), fp16 KV cache")
 
     def loop(self):
         """One torch thread for the sampling between steps: the kernel's threads spin there for a moment."""
