@@ -73,8 +73,34 @@ def _compiler() -> str | None:
     return None
 
 
+def _build(cc: str, lib: Path) -> Path:
+    """Compile the kernel into `lib` unless it is there (atomic: a concurrent build of the same key writes the
+    same bytes)."""
+    if lib.exists():
+        return lib
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
+    os.close(fd)
+    try:
+        r = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True, timeout=300)
+        if r.returncode:
+            raise RuntimeError(r.stderr.strip())
+        os.replace(tmp, lib)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    log.info("built %s with %s", lib, cc)
+    return lib
+
+
 @lru_cache(maxsize=1)
 def _load() -> tuple[ctypes.CDLL | None, str | None]:
+    return library()
+
+
+def library(root: Path | None = None) -> tuple[ctypes.CDLL | None, str | None]:
+    """(the compiled kernel, None), built into `root` (default: cache_root()) if it is not there yet; or (None,
+    why it cannot be) on this machine."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None, f"needs an x86-64 CPU (this is {platform.machine()})"
     missing = {"avx2", "fma", "f16c"} - _cpu_flags()
@@ -85,21 +111,11 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
         return None, "needs a C compiler (set $CC, or install gcc)"
     src = SOURCE.read_bytes()
     key = hashlib.sha256(src + " ".join([cc] + FLAGS).encode()).hexdigest()[:16]
-    lib = cache_root() / f"cpu_decode-{key}.so"
-    if not lib.exists():
-        lib.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
-        os.close(fd)
-        try:
-            r = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True, timeout=300)
-            if r.returncode:
-                return None, f"{cc} could not build {SOURCE.name}: {r.stderr.strip()[-400:]}"
-            os.replace(tmp, lib)  # atomic: a concurrent build of the same key writes the same bytes
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        log.info("built %s with %s", lib, cc)
-    dll = ctypes.CDLL(str(lib))
+    try:
+        lib = _build(cc, (root or cache_root()) / f"cpu_decode-{key}.so")
+        dll = ctypes.CDLL(str(lib))
+    except (OSError, subprocess.SubprocessError, RuntimeError) as e:  # no writable cache, a compiler that fails
+        return None, f"could not build {SOURCE.name} with {cc}: {str(e)[-400:]}"
     dll.srt_matmul.argtypes = [ctypes.POINTER(_Mat), ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int,
                                ctypes.c_int]
     dll.srt_forward.argtypes = [ctypes.POINTER(_Model), ctypes.c_int64] + [ctypes.c_void_p] * 6 + [

@@ -212,3 +212,14 @@ def test_long_context_split_over_threads(threads):
     for t in (7, 8, 9):
         a = cpu(k, v, [0], [ref_cache.lengths[0]], [t])[0]
         assert _rel(a, ref.decode_step(ref_cache, [0], torch.tensor([t]))[0]) < 5e-2
+
+
+def test_the_kernel_builds_and_says_why_not(tmp_path, monkeypatch):
+    """Built into an empty cache (as on a fresh machine: about a second), loaded, and the same file used again;
+    a compiler that fails, or none, leaves a reason, not an exception."""
+    dll, why = cpu_decode.library(tmp_path)
+    assert why is None and dll is not None and len(list(tmp_path.glob("cpu_decode-*.so"))) == 1
+    assert cpu_decode.library(tmp_path)[1] is None and len(list(tmp_path.iterdir())) == 1
+    monkeypatch.setenv("CC", "false")  # exits 1: a compiler that cannot build
+    dll, why = cpu_decode.library(tmp_path / "other")
+    assert dll is None and "could not build cpu_decode.c with false" in why
