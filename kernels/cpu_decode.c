@@ -1,20 +1,21 @@
-/* A Llama decode step on x86 CPUs with AVX2, FMA and F16C: 4-bit (and 8-bit) block weights read once per
- * step, activations in float32, built on first use by kernels/cpu_decode.py (gcc -O3 -mavx2 -mfma -mf16c
- * -fopenmp) and called through ctypes.
+/* A Llama forward on x86 CPUs with AVX2, FMA and F16C — prompts and decode steps, any mix of cache slots and
+ * positions in one call — reading 4-bit (and 8-bit) block weights once per call. Built on first use by
+ * kernels/cpu_decode.py (cc -O3 -mavx2 -mfma -mf16c -fopenmp) and called through ctypes.
  *
- * Weights are repacked for the kernel (cpu_decode.Packed): rows in groups of 8; for each group and each
- * block of 32 inputs, the 8 rows' quantized values side by side (4-bit: rows in the order 0 4 1 5 2 6 3 7,
- * see group_dot4), then their fp16 scales (and, for 4-bit, their fp16 offsets) in row order:
- * w = d * (q - 8) + z, q in 0..15 (llama.cpp's Q4_1 with z = m + 8 d; Q4_0 is
- * z = 0), or w = d * q, q in -127..127 (Q8_0). Inputs to a matmul are quantized per block of 32 to int8
- * with a float scale (as llama.cpp's q8 activations and ONNX Runtime's MatMulNBits at accuracy level 4),
- * the offsets' term uses the exact float sum of each block. The 4-bit dot products are centred (q - 8, not
- * q: the quantized inputs' rounding errors meet weights a third the size, the error of ONNX Runtime's
- * int8-activation MatMulNBits rather than 3x it). One group-block is a 32-wide int8 dot product for each of 8 rows
+ * Weights are repacked for the kernel (cpu_decode.Packed): rows in groups of 8; for each group and each block
+ * of 32 inputs, the 8 rows' quantized values side by side (4-bit: rows in the order 0 4 1 5 2 6 3 7, see
+ * group_dot4), then their fp16 scales (and, for 4-bit, their fp16 offsets) in row order: w = d * (q - 8) + z,
+ * q in 0..15 (llama.cpp's Q4_1 with z = m + 8 d; Q4_0 is z = 0), or w = d * q, q in -127..127 (Q8_0).
+ *
+ * Activations are float32. Each matmul quantizes its input per block of 32 to int8 with a float scale (as
+ * llama.cpp's q8 activations and ONNX Runtime's MatMulNBits at accuracy level 4 do), or, for prompts, to two
+ * int8 terms (`fine`: the value and what it leaves, ~14 bits); the offsets' term uses each block's exact float
+ * sum. The 4-bit dot products are centred (q - 8, not q: the inputs' rounding errors meet weights a third the
+ * size, MatMulNBits' error rather than 3x it). A group-block is a 32-wide int8 dot product for each of 8 rows
  * (vpmaddubsw + vpmaddwd), reduced to one vector of 8 row sums and scaled by 8 scales at once.
  *
- * The KV cache is the caller's (fp16 [layers, slots, Hkv, S, D], any strides): each call writes the new
- * position of each of its rows' slots and attends over that slot's positions 0..pos.
+ * The KV cache is the caller's (fp16 [layers, slots, Hkv, S, D], any strides): each call writes the position
+ * of each of its rows in that row's slot and attends over the slot's positions 0..pos.
  */
 #include <immintrin.h>
 #include <math.h>
