@@ -81,14 +81,10 @@ TABLE: dict[tuple[str, str], Choice] = {
 @lru_cache(maxsize=1)
 def cpu_features() -> frozenset[str]:
     """The CPU flags that matter here (from /proc/cpuinfo; elsewhere from torch's CPU capability)."""
-    flags: set[str] = set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
+    from speechrt.machine import cpu_flags
+
+    flags = cpu_flags()
+    if flags is None:
         cap = torch.backends.cpu.get_cpu_capability().lower()  # e.g. avx2, avx512
         flags = {cap, "avx2"} if cap.startswith("avx512") else {cap}
     return frozenset(flags & {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"})

@@ -107,9 +107,9 @@ def export_model(family: str, model=None, out=None, precision: str | None = None
 
 
 def cache_dir() -> Path:
-    """Where exports made on first use live: $SPEECHRT_CACHE, else $XDG_CACHE_HOME/speechrt, else ~/.cache/speechrt."""
-    base = os.environ.get("SPEECHRT_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "speechrt"
-    return Path(base) / "onnx"
+    """Where exports made on first use live: speechrt's cache (speechrt.machine.cache_home) / onnx."""
+    from speechrt.machine import cache_home
+    return cache_home() / "onnx"
 
 
 def exporter_hash() -> str:

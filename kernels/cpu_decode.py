@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from speechrt.machine import cache_home, cpu_flags
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_decode.c")
@@ -50,20 +52,8 @@ class _Model(ctypes.Structure):
 
 
 def cache_root() -> Path:
-    """$SPEECHRT_CACHE, else $XDG_CACHE_HOME/speechrt, else ~/.cache/speechrt; compiled code under native/."""
-    base = os.environ.get("SPEECHRT_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "speechrt"
-    return Path(base) / "native"
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    """Where the compiled kernel lives: speechrt's cache (speechrt.machine.cache_home) / native."""
+    return cache_home() / "native"
 
 
 def _compiler() -> str | None:
@@ -103,7 +93,7 @@ def library(root: Path | None = None) -> tuple[ctypes.CDLL | None, str | None]:
     why it cannot be) on this machine."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None, f"needs an x86-64 CPU (this is {platform.machine()})"
-    missing = {"avx2", "fma", "f16c"} - _cpu_flags()
+    missing = {"avx2", "fma", "f16c"} - (cpu_flags() or set())
     if missing:
         return None, f"needs the CPU features avx2, fma, f16c (missing: {', '.join(sorted(missing))})"
     cc = _compiler()
