@@ -13,7 +13,7 @@ import torch
 
 from speechrt.errors import UserError
 from speechrt.kernels import cpu_decode
-from speechrt.models.llama import KVCache, quantize_int4, rope_inv_freq
+from speechrt.models.llama import KVCache, quantize_int4, rope_tables
 
 from .base import LMRunner, RunnerInfo
 from .torch_backend import ThreadPolicy, cpu_threads
@@ -39,9 +39,8 @@ class CpuInt4LMRunner(LMRunner):
         self.device, self.config = device, cfg
         self.tokenizer, self.chat_template = lm_file.tokenizer, lm_file.chat_template
         self.threads = threads or ThreadPolicy.build(device, None)
-        t = torch.arange(cfg.max_seq_len, dtype=torch.float64)[:, None] * rope_inv_freq(cfg)[None]
         weights, q4 = block_weights(lm_file)
-        self.model = cpu_decode.CpuLlama(cfg, weights, q4, t.cos(), t.sin(), self.threads.total)
+        self.model = cpu_decode.CpuLlama(cfg, weights, q4, *rope_tables(cfg), self.threads.total)
         self.info = RunnerInfo(kernels, model_name, model_format, weight_format, str(device),
                                f"AVX2 kernel (kernels/cpu_decode) on {self.threads.total} threads, activations in "
                                "int8 blocks at each matmul (prompts in two), fp16 KV cache")

@@ -113,6 +113,12 @@ def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
     raise ValueError(f"unknown rope scaling kind {s.kind!r}; valid: linear, freq_factors, llama3")
 
 
+def rope_tables(cfg: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [max_seq_len, D/2] float32 of every position's rotary angles (computed in float64)."""
+    t = torch.arange(cfg.max_seq_len, dtype=torch.float64)[:, None] * rope_inv_freq(cfg)[None]
+    return t.cos().float(), t.sin().float()
+
+
 DENSE_MIN_ROWS = 16  # inputs with at least this many rows (prefill) take the dense copy, if there is one
 
 
@@ -296,10 +302,9 @@ class Llama(nn.Module):
             for i in range(cfg.n_layers))
         self.norm = nn.Parameter(weights["norm"].to(device, self.dtype), requires_grad=False)
         self.output = Linear(ops, weights["tok_embeddings" if cfg.tie_embeddings else "output"], weight_format, device)
-        inv = rope_inv_freq(cfg)
-        t = torch.arange(cfg.max_seq_len, dtype=torch.float64)[:, None] * inv[None]  # [S, D/2]
-        self.register_buffer("cos", t.cos().float().to(device), persistent=False)
-        self.register_buffer("sin", t.sin().float().to(device), persistent=False)
+        cos, sin = rope_tables(cfg)
+        self.register_buffer("cos", cos.to(device), persistent=False)
+        self.register_buffer("sin", sin.to(device), persistent=False)
 
     def new_cache(self, max_batch: int, max_seq: int) -> KVCache:
         cfg = self.cfg

@@ -10,7 +10,7 @@ import torch
 from speechrt import kernels
 from speechrt.kernels import cpu_decode
 from speechrt.kernels.reference import block_linear
-from speechrt.models.llama import Llama, LlamaConfig, quantize_int4, rope_inv_freq
+from speechrt.models.llama import Llama, LlamaConfig, quantize_int4, rope_tables
 
 pytestmark = pytest.mark.skipif(cpu_decode.unavailable() is not None,
                                 reason=f"the AVX2 decode step cannot run here: {cpu_decode.unavailable()}")
@@ -136,8 +136,7 @@ def _small_llama(g, q8_names=(), threads=2, tied=True):
             w[name] = ((q.float().view(q.shape[0], -1, 32) - 8) * s[..., None] + z[..., None]).view(q.shape)
             if n not in q8_names:
                 q4[name] = (q, s, z)
-    t = torch.arange(160, dtype=torch.float64)[:, None] * rope_inv_freq(cfg)[None]
-    return cfg, w, q4, cpu_decode.CpuLlama(cfg, w, q4, t.cos(), t.sin(), threads=threads)
+    return cfg, w, q4, cpu_decode.CpuLlama(cfg, w, q4, *rope_tables(cfg), threads=threads)
 
 
 @pytest.mark.parametrize("slots", [[0], [3, 1], [0, 1, 2, 3]])
