@@ -122,6 +122,7 @@ static inline float hsum_ps(__m256 v) {
 static inline __m256 load_h8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
 #define MAXPER 16 /* query heads per kv head the attention takes */
+#define PART 64    /* positions per part of a row's attention (attend_part) */
 
 /* The `per` query heads of one kv head (q: per x D, contiguous) over the cached positions [t0, t1) (fp16 keys and
  * values `ps` apart): each head's unnormalized output o [per, D], the max of its scores and the sum of their
@@ -366,9 +367,10 @@ int srt_forward(const srt_model *md, int64_t M, const int64_t *tokens, const int
     float *gu = malloc(R * M * 2 * hid * sizeof(float)), *y = malloc(R * M * dim * sizeof(float));
     float *lo = fine && n_out ? malloc(R * n_out * md->vocab * sizeof(float)) : logits;
     float *sc = malloc(M * H * maxlen * sizeof(float));
-    /* each row's positions in C parts, so that a step of few rows and kv heads still splits over the threads */
-    int64_t C = M * Hkv >= 2 * nthreads ? 1 : (2 * nthreads + M * Hkv - 1) / (M * Hkv);
-    if (C > maxlen / 32) C = maxlen / 32 > 1 ? maxlen / 32 : 1;
+    /* each row's positions in parts of PART, so that a step of few rows still splits over the threads; the
+     * parts depend on the row's length alone, so a row's result does not depend on the rows beside it or the
+     * thread count. C: the most parts of any row (the others' extra parts are empty) */
+    const int64_t C = (maxlen + PART - 1) / PART;
     float *part_o = malloc(M * H * C * D * sizeof(float)), *part_m = malloc(M * H * C * sizeof(float));
     float *part_s = malloc(M * H * C * sizeof(float));
     const int64_t nq = R * M * kmax;
@@ -409,7 +411,7 @@ int srt_forward(const srt_model *md, int64_t M, const int64_t *tokens, const int
 #pragma omp for schedule(static)
             for (int64_t it = 0; it < M * Hkv * C; it++) { /* a part of a row's positions, one kv head's group */
                 const int64_t m = it / (Hkv * C), j = (it / C) % Hkv, c = it % C, T = pos[m] + 1;
-                const int64_t len = (T + C - 1) / C, t0 = c * len < T ? c * len : T, t1 = t0 + len < T ? t0 + len : T;
+                const int64_t t0 = c * PART < T ? c * PART : T, t1 = t0 + PART < T ? t0 + PART : T;
                 const int64_t off = slots[m] * strides[1] + j * strides[2], h0 = m * H + j * per;
                 attend_part(qkv + m * (qn + 2 * kvn) + j * per * D, per, kl + off, vl + off, strides[3], t0, t1, D,
                             scale, sc + h0 * maxlen + t0 * per, part_o + (h0 * C + c) * D, part_m + h0 * C + c,
