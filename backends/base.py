@@ -153,6 +153,20 @@ class LMRunner(Runner):
         """Free `slot` for a new sequence (what it holds may simply be overwritten later)."""
 
 
+def check_prefill(cache: Any, slot: int, T: int, start: int) -> None:
+    """A prompt of T tokens into `slot` from position `start` fits a cache with `max_batch`, `max_seq` and
+    `lengths` (every LMRunner's), or a ValueError says why not."""
+    if not 0 <= slot < cache.max_batch:
+        raise ValueError(f"slot {slot} out of range; the cache has {cache.max_batch} slots")
+    if not 0 <= start <= cache.lengths[slot]:
+        raise ValueError(f"slot {slot} holds {cache.lengths[slot]} positions; prefill must start within them "
+                         f"(0..{cache.lengths[slot]})")
+    if T < 1:
+        raise ValueError("prefill needs at least one token")
+    if start + T > cache.max_seq:
+        raise ValueError(f"sequence of {start + T} tokens does not fit the cache ({cache.max_seq} positions per slot)")
+
+
 @dataclass
 class Latent:
     """A sentence's vocoder input.

@@ -21,7 +21,7 @@ import torch
 
 from speechrt.errors import UserError
 
-from .base import LMRunner, RunnerInfo
+from .base import LMRunner, RunnerInfo, check_prefill
 from .ort_binding import TORCH, bind, providers_device
 from .torch_backend import ThreadPolicy, cpu_threads
 
@@ -115,16 +115,9 @@ class OrtLMRunner(LMRunner):
 
     @torch.inference_mode()
     def prefill(self, cache: OrtKVCache, slot: int, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
-        if not 0 <= slot < cache.max_batch:
-            raise ValueError(f"slot {slot} out of range; the cache has {cache.max_batch} slots")
-        if not 0 <= start <= cache.lengths[slot]:
-            raise ValueError(f"slot {slot} holds {cache.lengths[slot]} positions; prefill must start within them (0..{cache.lengths[slot]})")
         T = tokens.shape[0]
         end = start + T
-        if T < 1:
-            raise ValueError("prefill needs at least one token")
-        if end > cache.max_seq:
-            raise ValueError(f"sequence of {end} tokens does not fit the cache ({cache.max_seq} positions per slot)")
+        check_prefill(cache, slot, T, start)
         dev = self.device
         ids = tokens.to(dev, torch.int64).reshape(1, T).contiguous()
         seqlens = torch.tensor([end - 1], dtype=torch.int32, device=dev)

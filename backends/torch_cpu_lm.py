@@ -15,7 +15,7 @@ from speechrt.errors import UserError
 from speechrt.kernels import cpu_decode
 from speechrt.models.llama import KVCache, quantize_int4, rope_tables
 
-from .base import LMRunner, RunnerInfo
+from .base import LMRunner, RunnerInfo, check_prefill
 from .torch_backend import ThreadPolicy, cpu_threads
 
 
@@ -66,22 +66,10 @@ class CpuInt4LMRunner(LMRunner):
             got.append(self.model(cache.k, cache.v, sl, ps, tk, mine, fine=fine))
         return torch.cat(got)
 
-    @staticmethod
-    def _check(cache: KVCache, slot: int, T: int, start: int) -> None:
-        if not 0 <= slot < cache.max_batch:
-            raise ValueError(f"slot {slot} out of range; the cache has {cache.max_batch} slots")
-        if not 0 <= start <= cache.lengths[slot]:
-            raise ValueError(f"slot {slot} holds {cache.lengths[slot]} positions; prefill must start within them "
-                             f"(0..{cache.lengths[slot]})")
-        if T < 1:
-            raise ValueError("prefill needs at least one token")
-        if start + T > cache.max_seq:
-            raise ValueError(f"sequence of {start + T} tokens does not fit the cache ({cache.max_seq} positions per slot)")
-
     @torch.inference_mode()
     def prefill(self, cache: KVCache, slot: int, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
         T = int(tokens.shape[0])
-        self._check(cache, slot, T, start)
+        check_prefill(cache, slot, T, start)
         logits = self._rows(cache, [(slot, start + i, t) for i, t in enumerate(tokens.tolist())], [T - 1], True)[0]
         cache.lengths[slot] = start + T
         return logits
@@ -96,7 +84,7 @@ class CpuInt4LMRunner(LMRunner):
             if len(set(slots)) != len(slots):
                 raise ValueError("two prompts for one slot")
             for slot, tokens, start in jobs:
-                self._check(cache, slot, int(tokens.shape[0]), start)
+                check_prefill(cache, slot, int(tokens.shape[0]), start)
                 rows += [(slot, start + i, t) for i, t in enumerate(tokens.tolist())]
                 outs.append(len(rows) - 1)
             logits = self._rows(cache, rows, outs, True)

@@ -9,7 +9,7 @@ import torch
 from speechrt.errors import UserError
 from speechrt.models.llama import contiguous
 
-from .base import LMRunner, RunnerInfo
+from .base import LMRunner, RunnerInfo, check_prefill
 from .torch_backend import ThreadPolicy, cpu_has_native_bf16
 
 log = logging.getLogger(__name__)
@@ -80,10 +80,7 @@ class TorchLMRunner(LMRunner):
 
     @torch.inference_mode()
     def prefill(self, cache, slot: int, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
-        if not 0 <= slot < cache.max_batch:
-            raise ValueError(f"slot {slot} out of range; the cache has {cache.max_batch} slots")
-        if not 0 <= start <= cache.lengths[slot]:
-            raise ValueError(f"slot {slot} holds {cache.lengths[slot]} positions; prefill must start within them (0..{cache.lengths[slot]})")
+        check_prefill(cache, slot, int(tokens.shape[0]), start)
         with self.threads.small():
             return self.model.prefill(cache, slot, tokens.to(self.device), start)
 
