@@ -137,14 +137,15 @@ class KernelStep:
         import torch
 
         from speechrt import backends
+        from speechrt.backends.torch_cpu_lm import CpuInt4LMRunner
         from speechrt.models import registry
 
         if threads:
             torch.set_num_threads(threads)
         self.lm = backends.get("torch").lm(registry.resolve(model, "lm"), dtype="int4")
-        self.cpu = getattr(self.lm, "model", None)
-        if type(self.cpu).__name__ != "CpuLlama":
+        if not isinstance(self.lm, CpuInt4LMRunner):
             raise RuntimeError(f"the AVX2 int4 kernel does not run here ({self.lm.info})")
+        self.cpu = self.lm.model
         self.k, self.v = self.cpu.new_cache(1, cache)
         self.past = past
         packs = [p.data.numel() for p in self.cpu.packs]
