@@ -52,6 +52,16 @@ typedef struct {
     int32_t *is;  /* [M, K / 32]: sum of the int8 values */
 } qact;
 
+/* room for n int8 values (n / 32 blocks); ok is 0 where an allocation failed */
+static qact qact_new(int64_t n, int *ok) {
+    qact a = {malloc(n), malloc(n / 32 * sizeof(float)), malloc(n / 32 * sizeof(float)),
+              malloc(n / 32 * sizeof(int32_t))};
+    *ok = a.q && a.d && a.s && a.is;
+    return a;
+}
+
+static void qact_free(qact *a) { free(a->q), free(a->d), free(a->s), free(a->is); }
+
 /* block i (32 values at p) into a */
 static void quantize_block(const float *p, qact *a, int64_t i) {
     float amax = 0.f, sum = 0.f;
@@ -305,12 +315,12 @@ static void matmul_rows(const srt_mat *w, const qact *a, int64_t M, int fine, fl
 
 /* Standalone matmul (tests, benchmarks): x [M, K] float32 -> y [M, N], x quantized `fine` or not. */
 int srt_matmul(const srt_mat *w, const float *x, int64_t M, float *y, int fine, int nthreads) {
-    const int64_t R = fine ? 2 : 1, nb = w->k / 32;
+    const int64_t R = fine ? 2 : 1;
     if (M < 1 || R * M > MAXM || w->k % 32) return -1;
-    qact a = {malloc(R * M * w->k), malloc(R * M * nb * sizeof(float)), malloc(R * M * nb * sizeof(float)),
-              malloc(R * M * nb * sizeof(int32_t))};
+    int ok;
+    qact a = qact_new(R * M * w->k, &ok);
     float *out = fine ? malloc(R * M * w->n * sizeof(float)) : y;
-    if (!a.q || !a.d || !a.s || !a.is || !out) return -2;
+    if (!ok || !out) return -2;
     quantize_rows(x, M, w->k, &a, fine);
 #pragma omp parallel num_threads(nthreads)
     matmul_rows(w, &a, M, fine, out, w->n);
@@ -318,7 +328,7 @@ int srt_matmul(const srt_mat *w, const float *x, int64_t M, float *y, int fine, 
         memcpy(y, out, M * w->n * sizeof(float));
         free(out);
     }
-    free(a.q), free(a.d), free(a.s), free(a.is);
+    qact_free(&a);
     return 0;
 }
 
@@ -374,10 +384,9 @@ int srt_forward(const srt_model *md, int64_t M, const int64_t *tokens, const int
     float *part_o = malloc(M * H * C * D * sizeof(float)), *part_m = malloc(M * H * C * sizeof(float));
     float *part_s = malloc(M * H * C * sizeof(float));
     const int64_t nq = R * M * kmax;
-    qact a = {malloc(nq), malloc(nq / 32 * sizeof(float)), malloc(nq / 32 * sizeof(float)),
-              malloc(nq / 32 * sizeof(int32_t))};
-    if (!h || !x || !qkv || !att || !gu || !y || (n_out && !lo) || !sc || !part_o || !part_m || !part_s || !a.q ||
-        !a.d || !a.s || !a.is)
+    int ok;
+    qact a = qact_new(nq, &ok);
+    if (!h || !x || !qkv || !att || !gu || !y || (n_out && !lo) || !sc || !part_o || !part_m || !part_s || !ok)
         return -3;
     for (int64_t m = 0; m < M; m++) memcpy(h + m * dim, md->emb + tokens[m] * dim, dim * sizeof(float));
     const float scale = 1.f / sqrtf((float)D);
@@ -462,6 +471,6 @@ int srt_forward(const srt_model *md, int64_t M, const int64_t *tokens, const int
         free(lo);
     }
     free(h), free(x), free(qkv), free(att), free(gu), free(y), free(sc), free(part_o), free(part_m), free(part_s);
-    free(a.q), free(a.d), free(a.s), free(a.is);
+    qact_free(&a);
     return 0;
 }
