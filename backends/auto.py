@@ -69,12 +69,18 @@ TABLE: dict[tuple[str, str], Choice] = {
     # measured on an NVIDIA H200 (CUDA 13.0, torch 2.11, Triton 3.6), 2026-11-26 (docs/gpu.md); the triton LM
     # keeps the GPU's default precision (bf16, as torch ran it before this entry), the ASR's float16 the
     # WER of float32 on the passage
+    # and on an NVIDIA H100 with onnxruntime-gpu 1.31 (its CUDA provider), 2026-11-26: the same choices
     ("nvidia", "asr"): Choice("triton", "float16", "bench asr, NVIDIA H200, 58 s passage: triton float16 0.28 s "
                               "(RTF 0.005, WER 3.2%) vs torch float32 0.45 s, torch float16 0.55 s, triton float32 "
-                              "0.52 s (all WER 3.2%); decoder steps from CUDA graphs"),
+                              "0.52 s (all WER 3.2%); decoder steps from CUDA graphs. H100: triton float16 0.22 s, "
+                              "onnxruntime (CUDA) fp16 0.42 s, torch float16 0.62 s (all WER 3.2%)"),
     ("nvidia", "lm"): Choice("triton", "bfloat16", "bench lm, NVIDIA H200: triton bf16 (decode steps from CUDA "
                              "graphs) 467 tok/s at batch 1 and 3049 at batch 8 vs torch bf16 65 / 453 and "
-                             "transformers bf16 54 / 409; greedy ids equal torch's at float32 (bench gpu)"),
+                             "transformers bf16 54 / 409; greedy ids equal torch's at float32 (bench gpu). H100: "
+                             "triton 445 / 2624 vs onnxruntime (CUDA) fp16 307 / 2497, int4 225 / 1688"),
+    ("nvidia", "tts"): Choice("torch", None, "bench tts, NVIDIA H100, 30 words: torch RTF 0.012, first audio 32 ms "
+                              "vs onnxruntime (CUDA provider) 0.023 / 83 ms (its convolutions' lengths change per "
+                              "sentence; ORT adds 18 copies between the CPU and the GPU to its graph)"),
 }
 
 

@@ -20,7 +20,7 @@ import onnxruntime as ort
 import torch
 
 from .base import ASRRunner, RunnerInfo
-from .ort_binding import TORCH, bind, providers_device
+from .ort_binding import TORCH, bind, providers_device, run_bound
 from .torch_asr import DecoderState, Encoded, reorder_state, rewind_state
 from .torch_backend import ThreadPolicy
 
@@ -68,7 +68,7 @@ class OrtASRRunner(ASRRunner):
             bind(io, "lengths", lengths)
         for name, t in zip(self.cross_names, outs):
             bind(io, name, t, output=True)
-        self.encoder.run_with_iobinding(io, opts)
+        run_bound(self.encoder, io, self.device, opts)
 
     @torch.inference_mode()
     def encode(self, mel, stop=None, frames=None):
@@ -141,7 +141,7 @@ class OrtASRRunner(ASRRunner):
         b.offset.fill_(state.offset)
         logits = torch.empty(N, rows, self.config.n_vocab, dtype=torch.float32, device=self.device)
         bind(b.io, "logits", logits, output=True)  # a new tensor each step: callers may keep the last one
-        graph.run_with_iobinding(b.io)
+        run_bound(graph, b.io, self.device)
         for buf, out in b.new:
             buf[:, :, state.offset:state.offset + t] = out
         state.offset += t

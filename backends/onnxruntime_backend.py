@@ -29,6 +29,32 @@ GPU_PROVIDERS = {
     "rocm": (["MIGraphXExecutionProvider", "ROCMExecutionProvider"], "onnxruntime-rocm (or onnxruntime-migraphx)"),
 }
 DEVICE_HELP = "valid: cpu, cuda, cuda:N, rocm, rocm:N, auto"
+# providers that onnxruntime-gpu lists whenever it was built with them, though they load a library of their
+# own at session creation: -> (that library's names, what to install)
+NATIVE = {"TensorrtExecutionProvider": (("libnvinfer.so.10", "libnvinfer.so", "nvinfer_10.dll"), "tensorrt"),
+          "MIGraphXExecutionProvider": (("libmigraphx_c.so.3", "libmigraphx_c.so"), "migraphx (ROCm)")}
+
+
+def provider_loadable(provider: str) -> bool:
+    """Whether `provider`'s own native library loads here (True for providers without one). The TensorRT
+    provider of onnxruntime-gpu is listed as available without TensorRT installed, and asking for it then
+    fails at session creation; ORT's retry without it also drops every provider option."""
+    import ctypes
+
+    if provider not in NATIVE:
+        return True
+    if provider == "TensorrtExecutionProvider":
+        try:
+            import tensorrt  # noqa: F401  (the pip package loads its libraries from tensorrt_libs)
+        except ImportError:
+            pass
+    for name in NATIVE[provider][0]:
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            continue
+    return False
 
 
 def providers_for(device: str | None) -> list:
@@ -50,7 +76,12 @@ def providers_for(device: str | None) -> list:
     if dev == "cpu":
         return ["CPUExecutionProvider"]
     kinds = ["cuda", "rocm"] if dev in ("cuda", "auto") else ["rocm"]
-    gpu = [p for k in kinds for p in GPU_PROVIDERS[k][0] if p in have]
+    listed = [p for k in kinds for p in GPU_PROVIDERS[k][0] if p in have]
+    gpu = [p for p in listed if provider_loadable(p)]
+    for p in listed:
+        if p not in gpu:
+            log.info("onnxruntime lists %s but its library does not load here (pip install %s): not used", p,
+                     NATIVE[p][1])
     if not gpu:
         if dev == "auto":
             return ["CPUExecutionProvider"]
@@ -58,16 +89,22 @@ def providers_for(device: str | None) -> list:
         raise UserError(f"device {device!r}: this onnxruntime {ort.__version__} has no GPU execution provider "
                         f"({' or '.join(wanted)}; available: {', '.join(have)}); pip uninstall onnxruntime && "
                         f"pip install {install}, or use --device cpu")
-    out = []
-    for p in gpu:
-        opts = {"device_id": index}
-        if p == "TensorrtExecutionProvider":
-            # engines are rebuilt per input shape; cache them so each length is built once
-            opts.update(trt_engine_cache_enable=True, trt_engine_cache_path=".speechrt-trt-cache")
-        if p == "CUDAExecutionProvider":
-            opts["cudnn_conv_algo_search"] = "HEURISTIC"  # exhaustive search per new length costs seconds
-        out.append((p, opts))
+    out = [(p, provider_options(p, index)) for p in gpu]
     return out + ["CPUExecutionProvider"]
+
+
+def provider_options(provider: str, index: int = 0) -> dict:
+    """The options speechrt runs GPU execution provider `provider` with, on device `index`."""
+    opts = {"device_id": index}
+    if provider == "TensorrtExecutionProvider":
+        # engines are rebuilt per input shape; cache them so each length is built once
+        opts.update(trt_engine_cache_enable=True, trt_engine_cache_path=".speechrt-trt-cache")
+    if provider == "CUDAExecutionProvider":
+        opts["cudnn_conv_algo_search"] = "HEURISTIC"  # the exhaustive search per new input length costs seconds
+        # float32 graphs in float32: with TF32 (the provider's default) the voice's audio was 0.011-0.019 off the
+        # CPU provider's, without it 2e-5 (H100, onnxruntime-gpu 1.31); the GPU defaults are float16 graphs anyway
+        opts["use_tf32"] = 0
+    return opts
 
 
 def session(model_or_bytes, providers, threads: int | None = None, spin: bool = True) -> ort.InferenceSession:
@@ -239,9 +276,9 @@ PRECISION = {None: None, "auto": None, "float32": "fp32", "fp32": "fp32", "float
              "int8": "int8", "int4": "int4", "q4": "int4"}
 
 
-def export_dir(model, family: str, dtype: str | None, default: str):
+def export_dir(model, family: str, dtype: str | None, default: str, activations: str | None = None):
     """(directory, manifest) of `model`'s ONNX export at the precision `dtype` asks for: the model itself if
-    it is an export, else the export cache's copy (made now, on first use)."""
+    it is an export, else the export cache's copy (made now, on first use; `activations`: see export_model)."""
     from speechrt.errors import UserError
     from speechrt.export import Manifest, cached_export
 
@@ -254,7 +291,7 @@ def export_dir(model, family: str, dtype: str | None, default: str):
             raise UserError(f"{model.path} is a {m.precision} export; dtype {dtype!r} needs another export "
                             f"(speechrt export {family} --precision {want})")
         return model.path, m
-    d = cached_export(family, model, want or default)
+    d = cached_export(family, model, want or default, activations=activations)
     return d, Manifest.read(d)
 
 
@@ -275,7 +312,9 @@ class OnnxRuntimeBackend(Backend):
         from .onnxruntime_lm import OrtLMRunner
 
         providers = providers_for(device)
-        d, m = export_dir(model, "lm", dtype, default_precision("lm", providers))
+        default = default_precision("lm", providers)
+        on_cpu = providers[0] == "CPUExecutionProvider"
+        d, m = export_dir(model, "lm", dtype, default) if on_cpu else gpu_lm_export(model, dtype, default)
         return OrtLMRunner(d, m, providers, _threads(providers, step_threads), model.name, step_threads)
 
     def tts(self, model, device="cpu", dtype=None, step_threads=None):
@@ -294,6 +333,24 @@ class OnnxRuntimeBackend(Backend):
                             f"not {model.format}")
         d, m = export_dir(model, "tts", None, "fp32")
         return exported_tts_runner(d, m, providers_for(device), model.name)
+
+
+def gpu_lm_export(model, dtype, default):
+    """The language model's export for a GPU execution provider: float16 activations and cache throughout
+    (their GroupQueryAttention has no float32 kernel: a float32 graph ran its attention on the CPU provider and
+    gave wrong ids from the first decode step, H100, onnxruntime-gpu 1.31)."""
+    from speechrt.errors import UserError
+
+    want = PRECISION.get(dtype) or default
+    if want == "fp32":
+        raise UserError("the onnxruntime language model on a GPU runs in float16: its GroupQueryAttention has no "
+                        "float32 kernel there; valid dtypes on a GPU: float16, int4, int8 (weight-only, float16 "
+                        "activations)")
+    d, m = export_dir(model, "lm", dtype, default, activations="float16" if want in ("int4", "int8") else None)
+    if m.cache["dtype"] != "float16":
+        raise UserError(f"{d} keeps its activations in {m.cache['dtype']}, which GPU execution providers cannot run "
+                        f"(no float32 GroupQueryAttention); export it with --activations float16, or use --device cpu")
+    return d, m
 
 
 def _threads(providers, step_threads):

@@ -22,7 +22,7 @@ import torch
 from speechrt.errors import UserError
 
 from .base import LMRunner, RunnerInfo, check_prefill
-from .ort_binding import TORCH, bind, providers_device
+from .ort_binding import TORCH, bind, providers_device, run_bound
 from .torch_backend import ThreadPolicy, cpu_threads
 
 
@@ -49,7 +49,7 @@ class _Step:
         dev = cache.k.device
         self.ids = torch.zeros(rows, 1, dtype=torch.int64, device=dev)
         self.seqlens = torch.zeros(rows, dtype=torch.int32, device=dev)
-        self.total = torch.zeros((), dtype=torch.int32, device=dev)
+        self.total = torch.zeros((), dtype=torch.int32)  # on the CPU: GroupQueryAttention reads it there on every EP
         self.logits = torch.empty(rows, vocab, dtype=torch.float32, device=dev)
         self.io = bind_step(session, cache, s0, rows, self.ids, self.seqlens, self.total, self.logits)
 
@@ -121,10 +121,10 @@ class OrtLMRunner(LMRunner):
         dev = self.device
         ids = tokens.to(dev, torch.int64).reshape(1, T).contiguous()
         seqlens = torch.tensor([end - 1], dtype=torch.int32, device=dev)
-        total = torch.tensor(end, dtype=torch.int32, device=dev)
+        total = torch.tensor(end, dtype=torch.int32)  # on the CPU, as in _Step
         logits = torch.empty(1, self.config.vocab_size, dtype=torch.float32, device=dev)
         io = bind_step(self.prefill_session, cache, slot, 1, ids, seqlens, total, logits)
-        self.prefill_session.run_with_iobinding(io)
+        run_bound(self.prefill_session, io, dev)
         cache.lengths[slot] = end
         return logits[0]
 
@@ -150,7 +150,7 @@ class OrtLMRunner(LMRunner):
         step.ids.copy_(torch.tensor(ids).view(-1, 1))
         step.seqlens.copy_(torch.tensor(pos, dtype=torch.int32))
         step.total.fill_(max(pos) + 1)
-        self.session.run_with_iobinding(step.io)
+        run_bound(self.session, step.io, self.device)
         for s in slots:
             cache.lengths[s] += 1
         if rows == list(range(s1 - s0)):

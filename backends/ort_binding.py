@@ -23,6 +23,15 @@ def bind(io, name: str, t: torch.Tensor, output: bool = False) -> None:
     fn(name, kind, index, NUMPY[t.dtype], list(t.shape), t.data_ptr())
 
 
+def run_bound(session, io, device: torch.device, run_options=None) -> None:
+    """`session.run_with_iobinding`, once the torch work that wrote the bound inputs has finished: ORT's CUDA and
+    ROCm providers run on a stream of their own that does not wait for torch's. (ORT synchronizes its own
+    stream before the run returns, so the outputs are ready for torch.)"""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+    session.run_with_iobinding(io, run_options)
+
+
 def providers_device(providers) -> torch.device:
     """The torch device whose memory a session's first provider works on."""
     first = providers[0][0] if isinstance(providers[0], tuple) else providers[0]

@@ -60,10 +60,11 @@ def _bar(show: bool, what: str):
 
 
 def export_model(family: str, model=None, out=None, precision: str | None = None, opset: int = DEFAULT_OPSET,
-                 variant: str = "ort", progress: bool = True) -> Manifest:
+                 variant: str = "ort", progress: bool = True, activations: str | None = None) -> Manifest:
     """Export `model` (a registry name or path; None: the family's default) of `family` into directory `out`.
-    precision: fp32 | fp16 | int8 | int4 where the family has it (None: the family's default). The directory
-    is written whole or not at all (a temporary directory renamed at the end)."""
+    precision: fp32 | fp16 | int8 | int4 where the family has it (None: the family's default). activations
+    (lm only, int4 / int8): float32 (default) or float16, what GPU execution providers run the weight-only
+    graphs at. The directory is written whole or not at all (a temporary directory renamed at the end)."""
     from speechrt.models.registry import resolve
 
     if family not in EXPORTERS:
@@ -73,6 +74,10 @@ def export_model(family: str, model=None, out=None, precision: str | None = None
     if variant not in VARIANTS:
         raise UserError(f"unknown graph variant {variant!r}; valid: {', '.join(VARIANTS)} (standard: plain ONNX "
                         "ops for TensorRT)")
+    if activations not in (None, "float32", "float16"):
+        raise UserError(f"unknown activations {activations!r}; valid: float32, float16")
+    if activations and family != "lm":
+        raise UserError(f"--activations is for language models (lm), not {family}")
     if not 14 <= opset <= 21:
         raise UserError(f"opset {opset} is not supported; valid: 14..21")
     if out is None:
@@ -89,7 +94,7 @@ def export_model(family: str, model=None, out=None, precision: str | None = None
     t0 = time.perf_counter()
     try:
         mod = importlib.import_module(EXPORTERS[family])
-        man = mod.export(m, tmp, precision, opset, variant, bar)
+        man = mod.export(m, tmp, precision, opset, variant, bar, **({"activations": activations} if activations else {}))
         bar.set_description("hashing")
         man.source["sha256"] = source_sha256(m.path)
         man.extra["export_seconds"] = round(time.perf_counter() - t0, 1)
@@ -120,12 +125,14 @@ def exporter_hash() -> str:
     return h.hexdigest()[:12]
 
 
-def cached_export(family: str, model, precision: str | None, variant: str = "ort", progress: bool = True) -> Path:
+def cached_export(family: str, model, precision: str | None, variant: str = "ort", progress: bool = True,
+                  activations: str | None = None) -> Path:
     """The directory of `model`'s export in the cache, made now (with a progress bar) if it is not there.
     Keyed by the model's name, file size and modification time, precision, variant and the exporters' code;
     a directory that does not hold a readable manifest is exported again."""
     st = Path(model.path).stat()
-    key = (f"{model.name}-{family}-{variant}-{precision or 'default'}-{st.st_size:x}-{int(st.st_mtime):x}-"
+    acts = f"-{activations}" if activations else ""
+    key = (f"{model.name}-{family}-{variant}-{precision or 'default'}{acts}-{st.st_size:x}-{int(st.st_mtime):x}-"
            f"{exporter_hash()}")
     d = cache_dir() / key
     d.parent.mkdir(parents=True, exist_ok=True)
@@ -139,5 +146,5 @@ def cached_export(family: str, model, precision: str | None, variant: str = "ort
                 return d
             except ManifestError:
                 shutil.rmtree(d, ignore_errors=True)
-        export_model(family, str(model.path), d, precision, variant=variant, progress=progress)
+        export_model(family, str(model.path), d, precision, variant=variant, progress=progress, activations=activations)
     return d

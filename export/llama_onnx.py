@@ -71,14 +71,16 @@ class LlamaGraph:
     """Builds the graph for one (config, weights, precision, variant)."""
 
     def __init__(self, cfg: LlamaConfig, weights: dict, q4: dict, precision: str, variant: str, progress=None,
-                 rows: bool = False):
+                 rows: bool = False, activations: str = "float32"):
         """rows: the prompts' graph of a block-quantized export: the file's weights in float32 (a Q4 file's blocks
         dequantized: exact) in plain MatMuls, and the tied head on the embedding matrix. MatMulNBits costs in proportion to the
         rows at int8 activations (accuracy level 4) and dequantizes every weight on every call at float32
         ones (level 1). SmolLM2-135M, AMD EPYC AVX2, 2 threads, a 35-token prompt: 141 ms here, 183 ms at
         level 4, 340 ms at level 1 (a fixed ~0.2 s). (int8 weights per channel in DynamicQuantizeMatMul were
         ~10 % faster but changed the answers: one activation scale per call is too coarse for this model's
-        outlier features, and int8 x uint8 pair sums saturate on AVX2 without VNNI.)"""
+        outlier features, and int8 x uint8 pair sums saturate on AVX2 without VNNI.)
+        activations: float16 runs an int4 / int8 graph's activations, norms, rotary tables and cache in float16
+        (GPU execution providers: their GroupQueryAttention has no float32 kernel)."""
         if variant not in VARIANTS:
             raise ValueError(f"unknown Llama graph variant {variant!r}; valid: {', '.join(VARIANTS)}")
         if precision not in PRECISIONS[variant]:
@@ -88,7 +90,7 @@ class LlamaGraph:
             if getattr(cfg, n) % BLOCK:
                 raise ValueError(f"{n} = {getattr(cfg, n)} is not a multiple of {BLOCK}: no block-quantized graph")
         self.cfg, self.w, self.q4, self.precision, self.variant = cfg, weights, q4, precision, variant
-        self.fdt = np.float16 if precision == "fp16" else np.float32
+        self.fdt = np.float16 if precision == "fp16" or activations == "float16" else np.float32
         self.g = GraphBuilder("llama")
         self.progress = progress
         self.rows = rows and variant == "ort" and precision in ("int4", "int8")
@@ -144,7 +146,7 @@ class LlamaGraph:
     # -- graph -----------------------------------------------------------------------------------------------
     def build(self, opset: int):
         cfg, g = self.cfg, self.g
-        cache_dtype = "float16" if self.precision == "fp16" else "float32"
+        cache_dtype = "float16" if self.fdt == np.float16 else "float32"
         ins, outs = io(cfg, self.variant, cache_dtype)
         emb = g.init("embed_tokens", self.w["tok_embeddings"].numpy().astype(self.fdt))
         h = g.op("Gather", [emb, "input_ids"], name="embed")
@@ -278,7 +280,7 @@ class LlamaGraph:
         else:
             q, s = int8_blocks(self.w[head])
             y = self._nbits(x, q, s, 8, "lm_head", zero_points=np.full(s.shape, 128, np.uint8))
-        if self.precision == "fp16":
+        if self.fdt == np.float16:
             y = g.op("Cast", [y], name="logits_fp32", to=1)
         g.op("Identity", [y], outputs=["logits"], name="logits")
 
@@ -290,6 +292,8 @@ def weights_note(graph: LlamaGraph, tensor_types: dict) -> str:
     types = ", ".join(f"{k} x{v}" for k, v in sorted(tensor_types.items()))
     p = graph.precision
     rows = ROWS_NOTE if graph.variant == "ort" else ""
+    if graph.fdt == np.float16 and p in ("int4", "int8"):
+        rows = rows.replace("float32", "float16") + "; float16 activations and cache"
     if p == "int4":
         kept = "4-bit blocks kept exactly (MatMulNBits, zero = m + 8*d added as a block-sum correction)"
         re = f"; re-quantized to 4 bits by min/max per 32-block: {len(graph.requantized)} weights" if graph.requantized else ""

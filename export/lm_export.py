@@ -22,10 +22,15 @@ def config_from_dict(d: dict) -> LlamaConfig:
     return LlamaConfig(**d)
 
 
-def export(model, out: Path, precision: str | None, opset: int, variant: str, bar) -> Manifest:
+def export(model, out: Path, precision: str | None, opset: int, variant: str, bar,
+           activations: str = "float32") -> Manifest:
     from speechrt import __version__
+    from speechrt.errors import UserError
 
     precision = precision or DEFAULT_PRECISION[variant]
+    if activations == "float16" and precision not in ("int4", "int8"):
+        raise UserError(f"--activations float16 is for the weight-only precisions int4 and int8; {precision} sets "
+                        "its own (fp16: float16)")
     bar.set_description("reading weights")
     f = load_lm(model)
     cfg = f.config
@@ -33,13 +38,13 @@ def export(model, out: Path, precision: str | None, opset: int, variant: str, ba
     names = ["model", "prefill"] if variant == "ort" and precision in ("int4", "int8") else ["model"]
     bar.reset(total=len(names) * (cfg.n_layers + 1) + 1)
     bar.update(1)
-    cache_dtype = "float16" if precision == "fp16" else "float32"
+    cache_dtype = "float16" if "float16" in (activations, {"fp16": "float16"}.get(precision)) else "float32"
     ins, outs = io(cfg, variant, cache_dtype)
     graphs, built = {}, []
     for name in names:
         bar.set_description(f"building {variant} {precision} {name} graph")
         graph = LlamaGraph(cfg, f.weights, f.q4, precision, variant, progress=bar.update,
-                           rows=name == "prefill")
+                           rows=name == "prefill", activations=activations)
         built.append(graph)
         save(graph.build(opset), out / f"{name}.onnx")
         graphs[name] = Graph(f"{name}.onnx", tuple(ins), tuple(outs))

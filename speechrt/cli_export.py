@@ -12,6 +12,9 @@ def add_arguments(p):
     p.add_argument("--variant", default="ort", choices=["ort", "standard"],
                    help="lm only: ort (ONNX Runtime contrib ops, the fast path; default) or standard (plain ONNX ops, "
                         "for TensorRT)")
+    p.add_argument("--activations", default=None, choices=["float32", "float16"],
+                   help="lm int4 / int8 only: the activations' and cache's type (default float32; float16 is what "
+                        "GPU execution providers run: their GroupQueryAttention has no float32 kernel)")
     p.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -20,7 +23,7 @@ def run(args):
     from speechrt.export import export_model
 
     m = export_model(args.family, args.model, args.out, args.precision, args.opset, args.variant,
-                     progress=not args.no_progress)
+                     progress=not args.no_progress, activations=args.activations)
     print(f"{args.out}: {m.family} {m.model}, {m.precision} ({m.variant}), graphs: {', '.join(m.graphs)}; "
           f"{m.extra.get('export_seconds')} s")
     print(f"weights: {m.weights}")

@@ -6,12 +6,15 @@ Checks, in order (each one pass / fail / skip with what it compared or why it co
 - asr-triton: the triton backend's Whisper token ids against the torch backend's on the GPU (float32), and
   its float16 transcript;
 - lm-triton: the triton backend's greedy ids (32 tokens, float32) against the torch backend's;
+- asr-onnxruntime: the same comparison for the onnxruntime backend on the GPU's execution provider;
+- lm-onnxruntime: its float16 and int4 language-model graphs (float16 activations on a GPU provider)
+  against the torch backend's float32, fed the same tokens: logits within tolerance, greedy ids reported;
 - cuda-graphs: the triton ASR decode step replayed from a CUDA/HIP graph against the same step run
   eagerly (logits, and time per step);
 - lm-graphs: the same for the triton language model's decode step (bf16, two sequences of different
   lengths, the eager run's tokens fed to both);
 - onnxruntime: each GPU execution provider installed (CUDA, TensorRT, ROCm, MIGraphX) runs the Piper
-  voice graph like the CPU provider does; the other onnxruntime families on the GPU against the CPU;
+  voice graph like the CPU provider does;
 - tensorrt: the TensorRT package, if installed;
 - roofline: `speechrt bench kernels` (Triton vs torch eager and torch.compile against the measured
   copy/GEMM roofline), its records in the same file.
@@ -39,8 +42,8 @@ def add_arguments(p):
     p.add_argument("--json", default="speechrt-gpu.json", help="result file (default: %(default)s)")
     p.add_argument("--device", default="cuda", help="the GPU (default cuda; cuda:N for another)")
     p.add_argument("--checks", default=None, help="comma list of checks to run (default: all): " + ", ".join(
-        ["gpu", "kernels", "asr-triton", "lm-triton", "cuda-graphs", "lm-graphs", "onnxruntime", "tensorrt",
-         "roofline"]))
+        ["gpu", "kernels", "asr-triton", "lm-triton", "asr-onnxruntime", "lm-onnxruntime", "cuda-graphs",
+         "lm-graphs", "onnxruntime", "tensorrt", "roofline"]))
     p.add_argument("--quick", action="store_true", help="roofline without torch.compile (minutes less)")
 
 
@@ -88,7 +91,9 @@ def check_kernels(dev, out: Results):
     return ("fail", "; ".join(bad)) if bad else ("pass", f"{n} cases (float16, bfloat16) within tolerance")
 
 
-def check_asr_triton(dev, out: Results):
+def asr_parity(dev, backend: str):
+    """`backend`'s Whisper token ids against the torch backend's on the GPU (float32, 2 recordings), and its
+    float16 transcript's WER."""
     from speechrt.models.audio import load_audio
     from speechrt.models.wer import wer
     from speechrt.pipelines.asr import load_asr
@@ -96,11 +101,11 @@ def check_asr_triton(dev, out: Results):
 
     audio = [load_audio(DATA / "sample.wav"), load_audio(DATA / "passage.flac")[: 16000 * 20]]
     opts = TranscribeOptions(without_timestamps=True)
-    torch32, triton32 = load_asr(None, "torch", str(dev), "float32"), load_asr(None, "triton", str(dev), "float32")
+    torch32, ours32 = load_asr(None, "torch", str(dev), "float32"), load_asr(None, backend, str(dev), "float32")
     ref = [r.tokens for r in torch32.transcribe_batch(audio, opts)]
-    got = [r.tokens for r in triton32.transcribe_batch(audio, opts)]
-    del torch32, triton32
-    t16 = load_asr(None, "triton", str(dev), "float16").transcribe_batch(audio, opts)
+    got = [r.tokens for r in ours32.transcribe_batch(audio, opts)]
+    del torch32, ours32
+    t16 = load_asr(None, backend, str(dev), "float16").transcribe_batch(audio, opts)
     ref_text = (DATA / "sample.txt").read_text().strip()
     w = wer(ref_text, t16[0].text)
     if got != ref:
@@ -108,7 +113,17 @@ def check_asr_triton(dev, out: Results):
     return "pass", f"float32 token ids equal torch's on 2 recordings; float16 WER on sample.wav {100 * w:.1f}%"
 
 
-def check_lm_triton(dev, out: Results):
+def check_asr_triton(dev, out: Results):
+    return asr_parity(dev, "triton")
+
+
+def check_asr_onnxruntime(dev, out: Results):
+    why = _no_ort_gpu()
+    return ("skip", why) if why else asr_parity(dev, "onnxruntime")
+
+
+def lm_parity(dev, backend: str):
+    """`backend`'s greedy ids (32 tokens, float32) against the torch backend's on the GPU."""
     from speechrt.pipelines.generation import GenerationOptions
     from speechrt.pipelines.lm import load_lm
     from speechrt.pipelines.lm_batching import stream
@@ -119,13 +134,67 @@ def check_lm_triton(dev, out: Results):
     ref_lm = load_lm(None, "torch", str(dev), "float32")
     ref = [ids(ref_lm, c) for c in CHATS]
     del ref_lm
-    tri = load_lm(None, "triton", str(dev), "float32")
-    got = [ids(tri, c) for c in CHATS]
+    ours = load_lm(None, backend, str(dev), "float32")
+    got = [ids(ours, c) for c in CHATS]
     if got != ref:
         return "fail", "greedy ids differ from the torch backend's: " + "; ".join(
             f"{c!r} first differs at token {next(i for i, (a, b) in enumerate(zip(g, r)) if a != b)}"
             for c, g, r in zip(CHATS, got, ref) if g != r)
     return "pass", f"greedy ids (32 tokens, float32) equal torch's for {len(CHATS)} chats"
+
+
+def check_lm_triton(dev, out: Results):
+    return lm_parity(dev, "triton")
+
+
+def teacher_forced(lm, prompt: list[int], follow: list[int]):
+    """Logits [1 + len(follow), V] (float32, on the CPU) of `lm` after `prompt`, then after each of `follow`."""
+    import torch
+
+    r = lm.runner
+    cache = r.new_cache(1, len(prompt) + len(follow) + 1)
+    out = [r.prefill(cache, 0, torch.tensor(prompt))]
+    for t in follow:
+        out.append(r.decode_step(cache, [0], torch.tensor([t]))[0])
+    return torch.stack([o.float().reshape(-1).cpu() for o in out])
+
+
+def lm_gpu_parity(dev, backend: str, tolerances: dict[str, float]):
+    """`backend`'s language model at each dtype against the torch backend's float32 on the GPU, fed the same
+    tokens (the prompt, then float32's 32 greedy ones): largest logit difference over the largest logit, which
+    must be within the dtype's tolerance (NaN fails), and where its own greedy ids first part from float32's."""
+    import math
+
+    from speechrt.pipelines.generation import GenerationOptions
+    from speechrt.pipelines.lm import load_lm
+    from speechrt.pipelines.lm_batching import stream
+
+    def ids(lm, prompt):
+        o = GenerationOptions(max_tokens=32, stop_token_ids=())
+        return [ev.token for ev in stream(lm.runner, lm.tokenizer, [prompt], o)]
+    ref_lm = load_lm(None, "torch", str(dev), "float32")
+    prompts = [ref_lm.encode_chat(c) for c in CHATS]
+    ref_ids = [ids(ref_lm, p) for p in prompts]
+    ref = [teacher_forced(ref_lm, p, f) for p, f in zip(prompts, ref_ids)]
+    del ref_lm
+    notes, bad = [], []
+    for dtype, tol in tolerances.items():
+        lm = load_lm(None, backend, str(dev), dtype)
+        errs = [float((teacher_forced(lm, p, f) - r).abs().max() / r.abs().max()) for p, f, r in zip(prompts, ref_ids, ref)]
+        same = [next((i for i, (a, b) in enumerate(zip(ids(lm, p), f)) if a != b), len(f)) for p, f in zip(prompts, ref_ids)]
+        del lm
+        err = max(errs)
+        line = (f"{dtype}: logits within {err:.2g} of float32's (limit {tol:g}), greedy ids equal for the first "
+                f"{', '.join(map(str, same))} of 32")
+        (notes if math.isfinite(err) and err <= tol else bad).append(line)
+    return ("fail" if bad else "pass"), "; ".join(bad + notes)
+
+
+def check_lm_onnxruntime(dev, out: Results):
+    # on a GPU provider the graphs run float16 activations (float16, and int4 with the file's 4-bit blocks): the
+    # weights are float32's, the arithmetic is not
+    why = _no_ort_gpu()
+    return ("skip", why) if why else lm_gpu_parity(dev, "onnxruntime", {"float16": 2e-2, "int4": 5e-2})
 
 
 def step_records(out: Results, times: dict[bool, list[float]], dev, model: str, precision: str, workload: str):
@@ -216,12 +285,12 @@ def check_lm_graphs(dev, out: Results):
 
 
 def compare_providers(providers: list[str]) -> tuple[list[str], list[str]]:
-    """The Piper voice graph (noise scales 0: deterministic) on each execution provider against the CPU
-    provider: -> (agreements, failures), one line each. A session that silently fell back to the CPU
-    provider is a failure."""
+    """The Piper voice graph (noise scales 0: deterministic) on each execution provider, with the options
+    speechrt runs it with, against the CPU provider: -> (agreements, failures), one line each. float32 audio
+    must agree within 1e-4; a session that silently fell back to the CPU provider fails."""
     import numpy as np
 
-    from speechrt.backends.onnxruntime_backend import OrtTTSRunner
+    from speechrt.backends.onnxruntime_backend import OrtTTSRunner, provider_options
     from speechrt.models.piper_loader import SynthesisOptions
     from speechrt.models.registry import resolve
     from speechrt.models.tts_text import TextFrontEnd
@@ -233,33 +302,43 @@ def compare_providers(providers: list[str]) -> tuple[list[str], list[str]]:
     want = cpu.run_graph(ids, opts)
     ok, bad = [], []
     for ep in providers:
+        chosen = [ep] if ep == "CPUExecutionProvider" else [(ep, provider_options(ep)), "CPUExecutionProvider"]
         try:
-            r = OrtTTSRunner(voice.path, list(dict.fromkeys([ep, "CPUExecutionProvider"])))
+            r = OrtTTSRunner(voice.path, chosen)
             got = r.run_graph(ids, opts)
             used = r.dec.get_providers()[0]
         except Exception as e:  # one provider failing must not hide the others
             bad.append(f"{ep}: {type(e).__name__}: {e}")
             continue
         diff = float(np.abs(got - want).max()) if len(got) == len(want) else float("inf")
-        (ok if diff < 1e-2 and used == ep else bad).append(f"{ep} (session runs on {used}): max diff {diff:.2g} "
-                                                          f"over {len(want)} samples")
+        (ok if diff <= 1e-4 and used == ep else bad).append(f"{ep} (session runs on {used}): max diff {diff:.2g} "
+                                                            f"over {len(want)} samples")
     return ok, bad
+
+
+def _no_ort_gpu() -> str | None:
+    import onnxruntime as ort
+
+    if any(p not in ("CPUExecutionProvider", "AzureExecutionProvider") for p in ort.get_available_providers()):
+        return None
+    return (f"no GPU execution provider in this onnxruntime build (onnxruntime {ort.__version__}: "
+            f"{', '.join(ort.get_available_providers())}); pip install onnxruntime-gpu (NVIDIA) or "
+            "onnxruntime-rocm / onnxruntime-migraphx (AMD)")
 
 
 def check_onnxruntime(dev, out: Results):
     import onnxruntime as ort
 
-    from speechrt import backends
+    why = _no_ort_gpu()
+    if why:
+        return "skip", why
+    from speechrt.backends.onnxruntime_backend import provider_loadable
 
-    gpu_eps = [p for p in ort.get_available_providers() if p not in ("CPUExecutionProvider", "AzureExecutionProvider")]
-    if not gpu_eps:
-        return "skip", (f"no GPU execution provider in this onnxruntime build (onnxruntime {ort.__version__}: "
-                        f"{', '.join(ort.get_available_providers())}); pip install onnxruntime-gpu (NVIDIA) or "
-                        "onnxruntime-rocm / onnxruntime-migraphx (AMD)")
-    ok, bad = compare_providers(gpu_eps)
-    others = [f for f in backends.get("onnxruntime").families if f != "tts"]
-    if others:
-        ok.append(f"onnxruntime families {', '.join(others)} run on the GPU in `speechrt bench all --device cuda`")
+    listed = [p for p in ort.get_available_providers() if p not in ("CPUExecutionProvider", "AzureExecutionProvider")]
+    ok, bad = compare_providers([p for p in listed if provider_loadable(p)])
+    ok += [f"{p} listed but its library does not load here (not installed): not run" for p in listed
+           if not provider_loadable(p)]
+    ok.append("Whisper and the language model on the GPU: checks asr-onnxruntime, lm-onnxruntime")
     return ("fail" if bad else "pass"), "; ".join(bad + ok)
 
 
@@ -289,9 +368,12 @@ def check_roofline(dev, out: Results, quick: bool = False):
 
 
 CHECKS = {"gpu": check_gpu, "kernels": check_kernels, "asr-triton": check_asr_triton, "lm-triton": check_lm_triton,
+          "asr-onnxruntime": check_asr_onnxruntime, "lm-onnxruntime": check_lm_onnxruntime,
           "cuda-graphs": check_cuda_graphs, "lm-graphs": check_lm_graphs, "onnxruntime": check_onnxruntime,
           "tensorrt": check_tensorrt, "roofline": check_roofline}
-NEEDS_TORCH_GPU = {"gpu", "kernels", "asr-triton", "lm-triton", "cuda-graphs", "lm-graphs", "roofline"}
+NEEDS_TORCH_GPU = {"gpu", "kernels", "asr-triton", "lm-triton", "asr-onnxruntime", "lm-onnxruntime", "cuda-graphs",
+                   "lm-graphs", "roofline"}
+NEEDS_TRITON = NEEDS_TORCH_GPU - {"gpu", "asr-onnxruntime", "lm-onnxruntime"}
 
 
 def run(args):
@@ -315,7 +397,7 @@ def run(args):
         t0 = time.monotonic()
         if name in NEEDS_TORCH_GPU and no_gpu:
             status, detail = "skip", no_gpu
-        elif name in NEEDS_TORCH_GPU - {"gpu"} and no_triton:
+        elif name in NEEDS_TRITON and no_triton:
             status, detail = "skip", no_triton
         else:
             try:

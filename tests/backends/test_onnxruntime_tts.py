@@ -67,7 +67,7 @@ def test_providers_for_devices():
     assert ort_backend.providers_for("cpu") == ["CPUExecutionProvider"]
     have = ort_backend.ort.get_available_providers()
     gpu = [p for p in ("CUDAExecutionProvider", "ROCMExecutionProvider", "MIGraphXExecutionProvider",
-                       "TensorrtExecutionProvider") if p in have]
+                       "TensorrtExecutionProvider") if p in have and ort_backend.provider_loadable(p)]
     if not gpu:
         assert ort_backend.providers_for("auto") == ["CPUExecutionProvider"]
         with pytest.raises(UserError, match="no GPU execution provider.*onnxruntime-gpu"):
@@ -77,6 +77,21 @@ def test_providers_for_devices():
         assert names[-1] == "CPUExecutionProvider" and set(gpu) <= set(names)
     with pytest.raises(UserError, match="valid: cpu, cuda"):
         ort_backend.providers_for("tpu")
+
+
+def test_a_listed_provider_whose_library_is_missing_is_left_out(monkeypatch):
+    # onnxruntime-gpu lists TensorRT whether or not TensorRT is installed; none of these machines has it
+    assert not ort_backend.provider_loadable("TensorrtExecutionProvider")
+    assert ort_backend.provider_loadable("CUDAExecutionProvider")
+    monkeypatch.setattr(ort_backend.ort, "get_available_providers",
+                        lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert ort_backend.providers_for("cuda:1") == [
+        ("CUDAExecutionProvider", {"device_id": 1, "cudnn_conv_algo_search": "HEURISTIC", "use_tf32": 0}),
+        "CPUExecutionProvider"]
+    monkeypatch.setattr(ort_backend.ort, "get_available_providers",
+                        lambda: ["TensorrtExecutionProvider", "CPUExecutionProvider"])
+    with pytest.raises(UserError, match="no GPU execution provider"):
+        ort_backend.providers_for("cuda")
 
 
 def test_bad_dtype_and_model():

@@ -18,7 +18,8 @@ def test_bench_gpu_skips_clearly_without_a_gpu(bench, tmp_path):
     assert [c.name for c in res.checks] == list(CHECKS)
     by = {c.name: c for c in res.checks}
     assert all(c.status == "skip" for c in res.checks if c.name != "onnxruntime"), res.checks
-    for name in ("gpu", "kernels", "asr-triton", "lm-triton", "cuda-graphs", "lm-graphs", "roofline"):
+    for name in ("gpu", "kernels", "asr-triton", "lm-triton", "asr-onnxruntime", "lm-onnxruntime", "cuda-graphs",
+                 "lm-graphs", "roofline"):
         assert "no CUDA or ROCm GPU is visible to PyTorch here" in by[name].detail
         assert f"SKIP {name}" in r.stdout
     ort = by["onnxruntime"]  # runs wherever a GPU provider is installed, a GPU or not
