@@ -28,9 +28,9 @@ def export(model, out: Path, precision: str | None, opset: int, variant: str, ba
     from speechrt.errors import UserError
 
     precision = precision or DEFAULT_PRECISION[variant]
-    if activations == "float16" and precision not in ("int4", "int8"):
-        raise UserError(f"--activations float16 is for the weight-only precisions int4 and int8; {precision} sets "
-                        "its own (fp16: float16)")
+    if activations == "float16" and (precision not in ("int4", "int8") or variant != "ort"):
+        raise UserError(f"--activations float16 is for the ort variant's weight-only precisions int4 and int8 (what "
+                        f"ONNX Runtime's GPU providers run); not {variant} {precision} (fp16: float16 throughout)")
     bar.set_description("reading weights")
     f = load_lm(model)
     cfg = f.config
@@ -38,7 +38,7 @@ def export(model, out: Path, precision: str | None, opset: int, variant: str, ba
     names = ["model", "prefill"] if variant == "ort" and precision in ("int4", "int8") else ["model"]
     bar.reset(total=len(names) * (cfg.n_layers + 1) + 1)
     bar.update(1)
-    cache_dtype = "float16" if "float16" in (activations, {"fp16": "float16"}.get(precision)) else "float32"
+    cache_dtype = "float16" if precision == "fp16" or activations == "float16" else "float32"
     ins, outs = io(cfg, variant, cache_dtype)
     graphs, built = {}, []
     for name in names:

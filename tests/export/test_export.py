@@ -239,8 +239,10 @@ def test_llama_float16_activations_for_gpu_providers():
         gpu_lm_export(m, "float32", "fp16")
     with pytest.raises(UserError, match="export it with --activations float16"):
         gpu_lm_export(resolve(str(d32), "lm"), None, "fp16")
-    with pytest.raises(UserError, match="weight-only precisions int4 and int8"):
+    with pytest.raises(UserError, match="weight-only precisions int4 and int8.*not ort fp32"):
         export_model("lm", None, d16.parent / "bad", "fp32", activations="float16", progress=False)
+    with pytest.raises(UserError, match="not standard int8"):
+        export_model("lm", None, d16.parent / "bad", "int8", variant="standard", activations="float16", progress=False)
     with pytest.raises(UserError, match="for language models"):
         export_model("asr", None, d16.parent / "bad", activations="float16", progress=False)
 
