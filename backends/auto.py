@@ -80,7 +80,7 @@ TABLE: dict[tuple[str, str], Choice] = {
                              "triton 445 / 2624 vs onnxruntime (CUDA) fp16 307 / 2497, int4 225 / 1688"),
     ("nvidia", "tts"): Choice("torch", None, "bench tts, NVIDIA H100, 30 words: torch RTF 0.012, first audio 32 ms "
                               "vs onnxruntime (CUDA provider) 0.023 / 83 ms (its convolutions' lengths change per "
-                              "sentence; ORT adds 18 copies between the CPU and the GPU to its graph)"),
+                              "sentence; ORT adds 18 copies between the CPU and the GPU to one of its graphs)"),
 }
 
 
