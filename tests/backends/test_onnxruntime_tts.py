@@ -81,7 +81,8 @@ def test_providers_for_devices():
 
 def test_a_listed_provider_whose_library_is_missing_is_left_out(monkeypatch):
     # onnxruntime-gpu lists TensorRT whether or not TensorRT is installed; none of these machines has it
-    assert not ort_backend.provider_loadable("TensorrtExecutionProvider")
+    if ort_backend.provider_loadable("TensorrtExecutionProvider"):
+        pytest.skip("TensorRT's library loads here: the case is a machine without it")
     assert ort_backend.provider_loadable("CUDAExecutionProvider")
     monkeypatch.setattr(ort_backend.ort, "get_available_providers",
                         lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])

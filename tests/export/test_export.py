@@ -203,8 +203,9 @@ def test_exported_dir_and_dtype_errors():
 def test_llama_float16_activations_for_gpu_providers():
     """What GPU execution providers run (their GroupQueryAttention has no float32 kernel): the int4 graph with
     float16 activations, norms, rotary tables and cache, the file's 4-bit blocks unchanged. Run here on the
-    CPU provider, fed the same tokens as the float32-activation graph: logits within 5e-2 of the largest and
-    the same greedy choices; a float32 language model on a GPU is refused, naming what runs there."""
+    CPU provider, fed the same tokens as the float32-activation graph: the prompt's logits within 1e-2 of the
+    largest, the decode steps' within 0.15, the same greedy choice after the prompt and on 4 of 5 steps; a
+    float32 language model on a GPU is refused, naming what runs there."""
     from speechrt.backends.onnxruntime_backend import gpu_lm_export
     from speechrt.backends.onnxruntime_lm import OrtLMRunner
     from speechrt.backends.torch_backend import ThreadPolicy
