@@ -148,9 +148,16 @@ class LMRunner(Runner):
         a host list of ints lets the step be planned without waiting on the device) -> logits [N, vocab]
         float32. Each slot's sequence grows by one position."""
 
-    @abstractmethod
     def release(self, cache: Any, slot: int) -> None:
-        """Free `slot` for a new sequence (what it holds may simply be overwritten later)."""
+        """Free `slot` for a new sequence (what it holds may simply be overwritten later): every runner's cache
+        counts each slot's positions in `lengths`."""
+        cache.lengths[slot] = 0
+
+
+def check_cache_size(max_batch: int, max_seq: int) -> None:
+    """A cache of `max_batch` slots of `max_seq` positions can exist, or a UserError says why not."""
+    if max_batch < 1 or max_seq < 1:
+        raise UserError(f"cache needs max_batch >= 1 and max_seq >= 1, got {max_batch}, {max_seq}")
 
 
 def check_prefill(cache: Any, slot: int, T: int, start: int) -> None:

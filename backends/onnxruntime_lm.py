@@ -21,7 +21,7 @@ import torch
 
 from speechrt.errors import UserError
 
-from .base import LMRunner, RunnerInfo, check_prefill
+from .base import LMRunner, RunnerInfo, check_cache_size, check_prefill
 from .ort_binding import TORCH, bind, providers_device, run_bound
 from .torch_backend import ThreadPolicy, cpu_threads
 
@@ -105,8 +105,7 @@ class OrtLMRunner(LMRunner):
 
     def new_cache(self, max_batch: int, max_seq: int) -> OrtKVCache:
         cfg = self.config
-        if max_batch < 1 or max_seq < 1:
-            raise UserError(f"cache needs max_batch >= 1 and max_seq >= 1, got {max_batch}, {max_seq}")
+        check_cache_size(max_batch, max_seq)
         if max_seq > cfg.max_seq_len:
             raise ValueError(f"max_seq {max_seq} exceeds the model's context length {cfg.max_seq_len}")
         shape = (cfg.n_layers, max_batch, cfg.n_kv_heads, max_seq + 1, cfg.head_dim)
@@ -156,6 +155,3 @@ class OrtLMRunner(LMRunner):
         if rows == list(range(s1 - s0)):
             return step.logits.clone()
         return step.logits[torch.tensor(rows, device=self.device)]
-
-    def release(self, cache: OrtKVCache, slot: int) -> None:
-        cache.lengths[slot] = 0

@@ -133,9 +133,6 @@ class TrtLMRunner(LMRunner):
             cache.lengths[s] += 1
         return logits
 
-    def release(self, cache, slot):
-        cache.lengths[slot] = 0
-
 
 class TensorRTBackend(Backend):
     name = "tensorrt"

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from speechrt.errors import UserError
 from speechrt.kernels import cpu_decode
 from speechrt.models.llama import KVCache, quantize_int4, rope_tables
 
-from .base import LMRunner, RunnerInfo, check_prefill
+from .base import LMRunner, RunnerInfo, check_cache_size, check_prefill
 from .torch_backend import ThreadPolicy, cpu_threads
 
 
@@ -50,8 +49,7 @@ class CpuInt4LMRunner(LMRunner):
         return cpu_threads(1)
 
     def new_cache(self, max_batch: int, max_seq: int) -> KVCache:
-        if max_batch < 1 or max_seq < 1:
-            raise UserError(f"cache needs max_batch >= 1 and max_seq >= 1, got {max_batch}, {max_seq}")
+        check_cache_size(max_batch, max_seq)
         k, v = self.model.new_cache(max_batch, max_seq)
         return KVCache(k, v, [0] * max_batch)
 
@@ -101,6 +99,3 @@ class CpuInt4LMRunner(LMRunner):
         logits = self._rows(cache, list(zip(slots, pos, tokens.tolist())), list(range(len(slots))), False)
         cache.advance(slots, pos)
         return logits
-
-    def release(self, cache: KVCache, slot: int) -> None:
-        cache.lengths[slot] = 0

@@ -9,7 +9,7 @@ import torch
 from speechrt.errors import UserError
 from speechrt.models.llama import contiguous
 
-from .base import LMRunner, RunnerInfo, check_prefill
+from .base import LMRunner, RunnerInfo, check_cache_size, check_prefill
 from .torch_backend import ThreadPolicy, cpu_has_native_bf16
 
 log = logging.getLogger(__name__)
@@ -74,8 +74,7 @@ class TorchLMRunner(LMRunner):
         return self.threads.small()
 
     def new_cache(self, max_batch: int, max_seq: int):
-        if max_batch < 1 or max_seq < 1:
-            raise UserError(f"cache needs max_batch >= 1 and max_seq >= 1, got {max_batch}, {max_seq}")
+        check_cache_size(max_batch, max_seq)
         return self.model.new_cache(max_batch, max_seq)
 
     @torch.inference_mode()
@@ -105,9 +104,6 @@ class TorchLMRunner(LMRunner):
             slots = slots.tolist()
         with self.threads.small():
             return self.model.decode_step(cache, list(slots), tokens.to(self.device))
-
-    def release(self, cache, slot: int) -> None:
-        cache.lengths[slot] = 0
 
 
 def build(model, device: torch.device, dtype: str | None, kernels: str = "torch",
