@@ -219,11 +219,16 @@ def test_promoted_and_superseded_partials(asr, synth):
     speech = synth("The museum opens at nine and closes at five on weekdays.")
     short = speech[: len(speech) // 2]
 
+    from speechrt.streaming.engine import Fault
+
     async def main():
         async with warm_engine(asr) as eng:
             assert eng.has_spare_time() and not eng.promote("nobody")
+            # each running partial below has its step held for 1 s first (an injected stall), so that it is
+            # still running when the test acts on it, however loaded the machine is
+            eng.faults.add(Fault("asr", stall_s=1.0))
             running = asyncio.ensure_future(eng.transcribe(speech, partial=True, key="run"))
-            while not eng.running_keys():
+            while "run" not in eng.running_keys():
                 await asyncio.sleep(0.002)
             queued_a = asyncio.ensure_future(eng.transcribe(short, partial=True, key="a"))
             queued_b = asyncio.ensure_future(eng.transcribe(short, partial=True, key="b"))
@@ -236,8 +241,9 @@ def test_promoted_and_superseded_partials(asr, synth):
                 fut.add_done_callback(lambda _f, n=name: order.append(n))
             got = [await running, await queued_a, await queued_b]
             # supersede: the running partial of key "s" stops for the newer one
+            eng.faults.add(Fault("asr", stall_s=1.0))
             old = asyncio.ensure_future(eng.transcribe(speech, partial=True, key="s"))
-            while not eng.running_keys():
+            while "s" not in eng.running_keys():
                 await asyncio.sleep(0.002)
             new = await eng.transcribe(speech, partial=True, key="s", supersede=True)
             return final, got, order, await old, new, eng.metrics.asr_cancelled
