@@ -64,15 +64,16 @@ class Response:
             if self.status == "in_progress":
                 self.status = "cancelled"
         except Exception as e:  # noqa: BLE001 - a failed step, a stall: this response fails, the session goes on
-            stalled = isinstance(e, EngineStalled)
-            message = f"the response failed: {e}" if stalled else f"the response failed: {type(e).__name__}: {e}"
-            code = "engine_stalled" if stalled else "server_error"
+            stalled, asked = isinstance(e, EngineStalled), isinstance(e, UserError)  # asked: what the client asked
+            message = f"the response failed: {e}" if stalled or asked else f"the response failed: {type(e).__name__}: {e}"
+            code = "engine_stalled" if stalled else getattr(e, "code", "invalid_value") if asked else "server_error"
+            kind = "invalid_request_error" if asked else "server_error"
             if self.status == "in_progress":
                 self._stop_work()
-                self.status, self.error = "failed", {"type": "server_error", "code": code, "message": message}
+                self.status, self.error = "failed", {"type": kind, "code": code, "message": message}
             if stalled:
                 s.server.counters.stalls += 1
-            await s.error(message, code, type="server_error")
+            await s.error(message, code, type=kind)
         finally:
             await self._done()
             if s.response is self:

@@ -107,7 +107,7 @@ def build_app(server) -> FastAPI:
             await ws.send_denial_response(denial)
             return
         await ws.accept(subprotocol="realtime" if "realtime" in ws.scope.get("subprotocols", []) else None)
-        await server.serve_session(WebSocketConnection(ws), ws.query_params.get("intent"))
+        await server.serve_session(WebSocketConnection(ws), ws.query_params.get("intent"), ws.query_params.get("model"))
 
     async def realtime_http(request: Request):
         return json_error(426, f"{request.url.path} is a WebSocket endpoint (OpenAI Realtime API)", "upgrade_required")

@@ -43,6 +43,37 @@ class ProtocolError(UserError):
         self.code, self.param, self.type = code, param, type
 
 
+# OpenAI's voice names, accepted for the loaded voice so that code written for OpenAI runs as is
+OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer", "verse",
+                 "marin", "cedar")
+
+
+def check_voice(name, available: dict, param: str) -> str:
+    """A voice a session or request may name -> the loaded voice that speaks for it: the loaded voices by
+    name, OpenAI's voice names for the first; another name is a ProtocolError listing the valid ones."""
+    name = _str(name, param)
+    if name in available["tts"]:
+        return name
+    if name in OPENAI_VOICES:
+        return available["tts"][0]
+    raise ProtocolError(f"voice {short(name)} is not available; valid: {', '.join(available['tts'] + list(OPENAI_VOICES))} "
+                        "(OpenAI's voice names speak with the loaded voice)", "invalid_value", param)
+
+
+def check_session_model(name, available: dict, param: str = "session.model") -> str:
+    """The model a Realtime session names (session.model, or the URL's ?model=): 'speechrt', the loaded
+    language model, or one of OpenAI's realtime models (gpt-realtime, gpt-4o-realtime-preview, ...), which
+    the loaded language model answers for; another name is a ProtocolError listing the valid ones."""
+    name = _str(name, param)
+    lm = available.get("lm") or []
+    if name == "speechrt" or name in lm or (name.startswith("gpt-") and "realtime" in name):
+        return name
+    answers = f"the language model here is {lm[0]}" if lm else "this server runs no language model"
+    raise ProtocolError(f"unknown model {short(name)}; {answers}: name it, 'speechrt', or one of OpenAI's realtime "
+                        "models (gpt-realtime, gpt-4o-realtime-preview, ...), which it answers for",
+                        "model_not_found", param)
+
+
 def error_event(message: str, code: str, type: str = "invalid_request_error", param: str | None = None,
                 event_id: str | None = None) -> dict:
     return {"type": "error", "event_id": new_id("event"),
@@ -355,6 +386,8 @@ def apply_session_update(cfg: SessionConfig, s: dict, available: dict) -> Sessio
     try:
         if "type" in s:
             kw["type"] = _str(s["type"], "session.type", ("realtime", "transcription"))
+        if "model" in s:
+            kw["model"] = check_session_model(s["model"], available)
         if "instructions" in s:
             kw["instructions"] = _str(s["instructions"], "session.instructions")
         mods = s.get("output_modalities", s.get("modalities"))
@@ -395,9 +428,7 @@ def apply_session_update(cfg: SessionConfig, s: dict, available: dict) -> Sessio
                                  available, tr_name))
         voice = out.get("voice", s.get("voice"))
         if voice is not None:
-            # OpenAI voice names (alloy, marin, ...) map to the loaded voice; ours are accepted by name
-            voice = _str(voice, "session.audio.output.voice")
-            kw["voice"] = voice if voice in available["tts"] else available["tts"][0]
+            kw["voice"] = check_voice(voice, available, "session.audio.output.voice")
         if "speed" in out:
             kw["speed"] = float(_num(out["speed"], "session.audio.output.speed", 0.25, 4.0))
     except AudioFormatError as e:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from speechrt.errors import ContextLengthExceeded
 from speechrt.pipelines.lm import GenerationOptions
 
 from .protocol import ResponseOptions, response_options
@@ -110,7 +111,13 @@ class Reply:
         """Join the engine's language model batch with the latest turns of `messages` that fit its context
         (tokenized off the event loop) -> the text pieces as they come."""
         eng, o = self.engine, self.options
-        ids = await asyncio.to_thread(self.lm.encode_chat_within, messages, eng.prompt_room(o.max_tokens))
+        try:
+            ids = await asyncio.to_thread(self.lm.encode_chat_within, messages, eng.prompt_room(o.max_tokens))
+        except ContextLengthExceeded as e:
+            raise ContextLengthExceeded(f"{e}: shorten the instructions or the message, or lower max_output_tokens "
+                                        f"(the context is {eng.batcher.max_seq} tokens; up to max_output_tokens of "
+                                        "them, at most half, are kept for the answer; older turns are left out "
+                                        "whole)", e.needed, e.room) from None
         opts = GenerationOptions(max_tokens=o.max_tokens, temperature=self.temperature,
                                  seed=0 if self.temperature > 0 else None)
         self._lm_req, q = eng.generate(ids, opts, key=key)
@@ -224,8 +231,11 @@ class Speculator:
 
     async def _prime(self, options: ResponseOptions, messages: list[dict]) -> None:
         eng = self.session.server.engine
-        ids = await asyncio.to_thread(self.session.server.lm.encode_chat_within, messages,
-                                      eng.prompt_room(options.max_tokens))
+        try:
+            ids = await asyncio.to_thread(self.session.server.lm.encode_chat_within, messages,
+                                          eng.prompt_room(options.max_tokens))
+        except ContextLengthExceeded:
+            return  # nothing to read ahead: the turn's response says why it cannot be answered
         if self.session.response is None and self.speculation is None:
             eng.generate(ids, PRIME, key=self.session.id)  # (its queue gets the token nobody reads)
             eng.metrics.prompts_primed += 1

@@ -21,17 +21,17 @@ from speechrt.pipelines import formats
 
 from .engine import EngineStalled
 from .http import authorized, json_error
+from .protocol import OPENAI_VOICES
 from .transcripts import LONG_TEMPERATURES
 
 log = logging.getLogger(__name__)
 
 ROUTES = ("POST /v1/audio/transcriptions", "POST /v1/audio/translations", "POST /v1/audio/speech",
           "POST /v1/chat/completions", "GET /v1/models")
-# OpenAI's model and voice names, accepted for the loaded model / voice so that code written for OpenAI runs as is
+# OpenAI's model names, accepted for the loaded model so that code written for OpenAI runs as is (its voice
+# names: protocol.OPENAI_VOICES)
 ASR_ALIASES = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe")
 TTS_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
-OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer", "verse",
-                 "marin", "cedar")
 SPEECH_FORMATS = ("wav", "pcm", "flac")
 MAX_SPEECH_CHARS = 4096
 GRANULARITIES = ("segment", "word")

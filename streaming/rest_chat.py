@@ -9,7 +9,7 @@ import time
 
 from starlette.responses import JSONResponse, StreamingResponse
 
-from speechrt.errors import UserError
+from speechrt.errors import ContextLengthExceeded, UserError
 from speechrt.pipelines.lm import GenerationOptions
 
 from .protocol import new_id
@@ -93,7 +93,12 @@ class ChatCompletion:
 
     async def respond(self):
         room = self.engine.prompt_room(self.options.max_tokens)
-        ids = await asyncio.to_thread(self.lm.encode_chat_within, self.messages, room)
+        try:  # as OpenAI's endpoint does: messages that do not fit are an error, none is left out
+            ids = await asyncio.to_thread(self.lm.encode_chat_within, self.messages, room, False)
+        except ContextLengthExceeded as e:
+            raise RestError(400, f"{e}: shorten the messages or lower max_tokens (this server's context is "
+                                 f"{self.engine.batcher.max_seq} tokens; up to max_tokens of them, at most half, are "
+                                 "kept for the answer)", e.code) from None
         self.prompt_tokens = len(ids)
         pieces = self.pieces(ids)
         if self.stream:

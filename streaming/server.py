@@ -23,7 +23,7 @@ from speechrt.models.registry import DEFAULTS
 from .engine import Engine
 from .http import UvicornServer, build_app, uvicorn_config
 from .metrics import Counters, metrics_text
-from .protocol import error_event
+from .protocol import ProtocolError, check_session_model, error_event
 from .session import RealtimeSession
 from .vad import SileroVAD
 
@@ -117,8 +117,10 @@ class SpeechServer:
         self._socket: socket.socket | None = None
 
     # -- sessions ---------------------------------------------------------------------------------------
-    async def serve_session(self, conn, intent: str | None):
-        """Run a Realtime session on an accepted connection until either side closes it."""
+    async def serve_session(self, conn, intent: str | None, model: str | None = None):
+        """Run a Realtime session on an accepted connection until either side closes it. `model`: the URL's
+        ?model= (OpenAI's clients send theirs): a name this server cannot answer for ends the connection
+        with an error event that lists the valid ones."""
         if self.shutting_down or len(self.sessions) >= self.options.max_sessions:
             self.counters.sessions_rejected += 1
             why = ("the server is shutting down" if self.shutting_down else
@@ -126,7 +128,15 @@ class SpeechServer:
             await conn.send(json.dumps(error_event(why, "session_limit_reached", "server_error")))
             await conn.close(1013, "try again later")
             return
-        session = RealtimeSession(self, conn, intent)
+        if model is not None:
+            try:
+                check_session_model(model, self.names, "model")
+            except ProtocolError as e:
+                self.counters.sessions_rejected += 1
+                await conn.send(json.dumps(error_event(str(e), e.code, e.type, e.param)))
+                await conn.close(1008, "unknown model")
+                return
+        session = RealtimeSession(self, conn, intent, model)
         self.sessions.add(session)
         self.counters.sessions_total += 1
         try:

@@ -118,12 +118,13 @@ class Outbox:
 
 
 class RealtimeSession:
-    def __init__(self, server, conn, intent: str | None):
+    def __init__(self, server, conn, intent: str | None, model: str | None = None):
         self.server, self.conn = server, conn
         self.id = new_id("sess")
         opts = server.options
         cfg = SessionConfig(type="transcription" if intent == "transcription" else "realtime",
-                            transcription_model=server.names["asr"][0], voice=server.names["tts"][0])
+                            model=model or SessionConfig.model, transcription_model=server.names["asr"][0],
+                            voice=server.names["tts"][0])
         if opts.silence_duration_ms is not None and cfg.turn_detection:
             cfg = replace(cfg, turn_detection=replace(cfg.turn_detection, silence_duration_ms=opts.silence_duration_ms))
         self.cfg = cfg

@@ -14,7 +14,7 @@ import threading
 from typing import AsyncIterator, Iterator, Sequence
 
 from speechrt import backends
-from speechrt.errors import UserError
+from speechrt.errors import ContextLengthExceeded, UserError
 from speechrt.models import registry
 from speechrt.models.lm_text import ChatTemplate
 
@@ -70,10 +70,18 @@ class LMPipeline:
         # the template writes special tokens (and any BOS) itself
         return self.tokenizer.encode(self.render_chat(prompt, system), add_bos=False)
 
-    def encode_chat_within(self, messages: list[dict], max_tokens: int) -> list[int]:
-        """The chat prompt of `messages` in at most `max_tokens` tokens: the system message (if first) and
-        the latest messages that fit; older turns are left out whole. Each message is tokenized once to
-        choose them (a long conversation costs one pass, not one per message dropped)."""
+    def encode_chat_within(self, messages: list[dict], max_tokens: int, drop_older: bool = True) -> list[int]:
+        """The chat prompt of `messages` in at most `max_tokens` tokens. `drop_older`: the system message (if
+        first) and the latest messages that fit; older turns are left out whole (each message is tokenized
+        once to choose them: a long conversation costs one pass, not one per message dropped). Without it,
+        all of them. ContextLengthExceeded where what must stay (all of them; the system message and the
+        latest message) does not fit: a prompt is never cut inside a message."""
+        if not drop_older:
+            ids = self.encode_chat(messages)
+            if len(ids) > max_tokens:
+                raise ContextLengthExceeded(f"the messages are {len(ids)} tokens, over the {max_tokens} that the "
+                                            "language model's context has room for", len(ids), max_tokens)
+            return ids
         system = messages[:1] if messages and messages[0].get("role") == "system" else []
         turns = messages[len(system):]
         sizes = [len(self.tokenizer.encode(str(m.get("content", "")), add_bos=False)) + 8 for m in turns]  # + template
@@ -81,10 +89,19 @@ class LMPipeline:
         keep = len(turns)
         while keep > 1 and sum(sizes[len(turns) - keep:]) > budget:
             keep -= 1
+        # the estimate (8 tokens of template a message) may leave out a turn that fits: take it back
+        while keep < len(turns) and len(self.encode_chat(system + turns[len(turns) - keep - 1:])) <= max_tokens:
+            keep += 1
         while True:
             ids = self.encode_chat(system + turns[len(turns) - keep:])
-            if len(ids) <= max_tokens or keep <= 1:
-                return ids[-max_tokens:]
+            if len(ids) <= max_tokens:
+                return ids
+            if keep <= 1:
+                what = " and ".join(w for w, there in (("the system message", system), ("the latest message", turns))
+                                    if there)
+                raise ContextLengthExceeded(f"{what} alone {'are' if system and turns else 'is'} {len(ids)} tokens, "
+                                            f"over the {max_tokens} that the language model's context has room for",
+                                            len(ids), max_tokens)
             keep -= 1
 
     # --- streaming -----------------------------------------------------------------------------------------

@@ -120,3 +120,29 @@ def test_unknown_model_error():
 
     with pytest.raises(ModelError, match="registered lm models: smollm2-135m-instruct"):
         speechrt.load_lm("gpt-5")
+
+
+def test_encode_chat_within_leaves_out_older_turns_whole_and_never_cuts_a_message(lm):
+    """Older turns are left out whole to fit; what must stay (the system message and the latest message;
+    every message with drop_older=False) over the room is ContextLengthExceeded with the numbers."""
+    from speechrt.errors import ContextLengthExceeded
+
+    system = {"role": "system", "content": "Be brief."}
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message number {i} " + "word " * 40}
+             for i in range(9)]
+    whole = lm.encode_chat([system, *turns])
+    assert lm.encode_chat_within([system, *turns], len(whole)) == whole
+    room = len(whole) // 2
+    ids = lm.encode_chat_within([system, *turns], room)
+    assert 0 < len(ids) <= room
+    kept = next(k for k in range(len(turns), 0, -1) if ids == lm.encode_chat([system, *turns[-k:]]))
+    assert 1 <= kept < len(turns)  # the system message and the latest turns, whole
+    assert len(lm.encode_chat([system, *turns[-kept - 1:]])) > room  # one more turn would not fit
+    with pytest.raises(ContextLengthExceeded, match=f"are {len(whole)} tokens, over the {room}") as e:
+        lm.encode_chat_within([system, *turns], room, drop_older=False)
+    assert (e.value.needed, e.value.room, e.value.code) == (len(whole), room, "context_length_exceeded")
+    last_two = len(lm.encode_chat([system, turns[-1]]))
+    with pytest.raises(ContextLengthExceeded, match=f"the system message and the latest message alone are {last_two}"):
+        lm.encode_chat_within([system, *turns], last_two - 1)
+    with pytest.raises(ContextLengthExceeded, match="the latest message alone is"):
+        lm.encode_chat_within(turns[-1:], 5)

@@ -48,6 +48,12 @@ CASES = [
         "transcription": {"model": 5}}}}}), ("error", "invalid_value", "transcription.model")),
     ("unknown-transcription-model", json.dumps({"type": "session.update", "session": {"audio": {"input": {
         "transcription": {"model": "no-such-model"}}}}}), ("error", "invalid_value", "this server runs")),
+    ("unknown-session-model", json.dumps({"type": "session.update", "session": {"model": "no-such-model"}}),
+     ("error", "model_not_found", "gpt-realtime")),
+    ("openai-realtime-model", json.dumps({"type": "session.update", "session": {"model": "gpt-realtime"}}),
+     ("ok", "session.updated")),
+    ("unknown-voice", json.dumps({"type": "session.update", "session": {"audio": {"output": {"voice": "robot"}}}}),
+     ("error", "invalid_value", "alloy")),
     ("unsupported-language", json.dumps({"type": "session.update", "session": {"audio": {"input": {
         "transcription": {"language": "fr"}}}}}), ("error", "invalid_value", "valid: en")),
     ("eagerness-object", json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": {

@@ -148,6 +148,74 @@ def test_text_response_and_cancel(server):
     asyncio.run(asyncio.wait_for(main(), 240))
 
 
+def test_a_prompt_over_the_context_fails_the_response_and_says_why(server):
+    """Instructions that with the latest message do not fit the language model's context: the response fails
+    with context_length_exceeded and the numbers (nothing is cut inside a message), and the session goes
+    on: with short instructions the same question is answered."""
+    async def main():
+        ws = await _conn(server)
+        await ws.send(json.dumps({"type": "session.update", "session": {
+            "output_modalities": ["text"], "instructions": "Answer briefly and politely. " * 600}}))
+        await _until(ws, "session.updated")
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]}}))
+        await ws.send(json.dumps({"type": "response.create"}))
+        seen = []
+        while not seen or seen[-1]["type"] != "response.done":
+            seen.append(json.loads(await asyncio.wait_for(ws.recv(), 120)))
+        errors = [e["error"] for e in seen if e["type"] == "error"]
+        assert len(errors) == 1 and errors[0]["code"] == "context_length_exceeded", errors
+        room = server.engine.prompt_room(256)  # the session's max_output_tokens
+        assert f"over the {room} that" in errors[0]["message"] and "shorten the instructions" in errors[0]["message"]
+        done = seen[-1]["response"]
+        assert done["status"] == "failed" and done["status_details"]["error"]["code"] == "context_length_exceeded"
+        assert not any(e["type"] == "response.output_text.delta" for e in seen)
+        await ws.send(json.dumps({"type": "session.update", "session": {"instructions": INSTRUCTIONS}}))
+        await _until(ws, "session.updated")
+        await ws.send(json.dumps({"type": "response.create"}))
+        done, seen = await _until(ws, "response.done")
+        assert done["response"]["status"] == "completed"
+        assert "tokyo" in "".join(e["delta"] for e in seen if e["type"] == "response.output_text.delta").lower()
+        await ws.close()
+    asyncio.run(asyncio.wait_for(main(), 240))
+
+
+def test_session_model_and_voice_names(server):
+    """A session may name the loaded language model, 'speechrt' or an OpenAI realtime model (in the URL or
+    in session.update), and the loaded voice or an OpenAI voice; any other name is an error that lists the
+    valid ones (a bad one in the URL ends the connection: nothing would answer for it)."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    async def main():
+        for good in (server.lm.name, "gpt-realtime", "gpt-4o-realtime-preview-2024-12-17"):
+            ws = await connect(f"{ws_url(server)}?model={good}")
+            created = json.loads(await ws.recv())
+            assert created["type"] == "session.created" and created["session"]["model"] == good
+            await ws.close()
+        ws = await connect(f"{ws_url(server)}?model=gpt-9")
+        err = json.loads(await ws.recv())
+        assert err["type"] == "error" and err["error"]["code"] == "model_not_found", err
+        assert server.lm.name in err["error"]["message"] and err["error"]["param"] == "model"
+        with pytest.raises(ConnectionClosed) as closed:
+            await ws.recv()
+        assert closed.value.rcvd.code == 1008
+        ws = await _conn(server)
+        for session, code, param in (({"model": "llama-70b"}, "model_not_found", "session.model"),
+                                     ({"voice": "nope"}, "invalid_value", "session.audio.output.voice"),
+                                     ({"audio": {"output": {"voice": "robot"}}}, "invalid_value",
+                                      "session.audio.output.voice")):
+            await ws.send(json.dumps({"type": "session.update", "session": session}))
+            ev = json.loads(await asyncio.wait_for(ws.recv(), 30))
+            assert ev["type"] == "error" and (ev["error"]["code"], ev["error"]["param"]) == (code, param), ev
+        assert server.tts.name in ev["error"]["message"] and "alloy" in ev["error"]["message"]
+        await ws.send(json.dumps({"type": "session.update", "session": {"voice": "marin", "model": "speechrt"}}))
+        updated, _ = await _until(ws, "session.updated")
+        assert updated["session"]["audio"]["output"]["voice"] == server.tts.name  # OpenAI's names: the loaded voice
+        await ws.close()
+    asyncio.run(asyncio.wait_for(main(), 120))
+
+
 def test_barge_in_stops_the_response_and_truncates(server, question_pcm):
     async def main():
         ws = await _conn(server)

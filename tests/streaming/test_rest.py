@@ -158,6 +158,13 @@ def test_chat_completions_whole_and_streamed(client, server):
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == answer
     with pytest.raises(openai.NotFoundError, match=f"chat models: {server.lm.name}"):
         client.chat.completions.create(model="gpt-4o", messages=question)
+    # messages over the context's room for a prompt: 400 with the numbers, as OpenAI's endpoint answers;
+    # nothing is cut or left out
+    long = [{"role": "system", "content": "Answer briefly and politely. " * 600}, *question]
+    room = server.engine.prompt_room(24)
+    with pytest.raises(openai.BadRequestError, match=f"over the {room} that") as bad:
+        client.chat.completions.create(model=server.lm.name, messages=long, max_tokens=24)
+    assert bad.value.code == "context_length_exceeded" and "lower max_tokens" in bad.value.message
 
 
 def test_models_list(client, server):
