@@ -52,9 +52,33 @@ def chat_messages(raw) -> list[dict]:
     return out
 
 
-def generation_options(body: dict) -> GenerationOptions:
+def check_unsupported(body: dict) -> None:
+    """Parameters of OpenAI's endpoint that this server cannot honour, when they ask for something: a 400
+    that names them, rather than an answer that silently ignores them (their neutral values pass)."""
     if body.get("n") not in (None, 1):
         raise RestError(400, f"n must be 1 (one choice per request), got {body.get('n')!r}")
+    for name in ("tools", "functions"):
+        if body.get(name):
+            raise RestError(400, f"{name}: function calling is not supported by this server's language model; "
+                                 f"send the request without {name}")
+    fmt = body.get("response_format")
+    kind = fmt.get("type") if isinstance(fmt, dict) else fmt
+    if fmt is not None and kind != "text":
+        raise RestError(400, f"response_format {kind!r} is not supported; valid: text (structured output and JSON "
+                             "mode are not available here)")
+    if body.get("logprobs") or body.get("top_logprobs"):
+        raise RestError(400, "logprobs are not available from this endpoint; send logprobs=false or leave it out")
+    mods = body.get("modalities")
+    if mods is not None and mods != ["text"]:
+        raise RestError(400, f"modalities must be ['text'] here, got {mods!r} (speech: POST /v1/audio/speech, or a "
+                             "Realtime session)")
+    for name in ("frequency_penalty", "presence_penalty"):
+        if body.get(name) not in (None, 0, 0.0):
+            raise RestError(400, f"{name} is not supported here (got {body.get(name)!r}); leave it out or send 0")
+
+
+def generation_options(body: dict) -> GenerationOptions:
+    check_unsupported(body)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is None:
         max_tokens = DEFAULT_MAX_TOKENS

@@ -167,6 +167,25 @@ def test_chat_completions_whole_and_streamed(client, server):
     assert bad.value.code == "context_length_exceeded" and "lower max_tokens" in bad.value.message
 
 
+def test_chat_parameters_this_server_cannot_honour_are_refused_by_name(client, server):
+    """tools, JSON mode, logprobs, audio output, penalties: a 400 naming the parameter, not an answer that
+    ignores it; their neutral values are accepted."""
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
+    for kw, text in (({"tools": [tool]}, "function calling"),
+                     ({"response_format": {"type": "json_object"}}, "response_format 'json_object'"),
+                     ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
+                     ({"modalities": ["text", "audio"]}, "modalities"),
+                     ({"frequency_penalty": 0.5}, "frequency_penalty"),
+                     ({"presence_penalty": -1}, "presence_penalty")):
+        with pytest.raises(openai.BadRequestError, match=text):
+            client.chat.completions.create(model=server.lm.name, messages=question, max_tokens=4, **kw)
+    ok = client.chat.completions.create(model=server.lm.name, messages=question, max_tokens=4, temperature=0,
+                                        response_format={"type": "text"}, logprobs=False, frequency_penalty=0,
+                                        presence_penalty=0, tools=[], modalities=["text"])
+    assert ok.choices[0].message.content
+
+
 def test_models_list(client, server):
     ids = [m.id for m in client.models.list()]
     assert ids == [server.asr.name, server.lm.name, server.tts.name]
