@@ -168,8 +168,7 @@ class AsyncClient:
             s = dict(self.session or {})
             if self.transcription:
                 s.setdefault("type", "transcription")
-            await self.send({"type": "session.update", "session": s})
-            ev = await self.wait_for("session.updated")
+            await self.update_session(s)
         return self
 
     async def _read(self):
@@ -213,6 +212,12 @@ class AsyncClient:
             if ev.type in types:
                 return ev
 
+    async def update_session(self, session: dict) -> dict:
+        """session.update with these fields (the Realtime API's layout) -> the session as the server now has
+        it; a value the server refuses raises RealtimeError naming it, and the session stays as it was."""
+        await self.send({"type": "session.update", "session": session})
+        return (await self.wait_for("session.updated")).raw.get("session", {})
+
     async def append_audio(self, audio24k: np.ndarray, chunk_ms: int = 100, realtime: bool = False):
         """Send float32 audio at 24 kHz as pcm16 chunks (paced in real time if asked)."""
         step = WIRE_RATE * chunk_ms // 1000
@@ -226,16 +231,14 @@ class AsyncClient:
         """Transcript of a whole file or array: sent, committed, transcribed (no turn detection)."""
         td = (self.session_config.get("audio") or {}).get("input", {}).get("turn_detection")
         if td is not None:  # manual commit for a whole file; turn detection comes back afterwards
-            await self.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}})
-            await self.wait_for("session.updated")
+            await self.update_session({"audio": {"input": {"turn_detection": None}}})
         try:
             await self.append_audio(_to_wire(audio, sample_rate), realtime=realtime)
             await self.send({"type": "input_audio_buffer.commit"})
             ev = await self.wait_for("conversation.item.input_audio_transcription.completed")
         finally:
             if td is not None:
-                await self.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": td}}}})
-                await self.wait_for("session.updated")
+                await self.update_session({"audio": {"input": {"turn_detection": td}}})
         return ev.transcript
 
     async def transcribe_stream(self, chunks, sample_rate: int, final_timeout: float = 30) -> AsyncIterator[Event]:
@@ -279,14 +282,20 @@ class AsyncClient:
             task.cancel()
 
     async def _collect_reply(self, user_transcript: str = "") -> Reply:
-        text, audio, status = [], [], ""
+        """The next response, to its response.done. An error before it begins raises at once; a response
+        that fails raises after its response.done, so that none of its events is left for the next call."""
+        text, audio, status, failure, begun = [], [], "", None, False
         while True:
             ev = await self.next_event(120)
             if ev is None:
                 raise ConnectionError("the server closed the connection")
             if isinstance(ev, ErrorEvent):
-                raise RealtimeError(ev.code, ev.message)
-            if isinstance(ev, TranscriptCompleted):
+                if not begun:
+                    raise RealtimeError(ev.code, ev.message)
+                failure = failure or ev
+            elif ev.type == "response.created":
+                begun = True
+            elif isinstance(ev, TranscriptCompleted):
                 user_transcript = ev.transcript
             elif isinstance(ev, TextDelta):
                 text.append(ev.delta)
@@ -295,6 +304,8 @@ class AsyncClient:
             elif isinstance(ev, ResponseDone):
                 status = ev.status
                 break
+        if failure is not None:
+            raise RealtimeError(failure.code, failure.message)
         a = np.concatenate(audio) if audio else np.zeros(0, np.float32)
         return Reply("".join(text), a, status, user_transcript)
 
@@ -302,6 +313,8 @@ class AsyncClient:
         """Send a text message; the assistant answers (audio + transcript, or text in text sessions)."""
         await self.send({"type": "conversation.item.create",
                          "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
+        # a message the server refuses raises here, before a response to the conversation without it is asked for
+        await self.wait_for("conversation.item.added", "conversation.item.created")
         await self.send({"type": "response.create"})
         return await self._collect_reply()
 
@@ -349,6 +362,9 @@ class Client:
 
     def next_event(self, timeout: float | None = 120) -> Event | None:
         return self._call(self._c.next_event(timeout))
+
+    def update_session(self, session: dict) -> dict:
+        return self._call(self._c.update_session(session))
 
     def transcribe_file(self, path, realtime: bool = False) -> str:
         return self._call(self._c.transcribe(path, realtime=realtime))

@@ -91,7 +91,7 @@ def test_openai_sdk_conversation(server, question_pcm, asr):
 
 
 def test_our_sdk_ask_talk_and_say(server, question_pcm, asr):
-    from speechrt.client import Client
+    from speechrt.client import Client, RealtimeError
 
     with Client(ws_url(server)) as c:
         reply = c.ask(QUESTION)
@@ -102,6 +102,16 @@ def test_our_sdk_ask_talk_and_say(server, question_pcm, asr):
         assert wer(QUESTION, spoken.user_transcript) <= 0.2, spoken.user_transcript
         assert spoken.status == "completed" and len(spoken.audio) > 0
         audio = c.say("Good morning, the weather is lovely today.")
+        # refusals raise, and leave nothing behind for the next call: a message over the item limit (no
+        # response is asked for), then a response that fails (instructions over the context)
+        with pytest.raises(RealtimeError, match="at most 32768"):
+            c.ask("word " * 7000)
+        c.update_session({"instructions": "Answer briefly and politely. " * 600})
+        with pytest.raises(RealtimeError, match="context_length_exceeded"):
+            c.ask(QUESTION)
+        c.update_session({"instructions": INSTRUCTIONS})
+        again = c.ask(QUESTION)
+        assert again.status == "completed" and "tokyo" in again.transcript.lower(), again.transcript
     assert wer("Good morning, the weather is lovely today.", asr.transcribe(audio, 24000).text) <= 0.15
 
 
