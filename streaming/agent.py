@@ -17,7 +17,7 @@ from speechrt.errors import UserError
 
 from . import protocol as P
 from .audio_codec import OutputEncoder
-from .conversation import Item, Part
+from .conversation import Item, Part, item_from_api
 from .engine import EngineStalled
 from .protocol import ProtocolError, new_id, response_options
 from .reply import Reply
@@ -32,6 +32,10 @@ class Response:
                 session.server.tts.check_text(self.options.say)
             except UserError as e:
                 raise ProtocolError(str(e), "invalid_value", "response.speechrt_say") from None
+        # response.input: this response's own context (messages, or references to the conversation's items)
+        # instead of the conversation; [] is none
+        raw = overrides.get("input")
+        self.input = None if raw is None else [m for i, x in enumerate(raw) if (m := self._input_message(x, i))]
         self.audio = self.options.audio
         self.id = new_id("resp")
         self.status = "in_progress"
@@ -41,6 +45,19 @@ class Response:
         self.transcript = ""  # text delivered (for audio: text whose audio was sent)
         self._reply: Reply | None = None
         self._runner: asyncio.Task | None = None
+
+    def _input_message(self, entry, i: int) -> dict | None:
+        """One entry of response.input -> a chat message (None for an item without text)."""
+        s = self.session
+        if isinstance(entry, dict) and entry.get("type") == "item_reference":
+            item = s.conversation.find(entry.get("id"))
+        else:
+            try:
+                item = item_from_api(entry, s.server.options.max_item_chars)
+            except ProtocolError as e:
+                raise ProtocolError(f"response.input[{i}]: {e}", e.code, f"response.input[{i}]") from None
+        text = item.text()
+        return {"role": item.role, "content": text} if text else None
 
     def cancel(self, reason: str):
         if self.status != "in_progress":
@@ -82,20 +99,28 @@ class Response:
     async def _run(self):
         s, o = self.session, self.options
         self.t0 = time.perf_counter()
-        prev = s.conversation.append(self.item)
+        if not o.out_of_band:
+            prev = s.conversation.append(self.item)
         await s.send(P.response_created(self._api("in_progress", [])))
         await s.send(P.output_item_added(self.id, self.item.to_api()))
-        await s.send(P.item_added(self.item.to_api(), prev))
+        if not o.out_of_band:
+            await s.send(P.item_added(self.item.to_api(), prev))
         part = Part("output_audio" if self.audio else "output_text", "")
         self.item.parts.append(part)
         await s.send(P.content_part_added(self.id, self.item.id, part.to_response_api()))
         # the latest turns that fit in the model's context: the reply begun during the turn's last pause,
-        # if it answered these very messages (see reply.Speculation), else one begun now
-        messages = s.conversation.messages(o.instructions, upto=self.item)
-        self._reply = s.ahead.take(messages, o)
+        # if it answered these very messages (see reply.Speculation), else one begun now. A response with
+        # its own context (input, or out of band) neither takes that reply nor takes the conversation's cache
+        # slot (key), so the next turn's prompt still finds its positions there
+        own = self.input is not None or o.out_of_band
+        if self.input is not None:
+            messages = ([{"role": "system", "content": o.instructions}] if o.instructions else []) + self.input
+        else:
+            messages = s.conversation.messages(o.instructions, upto=None if o.out_of_band else self.item)
+        self._reply = None if own else s.ahead.take(messages, o)
         if self._reply is None:
             self._reply = Reply(s.server, o, s.cfg.speed, s.cfg.temperature)
-            self._reply.start(messages, s.id)
+            self._reply.start(messages, None if own else s.id)
         try:
             if self.audio:
                 await self._speak()
@@ -140,7 +165,10 @@ class Response:
 
     def _api(self, status: str, output: list) -> dict:
         r = {"id": self.id, "object": "realtime.response", "status": status, "output": output,
-             "output_modalities": ["audio"] if self.audio else ["text"], "conversation_id": self.session.id}
+             "output_modalities": ["audio"] if self.audio else ["text"],
+             "conversation_id": None if self.options.out_of_band else self.session.id}
+        if self.options.metadata is not None:
+            r["metadata"] = dict(self.options.metadata)
         if status in ("cancelled", "incomplete"):
             r["status_details"] = {"type": status, "reason": self.reason}
         elif status == "failed":
@@ -161,5 +189,6 @@ class Response:
         item.status = "completed" if self.status == "completed" else "incomplete"  # (the API's item statuses)
         await s.send(P.content_part_done(self.id, item.id, part.to_response_api()))
         await s.send(P.output_item_done(self.id, item.to_api()))
-        await s.send(P.item_done(item.to_api()))
+        if not self.options.out_of_band:
+            await s.send(P.item_done(item.to_api()))
         await s.send(P.response_done(self._api(self.status, [item.to_api()])))

@@ -263,6 +263,19 @@ class ResponseOptions:
     instructions: str
     max_tokens: int
     say: str | None = None  # speechrt extension: speak this text verbatim, without the language model
+    out_of_band: bool = False  # conversation: "none": the response's item is not added to the conversation
+    metadata: tuple[tuple[str, str], ...] | None = None  # the client's labels, echoed in the response
+
+
+def _metadata(meta) -> tuple[tuple[str, str], ...] | None:
+    """response.metadata: at most 16 string pairs (keys up to 64 characters, values up to 512), as OpenAI's."""
+    if meta is None:
+        return None
+    if (not isinstance(meta, dict) or len(meta) > 16 or
+            any(not isinstance(k, str) or not isinstance(v, str) or len(k) > 64 or len(v) > 512 for k, v in meta.items())):
+        raise ProtocolError(f"response.metadata must be an object of at most 16 string values (keys up to 64 characters, "
+                            f"values up to 512), got {short(meta)}", "invalid_value", "response.metadata")
+    return tuple(meta.items())
 
 
 def response_options(overrides, cfg: SessionConfig) -> ResponseOptions:
@@ -282,7 +295,15 @@ def response_options(overrides, cfg: SessionConfig) -> ResponseOptions:
         raise ProtocolError("speechrt_say must be a non-empty string", "invalid_value", "response.speechrt_say")
     v = overrides.get("max_output_tokens", cfg.max_output_tokens)
     max_tokens = 1024 if v == "inf" else _num(v, "response.max_output_tokens", 1, 4096, integer=True)
-    return ResponseOptions("audio" in mods, instructions, max_tokens, say)
+    conversation = overrides.get("conversation", "auto")
+    if conversation not in ("auto", "none"):
+        raise ProtocolError(f"response.conversation must be 'auto' or 'none' (an out-of-band response, not added to "
+                            f"the conversation), got {short(conversation)}", "invalid_value", "response.conversation")
+    if overrides.get("input") is not None and not isinstance(overrides["input"], list):
+        raise ProtocolError("response.input must be a list of items: messages, or {'type': 'item_reference', 'id': ...}",
+                            "invalid_value", "response.input")
+    return ResponseOptions("audio" in mods, instructions, max_tokens, say, conversation == "none",
+                           _metadata(overrides.get("metadata")))
 
 
 def _bool(v, name):

@@ -190,6 +190,47 @@ def test_a_prompt_over_the_context_fails_the_response_and_says_why(server):
     asyncio.run(asyncio.wait_for(main(), 240))
 
 
+def test_out_of_band_responses_and_their_own_input(server):
+    """response.conversation 'none': the answer comes in response events only (no conversation.item.*), with
+    conversation_id null and the client's metadata, and the conversation does not hold it; response.input:
+    the prompt is those items (messages, or references to the conversation's), not the conversation."""
+    async def main():
+        ws = await _conn(server)
+        await ws.send(json.dumps({"type": "session.update", "session": {"output_modalities": ["text"],
+                                                                         "instructions": INSTRUCTIONS}}))
+        await _until(ws, "session.updated")
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]}}))
+        question, _ = await _until(ws, "conversation.item.done")
+        await ws.send(json.dumps({"type": "response.create", "response": {
+            "conversation": "none", "metadata": {"purpose": "check"},
+            "input": [{"type": "item_reference", "id": question["item"]["id"]}]}}))
+        done, seen = await _until(ws, "response.done")
+        r = done["response"]
+        assert r["conversation_id"] is None and r["metadata"] == {"purpose": "check"} and r["status"] == "completed"
+        assert not any(e["type"].startswith("conversation.item") for e in seen)
+        assert "tokyo" in r["output"][0]["content"][0]["text"].lower()
+        await ws.send(json.dumps({"type": "conversation.item.retrieve", "item_id": r["output"][0]["id"]}))
+        err = json.loads(await asyncio.wait_for(ws.recv(), 30))
+        assert err["type"] == "error" and err["error"]["code"] == "item_not_found"
+        # its own input: another question than the conversation's, answered in the conversation (auto)
+        other = {"type": "message", "role": "user", "content": [{"type": "input_text",
+                                                                 "text": "What is the capital of France?"}]}
+        await ws.send(json.dumps({"type": "response.create", "response": {"input": [other]}}))
+        done, seen = await _until(ws, "response.done")
+        assert "paris" in done["response"]["output"][0]["content"][0]["text"].lower()
+        assert done["response"]["conversation_id"] is not None
+        assert any(e["type"] == "conversation.item.added" for e in seen)
+        for bad, code in (({"input": [{"type": "item_reference", "id": "item_nope"}]}, "item_not_found"),
+                          ({"conversation": "other"}, "invalid_value"),
+                          ({"metadata": {"k": 5}}, "invalid_value")):
+            await ws.send(json.dumps({"type": "response.create", "response": bad}))
+            err = json.loads(await asyncio.wait_for(ws.recv(), 30))
+            assert err["type"] == "error" and err["error"]["code"] == code, err
+        await ws.close()
+    asyncio.run(asyncio.wait_for(main(), 240))
+
+
 def test_session_model_and_voice_names(server):
     """A session may name the loaded language model, 'speechrt' or an OpenAI realtime model (in the URL or
     in session.update), and the loaded voice or an OpenAI voice; any other name is an error that lists the
