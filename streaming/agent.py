@@ -113,6 +113,7 @@ class Response:
         # its own context (input, or out of band) neither takes that reply nor takes the conversation's cache
         # slot (key), so the next turn's prompt still finds its positions there
         own = self.input is not None or o.out_of_band
+        await s.conversation.transcribed(upto=None if o.out_of_band else self.item)
         if self.input is not None:
             messages = ([{"role": "system", "content": o.instructions}] if o.instructions else []) + self.input
         else:

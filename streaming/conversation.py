@@ -2,6 +2,7 @@
 edge (`to_api`), and the chat messages the language model reads from them."""
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from .protocol import ProtocolError, new_id, short
@@ -41,6 +42,8 @@ class Item:
     status: str = "completed"
     spoken: list[tuple[int, str]] = field(default_factory=list)
     audio_ms: int = 0
+    # a user audio item's final transcript: set once it is in (or failed); None where none is awaited
+    transcribed: asyncio.Event | None = None
 
     def text(self) -> str:
         return " ".join(p.text or "" for p in self.parts).strip()
@@ -136,6 +139,15 @@ class Conversation:
         it = self.find(item_id)
         self.items.remove(it)
         return it
+
+    async def transcribed(self, upto: Item | None = None) -> None:
+        """Wait for the final transcripts of the audio items before `upto` (all, if None) still being made: a
+        response asked for right after a commit answers what was said (push to talk)."""
+        for it in self.items:
+            if it is upto:
+                break
+            if it.transcribed is not None:
+                await it.transcribed.wait()
 
     def messages(self, instructions: str, upto: Item | None = None) -> list[dict]:
         """The items before `upto` (all, if None) as chat messages for the language model."""

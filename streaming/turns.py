@@ -173,8 +173,7 @@ class InputTurns:
         self.buf = AudioBuffer()
         self.turn: Turn | None = None
         self.input = InputDecoder(session.cfg.input_format)
-        td = session.cfg.turn_detection
-        self.detector = TurnDetector(td) if td else None
+        self.detector = TurnDetector(session.cfg.turn_detection) if session.cfg.turn_detection else None
 
     def configure(self, old, new):
         """The session's config changes from `old` to `new` (input format, turn detection)."""
@@ -282,11 +281,12 @@ class InputTurns:
         return td.prefix_padding_ms * RATE // 1000 if td else 0
 
     async def _commit(self, turn: Turn, audio: np.ndarray, auto: bool, early: asyncio.Task | None = None):
-        item = Item("user", [Part("input_audio")], id=turn.item_id)
+        item = Item("user", [Part("input_audio")], id=turn.item_id, transcribed=asyncio.Event())
         prev = self.session.conversation.append(item)
         await self.session.send(P.buffer_committed(item.id, prev))
         await self.session.send(P.item_added(item.to_api(), prev))
-        self.session.spawn(self._final(turn, item, audio, auto, early), essential=True)
+        final = self.session.spawn(self._final(turn, item, audio, auto, early), essential=True)
+        final.add_done_callback(lambda _t: item.transcribed.set())  # a response waiting for it goes on, however it ends
 
     # -- transcripts ------------------------------------------------------------------------------------
     async def _transcribe(self, turn: Turn, audio: np.ndarray, partial: bool = False, supersede: bool = False,

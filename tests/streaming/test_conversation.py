@@ -190,6 +190,28 @@ def test_a_prompt_over_the_context_fails_the_response_and_says_why(server):
     asyncio.run(asyncio.wait_for(main(), 240))
 
 
+def test_push_to_talk_response_answers_the_audio_just_committed(server, question_pcm):
+    """Turn detection off, the question's audio committed and a response asked for at once (OpenAI's push to
+    talk): the response waits for that item's transcript and answers it (it answered without it before)."""
+    async def main():
+        ws = await _conn(server)
+        await ws.send(json.dumps({"type": "session.update", "session": {
+            "output_modalities": ["text"], "instructions": INSTRUCTIONS, "audio": {"input": {"turn_detection": None}}}}))
+        await _until(ws, "session.updated")
+        for i in range(0, len(question_pcm), 9600):
+            await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(question_pcm[i: i + 9600]).decode()}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        await ws.send(json.dumps({"type": "response.create"}))
+        done, seen = await _until(ws, "response.done")
+        heard = next(e for e in seen if e["type"] == "conversation.item.input_audio_transcription.completed")
+        assert "japan" in heard["transcript"].lower()
+        assert seen.index(heard) < next(i for i, e in enumerate(seen) if e["type"] == "response.output_text.delta")
+        assert "tokyo" in done["response"]["output"][0]["content"][0]["text"].lower(), done
+        await ws.close()
+    asyncio.run(asyncio.wait_for(main(), 240))
+
+
 def test_out_of_band_responses_and_their_own_input(server):
     """response.conversation 'none': the answer comes in response events only (no conversation.item.*), with
     conversation_id null and the client's metadata, and the conversation does not hold it; response.input:
