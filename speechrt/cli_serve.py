@@ -128,9 +128,10 @@ def run(args):
 
     import torch
 
-    from speechrt.streaming.server import SpeechServer, serve_forever
+    from speechrt.streaming.server import SpeechServer, listen_socket, serve_forever
 
     opts = options(args)
+    listen_socket(opts.host, opts.port).close()  # a port in use is said now, not after the models load
     if args.threads:
         torch.set_num_threads(args.threads)
     t = time.perf_counter()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import socket
@@ -71,6 +72,8 @@ class ServerOptions:
     debug: bool = False  # /debug endpoints: fault injection into the engine (tests)
 
     def __post_init__(self):
+        if not 0 <= self.port <= 65535:
+            raise UserError(f"port must be in [0, 65535] (0 picks a free one), got {self.port}")
         if self.max_send_queue_bytes < 1024:
             raise UserError(f"max_send_queue_bytes must be >= 1024, got {self.max_send_queue_bytes}")
         if self.max_sessions < 1:
@@ -183,7 +186,7 @@ class SpeechServer:
         self._watchdog = asyncio.create_task(self._watch_idle())
         if not listen:
             return self
-        self._socket = socket.create_server((self.options.host, self.options.port))
+        self._socket = listen_socket(self.options.host, self.options.port)
         # accepted connections inherit it: what a client that stops reading can hold up in the kernel is bounded
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.options.socket_send_buffer)
         self._uvicorn = UvicornServer(uvicorn_config(build_app(self), self.options))
@@ -227,6 +230,18 @@ class SpeechServer:
                 await asyncio.wait_for(self._serving, 15)
         self.engine.stop()
         self.vad_pool.shutdown(wait=False)
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, or a UserError that says why not (the port is taken, the address
+    is not this machine's)."""
+    try:
+        return socket.create_server((host, port))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            raise UserError(f"{host}:{port} is in use (another server, or a speechrt serve still running?): stop "
+                            "it, or choose another --port (0 picks a free one)") from None
+        raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
 async def serve_forever(server: SpeechServer):

@@ -306,7 +306,11 @@ def _format_for(path) -> str:
     if path == "-" or hasattr(path, "write"):
         return "wav"
     suf = Path(path).suffix.lower()
-    return {".wav": "wav", ".raw": "pcm16", ".pcm": "pcm16", ".s16": "pcm16", ".f32": "f32"}.get(suf, "wav")
+    by_suffix = {".wav": "wav", ".raw": "pcm16", ".pcm": "pcm16", ".s16": "pcm16", ".f32": "f32"}
+    if suf and suf not in by_suffix:  # (no file is opened: the path is left as it was)
+        raise UserError(f"cannot write {suf!r} audio files: valid suffixes are {', '.join(by_suffix)} (.raw, .pcm and "
+                        ".s16 are 16-bit PCM, .f32 float32 samples), or name the format (format=..., --format)")
+    return by_suffix.get(suf, "wav")
 
 
 def load_tts(voice: str | Path | None = None, backend: str = "torch", device: str = "cpu",

@@ -136,6 +136,12 @@ def test_output_rate_and_formats(torch_tts, tmp_path):
         assert w.getnframes() == pytest.approx(len(base) * 24000 / 22050, abs=2)
     torch_tts.synthesize_to_file(text, tmp_path / "a.f32", noise_w=0.0, noise_scale=0.0)
     assert np.array_equal(np.fromfile(tmp_path / "a.f32", np.float32), base)
+    # a suffix it cannot write: an error naming the valid ones, and no file (a named format writes it)
+    with pytest.raises(UserError, match=r"cannot write '\.mp3' audio files: valid suffixes are \.wav"):
+        torch_tts.synthesize_to_file(text, tmp_path / "a.mp3")
+    assert not (tmp_path / "a.mp3").exists()
+    torch_tts.synthesize_to_file(text, tmp_path / "a.mp3", format="wav", noise_w=0.0, noise_scale=0.0)
+    assert (tmp_path / "a.mp3").read_bytes()[:4] == b"RIFF"
 
 
 def test_incremental_text_is_spoken_before_it_ends(torch_tts):

@@ -89,3 +89,19 @@ def test_private_metrics_need_the_key(keyed):
     status, _, body = raw(p, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\nConnection: close\r\n\r\n")
     health = json.loads(body)
     assert health["models"]["asr"] == ["whisper-tiny.en"] and "runners" in health
+
+
+def test_a_port_in_use_or_out_of_range_is_said_before_the_models_load():
+    """`speechrt serve` on a port another socket holds, or outside 0-65535: a one-line error and exit code 2
+    before the models load (it printed 'models loaded' after them), no traceback."""
+    import subprocess
+    import sys
+
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1]
+        for args, says in ((["--port", str(port)], f"127.0.0.1:{port} is in use"),
+                           (["--port", "70000"], "port must be in [0, 65535]")):
+            p = subprocess.run([sys.executable, "-m", "speechrt", "serve", *args], capture_output=True, text=True,
+                               timeout=120)
+            assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr, p.stderr
+            assert "models loaded" not in p.stdout, p.stdout
