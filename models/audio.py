@@ -59,6 +59,9 @@ def load_audio(source, sample_rate: int = SAMPLE_RATE, source_rate: int | None =
     else:
         if source_rate is None:
             raise AudioError("an audio array needs its sample rate (source_rate=...)")
+        if isinstance(source_rate, bool) or not isinstance(source_rate, (int, float, np.integer, np.floating)) \
+                or not source_rate >= 1:
+            raise AudioError(f"invalid sample rate {source_rate!r}: give the array's samples per second (e.g. 16000)")
         data, sr = np.asarray(source), source_rate
         if data.dtype == np.int16:
             data = data.astype(np.float32) / 32768.0

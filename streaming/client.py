@@ -132,7 +132,7 @@ def _to_wire(audio, sample_rate: int | None) -> np.ndarray:
 
     if isinstance(audio, (str, bytes)) or hasattr(audio, "__fspath__"):
         return load_audio(audio, sample_rate=WIRE_RATE)
-    return load_audio(np.asarray(audio), sample_rate=WIRE_RATE, source_rate=sample_rate or WIRE_RATE)
+    return load_audio(np.asarray(audio), sample_rate=WIRE_RATE, source_rate=WIRE_RATE if sample_rate is None else sample_rate)
 
 
 # -- async client ------------------------------------------------------------------------------------

@@ -103,7 +103,7 @@ class ASRPipeline:
     def _pcm(audio, sample_rate: int | None) -> np.ndarray:
         if isinstance(audio, (str, Path)):
             return load_audio(audio)
-        return load_audio(np.asarray(audio), source_rate=sample_rate or SAMPLE_RATE)
+        return load_audio(np.asarray(audio), source_rate=SAMPLE_RATE if sample_rate is None else sample_rate)
 
     # -- transcription ----------------------------------------------------------------------------
     def transcribe(self, audio, sample_rate: int | None = None, on_segment=None, **options) -> Transcript:

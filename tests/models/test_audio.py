@@ -66,6 +66,19 @@ def test_bad_audio_inputs(tmp_path):
         load_audio(np.full(100, np.nan, np.float32), source_rate=16000)
     with pytest.raises(AudioError, match="float"):
         load_audio(np.zeros(100, np.int64), source_rate=16000)
+    for rate in (0, -16000, 0.5, "16000", True):
+        with pytest.raises(AudioError, match="invalid sample rate"):
+            load_audio(np.zeros(100, np.float32), source_rate=rate)
+
+
+def test_the_api_refuses_a_zero_sample_rate(tmp_path):
+    """transcribe(array, sample_rate=0) is an error, not an array taken as 16 kHz (None is 16 kHz)."""
+    import speechrt
+
+    asr = speechrt.load_asr()
+    with pytest.raises(AudioError, match="invalid sample rate 0"):
+        asr.transcribe(np.zeros(16000, np.float32), 0)
+    assert asr.transcribe(np.zeros(16000, np.float32)).text.strip() == ""
 
 
 @pytest.mark.parametrize("n", [1600, 16001, 160 * 1234 + 77, 480000])
