@@ -105,7 +105,7 @@ class AudioEncoder:
     def __init__(self, in_rate: int, out_rate: int | None = None, format: str = "f32"):
         if format not in FORMATS:
             raise UserError(f"unknown audio format {format!r}; valid: {', '.join(FORMATS)}")
-        out_rate = out_rate or in_rate
+        out_rate = in_rate if out_rate is None else out_rate
         if not (4000 <= out_rate <= 192000):
             raise UserError(f"output sample rate must be in [4000, 192000] Hz, got {out_rate}")
         self.in_rate, self.out_rate, self.format = in_rate, out_rate, format
@@ -195,6 +195,10 @@ class TTSPipeline:
                                     f"{', '.join(names) if names else 'none (single speaker)'}")
                 speaker = names[speaker]
             kw["speaker_id"] = int(speaker)
+        unknown = sorted(set(kw) - set(SynthesisOptions.__dataclass_fields__))
+        if unknown:
+            raise UserError(f"unknown synthesis option(s) {', '.join(unknown)}; valid: rate, speaker, "
+                            f"{', '.join(SynthesisOptions.__dataclass_fields__)}")
         o = replace(o, **kw) if kw else o
         return o.resolved(self.voice)
 
@@ -274,7 +278,7 @@ class TTSPipeline:
         gen_fmt = "pcm16" if fmt == "wav" else fmt
         gen = (self.synthesize(text, options, sample_rate=sample_rate, format=gen_fmt, **kw) if isinstance(text, str)
                else self.synthesize_stream(text, options, sample_rate=sample_rate, format=gen_fmt, **kw))
-        rate = sample_rate or self.sample_rate
+        rate = self.sample_rate if sample_rate is None else sample_rate
         import sys
         close = False
         if path == "-":

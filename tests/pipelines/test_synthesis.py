@@ -169,6 +169,8 @@ def test_incremental_text_is_spoken_before_it_ends(torch_tts):
     (dict(speaker="alice"), "unknown speaker"),
     (dict(sample_rate=1000), "sample rate must be in"),
     (dict(format="mp3"), "unknown audio format"),
+    (dict(sample_rate=0), "sample rate must be in"),  # (was taken as the voice's rate)
+    (dict(pitch=2), "unknown synthesis option.*pitch; valid: rate, speaker, length_scale"),
 ])
 def test_bad_controls(torch_tts, kw, match):
     with pytest.raises(UserError, match=match):
