@@ -35,10 +35,15 @@ class GenerationOptions:
     def __post_init__(self):
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
-        else:
+        elif isinstance(self.stop, (list, tuple)):
             object.__setattr__(self, "stop", tuple(self.stop))
+        else:
+            raise GenerationError(f"stop must be a string or a list of strings, got {self.stop!r}")
         if self.stop_token_ids is not None:
-            object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+            ids = self.stop_token_ids
+            if not isinstance(ids, (list, tuple)) or any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+                raise GenerationError(f"stop_token_ids must be None or a list of token ids (integers), got {ids!r}")
+            object.__setattr__(self, "stop_token_ids", tuple(ids))
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise GenerationError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if not (self.temperature >= 0.0):

@@ -2,12 +2,18 @@
 its fallback ladder, the guards against silence and hallucination, trimmed windows, VAD, word times."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from speechrt.errors import UserError
 from speechrt.models.audio import CHUNK_LENGTH
 
 from .speech_regions import VadOptions
+
+
+# annotation -> the Python types a value of it may have (bool is an int to isinstance: it is allowed only where named)
+SCALAR_TYPES = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,), "str | None": (str, type(None)),
+                "int | None": (int, type(None)), "float | None": (int, float, type(None)),
+                "bool | None": (bool, type(None))}
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,10 @@ class TranscribeOptions:
     def __post_init__(self):
         def bad(msg):
             raise UserError(f"invalid transcription option: {msg}")
+        for f in fields(self):  # the scalar fields' types first: the checks below compare them
+            v, kinds = getattr(self, f.name), SCALAR_TYPES.get(f.type)
+            if kinds is not None and (not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds)):
+                bad(f"{f.name} must be {f.type.replace(' | None', ' or None')}, got {v!r}")
         if self.beam_size < 1:
             bad(f"beam_size must be >= 1, got {self.beam_size}")
         if self.best_of < 1:

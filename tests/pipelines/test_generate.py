@@ -25,6 +25,7 @@ def lm():
     ({"max_tokens": 0}, "max_tokens"), ({"temperature": -0.5}, "temperature"), ({"top_k": -1}, "top_k"),
     ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"repetition_penalty": 0}, "repetition_penalty"),
     ({"stop": ("",)}, "stop strings"), ({"seed": "x"}, "seed"),
+    ({"stop": 5}, "stop must be a string or a list"), ({"stop_token_ids": ["a"]}, "stop_token_ids must be None or"),
 ])
 def test_bad_options(kw, match):
     with pytest.raises(GenerationError, match=match):

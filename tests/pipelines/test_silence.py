@@ -125,6 +125,14 @@ def test_bad_options_say_what_is_valid(asr):
     with pytest.raises(UserError, match="threshold must be in"):
         TranscribeOptions(vad_filter=True, vad_parameters={"threshold": 1.5})
     assert TranscribeOptions(vad_filter=True).vad_parameters == VadOptions()
+    # each scalar option's type is checked (these were taken, or failed inside the decoder)
+    for kw, says in (({"initial_prompt": 5}, "initial_prompt must be str or None, got 5"),
+                     ({"vad_filter": "yes"}, "vad_filter must be bool, got 'yes'"),
+                     ({"beam_size": 2.5}, "beam_size must be int"), ({"beam_size": True}, "beam_size must be int"),
+                     ({"no_speech_threshold": "0.6"}, "no_speech_threshold must be float or None")):
+        with pytest.raises(UserError, match=f"invalid transcription option: {says}"):
+            TranscribeOptions(**kw)
+    assert TranscribeOptions(patience=2, no_speech_threshold=None, temperatures=[0.0, 0.5]).patience == 2
     assert TranscribeOptions(vad_parameters={"speech_pad_ms": 200}).vad_parameters.speech_pad_ms == 200
 
 
