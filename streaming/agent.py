@@ -35,7 +35,7 @@ class Response:
         # response.input: this response's own context (messages, or references to the conversation's items)
         # instead of the conversation; [] is none
         raw = overrides.get("input")
-        self.input = None if raw is None else [m for i, x in enumerate(raw) if (m := self._input_message(x, i))]
+        self.input = None if raw is None else [self._input_item(x, i) for i, x in enumerate(raw)]
         self.audio = self.options.audio
         self.id = new_id("resp")
         self.status = "in_progress"
@@ -46,18 +46,16 @@ class Response:
         self._reply: Reply | None = None
         self._runner: asyncio.Task | None = None
 
-    def _input_message(self, entry, i: int) -> dict | None:
-        """One entry of response.input -> a chat message (None for an item without text)."""
+    def _input_item(self, entry, i: int) -> Item:
+        """One entry of response.input -> its item (a conversation item's text is read when the response
+        begins: an audio item's transcript may still be on its way now)."""
         s = self.session
         if isinstance(entry, dict) and entry.get("type") == "item_reference":
-            item = s.conversation.find(entry.get("id"))
-        else:
-            try:
-                item = item_from_api(entry, s.server.options.max_item_chars)
-            except ProtocolError as e:
-                raise ProtocolError(f"response.input[{i}]: {e}", e.code, f"response.input[{i}]") from None
-        text = item.text()
-        return {"role": item.role, "content": text} if text else None
+            return s.conversation.find(entry.get("id"))
+        try:
+            return item_from_api(entry, s.server.options.max_item_chars)
+        except ProtocolError as e:
+            raise ProtocolError(f"response.input[{i}]: {e}", e.code, f"response.input[{i}]") from None
 
     def cancel(self, reason: str):
         if self.status != "in_progress":
@@ -115,7 +113,8 @@ class Response:
         own = self.input is not None or o.out_of_band
         await s.conversation.transcribed(upto=None if o.out_of_band else self.item)
         if self.input is not None:
-            messages = ([{"role": "system", "content": o.instructions}] if o.instructions else []) + self.input
+            messages = [{"role": "system", "content": o.instructions}] if o.instructions else []
+            messages += [{"role": it.role, "content": it.text()} for it in self.input if it.text()]
         else:
             messages = s.conversation.messages(o.instructions, upto=None if o.out_of_band else self.item)
         self._reply = None if own else s.ahead.take(messages, o)

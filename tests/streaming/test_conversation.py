@@ -208,6 +208,16 @@ def test_push_to_talk_response_answers_the_audio_just_committed(server, question
         assert "japan" in heard["transcript"].lower()
         assert seen.index(heard) < next(i for i, e in enumerate(seen) if e["type"] == "response.output_text.delta")
         assert "tokyo" in done["response"]["output"][0]["content"][0]["text"].lower(), done
+        # an out-of-band response whose input names the item just committed reads its transcript too
+        for i in range(0, len(question_pcm), 9600):
+            await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(question_pcm[i: i + 9600]).decode()}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        committed, _ = await _until(ws, "input_audio_buffer.committed")
+        await ws.send(json.dumps({"type": "response.create", "response": {
+            "conversation": "none", "input": [{"type": "item_reference", "id": committed["item_id"]}]}}))
+        done, _ = await _until(ws, "response.done")
+        assert "tokyo" in done["response"]["output"][0]["content"][0]["text"].lower(), done
         await ws.close()
     asyncio.run(asyncio.wait_for(main(), 240))
 
