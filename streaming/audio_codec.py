@@ -99,7 +99,8 @@ class InputDecoder:
 
             self._rs = soxr.ResampleStream(fmt.rate, MODEL_RATE, 1, dtype="float32", quality="HQ")
 
-    def decode(self, raw: bytes) -> np.ndarray:
+    def decode(self, raw: bytes, last: bool = False) -> np.ndarray:
+        """`last`: the stream ends here (the resampler's held-back samples come out too)."""
         if self.fmt.type == "audio/pcm":
             if len(raw) % 2:
                 raise AudioFormatError(f"pcm16 audio must have an even number of bytes, got {len(raw)} "
@@ -108,7 +109,7 @@ class InputDecoder:
         else:
             x = (ULAW if self.fmt.type == "audio/pcmu" else ALAW)[np.frombuffer(raw, np.uint8)]
         if self._rs is not None:
-            x = self._rs.resample_chunk(x)
+            x = self._rs.resample_chunk(x, last=last)
         return x
 
 

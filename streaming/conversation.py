@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from .audio_codec import AudioFormatError, b64decode
 from .protocol import ProtocolError, new_id, short
 
 ROLES = ("user", "assistant", "system")
@@ -17,17 +18,18 @@ class Part:
 
     type: str
     text: str | None = None
+    audio: bytes | None = field(default=None, repr=False)  # a client's input_audio, as sent, until transcribed
 
     @property
-    def audio(self) -> bool:
+    def spoken(self) -> bool:
         return self.type in ("input_audio", "output_audio")
 
     def to_api(self) -> dict:
-        return {"type": self.type, "transcript" if self.audio else "text": self.text}
+        return {"type": self.type, "transcript" if self.spoken else "text": self.text}
 
     def to_response_api(self) -> dict:
         """The part as response.content_part events show it ('audio' / 'text')."""
-        return {"type": "audio", "transcript": self.text or ""} if self.audio else {"type": "text", "text": self.text or ""}
+        return {"type": "audio", "transcript": self.text or ""} if self.spoken else {"type": "text", "text": self.text or ""}
 
 
 @dataclass(eq=False)
@@ -69,9 +71,10 @@ class Item:
         self.audio_ms = audio_end_ms
 
 
-def item_from_api(item, max_chars: int) -> Item:
-    """A client's conversation.item.create payload -> Item (text messages of at most `max_chars`), or
-    ProtocolError."""
+def item_from_api(item, max_chars: int, audio: bool = False) -> Item:
+    """A client's conversation.item.create payload -> Item (text messages of at most `max_chars`; with `audio`,
+    user messages may hold input_audio parts too: their bytes, base64-decoded, wait in Part.audio for their
+    transcript), or ProtocolError."""
     if not isinstance(item, dict):
         raise ProtocolError("conversation.item.create needs an 'item' object", "missing_required_parameter", "item")
     if item.get("type", "message") != "message":
@@ -82,14 +85,22 @@ def item_from_api(item, max_chars: int) -> Item:
     content = item.get("content")
     if not isinstance(content, list) or not content:
         raise ProtocolError("item.content must be a non-empty list of parts", "invalid_value", "item.content")
-    texts = []
+    texts, parts = [], []
     for part in content:
+        if audio and role == "user" and isinstance(part, dict) and part.get("type") == "input_audio":
+            try:
+                parts.append(Part("input_audio", audio=b64decode(part.get("audio"))))
+            except AudioFormatError as e:
+                raise ProtocolError(f"{e} (item.content input_audio)", "invalid_audio", "item.content.audio") from None
+            continue
         if not isinstance(part, dict) or part.get("type") not in ("input_text", "text", "output_text"):
-            raise ProtocolError("content parts must be {'type': 'input_text', 'text': ...} (text items only)",
+            valid = " or {'type': 'input_audio', 'audio': base64} (user items)" if audio else " (text items only)"
+            raise ProtocolError(f"content parts must be {{'type': 'input_text', 'text': ...}}{valid}",
                                 "invalid_value", "item.content")
         if not isinstance(part.get("text"), str):
             raise ProtocolError("a text part needs a string 'text'", "invalid_value", "item.content.text")
         texts.append(part["text"])
+        parts.append(Part("output_text" if role == "assistant" else "input_text", part["text"]))
     chars = sum(len(t) for t in texts)
     if chars > max_chars:
         raise ProtocolError(f"the item's text has {chars} characters; this server takes at most {max_chars} per item",
@@ -97,8 +108,7 @@ def item_from_api(item, max_chars: int) -> Item:
     item_id = item.get("id")
     if item_id is not None and (not isinstance(item_id, str) or not 0 < len(item_id) <= 64):
         raise ProtocolError("item.id must be a string of 1 to 64 characters", "invalid_value", "item.id")
-    kind = "output_text" if role == "assistant" else "input_text"
-    return Item(role, [Part(kind, t) for t in texts], id=item_id or new_id("item"))
+    return Item(role, parts, id=item_id or new_id("item"))
 
 
 class Conversation:

@@ -19,7 +19,7 @@ from .conversation import Conversation, item_from_api
 from .protocol import (BETA_NAMES, CLIENT_EVENTS, ProtocolError, SessionConfig, apply_session_update, error_event,
                        new_id)
 from .reply import Speculator
-from .turns import InputTurns
+from .turns import InputTurns, finish_item, item_audio
 
 log = logging.getLogger(__name__)
 # client events not taken once the server drains (graceful shutdown): they would begin new work
@@ -122,9 +122,8 @@ class RealtimeSession:
         self.server, self.conn = server, conn
         self.id = new_id("sess")
         opts = server.options
-        cfg = SessionConfig(type="transcription" if intent == "transcription" else "realtime",
-                            model=model or SessionConfig.model, transcription_model=server.names["asr"][0],
-                            voice=server.names["tts"][0])
+        cfg = SessionConfig(type="transcription" if intent == "transcription" else "realtime", model=model or "speechrt",
+                            transcription_model=server.names["asr"][0], voice=server.names["tts"][0])
         if opts.silence_duration_ms is not None and cfg.turn_detection:
             cfg = replace(cfg, turn_detection=replace(cfg.turn_detection, silence_duration_ms=opts.silence_duration_ms))
         self.cfg = cfg
@@ -297,12 +296,13 @@ class RealtimeSession:
     # -- conversation items -----------------------------------------------------------------------
     async def on_conversation_item_create(self, ev):
         o = self.server.options
-        item = item_from_api(ev.get("item"), o.max_item_chars)
+        item = item_from_api(ev.get("item"), o.max_item_chars, audio=True)
+        audio = item_audio(item, self.cfg.input_format, o.max_buffer_seconds)  # checked before the item is added
         self.conversation.check_room(item, o.max_conversation_chars)
         self.conversation.check_previous(ev.get("previous_item_id"))
         prev = self.conversation.append(item)
         await self.send(P.item_added(item.to_api(), prev))
-        await self.send(P.item_done(item.to_api()))
+        await finish_item(self, item, audio)
 
     async def on_conversation_item_delete(self, ev):
         it = self.conversation.delete(P.item_id(ev))

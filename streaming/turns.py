@@ -13,7 +13,7 @@ from speechrt.pipelines.asr import MAX_UTTERANCE_SAMPLES
 from speechrt.pipelines.asr import SAMPLE_RATE as RATE
 
 from . import protocol as P
-from .audio_codec import InputDecoder
+from .audio_codec import AudioFormatError, InputDecoder
 from .conversation import Item, Part
 from .engine import EngineStalled
 from .protocol import ProtocolError, new_id
@@ -410,6 +410,50 @@ class InputTurns:
         if r is None:  # no early transcript, or a final transcript of another session stopped it
             r = await self._transcribe(turn, audio)
         return r
+
+
+def item_audio(item: Item, fmt, max_seconds: float) -> np.ndarray | None:
+    """The input_audio parts of a client's item, decoded from the session's input format `fmt` to 16 kHz
+    and joined (None if it has none); ProtocolError for audio the format cannot hold or over `max_seconds`."""
+    clips = [p for p in item.parts if p.audio is not None]
+    if not clips:
+        return None
+    try:
+        audio = InputDecoder(fmt).decode(b"".join(p.audio for p in clips), last=True)
+    except AudioFormatError as e:
+        raise ProtocolError(f"{e} (item.content input_audio)", "invalid_audio", "item.content.audio") from None
+    if not RATE // 10 <= len(audio) <= max_seconds * RATE:
+        raise ProtocolError(f"an item's audio must hold 0.1 to {max_seconds:g} s, got {len(audio) / RATE:.2f} s",
+                            "invalid_audio", "item.content.audio")
+    for p in clips:
+        p.audio = None
+    return audio
+
+
+async def finish_item(session, item: Item, audio: np.ndarray | None):
+    """A client's item, just added: conversation.item.done now for a text item; for one with audio (its
+    item_audio), once its transcript is in (a response waits for that, as for committed audio)."""
+    if audio is None:
+        return await session.send(P.item_done(item.to_api()))
+    item.transcribed = asyncio.Event()
+    session.spawn(transcribe_item(session, item, audio), essential=True).add_done_callback(
+        lambda _t: item.transcribed.set())
+
+
+async def transcribe_item(session, item: Item, audio: np.ndarray):
+    """The final transcript of a client's audio item (conversation.item.create with input_audio): on its
+    first audio part, then ...transcription.completed and conversation.item.done."""
+    engine = session.server.engine
+    try:
+        r = await engine.wait(engine.transcribe(audio, key=session.id, options=session.asr_options),
+                              session.server.options.stall_timeout)
+    except Exception as e:  # noqa: BLE001 - a stall or a failed step: this item is told, the session goes on
+        return await failed(session, item, f"transcription failed: {type(e).__name__}: {e}", "server_error")
+    text = r.text.strip() if r is not None else ""
+    next(p for p in item.parts if p.type == "input_audio").text = text
+    logprobs, words = await final_extras(session, engine, r, audio) if r is not None else (None, None)
+    await session.send(P.transcription_completed(item.id, text, len(audio) / RATE, logprobs, words))
+    await session.send(P.item_done(item.to_api()))
 
 
 async def failed(session, item: Item, message: str, code: str):

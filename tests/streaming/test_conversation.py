@@ -222,6 +222,40 @@ def test_push_to_talk_response_answers_the_audio_just_committed(server, question
     asyncio.run(asyncio.wait_for(main(), 240))
 
 
+def test_an_audio_item_is_transcribed_and_answered(server, question_pcm):
+    """conversation.item.create with an input_audio part (base64 in the session's input format): the item is
+    added at once, its transcript follows (transcription.completed, then item.done), and a response asked for
+    meanwhile answers it. Audio the format cannot hold, too short, or in an assistant item is refused."""
+    async def main():
+        ws = await _conn(server)
+        await ws.send(json.dumps({"type": "session.update", "session": {"output_modalities": ["text"],
+                                                                         "instructions": INSTRUCTIONS}}))
+        await _until(ws, "session.updated")
+        clip = {"type": "input_audio", "audio": base64.b64encode(question_pcm).decode()}
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [clip]}}))
+        await ws.send(json.dumps({"type": "response.create"}))
+        done, seen = await _until(ws, "response.done")
+        added = next(e for e in seen if e["type"] == "conversation.item.added")
+        heard = next(e for e in seen if e["type"] == "conversation.item.input_audio_transcription.completed")
+        assert heard["item_id"] == added["item"]["id"] and "japan" in heard["transcript"].lower()
+        assert added["item"]["content"] == [{"type": "input_audio", "transcript": None}]
+        assert "tokyo" in done["response"]["output"][0]["content"][0]["text"].lower(), done
+        for content, says in (([{"type": "input_audio", "audio": "@@"}], "not valid base64"),
+                              ([{"type": "input_audio", "audio": base64.b64encode(b"\1\2\3").decode()}], "even number"),
+                              ([{"type": "input_audio", "audio": base64.b64encode(b"\0\0" * 240).decode()}], "0.1 to")):
+            await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": content}}))
+            err = json.loads(await asyncio.wait_for(ws.recv(), 30))
+            assert err["type"] == "error" and err["error"]["code"] == "invalid_audio" and says in err["error"]["message"]
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "assistant", "content": [clip]}}))
+        err = json.loads(await asyncio.wait_for(ws.recv(), 30))
+        assert err["type"] == "error" and "user items" in err["error"]["message"]
+        await ws.close()
+    asyncio.run(asyncio.wait_for(main(), 240))
+
+
 def test_out_of_band_responses_and_their_own_input(server):
     """response.conversation 'none': the answer comes in response events only (no conversation.item.*), with
     conversation_id null and the client's metadata, and the conversation does not hold it; response.input:
