@@ -208,9 +208,17 @@ class RestAPI:
         if vad not in (None, "", "true", "True", "1", "false", "False", "0"):
             raise RestError(400, f"vad_filter {vad!r} is not a boolean; valid: true, false")
         opts["vad_filter"] = vad in ("true", "True", "1")
+        include = form.getlist("include[]") or form.getlist("include")
+        if include:
+            raise RestError(400, f"include {include} is not available from this endpoint (token logprobs of a "
+                                 "final transcript: the Realtime API's include item.input_audio_transcription.logprobs)")
+        stream = form.get("stream") in ("true", "True", "1")
+        if stream and fmt not in ("json", "text"):
+            raise RestError(400, f"stream=true sends transcript.text.delta events: response_format must be json or "
+                                 f"text with it, got {fmt!r}")
         options = asr.options(**opts)
         gen = transcription_steps(asr, audio, options)
-        if form.get("stream") in ("true", "True", "1"):
+        if stream:
             return StreamingResponse(self.transcript_events(gen), media_type="text/event-stream", headers=SSE)
         async with contextlib.aclosing(self.run_stream(gen)) as steps:
             async for _, transcript in steps:
@@ -256,6 +264,9 @@ class RestAPI:
             raise RestError(400, f"response_format {fmt!r} is not supported; valid: {', '.join(SPEECH_FORMATS)}")
         if body.get("stream_format") not in (None, "audio"):
             raise RestError(400, "stream_format must be 'audio' (the audio bytes, streamed as they are made)")
+        if body.get("instructions"):
+            raise RestError(400, "instructions (how to speak) are not supported: the voice reads the input as it is; "
+                                 "leave them out")
         speed = number(body.get("speed"), "speed", 0.25, 4.0, 1.0)
         speaker = voice if voice in tts.voice.speaker_id_map else None
         chunks = self.run_stream(speech_chunks(tts, text, speed, speaker))

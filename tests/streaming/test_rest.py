@@ -104,11 +104,17 @@ def test_bad_uploads_get_json_errors_and_the_server_goes_on(client, server, verb
         client.audio.transcriptions.create(model="whisper-huge", file=("a.wav", SAMPLE.read_bytes()))
     with pytest.raises(openai.BadRequestError, match="response_format 'tsv'.*valid: text, json"):
         transcribe(client, "tsv")
+    with pytest.raises(openai.BadRequestError, match=r"include \['logprobs'\] is not available"):
+        transcribe(client, "json", include=["logprobs"])
+    with pytest.raises(openai.BadRequestError, match="response_format must be json or text with it, got 'srt'"):
+        transcribe(client, "srt", stream=True)
+    with pytest.raises(openai.BadRequestError, match="instructions .* are not supported"):
+        client.audio.speech.create(model="tts-1", voice="alloy", input="Hello.", instructions="Speak cheerfully.")
     assert [m.id for m in client.models.list()][0] == server.asr.name  # still serving (later tests transcribe)
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics").read().decode()
     assert 'speechrt_rest_requests_total{endpoint="/v1/audio/transcriptions"}' in metrics
     errors = [line for line in metrics.splitlines() if line.startswith("speechrt_rest_errors_total")]
-    assert errors and int(errors[0].split()[1]) >= 5
+    assert errors and int(errors[0].split()[1]) >= 8
 
 
 def test_speech_streams_a_wav_of_real_speech(client):
