@@ -122,7 +122,9 @@ class RealtimeSession:
         self.server, self.conn = server, conn
         self.id = new_id("sess")
         opts = server.options
-        cfg = SessionConfig(type="transcription" if intent == "transcription" else "realtime", model=model or "speechrt",
+        # a transcription-only server's sessions are transcription sessions, whatever the URL says
+        kind = "realtime" if intent != "transcription" and server.conversation_ready else "transcription"
+        cfg = SessionConfig(type=kind, model=model or "speechrt",
                             transcription_model=server.names["asr"][0], voice=server.names["tts"][0])
         if opts.silence_duration_ms is not None and cfg.turn_detection:
             cfg = replace(cfg, turn_detection=replace(cfg.turn_detection, silence_duration_ms=opts.silence_duration_ms))

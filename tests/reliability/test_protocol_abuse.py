@@ -280,3 +280,18 @@ def test_huge_conversation_items_are_refused_without_blocking_others(cserver):
     codes, spent, probe_s = run(main(), 120)
     assert codes == ["invalid_value"] * 20
     assert spent < 20 and probe_s < 1.0, (spent, probe_s)
+
+
+def test_a_transcription_only_server_makes_transcription_sessions(tserver):
+    """Without ?intent=transcription, a session of a server with no language model or voice is a transcription
+    session (it was 'realtime', and every turn it ended then failed with an internal error); asking for a
+    conversation says why not."""
+    async def main():
+        ws, created = await open_session(tserver, intent=None)
+        await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime"}}))
+        ev = await next_event(ws, "session.updated", timeout=30)
+        await ws.close()
+        return created, ev
+    created, ev = run(main(), 60)
+    assert created["session"]["type"] == "transcription"
+    assert ev["type"] == "error" and "transcription only" in ev["error"]["message"], ev
