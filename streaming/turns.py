@@ -447,7 +447,10 @@ async def transcribe_item(session, item: Item, audio: np.ndarray):
     try:
         r = await engine.wait(engine.transcribe(audio, key=session.id, options=session.asr_options),
                               session.server.options.stall_timeout)
-    except Exception as e:  # noqa: BLE001 - a stall or a failed step: this item is told, the session goes on
+    except EngineStalled as e:
+        session.server.counters.stalls += 1
+        return await failed(session, item, f"{e}; the item was not transcribed", "engine_stalled")
+    except Exception as e:  # noqa: BLE001 - a failed step: this item is told, the session goes on
         return await failed(session, item, f"transcription failed: {type(e).__name__}: {e}", "server_error")
     text = r.text.strip() if r is not None else ""
     next(p for p in item.parts if p.type == "input_audio").text = text
