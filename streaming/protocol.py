@@ -267,6 +267,14 @@ class ResponseOptions:
     metadata: tuple[tuple[str, str], ...] | None = None  # the client's labels, echoed in the response
 
 
+def _no_tools(obj: dict, name: str) -> None:
+    """Function calling is not available: tools in a session or response are an error (an empty list passes),
+    not an agent that silently never calls them."""
+    if obj.get("tools"):
+        raise ProtocolError(f"{name}.tools: function calling is not supported by this server's language model; send "
+                            "tools: [] or leave it out", "invalid_value", f"{name}.tools")
+
+
 def _metadata(meta) -> tuple[tuple[str, str], ...] | None:
     """response.metadata: at most 16 string pairs (keys up to 64 characters, values up to 512), as OpenAI's."""
     if meta is None:
@@ -295,6 +303,7 @@ def response_options(overrides, cfg: SessionConfig) -> ResponseOptions:
         raise ProtocolError("speechrt_say must be a non-empty string", "invalid_value", "response.speechrt_say")
     v = overrides.get("max_output_tokens", cfg.max_output_tokens)
     max_tokens = 1024 if v == "inf" else _num(v, "response.max_output_tokens", 1, 4096, integer=True)
+    _no_tools(overrides, "response")
     conversation = overrides.get("conversation", "auto")
     if conversation not in ("auto", "none"):
         raise ProtocolError(f"response.conversation must be 'auto' or 'none' (an out-of-band response, not added to "
@@ -399,8 +408,9 @@ LOGPROBS_INCLUDE = "item.input_audio_transcription.logprobs"
 
 def apply_session_update(cfg: SessionConfig, s: dict, available: dict) -> SessionConfig:
     """Apply a `session.update` payload (GA `audio.input...` layout or the beta flat layout) to cfg.
-    `available` maps 'asr'/'tts' to the model names this server has loaded. Unknown fields are ignored
-    (tools, tracing, ...); known fields with bad values raise ProtocolError naming the field."""
+    `available` maps 'asr'/'tts'/'lm' to the model names this server has loaded. Unknown fields are ignored
+    (tracing, tool_choice, ...), as are empty tools; known fields with bad values, and tools, raise
+    ProtocolError naming the field."""
     if not isinstance(s, dict):
         raise ProtocolError("'session' must be an object", "invalid_value", "session")
     kw = {}
@@ -409,6 +419,7 @@ def apply_session_update(cfg: SessionConfig, s: dict, available: dict) -> Sessio
             kw["type"] = _str(s["type"], "session.type", ("realtime", "transcription"))
         if "model" in s:
             kw["model"] = check_session_model(s["model"], available)
+        _no_tools(s, "session")
         if "instructions" in s:
             kw["instructions"] = _str(s["instructions"], "session.instructions")
         mods = s.get("output_modalities", s.get("modalities"))

@@ -52,6 +52,8 @@ CASES = [
      ("error", "model_not_found", "gpt-realtime")),
     ("openai-realtime-model", json.dumps({"type": "session.update", "session": {"model": "gpt-realtime"}}),
      ("ok", "session.updated")),
+    ("session-tools", json.dumps({"type": "session.update", "session": {"tools": [{"type": "function", "name": "f"}]}}),
+     ("error", "invalid_value", "function calling is not supported")),
     ("unknown-voice", json.dumps({"type": "session.update", "session": {"audio": {"output": {"voice": "robot"}}}}),
      ("error", "invalid_value", "alloy")),
     ("unsupported-language", json.dumps({"type": "session.update", "session": {"audio": {"input": {
