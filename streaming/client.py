@@ -321,6 +321,9 @@ class AsyncClient:
     async def talk(self, audio, sample_rate: int | None = None, realtime: bool = False) -> Reply:
         """Speak to the agent: audio is sent (followed by silence so the server detects the end of the
         turn), transcribed, answered and spoken. Returns the reply with the user's transcript."""
+        if self.session_config.get("type") == "transcription":  # nothing would answer: say so, do not wait
+            raise RealtimeError("invalid_value", "talk() needs a conversation session; this one is a transcription "
+                                "session (a transcription-only server, or transcription=True)")
         wire = _to_wire(audio, sample_rate)
         await self.append_audio(np.concatenate([wire, np.zeros(WIRE_RATE, np.float32)]), realtime=realtime)
         return await self._collect_reply()

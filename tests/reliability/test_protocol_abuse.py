@@ -7,6 +7,7 @@ import asyncio
 import json
 import time
 
+import numpy as np
 import pytest
 
 from speechrt.models.wer import wer
@@ -297,3 +298,7 @@ def test_a_transcription_only_server_makes_transcription_sessions(tserver):
     created, ev = run(main(), 60)
     assert created["session"]["type"] == "transcription"
     assert ev["type"] == "error" and "transcription only" in ev["error"]["message"], ev
+    from speechrt.client import Client, RealtimeError  # the SDK says so too, instead of waiting for a reply
+
+    with Client(tserver.url) as c, pytest.raises(RealtimeError, match="transcription session"):
+        c.talk(np.zeros(16000, np.float32), 16000)
