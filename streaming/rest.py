@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from speechrt.errors import UserError
 from speechrt.pipelines import formats
+from speechrt.pipelines.asr import MAX_UTTERANCE_SAMPLES, SAMPLE_RATE
 
 from .engine import EngineStalled
 from .http import authorized, json_error
@@ -208,14 +209,11 @@ class RestAPI:
         if vad not in (None, "", "true", "True", "1", "false", "False", "0"):
             raise RestError(400, f"vad_filter {vad!r} is not a boolean; valid: true, false")
         opts["vad_filter"] = vad in ("true", "True", "1")
-        include = form.getlist("include[]") or form.getlist("include")
-        if include:
-            raise RestError(400, f"include {include} is not available from this endpoint (token logprobs of a "
-                                 "final transcript: the Realtime API's include item.input_audio_transcription.logprobs)")
         stream = form.get("stream") in ("true", "True", "1")
         if stream and fmt not in ("json", "text"):
             raise RestError(400, f"stream=true sends transcript.text.delta events: response_format must be json or "
                                  f"text with it, got {fmt!r}")
+        logprobs = check_include(form.getlist("include[]") or form.getlist("include"), fmt, stream, len(audio))
         options = asr.options(**opts)
         gen = transcription_steps(asr, audio, options)
         if stream:
@@ -223,9 +221,14 @@ class RestAPI:
         async with contextlib.aclosing(self.run_stream(gen)) as steps:
             async for _, transcript in steps:
                 if transcript is not None:
-                    body = formats.render(transcript, fmt, task)
-                    return Response(body, media_type=formats.MEDIA_TYPES[fmt], headers={"Cache-Control": "no-store"})
-        raise RuntimeError("the transcription ended without a transcript")
+                    break
+            else:
+                raise RuntimeError("the transcription ended without a transcript")
+        body = formats.render(transcript, fmt, task)
+        if logprobs:  # one more encoder and decoder pass, on the engine's worker
+            async with contextlib.aclosing(self.run_stream(token_logprobs(asr, audio, transcript, opts))) as lps:
+                body = json.dumps({**json.loads(body), "logprobs": [lp async for lp in lps]}, ensure_ascii=False)
+        return Response(body, media_type=formats.MEDIA_TYPES[fmt], headers={"Cache-Control": "no-store"})
 
     async def transcript_events(self, gen):
         first = True
@@ -367,6 +370,29 @@ def transcription_steps(asr, audio: np.ndarray, opts):
             return
         yield list(new), None
         new.clear()
+
+
+def check_include(include: list[str], fmt: str, stream: bool, samples: int) -> bool:
+    """A transcription's include[] -> whether it asks for logprobs (the one value known), or a RestError that
+    says what the request must be for them."""
+    if any(i != "logprobs" for i in include):
+        raise RestError(400, f"include {include} has unknown values; valid: logprobs")
+    if not include:
+        return False
+    if fmt != "json" or stream:
+        raise RestError(400, "include[]=logprobs comes with response_format json, not streamed")
+    if samples > MAX_UTTERANCE_SAMPLES:
+        raise RestError(400, f"include[]=logprobs is given for recordings of up to 30 s (one window); this one is "
+                             f"{samples / SAMPLE_RATE:.1f} s")
+    return True
+
+
+def token_logprobs(asr, audio: np.ndarray, transcript, opts: dict):
+    """On the engine's worker: the log probability of each text token of `transcript` (a recording of one
+    window), as OpenAI's logprobs: {token, logprob, bytes}."""
+    tokens = [t for seg in transcript.segments for t in seg.tokens]
+    _, lps = asr.align(audio, tokens, transcript.language, opts["task"])
+    yield from ({"token": b.decode("utf-8", "replace"), "logprob": round(lp, 6), "bytes": list(b)} for _, b, lp in lps)
 
 
 def speech_chunks(tts, text: str, speed: float, speaker):

@@ -9,6 +9,7 @@ import json
 import time
 import urllib.request
 
+import numpy as np
 import pytest
 import soundfile as sf
 
@@ -78,6 +79,17 @@ def test_transcription_stream_sends_deltas_then_done(client, verbose):
     assert "".join(deltas).strip() == done[0].text.strip() == verbose.text.strip()
 
 
+def test_transcription_logprobs(client):
+    """include[]=logprobs (json): each text token of the transcript with its log probability and bytes, as
+    OpenAI's; the tokens spell the text."""
+    r = transcribe(client, "json", include=["logprobs"])
+    lps = r.logprobs
+    assert lps and "".join(lp.token for lp in lps).strip() == r.text.strip()
+    assert all(lp.logprob <= 0 and np.isfinite(lp.logprob) for lp in lps)
+    assert all(bytes(int(b) for b in lp.bytes).decode("utf-8", "replace") == lp.token for lp in lps)
+    assert wer(SAMPLE_TEXT, r.text) <= 0.15
+
+
 def test_word_timestamps(client):
     v = transcribe(client, "verbose_json", timestamp_granularities=["word", "segment"])
     words = v.words
@@ -104,8 +116,10 @@ def test_bad_uploads_get_json_errors_and_the_server_goes_on(client, server, verb
         client.audio.transcriptions.create(model="whisper-huge", file=("a.wav", SAMPLE.read_bytes()))
     with pytest.raises(openai.BadRequestError, match="response_format 'tsv'.*valid: text, json"):
         transcribe(client, "tsv")
-    with pytest.raises(openai.BadRequestError, match=r"include \['logprobs'\] is not available"):
-        transcribe(client, "json", include=["logprobs"])
+    with pytest.raises(openai.BadRequestError, match="include.*logprobs comes with response_format json"):
+        transcribe(client, "text", include=["logprobs"])
+    with pytest.raises(openai.BadRequestError, match="include.*unknown values; valid: logprobs"):
+        transcribe(client, "json", include=["nonsense"])
     with pytest.raises(openai.BadRequestError, match="response_format must be json or text with it, got 'srt'"):
         transcribe(client, "srt", stream=True)
     with pytest.raises(openai.BadRequestError, match="instructions .* are not supported"):
