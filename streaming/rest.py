@@ -226,8 +226,9 @@ class RestAPI:
                 raise RuntimeError("the transcription ended without a transcript")
         body = formats.render(transcript, fmt, task)
         if logprobs:  # one more encoder and decoder pass, on the engine's worker
-            async with contextlib.aclosing(self.run_stream(token_logprobs(asr, audio, transcript, opts))) as lps:
-                body = json.dumps({**json.loads(body), "logprobs": [lp async for lp in lps]}, ensure_ascii=False)
+            async with contextlib.aclosing(self.run_stream(token_logprobs(asr, audio, transcript, opts))) as step:
+                async for lps in step:
+                    body = json.dumps({**json.loads(body), "logprobs": lps}, ensure_ascii=False)
         return Response(body, media_type=formats.MEDIA_TYPES[fmt], headers={"Cache-Control": "no-store"})
 
     async def transcript_events(self, gen):
@@ -388,11 +389,11 @@ def check_include(include: list[str], fmt: str, stream: bool, samples: int) -> b
 
 
 def token_logprobs(asr, audio: np.ndarray, transcript, opts: dict):
-    """On the engine's worker: the log probability of each text token of `transcript` (a recording of one
-    window), as OpenAI's logprobs: {token, logprob, bytes}."""
+    """On the engine's worker, one step: the log probability of each text token of `transcript` (a recording of
+    one window), as OpenAI's logprobs: [{token, logprob, bytes}]."""
     tokens = [t for seg in transcript.segments for t in seg.tokens]
     _, lps = asr.align(audio, tokens, transcript.language, opts["task"])
-    yield from ({"token": b.decode("utf-8", "replace"), "logprob": round(lp, 6), "bytes": list(b)} for _, b, lp in lps)
+    yield [{"token": b.decode("utf-8", "replace"), "logprob": round(lp, 6), "bytes": list(b)} for _, b, lp in lps]
 
 
 def speech_chunks(tts, text: str, speed: float, speaker):
