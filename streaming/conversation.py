@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from .audio_codec import AudioFormatError, b64decode
 from .protocol import ProtocolError, new_id, short
 
 ROLES = ("user", "assistant", "system")
@@ -18,7 +17,7 @@ class Part:
 
     type: str
     text: str | None = None
-    audio: bytes | None = field(default=None, repr=False)  # a client's input_audio, as sent, until transcribed
+    audio: str | None = field(default=None, repr=False)  # a client's input_audio (base64, as sent), until decoded
 
     @property
     def spoken(self) -> bool:
@@ -73,8 +72,7 @@ class Item:
 
 def item_from_api(item, max_chars: int, audio: bool = False) -> Item:
     """A client's conversation.item.create payload -> Item (text messages of at most `max_chars`; with `audio`,
-    user messages may hold input_audio parts too: their bytes, base64-decoded, wait in Part.audio for their
-    transcript), or ProtocolError."""
+    user messages may hold input_audio parts too, their base64 kept in Part.audio), or ProtocolError."""
     if not isinstance(item, dict):
         raise ProtocolError("conversation.item.create needs an 'item' object", "missing_required_parameter", "item")
     if item.get("type", "message") != "message":
@@ -88,10 +86,7 @@ def item_from_api(item, max_chars: int, audio: bool = False) -> Item:
     texts, parts = [], []
     for part in content:
         if audio and role == "user" and isinstance(part, dict) and part.get("type") == "input_audio":
-            try:
-                parts.append(Part("input_audio", audio=b64decode(part.get("audio"))))
-            except AudioFormatError as e:
-                raise ProtocolError(f"{e} (item.content input_audio)", "invalid_audio", "item.content.audio") from None
+            parts.append(Part("input_audio", audio=part.get("audio")))  # decoded and checked by turns.item_audio
             continue
         if not isinstance(part, dict) or part.get("type") not in ("input_text", "text", "output_text"):
             valid = " or {'type': 'input_audio', 'audio': base64} (user items)" if audio else " (text items only)"

@@ -22,7 +22,7 @@ from speechrt.pipelines.asr import MAX_UTTERANCE_SAMPLES, SAMPLE_RATE
 
 from .engine import EngineStalled
 from .http import authorized, json_error
-from .protocol import OPENAI_VOICES
+from .protocol import ProtocolError, check_voice
 from .transcripts import LONG_TEMPERATURES
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 ROUTES = ("POST /v1/audio/transcriptions", "POST /v1/audio/translations", "POST /v1/audio/speech",
           "POST /v1/chat/completions", "GET /v1/models")
 # OpenAI's model names, accepted for the loaded model so that code written for OpenAI runs as is (its voice
-# names: protocol.OPENAI_VOICES)
+# names: protocol.check_voice)
 ASR_ALIASES = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe")
 TTS_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 SPEECH_FORMATS = ("wav", "pcm", "flac")
@@ -256,13 +256,14 @@ class RestAPI:
             raise RestError(400, "'input' must be a non-empty string: the text to speak", "missing_required_parameter")
         if len(text) > MAX_SPEECH_CHARS:
             raise RestError(400, f"'input' is {len(text)} characters; at most {MAX_SPEECH_CHARS}")
-        voices = [tts.name, *OPENAI_VOICES, *tts.voice.speaker_id_map]
         voice = body.get("voice")
         if isinstance(voice, dict):
             voice = voice.get("id")
-        if voice is not None and voice not in voices:
-            raise RestError(400, f"voice {voice!r} is not available; valid: {', '.join(voices)} (OpenAI's voice "
-                                 "names speak with the loaded voice)")
+        if voice is not None:  # the loaded voice, its speakers by name, or OpenAI's names (the loaded voice)
+            try:
+                voice = check_voice(voice, {"tts": [tts.name, *tts.voice.speaker_id_map]}, "voice")
+            except ProtocolError as e:
+                raise RestError(400, str(e), e.code) from None
         fmt = body.get("response_format") or "wav"
         if fmt not in SPEECH_FORMATS:
             raise RestError(400, f"response_format {fmt!r} is not supported; valid: {', '.join(SPEECH_FORMATS)}")

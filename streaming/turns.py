@@ -13,7 +13,7 @@ from speechrt.pipelines.asr import MAX_UTTERANCE_SAMPLES
 from speechrt.pipelines.asr import SAMPLE_RATE as RATE
 
 from . import protocol as P
-from .audio_codec import AudioFormatError, InputDecoder
+from .audio_codec import AudioFormatError, InputDecoder, b64decode
 from .conversation import Item, Part
 from .engine import EngineStalled
 from .protocol import ProtocolError, new_id
@@ -285,8 +285,7 @@ class InputTurns:
         prev = self.session.conversation.append(item)
         await self.session.send(P.buffer_committed(item.id, prev))
         await self.session.send(P.item_added(item.to_api(), prev))
-        final = self.session.spawn(self._final(turn, item, audio, auto, early), essential=True)
-        final.add_done_callback(lambda _t: item.transcribed.set())  # a response waiting for it goes on, however it ends
+        in_background(self.session, item, self._final(turn, item, audio, auto, early))
 
     # -- transcripts ------------------------------------------------------------------------------------
     async def _transcribe(self, turn: Turn, audio: np.ndarray, partial: bool = False, supersede: bool = False,
@@ -413,13 +412,14 @@ class InputTurns:
 
 
 def item_audio(item: Item, fmt, max_seconds: float) -> np.ndarray | None:
-    """The input_audio parts of a client's item, decoded from the session's input format `fmt` to 16 kHz
-    and joined (None if it has none); ProtocolError for audio the format cannot hold or over `max_seconds`."""
-    clips = [p for p in item.parts if p.audio is not None]
+    """The input_audio parts of a client's item (conversation.item_from_api), base64-decoded, decoded from the
+    session's input format `fmt` to 16 kHz and joined (None if it has none); ProtocolError for what is not
+    base64, audio the format cannot hold, or under 0.1 s or over `max_seconds`."""
+    clips = [p for p in item.parts if p.type == "input_audio"]
     if not clips:
         return None
     try:
-        audio = InputDecoder(fmt).decode(b"".join(p.audio for p in clips), last=True)
+        audio = InputDecoder(fmt).decode(b"".join(b64decode(p.audio) for p in clips), last=True)
     except AudioFormatError as e:
         raise ProtocolError(f"{e} (item.content input_audio)", "invalid_audio", "item.content.audio") from None
     if not RATE // 10 <= len(audio) <= max_seconds * RATE:
@@ -427,7 +427,14 @@ def item_audio(item: Item, fmt, max_seconds: float) -> np.ndarray | None:
                             "invalid_audio", "item.content.audio")
     for p in clips:
         p.audio = None
+    item.transcribed = asyncio.Event()  # (before the item is added: a response from then on waits for it)
     return audio
+
+
+def in_background(session, item: Item, transcript) -> None:
+    """Run `transcript`, the coroutine that makes `item`'s final transcript, as essential session work; the
+    item's `transcribed` event is set when it ends, however it ends, so a response waiting for it goes on."""
+    session.spawn(transcript, essential=True).add_done_callback(lambda _t: item.transcribed.set())
 
 
 async def finish_item(session, item: Item, audio: np.ndarray | None):
@@ -435,9 +442,7 @@ async def finish_item(session, item: Item, audio: np.ndarray | None):
     item_audio), once its transcript is in (a response waits for that, as for committed audio)."""
     if audio is None:
         return await session.send(P.item_done(item.to_api()))
-    item.transcribed = asyncio.Event()
-    session.spawn(transcribe_item(session, item, audio), essential=True).add_done_callback(
-        lambda _t: item.transcribed.set())
+    in_background(session, item, transcribe_item(session, item, audio))
 
 
 async def transcribe_item(session, item: Item, audio: np.ndarray):
