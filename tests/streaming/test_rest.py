@@ -122,6 +122,8 @@ def test_bad_uploads_get_json_errors_and_the_server_goes_on(client, server, verb
         transcribe(client, "json", include=["nonsense"])
     with pytest.raises(openai.BadRequestError, match="response_format must be json or text with it, got 'srt'"):
         transcribe(client, "srt", stream=True)
+    with pytest.raises(openai.BadRequestError, match=r"voice 'robot' is not available; valid: .*alloy"):
+        client.audio.speech.create(model="tts-1", voice="robot", input="Hello.")
     with pytest.raises(openai.BadRequestError, match="instructions .* are not supported"):
         client.audio.speech.create(model="tts-1", voice="alloy", input="Hello.", instructions="Speak cheerfully.")
     assert [m.id for m in client.models.list()][0] == server.asr.name  # still serving (later tests transcribe)
