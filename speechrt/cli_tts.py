@@ -9,7 +9,8 @@ def add_arguments(p):
     p.add_argument("text", nargs="?", help="text to speak; omitted or '-': read stdin (spoken sentence by "
                    "sentence as lines arrive, e.g. piped from a language model)")
     p.add_argument("-o", "--output", default=None,
-                   help="output file: .wav, .raw/.pcm (pcm16), .f32 (float32); '-' = stdout (required)")
+                   help="output file: .wav, .raw/.pcm (pcm16), .f32 (float32), written as synthesized; .flac, .mp3, "
+                        ".opus/.ogg (Ogg Opus), encoded at the end; '-' = stdout (required)")
     p.add_argument("--voice", default=None, help="registered voice name or Piper .onnx path (default: piper-en_US-joe-medium)")
     p.add_argument("--backend", default="auto", help="torch, onnxruntime or auto (default: auto, the backend and "
                    "precision measured fastest on this kind of machine, see backends/auto.py; torch where none was measured)")
@@ -20,7 +21,7 @@ def add_arguments(p):
     p.add_argument("--noise-w", type=float, default=None, help="duration noise (default: the voice's)")
     p.add_argument("--speaker", default=None, help="speaker id or name (multi-speaker voices)")
     p.add_argument("--sample-rate", type=int, default=None, help="output sample rate, resampled (default: the voice's)")
-    p.add_argument("--format", choices=["wav", "pcm16", "f32"], default=None,
+    p.add_argument("--format", choices=["wav", "pcm16", "f32", "flac", "mp3", "opus"], default=None,
                    help="output format (default: from the file suffix; wav for stdout)")
     p.add_argument("--sentence-silence", type=float, default=0.0, help="seconds of silence after each sentence")
     p.add_argument("--seed", type=int, default=None, help="noise seed (torch backend)")

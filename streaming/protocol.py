@@ -54,8 +54,8 @@ def check_voice(name, available: dict, param: str) -> str:
     name = _str(name, param)
     if name in available["tts"]:
         return name
-    if name in OPENAI_VOICES:
-        return available["tts"][0]
+    if name in OPENAI_VOICES:  # (a transcription-only server has no voice: the name stays, nothing speaks)
+        return available["tts"][0] if available["tts"] else name
     raise ProtocolError(f"voice {short(name)} is not available; valid: {', '.join(available['tts'] + list(OPENAI_VOICES))} "
                         "(OpenAI's voice names speak with the loaded voice)", "invalid_value", param)
 

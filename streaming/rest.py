@@ -33,7 +33,8 @@ ROUTES = ("POST /v1/audio/transcriptions", "POST /v1/audio/translations", "POST 
 # names: protocol.check_voice)
 ASR_ALIASES = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe")
 TTS_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
-SPEECH_FORMATS = ("wav", "pcm", "flac")
+SPEECH_FORMATS = ("wav", "pcm", "flac", "mp3", "opus")  # the first two streamed, the others encoded at the end
+ENCODED_MEDIA = {"flac": "audio/flac", "mp3": "audio/mpeg", "opus": "audio/ogg; codecs=opus"}
 MAX_SPEECH_CHARS = 4096
 GRANULARITIES = ("segment", "word")
 SSE = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
@@ -266,7 +267,8 @@ class RestAPI:
                 raise RestError(400, str(e), e.code) from None
         fmt = body.get("response_format") or "wav"
         if fmt not in SPEECH_FORMATS:
-            raise RestError(400, f"response_format {fmt!r} is not supported; valid: {', '.join(SPEECH_FORMATS)}")
+            raise RestError(400, f"response_format {fmt!r} is not supported; valid: {', '.join(SPEECH_FORMATS)} (wav and "
+                                 "pcm streamed as they are synthesized, the others encoded at the end)")
         if body.get("stream_format") not in (None, "audio"):
             raise RestError(400, "stream_format must be 'audio' (the audio bytes, streamed as they are made)")
         if body.get("instructions"):
@@ -283,10 +285,16 @@ class RestAPI:
             raise RestError(400, f"'input' cannot be spoken: {e}") from None
         rate = tts.sample_rate
         headers = {"Cache-Control": "no-store", "X-Sample-Rate": str(rate)}
-        if fmt == "flac":
+        if fmt in ENCODED_MEDIA:
+            from speechrt.pipelines.tts import encode_audio
+
             async with contextlib.aclosing(chunks):
                 data = b"".join([first] + [c async for c in chunks])
-            return Response(flac_bytes(data, rate), media_type="audio/flac", headers=headers)
+            # off the event loop: minutes of speech take LAME a second or more
+            encoded, out_rate = await asyncio.to_thread(encode_audio, np.frombuffer(data, "<i2") / np.float32(32767.0),
+                                                        rate, fmt)
+            headers["X-Sample-Rate"] = str(out_rate)
+            return Response(encoded, media_type=ENCODED_MEDIA[fmt], headers=headers)
         media = "audio/wav" if fmt == "wav" else f"audio/pcm;rate={rate};encoding=signed-int;bits=16"
         return StreamingResponse(audio_stream(first, chunks, rate if fmt == "wav" else None), media_type=media,
                                  headers=headers)
@@ -412,10 +420,3 @@ async def audio_stream(first: bytes, rest, wav_rate: int | None):
         async for chunk in rest:
             yield chunk
 
-
-def flac_bytes(pcm16: bytes, rate: int) -> bytes:
-    import soundfile as sf
-
-    buf = io.BytesIO()
-    sf.write(buf, np.frombuffer(pcm16, "<i2"), rate, format="FLAC", subtype="PCM_16")
-    return buf.getvalue()

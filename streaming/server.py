@@ -19,7 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from speechrt.errors import UserError
-from speechrt.models.registry import DEFAULTS
 
 from .engine import Engine
 from .http import UvicornServer, build_app, uvicorn_config
@@ -103,8 +102,8 @@ class SpeechServer:
     def __init__(self, options: ServerOptions, asr, lm=None, tts=None):
         self.options = options
         self.asr, self.lm, self.tts = asr, lm, tts
-        self.names = {"asr": [asr.name], "lm": [lm.name] if lm is not None else [],
-                      "tts": [tts.name if tts is not None else DEFAULTS["tts"]]}
+        # the loaded models by family (/healthz, session model and voice checks)
+        self.names = {"asr": [asr.name], "lm": [lm.name] if lm is not None else [], "tts": [tts.name] if tts else []}
         self.conversation_ready = lm is not None and tts is not None
         self.vad = SileroVAD()
         self.vad_pool = started_pool(2, "speechrt-vad")

@@ -29,9 +29,15 @@ from speechrt.models.piper_loader import SynthesisOptions
 from speechrt.models.registry import resolve
 from speechrt.models.tts_text import SentenceStream, TextFrontEnd, TextOptions, stream_segments
 
-__all__ = ["TTSPipeline", "load_tts", "SynthesisOptions", "SynthesisStats", "stream_latent", "windows"]
+__all__ = ["TTSPipeline", "load_tts", "SynthesisOptions", "SynthesisStats", "stream_latent", "windows", "encode_audio",
+           "ENCODINGS", "FORMATS"]
 
-FORMATS = ("wav", "pcm16", "f32")
+FORMATS = ("wav", "pcm16", "f32")  # streamed as synthesized
+# files encoded whole at their end, through libsndfile (soundfile): name -> (major format, subtype, the sample
+# rates the codec takes; None: any)
+ENCODINGS = {"flac": ("FLAC", "PCM_16", None),
+             "mp3": ("MP3", "MPEG_LAYER_III", (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)),
+             "opus": ("OGG", "OPUS", (8000, 12000, 16000, 24000, 48000))}
 
 
 def windows(frames: int, first: int, largest: int, parallel: int = 1) -> list[tuple[int, int]]:
@@ -129,6 +135,26 @@ class AudioEncoder:
         if self._rs is None:
             return self._out(np.zeros(0, np.float32))
         return self._out(self._rs.resample_chunk(np.zeros(0, np.float32), last=True))
+
+
+def encode_audio(samples: np.ndarray, rate: int, fmt: str) -> tuple[bytes, int]:
+    """A whole recording (mono float32 in [-1, 1]) -> the bytes of a `fmt` file (see ENCODINGS) and its sample
+    rate: a rate the codec does not take is resampled to the next one up that it does (Opus: 22050 Hz is sent
+    at 24000 Hz)."""
+    import io
+
+    import soundfile as sf
+
+    major, subtype, rates = ENCODINGS[fmt]
+    out_rate = rate if rates is None or rate in rates else next((r for r in rates if r > rate), rates[-1])
+    x = np.clip(np.asarray(samples, np.float32), -1.0, 1.0)
+    if out_rate != rate:
+        import soxr
+        x = soxr.resample(x, rate, out_rate, quality="HQ").astype(np.float32, copy=False)
+    buf = io.BytesIO()
+    with sf.SoundFile(buf, "w", samplerate=out_rate, channels=1, format=major, subtype=subtype) as f:
+        f.write(x)
+    return buf.getvalue(), out_rate
 
 
 def wav_header(sample_rate: int, n_samples: int | None) -> bytes:
@@ -271,11 +297,13 @@ class TTSPipeline:
     def synthesize_to_file(self, text: str | Iterable[str], path, options: SynthesisOptions | None = None, *,
                            format: str | None = None, sample_rate: int | None = None, **kw) -> SynthesisStats:
         """Write `text` (a string, or pieces to stream) to `path` ('-' = stdout; a binary file object works too).
-        format: 'wav' | 'pcm16' | 'f32'; by default from the suffix (.wav, .raw/.pcm = pcm16, .f32)."""
+        format: 'wav' | 'pcm16' | 'f32', written as synthesized, or 'flac' | 'mp3' | 'opus' (Ogg Opus), encoded at
+        the end (see encode_audio for their rates); by default from the suffix (.wav, .raw/.pcm = pcm16, .f32,
+        .flac, .mp3, .opus/.ogg)."""
         fmt = format or _format_for(path)
-        if fmt not in FORMATS:
-            raise UserError(f"unknown audio format {fmt!r}; valid: {', '.join(FORMATS)}")
-        gen_fmt = "pcm16" if fmt == "wav" else fmt
+        if fmt not in FORMATS and fmt not in ENCODINGS:
+            raise UserError(f"unknown audio format {fmt!r}; valid: {', '.join(FORMATS + tuple(ENCODINGS))}")
+        gen_fmt = "pcm16" if fmt == "wav" else "f32" if fmt in ENCODINGS else fmt
         gen = (self.synthesize(text, options, sample_rate=sample_rate, format=gen_fmt, **kw) if isinstance(text, str)
                else self.synthesize_stream(text, options, sample_rate=sample_rate, format=gen_fmt, **kw))
         rate = self.sample_rate if sample_rate is None else sample_rate
@@ -292,6 +320,10 @@ class TTSPipeline:
             seekable = f.seekable() if hasattr(f, "seekable") else False
             if fmt == "wav":
                 f.write(wav_header(rate, None))
+            if fmt in ENCODINGS:
+                chunks = list(gen)
+                data, _ = encode_audio(np.concatenate(chunks) if chunks else np.zeros(0, np.float32), rate, fmt)
+                gen = [data]
             for chunk in gen:
                 b = chunk if isinstance(chunk, bytes) else np.asarray(chunk, np.float32).tobytes()
                 f.write(b)
@@ -310,10 +342,12 @@ def _format_for(path) -> str:
     if path == "-" or hasattr(path, "write"):
         return "wav"
     suf = Path(path).suffix.lower()
-    by_suffix = {".wav": "wav", ".raw": "pcm16", ".pcm": "pcm16", ".s16": "pcm16", ".f32": "f32"}
+    by_suffix = {".wav": "wav", ".raw": "pcm16", ".pcm": "pcm16", ".s16": "pcm16", ".f32": "f32", ".flac": "flac",
+                 ".mp3": "mp3", ".opus": "opus", ".ogg": "opus"}
     if suf and suf not in by_suffix:  # (no file is opened: the path is left as it was)
         raise UserError(f"cannot write {suf!r} audio files: valid suffixes are {', '.join(by_suffix)} (.raw, .pcm and "
-                        ".s16 are 16-bit PCM, .f32 float32 samples), or name the format (format=..., --format)")
+                        ".s16 are 16-bit PCM, .f32 float32 samples, .ogg Ogg Opus), or name the format (format=..., "
+                        "--format)")
     return by_suffix.get(suf, "wav")
 
 

@@ -6,6 +6,8 @@ import wave
 
 import numpy as np
 import pytest
+import soundfile as sf
+import soxr
 import torch
 
 from speechrt.backends.base import WINDOW_GROWTH, TTSRunner
@@ -136,12 +138,31 @@ def test_output_rate_and_formats(torch_tts, tmp_path):
         assert w.getnframes() == pytest.approx(len(base) * 24000 / 22050, abs=2)
     torch_tts.synthesize_to_file(text, tmp_path / "a.f32", noise_w=0.0, noise_scale=0.0)
     assert np.array_equal(np.fromfile(tmp_path / "a.f32", np.float32), base)
+    # encoded files: FLAC exact to 16 bits; MP3 and Ogg Opus (resampled to 24 kHz, a rate Opus takes) the same
+    # speech after their codec's delay
+    for suffix, rate, tol in ((".flac", 22050, 1.5 / 32767), (".mp3", 22050, None), (".ogg", 24000, None)):
+        torch_tts.synthesize_to_file(text, tmp_path / f"b{suffix}", noise_w=0.0, noise_scale=0.0)
+        audio, sr = sf.read(tmp_path / f"b{suffix}", dtype="float32")
+        ref = base if sr == 22050 else soxr.resample(base, 22050, sr)
+        assert sr == rate, suffix
+        if tol is not None:
+            assert len(audio) == len(ref) and np.abs(audio - ref).max() <= tol
+        else:
+            assert correlation_after_delay(audio, ref) > 0.9, suffix
     # a suffix it cannot write: an error naming the valid ones, and no file (a named format writes it)
-    with pytest.raises(UserError, match=r"cannot write '\.mp3' audio files: valid suffixes are \.wav"):
-        torch_tts.synthesize_to_file(text, tmp_path / "a.mp3")
-    assert not (tmp_path / "a.mp3").exists()
-    torch_tts.synthesize_to_file(text, tmp_path / "a.mp3", format="wav", noise_w=0.0, noise_scale=0.0)
-    assert (tmp_path / "a.mp3").read_bytes()[:4] == b"RIFF"
+    with pytest.raises(UserError, match=r"cannot write '\.aac' audio files: valid suffixes are \.wav.*\.mp3"):
+        torch_tts.synthesize_to_file(text, tmp_path / "a.aac")
+    assert not (tmp_path / "a.aac").exists()
+    torch_tts.synthesize_to_file(text, tmp_path / "a.aac", format="wav", noise_w=0.0, noise_scale=0.0)
+    assert (tmp_path / "a.aac").read_bytes()[:4] == b"RIFF"
+
+
+def correlation_after_delay(audio: np.ndarray, ref: np.ndarray, max_delay: int = 4096) -> float:
+    """The normalized correlation of `audio` with `ref` at the codec delay (<= max_delay samples) that fits best."""
+    n = min(len(audio), len(ref)) - max_delay
+    assert n > len(ref) // 2, (len(audio), len(ref))
+    best = max(range(max_delay), key=lambda d: float(np.dot(audio[d:d + n], ref[:n])))
+    return float(np.corrcoef(audio[best:best + n], ref[:n])[0, 1])
 
 
 def test_incremental_text_is_spoken_before_it_ends(torch_tts):

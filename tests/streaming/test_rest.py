@@ -155,14 +155,22 @@ def test_speech_streams_a_wav_of_real_speech(client):
     assert wer(SPOKEN, back) <= 0.2, back
 
 
-def test_speech_pcm_and_flac(client):
+def test_speech_pcm_and_encoded_formats(client):
     pcm = client.audio.speech.create(model="tts-1", voice="echo", input="Hello there.", response_format="pcm")
-    flac = client.audio.speech.create(model="tts-1", voice="echo", input="Hello there.", response_format="flac")
-    audio, sr = sf.read(io.BytesIO(flac.content), dtype="int16")
     pcm_samples = len(pcm.content) // 2  # the voice's noise makes each synthesis a little different
-    assert sr == 22050 and pcm_samples > 0.3 * sr and len(audio) > 0.3 * sr
-    with pytest.raises(openai.BadRequestError, match="response_format 'mp3'.*valid: wav, pcm, flac"):
-        client.audio.speech.create(model="tts-1", voice="alloy", input="Hi.", response_format="mp3")
+    assert pcm_samples > 0.3 * 22050
+    # encoded whole: FLAC at the voice's rate, MP3 (OpenAI's default format) too, Ogg Opus at 24 kHz; each the
+    # sentence, as the transcriber hears it
+    for fmt, media, rate in (("flac", "audio/flac", 22050), ("mp3", "audio/mpeg", 22050),
+                             ("opus", "audio/ogg; codecs=opus", 24000)):
+        r = client.audio.speech.with_raw_response.create(model="tts-1", voice="echo", input=SPOKEN, response_format=fmt)
+        assert r.headers["content-type"] == media and int(r.headers["x-sample-rate"]) == rate
+        audio, sr = sf.read(io.BytesIO(r.content), dtype="float32")
+        assert sr == rate and len(audio) > 3 * sr
+        back = transcribe(client, "text", data=r.content)  # the upload in that format
+        assert wer(SPOKEN, back) <= 0.2, (fmt, back)
+    with pytest.raises(openai.BadRequestError, match="response_format 'aac'.*valid: wav, pcm, flac, mp3, opus"):
+        client.audio.speech.create(model="tts-1", voice="alloy", input="Hi.", response_format="aac")
     with pytest.raises(openai.BadRequestError, match="voice 'nobody'.*valid: "):
         client.audio.speech.create(model="tts-1", voice="nobody", input="Hi.")
 

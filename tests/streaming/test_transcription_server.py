@@ -145,6 +145,11 @@ def test_bad_inputs_get_errors_and_lose_nothing(transcription_server, synth):
                      "item_not_found")
         await expect(json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection":
                                  {"type": "server_vad", "threshold": 7}}}}}), "invalid_value")
+        await expect(json.dumps({"type": "session.update", "session": {"voice": "nope"}}), "invalid_value")
+        assert "voice 'nope' is not available" in errors["invalid_value"]
+        # OpenAI's voice names still pass on a server that loaded no voice
+        await ws.send(json.dumps({"type": "session.update", "session": {"voice": "alloy"}}))
+        assert (await _next(ws, "session.updated"))["type"] == "session.updated"
         assert "valid client events" in errors["invalid_event_type"]
         assert "audio/pcm" in errors["invalid_audio_format"]
         await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[half:]).decode()}))
@@ -193,6 +198,8 @@ def test_api_key_session_cap_and_http_endpoints(asr, server_factory):
         asyncio.run(main())
         health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/healthz").read())
         assert health["status"] == "ok" and health["max_sessions"] == 2
+        # the models loaded, no other: speech recognition only here (the voice was listed though none was loaded)
+        assert health["models"] == {"asr": [asr.name], "lm": [], "tts": []} and health["conversation"] is False
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/metrics").read().decode()
         assert "speechrt_sessions_rejected_total 1" in metrics and "speechrt_auth_failures_total 2" in metrics
         assert "# TYPE speechrt_final_transcript_latency_seconds summary" in metrics
