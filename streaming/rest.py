@@ -269,6 +269,12 @@ class RestAPI:
         if fmt not in SPEECH_FORMATS:
             raise RestError(400, f"response_format {fmt!r} is not supported; valid: {', '.join(SPEECH_FORMATS)} (wav and "
                                  "pcm streamed as they are synthesized, the others encoded at the end)")
+        if fmt in ENCODED_MEDIA:
+            from speechrt.pipelines.tts import check_encoding
+            try:
+                check_encoding(fmt)
+            except UserError as e:
+                raise RestError(400, str(e)) from None
         if body.get("stream_format") not in (None, "audio"):
             raise RestError(400, "stream_format must be 'audio' (the audio bytes, streamed as they are made)")
         if body.get("instructions"):

@@ -30,7 +30,7 @@ from speechrt.models.registry import resolve
 from speechrt.models.tts_text import SentenceStream, TextFrontEnd, TextOptions, stream_segments
 
 __all__ = ["TTSPipeline", "load_tts", "SynthesisOptions", "SynthesisStats", "stream_latent", "windows", "encode_audio",
-           "ENCODINGS", "FORMATS"]
+           "check_encoding", "ENCODINGS", "FORMATS"]
 
 FORMATS = ("wav", "pcm16", "f32")  # streamed as synthesized
 # files encoded whole at their end, through libsndfile (soundfile): name -> (major format, subtype, the sample
@@ -137,6 +137,18 @@ class AudioEncoder:
         return self._out(self._rs.resample_chunk(np.zeros(0, np.float32), last=True))
 
 
+def check_encoding(fmt: str) -> None:
+    """UserError if the libsndfile that soundfile loaded cannot write `fmt` (MP3 and Opus need libsndfile >= 1.1,
+    which soundfile's wheels carry; a system library may be older)."""
+    import soundfile as sf
+
+    major, subtype, _ = ENCODINGS[fmt]
+    if major not in sf.available_formats() or subtype not in sf.available_subtypes(major):
+        raise UserError(f"this libsndfile ({sf.__libsndfile_version__}) cannot write {fmt}: install soundfile's own "
+                        "wheel (pip install --force-reinstall 'soundfile>=0.12', libsndfile 1.2 with MP3 and Opus), "
+                        "or ask for wav, pcm or flac")
+
+
 def encode_audio(samples: np.ndarray, rate: int, fmt: str) -> tuple[bytes, int]:
     """A whole recording (mono float32 in [-1, 1]) -> the bytes of a `fmt` file (see ENCODINGS) and its sample
     rate: a rate the codec does not take is resampled to the next one up that it does (Opus: 22050 Hz is sent
@@ -145,6 +157,7 @@ def encode_audio(samples: np.ndarray, rate: int, fmt: str) -> tuple[bytes, int]:
 
     import soundfile as sf
 
+    check_encoding(fmt)
     major, subtype, rates = ENCODINGS[fmt]
     out_rate = rate if rates is None or rate in rates else next((r for r in rates if r > rate), rates[-1])
     x = np.clip(np.asarray(samples, np.float32), -1.0, 1.0)
@@ -303,6 +316,8 @@ class TTSPipeline:
         fmt = format or _format_for(path)
         if fmt not in FORMATS and fmt not in ENCODINGS:
             raise UserError(f"unknown audio format {fmt!r}; valid: {', '.join(FORMATS + tuple(ENCODINGS))}")
+        if fmt in ENCODINGS:
+            check_encoding(fmt)
         gen_fmt = "pcm16" if fmt == "wav" else "f32" if fmt in ENCODINGS else fmt
         gen = (self.synthesize(text, options, sample_rate=sample_rate, format=gen_fmt, **kw) if isinstance(text, str)
                else self.synthesize_stream(text, options, sample_rate=sample_rate, format=gen_fmt, **kw))

@@ -157,6 +157,15 @@ def test_output_rate_and_formats(torch_tts, tmp_path):
     assert (tmp_path / "a.aac").read_bytes()[:4] == b"RIFF"
 
 
+def test_an_encoding_the_libsndfile_lacks_is_said(torch_tts, tmp_path, monkeypatch):
+    """A system libsndfile older than 1.1 writes no MP3 or Opus: the error says so and what to install, before
+    any synthesis, and no file is left."""
+    monkeypatch.setattr(sf, "available_subtypes", lambda major=None: {"PCM_16": "16 bit"})
+    with pytest.raises(UserError, match=r"cannot write mp3: install soundfile's own wheel"):
+        torch_tts.synthesize_to_file("Hello.", tmp_path / "a.mp3")
+    assert not (tmp_path / "a.mp3").exists()
+
+
 def correlation_after_delay(audio: np.ndarray, ref: np.ndarray, max_delay: int = 4096) -> float:
     """The normalized correlation of `audio` with `ref` at the codec delay (<= max_delay samples) that fits best."""
     n = min(len(audio), len(ref)) - max_delay
