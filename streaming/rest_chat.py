@@ -10,6 +10,7 @@ import time
 from starlette.responses import JSONResponse, StreamingResponse
 
 from speechrt.errors import ContextLengthExceeded, UserError
+from speechrt.pipelines.generation import check_bias
 from speechrt.pipelines.lm import GenerationOptions
 
 from .protocol import new_id
@@ -72,9 +73,6 @@ def check_unsupported(body: dict) -> None:
     if mods is not None and mods != ["text"]:
         raise RestError(400, f"modalities must be ['text'] here, got {mods!r} (speech: POST /v1/audio/speech, or a "
                              "Realtime session)")
-    for name in ("frequency_penalty", "presence_penalty"):
-        if body.get(name) not in (None, 0, 0.0):
-            raise RestError(400, f"{name} is not supported here (got {body.get(name)!r}); leave it out or send 0")
 
 
 def generation_options(body: dict) -> GenerationOptions:
@@ -95,7 +93,10 @@ def generation_options(body: dict) -> GenerationOptions:
         raise RestError(400, f"seed must be an integer, got {seed!r}")
     try:
         return GenerationOptions(max_tokens=max_tokens, temperature=temperature,
-                                 top_p=number(body.get("top_p"), "top_p", 0.01, 1, 1.0), stop=tuple(stop), seed=seed)
+                                 top_p=number(body.get("top_p"), "top_p", 0.01, 1, 1.0), stop=tuple(stop), seed=seed,
+                                 logit_bias=body.get("logit_bias") or (),
+                                 frequency_penalty=number(body.get("frequency_penalty"), "frequency_penalty", -2, 2, 0.0),
+                                 presence_penalty=number(body.get("presence_penalty"), "presence_penalty", -2, 2, 0.0))
     except UserError as e:
         raise RestError(400, str(e)) from None
 
@@ -107,6 +108,10 @@ class ChatCompletion:
         self.server, self.lm, self.engine = server, server.lm, server.engine
         self.messages = chat_messages(body.get("messages"))
         self.options = generation_options(body)
+        try:
+            check_bias(self.options, self.lm.config.vocab_size)
+        except UserError as e:
+            raise RestError(400, str(e)) from None
         self.stream = bool(body.get("stream"))
         self.usage_chunk = bool((body.get("stream_options") or {}).get("include_usage"))
         self.model = self.lm.name

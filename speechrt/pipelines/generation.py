@@ -2,8 +2,9 @@
 against the LMRunner interface (backends/base.py). The token loop itself is the continuous batcher
 (lm_batching.py).
 
-Sampling follows transformers' order: repetition penalty -> temperature -> top-k -> top-p -> sample.
-temperature == 0 is greedy (argmax).
+Sampling: OpenAI's logit bias and frequency / presence penalties (on the tokens this reply sampled so far),
+then transformers' order: repetition penalty -> temperature -> top-k -> top-p -> sample. temperature == 0 is
+greedy (argmax of the logits so adjusted).
 """
 from __future__ import annotations
 
@@ -31,8 +32,17 @@ class GenerationOptions:
     stop_token_ids: tuple[int, ...] | None = None  # None -> the tokenizer's EOS and end-of-turn tokens
     seed: int | None = None  # sampling seed; None -> nondeterministic
     stop_repeats: int = 4  # end a reply whose last tokens are one span repeated this many times (0 -> off)
+    # OpenAI's: added to the logits of these token ids (a dict {id: bias} or (id, bias) pairs; bias in [-100, 100])
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    frequency_penalty: float = 0.0  # OpenAI's, in [-2, 2]: minus this times the count of each token sampled so far
+    presence_penalty: float = 0.0  # OpenAI's, in [-2, 2]: minus this from each token sampled so far
 
     def __post_init__(self):
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
+        for name in ("frequency_penalty", "presence_penalty"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:
+                raise GenerationError(f"{name} must be a number in [-2, 2] (0 = off), got {v!r}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         elif isinstance(self.stop, (list, tuple)):
@@ -67,8 +77,31 @@ class GenerationOptions:
 
     @property
     def argmax(self) -> bool:
-        """The next token is the argmax of the logits as they are (greedy, no repetition penalty)."""
-        return self.greedy and self.repetition_penalty == 1.0
+        """The next token is the argmax of the logits as they are (greedy, no penalty or bias)."""
+        return (self.greedy and self.repetition_penalty == 1.0 and not self.logit_bias and not self.frequency_penalty
+                and not self.presence_penalty)
+
+    @property
+    def counts_output(self) -> bool:
+        """Do the sampled tokens' counts change the next logits (frequency or presence penalty)?"""
+        return bool(self.frequency_penalty or self.presence_penalty)
+
+
+def _logit_bias(raw) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias ({token id: bias}, ids as ints or the digit strings JSON gives) -> sorted pairs."""
+    pairs = raw.items() if isinstance(raw, dict) else raw
+    try:
+        out = {}
+        for k, v in pairs:
+            tid = int(k) if isinstance(k, str) and k.strip().isdigit() else k
+            if isinstance(tid, bool) or not isinstance(tid, int) or tid < 0:
+                raise ValueError
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100.0 <= v <= 100.0:
+                raise ValueError
+            out[tid] = float(v)
+    except (TypeError, ValueError):
+        raise GenerationError(f"logit_bias must map token ids (integers >= 0) to biases in [-100, 100], got {raw!r}") from None
+    return tuple(sorted(out.items()))
 
 
 class Piece(NamedTuple):
@@ -87,11 +120,25 @@ class StreamEvent:
     finish_reason: str | None = None  # None while running, then "stop" (stop token/string), "length" or "repetition"
 
 
+def check_bias(options: GenerationOptions, vocab: int) -> None:
+    """GenerationError if `options.logit_bias` names a token id outside a vocabulary of `vocab`."""
+    bad = [t for t, _ in options.logit_bias if t >= vocab]
+    if bad:
+        raise GenerationError(f"logit_bias names token ids outside the vocabulary (0-{vocab - 1}): {bad[:5]}")
+
+
 class Sampler:
     """Picks the next token of each row from logits [N, V] float32."""
 
     def __init__(self, options: GenerationOptions, vocab: int, device: torch.device):
         self.o = options
+        check_bias(options, vocab)
+        self.bias = None
+        if options.logit_bias:
+            self.bias = torch.zeros(vocab, dtype=torch.float32, device=device)
+            ids, values = zip(*options.logit_bias)
+            self.bias[torch.tensor(ids, device=device)] = torch.tensor(values, device=device)
+        self.counts = torch.zeros(vocab, dtype=torch.float32, device=device) if options.counts_output else None
         self.gen = None
         if not options.greedy:
             self.gen = torch.Generator(device=device)
@@ -106,10 +153,24 @@ class Sampler:
         p = self.o.repetition_penalty
         return torch.where(seen, torch.where(logits > 0, logits / p, logits * p), logits)
 
+    def observe(self, token: int) -> None:
+        """A token this reply sampled (the frequency and presence penalties count them)."""
+        if self.counts is not None:
+            self.counts[token] += 1
+
+    def adjust(self, logits: torch.Tensor, seen: torch.Tensor | None) -> torch.Tensor:
+        """The logits [N, V] with the bias, the frequency and presence penalties and the repetition penalty."""
+        o = self.o
+        logits = logits.float()
+        if self.bias is not None:
+            logits = logits + self.bias
+        if self.counts is not None:
+            logits = logits - self.counts * o.frequency_penalty - (self.counts > 0).float() * o.presence_penalty
+        return logits if seen is None else self.penalize(logits, seen)
+
     def __call__(self, logits: torch.Tensor, seen: torch.Tensor | None) -> torch.Tensor:
         o = self.o
-        if seen is not None:
-            logits = self.penalize(logits, seen)
+        logits = self.adjust(logits, seen)
         if o.greedy:
             return logits.argmax(dim=-1)
         logits = logits / o.temperature

@@ -13,7 +13,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from .generation import GenerationOptions, Piece, Sampler, StreamEvent, TextStream, check_prompts, repeating
+from .generation import GenerationOptions, Piece, Sampler, StreamEvent, TextStream, check_bias, check_prompts, repeating
 
 
 @dataclass(eq=False)
@@ -66,6 +66,7 @@ class ContinuousBatcher:
     def submit(self, req: LMRequest) -> None:
         if len(req.ids) + 1 > self.max_seq:
             raise ValueError(f"a prompt of {len(req.ids)} tokens does not fit this batcher's {self.max_seq} positions")
+        check_bias(req.options, self.runner.config.vocab_size)  # here, not on the worker when it starts
         self.pending.append(req)
 
     def has_work(self) -> bool:
@@ -191,6 +192,7 @@ class ContinuousBatcher:
         req.count += 1
         if req.seen is not None:
             req.seen[t] = True
+        req.sampler.observe(t)
         st = req.text
         if t in req.stop_ids:
             text, _ = st.finish()

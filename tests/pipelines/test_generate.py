@@ -26,6 +26,9 @@ def lm():
     ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"repetition_penalty": 0}, "repetition_penalty"),
     ({"stop": ("",)}, "stop strings"), ({"seed": "x"}, "seed"),
     ({"stop": 5}, "stop must be a string or a list"), ({"stop_token_ids": ["a"]}, "stop_token_ids must be None or"),
+    ({"logit_bias": {"x": 1}}, "logit_bias must map token ids"), ({"logit_bias": {5: 101}}, "logit_bias"),
+    ({"logit_bias": [(-1, 2)]}, "logit_bias"), ({"logit_bias": 7}, "logit_bias"),
+    ({"frequency_penalty": 2.5}, "frequency_penalty must be a number in"), ({"presence_penalty": "a"}, "presence_penalty"),
 ])
 def test_bad_options(kw, match):
     with pytest.raises(GenerationError, match=match):
@@ -114,6 +117,60 @@ def test_repetition_penalty_changes_output(lm):
     a = "".join(lm.generate("one, two, one, two, one,", max_tokens=8))
     b = "".join(lm.generate("one, two, one, two, one,", max_tokens=8, repetition_penalty=1.8))
     assert a != b
+
+
+def test_logit_bias_and_openai_penalties_follow_openais_formula():
+    """logits + bias - count * frequency_penalty - (count > 0) * presence_penalty, the counts those of the tokens
+    sampled so far (OpenAI's definition), then transformers' repetition penalty; fresh random logits and counts."""
+    g = torch.Generator().manual_seed(1)
+    V = 97
+    for _ in range(5):
+        logits = torch.randn(1, V, generator=g) * 4
+        bias = {int(t): float(b) for t, b in zip(torch.randint(0, V, (6,), generator=g),
+                                                   torch.empty(6).uniform_(-100, 100, generator=g))}
+        fp, pp = (float(x) for x in torch.empty(2).uniform_(-2, 2, generator=g))
+        o = GenerationOptions(logit_bias={str(k): v for k, v in bias.items()}, frequency_penalty=fp,
+                              presence_penalty=pp, repetition_penalty=1.2)
+        s = Sampler(o, V, torch.device("cpu"))
+        sampled = torch.randint(0, V, (12,), generator=g).tolist()
+        for t in sampled:
+            s.observe(t)
+        counts = torch.bincount(torch.tensor(sampled), minlength=V).float()
+        seen = torch.zeros(1, V, dtype=torch.bool)
+        seen[0, :5] = True
+        want = logits.clone()
+        for t, b in bias.items():
+            want[0, t] += b
+        want = want - counts * fp - (counts > 0).float() * pp
+        want = torch.where(seen, torch.where(want > 0, want / 1.2, want * 1.2), want)
+        got = s.adjust(logits, seen)
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-4) and not got.isnan().any()
+        assert not o.argmax and int(s(logits, seen)[0]) == int(want.argmax())
+    with pytest.raises(GenerationError, match="outside the vocabulary"):
+        Sampler(GenerationOptions(logit_bias={V: 1.0}), V, torch.device("cpu"))
+
+
+def test_logit_bias_and_penalties_steer_the_model(lm):
+    """On the real model: a -100 bias keeps a token out of the answer, +100 makes greedy pick it every step,
+    and a frequency penalty breaks a counting loop (fewer repeats of its most frequent token)."""
+    ids = lm.encode_chat(PROMPT)
+    paris = lm.tokenizer.encode(" Paris", add_bos=False)
+    assert len(paris) == 1 and "Paris" in "".join(lm.chat(PROMPT, max_tokens=24))
+    banned = "".join(lm.chat(PROMPT, max_tokens=24, logit_bias={paris[0]: -100}))
+    assert " Paris" not in banned and banned
+    forced = [e.token for e in stream(lm.runner, lm.tokenizer, [ids], GenerationOptions(
+        max_tokens=6, logit_bias={paris[0]: 100}, stop_repeats=0))]
+    assert forced == paris * 6
+    prompt = "one, two, one, two, one, two, one, two,"
+
+    def top_count(text):
+        toks = lm.tokenizer.encode(text, add_bos=False)
+        return max(toks.count(t) for t in set(toks))
+    plain = "".join(lm.generate(prompt, max_tokens=24, stop_repeats=0))
+    penalized = "".join(lm.generate(prompt, max_tokens=24, stop_repeats=0, frequency_penalty=2.0))
+    assert top_count(penalized) < top_count(plain), (plain, penalized)
+    with pytest.raises(GenerationError, match="outside the vocabulary"):
+        list(stream(lm.runner, lm.tokenizer, [ids], GenerationOptions(logit_bias={10**6: 1.0})))
 
 
 def test_unknown_model_error():

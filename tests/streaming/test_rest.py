@@ -198,18 +198,25 @@ def test_chat_completions_whole_and_streamed(client, server):
 
 
 def test_chat_parameters_this_server_cannot_honour_are_refused_by_name(client, server):
-    """tools, JSON mode, logprobs, audio output, penalties: a 400 naming the parameter, not an answer that
-    ignores it; their neutral values are accepted."""
+    """tools, JSON mode, logprobs, audio output: a 400 naming the parameter, not an answer that ignores it; their
+    neutral values are accepted. logit_bias and the frequency / presence penalties are honoured (OpenAI's
+    formula on the tokens sampled so far): a banned token stays out of the answer, and out-of-range values are
+    a 400 naming the parameter."""
     question = [{"role": "user", "content": "What is the capital of France?"}]
     tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
     for kw, text in (({"tools": [tool]}, "function calling"),
                      ({"response_format": {"type": "json_object"}}, "response_format 'json_object'"),
                      ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
                      ({"modalities": ["text", "audio"]}, "modalities"),
-                     ({"frequency_penalty": 0.5}, "frequency_penalty"),
-                     ({"presence_penalty": -1}, "presence_penalty")):
+                     ({"frequency_penalty": 2.5}, "frequency_penalty must be in"),
+                     ({"logit_bias": {"12": 300}}, "logit_bias must map token ids"),
+                     ({"logit_bias": {"99999999": 1}}, "outside the vocabulary")):
         with pytest.raises(openai.BadRequestError, match=text):
             client.chat.completions.create(model=server.lm.name, messages=question, max_tokens=4, **kw)
+    paris = server.lm.tokenizer.encode(" Paris", add_bos=False)[0]
+    banned = client.chat.completions.create(model=server.lm.name, messages=question, max_tokens=16, temperature=0,
+                                            logit_bias={str(paris): -100}, presence_penalty=0.5, frequency_penalty=0.3)
+    assert banned.choices[0].message.content and "Paris" not in banned.choices[0].message.content
     ok = client.chat.completions.create(model=server.lm.name, messages=question, max_tokens=4, temperature=0,
                                         response_format={"type": "text"}, logprobs=False, frequency_penalty=0,
                                         presence_penalty=0, tools=[], modalities=["text"])
