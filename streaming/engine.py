@@ -168,7 +168,7 @@ class Engine:
         q: asyncio.Queue = asyncio.Queue()
 
         def emit(piece):
-            if isinstance(piece, Exception) or piece.text or piece.finish_reason is not None:
+            if isinstance(piece, Exception) or piece.text or piece.finish_reason is not None or piece.logprob is not None:
                 loop.call_soon_threadsafe(q.put_nowait, piece)
 
         req = LMRequest(list(ids[-self.prompt_room(options.max_tokens):]), options, emit, key=key)

@@ -67,12 +67,22 @@ def check_unsupported(body: dict) -> None:
     if fmt is not None and kind != "text":
         raise RestError(400, f"response_format {kind!r} is not supported; valid: text (structured output and JSON "
                              "mode are not available here)")
-    if body.get("logprobs") or body.get("top_logprobs"):
-        raise RestError(400, "logprobs are not available from this endpoint; send logprobs=false or leave it out")
     mods = body.get("modalities")
     if mods is not None and mods != ["text"]:
         raise RestError(400, f"modalities must be ['text'] here, got {mods!r} (speech: POST /v1/audio/speech, or a "
                              "Realtime session)")
+
+
+def logprobs_option(body: dict) -> int | None:
+    """OpenAI's logprobs (bool) and top_logprobs (0-20, only with logprobs) -> GenerationOptions.logprobs."""
+    want, top = body.get("logprobs"), body.get("top_logprobs")
+    if want not in (None, True, False):
+        raise RestError(400, f"logprobs must be true or false, got {want!r}")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20):
+        raise RestError(400, f"top_logprobs must be an integer in [0, 20], got {top!r}")
+    if top and not want:
+        raise RestError(400, "top_logprobs needs logprobs=true")
+    return (top or 0) if want else None
 
 
 def generation_options(body: dict) -> GenerationOptions:
@@ -96,7 +106,8 @@ def generation_options(body: dict) -> GenerationOptions:
                                  top_p=number(body.get("top_p"), "top_p", 0.01, 1, 1.0), stop=tuple(stop), seed=seed,
                                  logit_bias=body.get("logit_bias") or (),
                                  frequency_penalty=number(body.get("frequency_penalty"), "frequency_penalty", -2, 2, 0.0),
-                                 presence_penalty=number(body.get("presence_penalty"), "presence_penalty", -2, 2, 0.0))
+                                 presence_penalty=number(body.get("presence_penalty"), "presence_penalty", -2, 2, 0.0),
+                                 logprobs=logprobs_option(body))
     except UserError as e:
         raise RestError(400, str(e)) from None
 
@@ -132,17 +143,34 @@ class ChatCompletion:
         pieces = self.pieces(ids)
         if self.stream:
             return StreamingResponse(self.events(pieces), media_type="text/event-stream", headers=SSE)
+        logprobs = []
         async with contextlib.aclosing(pieces):
             finish = None
-            async for text, finish in pieces:
+            async for text, finish, entry in pieces:
                 self.text += text
+                logprobs += [entry] if entry else []
         message = {"role": "assistant", "content": self.text}
+        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": self.logprobs(logprobs)}
         return JSONResponse({"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-                             "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-                             "usage": self.usage()}, headers={"Cache-Control": "no-store"})
+                             "choices": [choice], "usage": self.usage()}, headers={"Cache-Control": "no-store"})
+
+    def logprobs(self, entries: list[dict]) -> dict | None:
+        """choices[].logprobs, as OpenAI's: None unless asked for."""
+        return None if self.options.logprobs is None else {"content": entries, "refusal": None}
+
+    def entry(self, piece) -> dict | None:
+        """One token's logprobs entry (OpenAI's shape: token, logprob, bytes, top_logprobs), or None."""
+        if piece.logprob is None:
+            return None
+
+        def one(token: int, logprob: float) -> dict:
+            b = self.lm.tokenizer.token_bytes(token)
+            return {"token": b.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(b)}
+        return {**one(piece.token, piece.logprob), "top_logprobs": [one(t, v) for t, v in piece.top]}
 
     async def pieces(self, ids: list[int]):
-        """(text, None) per piece, then ("", finish_reason); the request leaves the batch if the consumer stops."""
+        """(text, None, logprobs entry or None) per piece, then ("", finish_reason, None); the request leaves the
+        batch if the consumer stops."""
         eng = self.engine
         req, q = eng.generate(ids, self.options)
         finished = False
@@ -151,11 +179,12 @@ class ChatCompletion:
                 piece = await eng.wait(q.get(), self.server.options.stall_timeout)
                 if isinstance(piece, Exception):
                     raise piece
-                if piece.text:
-                    yield piece.text, None
+                entry = self.entry(piece)
+                if piece.text or entry:
+                    yield piece.text, None, entry
                 if piece.finish_reason is not None:
                     finished = True
-                    yield "", FINISH.get(piece.finish_reason, "stop")
+                    yield "", FINISH.get(piece.finish_reason, "stop"), None
                     return
         finally:
             if not finished:
@@ -166,17 +195,18 @@ class ChatCompletion:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": done,
                 "total_tokens": self.prompt_tokens + done}
 
-    def chunk(self, delta: dict, finish=None) -> str:
+    def chunk(self, delta: dict, finish=None, entry: dict | None = None) -> str:
         return sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                                 "logprobs": self.logprobs([entry]) if entry else None}]})
 
     async def events(self, pieces):
         yield self.chunk({"role": "assistant", "content": ""})
         async with contextlib.aclosing(pieces):
             try:
-                async for text, finish in pieces:
+                async for text, finish, entry in pieces:
                     self.text += text
-                    yield self.chunk({"content": text} if text else {}, finish)
+                    yield self.chunk({"content": text} if text else {}, finish, entry)
             except Exception as e:  # noqa: BLE001 - the status is sent: the error goes as an event
                 yield sse({"error": {"message": f"the completion failed: {e}", "type": "server_error",
                                      "code": "server_error"}})

@@ -36,8 +36,14 @@ class GenerationOptions:
     logit_bias: tuple[tuple[int, float], ...] = ()
     frequency_penalty: float = 0.0  # OpenAI's, in [-2, 2]: minus this times the count of each token sampled so far
     presence_penalty: float = 0.0  # OpenAI's, in [-2, 2]: minus this from each token sampled so far
+    # OpenAI's top_logprobs: None -> off; 0-20 -> each token's log probability (the model's distribution, before
+    # bias, penalties and temperature) and that many of the likeliest tokens at its place (Piece.logprob, .top)
+    logprobs: int | None = None
 
     def __post_init__(self):
+        lp = self.logprobs
+        if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 20):
+            raise GenerationError(f"logprobs must be None (off) or an integer in [0, 20] (alternatives per token), got {lp!r}")
         object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
         for name in ("frequency_penalty", "presence_penalty"):
             v = getattr(self, name)
@@ -110,6 +116,8 @@ class Piece(NamedTuple):
     finish_reason: str | None = None  # None while running, then "stop" (stop token/string), "length", "repetition"
     # (the reply repeats itself: see repeating()) or "cancelled"
     token: int | None = None  # the token that produced it
+    logprob: float | None = None  # its log probability, if the options ask for logprobs (not for a stop token)
+    top: tuple[tuple[int, float], ...] = ()  # then the `logprobs` likeliest tokens there: (id, log probability)
 
 
 @dataclass
@@ -118,6 +126,8 @@ class StreamEvent:
     text: str  # new text (may be empty when a token only completed part of a character)
     token: int | None  # the token that produced it
     finish_reason: str | None = None  # None while running, then "stop" (stop token/string), "length" or "repetition"
+    logprob: float | None = None  # as Piece's, with options.logprobs
+    top: tuple[tuple[int, float], ...] = ()
 
 
 def check_bias(options: GenerationOptions, vocab: int) -> None:

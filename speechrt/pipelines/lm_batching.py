@@ -185,10 +185,12 @@ class ContinuousBatcher:
         else:
             toks = [int(r.sampler(logits[i: i + 1], None if r.seen is None else r.seen[None])[0])
                     for i, r in enumerate(reqs)]
-        for r, t in zip(reqs, toks):
-            self._deliver(r, t)
+        for i, (r, t) in enumerate(zip(reqs, toks)):
+            self._deliver(r, t, None if r.options.logprobs is None else token_logprobs(logits[i], t, r.options.logprobs))
 
-    def _deliver(self, req: LMRequest, t: int) -> None:
+    def _deliver(self, req: LMRequest, t: int, lp: tuple | None = None) -> None:
+        """`lp`: the token's log probability and the likeliest alternatives, for requests that ask (else None)."""
+        lp = lp or (None, ())
         req.count += 1
         if req.seen is not None:
             req.seen[t] = True
@@ -199,17 +201,17 @@ class ContinuousBatcher:
             return self._finish(req, Piece(text, "stop", t))
         text, hit = st.push(st.detok.add(t))
         if hit:
-            return self._finish(req, Piece(text, "stop", t))
+            return self._finish(req, Piece(text, "stop", t, *lp))
         # the token would be fed at position len(ids) + count - 1: past the cache, the context is full
         if req.count >= req.options.max_tokens or len(req.ids) + req.count > self.max_seq:
             rest, hit = st.finish()
-            return self._finish(req, Piece(text + rest, "stop" if hit else "length", t))
+            return self._finish(req, Piece(text + rest, "stop" if hit else "length", t, *lp))
         req.out.append(t)
         if req.options.stop_repeats and repeating(req.out, req.options.stop_repeats):
             rest, hit = st.finish()
-            return self._finish(req, Piece(text + rest, "stop" if hit else "repetition", t))
+            return self._finish(req, Piece(text + rest, "stop" if hit else "repetition", t, *lp))
         req.last = t
-        self._emit(req, Piece(text, None, t))
+        self._emit(req, Piece(text, None, t, *lp))
 
     def _drop(self, req: LMRequest, error: Exception) -> None:
         """`req` failed on its own: it gets the error and its slot is freed."""
@@ -236,6 +238,13 @@ class ContinuousBatcher:
             req.slot = -1
 
 
+def token_logprobs(logits: torch.Tensor, token: int, top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """A row of logits [V] -> the log probability of `token` and the `top` likeliest (id, log probability)."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    values, ids = lp.topk(top) if top else (lp[:0], lp[:0].long())
+    return float(lp[token]), tuple(zip(ids.tolist(), values.tolist()))
+
+
 def stream(runner, tokenizer, prompts: Sequence[Sequence[int]], options: GenerationOptions = GenerationOptions(),
            cache=None) -> Iterator[StreamEvent]:
     """Generate for every prompt (token ids) at once; yields text deltas as they are decoded.
@@ -250,7 +259,7 @@ def stream(runner, tokenizer, prompts: Sequence[Sequence[int]], options: Generat
     events: collections.deque[StreamEvent] = collections.deque()
     for i, p in enumerate(prompts):
         batcher.submit(LMRequest(list(p), options, lambda piece, i=i: events.append(
-            StreamEvent(i, piece.text, piece.token, piece.finish_reason))))
+            StreamEvent(i, piece.text, piece.token, piece.finish_reason, piece.logprob, piece.top))))
     while batcher.has_work():
         batcher.admit(all_pending=True)
         while events:

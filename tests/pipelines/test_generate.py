@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 import torch
 
@@ -29,6 +30,7 @@ def lm():
     ({"logit_bias": {"x": 1}}, "logit_bias must map token ids"), ({"logit_bias": {5: 101}}, "logit_bias"),
     ({"logit_bias": [(-1, 2)]}, "logit_bias"), ({"logit_bias": 7}, "logit_bias"),
     ({"frequency_penalty": 2.5}, "frequency_penalty must be a number in"), ({"presence_penalty": "a"}, "presence_penalty"),
+    ({"logprobs": 21}, "logprobs must be None"), ({"logprobs": True}, "logprobs must be None"),
 ])
 def test_bad_options(kw, match):
     with pytest.raises(GenerationError, match=match):
@@ -171,6 +173,28 @@ def test_logit_bias_and_penalties_steer_the_model(lm):
     assert top_count(penalized) < top_count(plain), (plain, penalized)
     with pytest.raises(GenerationError, match="outside the vocabulary"):
         list(stream(lm.runner, lm.tokenizer, [ids], GenerationOptions(logit_bias={10**6: 1.0})))
+
+
+def test_logprobs_are_the_models_distribution(lm):
+    """Each token's log probability and the likeliest alternatives, from the model's logits before temperature and
+    bias: a greedy token is the top one; the first position's list is the same whatever the sampling; the text
+    is the tokens' bytes; the stop token has none."""
+    ids = lm.encode_chat(PROMPT)
+
+    def pieces(options):
+        return list(stream(lm.runner, lm.tokenizer, [ids], options))
+    g = pieces(GenerationOptions(max_tokens=16, logprobs=3))
+    assert g[-1].finish_reason == "stop" and g[-1].token in lm.tokenizer.stop_ids() and g[-1].logprob is None
+    words = g[:-1]
+    assert [p.token for p in words] == [e.token for e in pieces(GenerationOptions(max_tokens=16))][:-1]
+    for p in words:
+        assert len(p.top) == 3 and p.top[0][0] == p.token and p.top[0][1] == pytest.approx(p.logprob, abs=1e-6)
+        assert all(v <= 0 for _, v in p.top) and p.top[0][1] >= p.top[1][1] >= p.top[2][1]
+        assert sum(np.exp(v) for _, v in p.top) <= 1 + 1e-5
+    assert b"".join(lm.tokenizer.token_bytes(p.token) for p in words).decode() == "".join(p.text for p in g)
+    hot = pieces(GenerationOptions(max_tokens=4, logprobs=3, temperature=1.5, seed=3, logit_bias={words[0].token: -5}))
+    assert [t for t, _ in hot[0].top] == [t for t, _ in words[0].top]
+    assert np.allclose([v for _, v in hot[0].top], [v for _, v in words[0].top], atol=1e-5)
 
 
 def test_unknown_model_error():

@@ -198,15 +198,16 @@ def test_chat_completions_whole_and_streamed(client, server):
 
 
 def test_chat_parameters_this_server_cannot_honour_are_refused_by_name(client, server):
-    """tools, JSON mode, logprobs, audio output: a 400 naming the parameter, not an answer that ignores it; their
-    neutral values are accepted. logit_bias and the frequency / presence penalties are honoured (OpenAI's
+    """tools, JSON mode, audio output: a 400 naming the parameter, not an answer that ignores it; their
+    neutral values are accepted (logprobs are honoured: their bad values are refused here). logit_bias and the frequency / presence penalties are honoured (OpenAI's
     formula on the tokens sampled so far): a banned token stays out of the answer, and out-of-range values are
     a 400 naming the parameter."""
     question = [{"role": "user", "content": "What is the capital of France?"}]
     tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
     for kw, text in (({"tools": [tool]}, "function calling"),
                      ({"response_format": {"type": "json_object"}}, "response_format 'json_object'"),
-                     ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
+                     ({"top_logprobs": 2}, "top_logprobs needs logprobs=true"),
+                     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs must be an integer in"),
                      ({"modalities": ["text", "audio"]}, "modalities"),
                      ({"frequency_penalty": 2.5}, "frequency_penalty must be in"),
                      ({"logit_bias": {"12": 300}}, "logit_bias must map token ids"),
@@ -221,6 +222,24 @@ def test_chat_parameters_this_server_cannot_honour_are_refused_by_name(client, s
                                         response_format={"type": "text"}, logprobs=False, frequency_penalty=0,
                                         presence_penalty=0, tools=[], modalities=["text"])
     assert ok.choices[0].message.content
+
+
+def test_chat_logprobs_whole_and_streamed(client, server):
+    """logprobs=true, top_logprobs=2: one entry per token of the answer (OpenAI's shape), the tokens' bytes are
+    the answer, each token the likeliest at greedy, and the streamed chunks carry the same entries."""
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    kw = dict(model=server.lm.name, messages=question, max_tokens=12, temperature=0, logprobs=True, top_logprobs=2)
+    whole = client.chat.completions.create(**kw)
+    content = whole.choices[0].logprobs.content
+    assert content and b"".join(bytes(e.bytes) for e in content).decode() == whole.choices[0].message.content
+    for e in content:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 2 and e.top_logprobs[0].token == e.token
+        assert e.top_logprobs[0].logprob == pytest.approx(e.logprob) and e.logprob >= e.top_logprobs[1].logprob
+    streamed = [e for c in client.chat.completions.create(stream=True, **kw) if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content]
+    assert [(e.token, round(e.logprob, 4)) for e in streamed] == [(e.token, round(e.logprob, 4)) for e in content]
+    plain = client.chat.completions.create(model=server.lm.name, messages=question, max_tokens=4)
+    assert plain.choices[0].logprobs is None
 
 
 def test_models_list(client, server):
