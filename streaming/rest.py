@@ -214,7 +214,7 @@ class RestAPI:
         if stream and fmt not in ("json", "text"):
             raise RestError(400, f"stream=true sends transcript.text.delta events: response_format must be json or "
                                  f"text with it, got {fmt!r}")
-        logprobs = check_include(form.getlist("include[]") or form.getlist("include"), fmt, stream, len(audio))
+        logprobs = check_include(form.getlist("include[]") or form.getlist("include"), fmt, stream)
         options = asr.options(**opts)
         gen = transcription_steps(asr, audio, options)
         if stream:
@@ -229,7 +229,8 @@ class RestAPI:
         if logprobs:  # one more encoder and decoder pass, on the engine's worker
             async with contextlib.aclosing(self.run_stream(token_logprobs(asr, audio, transcript, opts))) as step:
                 async for lps in step:
-                    body = json.dumps({**json.loads(body), "logprobs": lps}, ensure_ascii=False)
+                    if lps is not None:
+                        body = json.dumps({**json.loads(body), "logprobs": lps}, ensure_ascii=False)
         return Response(body, media_type=formats.MEDIA_TYPES[fmt], headers={"Cache-Control": "no-store"})
 
     async def transcript_events(self, gen):
@@ -388,7 +389,7 @@ def transcription_steps(asr, audio: np.ndarray, opts):
         new.clear()
 
 
-def check_include(include: list[str], fmt: str, stream: bool, samples: int) -> bool:
+def check_include(include: list[str], fmt: str, stream: bool) -> bool:
     """A transcription's include[] -> whether it asks for logprobs (the one value known), or a RestError that
     says what the request must be for them."""
     if any(i != "logprobs" for i in include):
@@ -397,18 +398,39 @@ def check_include(include: list[str], fmt: str, stream: bool, samples: int) -> b
         return False
     if fmt != "json" or stream:
         raise RestError(400, "include[]=logprobs comes with response_format json, not streamed")
-    if samples > MAX_UTTERANCE_SAMPLES:
-        raise RestError(400, f"include[]=logprobs is given for recordings of up to 30 s (one window); this one is "
-                             f"{samples / SAMPLE_RATE:.1f} s")
     return True
 
 
+ALIGN_LEAD = SAMPLE_RATE // 2  # audio before a group of segments' start that its alignment sees
+
+
+def segment_windows(segments, samples: int) -> list[tuple[int, int, list[int]]]:
+    """Consecutive segments grouped into spans of at most 30 s (the audio a lead of ALIGN_LEAD before them) ->
+    [(first sample, end sample, the group's tokens)]; a recording of one window is one group, all of it."""
+    if samples <= MAX_UTTERANCE_SAMPLES:
+        return [(0, samples, [t for seg in segments for t in seg.tokens])]
+    groups: list[tuple[int, int, list[int]]] = []
+    for seg in segments:
+        a = min(samples, max(0, round(seg.start * SAMPLE_RATE) - ALIGN_LEAD))
+        b = min(samples, round(seg.end * SAMPLE_RATE) + ALIGN_LEAD // 5)
+        if groups and b - groups[-1][0] <= MAX_UTTERANCE_SAMPLES:
+            start, _, tokens = groups[-1]
+            groups[-1] = (start, max(b, groups[-1][1]), tokens + list(seg.tokens))
+        else:
+            groups.append((a, min(b, a + MAX_UTTERANCE_SAMPLES), list(seg.tokens)))
+    return groups
+
+
 def token_logprobs(asr, audio: np.ndarray, transcript, opts: dict):
-    """On the engine's worker, one step: the log probability of each text token of `transcript` (a recording of
-    one window), as OpenAI's logprobs: [{token, logprob, bytes}]."""
-    tokens = [t for seg in transcript.segments for t in seg.tokens]
-    _, lps = asr.align(audio, tokens, transcript.language, opts["task"])
-    yield [{"token": b.decode("utf-8", "replace"), "logprob": round(lp, 6), "bytes": list(b)} for _, b, lp in lps]
+    """On the engine's worker, one step per 30-s span of the transcript's segments (segment_windows): the log
+    probability of each text token of `transcript`, as OpenAI's logprobs: [{token, logprob, bytes}] (yielded
+    last; None before, one per span)."""
+    out = []
+    for a, b, tokens in segment_windows(transcript.segments, len(audio)):
+        _, lps = asr.align(audio[a:b], tokens, transcript.language, opts["task"])
+        out += [{"token": t.decode("utf-8", "replace"), "logprob": round(lp, 6), "bytes": list(t)} for _, t, lp in lps]
+        yield None
+    yield out
 
 
 def speech_chunks(tts, text: str, speed: float, speaker):

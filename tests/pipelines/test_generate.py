@@ -158,8 +158,8 @@ def test_logit_bias_and_penalties_steer_the_model(lm):
     ids = lm.encode_chat(PROMPT)
     paris = lm.tokenizer.encode(" Paris", add_bos=False)
     assert len(paris) == 1 and "Paris" in "".join(lm.chat(PROMPT, max_tokens=24))
-    banned = "".join(lm.chat(PROMPT, max_tokens=24, logit_bias={paris[0]: -100}))
-    assert " Paris" not in banned and banned
+    banned = list(stream(lm.runner, lm.tokenizer, [ids], GenerationOptions(max_tokens=24, logit_bias={paris[0]: -100})))
+    assert paris[0] not in [e.token for e in banned] and "".join(e.text for e in banned).strip()
     forced = [e.token for e in stream(lm.runner, lm.tokenizer, [ids], GenerationOptions(
         max_tokens=6, logit_bias={paris[0]: 100}, stop_repeats=0))]
     assert forced == paris * 6
