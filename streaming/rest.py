@@ -200,6 +200,9 @@ class RestAPI:
         grains = form.getlist("timestamp_granularities[]") or form.getlist("timestamp_granularities")
         if any(g not in GRANULARITIES for g in grains):
             raise RestError(400, f"timestamp_granularities {grains} has unknown values; valid: segment, word")
+        if grains and fmt != "verbose_json":  # as OpenAI's: the times go in verbose_json's segments and words
+            raise RestError(400, f"timestamp_granularities need response_format verbose_json (got {fmt!r}): the "
+                                 "other formats have no place for word times")
         opts = {"task": task, "language": form.get("language") or None, "initial_prompt": form.get("prompt") or None,
                 "best_of": 1}
         t = number(form.get("temperature"), "temperature", 0, 1, None)

@@ -136,6 +136,8 @@ def test_bad_uploads_get_json_errors_and_the_server_goes_on(client, server, verb
         transcribe(client, "tsv")
     with pytest.raises(openai.BadRequestError, match="include.*logprobs comes with response_format json"):
         transcribe(client, "text", include=["logprobs"])
+    with pytest.raises(openai.BadRequestError, match="timestamp_granularities need response_format verbose_json"):
+        transcribe(client, "json", timestamp_granularities=["word"])
     with pytest.raises(openai.BadRequestError, match="include.*unknown values; valid: logprobs"):
         transcribe(client, "json", include=["nonsense"])
     with pytest.raises(openai.BadRequestError, match="response_format must be json or text with it, got 'srt'"):
