@@ -168,7 +168,7 @@ class Engine:
         q: asyncio.Queue = asyncio.Queue()
 
         def emit(piece):
-            if isinstance(piece, Exception) or piece.text or piece.finish_reason is not None or piece.logprob is not None:
+            if isinstance(piece, Exception) or piece.text or piece.finish_reason or piece.logprob is not None:
                 loop.call_soon_threadsafe(q.put_nowait, piece)
 
         req = LMRequest(list(ids[-self.prompt_room(options.max_tokens):]), options, emit, key=key)
@@ -188,7 +188,8 @@ class Engine:
             self._cv.notify()
 
     async def transcribe(self, audio: np.ndarray, partial: bool = False, key=None, draft: list[int] | None = None,
-                         supersede: bool = False, options: TranscribeOptions = LIVE, turn=None, opening: bool = False):
+                         supersede: bool = False, options: TranscribeOptions = LIVE, turn=None, opening: bool = False,
+                         fresh=None):
         """Transcript (a WindowResult) of one utterance (16 kHz float32), or None. Partials with the same
         key coalesce: only the newest pending one runs, older ones resolve to None. A final drops its key's
         pending partial (made useless) and stops any running partial but one that opens a turn's text (a final
@@ -200,7 +201,8 @@ class Engine:
         `opening` (partials): a turn's first words are sought; it runs before other live transcripts."""
         loop = asyncio.get_running_loop()
         job = TranscriptJob(audio, options, loop.create_future(), loop, time.perf_counter(), key,
-                            None if partial else turn, draft, opening=partial and opening)
+                            None if partial else turn, draft, opening=partial and opening,
+                            fresh=fresh if partial else None)
         with self._cv:
             old = self._transcripts.submit(job, partial, supersede)
             self._cv.notify()

@@ -36,6 +36,9 @@ class TranscriptJob:
     opening: bool = False  # a turn's first live words (none sent yet, short audio): served before other live
     # transcripts, and not stopped by finals (finishing it costs a final tens of ms; stopping it, a round)
     steps: object = None  # a long turn's long-form transcription, one window per next() (once begun)
+    # live transcripts: called on the worker as the job begins -> the newest audio of its turn (which grew while
+    # the job waited), or None to keep `audio`
+    fresh: object = None
 
     def resolve(self, value, error: Exception | None = None) -> None:
         """Deliver the result (or the error) to the waiting session, from any thread."""
@@ -129,6 +132,10 @@ class TranscriptQueue:
         (until `done()`)."""
         order = sorted(self.partials.values(), key=lambda j: (not j.opening, j.submitted))[:max_batch]
         jobs = [self.partials.pop(j.key) for j in order]
+        for j in jobs:
+            newest = j.fresh() if j.fresh is not None else None
+            if newest is not None and len(newest) > len(j.audio):
+                j.audio = newest
         self.running = jobs
         return jobs
 

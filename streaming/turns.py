@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,12 +35,15 @@ OPENING_WORDS = 1  # words a turn's first hypothesis may send before a second on
 
 
 class AudioBuffer:
-    """Uncommitted input audio at 16 kHz, addressed by absolute sample index since the session began."""
+    """Uncommitted input audio at 16 kHz, addressed by absolute sample index since the session began. The event
+    loop writes it; `since` may be called from the engine's worker too (a live transcript takes the newest audio
+    when it begins), so changes and reads hold a lock."""
 
     def __init__(self):
         self.chunks: list[np.ndarray] = []
         self.start = 0  # absolute index of the first buffered sample
         self.size = 0
+        self._lock = threading.Lock()
 
     @property
     def end(self) -> int:
@@ -47,10 +51,15 @@ class AudioBuffer:
 
     def append(self, x: np.ndarray):
         if len(x):
-            self.chunks.append(x)
-            self.size += len(x)
+            with self._lock:
+                self.chunks.append(x)
+                self.size += len(x)
 
     def slice(self, a: int, b: int) -> np.ndarray:
+        with self._lock:
+            return self._slice(a, b)
+
+    def _slice(self, a: int, b: int) -> np.ndarray:
         a, b = max(a, self.start), min(b, self.end)
         if b <= a:
             return np.zeros(0, np.float32)
@@ -58,13 +67,19 @@ class AudioBuffer:
             self.chunks = [np.concatenate(self.chunks)]
         return self.chunks[0][a - self.start: b - self.start].copy()
 
+    def since(self, a: int) -> np.ndarray | None:
+        """Samples from `a` to the end, or None if the buffer no longer holds `a` (any thread)."""
+        with self._lock:
+            return None if a < self.start else self._slice(a, self.start + self.size)
+
     def drop_until(self, idx: int):
-        idx = min(max(idx, self.start), self.end)
-        if idx == self.start:
-            return
-        rest = self.slice(idx, self.end)
-        self.chunks = [rest] if len(rest) else []
-        self.start, self.size = idx, len(rest)
+        with self._lock:
+            idx = min(max(idx, self.start), self.end)
+            if idx == self.start:
+                return
+            rest = self._slice(idx, self.end)
+            self.chunks = [rest] if len(rest) else []
+            self.start, self.size = idx, len(rest)
 
     def clear(self):
         self.drop_until(self.end)
@@ -289,14 +304,14 @@ class InputTurns:
 
     # -- transcripts ------------------------------------------------------------------------------------
     async def _transcribe(self, turn: Turn, audio: np.ndarray, partial: bool = False, supersede: bool = False,
-                          live: bool = False, opening: bool = False):
+                          live: bool = False, opening: bool = False, fresh=None):
         """Transcribe (part of) `turn`, drafting with its latest transcript: the speech only grew since,
         so most of its tokens are checked in one decoder pass. `live`: a live transcript's options (the
         encoder over the audio only), else a final's (see session.asr_options)."""
         # keyed by session: a final transcript drops the pending live one of this session (made useless)
         opts = self.session.live_options if live else self.session.asr_options
-        r = await self.engine.transcribe(audio, partial=partial, key=self.session.id, supersede=supersede,
-                                         draft=turn.draft or None, options=opts, turn=turn.item_id, opening=opening)
+        r = await self.engine.transcribe(audio, partial=partial, key=self.session.id, supersede=supersede, options=opts,
+                                         draft=turn.draft or None, turn=turn.item_id, opening=opening, fresh=fresh)
         if r is not None and r.tokens:
             turn.draft = r.tokens
         return r
@@ -305,7 +320,7 @@ class InputTurns:
         """Live transcript of the turn being spoken: re-transcribe the growing audio every `partial_interval` s
         (longer while transcripts queue) and send the words hypotheses agree on (Turn.agree). Until its first words
         go out, rounds come OPENING_ROUND apart, unstretched, before other live transcripts while short (cheap)."""
-        interval, last_len = self.session.server.options.partial_interval, 0
+        interval, last = self.session.server.options.partial_interval, [0]  # [the audio of the last round]
         while True:
             opening = not turn.sent
             await asyncio.sleep(interval * OPENING_ROUND if opening else self.engine.live_interval(interval))
@@ -313,13 +328,14 @@ class InputTurns:
             audio = self.buf.slice(first, self.buf.end)
             # paused: the final (begun at the pause) has the engine; quiet since the early one: it is this round's
             paused = self.detector is not None and self.detector.pause_ms is not None
-            if len(audio) - last_len < RATE // 4 or paused or turn.early and turn.early[0] == self.quiet.quiet_since:
+            if len(audio) - last[0] < RATE // 4 or paused or turn.early and turn.early[0] == self.quiet.quiet_since:
                 continue
             if len(audio) > COMMIT_AFTER:  # a long turn: this round also commits what is stable
-                last_len = len(audio) - await commit_stable(self, turn, first, audio)
+                last[0] = len(audio) - await commit_stable(self, turn, first, audio)
                 continue
-            last_len = len(audio)
-            r = await self._transcribe(turn, audio, partial=True, live=True, opening=opening and len(audio) <= OPENING_MAX)
+            last[0] = len(audio)  # (or the newest audio's, when the engine takes the round: newest_audio)
+            r = await self._transcribe(turn, audio, partial=True, live=True, opening=opening and len(audio) <= OPENING_MAX,
+                                       fresh=lambda: newest_audio(self, turn, first, last))
             if r is not None:
                 await self.hypothesis(turn, r.text)
 
@@ -409,6 +425,19 @@ class InputTurns:
         if r is None:  # no early transcript, or a final transcript of another session stopped it
             r = await self._transcribe(turn, audio)
         return r
+
+
+def newest_audio(inp: InputTurns, turn: Turn, first: int, used: list[int]) -> np.ndarray | None:
+    """On the engine's worker, as a live round of `turn` begins: its audio from sample `first` to now (the length
+    into used[0]), or None (the round keeps the audio it was asked with) once the turn has ended, paused or grown
+    long (the next round commits)."""
+    if inp.turn is not turn or (inp.detector is not None and inp.detector.pause_ms is not None):
+        return None
+    audio = inp.buf.since(first)
+    if audio is None or len(audio) > COMMIT_AFTER:
+        return None
+    used[0] = len(audio)
+    return audio
 
 
 def item_audio(item: Item, fmt, max_seconds: float) -> np.ndarray | None:

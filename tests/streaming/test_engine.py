@@ -284,6 +284,57 @@ def test_opening_partials_go_first_and_finals_do_not_stop_them(asr, synth):
     assert old is not None and old.text and "museum" in final.text.lower()
 
 
+def test_a_waiting_live_transcript_takes_its_turns_newest_audio():
+    """The input buffer hands its newest samples to the engine's thread (AudioBuffer.since: None once it dropped
+    the start asked for), whole and in order while the event loop appends and joins chunks (without its lock
+    this fails: a chunk appended during a join is lost)."""
+    import threading
+
+    from speechrt.streaming.turns import AudioBuffer
+
+    buf = AudioBuffer()
+    buf.append(np.arange(10, dtype=np.float32))
+    assert np.array_equal(buf.since(4), np.arange(4, 10)) and buf.since(buf.end).size == 0
+    buf.drop_until(6)
+    assert buf.since(4) is None and np.array_equal(buf.since(7), [7, 8, 9])
+    # appends on one thread while another reads: every read is a whole, ordered prefix of what was written
+    grow, seen, stop = AudioBuffer(), [], threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            a = grow.since(0)
+            seen.append(bool(np.array_equal(a, np.arange(len(a), dtype=np.float32))))
+    t = threading.Thread(target=reader)
+    t.start()
+    for i in range(2000):
+        grow.append(np.arange(i * 7, i * 7 + 7, dtype=np.float32))
+        if i % 10 == 0:
+            grow.slice(0, grow.end)  # (the event loop's reads join the chunks)
+    stop.set()
+    t.join()
+    assert seen and all(seen) and np.array_equal(grow.since(0), np.arange(14000, dtype=np.float32))
+
+
+def test_a_queued_live_transcript_is_of_the_newest_audio(asr, synth):
+    """A live transcript asked for with the turn's first words transcribes what the turn holds when the worker
+    takes it (the audio grew while it waited behind other work); `fresh` returning None keeps the audio given."""
+    sentence = "The museum opens at nine and closes at five on weekdays."
+    speech = synth(sentence)
+    start = speech[: len(speech) // 5]  # a word or two
+
+    async def main():
+        async with warm_engine(asr) as eng:
+            busy = await hold_worker(eng, speech, 0.5, "busy")
+            grown = asyncio.ensure_future(eng.transcribe(start, partial=True, key="a", fresh=lambda: speech))
+            kept = asyncio.ensure_future(eng.transcribe(start, partial=True, key="b", fresh=lambda: None))
+            await busy
+            return await grown, await kept, await eng.transcribe(start, partial=True, key="c")
+
+    grown, kept, alone = asyncio.run(main())
+    assert grown is not None and "weekdays" in grown.text.lower() and "museum" in grown.text.lower()
+    assert kept is not None and kept.text == alone.text and "weekdays" not in kept.text.lower()
+
+
 def test_live_text_opens_with_one_hypothesis_then_follows_agreement():
     """Turn.agree: until words are sent, a hypothesis's words but its last (OPENING_WORDS at most) go out; then
     only words two hypotheses agree on, compared without case or punctuation; the final transcript completes
