@@ -133,7 +133,11 @@ class TranscriptQueue:
         order = sorted(self.partials.values(), key=lambda j: (not j.opening, j.submitted))[:max_batch]
         jobs = [self.partials.pop(j.key) for j in order]
         for j in jobs:
-            newest = j.fresh() if j.fresh is not None else None
+            try:
+                newest = j.fresh() if j.fresh is not None else None
+            except Exception:  # noqa: BLE001 - the worker goes on; the round keeps the audio it was asked with
+                log.exception("reading a live transcript's newest audio failed")
+                newest = None
             if newest is not None and len(newest) > len(j.audio):
                 j.audio = newest
         self.running = jobs
