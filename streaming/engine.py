@@ -201,8 +201,7 @@ class Engine:
         `opening` (partials): a turn's first words are sought; it runs before other live transcripts."""
         loop = asyncio.get_running_loop()
         job = TranscriptJob(audio, options, loop.create_future(), loop, time.perf_counter(), key,
-                            None if partial else turn, draft, opening=partial and opening,
-                            fresh=fresh if partial else None)
+                            None if partial else turn, draft, opening=partial and opening, fresh=fresh if partial else None)
         with self._cv:
             old = self._transcripts.submit(job, partial, supersede)
             self._cv.notify()

@@ -269,18 +269,11 @@ class RestAPI:
                 voice = check_voice(voice, {"tts": [tts.name, *tts.voice.speaker_id_map]}, "voice")
             except ProtocolError as e:
                 raise RestError(400, str(e), e.code) from None
-        fmt = body.get("response_format") or "wav"
-        if fmt not in SPEECH_FORMATS:
-            raise RestError(400, f"response_format {fmt!r} is not supported; valid: {', '.join(SPEECH_FORMATS)} (wav and "
-                                 "pcm streamed as they are synthesized, the others encoded at the end)")
-        if fmt in ENCODED_MEDIA:
-            from speechrt.pipelines.tts import check_encoding
-            try:
-                check_encoding(fmt)
-            except UserError as e:
-                raise RestError(400, str(e)) from None
-        if body.get("stream_format") not in (None, "audio"):
-            raise RestError(400, "stream_format must be 'audio' (the audio bytes, streamed as they are made)")
+        fmt = speech_format(body.get("response_format") or "wav")
+        stream_format = body.get("stream_format") or "audio"
+        if stream_format not in ("audio", "sse"):
+            raise RestError(400, f"stream_format must be 'audio' (the audio bytes, streamed as they are made) or 'sse' "
+                                 f"(speech.audio.delta events), got {stream_format!r}")
         if body.get("instructions"):
             raise RestError(400, "instructions (how to speak) are not supported: the voice reads the input as it is; "
                                  "leave them out")
@@ -295,6 +288,9 @@ class RestAPI:
             raise RestError(400, f"'input' cannot be spoken: {e}") from None
         rate = tts.sample_rate
         headers = {"Cache-Control": "no-store", "X-Sample-Rate": str(rate)}
+        if stream_format == "sse":
+            return StreamingResponse(speech_events(first, chunks, fmt, rate, len(text)), media_type="text/event-stream",
+                                     headers=SSE)
         if fmt in ENCODED_MEDIA:
             from speechrt.pipelines.tts import encode_audio
 
@@ -439,6 +435,53 @@ def token_logprobs(asr, audio: np.ndarray, transcript, opts: dict):
 def speech_chunks(tts, text: str, speed: float, speaker):
     """On the engine's worker: int16 bytes, one synthesis window per step (the text is read on the first)."""
     yield from tts.synthesize(text, format="pcm16", rate=speed, speaker=speaker, on_unsupported="drop")
+
+
+def speech_format(fmt) -> str:
+    """The speech endpoint's response_format, if this server can write it; else a RestError naming the valid ones
+    (or what to install, where the libsndfile lacks MP3 or Opus)."""
+    if fmt not in SPEECH_FORMATS:
+        raise RestError(400, f"response_format {fmt!r} is not supported; valid: {', '.join(SPEECH_FORMATS)} (wav and "
+                             "pcm streamed as they are synthesized, the others encoded at the end)")
+    if fmt in ENCODED_MEDIA:
+        from speechrt.pipelines.tts import check_encoding
+        try:
+            check_encoding(fmt)
+        except UserError as e:
+            raise RestError(400, str(e)) from None
+    return fmt
+
+
+async def speech_events(first: bytes, rest, fmt: str, rate: int, chars: int):
+    """stream_format=sse: speech.audio.delta events (base64 audio in `fmt`: wav and pcm as they are synthesized,
+    the encoded formats whole at the end), then speech.audio.done with usage (speechrt counts the input's
+    characters in, the audio's samples out); a failure part-way is an error event."""
+    import base64
+
+    from speechrt.pipelines.tts import encode_audio, wav_header
+
+    def delta(data: bytes) -> str:
+        return sse({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")})
+    samples, whole = 0, []
+    try:
+        if fmt == "wav":
+            yield delta(wav_header(rate, None))
+        async for chunk in audio_stream(first, rest, None):
+            samples += len(chunk) // 2
+            if fmt in ENCODED_MEDIA:
+                whole.append(chunk)
+            else:
+                yield delta(chunk)
+        if whole:
+            data, _ = await asyncio.to_thread(encode_audio, np.frombuffer(b"".join(whole), "<i2") / np.float32(32767.0),
+                                              rate, fmt)
+            yield delta(data)
+    except Exception as e:  # noqa: BLE001 - the status is sent: the error goes as an event
+        log.exception("speech synthesis failed part-way")
+        yield sse({"type": "error", "error": {"message": f"speech synthesis failed: {e}", "type": "server_error"}})
+        return
+    yield sse({"type": "speech.audio.done",
+               "usage": {"input_tokens": chars, "output_tokens": samples, "total_tokens": chars + samples}})
 
 
 async def audio_stream(first: bytes, rest, wav_rate: int | None):

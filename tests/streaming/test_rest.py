@@ -195,6 +195,43 @@ def test_speech_pcm_and_encoded_formats(client):
         client.audio.speech.create(model="tts-1", voice="nobody", input="Hi.")
 
 
+def test_speech_as_server_sent_events(client, server):
+    """stream_format=sse (OpenAI's): speech.audio.delta events of base64 audio as it is synthesized (pcm: the
+    voice's int16 samples; wav: its streamed header first; mp3: the file whole, in one delta), then
+    speech.audio.done with the usage (characters in, samples out)."""
+    import base64
+
+    def events(fmt):
+        with client.audio.speech.with_streaming_response.create(model="tts-1", voice="alloy", input=SPOKEN,
+                                                                response_format=fmt, stream_format="sse") as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    for fmt in ("pcm", "wav", "mp3"):
+        evs = events(fmt)
+        deltas = [base64.b64decode(e["audio"]) for e in evs[:-1]]
+        assert [e["type"] for e in evs] == ["speech.audio.delta"] * len(deltas) + ["speech.audio.done"], fmt
+        usage = evs[-1]["usage"]
+        assert usage["input_tokens"] == len(SPOKEN) and usage["total_tokens"] == len(SPOKEN) + usage["output_tokens"]
+        data = b"".join(deltas)
+        if fmt == "pcm":
+            assert len(deltas) > 2 and usage["output_tokens"] == len(data) // 2 > 3 * 22050  # streamed, all of it
+            data = wav_bytes(np.frombuffer(data, "<i2") / 32767.0, 22050)
+        elif fmt == "wav":
+            assert deltas[0][:4] == b"RIFF" and len(deltas[0]) == 44 and len(deltas) > 3
+        else:
+            assert len(deltas) == 1 and sf.info(io.BytesIO(data)).format == "MP3"
+        back = transcribe(client, "text", data=data)
+        assert wer(SPOKEN, back) <= 0.2, (fmt, back)
+    with pytest.raises(openai.BadRequestError, match="stream_format must be 'audio'.*or 'sse'"):
+        client.audio.speech.create(model="tts-1", voice="alloy", input="Hi.", extra_body={"stream_format": "ws"})
+
+
+def wav_bytes(audio: np.ndarray, rate: int) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, np.asarray(audio, np.float32), rate, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
 def test_chat_completions_whole_and_streamed(client, server):
     question = [{"role": "user", "content": "What is the capital of France?"}]
     whole = client.chat.completions.create(model=server.lm.name, messages=question, temperature=0, max_tokens=24)
