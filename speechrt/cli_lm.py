@@ -16,6 +16,10 @@ def add_arguments(p):
     p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (1 = off)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="OpenAI's, in [-2, 2]: minus this times each token's count in the reply so far (0 = off)")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="OpenAI's, in [-2, 2]: minus this from each token the reply has used (0 = off)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--model", default=None, help="registry name, .gguf file or Hugging Face Llama directory "
@@ -32,7 +36,8 @@ def _options(args) -> dict:
     from speechrt.pipelines.generation import GenerationOptions
 
     o = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-             repetition_penalty=args.repetition_penalty, seed=args.seed, stop=tuple(args.stop))
+             repetition_penalty=args.repetition_penalty, seed=args.seed, stop=tuple(args.stop),
+             frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty)
     GenerationOptions(**o)  # validate before loading the model
     return o
 

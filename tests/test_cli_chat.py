@@ -32,6 +32,7 @@ def test_interactive_chat_keeps_the_conversation():
     (["chat", "hi", "--temperature", "-1"], "temperature must be >= 0"),
     (["chat", "hi", "--model", "no-such-model"], "registered lm models: smollm2-135m-instruct"),
     (["chat", "hi", "--dtype", "int3"], "unsupported dtype 'int3'"),
+    (["chat", "hi", "--frequency-penalty", "3"], "frequency_penalty must be a number in [-2, 2]"),
     (["chat", "hi", "--device", "tpu"], "unsupported device 'tpu'"),
     (["bench", "lm", "--batch", "9"], "--batch sizes must be between 1 and 8"),
 ])
