@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 
 from starlette.responses import JSONResponse, StreamingResponse
@@ -56,8 +57,6 @@ def chat_messages(raw) -> list[dict]:
 def check_unsupported(body: dict) -> None:
     """Parameters of OpenAI's endpoint that this server cannot honour, when they ask for something: a 400
     that names them, rather than an answer that silently ignores them (their neutral values pass)."""
-    if body.get("n") not in (None, 1):
-        raise RestError(400, f"n must be 1 (one choice per request), got {body.get('n')!r}")
     for name in ("tools", "functions"):
         if body.get(name):
             raise RestError(400, f"{name}: function calling is not supported by this server's language model; "
@@ -112,8 +111,20 @@ def generation_options(body: dict) -> GenerationOptions:
         raise RestError(400, str(e)) from None
 
 
+MAX_CHOICES = 8
+
+
+def choices_option(n) -> int:
+    """OpenAI's n: how many choices (each its own sequence in the batch; a seed gives choice i seed + i)."""
+    if n is None:
+        return 1
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
+        raise RestError(400, f"n must be an integer from 1 to {MAX_CHOICES} (choices per request), got {n!r}")
+    return n
+
+
 class ChatCompletion:
-    """One request: its prompt in the batch, its pieces gathered or streamed."""
+    """One request: its prompt in the batch (n times for n choices), its pieces gathered or streamed."""
 
     def __init__(self, server, body: dict):
         self.server, self.lm, self.engine = server, server.lm, server.engine
@@ -128,8 +139,9 @@ class ChatCompletion:
         self.model = self.lm.name
         self.id = new_id("chatcmpl")
         self.created = int(time.time())
+        self.n = choices_option(body.get("n"))
         self.prompt_tokens = 0
-        self.text = ""
+        self.texts = [""] * self.n
 
     async def respond(self):
         room = self.engine.prompt_room(self.options.max_tokens)
@@ -140,19 +152,51 @@ class ChatCompletion:
                                  f"{self.engine.batcher.max_seq} tokens; up to max_tokens of them, at most half, are "
                                  "kept for the answer)", e.code) from None
         self.prompt_tokens = len(ids)
-        pieces = self.pieces(ids)
+        pieces = self.choices(ids)
         if self.stream:
             return StreamingResponse(self.events(pieces), media_type="text/event-stream", headers=SSE)
-        logprobs = []
+        logprobs, finish = [[] for _ in range(self.n)], [None] * self.n
         async with contextlib.aclosing(pieces):
-            finish = None
-            async for text, finish, entry in pieces:
-                self.text += text
-                logprobs += [entry] if entry else []
-        message = {"role": "assistant", "content": self.text}
-        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": self.logprobs(logprobs)}
+            async for i, text, end, entry in pieces:
+                self.texts[i] += text
+                logprobs[i] += [entry] if entry else []
+                finish[i] = end or finish[i]
+        choices = [{"index": i, "message": {"role": "assistant", "content": self.texts[i]}, "finish_reason": finish[i],
+                    "logprobs": self.logprobs(logprobs[i])} for i in range(self.n)]
         return JSONResponse({"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-                             "choices": [choice], "usage": self.usage()}, headers={"Cache-Control": "no-store"})
+                             "choices": choices, "usage": self.usage()}, headers={"Cache-Control": "no-store"})
+
+    async def choices(self, ids: list[int]):
+        """(choice, text, finish_reason or None, logprobs entry or None) of the n choices as they come, each choice
+        its own sequence in the batch (with a seed, choice i samples with seed + i); the first failure raises."""
+        if self.n == 1:
+            async with contextlib.aclosing(self.pieces(ids, self.options)) as pieces:
+                async for text, finish, entry in pieces:
+                    yield 0, text, finish, entry
+            return
+        q: asyncio.Queue = asyncio.Queue()
+
+        async def run(i: int, options: GenerationOptions):
+            try:
+                async with contextlib.aclosing(self.pieces(ids, options)) as pieces:
+                    async for text, finish, entry in pieces:
+                        q.put_nowait((i, text, finish, entry))
+            except Exception as e:  # noqa: BLE001 - handed to the consumer, which raises it
+                q.put_nowait(e)
+        seed = self.options.seed
+        tasks = [asyncio.ensure_future(run(i, dataclasses.replace(self.options, seed=None if seed is None else seed + i)))
+                 for i in range(self.n)]
+        try:
+            finished = 0
+            while finished < self.n:
+                item = await q.get()
+                if isinstance(item, Exception):
+                    raise item
+                finished += item[2] is not None
+                yield item
+        finally:  # a consumer that stops (a client gone) stops every choice's sequence
+            for t in tasks:
+                t.cancel()
 
     def logprobs(self, entries: list[dict]) -> dict | None:
         """choices[].logprobs, as OpenAI's: None unless asked for."""
@@ -168,11 +212,11 @@ class ChatCompletion:
             return {"token": b.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(b)}
         return {**one(piece.token, piece.logprob), "top_logprobs": [one(t, v) for t, v in piece.top]}
 
-    async def pieces(self, ids: list[int]):
+    async def pieces(self, ids: list[int], options: GenerationOptions):
         """(text, None, logprobs entry or None) per piece, then ("", finish_reason, None); the request leaves the
         batch if the consumer stops."""
         eng = self.engine
-        req, q = eng.generate(ids, self.options)
+        req, q = eng.generate(ids, options)
         finished = False
         try:
             while True:
@@ -191,22 +235,23 @@ class ChatCompletion:
                 eng.cancel_generation(req)
 
     def usage(self) -> dict:
-        done = len(self.lm.tokenizer.encode(self.text, add_bos=False)) if self.text else 0
+        done = sum(len(self.lm.tokenizer.encode(t, add_bos=False)) for t in self.texts if t)
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": done,
                 "total_tokens": self.prompt_tokens + done}
 
-    def chunk(self, delta: dict, finish=None, entry: dict | None = None) -> str:
+    def chunk(self, delta: dict, finish=None, entry: dict | None = None, index: int = 0) -> str:
         return sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                    "choices": [{"index": index, "delta": delta, "finish_reason": finish,
                                  "logprobs": self.logprobs([entry]) if entry else None}]})
 
     async def events(self, pieces):
-        yield self.chunk({"role": "assistant", "content": ""})
+        for i in range(self.n):
+            yield self.chunk({"role": "assistant", "content": ""}, index=i)
         async with contextlib.aclosing(pieces):
             try:
-                async for text, finish, entry in pieces:
-                    self.text += text
-                    yield self.chunk({"content": text} if text else {}, finish, entry)
+                async for i, text, finish, entry in pieces:
+                    self.texts[i] += text
+                    yield self.chunk({"content": text} if text else {}, finish, entry, i)
             except Exception as e:  # noqa: BLE001 - the status is sent: the error goes as an event
                 yield sse({"error": {"message": f"the completion failed: {e}", "type": "server_error",
                                      "code": "server_error"}})

@@ -300,6 +300,29 @@ def test_chat_logprobs_whole_and_streamed(client, server):
     assert plain.choices[0].logprobs is None
 
 
+def test_chat_n_choices(client, server):
+    """n choices, each its own sequence in the batch: with a seed, reproducible (choice i samples with seed + i)
+    and not all alike; greedy, all alike; streamed, the chunks' indices rebuild the same choices; n over 8 or
+    not a whole number is a 400."""
+    question = [{"role": "user", "content": "Write a name for a pet cat."}]
+    kw = dict(model=server.lm.name, messages=question, max_tokens=10, temperature=1.0, seed=7, n=3)
+    a = client.chat.completions.create(**kw)
+    texts = [c.message.content for c in a.choices]
+    assert [c.index for c in a.choices] == [0, 1, 2] and all(texts) and len(set(texts)) > 1
+    assert [c.message.content for c in client.chat.completions.create(**kw).choices] == texts
+    assert a.usage.completion_tokens >= 3
+    streamed = ["", "", ""]
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for c in chunk.choices:
+            streamed[c.index] += c.delta.content or ""
+    assert streamed == texts
+    greedy = client.chat.completions.create(model=server.lm.name, messages=question, max_tokens=8, temperature=0, n=2)
+    assert greedy.choices[0].message.content == greedy.choices[1].message.content
+    for n in (9, 0, 1.5):
+        with pytest.raises(openai.BadRequestError, match="n must be an integer from 1 to 8"):
+            client.chat.completions.create(model=server.lm.name, messages=question, max_tokens=4, n=n)
+
+
 def test_models_list(client, server):
     ids = [m.id for m in client.models.list()]
     assert ids == [server.asr.name, server.lm.name, server.tts.name]
