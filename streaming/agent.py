@@ -26,7 +26,7 @@ from .reply import Reply
 class Response:
     def __init__(self, session, overrides: dict):
         self.session = session
-        self.options = response_options(overrides, session.cfg)
+        self.options = response_options(overrides, session.cfg, session.server.names)
         if self.options.say is not None:  # text the client gave: what the voice cannot read is an error
             try:
                 session.server.tts.check_text(self.options.say)
@@ -139,7 +139,8 @@ class Response:
     async def _speak(self):
         """Send each clause's audio as it is made, its transcript with its first audio."""
         s = self.session
-        enc = OutputEncoder(s.server.tts.sample_rate, s.cfg.output_format)
+        fmt = self.options.output_format or s.cfg.output_format  # the response's own, or the session's
+        enc = OutputEncoder(s.server.tts.sample_rate, fmt)
         sent_samples, first = 0, True
         async for seg in self._reply.segments():
             spoken_text = (" " if self.transcript else "") + seg.text
@@ -157,9 +158,9 @@ class Response:
                 if first:
                     first = False
                     s.server.engine.metrics.first_audio_latency.append(time.perf_counter() - self.t0)
-                sent_samples += len(data) // s.cfg.output_format.bytes_per_sample
+                sent_samples += len(data) // fmt.bytes_per_sample
                 await s.send(P.output_audio_delta(self.id, self.item.id, base64.b64encode(data).decode()))
-                self.item.audio_ms = sent_samples * 1000 // s.cfg.output_format.rate
+                self.item.audio_ms = sent_samples * 1000 // fmt.rate
             if announced:
                 self.item.spoken.append((self.item.audio_ms, self.transcript))
 

@@ -265,6 +265,7 @@ class ResponseOptions:
     say: str | None = None  # speechrt extension: speak this text verbatim, without the language model
     out_of_band: bool = False  # conversation: "none": the response's item is not added to the conversation
     metadata: tuple[tuple[str, str], ...] | None = None  # the client's labels, echoed in the response
+    output_format: AudioFormat | None = None  # response.audio.output.format: this response's (None: the session's)
 
 
 def _no_tools(obj: dict, name: str) -> None:
@@ -286,9 +287,28 @@ def _metadata(meta) -> tuple[tuple[str, str], ...] | None:
     return tuple(meta.items())
 
 
-def response_options(overrides, cfg: SessionConfig) -> ResponseOptions:
+def _response_output(overrides: dict, available: dict | None) -> AudioFormat | None:
+    """response.audio.output: this response's audio format (None: the session's), and its voice checked (the loaded
+    voice speaks for OpenAI's names, as in session.update)."""
+    audio = overrides.get("audio")
+    if audio is None:
+        return None
+    out = audio.get("output") if isinstance(audio, dict) else None
+    if not isinstance(audio, dict) or not isinstance(out or {}, dict):
+        raise ProtocolError("response.audio must be {'output': {'format': ..., 'voice': ...}}", "invalid_value",
+                            "response.audio")
+    out = out or {}
+    if "voice" in out and available is not None:
+        check_voice(out["voice"], available, "response.audio.output.voice")
+    try:
+        return parse_format(out["format"]) if "format" in out else None
+    except AudioFormatError as e:
+        raise ProtocolError(str(e), "invalid_audio_format", "response.audio.output.format") from None
+
+
+def response_options(overrides, cfg: SessionConfig, available: dict | None = None) -> ResponseOptions:
     """A `response.create`'s `response` object (overrides of the session's settings) -> ResponseOptions,
-    or ProtocolError naming the field."""
+    or ProtocolError naming the field. `available`: the loaded models by family, to check a voice."""
     if not isinstance(overrides, dict):
         raise ProtocolError("'response' must be an object", "invalid_value", "response")
     mods = overrides.get("output_modalities", overrides.get("modalities")) or list(cfg.output_modalities)
@@ -312,7 +332,7 @@ def response_options(overrides, cfg: SessionConfig) -> ResponseOptions:
         raise ProtocolError("response.input must be a list of items: messages, or {'type': 'item_reference', 'id': ...}",
                             "invalid_value", "response.input")
     return ResponseOptions("audio" in mods, instructions, max_tokens, say, conversation == "none",
-                           _metadata(overrides.get("metadata")))
+                           _metadata(overrides.get("metadata")), _response_output(overrides, available))
 
 
 def _bool(v, name):

@@ -297,6 +297,39 @@ def test_out_of_band_responses_and_their_own_input(server):
     asyncio.run(asyncio.wait_for(main(), 240))
 
 
+def test_a_response_in_its_own_audio_format(server):
+    """response.audio.output.format: this response's audio in that format (G.711 mu-law at 8 kHz: one byte a sample,
+    the same speech, which the session's pcm16 at 24 kHz sends in 6x the bytes), the next one in the session's
+    again; a bad format or voice there is an error naming the field."""
+    import base64
+
+    from speechrt.streaming.audio_codec import AudioFormat, InputDecoder
+
+    async def speak(ws, extra):
+        await ws.send(json.dumps({"type": "response.create", "response": {"speechrt_say": "Hello there, friend.", **extra}}))
+        _, seen = await _until(ws, "response.done")
+        return b"".join(base64.b64decode(e["delta"]) for e in seen if e["type"] == "response.output_audio.delta")
+
+    async def main():
+        ws = await _conn(server)
+        ulaw = await speak(ws, {"audio": {"output": {"format": {"type": "audio/pcmu"}, "voice": "alloy"}}})
+        pcm = await speak(ws, {})
+        for bad, code, param in (({"format": {"type": "audio/mp3"}}, "invalid_audio_format", "response.audio.output.format"),
+                                 ({"voice": "robot"}, "invalid_value", "response.audio.output.voice")):
+            await ws.send(json.dumps({"type": "response.create", "response": {"audio": {"output": bad}}}))
+            err = json.loads(await asyncio.wait_for(ws.recv(), 30))
+            assert err["type"] == "error" and (err["error"]["code"], err["error"]["param"]) == (code, param), err
+        await ws.close()
+        return ulaw, pcm
+
+    ulaw, pcm = asyncio.run(asyncio.wait_for(main(), 120))
+    # (each synthesis draws its own durations: the lengths agree roughly, the words exactly)
+    assert len(pcm) == pytest.approx(6 * len(ulaw), rel=0.2) and len(ulaw) > 0.8 * 8000
+    for raw, fmt in ((ulaw, AudioFormat("audio/pcmu", 8000)), (pcm, AudioFormat("audio/pcm", 24000))):
+        heard = server.asr.transcribe(InputDecoder(fmt).decode(raw, last=True)).text  # 16 kHz float32
+        assert wer("Hello there, friend.", heard) <= 0.34, (fmt, heard)
+
+
 def test_session_model_and_voice_names(server):
     """A session may name the loaded language model, 'speechrt' or an OpenAI realtime model (in the URL or
     in session.update), and the loaded voice or an OpenAI voice; any other name is an error that lists the
