@@ -292,13 +292,8 @@ class RestAPI:
             return StreamingResponse(speech_events(first, chunks, fmt, rate, len(text)), media_type="text/event-stream",
                                      headers=SSE)
         if fmt in ENCODED_MEDIA:
-            from speechrt.pipelines.tts import encode_audio
-
-            async with contextlib.aclosing(chunks):
-                data = b"".join([first] + [c async for c in chunks])
-            # off the event loop: minutes of speech take LAME a second or more
-            encoded, out_rate = await asyncio.to_thread(encode_audio, np.frombuffer(data, "<i2") / np.float32(32767.0),
-                                                        rate, fmt)
+            pcm16 = b"".join([c async for c in audio_stream(first, chunks, None)])
+            encoded, out_rate = await encode_pcm16(pcm16, rate, fmt)
             headers["X-Sample-Rate"] = str(out_rate)
             return Response(encoded, media_type=ENCODED_MEDIA[fmt], headers=headers)
         media = "audio/wav" if fmt == "wav" else f"audio/pcm;rate={rate};encoding=signed-int;bits=16"
@@ -452,13 +447,21 @@ def speech_format(fmt) -> str:
     return fmt
 
 
+async def encode_pcm16(pcm16: bytes, rate: int, fmt: str) -> tuple[bytes, int]:
+    """Whole int16 speech -> the bytes of a `fmt` file and its rate (pipelines.tts.encode_audio), off the event
+    loop: minutes of speech take LAME a second or more."""
+    from speechrt.pipelines.tts import encode_audio
+
+    return await asyncio.to_thread(encode_audio, np.frombuffer(pcm16, "<i2") / np.float32(32767.0), rate, fmt)
+
+
 async def speech_events(first: bytes, rest, fmt: str, rate: int, chars: int):
     """stream_format=sse: speech.audio.delta events (base64 audio in `fmt`: wav and pcm as they are synthesized,
     the encoded formats whole at the end), then speech.audio.done with usage (speechrt counts the input's
     characters in, the audio's samples out); a failure part-way is an error event."""
     import base64
 
-    from speechrt.pipelines.tts import encode_audio, wav_header
+    from speechrt.pipelines.tts import wav_header
 
     def delta(data: bytes) -> str:
         return sse({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")})
@@ -473,9 +476,7 @@ async def speech_events(first: bytes, rest, fmt: str, rate: int, chars: int):
             else:
                 yield delta(chunk)
         if whole:
-            data, _ = await asyncio.to_thread(encode_audio, np.frombuffer(b"".join(whole), "<i2") / np.float32(32767.0),
-                                              rate, fmt)
-            yield delta(data)
+            yield delta((await encode_pcm16(b"".join(whole), rate, fmt))[0])
     except Exception as e:  # noqa: BLE001 - the status is sent: the error goes as an event
         log.exception("speech synthesis failed part-way")
         yield sse({"type": "error", "error": {"message": f"speech synthesis failed: {e}", "type": "server_error"}})

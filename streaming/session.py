@@ -124,8 +124,8 @@ class RealtimeSession:
         opts = server.options
         # a transcription-only server's sessions are transcription sessions, whatever the URL says
         kind = "realtime" if intent != "transcription" and server.conversation_ready else "transcription"
-        voice = {"voice": server.names["tts"][0]} if server.names["tts"] else {}  # (none loaded: the default name)
-        cfg = SessionConfig(type=kind, model=model or "speechrt", transcription_model=server.names["asr"][0], **voice)
+        cfg = SessionConfig(type=kind, model=model or SessionConfig.model, transcription_model=server.names["asr"][0],
+                            voice=(server.names["tts"] or [SessionConfig.voice])[0])  # (no voice loaded: the default)
         if opts.silence_duration_ms is not None and cfg.turn_detection:
             cfg = replace(cfg, turn_detection=replace(cfg.turn_detection, silence_duration_ms=opts.silence_duration_ms))
         self.cfg = cfg
