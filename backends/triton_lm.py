@@ -5,19 +5,37 @@ A SmolLM2-135M decode step is some 400 kernels of a few microseconds each: launc
 Python, a step of two sequences took 17-37 ms on an H200 (docs/gpu.md), replayed from a graph 1.2 ms: the
 launches go at once. Graphs need fixed shapes and addresses, so a step over the N contiguous slots
 s0..s0+N-1 runs models.llama.Llama.decode_range on static token / position buffers, attending over the
-whole cache masked by each slot's length. One graph per (cache, s0, N); prompts, and steps over slots
-that are not contiguous, run eagerly.
+whole cache masked by each slot's length. One graph per (cache, s0, N); steps over slots that are not
+contiguous run eagerly.
+
+Prompts from position 0 (a new conversation, or prompts that join together) are padded to a bucket of
+PREFILL_BUCKETS tokens and run as Llama.prefill_rows on static buffers, the slots given as a device
+tensor: one graph per (cache, N, bucket) serves any slots and any lengths up to the bucket. Eager, a
+prompt's prefill was ~17 ms of launches on an H100 whatever its length (docs/gpu.md). Prompts that
+continue a cached prefix (start > 0), or longer than the largest bucket, run eagerly.
 """
 from __future__ import annotations
+
+import logging
 
 import torch
 
 from speechrt.models.llama import contiguous
 
+from .base import check_prefill
 from .cuda_graphs import CapturedStep, GraphCache
 from .torch_lm import TorchLMRunner, build as build_torch
 
+log = logging.getLogger(__name__)
+
 MAX_GRAPHS = 16  # (first slot, batch) pairs in flight; each graph pins the cache and a small memory pool
+PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512)  # prompt lengths a prefill graph is captured for
+MAX_PREFILL_GRAPHS = 12  # (batch, bucket) pairs; a 512-token bucket of 8 prompts pools ~100 MB (bf16, 135M)
+
+
+def prefill_bucket(n: int, max_seq: int) -> int | None:
+    """The smallest bucket that holds an n-token prompt and fits the cache; None: run it eagerly."""
+    return next((b for b in PREFILL_BUCKETS if n <= b <= max_seq), None)
 
 
 class _DecodeGraph:
@@ -35,11 +53,80 @@ class _DecodeGraph:
         return self.step()
 
 
+class _PrefillGraph:
+    """One captured prefill of N prompts padded to `t` tokens: any N slots of `cache`, any lengths <= t."""
+
+    def __init__(self, model, cache, n: int, t: int):
+        dev = cache.k.device
+        self.rows = torch.zeros(n, dtype=torch.long, device=dev)
+        self.tokens = torch.zeros(n, t, dtype=torch.long, device=dev)
+        self.last = torch.zeros(n, dtype=torch.long, device=dev)
+        self.step = CapturedStep(lambda: model.prefill_rows(cache, self.rows, self.tokens, self.last))
+
+    def __call__(self, slots: list[int], prompts: list[torch.Tensor]) -> torch.Tensor:
+        padded = torch.zeros(self.tokens.shape, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            padded[i, :p.shape[0]] = p
+        self.tokens.copy_(padded)
+        self.rows.copy_(torch.tensor(slots))
+        self.last.copy_(torch.tensor([p.shape[0] - 1 for p in prompts]))
+        return self.step()
+
+
 class TritonLMRunner(TorchLMRunner):
     def __init__(self, *args, graphs: bool = True, **kw):
         super().__init__(*args, **kw)
         self.graphs_enabled = graphs and self.device.type == "cuda"
         self.graphs = GraphCache(MAX_GRAPHS)
+        self.prefill_graphs = GraphCache(MAX_PREFILL_GRAPHS)
+        self.prefill_graphs_enabled = True
+
+    def _prefill_graph(self, cache, slots: list[int], prompts: list[torch.Tensor]) -> torch.Tensor | None:
+        """Logits [N, vocab] of prompts run from position 0 through a captured graph, or None where none
+        applies (graphs off, a prompt too long for the buckets)."""
+        if not (self.graphs_enabled and self.prefill_graphs_enabled):
+            return None
+        t = prefill_bucket(max(int(p.shape[0]) for p in prompts), cache.max_seq)
+        if t is None:
+            return None
+        key = (cache.k.data_ptr(), cache.v.data_ptr(), len(slots), t)
+        try:
+            g = self.prefill_graphs.get(key, lambda: _PrefillGraph(self.model, cache, len(slots), t))
+            logits = g(slots, [p.cpu() for p in prompts])
+        except Exception:  # noqa: BLE001 - a capture this device refuses: prompts run eagerly from now on
+            log.exception("prefill graph of %d prompt(s) padded to %d tokens failed; prompts run eagerly",
+                          len(slots), t)
+            self.prefill_graphs_enabled = False
+            self.prefill_graphs = GraphCache(MAX_PREFILL_GRAPHS)
+            return None
+        for s, p in zip(slots, prompts):
+            cache.lengths[s] = int(p.shape[0])
+        return logits
+
+    @torch.inference_mode()
+    def prefill(self, cache, slot: int, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
+        if start == 0:
+            check_prefill(cache, slot, int(tokens.shape[0]), start)
+            logits = self._prefill_graph(cache, [slot], [tokens])
+            if logits is not None:
+                return logits[0]
+        return super().prefill(cache, slot, tokens, start)
+
+    @torch.inference_mode()
+    def prefill_many(self, cache, jobs):
+        """Prompts from position 0 into distinct slots: one graph replay for all of them (padding costs
+        little next to launches on a GPU); anything else as the torch runner does."""
+        slots = [j[0] for j in jobs]
+        if len(jobs) > 1 and all(j[2] == 0 for j in jobs) and len(set(slots)) == len(slots):
+            try:
+                for slot, tokens, _ in jobs:
+                    check_prefill(cache, slot, int(tokens.shape[0]), 0)
+            except ValueError:  # run one by one below, where each error reaches its own prompt
+                return super().prefill_many(cache, jobs)
+            logits = self._prefill_graph(cache, slots, [j[1] for j in jobs])
+            if logits is not None:
+                return list(logits)
+        return super().prefill_many(cache, jobs)
 
     @torch.inference_mode()
     def decode_step(self, cache, slots, tokens: torch.Tensor) -> torch.Tensor:

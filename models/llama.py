@@ -361,8 +361,6 @@ class Llama(nn.Module):
             raise ValueError(f"prompts of {min(lens)}..{T} tokens into slots {s0}..{s0 + N - 1} do not fit the "
                              f"cache ({cache.max_batch} slots of {cache.max_seq} positions)")
         tokens = torch.nn.utils.rnn.pad_sequence([p.to(self.device) for p in prompts], batch_first=True)
-        h = self.tok_embeddings[tokens]  # [N, T, dim]
-        cos, sin = self.cos[:T][None, None], self.sin[:T][None, None]
         sl = slice(s0, s0 + N)
 
         def write(c, x):  # x [N, Hkv, T, D]
@@ -371,13 +369,34 @@ class Llama(nn.Module):
         def read(c):
             return c[sl, :, :T]
 
+        logits = self._prefill_batch(cache, tokens, torch.tensor(lens, device=self.device) - 1, write, read)
+        cache.lengths[sl] = lens
+        return logits
+
+    def prefill_rows(self, cache: KVCache, rows: torch.Tensor, tokens: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """Right-padded prompts tokens [N, T] into the slots `rows` [N] from position 0 -> logits [N, vocab]
+        float32 at the positions `last` [N] (each prompt's length - 1). All three are device tensors and
+        nothing is read on the host: with T fixed (a bucket the prompts are padded to), what a CUDA graph
+        captures for any slots and lengths (backends.triton_lm). Leaves cache.lengths to the caller."""
+        T = tokens.shape[1]
+
+        def write(c, x):  # x [N, Hkv, T, D] -> c[rows[i], :, :T]
+            c[rows, :, :T] = x
+
+        def read(c):
+            return c[rows, :, :T]
+        return self._prefill_batch(cache, tokens, last, write, read)
+
+    def _prefill_batch(self, cache, tokens, last, write, read):
+        N, T = tokens.shape
+        h = self.tok_embeddings[tokens]  # [N, T, dim]
+        cos, sin = self.cos[:T][None, None], self.sin[:T][None, None]
         residual = None
         for i, layer in enumerate(self.layers):
             h, residual = layer(h, residual, cos, sin, cache.k[i], cache.v[i], write, read, None)
-        rows, last = torch.arange(N, device=self.device), torch.tensor(lens, device=self.device) - 1
-        h = self.ops.rms_norm(h[rows, last][:, None], self.norm, self.cfg.norm_eps,
-                              residual=residual[rows, last][:, None])[0]
-        cache.lengths[sl] = lens
+        at = torch.arange(N, device=self.device)
+        h = self.ops.rms_norm(h[at, last][:, None], self.norm, self.cfg.norm_eps,
+                              residual=residual[at, last][:, None])[0]
         return self.output(h).float()[:, 0]
 
     def decode_step(self, cache: KVCache, slots: list[int], tokens: torch.Tensor) -> torch.Tensor:

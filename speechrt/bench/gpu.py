@@ -12,7 +12,7 @@ Checks, in order (each one pass / fail / skip with what it compared or why it co
 - cuda-graphs: the triton ASR decode step replayed from a CUDA/HIP graph against the same step run
   eagerly (logits, and time per step);
 - lm-graphs: the same for the triton language model's decode step (bf16, two sequences of different
-  lengths, the eager run's tokens fed to both);
+  lengths, the eager run's tokens fed to both) and its prompts' prefill (logits, and time per prompt);
 - onnxruntime: each GPU execution provider installed (CUDA, TensorRT, ROCm, MIGraphX) runs the Piper
   voice graph like the CPU provider does;
 - tensorrt: the TensorRT package, if installed;
@@ -197,13 +197,14 @@ def check_lm_onnxruntime(dev, out: Results):
     return ("skip", why) if why else lm_gpu_parity(dev, "onnxruntime", {"float16": 2e-2, "int4": 2e-2})
 
 
-def step_records(out: Results, times: dict[bool, list[float]], dev, model: str, precision: str, workload: str):
-    """Records of a decode step's times (seconds) replayed from a graph (True) and eager (False), the first
-    four of each left out as warm-up -> how many times faster the replay is (medians)."""
+def step_records(out: Results, times: dict[bool, list[float]], dev, model: str, precision: str, workload: str,
+                 step: str = "decode_step"):
+    """Records of a step's times (seconds) replayed from a graph (True) and eager (False), the first four
+    of each left out as warm-up -> how many times faster the replay is (medians)."""
     for g, ts in times.items():
         out.records.append(Record(family="gpu", model=model, engine="speechrt", backend="triton", precision=precision,
                                   device=str(dev), workload=workload,
-                                  metric="decode_step_us_graphs" if g else "decode_step_us_eager", unit="us",
+                                  metric=f"{step}_us_graphs" if g else f"{step}_us_eager", unit="us",
                                   value=statistics.median(ts[4:]) * 1e6, better="lower",
                                   repeats=Repeats.of(t * 1e6 for t in ts[4:])))
     return statistics.median(times[False][4:]) / statistics.median(times[True][4:])
@@ -256,12 +257,12 @@ def check_lm_graphs(dev, out: Results):
     lm = load_lm(None, "triton", str(dev), "bfloat16")
     r = lm.runner
     prompts = [lm.encode_chat(c) for c in CHATS]
-    steps, logits, times, fed = 32, {}, {}, None
+    steps, logits, firsts, times, fed = 32, {}, {}, {}, None
     for g in (False, True):  # eager first: its greedy tokens are fed to the graph run too
         r.graphs_enabled = g
         cache = r.new_cache(len(prompts), max(map(len, prompts)) + steps + 8)
-        tok = torch.tensor([int(r.prefill(cache, i, torch.tensor(p)).argmax()) for i, p in enumerate(prompts)],
-                           device=dev)
+        firsts[g] = torch.stack([r.prefill(cache, i, torch.tensor(p)) for i, p in enumerate(prompts)]).float()
+        tok = firsts[g].argmax(-1)
         outs, ts, toks = [], [], []
         for i in range(steps):
             torch.cuda.synchronize(dev)
@@ -275,13 +276,39 @@ def check_lm_graphs(dev, out: Results):
         fed = fed or toks
         logits[g], times[g] = torch.stack(outs).float(), ts
     err = (logits[True] - logits[False]).abs().max().item() / logits[False].abs().max().item()
+    perr = (firsts[True] - firsts[False]).abs().max().item() / firsts[False].abs().max().item()
     speed = step_records(out, times, dev, lm.info.model, "bfloat16", f"LM decode step, batch {len(prompts)}")
-    if len(r.graphs) == 0:
-        return "fail", "the triton LM runner captured no graph on this device"
+    pspeed = prefill_times(out, lm, dev, prompts[0])
+    if len(r.graphs) == 0 or len(r.prefill_graphs) == 0:
+        return "fail", (f"the triton LM runner captured {len(r.graphs)} decode and {len(r.prefill_graphs)} prefill "
+                        "graphs")
     if not err <= 2e-2:
         return "fail", f"graph replay logits differ from eager steps by {err:.3g} of the largest logit"
+    if not perr <= 2e-2:
+        return "fail", f"prefill graph logits differ from eager prefill by {perr:.3g} of the largest logit"
     return "pass", (f"{steps} decode steps of {len(prompts)} sequences: graph replay = eager (max logit diff "
-                    f"{err:.2g} of the largest, bf16), {speed:.2f}x faster per step")
+                    f"{err:.2g} of the largest, bf16), {speed:.2f}x faster per step; prompts prefilled from a graph "
+                    f"= eager ({perr:.2g}), {pspeed:.2f}x faster ({len(prompts[0])} tokens)")
+
+
+def prefill_times(out: Results, lm, dev, prompt: list[int], n: int = 24) -> float:
+    """One prompt's prefill, eager and replayed from a graph, n times each -> how many times faster."""
+    import torch
+
+    r, times = lm.runner, {}
+    for g in (False, True):
+        r.graphs_enabled = g
+        cache, ts = r.new_cache(1, len(prompt) + 8), []
+        for _ in range(n):
+            torch.cuda.synchronize(dev)
+            t = time.perf_counter()
+            r.prefill(cache, 0, torch.tensor(prompt))
+            torch.cuda.synchronize(dev)
+            ts.append(time.perf_counter() - t)
+        times[g] = ts
+    r.graphs_enabled = True
+    return step_records(out, times, dev, lm.info.model, "bfloat16", f"LM prefill, one prompt of {len(prompt)} tokens",
+                        step="prefill")
 
 
 def compare_providers(providers: list[str]) -> tuple[list[str], list[str]]:

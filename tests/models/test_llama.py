@@ -218,3 +218,38 @@ def test_compact_formats_agree_with_float32(model_file, ours):
         lg = r.prefill(r.new_cache(1, 64), 0, torch.tensor(ids))
         assert int(lg.argmax()) == int(ref.argmax()), fmt
         assert torch.corrcoef(torch.stack([lg, ref]))[0, 1] > 0.99, fmt
+
+
+def test_prefill_graph_routing_matches_eager(model_file, ours, monkeypatch):
+    """The triton runner's prefill graphs (Llama.prefill_rows on static buffers: prompts padded to a bucket,
+    slots as a device tensor) give scattered slots the logits, cache and next step of eager prefill. The
+    capture itself needs a GPU (`speechrt bench gpu --checks lm-graphs`); here the captured function runs
+    as it is, on the CPU, through the same buffers and padding."""
+    from speechrt.backends import triton_lm
+
+    monkeypatch.setattr(triton_lm, "CapturedStep", lambda fn: fn)
+    r = triton_lm.TritonLMRunner(model_file[1], torch.device("cpu"), "float32", kernels="torch")
+    r.graphs_enabled = True  # off on the CPU: the routing is what is tested here
+    prompts = [torch.tensor(ours.encode_chat(CHATS[i])) for i in (2, 0, 5)]
+    lens = [len(p) for p in prompts]
+    assert len(set(lens)) == 3 and triton_lm.prefill_bucket(max(lens), 96) == 64 > max(lens)
+    cache, ref = r.new_cache(5, 96), ours.runner.new_cache(5, 96)
+    got = r.prefill_many(cache, [(4, prompts[0], 0), (1, prompts[1], 0), (2, prompts[2], 0)])
+    one = r.prefill(cache, 3, prompts[1][:5])  # a single prompt: the (1, 16) graph
+    assert sorted(k[2:] for k in r.prefill_graphs.items) == [(1, 16), (3, 64)]
+    assert cache.lengths == [0, lens[1], lens[2], 5, lens[0]]
+    want = [ours.runner.prefill(ref, s, p) for s, p in zip((4, 1, 2), prompts)]
+    want_one = ours.runner.prefill(ref, 3, prompts[1][:5])
+    for g, w in zip(got + [one], want + [want_one]):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4 * w.abs().max().item())
+    for s, n in ((4, lens[0]), (1, lens[1]), (2, lens[2]), (3, 5)):
+        torch.testing.assert_close(cache.k[:, s, :, :n], ref.k[:, s, :, :n], rtol=1e-4, atol=1e-4)
+    assert cache.k[:, 0].abs().max() == 0  # a slot no prompt went to is untouched
+    tokens = torch.tensor([int(w.argmax()) for w in want])
+    torch.testing.assert_close(r.decode_step(cache, [4, 1, 2], tokens), ours.runner.decode_step(ref, [4, 1, 2], tokens),
+                               rtol=1e-4, atol=1e-3)
+    # a prompt continuing a cached prefix, or longer than the largest bucket that fits, runs eagerly
+    r.prefill(cache, 1, prompts[2], start=lens[1])
+    assert cache.lengths[1] == lens[1] + lens[2] and len(r.prefill_graphs) == 2
+    assert triton_lm.prefill_bucket(97, 96) is None and triton_lm.prefill_bucket(600, 4096) is None
