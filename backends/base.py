@@ -148,6 +148,10 @@ class LMRunner(Runner):
         a host list of ints lets the step be planned without waiting on the device) -> logits [N, vocab]
         float32. Each slot's sequence grows by one position."""
 
+    def prepare(self, cache: Any, slot: int) -> None:
+        """Whatever the first requests would otherwise pay for on this cache (captured graphs), done ahead
+        through the free `slot`, which it may overwrite; nothing here."""
+
     def release(self, cache: Any, slot: int) -> None:
         """Free `slot` for a new sequence (what it holds may simply be overwritten later): every runner's cache
         counts each slot's positions in `lengths`."""

@@ -9,10 +9,10 @@ whole cache masked by each slot's length. One graph per (cache, s0, N); steps ov
 contiguous run eagerly.
 
 Prompts from position 0 (a new conversation, or prompts that join together) are padded to a bucket of
-PREFILL_BUCKETS tokens and run as Llama.prefill_rows on static buffers, the slots given as a device
-tensor: one graph per (cache, N, bucket) serves any slots and any lengths up to the bucket. Eager, a
-prompt's prefill was ~17 ms of launches on an H100 whatever its length (docs/gpu.md). Prompts that
-continue a cached prefix (start > 0), or longer than the largest bucket, run eagerly.
+PREFILL_BUCKETS tokens (cut to the cache's length) and run as Llama.prefill_rows on static buffers, the
+slots given as a device tensor: one graph per (cache, N, bucket) serves any slots and any lengths up to
+the bucket. Eager, a prompt's prefill was ~21 ms of launches on an H100 whatever its length (docs/gpu.md).
+Prompts that continue a cached prefix (start > 0), or longer than the largest bucket, run eagerly.
 """
 from __future__ import annotations
 
@@ -34,8 +34,12 @@ MAX_PREFILL_GRAPHS = 12  # (batch, bucket) pairs; a 512-token bucket of 8 prompt
 
 
 def prefill_bucket(n: int, max_seq: int) -> int | None:
-    """The smallest bucket that holds an n-token prompt and fits the cache; None: run it eagerly."""
-    return next((b for b in PREFILL_BUCKETS if n <= b <= max_seq), None)
+    """The smallest bucket that holds an n-token prompt, cut to the cache's length; None: run it eagerly
+    (longer than the largest bucket or than the cache)."""
+    if n > max_seq:
+        return None
+    b = next((b for b in PREFILL_BUCKETS if n <= b), None)
+    return None if b is None else min(b, max_seq)
 
 
 class _DecodeGraph:
@@ -102,6 +106,14 @@ class TritonLMRunner(TorchLMRunner):
         for s, p in zip(slots, prompts):
             cache.lengths[s] = int(p.shape[0])
         return logits
+
+    @torch.inference_mode()
+    def prepare(self, cache, slot: int) -> None:
+        """Capture the one-prompt prefill graph of every bucket the cache holds, so that no request pays
+        for a capture (~3 eager prefills); graphs of several prompts at once are captured on first use."""
+        for t in sorted({min(b, cache.max_seq) for b in PREFILL_BUCKETS}):
+            self.prefill(cache, slot, torch.zeros(t, dtype=torch.long))
+        self.release(cache, slot)
 
     @torch.inference_mode()
     def prefill(self, cache, slot: int, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:

@@ -142,11 +142,12 @@ class ContinuousBatcher:
 
     def warm_up(self, ids: list[int]) -> None:
         """Run a prompt and one decode step through a free slot and free it again (the first calls on a
-        thread pay for its thread pool, kernel choices and allocations)."""
+        thread pay for its thread pool, kernel choices and allocations), and let the runner prepare."""
         slot = self.free[0]
         with torch.inference_mode(), self.runner.loop():
             self.runner.prefill(self.cache, slot, torch.tensor(ids, dtype=torch.long), 0)
             self.runner.decode_step(self.cache, [slot], torch.tensor([0]))
+            self.runner.prepare(self.cache, slot)
         self.runner.release(self.cache, slot)
 
     # -- per request ----------------------------------------------------------------------------------

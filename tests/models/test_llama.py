@@ -253,3 +253,9 @@ def test_prefill_graph_routing_matches_eager(model_file, ours, monkeypatch):
     r.prefill(cache, 1, prompts[2], start=lens[1])
     assert cache.lengths[1] == lens[1] + lens[2] and len(r.prefill_graphs) == 2
     assert triton_lm.prefill_bucket(97, 96) is None and triton_lm.prefill_bucket(600, 4096) is None
+    assert triton_lm.prefill_bucket(70, 96) == 96  # a bucket cut to the cache's length
+    # warm-up captures every one-prompt bucket the cache holds, and frees the slot it used
+    r.prefill_graphs = triton_lm.GraphCache(triton_lm.MAX_PREFILL_GRAPHS)
+    r.prepare(cache, 0)
+    assert sorted(k[2:] for k in r.prefill_graphs.items) == [(1, 16), (1, 32), (1, 64), (1, 96)]
+    assert cache.lengths[0] == 0
