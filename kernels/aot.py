@@ -164,7 +164,7 @@ def specs(hip: bool = False) -> list[Spec]:
     for variant, Tq, D, causal in (("whisper encoder 1500 d64", 1500, 64, False),
                                    ("smollm2 prefill causal d64", 512, 64, True),
                                    ("prefill causal d128", 512, 128, True)):
-        c = att.config(Tq, D, f16, hip=hip)
+        c = att.config(Tq, D, f16, hip=hip, causal=causal)
         out.append(_spec(att._attention_kernel, variant, att_types,
                          {"CAUSAL": causal, "HAS_LENS": False, "PRECISION": att.precision(f16), "UPCAST": False,
                           **{k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D")}},

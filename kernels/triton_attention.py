@@ -74,13 +74,15 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr,
              out.to(o_ptr.dtype.element_ty), mask=(offs_m < Tq)[:, None] & dm[None, :])
 
 
-def config(Tq: int, D: int, dtype: torch.dtype, hip: bool | None = None) -> dict:
-    """Query/key tiles. NVIDIA, 16-bit, head dim <= 64 (Whisper, SmolLM2): 64 query rows x 64 keys on 4
-    warps, three stages of keys/values in flight. Measured on an H100 (docs/gpu.md) against the earlier
-    128 x 64 on 8 warps, 2 stages: Whisper tiny's encoder attention (6 heads x 1500) 27.9 vs 48.1 us at
-    batch 1, 58.1 vs 83.2 at 4, 178.7 vs 207.2 at 16 (within 10 % of the best of 30 tile sets at each;
-    PyTorch's SDPA flash kernel 23.5 / 55.4 / 151.7). Otherwise 128 x 64 on 8 warps, 2 stages (64 rows
-    for short prompts, float32 and head dims over 128, which need twice the registers and shared memory).
+def config(Tq: int, D: int, dtype: torch.dtype, hip: bool | None = None, causal: bool = False) -> dict:
+    """Query/key tiles. NVIDIA, 16-bit, head dim <= 64, not causal (Whisper's encoder): 64 query rows x
+    64 keys on 4 warps, three stages of keys/values in flight. Two H100 sweeps (docs/gpu.md) against the
+    earlier 128 x 64 on 8 warps, 2 stages, Whisper tiny's encoder attention (6 heads x 1500): 27.9 / 34.2
+    vs 48.1 / 45.4 us at batch 1, 58.1 / 58.4 vs 83.2 / 83.2 at 4, 178.7 / 179.4 vs 207.2 / 206.8 at 16
+    (within 10 % of the best of 30 tile sets at each in the first; PyTorch's SDPA flash kernel 23.5 /
+    55.4 / 151.7). Causal prompts (SmolLM2's prefill) gained nothing consistent across the two sweeps and
+    keep 128 x 64 on 8 warps, 2 stages, as does the rest (64 rows for short prompts, float32 and head dims
+    over 128, which need twice the registers and shared memory).
     AMD (wave64, `hip`): 128 x 32 on 4 waves (x 16 for head dim 128); wider key tiles spill SGPRs/VGPRs
     on CDNA (see `speechrt kernels report`)."""
     if hip is None:
@@ -90,7 +92,7 @@ def config(Tq: int, D: int, dtype: torch.dtype, hip: bool | None = None) -> dict
     bm = 64 if (Tq <= 64 or wide or bd > 128) else 128
     if hip:  # head dim 128 on CDNA2 spills SGPRs with 32- or 64-key tiles; 16-key tiles do not
         return {"BLOCK_M": bm, "BLOCK_N": 16 if bd >= 128 else 32, "BLOCK_D": bd, "num_warps": 4, "num_stages": 2}
-    if not wide and bd <= 64:
+    if not (wide or causal) and bd <= 64:
         return {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_D": bd, "num_warps": 4, "num_stages": 3}
     bn = 32 if (wide and bd >= 128) or bd > 128 else 64
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_D": bd, "num_warps": 4 if bm == 64 else 8, "num_stages": 2}
@@ -128,7 +130,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     if lengths is not None:
         lengths = lengths.to(device=q.device, dtype=torch.int32)
     if o.numel():
-        cfg = tiles or config(Tq, D, q.dtype)
+        cfg = tiles or config(Tq, D, q.dtype, causal=bool(causal))
         grid = (triton.cdiv(Tq, cfg["BLOCK_M"]), B * H)
         _attention_kernel[grid](q, k, v, o, lengths if lengths is not None else q,
                                 q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
