@@ -3,9 +3,9 @@ fastest among those that pass the conformance suite there and answer the held-in
 float32 does (speech recognition: the same transcripts / WER as float32).
 
 The table is keyed on the CPU's features (AMX with native bf16, AVX-512, AVX2) or on the GPU's vendor. A
-kind of machine we have not measured (an AMX CPU, a ROCm GPU, TTS on a GPU) keeps the choice made before
-this table existed (torch, its own default precision), and says so in the log; so does a measured choice
-whose backend is not installed.
+kind of machine we have not measured (a ROCm GPU) keeps the choice made before this table existed (torch,
+its own default precision), and says so in the log; so does a measured choice whose backend is not
+installed.
 """
 from __future__ import annotations
 
@@ -66,6 +66,18 @@ TABLE: dict[tuple[str, str], Choice] = {
     ("avx512", "tts"): Choice("onnxruntime", None, "bench tts, AMD EPYC Zen 4 (AVX-512, 2 cores), 30 words: "
                               "onnxruntime RTF 1.00x Piper's, first audio 116 ms (0.26x Piper's) vs torch 1.61x / "
                               "145 ms; 5 words 1.34x Piper's RTF (torch 1.89x)"),
+    # measured on 2 cores (pinned, --threads 2) of an Intel Xeon family 6 model 207 with AMX (the host of a lent
+    # GPU machine), 2026-11-26; torch 2.11, onnxruntime 1.30 (docs/gpu.md)
+    ("amx", "lm"): Choice("onnxruntime", "int4", "bench lm, Intel Xeon with AMX (2 cores): onnxruntime int4 "
+                          "199 tok/s at batch 1 and 504 at batch 8, TTFT 28 / 232 ms, vs torch int4 245 / 356 "
+                          "(127 / 935 ms) and onnxruntime-genai 115 / 342 (122 / 798 ms) in the same run: torch "
+                          "decodes one sequence faster, but a 64-token reply ends sooner on onnxruntime (TTFT)"),
+    ("amx", "asr"): Choice("onnxruntime", "int8", "bench asr, Intel Xeon with AMX (2 cores), 58 s passage: "
+                           "onnxruntime int8 1.04 s (WER 2.1%) vs onnxruntime fp32 1.23 s, torch float32 2.03 s, "
+                           "torch bf16 2.40 s (WER 3.2%); faster-whisper int8 1.71 s (WER 1.6%) in the same run"),
+    ("amx", "tts"): Choice("onnxruntime", None, "bench tts, Intel Xeon with AMX (2 cores), 30 words: onnxruntime "
+                           "RTF 0.84x Piper's, first audio 85 ms (0.20x Piper's) vs torch 1.32x / 131 ms; 5 words "
+                           "1.20x Piper's RTF (torch 1.65x)"),
     # measured on an NVIDIA H200 (CUDA 13.0, torch 2.11, Triton 3.6), 2026-11-26 (docs/gpu.md); the triton LM
     # keeps the GPU's default precision (bf16, as torch ran it before this entry), the ASR's float16 the
     # WER of float32 on the passage
@@ -77,7 +89,10 @@ TABLE: dict[tuple[str, str], Choice] = {
     ("nvidia", "lm"): Choice("triton", "bfloat16", "bench lm, NVIDIA H200: triton bf16 (decode steps from CUDA "
                              "graphs) 467 tok/s at batch 1 and 3049 at batch 8 vs torch bf16 65 / 453 and "
                              "transformers bf16 54 / 409; greedy ids equal torch's at float32 (bench gpu). H100: "
-                             "triton 445 / 2624 vs onnxruntime (CUDA) fp16 307 / 2497, int4 225 / 1688"),
+                             "triton 445 / 2624 vs onnxruntime (CUDA) fp16 307 / 2497, int4 225 / 1688; with its "
+                             "prompts prefilled from CUDA graphs too, triton 819 / 5731 tok/s, TTFT 2.3 / 3.3 ms, vs "
+                             "transformers 46 / 309 tok/s, 24.9 / 30.6 ms in that run (onnxruntime fp16's TTFT "
+                             "4.4 / 46.5 ms in the earlier one)"),
     ("nvidia", "tts"): Choice("torch", None, "bench tts, NVIDIA H100, 30 words: torch RTF 0.012, first audio 32 ms "
                               "vs onnxruntime (CUDA provider) 0.023 / 83 ms (its convolutions' lengths change per "
                               "sentence; ORT adds 18 copies between the CPU and the GPU to one of its graphs)"),

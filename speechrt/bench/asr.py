@@ -2,10 +2,11 @@
 on the same audio, same weights, same thread count, same decoding options, in one process."""
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from pathlib import Path
+
+from speechrt.bench.fingerprint import usable_cores
 
 
 def add_arguments(p):
@@ -70,7 +71,7 @@ def run(args):
     audio_path = Path(args.audio) if args.audio else data / "passage.flac"
     ref_path = Path(args.reference) if args.reference else (None if args.audio else data / "passage.txt")
     reference = ref_path.read_text().strip() if ref_path else None
-    threads = args.threads or os.cpu_count()
+    threads = args.threads or usable_cores()
     torch.set_num_threads(threads)
     audio = load_audio(audio_path)
     dur = len(audio) / SAMPLE_RATE

@@ -31,6 +31,14 @@ def _read(path: str) -> str:
         return ""
 
 
+def usable_cores() -> int | None:
+    """The logical cores this process may run on: fewer than the machine's under taskset or a cpuset."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count()
+
+
 def cpu() -> dict:
     """{model, vendor, family, arch, logical_cores, physical_cores, isa: {feature: bool}, memory_gib, mhz,
     torch_capability}. `family` ("family 25 model 1") tells apart x86 CPUs a VM names alike ("AMD EPYC" is Zen 1
@@ -58,7 +66,8 @@ def cpu() -> dict:
         "family": (f"family {fields['cpu family']} model {fields['model']}"
                    if fields.get("cpu family") and fields.get("model") else None),
         "arch": platform.machine(),
-        "logical_cores": os.cpu_count(),
+        "logical_cores": usable_cores(),  # those this process may run on (taskset, cgroups' cpusets)
+        "machine_logical_cores": os.cpu_count(),
         "physical_cores": len(cores) * max(1, len(sockets)) if cores else None,
         "isa": {name: flag in flags for name, flag in ISA_FLAGS.items()} if flags else {},
         "memory_gib": round(mem_kib / 2**20, 1) if mem_kib else None,
@@ -165,6 +174,8 @@ def describe(machine: dict) -> str:
                     for g in machine.get("gpus", [])) or "no GPU"
     commit = (s.get("git_commit") or "?")[:10] + ("+dirty" if s.get("git_dirty") else "")
     family = f" {c['family']}" if c.get("family") else ""
-    return (f"{c.get('model')}{family} ({c.get('logical_cores')} logical cores; {isa or 'ISA unknown'}), "
+    total = c.get("machine_logical_cores")
+    cores = f"{c.get('logical_cores')}" + (f" of {total}" if total and total != c.get("logical_cores") else "")
+    return (f"{c.get('model')}{family} ({cores} logical cores; {isa or 'ISA unknown'}), "
             f"{c.get('memory_gib')} GiB; {gpu}; torch {s['packages'].get('torch', '-')}; speechrt {s['speechrt']} "
             f"@ {commit}")

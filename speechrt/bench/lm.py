@@ -31,6 +31,8 @@ import sys
 import tempfile
 import time
 
+from speechrt.bench.fingerprint import usable_cores
+
 PROMPTS = [
     "What is the capital of France?",
     "Write a haiku about the sea.",
@@ -320,7 +322,7 @@ def run(args):
     from speechrt.errors import UserError
     from speechrt.models import registry
 
-    threads = args.threads or os.cpu_count() or 1
+    threads = args.threads or usable_cores() or 1
     try:
         batches = [int(b) for b in args.batch.split(",") if b.strip()]
     except ValueError:

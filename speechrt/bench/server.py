@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import re
 import socket
 import subprocess
@@ -33,6 +32,7 @@ import urllib.request
 import numpy as np
 
 from speechrt.bench import whisper_live
+from speechrt.bench.fingerprint import usable_cores
 from speechrt.bench.pacing import FINAL_WAIT_S, listen, send_paced
 from speechrt.bench.record import Record, Repeats, Results, percentile
 from speechrt.models.wer import normalize, wer
@@ -379,7 +379,7 @@ class _WhisperLive:
 
         self.args = args
         self.model_dir = resolve(None, "asr").path
-        self.server = whisper_live.Server(venv, self.model_dir, args.threads or os.cpu_count())
+        self.server = whisper_live.Server(venv, self.model_dir, args.threads or usable_cores())
         self.url = self.server.url
         self.backend, self.device = "ctranslate2", "cpu"
         self.precision = "int8"  # what its faster-whisper backend picks on the CPU
@@ -488,7 +488,7 @@ def run(args):
     venv = _peer_venv(args, out) if "transcription" in modes else None
     settings = (f"{args.utterances} utterances per stream, real-time pace, {CHUNK_MS} ms chunks, streams "
                 f"{'staggered' if args.stagger else 'started at once'}; turn detection: "
-                f"{', '.join(f'{k}={v}' for k, v in _turn_detection(args).items())}; cores: {os.cpu_count()}"
+                f"{', '.join(f'{k}={v}' for k, v in _turn_detection(args).items())}; cores: {usable_cores()}"
                 + ("" if args.speculative_replies else "; no speculative replies"))
     out.notes.append(f"bench server: {settings}")
     for mode in modes:

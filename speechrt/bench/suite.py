@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from speechrt.bench.fingerprint import usable_cores
 from speechrt.bench.record import FAMILIES, Results, load
 
 SUITE_FAMILIES = tuple(f for f in FAMILIES if f != "gpu")
@@ -218,7 +219,7 @@ def run(args):
     link_peers(merged)
     merged.notes.insert(len(args.note), f"bench all --{mode} on {device}: {_mmss(time.monotonic() - progress.t0)} in all; "
                         f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after (on "
-                        f"{os.cpu_count()} cores; above 0 is other work sharing the CPU)")
+                        f"{usable_cores()} cores; above 0 is other work sharing the CPU)")
     merged.notes = list(dict.fromkeys(merged.notes))  # steps of one family repeat their settings line
     merged.write(out_path, machine=machine)
     print(f"{len(merged.records)} measurements, {len(merged.skipped)} skipped -> {out_path}")

@@ -7,9 +7,10 @@ the time to produce all of a sentence's audio over its duration.
 """
 from __future__ import annotations
 
-import os
 import statistics
 import time
+
+from speechrt.bench.fingerprint import usable_cores
 
 SENTENCES = {
     "short": "The weather is nice today.",  # 5 words
@@ -87,7 +88,7 @@ def run(args):
 
     from speechrt.models.registry import resolve
 
-    threads = args.threads or os.cpu_count()
+    threads = args.threads or usable_cores()
     torch.set_num_threads(threads)
     model = resolve(args.voice, "tts")
     texts = {f"text{i + 1}": t for i, t in enumerate(args.text)} if args.text else dict(SENTENCES)

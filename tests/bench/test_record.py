@@ -54,6 +54,21 @@ def test_load_refuses_another_schema(tmp_path):
         load(p)
 
 
+def test_pinned_process_counts_its_cores():
+    """Pinned to one core (as taskset does), a benchmark's fingerprint says 1 (and the default thread counts use the same count), and
+    the caption names both: pinned runs on a big machine must not read as the whole machine."""
+    import subprocess
+    import sys
+
+    code = ("import json, os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from speechrt.bench import fingerprint as f; m = f.fingerprint(); "
+            "print(json.dumps([m['cpu']['logical_cores'], m['cpu']['machine_logical_cores'], f.describe(m)]))")
+    one, total, caption = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                                    check=True).stdout)
+    assert one == 1 and total == os.cpu_count()
+    assert (f"(1 of {total} logical cores" in caption) if total > 1 else "(1 logical cores" in caption
+
+
 def test_fingerprint_matches_this_machine():
     m = fingerprint.fingerprint()
     cpu = m["cpu"]
@@ -65,7 +80,8 @@ def test_fingerprint_matches_this_machine():
     assert cpu["torch_capability"] == cap
     if cap in ("AVX2", "AVX512"):  # torch's own detection agrees with the kernel's flags
         assert cpu["isa"]["avx2"]
-    assert cpu["memory_gib"] > 0 and cpu["logical_cores"] == os.cpu_count()
+    assert cpu["memory_gib"] > 0 and cpu["machine_logical_cores"] == os.cpu_count()
+    assert cpu["logical_cores"] == len(os.sched_getaffinity(0))  # what taskset leaves this process
     entry = dict(ln.split(":", 1) for ln in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines() if ":" in ln)
     entry = {k.strip(): v.strip() for k, v in entry.items()}
     if "cpu family" in entry:  # x86: the family and model number lscpu prints
