@@ -373,7 +373,8 @@ class Llama(nn.Module):
         cache.lengths[sl] = lens
         return logits
 
-    def prefill_rows(self, cache: KVCache, rows: torch.Tensor, tokens: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    def prefill_rows(self, cache: KVCache, rows: torch.Tensor, tokens: torch.Tensor,
+                     last: torch.Tensor) -> torch.Tensor:
         """Right-padded prompts tokens [N, T] into the slots `rows` [N] from position 0 -> logits [N, vocab]
         float32 at the positions `last` [N] (each prompt's length - 1). All three are device tensors and
         nothing is read on the host: with T fixed (a bucket the prompts are padded to), what a CUDA graph

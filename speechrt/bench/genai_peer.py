@@ -9,7 +9,6 @@ model built with `from_config` that loads the GGUF model's state dict. The build
 from __future__ import annotations
 
 import json
-
 import subprocess
 import sys
 import time

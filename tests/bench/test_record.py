@@ -55,8 +55,9 @@ def test_load_refuses_another_schema(tmp_path):
 
 
 def test_pinned_process_counts_its_cores():
-    """Pinned to one core (as taskset does), a benchmark's fingerprint says 1 (and the default thread counts use the same count), and
-    the caption names both: pinned runs on a big machine must not read as the whole machine."""
+    """Pinned to one core (as taskset does), a benchmark's fingerprint says 1 (the benchmarks' default thread
+    counts use the same count) and its caption names both: a pinned run on a big machine must not read as
+    the whole machine."""
     import subprocess
     import sys
 

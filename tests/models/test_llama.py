@@ -247,8 +247,8 @@ def test_prefill_graph_routing_matches_eager(model_file, ours, monkeypatch):
         torch.testing.assert_close(cache.k[:, s, :, :n], ref.k[:, s, :, :n], rtol=1e-4, atol=1e-4)
     assert cache.k[:, 0].abs().max() == 0  # a slot no prompt went to is untouched
     tokens = torch.tensor([int(w.argmax()) for w in want])
-    torch.testing.assert_close(r.decode_step(cache, [4, 1, 2], tokens), ours.runner.decode_step(ref, [4, 1, 2], tokens),
-                               rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(r.decode_step(cache, [4, 1, 2], tokens),
+                               ours.runner.decode_step(ref, [4, 1, 2], tokens), rtol=1e-4, atol=1e-3)
     # a prompt continuing a cached prefix, or longer than the largest bucket that fits, runs eagerly
     r.prefill(cache, 1, prompts[2], start=lens[1])
     assert cache.lengths[1] == lens[1] + lens[2] and len(r.prefill_graphs) == 2
