@@ -124,7 +124,8 @@ class Turn:
     base: int | None = None  # where its audio not yet committed begins (None: at its start)
     committed: str = ""
     committed_s: float = 0.0  # seconds of the committed audio
-    closed: tuple = ()  # the last commit round's closed segments: (base, [(start s, end s, text), ...])
+    closed: tuple = ()  # the last commit round's closed segments: (base, [(start s, end s, text, tokens), ...])
+    extras: list = field(default_factory=list)  # (offset s, task) of the committed parts' logprobs and word times
 
     def full(self, text: str) -> str:
         """The turn's text: what it committed, then `text` (a transcript of its audio after `base`)."""
@@ -410,7 +411,7 @@ class InputTurns:
         if delta:
             await self.session.send(P.transcription_delta(item.id, delta))
         item.parts[0].text = text
-        logprobs, words = await final_extras(self.session, self.engine, r, None if turn.committed_s else audio)
+        logprobs, words = await final_extras(self.session, self.engine, r, audio, turn)
         await self.session.send(P.transcription_completed(item.id, text, len(audio) / RATE + turn.committed_s,
                                                           logprobs, words))
         await self.session.send(P.item_done(item.to_api()))
@@ -515,51 +516,68 @@ async def commit_stable(turns: InputTurns, turn: Turn, first: int, audio: np.nda
     if r is None:
         return 0
     await turns.hypothesis(turn, r.text)
-    segs = turns.engine.asr.closed_segments(r)
+    segs = turns.engine.asr.closed_segments(r, tokens=True)
     before, turn.closed = turn.closed, (first, segs)
     segs = agreed(before[1] if before and before[0] == first else [], segs, min(len(audio), MAX_UTTERANCE_SAMPLES))
     if not segs:
         return 0
     end = round(segs[-1][1] * RATE)
-    turn.commit(" ".join(text.strip() for _, _, text in segs), first + end, end / RATE)
+    if s.cfg.logprobs or s.cfg.word_timestamps:  # the committed part's, aligned now: its audio is dropped below
+        tokens = [t for *_, part in segs for t in part]
+        turn.extras.append((turn.committed_s, asyncio.ensure_future(aligned(s, turns.engine, audio[:end], tokens))))
+    turn.commit(" ".join(text.strip() for _, _, text, _ in segs), first + end, end / RATE)
     turns.buf.drop_until(turn.base)
     turns.engine.metrics.turn_commits += 1
     return end
 
 
 def agreed(before: list, now: list, samples: int) -> list:
-    """Local agreement: the leading segments of this round (`now`) that the previous round over the same start
-    (`before`) also had — same words, ends within 0.5 s — and that end COMMIT_MARGIN before the end of the
-    `samples` transcribed. (One round alone may skip or repeat speech; two rather not the same way.)"""
+    """Local agreement: the leading segments (start s, end s, text, ...) of this round (`now`) that the previous
+    round over the same start (`before`) also had — same words, ends within 0.5 s — and that end COMMIT_MARGIN
+    before the end of the `samples` transcribed. (One round alone may skip or repeat speech; two rather not the
+    same way.)"""
     out = []
-    for seg, (_, end0, text0) in zip(now, before):
-        _, end, text = seg
+    for seg, prev in zip(now, before):
+        (_, end0, text0), (_, end, text) = prev[:3], seg[:3]
         if text.split() != text0.split() or abs(end - end0) > 0.5 or end * RATE > samples - COMMIT_MARGIN:
             break
         out.append(seg)
     return out
 
 
-async def final_extras(session, engine, r, audio: np.ndarray | None) -> tuple[list | None, list | None]:
+async def final_extras(session, engine, r, audio: np.ndarray,
+                       turn: Turn | None = None) -> tuple[list | None, list | None]:
     """A final transcript's token logprobs and word times, for a session that asked for them (None
-    otherwise): one more encoder and decoder pass on the engine's worker. A turn over 30 s (transcribed
-    long-form, or with committed parts: `audio` None) and an empty transcript get empty lists; a failure is
-    reported and gives None."""
+    otherwise): one more encoder and decoder pass on the engine's worker, after those of the parts its
+    `turn` committed (commit_extras), word times counted from the turn's start. Audio over 30 s not
+    committed (a turn transcribed long-form) has none; a failure is reported and gives None for both."""
     cfg = session.cfg
     if not (cfg.logprobs or cfg.word_timestamps):
         return None, None
-    words, logprobs = [], []
-    if r.tokens and audio is not None and len(audio) <= MAX_UTTERANCE_SAMPLES:
-        asr, lang = engine.asr, cfg.language
-
-        def align():
-            yield asr.align(audio, r.tokens, lang)
-        _, q = engine.stream(align())
-        got = await q.get()
-        if isinstance(got, BaseException):  # the transcript still goes out, without the extras
-            await session.error(f"word timing failed: {type(got).__name__}: {got}", "server_error", type="server_error")
-            return None, None
-        words, logprobs = got
+    parts = [(off, await task) for off, task in (turn.extras if turn else [])]
+    parts.append((turn.committed_s if turn else 0.0, await aligned(session, engine, audio, r.tokens)))
+    if any(got is None for _, got in parts):  # the transcript still goes out, without the extras
+        return None, None
+    words = [dataclasses.replace(w, start=round(w.start + off, 2), end=round(w.end + off, 2))
+             for off, (ws, _) in parts for w in ws]
+    logprobs = [lp for _, (_, lps) in parts for lp in lps]
     return ([{"token": b.decode("utf-8", "replace"), "logprob": round(lp, 6), "bytes": list(b)}
              for _, b, lp in logprobs] if cfg.logprobs else None,
             [w.to_dict() for w in words] if cfg.word_timestamps else None)
+
+
+async def aligned(session, engine, audio: np.ndarray, tokens: list[int]) -> tuple[list, list] | None:
+    """(words, token logprobs) of `tokens`, a transcript of `audio`, from ASRPipeline.align on the engine's
+    worker; empty for no tokens or audio over 30 s; None where it failed (the session is told)."""
+    if not tokens or len(audio) > MAX_UTTERANCE_SAMPLES:
+        return [], []
+    asr, lang = engine.asr, session.cfg.language
+
+    def align():
+        yield asr.align(audio, tokens, lang)
+    _, q = engine.stream(align())
+    got = await q.get()
+    if isinstance(got, BaseException):
+        await session.error(f"word timing failed: {type(got).__name__}: {got}", "server_error", type="server_error")
+        return None
+    return got

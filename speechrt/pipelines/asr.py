@@ -197,12 +197,14 @@ class ASRPipeline:
                 cut_repeat_said_too_fast(res, self.tokenizer, len(a) / SAMPLE_RATE)
         return out
 
-    def closed_segments(self, result: WindowResult) -> list[tuple[float, float, str]]:
+    def closed_segments(self, result: WindowResult, tokens: bool = False) -> list[tuple]:
         """The segments of a transcript made with timestamps that two consecutive timestamps close:
-        (start s, end s, text) from the audio's start; not the open one at its end."""
+        (start s, end s, text) from the audio's start, and their token ids if `tokens`; not the open one at
+        its end."""
         tok = self.tokenizer
         prec = CHUNK_LENGTH / self.runner.config.n_audio_ctx
-        return [(a, b, tok.decode(part)) for a, b, part in timed_segments(result.tokens, tok.timestamp_begin, prec)]
+        return [(a, b, tok.decode(part)) + ((part,) if tokens else ())
+                for a, b, part in timed_segments(result.tokens, tok.timestamp_begin, prec)]
 
     def align(self, audio: np.ndarray, tokens: list[int], language: str | None = None,
               task: str = "transcribe") -> tuple[list[Word], list[tuple[int, bytes, float]]]:

@@ -189,13 +189,16 @@ def test_a_long_turn_commits_what_is_stable_as_it_goes(tserver, minute, synth):
     """Local agreement under server_vad: a minute without a pause, streamed at twice real time beside a
     session saying three short sentences. The long turn commits its stable segments while it is spoken (its
     final transcript is of the rest only); every transcript is whole, the short ones come back before the
-    long one, and the long one's usage covers the whole minute. (Latencies are the benchmark's to record;
-    the long turn's is printed.)"""
+    long one, and the long one's usage covers the whole minute. It asked for token logprobs and word times:
+    they cover the whole minute too, the committed parts' and the rest's, times counted from the turn's
+    start. (Latencies are the benchmark's to record; the long turn's is printed.)"""
     audio, text = minute
     shorts = SENTENCES[:3]
 
     async def main():
         long_ws, _ = await open_session(tserver)
+        await update(long_ws, {"type": "transcription", "include": ["item.input_audio_transcription.logprobs"],
+                               "audio": {"input": {"transcription": {"speechrt_word_timestamps": True}}}})
         short_ws, _ = await open_session(tserver)
         commits = tserver.metrics()["asr_turn_commits_total"]
         order = []
@@ -234,5 +237,12 @@ def test_a_long_turn_commits_what_is_stable_as_it_goes(tserver, minute, synth):
     assert order == ["short"] * len(shorts) + ["long"], order
     assert long_ev["usage"]["seconds"] > 55
     assert wer(text, long_ev["transcript"]) <= 0.15, long_ev["transcript"]
+    lps, words, said = long_ev["logprobs"], long_ev["speechrt"]["words"], long_ev["transcript"].split()
+    assert len(lps) >= len(said) and all(np.isfinite(lp["logprob"]) and lp["logprob"] <= 0 for lp in lps)
+    assert np.mean([lp["logprob"] for lp in lps]) > -0.4  # the turn's own tokens: a misaligned part scores far lower
+    assert "".join(lp["token"] for lp in lps).split() == said  # every token of the transcript, in order
+    assert [w["word"].strip() for w in words] == said
+    starts = [w["start"] for w in words]
+    assert starts == sorted(starts) and starts[0] < 3 and words[-1]["end"] > 50, (starts[:3], words[-3:])
     for s, t in zip(shorts, short_text):
         assert wer(s, t) <= 0.15, (s, t)
