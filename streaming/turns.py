@@ -549,7 +549,7 @@ async def final_extras(session, engine, r, audio: np.ndarray,
                        turn: Turn | None = None) -> tuple[list | None, list | None]:
     """A final transcript's token logprobs and word times, for a session that asked for them (None
     otherwise): one more encoder and decoder pass on the engine's worker, after those of the parts its
-    `turn` committed (commit_extras), word times counted from the turn's start. Audio over 30 s not
+    `turn` committed (aligned as commit_stable commits them), word times counted from the turn's start. Audio over 30 s not
     committed (a turn transcribed long-form) has none; a failure is reported and gives None for both."""
     cfg = session.cfg
     if not (cfg.logprobs or cfg.word_timestamps):
