@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from speechrt.errors import UserError
 from speechrt.pipelines import formats
-from speechrt.pipelines.asr import MAX_UTTERANCE_SAMPLES, SAMPLE_RATE
+from speechrt.pipelines.asr import segment_windows
 
 from .engine import EngineStalled
 from .http import authorized, json_error
@@ -393,26 +393,6 @@ def check_include(include: list[str], fmt: str, stream: bool) -> bool:
     if fmt != "json" or stream:
         raise RestError(400, "include[]=logprobs comes with response_format json, not streamed")
     return True
-
-
-ALIGN_LEAD = SAMPLE_RATE // 2  # audio before a group of segments' start that its alignment sees
-
-
-def segment_windows(segments, samples: int) -> list[tuple[int, int, list[int]]]:
-    """Consecutive segments grouped into spans of at most 30 s (the audio a lead of ALIGN_LEAD before them) ->
-    [(first sample, end sample, the group's tokens)]; a recording of one window is one group, all of it."""
-    if samples <= MAX_UTTERANCE_SAMPLES:
-        return [(0, samples, [t for seg in segments for t in seg.tokens])]
-    groups: list[tuple[int, int, list[int]]] = []
-    for seg in segments:
-        a = min(samples, max(0, round(seg.start * SAMPLE_RATE) - ALIGN_LEAD))
-        b = min(samples, round(seg.end * SAMPLE_RATE) + ALIGN_LEAD // 5)
-        if groups and b - groups[-1][0] <= MAX_UTTERANCE_SAMPLES:
-            start, _, tokens = groups[-1]
-            groups[-1] = (start, max(b, groups[-1][1]), tokens + list(seg.tokens))
-        else:
-            groups.append((a, min(b, a + MAX_UTTERANCE_SAMPLES), list(seg.tokens)))
-    return groups
 
 
 def token_logprobs(asr, audio: np.ndarray, transcript, opts: dict):

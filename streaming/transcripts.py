@@ -208,5 +208,5 @@ def step_long(asr, job: TranscriptJob, faults, metrics) -> bool:
     metrics.kind_items["long"] += 1
     metrics.asr_audio_seconds += len(job.audio) / SAMPLE_RATE
     metrics.final_latency.append(time.perf_counter() - job.submitted)
-    job.resolve(WindowResult([], tr.text, 0.0, 0.0, 0.0, 0.0))
+    job.resolve(WindowResult([], tr.text, 0.0, 0.0, 0.0, 0.0, segments=tr.segments))
     return True

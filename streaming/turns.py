@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from speechrt.pipelines.asr import MAX_UTTERANCE_SAMPLES
+from speechrt.pipelines.asr import MAX_UTTERANCE_SAMPLES, segment_windows
 from speechrt.pipelines.asr import SAMPLE_RATE as RATE
 
 from . import protocol as P
@@ -548,14 +548,18 @@ def agreed(before: list, now: list, samples: int) -> list:
 async def final_extras(session, engine, r, audio: np.ndarray,
                        turn: Turn | None = None) -> tuple[list | None, list | None]:
     """A final transcript's token logprobs and word times, for a session that asked for them (None
-    otherwise): one more encoder and decoder pass on the engine's worker, after those of the parts its
-    `turn` committed (aligned as commit_stable commits them), word times counted from the turn's start. Audio over 30 s not
-    committed (a turn transcribed long-form) has none; a failure is reported and gives None for both."""
+    otherwise): one more encoder and decoder pass on the engine's worker (one per 30 s of its segments where
+    the rest of the turn was transcribed long-form), after those of the parts its `turn` committed (aligned as
+    commit_stable commits them), word times counted from the turn's start; a failure is reported and gives
+    None for both."""
     cfg = session.cfg
     if not (cfg.logprobs or cfg.word_timestamps):
         return None, None
     parts = [(off, await task) for off, task in (turn.extras if turn else [])]
-    parts.append((turn.committed_s if turn else 0.0, await aligned(session, engine, audio, r.tokens)))
+    off = turn.committed_s if turn else 0.0
+    # the rest: one span, or spans of at most 30 s of its segments where it was transcribed long-form
+    for a, b, tokens in segment_windows(r.segments, len(audio)) if r.segments else [(0, len(audio), r.tokens)]:
+        parts.append((off + a / RATE, await aligned(session, engine, audio[a:b], tokens)))
     if any(got is None for _, got in parts):  # the transcript still goes out, without the extras
         return None, None
     words = [dataclasses.replace(w, start=round(w.start + off, 2), end=round(w.end + off, 2))

@@ -36,7 +36,7 @@ MAX_UTTERANCE_SAMPLES = N_FRAMES * HOP_LENGTH  # one 30-second window
 MAX_CHARS_PER_S = 25.0
 
 __all__ = ["ASRPipeline", "load_asr", "TranscribeOptions", "Transcript", "WindowResult", "TranscriptionCancelled",
-           "Word", "VadOptions", "SAMPLE_RATE", "MAX_UTTERANCE_SAMPLES"]
+           "Word", "VadOptions", "SAMPLE_RATE", "MAX_UTTERANCE_SAMPLES", "segment_windows"]
 
 
 class ASRPipeline:
@@ -265,3 +265,23 @@ def load_asr(model: str | Path | None = None, backend: str = "torch", device: st
     when other work shares the cores; None: all)."""
     m = resolve(model, "asr")
     return ASRPipeline(backends.get(backend).asr(m, device=device, dtype=dtype, step_threads=step_threads), m.name)
+
+
+ALIGN_LEAD = SAMPLE_RATE // 2  # audio before a group of segments' start that its alignment sees
+
+
+def segment_windows(segments, samples: int) -> list[tuple[int, int, list[int]]]:
+    """Consecutive segments grouped into spans of at most 30 s (the audio a lead of ALIGN_LEAD before them) ->
+    [(first sample, end sample, the group's tokens)]; a recording of one window is one group, all of it."""
+    if samples <= MAX_UTTERANCE_SAMPLES:
+        return [(0, samples, [t for seg in segments for t in seg.tokens])]
+    groups: list[tuple[int, int, list[int]]] = []
+    for seg in segments:
+        a = min(samples, max(0, round(seg.start * SAMPLE_RATE) - ALIGN_LEAD))
+        b = min(samples, round(seg.end * SAMPLE_RATE) + ALIGN_LEAD // 5)
+        if groups and b - groups[-1][0] <= MAX_UTTERANCE_SAMPLES:
+            start, _, tokens = groups[-1]
+            groups[-1] = (start, max(b, groups[-1][1]), tokens + list(seg.tokens))
+        else:
+            groups.append((a, min(b, a + MAX_UTTERANCE_SAMPLES), list(seg.tokens)))
+    return groups

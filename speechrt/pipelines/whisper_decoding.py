@@ -56,6 +56,7 @@ class WindowResult:
     no_speech_prob: float
     temperature: float
     compression_ratio: float
+    segments: list | None = None  # a long-form transcript's timed segments (the server's long turns)
 
 
 @dataclass

@@ -139,7 +139,8 @@ def test_silence_does_not_fill_the_buffer(tserver):
 def test_a_long_turn_does_not_hold_up_other_sessions(tserver, minute, synth):
     """A minute-long turn is transcribed one 30-s window per engine step: the short turns another session
     commits while it runs are answered between its windows (before it), and both transcripts are whole.
-    (When the long turn was one blocking long-form call, every other session waited for all of it.)"""
+    (When the long turn was one blocking long-form call, every other session waited for all of it.) It asked
+    for token logprobs and word times: they come aligned 30 s of its segments at a time, over all of it."""
     audio, text = minute
     shorts = SENTENCES[:3]
 
@@ -148,6 +149,8 @@ def test_a_long_turn_does_not_hold_up_other_sessions(tserver, minute, synth):
         short_ws, _ = await open_session(tserver)
         for ws in (long_ws, short_ws):
             await update(ws, {"audio": {"input": {"turn_detection": None}}})
+        await update(long_ws, {"type": "transcription", "include": ["item.input_audio_transcription.logprobs"],
+                               "audio": {"input": {"transcription": {"speechrt_word_timestamps": True}}}})
         await stream_pcm(long_ws, pcm24(audio, tail_s=0.3), realtime=False)
         steps_before = tserver.metrics()["asr_long_steps_total"]
         await long_ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
@@ -166,21 +169,22 @@ def test_a_long_turn_does_not_hold_up_other_sessions(tserver, minute, synth):
                     committed.append(ev["item_id"])
                     continue
                 order.append(name)
-                got[ev["item_id"]] = ev["transcript"]
+                got[ev["item_id"]] = ev
             return [got[i] for i in committed] if committed else list(got.values())
         long_task = asyncio.create_task(collect(long_ws, "long", 1))
         for s in shorts:  # three turns, committed at once: they queue behind the long turn's first window
             await short_ws.send(append_event(pcm24(synth(s), tail_s=0.2)))
             await short_ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-        short_text = await collect(short_ws, "short", len(shorts))
-        long_text = (await long_task)[0]
+        short_text = [e["transcript"] for e in await collect(short_ws, "short", len(shorts))]
+        long_ev = (await long_task)[0]
         for ws in (long_ws, short_ws):
             await ws.close()
-        return order, long_text, short_text, tserver.metrics()["asr_long_steps_total"] - steps_before
-    order, long_text, short_text, steps = run(main(), 300)
+        return order, long_ev, short_text, tserver.metrics()["asr_long_steps_total"] - steps_before
+    order, long_ev, short_text, steps = run(main(), 300)
     assert order == ["short"] * len(shorts) + ["long"], order
     assert steps >= 2, f"the minute went through {steps} long-form steps"
-    assert wer(text, long_text) <= 0.15, long_text
+    assert wer(text, long_ev["transcript"]) <= 0.15, long_ev["transcript"]
+    check_extras(long_ev)
     for s, t in zip(shorts, short_text):
         assert wer(s, t) <= 0.15, (s, t)
 
@@ -237,12 +241,18 @@ def test_a_long_turn_commits_what_is_stable_as_it_goes(tserver, minute, synth):
     assert order == ["short"] * len(shorts) + ["long"], order
     assert long_ev["usage"]["seconds"] > 55
     assert wer(text, long_ev["transcript"]) <= 0.15, long_ev["transcript"]
-    lps, words, said = long_ev["logprobs"], long_ev["speechrt"]["words"], long_ev["transcript"].split()
+    check_extras(long_ev)
+    for s, t in zip(shorts, short_text):
+        assert wer(s, t) <= 0.15, (s, t)
+
+
+def check_extras(ev: dict):
+    """A minute-long turn's final event asked for logprobs and word times: they cover all of it, in order, times
+    from the turn's start."""
+    lps, words, said = ev["logprobs"], ev["speechrt"]["words"], ev["transcript"].split()
     assert len(lps) >= len(said) and all(np.isfinite(lp["logprob"]) and lp["logprob"] <= 0 for lp in lps)
     assert np.mean([lp["logprob"] for lp in lps]) > -0.4  # the turn's own tokens: a misaligned part scores far lower
     assert "".join(lp["token"] for lp in lps).split() == said  # every token of the transcript, in order
     assert [w["word"].strip() for w in words] == said
     starts = [w["start"] for w in words]
     assert starts == sorted(starts) and starts[0] < 3 and words[-1]["end"] > 50, (starts[:3], words[-3:])
-    for s, t in zip(shorts, short_text):
-        assert wer(s, t) <= 0.15, (s, t)
