@@ -556,10 +556,10 @@ async def final_extras(session, engine, r, audio: np.ndarray,
     if not (cfg.logprobs or cfg.word_timestamps):
         return None, None
     parts = [(off, await task) for off, task in (turn.extras if turn else [])]
-    off = turn.committed_s if turn else 0.0
+    rest_at = turn.committed_s if turn else 0.0  # where `audio`, the turn's audio not committed, begins
     # the rest: one span, or spans of at most 30 s of its segments where it was transcribed long-form
     for a, b, tokens in segment_windows(r.segments, len(audio)) if r.segments else [(0, len(audio), r.tokens)]:
-        parts.append((off + a / RATE, await aligned(session, engine, audio[a:b], tokens)))
+        parts.append((rest_at + a / RATE, await aligned(session, engine, audio[a:b], tokens)))
     if any(got is None for _, got in parts):  # the transcript still goes out, without the extras
         return None, None
     words = [dataclasses.replace(w, start=round(w.start + off, 2), end=round(w.end + off, 2))
