@@ -204,6 +204,31 @@ static void merge_parts(const float *o, const float *mx, const float *sum, int64
     for (int64_t i = 0; i < D; i++) out[i] *= inv;
 }
 
+/* int8 dot products of 32-byte vectors, 4 bytes to each of 8 int32 lanes: u (unsigned, at most 127) times s
+ * (signed), plus a second pair for the 4-bit rows. With VNNI (SRT_VNNI: AVX512-VNNI + AVX512-VL, or AVX-VNNI)
+ * one vpdpbusd a pair; without, vpmaddubsw + vpmaddwd. The sums are the same integers either way: no 16-bit
+ * pair sum here saturates (4-bit: 2 x 15 x 127 twice = 7620; 8-bit: 2 x 127 x 127). */
+#if defined(SRT_VNNI) && defined(__AVXVNNI__)
+#define SRT_DPBUSD _mm256_dpbusd_avx_epi32
+#elif defined(SRT_VNNI)
+#define SRT_DPBUSD _mm256_dpbusd_epi32
+#endif
+static inline __m256i dot_u8s8(__m256i u, __m256i s) {
+#ifdef SRT_DPBUSD
+    return SRT_DPBUSD(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+static inline __m256i dot2_u8s8(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
+#ifdef SRT_DPBUSD
+    return SRT_DPBUSD(SRT_DPBUSD(_mm256_setzero_si256(), u0, s0), u1, s1);
+#else
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u0, s0), _mm256_maddubs_epi16(u1, s1)),
+                             _mm256_set1_epi16(1));
+#endif
+}
+
 /* eight vectors of eight int32 -> one vector of their eight sums */
 static inline __m256i hsum8(const __m256i *p) {
     __m256i s01 = _mm256_hadd_epi32(p[0], p[1]), s23 = _mm256_hadd_epi32(p[2], p[3]);
@@ -221,7 +246,7 @@ static inline __attribute__((always_inline)) void group_dot4(const srt_mat *w, i
                                                              __m256 *acc) {
     const int64_t nb = w->k / 32;
     const uint8_t *base = w->data + g * nb * 160;
-    const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0xF);
+    const __m256i low = _mm256_set1_epi8(0xF);
     for (int64_t m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = base + b * 160;
@@ -242,9 +267,7 @@ static inline __attribute__((always_inline)) void group_dot4(const srt_mat *w, i
             const __m256i xl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)xq));
             const __m256i xh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xq + 16)));
             __m256i p[4];
-            for (int r = 0; r < 4; r++)
-                p[r] = _mm256_madd_epi16(
-                    _mm256_add_epi16(_mm256_maddubs_epi16(lo[r], xl), _mm256_maddubs_epi16(hi[r], xh)), ones);
+            for (int r = 0; r < 4; r++) p[r] = dot2_u8s8(lo[r], xl, hi[r], xh);
             __m256i si = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
             si = _mm256_sub_epi32(si, _mm256_set1_epi32(8 * a->is[m * nb + b])); /* centred: q - 8 */
             const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(a->d[m * nb + b]));
@@ -259,7 +282,6 @@ static inline __attribute__((always_inline)) void group_dot8(const srt_mat *w, i
                                                              __m256 *acc) {
     const int64_t nb = w->k / 32;
     const uint8_t *base = w->data + g * nb * 272;
-    const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = base + b * 272;
@@ -274,7 +296,7 @@ static inline __attribute__((always_inline)) void group_dot8(const srt_mat *w, i
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(a->q + (m * nb + b) * 32));
             __m256i p[8];
             for (int r = 0; r < 8; r++)
-                p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(xv, wv[r])), ones);
+                p[r] = dot_u8s8(aw[r], _mm256_sign_epi8(xv, wv[r]));
             const __m256 s = _mm256_cvtepi32_ps(hsum8(p));
             acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(a->d[m * nb + b])), s, acc[m]);
         }

@@ -2,7 +2,9 @@
 the CPU), and its block-quantized matmul on its own (for tests and benchmarks).
 
 The C file is compiled on first use with the system's C compiler (`$CC`, else cc / gcc: -O3 -mavx2 -mfma
--mf16c -fopenmp) into speechrt's cache directory, keyed by the source's hash, and loaded with ctypes; a
+-mf16c -fopenmp, and its int8 dot products as VNNI instructions where the CPU has AVX-VNNI or AVX512-VNNI with
+AVX512-VL: `vnni_flags`; SPEECHRT_CPU_DECODE_VNNI=0 keeps the AVX2 form) into speechrt's cache directory, keyed
+by the source's hash and the flags, and loaded with ctypes; a
 machine without AVX2/FMA/F16C, an x86-64 CPU or a compiler does not get it (`unavailable()` says why) and
 the callers keep their torch path. `kernels.reference.block_linear` is the definition the matmul is tested
 against.
@@ -63,7 +65,22 @@ def _compiler() -> str | None:
     return None
 
 
-def _build(cc: str, lib: Path) -> Path:
+def vnni_flags(flags: set[str] | None = None) -> list[str]:
+    """The compiler flags that turn the kernel's int8 dot products into VNNI instructions (vpdpbusd: one
+    instruction where AVX2 takes vpmaddubsw + vpmaddwd, the same integer sums) on a CPU with `flags` (default:
+    this one's), or [] where it has neither AVX-VNNI nor AVX512-VNNI with AVX512-VL, or
+    SPEECHRT_CPU_DECODE_VNNI=0."""
+    if os.environ.get("SPEECHRT_CPU_DECODE_VNNI", "1") == "0":
+        return []
+    flags = (cpu_flags() or set()) if flags is None else flags
+    if "avx_vnni" in flags:
+        return ["-mavxvnni", "-DSRT_VNNI"]
+    if {"avx512_vnni", "avx512vl"} <= flags:
+        return ["-mavx512vnni", "-mavx512vl", "-DSRT_VNNI"]
+    return []
+
+
+def _build(cc: str, flags: list[str], lib: Path) -> Path:
     """Compile the kernel into `lib` unless it is there (atomic: a concurrent build of the same key writes the
     same bytes)."""
     if lib.exists():
@@ -72,7 +89,7 @@ def _build(cc: str, lib: Path) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
     os.close(fd)
     try:
-        r = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True, timeout=300)
+        r = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True, timeout=300)
         if r.returncode:
             raise RuntimeError(r.stderr.strip())
         os.replace(tmp, lib)
@@ -88,9 +105,10 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
     return library()
 
 
-def library(root: Path | None = None) -> tuple[ctypes.CDLL | None, str | None]:
+def library(root: Path | None = None, vnni: bool | None = None) -> tuple[ctypes.CDLL | None, str | None]:
     """(the compiled kernel, None), built into `root` (default: cache_root()) if it is not there yet; or (None,
-    why it cannot be) on this machine."""
+    why it cannot be) on this machine. `vnni`: None, VNNI where the CPU has it (`vnni_flags`); False, the AVX2
+    form; True, VNNI or (None, why not)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None, f"needs an x86-64 CPU (this is {platform.machine()})"
     missing = {"avx2", "fma", "f16c"} - (cpu_flags() or set())
@@ -99,10 +117,14 @@ def library(root: Path | None = None) -> tuple[ctypes.CDLL | None, str | None]:
     cc = _compiler()
     if cc is None:
         return None, "needs a C compiler (set $CC, or install gcc)"
+    extra = vnni_flags() if vnni is not False else []
+    if vnni and not extra:
+        return None, "VNNI needs AVX-VNNI or AVX512-VNNI with AVX512-VL (and SPEECHRT_CPU_DECODE_VNNI not 0)"
+    flags = FLAGS + extra
     src = SOURCE.read_bytes()
-    key = hashlib.sha256(src + " ".join([cc] + FLAGS).encode()).hexdigest()[:16]
+    key = hashlib.sha256(src + " ".join([cc] + flags).encode()).hexdigest()[:16]
     try:
-        lib = _build(cc, (root or cache_root()) / f"cpu_decode-{key}.so")
+        lib = _build(cc, flags, (root or cache_root()) / f"cpu_decode-{key}.so")
         dll = ctypes.CDLL(str(lib))
     except (OSError, subprocess.SubprocessError, RuntimeError) as e:  # no writable cache, a compiler that fails
         return None, f"could not build {SOURCE.name} with {cc}: {str(e)[-400:]}"
@@ -187,15 +209,17 @@ class Packed:
         return (qs.contiguous().view(torch.int8)[:self.n], d.view(torch.float16).reshape(G * GROUP, nb).float()[:self.n],
                 None)
 
-    def __call__(self, x: torch.Tensor, threads: int = 1, fine: bool = False) -> torch.Tensor:
-        """x [M, K] float32 (M <= MAX_ROWS, or MAX_ROWS / 2 `fine`) -> [M, N] float32 (reference.block_linear)."""
+    def __call__(self, x: torch.Tensor, threads: int = 1, fine: bool = False, lib: ctypes.CDLL | None = None
+                 ) -> torch.Tensor:
+        """x [M, K] float32 (M <= MAX_ROWS, or MAX_ROWS / 2 `fine`) -> [M, N] float32 (reference.block_linear);
+        `lib`: a build of the kernel from `library` (default: the one this machine uses)."""
         M, K = x.shape
         limit = MAX_ROWS // 2 if fine else MAX_ROWS
         if K != self.k or not 1 <= M <= limit:
             raise ValueError(f"x must be [1..{limit}, {self.k}], got {tuple(x.shape)}")
         x = x.float().contiguous()
         y = torch.empty(M, self.n)
-        if _lib().srt_matmul(ctypes.byref(self.mat), x.data_ptr(), M, y.data_ptr(), int(fine), threads):
+        if (lib or _lib()).srt_matmul(ctypes.byref(self.mat), x.data_ptr(), M, y.data_ptr(), int(fine), threads):
             raise RuntimeError("srt_matmul refused its arguments")
         return y
 
@@ -229,11 +253,12 @@ class CpuLlama:
 
     max_rows = MAX_ROWS
 
-    def __init__(self, cfg, weights: dict, q4: dict, cos: torch.Tensor, sin: torch.Tensor, threads: int):
+    def __init__(self, cfg, weights: dict, q4: dict, cos: torch.Tensor, sin: torch.Tensor, threads: int,
+                 lib: ctypes.CDLL | None = None):
         why = self.unsupported(cfg)
         if why:
             raise ValueError(why)
-        self.cfg, self.threads = cfg, threads
+        self.cfg, self.threads, self.lib = cfg, threads, lib  # lib: a build from `library` (None: this machine's)
         self.packs: list[Packed] = []
         f32 = [t.float().contiguous() for t in (weights["tok_embeddings"], weights["norm"], cos, sin)]
         self.emb, self.norm, self.cos, self.sin = f32
@@ -305,9 +330,9 @@ class CpuLlama:
         sl, ps, out = (torch.tensor(a, dtype=torch.int64) for a in (slots, pos, rows))
         strides = torch.tensor(k.stride()[:4], dtype=torch.int64)
         logits = torch.empty(len(rows), self.cfg.vocab_size)
-        rc = _lib().srt_forward(ctypes.byref(self.struct), M, tok.data_ptr(), sl.data_ptr(), ps.data_ptr(), k.data_ptr(),
-                                v.data_ptr(), strides.data_ptr(), len(rows), out.data_ptr(), logits.data_ptr(),
-                                int(fine), self.threads)
+        rc = (self.lib or _lib()).srt_forward(ctypes.byref(self.struct), M, tok.data_ptr(), sl.data_ptr(), ps.data_ptr(),
+                                              k.data_ptr(), v.data_ptr(), strides.data_ptr(), len(rows), out.data_ptr(),
+                                              logits.data_ptr(), int(fine), self.threads)
         if rc:
             raise RuntimeError(f"srt_forward refused its arguments ({rc}): tokens within the vocabulary, positions "
                                "within the rotary table, output rows among the rows")

@@ -224,3 +224,25 @@ def test_the_kernel_builds_and_says_why_not(tmp_path, monkeypatch):
     monkeypatch.setenv("CC", "false")  # exits 1: a compiler that cannot build
     dll, why = cpu_decode.library(tmp_path / "other")
     assert dll is None and "could not build cpu_decode.c with false" in why
+
+
+@pytest.mark.skipif(not cpu_decode.vnni_flags(), reason="this CPU has neither AVX-VNNI nor AVX512-VNNI with AVX512-VL "
+                    "(or SPEECHRT_CPU_DECODE_VNNI=0): the VNNI build cannot run here")
+@pytest.mark.parametrize("bits", [4, 8])
+def test_vnni_build_gives_the_avx2_builds_bits(tmp_path, bits):
+    """vpdpbusd sums the same integers as vpmaddubsw + vpmaddwd (no pair saturates with these operands), so the
+    two builds give identical outputs: decode rows, prompt rows in two terms, odd shapes, 1-64 rows."""
+    plain, why = cpu_decode.library(tmp_path, vnni=False)
+    vnni, why_v = cpu_decode.library(tmp_path, vnni=True)
+    assert why is None and why_v is None and len(list(tmp_path.glob("cpu_decode-*.so"))) == 2
+    g = torch.Generator().manual_seed(bits)
+    for N, K, M in [(13, 64, 1), (577, 1536, 8), (96, 96, 17), (1031, 160, cpu_decode.MAX_ROWS)]:
+        p = cpu_decode.Packed.q4(*_q4(N, K, g)) if bits == 4 else cpu_decode.Packed.q8(torch.randn(N, K, generator=g))
+        x = torch.randn(M, K, generator=g) * 3
+        x[0, :5] *= 40
+        for fine in (False, True):
+            rows = x[:cpu_decode.MAX_ROWS // 2] if fine else x
+            a, b = p(rows, 2, fine, lib=plain), p(rows, 2, fine, lib=vnni)
+            assert torch.isfinite(a).all() and torch.equal(a, b), (N, K, M, fine)
+            # and right: an input crossing a rounding boundary of its quantization moves a small matmul by ~1e-4
+            assert _rel(a, block_linear(rows, *p.blocks(), fine=fine)) < 1e-3
