@@ -57,9 +57,16 @@ TABLE: dict[tuple[str, str], Choice] = {
                             "torch 1.57x / 154 ms; short sentences 0.079 vs 0.116 RTF; the same audio as torch "
                             "within 1e-4 at noise 0"),
     # measured on an AMD EPYC Zen 4 VM (AVX-512 with BF16 and VNNI, no AMX; 2 cores), 2026-11-24
-    ("avx512", "lm"): Choice("onnxruntime", "int4", "bench lm, AMD EPYC Zen 4 (AVX-512, 2 cores): onnxruntime int4 "
-                             "134.8 tok/s at batch 1 (llama.cpp 136.7, torch int4 72.9, torch bf16 32.3) and 427.7 "
-                             "at batch 8 (llama.cpp 216.2, torch int4 188.0)"),
+    ("avx512", "lm"): Choice("torch", "int4", "bench lm, AMD EPYC Zen 4 (AVX-512 with VNNI, 2 cores), 2026-11-26: "
+                             "torch int4 on the CPU kernel (its VNNI build) 284 tok/s at batch 1 and 622 at batch 8, "
+                             "TTFT 94 ms, vs onnxruntime-genai 198 / 498 (54 ms), onnxruntime int4 122 / 393 (61 ms), "
+                             "llama.cpp 117 / 201 (150 ms) in the same run: a 64-token reply ends sooner (0.32 s vs "
+                             "genai's 0.37); the kernel's sums are the AVX2 build's, whose answers to the factual "
+                             "prompts are float32's",
+                             needs="cpu int4 kernel",
+                             instead=Choice("onnxruntime", "int4", "bench lm, AMD EPYC Zen 4 (AVX-512, 2 cores), "
+                                            "2026-11-24: onnxruntime int4 134.8 tok/s at batch 1 (llama.cpp 136.7, "
+                                            "torch int4 on ATen 72.9) and 427.7 at batch 8 (llama.cpp 216.2)")),
     ("avx512", "asr"): Choice("onnxruntime", "int8", "bench asr, AMD EPYC Zen 4 (AVX-512, 2 cores), 58 s passage: "
                               "onnxruntime int8 1.62 s (WER 3.2%) vs onnxruntime fp32 3.08 s, torch bf16 3.14 s, "
                               "torch float32 4.83 s (WER 2.7%); faster-whisper int8 2.24 s (WER 1.6%) in the same run"),

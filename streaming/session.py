@@ -31,16 +31,21 @@ def asr_options(cfg: SessionConfig, live: bool = False) -> TranscribeOptions:
     """The transcriber's options for a session's turns: greedy, its language and prompt, a decoded loop cut,
     and the encoder over the turn's audio plus a margin of padding, not a whole 30-s window (whisper.cpp's
     audio_ctx). Live transcripts (`live`, redone every second) take a 1 s margin; final ones (and the early
-    ones that may become final) 3 s. Measured on the benchmark's 12 sentences in the embedded voice, 3 seeds x
-    3 lead/tail silences (108 clips, tiny.en int8 on ONNX Runtime, AMD EPYC AVX2, 2026-11-25): whole windows
-    3.19 % WER at 762 ms a clip, 8 s margin 3.43 % / 240 ms, 4 s 3.31 % / 167 ms, 3 s 3.31 % / 149 ms, 2 s
-    3.90 %, 1 s 4.14 % (a 2-s question came back "What colors the sky on a clear day?"). 3 s keeps the WER of
-    8 s for 60 % of its time (the final transcript is on the path of every answer, and of capacity)."""
+    ones that may become final) FINAL_MARGIN_S.
+
+    The final margin, measured on the benchmark's 12 sentences and 4 questions in the embedded voice, 3 seeds
+    x 3 lead/tail silences (144 clips of 1.5-3 s, `transcribe_batch` as the server runs it, tiny.en int8 on
+    ONNX Runtime, AMD EPYC Zen 4, 2026-11-27): whole windows 4.61 % WER at 218 ms a clip, 10 s 4.61 % / 90 ms,
+    8 s 5.32 % / 75 ms, 6 s 5.67 % / 60 ms, 4 s and 3 s 7.09 % / 54 ms ("What color is the sky on a clear
+    day?" -> "What colors does this guy ...", "Remind me" -> "Rem I need"); torch float32 the same way (whole
+    and 8 s 4.61 %, 3 s 6.38 %, 48 clips). The conversation benchmark's 4 questions: 12.9 % WER with 3 s, 0 %
+    with 10 s, final p50 305 vs 302 ms. (An earlier study, 108 clips of the 12 sentences alone on Zen 3, had
+    found 3 s at whole windows' WER, 3.31 vs 3.19 %, and the server ran 3 s until this one.)"""
     return TranscribeOptions(without_timestamps=True, language=cfg.language, initial_prompt=cfg.prompt,
                              trim_context=True, trim_margin=1.0 if live else FINAL_MARGIN_S, stop_repeats=3)
 
 
-FINAL_MARGIN_S = 3.0
+FINAL_MARGIN_S = 10.0
 
 
 def check_settings(server, cfg: SessionConfig) -> None:
