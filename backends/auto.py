@@ -69,10 +69,13 @@ TABLE: dict[tuple[str, str], Choice] = {
                                             "torch int4 on ATen 72.9) and 427.7 at batch 8 (llama.cpp 216.2)")),
     ("avx512", "asr"): Choice("onnxruntime", "int8", "bench asr, AMD EPYC Zen 4 (AVX-512, 2 cores), 58 s passage: "
                               "onnxruntime int8 1.62 s (WER 3.2%) vs onnxruntime fp32 3.08 s, torch bf16 3.14 s, "
-                              "torch float32 4.83 s (WER 2.7%); faster-whisper int8 2.24 s (WER 1.6%) in the same run"),
+                              "torch float32 4.83 s (WER 2.7%); faster-whisper int8 2.24 s (WER 1.6%) in the same "
+                              "run; again 2026-11-27 (family 25 model 17): int8 1.65 s, fp32 2.67 s, torch bf16 "
+                              "3.15 s, faster-whisper int8 2.83 s"),
     ("avx512", "tts"): Choice("onnxruntime", None, "bench tts, AMD EPYC Zen 4 (AVX-512, 2 cores), 30 words: "
                               "onnxruntime RTF 1.00x Piper's, first audio 116 ms (0.26x Piper's) vs torch 1.61x / "
-                              "145 ms; 5 words 1.34x Piper's RTF (torch 1.89x)"),
+                              "145 ms; 5 words 1.34x Piper's RTF (torch 1.89x); again 2026-11-27: 1.04x / 114 ms "
+                              "(0.27x) vs torch 1.57x / 148 ms"),
     # measured on 2 cores (pinned, --threads 2) of an Intel Xeon family 6 model 207 with AMX (the host of a lent
     # GPU machine), 2026-11-26; torch 2.11, onnxruntime 1.30 (docs/gpu.md)
     ("amx", "lm"): Choice("onnxruntime", "int4", "bench lm, Intel Xeon with AMX (2 cores): onnxruntime int4 "

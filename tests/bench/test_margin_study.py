@@ -1,0 +1,19 @@
+"""bench.margin_study on the conversation benchmark's questions: the server's final-transcript margin
+(streaming.session.FINAL_MARGIN_S) loses no word that whole 30-s windows get, on the engine the server runs
+(ONNX Runtime int8), and encodes less than a whole window."""
+from __future__ import annotations
+
+import speechrt
+from speechrt.bench import margin_study
+from speechrt.bench.server import QUESTIONS
+from speechrt.streaming.session import FINAL_MARGIN_S
+
+
+def test_the_final_margin_keeps_whole_windows_wer():
+    data = [c for c in margin_study.clips(seeds=1) if c[0] in QUESTIONS]
+    assert len(data) == len(QUESTIONS) * len(margin_study.SILENCES)
+    asr = speechrt.load_asr(backend="onnxruntime", dtype="int8")
+    whole, final = margin_study.study(asr, data, [None, FINAL_MARGIN_S])
+    assert whole["wer"] < 0.1 and len(final["hyps"]) == len(data) and all(final["hyps"])
+    assert final["wer"] <= whole["wer"], [(t, h) for (t, _), h in zip(data, final["hyps"])]
+    assert FINAL_MARGIN_S + max(len(a) for _, a in data) / margin_study.RATE < 30
