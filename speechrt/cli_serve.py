@@ -61,6 +61,9 @@ def add_arguments(p):
                         "the language model leaves a core to the rest)")
     p.add_argument("--partial-interval", type=float, default=1.0,
                    help="seconds between live transcript updates while a person speaks (0: final transcripts only)")
+    p.add_argument("--final-margin", type=float, default=None, metavar="SECONDS",
+                   help="seconds of padding after a turn's audio that its final transcript encodes (default 10; 30: "
+                        "whole windows): less is faster and may lose words (python -m speechrt.bench.margin_study)")
     p.add_argument("--no-speculative-replies", dest="speculative_replies", action="store_false",
                    help="do not begin a reply during a pause before turn detection ends the turn (by default, when "
                         "the engine has time to spare, the reply to the transcript so far is made during the pause "
@@ -101,6 +104,8 @@ def options(args):
                          max_send_queue_bytes=args.max_send_queue_bytes, ping_interval=args.ping_interval,
                          ping_timeout=args.ping_timeout,
                          silence_duration_ms=args.silence_duration_ms, partial_interval=args.partial_interval,
+                         final_margin=ServerOptions.final_margin if args.final_margin is None
+                         else args.final_margin,
                          speculative_replies=args.speculative_replies, debug=args.debug_endpoints)
 
 

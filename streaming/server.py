@@ -24,7 +24,7 @@ from .engine import Engine
 from .http import UvicornServer, build_app, uvicorn_config
 from .metrics import Counters, metrics_text
 from .protocol import ProtocolError, check_session_model, error_event
-from .session import RealtimeSession
+from .session import FINAL_MARGIN_S, RealtimeSession
 from .vad import SileroVAD
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,9 @@ class ServerOptions:
     ping_interval: float = 20.0  # WebSocket pings; a client that does not answer within ping_timeout is closed
     ping_timeout: float = 20.0
     partial_interval: float = 1.0  # seconds between live transcript updates of a turn; 0: none
+    # seconds of padding after a turn's audio that its final transcript's encoder reads (session.FINAL_MARGIN_S;
+    # 30: whole windows). Less is faster and may lose words (python -m speechrt.bench.margin_study)
+    final_margin: float = FINAL_MARGIN_S
     speculative_replies: bool = True  # begin a reply during a pause, before it ends the turn (streaming/reply.py)
     silence_duration_ms: int | None = None  # server default for server_vad (None: the API's 500 ms)
     max_batch: int = 8
@@ -84,6 +87,8 @@ class ServerOptions:
         if not 1024 <= self.max_message_bytes <= self.max_frame_bytes:
             raise UserError(f"max_message_bytes must be at least 1024 and at most max_frame_bytes "
                             f"({self.max_frame_bytes}), got {self.max_message_bytes}")
+        if not 1 <= self.final_margin <= 30:
+            raise UserError(f"final_margin must be in [1, 30] seconds (30: whole windows), got {self.final_margin}")
         if not 0 <= self.partial_interval <= 10:
             raise UserError(f"partial_interval must be in [0, 10] seconds (0: no live transcript deltas), "
                             f"got {self.partial_interval}")

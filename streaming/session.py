@@ -27,11 +27,11 @@ DRAIN_IGNORES = frozenset({"input_audio_buffer.append", "input_audio_buffer.comm
                            "response.create"})
 
 
-def asr_options(cfg: SessionConfig, live: bool = False) -> TranscribeOptions:
+def asr_options(cfg: SessionConfig, live: bool = False, final_margin: float | None = None) -> TranscribeOptions:
     """The transcriber's options for a session's turns: greedy, its language and prompt, a decoded loop cut,
     and the encoder over the turn's audio plus a margin of padding, not a whole 30-s window (whisper.cpp's
     audio_ctx). Live transcripts (`live`, redone every second) take a 1 s margin; final ones (and the early
-    ones that may become final) FINAL_MARGIN_S.
+    ones that may become final) `final_margin` (default FINAL_MARGIN_S: the server's --final-margin).
 
     The final margin, measured on the benchmark's 12 sentences and 4 questions in the embedded voice, 3 seeds
     x 3 lead/tail silences (144 clips of 1.5-3 s, `transcribe_batch` as the server runs it, tiny.en int8 on
@@ -42,7 +42,8 @@ def asr_options(cfg: SessionConfig, live: bool = False) -> TranscribeOptions:
     with 10 s, final p50 305 vs 302 ms. (An earlier study, 108 clips of the 12 sentences alone on Zen 3, had
     found 3 s at whole windows' WER, 3.31 vs 3.19 %, and the server ran 3 s until this one.)"""
     return TranscribeOptions(without_timestamps=True, language=cfg.language, initial_prompt=cfg.prompt,
-                             trim_context=True, trim_margin=1.0 if live else FINAL_MARGIN_S, stop_repeats=3)
+                             trim_context=True, trim_margin=1.0 if live else final_margin or FINAL_MARGIN_S,
+                             stop_repeats=3)
 
 
 FINAL_MARGIN_S = 10.0
@@ -134,7 +135,8 @@ class RealtimeSession:
         if opts.silence_duration_ms is not None and cfg.turn_detection:
             cfg = replace(cfg, turn_detection=replace(cfg.turn_detection, silence_duration_ms=opts.silence_duration_ms))
         self.cfg = cfg
-        self.asr_options, self.live_options = asr_options(cfg), asr_options(cfg, live=True)
+        self.asr_options = asr_options(cfg, final_margin=opts.final_margin)
+        self.live_options = asr_options(cfg, live=True)
         self.conversation = Conversation()
         self.turns = InputTurns(self)
         self.response = None  # the active agent.Response, if any
@@ -267,7 +269,8 @@ class RealtimeSession:
         check_settings(self.server, new)
         self.turns.configure(self.cfg, new)
         self.ahead.drop()  # (it was made under the old settings)
-        self.cfg, self.asr_options, self.live_options = new, asr_options(new), asr_options(new, live=True)
+        self.cfg, self.live_options = new, asr_options(new, live=True)
+        self.asr_options = asr_options(new, final_margin=self.server.options.final_margin)
         await self.send(P.session_updated(self.cfg.to_api(self.id)))
 
     async def on_transcription_session_update(self, ev):

@@ -85,6 +85,8 @@ def add_arguments(p):
     p.add_argument("--asr-loop-threads", type=int, default=1, help="the started server's --asr-loop-threads")
     p.add_argument("--lm-threads", type=int, default=0, help="the started server's --lm-threads (default 0, as serve)")
     p.add_argument("--partial-interval", type=float, default=1.0, help="the started server's --partial-interval (0: no live deltas)")
+    p.add_argument("--final-margin", type=float, default=None, metavar="SECONDS",
+                   help="the started server's --final-margin (default: the server's)")
     p.add_argument("--no-speculative-replies", dest="speculative_replies", action="store_false",
                    help="start the server with --no-speculative-replies (replies begun only once the turn ends)")
     p.add_argument("--long-turn", type=float, default=0.0, metavar="SECONDS",
@@ -109,6 +111,8 @@ def _start_server(args, conversation: bool):
         cmd += ["--threads", str(args.threads)]
     cmd += ["--partial-interval", str(args.partial_interval), "--asr-loop-threads", str(args.asr_loop_threads),
             "--lm-threads", str(args.lm_threads)]
+    if args.final_margin is not None:
+        cmd += ["--final-margin", str(args.final_margin)]
     if not args.speculative_replies:
         cmd.append("--no-speculative-replies")
     log = tempfile.TemporaryFile("w+")  # (a pipe nobody reads could fill up and stall the server)

@@ -343,3 +343,25 @@ def test_session_language_and_prompt_reach_the_transcriber(transcription_server,
     assert wer(SENTENCES[6], got) <= 0.1, got
     # the wire audio went through 24 kHz and back: the same words as the pipeline's, with the prompt
     assert got.split() == want.split(), (got, want)
+
+
+def test_final_margin_is_a_server_option():
+    """`serve --final-margin` sets how much padding after a turn its final transcript encodes (default
+    FINAL_MARGIN_S; live transcripts keep 1 s); out of [1, 30] s it is refused naming the range."""
+    import argparse
+
+    from speechrt import cli_serve
+    from speechrt.errors import UserError
+    from speechrt.streaming.protocol import SessionConfig
+    from speechrt.streaming.server import ServerOptions
+    from speechrt.streaming.session import FINAL_MARGIN_S, asr_options
+
+    p = argparse.ArgumentParser()
+    cli_serve.add_arguments(p)
+    assert cli_serve.options(p.parse_args([])).final_margin == FINAL_MARGIN_S
+    assert cli_serve.options(p.parse_args(["--final-margin", "4"])).final_margin == 4
+    with pytest.raises(UserError, match=r"final_margin must be in \[1, 30\]"):
+        cli_serve.options(p.parse_args(["--final-margin", "0.5"]))
+    cfg = SessionConfig(type="transcription")
+    assert asr_options(cfg).trim_margin == FINAL_MARGIN_S and asr_options(cfg, live=True).trim_margin == 1.0
+    assert asr_options(cfg, final_margin=4).trim_margin == 4 and ServerOptions().final_margin == FINAL_MARGIN_S
