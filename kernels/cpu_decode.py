@@ -107,8 +107,8 @@ def _load() -> tuple[ctypes.CDLL | None, str | None]:
 
 def library(root: Path | None = None, vnni: bool | None = None) -> tuple[ctypes.CDLL | None, str | None]:
     """(the compiled kernel, None), built into `root` (default: cache_root()) if it is not there yet; or (None,
-    why it cannot be) on this machine. `vnni`: None, VNNI where the CPU has it (`vnni_flags`); False, the AVX2
-    form; True, VNNI or (None, why not)."""
+    why it cannot be) on this machine. `vnni`: None, VNNI where the CPU has it (`vnni_flags`) and it builds,
+    else the AVX2 form; False, the AVX2 form; True, VNNI or (None, why not)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None, f"needs an x86-64 CPU (this is {platform.machine()})"
     missing = {"avx2", "fma", "f16c"} - (cpu_flags() or set())
@@ -120,14 +120,21 @@ def library(root: Path | None = None, vnni: bool | None = None) -> tuple[ctypes.
     extra = vnni_flags() if vnni is not False else []
     if vnni and not extra:
         return None, "VNNI needs AVX-VNNI or AVX512-VNNI with AVX512-VL (and SPEECHRT_CPU_DECODE_VNNI not 0)"
-    flags = FLAGS + extra
     src = SOURCE.read_bytes()
-    key = hashlib.sha256(src + " ".join([cc] + flags).encode()).hexdigest()[:16]
-    try:
-        lib = _build(cc, flags, (root or cache_root()) / f"cpu_decode-{key}.so")
-        dll = ctypes.CDLL(str(lib))
-    except (OSError, subprocess.SubprocessError, RuntimeError) as e:  # no writable cache, a compiler that fails
-        return None, f"could not build {SOURCE.name} with {cc}: {str(e)[-400:]}"
+    # a VNNI build that fails (e.g. a compiler without the VNNI intrinsics) gives way to the AVX2 form
+    attempts = [FLAGS + extra] + ([FLAGS] if extra and vnni is None else [])
+    for i, flags in enumerate(attempts):
+        key = hashlib.sha256(src + " ".join([cc] + flags).encode()).hexdigest()[:16]
+        try:
+            lib = _build(cc, flags, (root or cache_root()) / f"cpu_decode-{key}.so")
+            dll = ctypes.CDLL(str(lib))
+            break
+        except (OSError, subprocess.SubprocessError, RuntimeError) as e:  # no writable cache, a failing compiler
+            why = f"could not build {SOURCE.name} with {cc}: {str(e)[-400:]}"
+            if i + 1 < len(attempts):
+                log.warning("%s; building it without VNNI", why)
+    else:
+        return None, why
     dll.srt_matmul.argtypes = [ctypes.POINTER(_Mat), ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int,
                                ctypes.c_int]
     dll.srt_forward.argtypes = [ctypes.POINTER(_Model), ctypes.c_int64] + [ctypes.c_void_p] * 6 + [
