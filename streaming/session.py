@@ -49,6 +49,11 @@ def asr_options(cfg: SessionConfig, live: bool = False, final_margin: float | No
 FINAL_MARGIN_S = 10.0
 
 
+def turn_options(cfg: SessionConfig, final_margin: float | None = None) -> tuple[TranscribeOptions, TranscribeOptions]:
+    """(final, live) transcriber options of a session's turns (asr_options)."""
+    return asr_options(cfg, final_margin=final_margin), asr_options(cfg, live=True)
+
+
 def check_settings(server, cfg: SessionConfig) -> None:
     """ProtocolError if the server cannot serve a session with settings `cfg`: a conversation on a
     transcription-only server, a language its ASR model lacks, word times from a backend without them."""
@@ -135,8 +140,7 @@ class RealtimeSession:
         if opts.silence_duration_ms is not None and cfg.turn_detection:
             cfg = replace(cfg, turn_detection=replace(cfg.turn_detection, silence_duration_ms=opts.silence_duration_ms))
         self.cfg = cfg
-        self.asr_options = asr_options(cfg, final_margin=opts.final_margin)
-        self.live_options = asr_options(cfg, live=True)
+        self.asr_options, self.live_options = turn_options(cfg, opts.final_margin)
         self.conversation = Conversation()
         self.turns = InputTurns(self)
         self.response = None  # the active agent.Response, if any
@@ -269,8 +273,7 @@ class RealtimeSession:
         check_settings(self.server, new)
         self.turns.configure(self.cfg, new)
         self.ahead.drop()  # (it was made under the old settings)
-        self.cfg, self.live_options = new, asr_options(new, live=True)
-        self.asr_options = asr_options(new, final_margin=self.server.options.final_margin)
+        self.cfg, (self.asr_options, self.live_options) = new, turn_options(new, self.server.options.final_margin)
         await self.send(P.session_updated(self.cfg.to_api(self.id)))
 
     async def on_transcription_session_update(self, ev):
