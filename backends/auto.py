@@ -56,7 +56,8 @@ TABLE: dict[tuple[str, str], Choice] = {
                             "VITS exported in pieces (made on first use) RTF 0.96x Piper's, first audio 107 ms, vs "
                             "torch 1.57x / 154 ms; short sentences 0.079 vs 0.116 RTF; the same audio as torch "
                             "within 1e-4 at noise 0"),
-    # measured on an AMD EPYC Zen 4 VM (AVX-512 with BF16 and VNNI, no AMX; 2 cores), 2026-11-24
+    # measured on an AMD EPYC Zen 4 VM (AVX-512 with BF16 and VNNI, no AMX; 2 cores), 2026-11-24, and again on
+    # 2026-11-26/27 (family 25 model 17) with the CPU int4 kernel (docs/onnx-runtime.md)
     ("avx512", "lm"): Choice("torch", "int4", "bench lm, AMD EPYC Zen 4 (AVX-512 with VNNI, 2 cores), 2026-11-26: "
                              "torch int4 on the CPU kernel (its VNNI build) 284 tok/s at batch 1 and 622 at batch 8, "
                              "TTFT 94 ms, vs onnxruntime-genai 198 / 498 (54 ms), onnxruntime int4 122 / 393 (61 ms), "
