@@ -65,14 +65,13 @@ def _compiler() -> str | None:
     return None
 
 
-def vnni_flags(flags: set[str] | None = None) -> list[str]:
+def vnni_flags() -> list[str]:
     """The compiler flags that turn the kernel's int8 dot products into VNNI instructions (vpdpbusd: one
-    instruction where AVX2 takes vpmaddubsw + vpmaddwd, the same integer sums) on a CPU with `flags` (default:
-    this one's), or [] where it has neither AVX-VNNI nor AVX512-VNNI with AVX512-VL, or
-    SPEECHRT_CPU_DECODE_VNNI=0."""
+    instruction where AVX2 takes vpmaddubsw + vpmaddwd, the same integer sums) on this CPU, or [] where it has
+    neither AVX-VNNI nor AVX512-VNNI with AVX512-VL, or SPEECHRT_CPU_DECODE_VNNI=0."""
     if os.environ.get("SPEECHRT_CPU_DECODE_VNNI", "1") == "0":
         return []
-    flags = (cpu_flags() or set()) if flags is None else flags
+    flags = cpu_flags() or set()
     if "avx_vnni" in flags:
         return ["-mavxvnni", "-DSRT_VNNI"]
     if {"avx512_vnni", "avx512vl"} <= flags:
@@ -260,12 +259,11 @@ class CpuLlama:
 
     max_rows = MAX_ROWS
 
-    def __init__(self, cfg, weights: dict, q4: dict, cos: torch.Tensor, sin: torch.Tensor, threads: int,
-                 lib: ctypes.CDLL | None = None):
+    def __init__(self, cfg, weights: dict, q4: dict, cos: torch.Tensor, sin: torch.Tensor, threads: int):
         why = self.unsupported(cfg)
         if why:
             raise ValueError(why)
-        self.cfg, self.threads, self.lib = cfg, threads, lib  # lib: a build from `library` (None: this machine's)
+        self.cfg, self.threads = cfg, threads
         self.packs: list[Packed] = []
         f32 = [t.float().contiguous() for t in (weights["tok_embeddings"], weights["norm"], cos, sin)]
         self.emb, self.norm, self.cos, self.sin = f32
@@ -337,9 +335,9 @@ class CpuLlama:
         sl, ps, out = (torch.tensor(a, dtype=torch.int64) for a in (slots, pos, rows))
         strides = torch.tensor(k.stride()[:4], dtype=torch.int64)
         logits = torch.empty(len(rows), self.cfg.vocab_size)
-        rc = (self.lib or _lib()).srt_forward(ctypes.byref(self.struct), M, tok.data_ptr(), sl.data_ptr(), ps.data_ptr(),
-                                              k.data_ptr(), v.data_ptr(), strides.data_ptr(), len(rows), out.data_ptr(),
-                                              logits.data_ptr(), int(fine), self.threads)
+        rc = _lib().srt_forward(ctypes.byref(self.struct), M, tok.data_ptr(), sl.data_ptr(), ps.data_ptr(), k.data_ptr(),
+                                v.data_ptr(), strides.data_ptr(), len(rows), out.data_ptr(), logits.data_ptr(),
+                                int(fine), self.threads)
         if rc:
             raise RuntimeError(f"srt_forward refused its arguments ({rc}): tokens within the vocabulary, positions "
                                "within the rotary table, output rows among the rows")

@@ -65,6 +65,7 @@ def main(argv=None):
 
     import speechrt
     from speechrt.bench.fingerprint import fingerprint
+    from speechrt.models.wer import wer
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -73,8 +74,6 @@ def main(argv=None):
     asr = speechrt.load_asr(args.model, backend=backend, dtype=dtype or None)
     rows = study(asr, data, [None] + [float(m) for m in args.margins.split(",")])
     print(f"{len(data)} clips, {backend} {dtype or 'default'}, {fingerprint()['label']}")
-    from speechrt.models.wer import wer
-
     whole = rows[0]["hyps"]
     for r in rows:  # clips whose word errors differ from the whole windows' (not case or punctuation)
         changed = [(t, w, h) for (t, _), h, w in zip(data, r["hyps"], whole) if wer([t], [h]) != wer([t], [w])]

@@ -222,7 +222,7 @@ def test_the_kernel_builds_and_says_why_not(tmp_path, monkeypatch):
     assert why is None and dll is not None and len(list(tmp_path.glob("cpu_decode-*.so"))) == 1
     assert cpu_decode.library(tmp_path)[1] is None and len(list(tmp_path.iterdir())) == 1
     # a VNNI build the compiler refuses (here: a flag no compiler knows) gives way to the AVX2 form
-    monkeypatch.setattr(cpu_decode, "vnni_flags", lambda flags=None: ["-DSRT_VNNI", "--no-such-flag-speechrt"])
+    monkeypatch.setattr(cpu_decode, "vnni_flags", lambda: ["-DSRT_VNNI", "--no-such-flag-speechrt"])
     dll, why = cpu_decode.library(tmp_path / "fallback")
     assert why is None and dll is not None and len(list((tmp_path / "fallback").glob("cpu_decode-*.so"))) == 1
     dll, why = cpu_decode.library(tmp_path / "fallback", vnni=True)
