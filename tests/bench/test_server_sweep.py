@@ -15,7 +15,7 @@ def _check_sweep(res, engine, levels):
     ran = sorted({r.params["streams"] for r in rows if "streams" in r.params})
     assert ran and ran == levels[:len(ran)], ran
     by = {(r.params.get("streams"), r.metric): r for r in rows}
-    ok = []
+    ok, meets = [], []
     for n in ran:
         p50, p95 = by[(n, "final_p50_s")], by[(n, "final_p95_s")]
         assert 0 < p50.value <= p95.value < 60
@@ -23,8 +23,14 @@ def _check_sweep(res, engine, levels):
         assert by[(n, "wer")].value <= 25.0  # Whisper tiny.en on clean synthetic speech
         if p95.value <= 1.0 and p50.params["lost"] == 0:
             ok.append(n)
+            live = by.get((n, "partial_p50_s"))
+            alone = by.get((n, "wer_same_utterances_alone"), by[(n, "wer")])
+            if (live is None or live.value <= 1.0) and by[(n, "wer")].value <= alone.value + 1.0:
+                meets.append(n)
     (best,) = [r for r in rows if r.metric == "max_streams_p95_final_le_1s"]
     assert best.value == max(ok, default=0)
+    (capacity,) = [r for r in rows if r.metric == "max_streams_meeting_targets"]
+    assert capacity.value == max(meets, default=0) <= best.value
     if len(ran) < len(levels):  # it stopped: the last level it ran missed the bound, and the rest are skips
         assert ran[-1] not in ok
         assert any(s.what.startswith(f"{engine} ") and "p95 final latency passed 1 s" in s.reason for s in res.skipped)
@@ -63,6 +69,12 @@ def test_level_summary_compares_the_same_utterances_alone():
     row = _summary(2, loaded, False, alone)
     assert row["wer"] == 4 / 8 and row["wer_alone"] == 6 / 8  # alone, both were "And no can eggs."
     assert row["live_inconsistent"] == 1 and row["partial"]["samples"] == [0.9]
+    assert row["ok"] and row["meets"]  # final p95 0.6 s, live p50 0.9 s, WER below the same utterances alone
+    slow_live = _summary(2, [dict(loaded[0], partial=1.5)], False, alone)
+    assert slow_live["ok"] and not slow_live["meets"]  # live text p50 over 1 s
+    worse = _summary(2, [{"text": "turn off the lights", "transcript": "Turn of the light.", "final": 0.4}], False,
+                     alone)
+    assert worse["ok"] and worse["wer"] == 0.5 and worse["wer_alone"] == 0 and not worse["meets"]
     stranger = _summary(2, [{"text": "a sentence alone never spoke", "transcript": "", "final": 1.0}], False, alone)
     assert "wer_alone" not in stranger and stranger["wer"] == 1.0
 
