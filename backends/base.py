@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import torch
 
 from speechrt.errors import UserError
 
-# each TTS window is this many times the one before it (pipelines.tts.windows; TTSRunner.head_frames)
+# each TTS window is this many times the one before it (windows; TTSRunner.head_frames)
 WINDOW_GROWTH = 3
 
 
@@ -183,14 +183,15 @@ class Latent:
     """A sentence's vocoder input.
 
     z [1, C, F] float32: F latent frames, `hop_length` samples each. Only frames [0, ready) may be
-    computed when the latent is returned; `rest` (a Future) completes the others in the background
-    (None: all of z is ready). `vocoder_inputs` are what the runner's vocoder reads besides z (the
-    speaker embedding, masks), in the runner's own form: callers pass the Latent back unchanged."""
+    computed when the latent is returned (None: all of z is); background work completes the others in
+    `pieces`, in frame order: (frames [0, end) are done when it completes, its Future). `vocoder_inputs`
+    are what the runner's vocoder reads besides z (the speaker embedding, masks), in the runner's own
+    form: callers pass the Latent back unchanged."""
 
     z: torch.Tensor
     vocoder_inputs: Any = None
     ready: int | None = None
-    rest: Future | None = None
+    pieces: list[tuple[int, Future]] = field(default_factory=list)
 
     @property
     def frames(self) -> int:
@@ -198,8 +199,56 @@ class Latent:
 
     def wait_for(self, end: int) -> None:
         """Block until frames [0, end) of z are computed."""
-        if self.rest is not None and self.ready is not None and end > self.ready:
-            self.rest.result()
+        if self.ready is None or end <= self.ready:
+            return
+        for done, f in self.pieces:
+            f.result()
+            if done >= end:
+                return
+
+
+def flow_pieces(frames: int, ready: int, wins: list[tuple[int, int]], context: int, least: int) -> list[int]:
+    """Ends of the background pieces of a latent whose frames [0, ready) are computed: one piece per
+    window that reads past what is done (its end plus `context` frames), merged with the next while
+    shorter than `least` frames (each piece recomputes its own context)."""
+    ends: list[int] = []
+    for _, b in wins:
+        e = min(frames, b + context)
+        if e > (ends[-1] if ends else ready):
+            ends.append(e)
+    merged: list[int] = []
+    for e in ends:
+        if merged and merged[-1] - (merged[-2] if len(merged) > 1 else ready) < least:
+            merged[-1] = e
+        else:
+            merged.append(e)
+    return merged
+
+
+def windows(frames: int, first: int, largest: int, parallel: int = 1) -> list[tuple[int, int]]:
+    """[start, end) frame windows covering `frames`: sizes first, WINDOW_GROWTH * first, ... up to `largest`
+    (the first audio comes early, and each window has the time the ones before it play to get decoded).
+    From the third window on, once the rest fits in `parallel` windows of at most `largest` frames — or a
+    multiple of that — it is split evenly, so parallel workers finish together: few windows, since each
+    border costs the generator 2 * context frames of extra work. A short tail (under `first` frames) joins
+    the window before it. (30 words on two one-thread workers, AMD EPYC: 16, 48, 363, 363 frames
+    synthesize in 0.91x the time of doubling windows up to 256 frames, 16 ... 128, 4 x 138.)"""
+    out, a, size = [], 0, first
+    while a < frames:
+        rest = frames - a
+        if size >= largest or (len(out) >= 2 and rest <= parallel * largest):
+            n = max(parallel, -(-rest // largest))  # even split of the rest
+            n = -(-n // parallel) * parallel if parallel > 1 else n
+            n = max(1, min(n, rest // (2 * first)))  # windows of at least 2*first frames
+            bounds = [a + round(i * rest / n) for i in range(n + 1)]
+            out += list(zip(bounds[:-1], bounds[1:]))
+            break
+        b = a + size
+        if frames - b < first:
+            b = frames
+        out.append((a, b))
+        a, size = b, min(size * WINDOW_GROWTH, largest)
+    return out
 
 
 class TTSRunner(Runner):
@@ -231,7 +280,7 @@ class TTSRunner(Runner):
 
     def head_frames(self, frames: int, options: Any) -> int:
         """How many of a sentence's `frames` latent frames to compute before returning its Latent: those
-        the first two windows read (pipelines.tts.windows), context included, so that both can be vocoded at
+        the first two windows read (windows), context included, so that both can be vocoded at
         once; a runner that can compute the rest in the background does so beside them (the flow's
         receptive field is finite, so the pieces equal the whole)."""
         return min(frames, (1 + WINDOW_GROWTH) * options.first_chunk_frames + self.context_frames)

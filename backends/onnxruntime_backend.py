@@ -246,8 +246,9 @@ class OrtTTSRunner(TTSRunner):
         head = self.head_frames(F, options)
         z = torch.empty(fin[0].shape[:-1] + (F,), dtype=torch.float32)
         self._flow_into(z, fin, 0, head)
-        rest = self._bg.submit(self._flow_into, z, fin, head, F) if head < F else None
-        return Latent(z, extra, head, rest)
+        if head >= F:
+            return Latent(z, extra)
+        return Latent(z, extra, head, [(F, self._bg.submit(self._flow_into, z, fin, head, F))])
 
     def _flow_into(self, z, fin, start, end):
         c, F = self.flow_context, z.shape[-1]

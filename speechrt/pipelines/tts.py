@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from speechrt import backends
-from speechrt.backends.base import WINDOW_GROWTH
+from speechrt.backends.base import windows
 from speechrt.errors import UserError
 from speechrt.models.piper_loader import SynthesisOptions
 from speechrt.models.registry import resolve
@@ -38,32 +38,6 @@ FORMATS = ("wav", "pcm16", "f32")  # streamed as synthesized
 ENCODINGS = {"flac": ("FLAC", "PCM_16", None),
              "mp3": ("MP3", "MPEG_LAYER_III", (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)),
              "opus": ("OGG", "OPUS", (8000, 12000, 16000, 24000, 48000))}
-
-
-def windows(frames: int, first: int, largest: int, parallel: int = 1) -> list[tuple[int, int]]:
-    """[start, end) frame windows covering `frames`: sizes first, WINDOW_GROWTH * first, ... up to `largest`
-    (the first audio comes early, and each window has the time the ones before it play to get decoded).
-    From the third window on, once the rest fits in `parallel` windows of at most `largest` frames — or a
-    multiple of that — it is split evenly, so parallel workers finish together: few windows, since each
-    border costs the generator 2 * context frames of extra work. A short tail (under `first` frames) joins
-    the window before it. (30 words on two one-thread workers, AMD EPYC: 16, 48, 363, 363 frames
-    synthesize in 0.91x the time of doubling windows up to 256 frames, 16 ... 128, 4 x 138.)"""
-    out, a, size = [], 0, first
-    while a < frames:
-        rest = frames - a
-        if size >= largest or (len(out) >= 2 and rest <= parallel * largest):
-            n = max(parallel, -(-rest // largest))  # even split of the rest
-            n = -(-n // parallel) * parallel if parallel > 1 else n
-            n = max(1, min(n, rest // (2 * first)))  # windows of at least 2*first frames
-            bounds = [a + round(i * rest / n) for i in range(n + 1)]
-            out += list(zip(bounds[:-1], bounds[1:]))
-            break
-        b = a + size
-        if frames - b < first:
-            b = frames
-        out.append((a, b))
-        a, size = b, min(size * WINDOW_GROWTH, largest)
-    return out
 
 
 def stream_latent(runner, latent, options: SynthesisOptions) -> Iterator[torch.Tensor]:

@@ -10,7 +10,7 @@ import soundfile as sf
 import soxr
 import torch
 
-from speechrt.backends.base import WINDOW_GROWTH, TTSRunner
+from speechrt.backends.base import WINDOW_GROWTH, TTSRunner, flow_pieces
 from speechrt.errors import UserError
 from speechrt.pipelines.tts import SynthesisOptions, load_tts, stream_latent, windows
 
@@ -55,21 +55,59 @@ def test_crossfade_hides_missing_context(torch_tts):
 
 
 def test_background_flow_equals_whole_flow(torch_tts):
-    """The torch runner runs the flow on the first windows' frames at once and on the rest in the background;
-    with the flow's receptive field as context, the pieces equal the whole-sentence flow."""
-
-
+    """The torch runner runs the flow on the first windows' frames at once and on the rest in the background,
+    in pieces, one per later window, each released when done; with the flow's receptive field as context,
+    the pieces equal the whole-sentence flow."""
     r = torch_tts.runner
     o = torch_tts.options(noise_scale=0.0, noise_w=0.0)
     ids = next(torch_tts.text.sentences(LONG))
     lat = r.latent(ids, o)
-    rest, head = lat.rest, lat.ready
-    assert rest is not None and head < lat.frames
-    rest.result()
+    ends = [e for e, _ in lat.pieces]
+    assert lat.ready < ends[0] and ends == sorted(ends) and ends[-1] == lat.frames and len(ends) >= 2
+    lat.wait_for(ends[0] - 1)
+    assert lat.pieces[0][1].done()
+    lat.wait_for(lat.frames)
+    assert all(f.done() and f.exception() is None for _, f in lat.pieces)
     with torch.inference_mode():
         m, logs = r.model.prior(torch.tensor([ids]), o.length_scale, 0.0)
         whole = r.model.latent(m, logs, 0.0)
     assert whole.shape == lat.z.shape and (whole - lat.z).abs().max() <= 1e-4
+
+
+def test_flow_pieces_follow_the_windows():
+    """One piece per window that reads past what is done (its end + context), short ones merged forward."""
+    wins = windows(790, 16, 400, 2)  # 16, 48, 363, 363
+    assert flow_pieces(790, 77, wins, 13, 66) == [64 + 363 + 13, 790]
+    assert flow_pieces(790, 790, wins, 13, 66) == []  # all done at once
+    one = windows(790, 16, 400, 1)  # 16, 48, 144, 291, 291
+    assert flow_pieces(790, 77, one, 13, 66) == [64 + 144 + 13, 208 + 291 + 13, 790]
+    assert flow_pieces(790, 77, one, 13, 200) == [512, 790]  # 77 -> 221 is under 200 frames: merged
+
+
+def test_one_worker_runs_the_pieces_before_the_windows(torch_tts):
+    """With a single worker, the flow's pieces must be queued ahead of the windows that read them (a window
+    waiting on a piece queued behind it would wait forever): a long sentence on one worker finishes, and
+    its audio equals the two-worker runner's."""
+    import threading
+
+    from speechrt.backends.torch_backend import ThreadPolicy
+    from speechrt.backends.torch_tts import TorchTTSRunner
+
+    r = torch_tts.runner
+    one = TorchTTSRunner(r.model, r.voice, torch.device("cpu"), torch.float32, ThreadPolicy(1, 1, True))
+    assert one.parallel == 1
+    o = torch_tts.options(noise_scale=0.0, noise_w=0.0)
+    ids = next(torch_tts.text.sentences(LONG))
+    out = {}
+    t = threading.Thread(target=lambda: out.update(a=torch.cat(list(stream_latent(one, one.latent(ids, o), o)))),
+                         daemon=True)
+    t.start()
+    t.join(120)
+    assert not t.is_alive(), "one worker deadlocked on a flow piece"
+    lat = one.latent(ids, o)
+    assert len(lat.pieces) >= 2  # one worker: windows of 16, 48, 144, ... -> several pieces
+    two = torch.cat(list(stream_latent(r, r.latent(ids, o), o)))
+    assert out["a"].shape == two.shape and (out["a"] - two).abs().max() <= 1e-4
 
 
 class CountingRunner:
