@@ -68,6 +68,9 @@ def test_background_flow_equals_whole_flow(torch_tts):
     assert lat.pieces[0][1].done()
     lat.wait_for(lat.frames)
     assert all(f.done() and f.exception() is None for _, f in lat.pieces)
+    short = r.latent(next(torch_tts.text.sentences("The weather is nice today.")), o)
+    # its flow past the first windows' frames is short: all of it at once, no background piece
+    assert short.ready is None and not short.pieces and short.frames > r.head_frames(short.frames, o)
     with torch.inference_mode():
         m, logs = r.model.prior(torch.tensor([ids]), o.length_scale, 0.0)
         whole = r.model.latent(m, logs, 0.0)
