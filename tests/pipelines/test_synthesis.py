@@ -42,6 +42,8 @@ def test_windows_cover_and_grow():
     assert [b - a for a, b in windows(790, 16, 400, 2)] == [16, 48, 363, 363]
     assert windows(20, 16, 256) == [(0, 20)]  # a short tail joins the window before it
     assert [b - a for a, b in windows(100, 16, 256, 2)] == [16, 48, 36]  # no window under 2 * first
+    assert [b - a for a, b in windows(133, 16, 400, 2)] == [16, 48, 69]  # nor a split into windows under 4 * first
+    assert [b - a for a, b in windows(200, 16, 400, 2)] == [16, 48, 68, 68]
 
 
 def test_crossfade_hides_missing_context(torch_tts):
