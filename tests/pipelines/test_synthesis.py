@@ -115,6 +115,42 @@ def test_one_worker_runs_the_pieces_before_the_windows(torch_tts):
     assert out["a"].shape == two.shape and (out["a"] - two).abs().max() <= 1e-4
 
 
+def test_a_failed_flow_piece_fails_its_windows(torch_tts):
+    """An error in a background flow piece reaches every window that waits for its frames (raised there, not
+    a hang), and the runner keeps serving the next sentence."""
+    import threading
+
+    from speechrt.backends.torch_backend import ThreadPolicy
+    from speechrt.backends.torch_tts import TorchTTSRunner
+
+    r = torch_tts.runner
+    one = TorchTTSRunner(r.model, r.voice, torch.device("cpu"), torch.float32, ThreadPolicy(1, 2, True))
+    o = torch_tts.options(noise_scale=0.0, noise_w=0.0)
+    ids = next(torch_tts.text.sentences(LONG))
+    flow = one._flow
+
+    def broken(z_p, start, end, g, wide=None):
+        if start > 0:
+            raise RuntimeError("flow piece failed")
+        return flow(z_p, start, end, g, wide)
+
+    one._flow = broken
+    out = {}
+
+    def speak():
+        try:
+            list(stream_latent(one, one.latent(ids, o), o))
+        except RuntimeError as e:
+            out["error"] = str(e)
+
+    t = threading.Thread(target=speak, daemon=True)
+    t.start()
+    t.join(120)
+    assert not t.is_alive() and out.get("error") == "flow piece failed"
+    del one._flow  # the method again
+    assert len(torch.cat(list(stream_latent(one, one.latent(ids, o), o)))) > 0
+
+
 class CountingRunner:
     """The real runner, counting vocoder calls (to see how much work precedes the first chunk)."""
 
