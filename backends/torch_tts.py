@@ -1,7 +1,7 @@
 """TTS runner of the `torch` backend: models/vits.py built with a kernel set, weights from the Piper ONNX file."""
 from __future__ import annotations
 
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 
 import torch
 
@@ -15,6 +15,15 @@ from .torch_backend import ThreadPolicy
 # 56 + 33 on one: 14 + 20 ms; all 133 on two threads: 16 ms)
 SHORT_REST = 4
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def release(task: Future, pieces: list[tuple[int, Future]]) -> None:
+    """After the flow's background task: any piece it left unfinished (the task was cancelled, e.g. by a pool
+    shut down, or failed) fails, so that no window waits for it forever."""
+    for _, f in pieces:
+        if not f.done():
+            f.set_exception(CancelledError("the flow task was cancelled") if task.cancelled()
+                            else task.exception() or RuntimeError("the flow task ended without this piece"))
 
 
 class TorchTTSRunner(TTSRunner):
@@ -86,7 +95,8 @@ class TorchTTSRunner(TTSRunner):
         wins = windows(F, options.first_chunk_frames, options.max_chunk_frames, self.parallel)
         ends = flow_pieces(F, head, wins, self.context_frames, 2 * self.flow_context)
         pieces = [(e, Future()) for e in ends]
-        self._pool.submit(self._flow_pieces, z, z_p, head, pieces, g)
+        task = self._pool.submit(self._flow_pieces, z, z_p, head, pieces, g)
+        task.add_done_callback(lambda t: release(t, pieces))  # a task cancelled before it ran fails its pieces
         return Latent(z, g, head, pieces)
 
     @torch.inference_mode()

@@ -151,6 +151,24 @@ def test_a_failed_flow_piece_fails_its_windows(torch_tts):
     assert len(torch.cat(list(stream_latent(one, one.latent(ids, o), o)))) > 0
 
 
+def test_a_cancelled_flow_task_releases_its_pieces():
+    """Pieces whose background task never ran (cancelled in the pool's queue) fail instead of leaving their
+    windows waiting forever."""
+    from concurrent.futures import CancelledError, Future
+
+    from speechrt.backends.base import Latent
+    from speechrt.backends.torch_tts import release
+
+    task, pieces = Future(), [(40, Future()), (80, Future())]
+    task.add_done_callback(lambda t: release(t, pieces))
+    lat = Latent(torch.zeros(1, 2, 80), None, 10, pieces)
+    lat.wait_for(5)  # frames already there: no wait
+    assert task.cancel()
+    with pytest.raises(CancelledError):
+        lat.wait_for(60)
+    assert all(f.done() for _, f in pieces)
+
+
 class CountingRunner:
     """The real runner, counting vocoder calls (to see how much work precedes the first chunk)."""
 
