@@ -5,6 +5,7 @@ session's answer; SIGTERM finishes the turns and answers in flight, exits 0, and
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import signal
 import time
@@ -92,7 +93,10 @@ def test_a_failing_synthesis_step_fails_the_response_and_the_next_one_works(cser
     assert failed["response"]["status"] == "failed", failed
     assert any(e["type"] == "error" and "injected fault" in e["error"]["message"] for e in before), before
     assert done["response"]["status"] == "completed"
-    assert sum(e["type"] == "response.output_audio.delta" for e in events) > 3
+    audio = [base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta"]
+    # streamed (the first window's audio, then the rest: 3 windows for this sentence), and all of it: ~1.5 s of
+    # 24 kHz pcm16
+    assert len(audio) >= 2 and sum(map(len, audio)) > 24000 * 2, [len(a) for a in audio]
 
 
 def test_a_stalled_worker_leaves_sessions_told_not_hung(cserver, synth):
