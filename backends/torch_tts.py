@@ -96,7 +96,7 @@ class TorchTTSRunner(TTSRunner):
         ends = flow_pieces(F, head, wins, self.context_frames, 2 * self.flow_context)
         pieces = [(e, Future()) for e in ends]
         task = self._pool.submit(self._flow_pieces, z, z_p, head, pieces, g)
-        task.add_done_callback(lambda t: release(t, pieces))  # a task cancelled before it ran fails its pieces
+        task.add_done_callback(lambda t: release(t, pieces))  # a failed or cancelled task fails its pieces
         return Latent(z, g, head, pieces)
 
     @torch.inference_mode()
@@ -109,18 +109,10 @@ class TorchTTSRunner(TTSRunner):
 
     @torch.inference_mode()
     def _flow_pieces(self, z, z_p, start, pieces, g):
-        """The flow on frames [start, end) of each piece in turn, releasing each piece's windows when done."""
+        """The flow on frames [start, end) of each piece in turn, releasing each piece's windows when done; an
+        error ends the task, and `release` hands it to the pieces left (the windows that wait for them raise it)."""
         for end, done in pieces:
-            if not done.set_running_or_notify_cancel():
-                continue
-            try:
-                z[:, :, start:end] = self._flow(z_p, start, end, g)
-            except BaseException as e:  # the windows that wait for it raise it
-                done.set_exception(e)
-                for _, rest in pieces:
-                    if not rest.done():
-                        rest.set_exception(e)
-                return
+            z[:, :, start:end] = self._flow(z_p, start, end, g)
             done.set_result(None)
             start = end
 
