@@ -225,7 +225,7 @@ def flow_pieces(frames: int, ready: int, wins: list[tuple[int, int]], context: i
     return merged
 
 
-def windows(frames: int, first: int, largest: int, parallel: int = 1) -> list[tuple[int, int]]:
+def windows(frames: int, first: int, largest: int, parallel: int = 1, flow_cost: float = 0.0) -> list[tuple[int, int]]:
     """[start, end) frame windows covering `frames`: sizes first, WINDOW_GROWTH * first, ... up to `largest`
     (the first audio comes early, and each window has the time the ones before it play to get decoded).
     From the third window on, once the rest fits in `parallel` windows of at most `largest` frames — or a
@@ -233,8 +233,14 @@ def windows(frames: int, first: int, largest: int, parallel: int = 1) -> list[tu
     border costs the generator 2 * context frames of extra work. A short tail (under `first` frames) joins
     the window before it, and the rest is split only into windows of at least 4 * first frames. (30 words
     on two one-thread workers, AMD EPYC: 16, 48, 363, 363 frames synthesize in 0.91x the time of doubling
-    windows up to 256 frames, 16 ... 128, 4 x 138; 5 words, Zen 4: 16, 48, 69 in 0.90x the time of 16, 48,
-    34, 35, three interleaved runs of 60.)"""
+    windows up to 256 frames, 16 ... 128, 4 x 138; 5 words, Zen 4: 16, 48, 69 in 0.94x the time of 16, 48,
+    34, 35, 60 rounds in one process, the order reversed every round.)
+
+    flow_cost > 0: the runner computes these windows' flow in the background, one piece per window in order
+    (flow_pieces), at `flow_cost` times the generator's work per frame. Where the rest is one window per
+    worker, window i then starts flow_cost x (the frames before it) later than the first, so the sizes
+    fall by a factor (1 + flow_cost) each (none over `largest`) and the workers still finish together (30
+    words: 400, 327 frames instead of 364, 363: the worker that computes the flow vocodes the smaller one)."""
     out, a, size = [], 0, first
     while a < frames:
         rest = frames - a
@@ -242,7 +248,16 @@ def windows(frames: int, first: int, largest: int, parallel: int = 1) -> list[tu
             n = max(parallel, -(-rest // largest))  # even split of the rest
             n = -(-n // parallel) * parallel if parallel > 1 else n
             n = max(1, min(n, rest // (4 * first)))  # windows of at least 4*first frames (see above)
-            bounds = [a + round(i * rest / n) for i in range(n + 1)]
+            share = [1.0] * n
+            if flow_cost > 0 and n == parallel > 1:
+                share = [(1 + flow_cost) ** -i for i in range(n)]
+            sizes, left = [], rest
+            for i in range(n):  # in proportion to the shares, none over `largest`
+                sizes.append(min(largest, left * share[i] / sum(share[i:])))
+                left -= sizes[-1]
+            if sizes[-1] < 4 * first:
+                sizes = [rest / n] * n
+            bounds = [a + round(sum(sizes[:i])) for i in range(n + 1)]
             out += list(zip(bounds[:-1], bounds[1:]))
             break
         b = a + size
@@ -263,6 +278,8 @@ class TTSRunner(Runner):
     context_frames: int  # latent frames each side of a window that the vocoder's output inside it depends on
     voice: Any  # models.piper_loader.VoiceConfig
     parallel: int = 1  # vocode calls that may usefully run at once (see vocode_async)
+    # a latent with background pieces: their flow's work per frame over the generator's (windows())
+    flow_cost: float = 0.0
 
     @abstractmethod
     def latent(self, phoneme_ids: list[int], options: Any) -> Latent:

@@ -50,6 +50,8 @@ class TorchTTSRunner(TTSRunner):
         threads = threads or ThreadPolicy.build(device, None)
         self._pool = threads.workers("speechrt-tts")
         self.parallel = threads.total if self._pool is not None else 1
+        # the background flow's pieces delay the later windows (windows(), flow_cost): its work against the generator's
+        self.flow_cost = self.config.flow_macs() / self.config.generator_macs() if self._pool is not None else 0.0
         self.info = RunnerInfo(kernels, model_name, model_format, str(dtype).removeprefix("torch."), str(device),
                                f"{self.parallel} one-thread workers" if self._pool is not None else "")
 
@@ -92,7 +94,7 @@ class TorchTTSRunner(TTSRunner):
             return Latent(self._flow(z_p, 0, F, g, wide), g)
         z = torch.empty_like(z_p)
         z[:, :, :head] = self._flow(z_p, 0, head, g, wide)
-        wins = windows(F, options.first_chunk_frames, options.max_chunk_frames, self.parallel)
+        wins = windows(F, options.first_chunk_frames, options.max_chunk_frames, self.parallel, self.flow_cost)
         ends = flow_pieces(F, head, wins, self.context_frames, 2 * self.flow_context)
         pieces = [(e, Future()) for e in ends]
         task = self._pool.submit(self._flow_pieces, z, z_p, head, pieces, g)

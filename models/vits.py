@@ -60,31 +60,49 @@ class VitsConfig:
         return math.prod(self.upsample_rates)
 
     def flow_context(self) -> int:
-        """Latent frames each side that the reverse flow's output at a frame depends on (its WaveNet stacks;
-        the coupling 1x1 convs and flips are pointwise in time), plus one of margin."""
-        per_layer = sum(self.flow_dilation_rate ** i * (self.flow_kernel_size - 1) // 2
-                        for i in range(self.flow_n_layers))
-        return self.flow_n_flows * per_layer + 1
+        """Latent frames each side that the reverse flow's output at a frame depends on: its WaveNet stacks'
+        receptive field, exactly (the coupling 1x1 convs and flips are pointwise in time)."""
+        return self.flow_n_flows * sum(self.flow_dilation_rate ** i * (self.flow_kernel_size - 1) // 2
+                                       for i in range(self.flow_n_layers))
 
     def vocoder_context(self) -> int:
-        """Latent frames each side of a window that the generator's output inside the window depends on.
+        """Latent frames each side of a window that the generator's output inside it depends on (the wider side
+        of vocoder_reach()): with this much context a window reproduces the whole-sequence output up to float
+        rounding, which makes chunked vocoding seamless; one frame less does not."""
+        return max(self.vocoder_reach())
 
-        Walks the generator from its output back to its input, in samples at each stage's rate: a window
-        decoded with this much latent context on both sides reproduces the whole-sequence output inside
-        the window (up to float rounding), which is what makes chunked vocoding seamless.
-        """
-        reach = 3  # conv_post, kernel 7
-        for i in reversed(range(len(self.upsample_rates))):
-            k_rf = 0
-            for k, dil in zip(self.resblock_kernel_sizes, self.resblock_dilation_sizes):
-                per_conv = [d * (k - 1) // 2 for d in dil]
-                if self.resblock == "1":  # each dilated conv is followed by an undilated one
-                    per_conv += [(k - 1) // 2] * len(dil)
-                k_rf = max(k_rf, sum(per_conv))
-            reach += k_rf
-            u, k = self.upsample_rates[i], self.upsample_kernel_sizes[i]
-            reach = math.ceil((reach + k) / u)  # transposed conv: an output sample sees <= ceil(k/u) inputs
-        return reach + 3 + 1  # conv_pre (kernel 7), and one frame of margin
+    def vocoder_reach(self) -> tuple[int, int]:
+        """The generator's exact receptive field, left and right: walked from the output back to the input in
+        samples at each stage's rate (a transposed convolution's padding makes the two sides differ)."""
+        left = right = 3  # conv_post, kernel 7
+        for u, k in zip(reversed(self.upsample_rates), reversed(self.upsample_kernel_sizes)):
+            rb = max(sum(self._resblock_taps(kr, d)) for kr, d in zip(self.resblock_kernel_sizes,
+                                                                      self.resblock_dilation_sizes))
+            p = (k - u) // 2  # ConvTranspose1d(stride u, padding p): out[j] = sum_i x[i] w[j + p - u i], 0 <= . < k
+            left, right = (left + rb + k - 1 - p) // u, (right + rb + p - 1) // u + 1
+        return left + 3, right + 3  # conv_pre, kernel 7
+
+    def _resblock_taps(self, k: int, dilations) -> list[int]:
+        """Samples each side that each convolution of one residual block reaches."""
+        taps = [d * (k - 1) // 2 for d in dilations]
+        return taps + [(k - 1) // 2] * len(dilations) if self.resblock == "1" else taps  # "1": + undilated convs
+
+    def flow_macs(self) -> int:
+        """Multiply-adds of the reverse flow per latent frame (the speaker conditioning left out)."""
+        half, h, n = self.inter_channels // 2, self.hidden_channels, self.flow_n_layers
+        wn = n * h * 2 * h * self.flow_kernel_size + (n - 1) * h * 2 * h + h * h  # in_layers, res/skip layers
+        return self.flow_n_flows * (half * h + wn + h * half)
+
+    def generator_macs(self) -> int:
+        """Multiply-adds of the HiFi-GAN generator per latent frame."""
+        ch, samples, macs = self.upsample_initial_channel, 1, self.inter_channels * self.upsample_initial_channel * 7
+        for u, k in zip(self.upsample_rates, self.upsample_kernel_sizes):
+            out, samples = ch // 2, samples * u
+            convs = zip(self.resblock_kernel_sizes, self.resblock_dilation_sizes)
+            macs += samples * ch * out * k // u  # a transposed conv's output sample sees k / u inputs
+            macs += samples * out * out * sum(kr * len(self._resblock_taps(kr, d)) for kr, d in convs)
+            ch = out
+        return macs + samples * ch * 7  # conv_post
 
 
 PRESETS: dict[str, VitsConfig] = {

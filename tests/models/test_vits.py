@@ -17,7 +17,7 @@ from speechrt import kernels
 from speechrt.models.piper_loader import config_from_weights, load_vits, read_onnx_weights
 from speechrt.models.registry import ModelError, resolve
 from speechrt.models.tts_text import TextFrontEnd
-from speechrt.models.vits import PRESETS, with_vits_ops
+from speechrt.models.vits import PRESETS, VITS, with_vits_ops
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -255,3 +255,52 @@ def test_vits_ops_join_any_kernel_set():
     assert {"conv1d", "conv_transpose1d", "relative_attention", "layer_norm", "gelu", "linear"} <= set(ops.names())
     assert ops.sources["conv1d"] == "torch" and ops.layer_norm is base.layer_norm
     assert with_vits_ops(ops) is ops
+
+
+def _depends(f, z, i: int, a: int, b: int) -> bool:
+    """Whether f's output over latent frames [a, b) changes when frame i of its input z does. Outside the
+    receptive field the output is bit-identical: the same products summed in the same order."""
+    with torch.inference_mode():
+        y = f(z)
+        z2 = z.clone()
+        z2[:, :, i] += 3.0
+        y2 = f(z2)
+    per = y.shape[-1] // z.shape[-1]  # output samples per latent frame
+    return not torch.equal(y[..., a * per:b * per], y2[..., a * per:b * per])
+
+
+@pytest.mark.parametrize("preset", ["medium", "high", "x_low", "voice"])
+def test_contexts_are_the_exact_receptive_fields(preset, voice):
+    """vocoder_reach() and flow_context() are the generator's and the flow's receptive fields exactly (the
+    streaming windows' context: a frame more is wasted work at every window border, a frame less changes the
+    audio): a window's output changes with the input frame at the edge of each side, not with the next."""
+    if preset == "voice":
+        model = voice[1]
+    else:
+        torch.manual_seed(0)
+        model = VITS(PRESETS[preset], with_vits_ops(kernels.select("torch")))
+    cfg = model.config
+    frames, a, b = 80, 37, 43
+    z = torch.randn(1, cfg.inter_channels, frames)
+    flow = lambda x: model.flow.reverse(x, torch.ones_like(x[:, :1]))  # noqa: E731
+    (left, right), fc = cfg.vocoder_reach(), cfg.flow_context()
+    assert cfg.vocoder_context() == max(left, right) and min(left, right) > 0
+    for f, left, right in ((model.dec, left, right), (flow, fc, fc)):
+        assert _depends(f, z, a - left, a, b) and not _depends(f, z, a - left - 1, a, b)
+        assert _depends(f, z, b - 1 + right, a, b) and not _depends(f, z, b + right, a, b)
+
+
+def test_work_per_frame_counts_every_convolution():
+    """flow_macs() and generator_macs() (the windows' split weighs the flow against the generator with
+    them) equal the multiply-adds of the modules' convolutions, counted by torch on a real forward pass."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    for cfg in (PRESETS["medium"], PRESETS["high"], PRESETS["x_low"]):
+        model = VITS(cfg, with_vits_ops(kernels.select("torch")))
+        frames = 50
+        z = torch.randn(1, cfg.inter_channels, frames)
+        for f, want in ((model.dec, cfg.generator_macs()),
+                        (lambda x: model.flow.reverse(x, torch.ones_like(x[:, :1])), cfg.flow_macs())):
+            with torch.inference_mode(), FlopCounterMode(display=False) as fc:
+                f(z)
+            assert fc.get_total_flops() / 2 / frames == pytest.approx(want, rel=1e-6)

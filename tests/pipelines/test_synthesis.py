@@ -46,6 +46,19 @@ def test_windows_cover_and_grow():
     assert [b - a for a, b in windows(200, 16, 400, 2)] == [16, 48, 68, 68]
 
 
+def test_windows_wait_for_the_background_flow():
+    """With the flow computed in the background, one piece per window (flow_cost: its work per frame over
+    the generator's), a rest split one window per worker shrinks window by window by (1 + flow_cost), so
+    that the worker that computes the flow, which vocodes the last window, ends with the others."""
+    assert [b - a for a, b in windows(700, 16, 400, 2, 0.3)] == [16, 48, 359, 277]  # 359 = 1.3 x 277
+    assert [b - a for a, b in windows(791, 16, 400, 2, 0.3)] == [16, 48, 400, 327]  # none over `largest`
+    sizes = [b - a for a, b in windows(1064, 16, 400, 4, 0.3)]
+    assert sizes[:2] == [16, 48] and all(abs(x / y - 1.3) < 0.02 for x, y in zip(sizes[2:], sizes[3:]))
+    # not where a window would be under 4 * first frames, nor where the windows outnumber the workers
+    assert [b - a for a, b in windows(200, 16, 400, 2, 0.3)] == [16, 48, 68, 68]
+    assert windows(2000, 16, 400, 2, 0.3) == windows(2000, 16, 400, 2)
+
+
 def test_crossfade_hides_missing_context(torch_tts):
     """Without context a window border is a discontinuity; with it, none (the reason for context + crossfade)."""
     r = torch_tts.runner
@@ -175,6 +188,7 @@ class CountingRunner:
     def __init__(self, runner):
         self.r, self.calls = runner, []
         self.hop_length, self.context_frames, self.sample_rate = runner.hop_length, runner.context_frames, runner.sample_rate
+        self.flow_cost = runner.flow_cost
 
     parallel = 1
 
