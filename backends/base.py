@@ -297,6 +297,12 @@ class TTSRunner(Runner):
         f.set_result(self.vocode(latent, start, end))
         return f
 
+    def plan_windows(self, frames: int, options: Any, background: bool) -> list[tuple[int, int]]:
+        """The windows a sentence of `frames` latent frames is vocoded in (windows()): the pipeline streams
+        them, and a runner that computes the flow in the background (`background`) plans its pieces on them."""
+        return windows(frames, options.first_chunk_frames, options.max_chunk_frames, max(1, self.parallel),
+                       self.flow_cost if background else 0.0)
+
     def head_frames(self, frames: int, options: Any) -> int:
         """How many of a sentence's `frames` latent frames to compute before returning its Latent: those
         the first two windows read (windows), context included, so that both can be vocoded at

@@ -5,7 +5,7 @@ from concurrent.futures import CancelledError, Future
 
 import torch
 
-from speechrt.backends.base import Latent, RunnerInfo, TTSRunner, flow_pieces, windows
+from speechrt.backends.base import Latent, RunnerInfo, TTSRunner, flow_pieces
 from speechrt.errors import UserError
 
 from .torch_backend import ThreadPolicy
@@ -94,8 +94,7 @@ class TorchTTSRunner(TTSRunner):
             return Latent(self._flow(z_p, 0, F, g, wide), g)
         z = torch.empty_like(z_p)
         z[:, :, :head] = self._flow(z_p, 0, head, g, wide)
-        wins = windows(F, options.first_chunk_frames, options.max_chunk_frames, self.parallel, self.flow_cost)
-        ends = flow_pieces(F, head, wins, self.context_frames, 2 * self.flow_context)
+        ends = flow_pieces(F, head, self.plan_windows(F, options, True), self.context_frames, 2 * self.flow_context)
         pieces = [(e, Future()) for e in ends]
         task = self._pool.submit(self._flow_pieces, z, z_p, head, pieces, g)
         task.add_done_callback(lambda t: release(t, pieces))  # a failed or cancelled task fails its pieces

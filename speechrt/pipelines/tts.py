@@ -48,9 +48,7 @@ def stream_latent(runner, latent, options: SynthesisOptions) -> Iterator[torch.T
     tail = None  # the previous window's last `xf` samples, which overlap the next window's first
     par = max(1, runner.parallel)
     ahead = par + 1 if par > 1 else 1  # one more than the workers: none waits for this loop to hand it work
-    # the runner planned its background flow pieces (if any) on the same windows
-    wins = windows(F, options.first_chunk_frames, options.max_chunk_frames, par,
-                   runner.flow_cost if latent.pieces else 0.0)
+    wins = runner.plan_windows(F, options, bool(latent.pieces))  # its background flow's pieces follow them
     pending = collections.deque()  # futures of the next windows, submitted in order
     try:
         for k, (a, b) in enumerate(wins):

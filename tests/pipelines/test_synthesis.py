@@ -191,6 +191,7 @@ class CountingRunner:
         self.flow_cost = runner.flow_cost
 
     parallel = 1
+    plan_windows = TTSRunner.plan_windows
 
     def vocode(self, latent, a, b):
         self.calls.append((a, b))
