@@ -10,7 +10,7 @@ import soundfile as sf
 import soxr
 import torch
 
-from speechrt.backends.base import WINDOW_GROWTH, TTSRunner, flow_pieces
+from speechrt.backends.base import WINDOW_GROWTH, TTSRunner, flow_pieces, makespan
 from speechrt.errors import UserError
 from speechrt.pipelines.tts import SynthesisOptions, load_tts, stream_latent, windows
 
@@ -57,6 +57,28 @@ def test_windows_wait_for_the_background_flow():
     # not where a window would be under 4 * first frames, nor where the windows outnumber the workers
     assert [b - a for a, b in windows(200, 16, 400, 2, 0.3)] == [16, 48, 68, 68]
     assert windows(2000, 16, 400, 2, 0.3) == windows(2000, 16, 400, 2)
+
+
+def test_windows_end_together_when_the_latent_is_ready():
+    """With the whole latent ready (context > 0: no background flow), the windows after the first are sized
+    so that workers taking them in order end together, never later than the plan without it (makespan)."""
+    assert [b - a for a, b in windows(133, 16, 400, 2, 0.0, 11)] == [16, 64, 53]  # 5 words; was 16, 48, 69
+    assert [b - a for a, b in windows(200, 16, 400, 2, 0.0, 11)] == [16, 48, 84, 52]  # was 16, 48, 68, 68
+    # by hand, 133 frames: worker A vocodes 16 + 11 then 11 + 53 frames (91), B 11 + 64 + 11 (86); before,
+    # A 27 + 80 = 107 while B idled after 70
+    assert makespan([(0, 16), (16, 80), (80, 133)], 133, 11, 2) == 91
+    assert makespan([(0, 16), (16, 64), (64, 133)], 133, 11, 2) == 107
+    for parallel in (2, 3, 4):
+        for frames in range(17, 420, 7):
+            plain = windows(frames, 16, 400, parallel)
+            w = windows(frames, 16, 400, parallel, 0.0, 11)
+            assert w[0] == plain[0] and w[-1][1] == frames and all(a == b for (_, a), (b, _) in zip(w, w[1:]))
+            assert all(b > a for a, b in w) and max(b - a for a, b in w) <= 400
+            assert makespan(w, frames, 11, parallel) <= makespan(plain, frames, 11, parallel)
+            # a window that starts beside the first is due when its audio ends: none over 4 x first
+            assert w == plain or w[1][1] - w[1][0] <= 4 * 16
+            assert windows(frames, 16, 400, parallel, 0.3, 11) == windows(frames, 16, 400, parallel, 0.3)
+    assert windows(300, 16, 400, 1, 0.0, 11) == windows(300, 16, 400, 1)  # one worker: nothing to balance
 
 
 def test_crossfade_hides_missing_context(torch_tts):
