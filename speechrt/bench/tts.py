@@ -1,9 +1,9 @@
 """`speechrt bench tts`: real-time factor and time to first audio of our synthesis (per backend) and of
 Piper's own (`piper-tts`, same voice file, same text, same thread count), in one process, with ratios.
 
-Engines run interleaved (one repetition of each in turn), so a change in machine load hits all of them, and
-the order is reversed every round: in one process a synthesis that follows another of the same text ran ~20 %
-faster (5 words, AMD EPYC Zen 4), so a fixed order favours whichever engine goes second.
+Engines run interleaved (one repetition of each in turn), so a change in machine load hits all of them, and no
+engine ever runs twice in a row (turns()): in one process a synthesis that follows another of the same text ran
+~20 % faster (5 words, AMD EPYC Zen 4), so an order in which some engine follows itself favours it.
 Time to first audio runs from the call (text in) to the first chunk of audio out; the real-time factor is
 the time to produce all of a sentence's audio over its duration.
 """
@@ -85,6 +85,17 @@ class _Piper:
         return [self.voice.phonemes_to_ids(p) for p in self.voice.phonemize(text) if p]
 
 
+def turns(engines: list, i: int) -> list:
+    """The engines' order in round i: no engine follows itself, within a round or across two, and each runs in
+    each place equally often (rotations; two engines alternate). Reversing every round, the earlier order,
+    ran the first and last engines twice in a row at each turn of the order and never the middle ones: with
+    three, the middle one lost the ~20 % that a repeat of the same text gains (see the module docstring)."""
+    if len(engines) < 3:
+        return list(engines)
+    k = i % len(engines)
+    return list(engines[k:]) + list(engines[:k])
+
+
 def run(args):
     import torch
 
@@ -116,7 +127,7 @@ def run(args):
             e.run(text)  # warm-up
         runs = {e.name: [] for e in engines}
         for i in range(args.repeats):
-            for e in engines if i % 2 == 0 else engines[::-1]:  # the order reversed every round (see above)
+            for e in turns(engines, i):
                 runs[e.name].append(e.run(text))
         for e in engines:
             r = runs[e.name]
