@@ -3,7 +3,11 @@ Piper's own (`piper-tts`, same voice file, same text, same thread count), in one
 
 Engines run interleaved (one repetition of each in turn), so a change in machine load hits all of them, and no
 engine ever runs twice in a row (turns()): in one process a synthesis that follows another of the same text ran
-~20 % faster (5 words, AMD EPYC Zen 4), so an order in which some engine follows itself favours it.
+~20 % faster (5 words, AMD EPYC Zen 4), so an order in which some engine follows itself favours it. And each
+run starts PAUSE_S after the one before: ONNX Runtime's pool threads spin for a while after a run (Piper's
+session spins, its default), and on two cores they took a core from whatever ran next: our 5-word synthesis
+took 104 ms right after Piper's, 95 ms 20 ms later, 90 ms 100 ms later, 87 ms right after our own (Zen 4,
+medians of 20).
 Time to first audio runs from the call (text in) to the first chunk of audio out; the real-time factor is
 the time to produce all of a sentence's audio over its duration.
 """
@@ -14,6 +18,7 @@ import time
 
 from speechrt.bench.fingerprint import usable_cores
 
+PAUSE_S = 0.1  # between two timed runs (see the module docstring)
 SENTENCES = {
     "short": "The weather is nice today.",  # 5 words
     "long": ("When the morning train finally pulled into the quiet station, the travelers gathered their heavy "
@@ -128,6 +133,7 @@ def run(args):
         runs = {e.name: [] for e in engines}
         for i in range(args.repeats):
             for e in turns(engines, i):
+                time.sleep(PAUSE_S)
                 runs[e.name].append(e.run(text))
         for e in engines:
             r = runs[e.name]
