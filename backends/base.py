@@ -247,9 +247,9 @@ def windows(frames: int, first: int, largest: int, parallel: int = 1, flow_cost:
     frames on each side that is not the sentence's edge. The windows after the first are then sized so that
     the workers, taking them in order, end together (makespan()): the rest split one window per worker is
     sized by when each worker is free, or, if that ends sooner, the windows after the first are one per
-    worker, those beside the first at most 4 * first frames (its audio is their deadline). 5 words (133
-    frames, 11 frames of context), two workers: 16, 64, 53 instead of 16, 48, 69; 200 frames: 16, 48, 84, 52
-    instead of 16, 48, 68, 68."""
+    worker, those beside the first at most 4 * first frames (its audio is their deadline); no window under
+    `first` frames, though the rest's may fall under 4 * first. 5 words (133 frames, 11 frames of context),
+    two workers: 16, 64, 53 instead of 16, 48, 69; 200 frames: 16, 48, 84, 52 instead of 16, 48, 68, 68."""
     out, a, size = [], 0, first
     while a < frames:
         rest = frames - a
@@ -302,7 +302,7 @@ def makespan(wins: list[tuple[int, int]], frames: int, context: int, parallel: i
 def _end_together(head, frames, rest, largest, parallel, context):
     """Sizes of the `parallel` windows that cover the `rest` after windows `head` so that the workers end
     together (each taking the next window when free, as makespan() models), or None where one would be
-    under one frame or over `largest`."""
+    under `first` frames (the head's first window) or over `largest`."""
     free = [0.0] * parallel
     for a, b in head:
         free[free.index(min(free))] += b - a + context * (1 + (a > 0))
@@ -310,7 +310,7 @@ def _end_together(head, frames, rest, largest, parallel, context):
     cost = [2 * context] * (parallel - 1) + [context]  # the last window has no right context
     end = (rest + sum(free) + sum(cost)) / parallel
     sizes = [end - f - c for f, c in zip(free, cost)]
-    return sizes if min(sizes) >= 1 and max(sizes) <= largest else None
+    return sizes if min(sizes) >= head[0][1] and max(sizes) <= largest else None
 
 
 class TTSRunner(Runner):
