@@ -23,6 +23,10 @@ SENTENCES = {
     "short": "The weather is nice today.",  # 5 words
     "long": ("When the morning train finally pulled into the quiet station, the travelers gathered their heavy "
              "bags and walked slowly toward the old wooden bridge that crossed the wide muddy river."),  # 30 words
+    # four sentences in one call: the ones after the first are vocoded for throughput (pipelines.tts.relaxed)
+    "paragraph": ("The station was quiet in the early morning. A few travelers waited on the platform with their bags. "
+                  "When the train finally arrived, everyone hurried toward the doors. The conductor smiled and checked "
+                  "each ticket."),  # 34 words
 }
 
 
