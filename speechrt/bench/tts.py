@@ -26,7 +26,7 @@ SENTENCES = {
     # four sentences in one call: the ones after the first are vocoded for throughput (pipelines.tts.relaxed)
     "paragraph": ("The station was quiet in the early morning. A few travelers waited on the platform with their bags. "
                   "When the train finally arrived, everyone hurried toward the doors. The conductor smiled and checked "
-                  "each ticket."),  # 34 words
+                  "each ticket."),  # 35 words
 }
 
 
@@ -148,14 +148,14 @@ def run(args):
                                       "audio_s": audio, "synth_s": total, "rtf": total / audio, "first_audio_s": first,
                                       "runs": r, "of": e}
 
-    hdr = f"{'sentence':9} {'engine':22} {'audio s':>8} {'synth s':>8} {'RTF':>7} {'first audio s':>14}"
+    hdr = f"{'sentence':15} {'engine':22} {'audio s':>8} {'synth s':>8} {'RTF':>7} {'first audio s':>14}"
     if peer is not None:
         hdr += f" {'RTF / Piper':>12} {'first / Piper':>14}"
     print(hdr)
     for key in texts:
         for e in engines:
             r = results[(key, e.name)]
-            line = (f"{key + ' (' + str(r['words']) + 'w)':9} {e.name:22} {r['audio_s']:8.2f} {r['synth_s']:8.3f} "
+            line = (f"{key + ' (' + str(r['words']) + 'w)':15} {e.name:22} {r['audio_s']:8.2f} {r['synth_s']:8.3f} "
                     f"{r['rtf']:7.3f} {r['first_audio_s']:14.3f}")
             if peer is not None:
                 p = results[(key, peer.name)]
