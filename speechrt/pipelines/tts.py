@@ -35,7 +35,7 @@ from speechrt.models.registry import resolve
 from speechrt.models.tts_text import SentenceStream, TextFrontEnd, TextOptions, stream_segments
 
 __all__ = ["TTSPipeline", "load_tts", "SynthesisOptions", "SynthesisStats", "stream_latent", "windows", "relaxed",
-           "encode_audio", "check_encoding", "ENCODINGS", "FORMATS"]
+           "throughput_windows", "encode_audio", "check_encoding", "ENCODINGS", "FORMATS"]
 
 FORMATS = ("wav", "pcm16", "f32")  # streamed as synthesized
 # files encoded whole at their end, through libsndfile (soundfile): name -> (major format, subtype, the sample
@@ -46,17 +46,17 @@ ENCODINGS = {"flac": ("FLAC", "PCM_16", None),
 
 
 # A sentence after the first may be vocoded for throughput instead of first audio (its flow at once, one window
-# per worker: no small first windows, fewer borders; throughput_windows) when the audio already out and not yet heard covers
-# RELAX_FACTOR x the time the sentence is estimated to take, plus RELAX_MARGIN_S (see relaxed()).
+# per worker: no small first windows, fewer borders; throughput_windows) when the audio already out and not yet
+# heard covers RELAX_FACTOR x the time the sentence is estimated to take, plus RELAX_MARGIN_S (see relaxed()).
 RELAX_FACTOR = 2.0
 RELAX_MARGIN_S = 0.25
 
 
 def relaxed(ahead_s: float, estimate_s: float) -> bool:
     """Whether a sentence may be vocoded for throughput: `ahead_s` seconds of audio are out and not yet heard
-    (played in real time from the first chunk on), and it is estimated to take `estimate_s` seconds (at the
-    rate of the sentences before it, in windows sized for first audio, which bounds the wait for its own
-    first window: a whole window per worker)."""
+    (played in real time from the first chunk on) and the sentence is estimated to take `estimate_s` seconds
+    (at the rate of the sentences before it). Its first audio then comes after its flow and a whole window
+    per worker, which is less than its estimate, the whole sentence in windows sized for first audio."""
     return ahead_s >= RELAX_FACTOR * estimate_s + RELAX_MARGIN_S
 
 
@@ -271,8 +271,9 @@ class TTSPipeline:
             if self.relax and ids_done and st.first_audio_seconds is not None:
                 ahead = st.audio_seconds - (time.perf_counter() - t0 - st.first_audio_seconds)
                 relax = relaxed(ahead, busy * len(ids) / ids_done)
-            # relaxed: a first window as large as any, so that the runner computes all the flow at once
-            latent = self.runner.latent(ids, replace(o, first_chunk_frames=o.max_chunk_frames) if relax else o)
+            # relaxed: a first window as large as any, so that the runner computes all the flow at once (up to
+            # ~18 s of speech; beyond, windows wait for the flow's background pieces they read)
+            latent = r.latent(ids, replace(o, first_chunk_frames=o.max_chunk_frames) if relax else o)
             wins = None
             if relax:
                 st.relaxed_sentences += 1

@@ -23,7 +23,8 @@ def torch_tts():
 def test_relaxed_needs_the_audio_ahead_to_cover_the_estimate():
     assert relaxed(3.0, 0.2)
     assert not relaxed(0.5, 0.2)  # 0.5 s ahead < 2 x 0.2 + 0.25
-    assert relaxed(RELAX_FACTOR * 0.2 + RELAX_MARGIN_S, 0.2) and not relaxed(RELAX_FACTOR * 0.2 + RELAX_MARGIN_S - 1e-3, 0.2)
+    edge = RELAX_FACTOR * 0.2 + RELAX_MARGIN_S
+    assert relaxed(edge, 0.2) and not relaxed(edge - 1e-3, 0.2)
     assert not relaxed(-1.0, 0.0)  # the listener has caught up: first audio matters again
 
 
