@@ -10,6 +10,7 @@ import torch
 from speechrt import backends
 from speechrt.bench.record import load
 from speechrt.bench.suite import Progress, Step, plan
+from speechrt.bench.tts import SENTENCES
 
 
 def test_plan_has_a_step_per_available_backend_and_precision():
@@ -50,7 +51,7 @@ def test_quick_run_of_one_family(bench, tmp_path):
     runs_here = [b for b in backends.available("tts") if b != "triton" or torch.cuda.is_available()]
     assert ours == set(runs_here)
     piper = [x for x in res.records if x.engine == "piper-tts"]
-    assert len(piper) == 4  # once (2 sentences x rtf, first audio), in the first step only
+    assert len(piper) == 2 * len(SENTENCES)  # once (each text x rtf, first audio), in the first step only
     # every row of ours is compared with Piper, the later backends' rows too (measured in the same run)
     assert all(x.peer == "piper-tts float32" for x in res.records if x.engine == "speechrt")
     if not torch.cuda.is_available() and "triton" in backends.available("tts"):
