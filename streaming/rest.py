@@ -279,7 +279,9 @@ class RestAPI:
                                  "leave them out")
         speed = number(body.get("speed"), "speed", 0.25, 4.0, 1.0)
         speaker = voice if voice in tts.voice.speaker_id_map else None
-        chunks = self.run_stream(speech_chunks(tts, text, speed, speaker))
+        # audio encoded at its end is not heard while it is made: every sentence for throughput
+        first_audio = stream_format == "sse" or fmt not in ENCODED_MEDIA
+        chunks = self.run_stream(speech_chunks(tts, text, speed, speaker, first_audio))
         try:  # the first chunk (or the error that the text cannot be read) before any byte is sent
             first = await anext(chunks)
         except StopAsyncIteration:
@@ -407,9 +409,10 @@ def token_logprobs(asr, audio: np.ndarray, transcript, opts: dict):
     yield out
 
 
-def speech_chunks(tts, text: str, speed: float, speaker):
+def speech_chunks(tts, text: str, speed: float, speaker, first_audio: bool = True):
     """On the engine's worker: int16 bytes, one synthesis window per step (the text is read on the first)."""
-    yield from tts.synthesize(text, format="pcm16", rate=speed, speaker=speaker, on_unsupported="drop")
+    yield from tts.synthesize(text, format="pcm16", rate=speed, speaker=speaker, on_unsupported="drop",
+                              first_audio=first_audio)
 
 
 def speech_format(fmt) -> str:

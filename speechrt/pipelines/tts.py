@@ -255,7 +255,8 @@ class TTSPipeline:
         """UserError if this voice cannot read `text` (characters it cannot read, nothing to say)."""
         self.text.prepare(text, TextOptions(normalize=False))
 
-    def _speak(self, id_seqs: Iterable[list[int]], o: SynthesisOptions, sample_rate, format, progress=None):
+    def _speak(self, id_seqs: Iterable[list[int]], o: SynthesisOptions, sample_rate, format, progress=None,
+               first_audio: bool = True):
         enc = AudioEncoder(self.sample_rate, sample_rate, format)
         st = self.last_stats = SynthesisStats()
         t0 = time.perf_counter()
@@ -267,8 +268,8 @@ class TTSPipeline:
         for done, ids in enumerate(id_seqs):
             if progress is not None:
                 progress(done, total)
-            relax = False
-            if self.relax and ids_done and st.first_audio_seconds is not None:
+            relax = self.relax and not first_audio  # nobody hears the audio while it is made
+            if self.relax and ids_done and st.first_audio_seconds is not None and not relax:
                 ahead = st.audio_seconds - (time.perf_counter() - t0 - st.first_audio_seconds)
                 relax = relaxed(ahead, busy * len(ids) / ids_done)
             # relaxed: a first window as large as any, so that the runner computes all the flow at once (up to
@@ -298,24 +299,27 @@ class TTSPipeline:
 
     def synthesize(self, text: str, options: SynthesisOptions | None = None, *, sample_rate: int | None = None,
                    format: str = "f32", normalize: bool = True, on_unsupported: str = "error", progress=None,
-                   **controls):
+                   first_audio: bool = True, **controls):
         """Text -> audio chunks (float32 arrays, or pcm16 bytes with format='pcm16'), sentence by sentence,
         each sentence in windows. Input is checked before any audio is produced: characters the voice
         cannot read are an error, or, with on_unsupported='drop', dropped with a warning. `progress(done,
-        total)` is called before each sentence and at the end."""
+        total)` is called before each sentence and at the end. first_audio=False: nobody hears the audio
+        while it is made (a file, a response encoded at its end), so every sentence is vocoded for throughput
+        (see relaxed()) and the first chunk comes later."""
         o = self.options(options, **controls)
         topt = TextOptions(normalize=normalize, on_unsupported=on_unsupported)
         if format == "wav":
             raise UserError("format 'wav' is for files (synthesize_to_file); stream 'f32' or 'pcm16'")
         AudioEncoder(self.sample_rate, sample_rate, format)  # validate before the first chunk
         sentences = list(self.text.sentences(text, topt))
-        return self._speak(sentences, o, sample_rate, format, progress)
+        return self._speak(sentences, o, sample_rate, format, progress, first_audio)
 
     def synthesize_stream(self, pieces: Iterable[str], options: SynthesisOptions | None = None, *,
                           sample_rate: int | None = None, format: str = "f32", min_clause_words: int = 8,
-                          on_unsupported: str = "drop", **controls):
+                          on_unsupported: str = "drop", first_audio: bool = True, **controls):
         """Text arriving in pieces (e.g. LLM tokens) -> audio chunks; each sentence or long-enough clause is
-        spoken as soon as it is complete. Unsupported characters (emoji) are dropped by default here."""
+        spoken as soon as it is complete. Unsupported characters (emoji) are dropped by default here.
+        first_audio=False: as in synthesize()."""
         o = self.options(options, **controls)
         topt = TextOptions(on_unsupported=on_unsupported)
 
@@ -324,11 +328,11 @@ class TTSPipeline:
                 if not any(c.isalnum() for c in seg):
                     continue
                 yield from self.text.sentences(seg, topt)
-        return self._speak(ids(), o, sample_rate, format)
+        return self._speak(ids(), o, sample_rate, format, first_audio=first_audio)
 
     def synthesize_array(self, text: str, options: SynthesisOptions | None = None, **kw) -> np.ndarray:
-        """The whole utterance as one float32 array."""
-        chunks = list(self.synthesize(text, options, **kw))
+        """The whole utterance as one float32 array (made for throughput: synthesize's first_audio=False)."""
+        chunks = list(self.synthesize(text, options, **{"first_audio": False, **kw}))
         return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
 
     def synthesize_to_file(self, text: str | Iterable[str], path, options: SynthesisOptions | None = None, *,
@@ -343,6 +347,8 @@ class TTSPipeline:
         if fmt in ENCODINGS:
             check_encoding(fmt)
         gen_fmt = "pcm16" if fmt == "wav" else "f32" if fmt in ENCODINGS else fmt
+        # a file encoded at the end, or written to disk, is not heard while it is made; stdout may be a player
+        kw.setdefault("first_audio", path == "-" and fmt not in ENCODINGS)
         gen = (self.synthesize(text, options, sample_rate=sample_rate, format=gen_fmt, **kw) if isinstance(text, str)
                else self.synthesize_stream(text, options, sample_rate=sample_rate, format=gen_fmt, **kw))
         rate = self.sample_rate if sample_rate is None else sample_rate

@@ -41,6 +41,10 @@ def test_throughput_windows_one_per_worker():
             assert len(w) % parallel == 0 or len(w) == max(1, frames // 44)  # fewer only where windows would be small
 
 
+def _streamed(tts, text):
+    return np.concatenate(list(tts.synthesize(text, noise_scale=0.0, noise_w=0.0)))
+
+
 def _calls(tts):
     r, calls = tts.runner, []
     orig = r.vocode_async
@@ -57,12 +61,12 @@ def test_later_sentences_vocoded_for_throughput_sound_the_same(torch_tts):
     calls, undo = _calls(torch_tts)
     try:
         torch_tts.relax = False
-        plain = torch_tts.synthesize_array(text, noise_scale=0.0, noise_w=0.0)
+        plain = _streamed(torch_tts, text)
         assert torch_tts.last_stats.relaxed_sentences == 0
         n_plain = len(calls)
         calls.clear()
         torch_tts.relax = True
-        fast = torch_tts.synthesize_array(text, noise_scale=0.0, noise_w=0.0)
+        fast = _streamed(torch_tts, text)
     finally:
         undo()
         del torch_tts.relax
@@ -93,3 +97,17 @@ def test_a_listener_that_caught_up_gets_first_audio_windows(torch_tts):
         yield "How are you today?"
     chunks = list(torch_tts.synthesize_stream(pieces()))
     assert chunks and torch_tts.last_stats.relaxed_sentences == 0
+
+
+def test_audio_nobody_hears_while_it_is_made_is_all_for_throughput(torch_tts, tmp_path):
+    """An array, a file, or a response encoded at its end: every sentence, the first too, is vocoded for
+    throughput (first_audio=False), and sounds the same as when streamed."""
+    text = "Good morning. " + REST
+    streamed = _streamed(torch_tts, text)
+    assert torch_tts.last_stats.relaxed_sentences < 3  # streamed: the first sentence for first audio
+    whole = torch_tts.synthesize_array(text, noise_scale=0.0, noise_w=0.0)
+    assert torch_tts.last_stats.relaxed_sentences == 3
+    assert len(whole) == len(streamed) and np.abs(whole - streamed).max() < 1e-5
+    st = torch_tts.synthesize_to_file(text, tmp_path / "a.f32", noise_scale=0.0, noise_w=0.0)
+    assert st.relaxed_sentences == 3
+    assert np.array_equal(np.fromfile(tmp_path / "a.f32", np.float32), whole)
