@@ -254,9 +254,7 @@ def windows(frames: int, first: int, largest: int, parallel: int = 1, flow_cost:
     while a < frames:
         rest = frames - a
         if size >= largest or (len(out) >= 2 and rest <= parallel * largest):
-            n = max(parallel, -(-rest // largest))  # even split of the rest
-            n = -(-n // parallel) * parallel if parallel > 1 else n
-            n = max(1, min(n, rest // (4 * first)))  # windows of at least 4*first frames (see above)
+            n = even_count(rest, largest, parallel, 4 * first)  # windows of at least 4*first frames (see above)
             share = [1.0] * n
             if flow_cost > 0 and n == parallel > 1:
                 share = [(1 + flow_cost) ** -i for i in range(n)]
@@ -289,24 +287,42 @@ def windows(frames: int, first: int, largest: int, parallel: int = 1, flow_cost:
     return out
 
 
-def makespan(wins: list[tuple[int, int]], frames: int, context: int, parallel: int) -> float:
-    """Frames of generator work until `parallel` workers that take `wins` in order, each window the next free
-    worker, have vocoded them all, a window costing its frames plus `context` on each side not at the edge
-    of the `frames` of its sentence."""
+def even_count(frames: int, largest: int, parallel: int, least: int) -> int:
+    """How many even windows `frames` are split into: one per worker, or a multiple of the workers so that none
+    is over `largest` frames, but fewer where a window would be under `least` frames (at least one)."""
+    n = max(parallel, -(-frames // largest))
+    n = -(-n // parallel) * parallel if parallel > 1 else n
+    return max(1, min(n, frames // max(1, least)))
+
+
+def throughput_windows(frames: int, parallel: int, largest: int, context: int) -> list[tuple[int, int]]:
+    """Windows sized for throughput rather than first audio: even, one per worker (or a multiple of the workers,
+    none over `largest`), none under 4 x `context` frames (each border costs 2 x context frames of vocoder work)."""
+    n = even_count(frames, largest, max(1, parallel), 4 * context)
+    bounds = [round(i * frames / n) for i in range(n + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _worker_ends(wins: list[tuple[int, int]], frames: int, context: int, parallel: int) -> list[float]:
+    """When each of `parallel` workers that take `wins` in order, each window the next free worker, is done, in
+    frames of generator work: a window costs its frames plus `context` on each side not at the edge of the
+    `frames` of its sentence."""
     free = [0.0] * parallel
     for a, b in wins:
         free[free.index(min(free))] += b - a + context * ((a > 0) + (b < frames))
-    return max(free)
+    return free
+
+
+def makespan(wins: list[tuple[int, int]], frames: int, context: int, parallel: int) -> float:
+    """Frames of generator work until the workers have vocoded all of `wins` (_worker_ends)."""
+    return max(_worker_ends(wins, frames, context, parallel))
 
 
 def _end_together(head, frames, rest, largest, parallel, context):
     """Sizes of the `parallel` windows that cover the `rest` after windows `head` so that the workers end
     together (each taking the next window when free, as makespan() models), or None where one would be
     under `first` frames (the head's first window) or over `largest`."""
-    free = [0.0] * parallel
-    for a, b in head:
-        free[free.index(min(free))] += b - a + context * (1 + (a > 0))
-    free.sort()  # the rest's windows go to the workers in the order they are free
+    free = sorted(_worker_ends(head, frames, context, parallel))  # the rest's windows go to them in this order
     cost = [2 * context] * (parallel - 1) + [context]  # the last window has no right context
     end = (rest + sum(free) + sum(cost)) / parallel
     sizes = [end - f - c for f, c in zip(free, cost)]

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from speechrt import backends
-from speechrt.backends.base import windows
+from speechrt.backends.base import throughput_windows, windows
 from speechrt.errors import UserError
 from speechrt.models.piper_loader import SynthesisOptions
 from speechrt.models.registry import resolve
@@ -58,16 +58,6 @@ def relaxed(ahead_s: float, estimate_s: float) -> bool:
     (at the rate of the sentences before it). Its first audio then comes after its flow and a whole window
     per worker, which is less than its estimate, the whole sentence in windows sized for first audio."""
     return ahead_s >= RELAX_FACTOR * estimate_s + RELAX_MARGIN_S
-
-
-def throughput_windows(frames: int, parallel: int, largest: int, context: int) -> list[tuple[int, int]]:
-    """Windows sized for throughput: one per worker (or a multiple of the workers, none over `largest`),
-    even, none under 4 x `context` frames (each border costs 2 x context frames of vocoder work)."""
-    p = max(1, parallel)
-    n = -(-max(p, -(-frames // largest)) // p) * p
-    n = max(1, min(n, frames // max(1, 4 * context)))
-    bounds = [round(i * frames / n) for i in range(n + 1)]
-    return list(zip(bounds[:-1], bounds[1:]))
 
 
 def stream_latent(runner, latent, options: SynthesisOptions, wins: list[tuple[int, int]] | None = None
@@ -269,7 +259,7 @@ class TTSPipeline:
             if progress is not None:
                 progress(done, total)
             relax = self.relax and not first_audio  # nobody hears the audio while it is made
-            if self.relax and ids_done and st.first_audio_seconds is not None and not relax:
+            if self.relax and first_audio and st.first_audio_seconds is not None:  # a sentence after the first
                 ahead = st.audio_seconds - (time.perf_counter() - t0 - st.first_audio_seconds)
                 relax = relaxed(ahead, busy * len(ids) / ids_done)
             # relaxed: a first window as large as any, so that the runner computes all the flow at once (up to
