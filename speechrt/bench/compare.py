@@ -9,7 +9,11 @@ error rates, counts) are never a regression.
 
 --relative-to-peer compares each of our rows' ratio to the peer measured in the same run instead (medians
 over medians, bests over bests), which cancels what load or a different machine does to both: for two
-runs on different or shared machines.
+runs on different or shared machines. Not round by round, though bench tts keeps its rounds: a burst of
+load falls on one engine's run of a round and not the other's, and the spread of the rounds' ratios came
+out wider than the ratio of the bests (16 rounds on a 2-core AMD EPYC Zen 4 with one core loaded on and
+off: the torch row's round ratios moved 16 % at the median and 40 % at the best between the even and the
+odd rounds, the medians' and bests' ratios 1 % and 20 %).
 
 Exit status: 0 when nothing regressed, 1 naming every row that did, 2 on a usage error.
 """

@@ -3,7 +3,8 @@
 A file is one run on one machine: the schema version, the command, the machine's fingerprint
 (fingerprint.py), and one record per measurement. A record names what was measured (family, model,
 engine, backend, precision, device, workload, metric, unit), its value, the spread of its repeats
-(n, min, median, max) and the label of the peer it is compared with, measured in the same run. What was
+(n, min, median, max; and each round's value where the run's engines took turns, `rounds`) and the label of
+the peer it is compared with, measured in the same run. What was
 not measured, and why, is a skip; GPU validation results are checks (pass/fail/skip with a detail).
 
     {"schema": "speechrt-bench/1", "command": "...", "created": "...", "machine": {...},
@@ -42,17 +43,28 @@ class Repeats:
     min: float
     median: float
     max: float
+    # each repeat's value in order, kept where a run's engines take turns round by round (bench tts): the
+    # rows of one run that have rounds were measured back to back in each round, so round i of ours and
+    # round i of the peer saw the same load
+    rounds: tuple[float, ...] | None = None
+
+    def __post_init__(self):
+        if self.rounds is not None:
+            object.__setattr__(self, "rounds", tuple(float(x) for x in self.rounds))
+            if len(self.rounds) != self.n:
+                raise ValueError(f"{len(self.rounds)} rounds for {self.n} repeats")
 
     @classmethod
-    def of(cls, samples) -> "Repeats | None":
+    def of(cls, samples, rounds: bool = False) -> "Repeats | None":
+        """The spread of `samples`; with rounds=True they are a run's rounds, in order, and are kept."""
         xs = [float(x) for x in samples]
         if not xs:
             return None
-        return cls(len(xs), min(xs), statistics.median(xs), max(xs))
+        return cls(len(xs), min(xs), statistics.median(xs), max(xs), tuple(xs) if rounds else None)
 
     def scaled(self, k: float) -> "Repeats":
         lo, hi = sorted((self.min * k, self.max * k))
-        return Repeats(self.n, lo, self.median * k, hi)
+        return Repeats(self.n, lo, self.median * k, hi, None if self.rounds is None else [x * k for x in self.rounds])
 
 
 @dataclass(frozen=True)
@@ -97,6 +109,8 @@ class Record:
         d = asdict(self)
         if self.repeats is None:
             d.pop("repeats")
+        elif self.repeats.rounds is None:
+            d["repeats"].pop("rounds")
         return d
 
 

@@ -171,8 +171,8 @@ def run(args):
 
 
 def _records(rows, model, threads, peer):
-    """Per sentence and engine: the real-time factor and the time to first audio, each with its repeats;
-    ours compared with Piper."""
+    """Per sentence and engine: the real-time factor and the time to first audio, each with its repeats (and
+    their rounds, in order); ours compared with Piper."""
     from speechrt.bench.record import Record, Repeats
 
     out = []
@@ -183,7 +183,7 @@ def _records(rows, model, threads, peer):
                       peer=f"{peer.engine} {peer.precision}" if peer is not None and e is not peer else "",
                       params={"threads": threads, "words": r["words"], "audio_s": r["audio_s"]})
         out.append(Record(metric="rtf", unit="x", value=r["rtf"], better="lower",
-                          repeats=Repeats.of(x[1] / x[2] for x in r["runs"]), **common))
+                          repeats=Repeats.of((x[1] / x[2] for x in r["runs"]), rounds=True), **common))
         out.append(Record(metric="first_audio_s", unit="s", value=r["first_audio_s"], better="lower",
-                          repeats=Repeats.of(x[0] for x in r["runs"]), **common))
+                          repeats=Repeats.of((x[0] for x in r["runs"]), rounds=True), **common))
     return out

@@ -1,5 +1,5 @@
-"""`speechrt bench compare`: a synthetic 20 % slowdown of a real run fails naming its rows; two real runs of
-the same commit pass; a shift of the median alone, or of the best repeat alone, is noise."""
+"""`speechrt bench compare`: a synthetic 20 % slowdown of a real run fails naming its rows; two interleaved
+real runs of the same commit pass; a shift of the median alone, or of the best repeat alone, is noise."""
 from __future__ import annotations
 
 import dataclasses
@@ -45,10 +45,11 @@ def test_our_20_percent_slowdown_fails_relative_to_the_peer(bench, tts_runs, tmp
 
 
 def test_two_runs_of_the_same_commit_pass(bench, tts_runs, tts_pair, tmp_path):
-    """Compared as they are, and as ratios to the peer. This machine's CPU may be shared with other work
-    whose load shifts by tens of percent from one minute to the next, and a sustained shift between two
-    runs is a real slowdown that no spread within a run can tell from a regression: a pair that fails is
-    measured again, twice at most; a comparison that flags every pair fails the test."""
+    """Compared as they are, and as ratios to the peer. The two runs are the even and odd rounds of one
+    bench run (measure_tts_pair): run one after the other on CI's shared host, a pair differed by 10-25 %
+    for the whole run three times in a row, a sustained load that no rule can tell from a regression. A
+    burst of load can still fall on one half's rounds: a pair that fails is measured again, twice at most;
+    a comparison that flags every pair fails the test."""
     failures = []
     for attempt in range(3):
         pair = tts_runs if attempt == 0 else tts_pair(tmp_path / f"pair{attempt}")
@@ -87,3 +88,4 @@ def test_threshold_forms(bench):
     assert parse_threshold("10%") == parse_threshold("0.1") == parse_threshold("10") == 0.1
     r = bench("compare", "a.json", "b.json", "--max-regression", "ten")
     assert r.returncode == 2 and "--max-regression must be a percentage" in r.stderr
+

@@ -44,7 +44,18 @@ def test_write_and_load_round_trip(tmp_path):
     back = load(path)
     assert back.records == res.records and back.skipped == res.skipped
     assert back.records[0].repeats == Repeats(3, 0.1, 0.11, 0.12)
+    assert "rounds" not in doc["records"][0]["repeats"]  # kept only where asked for
     assert back.peer_of(back.records[0]) is back.records[1]
+
+
+def test_rounds_are_kept_in_order(tmp_path):
+    rep = Repeats.of([0.12, 0.1, 0.11], rounds=True)
+    assert (rep.n, rep.min, rep.median, rep.max, rep.rounds) == (3, 0.1, 0.11, 0.12, (0.12, 0.1, 0.11))
+    assert rep.scaled(2).rounds == (0.24, 0.2, 0.22)
+    Results([_record(repeats=rep)]).write(tmp_path / "r.json")
+    assert load(tmp_path / "r.json").records[0].repeats == rep
+    with pytest.raises(ValueError, match="2 rounds for 3 repeats"):
+        Repeats(3, 0.1, 0.11, 0.12, (0.1, 0.12))
 
 
 def test_load_refuses_another_schema(tmp_path):
