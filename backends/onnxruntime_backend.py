@@ -107,13 +107,16 @@ def provider_options(provider: str, index: int = 0) -> dict:
     return opts
 
 
-def session(model_or_bytes, providers, threads: int | None = None, spin: bool = True) -> ort.InferenceSession:
+def session(model_or_bytes, providers, threads: int | None = None, spin: bool = True,
+            optimized: bool = False) -> ort.InferenceSession:
     """A session with every graph optimization; `threads`: intra-op threads (None: ORT's default, all cores).
     spin=False: the pool's threads sleep when a run ends instead of spinning for more work. For a loop that
     runs torch ops between the session's runs (Whisper's logit filters): on two cores the spinning threads
-    took the cores from those ops (AMD EPYC, 58-s passage, int8: 6.5 s -> 4.8 s)."""
+    took the cores from those ops (AMD EPYC, 58-s passage, int8: 6.5 s -> 4.8 s). optimized=True: the
+    graph is one ONNX Runtime already optimized for this machine (ort_nchwc): only the basic passes run."""
     so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_BASIC if optimized
+                                   else ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     if threads:
         so.intra_op_num_threads = threads
     if not spin:

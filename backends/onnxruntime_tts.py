@@ -28,6 +28,7 @@ class OrtVits:
         from speechrt.models.vits import VitsConfig
 
         from .onnxruntime_backend import session
+        from .ort_nchwc import joined_session
 
         conf = dict(manifest.config)
         for k in ("resblock_kernel_sizes", "upsample_rates", "upsample_kernel_sizes"):
@@ -36,8 +37,10 @@ class OrtVits:
         self.config = VitsConfig(**conf)
         # the windows' graphs on one thread each (the runner's workers run them side by side); the text graph
         # and the flow's head run alone at a sentence's start, when no window is ready yet: all threads
-        files = {name: str(directory / g.file) for name, g in manifest.graphs.items()}
-        self.sessions = {name: session(f, providers, 1) for name, f in files.items() if name != "text"}
+        self.files = files = {name: str(directory / g.file) for name, g in manifest.graphs.items()}
+        self.sessions = {name: session(f, providers, 1) for name, f in files.items() if name != "generator"}
+        # the generator without the reorders between its blocked-layout convolutions (ort_nchwc)
+        self.sessions["generator"], self.reorders_removed = joined_session(files["generator"], providers, 1)
         self.sessions["text"] = session(files["text"], providers, wide_threads, spin=False)
         self.sessions["flow/wide"] = session(files["flow"], providers, wide_threads, spin=False)
         self.inputs = {name: {i.name for i in s.get_inputs()} for name, s in self.sessions.items()}

@@ -1,0 +1,101 @@
+"""The generator's NCHWc islands joined (backends/ort_nchwc.py): the joined graph must compute what ONNX Runtime's
+own optimized graph computes, on the exported voice and on a small graph with the cases the rewrite must leave
+alone (a broadcast mask, a channel count that is not a multiple of 16), at odd lengths; and it must remove
+reorders on whatever CPU the test runs on (blocks of 8 channels with AVX2, 16 with AVX-512)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from speechrt import backends
+from speechrt.backends.onnxruntime_backend import session
+from speechrt.backends.ort_nchwc import join_islands, joined_session, optimized
+from speechrt.models.registry import resolve
+
+CPU = ["CPUExecutionProvider"]
+
+
+def _same(path, joined_sess, feeds):
+    stock = session(str(path), CPU, 1)
+    for feed in feeds:
+        a, b = stock.run(None, feed)[0], joined_sess.run(None, feed)[0]
+        assert a.shape == b.shape and np.isfinite(b).all()
+        assert np.abs(a - b).max() <= 1e-6 * max(1.0, float(np.abs(a).max())), feed
+
+
+def test_the_voices_generator_joined_gives_the_same_audio():
+    m = resolve("piper-en_US-joe-medium", "tts")
+    runner = backends.get("onnxruntime").tts(m, device="cpu")
+    ort_vits = runner.model
+    path = ort_vits.files["generator"]
+    _, removed = join_islands(optimized(path))
+    assert removed >= 20 and ort_vits.reorders_removed == removed  # 34 reorders -> 11 (AVX2 and AVX-512 alike)
+    rng = np.random.default_rng()
+    _same(path, ort_vits.sessions["generator"],
+          [{"z": rng.standard_normal((1, 192, f), dtype=np.float32)} for f in (1, 7, 27, 133)])
+
+
+def _small_graph(path):
+    """z [1, 16, T] and mask [1, 1, T]: conv (32) -> LeakyRelu -> conv (32) + the first conv's output, / 3,
+    * mask (a broadcast: must stay plain), -> transposed conv (32 -> 16, stride 2) -> + conv (16) of LeakyRelu
+    of it -> conv to 24 channels (no 16-multiple: its LeakyRelu stays plain) -> conv to 16 -> Tanh."""
+    rng = np.random.default_rng(0)
+    inits, nodes = [numpy_helper.from_array(np.array([2], np.int64), "axis"),
+                    numpy_helper.from_array(np.array(3.0, np.float32), "three")], []
+
+    def conv(x, cin, cout, out, k=3, dil=1, transposed=False, stride=1):
+        w = (rng.standard_normal((cin, cout, 1, k) if transposed else (cout, cin, 1, k)) * 0.2).astype(np.float32)
+        inits.extend([numpy_helper.from_array(w, f"{out}.w"),
+                      numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32) * 0.1, f"{out}.b")])
+        pad = dil * (k - 1) // 2
+        nodes.append(helper.make_node("Unsqueeze", [x, "axis"], [f"{out}.4d"]))
+        if transposed:
+            nodes.append(helper.make_node("ConvTranspose", [f"{out}.4d", f"{out}.w", f"{out}.b"], [f"{out}.o4d"],
+                                          kernel_shape=[1, k], strides=[1, stride], pads=[0, (k - stride) // 2] * 2))
+        else:
+            nodes.append(helper.make_node("Conv", [f"{out}.4d", f"{out}.w", f"{out}.b"], [f"{out}.o4d"],
+                                          kernel_shape=[1, k], dilations=[1, dil], pads=[0, pad, 0, pad]))
+        nodes.append(helper.make_node("Squeeze", [f"{out}.o4d", "axis"], [out]))
+        return out
+
+    def op(kind, ins, out, **kw):
+        nodes.append(helper.make_node(kind, ins, [out], **kw))
+        return out
+
+    a = conv("z", 16, 32, "a")
+    b = conv(op("LeakyRelu", [a], "a.act", alpha=0.1), 32, 32, "b", dil=3)
+    s = op("Div", [op("Add", [b, a], "ab"), "three"], "avg")
+    up = conv(op("Mul", [s, "mask"], "masked"), 32, 16, "up", k=4, transposed=True, stride=2)
+    r = op("Add", [up, conv(op("LeakyRelu", [up], "up.act", alpha=0.1), 16, 16, "c", k=5)], "res")
+    odd = conv(r, 16, 24, "odd")
+    y = op("Tanh", [conv(op("LeakyRelu", [odd], "odd.act", alpha=0.1), 24, 16, "post")], "y")
+    g = helper.make_graph(nodes, "small", [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 16, "T"]),
+                                           helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 1, "T"])],
+                          [helper.make_tensor_value_info(y, TensorProto.FLOAT, None)], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_a_small_graph_joined_computes_the_same(tmp_path):
+    path = tmp_path / "small.onnx"
+    _small_graph(path)
+    joined, removed = join_islands(optimized(path))
+    assert removed > 0
+    ops = [n.op_type for n in joined.graph.node]
+    assert ops.count("Mul") == 1 and "Mul" in [n.op_type for n in optimized(path).graph.node]
+    rng = np.random.default_rng()
+    feeds = [{"z": rng.standard_normal((1, 16, t), dtype=np.float32),
+              "mask": (rng.random((1, 1, t)) > 0.3).astype(np.float32)} for t in (1, 5, 33, 100)]
+    _same(path, session(joined.SerializeToString(), CPU, 1, optimized=True), feeds)
+    _same(path, joined_session(path, CPU, 1)[0], feeds)
+
+
+def test_other_providers_get_the_graph_as_it_is(tmp_path, monkeypatch):
+    """The blocked layout is the CPU provider's: with any other provider in the list nothing is rewritten."""
+    import speechrt.backends.onnxruntime_backend as ob
+
+    seen = []
+    monkeypatch.setattr(ob, "session", lambda data, providers, threads, **kw: seen.append((data, kw)) or "s")
+    assert joined_session("g.onnx", ["CUDAExecutionProvider", "CPUExecutionProvider"], 1) == ("s", 0)
+    assert seen == [("g.onnx", {})]
+
