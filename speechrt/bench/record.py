@@ -4,8 +4,8 @@ A file is one run on one machine: the schema version, the command, the machine's
 (fingerprint.py), and one record per measurement. A record names what was measured (family, model,
 engine, backend, precision, device, workload, metric, unit), its value, the spread of its repeats
 (n, min, median, max; and each round's value where the run's engines took turns, `rounds`) and the label of
-the peer it is compared with, measured in the same run. What was
-not measured, and why, is a skip; GPU validation results are checks (pass/fail/skip with a detail).
+the peer it is compared with, measured in the same run. What was not measured, and why, is a skip; GPU
+validation results are checks (pass/fail/skip with a detail).
 
     {"schema": "speechrt-bench/1", "command": "...", "created": "...", "machine": {...},
      "records": [{"family": "asr", "model": "whisper-tiny.en", "engine": "speechrt", "backend": "torch",
@@ -43,9 +43,8 @@ class Repeats:
     min: float
     median: float
     max: float
-    # each repeat's value in order, kept where a run's engines take turns round by round (bench tts): the
-    # rows of one run that have rounds were measured back to back in each round, so round i of ours and
-    # round i of the peer saw the same load
+    # each repeat's value in order, kept where a run's engines take turns round by round (bench tts): round i
+    # of every row that has rounds was measured back to back with round i of the others
     rounds: tuple[float, ...] | None = None
 
     def __post_init__(self):
