@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from speechrt import backends
@@ -29,7 +30,10 @@ def test_the_voices_generator_joined_gives_the_same_audio():
     runner = backends.get("onnxruntime").tts(m, device="cpu")
     ort_vits = runner.model
     path = ort_vits.files["generator"]
-    _, removed = join_islands(optimized(path))
+    stock = optimized(path)
+    if not any(n.op_type == "ReorderOutput" for n in stock.graph.node):
+        pytest.skip("ONNX Runtime has no blocked (NCHWc) convolutions on this CPU: nothing to join")
+    _, removed = join_islands(stock)
     assert removed >= 20 and ort_vits.reorders_removed == removed  # 34 reorders -> 11 (AVX2 and AVX-512 alike)
     rng = np.random.default_rng()
     _same(path, ort_vits.sessions["generator"],
@@ -79,10 +83,13 @@ def _small_graph(path):
 def test_a_small_graph_joined_computes_the_same(tmp_path):
     path = tmp_path / "small.onnx"
     _small_graph(path)
-    joined, removed = join_islands(optimized(path))
+    stock = optimized(path)
+    if not any(n.op_type == "ReorderOutput" for n in stock.graph.node):
+        pytest.skip("ONNX Runtime has no blocked (NCHWc) convolutions on this CPU: nothing to join")
+    joined, removed = join_islands(stock)
     assert removed > 0
     ops = [n.op_type for n in joined.graph.node]
-    assert ops.count("Mul") == 1 and "Mul" in [n.op_type for n in optimized(path).graph.node]
+    assert ops.count("Mul") == 1 and "Mul" in [n.op_type for n in stock.graph.node]
     rng = np.random.default_rng()
     feeds = [{"z": rng.standard_normal((1, 16, t), dtype=np.float32),
               "mask": (rng.random((1, 1, t)) > 0.3).astype(np.float32)} for t in (1, 5, 33, 100)]
