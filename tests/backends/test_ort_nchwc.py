@@ -41,9 +41,10 @@ def test_the_voices_generator_joined_gives_the_same_audio():
 
 
 def _small_graph(path):
-    """z [1, 16, T] and mask [1, 1, T]: conv (32) -> LeakyRelu -> conv (32) + the first conv's output, / 3,
-    * mask (a broadcast: must stay plain), -> transposed conv (32 -> 16, stride 2) -> + conv (16) of LeakyRelu
-    of it -> conv to 24 channels (no 16-multiple: its LeakyRelu stays plain) -> conv to 16 -> Tanh."""
+    """z [1, 16, T], g [1, 8, 1] and mask [1, 1, T]: conv (32) + conv (32) of g (a broadcast over time, as a
+    speaker's conditioning is: must stay plain) -> LeakyRelu -> conv (32) + the first conv's output, / 3,
+    * mask (a broadcast over channels: must stay plain), -> transposed conv (32 -> 16, stride 2) -> + conv (16)
+    of LeakyRelu of it -> conv to 24 channels (no 16-multiple: its LeakyRelu stays plain) -> conv to 16 -> Tanh."""
     rng = np.random.default_rng(0)
     inits, nodes = [numpy_helper.from_array(np.array([2], np.int64), "axis"),
                     numpy_helper.from_array(np.array(3.0, np.float32), "three")], []
@@ -67,7 +68,7 @@ def _small_graph(path):
         nodes.append(helper.make_node(kind, ins, [out], **kw))
         return out
 
-    a = conv("z", 16, 32, "a")
+    a = op("Add", [conv("z", 16, 32, "a0"), conv("g", 8, 32, "cond", k=1)], "a")
     b = conv(op("LeakyRelu", [a], "a.act", alpha=0.1), 32, 32, "b", dil=3)
     s = op("Div", [op("Add", [b, a], "ab"), "three"], "avg")
     up = conv(op("Mul", [s, "mask"], "masked"), 32, 16, "up", k=4, transposed=True, stride=2)
@@ -75,6 +76,7 @@ def _small_graph(path):
     odd = conv(r, 16, 24, "odd")
     y = op("Tanh", [conv(op("LeakyRelu", [odd], "odd.act", alpha=0.1), 24, 16, "post")], "y")
     g = helper.make_graph(nodes, "small", [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 16, "T"]),
+                                           helper.make_tensor_value_info("g", TensorProto.FLOAT, [1, 8, 1]),
                                            helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 1, "T"])],
                           [helper.make_tensor_value_info(y, TensorProto.FLOAT, None)], inits)
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
@@ -89,9 +91,10 @@ def test_a_small_graph_joined_computes_the_same(tmp_path):
     joined, removed = join_islands(stock)
     assert removed > 0
     ops = [n.op_type for n in joined.graph.node]
-    assert ops.count("Mul") == 1 and "Mul" in [n.op_type for n in stock.graph.node]
+    # the broadcasts stay plain: the mask's Mul has no twin, and the Add of g's conditioning is the original
+    assert ops.count("Mul") == 1 and any(n.op_type == "Add" and list(n.output) == ["a"] for n in joined.graph.node)
     rng = np.random.default_rng()
-    feeds = [{"z": rng.standard_normal((1, 16, t), dtype=np.float32),
+    feeds = [{"z": rng.standard_normal((1, 16, t), dtype=np.float32), "g": rng.standard_normal((1, 8, 1), dtype=np.float32),
               "mask": (rng.random((1, 1, t)) > 0.3).astype(np.float32)} for t in (1, 5, 33, 100)]
     _same(path, session(joined.SerializeToString(), CPU, 1, optimized=True), feeds)
     _same(path, joined_session(path, CPU, 1)[0], feeds)
@@ -106,3 +109,26 @@ def test_other_providers_get_the_graph_as_it_is(tmp_path, monkeypatch):
     assert joined_session("g.onnx", ["CUDAExecutionProvider", "CPUExecutionProvider"], 1) == ("s", 0)
     assert seen == [("g.onnx", {})]
 
+
+
+def test_a_misread_graph_falls_back_to_the_stock_one(tmp_path, monkeypatch, caplog):
+    """The joined graph is checked against the stock one at load: one that computes something else (here its
+    Tanh made a Sigmoid, as a misread broadcast would change the numbers) is not used."""
+    import speechrt.backends.ort_nchwc as nchwc
+
+    path = tmp_path / "small.onnx"
+    _small_graph(path)
+    real = nchwc.join_islands
+
+    def misread(model):
+        joined, removed = real(model)
+        for n in joined.graph.node:
+            if n.op_type == "Tanh":
+                n.op_type = "Sigmoid"
+        return joined, max(removed, 1)
+
+    monkeypatch.setattr(nchwc, "join_islands", misread)
+    sess, removed = joined_session(path, CPU, 1)
+    assert removed == 0 and "running the stock graph" in caplog.text
+    stock = session(str(path), CPU, 1)
+    assert nchwc.disagreement(stock, sess) == 0.0
