@@ -105,7 +105,7 @@ def join_islands(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     scalars = {t.name for t in g.initializer if numpy_helper.to_array(t).size == 1}
     j = _Joiner(g, scalars)
     outputs = {o.name for o in g.output}
-    nodes = j.skip_reorders(j.twins(list(g.node)))
+    nodes = j.skip_reorders(j.twins(_topological(list(g.node))))
     alive = {id(n) for n in _live(nodes, outputs)}  # not the Unsqueezes of the reorders skipped
     live = _live(j.plain_readers(nodes, alive), outputs)
     del g.node[:]
@@ -134,7 +134,8 @@ class _Joiner:
             self.sources.update((o, src) for o in n.output)
         # plain tensors that a convolution reads in the blocked layout (through Unsqueeze -> ReorderInput)
         self.reordered = {self.producer[r.input[0]].input[0] for r in graph.node
-                          if r.op_type == "ReorderInput" and r.domain == NCHWC and r.input[0] in self.producer
+                          if r.op_type == "ReorderInput" and r.domain == NCHWC and not _channels_last(r)
+                          and r.input[0] in self.producer
                           and self.producer[r.input[0]].op_type == "Unsqueeze"}
 
     def name(self, what: str) -> str:
@@ -146,7 +147,7 @@ class _Joiner:
         src = self.producer.get(n.input[0])
         if n.op_type != "Squeeze" or src is None or len(n.input) < 2:
             return
-        if src.op_type == "ReorderOutput" and src.domain == NCHWC:
+        if src.op_type == "ReorderOutput" and src.domain == NCHWC and not _channels_last(src):
             ch = next((a.i for a in src.attribute if a.name == "channels"), 0)
             if ch % LEAST_BLOCK == 0:
                 self.blocked[n.output[0]] = (src.input[0], ch)
@@ -202,7 +203,7 @@ class _Joiner:
         for n in nodes:
             u = producer.get(n.input[0]) if n.input else None
             if n.op_type == "ReorderInput" and n.domain == NCHWC and not n.name.startswith("speechrt/nchwc/") and \
-                    u is not None and u.op_type == "Unsqueeze" and list(u.input[1:]) == [self.axis] and \
+                    not _channels_last(n) and u is not None and u.op_type == "Unsqueeze" and list(u.input[1:]) == [self.axis] and \
                     u.input[0] in self.blocked:
                 rename[n.output[0]] = self.blocked[u.input[0]][0]
                 continue
@@ -228,6 +229,11 @@ class _Joiner:
                 _rename_inputs(n, plain)
             out.append(n)
         return out
+
+
+def _channels_last(reorder) -> bool:
+    """Whether a ReorderInput/ReorderOutput's plain side is NHWC (never joined: the rewrite assumes NCHW)."""
+    return any(a.name == "channels_last" and a.i for a in reorder.attribute)
 
 
 def _rename_inputs(node, rename: dict) -> None:
