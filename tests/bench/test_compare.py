@@ -88,4 +88,3 @@ def test_threshold_forms(bench):
     assert parse_threshold("10%") == parse_threshold("0.1") == parse_threshold("10") == 0.1
     r = bench("compare", "a.json", "b.json", "--max-regression", "ten")
     assert r.returncode == 2 and "--max-regression must be a percentage" in r.stderr
-
