@@ -53,7 +53,11 @@ def joined_session(path, providers, threads: int = 1) -> tuple:
     stock = onnxruntime_backend.session(str(path), providers, threads)
     if any(i.type != "tensor(float)" for i in stock.get_inputs()):  # (disagreement feeds floats)
         return stock, 0
-    model, removed = join_islands(optimized(path, threads))
+    try:
+        model, removed = join_islands(optimized(path, threads))
+    except Exception as e:  # noqa: BLE001 - an optimization only (a read-only temp dir, a graph it cannot read)
+        log.warning("%s: not joining the NCHWc islands (%s); running the stock graph", path, e)
+        return stock, 0
     if removed <= 0:
         return stock, 0
     joined = onnxruntime_backend.session(model.SerializeToString(), providers, threads, optimized=True)

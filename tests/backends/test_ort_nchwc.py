@@ -132,3 +132,17 @@ def test_a_misread_graph_falls_back_to_the_stock_one(tmp_path, monkeypatch, capl
     assert removed == 0 and "running the stock graph" in caplog.text
     stock = session(str(path), CPU, 1)
     assert nchwc.disagreement(stock, sess) == 0.0
+
+
+def test_a_graph_that_cannot_be_optimized_runs_as_it_is(tmp_path, monkeypatch, caplog):
+    """The rewrite is an optimization: where the optimized graph cannot be made (here no temporary directory
+    to write it to), the session runs the graph as it is, with a warning."""
+    import tempfile
+
+    path = tmp_path / "small.onnx"
+    _small_graph(path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
+    sess, removed = joined_session(path, CPU, 1)
+    assert removed == 0 and "not joining the NCHWc islands" in caplog.text
+    _same(path, sess, [{"z": np.ones((1, 16, 9), np.float32), "g": np.ones((1, 8, 1), np.float32),
+                        "mask": np.ones((1, 1, 9), np.float32)}])
