@@ -51,14 +51,14 @@ def joined_session(path, providers, threads: int = 1) -> tuple:
 
     if list(providers) != ["CPUExecutionProvider"]:
         return onnxruntime_backend.session(str(path), providers, threads), 0
-    stock = onnxruntime_backend.session(str(path), providers, threads)
-    if any(i.type != "tensor(float)" for i in stock.get_inputs()):  # (disagreement feeds floats)
-        return stock, 0
-    try:
-        model, removed = join_islands(optimized(path, threads))
+    try:  # the stock session, which also writes out the graph as it optimized it
+        stock, model = optimized_session(path, threads)
     except Exception as e:  # noqa: BLE001 - an optimization only (a read-only temp dir, a graph it cannot read)
         log.warning("%s: not joining the NCHWc islands (%s); running the stock graph", path, e)
+        return onnxruntime_backend.session(str(path), providers, threads), 0
+    if any(i.type != "tensor(float)" for i in stock.get_inputs()):  # (disagreement feeds floats)
         return stock, 0
+    model, removed = join_islands(model)
     if removed <= 0:
         return stock, 0
     joined = onnxruntime_backend.session(model.SerializeToString(), providers, threads, optimized=True)
@@ -87,6 +87,12 @@ def disagreement(a, b, frames: int = 37) -> float:
 
 def optimized(path, threads: int = 1) -> onnx.ModelProto:
     """The graph in `path` as ONNX Runtime's CPU provider optimizes it on this machine (NCHWc nodes included)."""
+    return optimized_session(path, threads)[1]
+
+
+def optimized_session(path, threads: int = 1) -> tuple:
+    """(a CPU session for the graph in `path` with every optimization, as onnxruntime_backend.session makes it
+    with `threads` intra-op threads, the graph as that session optimized it)."""
     import onnxruntime as ort
 
     fd, out = tempfile.mkstemp(suffix=".onnx")
@@ -97,8 +103,8 @@ def optimized(path, threads: int = 1) -> onnx.ModelProto:
         so.intra_op_num_threads = threads
         so.optimized_model_filepath = out
         so.log_severity_level = 3  # its warning that the saved graph is for this machine only: it is
-        ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-        return onnx.load(out)
+        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        return sess, onnx.load(out)
     finally:
         os.unlink(out)
 
