@@ -73,6 +73,8 @@ def cpu() -> dict:
         "memory_gib": round(mem_kib / 2**20, 1) if mem_kib else None,
         "mhz": round(max(mhz)) if mhz else None,  # as the kernel reports it now (turbo and power states vary)
         "torch_capability": capability,  # the ATen kernel level torch dispatches to (AVX2, AVX512, ...)
+        # run through speechrt.bench.avx2_proxy: every library on its AVX2 code path on this (wider) CPU
+        "avx2_proxy": os.environ.get("SPEECHRT_AVX2_PROXY") == "1",
     }
 
 
@@ -150,7 +152,8 @@ def label(machine: dict) -> str:
     widest = next((f for f in ("amx_tile", "avx512f", "avx2", "neon") if isa.get(f)), None)
     widest = {"amx_tile": "AMX", "avx512f": "AVX-512", "avx2": "AVX2", "neon": "NEON"}.get(widest, "")
     name = f"{c.get('model') or c.get('arch')}" + (f" {c['family']}" if c.get("family") else "")
-    return f"{name} {c.get('logical_cores')} cores" + (f" {widest}" if widest else "")
+    proxy = " as AVX2" if c.get("avx2_proxy") else ""
+    return f"{name} {c.get('logical_cores')} cores" + (f" {widest}" if widest else "") + proxy
 
 
 def fingerprint(name: str | None = None) -> dict:
@@ -176,6 +179,7 @@ def describe(machine: dict) -> str:
     family = f" {c['family']}" if c.get("family") else ""
     total = c.get("machine_logical_cores")
     cores = f"{c.get('logical_cores')}" + (f" of {total}" if total and total != c.get("logical_cores") else "")
-    return (f"{c.get('model')}{family} ({cores} logical cores; {isa or 'ISA unknown'}), "
+    proxy = "; run on its AVX2 code paths (speechrt.bench.avx2_proxy)" if c.get("avx2_proxy") else ""
+    return (f"{c.get('model')}{family} ({cores} logical cores; {isa or 'ISA unknown'}{proxy}), "
             f"{c.get('memory_gib')} GiB; {gpu}; torch {s['packages'].get('torch', '-')}; speechrt {s['speechrt']} "
             f"@ {commit}")

@@ -1,0 +1,135 @@
+"""An AVX2-only machine's code paths on a CPU that has AVX-512, for benchmarks: the nearest this project gets to
+an AVX2 machine when the VM it is given has AVX-512 (its numbers are the AVX-512 core's, running AVX2 code: say
+so beside them).
+
+    python -m speechrt.bench.avx2_proxy DIR     # writes DIR/onnxruntime and DIR/sitecustomize.py
+    PYTHONPATH=DIR speechrt bench server ...    # anything, with every library on its AVX2 path
+
+- ONNX Runtime has no switch for it: MLAS picks its kernels from CPUID and XGETBV once, when it loads. DIR gets a
+  copy of the installed onnxruntime package whose XGETBV instructions (the read of XCR0, the register that says
+  which vector state the OS saves) are replaced by `push 7; pop rax`: x87, SSE and AVX state, no AVX-512 state. So
+  MLAS, ONNX Runtime's own CPU probe and cpuinfo take the AVX2 kernels, as they do on an AVX2 CPU.
+- DIR/sitecustomize.py (Python imports it at start-up from PYTHONPATH) sets SPEECHRT_CPU_ISA=avx2 (speechrt's
+  backend choice and its CPU decode kernel's build, speechrt.machine), ATEN_CPU_CAPABILITY=avx2 (torch's
+  kernels), ONEDNN_MAX_CPU_ISA=AVX2 (oneDNN) and CT2_FORCE_CPU_ISA=AVX2 (CTranslate2, faster-whisper's engine).
+
+It then checks the copy: int8 MatMulInteger on the copy and on the installed package, side by side. On a CPU
+with AVX512-VNNI the copy's is about half (vpmaddubsw in place of vpdpbusd); equal speeds mean the patch missed.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+XGETBV = b"\x0f\x01\xd0"
+XCR0_AVX_ONLY = b"\x6a\x07\x58"  # push 7; pop rax: the same 3 bytes as XGETBV
+
+SITECUSTOMIZE = '''"""speechrt.bench.avx2_proxy: every library on its AVX2 code path (this directory's onnxruntime is patched)."""
+import os
+
+for k, v in {"SPEECHRT_CPU_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+             "CT2_FORCE_CPU_ISA": "AVX2", "SPEECHRT_AVX2_PROXY": "1"}.items():
+    os.environ.setdefault(k, v)
+'''
+
+INT8_PROBE = '''
+import time, numpy as np, onnx, onnxruntime as ort
+from onnx import helper, TensorProto, numpy_helper
+n = 768
+w = numpy_helper.from_array(np.random.randint(-128, 127, (n, n)).astype(np.int8), "w")
+g = helper.make_graph([helper.make_node("MatMulInteger", ["x", "w"], ["y"])], "g",
+                      [helper.make_tensor_value_info("x", TensorProto.UINT8, [n, n])],
+                      [helper.make_tensor_value_info("y", TensorProto.INT32, None)], [w])
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+so = ort.SessionOptions(); so.intra_op_num_threads = 1
+s = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+x = np.random.randint(0, 255, (n, n)).astype(np.uint8)
+s.run(None, {"x": x}); best = 1e9
+for _ in range(8):
+    t = time.perf_counter(); s.run(None, {"x": x}); best = min(best, time.perf_counter() - t)
+print(ort.__file__, 2 * n ** 3 / best / 1e9)
+'''
+
+
+def xgetbv_offsets(lib: Path) -> list[int]:
+    """File offsets of the XGETBV instructions in a shared library, found by disassembling it (objdump): the
+    same three bytes occur inside other instructions too."""
+    if shutil.which("objdump") is None:
+        raise SystemExit("objdump not found: install binutils (apt install binutils)")
+    heads = subprocess.run(["objdump", "-h", str(lib)], capture_output=True, text=True, check=True).stdout
+    # "  idx name  size  vma  lma  file-off  align": the executable sections' address -> file offset
+    sections = [(int(vma, 16), int(size, 16), int(off, 16)) for _, name, size, vma, _, off, *_ in
+                (line.split() for line in heads.splitlines() if re.match(r"\s+\d+ \.", line)) if name == ".text"]
+    dis = subprocess.run(["objdump", "-d", "--no-show-raw-insn", "-j", ".text", str(lib)],
+                         capture_output=True, text=True, check=True).stdout
+    offsets = []
+    for m in re.finditer(r"^\s*([0-9a-f]+):\s+xgetbv\s*$", dis, re.M):
+        addr = int(m.group(1), 16)
+        offsets += [off + addr - vma for vma, size, off in sections if vma <= addr < vma + size]
+    return offsets
+
+
+def patch_xgetbv(data: bytearray, offsets: list[int]) -> None:
+    """Replace the XGETBV at each offset of `data` in place."""
+    for at in offsets:
+        if data[at:at + len(XGETBV)] != XGETBV:
+            raise SystemExit(f"no XGETBV at offset {at:#x}: the disassembly and the file disagree")
+        data[at:at + len(XGETBV)] = XCR0_AVX_ONLY
+
+
+def make(out: Path) -> list[tuple[str, int]]:
+    """DIR/onnxruntime (patched copy) and DIR/sitecustomize.py; the patched (library, sites) pairs."""
+    import onnxruntime
+
+    src = Path(onnxruntime.__file__).parent
+    dst = out / "onnxruntime"
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+    patched = []
+    for lib in sorted(dst.glob("capi/*.so*")):
+        sites = xgetbv_offsets(lib)
+        if sites:
+            data = bytearray(lib.read_bytes())
+            patch_xgetbv(data, sites)
+            lib.write_bytes(bytes(data))
+            patched.append((lib.name, len(sites)))
+    if not patched:
+        raise SystemExit(f"no XGETBV found in {src}/capi: this ONNX Runtime build cannot be patched here")
+    (out / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    return patched
+
+
+def int8_gops(pythonpath: str | None) -> tuple[str, float]:
+    """(the onnxruntime imported, int8 MatMulInteger GOP/s on one thread) in a fresh interpreter."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    out = subprocess.run([sys.executable, "-c", INT8_PROBE], env=env, capture_output=True, text=True, check=True)
+    where, gops = out.stdout.split()[-2:]
+    return where, float(gops)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m speechrt.bench.avx2_proxy", description=__doc__.split("\n\n")[0])
+    ap.add_argument("dir", type=Path, help="where to write the patched onnxruntime and sitecustomize.py")
+    args = ap.parse_args(argv)
+    args.dir.mkdir(parents=True, exist_ok=True)
+    for lib, n in make(args.dir):
+        print(f"{lib}: {n} XGETBV read(s) of XCR0 now report x87/SSE/AVX state only")
+    native, proxy = int8_gops(None), int8_gops(str(args.dir))
+    if not proxy[0].startswith(str(args.dir.resolve())):
+        raise SystemExit(f"PYTHONPATH={args.dir} imported {proxy[0]}, not the patched copy")
+    print(f"int8 MatMulInteger, one thread: installed {native[1]:.0f} GOP/s, AVX2 proxy {proxy[1]:.0f} GOP/s "
+          f"({proxy[1] / native[1]:.2f}x)")
+    print(f"run with: PYTHONPATH={args.dir} ...")
+
+
+if __name__ == "__main__":
+    main()
