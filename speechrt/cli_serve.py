@@ -64,6 +64,10 @@ def add_arguments(p):
     p.add_argument("--final-margin", type=float, default=None, metavar="SECONDS",
                    help="seconds of padding after a turn's audio that its final transcript encodes (default 10; 30: "
                         "whole windows): less is faster and may lose words (python -m speechrt.bench.margin_study)")
+    p.add_argument("--loaded-final-margin", type=float, default=None, metavar="SECONDS",
+                   help="the final margin while the engine is loaded (its worker busy 90%% of the last 2 s; default "
+                        "3, or --final-margin if less; 0: the full margin always): a slow CPU keeps the capacity "
+                        "of short margins, and the words of 10-s margins while it has time to spare")
     p.add_argument("--no-speculative-replies", dest="speculative_replies", action="store_false",
                    help="do not begin a reply during a pause before turn detection ends the turn (by default, when "
                         "the engine has time to spare, the reply to the transcript so far is made during the pause "
@@ -95,6 +99,7 @@ def options(args):
 
     from speechrt.streaming.server import ServerOptions
 
+    final_margin = ServerOptions.final_margin if args.final_margin is None else args.final_margin
     return ServerOptions(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("SPEECHRT_API_KEY"),
                          origins=tuple(args.allow_origin), private_metrics=args.private_metrics,
                          max_sessions=args.max_sessions, max_rest_requests=args.max_rest_requests,
@@ -104,9 +109,18 @@ def options(args):
                          max_send_queue_bytes=args.max_send_queue_bytes, ping_interval=args.ping_interval,
                          ping_timeout=args.ping_timeout,
                          silence_duration_ms=args.silence_duration_ms, partial_interval=args.partial_interval,
-                         final_margin=ServerOptions.final_margin if args.final_margin is None
-                         else args.final_margin,
+                         final_margin=final_margin, loaded_final_margin=loaded_margin(args, final_margin),
                          speculative_replies=args.speculative_replies, debug=args.debug_endpoints)
+
+
+def loaded_margin(args, final_margin: float) -> float | None:
+    """--loaded-final-margin: None for 0 (never less than the final margin); by default the server's, at most
+    `final_margin`."""
+    from speechrt.streaming.server import ServerOptions
+
+    if args.loaded_final_margin is None:
+        return min(ServerOptions.loaded_final_margin, final_margin)
+    return args.loaded_final_margin or None
 
 
 def load_models(args):

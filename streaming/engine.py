@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from speechrt.pipelines.asr import SAMPLE_RATE, TranscribeOptions
+from speechrt.pipelines.asr import TranscribeOptions
 
 from .metrics import Metrics
-from .transcripts import TranscriptJob, TranscriptQueue, run_jobs, step_long
+from .transcripts import LoadedMargins, TranscriptJob, TranscriptQueue, run_batch, step_long
 
 log = logging.getLogger(__name__)
 # live transcripts: greedy, the encoder over the audio only, loops cut (see session.asr_options)
@@ -118,8 +118,9 @@ class StreamTask:
 class Engine:
     """`asr`, `lm`, `tts`: the pipelines (speechrt.pipelines); lm and tts may be None (transcription only)."""
 
-    def __init__(self, asr, lm=None, max_batch: int = 8, tts=None):
+    def __init__(self, asr, lm=None, max_batch: int = 8, tts=None, loaded_margin: float | None = None):
         self.asr, self.lm, self.tts = asr, lm, tts
+        self.margins = LoadedMargins(loaded_margin)  # finals' margin under load (transcripts.LoadedMargins)
         self.max_batch = max_batch
         self.partial_batch = 1  # a final that arrives while a partial runs waits for one utterance only
         self.batcher = lm.batcher(max_batch=max_batch) if lm is not None else None  # one for all conversations
@@ -305,6 +306,8 @@ class Engine:
                     jobs, kind = self._transcripts.take_partials(self.partial_batch), "partial"
             self._step_started = time.monotonic()
             self._long_last = kind == "long"
+            if kind == "final":
+                self.margins.apply(jobs, self.metrics)
             if kind == "long":
                 if step_long(self.asr, jobs[0], self.faults, self.metrics):
                     with self._cv:
@@ -315,9 +318,10 @@ class Engine:
                 if lm_work:
                     self._step_lm()
             else:
-                self._run_asr(jobs, kind)
+                run_batch(self.asr, jobs, kind, self.faults, self.metrics)
                 with self._cv:
                     self._transcripts.done()
+            self.margins.load.add(self._step_started, time.monotonic())
             self._step_started = None
 
     def _step_lm(self):
@@ -351,20 +355,6 @@ class Engine:
                         pass
             if self._transcripts.finals:  # a finished turn waits: serve it before the next round
                 break
-
-    def _run_asr(self, jobs: list[TranscriptJob], kind: str):
-        t0 = time.perf_counter()
-        results = run_jobs(self.asr, jobs, kind == "partial", self.faults, self.metrics)
-        now = time.perf_counter()
-        m = self.metrics
-        m.asr_batches += 1
-        m.kind_seconds[kind] += now - t0
-        m.kind_items[kind] += len(jobs)
-        m.asr_audio_seconds += sum(len(j.audio) for j in jobs) / SAMPLE_RATE
-        for j, r, e in results:
-            if r is not None:
-                (m.final_latency if kind == "final" else m.partial_latency).append(now - j.submitted)
-            j.resolve(r, e)
 
 
 def warm_up(asr, lm, batcher, tts):

@@ -30,6 +30,8 @@ class Metrics:
     step_failures: int = 0  # model steps that raised (their requests got an error)
     long_steps: int = 0  # windows of long turns' transcripts (one engine step each)
     live_stretch: float = 1.0  # live transcripts' interval over --partial-interval, as last set by the queue
+    busy_fraction: float = 0.0  # share of the last LOAD_WINDOW_S the engine's worker spent on model work
+    finals_loaded_margin: int = 0  # final transcripts encoded with the loaded margin (the engine was busy)
     # engine seconds and transcripts per kind of transcription work: final, partial (live and early), long
     kind_seconds: collections.Counter = field(default_factory=collections.Counter)
     kind_items: collections.Counter = field(default_factory=collections.Counter)
@@ -46,6 +48,29 @@ class Metrics:
     def asr_seconds(self) -> float:
         """Engine seconds spent on transcription, of every kind."""
         return sum(self.kind_seconds.values())
+
+
+# the engine counts as loaded when its worker was busy this share of the last LOAD_WINDOW_S seconds
+LOAD_WINDOW_S = 2.0
+LOADED_BUSY = 0.9
+
+
+class RecentLoad:
+    """The share of the last `window` seconds the engine's worker spent in model steps (worker thread only)."""
+
+    def __init__(self, window: float = LOAD_WINDOW_S):
+        self.window = window
+        self.steps: collections.deque[tuple[float, float]] = collections.deque()  # (start, end), monotonic
+
+    def add(self, start: float, end: float) -> None:
+        self.steps.append((start, end))
+
+    def busy(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        since = now - self.window
+        while self.steps and self.steps[0][1] <= since:
+            self.steps.popleft()
+        return min(1.0, sum(end - max(start, since) for start, end in self.steps) / self.window)
 
 
 @dataclass
@@ -152,6 +177,10 @@ def metrics_text(sessions: int, queue_depth: int, c: Counters, m: Metrics, repli
                 m.long_steps)
     page.metric("live_interval_stretch", "gauge", "Live transcripts' interval over --partial-interval: it stretches "
                 "(up to 4x) while transcription work queues, so finals are not starved.", f"{m.live_stretch:.2f}")
+    page.metric("engine_busy_fraction", "gauge", f"Share of the last {LOAD_WINDOW_S:g} s the engine spent in model "
+                "steps, as last seen by a final transcript.", f"{m.busy_fraction:.3f}")
+    page.metric("asr_finals_loaded_margin_total", "counter", "Final transcripts encoded over the turn plus the "
+                "loaded margin (--loaded-final-margin), the engine being busy, not the full one.", m.finals_loaded_margin)
     page.lines += ["# HELP speechrt_asr_engine_seconds_total Engine seconds spent on transcription, per kind "
                    "(final, partial: live and early transcripts, long: windows of turns over 30 s).",
                    "# TYPE speechrt_asr_engine_seconds_total counter"]

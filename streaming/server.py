@@ -24,7 +24,7 @@ from .engine import Engine
 from .http import UvicornServer, build_app, uvicorn_config
 from .metrics import Counters, metrics_text
 from .protocol import ProtocolError, check_session_model, error_event
-from .session import FINAL_MARGIN_S, RealtimeSession
+from .session import FINAL_MARGIN_S, LOADED_FINAL_MARGIN_S, RealtimeSession
 from .vad import SileroVAD
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,9 @@ class ServerOptions:
     # seconds of padding after a turn's audio that its final transcript's encoder reads (session.FINAL_MARGIN_S;
     # 30: whole windows). Less is faster and may lose words (python -m speechrt.bench.margin_study)
     final_margin: float = FINAL_MARGIN_S
+    # the final margin while the engine is loaded (busy 90 % of the last 2 s: streaming/engine.py); None: never less
+    # than final_margin. 3 s keeps the capacity of 3-s finals on slow CPUs (docs/onnx-runtime.md)
+    loaded_final_margin: float | None = LOADED_FINAL_MARGIN_S
     speculative_replies: bool = True  # begin a reply during a pause, before it ends the turn (streaming/reply.py)
     silence_duration_ms: int | None = None  # server default for server_vad (None: the API's 500 ms)
     max_batch: int = 8
@@ -89,6 +92,9 @@ class ServerOptions:
                             f"({self.max_frame_bytes}), got {self.max_message_bytes}")
         if not 1 <= self.final_margin <= 30:
             raise UserError(f"final_margin must be in [1, 30] seconds (30: whole windows), got {self.final_margin}")
+        if self.loaded_final_margin is not None and not 1 <= self.loaded_final_margin <= self.final_margin:
+            raise UserError(f"loaded_final_margin must be in [1, final_margin = {self.final_margin:g}] seconds, "
+                            f"got {self.loaded_final_margin}")
         if not 0 <= self.partial_interval <= 10:
             raise UserError(f"partial_interval must be in [0, 10] seconds (0: no live transcript deltas), "
                             f"got {self.partial_interval}")
@@ -112,7 +118,7 @@ class SpeechServer:
         self.conversation_ready = lm is not None and tts is not None
         self.vad = SileroVAD()
         self.vad_pool = started_pool(2, "speechrt-vad")
-        self.engine = Engine(asr, lm, max_batch=options.max_batch, tts=tts)
+        self.engine = Engine(asr, lm, max_batch=options.max_batch, tts=tts, loaded_margin=options.loaded_final_margin)
         self.sessions: set[RealtimeSession] = set()
         self.counters = Counters()
         self.shutting_down = False

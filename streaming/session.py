@@ -47,6 +47,8 @@ def asr_options(cfg: SessionConfig, live: bool = False, final_margin: float | No
 
 
 FINAL_MARGIN_S = 10.0
+# the final margin while the engine is loaded (streaming/engine.py, Engine._shrink_margins)
+LOADED_FINAL_MARGIN_S = 3.0
 
 
 def turn_options(cfg: SessionConfig, final_margin: float | None = None) -> tuple[TranscribeOptions, TranscribeOptions]:

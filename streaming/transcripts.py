@@ -18,6 +18,8 @@ import numpy as np
 from speechrt.pipelines.asr import (MAX_UTTERANCE_SAMPLES, SAMPLE_RATE, TranscribeOptions, TranscriptionCancelled,
                                    WindowResult)
 
+from .metrics import LOADED_BUSY, RecentLoad
+
 log = logging.getLogger(__name__)
 
 
@@ -171,6 +173,45 @@ def run_jobs(asr, jobs: list[TranscriptJob], partial: bool, faults, metrics) -> 
             metrics.step_failures += 1
             results += [(j, None, e) for j in group]
     return results
+
+
+def run_batch(asr, jobs: list[TranscriptJob], kind: str, faults, metrics) -> None:
+    """Transcribe one batch of `kind` (final or partial) on the engine's worker (run_jobs), count it and resolve
+    each job."""
+    t0 = time.perf_counter()
+    results = run_jobs(asr, jobs, kind == "partial", faults, metrics)
+    now = time.perf_counter()
+    m = metrics
+    m.asr_batches += 1
+    m.kind_seconds[kind] += now - t0
+    m.kind_items[kind] += len(jobs)
+    m.asr_audio_seconds += sum(len(j.audio) for j in jobs) / SAMPLE_RATE
+    for j, r, e in results:
+        if r is not None:
+            (m.final_latency if kind == "final" else m.partial_latency).append(now - j.submitted)
+        j.resolve(r, e)
+
+
+class LoadedMargins:
+    """Final transcripts' margin under load: a batch of finals taken while the engine's worker was busy LOADED_BUSY
+    of the last LOAD_WINDOW_S seconds encodes each turn plus at most `margin` seconds of padding (None: each its
+    own margin always). The margin past a few seconds keeps words of some short questions (session.asr_options)
+    at ~1.7x a final's cost (54 vs 90 ms a clip at 3 and 10 s on a Zen 4), which a saturated engine pays in live
+    text first, then in every final's wait: on a 2-core CPU of Zen 3 speed (emulated, docs/onnx-runtime.md),
+    10-s finals kept 12 streams, this 16."""
+
+    def __init__(self, margin: float | None):
+        self.margin = margin
+        self.load = RecentLoad()  # the worker's steps, added as they end
+
+    def apply(self, jobs: list[TranscriptJob], metrics) -> None:
+        busy = metrics.busy_fraction = self.load.busy()
+        if self.margin is None or busy < LOADED_BUSY:
+            return
+        for j in jobs:
+            if j.options.trim_context and j.options.trim_margin > self.margin:
+                j.options = dataclasses.replace(j.options, trim_margin=self.margin)
+                metrics.finals_loaded_margin += 1
 
 
 def long_options(opts: TranscribeOptions) -> TranscribeOptions:

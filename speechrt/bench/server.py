@@ -92,6 +92,8 @@ def add_arguments(p):
     p.add_argument("--partial-interval", type=float, default=1.0, help="the started server's --partial-interval (0: no live deltas)")
     p.add_argument("--final-margin", type=float, default=None, metavar="SECONDS",
                    help="the started server's --final-margin (default: the server's)")
+    p.add_argument("--loaded-final-margin", type=float, default=None, metavar="SECONDS",
+                   help="the started server's --loaded-final-margin (default: the server's; 0: the full margin always)")
     p.add_argument("--no-speculative-replies", dest="speculative_replies", action="store_false",
                    help="start the server with --no-speculative-replies (replies begun only once the turn ends)")
     p.add_argument("--long-turn", type=float, default=0.0, metavar="SECONDS",
@@ -118,6 +120,8 @@ def _start_server(args, conversation: bool):
             "--lm-threads", str(args.lm_threads)]
     if args.final_margin is not None:
         cmd += ["--final-margin", str(args.final_margin)]
+    if args.loaded_final_margin is not None:
+        cmd += ["--loaded-final-margin", str(args.loaded_final_margin)]
     if not args.speculative_replies:
         cmd.append("--no-speculative-replies")
     log = tempfile.TemporaryFile("w+")  # (a pipe nobody reads could fill up and stall the server)
@@ -325,7 +329,8 @@ def _print(name, row, conversation):
     lost = f"  ({row['lost']} without a final)" if row["lost"] else ""
     alone = f" (alone {100 * row['wer_alone']:.1f}%)" if "wer_alone" in row and row["streams"] > 1 else ""
     live = f"  {row['live_inconsistent']} with live text unlike the final" if row.get("live_inconsistent") else ""
-    print(line + f"  {100 * row['wer']:5.1f}%" + alone + lost + live, flush=True)
+    loaded = f"  {row['loaded_margin']} finals with the loaded margin" if row.get("loaded_margin") else ""
+    print(line + f"  {100 * row['wer']:5.1f}%" + alone + lost + live + loaded, flush=True)
 
 
 def _also_urls(args) -> list[tuple[str, str]]:
@@ -375,7 +380,23 @@ class _Speechrt:
             args.backend, "?", args.device)
 
     def level(self, recs, n):
-        return asyncio.run(_level(self.url, recs, n, self.args, self.conversation))
+        before = self.loaded_finals()
+        results = asyncio.run(_level(self.url, recs, n, self.args, self.conversation))
+        after = self.loaded_finals()
+        # final transcripts the server encoded with its loaded margin (its engine busy): None where unknown
+        self.last_loaded = after - before if None not in (before, after) else None
+        return results
+
+    def loaded_finals(self) -> int | None:
+        """The server's count of final transcripts encoded with the loaded margin (/metrics), None if unread."""
+        http = self.url.replace("ws://", "http://").replace("wss://", "https://").split("/v1/")[0]
+        try:
+            with urllib.request.urlopen(http + "/metrics", timeout=10) as r:
+                text = r.read().decode()
+        except OSError:
+            return None
+        m = re.search(r"^speechrt_asr_finals_loaded_margin_total (\d+)", text, re.M)
+        return int(m.group(1)) if m else None
 
     def close(self):
         if self.proc is not None:
@@ -449,6 +470,9 @@ def _records(engine, mode, rows, peer_label, levels) -> list[Record]:
                               **common))
         out.append(Record(metric="live_text_unlike_final", unit="utterances", value=row["live_inconsistent"],
                           better="lower", **common))
+        if "loaded_margin" in row:
+            out.append(Record(metric="finals_with_loaded_margin", unit="transcripts", value=row["loaded_margin"],
+                              better="", **common))
     for metric, key in (("max_streams_p95_final_le_1s", "ok"), ("max_streams_meeting_targets", "meets")):
         if rows:
             out.append(Record(family="server", model=model, engine=engine.name, backend=engine.backend,
@@ -469,6 +493,8 @@ def _sweep(engines, recs, levels, conversation, keep_going, out: Results) -> dic
             try:
                 alone = next((r for r in rows[e.name] if r["streams"] == 1), None)
                 row = _summary(n, e.level(recs, n), conversation, alone)
+                if getattr(e, "last_loaded", None) is not None:
+                    row["loaded_margin"] = e.last_loaded
             except (OSError, RuntimeError, asyncio.TimeoutError) as ex:
                 if e.name == "speechrt":
                     raise

@@ -28,6 +28,8 @@ async def hold_worker(eng, audio, seconds: float, key) -> asyncio.Future:
     so that what is submitted meanwhile queues -> its future, once the worker is in that step."""
     from speechrt.streaming.engine import Fault
 
+    while eng.stalled_for() != 0:  # the step before (a result already delivered may still be ending)
+        await asyncio.sleep(0.002)
     eng.faults.add(Fault("asr", stall_s=seconds))
     busy = asyncio.ensure_future(eng.transcribe(audio, key=key))
     while eng.stalled_for() == 0:
@@ -393,3 +395,50 @@ def test_local_agreement_commits_what_two_rounds_share():
     assert len(agreed(before, now, int(3.9 * RATE) + COMMIT_MARGIN)) == 1  # the second ends too near the end
     moved = [(0.0, 2.7, " Book a table.")] + now[1:]  # the same words, but ending 0.7 s later: not agreed
     assert agreed(before, moved, 10 * RATE) == [] and agreed([], now, 10 * RATE) == []
+
+
+def test_recent_load_is_the_busy_share_of_the_last_window():
+    from speechrt.streaming.metrics import RecentLoad
+
+    load = RecentLoad(window=2.0)
+    assert load.busy(100.0) == 0.0
+    load.add(97.0, 98.5)  # half of it in the window that ends at 100
+    load.add(99.0, 99.5)
+    assert load.busy(100.0) == pytest.approx((0.5 + 0.5) / 2.0)
+    assert load.busy(101.0) == pytest.approx(0.5 / 2.0) and len(load.steps) == 1  # the first step expired
+    load.add(99.5, 103.0)
+    assert load.busy(103.0) == 1.0
+
+
+def test_finals_take_the_loaded_margin_only_while_the_engine_is_busy(asr, synth):
+    """A final transcript taken after the worker was busy for the last 2 s (a held step) encodes its turn plus the
+    loaded margin (3 s), not the session's 10 s, and is counted; one taken by an idle engine keeps its margin. Both
+    give the sentence's words."""
+    from speechrt.streaming.engine import Engine
+    from speechrt.streaming.protocol import SessionConfig
+    from speechrt.streaming.session import FINAL_MARGIN_S, LOADED_FINAL_MARGIN_S, asr_options
+
+    speech = synth("Please book a table for four at seven tonight.")
+    opts = asr_options(SessionConfig(type="transcription"))
+    assert opts.trim_margin == FINAL_MARGIN_S > LOADED_FINAL_MARGIN_S
+
+    async def main():
+        eng = Engine(asr, loaded_margin=LOADED_FINAL_MARGIN_S)
+        eng.start()
+        try:
+            assert await asyncio.to_thread(eng.wait_warm, 120)
+            await asyncio.sleep(2.1)  # the warm-up leaves the window
+            idle = await eng.transcribe(speech, key="a", turn="t0", options=opts)
+            calm = eng.metrics.finals_loaded_margin, eng.metrics.busy_fraction
+            busy = await hold_worker(eng, speech, 2.0, "other")
+            loaded = await eng.transcribe(speech, key="b", turn="t0", options=opts)
+            await busy
+            return idle, calm, loaded, eng.metrics.finals_loaded_margin, eng.metrics.busy_fraction
+        finally:
+            eng.stop()
+
+    idle, (calm_count, calm_busy), loaded, count, busy = asyncio.run(main())
+    assert calm_count == 0 and calm_busy < 0.9
+    assert count == 1 and busy >= 0.9
+    for r in (idle, loaded):
+        assert "table" in r.text.lower() and "tonight" in r.text.lower(), r.text

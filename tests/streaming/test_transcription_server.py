@@ -365,3 +365,23 @@ def test_final_margin_is_a_server_option():
     cfg = SessionConfig(type="transcription")
     assert asr_options(cfg).trim_margin == FINAL_MARGIN_S and asr_options(cfg, live=True).trim_margin == 1.0
     assert asr_options(cfg, final_margin=4).trim_margin == 4 and ServerOptions().final_margin == FINAL_MARGIN_S
+
+
+def test_loaded_final_margin_is_a_server_option():
+    """`serve --loaded-final-margin`: the final margin while the engine is loaded (default 3 s, at most the final
+    margin; 0: never less than the final margin); more than the final margin is refused naming the range."""
+    import argparse
+
+    from speechrt import cli_serve
+    from speechrt.errors import UserError
+    from speechrt.streaming.server import ServerOptions
+    from speechrt.streaming.session import LOADED_FINAL_MARGIN_S
+
+    p = argparse.ArgumentParser()
+    cli_serve.add_arguments(p)
+    assert cli_serve.options(p.parse_args([])).loaded_final_margin == LOADED_FINAL_MARGIN_S == 3
+    assert cli_serve.options(p.parse_args(["--final-margin", "2"])).loaded_final_margin == 2
+    assert cli_serve.options(p.parse_args(["--loaded-final-margin", "5"])).loaded_final_margin == 5
+    assert cli_serve.options(p.parse_args(["--loaded-final-margin", "0"])).loaded_final_margin is None
+    with pytest.raises(UserError, match=r"loaded_final_margin must be in \[1, final_margin = 10\]"):
+        ServerOptions(loaded_final_margin=12)
