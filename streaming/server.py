@@ -66,8 +66,8 @@ class ServerOptions:
     # seconds of padding after a turn's audio that its final transcript's encoder reads (session.FINAL_MARGIN_S;
     # 30: whole windows). Less is faster and may lose words (python -m speechrt.bench.margin_study)
     final_margin: float = FINAL_MARGIN_S
-    # the final margin while the engine is loaded (busy 90 % of the last 2 s: streaming/engine.py); None: never less
-    # than final_margin. 3 s keeps the capacity of 3-s finals on slow CPUs (docs/onnx-runtime.md)
+    # the final margin while the engine is loaded (busy 90 % of the last 2 s: transcripts.LoadedMargins); None: never
+    # less than final_margin (nor is a larger one). 3 s keeps the capacity of 3-s finals on slow CPUs (docs/onnx-runtime.md)
     loaded_final_margin: float | None = LOADED_FINAL_MARGIN_S
     speculative_replies: bool = True  # begin a reply during a pause, before it ends the turn (streaming/reply.py)
     silence_duration_ms: int | None = None  # server default for server_vad (None: the API's 500 ms)
@@ -92,8 +92,8 @@ class ServerOptions:
                             f"({self.max_frame_bytes}), got {self.max_message_bytes}")
         if not 1 <= self.final_margin <= 30:
             raise UserError(f"final_margin must be in [1, 30] seconds (30: whole windows), got {self.final_margin}")
-        if self.loaded_final_margin is not None and not 1 <= self.loaded_final_margin <= self.final_margin:
-            raise UserError(f"loaded_final_margin must be in [1, final_margin = {self.final_margin:g}] seconds, "
+        if self.loaded_final_margin is not None and not 1 <= self.loaded_final_margin <= 30:
+            raise UserError(f"loaded_final_margin must be in [1, 30] seconds (or None: the final margin always), "
                             f"got {self.loaded_final_margin}")
         if not 0 <= self.partial_interval <= 10:
             raise UserError(f"partial_interval must be in [0, 10] seconds (0: no live transcript deltas), "

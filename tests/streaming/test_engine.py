@@ -408,6 +408,9 @@ def test_recent_load_is_the_busy_share_of_the_last_window():
     assert load.busy(101.0) == pytest.approx(0.5 / 2.0) and len(load.steps) == 1  # the first step expired
     load.add(99.5, 103.0)
     assert load.busy(103.0) == 1.0
+    for t in range(200):  # steps no one asks about do not pile up
+        load.add(200.0 + t, 200.5 + t)
+    assert len(load.steps) <= 3
 
 
 def test_finals_take_the_loaded_margin_only_while_the_engine_is_busy(asr, synth):

@@ -369,7 +369,7 @@ def test_final_margin_is_a_server_option():
 
 def test_loaded_final_margin_is_a_server_option():
     """`serve --loaded-final-margin`: the final margin while the engine is loaded (default 3 s, at most the final
-    margin; 0: never less than the final margin); more than the final margin is refused naming the range."""
+    margin; 0: never less than the final margin); out of [1, 30] s it is refused naming the range."""
     import argparse
 
     from speechrt import cli_serve
@@ -383,5 +383,6 @@ def test_loaded_final_margin_is_a_server_option():
     assert cli_serve.options(p.parse_args(["--final-margin", "2"])).loaded_final_margin == 2
     assert cli_serve.options(p.parse_args(["--loaded-final-margin", "5"])).loaded_final_margin == 5
     assert cli_serve.options(p.parse_args(["--loaded-final-margin", "0"])).loaded_final_margin is None
-    with pytest.raises(UserError, match=r"loaded_final_margin must be in \[1, final_margin = 10\]"):
-        ServerOptions(loaded_final_margin=12)
+    with pytest.raises(UserError, match=r"loaded_final_margin must be in \[1, 30\]"):
+        ServerOptions(loaded_final_margin=0.5)
+    assert ServerOptions(final_margin=2).loaded_final_margin == 3  # no more than a final's own margin is applied
