@@ -31,7 +31,7 @@ class Metrics:
     long_steps: int = 0  # windows of long turns' transcripts (one engine step each)
     live_stretch: float = 1.0  # live transcripts' interval over --partial-interval, as last set by the queue
     busy_fraction: float = 0.0  # share of the last LOAD_WINDOW_S the engine's worker spent on model work
-    finals_loaded_margin: int = 0  # final transcripts encoded with the loaded margin (the engine was busy)
+    finals_loaded_margin: int = 0  # final (and early) transcripts encoded with the loaded margin (the engine was busy)
     # engine seconds and transcripts per kind of transcription work: final, partial (live and early), long
     kind_seconds: collections.Counter = field(default_factory=collections.Counter)
     kind_items: collections.Counter = field(default_factory=collections.Counter)
@@ -180,9 +180,10 @@ def metrics_text(sessions: int, queue_depth: int, c: Counters, m: Metrics, repli
     page.metric("live_interval_stretch", "gauge", "Live transcripts' interval over --partial-interval: it stretches "
                 "(up to 4x) while transcription work queues, so finals are not starved.", f"{m.live_stretch:.2f}")
     page.metric("engine_busy_fraction", "gauge", f"Share of the last {LOAD_WINDOW_S:g} s the engine spent in model "
-                "steps, as last seen by a final transcript.", f"{m.busy_fraction:.3f}")
-    page.metric("asr_finals_loaded_margin_total", "counter", "Final transcripts encoded over the turn plus the "
-                "loaded margin (--loaded-final-margin), the engine being busy, not the full one.", m.finals_loaded_margin)
+                "steps, as last seen by a transcription batch.", f"{m.busy_fraction:.3f}")
+    page.metric("asr_finals_loaded_margin_total", "counter", "Final transcripts (and early ones that may become "
+                "final) encoded over the turn plus the loaded margin (--loaded-final-margin), the engine being busy, "
+                "not the full one.", m.finals_loaded_margin)
     page.lines += ["# HELP speechrt_asr_engine_seconds_total Engine seconds spent on transcription, per kind "
                    "(final, partial: live and early transcripts, long: windows of turns over 30 s).",
                    "# TYPE speechrt_asr_engine_seconds_total counter"]

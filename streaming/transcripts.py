@@ -193,9 +193,10 @@ def run_batch(asr, jobs: list[TranscriptJob], kind: str, faults, metrics) -> Non
 
 
 class LoadedMargins:
-    """Final transcripts' margin under load: a batch of finals taken while the engine's worker was busy LOADED_BUSY
-    of the last LOAD_WINDOW_S seconds encodes each turn plus at most `margin` seconds of padding (None: each its
-    own margin always). The margin past a few seconds keeps words of some short questions (session.asr_options)
+    """Final transcripts' margin under load: a batch taken while the engine's worker was busy LOADED_BUSY of the
+    last LOAD_WINDOW_S seconds encodes each final transcript (and each early one, begun when the input went quiet,
+    that may become final: it runs among the live ones) over its turn plus at most `margin` seconds of padding
+    (None: each its own margin always; live transcripts' 1 s is less). The margin past a few seconds keeps words of some short questions (session.asr_options)
     at ~1.7x a final's cost (54 vs 90 ms a clip at 3 and 10 s on a Zen 4), which a saturated engine pays in live
     text first, then in every final's wait: on a 2-core CPU of Zen 3 speed (emulated, docs/onnx-runtime.md),
     10-s finals kept 12 streams, this 16."""

@@ -415,8 +415,9 @@ def test_recent_load_is_the_busy_share_of_the_last_window():
 
 def test_finals_take_the_loaded_margin_only_while_the_engine_is_busy(asr, synth):
     """A final transcript taken after the worker was busy for the last 2 s (a held step) encodes its turn plus the
-    loaded margin (3 s), not the session's 10 s, and is counted; one taken by an idle engine keeps its margin. Both
-    give the sentence's words."""
+    loaded margin (3 s), not the session's 10 s, and is counted, as is an early transcript (final options, run
+    among the live ones); a live one keeps its 1 s, and a final taken by an idle engine its 10 s. All give the
+    sentence's words."""
     from speechrt.streaming.engine import Engine
     from speechrt.streaming.protocol import SessionConfig
     from speechrt.streaming.session import FINAL_MARGIN_S, LOADED_FINAL_MARGIN_S, asr_options
@@ -434,14 +435,18 @@ def test_finals_take_the_loaded_margin_only_while_the_engine_is_busy(asr, synth)
             idle = await eng.transcribe(speech, key="a", turn="t0", options=opts)
             calm = eng.metrics.finals_loaded_margin, eng.metrics.busy_fraction
             busy = await hold_worker(eng, speech, 2.0, "other")
-            loaded = await eng.transcribe(speech, key="b", turn="t0", options=opts)
+            # a final, an early transcript (final options, run among the live ones) and a live one queue meanwhile
+            loaded = asyncio.ensure_future(eng.transcribe(speech, key="b", turn="t0", options=opts))
+            early = asyncio.ensure_future(eng.transcribe(speech, partial=True, key="c", options=opts))
+            live = asyncio.ensure_future(eng.transcribe(speech, partial=True, key="d"))
             await busy
-            return idle, calm, loaded, eng.metrics.finals_loaded_margin, eng.metrics.busy_fraction
+            return idle, calm, await loaded, eng.metrics.finals_loaded_margin, eng.metrics.busy_fraction, \
+                await early, await live
         finally:
             eng.stop()
 
-    idle, (calm_count, calm_busy), loaded, count, busy = asyncio.run(main())
+    idle, (calm_count, calm_busy), loaded, count, busy, early, live = asyncio.run(main())
     assert calm_count == 0 and calm_busy < 0.9
-    assert count == 1 and busy >= 0.9
-    for r in (idle, loaded):
+    assert count == 2 and busy >= 0.9  # the final and the early one; the live one's 1 s is less already
+    for r in (idle, loaded, early, live):
         assert "table" in r.text.lower() and "tonight" in r.text.lower(), r.text
