@@ -108,12 +108,13 @@ def provider_options(provider: str, index: int = 0) -> dict:
 
 
 def session(model_or_bytes, providers, threads: int | None = None, spin: bool = True,
-            optimized: bool = False) -> ort.InferenceSession:
+            optimized: bool = False, save_optimized: str | None = None) -> ort.InferenceSession:
     """A session with every graph optimization; `threads`: intra-op threads (None: ORT's default, all cores).
     spin=False: the pool's threads sleep when a run ends instead of spinning for more work. For a loop that
     runs torch ops between the session's runs (Whisper's logit filters): on two cores the spinning threads
     took the cores from those ops (AMD EPYC, 58-s passage, int8: 6.5 s -> 4.8 s). optimized=True: the
-    graph is one ONNX Runtime already optimized for this machine (ort_nchwc): only the basic passes run."""
+    graph is one ONNX Runtime already optimized for this machine (ort_nchwc): only the basic passes run.
+    `save_optimized`: a path where ONNX Runtime writes the graph as it optimized it (for this machine only)."""
     so = ort.SessionOptions()
     so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_BASIC if optimized
                                    else ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
@@ -121,6 +122,9 @@ def session(model_or_bytes, providers, threads: int | None = None, spin: bool = 
         so.intra_op_num_threads = threads
     if not spin:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if save_optimized:
+        so.optimized_model_filepath = save_optimized
+        so.log_severity_level = 3  # its warning that the saved graph is for this machine only: it is wanted so
     data = model_or_bytes if isinstance(model_or_bytes, (str, bytes)) else model_or_bytes.SerializeToString()
     return ort.InferenceSession(data, sess_options=so, providers=providers)
 

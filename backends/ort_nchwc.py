@@ -91,19 +91,14 @@ def optimized(path, threads: int = 1) -> onnx.ModelProto:
 
 
 def optimized_session(path, threads: int = 1) -> tuple:
-    """(a CPU session for the graph in `path` with every optimization, as onnxruntime_backend.session makes it
-    with `threads` intra-op threads, the graph as that session optimized it)."""
-    import onnxruntime as ort
+    """(a CPU session for the graph in `path` with every optimization (onnxruntime_backend.session, `threads`
+    intra-op threads), the graph as that session optimized it)."""
+    from .onnxruntime_backend import session
 
     fd, out = tempfile.mkstemp(suffix=".onnx")
     os.close(fd)
     try:
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.intra_op_num_threads = threads
-        so.optimized_model_filepath = out
-        so.log_severity_level = 3  # its warning that the saved graph is for this machine only: it is
-        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        sess = session(str(path), ["CPUExecutionProvider"], threads, save_optimized=out)
         return sess, onnx.load(out)
     finally:
         os.unlink(out)

@@ -64,15 +64,17 @@ class RecentLoad:
 
     def add(self, start: float, end: float) -> None:
         self.steps.append((start, end))
-        while self.steps[0][1] <= end - self.window:  # kept bounded when nobody asks (no finals)
-            self.steps.popleft()
+        self._forget(end - self.window)  # kept bounded when nobody asks (no transcripts)
 
     def busy(self, now: float | None = None) -> float:
-        now = time.monotonic() if now is None else now
-        since = now - self.window
-        while self.steps and self.steps[0][1] <= since:
-            self.steps.popleft()
+        since = (time.monotonic() if now is None else now) - self.window
+        self._forget(since)
         return min(1.0, sum(end - max(start, since) for start, end in self.steps) / self.window)
+
+    def _forget(self, before: float) -> None:
+        """Drop the steps that ended by `before`."""
+        while self.steps and self.steps[0][1] <= before:
+            self.steps.popleft()
 
 
 @dataclass

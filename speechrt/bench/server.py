@@ -360,6 +360,11 @@ def _levels(args) -> list[int]:
     return sorted(set(levels))
 
 
+def _http_base(url: str) -> str:
+    """ws://host:port/v1/realtime -> http://host:port (wss -> https)."""
+    return url.replace("ws://", "http://").replace("wss://", "https://").split("/v1/")[0]
+
+
 class _Speechrt:
     """speechrt's server: started here (one per mode) or the one at --url."""
 
@@ -369,8 +374,7 @@ class _Speechrt:
         self.proc, self.args, self.conversation, self.name = None, args, conversation, name
         if url or args.url:
             self.url = url or args.url
-            http = self.url.replace("ws://", "http://").replace("wss://", "https://").split("/v1/")[0]
-            with urllib.request.urlopen(http + "/healthz", timeout=10) as r:
+            with urllib.request.urlopen(_http_base(self.url) + "/healthz", timeout=10) as r:
                 health = json.load(r)
         else:
             self.proc, self.url, health = _start_server(args, conversation)
@@ -389,9 +393,8 @@ class _Speechrt:
 
     def loaded_finals(self) -> int | None:
         """The server's count of final transcripts encoded with the loaded margin (/metrics), None if unread."""
-        http = self.url.replace("ws://", "http://").replace("wss://", "https://").split("/v1/")[0]
         try:
-            with urllib.request.urlopen(http + "/metrics", timeout=10) as r:
+            with urllib.request.urlopen(_http_base(self.url) + "/metrics", timeout=10) as r:
                 text = r.read().decode()
         except OSError:
             return None
