@@ -65,9 +65,10 @@ def add_arguments(p):
                    help="seconds of padding after a turn's audio that its final transcript encodes (default 10; 30: "
                         "whole windows): less is faster and may lose words (python -m speechrt.bench.margin_study)")
     p.add_argument("--loaded-final-margin", type=float, default=None, metavar="SECONDS",
-                   help="the final margin while the engine is loaded (its worker busy 90%% of the last 2 s; default "
-                        "3, or --final-margin if less; 0: the full margin always): a slow CPU keeps the capacity "
-                        "of short margins, and the words of 10-s margins while it has time to spare")
+                   help="the final margin while the engine is loaded (its worker busy 90%% of the last 2 s, 30%% on "
+                        "other work than live transcripts; default 3, or --final-margin if less; 0: the full margin "
+                        "always): a slow CPU keeps the capacity of short margins, and the words of 10-s margins while "
+                        "it has time to spare")
     p.add_argument("--no-speculative-replies", dest="speculative_replies", action="store_false",
                    help="do not begin a reply during a pause before turn detection ends the turn (by default, when "
                         "the engine has time to spare, the reply to the transcript so far is made during the pause "

@@ -8,8 +8,9 @@ and await futures (or async queues for streams). The worker takes work in priori
    turn with over 30 s not committed (streaming/turns.py commits long turns' stable parts as they are
    spoken) is transcribed one 30-s window per step, long turns taking turns with each other and, when there
    is any, with a round of streaming steps (so a minute-long monologue delays no one by more than a window);
-   while the worker has been busy (90 % of the last 2 s), finals (and the early transcripts that may become
-   final) read less padding after their turn (transcripts.LoadedMargins: 3 s, not 10);
+   while the worker has been busy (90 % of the last 2 s, 30 % on other work than live transcripts, which fill
+   any spare time), finals (and the early transcripts that may become final) read less padding after their turn
+   (transcripts.LoadedMargins: 3 s, not 10);
 2. steps of streaming tasks that produce audio or tokens for someone waiting (TTS chunks, language
    model tokens), round-robin, one step each, so every response keeps moving and first audio is soon;
 3. partial transcripts of turns still being spoken, newest request per stream only: first those that open a
@@ -323,7 +324,7 @@ class Engine:
                 run_batch(self.asr, jobs, kind, self.faults, self.metrics)
                 with self._cv:
                     self._transcripts.done()
-            self.margins.load.add(self._step_started, time.monotonic())
+            self.margins.load.add(self._step_started, time.monotonic(), live=kind == "partial")
             self._step_started = None
 
     def _step_lm(self):

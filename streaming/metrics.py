@@ -31,7 +31,8 @@ class Metrics:
     long_steps: int = 0  # windows of long turns' transcripts (one engine step each)
     live_stretch: float = 1.0  # live transcripts' interval over --partial-interval, as last set by the queue
     busy_fraction: float = 0.0  # share of the last LOAD_WINDOW_S the engine's worker spent on model work
-    finals_loaded_margin: int = 0  # final (and early) transcripts encoded with the loaded margin (the engine was busy)
+    firm_fraction: float = 0.0  # the same, on work other than live transcripts (finals, long turns, LM and TTS steps)
+    finals_loaded_margin: int = 0  # final (and early) transcripts encoded with the loaded margin (the engine loaded)
     # engine seconds and transcripts per kind of transcription work: final, partial (live and early), long
     kind_seconds: collections.Counter = field(default_factory=collections.Counter)
     kind_items: collections.Counter = field(default_factory=collections.Counter)
@@ -50,26 +51,31 @@ class Metrics:
         return sum(self.kind_seconds.values())
 
 
-# the engine counts as loaded when its worker was busy this share of the last LOAD_WINDOW_S seconds
+# the engine counts as loaded when its worker was busy LOADED_BUSY of the last LOAD_WINDOW_S seconds, LOADED_FIRM
+# of them on firm work (all but live transcripts: finals, long turns' windows, language model and voice steps). Live
+# transcripts fill a fast CPU's spare time (busy 0.84-0.94 at its finals with 16 streams on a Zen 4, firm 0.10-0.26),
+# so busy alone called it loaded too; a saturated one spends a share on firm work (0.35-0.59 on an emulated Zen 3)
 LOAD_WINDOW_S = 2.0
 LOADED_BUSY = 0.9
+LOADED_FIRM = 0.3
 
 
 class RecentLoad:
-    """The share of the last `window` seconds the engine's worker spent in model steps (worker thread only)."""
+    """The share of the last `window` seconds the engine's worker spent in model steps (worker thread only), of
+    every kind or (`live=False`) all but the batches of live transcripts (and of the early ones among them)."""
 
     def __init__(self, window: float = LOAD_WINDOW_S):
         self.window = window
-        self.steps: collections.deque[tuple[float, float]] = collections.deque()  # (start, end), monotonic
+        self.steps: collections.deque[tuple[float, float, bool]] = collections.deque()  # (start, end, live)
 
-    def add(self, start: float, end: float) -> None:
-        self.steps.append((start, end))
+    def add(self, start: float, end: float, live: bool = False) -> None:
+        self.steps.append((start, end, live))
         self._forget(end - self.window)  # kept bounded when nobody asks (no transcripts)
 
-    def busy(self, now: float | None = None) -> float:
+    def busy(self, now: float | None = None, live: bool = True) -> float:
         since = (time.monotonic() if now is None else now) - self.window
         self._forget(since)
-        return min(1.0, sum(end - max(start, since) for start, end in self.steps) / self.window)
+        return min(1.0, sum(end - max(start, since) for start, end, lv in self.steps if live or not lv) / self.window)
 
     def _forget(self, before: float) -> None:
         """Drop the steps that ended by `before`."""
@@ -183,9 +189,13 @@ def metrics_text(sessions: int, queue_depth: int, c: Counters, m: Metrics, repli
                 "(up to 4x) while transcription work queues, so finals are not starved.", f"{m.live_stretch:.2f}")
     page.metric("engine_busy_fraction", "gauge", f"Share of the last {LOAD_WINDOW_S:g} s the engine spent in model "
                 "steps, as last seen by a transcription batch.", f"{m.busy_fraction:.3f}")
+    page.metric("engine_firm_fraction", "gauge", f"Share of the last {LOAD_WINDOW_S:g} s the engine spent on work "
+                "other than live transcripts (finals, long turns' windows, language model and voice steps), as last "
+                "seen by a transcription batch.", f"{m.firm_fraction:.3f}")
     page.metric("asr_finals_loaded_margin_total", "counter", "Final transcripts (and early ones that may become "
-                "final) encoded over the turn plus the loaded margin (--loaded-final-margin), the engine being busy, "
-                "not the full one.", m.finals_loaded_margin)
+                "final) encoded over the turn plus the loaded margin (--loaded-final-margin), the engine being busy "
+                f"({LOADED_BUSY:g} of the last {LOAD_WINDOW_S:g} s, {LOADED_FIRM:g} on other work than live "
+                "transcripts), not the full one.", m.finals_loaded_margin)
     page.lines += ["# HELP speechrt_asr_engine_seconds_total Engine seconds spent on transcription, per kind "
                    "(final, partial: live and early transcripts, long: windows of turns over 30 s).",
                    "# TYPE speechrt_asr_engine_seconds_total counter"]

@@ -18,7 +18,7 @@ import numpy as np
 from speechrt.pipelines.asr import (MAX_UTTERANCE_SAMPLES, SAMPLE_RATE, TranscribeOptions, TranscriptionCancelled,
                                    WindowResult)
 
-from .metrics import LOADED_BUSY, RecentLoad
+from .metrics import LOADED_BUSY, LOADED_FIRM, RecentLoad
 
 log = logging.getLogger(__name__)
 
@@ -194,12 +194,13 @@ def run_batch(asr, jobs: list[TranscriptJob], kind: str, faults, metrics) -> Non
 
 class LoadedMargins:
     """Final transcripts' margin under load: a batch taken while the engine's worker was busy LOADED_BUSY of the
-    last LOAD_WINDOW_S seconds encodes each final transcript (and each early one, begun when the input went quiet,
-    that may become final: it runs among the live ones) over its turn plus at most `margin` seconds of padding
-    (None: each its own margin always; live transcripts' 1 s is less). The margin past a few seconds keeps words of some short questions (session.asr_options)
-    at ~1.7x a final's cost (54 vs 90 ms a clip at 3 and 10 s on a Zen 4), which a saturated engine pays in live
-    text first, then in every final's wait: on a 2-core CPU of Zen 3 speed (emulated, docs/onnx-runtime.md),
-    10-s finals kept 12 streams, this 16."""
+    last LOAD_WINDOW_S seconds, LOADED_FIRM of them on other work than live transcripts (which fill any spare time),
+    encodes each final transcript (and each early one, begun when the input went quiet, that may become final: it
+    runs among the live ones) over its turn plus at most `margin` seconds of padding (None: each its own margin
+    always; live transcripts' 1 s is less). The margin past a few seconds keeps words of some short questions
+    (session.asr_options) at ~1.7x a final's cost (54 vs 90 ms a clip at 3 and 10 s on a Zen 4), which a saturated
+    engine pays in live text first, then in every final's wait: on a 2-core CPU of Zen 3 speed (emulated,
+    docs/onnx-runtime.md), 10-s finals kept 12 streams, this 16."""
 
     def __init__(self, margin: float | None):
         self.margin = margin
@@ -207,7 +208,8 @@ class LoadedMargins:
 
     def apply(self, jobs: list[TranscriptJob], metrics) -> None:
         busy = metrics.busy_fraction = self.load.busy()
-        if self.margin is None or busy < LOADED_BUSY:
+        firm = metrics.firm_fraction = self.load.busy(live=False)
+        if self.margin is None or busy < LOADED_BUSY or firm < LOADED_FIRM:
             return
         for j in jobs:
             if j.options.trim_context and j.options.trim_margin > self.margin:

@@ -23,15 +23,16 @@ def lm():
     return speechrt.load_lm()
 
 
-async def hold_worker(eng, audio, seconds: float, key) -> asyncio.Future:
-    """Start a final transcript of `audio` whose step the worker holds for `seconds` first (an injected stall),
-    so that what is submitted meanwhile queues -> its future, once the worker is in that step."""
+async def hold_worker(eng, audio, seconds: float, key, live: bool = False) -> asyncio.Future:
+    """Start a final transcript of `audio` (`live`: a live one, that opens a turn's text) whose step the worker holds
+    for `seconds` first (an injected stall), so that what is submitted meanwhile queues -> its future, once the
+    worker is in that step."""
     from speechrt.streaming.engine import Fault
 
     while eng.stalled_for() != 0:  # the step before (a result already delivered may still be ending)
         await asyncio.sleep(0.002)
     eng.faults.add(Fault("asr", stall_s=seconds))
-    busy = asyncio.ensure_future(eng.transcribe(audio, key=key))
+    busy = asyncio.ensure_future(eng.transcribe(audio, key=key, partial=live, opening=live))
     while eng.stalled_for() == 0:
         await asyncio.sleep(0.002)
     return busy
@@ -403,8 +404,9 @@ def test_recent_load_is_the_busy_share_of_the_last_window():
     load = RecentLoad(window=2.0)
     assert load.busy(100.0) == 0.0
     load.add(97.0, 98.5)  # half of it in the window that ends at 100
-    load.add(99.0, 99.5)
+    load.add(99.0, 99.5, live=True)
     assert load.busy(100.0) == pytest.approx((0.5 + 0.5) / 2.0)
+    assert load.busy(100.0, live=False) == pytest.approx(0.5 / 2.0)  # firm work: all but live transcripts
     assert load.busy(101.0) == pytest.approx(0.5 / 2.0) and len(load.steps) == 1  # the first step expired
     load.add(99.5, 103.0)
     assert load.busy(103.0) == 1.0
@@ -413,40 +415,52 @@ def test_recent_load_is_the_busy_share_of_the_last_window():
     assert len(load.steps) <= 3
 
 
-def test_finals_take_the_loaded_margin_only_while_the_engine_is_busy(asr, synth):
-    """A final transcript taken after the worker was busy for the last 2 s (a held step) encodes its turn plus the
-    loaded margin (3 s), not the session's 10 s, and is counted, as is an early transcript (final options, run
-    among the live ones); a live one keeps its 1 s, and a final taken by an idle engine its 10 s. All give the
-    sentence's words."""
+def test_finals_take_the_loaded_margin_only_while_the_engine_is_loaded(asr, synth):
+    """A final transcript taken after the worker spent the last 2 s on firm work (a held final) encodes its turn plus
+    the loaded margin (3 s), not the session's 10 s, and is counted, as is an early transcript (final options, run
+    among the live ones); a live one keeps its 1 s. A final taken by an idle engine, or by one busy with live
+    transcripts only (they fill a fast CPU's spare time), keeps its 10 s. All give the sentence's words."""
     from speechrt.streaming.engine import Engine
+    from speechrt.streaming.metrics import LOADED_BUSY, LOADED_FIRM
     from speechrt.streaming.protocol import SessionConfig
     from speechrt.streaming.session import FINAL_MARGIN_S, LOADED_FINAL_MARGIN_S, asr_options
 
     speech = synth("Please book a table for four at seven tonight.")
     opts = asr_options(SessionConfig(type="transcription"))
-    assert opts.trim_margin == FINAL_MARGIN_S > LOADED_FINAL_MARGIN_S
+    assert opts.trim_margin == FINAL_MARGIN_S > LOADED_FINAL_MARGIN_S and 0 < LOADED_FIRM < LOADED_BUSY < 1
 
     async def main():
         eng = Engine(asr, loaded_margin=LOADED_FINAL_MARGIN_S)
+        m = eng.metrics
         eng.start()
         try:
             assert await asyncio.to_thread(eng.wait_warm, 120)
             await asyncio.sleep(2.1)  # the warm-up leaves the window
-            idle = await eng.transcribe(speech, key="a", turn="t0", options=opts)
-            calm = eng.metrics.finals_loaded_margin, eng.metrics.busy_fraction
+            out = {"idle": await eng.transcribe(speech, key="a", turn="t0", options=opts)}
+            out["calm"] = m.finals_loaded_margin, m.busy_fraction
             busy = await hold_worker(eng, speech, 2.0, "other")
             # a final, an early transcript (final options, run among the live ones) and a live one queue meanwhile
             loaded = asyncio.ensure_future(eng.transcribe(speech, key="b", turn="t0", options=opts))
             early = asyncio.ensure_future(eng.transcribe(speech, partial=True, key="c", options=opts))
             live = asyncio.ensure_future(eng.transcribe(speech, partial=True, key="d"))
             await busy
-            return idle, calm, await loaded, eng.metrics.finals_loaded_margin, eng.metrics.busy_fraction, \
-                await early, await live
+            out.update(loaded=await loaded, early=await early, live=await live)
+            out["firm"] = m.finals_loaded_margin, m.busy_fraction, m.firm_fraction
+            await asyncio.sleep(2.1)  # the held final leaves the window
+            busy = await hold_worker(eng, speech, 2.0, "other", live=True)  # busy, on live work only
+            after_live = asyncio.ensure_future(eng.transcribe(speech, key="e", turn="t0", options=opts))
+            await busy
+            out["after_live"] = await after_live
+            out["live_only"] = m.finals_loaded_margin, m.busy_fraction, m.firm_fraction
+            return out
         finally:
             eng.stop()
 
-    idle, (calm_count, calm_busy), loaded, count, busy, early, live = asyncio.run(main())
-    assert calm_count == 0 and calm_busy < 0.9
-    assert count == 2 and busy >= 0.9  # the final and the early one; the live one's 1 s is less already
-    for r in (idle, loaded, early, live):
-        assert "table" in r.text.lower() and "tonight" in r.text.lower(), r.text
+    out = asyncio.run(main())
+    assert out["calm"][0] == 0 and out["calm"][1] < LOADED_BUSY
+    count, busy, firm = out["firm"]
+    assert count == 2 and busy >= LOADED_BUSY and firm >= LOADED_FIRM  # the final and the early one (not the live)
+    count, busy, firm = out["live_only"]
+    assert count == 2 and busy >= LOADED_BUSY and firm < LOADED_FIRM  # busy, but with live work: the full margin
+    for key in ("idle", "loaded", "early", "live", "after_live"):
+        assert "table" in out[key].text.lower() and "tonight" in out[key].text.lower(), out[key].text
