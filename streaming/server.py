@@ -66,8 +66,9 @@ class ServerOptions:
     # seconds of padding after a turn's audio that its final transcript's encoder reads (session.FINAL_MARGIN_S;
     # 30: whole windows). Less is faster and may lose words (python -m speechrt.bench.margin_study)
     final_margin: float = FINAL_MARGIN_S
-    # the final margin while the engine is loaded (busy 90 % of the last 2 s: transcripts.LoadedMargins); None: never
-    # less than final_margin (nor is a larger one). 3 s keeps the capacity of 3-s finals on slow CPUs (docs/onnx-runtime.md)
+    # the final margin while the engine is loaded (busy 90 % of the last 2 s, 30 % on other work than live
+    # transcripts: transcripts.LoadedMargins); None: never less than final_margin (nor is a larger one). 3 s keeps
+    # the capacity of 3-s finals on slow CPUs (docs/onnx-runtime.md)
     loaded_final_margin: float | None = LOADED_FINAL_MARGIN_S
     speculative_replies: bool = True  # begin a reply during a pause, before it ends the turn (streaming/reply.py)
     silence_duration_ms: int | None = None  # server default for server_vad (None: the API's 500 ms)

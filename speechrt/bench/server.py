@@ -387,7 +387,7 @@ class _Speechrt:
         before = self.loaded_finals()
         results = asyncio.run(_level(self.url, recs, n, self.args, self.conversation))
         after = self.loaded_finals()
-        # final transcripts the server encoded with its loaded margin (its engine busy): None where unknown
+        # final transcripts the server encoded with its loaded margin (its engine loaded): None where unknown
         self.last_loaded = after - before if None not in (before, after) else None
         return results
 
