@@ -361,6 +361,24 @@ def test_live_text_opens_with_one_hypothesis_then_follows_agreement():
     assert Turn("item", 0).agree("Words") is None  # a session without live deltas
 
 
+def test_a_hypothesis_cut_at_the_token_cap_agrees_only_on_its_whole_words():
+    """An opening round stops at OPENING_TOKENS tokens, which may end inside a word: two rounds cut in the same
+    place agree on that piece, and it must not go out as a word; the words before it do."""
+    from speechrt.streaming.turns import Turn
+
+    t = Turn("item", 0, sent=[])
+    assert t.agree("Ac", cut=True) is None  # one piece of a word: nothing
+    assert t.agree("Ac", cut=True) is None  # the same piece again: still nothing (uncut, it would be sent)
+    assert t.agree("Accommodation for", cut=True) == "Accommodation"  # the opening rule: all but the last word
+    assert t.agree("Accommodation for two") is None  # "for" was the cut round's last word: heard once only
+    assert t.agree("Accommodation for two people") == " for two"
+    u = Turn("item", 0, sent=[])
+    assert u.agree("Please book a tab", cut=True) == "Please"
+    assert u.agree("Please book a tab", cut=True) == " book a"  # "tab" agreed with nothing
+    v = Turn("item", 0, sent=[])
+    assert v.agree("Ac") is None and v.agree("Ac") == "Ac"  # (the uncut rule, for contrast)
+
+
 def test_a_later_pause_replaces_the_turns_queued_final(asr, synth):
     """A final transcript of a turn (up to a pause) still queued when one of the same turn arrives (up to a
     later pause) is replaced: it resolves to None and only the newer one runs. A queued final of the
