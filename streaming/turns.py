@@ -152,7 +152,9 @@ class Turn:
         those already sent. Until some are sent, a hypothesis of two words or more sends its first OPENING_WORDS
         without waiting for a second one: a turn's first word comes one round sooner. `cut`: the hypothesis
         stopped at a token cap (OPENING_TOKENS), so its last word may be a piece of one: it agrees with nothing
-        (two rounds cut in the same place would otherwise send the piece). (A hypothesis's first word
+        (two rounds cut in the same place would otherwise send the piece). Nor does a word that ends two hypotheses
+        alike: both may have heard its first part ("drive to the air?" from an early transcript begun in the
+        silence of the p and from a live round just after; "airport?" in the final one). (A hypothesis's first word
         is its surest: at 0.6 s of speech, 24 clips' words but the last were wrong in 4, the first word only
         where the final transcript is wrong too, "and" for "Add"; two words went out wrong in 2 of 24 turns at
         8 streams: "the concept", "Please but".)"""
@@ -161,6 +163,8 @@ class Turn:
         words = self.full(text).split()
         sure = words[:-1] if cut else words
         stable = common_prefix(self.heard, sure)
+        if stable == len(self.heard) == len(words):  # the word both end on: maybe the first part of one, twice
+            stable -= 1
         if not self.sent:
             stable = max(stable, min(OPENING_WORDS, len(words) - 1))
         delta = None
