@@ -147,22 +147,20 @@ class Turn:
         final-priority transcript of all of it), nor past 30 s (long-form, once, when the turn ends)."""
         return uncommitted <= (COMMIT_AFTER if self.live is not None else MAX_UTTERANCE_SAMPLES)
 
-    def agree(self, text: str, cut: bool = False) -> str | None:
+    def agree(self, text: str) -> str | None:
         """A new live hypothesis -> the delta to send: the words it agrees on with the previous one, past
         those already sent. Until some are sent, a hypothesis of two words or more sends its first OPENING_WORDS
-        without waiting for a second one: a turn's first word comes one round sooner. `cut`: the hypothesis
-        stopped at a token cap (OPENING_TOKENS), so its last word may be a piece of one: it agrees with nothing
-        (two rounds cut in the same place would otherwise send the piece). Nor does a word that ends two hypotheses
-        alike: both may have heard its first part ("drive to the air?" from an early transcript begun in the
-        silence of the p and from a live round just after; "airport?" in the final one). (A hypothesis's first word
+        without waiting for a second one: a turn's first word comes one round sooner. A word that ends two
+        hypotheses alike is not agreed on: both may have heard only its first part ("drive to the air?" from an
+        early transcript begun in the silence of the p and from a live round just after; "airport?" in the final
+        one), and two opening rounds may both stop at OPENING_TOKENS inside it. (A hypothesis's first word
         is its surest: at 0.6 s of speech, 24 clips' words but the last were wrong in 4, the first word only
         where the final transcript is wrong too, "and" for "Add"; two words went out wrong in 2 of 24 turns at
         8 streams: "the concept", "Please but".)"""
         if self.sent is None:
             return None
         words = self.full(text).split()
-        sure = words[:-1] if cut else words
-        stable = common_prefix(self.heard, sure)
+        stable = common_prefix(self.heard, words)
         if stable == len(self.heard) == len(words):  # the word both end on: maybe the first part of one, twice
             stable -= 1
         if not self.sent:
@@ -171,7 +169,7 @@ class Turn:
         if stable > len(self.sent) and common_prefix(words, self.sent) == len(self.sent):
             delta = (" " if self.sent else "") + " ".join(words[len(self.sent):stable])
             self.sent = self.sent + words[len(self.sent):stable]
-        self.heard = sure
+        self.heard = words
         return delta
 
     def final_delta(self, text: str) -> str | None:
@@ -351,10 +349,10 @@ class InputTurns:
             r = await self._transcribe(turn, audio, partial=True, live=True, opening=opening,
                                        fresh=lambda: newest_audio(self, turn, first, last))
             if r is not None:
-                await self.hypothesis(turn, r.text, cut=opening and len(r.tokens) >= OPENING_TOKENS)
+                await self.hypothesis(turn, r.text)
 
-    async def hypothesis(self, turn: Turn, text: str, cut: bool = False):
-        if self.turn is turn and (delta := turn.agree(text, cut)):
+    async def hypothesis(self, turn: Turn, text: str):
+        if self.turn is turn and (delta := turn.agree(text)):
             await self.session.send(P.transcription_delta(turn.item_id, delta))
             self.session.ahead.prime(" ".join(turn.sent))
 

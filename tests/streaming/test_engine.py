@@ -361,28 +361,11 @@ def test_live_text_opens_with_one_hypothesis_then_follows_agreement():
     assert Turn("item", 0).agree("Words") is None  # a session without live deltas
 
 
-def test_a_hypothesis_cut_at_the_token_cap_agrees_only_on_its_whole_words():
-    """An opening round stops at OPENING_TOKENS tokens, which may end inside a word: two rounds cut in the same
-    place agree on that piece, and it must not go out as a word; the words before it do."""
-    from speechrt.streaming.turns import Turn
-
-    t = Turn("item", 0, sent=[])
-    assert t.agree("Ac", cut=True) is None  # one piece of a word: nothing
-    assert t.agree("Ac", cut=True) is None  # the same piece again: still nothing (uncut, it would be sent)
-    assert t.agree("Accommodation for", cut=True) == "Accommodation"  # the opening rule: all but the last word
-    assert t.agree("Accommodation for two") is None  # "for" was the cut round's last word: heard once only
-    assert t.agree("Accommodation for two people") == " for two"
-    u = Turn("item", 0, sent=[])
-    assert u.agree("Please book a tab", cut=True) == "Please"
-    assert u.agree("Please book a tab", cut=True) == " book a"  # "tab" agreed with nothing
-    v = Turn("item", 0, sent=[])
-    assert v.agree("Ac") is None and v.agree("Ac") is None  # the same last word twice: see below
-
-
 def test_a_word_that_ends_two_hypotheses_alike_is_not_agreed_on():
     """Two hypotheses over audio that ends inside the same word (an early transcript begun in a stop consonant's
-    silence, a live round just after it) may both hear its first part: "drive to the air?" twice, then "airport?"
-    in the final transcript. The word that ends both is not agreed on; it is once a hypothesis goes past it."""
+    silence, a live round just after it; two opening rounds stopped at OPENING_TOKENS inside it) may both hear
+    its first part: "drive to the air?" twice, then "airport?" in the final transcript. The word that ends both is
+    not agreed on; it is once a hypothesis goes past it."""
     from speechrt.streaming.turns import Turn
 
     t = Turn("item", 0, sent=["How", "long"])
@@ -391,6 +374,9 @@ def test_a_word_that_ends_two_hypotheses_alike_is_not_agreed_on():
     assert t.agree("How long does it take to drive to the airport? I") is None  # "airport?" heard once
     assert t.agree("How long does it take to drive to the airport? I need") == " airport? I"
     assert t.final_delta("How long does it take to drive to the airport? I need a taxi.") == " need a taxi."
+    u = Turn("item", 0, sent=[])
+    assert u.agree("Ac") is None and u.agree("Ac") is None  # an opening round's piece of a word, twice
+    assert u.agree("Please book a tab") == "Please" and u.agree("Please book a tab") == " book a"
 
 
 def test_a_later_pause_replaces_the_turns_queued_final(asr, synth):
