@@ -52,28 +52,39 @@ def study(asr, data, margins: list[float | None]) -> list[dict]:
     return rows
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m speechrt.bench.margin_study", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--margins", default="10,8,6,4,3", help="final margins to try, seconds (comma-separated)")
+def add_asr_args(ap: argparse.ArgumentParser) -> None:
+    """The options of a study on the benchmark's clips: the speech recognizer, its threads, the voice seeds."""
     ap.add_argument("--config", default="onnxruntime:int8", help="backend:dtype of the speech recognizer")
     ap.add_argument("--model", default=None, help="ASR model name or path (default: the embedded one)")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    args = ap.parse_args(argv)
 
+
+def load_asr(args) -> tuple[object, str]:
+    """(the speech recognizer of `args` (add_asr_args), "backend dtype" to print), on args.threads threads."""
     import torch
 
     import speechrt
-    from speechrt.bench.fingerprint import fingerprint
-    from speechrt.models.wer import wer
 
     if args.threads:
         torch.set_num_threads(args.threads)
     backend, _, dtype = args.config.partition(":")
+    return speechrt.load_asr(args.model, backend=backend, dtype=dtype or None), f"{backend} {dtype or 'default'}"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m speechrt.bench.margin_study", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--margins", default="10,8,6,4,3", help="final margins to try, seconds (comma-separated)")
+    add_asr_args(ap)
+    args = ap.parse_args(argv)
+
+    from speechrt.bench.fingerprint import fingerprint
+    from speechrt.models.wer import wer
+
     data = clips(args.seeds)
-    asr = speechrt.load_asr(args.model, backend=backend, dtype=dtype or None)
+    asr, config = load_asr(args)
     rows = study(asr, data, [None] + [float(m) for m in args.margins.split(",")])
-    print(f"{len(data)} clips, {backend} {dtype or 'default'}, {fingerprint()['label']}")
+    print(f"{len(data)} clips, {config}, {fingerprint()['label']}")
     whole = rows[0]["hyps"]
     for r in rows:  # clips whose word errors differ from the whole windows' (not case or punctuation)
         changed = [(t, w, h) for (t, _), h, w in zip(data, r["hyps"], whole) if wer([t], [h]) != wer([t], [w])]

@@ -14,20 +14,21 @@ import argparse
 import dataclasses
 import time
 
+from speechrt.bench import margin_study
+
 SPEECH_S = (0.6, 0.9, 1.2, 1.5)  # speech heard when the round runs (opening rounds come 0.3 s apart)
 
 
 def study(asr, data, caps: list[int | None], lead_s: float) -> list[dict]:
     """Per cap (None: uncapped): ms a round over `data` cut at each SPEECH_S after `lead_s`, how many rounds
     would send a first word, how many send the uncapped round's, and how many stopped at the cap."""
-    from speechrt.bench.margin_study import RATE
     from speechrt.streaming.protocol import SessionConfig
     from speechrt.streaming.session import asr_options
 
     live = asr_options(SessionConfig(), live=True)
     opts = {c: live if c is None else dataclasses.replace(live, sample_len=c) for c in caps}
     rows = {c: {"cap": c, "seconds": 0.0, "sends": 0, "same": 0, "cut": 0} for c in caps}
-    rounds = [a[: int((lead_s + s) * RATE)] for s in SPEECH_S for _, a in data]
+    rounds = [a[: int((lead_s + s) * margin_study.RATE)] for s in SPEECH_S for _, a in data]
     for i, audio in enumerate(rounds):
         words = {}
         for c in caps if i % 2 else caps[::-1]:
@@ -49,28 +50,20 @@ def study(asr, data, caps: list[int | None], lead_s: float) -> list[dict]:
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m speechrt.bench.opening_study", description=__doc__.split("\n\n")[0])
     ap.add_argument("--caps", default="4,5", help="token caps to try (comma-separated)")
-    ap.add_argument("--config", default="onnxruntime:int8", help="backend:dtype of the speech recognizer")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    margin_study.add_asr_args(ap)
     args = ap.parse_args(argv)
 
-    import torch
-
-    import speechrt
     from speechrt.bench.fingerprint import fingerprint
-    from speechrt.bench.margin_study import SILENCES, clips
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    backend, _, dtype = args.config.partition(":")
-    lead = SILENCES[1]
-    data = [c for i, c in enumerate(clips(args.seeds)) if SILENCES[i % len(SILENCES)] == lead]
-    asr = speechrt.load_asr(backend=backend, dtype=dtype or None)
+    lead = margin_study.SILENCES[1]
+    data = [c for i, c in enumerate(margin_study.clips(args.seeds))
+            if margin_study.SILENCES[i % len(margin_study.SILENCES)] == lead]
+    asr, config = margin_study.load_asr(args)
     for _ in range(3):  # the first calls pay for thread pools and allocations
         asr.transcribe_batch([data[0][1]])
     rows = study(asr, data, [None] + [int(c) for c in args.caps.split(",")], lead[0])
-    print(f"{rows[0]['rounds']} opening rounds ({len(data)} clips x {len(SPEECH_S)} cuts), {backend} "
-          f"{dtype or 'default'}, {fingerprint()['label']}")
+    print(f"{rows[0]['rounds']} opening rounds ({len(data)} clips x {len(SPEECH_S)} cuts), {config}, "
+          f"{fingerprint()['label']}")
     for r in rows:
         name = "uncapped" if r["cap"] is None else f"cap {r['cap']} tokens"
         print(f"{name:16s} {r['ms']:6.1f} ms a round   sends a first word {r['sends']}   the uncapped round's "
