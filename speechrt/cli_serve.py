@@ -59,6 +59,8 @@ def add_arguments(p):
                         "conversations' voice-to-voice p50 0.73 s instead of 0.81 s for one stream and 1.12 s instead "
                         "of 1.21 s for four, their final transcripts p50 0.32-0.40 s instead of 0.31-0.33 s; 1: "
                         "the language model leaves a core to the rest)")
+    p.add_argument("--max-batch", type=int, default=8, help="transcripts of one kind (final or live), and language-"
+                   "model replies, run together in one model step at most (default 8; a GPU has room for more)")
     p.add_argument("--partial-interval", type=float, default=1.0,
                    help="seconds between live transcript updates while a person speaks (0: final transcripts only)")
     p.add_argument("--final-margin", type=float, default=None, metavar="SECONDS",
@@ -103,7 +105,7 @@ def options(args):
     final_margin = ServerOptions.final_margin if args.final_margin is None else args.final_margin
     return ServerOptions(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("SPEECHRT_API_KEY"),
                          origins=tuple(args.allow_origin), private_metrics=args.private_metrics,
-                         max_sessions=args.max_sessions, max_rest_requests=args.max_rest_requests,
+                         max_sessions=args.max_sessions, max_batch=args.max_batch, max_rest_requests=args.max_rest_requests,
                          max_upload_bytes=args.max_upload_bytes, max_message_bytes=args.max_message_bytes,
                          max_buffer_seconds=args.max_buffer_seconds, idle_timeout=args.idle_timeout,
                          stall_timeout=args.stall_timeout, drain_seconds=args.drain_seconds,

@@ -84,6 +84,8 @@ class ServerOptions:
             raise UserError(f"max_send_queue_bytes must be >= 1024, got {self.max_send_queue_bytes}")
         if self.max_sessions < 1:
             raise UserError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        if self.max_batch < 1:
+            raise UserError(f"max_batch must be >= 1, got {self.max_batch}")
         if self.max_rest_requests < 1:
             raise UserError(f"max_rest_requests must be >= 1, got {self.max_rest_requests}")
         if self.max_upload_bytes < 1024:

@@ -52,6 +52,7 @@ BOUND_S = 1.0  # the p95 final-transcript latency a level must keep
 # issue 14's capacity: besides p95 final <= BOUND_S, live text p50 <= 1 s and WER within 1 point of the same
 # utterances spoken alone
 LIVE_BOUND_S = 1.0
+RAMP = (1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128, 192, 256)  # --find-max levels; the server admits 256
 WER_SLACK = 0.01
 
 
@@ -64,7 +65,8 @@ def add_arguments(p):
     p.add_argument("--no-stagger", dest="stagger", action="store_false",
                    help="start every stream at once, so that all turns end together (a burst); by default stream i "
                         "starts i/N of an utterance cycle later, as independent speakers would")
-    p.add_argument("--find-max", action="store_true", help="ramp streams up (1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 32) to "
+    p.add_argument("--find-max", action="store_true", help="ramp streams up (1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 32, then "
+                   "48, 64, 96, 128, 192, 256 for a GPU) to "
                    "find the largest N with p95 final <= 1 s (reported too: the largest that also keeps live p50 <= 1 s and WER "
                    "within a point of the same utterances alone)")
     p.add_argument("--max-streams", type=int, default=24, help="upper end of the --find-max ramp")
@@ -89,6 +91,7 @@ def add_arguments(p):
     p.add_argument("--device", default="cpu", help="the started server's --device")
     p.add_argument("--asr-loop-threads", type=int, default=1, help="the started server's --asr-loop-threads")
     p.add_argument("--lm-threads", type=int, default=0, help="the started server's --lm-threads (default 0, as serve)")
+    p.add_argument("--max-batch", type=int, default=None, help="the started server's --max-batch (default: the server's)")
     p.add_argument("--partial-interval", type=float, default=1.0, help="the started server's --partial-interval (0: no live deltas)")
     p.add_argument("--final-margin", type=float, default=None, metavar="SECONDS",
                    help="the started server's --final-margin (default: the server's)")
@@ -118,6 +121,8 @@ def _start_server(args, conversation: bool):
         cmd += ["--threads", str(args.threads)]
     cmd += ["--partial-interval", str(args.partial_interval), "--asr-loop-threads", str(args.asr_loop_threads),
             "--lm-threads", str(args.lm_threads)]
+    if args.max_batch is not None:
+        cmd += ["--max-batch", str(args.max_batch)]
     if args.final_margin is not None:
         cmd += ["--final-margin", str(args.final_margin)]
     if args.loaded_final_margin is not None:
@@ -350,7 +355,7 @@ def _levels(args) -> list[int]:
     from speechrt.errors import UserError
 
     if args.find_max:
-        return [n for n in (1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 32) if n <= args.max_streams]
+        return [n for n in RAMP if n <= args.max_streams]
     try:
         levels = [int(x) for x in str(args.streams).split(",") if x.strip()]
     except ValueError:

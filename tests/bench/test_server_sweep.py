@@ -116,3 +116,17 @@ def test_long_recording_speaks_without_a_pause():
     speech = np.frombuffer(pcm, "<i2")[int(s0 * RATE): int(round(s1 * RATE))]
     assert abs(len(speech) / RATE - (10 + 3 * 0.15)) < 1e-6
     assert (speech != 0).sum() == 10 * RATE and len(pcm) // 2 == int(round(s1 * RATE)) + 2 * RATE
+
+
+def test_find_max_ramp_goes_past_32_streams_for_a_gpu_up_to_what_the_server_admits():
+    import argparse
+
+    from speechrt.bench import server
+
+    p = argparse.ArgumentParser()
+    server.add_arguments(p)
+    assert server._levels(p.parse_args(["--find-max"]))[-1] == 24  # the default top: a 2-core CPU's range
+    ramp = server._levels(p.parse_args(["--find-max", "--max-streams", "128"]))
+    assert ramp[:11] == [1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 32] and ramp[11:] == [48, 64, 96, 128]
+    assert server._levels(p.parse_args(["--find-max", "--max-streams", "1000"]))[-1] == 256  # serve --max-sessions 256
+    assert server._levels(p.parse_args(["--streams", "64,1,8"])) == [1, 8, 64]

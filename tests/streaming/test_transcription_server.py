@@ -386,3 +386,20 @@ def test_loaded_final_margin_is_a_server_option():
     with pytest.raises(UserError, match=r"loaded_final_margin must be in \[1, 30\]"):
         ServerOptions(loaded_final_margin=0.5)
     assert ServerOptions(final_margin=2).loaded_final_margin == 3  # no more than a final's own margin is applied
+
+
+def test_max_batch_is_a_server_option():
+    """`serve --max-batch`: transcripts of one kind run together in one model step at most (default 8); under 1
+    it is refused, saying so."""
+    import argparse
+
+    from speechrt import cli_serve
+    from speechrt.errors import UserError
+    from speechrt.streaming.server import ServerOptions
+
+    p = argparse.ArgumentParser()
+    cli_serve.add_arguments(p)
+    assert cli_serve.options(p.parse_args([])).max_batch == ServerOptions().max_batch == 8
+    assert cli_serve.options(p.parse_args(["--max-batch", "32"])).max_batch == 32
+    with pytest.raises(UserError, match="max_batch must be >= 1, got 0"):
+        cli_serve.options(p.parse_args(["--max-batch", "0"]))
