@@ -6,36 +6,69 @@ buffers the caller fills before each replay, and its output buffer is overwritte
 """
 from __future__ import annotations
 
+import gc
+import logging
 from collections import OrderedDict
 from typing import Callable
 
 import torch
 
+log = logging.getLogger("speechrt.graphs")
+
 
 class CapturedStep:
     """`fn()` (reading only fixed buffers, returning a tensor) captured into a graph on the first call and
-    replayed on later ones; each call returns a copy of the output."""
+    replayed on later ones; each call returns a copy of the output. `capture=False` runs `fn` every call (the
+    CPU, and tests of what is captured). A capture that fails (an operation the capture does not allow) is
+    logged and counted (`failed`), and that step runs eagerly from then on: the server keeps serving."""
 
-    def __init__(self, fn: Callable[[], torch.Tensor]):
+    captured = 0  # graphs captured in this process
+    failed = 0  # captures that failed (their steps run eagerly)
+
+    def __init__(self, fn: Callable[[], torch.Tensor], capture: bool = True):
         self.fn = fn
+        self.capture = capture
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: torch.Tensor | None = None
 
     def __call__(self) -> torch.Tensor:
+        if self.graph is None and self.capture:
+            try:
+                self.graph, self.out = self._capture()
+                CapturedStep.captured += 1
+            except RuntimeError as e:
+                CapturedStep.failed += 1
+                self.capture = False
+                log.warning("a CUDA graph capture failed; this step runs eagerly from now on: %s", e)
+                torch.cuda.synchronize()  # a failed capture leaves nothing pending (an error here is a real one)
         if self.graph is None:
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            # warm-up off the capture: Triton compiles, the allocator settles. It runs the real step on the
-            # buffers as they are, so it writes what the replay writes next (the same cache slots).
-            with torch.cuda.stream(s):
-                for _ in range(2):
-                    self.fn()
-            torch.cuda.current_stream().wait_stream(s)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.out = self.fn()
+            return self.fn()
         self.graph.replay()
         return self.out.clone()
+
+    def _capture(self):
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        # warm-up off the capture: Triton compiles, the allocator settles. It runs the real step on the
+        # buffers as they are, so it writes what the replay writes next (the same cache slots).
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                self.fn()
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        # No garbage collection inside the capture: freeing an old graph or its memory there is an operation
+        # a capture does not allow. "thread_local": what other threads do on the device (the language model's
+        # steps beside the recognizer's) cannot spoil this thread's capture.
+        gc.collect()
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                out = self.fn()
+        finally:
+            if enabled:
+                gc.enable()
+        return graph, out
 
 
 class GraphCache:

@@ -4,50 +4,116 @@ single-token decoder step replayed from a CUDA graph (HIP graph on ROCm).
 A decode step launches some 15 kernels per layer, each too short to hide its launch cost; a graph
 launches them all at once. Graphs need fixed shapes and addresses, so the steps run through the
 model's fixed-shape path (Whisper.decoder with a `position` tensor: cache write by index, attention
-over the whole cache masked by length) on static input buffers, and reordering beams copies the
-cache rows in place instead of allocating new tensors. One graph per (batch rows, cache and
-cross-attention tensors); prompts (several tokens) run eagerly.
+over the whole cache masked by length) on the buffers of a slot: one per batch-size bucket (1, 2, 4, 8,
+...), its caches as long as the decoder's context and its cross-attention keys/values as long as a whole
+window, the rows and positions past a state's own masked by length (the kernels skip them). A state's
+first step on the graph path copies its caches and cross keys/values into the slot of its bucket and
+from then on runs on the slot's buffers (its tensors become views of them); another state taking the
+slot later gets copies of them back first. So a server's batches, whatever their rows, encoder lengths
+and token budgets, reuse a handful of graphs captured once each. (Before, graphs were keyed by the
+state's own tensors: on an H200 under 16 streams every batch captured new ones, and one capture failed.)
+Prompts (several tokens) run eagerly, on the same buffers.
 
-Run on an NVIDIA H200 (docs/gpu.md): replayed logits equal the eager steps', 8x faster per step; on the
-CPU the fixed-shape path is tested against the offset path.
+Run on NVIDIA H100/H200 (docs/gpu.md): replayed logits equal the eager steps'; on the CPU the slot path
+is tested uncaptured against the plain runner (tests/kernels/test_triton_asr_slots.py).
 """
 from __future__ import annotations
+
+import threading
+import weakref
 
 import torch
 
 from .cuda_graphs import CapturedStep, GraphCache
-from .torch_asr import TorchASRRunner, load_weights, parse_dtype
+from .torch_asr import TorchASRRunner, load_weights, parse_dtype, reorder_state
 
-MAX_GRAPHS = 8  # beam sizes / window batches in flight; each graph pins its cache tensors
+MAX_GRAPHS = 8  # batch-size buckets kept; a slot of 8 rows holds ~170 MB (Whisper tiny, float16)
 
 
-class _StepGraph:
-    """One captured decoder step over fixed buffers: tokens [N, 1], position [1] -> logits [N, vocab]."""
+def rows_bucket(n: int) -> int:
+    """The slot rows for a batch of n: the next power of two."""
+    return 1 << max(0, n - 1).bit_length()
 
-    def __init__(self, model, state, n):
-        dev = state.caches[0][0].device
-        self.tokens = torch.zeros((n, 1), dtype=torch.long, device=dev)
-        self.position = torch.zeros((1,), dtype=torch.long, device=dev)
-        caches, cross, cross_lengths = state.caches, state.cross, state.cross_lengths
-        self.step = CapturedStep(lambda: model.decoder(self.tokens, caches, 0, cross, position=self.position,
-                                                       cross_lengths=cross_lengths))
 
-    def __call__(self, tokens, position: int):
-        self.tokens.copy_(tokens, non_blocking=True)
+class _Slot:
+    """One captured decoder step over its own buffers: `rows` rows, caches of the decoder's whole context,
+    cross keys/values of a whole window, each row's encoder length; the state bound to it (`owner`)."""
+
+    def __init__(self, model, rows: int, dtype, device, capture: bool):
+        c = model.config
+        shape = (rows, c.n_text_head, c.n_audio_ctx, c.n_text_state // c.n_text_head)
+        self.rows = rows
+        self.caches = model.new_cache(rows, c.n_text_ctx, dtype, device)
+        self.cross = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+                      for _ in range(c.n_text_layer)]
+        self.lengths = torch.full((rows,), c.n_audio_ctx, dtype=torch.long, device=device)
+        self.tokens = torch.zeros((rows, 1), dtype=torch.long, device=device)
+        self.position = torch.zeros((1,), dtype=torch.long, device=device)
+        self.owner = None  # weakref to the bound DecoderState
+        caches, cross, lengths, tokens, position = self.caches, self.cross, self.lengths, self.tokens, self.position
+        self.step = CapturedStep(lambda: model.decoder(tokens, caches, 0, cross, position=position,
+                                                       cross_lengths=lengths), capture)
+
+    def buffers(self):
+        return [t for kv in (*self.caches, *self.cross) for t in kv] + [self.lengths]
+
+    def holds(self, state) -> bool:
+        return state.bound is self and state.caches[0][0].data_ptr() == self.caches[0][0].data_ptr()
+
+    def adopt(self, state):
+        """Copy `state` (its valid positions, encoder keys/values and lengths) into the buffers and make its
+        tensors views of them; a state bound before, still alive, gets copies of its rows back."""
+        prev = self.owner() if self.owner is not None else None
+        if prev is not None and prev is not state and self.holds(prev):
+            detach(prev)
+        n, T, S = state.caches[0][0].shape[0], state.offset, state.cross[0][0].shape[2]
+        for (bk, bv), (k, v) in zip(self.caches, state.caches):
+            bk[:n, :, :T].copy_(k[:, :, :T])
+            bv[:n, :, :T].copy_(v[:, :, :T])
+        for (bk, bv), (k, v) in zip(self.cross, state.cross):
+            bk[:n, :, :S].copy_(k)
+            bv[:n, :, :S].copy_(v)
+        if state.cross_lengths is None:
+            self.lengths[:n].fill_(S)
+        else:
+            self.lengths[:n].copy_(state.cross_lengths)
+        self.view(state, n)
+        self.owner = weakref.ref(state)
+
+    def view(self, state, n: int):
+        state.caches = [(k[:n], v[:n]) for k, v in self.caches]
+        state.cross = [(k[:n], v[:n]) for k, v in self.cross]
+        state.cross_lengths = self.lengths[:n]
+        state.bound = self
+
+    def __call__(self, tokens, position: int, n: int):
+        self.tokens[:n].copy_(tokens, non_blocking=True)
         self.position.fill_(position)
-        return self.step()
+        return self.step()[:n]
+
+
+def detach(state):
+    """Give a state bound to a slot its own copies of its rows (the slot is about to hold another)."""
+    state.caches = [(k.clone(), v.clone()) for k, v in state.caches]
+    state.cross = [(k.clone(), v.clone()) for k, v in state.cross]
+    state.cross_lengths = state.cross_lengths.clone()
+    state.bound = None
 
 
 class TritonASRRunner(TorchASRRunner):
-    def __init__(self, weights, device, dtype, model_name: str = "", model_format: str = "", graphs: bool = True):
+    def __init__(self, weights, device, dtype, model_name: str = "", model_format: str = "", graphs: bool = True,
+                 capture: bool | None = None):
+        """`graphs`: single-token steps on the slots' fixed buffers, captured as graphs on a GPU. `capture`
+        (default: on CUDA/HIP devices) False runs the slot path uncaptured (what the CPU tests check)."""
         super().__init__(weights, device, dtype, "triton", None, model_name, model_format)
-        self.graphs_enabled = graphs and device.type == "cuda"
+        self.capture = device.type == "cuda" if capture is None else capture
+        self.graphs_enabled = graphs and (self.capture or capture is False)
         self._graphs = GraphCache(MAX_GRAPHS)
+        self._lock = threading.Lock()  # one thread at a time on the slots
 
-    def _graph_for(self, state, n):
-        key = (n, *(t.data_ptr() for kv in (*state.caches, *state.cross) for t in kv),
-               None if state.cross_lengths is None else state.cross_lengths.data_ptr())
-        return self._graphs.get(key, lambda: _StepGraph(self.model, state, n))
+    def _slot(self, n: int) -> _Slot:
+        rows = rows_bucket(n)
+        return self._graphs.get(rows, lambda: _Slot(self.model, rows, self.dtype, self.device, self.capture))
 
     @torch.inference_mode()
     def decode_step(self, state, tokens, last_only=True):
@@ -55,20 +121,27 @@ class TritonASRRunner(TorchASRRunner):
             return super().decode_step(state, tokens, last_only)
         if state.offset + 1 > state.caches[0][0].shape[2]:
             raise RuntimeError(f"decoder cache full ({state.caches[0][0].shape[2]} positions)")
-        logits = self._graph_for(state, tokens.shape[0])(tokens.to(self.device), state.offset)
+        n = tokens.shape[0]
+        with self._lock:
+            slot = self._slot(n)
+            if not slot.holds(state):
+                slot.adopt(state)
+            logits = slot(tokens.to(self.device), state.offset, n)
         state.offset += 1
         return logits
 
     @torch.inference_mode()
     def reorder(self, state, index):
-        n = state.caches[0][0].shape[0]
-        if not self.graphs_enabled or index.numel() != n:
-            return super().reorder(state, index)
-        for kv in (*state.caches, *state.cross):  # in place: the captured graphs keep their addresses
-            for t in kv:
-                t.copy_(t.index_select(0, index.to(t.device)))
-        if state.cross_lengths is not None:
-            state.cross_lengths.copy_(state.cross_lengths.index_select(0, index.to(state.cross_lengths.device)))
+        """Rows `index` of a state: in place in its slot when it is bound to one and the new row count has
+        the same bucket; otherwise new tensors (the next step copies them into their bucket's slot)."""
+        slot, m = state.bound, index.numel()
+        if not isinstance(slot, _Slot) or not slot.holds(state) or rows_bucket(m) != slot.rows:
+            return reorder_state(state, index)
+        n, index = state.caches[0][0].shape[0], index.to(self.device)
+        with self._lock:
+            for t in slot.buffers():
+                t[:m].copy_(t[:n].index_select(0, index))
+            slot.view(state, m)
         return state
 
 

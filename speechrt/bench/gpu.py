@@ -11,6 +11,10 @@ Checks, in order (each one pass / fail / skip with what it compared or why it co
   against the torch backend's float32, fed the same tokens: logits within tolerance, greedy ids reported;
 - cuda-graphs: the triton ASR decode step replayed from a CUDA/HIP graph against the same step run
   eagerly (logits, and time per step);
+- asr-batches: what a loaded server asks of the triton ASR runner: batches of 1-8 utterances of random
+  lengths (server options, a third capped at 4 tokens like live openings) with the decode steps on the
+  graph slots against the same batches eager (float32: the same text; float16: time per batch, graphs
+  captured, captures failed);
 - lm-graphs: the same for the triton language model's decode step (bf16, two sequences of different
   lengths, the eager run's tokens fed to both) and its prompts' prefill (logits, and time per prompt);
 - onnxruntime: each GPU execution provider installed (CUDA, TensorRT, ROCm, MIGraphX) runs the Piper
@@ -43,7 +47,7 @@ def add_arguments(p):
     p.add_argument("--device", default="cuda", help="the GPU (default cuda; cuda:N for another)")
     p.add_argument("--checks", default=None, help="comma list of checks to run (default: all): " + ", ".join(
         ["gpu", "kernels", "asr-triton", "lm-triton", "asr-onnxruntime", "lm-onnxruntime", "cuda-graphs",
-         "lm-graphs", "onnxruntime", "tensorrt", "roofline"]))
+         "asr-batches", "lm-graphs", "onnxruntime", "tensorrt", "roofline"]))
     p.add_argument("--quick", action="store_true", help="roofline without torch.compile (minutes less)")
 
 
@@ -249,6 +253,64 @@ def check_cuda_graphs(dev, out: Results):
     return "pass", f"{steps} decode steps: graph replay = eager (max logit diff {err:.2g}), {speed:.2f}x faster"
 
 
+def check_asr_batches(dev, out: Results, batches: int = 24):
+    import dataclasses
+    import random
+
+    import torch
+
+    from speechrt.backends.cuda_graphs import CapturedStep
+    from speechrt.backends.triton_asr import TritonASRRunner
+    from speechrt.models.audio import SAMPLE_RATE, load_audio
+    from speechrt.models.registry import resolve
+    from speechrt.models.whisper_loaders import load_weights
+    from speechrt.pipelines.asr import ASRPipeline
+    from speechrt.streaming.protocol import SessionConfig
+    from speechrt.streaming.session import asr_options
+
+    model, audio = resolve(None, "asr"), load_audio(DATA / "passage.flac")  # 58 s of read speech
+    weights, rng = load_weights(model), random.Random()
+    cfg = SessionConfig(type="transcription")
+    opts, opening = asr_options(cfg), dataclasses.replace(asr_options(cfg, live=True), sample_len=4)
+    work = []  # fresh every run: (utterances, options) per batch
+    for i in range(batches):
+        cuts = []
+        for _ in range(rng.randint(1, 8)):
+            n = rng.randint(SAMPLE_RATE, 8 * SAMPLE_RATE)
+            a = rng.randrange(0, len(audio) - n)
+            cuts.append(audio[a:a + n])
+        work.append((cuts, opening if i % 3 == 0 else opts))
+    texts, times, captured, failed = {}, {}, CapturedStep.captured, CapturedStep.failed
+    for dtype in (torch.float32, torch.float16):
+        for g in (True, False):
+            asr = ASRPipeline(TritonASRRunner(weights, dev, dtype, model.name, model.format, graphs=g))
+            asr.transcribe_batch(work[0][0], work[0][1])  # warm-up: Triton compiles
+            ts, got = [], []
+            for cuts, o in work:
+                torch.cuda.synchronize(dev)
+                t = time.perf_counter()
+                got += [r.text for r in asr.transcribe_batch(cuts, o)]
+                ts.append(time.perf_counter() - t)
+            texts[dtype, g], times[dtype, g] = got, ts
+            del asr
+    captured, failed = CapturedStep.captured - captured, CapturedStep.failed - failed
+    rows = sum(len(c) for c, _ in work)
+    for g in (True, False):
+        out.records.append(Record(family="gpu", model=model.name, engine="speechrt", backend="triton",
+                                  precision="float16", device=str(dev), workload=f"{batches} server-like batches, "
+                                  f"{rows} utterances of 1-8 s", metric=f"batch_ms_{'graphs' if g else 'eager'}",
+                                  unit="ms", value=statistics.median(times[torch.float16, g]) * 1e3, better="lower",
+                                  repeats=Repeats.of(t * 1e3 for t in times[torch.float16, g])))
+    same32 = sum(a == b for a, b in zip(texts[torch.float32, True], texts[torch.float32, False]))
+    same16 = sum(a == b for a, b in zip(texts[torch.float16, True], texts[torch.float16, False]))
+    speed = statistics.median(times[torch.float16, False]) / statistics.median(times[torch.float16, True])
+    what = (f"{batches} batches, {rows} utterances: float32 text equal in {same32}/{rows}, float16 {same16}/{rows}; "
+            f"{captured} graphs captured, {failed} captures failed; float16 batch median "
+            f"{statistics.median(times[torch.float16, True]) * 1e3:.1f} ms on graphs vs "
+            f"{statistics.median(times[torch.float16, False]) * 1e3:.1f} ms eager ({speed:.2f}x)")
+    return ("pass" if same32 == rows and failed == 0 else "fail"), what
+
+
 def check_lm_graphs(dev, out: Results):
     import torch
 
@@ -396,10 +458,10 @@ def check_roofline(dev, out: Results, quick: bool = False):
 
 CHECKS = {"gpu": check_gpu, "kernels": check_kernels, "asr-triton": check_asr_triton, "lm-triton": check_lm_triton,
           "asr-onnxruntime": check_asr_onnxruntime, "lm-onnxruntime": check_lm_onnxruntime,
-          "cuda-graphs": check_cuda_graphs, "lm-graphs": check_lm_graphs, "onnxruntime": check_onnxruntime,
+          "cuda-graphs": check_cuda_graphs, "asr-batches": check_asr_batches, "lm-graphs": check_lm_graphs, "onnxruntime": check_onnxruntime,
           "tensorrt": check_tensorrt, "roofline": check_roofline}
 NEEDS_TORCH_GPU = {"gpu", "kernels", "asr-triton", "lm-triton", "asr-onnxruntime", "lm-onnxruntime", "cuda-graphs",
-                   "lm-graphs", "roofline"}
+                   "asr-batches", "lm-graphs", "roofline"}
 NEEDS_TRITON = NEEDS_TORCH_GPU - {"gpu", "asr-onnxruntime", "lm-onnxruntime"}
 
 
