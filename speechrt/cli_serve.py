@@ -68,9 +68,9 @@ def add_arguments(p):
                         "whole windows): less is faster and may lose words (python -m speechrt.bench.margin_study)")
     p.add_argument("--loaded-final-margin", type=float, default=None, metavar="SECONDS",
                    help="the final margin while the engine is loaded (its worker busy 90%% of the last 2 s, 30%% on "
-                        "other work than live transcripts; default 3, or --final-margin if less; 0: the full margin "
-                        "always): a slow CPU keeps the capacity of short margins, and the words of 10-s margins while "
-                        "it has time to spare")
+                        "other work than live transcripts; default 3 on a CPU, or --final-margin if less; 0: the full margin "
+                        "always, the default on a GPU): a slow CPU keeps the capacity of short margins, and the words "
+                        "of 10-s margins while it has time to spare")
     p.add_argument("--no-speculative-replies", dest="speculative_replies", action="store_false",
                    help="do not begin a reply during a pause before turn detection ends the turn (by default, when "
                         "the engine has time to spare, the reply to the transcript so far is made during the pause "
@@ -118,12 +118,22 @@ def options(args):
 
 def loaded_margin(args, final_margin: float) -> float | None:
     """--loaded-final-margin: None for 0 (never less than the final margin); by default the server's, at most
-    `final_margin`."""
+    `final_margin`, on a CPU, and None on a GPU: its encoder has time for the full margin, and on an H200 the
+    3-s margin of a loaded engine cost 8 conversations' questions 8.1 % WER against 0.0 % spoken alone
+    (docs/gpu.md; `python -m speechrt.bench.margin_study`: 3 s drops words of 6 of 36 clips)."""
     from speechrt.streaming.server import ServerOptions
 
     if args.loaded_final_margin is None:
-        return min(ServerOptions.loaded_final_margin, final_margin)
+        return None if on_gpu(args.device) else min(ServerOptions.loaded_final_margin, final_margin)
     return args.loaded_final_margin or None
+
+
+def on_gpu(device: str) -> bool:
+    if device == "auto":
+        import torch
+
+        return torch.cuda.is_available()
+    return device.startswith("cuda")
 
 
 def load_models(args):

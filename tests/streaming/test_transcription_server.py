@@ -383,6 +383,9 @@ def test_loaded_final_margin_is_a_server_option():
     assert cli_serve.options(p.parse_args(["--final-margin", "2"])).loaded_final_margin == 2
     assert cli_serve.options(p.parse_args(["--loaded-final-margin", "5"])).loaded_final_margin == 5
     assert cli_serve.options(p.parse_args(["--loaded-final-margin", "0"])).loaded_final_margin is None
+    # a GPU's encoder has time for the full margin: none by default there (3 s lost words of short questions)
+    assert cli_serve.options(p.parse_args(["--device", "cuda"])).loaded_final_margin is None
+    assert cli_serve.options(p.parse_args(["--device", "cuda:1", "--loaded-final-margin", "5"])).loaded_final_margin == 5
     with pytest.raises(UserError, match=r"loaded_final_margin must be in \[1, 30\]"):
         ServerOptions(loaded_final_margin=0.5)
     assert ServerOptions(final_margin=2).loaded_final_margin == 3  # no more than a final's own margin is applied
