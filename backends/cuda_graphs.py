@@ -60,7 +60,7 @@ class CapturedStep:
         # a capture does not allow. "thread_local": what other threads do on the device (the language model's
         # steps beside the recognizer's) cannot spoil this thread's capture.
         gc.collect()
-        enabled = gc.isenabled()
+        enabled, stream = gc.isenabled(), torch.cuda.current_stream()
         gc.disable()
         try:
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
@@ -68,6 +68,7 @@ class CapturedStep:
         finally:
             if enabled:
                 gc.enable()
+            torch.cuda.set_stream(stream)  # a capture_end that raises leaves the capture's stream current
         return graph, out
 
 

@@ -324,7 +324,9 @@ class Engine:
                 run_batch(self.asr, jobs, kind, self.faults, self.metrics)
                 with self._cv:
                     self._transcripts.done()
-            self.margins.load.add(self._step_started, time.monotonic(), live=kind == "partial")
+            end = time.monotonic()
+            self.margins.load.add(self._step_started, end, live=kind == "partial")
+            self.metrics.engine_seconds += end - self._step_started
             self._step_started = None
 
     def _step_lm(self):

@@ -16,6 +16,7 @@ def _samples() -> collections.deque:
 @dataclass
 class Metrics:
     """The engine's counters and latency samples."""
+    engine_seconds: float = 0.0  # the engine's worker in model steps of any kind, since start
     asr_batches: int = 0
     asr_audio_seconds: float = 0.0
     asr_cancelled: int = 0  # live transcripts stopped because a final transcript was asked for
@@ -211,7 +212,11 @@ def metrics_text(sessions: int, queue_depth: int, c: Counters, m: Metrics, repli
     page.summary("partial_transcript_latency_seconds", "Queue + compute time of partial transcripts.",
                  m.partial_latency)
     page.summary("first_audio_latency_seconds", "Response start to first audio chunk.", m.first_audio_latency)
+    page.metric("engine_busy_seconds_total", "counter", "Seconds the engine's worker spent in model steps of any "
+                "kind (transcripts, language model, voice).", f"{m.engine_seconds:.3f}")
     r = process_resources()
+    page.metric("process_cpu_seconds_total", "counter", "CPU time of the server process, all threads (user + "
+                "system).", f"{time.process_time():.3f}")
     page.metric("process_resident_memory_bytes", "gauge", "Resident memory of the server process.", r["rss_bytes"])
     page.metric("process_open_fds", "gauge", "Open file descriptors of the server process.", r["open_fds"])
     page.metric("process_threads", "gauge", "Threads of the server process.", r["threads"])

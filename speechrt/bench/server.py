@@ -35,6 +35,7 @@ from speechrt.bench import whisper_live
 from speechrt.bench.fingerprint import usable_cores
 from speechrt.bench.pacing import FINAL_WAIT_S, listen, send_paced
 from speechrt.bench.record import Record, Repeats, Results, percentile
+from speechrt.bench.server_load import LOAD, LevelLoad
 from speechrt.models.wer import normalize, wer
 
 SENTENCES = [
@@ -47,7 +48,8 @@ QUESTIONS = ["What is the capital of France?", "What color is the sky on a clear
              "How many days are in a week?", "What is the largest planet in our solar system?"]
 CHUNK_MS = 100
 RATE = 24000
-KEYS = ("partial", "final", "first_audio", "v2v")  # latencies per utterance; the last two in conversations
+KEYS = ("partial", "final", "first_audio", "v2v")
+ # latencies per utterance; the last two in conversations
 BOUND_S = 1.0  # the p95 final-transcript latency a level must keep
 # issue 14's capacity: besides p95 final <= BOUND_S, live text p50 <= 1 s and WER within 1 point of the same
 # utterances spoken alone
@@ -335,7 +337,9 @@ def _print(name, row, conversation):
     alone = f" (alone {100 * row['wer_alone']:.1f}%)" if "wer_alone" in row and row["streams"] > 1 else ""
     live = f"  {row['live_inconsistent']} with live text unlike the final" if row.get("live_inconsistent") else ""
     loaded = f"  {row['loaded_margin']} finals with the loaded margin" if row.get("loaded_margin") else ""
-    print(line + f"  {100 * row['wer']:5.1f}%" + alone + lost + live + loaded, flush=True)
+    load = "".join(f", {what} {fmt.format(row[k])}" for k, what, fmt in LOAD if k in row)
+    print(line + f"  {100 * row['wer']:5.1f}%" + alone + lost + live + loaded + (f"  ({load[2:]})" if load else ""),
+          flush=True)
 
 
 def _also_urls(args) -> list[tuple[str, str]]:
@@ -389,22 +393,10 @@ class _Speechrt:
             args.backend, "?", args.device)
 
     def level(self, recs, n):
-        before = self.loaded_finals()
-        results = asyncio.run(_level(self.url, recs, n, self.args, self.conversation))
-        after = self.loaded_finals()
-        # final transcripts the server encoded with its loaded margin (its engine loaded): None where unknown
-        self.last_loaded = after - before if None not in (before, after) else None
+        with LevelLoad(_http_base(self.url), self.device) as load:
+            results = asyncio.run(_level(self.url, recs, n, self.args, self.conversation))
+        self.last = load.row
         return results
-
-    def loaded_finals(self) -> int | None:
-        """The server's count of final transcripts encoded with the loaded margin (/metrics), None if unread."""
-        try:
-            with urllib.request.urlopen(_http_base(self.url) + "/metrics", timeout=10) as r:
-                text = r.read().decode()
-        except OSError:
-            return None
-        m = re.search(r"^speechrt_asr_finals_loaded_margin_total (\d+)", text, re.M)
-        return int(m.group(1)) if m else None
 
     def close(self):
         if self.proc is not None:
@@ -481,6 +473,10 @@ def _records(engine, mode, rows, peer_label, levels) -> list[Record]:
         if "loaded_margin" in row:
             out.append(Record(metric="finals_with_loaded_margin", unit="transcripts", value=row["loaded_margin"],
                               better="", **common))
+        out += [Record(metric=metric, unit=unit, value=row[k], better="", **common)
+                for k, metric, unit in (("server_cpu_cores", "server_cpu_cores", "cores"),
+                                        ("engine_busy", "engine_busy_fraction", "fraction"),
+                                        ("gpu_busy", "gpu_busy_fraction", "fraction")) if k in row]
     for metric, key in (("max_streams_p95_final_le_1s", "ok"), ("max_streams_meeting_targets", "meets")):
         if rows:
             out.append(Record(family="server", model=model, engine=engine.name, backend=engine.backend,
@@ -501,8 +497,7 @@ def _sweep(engines, recs, levels, conversation, keep_going, out: Results) -> dic
             try:
                 alone = next((r for r in rows[e.name] if r["streams"] == 1), None)
                 row = _summary(n, e.level(recs, n), conversation, alone)
-                if getattr(e, "last_loaded", None) is not None:
-                    row["loaded_margin"] = e.last_loaded
+                row.update(getattr(e, "last", {}))
             except (OSError, RuntimeError, asyncio.TimeoutError) as ex:
                 if e.name == "speechrt":
                     raise

@@ -53,6 +53,14 @@ def test_sweep_against_speechrt(bench, tmp_path):
     # the single stream spoke every recording (3), so level 2's utterances have their WER alone beside
     assert by[(1, "wer")].params["utterances"] == 3 and (2, "wer_same_utterances_alone") in by
     assert 0 <= by[(2, "live_text_unlike_final")].value <= by[(2, "wer")].params["utterances"]
+    # each level's load, from the server's /metrics: its process's CPU cores and its engine's time in model steps
+    import os
+
+    for n in (1, 2):
+        assert 0 < by[(n, "server_cpu_cores")].value <= (os.cpu_count() or 1) + 0.5
+        assert 0 < by[(n, "engine_busy_fraction")].value <= 1.05
+        assert (n, "gpu_busy_fraction") not in by  # sampled on CUDA devices only
+    assert "(server " in r.stdout and "engine busy" in r.stdout
 
 
 def test_level_summary_compares_the_same_utterances_alone():
@@ -130,3 +138,17 @@ def test_find_max_ramp_goes_past_32_streams_for_a_gpu_up_to_what_the_server_admi
     assert ramp[:11] == [1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 32] and ramp[11:] == [48, 64, 96, 128]
     assert server._levels(p.parse_args(["--find-max", "--max-streams", "1000"]))[-1] == 256  # serve --max-sessions 256
     assert server._levels(p.parse_args(["--streams", "64,1,8"])) == [1, 8, 64]
+
+
+def test_gpu_sampling_maps_torch_devices_to_nvml_and_samples_nothing_on_a_cpu(monkeypatch):
+    from speechrt.bench.server_load import GpuBusy, nvml_index
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert nvml_index("cuda") == 0 and nvml_index("cuda:3") == 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
+    assert nvml_index("cuda") == 2 and nvml_index("cuda:1") == 5
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1234")
+    assert nvml_index("cuda:0") == 0
+    with GpuBusy("cpu") as g:
+        pass
+    assert g.samples == []

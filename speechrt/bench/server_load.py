@@ -1,0 +1,93 @@
+"""A streaming server's load over one `bench server` level: from its /metrics, the final transcripts encoded with
+the loaded margin, its process's CPU cores and its engine's share of the time in model steps; on a CUDA device
+where nvidia-ml-py is installed, the GPU's utilization sampled every half second (NVML). What bounds a level
+shows in its row: on an H200 the GPU stayed under ~11 % busy where 64 streams missed their latency targets
+(docs/gpu.md)."""
+from __future__ import annotations
+
+import re
+import statistics
+import threading
+import time
+import urllib.request
+
+# per level, from the server's /metrics: row key -> counter (loaded_margin a count; the others per second)
+COUNTERS = {"loaded_margin": "asr_finals_loaded_margin_total", "server_cpu_cores": "process_cpu_seconds_total",
+            "engine_busy": "engine_busy_seconds_total"}
+LOAD = (("server_cpu_cores", "server", "{:.2f} cores"), ("engine_busy", "engine busy", "{:.0%}"),
+        ("gpu_busy", "GPU", "{:.0%}"))  # printed after a level's row
+
+
+def counters(base: str) -> dict[str, float]:
+    """The server's /metrics counters in COUNTERS (those it has); none if unread."""
+    try:
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    return {name: float(m.group(1)) for name in COUNTERS.values()
+            if (m := re.search(rf"^speechrt_{name} ([0-9.]+)", text, re.M))}
+
+
+class LevelLoad:
+    """`with LevelLoad(base_url, device) as load: <the level>` -> load.row: loaded_margin (finals), server_cpu_cores,
+    engine_busy (fraction of the level's time) and gpu_busy (fraction), those that could be read."""
+
+    def __init__(self, base: str, device: str):
+        self.base, self.gpu, self.row = base, GpuBusy(device), {}
+
+    def __enter__(self):
+        self.before, self.t0 = counters(self.base), time.monotonic()
+        self.gpu.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.gpu.__exit__(*exc)
+        after, wall = counters(self.base), time.monotonic() - self.t0
+        self.row = {key: (after[name] - self.before[name]) / (1 if key == "loaded_margin" else wall)
+                    for key, name in COUNTERS.items() if name in self.before and name in after}
+        if "loaded_margin" in self.row:
+            self.row["loaded_margin"] = int(self.row["loaded_margin"])
+        if self.gpu.samples:
+            self.row["gpu_busy"] = statistics.mean(self.gpu.samples) / 100
+
+
+def nvml_index(device: str) -> int:
+    """NVML's index of a torch CUDA device ("cuda", "cuda:N"): NVML counts every GPU, torch those that
+    CUDA_VISIBLE_DEVICES lists (by index; where it names GPUs by UUID, torch's own index is taken)."""
+    import os
+
+    n = int(device.partition(":")[2] or 0)
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return int(visible[n]) if n < len(visible) and visible[n].isdigit() else n
+
+
+class GpuBusy:
+    """The GPU's utilization (NVML, %) sampled every half second while the block runs, on a CUDA device where
+    nvidia-ml-py is installed; no samples elsewhere."""
+
+    def __init__(self, device: str):
+        self.device, self.samples, self.done = device, [], threading.Event()
+
+    def __enter__(self):
+        if not self.device.startswith("cuda"):
+            return self
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index(self.device))
+        except Exception:  # noqa: BLE001 - no NVML (nvidia-ml-py, or an NVIDIA driver): nothing sampled
+            return self
+
+        def sample():
+            while not self.done.wait(0.5):
+                self.samples.append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        self.thread = threading.Thread(target=sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        if hasattr(self, "thread"):
+            self.thread.join()
