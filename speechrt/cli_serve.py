@@ -68,9 +68,9 @@ def add_arguments(p):
                         "whole windows): less is faster and may lose words (python -m speechrt.bench.margin_study)")
     p.add_argument("--loaded-final-margin", type=float, default=None, metavar="SECONDS",
                    help="the final margin while the engine is loaded (its worker busy 90%% of the last 2 s, 30%% on "
-                        "other work than live transcripts; default 3 on a CPU, or --final-margin if less; 0: the full margin "
-                        "always, the default on a GPU): a slow CPU keeps the capacity of short margins, and the words "
-                        "of 10-s margins while it has time to spare")
+                        "other work than live transcripts; default 3 on a CPU, or --final-margin if less; 0: the "
+                        "full margin always, the default on a GPU): a slow CPU keeps the capacity of short margins, "
+                        "and the words of 10-s margins while it has time to spare")
     p.add_argument("--no-speculative-replies", dest="speculative_replies", action="store_false",
                    help="do not begin a reply during a pause before turn detection ends the turn (by default, when "
                         "the engine has time to spare, the reply to the transcript so far is made during the pause "
@@ -105,7 +105,8 @@ def options(args):
     final_margin = ServerOptions.final_margin if args.final_margin is None else args.final_margin
     return ServerOptions(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("SPEECHRT_API_KEY"),
                          origins=tuple(args.allow_origin), private_metrics=args.private_metrics,
-                         max_sessions=args.max_sessions, max_batch=args.max_batch, max_rest_requests=args.max_rest_requests,
+                         max_sessions=args.max_sessions, max_batch=args.max_batch,
+                         max_rest_requests=args.max_rest_requests,
                          max_upload_bytes=args.max_upload_bytes, max_message_bytes=args.max_message_bytes,
                          max_buffer_seconds=args.max_buffer_seconds, idle_timeout=args.idle_timeout,
                          stall_timeout=args.stall_timeout, drain_seconds=args.drain_seconds,

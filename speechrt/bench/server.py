@@ -48,8 +48,7 @@ QUESTIONS = ["What is the capital of France?", "What color is the sky on a clear
              "How many days are in a week?", "What is the largest planet in our solar system?"]
 CHUNK_MS = 100
 RATE = 24000
-KEYS = ("partial", "final", "first_audio", "v2v")
- # latencies per utterance; the last two in conversations
+KEYS = ("partial", "final", "first_audio", "v2v")  # latencies per utterance; the last two in conversations
 BOUND_S = 1.0  # the p95 final-transcript latency a level must keep
 # issue 14's capacity: besides p95 final <= BOUND_S, live text p50 <= 1 s and WER within 1 point of the same
 # utterances spoken alone
@@ -67,10 +66,10 @@ def add_arguments(p):
     p.add_argument("--no-stagger", dest="stagger", action="store_false",
                    help="start every stream at once, so that all turns end together (a burst); by default stream i "
                         "starts i/N of an utterance cycle later, as independent speakers would")
-    p.add_argument("--find-max", action="store_true", help="ramp streams up (1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 32, then "
-                   "48, 64, 96, 128, 192, 256 for a GPU) to "
-                   "find the largest N with p95 final <= 1 s (reported too: the largest that also keeps live p50 <= 1 s and WER "
-                   "within a point of the same utterances alone)")
+    p.add_argument("--find-max", action="store_true", help="ramp streams up (1, 2, 4, 6, 8, 10, 12, 16, 20, 24, "
+                   "32, then 48, 64, 96, 128, 192, 256 for a GPU) to find the largest N with p95 final <= 1 s "
+                   "(reported too: the largest that also keeps live p50 <= 1 s and WER within a point of the same "
+                   "utterances alone)")
     p.add_argument("--max-streams", type=int, default=24, help="upper end of the --find-max ramp")
     p.add_argument("--keep-going", action="store_true", help="run every level even after one missed p95 final <= 1 s")
     p.add_argument("--peer", choices=["auto", "whisper-live", "none"], default="auto",
@@ -93,7 +92,8 @@ def add_arguments(p):
     p.add_argument("--device", default="cpu", help="the started server's --device")
     p.add_argument("--asr-loop-threads", type=int, default=1, help="the started server's --asr-loop-threads")
     p.add_argument("--lm-threads", type=int, default=0, help="the started server's --lm-threads (default 0, as serve)")
-    p.add_argument("--max-batch", type=int, default=None, help="the started server's --max-batch (default: the server's)")
+    p.add_argument("--max-batch", type=int, default=None,
+                   help="the started server's --max-batch (default: the server's)")
     p.add_argument("--partial-interval", type=float, default=1.0, help="the started server's --partial-interval (0: no live deltas)")
     p.add_argument("--final-margin", type=float, default=None, metavar="SECONDS",
                    help="the started server's --final-margin (default: the server's)")
