@@ -12,7 +12,7 @@ from then on runs on the slot's buffers (its tensors become views of them); anot
 slot later gets copies of them back first. So a server's batches, whatever their rows, encoder lengths
 and token budgets, reuse a handful of graphs captured once each. (Before, graphs were keyed by the
 state's own tensors: on an H200 under 16 streams every batch captured new ones, and one capture failed.)
-Prompts (several tokens) run eagerly, on the same buffers.
+Prompts (several tokens) run eagerly (a bound state's on the slot's buffers).
 
 Run on NVIDIA H100/H200 (docs/gpu.md): replayed logits equal the eager steps'; on the CPU the slot path
 is tested uncaptured against the plain runner (tests/kernels/test_triton_asr_slots.py).

@@ -458,8 +458,8 @@ def check_roofline(dev, out: Results, quick: bool = False):
 
 CHECKS = {"gpu": check_gpu, "kernels": check_kernels, "asr-triton": check_asr_triton, "lm-triton": check_lm_triton,
           "asr-onnxruntime": check_asr_onnxruntime, "lm-onnxruntime": check_lm_onnxruntime,
-          "cuda-graphs": check_cuda_graphs, "asr-batches": check_asr_batches, "lm-graphs": check_lm_graphs, "onnxruntime": check_onnxruntime,
-          "tensorrt": check_tensorrt, "roofline": check_roofline}
+          "cuda-graphs": check_cuda_graphs, "asr-batches": check_asr_batches, "lm-graphs": check_lm_graphs,
+          "onnxruntime": check_onnxruntime, "tensorrt": check_tensorrt, "roofline": check_roofline}
 NEEDS_TORCH_GPU = {"gpu", "kernels", "asr-triton", "lm-triton", "asr-onnxruntime", "lm-onnxruntime", "cuda-graphs",
                    "asr-batches", "lm-graphs", "roofline"}
 NEEDS_TRITON = NEEDS_TORCH_GPU - {"gpu", "asr-onnxruntime", "lm-onnxruntime"}
