@@ -102,10 +102,11 @@ def detach(state):
 
 class TritonASRRunner(TorchASRRunner):
     def __init__(self, weights, device, dtype, model_name: str = "", model_format: str = "", graphs: bool = True,
-                 capture: bool | None = None):
+                 capture: bool | None = None, kernels: str = "triton"):
         """`graphs`: single-token steps on the slots' fixed buffers, captured as graphs on a GPU. `capture`
-        (default: on CUDA/HIP devices) False runs the slot path uncaptured (what the CPU tests check)."""
-        super().__init__(weights, device, dtype, "triton", None, model_name, model_format)
+        (default: on CUDA/HIP devices) False runs the slot path uncaptured, and `kernels="torch"` on the
+        reference kernels: what the CPU tests check."""
+        super().__init__(weights, device, dtype, kernels, None, model_name, model_format)
         self.capture = device.type == "cuda" if capture is None else capture
         self.graphs_enabled = graphs and (self.capture or capture is False)
         self._graphs = GraphCache(MAX_GRAPHS)

@@ -1,0 +1,65 @@
+"""The triton ASR runner's graph slots (backends/triton_asr.py) on the embedded Whisper, through the batch
+transcription a loaded server runs (`transcribe_batch`: batches of several utterances of random lengths, final
+and live options, live openings capped at 4 tokens, drafts checked and re-fed), against the plain torch runner:
+the same tokens. On the CPU the slot path runs uncaptured on the reference kernels (what differs from the plain
+runner is only the slots: padded rows, caches and encoder keys/values, states moved in and out); `speechrt
+bench gpu --checks asr-batches` runs the same comparison captured on a GPU with the Triton kernels."""
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+
+from speechrt.backends.torch_asr import TorchASRRunner
+from speechrt.cli_asr import sample_path
+from speechrt.backends.triton_asr import TritonASRRunner
+from speechrt.models.audio import SAMPLE_RATE, load_audio
+from speechrt.models.registry import resolve
+from speechrt.models.whisper_loaders import load_weights
+from speechrt.pipelines.asr import ASRPipeline
+from speechrt.streaming.protocol import SessionConfig
+from speechrt.streaming.session import asr_options
+
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")
+
+
+@pytest.fixture(scope="module")
+def pipelines():
+    model = resolve(None, "asr")
+    w = load_weights(model)
+    cpu = torch.device("cpu")
+    plain = ASRPipeline(TorchASRRunner(w, cpu, torch.float32))
+    slots = ASRPipeline(TritonASRRunner(w, cpu, torch.float32, capture=False, kernels="torch"))
+    assert slots.runner.graphs_enabled and not slots.runner.capture
+    return plain, slots
+
+
+def test_server_batches_on_the_slots_give_the_plain_runners_tokens(pipelines):
+    plain, slots = pipelines
+    audio = load_audio(sample_path().with_name("passage.flac"))  # 58 s of read speech
+    rng = random.Random()  # fresh cuts every run
+    cfg = SessionConfig(type="transcription")
+    final, live = asr_options(cfg), asr_options(cfg, live=True)
+    opening = dataclasses.replace(live, sample_len=4)
+
+    def cuts(k):
+        out = []
+        for _ in range(k):
+            n = rng.randint(SAMPLE_RATE, 6 * SAMPLE_RATE)
+            a = rng.randrange(0, len(audio) - n)
+            out.append(audio[a:a + n])
+        return out
+
+    batches = [(cuts(rng.randint(3, 6)), final, None), (cuts(rng.randint(1, 2)), opening, None),
+               (cuts(rng.randint(5, 8)), final, None)]
+    grown = cuts(3)  # live rounds of growing turns: each drafted with the transcript of its first 70 %
+    drafts = [r.tokens for r in plain.transcribe_batch([a[: len(a) * 7 // 10] for a in grown], live)]
+    batches.append((grown, live, drafts))
+    for audios, opts, dr in batches:
+        want = plain.transcribe_batch(audios, opts, dr)
+        got = slots.transcribe_batch(audios, opts, dr)
+        assert [r.tokens for r in got] == [r.tokens for r in want]
+        assert all(r.text.strip() for r in want if len(r.tokens) > 2)  # real speech, real transcripts
+    assert set(slots.runner._graphs.items) <= {1, 2, 4, 8}
