@@ -137,7 +137,7 @@ class SpeechServer:
         """Run a Realtime session on an accepted connection until either side closes it. `model`: the URL's
         ?model= (OpenAI's clients send theirs): a name this server cannot answer for ends the connection
         with an error event that lists the valid ones."""
-        if self.shutting_down or len(self.sessions) >= self.options.max_sessions:
+        if self.shutting_down or self.open_sessions() >= self.options.max_sessions:
             self.counters.sessions_rejected += 1
             why = ("the server is shutting down" if self.shutting_down else
                    f"the server is full: {self.options.max_sessions} sessions at most; try again later")
@@ -162,6 +162,11 @@ class SpeechServer:
         finally:
             self.sessions.discard(session)
             await session.close()
+
+    def open_sessions(self) -> int:
+        """Sessions whose connection is open: one whose client has closed no longer counts against
+        --max-sessions while the events it left are dropped and its work cancelled."""
+        return sum(not s.conn.closed for s in self.sessions)
 
     def health(self, full: bool) -> tuple[int, dict]:
         body = {"status": "draining" if self.shutting_down else "ok"}

@@ -130,6 +130,35 @@ class Outbox:
         await self.conn.close(code, reason)
 
 
+READ_AHEAD = 2  # client events read while one is handled (at most 2 x --max-message-bytes held a session)
+
+
+async def serve_events(session):
+    """Handle a session's client events in order until its connection closes, read by read_ahead."""
+    inbox: asyncio.Queue = asyncio.Queue(READ_AHEAD)
+    reader = asyncio.create_task(read_ahead(session, inbox))
+    try:
+        while (message := await inbox.get()) is not None and not session.conn.closed:
+            await session.handle(message)
+    finally:
+        reader.cancel()
+    if reader.done() and not reader.cancelled() and reader.exception() is not None:
+        raise reader.exception()
+
+
+async def read_ahead(session, inbox: asyncio.Queue):
+    """A session's reader: its client's events into `inbox`, READ_AHEAD ahead of the one being handled, so that
+    a client's close is seen at once, not after its last events' work (their VAD under load): the connection
+    counts as closed (SpeechServer.open_sessions) and the events it left unhandled are dropped with its work."""
+    try:
+        while (message := await session.conn.receive()) is not None:
+            session.last_activity = time.monotonic()
+            await inbox.put(message)  # waits while READ_AHEAD are queued: a flooding client is held back
+    finally:
+        if not inbox.full():  # (full: the handler sees the closed connection before it needs the end mark)
+            inbox.put_nowait(None)
+
+
 class RealtimeSession:
     def __init__(self, server, conn, intent: str | None, model: str | None = None):
         self.server, self.conn = server, conn
@@ -192,12 +221,10 @@ class RealtimeSession:
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def run(self):
-        """Serve the client's events until the connection closes."""
+        """Serve the client's events until the connection closes (serve_events)."""
         self.outbox.start()
         await self.send(P.session_created(self.cfg.to_api(self.id), self.server.replica))
-        while (message := await self.conn.receive()) is not None:
-            self.last_activity = time.monotonic()
-            await self.handle(message)
+        await serve_events(self)
 
     def drain(self) -> list[asyncio.Task]:
         """Graceful shutdown: stop what only serves a turn still being spoken, take no input that would

@@ -406,3 +406,49 @@ def test_max_batch_is_a_server_option():
     assert cli_serve.options(p.parse_args(["--max-batch", "32"])).max_batch == 32
     with pytest.raises(UserError, match="max_batch must be >= 1, got 0"):
         cli_serve.options(p.parse_args(["--max-batch", "0"]))
+
+
+def test_a_client_that_closed_frees_its_slot_while_its_last_audio_is_still_processed(asr, synth, server_factory):
+    """--max-sessions counts open connections: a client that sent audio and closed does not hold its slot while
+    that audio's voice activity detection is still running (slowed here to 3 s, as under load), so the next
+    client is admitted at once; the late work is dropped with the session."""
+    import concurrent.futures
+    import time
+
+    from speechrt.streaming.server import ServerOptions
+
+    with server_factory(ServerOptions(port=0, max_sessions=1), asr) as srv:
+        slow = concurrent.futures.ThreadPoolExecutor(1)
+        real = srv.vad_pool
+
+        class SlowVad:
+            def submit(self, fn, *a, **kw):  # what loop.run_in_executor calls
+                return slow.submit(lambda: (time.sleep(3.0), fn(*a, **kw))[1])
+
+            def shutdown(self, wait=True):
+                slow.shutdown(wait=wait)
+                real.shutdown(wait=wait)
+        srv.vad_pool = SlowVad()
+        pcm = pcm24(synth(SENTENCES[0]))[: 24000 * 2]  # 1 s
+
+        async def main():
+            a, ca = await _raw(srv)
+            assert ca["type"] == "session.created"
+            await a.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()}))
+            await asyncio.sleep(0.3)  # the server is inside that audio's slow VAD now
+            await a.close()
+            t0 = time.monotonic()
+            while True:  # at once: well before the 3-s VAD returns (a refused client retries)
+                b, cb = await _raw(srv)
+                if cb["type"] == "session.created":
+                    break
+                assert cb["error"]["code"] == "session_limit_reached"
+                await b.close()
+                assert time.monotonic() - t0 < 1.5, "the closed client still held the only slot"
+                await asyncio.sleep(0.05)
+            assert time.monotonic() - t0 < 1.5
+            c, cc = await _raw(srv)  # the slot is b's now: the cap still holds
+            assert cc["type"] == "error" and cc["error"]["code"] == "session_limit_reached"
+            await c.close()
+            await b.close()
+        asyncio.run(asyncio.wait_for(main(), 60))
