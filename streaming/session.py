@@ -154,6 +154,9 @@ async def read_ahead(session, inbox: asyncio.Queue):
         while (message := await session.conn.receive()) is not None:
             session.last_activity = time.monotonic()
             await inbox.put(message)  # waits while READ_AHEAD are queued: a flooding client is held back
+    except Exception:  # a broken connection, not a close: the handler stops after the queued events too
+        await session.conn.close(1011, "internal error")
+        raise  # (serve_events raises it once the handler is done)
     finally:
         if not inbox.full():  # (full: the handler sees the closed connection before it needs the end mark)
             inbox.put_nowait(None)
