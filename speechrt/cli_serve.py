@@ -122,19 +122,13 @@ def loaded_margin(args, final_margin: float) -> float | None:
     `final_margin`, on a CPU, and None on a GPU: its encoder has time for the full margin, and on an H200 the
     3-s margin of a loaded engine cost 8 conversations' questions 8.1 % WER against 0.0 % spoken alone
     (docs/gpu.md; `python -m speechrt.bench.margin_study`: 3 s drops words of 6 of 36 clips)."""
+    from speechrt.backends.auto import machine_kind
     from speechrt.streaming.server import ServerOptions
 
     if args.loaded_final_margin is None:
-        return None if on_gpu(args.device) else min(ServerOptions.loaded_final_margin, final_margin)
+        on_gpu = machine_kind(args.device) in ("nvidia", "rocm")
+        return None if on_gpu else min(ServerOptions.loaded_final_margin, final_margin)
     return args.loaded_final_margin or None
-
-
-def on_gpu(device: str) -> bool:
-    if device == "auto":
-        import torch
-
-        return torch.cuda.is_available()
-    return device.startswith("cuda")
 
 
 def load_models(args):

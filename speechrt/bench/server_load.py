@@ -44,10 +44,9 @@ class LevelLoad:
     def __exit__(self, *exc):
         self.gpu.__exit__(*exc)
         after, wall = counters(self.base), time.monotonic() - self.t0
-        self.row = {key: (after[name] - self.before[name]) / (1 if key == "loaded_margin" else wall)
-                    for key, name in COUNTERS.items() if name in self.before and name in after}
-        if "loaded_margin" in self.row:
-            self.row["loaded_margin"] = int(self.row["loaded_margin"])
+        delta = {key: after[name] - self.before[name] for key, name in COUNTERS.items()
+                 if name in self.before and name in after}
+        self.row = {key: int(d) if key == "loaded_margin" else d / wall for key, d in delta.items()}
         if self.gpu.samples:
             self.row["gpu_busy"] = statistics.mean(self.gpu.samples) / 100
 
