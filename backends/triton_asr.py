@@ -112,6 +112,11 @@ class TritonASRRunner(TorchASRRunner):
         self._graphs = GraphCache(MAX_GRAPHS)
         self._lock = threading.Lock()  # one thread at a time on the slots
 
+    @property
+    def slot_rows(self) -> list[int]:
+        """The batch-size buckets that have a slot (on a GPU, a captured step), smallest first."""
+        return sorted(self._graphs.items)
+
     def _slot(self, n: int) -> _Slot:
         rows = rows_bucket(n)
         return self._graphs.get(rows, lambda: _Slot(self.model, rows, self.dtype, self.device, self.capture))

@@ -289,7 +289,7 @@ class Engine:
         return self.batcher is not None and self.batcher.has_work()
 
     def _run(self):
-        warm_up(self.asr, self.lm, self.batcher, self.tts)
+        warm_up(self.asr, self.lm, self.batcher, self.tts, self.max_batch)
         self._ready.set()
         while True:
             with self._cv:
@@ -362,13 +362,14 @@ class Engine:
                 break
 
 
-def warm_up(asr, lm, batcher, tts):
+def warm_up(asr, lm, batcher, tts, max_batch: int = 1):
     """Run each model once on the engine's thread before the first request: the first call of a model in a
     thread pays for its thread pool, kernel selection and allocations (~0.1-0.3 s each), which would
-    otherwise land on the first user's latency."""
+    otherwise land on the first user's latency. On a GPU the recognizer also runs a batch of each size
+    bucket up to `max_batch` (ASRPipeline.warm_batches: kernels compiled, decode graphs captured)."""
     t0 = time.perf_counter()
     try:
-        asr.warm_up()
+        asr.warm_up(max_batch)
         if lm is not None:
             lm.warm_up(batcher)
         if tts is not None:

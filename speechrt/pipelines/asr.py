@@ -34,6 +34,7 @@ MAX_UTTERANCE_SAMPLES = N_FRAMES * HOP_LENGTH  # one 30-second window
 # characters a second (spaces and punctuation counted) that no one speaks at: conversational English is
 # about 14, fast speech 20; a transcript faster than this over its whole audio was not all said
 MAX_CHARS_PER_S = 25.0
+SAMPLE_SPEECH = Path(__file__).resolve().parent.parent / "data" / "sample.wav"  # 7.4 s of the embedded voice
 
 __all__ = ["ASRPipeline", "load_asr", "TranscribeOptions", "Transcript", "WindowResult", "TranscriptionCancelled",
            "Word", "VadOptions", "SAMPLE_RATE", "MAX_UTTERANCE_SAMPLES", "segment_windows"]
@@ -232,9 +233,10 @@ class ASRPipeline:
         logprobs = [(t, token_bytes(tok, t), float(np.log(max(p, 1e-30)))) for t, p in zip(text, probs.tolist())]
         return segment["words"], logprobs
 
-    def warm_up(self) -> None:
+    def warm_up(self, max_batch: int = 1) -> None:
         """Run the model once on this thread: the first call in a thread pays for its thread pool, kernel
-        choices and allocations."""
+        choices and allocations. On a GPU, also a batch of each batch-size bucket up to `max_batch`
+        (warm_batches)."""
         noise = np.random.default_rng(0).standard_normal(SAMPLE_RATE).astype(np.float32) * 1e-3
         # faint noise, decoded anyway, over the trimmed window the server's transcripts use (a whole 30-s window
         # twice took 1.6 s on the torch runner: a server's first turns waited behind it)
@@ -242,6 +244,24 @@ class ASRPipeline:
                                  trim_margin=1.0)
         first = self.transcribe_batch([noise], opts)[0]
         self.transcribe_batch([noise], opts, drafts=[first.tokens or [0]])
+        if self.runner.device.type != "cpu":
+            self.warm_batches(max_batch)
+
+    def warm_batches(self, max_batch: int) -> None:
+        """Transcribe one batch of real speech of each batch-size bucket up to `max_batch` (2, 4, 8, ..., and
+        `max_batch` itself), with a server's live and final margins. On a GPU each batch compiles the Triton
+        kernels of its shapes and captures its bucket's decode graph (backends.triton_asr): work a server
+        would otherwise do in its first loaded seconds (on an H200 at 64 streams, 60 % of the engine's time
+        in them, and final p95 3.9 s instead of 0.35 s; docs/gpu.md)."""
+        speech = load_audio(SAMPLE_SPEECH)
+        sizes = sorted({min(2 << k, max_batch) for k in range(max(1, max_batch - 1).bit_length())} - {1})
+        for n in sizes:
+            # utterances of 1.5 to 7 s, each its own length (the encoder's rows differ as a server's do)
+            clips = [speech[: int(SAMPLE_RATE * (1.5 + (i * 1.7) % 5.5))] for i in range(n)]
+            for margin in (1.0, 10.0):
+                opts = TranscribeOptions(without_timestamps=True, trim_context=True, trim_margin=margin,
+                                         stop_repeats=3)
+                self.transcribe_batch(clips, opts)
 
 
 def cut_repeat_said_too_fast(res: WindowResult, tok: WhisperTokenizer, seconds: float) -> bool:

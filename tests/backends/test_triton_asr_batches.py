@@ -62,4 +62,18 @@ def test_server_batches_on_the_slots_give_the_plain_runners_tokens(pipelines):
         got = slots.transcribe_batch(audios, opts, dr)
         assert [r.tokens for r in got] == [r.tokens for r in want]
         assert all(r.text.strip() for r in want if len(r.tokens) > 2)  # real speech, real transcripts
-    assert set(slots.runner._graphs.items) <= {1, 2, 4, 8}
+    assert set(slots.runner.slot_rows) <= {1, 2, 4, 8}
+
+
+def test_warm_batches_reach_the_single_token_step_of_every_bucket():
+    """A server's warm-up on a GPU (ASRPipeline.warm_batches, run by the engine before it reports ready) gives
+    every batch-size bucket up to --max-batch its slot, so no bucket compiles or captures while serving; the
+    clips are real speech, so each batch decodes past its prompt."""
+    cpu = torch.device("cpu")
+    fresh = ASRPipeline(TritonASRRunner(load_weights(resolve(None, "asr")), cpu, torch.float32, capture=False,
+                                        kernels="torch"))
+    assert fresh.runner.slot_rows == []
+    fresh.warm_batches(6)
+    assert {2, 4, 8} <= set(fresh.runner.slot_rows) <= {1, 2, 4, 8}
+    fresh.warm_batches(1)  # nothing past batch 1 to warm
+    assert set(fresh.runner.slot_rows) <= {1, 2, 4, 8}
