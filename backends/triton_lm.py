@@ -1,12 +1,16 @@
 """Language-model runner of the `triton` backend: the torch runner built with the Triton kernel set, with
-decode steps over contiguous slots replayed from CUDA graphs (HIP graphs on ROCm).
+decode steps replayed from CUDA graphs (HIP graphs on ROCm).
 
 A SmolLM2-135M decode step is some 400 kernels of a few microseconds each: launched one by one from
 Python, a step of two sequences took 17-37 ms on an H200 (docs/gpu.md), replayed from a graph 1.2 ms: the
-launches go at once. Graphs need fixed shapes and addresses, so a step over the N contiguous slots
-s0..s0+N-1 runs models.llama.Llama.decode_range on static token / position buffers, attending over the
-whole cache masked by each slot's length. One graph per (cache, s0, N); steps over slots that are not
-contiguous run eagerly.
+launches go at once. Graphs need fixed shapes and addresses, so a step runs models.llama.Llama.decode_range
+over slots 0..n-1 on static token / position buffers, attending over the whole cache masked by each slot's
+length; n is the power of two (at most the cache's slots) that covers the highest slot stepped, so one graph
+per (cache, n) serves any set of slots. (Graphs were keyed on a contiguous range of slots before; a
+conversation keeps its slot between turns, its prefix cached, so the slots replying at once are often not
+contiguous, and those steps ran eagerly.) The rows not stepped write their next position, past what they
+hold, which nothing reads before it is written again; their logits are dropped. A step where one of them is
+full runs eagerly.
 
 Prompts from position 0 (a new conversation, or prompts that join together) are padded to a bucket of
 PREFILL_BUCKETS tokens (cut to the cache's length) and run as Llama.prefill_rows on static buffers, the
@@ -20,15 +24,13 @@ import logging
 
 import torch
 
-from speechrt.models.llama import contiguous
-
 from .base import check_prefill
 from .cuda_graphs import CapturedStep, GraphCache
 from .torch_lm import TorchLMRunner, build as build_torch
 
 log = logging.getLogger(__name__)
 
-MAX_GRAPHS = 16  # (first slot, batch) pairs in flight; each graph pins the cache and a small memory pool
+MAX_GRAPHS = 16  # (cache, rows) pairs; each graph pins the cache and a small memory pool
 PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512)  # prompt lengths a prefill graph is captured for
 MAX_PREFILL_GRAPHS = 12  # (batch, bucket) pairs; a 512-token bucket of 8 prompts pools ~100 MB (bf16, 135M)
 
@@ -42,30 +44,38 @@ def prefill_bucket(n: int, max_seq: int) -> int | None:
     return None if b is None else min(b, max_seq)
 
 
-class _DecodeGraph:
-    """One captured decode step for slots s0..s0+n-1 of `cache`: tokens [n], positions [n] -> logits."""
+def range_rows(top: int, slots: int) -> int:
+    """The rows of the decode graph that steps slots below `top`: the next power of two, at most `slots`."""
+    return min(1 << max(0, top - 1).bit_length(), slots)
 
-    def __init__(self, model, cache, s0: int, n: int):
+
+class _DecodeGraph:
+    """One captured decode step over slots 0..n-1 of `cache`: tokens [n], positions [n] -> logits [n, vocab]."""
+
+    def __init__(self, model, cache, n: int, capture: bool):
         dev = cache.k.device
         self.tokens = torch.zeros(n, dtype=torch.long, device=dev)
         self.pos = torch.zeros(n, dtype=torch.long, device=dev)
-        self.step = CapturedStep(lambda: model.decode_range(cache, s0, self.tokens, self.pos, cache.max_seq))
+        self.step = CapturedStep(lambda: model.decode_range(cache, 0, self.tokens, self.pos, cache.max_seq), capture)
 
-    def __call__(self, tokens: torch.Tensor, pos: list[int]) -> torch.Tensor:
-        self.tokens.copy_(tokens, non_blocking=True)
+    def __call__(self, slots: list[int], tokens: torch.Tensor, pos: list[int]) -> torch.Tensor:
+        """Logits [len(slots), vocab] of `tokens` fed to `slots`; `pos`: every row's position."""
+        rows = torch.tensor(slots, device=self.tokens.device)
+        self.tokens.zero_()
+        self.tokens.index_copy_(0, rows, tokens)
         self.pos.copy_(torch.tensor(pos), non_blocking=True)
-        return self.step()
+        return self.step().index_select(0, rows)
 
 
 class _PrefillGraph:
     """One captured prefill of N prompts padded to `t` tokens: any N slots of `cache`, any lengths <= t."""
 
-    def __init__(self, model, cache, n: int, t: int):
+    def __init__(self, model, cache, n: int, t: int, capture: bool):
         dev = cache.k.device
         self.rows = torch.zeros(n, dtype=torch.long, device=dev)
         self.tokens = torch.zeros(n, t, dtype=torch.long, device=dev)
         self.last = torch.zeros(n, dtype=torch.long, device=dev)
-        self.step = CapturedStep(lambda: model.prefill_rows(cache, self.rows, self.tokens, self.last))
+        self.step = CapturedStep(lambda: model.prefill_rows(cache, self.rows, self.tokens, self.last), capture)
 
     def __call__(self, slots: list[int], prompts: list[torch.Tensor]) -> torch.Tensor:
         padded = torch.zeros(self.tokens.shape, dtype=torch.long)
@@ -78,9 +88,12 @@ class _PrefillGraph:
 
 
 class TritonLMRunner(TorchLMRunner):
-    def __init__(self, *args, graphs: bool = True, **kw):
+    def __init__(self, *args, graphs: bool = True, capture: bool | None = None, **kw):
+        """`graphs`: decode steps and prompts on static buffers, captured as graphs on a GPU. `capture`
+        (default: on CUDA/HIP devices) False runs that path uncaptured: what the CPU tests check."""
         super().__init__(*args, **kw)
-        self.graphs_enabled = graphs and self.device.type == "cuda"
+        self.capture = self.device.type == "cuda" if capture is None else capture
+        self.graphs_enabled = graphs and (self.capture or capture is False)
         self.graphs = GraphCache(MAX_GRAPHS)
         self.prefill_graphs = GraphCache(MAX_PREFILL_GRAPHS)
         self.prefill_graphs_enabled = True
@@ -95,7 +108,7 @@ class TritonLMRunner(TorchLMRunner):
             return None
         key = (cache.k.data_ptr(), cache.v.data_ptr(), len(slots), t)
         try:
-            g = self.prefill_graphs.get(key, lambda: _PrefillGraph(self.model, cache, len(slots), t))
+            g = self.prefill_graphs.get(key, lambda: _PrefillGraph(self.model, cache, len(slots), t, self.capture))
             logits = g(slots, [p.cpu() for p in prompts])
         except Exception:  # noqa: BLE001 - a capture this device refuses: prompts run eagerly from now on
             log.exception("prefill graph of %d prompt(s) padded to %d tokens failed; prompts run eagerly",
@@ -109,11 +122,19 @@ class TritonLMRunner(TorchLMRunner):
 
     @torch.inference_mode()
     def prepare(self, cache, slot: int) -> None:
-        """Capture the one-prompt prefill graph of every bucket the cache holds, so that no request pays
-        for a capture (~3 eager prefills); graphs of several prompts at once are captured on first use."""
+        """Capture the one-prompt prefill graph of every bucket the cache holds (through free `slot`) and the
+        decode graph of every row count, so that no request pays for a capture (~3 eager steps each);
+        prefill graphs of several prompts at once are captured on first use. The other slots keep what
+        they hold (a decode step writes past it, and their lengths are put back)."""
         for t in sorted({min(b, cache.max_seq) for b in PREFILL_BUCKETS}):
             self.prefill(cache, slot, torch.zeros(t, dtype=torch.long))
         self.release(cache, slot)
+        if self.graphs_enabled:
+            for n in sorted({range_rows(top, cache.max_batch) for top in range(1, cache.max_batch + 1)}):
+                held = cache.lengths[n - 1]
+                if held < cache.max_seq:
+                    self.decode_step(cache, [n - 1], torch.zeros(1, dtype=torch.long))
+                    cache.lengths[n - 1] = held
 
     @torch.inference_mode()
     def prefill(self, cache, slot: int, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
@@ -145,12 +166,14 @@ class TritonLMRunner(TorchLMRunner):
         if isinstance(slots, torch.Tensor):
             slots = slots.tolist()
         slots = list(slots)
-        if not self.graphs_enabled or not contiguous(slots):
+        n = range_rows(max(slots) + 1, cache.max_batch)
+        pos = cache.next_positions(slots)  # (checks that the stepped slots have room)
+        rows = cache.lengths[:n]  # every row writes at its length: the stepped ones their token's position
+        if not self.graphs_enabled or len(set(slots)) < len(slots) or max(rows) >= cache.max_seq:
             return super().decode_step(cache, slots, tokens)
-        pos = cache.next_positions(slots)
-        key = (cache.k.data_ptr(), cache.v.data_ptr(), slots[0], len(slots))
-        g = self.graphs.get(key, lambda: _DecodeGraph(self.model, cache, slots[0], len(slots)))
-        logits = g(tokens.to(self.device), pos)
+        g = self.graphs.get((cache.k.data_ptr(), cache.v.data_ptr(), n),
+                            lambda: _DecodeGraph(self.model, cache, n, self.capture))
+        logits = g(slots, tokens.to(self.device), rows)
         cache.advance(slots, pos)
         return logits
 

@@ -341,6 +341,7 @@ def check_lm_graphs(dev, out: Results):
     perr = (firsts[True] - firsts[False]).abs().max().item() / firsts[False].abs().max().item()
     speed = step_records(out, times, dev, lm.info.model, "bfloat16", f"LM decode step, batch {len(prompts)}")
     pspeed = prefill_times(out, lm, dev, prompts[0])
+    serr = scattered_error(r, prompts)
     if len(r.graphs) == 0 or len(r.prefill_graphs) == 0:
         return "fail", (f"the triton LM runner captured {len(r.graphs)} decode and {len(r.prefill_graphs)} prefill "
                         "graphs")
@@ -348,9 +349,30 @@ def check_lm_graphs(dev, out: Results):
         return "fail", f"graph replay logits differ from eager steps by {err:.3g} of the largest logit"
     if not perr <= 2e-2:
         return "fail", f"prefill graph logits differ from eager prefill by {perr:.3g} of the largest logit"
+    if not serr <= 2e-2:
+        return "fail", f"steps over scattered slots from graphs differ from eager ones by {serr:.3g} of the largest logit"
     return "pass", (f"{steps} decode steps of {len(prompts)} sequences: graph replay = eager (max logit diff "
                     f"{err:.2g} of the largest, bf16), {speed:.2f}x faster per step; prompts prefilled from a graph "
-                    f"= eager ({perr:.2g}), {pspeed:.2f}x faster ({len(prompts[0])} tokens)")
+                    f"= eager ({perr:.2g}), {pspeed:.2f}x faster ({len(prompts[0])} tokens); steps over scattered "
+                    f"slots = eager ({serr:.2g})")
+
+
+def scattered_error(r, prompts) -> float:
+    """Decode steps over scattered slots of a cache of 8 (a conversation keeps its slot between turns) from
+    the graphs over the rows that cover them and eager, on caches filled alike -> the largest logit
+    difference over the largest logit."""
+    import torch
+
+    slots, out = [1, 4, 6][: len(prompts)], {}
+    for g in (False, True):
+        r.graphs_enabled = g
+        cache = r.new_cache(8, max(map(len, prompts)) + 16)
+        for s, p in zip(slots, prompts):
+            r.prefill(cache, s, torch.tensor(p))
+        out[g] = [r.decode_step(cache, sub, torch.arange(len(sub), device=r.device) + 100).float()
+                  for sub in (slots[::-1], slots[1:2], slots)]
+    r.graphs_enabled = True
+    return max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(out[True], out[False]))
 
 
 def prefill_times(out: Results, lm, dev, prompt: list[int], n: int = 24) -> float:

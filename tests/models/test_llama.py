@@ -220,16 +220,15 @@ def test_compact_formats_agree_with_float32(model_file, ours):
         assert torch.corrcoef(torch.stack([lg, ref]))[0, 1] > 0.99, fmt
 
 
-def test_prefill_graph_routing_matches_eager(model_file, ours, monkeypatch):
+def test_prefill_graph_routing_matches_eager(model_file, ours):
     """The triton runner's prefill graphs (Llama.prefill_rows on static buffers: prompts padded to a bucket,
     slots as a device tensor) give scattered slots the logits, cache and next step of eager prefill. The
     capture itself needs a GPU (`speechrt bench gpu --checks lm-graphs`); here the captured function runs
-    as it is, on the CPU, through the same buffers and padding."""
+    uncaptured, on the CPU, through the same buffers and padding."""
     from speechrt.backends import triton_lm
 
-    monkeypatch.setattr(triton_lm, "CapturedStep", lambda fn: fn)
-    r = triton_lm.TritonLMRunner(model_file[1], torch.device("cpu"), "float32", kernels="torch")
-    r.graphs_enabled = True  # off on the CPU: the routing is what is tested here
+    r = triton_lm.TritonLMRunner(model_file[1], torch.device("cpu"), "float32", kernels="torch", capture=False)
+    assert r.graphs_enabled  # uncaptured on the CPU: the routing is what is tested here
     prompts = [torch.tensor(ours.encode_chat(CHATS[i])) for i in (2, 0, 5)]
     lens = [len(p) for p in prompts]
     assert len(set(lens)) == 3 and triton_lm.prefill_bucket(max(lens), 96) == 64 > max(lens)
@@ -256,6 +255,7 @@ def test_prefill_graph_routing_matches_eager(model_file, ours, monkeypatch):
     assert triton_lm.prefill_bucket(70, 96) == 96  # a bucket cut to the cache's length
     # warm-up captures every one-prompt bucket the cache holds, and frees the slot it used
     r.prefill_graphs = triton_lm.GraphCache(triton_lm.MAX_PREFILL_GRAPHS)
+    held, kept = list(cache.lengths), cache.k[:, 1, :, : cache.lengths[1]].clone()
     r.prepare(cache, 0)
     assert sorted(k[2:] for k in r.prefill_graphs.items) == [(1, 16), (1, 32), (1, 64), (1, 96)]
-    assert cache.lengths[0] == 0
+    assert cache.lengths == [0] + held[1:] and torch.equal(cache.k[:, 1, :, : held[1]], kept)
