@@ -59,8 +59,8 @@ def add_arguments(p):
                         "conversations' voice-to-voice p50 0.73 s instead of 0.81 s for one stream and 1.12 s instead "
                         "of 1.21 s for four, their final transcripts p50 0.32-0.40 s instead of 0.31-0.33 s; 1: "
                         "the language model leaves a core to the rest)")
-    p.add_argument("--max-batch", type=int, default=8, help="transcripts of one kind (final or live), and language-"
-                   "model replies, run together in one model step at most (default 8; a GPU has room for more)")
+    p.add_argument("--max-batch", type=int, default=None, help="transcripts of one kind (final or live), and "
+                   "language-model replies, run together in one model step at most (default 8 on a CPU, 32 on a GPU)")
     p.add_argument("--partial-interval", type=float, default=1.0,
                    help="seconds between live transcript updates while a person speaks (0: final transcripts only)")
     p.add_argument("--final-margin", type=float, default=None, metavar="SECONDS",
@@ -105,7 +105,7 @@ def options(args):
     final_margin = ServerOptions.final_margin if args.final_margin is None else args.final_margin
     return ServerOptions(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("SPEECHRT_API_KEY"),
                          origins=tuple(args.allow_origin), private_metrics=args.private_metrics,
-                         max_sessions=args.max_sessions, max_batch=args.max_batch,
+                         max_sessions=args.max_sessions, max_batch=max_batch(args),
                          max_rest_requests=args.max_rest_requests,
                          max_upload_bytes=args.max_upload_bytes, max_message_bytes=args.max_message_bytes,
                          max_buffer_seconds=args.max_buffer_seconds, idle_timeout=args.idle_timeout,
@@ -117,17 +117,30 @@ def options(args):
                          speculative_replies=args.speculative_replies, debug=args.debug_endpoints)
 
 
+def on_gpu(args) -> bool:
+    from speechrt.backends.auto import machine_kind
+
+    return machine_kind(args.device) in ("nvidia", "rocm")
+
+
+def max_batch(args) -> int:
+    """--max-batch: by default 8 on a CPU (a batch's cost grows with its rows there) and 32 on a GPU, where a
+    step of 32 rows costs about what one of 8 does: on an H200 the streams meeting every target went from 32
+    to 48 with it (docs/gpu.md, fifth session)."""
+    if args.max_batch is not None:
+        return args.max_batch
+    return 32 if on_gpu(args) else 8
+
+
 def loaded_margin(args, final_margin: float) -> float | None:
     """--loaded-final-margin: None for 0 (never less than the final margin); by default the server's, at most
     `final_margin`, on a CPU, and None on a GPU: its encoder has time for the full margin, and on an H200 the
     3-s margin of a loaded engine cost 8 conversations' questions 8.1 % WER against 0.0 % spoken alone
     (docs/gpu.md; `python -m speechrt.bench.margin_study`: 3 s drops words of 6 of 36 clips)."""
-    from speechrt.backends.auto import machine_kind
     from speechrt.streaming.server import ServerOptions
 
     if args.loaded_final_margin is None:
-        on_gpu = machine_kind(args.device) in ("nvidia", "rocm")
-        return None if on_gpu else min(ServerOptions.loaded_final_margin, final_margin)
+        return None if on_gpu(args) else min(ServerOptions.loaded_final_margin, final_margin)
     return args.loaded_final_margin or None
 
 

@@ -392,8 +392,8 @@ def test_loaded_final_margin_is_a_server_option():
 
 
 def test_max_batch_is_a_server_option():
-    """`serve --max-batch`: transcripts of one kind run together in one model step at most (default 8); under 1
-    it is refused, saying so."""
+    """`serve --max-batch`: transcripts of one kind run together in one model step at most (default 8 on a CPU,
+    32 on a GPU); under 1 it is refused, saying so."""
     import argparse
 
     from speechrt import cli_serve
@@ -404,6 +404,8 @@ def test_max_batch_is_a_server_option():
     cli_serve.add_arguments(p)
     assert cli_serve.options(p.parse_args([])).max_batch == ServerOptions().max_batch == 8
     assert cli_serve.options(p.parse_args(["--max-batch", "32"])).max_batch == 32
+    assert cli_serve.options(p.parse_args(["--device", "cuda"])).max_batch == 32
+    assert cli_serve.options(p.parse_args(["--device", "cuda", "--max-batch", "4"])).max_batch == 4
     with pytest.raises(UserError, match="max_batch must be >= 1, got 0"):
         cli_serve.options(p.parse_args(["--max-batch", "0"]))
 
