@@ -176,7 +176,9 @@ def replica_row(server) -> dict:
     return {"sessions": len(server.sessions), "max_sessions": server.options.max_sessions,
             "queue_depth": server.engine.queue_depth(), "sessions_total": c.sessions_total,
             "sessions_rejected": c.sessions_rejected, "utterances": m.asr_items, "final_p50": q(0.5),
-            "final_p95": q(0.95), "draining": server.shutting_down, "node": ray.get_runtime_context().get_node_id()}
+            "final_p95": q(0.95), "draining": server.shutting_down, "node": ray.get_runtime_context().get_node_id(),
+            "cpu_seconds": round(time.process_time(), 3), "engine_seconds": round(m.engine_seconds, 3),
+            "finals_loaded_margin": m.finals_loaded_margin}
 
 
 def cluster_metrics_text(rows: dict[str, dict]) -> str:
@@ -192,10 +194,15 @@ def cluster_metrics_text(rows: dict[str, dict]) -> str:
            ("utterances", "asr_utterances_total", "counter", "Utterances transcribed per replica."),
            ("final_p50", "final_transcript_latency_p50_seconds", "gauge", "Median queue + compute time of final "
             "transcripts per replica (last 1000)."),
-           ("final_p95", "final_transcript_latency_p95_seconds", "gauge", "95th percentile of the same.")]
+           ("final_p95", "final_transcript_latency_p95_seconds", "gauge", "95th percentile of the same."),
+           ("cpu_seconds", "process_cpu_seconds_total", "counter", "CPU time of each replica's process."),
+           ("engine_seconds", "engine_busy_seconds_total", "counter", "Seconds each replica's engine spent in model "
+            "steps."),
+           ("finals_loaded_margin", "asr_finals_loaded_margin_total", "counter", "Final transcripts each replica "
+            "encoded with the loaded margin.")]
     for key, name, kind, help_ in per:
         page.lines += [f"# HELP speechrt_replica_{name} {help_}", f"# TYPE speechrt_replica_{name} {kind}"]
-        page.lines += [f'speechrt_replica_{name}{{replica="{r}",node="{row["node"]}"}} {row[key]}'
+        page.lines += [f'speechrt_replica_{name}{{replica="{r}",node="{row["node"]}"}} {row.get(key, 0)}'
                        for r, row in sorted(rows.items())]
     page.metric("cluster_replicas", "gauge", "Replicas reporting.", len(rows))
     page.metric("cluster_replicas_draining", "gauge", "Replicas stopping.", sum(r["draining"] for r in rows.values()))
@@ -204,8 +211,13 @@ def cluster_metrics_text(rows: dict[str, dict]) -> str:
                              ("queue_depth", "queue_depth", "Work items waiting, all replicas."),
                              ("sessions_total", "sessions_total", "Sessions admitted, all replicas."),
                              ("sessions_rejected", "sessions_rejected_total", "Sessions refused, all replicas."),
-                             ("utterances", "asr_utterances_total", "Utterances transcribed, all replicas.")):
-        page.metric(f"cluster_{name}", "gauge", help_, sum(r[key] for r in rows.values()))
+                             ("utterances", "asr_utterances_total", "Utterances transcribed, all replicas."),
+                             ("cpu_seconds", "process_cpu_seconds_total", "CPU time of the replicas' processes."),
+                             ("engine_seconds", "engine_busy_seconds_total", "Seconds the replicas' engines spent "
+                              "in model steps, summed."),
+                             ("finals_loaded_margin", "asr_finals_loaded_margin_total", "Final transcripts encoded "
+                              "with the loaded margin, all replicas.")):
+        page.metric(f"cluster_{name}", "gauge", help_, round(sum(r.get(key, 0) for r in rows.values()), 3))
     return page.text()
 
 

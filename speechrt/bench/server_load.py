@@ -19,19 +19,25 @@ LOAD = (("server_cpu_cores", "server", "{:.2f} cores"), ("engine_busy", "engine 
 
 
 def counters(base: str) -> dict[str, float]:
-    """The server's /metrics counters in COUNTERS (those it has); none if unread."""
-    try:
-        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
-            text = r.read().decode()
-    except OSError:
-        return {}
-    return {name: float(m.group(1)) for name in COUNTERS.values()
-            if (m := re.search(rf"^speechrt_{name} ([0-9.]+)", text, re.M))}
+    """The server's counters in COUNTERS (those it has); none if unread. Behind Ray Serve (`serve --ray`), whose
+    /metrics is whichever replica answers, the sums of /metrics/cluster over the replicas, and `replicas`."""
+    for path, prefix in (("/metrics/cluster", "speechrt_cluster_"), ("/metrics", "speechrt_")):
+        try:
+            with urllib.request.urlopen(base + path, timeout=10) as r:
+                text = r.read().decode()
+        except OSError:  # (a plain server has no /metrics/cluster: 404)
+            continue
+        got = {name: float(m.group(1)) for name in (*COUNTERS.values(), "replicas")
+               if (m := re.search(rf"^{prefix}{name} ([0-9.]+)", text, re.M))}
+        if path == "/metrics" or "replicas" in got:
+            return got
+    return {}
 
 
 class LevelLoad:
     """`with LevelLoad(base_url, device) as load: <the level>` -> load.row: loaded_margin (finals), server_cpu_cores,
-    engine_busy (fraction of the level's time) and gpu_busy (fraction), those that could be read."""
+    engine_busy (fraction of the level's time) and gpu_busy (fraction), those that could be read; behind Ray,
+    the replicas' cores summed and their engines' mean busy share."""
 
     def __init__(self, base: str, device: str):
         self.base, self.gpu, self.row = base, GpuBusy(device), {}
@@ -47,6 +53,8 @@ class LevelLoad:
         delta = {key: after[name] - self.before[name] for key, name in COUNTERS.items()
                  if name in self.before and name in after}
         self.row = {key: int(d) if key == "loaded_margin" else d / wall for key, d in delta.items()}
+        if "engine_busy" in self.row and after.get("replicas", 1) > 1:  # the engines' mean, not their sum
+            self.row["engine_busy"] /= after["replicas"]
         if self.gpu.samples:
             self.row["gpu_busy"] = statistics.mean(self.gpu.samples) / 100
 

@@ -160,6 +160,13 @@ def test_health_metrics_and_cluster_metrics(cluster):
     assert lines["speechrt_cluster_replicas"] == "2", text
     assert int(lines["speechrt_cluster_sessions_total"]) >= 6, text  # the previous test's sessions
     assert sum(k.startswith("speechrt_replica_sessions_total{") for k in lines) == 2
+    # the load `bench server` reads behind Ray: the replicas' counters summed (any replica's /metrics is one's)
+    assert sum(k.startswith("speechrt_replica_engine_busy_seconds_total{") for k in lines) == 2
+    from speechrt.bench.server_load import counters
+
+    got = counters(base)
+    assert got["replicas"] == 2 and got["process_cpu_seconds_total"] > 0, got
+    assert got["engine_busy_seconds_total"] > 0, got  # the previous test's sessions were transcribed
 
 
 def test_a_full_cluster_answers_session_limit_reached(cluster):
