@@ -16,6 +16,11 @@ import torch
 log = logging.getLogger("speechrt.graphs")
 
 
+def rows_bucket(n: int) -> int:
+    """The rows of the graph that serves a batch of n: the next power of two (a few graphs serve every size)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 class CapturedStep:
     """`fn()` (reading only fixed buffers, returning a tensor) captured into a graph on the first call and
     replayed on later ones; each call returns a copy of the output. `capture=False` runs `fn` every call (the

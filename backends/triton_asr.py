@@ -24,15 +24,10 @@ import weakref
 
 import torch
 
-from .cuda_graphs import CapturedStep, GraphCache
+from .cuda_graphs import CapturedStep, GraphCache, rows_bucket
 from .torch_asr import TorchASRRunner, load_weights, parse_dtype, reorder_state
 
 MAX_GRAPHS = 8  # batch-size buckets kept; a slot of 8 rows holds ~170 MB (Whisper tiny, float16)
-
-
-def rows_bucket(n: int) -> int:
-    """The slot rows for a batch of n: the next power of two."""
-    return 1 << max(0, n - 1).bit_length()
 
 
 class _Slot:

@@ -25,7 +25,7 @@ import logging
 import torch
 
 from .base import check_prefill
-from .cuda_graphs import CapturedStep, GraphCache
+from .cuda_graphs import CapturedStep, GraphCache, rows_bucket
 from .torch_lm import TorchLMRunner, build as build_torch
 
 log = logging.getLogger(__name__)
@@ -45,8 +45,8 @@ def prefill_bucket(n: int, max_seq: int) -> int | None:
 
 
 def range_rows(top: int, slots: int) -> int:
-    """The rows of the decode graph that steps slots below `top`: the next power of two, at most `slots`."""
-    return min(1 << max(0, top - 1).bit_length(), slots)
+    """The rows of the decode graph that steps slots below `top`: their bucket, at most `slots`."""
+    return min(rows_bucket(top), slots)
 
 
 class _DecodeGraph:

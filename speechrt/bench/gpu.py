@@ -261,7 +261,7 @@ def check_asr_batches(dev, out: Results, batches: int = 24):
 
     from speechrt.backends.cuda_graphs import CapturedStep
     from speechrt.backends.triton_asr import TritonASRRunner
-    from speechrt.models.audio import SAMPLE_RATE, load_audio
+    from speechrt.models.audio import load_audio
     from speechrt.models.registry import resolve
     from speechrt.models.whisper_loaders import load_weights
     from speechrt.pipelines.asr import ASRPipeline
@@ -272,14 +272,8 @@ def check_asr_batches(dev, out: Results, batches: int = 24):
     weights, rng = load_weights(model), random.Random()
     cfg = SessionConfig(type="transcription")
     opts, opening = asr_options(cfg), dataclasses.replace(asr_options(cfg, live=True), sample_len=4)
-    work = []  # fresh every run: (utterances, options) per batch
-    for i in range(batches):
-        cuts = []
-        for _ in range(rng.randint(1, 8)):
-            n = rng.randint(SAMPLE_RATE, 8 * SAMPLE_RATE)
-            a = rng.randrange(0, len(audio) - n)
-            cuts.append(audio[a:a + n])
-        work.append((cuts, opening if i % 3 == 0 else opts))
+    # fresh every run: (utterances, options) per batch
+    work = [(random_cuts(audio, rng.randint(1, 8), rng, 8), opening if i % 3 == 0 else opts) for i in range(batches)]
     texts, times, captured, failed = {}, {}, CapturedStep.captured, CapturedStep.failed
     for dtype in (torch.float32, torch.float16):
         for g in (True, False):
@@ -309,6 +303,19 @@ def check_asr_batches(dev, out: Results, batches: int = 24):
             f"{statistics.median(times[torch.float16, True]) * 1e3:.1f} ms on graphs vs "
             f"{statistics.median(times[torch.float16, False]) * 1e3:.1f} ms eager ({speed:.2f}x)")
     return ("pass" if same32 == rows and failed == 0 else "fail"), what
+
+
+def random_cuts(audio, k: int, rng, longest_s: int) -> list:
+    """k stretches of `audio` (16 kHz) of 1 to `longest_s` seconds at random places: utterances as a server's
+    batches hold them."""
+    from speechrt.models.audio import SAMPLE_RATE
+
+    out = []
+    for _ in range(k):
+        n = rng.randint(SAMPLE_RATE, longest_s * SAMPLE_RATE)
+        a = rng.randrange(0, len(audio) - n)
+        out.append(audio[a:a + n])
+    return out
 
 
 def check_lm_graphs(dev, out: Results):

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from speechrt import backends
+from speechrt.backends.cuda_graphs import rows_bucket
 from speechrt.errors import UserError
 from speechrt.models.audio import (CHUNK_LENGTH, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, load_audio, log_mel_spectrogram,
                                    trimmed_frames, utterance_mel)
@@ -256,7 +257,7 @@ class ASRPipeline:
         speech = load_audio(SAMPLE_SPEECH)
         final, live = (TranscribeOptions(without_timestamps=True, trim_context=True, trim_margin=m, stop_repeats=3)
                        for m in (10.0, 1.0))
-        sizes = sorted({min(2 << k, max_batch) for k in range(max(1, max_batch - 1).bit_length())} - {1})
+        sizes = sorted({min(rows_bucket(n), max_batch) for n in range(2, max_batch + 1)})
         for n in sizes:
             # utterances of 1.5 to 7 s, each its own length (the encoder's rows differ as a server's do)
             clips = [speech[: int(SAMPLE_RATE * (1.5 + (i * 1.7) % 5.5))] for i in range(n)]

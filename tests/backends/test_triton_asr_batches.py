@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from speechrt.backends.torch_asr import TorchASRRunner
+from speechrt.bench.gpu import random_cuts
 from speechrt.cli_asr import sample_path
 from speechrt.backends.triton_asr import TritonASRRunner
-from speechrt.models.audio import SAMPLE_RATE, load_audio
+from speechrt.models.audio import load_audio
 from speechrt.models.registry import resolve
 from speechrt.models.whisper_loaders import load_weights
 from speechrt.pipelines.asr import ASRPipeline
@@ -45,12 +46,7 @@ def test_server_batches_on_the_slots_give_the_plain_runners_tokens(pipelines):
     opening = dataclasses.replace(live, sample_len=4)
 
     def cuts(k):
-        out = []
-        for _ in range(k):
-            n = rng.randint(SAMPLE_RATE, 6 * SAMPLE_RATE)
-            a = rng.randrange(0, len(audio) - n)
-            out.append(audio[a:a + n])
-        return out
+        return random_cuts(audio, k, rng, 6)
 
     batches = [(cuts(rng.randint(3, 6)), final, None), (cuts(rng.randint(1, 2)), opening, None),
                (cuts(rng.randint(5, 8)), final, None)]
