@@ -96,6 +96,8 @@ class Counters:
     rest_requests: collections.Counter = field(default_factory=collections.Counter)  # per endpoint path
     rest_rejected: int = 0  # REST requests refused because max_rest_requests were running (429)
     rest_errors: int = 0  # REST requests answered with a 4xx/5xx status
+    vad_frames: int = 0  # 32 ms frames voice activity detection ran (VadWorker), and its thread's seconds
+    vad_seconds: float = 0.0
     started: float = field(default_factory=time.time)
 
 
@@ -155,6 +157,10 @@ def metrics_text(sessions: int, queue_depth: int, c: Counters, m: Metrics, repli
     page.lines += ["# HELP speechrt_rest_requests_total OpenAI REST requests received, per endpoint.",
                    "# TYPE speechrt_rest_requests_total counter"]
     page.lines += [f'speechrt_rest_requests_total{{endpoint="{e}"}} {n}' for e, n in sorted(c.rest_requests.items())]
+    page.metric("vad_frames_total", "counter", "32 ms frames of input audio run through voice activity detection.",
+                c.vad_frames)
+    page.metric("vad_seconds_total", "counter", "Seconds the voice activity detection thread spent running Silero.",
+                f"{c.vad_seconds:.3f}")
     page.metric("rest_rejected_total", "counter", "REST requests refused: --max-rest-requests were running (429).",
                 c.rest_rejected)
     page.metric("rest_errors_total", "counter", "REST requests answered with an error status (4xx, 5xx).",

@@ -13,9 +13,7 @@ import errno
 import json
 import logging
 import socket
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from speechrt.errors import UserError
@@ -25,21 +23,10 @@ from .http import UvicornServer, build_app, uvicorn_config
 from .metrics import Counters, metrics_text
 from .protocol import ProtocolError, check_session_model, error_event
 from .session import FINAL_MARGIN_S, LOADED_FINAL_MARGIN_S, RealtimeSession
-from .vad import SileroVAD
+from .vad import SileroVAD, VadWorker
 
 log = logging.getLogger(__name__)
 WARM_UP_TIMEOUT_S = 300  # start() waits this long at most for the engine to warm the models up
-
-
-def started_pool(n: int, prefix: str) -> ThreadPoolExecutor:
-    """A pool of `n` threads, all started now. ThreadPoolExecutor starts its threads as work overlaps and keeps
-    them: the server's thread count (in /metrics, and what the leak tests compare) would step up under the
-    first concurrent load and stay, however idle the server is afterwards."""
-    pool = ThreadPoolExecutor(n, thread_name_prefix=prefix)
-    meet = threading.Barrier(n)  # n tasks that wait for each other: n threads
-    for f in [pool.submit(meet.wait, 10.0) for _ in range(n)]:
-        f.result()
-    return pool
 
 
 @dataclass(frozen=True)
@@ -119,8 +106,7 @@ class SpeechServer:
         # the loaded models by family (/healthz, session model and voice checks)
         self.names = {"asr": [asr.name], "lm": [lm.name] if lm is not None else [], "tts": [tts.name] if tts else []}
         self.conversation_ready = lm is not None and tts is not None
-        self.vad = SileroVAD()
-        self.vad_pool = started_pool(2, "speechrt-vad")
+        self.vad = VadWorker(SileroVAD())
         self.engine = Engine(asr, lm, max_batch=options.max_batch, tts=tts, loaded_margin=options.loaded_final_margin)
         self.sessions: set[RealtimeSession] = set()
         self.counters = Counters()
@@ -180,6 +166,7 @@ class SpeechServer:
         return (503 if self.shutting_down else 200), body
 
     def metrics_text(self) -> str:
+        self.counters.vad_frames, self.counters.vad_seconds = self.vad.frames, self.vad.seconds
         return metrics_text(len(self.sessions), self.engine.queue_depth(), self.counters, self.engine.metrics,
                             replica=self.replica)
 
@@ -247,7 +234,7 @@ class SpeechServer:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._serving, 15)
         self.engine.stop()
-        self.vad_pool.shutdown(wait=False)
+        self.vad.close()
 
 
 def listen_socket(host: str, port: int) -> socket.socket:

@@ -226,7 +226,7 @@ class InputTurns:
         if self.turn is None:  # no turn open: keep only what the next one may need (its prefix padding)
             self.buf.drop_until(self.buf.end - len(x) - IDLE_KEEP - self._padding())
         self.quiet.feed(x, self.buf.end - len(x))
-        probs = await asyncio.get_running_loop().run_in_executor(self.session.server.vad_pool, self.vad.process, x)
+        probs = await self.session.server.vad.process(self.vad, x)
         q = self.quiet.quiet_since
         for kind, ms in self.detector.feed(probs, None if q is None else q * 1000 // RATE):
             await (self._speech_started(ms) if kind == "start" else self._speech_stopped(ms))

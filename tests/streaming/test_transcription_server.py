@@ -307,6 +307,12 @@ def test_early_transcript_becomes_the_final_one(asr, server_factory, synth):
     assert wer(SENTENCES[12], done["transcript"]) <= 0.1, done["transcript"]
     assert speech_end_ms - 50 <= stopped["audio_end_ms"] <= speech_end_ms + 300, (stopped, speech_end_ms)
     assert "speechrt_asr_early_finals_total 1" in metrics
+    # every 32 ms frame of the 16 kHz audio went through voice activity detection (the resampler may hold back a
+    # few samples), in well under the audio's duration
+    values = dict(line.rsplit(" ", 1) for line in metrics.splitlines() if line.startswith("speechrt_vad_"))
+    frames = len(pcm) // 2 * 2 // 3 // 512
+    assert frames - 2 <= int(values["speechrt_vad_frames_total"]) <= frames, (values, frames)
+    assert 0 < float(values["speechrt_vad_seconds_total"]) < len(pcm) / 2 / 24000 / 2, values
 
 
 def test_session_language_and_prompt_reach_the_transcriber(transcription_server, asr, synth):
@@ -414,23 +420,25 @@ def test_a_client_that_closed_frees_its_slot_while_its_last_audio_is_still_proce
     """--max-sessions counts open connections: a client that sent audio and closed does not hold its slot while
     that audio's voice activity detection is still running (slowed here to 3 s, as under load), so the next
     client is admitted at once; the late work is dropped with the session."""
-    import concurrent.futures
     import time
 
+    from speechrt.models.silero import VadStream
     from speechrt.streaming.server import ServerOptions
 
     with server_factory(ServerOptions(port=0, max_sessions=1), asr) as srv:
-        slow = concurrent.futures.ThreadPoolExecutor(1)
-        real = srv.vad_pool
+        real = srv.vad.vad
 
         class SlowVad:
-            def submit(self, fn, *a, **kw):  # what loop.run_in_executor calls
-                return slow.submit(lambda: (time.sleep(3.0), fn(*a, **kw))[1])
+            def stream(self):
+                return VadStream(self)
 
-            def shutdown(self, wait=True):
-                slow.shutdown(wait=wait)
-                real.shutdown(wait=wait)
-        srv.vad_pool = SlowVad()
+            calls = 0
+
+            def run(self, windows, state):  # what each stream's chunk calls, on the worker's thread
+                SlowVad.calls += 1
+                time.sleep(3.0)
+                return real.run(windows, state)
+        srv.vad.vad = SlowVad()
         pcm = pcm24(synth(SENTENCES[0]))[: 24000 * 2]  # 1 s
 
         async def main():
@@ -454,3 +462,4 @@ def test_a_client_that_closed_frees_its_slot_while_its_last_audio_is_still_proce
             await c.close()
             await b.close()
         asyncio.run(asyncio.wait_for(main(), 60))
+        assert SlowVad.calls >= 1  # the slow detection was under way when the client closed
