@@ -178,7 +178,7 @@ def replica_row(server) -> dict:
             "sessions_rejected": c.sessions_rejected, "utterances": m.asr_items, "final_p50": q(0.5),
             "final_p95": q(0.95), "draining": server.shutting_down, "node": ray.get_runtime_context().get_node_id(),
             "cpu_seconds": round(time.process_time(), 3), "engine_seconds": round(m.engine_seconds, 3),
-            "finals_loaded_margin": m.finals_loaded_margin}
+            "finals_loaded_margin": m.finals_loaded_margin, "vad_seconds": round(server.vad.seconds, 3)}
 
 
 def cluster_metrics_text(rows: dict[str, dict]) -> str:
@@ -199,7 +199,9 @@ def cluster_metrics_text(rows: dict[str, dict]) -> str:
            ("engine_seconds", "engine_busy_seconds_total", "counter", "Seconds each replica's engine spent in model "
             "steps."),
            ("finals_loaded_margin", "asr_finals_loaded_margin_total", "counter", "Final transcripts each replica "
-            "encoded with the loaded margin.")]
+            "encoded with the loaded margin."),
+           ("vad_seconds", "vad_seconds_total", "counter", "Seconds each replica's voice activity detection thread "
+            "spent running Silero.")]
     for key, name, kind, help_ in per:
         page.lines += [f"# HELP speechrt_replica_{name} {help_}", f"# TYPE speechrt_replica_{name} {kind}"]
         page.lines += [f'speechrt_replica_{name}{{replica="{r}",node="{row["node"]}"}} {row.get(key, 0)}'
@@ -216,7 +218,9 @@ def cluster_metrics_text(rows: dict[str, dict]) -> str:
                              ("engine_seconds", "engine_busy_seconds_total", "Seconds the replicas' engines spent "
                               "in model steps, summed."),
                              ("finals_loaded_margin", "asr_finals_loaded_margin_total", "Final transcripts encoded "
-                              "with the loaded margin, all replicas.")):
+                              "with the loaded margin, all replicas."),
+                             ("vad_seconds", "vad_seconds_total", "Seconds the replicas' voice activity detection "
+                              "threads spent running Silero, summed.")):
         page.metric(f"cluster_{name}", "gauge", help_, round(sum(r.get(key, 0) for r in rows.values()), 3))
     return page.text()
 

@@ -476,6 +476,7 @@ def _records(engine, mode, rows, peer_label, levels) -> list[Record]:
         out += [Record(metric=metric, unit=unit, value=row[k], better="", **common)
                 for k, metric, unit in (("server_cpu_cores", "server_cpu_cores", "cores"),
                                         ("engine_busy", "engine_busy_fraction", "fraction"),
+                                        ("vad_cores", "vad_cores", "cores"),
                                         ("gpu_busy", "gpu_busy_fraction", "fraction")) if k in row]
     for metric, key in (("max_streams_p95_final_le_1s", "ok"), ("max_streams_meeting_targets", "meets")):
         if rows:

@@ -1,5 +1,6 @@
 """A streaming server's load over one `bench server` level: from its /metrics, the final transcripts encoded with
-the loaded margin, its process's CPU cores and its engine's share of the time in model steps; on a CUDA device
+the loaded margin, its process's CPU cores, its engine's share of the time in model steps and the cores its voice
+activity detection thread took; on a CUDA device
 where nvidia-ml-py is installed, the GPU's utilization sampled every half second (NVML). What bounds a level
 shows in its row: on an H200 the GPU stayed under ~11 % busy where 64 streams missed their latency targets
 (docs/gpu.md)."""
@@ -13,9 +14,9 @@ import urllib.request
 
 # per level, from the server's /metrics: row key -> counter (loaded_margin a count; the others per second)
 COUNTERS = {"loaded_margin": "asr_finals_loaded_margin_total", "server_cpu_cores": "process_cpu_seconds_total",
-            "engine_busy": "engine_busy_seconds_total"}
+            "engine_busy": "engine_busy_seconds_total", "vad_cores": "vad_seconds_total"}
 LOAD = (("server_cpu_cores", "server", "{:.2f} cores"), ("engine_busy", "engine busy", "{:.0%}"),
-        ("gpu_busy", "GPU", "{:.0%}"))  # printed after a level's row
+        ("vad_cores", "VAD", "{:.2f} cores"), ("gpu_busy", "GPU", "{:.0%}"))  # printed after a level's row
 
 
 def counters(base: str) -> dict[str, float]:
@@ -36,8 +37,8 @@ def counters(base: str) -> dict[str, float]:
 
 class LevelLoad:
     """`with LevelLoad(base_url, device) as load: <the level>` -> load.row: loaded_margin (finals), server_cpu_cores,
-    engine_busy (fraction of the level's time) and gpu_busy (fraction), those that could be read; behind Ray,
-    the replicas' cores summed and their engines' mean busy share."""
+    engine_busy (fraction of the level's time), vad_cores and gpu_busy (fraction), those that could be read; behind
+    Ray, the replicas' cores summed and their engines' mean busy share."""
 
     def __init__(self, base: str, device: str):
         self.base, self.gpu, self.row = base, GpuBusy(device), {}

@@ -53,14 +53,16 @@ def test_sweep_against_speechrt(bench, tmp_path):
     # the single stream spoke every recording (3), so level 2's utterances have their WER alone beside
     assert by[(1, "wer")].params["utterances"] == 3 and (2, "wer_same_utterances_alone") in by
     assert 0 <= by[(2, "live_text_unlike_final")].value <= by[(2, "wer")].params["utterances"]
-    # each level's load, from the server's /metrics: its process's CPU cores and its engine's time in model steps
+    # each level's load, from the server's /metrics: its process's CPU cores, its engine's time in model steps and
+    # its voice activity detection thread's cores
     import os
 
     for n in (1, 2):
         assert 0 < by[(n, "server_cpu_cores")].value <= (os.cpu_count() or 1) + 0.5
         assert 0 < by[(n, "engine_busy_fraction")].value <= 1.05
+        assert 0 < by[(n, "vad_cores")].value < by[(n, "server_cpu_cores")].value
         assert (n, "gpu_busy_fraction") not in by  # sampled on CUDA devices only
-    assert "(server " in r.stdout and "engine busy" in r.stdout
+    assert "(server " in r.stdout and "engine busy" in r.stdout and ", VAD " in r.stdout
 
 
 def test_level_summary_compares_the_same_utterances_alone():
