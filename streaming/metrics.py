@@ -159,7 +159,7 @@ def metrics_text(sessions: int, queue_depth: int, c: Counters, m: Metrics, repli
     page.lines += [f'speechrt_rest_requests_total{{endpoint="{e}"}} {n}' for e, n in sorted(c.rest_requests.items())]
     page.metric("vad_frames_total", "counter", "32 ms frames of input audio run through voice activity detection.",
                 c.vad_frames)
-    page.metric("vad_seconds_total", "counter", "Seconds the voice activity detection thread spent running Silero.",
+    page.metric("vad_seconds_total", "counter", "CPU seconds the voice activity detection thread spent running Silero.",
                 f"{c.vad_seconds:.3f}")
     page.metric("rest_rejected_total", "counter", "REST requests refused: --max-rest-requests were running (429).",
                 c.rest_rejected)

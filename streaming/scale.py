@@ -200,8 +200,8 @@ def cluster_metrics_text(rows: dict[str, dict]) -> str:
             "steps."),
            ("finals_loaded_margin", "asr_finals_loaded_margin_total", "counter", "Final transcripts each replica "
             "encoded with the loaded margin."),
-           ("vad_seconds", "vad_seconds_total", "counter", "Seconds each replica's voice activity detection thread "
-            "spent running Silero.")]
+           ("vad_seconds", "vad_seconds_total", "counter", "CPU seconds each replica's voice activity detection "
+            "thread spent running Silero.")]
     for key, name, kind, help_ in per:
         page.lines += [f"# HELP speechrt_replica_{name} {help_}", f"# TYPE speechrt_replica_{name} {kind}"]
         page.lines += [f'speechrt_replica_{name}{{replica="{r}",node="{row["node"]}"}} {row.get(key, 0)}'
@@ -219,7 +219,7 @@ def cluster_metrics_text(rows: dict[str, dict]) -> str:
                               "in model steps, summed."),
                              ("finals_loaded_margin", "asr_finals_loaded_margin_total", "Final transcripts encoded "
                               "with the loaded margin, all replicas."),
-                             ("vad_seconds", "vad_seconds_total", "Seconds the replicas' voice activity detection "
+                             ("vad_seconds", "vad_seconds_total", "CPU seconds the replicas' voice activity detection "
                               "threads spent running Silero, summed.")):
         page.metric(f"cluster_{name}", "gauge", help_, round(sum(r.get(key, 0) for r in rows.values()), 3))
     return page.text()
