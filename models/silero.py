@@ -28,43 +28,33 @@ MAX_SEQUENCE = 1024  # frames per call of the sequence graph (33 s; a long recor
 
 
 class SileroVAD:
-    """The shared ONNX Runtime sessions (their `run` is thread-safe); each audio stream has its own state.
-    `sequence`: whether the frames of a call run in one call of the sequence graph."""
+    """One shared ONNX Runtime session (its `run` is thread-safe); each audio stream has its own state.
+    `sequence`: whether it is the sequence graph's (a call per chunk) or silero_vad.onnx's (a call per frame;
+    only one is loaded: the latter takes ~0.1 s to load here, the former ~5 ms)."""
 
     def __init__(self, path=None, sequence: bool = True):
         from .registry import resolve
 
         path = Path(path or resolve("silero-vad", "vad").path)
-        self.session = _session(path)
         seq = path.with_name(SEQUENCE_GRAPH)
-        self.sequence_session = _session(seq) if sequence and seq.is_file() else None
-        if sequence and self.sequence_session is None:
+        self.sequence = sequence and seq.is_file()
+        if sequence and not self.sequence:
             log.info("%s is not in the installed silero-vad (>= 6.2.3 has it): voice activity detection runs "
                      "one model call per 32 ms frame", SEQUENCE_GRAPH)
+        self.session = _session(seq if self.sequence else path)
         self._sr = np.array(RATE, np.int64)
-
-    @property
-    def sequence(self) -> bool:
-        return self.sequence_session is not None
-
-    def step(self, windows: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """One frame of each of B streams (silero_vad.onnx): windows [B, WINDOW] float32 and their states
-        [2, B, 128] -> (speech probabilities [B], the states after the frame)."""
-        out, state = self.session.run(None, {"input": windows, "state": state, "sr": self._sr})
-        return out[:, 0], state
 
     def run(self, windows: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Consecutive frames of one stream: windows [T, WINDOW] and its state [2, 1, 128] (the LSTM's h and c)
         -> (speech probabilities [T], the state after the last frame)."""
         probs = np.empty(len(windows), np.float32)
-        if self.sequence_session is None:
+        if not self.sequence:
             for i, w in enumerate(windows):
-                p, state = self.step(w[None], state)
-                probs[i] = p[0]
+                out, state = self.session.run(None, {"input": w[None], "state": state, "sr": self._sr})
+                probs[i] = out[0, 0]
             return probs, state
         for i in range(0, len(windows), MAX_SEQUENCE):
-            p, h, c = self.sequence_session.run(None, {"input": windows[i: i + MAX_SEQUENCE], "h": state[:1],
-                                                       "c": state[1:]})
+            p, h, c = self.session.run(None, {"input": windows[i: i + MAX_SEQUENCE], "h": state[:1], "c": state[1:]})
             probs[i: i + len(p)] = p
             state = np.concatenate([h, c])
         return probs, state
