@@ -4,7 +4,8 @@ clauses as it arrives, each clause synthesized as soon as the one before it is d
 It runs ahead of whoever sends it (agent.Response), so a session can begin one during a pause, before
 turn detection ends the turn (a speculative reply): if the pause ends the turn with the transcript it
 answered, the response takes it over with its first audio already made; if the person goes on speaking,
-or the transcript comes out different, it is dropped, and its engine work stops at once.
+or the transcript comes out different, it is dropped, and its engine work stops at once (the positions of
+the conversation its prompt filled stay in the language model's cache for the next reply: lm_batching).
 """
 from __future__ import annotations
 
@@ -135,6 +136,7 @@ class Reply:
             if piece.finish_reason is not None:
                 self.finish_reason = piece.finish_reason
                 self.engine.metrics.prompt_tokens_reused += self._lm_req.reused
+                self.engine.metrics.prompt_tokens += len(self._lm_req.ids)
                 return
 
     async def _speak(self, pieces):

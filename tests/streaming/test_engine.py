@@ -90,11 +90,24 @@ def test_prefix_cache_reuses_a_conversations_positions(lm, one_cpu_thread):
                                    LMRequest(other.ids, opts, None)])
     assert got2 == ref2 and got_other == ref_other
     assert "Rome" in got2[0]
-    # a cancelled request leaves nothing to reuse
+    # a request cancelled before it began leaves nothing to reuse
     r3 = LMRequest(ids2, opts, None, key="conv-c")
     r3.cancelled = True
     _run(cached, [r3])
     assert all(k != "conv-c" for k, _ in cached.retained.values())
+    # one cancelled while it generates (a reply dropped when speech resumed, or barged into) leaves its prompt and
+    # the tokens it fed: the key's next request reads none of them again and answers as a fresh prefill does
+    r4 = LMRequest(ids2, opts, lambda piece: None, key="conv-d")
+    cached.submit(r4)
+    for _ in range(4):
+        cached.step()
+    assert r4.slot >= 0 and len(r4.fed) >= 2
+    r4.cancelled = True
+    cached.step()
+    assert r4.slot == -1 and ("conv-d", ids2 + r4.fed) in cached.retained.values()
+    r5 = LMRequest(ids2, opts, None, key="conv-d")
+    assert _run(cached, [r5]) == [ref2]
+    assert r5.reused == len(ids2) - 1  # (a prompt's last token always runs: its logits)
 
 
 def test_final_transcript_stops_the_sessions_running_partial(asr, synth):
