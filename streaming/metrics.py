@@ -26,6 +26,7 @@ class Metrics:
     replies_speculation_used: int = 0  # of those, the ones the turn's response took over
     prompts_primed: int = 0  # reply prompts read up to a turn's live words while it was spoken
     prompt_tokens_reused: int = 0  # replies' prompt positions found in the language model's cache, not read again
+    prompt_tokens: int = 0  # replies' prompt tokens, reused or read
     turn_commits: int = 0  # stable parts of long turns committed while they were spoken (local agreement)
     stream_steps: int = 0
     step_failures: int = 0  # model steps that raised (their requests got an error)
@@ -188,6 +189,9 @@ def metrics_text(sessions: int, queue_depth: int, c: Counters, m: Metrics, repli
     page.metric("lm_prompt_tokens_reused_total", "counter",
                 "Replies' prompt positions found in the language model's cache (the conversation so far, a primed "
                 "prompt), not read again.", m.prompt_tokens_reused)
+    page.metric("lm_prompt_tokens_total", "counter",
+                "Replies' prompt tokens, those found in the cache (lm_prompt_tokens_reused_total) and those read.",
+                m.prompt_tokens)
     page.metric("asr_turn_commits_total", "counter",
                 "Stable parts of long turns committed while they were spoken (local agreement).", m.turn_commits)
     page.metric("asr_long_steps_total", "counter", "Windows of long turns' transcripts, one engine step each.",

@@ -113,7 +113,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_server(args, conversation: bool):
+def start_server(args, conversation: bool):
+    """`speechrt serve` started in its own process with `bench server`'s options `args` (a conversation server, or
+    transcription only) -> (process, its Realtime URL, its /healthz)."""
     port = _free_port()
     cmd = [sys.executable, "-m", "speechrt", "serve", "--port", str(port), "--max-sessions", "256",
            "--backend", args.backend, "--device", args.device]
@@ -386,7 +388,7 @@ class _Speechrt:
             with urllib.request.urlopen(_http_base(self.url) + "/healthz", timeout=10) as r:
                 health = json.load(r)
         else:
-            self.proc, self.url, health = _start_server(args, conversation)
+            self.proc, self.url, health = start_server(args, conversation)
         # RunnerInfo's text: "whisper-tiny.en (ct2-whisper) as float32 on torch/cpu, ..."
         m = re.search(r" as (\S+) on ([^/\s]+)/([^,\s]+)", health.get("runners", {}).get("asr", ""))
         self.backend, self.precision, self.device = (m.group(2), m.group(1), m.group(3)) if m else (

@@ -500,10 +500,11 @@ def test_the_reply_prompt_is_read_while_the_turn_is_spoken(server, tts, lm):
     (positions reused, not read again), and answers as before. (A turn of about 4 s, so that live rounds
     agree on words before it ends even on a loaded machine.)"""
     m = server.engine.metrics
-    before = m.prompts_primed, m.prompt_tokens_reused
+    before = m.prompts_primed, m.prompt_tokens_reused, m.prompt_tokens
     seen, _ = _turn(server, _spoken(tts, "Please tell me,", QUESTION, "Answer with one word.", gap_s=0.25), 800)
     assert m.prompts_primed > before[0]
     instructions = lm.encode_chat([{"role": "system", "content": INSTRUCTIONS}])
     assert m.prompt_tokens_reused - before[1] > len(instructions)  # and some of the question's words
+    assert m.prompt_tokens - before[2] > m.prompt_tokens_reused - before[1]  # (its last token is always read)
     answer = seen[-1]["response"]["output"][0]["content"][0]["transcript"]
     assert "tokyo" in answer.lower(), answer
