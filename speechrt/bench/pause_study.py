@@ -131,9 +131,10 @@ def main(argv=None) -> list[dict]:
             proc.wait(30)
     print(f"{len(rows)} turns, each with {args.gap:.2f} s of silence inside; server_vad {args.silence_ms} ms")
     print(f"{'turn':>4} {'final ms':>9} {'voice-to-voice ms':>18}  WER   transcript")
-    for i, r in enumerate(rows, 1):
-        v2v = f"{1000 * r['v2v']:.0f}" if "v2v" in r else "-"
-        print(f"{i:>4} {1000 * r['final']:>9.0f} {v2v:>18}  {100 * wer(r['text'], r['transcript']):3.0f}%  {r['transcript']}")
+    for i, r in enumerate(rows, 1):  # ('-': no transcript, or no answer audio)
+        final, v2v = (f"{1000 * r[k]:.0f}" if k in r else "-" for k in ("final", "v2v"))
+        said = r.get("transcript", "")
+        print(f"{i:>4} {final:>9} {v2v:>18}  {100 * wer(r['text'], said):3.0f}%  {said}")
     d = {k: after.get(k, 0) - before.get(k, 0) for k in COUNTERS}
     spoken = [r["v2v"] for r in rows if "v2v" in r]
     share = d["lm_prompt_tokens_reused_total"] / d["lm_prompt_tokens_total"] if d["lm_prompt_tokens_total"] else 0.0
