@@ -60,9 +60,11 @@ def recordings(turns: int, gap_s: float, tail_s: float) -> list[tuple[str, np.nd
 
 
 def counters(base: str) -> dict[str, float]:
+    """The server's COUNTERS (those it has) from its /metrics at `base` (http://host:port)."""
     with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
         text = r.read().decode()
-    return {name: float(m.group(1)) for name in COUNTERS if (m := re.search(rf"^speechrt_{name} ([0-9.]+)", text, re.M))}
+    return {name: float(m.group(1)) for name in COUNTERS
+            if (m := re.search(rf"^speechrt_{name} ([0-9.]+)", text, re.M))}
 
 
 async def _turn(client, text: str, audio: np.ndarray, speech: tuple[float, float]) -> dict:
@@ -138,7 +140,8 @@ def main(argv=None) -> list[dict]:
     d = {k: after.get(k, 0) - before.get(k, 0) for k in COUNTERS}
     spoken = [r["v2v"] for r in rows if "v2v" in r]
     share = d["lm_prompt_tokens_reused_total"] / d["lm_prompt_tokens_total"] if d["lm_prompt_tokens_total"] else 0.0
-    v2v = f"p50 {1000 * statistics.median(spoken):.0f} ms, max {1000 * max(spoken):.0f} ms" if spoken else "no answer audio"
+    v2v = (f"p50 {1000 * statistics.median(spoken):.0f} ms, max {1000 * max(spoken):.0f} ms" if spoken
+           else "no answer audio")
     print(f"voice-to-voice {v2v}; replies begun "
           f"in pauses {d['replies_speculated_total']:.0f}, taken over {d['replies_speculation_used_total']:.0f}; "
           f"replies' prompt tokens found in the cache: {d['lm_prompt_tokens_reused_total']:.0f} of "

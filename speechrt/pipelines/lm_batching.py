@@ -230,9 +230,9 @@ class ContinuousBatcher:
     def _finish(self, req: LMRequest, piece: Piece) -> None:
         """`req` is done (stopped, or cancelled between steps): its slot is free again and, for a request with
         a key, keeps the positions written for it, its prompt and the tokens fed, for the key's next request. A
-        cancelled one too: a reply begun in a pause that speech resumed, or one the person barged into, read the
-        conversation so far, which the next reply's prompt repeats (300 tokens of it are 0.5 s of prefill on a
-        2-core Zen 4, about 2 s at a Zen 1 VM's speed, emulated)."""
+        cancelled one too: a reply begun in a pause and dropped when speech resumed, or one the person barged into,
+        read the conversation so far, which the next reply's prompt repeats (300 tokens of it are 0.5 s of prefill
+        on a 2-core Zen 4, about 2 s at a Zen 1 VM's speed, emulated)."""
         self._emit(req, piece)
         if req.slot >= 0:
             self.active.pop(req.slot, None)
