@@ -97,8 +97,6 @@ class Counters:
     rest_requests: collections.Counter = field(default_factory=collections.Counter)  # per endpoint path
     rest_rejected: int = 0  # REST requests refused because max_rest_requests were running (429)
     rest_errors: int = 0  # REST requests answered with a 4xx/5xx status
-    vad_frames: int = 0  # 32 ms frames voice activity detection ran (VadWorker), and its thread's seconds
-    vad_seconds: float = 0.0
     started: float = field(default_factory=time.time)
 
 
@@ -140,7 +138,8 @@ class MetricsPage:
         return "\n".join(self.lines) + "\n"
 
 
-def metrics_text(sessions: int, queue_depth: int, c: Counters, m: Metrics, replica: str | None = None) -> str:
+def metrics_text(sessions: int, queue_depth: int, c: Counters, m: Metrics, vad, replica: str | None = None) -> str:
+    """The server's /metrics page; `vad`: its VadWorker (the frames it ran and its thread's CPU seconds)."""
     page = MetricsPage()
     if replica is not None:
         page.lines += ["# HELP speechrt_replica_info The Ray Serve replica serving this page.",
@@ -159,9 +158,9 @@ def metrics_text(sessions: int, queue_depth: int, c: Counters, m: Metrics, repli
                    "# TYPE speechrt_rest_requests_total counter"]
     page.lines += [f'speechrt_rest_requests_total{{endpoint="{e}"}} {n}' for e, n in sorted(c.rest_requests.items())]
     page.metric("vad_frames_total", "counter", "32 ms frames of input audio run through voice activity detection.",
-                c.vad_frames)
+                vad.frames)
     page.metric("vad_seconds_total", "counter", "CPU seconds the voice activity detection thread spent running Silero.",
-                f"{c.vad_seconds:.3f}")
+                f"{vad.seconds:.3f}")
     page.metric("rest_rejected_total", "counter", "REST requests refused: --max-rest-requests were running (429).",
                 c.rest_rejected)
     page.metric("rest_errors_total", "counter", "REST requests answered with an error status (4xx, 5xx).",

@@ -166,8 +166,7 @@ class SpeechServer:
         return (503 if self.shutting_down else 200), body
 
     def metrics_text(self) -> str:
-        self.counters.vad_frames, self.counters.vad_seconds = self.vad.frames, self.vad.seconds
-        return metrics_text(len(self.sessions), self.engine.queue_depth(), self.counters, self.engine.metrics,
+        return metrics_text(len(self.sessions), self.engine.queue_depth(), self.counters, self.engine.metrics, self.vad,
                             replica=self.replica)
 
     async def _watch_idle(self):

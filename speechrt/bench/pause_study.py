@@ -15,14 +15,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import re
 import statistics
 import time
-import urllib.request
 
 import numpy as np
 
 from speechrt.bench.pacing import FINAL_WAIT_S, send_paced
+from speechrt.bench.server_load import counters
 
 RATE = 24000
 TURNS = [("What is the capital of Japan?", "Answer with one word."),
@@ -57,14 +56,6 @@ def recordings(turns: int, gap_s: float, tail_s: float) -> list[tuple[str, np.nd
         audio = np.concatenate([lead, speech, np.zeros(int(tail_s * RATE), np.float32)])
         out.append((f"{first} {then}", audio, len(lead) / RATE, (len(lead) + len(speech)) / RATE))
     return out
-
-
-def counters(base: str) -> dict[str, float]:
-    """The server's COUNTERS (those it has) from its /metrics at `base` (http://host:port)."""
-    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return {name: float(m.group(1)) for name in COUNTERS
-            if (m := re.search(rf"^speechrt_{name} ([0-9.]+)", text, re.M))}
 
 
 async def _turn(client, text: str, audio: np.ndarray, speech: tuple[float, float]) -> dict:
@@ -123,10 +114,10 @@ def main(argv=None) -> list[dict]:
         bench_server.add_arguments(server_args)
         proc, url, _ = bench_server.start_server(server_args.parse_args(["--backend", args.backend]), True)
     try:
-        base = url.replace("ws://", "http://").split("/v1/")[0]
-        before = counters(base)
+        base = bench_server.http_base(url)
+        before = counters(base, COUNTERS)
         rows = asyncio.run(_session(url, recs, args.silence_ms))
-        after = counters(base)
+        after = counters(base, COUNTERS)
     finally:
         if proc is not None:
             proc.terminate()

@@ -371,7 +371,7 @@ def _levels(args) -> list[int]:
     return sorted(set(levels))
 
 
-def _http_base(url: str) -> str:
+def http_base(url: str) -> str:
     """ws://host:port/v1/realtime -> http://host:port (wss -> https)."""
     return url.replace("ws://", "http://").replace("wss://", "https://").split("/v1/")[0]
 
@@ -385,7 +385,7 @@ class _Speechrt:
         self.proc, self.args, self.conversation, self.name = None, args, conversation, name
         if url or args.url:
             self.url = url or args.url
-            with urllib.request.urlopen(_http_base(self.url) + "/healthz", timeout=10) as r:
+            with urllib.request.urlopen(http_base(self.url) + "/healthz", timeout=10) as r:
                 health = json.load(r)
         else:
             self.proc, self.url, health = start_server(args, conversation)
@@ -395,7 +395,7 @@ class _Speechrt:
             args.backend, "?", args.device)
 
     def level(self, recs, n):
-        with LevelLoad(_http_base(self.url), self.device) as load:
+        with LevelLoad(http_base(self.url), self.device) as load:
             results = asyncio.run(_level(self.url, recs, n, self.args, self.conversation))
         self.last = load.row
         return results

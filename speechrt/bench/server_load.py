@@ -19,16 +19,17 @@ LOAD = (("server_cpu_cores", "server", "{:.2f} cores"), ("engine_busy", "engine 
         ("vad_cores", "VAD", "{:.2f} cores"), ("gpu_busy", "GPU", "{:.0%}"))  # printed after a level's row
 
 
-def counters(base: str) -> dict[str, float]:
-    """The server's counters in COUNTERS (those it has); none if unread. Behind Ray Serve (`serve --ray`), whose
-    /metrics is whichever replica answers, the sums of /metrics/cluster over the replicas, and `replicas`."""
+def counters(base: str, names=tuple(COUNTERS.values())) -> dict[str, float]:
+    """The server's counters `names` (those it has; default COUNTERS'); none if unread. Behind Ray Serve (`serve
+    --ray`), whose /metrics is whichever replica answers, the sums of /metrics/cluster over the replicas, and
+    `replicas`."""
     for path, prefix in (("/metrics/cluster", "speechrt_cluster_"), ("/metrics", "speechrt_")):
         try:
             with urllib.request.urlopen(base + path, timeout=10) as r:
                 text = r.read().decode()
         except OSError:  # (a plain server has no /metrics/cluster: 404)
             continue
-        got = {name: float(m.group(1)) for name in (*COUNTERS.values(), "replicas")
+        got = {name: float(m.group(1)) for name in (*names, "replicas")
                if (m := re.search(rf"^{prefix}{name} ([0-9.]+)", text, re.M))}
         if path == "/metrics" or "replicas" in got:
             return got
