@@ -38,6 +38,8 @@ def _legend_name(run: str, label: str, n_runs: int) -> str:
 
 
 def server_latency(runs):
+    """One panel per latency; p50 solid, p95 dashed, one colour and marker per run and configuration across the
+    panels, named once in a legend under them (the figure grows with it: a report of many runs stays legible)."""
     panels = [("transcription", ("final_p50_s", "final_p95_s"), "final transcript (transcription)"),
               ("conversation", ("first_audio_p50_s", "first_audio_p95_s"), "first audio (response -> audio)"),
               ("conversation", ("v2v_p50_s", "v2v_p95_s"), "voice-to-voice (end of speech -> audio)")]
@@ -46,25 +48,32 @@ def server_latency(runs):
     data = [d for d in data if any(d[2])]
     if not data:
         return None
-    fig, axes = plt.subplots(1, len(data), figsize=(5.2 * len(data), 4), squeeze=False)
+    keys = sorted({k for _, _, series in data for s in series for k in s})
+    style = {k: (plt.get_cmap("tab20")(i % 20), MARKERS[i % len(MARKERS)]) for i, k in enumerate(keys)}
+    rows = -(-len(keys) // 2)  # legend rows, two columns
+    fig, axes = plt.subplots(1, len(data), figsize=(5.2 * len(data), 4 + 0.17 * rows), squeeze=False)
     for ax, (mode, title, (p50, p95)) in zip(axes[0], data):
-        for i, key in enumerate(sorted(set(p50) | set(p95))):
-            color = f"C{i % 10}"
-            for series, style, q in ((p50, "-", "p50"), (p95, "--", "p95")):
+        for key in sorted(set(p50) | set(p95)):
+            color, marker = style[key]
+            for series, line in ((p50, "-"), (p95, "--")):
                 if key in series:
                     xs, ys = zip(*series[key])
-                    ax.plot(xs, [1000 * y for y in ys], style, marker=MARKERS[i % len(MARKERS)], color=color,
-                            label=f"{_legend_name(*key, len(runs))} {q}")
+                    ax.plot(xs, [1000 * y for y in ys], line, marker=marker, color=color, markersize=4,
+                            label=_legend_name(*key, len(runs)) if line == "-" or key not in p50 else None)
         ax.axhline(1000, color="grey", lw=0.8, ls=":")
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_ylim(bottom=0)
         ax.set_xlabel("concurrent streams")
-        ax.set_ylabel("latency (ms)")
+        ax.set_ylabel("latency (ms; p50 solid, p95 dashed)")
         ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
+    named = {}
+    for ax in axes[0]:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            named.setdefault(label, h)
+    fig.tight_layout(rect=(0, 0.17 * rows / (4 + 0.17 * rows), 1, 1))
+    fig.legend(list(named.values()), list(named), loc="lower center", ncol=2, fontsize=7, frameon=False)
     return fig
 
 

@@ -121,3 +121,30 @@ def test_docs_benchmarks_md_is_generated_from_the_committed_results(tmp_path):
     assert len(got) == len(lines) and got[:2] + got[3:] == lines[:2] + lines[3:]
     assert sorted(p.name for p in (tmp_path / "benchmarks").glob("*.png")) == sorted(
         p.name for p in (ROOT / "docs" / "benchmarks").glob("benchmarks-*.png"))
+
+
+def test_server_chart_names_each_run_once_under_its_panels():
+    """Many runs (docs/benchmarks.md has dozens): each run is one legend entry shared by the panels, p50 solid
+    and p95 dashed in its colour; before, every panel had its own legend of two entries per run over its plot."""
+    import matplotlib.pyplot as plt
+
+    from speechrt.bench import plots
+
+    srv = dict(family="server", model="whisper-tiny.en", engine="speechrt", backend="onnxruntime",
+               precision="int8", device="cpu", unit="s", better="lower")
+    runs = []
+    for i in range(12):
+        recs = [Record(workload=f"{mode}, {n} streams", metric=f"{m}_{q}_s", value=0.1 * (i + 1) * n + (q == "p95"),
+                       params={"streams": n, "mode": mode}, **srv)
+                for n in (1, 4, 16) for q in ("p50", "p95")
+                for mode, m in (("transcription", "final"), ("conversation", "v2v"))]
+        runs.append((f"machine {i}", Results(machine={}, records=recs)))
+    fig = plots.server_latency(runs)
+    axes = fig.get_axes()
+    assert len(axes) == 2 and all(ax.get_legend() is None for ax in axes)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels == sorted({f"speechrt onnxruntime int8 (machine {i})" for i in range(12)}), labels
+    for ax in axes:
+        styles = sorted(line.get_linestyle() for line in ax.get_lines() if line.get_linestyle() != ":")
+        assert styles == ["-"] * 12 + ["--"] * 12  # each run's p95 and p50 (the ':' line is the 1-s bound)
+    plt.close(fig)
