@@ -91,6 +91,10 @@ class ASRRunner(Runner):
     def reorder(self, state: Any, index: torch.Tensor) -> Any:
         """Keep rows `index` [N'] of the state (beam reordering, or dropping finished rows)."""
 
+    def warm_graphs(self) -> None:
+        """Capture ahead what the runner would otherwise capture in a server's first loaded seconds (the
+        triton runner's prompt graphs); the warm-up calls it after its batches. Default: nothing."""
+
     # word timestamps read cross-attention weights: the torch-built runners expose them, the onnxruntime one
     # computes them with the source model's torch decoder
     WORD_TIMING_BACKENDS = ("torch", "triton", "onnxruntime")

@@ -12,7 +12,13 @@ from then on runs on the slot's buffers (its tensors become views of them); anot
 slot later gets copies of them back first. So a server's batches, whatever their rows, encoder lengths
 and token budgets, reuse a handful of graphs captured once each. (Before, graphs were keyed by the
 state's own tensors: on an H200 under 16 streams every batch captured new ones, and one capture failed.)
-Prompts (several tokens) run eagerly (a bound state's on the slot's buffers).
+
+A prompt pass from position 0 (a window's prompt; on a live round, the prompt with each row's draft) runs
+on the slot's buffers too, its tokens padded to a width bucket (8, 16, 32, 64, 128), one graph per slot
+and width: causal attention keeps the padding from the real positions, and what the padding writes to
+the cache lies past the state's offset, masked or overwritten by later steps. (Run eagerly, these passes
+were a third of the engine's Python time at 96 streams on an H100, launching every kernel from Python.)
+Other passes of several tokens (a re-fed draft after a rewind) run eagerly on the slot's buffers.
 
 Run on NVIDIA H100/H200 (docs/gpu.md): replayed logits equal the eager steps'; on the CPU the slot path
 is tested uncaptured against the plain runner (tests/kernels/test_triton_asr_slots.py).
@@ -28,6 +34,12 @@ from .cuda_graphs import CapturedStep, GraphCache, rows_bucket
 from .torch_asr import TorchASRRunner, load_weights, parse_dtype, reorder_state
 
 MAX_GRAPHS = 8  # batch-size buckets kept; a slot of 8 rows holds ~170 MB (Whisper tiny, float16)
+PROMPT_WIDTHS = (8, 16, 32, 64, 128)  # token buckets of the prompt passes replayed from graphs
+
+
+def width_bucket(t: int) -> int | None:
+    """The width of the prompt graph that serves t tokens, or None past the widest (such a pass runs eagerly)."""
+    return next((w for w in PROMPT_WIDTHS if w >= t), None)
 
 
 class _Slot:
@@ -48,6 +60,8 @@ class _Slot:
         caches, cross, lengths, tokens, position = self.caches, self.cross, self.lengths, self.tokens, self.position
         self.step = CapturedStep(lambda: model.decoder(tokens, caches, 0, cross, position=position,
                                                        cross_lengths=lengths), capture)
+        self.decoder, self.capture = model.decoder, capture
+        self.prompts: dict[int, tuple[torch.Tensor, CapturedStep]] = {}  # width -> (its tokens, its pass)
 
     def buffers(self):
         return [t for kv in (*self.caches, *self.cross) for t in kv] + [self.lengths]
@@ -58,9 +72,7 @@ class _Slot:
     def adopt(self, state):
         """Copy `state` (its valid positions, encoder keys/values and lengths) into the buffers and make its
         tensors views of them; a state bound before, still alive, gets copies of its rows back."""
-        prev = self.owner() if self.owner is not None else None
-        if prev is not None and prev is not state and self.holds(prev):
-            detach(prev)
+        self.release()
         n, T, S = state.caches[0][0].shape[0], state.offset, state.cross[0][0].shape[2]
         for (bk, bv), (k, v) in zip(self.caches, state.caches):
             bk[:n, :, :T].copy_(k[:, :, :T])
@@ -85,6 +97,30 @@ class _Slot:
         self.tokens[:n].copy_(tokens, non_blocking=True)
         self.position.fill_(position)
         return self.step()[:n]
+
+    def prompt_pass(self, width: int) -> tuple[torch.Tensor, CapturedStep]:
+        """The pass of `width` tokens from position 0 over the slot's buffers -> hidden states [rows, width,
+        d] (the vocabulary projection of only the positions wanted runs after it), made on first use."""
+        if width not in self.prompts:
+            tokens = torch.zeros((self.rows, width), dtype=torch.long, device=self.tokens.device)
+            caches, cross, lengths, dec = self.caches, self.cross, self.lengths, self.decoder
+            self.prompts[width] = (tokens, CapturedStep(
+                lambda: dec.hidden(tokens, caches, 0, cross, False, cross_lengths=lengths), self.capture))
+        return self.prompts[width]
+
+    def prompt(self, tokens, width: int):
+        """tokens [n, t] (t <= width) from position 0 on the bound state's rows -> hidden states [n, t, d]."""
+        buf, run = self.prompt_pass(width)
+        n, t = tokens.shape
+        buf[:n, :t].copy_(tokens, non_blocking=True)
+        return run()[:n, :t].contiguous()
+
+    def release(self):
+        """No state bound any more (a live one gets copies of its rows): the buffers are free to run on."""
+        prev = self.owner() if self.owner is not None else None
+        if prev is not None and self.holds(prev):
+            detach(prev)
+        self.owner = None
 
 
 def detach(state):
@@ -112,12 +148,21 @@ class TritonASRRunner(TorchASRRunner):
         """The batch-size buckets that have a slot (on a GPU, a captured step), smallest first."""
         return sorted(self._graphs.items)
 
+    @property
+    def prompt_widths(self) -> dict[int, list[int]]:
+        """Per slot (its rows), the prompt widths that have a pass (on a GPU, a captured graph)."""
+        return {rows: sorted(slot.prompts) for rows, slot in sorted(self._graphs.items.items())}
+
     def _slot(self, n: int) -> _Slot:
         rows = rows_bucket(n)
         return self._graphs.get(rows, lambda: _Slot(self.model, rows, self.dtype, self.device, self.capture))
 
     @torch.inference_mode()
     def decode_step(self, state, tokens, last_only=True):
+        if self.graphs_enabled and tokens.shape[1] > 1 and state.offset == 0:
+            width = width_bucket(tokens.shape[1])
+            if width is not None and width <= self.config.n_text_ctx:
+                return self._prompt(state, tokens, width, last_only)
         if not self.graphs_enabled or tokens.shape[1] != 1:
             return super().decode_step(state, tokens, last_only)
         if state.offset + 1 > state.caches[0][0].shape[2]:
@@ -130,6 +175,29 @@ class TritonASRRunner(TorchASRRunner):
             logits = slot(tokens.to(self.device), state.offset, n)
         state.offset += 1
         return logits
+
+    def _prompt(self, state, tokens, width: int, last_only: bool):
+        n, t = tokens.shape
+        if t > state.caches[0][0].shape[2]:
+            raise RuntimeError(f"decoder cache full ({state.caches[0][0].shape[2]} positions)")
+        with self._lock:
+            slot = self._slot(n)
+            if not slot.holds(state):
+                slot.adopt(state)
+            x = slot.prompt(tokens.to(self.device), width)
+        state.offset = t
+        return self.model.decoder.logits(x[:, -1] if last_only else x)
+
+    @torch.inference_mode()
+    def warm_graphs(self) -> None:
+        """Every prompt width's graph on every slot there is, captured now: a server meets the wide ones (long
+        drafts) in long turns, under load, where a capture would hold its engine up."""
+        with self._lock:
+            for slot in self._graphs.items.values():
+                slot.release()
+                for width in PROMPT_WIDTHS:
+                    if width <= self.config.n_text_ctx:
+                        slot.prompt_pass(width)[1]()
 
     @torch.inference_mode()
     def reorder(self, state, index):

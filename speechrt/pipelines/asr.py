@@ -263,6 +263,7 @@ class ASRPipeline:
             clips = [speech[: int(SAMPLE_RATE * (1.5 + (i * 1.7) % 5.5))] for i in range(n)]
             done = self.transcribe_batch(clips, final)
             self.transcribe_batch(clips, live, drafts=[r.tokens for r in done])
+        self.runner.warm_graphs()
 
 
 def cut_repeat_said_too_fast(res: WindowResult, tok: WhisperTokenizer, seconds: float) -> bool:

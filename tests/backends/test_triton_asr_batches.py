@@ -61,7 +61,7 @@ def test_server_batches_on_the_slots_give_the_plain_runners_tokens(pipelines):
     assert set(slots.runner.slot_rows) <= {1, 2, 4, 8}
 
 
-def test_warm_batches_reach_the_single_token_step_of_every_bucket():
+def test_warm_batches_reach_every_buckets_step_and_prompt_widths():
     """A server's warm-up on a GPU (ASRPipeline.warm_batches, run by the engine before it reports ready) gives
     every batch-size bucket up to --max-batch its slot, so no bucket compiles or captures while serving; the
     clips are real speech, so each batch decodes past its prompt."""
@@ -71,5 +71,7 @@ def test_warm_batches_reach_the_single_token_step_of_every_bucket():
     assert fresh.runner.slot_rows == []
     fresh.warm_batches(6)
     assert {2, 4, 8} <= set(fresh.runner.slot_rows) <= {1, 2, 4, 8}
+    # and every prompt width of every slot (long drafts come with long turns, under load)
+    assert all(w == [8, 16, 32, 64, 128] for w in fresh.runner.prompt_widths.values()), fresh.runner.prompt_widths
     fresh.warm_batches(1)  # nothing past batch 1 to warm
     assert set(fresh.runner.slot_rows) <= {1, 2, 4, 8}

@@ -109,3 +109,49 @@ def test_a_state_moved_off_its_slot_keeps_its_rows():
     assert a.bound is None and slot.holds(b) and not slot.holds(a)
     for k, before in zip((k for k, _ in a.caches), kept):
         assert torch.equal(k, before)
+
+
+@torch.inference_mode()
+def test_prompt_passes_of_every_width_give_the_plain_runners_logits():
+    """A prompt pass from position 0 runs on its slot with the tokens padded to a width bucket (8, 16 here: the
+    decoder's context is 16): every position's logits, the last one's, and the steps after it equal the plain
+    runner's, whatever padding the earlier, wider passes left in the buffers."""
+    plain, slots, g = _runners()
+    dev = plain.device
+    xa = torch.randn(3, 9, CFG.n_text_state, generator=g).to(dev)
+    lengths = torch.tensor([9, 5, 7], device=dev)
+    for t in (13, 2, 8, 9, 5, 16):  # widths 16, 8, 8, 16, 8, 16: each a fresh bucket or one reused
+        toks = torch.randint(0, CFG.n_vocab, (3, t), generator=g).to(dev)
+        nxt = torch.randint(0, CFG.n_vocab, (3, 1), generator=g).to(dev)
+        got = []
+        for r in (plain, slots):
+            m = 2 if t % 2 else 3  # on odd token counts 2 rows: another slot
+            a, b = r.start(Encoded(xa, lengths), 1, 16), r.start(Encoded(xa[:m], lengths[:m]), 1, 16)
+            every = r.decode_step(a, toks, last_only=False)
+            step = r.decode_step(a, nxt) if t < 16 else None
+            last = r.decode_step(b, toks[:m])
+            got.append((every, step, last))
+        (we, ws, wl), (oe, os_, ol) = got
+        assert oe.shape == (3, t, CFG.n_vocab) and ol.shape == wl.shape
+        _close(oe.cpu(), we.cpu())
+        _close(ol.cpu(), wl.cpu())
+        if t < 16:
+            _close(os_.cpu(), ws.cpu())
+    assert slots.prompt_widths == {2: [8, 16], 4: [8, 16]}
+    if DEVICE != "cpu":
+        assert CapturedStep.failed == 0
+
+
+@torch.inference_mode()
+def test_warm_graphs_makes_every_width_and_keeps_a_bound_states_rows():
+    plain, slots, g = _runners()
+    dev = plain.device
+    xa = torch.randn(2, 8, CFG.n_text_state, generator=g).to(dev)
+    toks, nxt = torch.tensor([[1, 2, 3], [4, 5, 6]], device=dev), torch.tensor([[7], [8]], device=dev)
+    states = [r.start(Encoded(xa, None), 1, 8) for r in (plain, slots)]
+    for r, s in zip((plain, slots), states):
+        r.decode_step(s, toks)
+    assert states[1].bound is not None
+    slots.warm_graphs()  # runs every width over the slot's buffers: the state bound to it gets its own copies
+    assert slots.prompt_widths == {2: [8, 16]} and states[1].bound is None
+    _close(slots.decode_step(states[1], nxt).cpu(), plain.decode_step(states[0], nxt).cpu())
