@@ -146,5 +146,5 @@ def test_server_chart_names_each_run_once_under_its_panels():
     assert labels == sorted({f"speechrt onnxruntime int8 (machine {i})" for i in range(12)}), labels
     for ax in axes:
         styles = sorted(line.get_linestyle() for line in ax.get_lines() if line.get_linestyle() != ":")
-        assert styles == ["-"] * 12 + ["--"] * 12  # each run's p95 and p50 (the ':' line is the 1-s bound)
+        assert styles == ["-"] * 12 + ["--"] * 12  # each run's p50 and p95 (the ':' line is the 1-s bound)
     plt.close(fig)
