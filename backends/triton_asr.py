@@ -165,28 +165,26 @@ class TritonASRRunner(TorchASRRunner):
                 return self._prompt(state, tokens, width, last_only)
         if not self.graphs_enabled or tokens.shape[1] != 1:
             return super().decode_step(state, tokens, last_only)
-        if state.offset + 1 > state.caches[0][0].shape[2]:
-            raise RuntimeError(f"decoder cache full ({state.caches[0][0].shape[2]} positions)")
-        n = tokens.shape[0]
         with self._lock:
-            slot = self._slot(n)
-            if not slot.holds(state):
-                slot.adopt(state)
-            logits = slot(tokens.to(self.device), state.offset, n)
+            logits = self._bind(state, tokens)(tokens.to(self.device), state.offset, tokens.shape[0])
         state.offset += 1
         return logits
 
     def _prompt(self, state, tokens, width: int, last_only: bool):
-        n, t = tokens.shape
-        if t > state.caches[0][0].shape[2]:
-            raise RuntimeError(f"decoder cache full ({state.caches[0][0].shape[2]} positions)")
         with self._lock:
-            slot = self._slot(n)
-            if not slot.holds(state):
-                slot.adopt(state)
-            x = slot.prompt(tokens.to(self.device), width)
-        state.offset = t
+            x = self._bind(state, tokens).prompt(tokens.to(self.device), width)
+        state.offset = tokens.shape[1]
         return self.model.decoder.logits(x[:, -1] if last_only else x)
+
+    def _bind(self, state, tokens) -> _Slot:
+        """The slot of the state's rows, with the state in it (copied in unless it is there already), for
+        `tokens` [n, t] at the state's offset (RuntimeError past its cache). The caller holds the lock."""
+        if state.offset + tokens.shape[1] > state.caches[0][0].shape[2]:
+            raise RuntimeError(f"decoder cache full ({state.caches[0][0].shape[2]} positions)")
+        slot = self._slot(tokens.shape[0])
+        if not slot.holds(state):
+            slot.adopt(state)
+        return slot
 
     @torch.inference_mode()
     def warm_graphs(self) -> None:
