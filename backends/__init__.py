@@ -3,6 +3,7 @@
 Heavy optional packages are imported inside the backend that needs them; a missing one raises
 BackendUnavailable naming what to install and the backends that do work here.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -34,6 +35,7 @@ def get(name: str) -> Backend:
     """Instantiate backend `name` (or 'auto'); errors list the valid names."""
     if name == AUTO:
         from .auto import AutoBackend
+
         return AutoBackend()
     if name not in BACKENDS:
         raise UnknownBackend(f"unknown backend {name!r}; valid backends: {', '.join(BACKENDS)}, {AUTO}")
@@ -41,7 +43,9 @@ def get(name: str) -> Backend:
     try:
         m = importlib.import_module(mod)
     except ImportError as e:  # a backend module imports its engine at top level
-        raise BackendUnavailable(f"backend {name!r} is unavailable: {e}. Available here: {', '.join(available())}") from e
+        raise BackendUnavailable(
+            f"backend {name!r} is unavailable: {e}. Available here: {', '.join(available())}"
+        ) from e
     return getattr(m, cls)()
 
 
@@ -59,5 +63,17 @@ def available(family: str | None = None) -> list[str]:
     return out
 
 
-__all__ = ["ASRRunner", "LMRunner", "TTSRunner", "Runner", "RunnerInfo", "Latent", "Backend", "BACKENDS",
-           "BackendUnavailable", "UnknownBackend", "get", "available"]
+__all__ = [
+    "ASRRunner",
+    "LMRunner",
+    "TTSRunner",
+    "Runner",
+    "RunnerInfo",
+    "Latent",
+    "Backend",
+    "BACKENDS",
+    "BackendUnavailable",
+    "UnknownBackend",
+    "get",
+    "available",
+]

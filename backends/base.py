@@ -5,6 +5,7 @@ runners of non-torch engines (ONNX Runtime, TensorRT) convert at their edge. Eve
 to know about a runner is a declared member here: nothing above this layer asks a runner with
 getattr/hasattr.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -106,9 +107,11 @@ class ASRRunner(Runner):
         [B, T, vocab] float32 and the cross-attention logits q.k/sqrt(Dh) of `alignment_heads`
         [B, len(alignment_heads), T, S] float32 (before the softmax; S encoder positions). The decoder
         states of earlier calls are not touched. Runners that cannot expose them raise UserError."""
-        raise UserError(f"word timestamps need the decoder's cross-attention weights, which the {self.info.backend} "
-                        f"backend does not expose; use one of the backends {', '.join(self.WORD_TIMING_BACKENDS)} "
-                        "(e.g. --backend torch)")
+        raise UserError(
+            f"word timestamps need the decoder's cross-attention weights, which the {self.info.backend} "
+            f"backend does not expose; use one of the backends {', '.join(self.WORD_TIMING_BACKENDS)} "
+            "(e.g. --backend torch)"
+        )
 
 
 class LMRunner(Runner):
@@ -174,8 +177,10 @@ def check_prefill(cache: Any, slot: int, T: int, start: int) -> None:
     if not 0 <= slot < cache.max_batch:
         raise ValueError(f"slot {slot} out of range; the cache has {cache.max_batch} slots")
     if not 0 <= start <= cache.lengths[slot]:
-        raise ValueError(f"slot {slot} holds {cache.lengths[slot]} positions; prefill must start within them "
-                         f"(0..{cache.lengths[slot]})")
+        raise ValueError(
+            f"slot {slot} holds {cache.lengths[slot]} positions; prefill must start within them "
+            f"(0..{cache.lengths[slot]})"
+        )
     if T < 1:
         raise ValueError("prefill needs at least one token")
     if start + T > cache.max_seq:
@@ -229,8 +234,9 @@ def flow_pieces(frames: int, ready: int, wins: list[tuple[int, int]], context: i
     return merged
 
 
-def windows(frames: int, first: int, largest: int, parallel: int = 1, flow_cost: float = 0.0,
-            context: int = 0) -> list[tuple[int, int]]:
+def windows(
+    frames: int, first: int, largest: int, parallel: int = 1, flow_cost: float = 0.0, context: int = 0
+) -> list[tuple[int, int]]:
     """[start, end) frame windows covering `frames`: sizes first, WINDOW_GROWTH * first, ... up to `largest`
     (the first audio comes early, and each window has the time the ones before it play to get decoded).
     From the third window on, once the rest fits in `parallel` windows of at most `largest` frames — or a
@@ -365,8 +371,14 @@ class TTSRunner(Runner):
     def plan_windows(self, frames: int, options: Any, background: bool) -> list[tuple[int, int]]:
         """The windows a sentence of `frames` latent frames is vocoded in (windows()): the pipeline streams
         them, and a runner that computes the flow in the background (`background`) plans its pieces on them."""
-        return windows(frames, options.first_chunk_frames, options.max_chunk_frames, max(1, self.parallel),
-                       self.flow_cost if background else 0.0, 0 if background else self.context_frames)
+        return windows(
+            frames,
+            options.first_chunk_frames,
+            options.max_chunk_frames,
+            max(1, self.parallel),
+            self.flow_cost if background else 0.0,
+            0 if background else self.context_frames,
+        )
 
     def head_frames(self, frames: int, options: Any) -> int:
         """How many of a sentence's `frames` latent frames to compute before returning its Latent: those
@@ -383,8 +395,10 @@ class FamilyNotSupported(UserError, NotImplementedError):
         from speechrt.backends import available
 
         what = {"asr": "speech recognition", "lm": "language", "tts": "speech synthesis"}[family]
-        super().__init__(f"backend {backend!r} does not run {what} models; backends that do here: "
-                         f"{', '.join(available(family)) or 'none'}")
+        super().__init__(
+            f"backend {backend!r} does not run {what} models; backends that do here: "
+            f"{', '.join(available(family)) or 'none'}"
+        )
 
 
 class Backend(ABC):

@@ -4,12 +4,13 @@ A decode step of a small model launches hundreds of short kernels, each too shor
 cost; a graph launches them all at once. A graph replays fixed addresses: the step reads its inputs from
 buffers the caller fills before each replay, and its output buffer is overwritten by the next replay.
 """
+
 from __future__ import annotations
 
 import gc
 import logging
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

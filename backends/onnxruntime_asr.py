@@ -10,6 +10,7 @@ asked for (the last one, unless a draft is checked). Word timing, which reads th
 weights that the graphs do not output, runs the source model's torch decoder over the graphs' cross
 keys/values (cross_attention).
 """
+
 from __future__ import annotations
 
 import threading
@@ -44,8 +45,11 @@ class OrtASRRunner(ASRRunner):
         # the decoder's steps are small ops: they run on the loop's threads (ThreadPolicy.step)
         self.decoder = session(str(directory / manifest.graph("decoder").file), providers, threads.step, spin=False)
         # int8: a second decoder graph, float32, for steps of PROMPT_ROWS rows or more (prompts, batches)
-        self.prompt = (session(str(directory / manifest.graph("prompt").file), providers, threads.step, spin=False)
-                       if "prompt" in manifest.graphs else self.decoder)
+        self.prompt = (
+            session(str(directory / manifest.graph("prompt").file), providers, threads.step, spin=False)
+            if "prompt" in manifest.graphs
+            else self.decoder
+        )
         self.device = providers_device(self.encoder.get_providers())
         self.dtype = TORCH[manifest.graph("encoder").inputs[0].dtype]
         self.threads = threads
@@ -55,8 +59,14 @@ class OrtASRRunner(ASRRunner):
         self._waiter.submit(int).result()  # its thread now, not at the first stoppable encode: a fixed count
         self._lock = threading.Lock()  # loads the word-timing decoder once (cross_attention)
         self._timing = None
-        self.info = RunnerInfo("onnxruntime", model_name or manifest.model, "speechrt-onnx", manifest.precision,
-                               str(self.device), ", ".join(self.encoder.get_providers()))
+        self.info = RunnerInfo(
+            "onnxruntime",
+            model_name or manifest.model,
+            "speechrt-onnx",
+            manifest.precision,
+            str(self.device),
+            ", ".join(self.encoder.get_providers()),
+        )
 
     def loop(self):
         return self.threads.small()
@@ -121,8 +131,13 @@ class OrtASRRunner(ASRRunner):
         n = kv[0].shape[0] * repeat
         max_tokens = min(max_tokens, c.n_text_ctx)
         shape = (n, c.n_text_head, max_tokens, c.n_text_state // c.n_text_head)
-        caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                   torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(c.n_text_layer)]
+        caches = [
+            (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
+            for _ in range(c.n_text_layer)
+        ]
         return DecoderState(caches, cross, 0, lengths)
 
     @torch.inference_mode()
@@ -143,7 +158,7 @@ class OrtASRRunner(ASRRunner):
         bind(b.io, "logits", logits, output=True)  # a new tensor each step: callers may keep the last one
         run_bound(graph, b.io, self.device)
         for buf, out in b.new:
-            buf[:, :, state.offset:state.offset + t] = out
+            buf[:, :, state.offset : state.offset + t] = out
         state.offset += t
         return logits[:, -1] if last_only else logits
 
@@ -168,8 +183,9 @@ class OrtASRRunner(ASRRunner):
         caches = [(kv[0].new_zeros(shape), kv[0].new_zeros(shape)) for _ in range(c.n_text_layer)]
         scores: list[torch.Tensor] = []
         with self.threads.large():
-            x = dec.hidden(tokens.to(kv[0].device), caches, 0, cross, False, cross_lengths=encoded.lengths,
-                           scores=scores)
+            x = dec.hidden(
+                tokens.to(kv[0].device), caches, 0, cross, False, cross_lengths=encoded.lengths, scores=scores
+            )
             logits = dec.logits(x)
         return logits, torch.stack([scores[layer][:, head] for layer, head in self.alignment_heads], 1).float()
 
@@ -199,9 +215,11 @@ def _load_timing_decoder(manifest, device):
     src = manifest.source or {}
     path = Path(src.get("path") or "")
     if not src.get("path") or not path.exists():
-        raise UserError(f"word timestamps on an ONNX export read the decoder's cross-attention weights from the "
-                        f"model it was exported from ({src.get('path') or 'not recorded'}), which is not there; "
-                        "use --backend torch with that model, or export it again from where it is now")
+        raise UserError(
+            f"word timestamps on an ONNX export read the decoder's cross-attention weights from the "
+            f"model it was exported from ({src.get('path') or 'not recorded'}), which is not there; "
+            "use --backend torch with that model, or export it again from where it is now"
+        )
     w = load_weights(ResolvedModel(manifest.model, "asr", src["format"], path))
     dec = TextDecoder(WhisperConfig(**manifest.config), select("torch", device))
     dec.load_state_dict({k.removeprefix("decoder."): v for k, v in w.state.items() if k.startswith("decoder.")})

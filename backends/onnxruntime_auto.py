@@ -1,4 +1,5 @@
 """The onnxruntime backend's default precision per family and device (when no dtype is given)."""
+
 from __future__ import annotations
 
 # (family, device kind) -> export precision

@@ -9,6 +9,7 @@ frames before the first audio and on the rest in the background, and the shared 
 windows of a sentence; `run_graph` runs the whole graph in one session, as Piper does (the GPU check of
 `bench gpu` and the tests use it).
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,8 +32,10 @@ GPU_PROVIDERS = {
 DEVICE_HELP = "valid: cpu, cuda, cuda:N, rocm, rocm:N, auto"
 # providers that onnxruntime-gpu lists whenever it was built with them, though they load a library of their
 # own at session creation: -> (that library's names, what to install)
-NATIVE = {"TensorrtExecutionProvider": (("libnvinfer.so.10", "libnvinfer.so", "nvinfer_10.dll"), "tensorrt"),
-          "MIGraphXExecutionProvider": (("libmigraphx_c.so.3", "libmigraphx_c.so"), "migraphx (ROCm)")}
+NATIVE = {
+    "TensorrtExecutionProvider": (("libnvinfer.so.10", "libnvinfer.so", "nvinfer_10.dll"), "tensorrt"),
+    "MIGraphXExecutionProvider": (("libmigraphx_c.so.3", "libmigraphx_c.so"), "migraphx (ROCm)"),
+}
 
 
 def provider_loadable(provider: str) -> bool:
@@ -80,15 +83,18 @@ def providers_for(device: str | None) -> list:
     gpu = [p for p in listed if provider_loadable(p)]
     for p in listed:
         if p not in gpu:
-            log.info("onnxruntime lists %s but its library does not load here (pip install %s): not used", p,
-                     NATIVE[p][1])
+            log.info(
+                "onnxruntime lists %s but its library does not load here (pip install %s): not used", p, NATIVE[p][1]
+            )
     if not gpu:
         if dev == "auto":
             return ["CPUExecutionProvider"]
         wanted, install = GPU_PROVIDERS["rocm" if dev == "rocm" else "cuda"]
-        raise UserError(f"device {device!r}: this onnxruntime {ort.__version__} has no GPU execution provider "
-                        f"({' or '.join(wanted)}; available: {', '.join(have)}); pip uninstall onnxruntime && "
-                        f"pip install {install}, or use --device cpu")
+        raise UserError(
+            f"device {device!r}: this onnxruntime {ort.__version__} has no GPU execution provider "
+            f"({' or '.join(wanted)}; available: {', '.join(have)}); pip uninstall onnxruntime && "
+            f"pip install {install}, or use --device cpu"
+        )
     out = [(p, provider_options(p, index)) for p in gpu]
     return out + ["CPUExecutionProvider"]
 
@@ -107,8 +113,14 @@ def provider_options(provider: str, index: int = 0) -> dict:
     return opts
 
 
-def session(model_or_bytes, providers, threads: int | None = None, spin: bool = True,
-            optimized: bool = False, save_optimized: str | None = None) -> ort.InferenceSession:
+def session(
+    model_or_bytes,
+    providers,
+    threads: int | None = None,
+    spin: bool = True,
+    optimized: bool = False,
+    save_optimized: str | None = None,
+) -> ort.InferenceSession:
     """A session with every graph optimization; `threads`: intra-op threads (None: ORT's default, all cores).
     spin=False: the pool's threads sleep when a run ends instead of spinning for more work. For a loop that
     runs torch ops between the session's runs (Whisper's logit filters): on two cores the spinning threads
@@ -116,8 +128,9 @@ def session(model_or_bytes, providers, threads: int | None = None, spin: bool = 
     graph is one ONNX Runtime already optimized for this machine (ort_nchwc): only the basic passes run.
     `save_optimized`: a path where ONNX Runtime writes the graph as it optimized it (for this machine only)."""
     so = ort.SessionOptions()
-    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_BASIC if optimized
-                                   else ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    so.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_BASIC if optimized else ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    )
     if threads:
         so.intra_op_num_threads = threads
     if not spin:
@@ -200,8 +213,14 @@ def split_graph(model):
 
 class OrtTTSRunner(TTSRunner):
     def __init__(self, path, providers, model_name: str = ""):
-        from speechrt.models.piper_loader import (VoiceConfig, check_voice, config_from_weights, load_onnx,
-                                                 read_onnx_weights, voice_paths)
+        from speechrt.models.piper_loader import (
+            VoiceConfig,
+            check_voice,
+            config_from_weights,
+            load_onnx,
+            read_onnx_weights,
+            voice_paths,
+        )
         from speechrt.models.registry import ModelError
 
         onnx_path, json_path = voice_paths(path)
@@ -229,14 +248,22 @@ class OrtTTSRunner(TTSRunner):
         self._full = None
         device = "cpu" if self.dec.get_providers()[0] == "CPUExecutionProvider" else "cuda"
         self.device = torch.device(device)
-        self.info = RunnerInfo("onnxruntime", model_name or onnx_path.stem, "piper-onnx", "float32", device,
-                               ", ".join(self.dec.get_providers()))
+        self.info = RunnerInfo(
+            "onnxruntime",
+            model_name or onnx_path.stem,
+            "piper-onnx",
+            "float32",
+            device,
+            ", ".join(self.dec.get_providers()),
+        )
         log.info("onnxruntime TTS: %s", self.info)
 
     def _feed(self, phoneme_ids, o):
-        feed = {"input": np.array([phoneme_ids], dtype=np.int64),
-                "input_lengths": np.array([len(phoneme_ids)], dtype=np.int64),
-                "scales": np.array([o.noise_scale, o.length_scale, o.noise_w], dtype=np.float32)}
+        feed = {
+            "input": np.array([phoneme_ids], dtype=np.int64),
+            "input_lengths": np.array([len(phoneme_ids)], dtype=np.int64),
+            "scales": np.array([o.noise_scale, o.length_scale, o.noise_w], dtype=np.float32),
+        }
         if "sid" in self.input_names:
             feed["sid"] = np.array([o.speaker_id if o.speaker_id is not None else 0], dtype=np.int64)
         return feed
@@ -263,7 +290,7 @@ class OrtTTSRunner(TTSRunner):
         # every flow input is [1, C, F] along time except the speaker embedding [1, C, 1]
         feed = {n: np.ascontiguousarray(v[..., lo:hi] if v.shape[-1] == F else v) for n, v in zip(self.flow_cuts, fin)}
         out = self.flow.run(None, feed)[0]
-        z[:, :, start:end] = torch.from_numpy(out[:, :, start - lo:end - lo])
+        z[:, :, start:end] = torch.from_numpy(out[:, :, start - lo : end - lo])
 
     def vocode(self, latent: Latent, start: int, end: int) -> torch.Tensor:
         latent.wait_for(end)
@@ -280,8 +307,17 @@ class OrtTTSRunner(TTSRunner):
 
 
 # what `dtype` may be for the exported families -> export precision (None: the backend's default)
-PRECISION = {None: None, "auto": None, "float32": "fp32", "fp32": "fp32", "float16": "fp16", "fp16": "fp16",
-             "int8": "int8", "int4": "int4", "q4": "int4"}
+PRECISION = {
+    None: None,
+    "auto": None,
+    "float32": "fp32",
+    "fp32": "fp32",
+    "float16": "fp16",
+    "fp16": "fp16",
+    "int8": "int8",
+    "int4": "int4",
+    "q4": "int4",
+}
 
 
 def export_dir(model, family: str, dtype: str | None, default: str, activations: str | None = None):
@@ -296,8 +332,10 @@ def export_dir(model, family: str, dtype: str | None, default: str, activations:
     if model.format == "speechrt-onnx":
         m = Manifest.read(model.path)
         if want is not None and want != m.precision:
-            raise UserError(f"{model.path} is a {m.precision} export; dtype {dtype!r} needs another export "
-                            f"(speechrt export {family} --precision {want})")
+            raise UserError(
+                f"{model.path} is a {m.precision} export; dtype {dtype!r} needs another export "
+                f"(speechrt export {family} --precision {want})"
+            )
         return model.path, m
     d = cached_export(family, model, want or default, activations=activations)
     return d, Manifest.read(d)
@@ -337,8 +375,10 @@ class OnnxRuntimeBackend(Backend):
         if dtype not in (None, "float32", "fp32", "auto"):
             raise UserError(f"the onnxruntime backend runs voices in float32; got dtype {dtype!r}")
         if model.format not in ("speechrt-onnx", "piper-onnx"):
-            raise UserError(f"{model.name}: the onnxruntime TTS runner runs Piper voices (piper-onnx) or exports, "
-                            f"not {model.format}")
+            raise UserError(
+                f"{model.name}: the onnxruntime TTS runner runs Piper voices (piper-onnx) or exports, "
+                f"not {model.format}"
+            )
         d, m = export_dir(model, "tts", None, "fp32")
         return exported_tts_runner(d, m, providers_for(device), model.name)
 
@@ -351,16 +391,21 @@ def gpu_lm_export(model, dtype, default):
 
     want = PRECISION.get(dtype) or default
     if want == "fp32":
-        raise UserError("the onnxruntime language model on a GPU runs in float16: its GroupQueryAttention has no "
-                        "float32 kernel there; valid dtypes on a GPU: float16, int4, int8 (weight-only, float16 "
-                        "activations)")
+        raise UserError(
+            "the onnxruntime language model on a GPU runs in float16: its GroupQueryAttention has no "
+            "float32 kernel there; valid dtypes on a GPU: float16, int4, int8 (weight-only, float16 "
+            "activations)"
+        )
     d, m = export_dir(model, "lm", dtype, default, activations="float16" if want in ("int4", "int8") else None)
     if m.cache["dtype"] != "float16":
-        raise UserError(f"{d} keeps its activations in {m.cache['dtype']}, which GPU execution providers cannot run "
-                        f"(no float32 GroupQueryAttention); export it with --activations float16, or use --device cpu")
+        raise UserError(
+            f"{d} keeps its activations in {m.cache['dtype']}, which GPU execution providers cannot run "
+            f"(no float32 GroupQueryAttention); export it with --activations float16, or use --device cpu"
+        )
     return d, m
 
 
 def _threads(providers, step_threads):
     from .ort_binding import providers_device
+
     return ThreadPolicy.build(providers_device(providers), step_threads)

@@ -12,6 +12,7 @@ length into tensors those bindings already point at, and runs.
 A block-quantized export has a second graph for prompts (`prefill`: the file's weights in float32,
 export/llama_onnx.py LlamaGraph rows); decode steps run the quantized blocks.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -61,7 +62,7 @@ def bind_step(session, cache, s0, rows, ids, seqlens, total, logits):
     bind(io, "total_sequence_length", total)
     for i in range(cache.k.shape[0]):
         for kind, buf in (("key", cache.k), ("value", cache.v)):
-            rows_view = buf[i, s0:s0 + rows]
+            rows_view = buf[i, s0 : s0 + rows]
             bind(io, f"past_{kind}.{i}", rows_view)
             bind(io, f"present_{kind}.{i}", rows_view, output=True)
     bind(io, "logits", logits, output=True)
@@ -69,16 +70,25 @@ def bind_step(session, cache, s0, rows, ids, seqlens, total, logits):
 
 
 class OrtLMRunner(LMRunner):
-    def __init__(self, directory: Path, manifest, providers, threads: ThreadPolicy, model_name: str = "",
-                 intra_op_threads: int | None = None):
+    def __init__(
+        self,
+        directory: Path,
+        manifest,
+        providers,
+        threads: ThreadPolicy,
+        model_name: str = "",
+        intra_op_threads: int | None = None,
+    ):
         from speechrt.export.lm_export import config_from_dict
         from speechrt.models.lm_text import LMTokenizer
 
         from .onnxruntime_backend import session
 
         if manifest.variant != "ort":
-            raise UserError(f"{directory}: a '{manifest.variant}' graph is for TensorRT; the onnxruntime runner "
-                            "runs the 'ort' variant (speechrt export lm --variant ort)")
+            raise UserError(
+                f"{directory}: a '{manifest.variant}' graph is for TensorRT; the onnxruntime runner "
+                "runs the 'ort' variant (speechrt export lm --variant ort)"
+            )
         self.manifest = manifest
         self.config = config_from_dict(manifest.config)
         self.tokenizer = LMTokenizer.load(directory, manifest.extra["tokenizer"])
@@ -89,14 +99,22 @@ class OrtLMRunner(LMRunner):
         self.session = session(str(directory / manifest.graph("model").file), providers, intra_op_threads, spin=True)
         # prompts run a graph of their own where the export has one (float32 weights); its threads sleep when
         # it ends, so that they do not spin beside the decode steps that follow
-        self.prefill_session = (session(str(directory / manifest.graph("prefill").file), providers, intra_op_threads,
-                                        spin=False) if "prefill" in manifest.graphs else self.session)
+        self.prefill_session = (
+            session(str(directory / manifest.graph("prefill").file), providers, intra_op_threads, spin=False)
+            if "prefill" in manifest.graphs
+            else self.session
+        )
         self.device = providers_device(self.session.get_providers())
         self.cache_dtype = TORCH[manifest.cache["dtype"]]
         self.threads = threads
-        self.info = RunnerInfo("onnxruntime", model_name or manifest.model, "speechrt-onnx", manifest.precision,
-                               str(self.device), f"{intra_op_threads or 'all'} ORT threads; "
-                               + ", ".join(self.session.get_providers()))
+        self.info = RunnerInfo(
+            "onnxruntime",
+            model_name or manifest.model,
+            "speechrt-onnx",
+            manifest.precision,
+            str(self.device),
+            f"{intra_op_threads or 'all'} ORT threads; " + ", ".join(self.session.get_providers()),
+        )
 
     def loop(self):
         """One torch thread for the sampling between steps on the CPU: a second one would share a core with
@@ -109,8 +127,11 @@ class OrtLMRunner(LMRunner):
         if max_seq > cfg.max_seq_len:
             raise ValueError(f"max_seq {max_seq} exceeds the model's context length {cfg.max_seq_len}")
         shape = (cfg.n_layers, max_batch, cfg.n_kv_heads, max_seq + 1, cfg.head_dim)
-        return OrtKVCache(torch.zeros(shape, dtype=self.cache_dtype, device=self.device),
-                          torch.zeros(shape, dtype=self.cache_dtype, device=self.device), [0] * max_batch)
+        return OrtKVCache(
+            torch.zeros(shape, dtype=self.cache_dtype, device=self.device),
+            torch.zeros(shape, dtype=self.cache_dtype, device=self.device),
+            [0] * max_batch,
+        )
 
     @torch.inference_mode()
     def prefill(self, cache: OrtKVCache, slot: int, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:

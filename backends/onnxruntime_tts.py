@@ -3,6 +3,7 @@ generator graphs): `OrtVits` has the inference members of models.vits.VITS, back
 sessions, so the torch TTS runner's streaming (the flow on the first windows first, the rest in the
 background; windows vocoded side by side on one-thread workers) runs it unchanged. Each session runs on one
 intra-op thread; the runner's workers run windows in parallel."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -49,7 +50,9 @@ class OrtVits:
 
     def run(self, graph: str, **feeds):
         """Run one graph on torch tensors (inputs it does not declare are left out) -> its first output."""
-        feed = {k: np.ascontiguousarray(v.numpy()) for k, v in feeds.items() if v is not None and k in self.inputs[graph]}
+        feed = {
+            k: np.ascontiguousarray(v.numpy()) for k, v in feeds.items() if v is not None and k in self.inputs[graph]
+        }
         return torch.from_numpy(self.sessions[graph].run(None, feed)[0])
 
     def speaker(self, sid):
@@ -63,8 +66,11 @@ class OrtVits:
         if self.config.use_sdp:  # the same draw as the torch model's, so a seed gives the same voice
             noise = torch.randn(1, 2, ids.shape[1], generator=generator) * noise_scale_w
         text = self.sessions["text"]
-        feed = {k: np.ascontiguousarray(v.numpy()) for k, v in (("ids", ids), ("dp_noise", noise), ("g", g))
-                if v is not None and k in self.inputs["text"]}
+        feed = {
+            k: np.ascontiguousarray(v.numpy())
+            for k, v in (("ids", ids), ("dp_noise", noise), ("g", g))
+            if v is not None and k in self.inputs["text"]
+        }
         m, logs, logw = (torch.from_numpy(a) for a in text.run(["m", "logs", "logw"], feed))
         return expand_prior(m, logs, logw, length_scale)
 
@@ -81,7 +87,15 @@ def exported_tts_runner(path: Path, manifest, providers, name: str) -> TorchTTSR
     voice = VoiceConfig.from_file(path / manifest.extra["voice"])
     device = providers_device(providers)
     threads = ThreadPolicy.build(torch.device("cpu"), None)
-    runner = TorchTTSRunner(OrtVits(path, manifest, providers, threads.total), voice, torch.device("cpu"),
-                            torch.float32, threads, "onnxruntime", name, "speechrt-onnx")
+    runner = TorchTTSRunner(
+        OrtVits(path, manifest, providers, threads.total),
+        voice,
+        torch.device("cpu"),
+        torch.float32,
+        threads,
+        "onnxruntime",
+        name,
+        "speechrt-onnx",
+    )
     runner.info = RunnerInfo("onnxruntime", name, "speechrt-onnx", "fp32", str(device), runner.info.threads)
     return runner

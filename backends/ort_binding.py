@@ -1,12 +1,19 @@
 """Binding torch tensors to ONNX Runtime graphs in place (I/O binding): no copies in or out, caches stay in
 the runner's own torch buffers, which ORT reads and writes where they are."""
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-NUMPY = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.int32: np.int32,
-         torch.uint8: np.uint8, torch.bool: np.bool_}
+NUMPY = {
+    torch.float32: np.float32,
+    torch.float16: np.float16,
+    torch.int64: np.int64,
+    torch.int32: np.int32,
+    torch.uint8: np.uint8,
+    torch.bool: np.bool_,
+}
 TORCH = {"float32": torch.float32, "float16": torch.float16, "int64": torch.int64, "int32": torch.int32}
 
 

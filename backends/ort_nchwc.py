@@ -25,6 +25,7 @@ The optimized graph depends on the CPU (the block size) and on the ONNX Runtime 
 where the session is, each time (the generator's session, with the check, in ~0.1 s more than the stock one),
 never shipped or cached.
 """
+
 from __future__ import annotations
 
 import logging
@@ -75,8 +76,10 @@ def disagreement(a, b, frames: int = 37) -> float:
     import numpy as np
 
     rng = np.random.default_rng(0)
-    feed = {i.name: rng.standard_normal([d if isinstance(d, int) else frames for d in i.shape], dtype=np.float32)
-            for i in a.get_inputs()}
+    feed = {
+        i.name: rng.standard_normal([d if isinstance(d, int) else frames for d in i.shape], dtype=np.float32)
+        for i in a.get_inputs()
+    }
     worst = 0.0
     for x, y in zip(a.run(None, feed), b.run(None, feed)):
         if x.shape != y.shape or not np.isfinite(y).all():
@@ -142,10 +145,15 @@ class _Joiner:
             src = frozenset().union(*(self.sources.get(i, frozenset()) for i in n.input))
             self.sources.update((o, src) for o in n.output)
         # plain tensors that a convolution reads in the blocked layout (through Unsqueeze -> ReorderInput)
-        self.reordered = {self.producer[r.input[0]].input[0] for r in graph.node
-                          if r.op_type == "ReorderInput" and r.domain == NCHWC and not _channels_last(r)
-                          and r.input[0] in self.producer
-                          and self.producer[r.input[0]].op_type == "Unsqueeze"}
+        self.reordered = {
+            self.producer[r.input[0]].input[0]
+            for r in graph.node
+            if r.op_type == "ReorderInput"
+            and r.domain == NCHWC
+            and not _channels_last(r)
+            and r.input[0] in self.producer
+            and self.producer[r.input[0]].op_type == "Unsqueeze"
+        }
 
     def name(self, what: str) -> str:
         self.count += 1
@@ -186,21 +194,31 @@ class _Joiner:
             ch = known[0][1]
             if ch % LEAST_BLOCK:
                 continue
-            if any(i not in self.blocked and self.plain_convs.get(i) != ch for i in tensors) or \
-                    any(self.blocked[i][1] != ch for i in tensors if i in self.blocked) or \
-                    len({self.sources.get(i) for i in tensors}) > 1:
+            if (
+                any(i not in self.blocked and self.plain_convs.get(i) != ch for i in tensors)
+                or any(self.blocked[i][1] != ch for i in tensors if i in self.blocked)
+                or len({self.sources.get(i) for i in tensors}) > 1
+            ):
                 continue
             for i in tensors:
                 if i not in self.blocked:  # a plain conv output beside a blocked one: reorder it once
                     u, b = self.name("unsqueezed"), self.name("blocked")
                     out.insert(len(out) - 1, helper.make_node("Unsqueeze", [i, self.axis], [u], name=u))
-                    out.insert(len(out) - 1, helper.make_node("ReorderInput", [u], [b], name=b, domain=NCHWC,
-                                                              channels_last=0))
+                    out.insert(
+                        len(out) - 1, helper.make_node("ReorderInput", [u], [b], name=b, domain=NCHWC, channels_last=0)
+                    )
                     self.blocked[i] = (b, ch)
             twin = self.name(n.op_type)
             attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
-            out.append(helper.make_node(n.op_type, [self.blocked[i][0] if i in self.blocked else i for i in n.input],
-                                        [twin], name=twin, **attrs))
+            out.append(
+                helper.make_node(
+                    n.op_type,
+                    [self.blocked[i][0] if i in self.blocked else i for i in n.input],
+                    [twin],
+                    name=twin,
+                    **attrs,
+                )
+            )
             self.blocked[n.output[0]] = (twin, ch)
             self.twinned.add(n.output[0])
         return out
@@ -211,9 +229,16 @@ class _Joiner:
         rename, out = {}, []
         for n in nodes:
             u = producer.get(n.input[0]) if n.input else None
-            if n.op_type == "ReorderInput" and n.domain == NCHWC and not n.name.startswith("speechrt/nchwc/") and \
-                    not _channels_last(n) and u is not None and u.op_type == "Unsqueeze" and list(u.input[1:]) == [self.axis] and \
-                    u.input[0] in self.blocked:
+            if (
+                n.op_type == "ReorderInput"
+                and n.domain == NCHWC
+                and not n.name.startswith("speechrt/nchwc/")
+                and not _channels_last(n)
+                and u is not None
+                and u.op_type == "Unsqueeze"
+                and list(u.input[1:]) == [self.axis]
+                and u.input[0] in self.blocked
+            ):
                 rename[n.output[0]] = self.blocked[u.input[0]][0]
                 continue
             _rename_inputs(n, rename)
@@ -231,8 +256,11 @@ class _Joiner:
                     if i in self.twinned and i not in plain:
                         b, ch = self.blocked[i]
                         r, p = self.name("reordered"), self.name("plain")
-                        out.append(helper.make_node("ReorderOutput", [b], [r], name=r, domain=NCHWC, channels_last=0,
-                                                    channels=ch))
+                        out.append(
+                            helper.make_node(
+                                "ReorderOutput", [b], [r], name=r, domain=NCHWC, channels_last=0, channels=ch
+                            )
+                        )
                         out.append(helper.make_node("Squeeze", [r, self.axis], [p], name=p))
                         plain[i] = p
                 _rename_inputs(n, plain)
@@ -267,7 +295,9 @@ def _topological(nodes: list) -> list:
                 out.append(n)
                 continue
             stack.append((n, True))
-            stack.extend((producer[i], False) for i in reversed(n.input) if i in producer and id(producer[i]) not in done)
+            stack.extend(
+                (producer[i], False) for i in reversed(n.input) if i in producer and id(producer[i]) not in done
+            )
     return out
 
 

@@ -8,6 +8,7 @@ row's position. Needs the `tensorrt` package and an NVIDIA GPU; neither can be h
 written on, so this runner has not run: only what does not need the library (profiles, cache key) and the
 graphs themselves (polygraphy against the torch runner) are tested there.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,6 +19,7 @@ try:
     import tensorrt as trt
 except ImportError as e:  # backends.get('tensorrt') reports this with the backends that do work
     from speechrt.export.tensorrt import INSTALL
+
     raise ImportError(f"TensorRT is not installed ({INSTALL})") from e
 
 from speechrt.errors import UserError
@@ -57,8 +59,13 @@ class Engine:
 def engine_for(directory: Path, manifest: Manifest, graph: str, precision: str, limits: Limits) -> Engine:
     """The cached engine of one graph (built now if there is none for this GPU, TensorRT and precision)."""
     prof = profiles(manifest, graph, limits)
-    key = engine_key(manifest.graph(graph).sha256, torch.cuda.get_device_capability(), trt.__version__, precision,
-                     {k: {n: list(map(list, s)) for n, s in v.items()} for k, v in prof.items()})
+    key = engine_key(
+        manifest.graph(graph).sha256,
+        torch.cuda.get_device_capability(),
+        trt.__version__,
+        precision,
+        {k: {n: list(map(list, s)) for n, s in v.items()} for k, v in prof.items()},
+    )
     path = engine_path(cache_dir().parent / "tensorrt", graph, key)
     if not path.exists():
         build_engine(directory / manifest.graph(graph).file, prof, precision, path)
@@ -71,8 +78,10 @@ class TrtLMRunner(LMRunner):
         from speechrt.models.lm_text import LMTokenizer
 
         if manifest.variant != "standard":
-            raise UserError(f"{directory}: the tensorrt runner needs the 'standard' graph (speechrt export lm "
-                            "--variant standard), not the onnxruntime variant")
+            raise UserError(
+                f"{directory}: the tensorrt runner needs the 'standard' graph (speechrt export lm "
+                "--variant standard), not the onnxruntime variant"
+            )
         self.config = config_from_dict(manifest.config)
         self.tokenizer = LMTokenizer.load(directory, manifest.extra["tokenizer"])
         self.chat_template = manifest.extra.get("chat_template")
@@ -86,8 +95,11 @@ class TrtLMRunner(LMRunner):
 
         c = self.config
         shape = (c.n_layers, max_batch, c.n_kv_heads, max_seq, c.head_dim)
-        return KVCache(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                       torch.zeros(shape, dtype=self.dtype, device=self.device), [0] * max_batch)
+        return KVCache(
+            torch.zeros(shape, dtype=self.dtype, device=self.device),
+            torch.zeros(shape, dtype=self.dtype, device=self.device),
+            [0] * max_batch,
+        )
 
     def _step(self, profile, cache, slots, tokens, pos, past_len):
         """tokens [N, T] of `slots` at positions pos[n].. with keys up to past_len read -> logits [N, V]."""
@@ -98,10 +110,16 @@ class TrtLMRunner(LMRunner):
         length = torch.tensor(pos, device=dev)
         q = length[:, None] + torch.arange(T, device=dev)[None]  # [N, T] positions of the new tokens
         # a row sees what it holds (< its length) and its own new keys (at past_len..), causally
-        seen = (j[None, None] < length[:, None, None]) | ((j[None, None] >= past_len) & (j[None, None] - past_len <= torch.arange(T, device=dev)[None, :, None]))
+        seen = (j[None, None] < length[:, None, None]) | (
+            (j[None, None] >= past_len) & (j[None, None] - past_len <= torch.arange(T, device=dev)[None, :, None])
+        )
         bias = torch.where(seen, 0.0, float("-inf")).to(self.dtype)[:, None]  # [N, 1, T, S]
         idx = torch.tensor(slots, device=dev)
-        ins = {"input_ids": tokens.to(dev).contiguous(), "position_ids": q.contiguous(), "attention_bias": bias.contiguous()}
+        ins = {
+            "input_ids": tokens.to(dev).contiguous(),
+            "position_ids": q.contiguous(),
+            "attention_bias": bias.contiguous(),
+        }
         outs = {"logits": torch.empty(N, c.vocab_size, device=dev)}
         presents = []
         for i in range(c.n_layers):
@@ -113,7 +131,7 @@ class TrtLMRunner(LMRunner):
         self.engine.run(profile, ins, outs)
         for buf, out in presents:  # the new keys go to each row's own positions
             for n, s in enumerate(slots):
-                buf[s, :, pos[n]:pos[n] + T] = out[n, :, past_len:]
+                buf[s, :, pos[n] : pos[n] + T] = out[n, :, past_len:]
         return outs["logits"]
 
     @torch.inference_mode()
@@ -141,10 +159,19 @@ class TensorRTBackend(Backend):
     def lm(self, model, device="cuda", dtype=None, step_threads=None):
         dev = torch.device(device if device not in (None, "auto") else "cuda")
         if dev.type != "cuda" or not torch.cuda.is_available():
-            raise UserError(f"backend 'tensorrt' runs engines on an NVIDIA GPU, not on {device}; no CUDA device is "
-                            "visible to PyTorch here: use --backend onnxruntime or torch")
-        precision = {None: "fp16", "auto": "fp16", "float16": "fp16", "fp16": "fp16", "float32": "fp32",
-                     "fp32": "fp32", "int8": "int8"}.get(dtype)
+            raise UserError(
+                f"backend 'tensorrt' runs engines on an NVIDIA GPU, not on {device}; no CUDA device is "
+                "visible to PyTorch here: use --backend onnxruntime or torch"
+            )
+        precision = {
+            None: "fp16",
+            "auto": "fp16",
+            "float16": "fp16",
+            "fp16": "fp16",
+            "float32": "fp32",
+            "fp32": "fp32",
+            "int8": "int8",
+        }.get(dtype)
         if precision is None:
             raise UserError(f"unsupported dtype {dtype!r} for tensorrt; valid: float16, float32, int8 (weight-only)")
         if model.format == "speechrt-onnx":

@@ -1,4 +1,5 @@
 """ASR runner of the torch backend: models/whisper.py run eagerly, state in a preallocated KV cache."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -50,8 +51,17 @@ class DecoderState:
 class TorchASRRunner(ASRRunner):
     trims = True
     word_timing = True
-    def __init__(self, weights: WhisperWeights, device: torch.device, dtype: torch.dtype, kernels: str = "torch",
-                 threads: ThreadPolicy | None = None, model_name: str = "", model_format: str = ""):
+
+    def __init__(
+        self,
+        weights: WhisperWeights,
+        device: torch.device,
+        dtype: torch.dtype,
+        kernels: str = "torch",
+        threads: ThreadPolicy | None = None,
+        model_name: str = "",
+        model_format: str = "",
+    ):
         self.config, self.device, self.dtype = weights.config, device, dtype
         self.tokenizer_path = weights.tokenizer_path
         self.alignment_heads = default_alignment_heads(weights)
@@ -64,8 +74,9 @@ class TorchASRRunner(ASRRunner):
         # the decoder blocks' small ops on `threads.step` threads, the encoder and the vocabulary
         # projection (which reads the whole embedding matrix each step) on all of them
         self.threads = threads or ThreadPolicy.build(device, None)
-        self.info = RunnerInfo(kernels, model_name, model_format, str(dtype).removeprefix("torch."), str(device),
-                               self.threads.describe())
+        self.info = RunnerInfo(
+            kernels, model_name, model_format, str(dtype).removeprefix("torch."), str(device), self.threads.describe()
+        )
 
     def loop(self):
         return self.threads.small()
@@ -97,8 +108,14 @@ class TorchASRRunner(ASRRunner):
             raise RuntimeError(f"decoder cache full ({state.caches[0][0].shape[2]} positions)")
         dec = self.model.decoder
         with self.threads.small():
-            x = dec.hidden(tokens.to(self.device), state.caches, state.offset, state.cross, last_only,
-                           cross_lengths=state.cross_lengths)
+            x = dec.hidden(
+                tokens.to(self.device),
+                state.caches,
+                state.offset,
+                state.cross,
+                last_only,
+                cross_lengths=state.cross_lengths,
+            )
         with self.threads.large():
             logits = dec.logits(x)
         state.offset += t
@@ -110,8 +127,15 @@ class TorchASRRunner(ASRRunner):
         scores: list[torch.Tensor] = []
         dec = self.model.decoder
         with self.threads.large():
-            x = dec.hidden(tokens.to(self.device), state.caches, 0, state.cross, False,
-                           cross_lengths=state.cross_lengths, scores=scores)
+            x = dec.hidden(
+                tokens.to(self.device),
+                state.caches,
+                0,
+                state.cross,
+                False,
+                cross_lengths=state.cross_lengths,
+                scores=scores,
+            )
             logits = dec.logits(x)
         heads = torch.stack([scores[layer][:, head] for layer, head in self.alignment_heads], 1)
         return logits, heads.float()
@@ -130,7 +154,9 @@ def default_alignment_heads(weights: WhisperWeights) -> tuple[tuple[int, int], .
     c = weights.config
     bad = [h for h in weights.alignment_heads if not (0 <= h[0] < c.n_text_layer and 0 <= h[1] < c.n_text_head)]
     if bad:
-        raise UserError(f"alignment heads {bad} are outside the decoder's {c.n_text_layer} layers x {c.n_text_head} heads")
+        raise UserError(
+            f"alignment heads {bad} are outside the decoder's {c.n_text_layer} layers x {c.n_text_head} heads"
+        )
     if weights.alignment_heads:
         return tuple((int(l), int(h)) for l, h in weights.alignment_heads)
     return tuple((l, h) for l in range(c.n_text_layer // 2, c.n_text_layer) for h in range(c.n_text_head))
@@ -156,5 +182,6 @@ def reorder_state(state: DecoderState, index: torch.Tensor) -> DecoderState:
 
 
 def build(model, device, dtype, kernels: str = "torch", threads: ThreadPolicy | None = None) -> TorchASRRunner:
-    return TorchASRRunner(load_weights(model), device, parse_dtype(dtype, device), kernels, threads, model.name,
-                          model.format)
+    return TorchASRRunner(
+        load_weights(model), device, parse_dtype(dtype, device), kernels, threads, model.name, model.format
+    )

@@ -1,6 +1,7 @@
 """The `torch` backend: the PyTorch model definitions run eagerly on CPU, CUDA or ROCm, built with the
 torch reference kernel set. Each family's runner lives in its own module (torch_asr, torch_lm, torch_tts);
 how they use the CPU's threads is decided here, once, by ThreadPolicy."""
+
 from __future__ import annotations
 
 import contextlib
@@ -27,8 +28,10 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     except (RuntimeError, TypeError):
         raise UserError(f"unsupported device {device!r}; {DEVICE_HELP}") from None
     if d.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"device {device!r} requested but no CUDA/ROCm device is visible to PyTorch "
-                        f"(torch {torch.__version__}); use --device cpu")
+        raise UserError(
+            f"device {device!r} requested but no CUDA/ROCm device is visible to PyTorch "
+            f"(torch {torch.__version__}); use --device cpu"
+        )
     if d.type not in ("cpu", "cuda"):
         raise UserError(f"unsupported device {device!r}; {DEVICE_HELP}")
     return d
@@ -76,7 +79,7 @@ class ThreadPolicy:
     cpu: bool = True
 
     @classmethod
-    def build(cls, device: torch.device, step: int | None) -> "ThreadPolicy":
+    def build(cls, device: torch.device, step: int | None) -> ThreadPolicy:
         if step is not None and step < 1:
             raise UserError(f"step threads must be >= 1 (or None: all threads), got {step}")
         cpu = device.type == "cpu"
@@ -93,8 +96,9 @@ class ThreadPolicy:
         """`total` worker threads with one intra-op thread each (CPU only)."""
         if not self.cpu:
             return None
-        return ThreadPoolExecutor(max(1, self.total), thread_name_prefix=name, initializer=torch.set_num_threads,
-                                  initargs=(1,))
+        return ThreadPoolExecutor(
+            max(1, self.total), thread_name_prefix=name, initializer=torch.set_num_threads, initargs=(1,)
+        )
 
     def describe(self) -> str:
         if not self.cpu:

@@ -7,6 +7,7 @@ in prompts, whose matmuls are bound by compute; fp16 KV cache), through ctypes.
 x86-64 with AVX2/FMA/F16C, no C compiler to build the kernel, a model shape it does not take, or
 SPEECHRT_CPU_DECODE=0.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,17 +33,31 @@ def block_weights(lm_file) -> tuple[dict, dict]:
 
 
 class CpuInt4LMRunner(LMRunner):
-    def __init__(self, lm_file, device: torch.device, weight_format: str, kernels: str = "torch",
-                 threads: ThreadPolicy | None = None, model_name: str = "", model_format: str = ""):
+    def __init__(
+        self,
+        lm_file,
+        device: torch.device,
+        weight_format: str,
+        kernels: str = "torch",
+        threads: ThreadPolicy | None = None,
+        model_name: str = "",
+        model_format: str = "",
+    ):
         cfg = lm_file.config
         self.device, self.config = device, cfg
         self.tokenizer, self.chat_template = lm_file.tokenizer, lm_file.chat_template
         self.threads = threads or ThreadPolicy.build(device, None)
         weights, q4 = block_weights(lm_file)
         self.model = cpu_decode.CpuLlama(cfg, weights, q4, *rope_tables(cfg), self.threads.total)
-        self.info = RunnerInfo(kernels, model_name, model_format, weight_format, str(device),
-                               f"AVX2 kernel (kernels/cpu_decode) on {self.threads.total} threads, activations in "
-                               "int8 blocks at each matmul (prompts in two), fp16 KV cache")
+        self.info = RunnerInfo(
+            kernels,
+            model_name,
+            model_format,
+            weight_format,
+            str(device),
+            f"AVX2 kernel (kernels/cpu_decode) on {self.threads.total} threads, activations in "
+            "int8 blocks at each matmul (prompts in two), fp16 KV cache",
+        )
 
     def loop(self):
         """One torch thread for the sampling between steps: the kernel's threads spin there for a moment."""
@@ -58,7 +73,7 @@ class CpuInt4LMRunner(LMRunner):
         [len, vocab]. `fine`: prompts, their matmuls' inputs in two int8 terms (see CpuLlama)."""
         got, n = [], self.model.max_rows // (2 if fine else 1)
         for c in range(0, len(rows), n):
-            part = rows[c:c + n]
+            part = rows[c : c + n]
             sl, ps, tk = (list(x) for x in zip(*part))
             mine = [i - c for i in outs if c <= i < c + len(part)]
             got.append(self.model(cache.k, cache.v, sl, ps, tk, mine, fine=fine))

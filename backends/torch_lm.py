@@ -1,4 +1,5 @@
 """Language-model runner of the `torch` backend: models/llama.py run eagerly, built with a kernel set."""
+
 from __future__ import annotations
 
 import logging
@@ -15,8 +16,18 @@ from .torch_backend import ThreadPolicy, cpu_has_native_bf16
 log = logging.getLogger(__name__)
 
 # what `dtype` may be: a weight format of models.llama (WEIGHT_FORMATS) or an alias of one
-DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-          "float16": "float16", "fp16": "float16", "int8": "int8", "int4": "int4", "q4": "int4", "auto": None}
+DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "int8": "int8",
+    "int4": "int4",
+    "q4": "int4",
+    "auto": None,
+}
 
 
 def default_format(device: torch.device, has_q4: bool) -> str:
@@ -31,15 +42,18 @@ def resolve_format(dtype: str | None, device: torch.device, has_q4: bool = False
     if dtype is None or dtype == "auto":
         return default_format(device, has_q4)
     if dtype not in DTYPES:
-        raise UserError(f"unsupported dtype {dtype!r} for language models; valid: "
-                        f"{', '.join(k for k in DTYPES)} (int8 / int4 = weight-only; int4 on AVX2 CPUs in "
-                        "kernels/cpu_decode, elsewhere with bf16 activations)")
+        raise UserError(
+            f"unsupported dtype {dtype!r} for language models; valid: "
+            f"{', '.join(k for k in DTYPES)} (int8 / int4 = weight-only; int4 on AVX2 CPUs in "
+            "kernels/cpu_decode, elsewhere with bf16 activations)"
+        )
     return DTYPES[dtype]
 
 
 def load_file(model):
     """ResolvedModel -> models.gguf_loader.LMFile (config, float32 weights, tokenizer, chat template)."""
     from speechrt.models.gguf_loader import load_lm
+
     return load_lm(model)
 
 
@@ -47,8 +61,16 @@ class TorchLMRunner(LMRunner):
     """Prefill / decode step over a slot-addressed, preallocated KV cache (models.llama.KVCache). Both run
     on `threads.step` CPU threads: a step of a small model is many small ops (see ThreadPolicy)."""
 
-    def __init__(self, lm_file, device: torch.device, weight_format: str, kernels: str = "torch",
-                 threads: ThreadPolicy | None = None, model_name: str = "", model_format: str = ""):
+    def __init__(
+        self,
+        lm_file,
+        device: torch.device,
+        weight_format: str,
+        kernels: str = "torch",
+        threads: ThreadPolicy | None = None,
+        model_name: str = "",
+        model_format: str = "",
+    ):
         from speechrt import kernels as K
         from speechrt.models.llama import Llama
 
@@ -67,8 +89,9 @@ class TorchLMRunner(LMRunner):
         dense = None
         if device.type == "cpu" and weight_format in ("int4", "int8"):
             dense = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
-        self.model = Llama(lm_file.config, lm_file.weights, self.ops, device, weight_format, lm_file.q4,
-                           dense_prefill=dense).eval()
+        self.model = Llama(
+            lm_file.config, lm_file.weights, self.ops, device, weight_format, lm_file.q4, dense_prefill=dense
+        ).eval()
 
     def loop(self):
         return self.threads.small()
@@ -89,8 +112,12 @@ class TorchLMRunner(LMRunner):
         when padding would not double the work; anything else, or a batch that fails, one by one (so that
         only a bad prompt's caller gets its error)."""
         slots, lens = [j[0] for j in jobs], [int(j[1].shape[0]) for j in jobs]
-        if (len(jobs) < 2 or any(j[2] != 0 for j in jobs) or not contiguous(slots)
-                or len(jobs) * max(lens) > 2 * sum(lens)):
+        if (
+            len(jobs) < 2
+            or any(j[2] != 0 for j in jobs)
+            or not contiguous(slots)
+            or len(jobs) * max(lens) > 2 * sum(lens)
+        ):
             return super().prefill_many(cache, jobs)
         try:
             with self.threads.small():
@@ -106,8 +133,14 @@ class TorchLMRunner(LMRunner):
             return self.model.decode_step(cache, list(slots), tokens.to(self.device))
 
 
-def build(model, device: torch.device, dtype: str | None, kernels: str = "torch",
-          threads: ThreadPolicy | None = None, runner_class: type[TorchLMRunner] = TorchLMRunner) -> TorchLMRunner:
+def build(
+    model,
+    device: torch.device,
+    dtype: str | None,
+    kernels: str = "torch",
+    threads: ThreadPolicy | None = None,
+    runner_class: type[TorchLMRunner] = TorchLMRunner,
+) -> TorchLMRunner:
     resolve_format(dtype, device)  # a bad dtype fails before the (slow) load
     t0 = time.perf_counter()
     f = load_file(model)

@@ -1,4 +1,5 @@
 """TTS runner of the `torch` backend: models/vits.py built with a kernel set, weights from the Piper ONNX file."""
+
 from __future__ import annotations
 
 from concurrent.futures import CancelledError, Future
@@ -22,8 +23,11 @@ def release(task: Future, pieces: list[tuple[int, Future]]) -> None:
     shut down, or failed) fails, so that no window waits for it forever."""
     for _, f in pieces:
         if not f.done():
-            f.set_exception(CancelledError("the flow task was cancelled") if task.cancelled()
-                            else task.exception() or RuntimeError("the flow task ended without this piece"))
+            f.set_exception(
+                CancelledError("the flow task was cancelled")
+                if task.cancelled()
+                else task.exception() or RuntimeError("the flow task ended without this piece")
+            )
 
 
 class TorchTTSRunner(TTSRunner):
@@ -37,8 +41,17 @@ class TorchTTSRunner(TTSRunner):
     Zen 4, ONNX Runtime: the third window waited 45 ms for the whole flow). On a GPU everything runs on the
     calling thread."""
 
-    def __init__(self, model, voice, device: torch.device, dtype: torch.dtype, threads: ThreadPolicy | None = None,
-                 kernels: str = "torch", model_name: str = "", model_format: str = "piper-onnx"):
+    def __init__(
+        self,
+        model,
+        voice,
+        device: torch.device,
+        dtype: torch.dtype,
+        threads: ThreadPolicy | None = None,
+        kernels: str = "torch",
+        model_name: str = "",
+        model_format: str = "piper-onnx",
+    ):
         """model: a models.vits.VITS, or anything with its inference members (config, prior, flow.reverse, dec,
         speaker): the onnxruntime backend's exported graphs run through this runner too."""
         self.model, self.voice, self.device, self.dtype = model, voice, device, dtype
@@ -52,8 +65,14 @@ class TorchTTSRunner(TTSRunner):
         self.parallel = threads.total if self._pool is not None else 1
         # the background flow's pieces delay the later windows (windows(), flow_cost): its work against the generator's
         self.flow_cost = self.config.flow_macs() / self.config.generator_macs() if self._pool is not None else 0.0
-        self.info = RunnerInfo(kernels, model_name, model_format, str(dtype).removeprefix("torch."), str(device),
-                               f"{self.parallel} one-thread workers" if self._pool is not None else "")
+        self.info = RunnerInfo(
+            kernels,
+            model_name,
+            model_format,
+            str(dtype).removeprefix("torch."),
+            str(device),
+            f"{self.parallel} one-thread workers" if self._pool is not None else "",
+        )
 
     def vocode_async(self, latent, start, end) -> Future:
         if self._pool is None:
@@ -84,7 +103,10 @@ class TorchTTSRunner(TTSRunner):
         m, logs = self.model.prior(ids, o.length_scale, o.noise_w, g=g, generator=gen)
         z_p = m
         if o.noise_scale:
-            z_p = m + torch.randn(m.shape, device=m.device, dtype=m.dtype, generator=gen) * torch.exp(logs) * o.noise_scale
+            z_p = (
+                m
+                + torch.randn(m.shape, device=m.device, dtype=m.dtype, generator=gen) * torch.exp(logs) * o.noise_scale
+            )
         F = z_p.shape[-1]
         head = self.head_frames(F, options)
         # a model may offer `wide_flow`, the flow on all threads: the head is computed while no window can run
@@ -106,7 +128,7 @@ class TorchTTSRunner(TTSRunner):
         c = self.flow_context
         lo, hi = max(0, start - c), min(z_p.shape[-1], end + c)
         z = (flow or self.model.flow).reverse(z_p[:, :, lo:hi], torch.ones_like(z_p[:, :1, lo:hi]), g=g)
-        return z[:, :, start - lo:end - lo]
+        return z[:, :, start - lo : end - lo]
 
     @torch.inference_mode()
     def _flow_pieces(self, z, z_p, start, pieces, g):
@@ -129,8 +151,9 @@ class TorchTTSRunner(TTSRunner):
         return audio.float().cpu()
 
 
-def build(model, device: torch.device, dtype: str | None, kernels: str = "torch",
-          threads: ThreadPolicy | None = None) -> TorchTTSRunner:
+def build(
+    model, device: torch.device, dtype: str | None, kernels: str = "torch", threads: ThreadPolicy | None = None
+) -> TorchTTSRunner:
     """ResolvedModel (format 'piper-onnx') -> TorchTTSRunner."""
     from speechrt import kernels as K
     from speechrt.models.piper_loader import load_vits

@@ -23,6 +23,7 @@ Other passes of several tokens (a re-fed draft after a rewind) run eagerly on th
 Run on NVIDIA H100/H200 (docs/gpu.md): replayed logits equal the eager steps'; on the CPU the slot path
 is tested uncaptured against the plain runner (tests/kernels/test_triton_asr_slots.py).
 """
+
 from __future__ import annotations
 
 import threading
@@ -51,15 +52,18 @@ class _Slot:
         shape = (rows, c.n_text_head, c.n_audio_ctx, c.n_text_state // c.n_text_head)
         self.rows = rows
         self.caches = model.new_cache(rows, c.n_text_ctx, dtype, device)
-        self.cross = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-                      for _ in range(c.n_text_layer)]
+        self.cross = [
+            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(c.n_text_layer)
+        ]
         self.lengths = torch.full((rows,), c.n_audio_ctx, dtype=torch.long, device=device)
         self.tokens = torch.zeros((rows, 1), dtype=torch.long, device=device)
         self.position = torch.zeros((1,), dtype=torch.long, device=device)
         self.owner = None  # weakref to the bound DecoderState
         caches, cross, lengths, tokens, position = self.caches, self.cross, self.lengths, self.tokens, self.position
-        self.step = CapturedStep(lambda: model.decoder(tokens, caches, 0, cross, position=position,
-                                                       cross_lengths=lengths), capture)
+        self.step = CapturedStep(
+            lambda: model.decoder(tokens, caches, 0, cross, position=position, cross_lengths=lengths), capture
+        )
         self.decoder, self.capture = model.decoder, capture
         self.prompts: dict[int, tuple[torch.Tensor, CapturedStep]] = {}  # width -> (its tokens, its pass)
 
@@ -104,8 +108,10 @@ class _Slot:
         if width not in self.prompts:
             tokens = torch.zeros((self.rows, width), dtype=torch.long, device=self.tokens.device)
             caches, cross, lengths, dec = self.caches, self.cross, self.lengths, self.decoder
-            self.prompts[width] = (tokens, CapturedStep(
-                lambda: dec.hidden(tokens, caches, 0, cross, False, cross_lengths=lengths), self.capture))
+            self.prompts[width] = (
+                tokens,
+                CapturedStep(lambda: dec.hidden(tokens, caches, 0, cross, False, cross_lengths=lengths), self.capture),
+            )
         return self.prompts[width]
 
     def prompt(self, tokens, width: int):
@@ -132,8 +138,17 @@ def detach(state):
 
 
 class TritonASRRunner(TorchASRRunner):
-    def __init__(self, weights, device, dtype, model_name: str = "", model_format: str = "", graphs: bool = True,
-                 capture: bool | None = None, kernels: str = "triton"):
+    def __init__(
+        self,
+        weights,
+        device,
+        dtype,
+        model_name: str = "",
+        model_format: str = "",
+        graphs: bool = True,
+        capture: bool | None = None,
+        kernels: str = "triton",
+    ):
         """`graphs`: single-token steps on the slots' fixed buffers, captured as graphs on a GPU. `capture`
         (default: on CUDA/HIP devices) False runs the slot path uncaptured, and `kernels="torch"` on the
         reference kernels: what the CPU tests check."""

@@ -3,6 +3,7 @@ set (kernels.select('triton', device)), on a CUDA or ROCm GPU only; ASR decoder 
 decode steps are replayed from CUDA/HIP graphs (triton_asr, triton_lm). On a machine without one it
 refuses with an error naming the alternative instead of running the kernels slowly in an interpreter.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -28,10 +29,13 @@ def check_device(device: torch.device) -> torch.device:
         if torch.cuda.is_available():
             hint = "pass --device cuda (device='cuda')"
         else:
-            hint = ("no CUDA or ROCm GPU is visible to PyTorch here "
-                    f"(torch {torch.__version__}); use --backend torch for the CPU")
-        raise TritonUnavailable(f"backend 'triton' runs its Triton kernels on a CUDA or ROCm GPU, not on {device}: "
-                                f"{hint}")
+            hint = (
+                "no CUDA or ROCm GPU is visible to PyTorch here "
+                f"(torch {torch.__version__}); use --backend torch for the CPU"
+            )
+        raise TritonUnavailable(
+            f"backend 'triton' runs its Triton kernels on a CUDA or ROCm GPU, not on {device}: {hint}"
+        )
     return device
 
 

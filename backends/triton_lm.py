@@ -18,6 +18,7 @@ slots given as a device tensor: one graph per (cache, N, bucket) serves any slot
 the bucket. Eager, a 37-token prompt took 21-35 ms of launches on an H100, from its graph 1.8 ms (docs/gpu.md).
 Prompts that continue a cached prefix (start > 0), or longer than the largest bucket, run eagerly.
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,7 +27,8 @@ import torch
 
 from .base import check_prefill
 from .cuda_graphs import CapturedStep, GraphCache, rows_bucket
-from .torch_lm import TorchLMRunner, build as build_torch
+from .torch_lm import TorchLMRunner
+from .torch_lm import build as build_torch
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +82,7 @@ class _PrefillGraph:
     def __call__(self, slots: list[int], prompts: list[torch.Tensor]) -> torch.Tensor:
         padded = torch.zeros(self.tokens.shape, dtype=torch.long)
         for i, p in enumerate(prompts):
-            padded[i, :p.shape[0]] = p
+            padded[i, : p.shape[0]] = p
         self.tokens.copy_(padded)
         self.rows.copy_(torch.tensor(slots))
         self.last.copy_(torch.tensor([p.shape[0] - 1 for p in prompts]))
@@ -111,8 +113,9 @@ class TritonLMRunner(TorchLMRunner):
             g = self.prefill_graphs.get(key, lambda: _PrefillGraph(self.model, cache, len(slots), t, self.capture))
             logits = g(slots, [p.cpu() for p in prompts])
         except Exception:  # noqa: BLE001 - a capture this device refuses: prompts run eagerly from now on
-            log.exception("prefill graph of %d prompt(s) padded to %d tokens failed; prompts run eagerly",
-                          len(slots), t)
+            log.exception(
+                "prefill graph of %d prompt(s) padded to %d tokens failed; prompts run eagerly", len(slots), t
+            )
             self.prefill_graphs_enabled = False
             self.prefill_graphs = GraphCache(MAX_PREFILL_GRAPHS)
             return None
@@ -171,8 +174,9 @@ class TritonLMRunner(TorchLMRunner):
         rows = cache.lengths[:n]  # every row writes at its length: the stepped ones their token's position
         if not self.graphs_enabled or len(set(slots)) < len(slots) or max(rows) >= cache.max_seq:
             return super().decode_step(cache, slots, tokens)
-        g = self.graphs.get((cache.k.data_ptr(), cache.v.data_ptr(), n),
-                            lambda: _DecodeGraph(self.model, cache, n, self.capture))
+        g = self.graphs.get(
+            (cache.k.data_ptr(), cache.v.data_ptr(), n), lambda: _DecodeGraph(self.model, cache, n, self.capture)
+        )
         logits = g(slots, tokens.to(self.device), rows)
         cache.advance(slots, pos)
         return logits

@@ -7,6 +7,7 @@ An export is a directory of ONNX graphs plus manifest.json (export/manifest.py),
 runners; models.registry recognizes such a directory as a model path. `cached_export` exports a model on
 first use into a cache directory (the onnxruntime backend given a model name).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -32,8 +33,16 @@ PRECISIONS = ("fp32", "fp16", "int8", "int4")
 VARIANTS = ("ort", "standard")
 DEFAULT_OPSET = 17
 
-__all__ = ["export_model", "cached_export", "Manifest", "ManifestError", "EXPORTERS", "PRECISIONS", "VARIANTS",
-           "cache_dir"]
+__all__ = [
+    "export_model",
+    "cached_export",
+    "Manifest",
+    "ManifestError",
+    "EXPORTERS",
+    "PRECISIONS",
+    "VARIANTS",
+    "cache_dir",
+]
 
 
 class _NoBar:
@@ -56,11 +65,20 @@ def _bar(show: bool, what: str):
     if not show:
         return _NoBar()
     from tqdm import tqdm
+
     return tqdm(total=1, desc=what, unit="step", leave=True, dynamic_ncols=True)
 
 
-def export_model(family: str, model=None, out=None, precision: str | None = None, opset: int = DEFAULT_OPSET,
-                 variant: str = "ort", progress: bool = True, activations: str | None = None) -> Manifest:
+def export_model(
+    family: str,
+    model=None,
+    out=None,
+    precision: str | None = None,
+    opset: int = DEFAULT_OPSET,
+    variant: str = "ort",
+    progress: bool = True,
+    activations: str | None = None,
+) -> Manifest:
     """Export `model` (a registry name or path; None: the family's default) of `family` into directory `out`.
     precision: fp32 | fp16 | int8 | int4 where the family has it (None: the family's default). activations
     (lm only, int4 / int8): float32 (default) or float16, what GPU execution providers run the weight-only
@@ -72,8 +90,9 @@ def export_model(family: str, model=None, out=None, precision: str | None = None
     if precision is not None and precision not in PRECISIONS:
         raise UserError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
     if variant not in VARIANTS:
-        raise UserError(f"unknown graph variant {variant!r}; valid: {', '.join(VARIANTS)} (standard: plain ONNX "
-                        "ops for TensorRT)")
+        raise UserError(
+            f"unknown graph variant {variant!r}; valid: {', '.join(VARIANTS)} (standard: plain ONNX ops for TensorRT)"
+        )
     if activations not in (None, "float32", "float16"):
         raise UserError(f"unknown activations {activations!r}; valid: float32, float16")
     if activations and family != "lm":
@@ -84,7 +103,9 @@ def export_model(family: str, model=None, out=None, precision: str | None = None
         raise UserError("give an output directory (--out DIR)")
     m = resolve(model, family)
     if m.format == "speechrt-onnx":
-        raise UserError(f"{m.path} is already an export; export its source model ({Manifest.read(m.path).source.get('path')})")
+        raise UserError(
+            f"{m.path} is already an export; export its source model ({Manifest.read(m.path).source.get('path')})"
+        )
     out = Path(out).expanduser()
     if out.exists() and any(out.iterdir()):
         raise UserError(f"{out} exists and is not empty; choose a new directory")
@@ -94,7 +115,9 @@ def export_model(family: str, model=None, out=None, precision: str | None = None
     t0 = time.perf_counter()
     try:
         mod = importlib.import_module(EXPORTERS[family])
-        man = mod.export(m, tmp, precision, opset, variant, bar, **({"activations": activations} if activations else {}))
+        man = mod.export(
+            m, tmp, precision, opset, variant, bar, **({"activations": activations} if activations else {})
+        )
         bar.set_description("hashing")
         man.source["sha256"] = source_sha256(m.path)
         man.extra["export_seconds"] = round(time.perf_counter() - t0, 1)
@@ -114,6 +137,7 @@ def export_model(family: str, model=None, out=None, precision: str | None = None
 def cache_dir() -> Path:
     """Where exports made on first use live: speechrt's cache (speechrt.machine.cache_home) / onnx."""
     from speechrt.machine import cache_home
+
     return cache_home() / "onnx"
 
 
@@ -125,15 +149,23 @@ def exporter_hash() -> str:
     return h.hexdigest()[:12]
 
 
-def cached_export(family: str, model, precision: str | None, variant: str = "ort", progress: bool = True,
-                  activations: str | None = None) -> Path:
+def cached_export(
+    family: str,
+    model,
+    precision: str | None,
+    variant: str = "ort",
+    progress: bool = True,
+    activations: str | None = None,
+) -> Path:
     """The directory of `model`'s export in the cache, made now (with a progress bar) if it is not there.
     Keyed by the model's name, file size and modification time, precision, variant and the exporters' code;
     a directory that does not hold a readable manifest is exported again."""
     st = Path(model.path).stat()
     acts = f"-{activations}" if activations else ""
-    key = (f"{model.name}-{family}-{variant}-{precision or 'default'}{acts}-{st.st_size:x}-{int(st.st_mtime):x}-"
-           f"{exporter_hash()}")
+    key = (
+        f"{model.name}-{family}-{variant}-{precision or 'default'}{acts}-{st.st_size:x}-{int(st.st_mtime):x}-"
+        f"{exporter_hash()}"
+    )
     d = cache_dir() / key
     d.parent.mkdir(parents=True, exist_ok=True)
     # several processes (servers started together, test workers) may want the same export: one makes

@@ -6,6 +6,7 @@ the TTS runner's workers run one thread each): generator 123 -> 107 ms (200 fram
 (790 frames), text encoder 73 -> 69 ms (375 phonemes), outputs within 2e-6; at two threads neither form
 is faster. Each convolution becomes Unsqueeze -> Conv (2-D) -> Squeeze, so the rest of the graph keeps its
 ranks and any graph can take the rewrite."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,8 +15,13 @@ from onnx import helper, numpy_helper
 
 CONVS = ("Conv", "ConvTranspose")
 # a 1-D attribute -> its 2-D form (a leading height entry)
-_ATTR = {"kernel_shape": lambda v: [1] + v, "strides": lambda v: [1] + v, "dilations": lambda v: [1] + v,
-         "output_padding": lambda v: [0] + v, "pads": lambda v: [0, v[0], 0, v[1]]}
+_ATTR = {
+    "kernel_shape": lambda v: [1] + v,
+    "strides": lambda v: [1] + v,
+    "dilations": lambda v: [1] + v,
+    "output_padding": lambda v: [0] + v,
+    "pads": lambda v: [0, v[0], 0, v[1]],
+}
 AXIS = "speechrt/height_axis"
 
 
@@ -41,8 +47,11 @@ def convs_as_2d(model: onnx.ModelProto) -> onnx.ModelProto:
                 a.ints[:] = _ATTR[a.name](list(a.ints))
         x, y = n.input[0], n.output[0]
         n.input[0], n.output[0] = f"{y}/in_2d", f"{y}/out_2d"  # output names are unique, node names may not be
-        nodes += [helper.make_node("Unsqueeze", [x, AXIS], [n.input[0]], name=f"{y}/unsqueeze"), n,
-                  helper.make_node("Squeeze", [n.output[0], AXIS], [y], name=f"{y}/squeeze")]
+        nodes += [
+            helper.make_node("Unsqueeze", [x, AXIS], [n.input[0]], name=f"{y}/unsqueeze"),
+            n,
+            helper.make_node("Squeeze", [n.output[0], AXIS], [y], name=f"{y}/squeeze"),
+        ]
     if widened:
         g.initializer.append(numpy_helper.from_array(np.array([2], np.int64), AXIS))
         del g.node[:]

@@ -1,6 +1,7 @@
 """A small ONNX graph builder: nodes with generated output names, initializers from numpy, typed I/O from
 manifest Tensors. Used by the exporters that write graphs op by op (Llama), where torch.onnx would leave
 hundreds of shape ops between the ones that compute."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,8 +10,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .manifest import Tensor
 
-DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "int64": TensorProto.INT64,
-          "int32": TensorProto.INT32, "uint8": TensorProto.UINT8, "bool": TensorProto.BOOL}
+DTYPES = {
+    "float32": TensorProto.FLOAT,
+    "float16": TensorProto.FLOAT16,
+    "int64": TensorProto.INT64,
+    "int32": TensorProto.INT32,
+    "uint8": TensorProto.UINT8,
+    "bool": TensorProto.BOOL,
+}
 MS = "com.microsoft"
 
 
@@ -23,8 +30,16 @@ class GraphBuilder:
         self._consts: dict[str, list[int]] = {}
         self.uses_ms = False
 
-    def op(self, op_type: str, inputs: list[str], n_out: int = 1, name: str = "", domain: str = "",
-           outputs: list[str] | None = None, **attrs):
+    def op(
+        self,
+        op_type: str,
+        inputs: list[str],
+        n_out: int = 1,
+        name: str = "",
+        domain: str = "",
+        outputs: list[str] | None = None,
+        **attrs,
+    ):
         """Add a node -> its output name (or a list of them when n_out > 1)."""
         self._count += 1
         base = name or f"{op_type}_{self._count}"
@@ -51,8 +66,10 @@ class GraphBuilder:
     def model(self, inputs: list[Tensor], outputs: list[Tensor], opset: int) -> onnx.ModelProto:
         def vi(t: Tensor):
             return helper.make_tensor_value_info(t.name, DTYPES[t.dtype], list(t.shape))
-        g = helper.make_graph(self.nodes, self.name, [vi(t) for t in inputs], [vi(t) for t in outputs],
-                              initializer=self.inits)
+
+        g = helper.make_graph(
+            self.nodes, self.name, [vi(t) for t in inputs], [vi(t) for t in outputs], initializer=self.inits
+        )
         imports = [helper.make_opsetid("", opset)] + ([helper.make_opsetid(MS, 1)] if self.uses_ms else [])
         m = helper.make_model(g, opset_imports=imports, producer_name="speechrt")
         m.ir_version = min(m.ir_version, 10)  # what onnxruntime >= 1.17 reads

@@ -1,4 +1,5 @@
 """`speechrt export lm`: a Llama-family GGUF / Hugging Face model -> model.onnx + manifest.json + tokenizer.json."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,15 +23,18 @@ def config_from_dict(d: dict) -> LlamaConfig:
     return LlamaConfig(**d)
 
 
-def export(model, out: Path, precision: str | None, opset: int, variant: str, bar,
-           activations: str = "float32") -> Manifest:
+def export(
+    model, out: Path, precision: str | None, opset: int, variant: str, bar, activations: str = "float32"
+) -> Manifest:
     from speechrt import __version__
     from speechrt.errors import UserError
 
     precision = precision or DEFAULT_PRECISION[variant]
     if activations == "float16" and (precision not in ("int4", "int8") or variant != "ort"):
-        raise UserError(f"--activations float16 is for the ort variant's weight-only precisions int4 and int8 (what "
-                        f"ONNX Runtime's GPU providers run); not {variant} {precision} (fp16: float16 throughout)")
+        raise UserError(
+            f"--activations float16 is for the ort variant's weight-only precisions int4 and int8 (what "
+            f"ONNX Runtime's GPU providers run); not {variant} {precision} (fp16: float16 throughout)"
+        )
     bar.set_description("reading weights")
     f = load_lm(model)
     cfg = f.config
@@ -43,22 +47,48 @@ def export(model, out: Path, precision: str | None, opset: int, variant: str, ba
     graphs, built = {}, []
     for name in names:
         bar.set_description(f"building {variant} {precision} {name} graph")
-        graph = LlamaGraph(cfg, f.weights, f.q4, precision, variant, progress=bar.update,
-                           rows=name == "prefill", activations=activations)
+        graph = LlamaGraph(
+            cfg,
+            f.weights,
+            f.q4,
+            precision,
+            variant,
+            progress=bar.update,
+            rows=name == "prefill",
+            activations=activations,
+        )
         built.append(graph)
         save(graph.build(opset), out / f"{name}.onnx")
         graphs[name] = Graph(f"{name}.onnx", tuple(ins), tuple(outs))
         bar.update(1)
-    cache = {"layout": "per layer past_key.i / past_value.i [batch, kv_heads, cache, head_dim]",
-             "layers": cfg.n_layers, "kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "dtype": cache_dtype,
-             "max_seq": cfg.max_seq_len}
+    cache = {
+        "layout": "per layer past_key.i / past_value.i [batch, kv_heads, cache, head_dim]",
+        "layers": cfg.n_layers,
+        "kv_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "dtype": cache_dtype,
+        "max_seq": cfg.max_seq_len,
+    }
     if variant == "ort":
-        cache.update(scratch_positions=1, shared_buffers=True,
-                     note="cache = max_seq + 1 positions; present_* are bound to the past_* buffers (written in place)")
+        cache.update(
+            scratch_positions=1,
+            shared_buffers=True,
+            note="cache = max_seq + 1 positions; present_* are bound to the past_* buffers (written in place)",
+        )
     else:
         cache.update(shared_buffers=False, note="present_* = past_* with the step's positions appended")
-    m = Manifest("lm", model.name, dataclasses.asdict(cfg), graphs,
-                 precision, variant, cache, weights_note(built[0], f.tensor_types),
-                 {"path": str(model.path), "format": model.format}, opset, __version__,
-                 {"tokenizer": f.tokenizer.save(out), "chat_template": f.chat_template})
+    m = Manifest(
+        "lm",
+        model.name,
+        dataclasses.asdict(cfg),
+        graphs,
+        precision,
+        variant,
+        cache,
+        weights_note(built[0], f.tensor_types),
+        {"path": str(model.path), "format": model.format},
+        opset,
+        __version__,
+        {"tokenizer": f.tokenizer.save(out), "chat_template": f.chat_template},
+    )
     return m

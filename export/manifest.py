@@ -6,6 +6,7 @@ are laid out and how large they may grow, the precision and how the weights were
 and its hash, the opset and the speechrt version. Runners take every name and shape from here; a graph's
 I/O is declared once, by its exporter, as a list of `Tensor`s (`io()` of each export module).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,7 +37,7 @@ class Tensor:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
 
     @classmethod
-    def from_json(cls, d: dict) -> "Tensor":
+    def from_json(cls, d: dict) -> Tensor:
         return cls(d["name"], d["dtype"], tuple(d["shape"]))
 
 
@@ -51,13 +52,21 @@ class Graph:
         return next(t for t in self.inputs if t.name == name)
 
     def to_json(self) -> dict:
-        return {"file": self.file, "sha256": self.sha256, "inputs": [t.to_json() for t in self.inputs],
-                "outputs": [t.to_json() for t in self.outputs]}
+        return {
+            "file": self.file,
+            "sha256": self.sha256,
+            "inputs": [t.to_json() for t in self.inputs],
+            "outputs": [t.to_json() for t in self.outputs],
+        }
 
     @classmethod
-    def from_json(cls, d: dict) -> "Graph":
-        return cls(d["file"], tuple(Tensor.from_json(t) for t in d["inputs"]),
-                   tuple(Tensor.from_json(t) for t in d["outputs"]), d.get("sha256", ""))
+    def from_json(cls, d: dict) -> Graph:
+        return cls(
+            d["file"],
+            tuple(Tensor.from_json(t) for t in d["inputs"]),
+            tuple(Tensor.from_json(t) for t in d["outputs"]),
+            d.get("sha256", ""),
+        )
 
 
 @dataclass
@@ -98,17 +107,21 @@ class Manifest:
         return p
 
     @classmethod
-    def read(cls, directory: Path) -> "Manifest":
+    def read(cls, directory: Path) -> Manifest:
         p = Path(directory) / MANIFEST
         try:
             d = json.loads(p.read_text())
         except FileNotFoundError:
-            raise ManifestError(f"{directory}: no {MANIFEST}; not a speechrt export (make one with `speechrt export`)") from None
+            raise ManifestError(
+                f"{directory}: no {MANIFEST}; not a speechrt export (make one with `speechrt export`)"
+            ) from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ManifestError(f"{p}: not valid JSON ({e})") from None
         if d.get("format_version") != FORMAT_VERSION:
-            raise ManifestError(f"{p}: manifest format {d.get('format_version')!r}, this speechrt reads "
-                                f"{FORMAT_VERSION}; export the model again")
+            raise ManifestError(
+                f"{p}: manifest format {d.get('format_version')!r}, this speechrt reads "
+                f"{FORMAT_VERSION}; export the model again"
+            )
         d["graphs"] = {k: Graph.from_json(g) for k, g in d["graphs"].items()}
         return cls(**d)
 

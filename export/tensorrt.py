@@ -10,6 +10,7 @@ one token each); the others get one.
 Engines are cached by a key over the graph's hash, the GPU's compute capability, the TensorRT version, the
 precision and the profiles: a change to any of them builds a new engine, nothing else does.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,8 +23,10 @@ from speechrt.errors import UserError
 from .manifest import Manifest
 
 PRECISIONS = ("fp32", "fp16", "int8")  # int8: weight-only (the graph's DequantizeLinear weights), fp16 activations
-INSTALL = ("pip install tensorrt (its wheels fetch the libraries from NVIDIA's package index at install time) "
-           "on a machine with an NVIDIA GPU and driver")
+INSTALL = (
+    "pip install tensorrt (its wheels fetch the libraries from NVIDIA's package index at install time) "
+    "on a machine with an NVIDIA GPU and driver"
+)
 
 
 @dataclass(frozen=True)
@@ -55,14 +58,27 @@ def _axis_ranges(kind: str, lim: Limits, model_max: int) -> dict[str, tuple[int,
     seq = min(lim.max_seq, model_max)
     if kind == "prefill":
         prompt = min(lim.max_prompt, seq)
-        return {"batch": (1, 1, 1), "tokens": (1, min(lim.opt_prompt, prompt), prompt),
-                "past": (0, 0, seq - 1), "total": (1, min(lim.opt_prompt, prompt), seq)}
+        return {
+            "batch": (1, 1, 1),
+            "tokens": (1, min(lim.opt_prompt, prompt), prompt),
+            "past": (0, 0, seq - 1),
+            "total": (1, min(lim.opt_prompt, prompt), seq),
+        }
     if kind == "decode":
-        return {"batch": (1, lim.opt_batch, lim.max_batch), "tokens": (1, 1, 1),
-                "past": (1, min(lim.opt_seq, seq - 1), seq - 1), "total": (2, min(lim.opt_seq, seq - 1) + 1, seq)}
-    return {"batch": (1, lim.opt_batch, lim.max_batch), "tokens": (1, 1, min(lim.max_prompt, model_max)),
-            "cache": (1, min(lim.opt_seq, model_max), model_max), "phonemes": (1, 64, lim.max_phonemes),
-            "frames": (1, 64, lim.max_frames), "samples": (1, 64, lim.max_frames)}
+        return {
+            "batch": (1, lim.opt_batch, lim.max_batch),
+            "tokens": (1, 1, 1),
+            "past": (1, min(lim.opt_seq, seq - 1), seq - 1),
+            "total": (2, min(lim.opt_seq, seq - 1) + 1, seq),
+        }
+    return {
+        "batch": (1, lim.opt_batch, lim.max_batch),
+        "tokens": (1, 1, min(lim.max_prompt, model_max)),
+        "cache": (1, min(lim.opt_seq, model_max), model_max),
+        "phonemes": (1, 64, lim.max_phonemes),
+        "frames": (1, 64, lim.max_frames),
+        "samples": (1, 64, lim.max_frames),
+    }
 
 
 def profiles(manifest: Manifest, graph: str, lim: Limits = Limits()) -> dict[str, dict[str, tuple]]:
@@ -83,22 +99,29 @@ def profiles(manifest: Manifest, graph: str, lim: Limits = Limits()) -> dict[str
                 elif d in ranges:
                     dims.append(ranges[d])
                 else:
-                    raise UserError(f"{graph}: input {t.name} has an axis {d!r} without a profile range; "
-                                    f"known: {', '.join(ranges)}")
+                    raise UserError(
+                        f"{graph}: input {t.name} has an axis {d!r} without a profile range; known: {', '.join(ranges)}"
+                    )
             shapes[t.name] = tuple(tuple(x[i] for x in dims) for i in range(3))
         out[kind] = shapes
     return out
 
 
-def engine_key(graph_sha256: str, compute_capability: tuple[int, int], trt_version: str, precision: str,
-               profile: dict) -> str:
+def engine_key(
+    graph_sha256: str, compute_capability: tuple[int, int], trt_version: str, precision: str, profile: dict
+) -> str:
     """The engine cache key: what an engine depends on, hashed."""
     if precision not in PRECISIONS:
         raise UserError(f"unknown TensorRT precision {precision!r}; valid: {', '.join(PRECISIONS)}")
     if not graph_sha256:
         raise UserError("the graph has no hash in its manifest; export it again")
-    what = {"graph": graph_sha256, "sm": list(compute_capability), "trt": trt_version, "precision": precision,
-            "profiles": profile}
+    what = {
+        "graph": graph_sha256,
+        "sm": list(compute_capability),
+        "trt": trt_version,
+        "precision": precision,
+        "profiles": profile,
+    }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
 
 

@@ -1,4 +1,5 @@
 """Tracing torch modules into ONNX graphs (torch.onnx's TorchScript exporter) with I/O from manifest Tensors."""
+
 from __future__ import annotations
 
 import warnings
@@ -32,6 +33,14 @@ def trace(module, args, path: Path, ins: list[Tensor], outs: list[Tensor], opset
     dyn = {t.name: {i: s for i, s in enumerate(t.shape) if isinstance(s, str)} for t in ins + outs}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
-        torch.onnx.export(module, args, str(path), input_names=[t.name for t in ins],
-                          output_names=[t.name for t in outs], dynamic_axes={k: v for k, v in dyn.items() if v},
-                          opset_version=opset, dynamo=False, do_constant_folding=True)
+        torch.onnx.export(
+            module,
+            args,
+            str(path),
+            input_names=[t.name for t in ins],
+            output_names=[t.name for t in outs],
+            dynamic_axes={k: v for k, v in dyn.items() if v},
+            opset_version=opset,
+            dynamo=False,
+            do_constant_folding=True,
+        )

@@ -13,6 +13,7 @@ Multi-speaker voices add speaker.onnx (sid [1] -> g [1, gin, 1]) and a `g` input
 Durations (ceil(exp(logw) * length_scale)), expanding the prior to frames and sampling z_p stay torch ops in
 the runner, so noise comes from a seeded torch generator and shapes stay simple for every runtime.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,9 +36,14 @@ def io(c, speakers: bool) -> dict[str, tuple[list[Tensor], list[Tensor]]]:
     C = c.inter_channels
     g = [Tensor("g", "float32", (1, c.gin_channels, 1))] if speakers else []
     out = {
-        "text": ([Tensor("ids", "int64", (1, "phonemes")), Tensor("dp_noise", "float32", (1, 2, "phonemes"))] + g,
-                 [Tensor("m", "float32", (1, C, "phonemes")), Tensor("logs", "float32", (1, C, "phonemes")),
-                  Tensor("logw", "float32", (1, 1, "phonemes"))]),
+        "text": (
+            [Tensor("ids", "int64", (1, "phonemes")), Tensor("dp_noise", "float32", (1, 2, "phonemes"))] + g,
+            [
+                Tensor("m", "float32", (1, C, "phonemes")),
+                Tensor("logs", "float32", (1, C, "phonemes")),
+                Tensor("logw", "float32", (1, 1, "phonemes")),
+            ],
+        ),
         "flow": ([Tensor("z_p", "float32", (1, C, "frames"))] + g, [Tensor("z", "float32", (1, C, "frames"))]),
         "generator": ([Tensor("z", "float32", (1, C, "frames"))] + g, [Tensor("audio", "float32", (1, 1, "samples"))]),
     }
@@ -99,9 +105,11 @@ def export(model, out: Path, precision: str | None, opset: int, variant: str, ba
     bar.update(1)
     T, F = 12, 40  # tracing lengths; the axes are dynamic
     g = (torch.zeros(1, c.gin_channels, 1),) if speakers else ()
-    pieces = {"text": (TextGraph(vits), (torch.ones(1, T, dtype=torch.long), torch.zeros(1, 2, T)) + g),
-              "flow": (FlowGraph(vits), (torch.zeros(1, c.inter_channels, F),) + g),
-              "generator": (GeneratorGraph(vits), (torch.zeros(1, c.inter_channels, F),) + g)}
+    pieces = {
+        "text": (TextGraph(vits), (torch.ones(1, T, dtype=torch.long), torch.zeros(1, 2, T)) + g),
+        "flow": (FlowGraph(vits), (torch.zeros(1, c.inter_channels, F),) + g),
+        "generator": (GeneratorGraph(vits), (torch.zeros(1, c.inter_channels, F),) + g),
+    }
     if speakers:
         pieces["speaker"] = (SpeakerGraph(vits), (torch.zeros(1, dtype=torch.long),))
     for name, (mod, args) in pieces.items():
@@ -115,7 +123,17 @@ def export(model, out: Path, precision: str | None, opset: int, variant: str, ba
     shutil.copy(json_path, out / "voice.json")
     graphs = {k: Graph(f"{k}.onnx", tuple(i), tuple(o)) for k, (i, o) in spec.items()}
     conf = dataclasses.asdict(c)
-    return Manifest("tts", model.name, json.loads(json.dumps(conf)), graphs, "fp32", "ort",
-                    {"flow_context": c.flow_context(), "vocoder_context": c.vocoder_context(), "hop_length": c.hop_length},
-                    "float32 as loaded", {"path": str(model.path), "format": model.format}, opset, __version__,
-                    {"voice": "voice.json", "sample_rate": voice.sample_rate})
+    return Manifest(
+        "tts",
+        model.name,
+        json.loads(json.dumps(conf)),
+        graphs,
+        "fp32",
+        "ort",
+        {"flow_context": c.flow_context(), "vocoder_context": c.vocoder_context(), "hop_length": c.hop_length},
+        "float32 as loaded",
+        {"path": str(model.path), "format": model.format},
+        opset,
+        __version__,
+        {"voice": "voice.json", "sample_rate": voice.sample_rate},
+    )

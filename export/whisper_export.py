@@ -15,6 +15,7 @@ Both are traced from the torch model's own modules (the same linears, norms and 
 torch.onnx's TorchScript exporter. int8: ONNX Runtime's dynamic quantization of the MatMul weights
 (MatMulInteger, per output channel). fp16: the model in float16 (for GPUs).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,16 +39,28 @@ PRECISIONS = ("fp32", "fp16", "int8")
 def io(c: WhisperConfig, dtype: str = "float32") -> dict[str, tuple[list[Tensor], list[Tensor]]]:
     """Inputs and outputs of the two graphs: the names the runner binds."""
     dh = c.n_text_state // c.n_text_head
-    cross = [Tensor(f"cross_{kv}.{i}", dtype, ("batch", c.n_text_head, c.n_audio_ctx, dh))
-             for i in range(c.n_text_layer) for kv in ("key", "value")]
+    cross = [
+        Tensor(f"cross_{kv}.{i}", dtype, ("batch", c.n_text_head, c.n_audio_ctx, dh))
+        for i in range(c.n_text_layer)
+        for kv in ("key", "value")
+    ]
     enc = ([Tensor("mel", dtype, ("batch", c.n_mels, 2 * c.n_audio_ctx))], cross)
-    self_kv = [Tensor(f"self_{kv}.{i}", dtype, ("batch", c.n_text_head, "cache", dh))
-               for i in range(c.n_text_layer) for kv in ("key", "value")]
-    new_kv = [Tensor(f"new_{kv}.{i}", dtype, ("batch", c.n_text_head, "tokens", dh))
-              for i in range(c.n_text_layer) for kv in ("key", "value")]
-    dec = ([Tensor("tokens", "int64", ("batch", "tokens")), Tensor("offset", "int64", ())] + self_kv
-           + [Tensor(t.name, dtype, ("batch",) + t.shape[1:]) for t in cross],
-           [Tensor("logits", "float32", ("batch", "tokens", c.n_vocab))] + new_kv)
+    self_kv = [
+        Tensor(f"self_{kv}.{i}", dtype, ("batch", c.n_text_head, "cache", dh))
+        for i in range(c.n_text_layer)
+        for kv in ("key", "value")
+    ]
+    new_kv = [
+        Tensor(f"new_{kv}.{i}", dtype, ("batch", c.n_text_head, "tokens", dh))
+        for i in range(c.n_text_layer)
+        for kv in ("key", "value")
+    ]
+    dec = (
+        [Tensor("tokens", "int64", ("batch", "tokens")), Tensor("offset", "int64", ())]
+        + self_kv
+        + [Tensor(t.name, dtype, ("batch",) + t.shape[1:]) for t in cross],
+        [Tensor("logits", "float32", ("batch", "tokens", c.n_vocab))] + new_kv,
+    )
     return {"encoder": enc, "decoder": dec}
 
 
@@ -72,7 +85,7 @@ class DecoderGraph(nn.Module):
 
     def forward(self, tokens, offset, *kv):
         n = len(self.dec.blocks)
-        caches, cross = kv[:2 * n], kv[2 * n:]
+        caches, cross = kv[: 2 * n], kv[2 * n :]
         T = tokens.shape[1]
         pos = self.dec.positional_embedding.index_select(0, offset + torch.arange(T))
         x = self.dec.token_embedding(tokens) + pos
@@ -100,7 +113,9 @@ def quantize_int8(path: Path) -> None:
 
     tmp = path.with_suffix(".fp32.onnx")
     path.rename(tmp)
-    quantize_dynamic(str(tmp), str(path), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"])
+    quantize_dynamic(
+        str(tmp), str(path), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"]
+    )
     tmp.unlink()
 
 
@@ -126,25 +141,45 @@ def export(model, out: Path, precision: str | None, opset: int, variant: str, ba
             if name not in spec:  # the decoder for many rows: the decoder's inputs and outputs
                 spec[name] = spec["decoder"]
         bar.update(2)
-        weights = {"fp32": "float32 as loaded", "fp16": "float16",
-                   "int8": "encoder: linear weights int8 per output channel, activations per call "
-                           "(DynamicQuantizeMatMul); decoder: 8-bit blocks of 32 (MatMulNBits), activations "
-                           "int8 per block, in steps of 1-2 rows; a float32 copy (the prompt graph) for steps of "
-                           "more rows; convolutions and attention float32"}[precision]
+        weights = {
+            "fp32": "float32 as loaded",
+            "fp16": "float16",
+            "int8": "encoder: linear weights int8 per output channel, activations per call "
+            "(DynamicQuantizeMatMul); decoder: 8-bit blocks of 32 (MatMulNBits), activations "
+            "int8 per block, in steps of 1-2 rows; a float32 copy (the prompt graph) for steps of "
+            "more rows; convolutions and attention float32",
+        }[precision]
     else:
         spec = io(c, tdt)
         _trace_graphs(w, spec, out, opset, bar, precision)
-        weights = {"fp32": "float32 as loaded", "fp16": "float16",
-                   "int8": "MatMul weights int8 per output channel (dynamic quantization), convolutions float32"
-                   }[precision]
+        weights = {
+            "fp32": "float32 as loaded",
+            "fp16": "float16",
+            "int8": "MatMul weights int8 per output channel (dynamic quantization), convolutions float32",
+        }[precision]
     bar.update(1)
     shutil.copy(w.tokenizer_path, out / "tokenizer.json")
     graphs = {k: Graph(f"{k}.onnx", tuple(i), tuple(o)) for k, (i, o) in spec.items()}
-    cache = {"layout": "self_key.i / self_value.i [batch, heads, cache, head_dim], positions < offset read",
-             "max_tokens": c.n_text_ctx, "dtype": tdt, "cross": "cross_key.i / cross_value.i from the encoder"}
-    return Manifest("asr", model.name, dataclasses.asdict(c), graphs, precision, variant, cache, weights,
-                    {"path": str(model.path), "format": model.format}, opset, __version__,
-                    {"alignment_heads": [list(h) for h in w.alignment_heads]})
+    cache = {
+        "layout": "self_key.i / self_value.i [batch, heads, cache, head_dim], positions < offset read",
+        "max_tokens": c.n_text_ctx,
+        "dtype": tdt,
+        "cross": "cross_key.i / cross_value.i from the encoder",
+    }
+    return Manifest(
+        "asr",
+        model.name,
+        dataclasses.asdict(c),
+        graphs,
+        precision,
+        variant,
+        cache,
+        weights,
+        {"path": str(model.path), "format": model.format},
+        opset,
+        __version__,
+        {"alignment_heads": [list(h) for h in w.alignment_heads]},
+    )
 
 
 def _trace_graphs(w, spec, out: Path, opset: int, bar, precision: str) -> None:
@@ -155,8 +190,13 @@ def _trace_graphs(w, spec, out: Path, opset: int, bar, precision: str) -> None:
     dtype = torch.float16 if precision == "fp16" else torch.float32
     m = m.to(dtype).eval().requires_grad_(False)
     bar.set_description("tracing the encoder")
-    trace(EncoderGraph(m), (torch.zeros(1, c.n_mels, 2 * c.n_audio_ctx, dtype=dtype),), out / "encoder.onnx",
-          *spec["encoder"], opset)
+    trace(
+        EncoderGraph(m),
+        (torch.zeros(1, c.n_mels, 2 * c.n_audio_ctx, dtype=dtype),),
+        out / "encoder.onnx",
+        *spec["encoder"],
+        opset,
+    )
     bar.set_description("tracing the decoder")
     dh = c.n_text_state // c.n_text_head
     n = c.n_text_layer

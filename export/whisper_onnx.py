@@ -22,6 +22,7 @@ activations cost in proportion to the rows); the token embedding in float16; con
 float32.
 fp16: float16 weights and activations (for GPUs).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,17 +38,33 @@ from .manifest import Tensor
 def io(c: WhisperConfig, dtype: str = "float32") -> dict[str, tuple[list[Tensor], list[Tensor]]]:
     """Inputs and outputs of the two graphs: the names the runner binds."""
     dh = c.n_text_state // c.n_text_head
-    cross = [Tensor(f"cross_{kv}.{i}", dtype, ("batch", c.n_text_head, "positions", dh))
-             for i in range(c.n_text_layer) for kv in ("key", "value")]
+    cross = [
+        Tensor(f"cross_{kv}.{i}", dtype, ("batch", c.n_text_head, "positions", dh))
+        for i in range(c.n_text_layer)
+        for kv in ("key", "value")
+    ]
     enc = ([Tensor("mel", dtype, ("batch", c.n_mels, "frames")), Tensor("lengths", "int32", ("batch",))], cross)
-    self_kv = [Tensor(f"self_{kv}.{i}", dtype, ("batch", c.n_text_head, "cache", dh))
-               for i in range(c.n_text_layer) for kv in ("key", "value")]
-    new_kv = [Tensor(f"new_{kv}.{i}", dtype, ("batch", c.n_text_head, "tokens", dh))
-              for i in range(c.n_text_layer) for kv in ("key", "value")]
-    dec = ([Tensor("tokens", "int64", ("batch", "tokens")), Tensor("offset", "int64", ()),
-            Tensor("logit_positions", "int64", ("logit_tokens",))] + self_kv + cross
-           + [Tensor("cross_lengths", "int32", ("batch",))],
-           [Tensor("logits", "float32", ("batch", "logit_tokens", c.n_vocab))] + new_kv)
+    self_kv = [
+        Tensor(f"self_{kv}.{i}", dtype, ("batch", c.n_text_head, "cache", dh))
+        for i in range(c.n_text_layer)
+        for kv in ("key", "value")
+    ]
+    new_kv = [
+        Tensor(f"new_{kv}.{i}", dtype, ("batch", c.n_text_head, "tokens", dh))
+        for i in range(c.n_text_layer)
+        for kv in ("key", "value")
+    ]
+    dec = (
+        [
+            Tensor("tokens", "int64", ("batch", "tokens")),
+            Tensor("offset", "int64", ()),
+            Tensor("logit_positions", "int64", ("logit_tokens",)),
+        ]
+        + self_kv
+        + cross
+        + [Tensor("cross_lengths", "int32", ("batch",))],
+        [Tensor("logits", "float32", ("batch", "logit_tokens", c.n_vocab))] + new_kv,
+    )
     return {"encoder": enc, "decoder": dec}
 
 
@@ -74,15 +91,18 @@ class WhisperGraphs:
             q, s = self.blocks8(weight, tag)
             N, K = weight.shape
             ins = [x, q, s, g.init(f"{tag}.zero", np.full(N * K // 32, 128, np.uint8))]
-            y = g.op("MatMulNBits", ins, domain=MS, name=tag, K=K, N=N, bits=8, block_size=32,
-                     accuracy_level=4)
+            y = g.op("MatMulNBits", ins, domain=MS, name=tag, K=K, N=N, bits=8, block_size=32, accuracy_level=4)
             return y if bias is None else g.op("Add", [y, self.arr(f"{tag}.bias", bias)], name=f"{tag}/bias")
         if self.precision == "int8":  # the encoder: int8 per output channel, activations per call
             w = weight.float()
             scale = (w.abs().amax(1) / 127).clamp_min(1e-12)  # per output channel, symmetric
             q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
-            ins = [x, g.init(f"{tag}.qweight", q.T.numpy()), g.init(f"{tag}.scale", scale.numpy()),
-                   g.init(f"{tag}.zero", np.zeros(q.shape[0], np.int8))]
+            ins = [
+                x,
+                g.init(f"{tag}.qweight", q.T.numpy()),
+                g.init(f"{tag}.scale", scale.numpy()),
+                g.init(f"{tag}.zero", np.zeros(q.shape[0], np.int8)),
+            ]
             if bias is not None:
                 ins.append(g.init(f"{tag}.bias", bias.float().numpy()))
             return g.op("DynamicQuantizeMatMul", ins, domain=MS, name=tag)
@@ -106,7 +126,9 @@ class WhisperGraphs:
         if self.precision != "int8":
             return g.op("Gather", [self.arr("decoder.token_embedding.weight"), "tokens"], name="token_embedding")
         table = g.init("token_embedding.fp16", w.half().numpy())
-        return g.op("Cast", [g.op("Gather", [table, "tokens"], name="token_embedding/half")], name="token_embedding", to=1)
+        return g.op(
+            "Cast", [g.op("Gather", [table, "tokens"], name="token_embedding/half")], name="token_embedding", to=1
+        )
 
     def lin(self, x: str, prefix: str, bias: bool = True) -> str:
         return self.linear(x, self.w[f"{prefix}.weight"], self.w[f"{prefix}.bias"] if bias else None, prefix)
@@ -128,8 +150,13 @@ class WhisperGraphs:
         """[B, T, d] -> graph output `out` [B, H, T, Dh]."""
         c, g = self.c, self.g
         shape = g.const_i64(f"{out}/shape", [0, 0, c.n_text_head, c.n_text_state // c.n_text_head])
-        return g.op("Transpose", [g.op("Reshape", [x, shape], name=f"{out}/split_heads")], perm=[0, 2, 1, 3],
-                    name=out, outputs=[out])
+        return g.op(
+            "Transpose",
+            [g.op("Reshape", [x, shape], name=f"{out}/split_heads")],
+            perm=[0, 2, 1, 3],
+            name=out,
+            outputs=[out],
+        )
 
     def attention_out(self, o: str, x: str, proj: str, ln: str) -> tuple[str, str]:
         """The attention's output projection `proj`, its bias and the residual add fused into norm `ln`:
@@ -145,26 +172,49 @@ class WhisperGraphs:
     def encoder(self):
         self.part = "encoder"
         c, g, w = self.c, self.g, self.w
-        x = g.op("Conv", ["mel", self.arr("encoder.conv1.weight"), self.arr("encoder.conv1.bias")], name="conv1",
-                 kernel_shape=[3], pads=[1, 1])
+        x = g.op(
+            "Conv",
+            ["mel", self.arr("encoder.conv1.weight"), self.arr("encoder.conv1.bias")],
+            name="conv1",
+            kernel_shape=[3],
+            pads=[1, 1],
+        )
         x = g.op("Gelu", [x], domain=MS, name="conv1/gelu")
-        x = g.op("Conv", [x, self.arr("encoder.conv2.weight"), self.arr("encoder.conv2.bias")], name="conv2",
-                 kernel_shape=[3], pads=[1, 1], strides=[2])
+        x = g.op(
+            "Conv",
+            [x, self.arr("encoder.conv2.weight"), self.arr("encoder.conv2.bias")],
+            name="conv2",
+            kernel_shape=[3],
+            pads=[1, 1],
+            strides=[2],
+        )
         x = g.op("Transpose", [g.op("Gelu", [x], domain=MS, name="conv2/gelu")], perm=[0, 2, 1], name="to_bsd")
         S = g.op("Shape", [x], name="positions", start=1, end=2)
-        pos = g.op("Slice", [self.arr("encoder.positional_embedding"), g.const_i64("zero1", [0]), S,
-                             g.const_i64("axis0", [0])], name="positional_embedding")
+        pos = g.op(
+            "Slice",
+            [self.arr("encoder.positional_embedding"), g.const_i64("zero1", [0]), S, g.const_i64("axis0", [0])],
+            name="positional_embedding",
+        )
         x = g.op("Add", [x, pos], name="embed")
-        h = g.op("LayerNormalization", [x, self.arr("encoder.blocks.0.attn_ln.weight"),
-                                        self.arr("encoder.blocks.0.attn_ln.bias")], name="ln0", epsilon=1e-5)
+        h = g.op(
+            "LayerNormalization",
+            [x, self.arr("encoder.blocks.0.attn_ln.weight"), self.arr("encoder.blocks.0.attn_ln.bias")],
+            name="ln0",
+            epsilon=1e-5,
+        )
         d = c.n_audio_state
         split = g.const_i64("qkv_split", [d, d, d])
         for i in range(c.n_audio_layer):
             p = f"encoder.blocks.{i}"
             qkv = self.linear(h, w[f"{p}.attn.qkv.weight"], None, f"{p}.attn.qkv")
             q, k, v = g.op("Split", [qkv, split], 3, name=f"{p}.attn/split", axis=2)
-            o = g.op("MultiHeadAttention", [q, k, v, self.arr(f"{p}.attn.qkv.bias"), "lengths"], domain=MS,
-                     name=f"{p}.attn/attention", num_heads=c.n_audio_head)
+            o = g.op(
+                "MultiHeadAttention",
+                [q, k, v, self.arr(f"{p}.attn.qkv.bias"), "lengths"],
+                domain=MS,
+                name=f"{p}.attn/attention",
+                num_heads=c.n_audio_head,
+            )
             h, x = self.attention_out(o, x, f"{p}.attn.out", f"{p}.mlp_ln")
             nxt = f"encoder.blocks.{i + 1}.attn_ln" if i + 1 < c.n_audio_layer else "encoder.ln_post"
             h, x = self.mlp_block(h, x, p, nxt)
@@ -173,8 +223,9 @@ class WhisperGraphs:
         kv_w = torch.cat([w[f"decoder.blocks.{i}.cross_attn.kv.weight"] for i in range(L)])
         kv_b = torch.cat([w[f"decoder.blocks.{i}.cross_attn.kv.bias"] for i in range(L)])
         kv = self.linear(h, kv_w, kv_b, "cross_kv")
-        parts = g.op("Split", [kv, g.const_i64("cross_split", [c.n_text_state] * 2 * L)], 2 * L, name="cross_kv/split",
-                     axis=2)
+        parts = g.op(
+            "Split", [kv, g.const_i64("cross_split", [c.n_text_state] * 2 * L)], 2 * L, name="cross_kv/split", axis=2
+        )
         for j, part in enumerate(parts):
             self.heads(part, f"cross_{('key', 'value')[j % 2]}.{j // 2}")
         return g
@@ -183,10 +234,16 @@ class WhisperGraphs:
         c, g, w = self.c, self.g, self.w
         past_end = g.op("Unsqueeze", ["offset", g.const_i64("axis0", [0])], name="past_end")  # [1]
         end = g.op("Add", [past_end, g.op("Shape", ["tokens"], name="T", start=1, end=2)], name="end")
-        pos = g.op("Slice", [self.arr("decoder.positional_embedding"), past_end, end, "axis0"], name="position_embedding")
+        pos = g.op(
+            "Slice", [self.arr("decoder.positional_embedding"), past_end, end, "axis0"], name="position_embedding"
+        )
         x = g.op("Add", [self.token_embedding(), pos], name="embed")
-        h = g.op("LayerNormalization", [x, self.arr("decoder.blocks.0.attn_ln.weight"),
-                                        self.arr("decoder.blocks.0.attn_ln.bias")], name="ln0", epsilon=1e-5)
+        h = g.op(
+            "LayerNormalization",
+            [x, self.arr("decoder.blocks.0.attn_ln.weight"), self.arr("decoder.blocks.0.attn_ln.bias")],
+            name="ln0",
+            epsilon=1e-5,
+        )
         d = c.n_text_state
         split = g.const_i64("qkv_split", [d, d, d])
         zero, axis2 = g.const_i64("zero1", [0]), g.const_i64("axis2", [2])
@@ -196,14 +253,28 @@ class WhisperGraphs:
             q, k, v = g.op("Split", [qkv, split], 3, name=f"{p}.attn/split", axis=2)
             self.heads(k, f"new_key.{i}")
             self.heads(v, f"new_value.{i}")
-            past = [g.op("Slice", [f"self_{kv}.{i}", zero, past_end, axis2], name=f"{p}.attn/past_{kv}")
-                    for kv in ("key", "value")]
-            o = g.op("MultiHeadAttention", [q, k, v, "", "", "", past[0], past[1]], 3, domain=MS,
-                     name=f"{p}.attn/attention", num_heads=c.n_text_head, unidirectional=1)[0]
+            past = [
+                g.op("Slice", [f"self_{kv}.{i}", zero, past_end, axis2], name=f"{p}.attn/past_{kv}")
+                for kv in ("key", "value")
+            ]
+            o = g.op(
+                "MultiHeadAttention",
+                [q, k, v, "", "", "", past[0], past[1]],
+                3,
+                domain=MS,
+                name=f"{p}.attn/attention",
+                num_heads=c.n_text_head,
+                unidirectional=1,
+            )[0]
             h, x = self.attention_out(o, x, f"{p}.attn.out", f"{p}.cross_attn_ln")
             q = self.lin(h, f"{p}.cross_attn.q")
-            o = g.op("MultiHeadAttention", [q, f"cross_key.{i}", f"cross_value.{i}", "", "cross_lengths"], domain=MS,
-                     name=f"{p}.cross_attn/attention", num_heads=c.n_text_head)
+            o = g.op(
+                "MultiHeadAttention",
+                [q, f"cross_key.{i}", f"cross_value.{i}", "", "cross_lengths"],
+                domain=MS,
+                name=f"{p}.cross_attn/attention",
+                num_heads=c.n_text_head,
+            )
             h, x = self.attention_out(o, x, f"{p}.cross_attn.out", f"{p}.mlp_ln")
             nxt = f"decoder.blocks.{i + 1}.attn_ln" if i + 1 < c.n_text_layer else "decoder.ln"
             h, x = self.mlp_block(h, x, p, nxt)

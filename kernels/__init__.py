@@ -4,6 +4,7 @@
 `cpu_decode` is apart from the sets: a whole Llama forward in C for x86 CPUs with AVX2 (the torch
 backend's int4 on the CPU, backends/torch_cpu_lm), its matmul defined by `reference.block_linear`.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -70,8 +71,11 @@ def _triton_ops() -> dict:
 
 def _missing(name: str):
     def op(*args, **kwargs):
-        raise RuntimeError(f"kernel set 'triton' has no Triton version of op {name!r}; build the model with the "
-                           "'auto' kernel set (falls back to the torch reference per op) or use --backend torch")
+        raise RuntimeError(
+            f"kernel set 'triton' has no Triton version of op {name!r}; build the model with the "
+            "'auto' kernel set (falls back to the torch reference per op) or use --backend torch"
+        )
+
     op.__name__ = f"missing_{name}"
     return op
 
@@ -91,6 +95,7 @@ def select(impl: str = "auto", device: str | torch.device = "cpu") -> KernelSet:
     if impl == "torch":
         return KernelSet("torch", device, REF, {k: "torch" for k in REF})
     import os
+
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     reason = None
     try:
@@ -98,7 +103,10 @@ def select(impl: str = "auto", device: str | torch.device = "cpu") -> KernelSet:
     except ImportError:
         reason = "Triton is not installed (pip install 'speechrt[triton]')"
     if reason is None and device.type != "cuda" and not interpret:
-        reason = f"Triton kernels need a CUDA or ROCm device, got {device} (set TRITON_INTERPRET=1 to run them in the interpreter)"
+        reason = (
+            f"Triton kernels need a CUDA or ROCm device, got {device} "
+            "(set TRITON_INTERPRET=1 to run them in the interpreter)"
+        )
     tri = {} if reason else _triton_ops()
     if impl == "triton":
         if reason:

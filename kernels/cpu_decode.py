@@ -9,6 +9,7 @@ machine without AVX2/FMA/F16C, an x86-64 CPU or a compiler does not get it (`una
 the callers keep their torch path. `kernels.reference.block_linear` is the definition the matmul is tested
 against.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -42,15 +43,28 @@ class _Mat(ctypes.Structure):
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p),
-                ("qkv", _Mat), ("o", _Mat), ("gate_up", _Mat), ("down", _Mat)]
+    _fields_ = [
+        ("attn_norm", ctypes.c_void_p),
+        ("ffn_norm", ctypes.c_void_p),
+        ("qkv", _Mat),
+        ("o", _Mat),
+        ("gate_up", _Mat),
+        ("down", _Mat),
+    ]
 
 
 class _Model(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_int64) for n in ("dim", "n_layers", "n_heads", "n_kv", "head_dim", "hidden", "vocab",
-                                               "max_pos")] + [
-        ("eps", ctypes.c_float), ("emb", ctypes.c_void_p), ("norm", ctypes.c_void_p), ("cos", ctypes.c_void_p),
-        ("sin", ctypes.c_void_p), ("layers", ctypes.POINTER(_Layer)), ("head", _Mat)]
+    _fields_ = [
+        (n, ctypes.c_int64) for n in ("dim", "n_layers", "n_heads", "n_kv", "head_dim", "hidden", "vocab", "max_pos")
+    ] + [
+        ("eps", ctypes.c_float),
+        ("emb", ctypes.c_void_p),
+        ("norm", ctypes.c_void_p),
+        ("cos", ctypes.c_void_p),
+        ("sin", ctypes.c_void_p),
+        ("layers", ctypes.POINTER(_Layer)),
+        ("head", _Mat),
+    ]
 
 
 def cache_root() -> Path:
@@ -134,10 +148,19 @@ def library(root: Path | None = None, vnni: bool | None = None) -> tuple[ctypes.
                 log.warning("%s; building it without VNNI", why)
     else:
         return None, why
-    dll.srt_matmul.argtypes = [ctypes.POINTER(_Mat), ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int,
-                               ctypes.c_int]
-    dll.srt_forward.argtypes = [ctypes.POINTER(_Model), ctypes.c_int64] + [ctypes.c_void_p] * 6 + [
-        ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    dll.srt_matmul.argtypes = [
+        ctypes.POINTER(_Mat),
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
+    dll.srt_forward.argtypes = (
+        [ctypes.POINTER(_Model), ctypes.c_int64]
+        + [ctypes.c_void_p] * 6
+        + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    )
     return dll, None
 
 
@@ -168,7 +191,7 @@ class Packed:
         self.mat = _Mat(data.data_ptr(), n, k, bits)
 
     @classmethod
-    def q4(cls, q: torch.Tensor, d: torch.Tensor, z: torch.Tensor) -> "Packed":
+    def q4(cls, q: torch.Tensor, d: torch.Tensor, z: torch.Tensor) -> Packed:
         """q [N, K] integers 0..15, d / z [N, K // 32] (rounded to fp16): models.gguf_loader's (q, scale,
         zero) blocks as they are."""
         N, K = q.shape
@@ -185,7 +208,7 @@ class Packed:
         return cls(out, N, K, 4)
 
     @classmethod
-    def q8(cls, w: torch.Tensor) -> "Packed":
+    def q8(cls, w: torch.Tensor) -> Packed:
         """float w [N, K] -> 8 bits per weight, a scale per block of 32 (max |w| / 127: a Q8_0 tensor's
         dequantized values come back as its own blocks)."""
         N, K = w.shape
@@ -209,14 +232,18 @@ class Packed:
             q = torch.cat([qs & 15, qs >> 4], dim=-1).reshape(G * GROUP, -1)
             dm = self.data[:, :, 128:160].reshape(G, nb, 2, GROUP, 2).permute(2, 0, 3, 1, 4).contiguous()
             d, z = (dm[i].view(torch.float16).reshape(G * GROUP, nb).float() for i in range(2))
-            return q[:self.n], d[:self.n], z[:self.n]
+            return q[: self.n], d[: self.n], z[: self.n]
         qs = self.data[:, :, :256].reshape(G, nb, GROUP, BLOCK).transpose(1, 2).reshape(G * GROUP, -1)
         d = self.data[:, :, 256:272].reshape(G, nb, GROUP, 2).transpose(1, 2).contiguous()
-        return (qs.contiguous().view(torch.int8)[:self.n], d.view(torch.float16).reshape(G * GROUP, nb).float()[:self.n],
-                None)
+        return (
+            qs.contiguous().view(torch.int8)[: self.n],
+            d.view(torch.float16).reshape(G * GROUP, nb).float()[: self.n],
+            None,
+        )
 
-    def __call__(self, x: torch.Tensor, threads: int = 1, fine: bool = False, lib: ctypes.CDLL | None = None
-                 ) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, threads: int = 1, fine: bool = False, lib: ctypes.CDLL | None = None
+    ) -> torch.Tensor:
         """x [M, K] float32 (M <= MAX_ROWS, or MAX_ROWS / 2 `fine`) -> [M, N] float32 (reference.block_linear);
         `lib`: a build of the kernel from `library` (default: the one this machine uses)."""
         M, K = x.shape
@@ -267,8 +294,13 @@ class CpuLlama:
         self.packs: list[Packed] = []
         f32 = [t.float().contiguous() for t in (weights["tok_embeddings"], weights["norm"], cos, sin)]
         self.emb, self.norm, self.cos, self.sin = f32
-        self.norms = [(weights[f"layers.{i}.attn_norm"].float().contiguous(), weights[f"layers.{i}.ffn_norm"].float().contiguous())
-                      for i in range(cfg.n_layers)]
+        self.norms = [
+            (
+                weights[f"layers.{i}.attn_norm"].float().contiguous(),
+                weights[f"layers.{i}.ffn_norm"].float().contiguous(),
+            )
+            for i in range(cfg.n_layers)
+        ]
 
         def pack(names):
             if all(n in q4 for n in names):
@@ -282,13 +314,35 @@ class CpuLlama:
         layers = []
         for i, (an, fn) in enumerate(self.norms):
             n = f"layers.{i}."
-            layers.append(_Layer(an.data_ptr(), fn.data_ptr(), pack([n + "wq", n + "wk", n + "wv"]), pack([n + "wo"]),
-                                 pack([n + "w_gate", n + "w_up"]), pack([n + "w_down"])))
+            layers.append(
+                _Layer(
+                    an.data_ptr(),
+                    fn.data_ptr(),
+                    pack([n + "wq", n + "wk", n + "wv"]),
+                    pack([n + "wo"]),
+                    pack([n + "w_gate", n + "w_up"]),
+                    pack([n + "w_down"]),
+                )
+            )
         self.layers = (_Layer * len(layers))(*layers)
         head = pack(["tok_embeddings" if cfg.tie_embeddings else "output"])
-        self.struct = _Model(cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.hidden_dim,
-                             cfg.vocab_size, self.cos.shape[0], cfg.norm_eps, self.emb.data_ptr(), self.norm.data_ptr(),
-                             self.cos.data_ptr(), self.sin.data_ptr(), self.layers, head)
+        self.struct = _Model(
+            cfg.dim,
+            cfg.n_layers,
+            cfg.n_heads,
+            cfg.n_kv_heads,
+            cfg.head_dim,
+            cfg.hidden_dim,
+            cfg.vocab_size,
+            self.cos.shape[0],
+            cfg.norm_eps,
+            self.emb.data_ptr(),
+            self.norm.data_ptr(),
+            self.cos.data_ptr(),
+            self.sin.data_ptr(),
+            self.layers,
+            head,
+        )
 
     @staticmethod
     def unsupported(cfg) -> str | None:
@@ -304,8 +358,9 @@ class CpuLlama:
     @staticmethod
     def needs(cfg) -> list[str]:
         """The linear weights of a model of `cfg` (each one 4-bit where q4 has it)."""
-        return [f"layers.{i}.{n}" for i in range(cfg.n_layers)
-                for n in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")]
+        return [
+            f"layers.{i}.{n}" for i in range(cfg.n_layers) for n in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+        ]
 
     def new_cache(self, max_batch: int, max_seq: int) -> tuple[torch.Tensor, torch.Tensor]:
         """fp16 keys and values [layers, max_batch, Hkv, max_seq, D]."""
@@ -315,8 +370,16 @@ class CpuLlama:
         shape = (cfg.n_layers, max_batch, cfg.n_kv_heads, max_seq, cfg.head_dim)
         return torch.zeros(shape, dtype=torch.float16), torch.zeros(shape, dtype=torch.float16)
 
-    def __call__(self, k: torch.Tensor, v: torch.Tensor, slots: list[int], pos: list[int], tokens,
-                 out_rows: list[int] | None = None, fine: bool = False) -> torch.Tensor:
+    def __call__(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        slots: list[int],
+        pos: list[int],
+        tokens,
+        out_rows: list[int] | None = None,
+        fine: bool = False,
+    ) -> torch.Tensor:
         """Rows of (slot, position, token) into the caches k / v (from new_cache): each token goes into its
         slot at its position and attends over the slot's positions up to it -> logits [len(out_rows), vocab]
         float32 for those rows (None: all). One token per slot is a decode step; a slot's prompt is its tokens
@@ -325,20 +388,41 @@ class CpuLlama:
         M, limit = len(slots), MAX_ROWS // 2 if fine else MAX_ROWS
         if not 1 <= M <= limit:
             raise ValueError(f"the CPU kernel takes 1..{limit} rows a call{' (fine)' if fine else ''}, got {M}")
-        if k.dtype != torch.float16 or k.stride() != v.stride() or k.stride(-1) != 1 or k.shape[-1] != self.cfg.head_dim:
+        if (
+            k.dtype != torch.float16
+            or k.stride() != v.stride()
+            or k.stride(-1) != 1
+            or k.shape[-1] != self.cfg.head_dim
+        ):
             raise ValueError("the CPU kernel needs fp16 caches of one layout (new_cache)")
         if len(pos) != M or min(pos) < 0 or max(pos) >= k.shape[3] or min(slots) < 0 or max(slots) >= k.shape[1]:
-            raise ValueError(f"slots must be within the cache's {k.shape[1]} and positions within its {k.shape[3]}, "
-                             f"got slots {slots}, positions {pos}")
+            raise ValueError(
+                f"slots must be within the cache's {k.shape[1]} and positions within its {k.shape[3]}, "
+                f"got slots {slots}, positions {pos}"
+            )
         rows = list(range(M)) if out_rows is None else list(out_rows)
         tok = torch.as_tensor(tokens, dtype=torch.int64).contiguous()
         sl, ps, out = (torch.tensor(a, dtype=torch.int64) for a in (slots, pos, rows))
         strides = torch.tensor(k.stride()[:4], dtype=torch.int64)
         logits = torch.empty(len(rows), self.cfg.vocab_size)
-        rc = _lib().srt_forward(ctypes.byref(self.struct), M, tok.data_ptr(), sl.data_ptr(), ps.data_ptr(), k.data_ptr(),
-                                v.data_ptr(), strides.data_ptr(), len(rows), out.data_ptr(), logits.data_ptr(),
-                                int(fine), self.threads)
+        rc = _lib().srt_forward(
+            ctypes.byref(self.struct),
+            M,
+            tok.data_ptr(),
+            sl.data_ptr(),
+            ps.data_ptr(),
+            k.data_ptr(),
+            v.data_ptr(),
+            strides.data_ptr(),
+            len(rows),
+            out.data_ptr(),
+            logits.data_ptr(),
+            int(fine),
+            self.threads,
+        )
         if rc:
-            raise RuntimeError(f"srt_forward refused its arguments ({rc}): tokens within the vocabulary, positions "
-                               "within the rotary table, output rows among the rows")
+            raise RuntimeError(
+                f"srt_forward refused its arguments ({rc}): tokens within the vocabulary, positions "
+                "within the rotary table, output rows among the rows"
+            )
         return logits

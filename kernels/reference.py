@@ -3,6 +3,7 @@
 These are the semantics every fast path (Triton, fused CPU code) is tested against. Shapes use
 B batch, T time (sequence), H heads, Hkv key/value heads, D head dim, C channels.
 """
+
 from __future__ import annotations
 
 import math
@@ -11,8 +12,13 @@ import torch
 import torch.nn.functional as F
 
 
-def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float = 1e-5,
-               residual: torch.Tensor | None = None):
+def layer_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    eps: float = 1e-5,
+    residual: torch.Tensor | None = None,
+):
     """LayerNorm over the last dim. With `residual`, returns (norm(x + residual), x + residual)."""
     if residual is not None:
         x = x + residual
@@ -51,18 +57,26 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
 
     q [B, H, T, D], k [B, Hkv, T, D], cos/sin [B or 1, 1, T, D/2] -> rotated (q, k).
     """
+
     def rot(x):
         x1, x2 = x.float().chunk(2, dim=-1)
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
     if q.shape[0] == k.shape[0] and q.shape[2:] == k.shape[2:] and q.dtype == k.dtype:
         # one pass over all H + Hkv heads: half the (tiny, overhead-bound) ops of a decode step
         qk = rot(torch.cat([q, k], dim=1))
-        return qk[:, : q.shape[1]], qk[:, q.shape[1]:]
+        return qk[:, : q.shape[1]], qk[:, q.shape[1] :]
     return rot(q), rot(k)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-              scale: float | None = None, lengths: torch.Tensor | None = None) -> torch.Tensor:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    lengths: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Scaled dot-product attention with grouped-query heads.
 
     q [B, H, Tq, D]; k, v [B, Hkv, Tk, D] with H % Hkv == 0. `causal` aligns the last query with the
@@ -95,7 +109,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
 _SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
 
 
-def linear_int8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear_int8(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """Weight-only int8 linear: x [..., K] @ (weight [N, K] int8 * scale [N]).T (+ bias [N]) -> [..., N] in
     x's dtype (per-output-channel scales; the batch-1 decode matmul of the language model).
 
@@ -106,8 +122,14 @@ def linear_int8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias
     # ATen's kernel reads out of bounds (and can crash) unless K % 32 == 0 and N % 16 == 0; the models'
     # shapes all qualify, other shapes take the plain matmul
     N, K = weight.shape
-    if (x.device.type == "cpu" and hasattr(torch, "_weight_int8pack_mm") and x.dtype == torch.bfloat16
-            and K % 32 == 0 and N % 16 == 0 and weight.is_contiguous()):
+    if (
+        x.device.type == "cpu"
+        and hasattr(torch, "_weight_int8pack_mm")
+        and x.dtype == torch.bfloat16
+        and K % 32 == 0
+        and N % 16 == 0
+        and weight.is_contiguous()
+    ):
         x2 = x.reshape(-1, x.shape[-1])
         if not x2.is_contiguous():
             x2 = x2.contiguous()
@@ -156,8 +178,15 @@ def linear_int4_ref(x: torch.Tensor, q: torch.Tensor, scales_zeros: torch.Tensor
     return F.linear(x, w.view(N, K).to(x.dtype))
 
 
-def conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, padding: int = 0,
-           dilation: int = 1, groups: int = 1, pre_slope: float | None = None) -> torch.Tensor:
+def conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    padding: int = 0,
+    dilation: int = 1,
+    groups: int = 1,
+    pre_slope: float | None = None,
+) -> torch.Tensor:
     """1-D convolution, stride 1. x [B, Cin, T], weight [Cout, Cin/groups, K] -> [B, Cout, T'].
 
     `pre_slope` applies leaky_relu(x, pre_slope) first (HiFi-GAN's activation before every conv; a fused
@@ -168,8 +197,14 @@ def conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.conv1d(x, weight, bias, 1, padding, dilation, groups)
 
 
-def conv_transpose1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: int,
-                     padding: int, pre_slope: float | None = None) -> torch.Tensor:
+def conv_transpose1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: int,
+    padding: int,
+    pre_slope: float | None = None,
+) -> torch.Tensor:
     """Transposed 1-D convolution (upsampling). x [B, Cin, T], weight [Cin, Cout, K] -> [B, Cout, T']
     with T' = (T - 1) * stride - 2 * padding + K. `pre_slope` as in conv1d."""
     if pre_slope is not None:
@@ -177,8 +212,14 @@ def conv_transpose1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return F.conv_transpose1d(x, weight, bias, stride, padding)
 
 
-def relative_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, emb_rel_k: torch.Tensor,
-                       emb_rel_v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+def relative_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    emb_rel_k: torch.Tensor,
+    emb_rel_v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Self-attention with windowed relative-position embeddings (Shaw et al.; the VITS text encoder).
 
     q, k, v [B, H, T, D]; emb_rel_k, emb_rel_v [1 or H, 2W+1, D] for offsets -W..W (key minus query);
@@ -232,8 +273,9 @@ VITS_OPS = {
 }
 
 
-def block_linear(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, z: torch.Tensor | None = None,
-                 fine: bool = False) -> torch.Tensor:
+def block_linear(
+    x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, z: torch.Tensor | None = None, fine: bool = False
+) -> torch.Tensor:
     """Definition of the CPU decode step's matmul (kernels/cpu_decode): x [M, K] @ W.T -> [M, N] float64.
 
     W is block-quantized along K in blocks of 32: w = d * (q - 8) + z (4-bit, q in 0..15) or w = d * q

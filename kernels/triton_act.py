@@ -1,6 +1,7 @@
 """Fused activations: GELU with the preceding bias add (Whisper's MLP and conv front end) and SwiGLU
 (silu(gate) * up, Llama's MLP). Inputs may be row-strided views (e.g. the two halves of a fused
 gate/up projection) and are read in place. Same signatures as kernels.reference."""
+
 from __future__ import annotations
 
 import torch
@@ -58,7 +59,15 @@ def gelu(x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     if y.numel():
         cfg = config(n)
         _gelu_kernel[(x2.shape[0], triton.cdiv(n, cfg["BLOCK"]))](
-            x2, bias.contiguous() if bias is not None else x2, y, n, x2.stride(0), y.stride(0), HAS_BIAS=bias is not None, **cfg)
+            x2,
+            bias.contiguous() if bias is not None else x2,
+            y,
+            n,
+            x2.stride(0),
+            y.stride(0),
+            HAS_BIAS=bias is not None,
+            **cfg,
+        )
     return y.view(x.shape)
 
 
@@ -71,7 +80,8 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if y.numel():
         cfg = config(n)
         _silu_mul_kernel[(g2.shape[0], triton.cdiv(n, cfg["BLOCK"]))](
-            g2, u2, y, n, g2.stride(0), u2.stride(0), y.stride(0), **cfg)
+            g2, u2, y, n, g2.stride(0), u2.stride(0), y.stride(0), **cfg
+        )
     return y.view(gate.shape)
 
 

@@ -2,6 +2,7 @@
 causal or not, grouped-query heads, any head dim up to 256 (64 and 128 in the models), any length,
 optional per-sequence key lengths. Same signature as kernels.reference.attention; single-query
 calls (decode) go to the split-K kernel in triton_decode_attention."""
+
 from __future__ import annotations
 
 import math
@@ -16,11 +17,38 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr,
-                      sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
-                      H, GROUP, Tq, Tk, D, qk_scale,
-                      CAUSAL: tl.constexpr, HAS_LENS: tl.constexpr, PRECISION: tl.constexpr,
-                      UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _attention_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    len_ptr,
+    sqb,
+    sqh,
+    sqt,
+    skb,
+    skh,
+    skt,
+    svb,
+    svh,
+    svt,
+    sob,
+    soh,
+    sot,
+    H,
+    GROUP,
+    Tq,
+    Tk,
+    D,
+    qk_scale,
+    CAUSAL: tl.constexpr,
+    HAS_LENS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     # grid (query blocks, B * H); query head h reads key/value head h // GROUP
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -32,8 +60,11 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr,
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     dm = offs_d < D
-    q = tl.load(q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :],
-                mask=(offs_m < Tq)[:, None] & dm[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :],
+        mask=(offs_m < Tq)[:, None] & dm[None, :],
+        other=0.0,
+    )
     if UPCAST:
         q = q.to(tl.float32)
     kv_len = Tk
@@ -70,8 +101,11 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr,
         acc = acc * alpha[:, None] + tl.dot(pt, vt, input_precision=PRECISION)
         m_i = m_new
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # a query that sees no key gets zeros
-    tl.store(o_ptr + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :],
-             out.to(o_ptr.dtype.element_ty), mask=(offs_m < Tq)[:, None] & dm[None, :])
+    tl.store(
+        o_ptr + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :],
+        out.to(o_ptr.dtype.element_ty),
+        mask=(offs_m < Tq)[:, None] & dm[None, :],
+    )
 
 
 def config(Tq: int, D: int, dtype: torch.dtype, hip: bool | None = None, causal: bool = False) -> dict:
@@ -114,9 +148,15 @@ def check(q, k, v, lengths):
         raise ValueError(f"attention: lengths must be [B]={B}, got {tuple(lengths.shape)}")
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-              scale: float | None = None, lengths: torch.Tensor | None = None,
-              tiles: dict | None = None) -> torch.Tensor:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    lengths: torch.Tensor | None = None,
+    tiles: dict | None = None,
+) -> torch.Tensor:
     """`tiles`: a config() to run instead of the chosen one (for tuning; `speechrt kernels`)."""
     check(q, k, v, lengths)
     B, H, Tq, D = q.shape
@@ -124,6 +164,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     scale = scale if scale is not None else 1.0 / math.sqrt(D)
     if Tq == 1:  # a single query per sequence (decode): causal masks nothing; split along the keys
         from .triton_decode_attention import decode_attention
+
         return decode_attention(q, k, v, scale=scale, lengths=lengths)
     q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -132,12 +173,36 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     if o.numel():
         cfg = tiles or config(Tq, D, q.dtype, causal=bool(causal))
         grid = (triton.cdiv(Tq, cfg["BLOCK_M"]), B * H)
-        _attention_kernel[grid](q, k, v, o, lengths if lengths is not None else q,
-                                q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-                                v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-                                H, H // Hkv, Tq, Tk, D, scale * LOG2E,
-                                CAUSAL=bool(causal), HAS_LENS=lengths is not None, PRECISION=precision(q.dtype),
-                                UPCAST=upcast(q.dtype), **cfg)
+        _attention_kernel[grid](
+            q,
+            k,
+            v,
+            o,
+            lengths if lengths is not None else q,
+            q.stride(0),
+            q.stride(1),
+            q.stride(2),
+            k.stride(0),
+            k.stride(1),
+            k.stride(2),
+            v.stride(0),
+            v.stride(1),
+            v.stride(2),
+            o.stride(0),
+            o.stride(1),
+            o.stride(2),
+            H,
+            H // Hkv,
+            Tq,
+            Tk,
+            D,
+            scale * LOG2E,
+            CAUSAL=bool(causal),
+            HAS_LENS=lengths is not None,
+            PRECISION=precision(q.dtype),
+            UPCAST=upcast(q.dtype),
+            **cfg,
+        )
     return o
 
 

@@ -4,6 +4,7 @@ sequences of different lengths. The keys are split into chunks processed by sepa
 partial outputs by their log-sum-exp. With grouped-query heads one program serves all the query heads
 of a key/value head (as a 16-row matrix product), so each cached key/value is read once per group, not
 once per query head. Semantics of kernels.reference.attention with Tq == 1."""
+
 from __future__ import annotations
 
 import math
@@ -19,10 +20,32 @@ TARGET_PROGRAMS = 256  # enough (batch * heads * splits) programs to occupy ever
 
 
 @triton.jit
-def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, len_ptr, po_ptr, plse_ptr,
-                             sqb, sqh, skb, skh, skt, svb, svh, svt,
-                             H, GROUP, Tk, D, qk_scale, SPLIT_LEN, NUM_SPLITS,
-                             HAS_LENS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _decode_attention_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    len_ptr,
+    po_ptr,
+    plse_ptr,
+    sqb,
+    sqh,
+    skb,
+    skh,
+    skt,
+    svb,
+    svh,
+    svt,
+    H,
+    GROUP,
+    Tk,
+    D,
+    qk_scale,
+    SPLIT_LEN,
+    NUM_SPLITS,
+    HAS_LENS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     # grid (B * H, NUM_SPLITS): keys [split * SPLIT_LEN, (split + 1) * SPLIT_LEN) of one (b, h)
     bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -63,11 +86,35 @@ def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, len_ptr, po_ptr, plse_ptr,
 
 
 @triton.jit
-def _decode_attention_grouped_kernel(q_ptr, k_ptr, v_ptr, len_ptr, po_ptr, plse_ptr,
-                                     sqb, sqh, skb, skh, skt, svb, svh, svt,
-                                     HKV, GROUP, Tk, D, qk_scale, SPLIT_LEN, NUM_SPLITS,
-                                     HAS_LENS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                                     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _decode_attention_grouped_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    len_ptr,
+    po_ptr,
+    plse_ptr,
+    sqb,
+    sqh,
+    skb,
+    skh,
+    skt,
+    svb,
+    svh,
+    svt,
+    HKV,
+    GROUP,
+    Tk,
+    D,
+    qk_scale,
+    SPLIT_LEN,
+    NUM_SPLITS,
+    HAS_LENS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     # grid (B * HKV, NUM_SPLITS): the GROUP query heads of key/value head hk (rows padded to BLOCK_G >= 16
     # for the matrix units) against keys [split * SPLIT_LEN, (split + 1) * SPLIT_LEN)
     bk = tl.program_id(0)
@@ -118,8 +165,9 @@ def _decode_attention_grouped_kernel(q_ptr, k_ptr, v_ptr, len_ptr, po_ptr, plse_
 
 
 @triton.jit
-def _decode_reduce_kernel(po_ptr, plse_ptr, o_ptr, H, D, sob, soh, NUM_SPLITS,
-                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def _decode_reduce_kernel(
+    po_ptr, plse_ptr, o_ptr, H, D, sob, soh, NUM_SPLITS, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr
+):
     bh = tl.program_id(0)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
@@ -147,15 +195,26 @@ def config(programs: int, Tk: int, D: int, group: int = 1, num_splits: int | Non
         num_splits = max(1, min(want, triton.cdiv(Tk, 4 * bn)))
     split_len = triton.cdiv(triton.cdiv(max(Tk, 1), num_splits), bn) * bn
     num_splits = triton.cdiv(max(Tk, 1), split_len)
-    cfg = {"BLOCK_N": bn, "BLOCK_D": bd, "SPLIT_LEN": split_len, "NUM_SPLITS": num_splits,
-           "num_warps": 4 if bd >= 128 else 2}
+    cfg = {
+        "BLOCK_N": bn,
+        "BLOCK_D": bd,
+        "SPLIT_LEN": split_len,
+        "NUM_SPLITS": num_splits,
+        "num_warps": 4 if bd >= 128 else 2,
+    }
     if group > 1:
         cfg.update(BLOCK_G=max(16, triton.next_power_of_2(group)), num_warps=4)
     return cfg
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
-                     lengths: torch.Tensor | None = None, num_splits: int | None = None) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None = None,
+    lengths: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
     """q [B, H, 1, D]; k, v [B, Hkv, Tk, D] (the cache, possibly a strided view); lengths [B] or None
     (all Tk keys valid) -> [B, H, 1, D]. `num_splits` overrides the launcher's choice (tests)."""
     B, H, Tq, D = q.shape
@@ -179,15 +238,62 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2))
     if group > 1:
         _decode_attention_grouped_kernel[(B * Hkv, ns)](
-            q, k, v, lens, part_o, part_lse, *strides, Hkv, group, Tk, D, scale * LOG2E, cfg["SPLIT_LEN"], ns,
-            HAS_LENS=lengths is not None, PRECISION=precision(q.dtype), UPCAST=upcast(q.dtype),
-            BLOCK_G=cfg["BLOCK_G"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=bd, num_warps=cfg["num_warps"])
+            q,
+            k,
+            v,
+            lens,
+            part_o,
+            part_lse,
+            *strides,
+            Hkv,
+            group,
+            Tk,
+            D,
+            scale * LOG2E,
+            cfg["SPLIT_LEN"],
+            ns,
+            HAS_LENS=lengths is not None,
+            PRECISION=precision(q.dtype),
+            UPCAST=upcast(q.dtype),
+            BLOCK_G=cfg["BLOCK_G"],
+            BLOCK_N=cfg["BLOCK_N"],
+            BLOCK_D=bd,
+            num_warps=cfg["num_warps"],
+        )
     else:
         _decode_attention_kernel[(B * H, ns)](
-            q, k, v, lens, part_o, part_lse, *strides, H, 1, Tk, D, scale * LOG2E, cfg["SPLIT_LEN"], ns,
-            HAS_LENS=lengths is not None, BLOCK_N=cfg["BLOCK_N"], BLOCK_D=bd, num_warps=cfg["num_warps"])
-    _decode_reduce_kernel[(B * H,)](part_o, part_lse, o, H, D, o.stride(0), o.stride(1), ns,
-                                    BLOCK_S=triton.next_power_of_2(ns), BLOCK_D=bd, num_warps=2)
+            q,
+            k,
+            v,
+            lens,
+            part_o,
+            part_lse,
+            *strides,
+            H,
+            1,
+            Tk,
+            D,
+            scale * LOG2E,
+            cfg["SPLIT_LEN"],
+            ns,
+            HAS_LENS=lengths is not None,
+            BLOCK_N=cfg["BLOCK_N"],
+            BLOCK_D=bd,
+            num_warps=cfg["num_warps"],
+        )
+    _decode_reduce_kernel[(B * H,)](
+        part_o,
+        part_lse,
+        o,
+        H,
+        D,
+        o.stride(0),
+        o.stride(1),
+        ns,
+        BLOCK_S=triton.next_power_of_2(ns),
+        BLOCK_D=bd,
+        num_warps=2,
+    )
     return o
 
 

@@ -2,6 +2,7 @@
 reading W is the whole cost: W streams in as int8 (a quarter of float32, half of fp16), is widened
 to x's dtype in registers, and the per-output-channel scale and the bias are applied once in the
 epilogue. Same signature as kernels.reference.linear_int8."""
+
 from __future__ import annotations
 
 import torch
@@ -12,9 +13,27 @@ from .triton_matmul import precision, upcast
 
 
 @triton.jit
-def _linear_int8_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, sxm, sxk, swn, swk, sym,
-                        HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _linear_int8_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    sxm,
+    sxk,
+    swn,
+    swk,
+    sym,
+    HAS_BIAS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -45,10 +64,20 @@ def config(M: int, N: int, K: int, dtype: torch.dtype) -> dict:
     """Decode (M <= 16): one 16-row tile, narrow column tiles so that N/32 programs stream W.
     Larger M (prefill through the same weights): wider tiles."""
     if M <= 16:
-        return {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64 if dtype == torch.float32 else 128,
-                "num_warps": 4, "num_stages": 4}
-    return {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32 if dtype == torch.float32 else 64,
-            "num_warps": 4, "num_stages": 3}
+        return {
+            "BLOCK_M": 16,
+            "BLOCK_N": 32,
+            "BLOCK_K": 64 if dtype == torch.float32 else 128,
+            "num_warps": 4,
+            "num_stages": 4,
+        }
+    return {
+        "BLOCK_M": 64,
+        "BLOCK_N": 64,
+        "BLOCK_K": 32 if dtype == torch.float32 else 64,
+        "num_warps": 4,
+        "num_stages": 3,
+    }
 
 
 def linear_int8(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
@@ -62,10 +91,25 @@ def linear_int8(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, bias
     if M and N:
         cfg = config(M, N, K, x.dtype)
         grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, cfg["BLOCK_M"]))
-        _linear_int8_kernel[grid](x2, w_int8, scale.contiguous(), bias.contiguous() if bias is not None else scale, y, M, N, K,
-                                  x2.stride(0), x2.stride(1), w_int8.stride(0), w_int8.stride(1), y.stride(0),
-                                  HAS_BIAS=bias is not None, PRECISION=precision(x.dtype),
-                                  UPCAST=upcast(x.dtype), **cfg)
+        _linear_int8_kernel[grid](
+            x2,
+            w_int8,
+            scale.contiguous(),
+            bias.contiguous() if bias is not None else scale,
+            y,
+            M,
+            N,
+            K,
+            x2.stride(0),
+            x2.stride(1),
+            w_int8.stride(0),
+            w_int8.stride(1),
+            y.stride(0),
+            HAS_BIAS=bias is not None,
+            PRECISION=precision(x.dtype),
+            UPCAST=upcast(x.dtype),
+            **cfg,
+        )
     return y.view(*x.shape[:-1], N)
 
 

@@ -1,6 +1,7 @@
 """Linear layer y = x @ W.T (+ bias) as a tiled Triton matmul with the bias fused into the epilogue.
 W is the [N, K] nn.Linear weight read in place (no transpose copy). float32 inputs use IEEE
 products (what torch does by default), 16-bit inputs the tensor cores / matrix cores."""
+
 from __future__ import annotations
 
 import os
@@ -11,9 +12,27 @@ import triton.language as tl
 
 
 @triton.jit
-def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, sxm, sxk, swn, swk, sym,
-                   HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+def _linear_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    sxm,
+    sxk,
+    swn,
+    swk,
+    sym,
+    HAS_BIAS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
     # grouped program order: GROUP_M row blocks share each column block of W while it is in L2
     pid = tl.program_id(0)
     n_m, n_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
@@ -48,13 +67,31 @@ def config(M: int, N: int, K: int, dtype: torch.dtype) -> dict:
     W; prefill: square tiles. float32 halves the K tile to keep operands in shared memory."""
     wide = dtype == torch.float32
     if M <= 16:
-        return {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64 if wide else 128, "GROUP_M": 1,
-                "num_warps": 4, "num_stages": 3}
+        return {
+            "BLOCK_M": 16,
+            "BLOCK_N": 32,
+            "BLOCK_K": 64 if wide else 128,
+            "GROUP_M": 1,
+            "num_warps": 4,
+            "num_stages": 3,
+        }
     if M <= 64:
-        return {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32 if wide else 64, "GROUP_M": 8,
-                "num_warps": 4, "num_stages": 3}
-    return {"BLOCK_M": 64 if wide else 128, "BLOCK_N": 64 if wide else 128, "BLOCK_K": 32, "GROUP_M": 8,
-            "num_warps": 4 if wide else 8, "num_stages": 3}
+        return {
+            "BLOCK_M": 64,
+            "BLOCK_N": 64,
+            "BLOCK_K": 32 if wide else 64,
+            "GROUP_M": 8,
+            "num_warps": 4,
+            "num_stages": 3,
+        }
+    return {
+        "BLOCK_M": 64 if wide else 128,
+        "BLOCK_N": 64 if wide else 128,
+        "BLOCK_K": 32,
+        "GROUP_M": 8,
+        "num_warps": 4 if wide else 8,
+        "num_stages": 3,
+    }
 
 
 def precision(dtype: torch.dtype) -> str:
@@ -79,9 +116,24 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if M and N:
         cfg = config(M, N, K, x.dtype)
         grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
-        _linear_kernel[grid](x2, weight, bias.contiguous() if bias is not None else weight, y, M, N, K,
-                             x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1), y.stride(0),
-                             HAS_BIAS=bias is not None, PRECISION=precision(x.dtype), UPCAST=upcast(x.dtype), **cfg)
+        _linear_kernel[grid](
+            x2,
+            weight,
+            bias.contiguous() if bias is not None else weight,
+            y,
+            M,
+            N,
+            K,
+            x2.stride(0),
+            x2.stride(1),
+            weight.stride(0),
+            weight.stride(1),
+            y.stride(0),
+            HAS_BIAS=bias is not None,
+            PRECISION=precision(x.dtype),
+            UPCAST=upcast(x.dtype),
+            **cfg,
+        )
     return y.view(*x.shape[:-1], N)
 
 

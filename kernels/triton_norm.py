@@ -1,5 +1,6 @@
 """LayerNorm and RMSNorm over the last dim, with the residual add fused (one read of x and residual,
 one write of the sum and of the normalized output). Same signatures as kernels.reference."""
+
 from __future__ import annotations
 
 import torch
@@ -8,8 +9,23 @@ import triton.language as tl
 
 
 @triton.jit
-def _layer_norm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, s_ptr, N, stride_x, stride_r, stride_y, stride_s, eps,
-                       HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+def _layer_norm_kernel(
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    s_ptr,
+    N,
+    stride_x,
+    stride_r,
+    stride_y,
+    stride_s,
+    eps,
+    HAS_RES: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     # one program per row of [M, N]; the whole row sits in registers (BLOCK >= N)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -31,8 +47,21 @@ def _layer_norm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, s_ptr, N, stride_x, st
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, N, stride_x, stride_r, stride_y, stride_s, eps,
-                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_norm_kernel(
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    y_ptr,
+    s_ptr,
+    N,
+    stride_x,
+    stride_r,
+    stride_y,
+    stride_s,
+    eps,
+    HAS_RES: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < N
@@ -71,9 +100,22 @@ def layer_norm(x, weight, bias, eps=1e-5, residual=None):
     s = torch.empty(x2.shape, dtype=x.dtype, device=x.device) if residual is not None else y
     if x2.shape[0]:
         _layer_norm_kernel[(x2.shape[0],)](
-            x2, r2, weight.contiguous(), bias.contiguous() if bias is not None else weight, y, s, n,
-            x2.stride(0), r2.stride(0), y.stride(0), s.stride(0), eps,
-            HAS_RES=residual is not None, HAS_BIAS=bias is not None, **config(n))
+            x2,
+            r2,
+            weight.contiguous(),
+            bias.contiguous() if bias is not None else weight,
+            y,
+            s,
+            n,
+            x2.stride(0),
+            r2.stride(0),
+            y.stride(0),
+            s.stride(0),
+            eps,
+            HAS_RES=residual is not None,
+            HAS_BIAS=bias is not None,
+            **config(n),
+        )
     y = y.view(shape)
     return (y, s.view(shape)) if residual is not None else y
 
@@ -88,8 +130,20 @@ def rms_norm(x, weight, eps=1e-6, residual=None):
     s = torch.empty(x2.shape, dtype=x.dtype, device=x.device) if residual is not None else y
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](
-            x2, r2, weight.contiguous(), y, s, n, x2.stride(0), r2.stride(0), y.stride(0), s.stride(0), eps,
-            HAS_RES=residual is not None, **config(n))
+            x2,
+            r2,
+            weight.contiguous(),
+            y,
+            s,
+            n,
+            x2.stride(0),
+            r2.stride(0),
+            y.stride(0),
+            s.stride(0),
+            eps,
+            HAS_RES=residual is not None,
+            **config(n),
+        )
     y = y.view(shape)
     return (y, s.view(shape)) if residual is not None else y
 

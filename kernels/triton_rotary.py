@@ -1,6 +1,7 @@
 """Rotary embedding (half-split NeoX layout) applied to q and k in one launch: one program per
 (batch, position) reads cos/sin once and rotates every query and key head. Same signature as
 kernels.reference.rotary; q, k may be strided views (e.g. slices of a fused qkv projection)."""
+
 from __future__ import annotations
 
 import torch
@@ -9,8 +10,9 @@ import triton.language as tl
 
 
 @triton.jit
-def _rotate(x_ptr, o_ptr, b, t, heads, HALF, sxb, sxh, sxt, sob, soh, sot, c, s,
-            BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+def _rotate(
+    x_ptr, o_ptr, b, t, heads, HALF, sxb, sxh, sxt, sob, soh, sot, c, s, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr
+):
     # rotate x[b, 0:heads, t, :] -> o, heads in chunks of BLOCK_H; c, s [BLOCK_HALF] float32
     d = tl.arange(0, BLOCK_HALF)
     for h0 in range(0, heads, BLOCK_H):
@@ -26,10 +28,36 @@ def _rotate(x_ptr, o_ptr, b, t, heads, HALF, sxb, sxh, sxt, sob, soh, sot, c, s,
 
 
 @triton.jit
-def _rotary_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, T, H, HKV, HALF,
-                   sqb, sqh, sqt, skb, skh, skt, scb, sct, ssb, sst,
-                   sqob, sqoh, sqot, skob, skoh, skot,
-                   BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+def _rotary_kernel(
+    q_ptr,
+    k_ptr,
+    cos_ptr,
+    sin_ptr,
+    qo_ptr,
+    ko_ptr,
+    T,
+    H,
+    HKV,
+    HALF,
+    sqb,
+    sqh,
+    sqt,
+    skb,
+    skh,
+    skt,
+    scb,
+    sct,
+    ssb,
+    sst,
+    sqob,
+    sqoh,
+    sqot,
+    skob,
+    skoh,
+    skot,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
     pid = tl.program_id(0)
     b = (pid // T).to(tl.int64)
     t = (pid % T).to(tl.int64)
@@ -61,11 +89,34 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     qo, ko = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
     if B * T:
         _rotary_kernel[(B * T,)](
-            q, k, cos, sin, qo, ko, T, H, Hkv, half,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            cos.stride(0), cos.stride(2), sin.stride(0), sin.stride(2),
-            qo.stride(0), qo.stride(1), qo.stride(2), ko.stride(0), ko.stride(1), ko.stride(2),
-            **config(max(H, Hkv), half))
+            q,
+            k,
+            cos,
+            sin,
+            qo,
+            ko,
+            T,
+            H,
+            Hkv,
+            half,
+            q.stride(0),
+            q.stride(1),
+            q.stride(2),
+            k.stride(0),
+            k.stride(1),
+            k.stride(2),
+            cos.stride(0),
+            cos.stride(2),
+            sin.stride(0),
+            sin.stride(2),
+            qo.stride(0),
+            qo.stride(1),
+            qo.stride(2),
+            ko.stride(0),
+            ko.stride(1),
+            ko.stride(2),
+            **config(max(H, Hkv), half),
+        )
     return qo, ko
 
 

@@ -3,6 +3,7 @@
 The mel filterbank is the Slaney-normalized one librosa builds (and openai-whisper ships precomputed);
 it is computed here in numpy so no librosa is needed.
 """
+
 from __future__ import annotations
 
 import functools
@@ -59,8 +60,11 @@ def load_audio(source, sample_rate: int = SAMPLE_RATE, source_rate: int | None =
     else:
         if source_rate is None:
             raise AudioError("an audio array needs its sample rate (source_rate=...)")
-        if isinstance(source_rate, bool) or not isinstance(source_rate, (int, float, np.integer, np.floating)) \
-                or not source_rate >= 1:
+        if (
+            isinstance(source_rate, bool)
+            or not isinstance(source_rate, (int, float, np.integer, np.floating))
+            or not source_rate >= 1
+        ):
             raise AudioError(f"invalid sample rate {source_rate!r}: give the array's samples per second (e.g. 16000)")
         data, sr = np.asarray(source), source_rate
         if data.dtype == np.int16:
@@ -93,7 +97,7 @@ def _mel_to_hz(m):
     return np.where(m >= min_log_mel, min_log_hz * np.exp(logstep * (m - min_log_mel)), f_sp * m)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def mel_filters_np(n_mels: int, sr: int = SAMPLE_RATE, n_fft: int = N_FFT) -> np.ndarray:
     """Slaney mel filterbank [n_mels, n_fft // 2 + 1] (librosa.filters.mel(sr, n_fft, n_mels))."""
     fftfreqs = np.linspace(0, sr / 2, 1 + n_fft // 2)
@@ -103,16 +107,16 @@ def mel_filters_np(n_mels: int, sr: int = SAMPLE_RATE, n_fft: int = N_FFT) -> np
     lower = -ramps[:-2] / fdiff[:-1, None]
     upper = ramps[2:] / fdiff[1:, None]
     weights = np.maximum(0, np.minimum(lower, upper))
-    weights *= (2.0 / (mel_f[2: n_mels + 2] - mel_f[:n_mels]))[:, None]
+    weights *= (2.0 / (mel_f[2 : n_mels + 2] - mel_f[:n_mels]))[:, None]
     return weights.astype(np.float32)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _filters(n_mels: int, device: str) -> torch.Tensor:
     return torch.from_numpy(mel_filters_np(n_mels)).to(device)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _window(device: str) -> torch.Tensor:
     return torch.hann_window(N_FFT, device=device)
 
@@ -138,7 +142,9 @@ def utterance_mel(audio, n_mels: int = 80, device: str | torch.device = "cpu") -
     log_mel_spectrogram(audio, padding=30 s) followed by zeros, as Whisper's transcribe builds it.
     Only N_FFT zeros are appended before the STFT: every content frame, and the maximum that sets the
     floor, come out the same (later frames see only zeros), for a tenth of the work on short turns."""
-    return pad_or_trim_frames(log_mel_spectrogram(audio, n_mels, padding=N_FFT, device=device)[:, : len(audio) // HOP_LENGTH])
+    return pad_or_trim_frames(
+        log_mel_spectrogram(audio, n_mels, padding=N_FFT, device=device)[:, : len(audio) // HOP_LENGTH]
+    )
 
 
 def pad_or_trim_frames(mel: torch.Tensor, length: int = N_FRAMES) -> torch.Tensor:

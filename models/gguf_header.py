@@ -12,6 +12,7 @@ Layout: magic "GGUF", version u32, tensor count u64, key/value count u64; per ke
 number of dims u32, dims u64 each (the contiguous one first), block type u32, data offset u64 from the
 data section, which starts at the next multiple of `general.alignment` (32 by default).
 """
+
 from __future__ import annotations
 
 import struct
@@ -27,8 +28,15 @@ SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?
 # scalar types whose arrays come back as numpy arrays read in one go
 NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
 # block types stored as plain arrays, and their numpy dtypes (the others are bytes, shaped by gguf)
-PLAIN = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8, "I16": np.int16,
-         "I32": np.int32, "I64": np.int64}
+PLAIN = {
+    "F32": np.float32,
+    "F16": np.float16,
+    "F64": np.float64,
+    "I8": np.int8,
+    "I16": np.int16,
+    "I32": np.int32,
+    "I64": np.int64,
+}
 
 
 class Unsupported(Exception):
@@ -38,7 +46,7 @@ class Unsupported(Exception):
 @dataclass(frozen=True)
 class GGUFTensor:
     name: str
-    tensor_type: "gguf.GGMLQuantizationType"  # noqa: F821
+    tensor_type: gguf.GGMLQuantizationType  # noqa: F821
     shape: tuple[int, ...]  # GGUF order: the contiguous dimension first
     data: np.ndarray  # a view of the memory map, shaped as GGUFReader shapes it
 
@@ -64,7 +72,7 @@ class _Cursor:
         end = self.pos + n
         if end > len(self.buf):
             raise ValueError(f"a string of {n} bytes runs past the end of the file")
-        s = bytes(self.buf[self.pos:end]).decode("utf-8")
+        s = bytes(self.buf[self.pos : end]).decode("utf-8")
         self.pos = end
         return s
 
@@ -132,4 +140,3 @@ def read(path: str | Path) -> GGUFHeader:
             arr = arr.reshape(quant_shape_to_byte_shape(np_dims, qtype))
         tensors.append(GGUFTensor(name, qtype, dims, arr))
     return GGUFHeader(version, metadata, tensors)
-

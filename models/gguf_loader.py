@@ -9,6 +9,7 @@ llama.cpp's converter stores the Q and K projection rows permuted so that its ro
 on interleaved (even, odd) pairs; the model here uses the half-split ("NeoX") layout of Hugging Face, so
 the permutation is undone on load — exactly what transformers does, which lets the two agree bit for bit.
 """
+
 from __future__ import annotations
 
 import threading
@@ -28,9 +29,9 @@ LLAMA_ARCHS = ("llama", "mistral", "granite", "smollm3")
 class LMFile:
     """What a loader hands the model builder. `weights` use the names of models/llama.py, float32, on CPU."""
 
-    config: "LlamaConfig"  # noqa: F821 - models.llama.LlamaConfig
+    config: LlamaConfig  # noqa: F821 - models.llama.LlamaConfig
     weights: dict[str, torch.Tensor]
-    tokenizer: "LMTokenizer"  # noqa: F821 - models.lm_text.LMTokenizer
+    tokenizer: LMTokenizer  # noqa: F821 - models.lm_text.LMTokenizer
     chat_template: str | None
     source: str
     tensor_types: dict[str, int] = field(default_factory=dict)  # quant type name -> count, for logs
@@ -39,7 +40,7 @@ class LMFile:
     q4: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
-def _supported_types() -> dict[str, "gguf.GGMLQuantizationType"]:  # noqa: F821
+def _supported_types() -> dict[str, gguf.GGMLQuantizationType]:  # noqa: F821
     import gguf
     from gguf import quants
 
@@ -81,8 +82,10 @@ def open_reader(path: Path):
         except gguf_header.Unsupported:
             return read_with_gguf(path)
     except (ValueError, IndexError, KeyError, OSError, TypeError, AssertionError, struct.error) as e:
-        raise ModelError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e}); "
-                         "expected a GGUF v2/v3 file as written by llama.cpp's converters") from None
+        raise ModelError(
+            f"{path}: not a readable GGUF file ({type(e).__name__}: {e}); "
+            "expected a GGUF v2/v3 file as written by llama.cpp's converters"
+        ) from None
 
 
 def read_with_gguf(path: Path):
@@ -121,8 +124,10 @@ def _dequantize(t, ok: dict) -> torch.Tensor:
 
     name = t.tensor_type.name
     if name not in ok:
-        raise ModelError(f"tensor {t.name!r} has GGUF type {name}, which this loader cannot dequantize; "
-                         f"supported types: {', '.join(sorted(ok))}")
+        raise ModelError(
+            f"tensor {t.name!r} has GGUF type {name}, which this loader cannot dequantize; "
+            f"supported types: {', '.join(sorted(ok))}"
+        )
     shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists ne0 (the contiguous dim) first
     try:
         arr = quants.dequantize(t.data, t.tensor_type)
@@ -173,8 +178,10 @@ def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
     md = reader.metadata
     arch = md.get("general.architecture")
     if arch not in LLAMA_ARCHS:
-        raise ModelError(f"{path}: GGUF architecture {arch!r} is not supported by the Llama model; "
-                         f"supported architectures: {', '.join(LLAMA_ARCHS)}")
+        raise ModelError(
+            f"{path}: GGUF architecture {arch!r} is not supported by the Llama model; "
+            f"supported architectures: {', '.join(LLAMA_ARCHS)}"
+        )
     a = arch
     n_heads = _num(md, f"{a}.attention.head_count")
     dim = _num(md, f"{a}.embedding_length")
@@ -183,14 +190,18 @@ def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
     head_dim = _num(md, f"{a}.attention.key_length", dim // n_heads)
     rope_dim = _num(md, f"{a}.rope.dimension_count", head_dim)
     if rope_dim != head_dim:
-        raise ModelError(f"{path}: partial rotary (rope.dimension_count={rope_dim}, head dim {head_dim}) is not supported")
+        raise ModelError(
+            f"{path}: partial rotary (rope.dimension_count={rope_dim}, head dim {head_dim}) is not supported"
+        )
     stype = md.get(f"{a}.rope.scaling.type", "none")
     scaling = None
     if stype == "linear":
         scaling = RopeScaling("linear", float(md[f"{a}.rope.scaling.factor"]))
     elif stype not in ("none", "", None):
-        raise ModelError(f"{path}: rope scaling type {stype!r} is not supported; supported: none, linear, "
-                         "and per-frequency factors (rope_freqs.weight, as Llama 3.1 files carry)")
+        raise ModelError(
+            f"{path}: rope scaling type {stype!r} is not supported; supported: none, linear, "
+            "and per-frequency factors (rope_freqs.weight, as Llama 3.1 files carry)"
+        )
     cfg = LlamaConfig(
         vocab_size=vocab,
         dim=dim,
@@ -210,10 +221,23 @@ def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
         cfg = cfg.replace(n_layers=n_layers)
 
     ok = _supported_types()
-    names = {"token_embd.weight": "tok_embeddings", "output_norm.weight": "norm", "output.weight": "output",
-             "rope_freqs.weight": "rope_freqs"}
-    per_layer = {"attn_norm": "attn_norm", "attn_q": "wq", "attn_k": "wk", "attn_v": "wv", "attn_output": "wo",
-                 "ffn_norm": "ffn_norm", "ffn_gate": "w_gate", "ffn_up": "w_up", "ffn_down": "w_down"}
+    names = {
+        "token_embd.weight": "tok_embeddings",
+        "output_norm.weight": "norm",
+        "output.weight": "output",
+        "rope_freqs.weight": "rope_freqs",
+    }
+    per_layer = {
+        "attn_norm": "attn_norm",
+        "attn_q": "wq",
+        "attn_k": "wk",
+        "attn_v": "wv",
+        "attn_output": "wo",
+        "ffn_norm": "ffn_norm",
+        "ffn_gate": "w_gate",
+        "ffn_up": "w_up",
+        "ffn_down": "w_down",
+    }
     weights: dict[str, torch.Tensor] = {}
     q4s: dict[str, tuple] = {}
     types: dict[str, int] = {}
@@ -226,14 +250,19 @@ def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
             if int(i) >= n_layers:
                 continue
             if part not in per_layer or not rest.endswith(".weight"):
-                raise ModelError(f"{path}: tensor {tname!r} is not part of the Llama architecture "
-                                 "(biases and extra blocks are not supported)")
+                raise ModelError(
+                    f"{path}: tensor {tname!r} is not part of the Llama architecture "
+                    "(biases and extra blocks are not supported)"
+                )
             key = f"layers.{i}.{per_layer[part]}"
         else:
             raise ModelError(f"{path}: unexpected tensor {tname!r} for a Llama-family model")
         w = _dequantize(t, ok)
-        q4 = (_q4_blocks(t, w.shape) if t.tensor_type.name in ("Q4_0", "Q4_1") and key.startswith("layers.")
-              and w.ndim == 2 else None)  # (the embedding is gathered from, and the head stays int8)
+        q4 = (
+            _q4_blocks(t, w.shape)
+            if t.tensor_type.name in ("Q4_0", "Q4_1") and key.startswith("layers.") and w.ndim == 2
+            else None
+        )  # (the embedding is gathered from, and the head stays int8)
         if key.endswith(".wq") or key.endswith(".wk"):
             n = cfg.n_heads if key.endswith(".wq") else cfg.n_kv_heads
             w = _unpermute(w, n)
@@ -244,8 +273,9 @@ def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
             q4s[key] = q4
         types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
     if "rope_freqs" in weights:
-        cfg = cfg.replace(rope_scaling=RopeScaling("freq_factors", 1.0,
-                                                   freq_factors=tuple(weights.pop("rope_freqs").tolist())))
+        cfg = cfg.replace(
+            rope_scaling=RopeScaling("freq_factors", 1.0, freq_factors=tuple(weights.pop("rope_freqs").tolist()))
+        )
     tok = LMTokenizer.from_gguf_metadata(md, path)
     return LMFile(cfg, weights, tok, md.get("tokenizer.chat_template"), str(path), types, q4s)
 
@@ -256,5 +286,6 @@ def load_lm(model) -> LMFile:
         return load(model.path)
     if model.format == "hf-llama":
         from . import hf_llama
+
         return hf_llama.load(model.path)
     raise ModelError(f"{model.path}: format {model.format!r} is not a language-model format; valid: gguf, hf-llama")

@@ -3,6 +3,7 @@
 Weights keep transformers' rotary layout (no permutation); they are read with `safetensors` and cast to
 float32 on the CPU, like the GGUF loader's output, and named as models/llama.py expects.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,10 +14,17 @@ import torch
 from .gguf_loader import LMFile
 from .registry import ModelError
 
-_LAYER = {"input_layernorm.weight": "attn_norm", "self_attn.q_proj.weight": "wq", "self_attn.k_proj.weight": "wk",
-          "self_attn.v_proj.weight": "wv", "self_attn.o_proj.weight": "wo",
-          "post_attention_layernorm.weight": "ffn_norm", "mlp.gate_proj.weight": "w_gate",
-          "mlp.up_proj.weight": "w_up", "mlp.down_proj.weight": "w_down"}
+_LAYER = {
+    "input_layernorm.weight": "attn_norm",
+    "self_attn.q_proj.weight": "wq",
+    "self_attn.k_proj.weight": "wk",
+    "self_attn.v_proj.weight": "wv",
+    "self_attn.o_proj.weight": "wo",
+    "post_attention_layernorm.weight": "ffn_norm",
+    "mlp.gate_proj.weight": "w_gate",
+    "mlp.up_proj.weight": "w_up",
+    "mlp.down_proj.weight": "w_down",
+}
 _IGNORED = ("rotary_emb.inv_freq",)
 
 
@@ -27,6 +35,7 @@ def config_from_hf(conf: dict, where: Path):
         if k not in conf:
             raise ModelError(f"{where}/config.json lacks {k!r}")
         return conf[k]
+
     rp = conf.get("rope_scaling") or conf.get("rope_parameters") or {}
     theta = conf.get("rope_theta", rp.get("rope_theta", 10000.0))
     kind = rp.get("rope_type", rp.get("type", "default"))
@@ -34,9 +43,13 @@ def config_from_hf(conf: dict, where: Path):
     if kind == "linear":
         scaling = RopeScaling("linear", float(rp["factor"]))
     elif kind == "llama3":
-        scaling = RopeScaling("llama3", float(rp["factor"]), low_freq_factor=float(rp["low_freq_factor"]),
-                              high_freq_factor=float(rp["high_freq_factor"]),
-                              original_max_seq_len=int(rp["original_max_position_embeddings"]))
+        scaling = RopeScaling(
+            "llama3",
+            float(rp["factor"]),
+            low_freq_factor=float(rp["low_freq_factor"]),
+            high_freq_factor=float(rp["high_freq_factor"]),
+            original_max_seq_len=int(rp["original_max_position_embeddings"]),
+        )
     elif kind not in ("default", None):
         raise ModelError(f"{where}: rope scaling {kind!r} is not supported; supported: default, linear, llama3")
     if conf.get("attention_bias") or conf.get("mlp_bias"):
@@ -45,12 +58,19 @@ def config_from_hf(conf: dict, where: Path):
         raise ModelError(f"{where}: hidden_act {conf['hidden_act']!r} is not supported; supported: silu")
     n_heads = need("num_attention_heads")
     return LlamaConfig(
-        vocab_size=need("vocab_size"), dim=need("hidden_size"), n_layers=need("num_hidden_layers"),
-        n_heads=n_heads, n_kv_heads=conf.get("num_key_value_heads") or n_heads,
-        hidden_dim=need("intermediate_size"), head_dim=conf.get("head_dim") or 0,
-        norm_eps=float(conf.get("rms_norm_eps", 1e-6)), rope_theta=float(theta), rope_scaling=scaling,
+        vocab_size=need("vocab_size"),
+        dim=need("hidden_size"),
+        n_layers=need("num_hidden_layers"),
+        n_heads=n_heads,
+        n_kv_heads=conf.get("num_key_value_heads") or n_heads,
+        hidden_dim=need("intermediate_size"),
+        head_dim=conf.get("head_dim") or 0,
+        norm_eps=float(conf.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(theta),
+        rope_scaling=scaling,
         max_seq_len=int(conf.get("max_position_embeddings", 2048)),
-        tie_embeddings=bool(conf.get("tie_word_embeddings", False)))
+        tie_embeddings=bool(conf.get("tie_word_embeddings", False)),
+    )
 
 
 def load(d: str | Path) -> LMFile:

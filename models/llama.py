@@ -12,6 +12,7 @@ matrix each, so a decode step is four matmuls per layer.
 The KV cache is preallocated: [layers, slots, Hkv, max_seq, D] for keys and values, addressed by slot, so
 sequences of different lengths share one batch (continuous batching by a scheduler that owns the slots).
 """
+
 from __future__ import annotations
 
 import math
@@ -56,11 +57,13 @@ class LlamaConfig:
             if getattr(self, k) <= 0:
                 raise ValueError(f"LlamaConfig.{k} must be positive, got {getattr(self, k)}")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"LlamaConfig: n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+            raise ValueError(
+                f"LlamaConfig: n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})"
+            )
         if self.head_dim % 2:
             raise ValueError(f"LlamaConfig: head_dim must be even for rotary embedding, got {self.head_dim}")
 
-    def replace(self, **kw) -> "LlamaConfig":
+    def replace(self, **kw) -> LlamaConfig:
         return replace(self, **kw)
 
 
@@ -125,8 +128,15 @@ DENSE_MIN_ROWS = 16  # inputs with at least this many rows (prefill) take the de
 class Linear(nn.Module):
     """y = x @ W.T with W stored as `fmt` (see WEIGHT_FORMATS); the op comes from the kernel set."""
 
-    def __init__(self, ops, weight: torch.Tensor | list[torch.Tensor], fmt: str, device: torch.device, q4=None,
-                 dense: torch.dtype | None = None):
+    def __init__(
+        self,
+        ops,
+        weight: torch.Tensor | list[torch.Tensor],
+        fmt: str,
+        device: torch.device,
+        q4=None,
+        dense: torch.dtype | None = None,
+    ):
         """weight [N, K] float, or a list of them to fuse along N. q4: the file's own 4-bit blocks
         (q, scale, zero) for this weight, used by fmt 'int4'; with fmt 'int4' and no blocks,
         `q4='quantize'` quantizes the float weight, None falls back to int8.
@@ -187,8 +197,17 @@ class Linear(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: LlamaConfig, ops, w: dict, fmt: str, device, adtype, q4: dict | str | None = None,
-                 dense: torch.dtype | None = None):
+    def __init__(
+        self,
+        cfg: LlamaConfig,
+        ops,
+        w: dict,
+        fmt: str,
+        device,
+        adtype,
+        q4: dict | str | None = None,
+        dense: torch.dtype | None = None,
+    ):
         super().__init__()
         self.ops, self.cfg = ops, cfg
         self.attn_norm = nn.Parameter(w["attn_norm"].to(device, adtype), requires_grad=False)
@@ -200,6 +219,7 @@ class Block(nn.Module):
             if all(n in q4 for n in names):
                 return tuple(torch.cat([q4[n][i] for n in names]) for i in range(3))
             return None
+
         # fused projections: [(H + 2 Hkv) * D, dim] and [2 * hidden, dim]
         self.wqkv = Linear(ops, [w["wq"], w["wk"], w["wv"]], fmt, device, blocks("wq", "wk", "wv"), dense)
         self.wo = Linear(ops, w["wo"], fmt, device, blocks("wo"), dense)
@@ -270,16 +290,27 @@ def contiguous(slots: list[int]) -> bool:
 
 
 class Llama(nn.Module):
-    def __init__(self, cfg: LlamaConfig, weights: dict[str, torch.Tensor], ops, device: torch.device,
-                 weight_format: str = "float32", q4: dict | None = None, dense_prefill: torch.dtype | None = None):
+    def __init__(
+        self,
+        cfg: LlamaConfig,
+        weights: dict[str, torch.Tensor],
+        ops,
+        device: torch.device,
+        weight_format: str = "float32",
+        q4: dict | None = None,
+        dense_prefill: torch.dtype | None = None,
+    ):
         """weights: float tensors named as models.gguf_loader produces them; q4: the file's 4-bit blocks
         (gguf_loader.LMFile.q4) for weight_format 'int4' — without any, int4 quantizes the float weights.
         dense_prefill (int4 / int8): the blocks' weights also in this dtype for prompts (see Linear)."""
         super().__init__()
         if weight_format not in WEIGHT_FORMATS:
             raise ValueError(f"unknown weight format {weight_format!r}; valid: {', '.join(WEIGHT_FORMATS)}")
-        need = ["tok_embeddings", "norm"] + [f"layers.{i}.{n}" for i in range(cfg.n_layers) for n in
-                                              ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")]
+        need = ["tok_embeddings", "norm"] + [
+            f"layers.{i}.{n}"
+            for i in range(cfg.n_layers)
+            for n in ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
+        ]
         if not cfg.tie_embeddings:
             need.append("output")
         missing = [n for n in need if n not in weights]
@@ -296,10 +327,20 @@ class Llama(nn.Module):
 
         def layer_q4(i):
             return q4 if isinstance(q4, str) else {n: q4[f"layers.{i}.{n}"] for n in names if f"layers.{i}.{n}" in q4}
+
         self.layers = nn.ModuleList(
-            Block(cfg, ops, {n: weights[f"layers.{i}.{n}"] for n in names}, weight_format, device, self.dtype,
-                  layer_q4(i), dense_prefill)
-            for i in range(cfg.n_layers))
+            Block(
+                cfg,
+                ops,
+                {n: weights[f"layers.{i}.{n}"] for n in names},
+                weight_format,
+                device,
+                self.dtype,
+                layer_q4(i),
+                dense_prefill,
+            )
+            for i in range(cfg.n_layers)
+        )
         self.norm = nn.Parameter(weights["norm"].to(device, self.dtype), requires_grad=False)
         self.output = Linear(ops, weights["tok_embeddings" if cfg.tie_embeddings else "output"], weight_format, device)
         cos, sin = rope_tables(cfg)
@@ -311,8 +352,11 @@ class Llama(nn.Module):
         if max_seq > cfg.max_seq_len:
             raise ValueError(f"max_seq {max_seq} exceeds the model's context length {cfg.max_seq_len}")
         shape = (cfg.n_layers, max_batch, cfg.n_kv_heads, max_seq, cfg.head_dim)
-        return KVCache(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                       torch.zeros(shape, dtype=self.dtype, device=self.device), [0] * max_batch)
+        return KVCache(
+            torch.zeros(shape, dtype=self.dtype, device=self.device),
+            torch.zeros(shape, dtype=self.dtype, device=self.device),
+            [0] * max_batch,
+        )
 
     def _run(self, h, cos, sin, cache, write, read, lengths):
         residual = None
@@ -321,8 +365,9 @@ class Llama(nn.Module):
         h = self.ops.rms_norm(h, self.norm, self.cfg.norm_eps, residual=residual)[0]
         return self.output(h).float()
 
-    def prefill(self, cache: KVCache, slot: int, tokens: torch.Tensor, start: int = 0,
-                all_logits: bool = False) -> torch.Tensor:
+    def prefill(
+        self, cache: KVCache, slot: int, tokens: torch.Tensor, start: int = 0, all_logits: bool = False
+    ) -> torch.Tensor:
         """tokens [T] into `slot` at positions start..start+T-1 -> logits [vocab] float32 of the last
         position (or [T, vocab] with all_logits). Earlier positions of the slot must already be cached."""
         T = tokens.shape[0]
@@ -336,7 +381,7 @@ class Llama(nn.Module):
             c[slot, :, start:end] = x[0]
 
         def read(c):
-            return c[slot:slot + 1, :, :end]
+            return c[slot : slot + 1, :, :end]
 
         if not all_logits:
             # only the last position's logits are needed: run the head on one row
@@ -358,8 +403,10 @@ class Llama(nn.Module):
         N, lens = len(prompts), [int(p.shape[0]) for p in prompts]
         T = max(lens)
         if min(lens) < 1 or T > cache.max_seq or s0 < 0 or s0 + N > cache.max_batch:
-            raise ValueError(f"prompts of {min(lens)}..{T} tokens into slots {s0}..{s0 + N - 1} do not fit the "
-                             f"cache ({cache.max_batch} slots of {cache.max_seq} positions)")
+            raise ValueError(
+                f"prompts of {min(lens)}..{T} tokens into slots {s0}..{s0 + N - 1} do not fit the "
+                f"cache ({cache.max_batch} slots of {cache.max_seq} positions)"
+            )
         tokens = torch.nn.utils.rnn.pad_sequence([p.to(self.device) for p in prompts], batch_first=True)
         sl = slice(s0, s0 + N)
 
@@ -373,8 +420,9 @@ class Llama(nn.Module):
         cache.lengths[sl] = lens
         return logits
 
-    def prefill_rows(self, cache: KVCache, rows: torch.Tensor, tokens: torch.Tensor,
-                     last: torch.Tensor) -> torch.Tensor:
+    def prefill_rows(
+        self, cache: KVCache, rows: torch.Tensor, tokens: torch.Tensor, last: torch.Tensor
+    ) -> torch.Tensor:
         """Right-padded prompts tokens [N, T] into the slots `rows` [N] from position 0 -> logits [N, vocab]
         float32 at the positions `last` [N] (each prompt's length - 1). All three are device tensors and
         nothing is read on the host: with T fixed (a bucket the prompts are padded to), what a CUDA graph
@@ -386,6 +434,7 @@ class Llama(nn.Module):
 
         def read(c):
             return c[rows, :, :T]
+
         return self._prefill_batch(cache, tokens, last, write, read)
 
     def _prefill_batch(self, cache, tokens, last, write, read):
@@ -396,8 +445,9 @@ class Llama(nn.Module):
         for i, layer in enumerate(self.layers):
             h, residual = layer(h, residual, cos, sin, cache.k[i], cache.v[i], write, read, None)
         at = torch.arange(N, device=self.device)
-        h = self.ops.rms_norm(h[at, last][:, None], self.norm, self.cfg.norm_eps,
-                              residual=residual[at, last][:, None])[0]
+        h = self.ops.rms_norm(h[at, last][:, None], self.norm, self.cfg.norm_eps, residual=residual[at, last][:, None])[
+            0
+        ]
         return self.output(h).float()[:, 0]
 
     def decode_step(self, cache: KVCache, slots: list[int], tokens: torch.Tensor) -> torch.Tensor:
@@ -413,14 +463,15 @@ class Llama(nn.Module):
             h = self.tok_embeddings[tokens][:, None]  # [N, 1, dim]
             if N == 1:
                 p = pos_host[0]
-                cos, sin = self.cos[p:p + 1][None, None], self.sin[p:p + 1][None, None]
+                cos, sin = self.cos[p : p + 1][None, None], self.sin[p : p + 1][None, None]
                 s = slots[0]
 
                 def write(c, x):  # x [1, Hkv, 1, D]
                     c[s, :, p] = x[0, :, 0]
 
                 def read(c):
-                    return c[s:s + 1, :, :tk]
+                    return c[s : s + 1, :, :tk]
+
                 lengths = None
             else:
                 pos = torch.tensor(pos_host, device=dev)
@@ -432,6 +483,7 @@ class Llama(nn.Module):
 
                 def read(c):
                     return c[idx, :, :tk]
+
                 lengths = pos + 1
             logits = self._run(h, cos, sin, cache, write, read, lengths)[:, 0]
         cache.advance(slots, pos_host)
@@ -453,4 +505,5 @@ class Llama(nn.Module):
 
         def read(c):
             return c[sl, :, :tk]
+
         return self._run(h, cos, sin, cache, write, read, pos + 1)[:, 0]

@@ -6,6 +6,7 @@ directory, its `tokenizer.json`. The chat template is the Jinja source stored wi
 (`tokenizer.chat_template`, or `chat_template` in tokenizer_config.json), rendered the way transformers
 renders it (sandboxed, trim_blocks + lstrip_blocks, `raise_exception`, `tojson`, `strftime_now`).
 """
+
 from __future__ import annotations
 
 import codecs
@@ -16,16 +17,33 @@ from pathlib import Path
 from .registry import ModelError
 
 # control tokens that end an assistant turn, in the vocabularies of common chat models
-END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<|end|>", "</s>", "<end_of_turn>",
-               "<|eom_id|>")
+END_OF_TURN = (
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|end_of_text|>",
+    "<|endoftext|>",
+    "<|end|>",
+    "</s>",
+    "<end_of_turn>",
+    "<|eom_id|>",
+)
 
 # GGUF `tokenizer.ggml.pre` -> split regex applied before the byte-level step (llama.cpp's llama-vocab.cpp).
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-PRE_SPLITS = {"llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT,
-              "smaug-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+PRE_SPLITS = {
+    "llama3": _LLAMA3_SPLIT,
+    "llama-v3": _LLAMA3_SPLIT,
+    "llama-bpe": _LLAMA3_SPLIT,
+    "smaug-bpe": _LLAMA3_SPLIT,
+    "qwen2": _QWEN2_SPLIT,
+}
 # pre-tokenizers that isolate every digit before the GPT-2 regex (SmolLM's "smollm", StarCoder's)
 DIGIT_PRES = ("smollm", "starcoder", "refact")
 
@@ -48,8 +66,9 @@ class LMTokenizer:
     """Byte-level BPE tokenizer. Special (control) tokens written in text are matched whole by `encode`
     (chat templates rely on that) and are left out of decoded text."""
 
-    def __init__(self, tok, bos_id: int | None, eos_id: int | None, add_bos: bool, special_ids: set[int],
-                 byte_level: bool = True):
+    def __init__(
+        self, tok, bos_id: int | None, eos_id: int | None, add_bos: bool, special_ids: set[int], byte_level: bool = True
+    ):
         self._tok = tok  # tokenizers.Tokenizer
         self.bos_id, self.eos_id, self.add_bos = bos_id, eos_id, add_bos
         self.special_ids = frozenset(special_ids)
@@ -59,7 +78,7 @@ class LMTokenizer:
 
     # --- construction ------------------------------------------------------------------------------------
     @classmethod
-    def from_gguf_metadata(cls, md: dict, source: Path | str = "GGUF") -> "LMTokenizer":
+    def from_gguf_metadata(cls, md: dict, source: Path | str = "GGUF") -> LMTokenizer:
         from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
         kind = md.get("tokenizer.ggml.model")
@@ -95,11 +114,12 @@ class LMTokenizer:
         def tid(key):
             v = md.get(key)
             return int(v) if v is not None else None
+
         add_bos = bool(md.get("tokenizer.ggml.add_bos_token", False))
         return cls(tok, tid("tokenizer.ggml.bos_token_id"), tid("tokenizer.ggml.eos_token_id"), add_bos, set(special))
 
     @classmethod
-    def from_hf_dir(cls, d: Path) -> tuple["LMTokenizer", str | None]:
+    def from_hf_dir(cls, d: Path) -> tuple[LMTokenizer, str | None]:
         """(tokenizer, chat template) of a Hugging Face model directory."""
         from tokenizers import Tokenizer
 
@@ -123,6 +143,7 @@ class LMTokenizer:
             if isinstance(v, dict):
                 v = v.get("content")
             return tok.token_to_id(v) if v else None
+
         special = {i for i, at in tok.get_added_tokens_decoder().items() if at.special}
         gen = {}
         if (d / "generation_config.json").exists():
@@ -135,16 +156,23 @@ class LMTokenizer:
     def save(self, directory: Path) -> dict:
         """Write tokenizer.json into `directory` -> the other facts `load` needs (JSON-serializable)."""
         self._tok.save(str(Path(directory) / "tokenizer.json"))
-        return {"bos_id": self.bos_id, "eos_id": self.eos_id, "add_bos": self.add_bos,
-                "special_ids": sorted(self.special_ids), "byte_level": self.byte_level}
+        return {
+            "bos_id": self.bos_id,
+            "eos_id": self.eos_id,
+            "add_bos": self.add_bos,
+            "special_ids": sorted(self.special_ids),
+            "byte_level": self.byte_level,
+        }
 
     @classmethod
-    def load(cls, directory: Path, facts: dict) -> "LMTokenizer":
+    def load(cls, directory: Path, facts: dict) -> LMTokenizer:
         """The tokenizer `save` wrote into `directory`."""
         from tokenizers import Tokenizer
 
         tok = Tokenizer.from_file(str(Path(directory) / "tokenizer.json"))
-        return cls(tok, facts["bos_id"], facts["eos_id"], facts["add_bos"], set(facts["special_ids"]), facts["byte_level"])
+        return cls(
+            tok, facts["bos_id"], facts["eos_id"], facts["add_bos"], set(facts["special_ids"]), facts["byte_level"]
+        )
 
     # --- use -----------------------------------------------------------------------------------------------
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
@@ -220,6 +248,7 @@ class ChatTemplate:
 
         def strftime_now(fmt):
             from datetime import datetime
+
             return datetime.now().strftime(fmt)
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
@@ -234,8 +263,13 @@ class ChatTemplate:
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True, **kw) -> str:
         check_messages(messages)
-        return self._t.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                              bos_token=self.bos_token, eos_token=self.eos_token, **kw)
+        return self._t.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+            **kw,
+        )
 
 
 ROLES = ("system", "user", "assistant", "tool")

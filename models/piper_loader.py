@@ -15,6 +15,7 @@ Hyper-parameters come from tensor shapes and from the Conv nodes' attributes (di
 Piper voice loads (x_low to high, single or multi speaker), not only the default. `SynthesisOptions` are the
 per-call controls, their defaults taken from the voice config.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,7 +52,7 @@ class VoiceConfig:
     name: str = ""
 
     @staticmethod
-    def from_file(path: Path) -> "VoiceConfig":
+    def from_file(path: Path) -> VoiceConfig:
         path = Path(path)
         try:
             d = json.loads(path.read_text(encoding="utf-8"))
@@ -59,26 +60,37 @@ class VoiceConfig:
             raise ModelError(f"{path}: missing; a Piper voice is a .onnx file with its .onnx.json beside it") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ModelError(f"{path}: not a Piper voice config (invalid JSON: {e})") from None
-        need = {"audio.sample_rate": d.get("audio", {}).get("sample_rate") if isinstance(d, dict) else None,
-                "phoneme_id_map": d.get("phoneme_id_map") if isinstance(d, dict) else None,
-                "num_symbols": d.get("num_symbols") if isinstance(d, dict) else None}
+        need = {
+            "audio.sample_rate": d.get("audio", {}).get("sample_rate") if isinstance(d, dict) else None,
+            "phoneme_id_map": d.get("phoneme_id_map") if isinstance(d, dict) else None,
+            "num_symbols": d.get("num_symbols") if isinstance(d, dict) else None,
+        }
         missing = [k for k, v in need.items() if v is None]
         if missing:
-            raise ModelError(f"{path}: not a Piper voice config (missing {', '.join(missing)}; a Piper .onnx.json "
-                             "has audio.sample_rate, espeak.voice, phoneme_id_map, num_symbols, num_speakers)")
+            raise ModelError(
+                f"{path}: not a Piper voice config (missing {', '.join(missing)}; a Piper .onnx.json "
+                "has audio.sample_rate, espeak.voice, phoneme_id_map, num_symbols, num_speakers)"
+            )
         inf = d.get("inference", {})
         ptype = d.get("phoneme_type", "espeak")
         if ptype not in ("espeak", "text"):
             raise ModelError(f"{path}: phoneme_type {ptype!r} is not supported; supported: espeak, text")
         return VoiceConfig(
-            sample_rate=int(d["audio"]["sample_rate"]), espeak_voice=d.get("espeak", {}).get("voice", "en-us"),
-            phoneme_type=ptype, phoneme_id_map={k: list(v) for k, v in d["phoneme_id_map"].items()},
-            num_symbols=int(d["num_symbols"]), num_speakers=int(d.get("num_speakers", 1)),
-            speaker_id_map=dict(d.get("speaker_id_map", {})), noise_scale=float(inf.get("noise_scale", 0.667)),
-            length_scale=float(inf.get("length_scale", 1.0)), noise_w=float(inf.get("noise_w", 0.8)),
+            sample_rate=int(d["audio"]["sample_rate"]),
+            espeak_voice=d.get("espeak", {}).get("voice", "en-us"),
+            phoneme_type=ptype,
+            phoneme_id_map={k: list(v) for k, v in d["phoneme_id_map"].items()},
+            num_symbols=int(d["num_symbols"]),
+            num_speakers=int(d.get("num_speakers", 1)),
+            speaker_id_map=dict(d.get("speaker_id_map", {})),
+            noise_scale=float(inf.get("noise_scale", 0.667)),
+            length_scale=float(inf.get("length_scale", 1.0)),
+            noise_w=float(inf.get("noise_w", 0.8)),
             hop_length=int(d.get("hop_length", 256)),
             vowel_clusters=frozenset(tuple(v) for v in d.get("vowel_clusters", []) or []),
-            language=d.get("language", {}).get("code", ""), name=path.name.removesuffix(".onnx.json"))
+            language=d.get("language", {}).get("code", ""),
+            name=path.name.removesuffix(".onnx.json"),
+        )
 
 
 @dataclass(frozen=True)
@@ -103,14 +115,16 @@ class SynthesisOptions:
         if self.speaker_id is not None and (not isinstance(self.speaker_id, int) or self.speaker_id < 0):
             raise UserError(f"speaker_id must be a non-negative integer, got {self.speaker_id!r}")
         if not (1 <= self.first_chunk_frames <= self.max_chunk_frames):
-            raise UserError(f"need 1 <= first_chunk_frames <= max_chunk_frames, got "
-                            f"{self.first_chunk_frames}, {self.max_chunk_frames}")
+            raise UserError(
+                f"need 1 <= first_chunk_frames <= max_chunk_frames, got "
+                f"{self.first_chunk_frames}, {self.max_chunk_frames}"
+            )
         if self.crossfade < 0:
             raise UserError(f"crossfade must be >= 0 samples, got {self.crossfade}")
         if not (0.0 <= self.sentence_silence <= 10.0):
             raise UserError(f"sentence_silence must be in [0, 10] seconds, got {self.sentence_silence}")
 
-    def resolved(self, voice) -> "SynthesisOptions":
+    def resolved(self, voice) -> SynthesisOptions:
         """Defaults filled from the voice; speaker id checked against it."""
         sid = self.speaker_id
         if voice.num_speakers <= 1:
@@ -118,11 +132,16 @@ class SynthesisOptions:
                 raise UserError(f"voice {voice.name!r} has a single speaker; speaker_id {sid} is not valid")
             sid = None
         elif sid is not None and sid >= voice.num_speakers:
-            raise UserError(f"speaker_id {sid} out of range: voice {voice.name!r} has speakers 0..{voice.num_speakers - 1}")
-        return replace(self, speaker_id=sid,
-                       length_scale=voice.length_scale if self.length_scale is None else self.length_scale,
-                       noise_scale=voice.noise_scale if self.noise_scale is None else self.noise_scale,
-                       noise_w=voice.noise_w if self.noise_w is None else self.noise_w)
+            raise UserError(
+                f"speaker_id {sid} out of range: voice {voice.name!r} has speakers 0..{voice.num_speakers - 1}"
+            )
+        return replace(
+            self,
+            speaker_id=sid,
+            length_scale=voice.length_scale if self.length_scale is None else self.length_scale,
+            noise_scale=voice.noise_scale if self.noise_scale is None else self.noise_scale,
+            noise_w=voice.noise_w if self.noise_w is None else self.noise_w,
+        )
 
 
 def voice_paths(path: Path) -> tuple[Path, Path]:
@@ -173,8 +192,11 @@ def read_onnx_weights(path_or_model) -> OnnxWeights:
                 consumers[name].append((n, i))
         if n.op_type in ("Conv", "ConvTranspose") and n.name.startswith("/"):
             mod = ".".join(n.name.strip("/").split("/")[:-1])
-            conv_attrs[mod] = {a.name: list(onnx.helper.get_attribute_value(a)) for a in n.attribute
-                               if a.type == onnx.AttributeProto.INTS}
+            conv_attrs[mod] = {
+                a.name: list(onnx.helper.get_attribute_value(a))
+                for a in n.attribute
+                if a.type == onnx.AttributeProto.INTS
+            }
 
     state = {}
     for name, t in inits.items():
@@ -215,13 +237,21 @@ def _count(state, pattern: str) -> int:
 def config_from_weights(w: OnnxWeights, n_vocab_hint: int | None = None) -> VitsConfig:
     """VitsConfig from tensor shapes and Conv attributes; raises ModelError if this is not a Piper VITS graph."""
     s, attrs = w.state, w.conv_attrs
-    need = ["enc_p.emb.weight", "enc_p.proj.weight", "enc_p.encoder.attn_layers.0.emb_rel_k",
-            "enc_p.encoder.ffn_layers.0.conv_1.weight", "flow.flows.0.pre.weight", "dec.conv_pre.weight",
-            "dec.ups.0.weight"]
+    need = [
+        "enc_p.emb.weight",
+        "enc_p.proj.weight",
+        "enc_p.encoder.attn_layers.0.emb_rel_k",
+        "enc_p.encoder.ffn_layers.0.conv_1.weight",
+        "flow.flows.0.pre.weight",
+        "dec.conv_pre.weight",
+        "dec.ups.0.weight",
+    ]
     missing = [k for k in need if k not in s]
     if missing:
-        raise ModelError(f"not a Piper VITS voice: the ONNX graph has no {', '.join(missing)} "
-                         "(a Piper voice is the ONNX export of piper's SynthesizerTrn)")
+        raise ModelError(
+            f"not a Piper VITS voice: the ONNX graph has no {', '.join(missing)} "
+            "(a Piper voice is the ONNX export of piper's SynthesizerTrn)"
+        )
     emb = s["enc_p.emb.weight"]
     hidden = emb.shape[1]
     k_ch = s["enc_p.encoder.attn_layers.0.emb_rel_k"].shape[-1]
@@ -235,8 +265,9 @@ def config_from_weights(w: OnnxWeights, n_vocab_hint: int | None = None) -> Vits
         conv_names = ["convs1"] if kind == "1" else ["convs"]
         n_d = _count(s, rf"^dec\.resblocks\.{j}\.{conv_names[0]}\.(\d+)\.weight$")
         ks.append(s[f"dec.resblocks.{j}.{conv_names[0]}.0.weight"].shape[2])
-        dils.append(tuple(attrs.get(f"dec.resblocks.{j}.{conv_names[0]}.{i}", {}).get("dilations", [1])[0]
-                          for i in range(n_d)))
+        dils.append(
+            tuple(attrs.get(f"dec.resblocks.{j}.{conv_names[0]}.{i}", {}).get("dilations", [1])[0] for i in range(n_d))
+        )
     ups_k = tuple(s[f"dec.ups.{i}.weight"].shape[2] for i in range(n_ups))
     ups_u = tuple(attrs.get(f"dec.ups.{i}", {}).get("strides", [k // 2])[0] for i, k in enumerate(ups_k))
     use_sdp = "dp.flows.0.m" in s
@@ -258,28 +289,48 @@ def config_from_weights(w: OnnxWeights, n_vocab_hint: int | None = None) -> Vits
     n_speakers = s["emb_g.weight"].shape[0] if "emb_g.weight" in s else 1
     gin = s["emb_g.weight"].shape[1] if "emb_g.weight" in s else 0
     return VitsConfig(
-        n_vocab=emb.shape[0], inter_channels=s["enc_p.proj.weight"].shape[0] // 2, hidden_channels=hidden,
-        filter_channels=ffn1.shape[0], n_heads=hidden // k_ch,
-        n_layers=_count(s, r"^enc_p\.encoder\.attn_layers\.(\d+)\."), kernel_size=ffn1.shape[2],
+        n_vocab=emb.shape[0],
+        inter_channels=s["enc_p.proj.weight"].shape[0] // 2,
+        hidden_channels=hidden,
+        filter_channels=ffn1.shape[0],
+        n_heads=hidden // k_ch,
+        n_layers=_count(s, r"^enc_p\.encoder\.attn_layers\.(\d+)\."),
+        kernel_size=ffn1.shape[2],
         window_size=(s["enc_p.encoder.attn_layers.0.emb_rel_k"].shape[1] - 1) // 2,
-        use_sdp=use_sdp, dp_filter_channels=dp_fc, dp_kernel_size=dp_k, dp_n_layers=dp_layers,
-        dp_n_flows=dp_flows, dp_num_bins=bins,
-        flow_n_flows=n_flows, flow_kernel_size=s["flow.flows.0.enc.in_layers.0.weight"].shape[2],
-        flow_dilation_rate=flow_dil, flow_n_layers=wn_layers,
-        resblock=kind, resblock_kernel_sizes=tuple(ks), resblock_dilation_sizes=tuple(dils),
-        upsample_rates=ups_u, upsample_initial_channel=s["dec.conv_pre.weight"].shape[0],
-        upsample_kernel_sizes=ups_k, n_speakers=n_speakers, gin_channels=gin)
+        use_sdp=use_sdp,
+        dp_filter_channels=dp_fc,
+        dp_kernel_size=dp_k,
+        dp_n_layers=dp_layers,
+        dp_n_flows=dp_flows,
+        dp_num_bins=bins,
+        flow_n_flows=n_flows,
+        flow_kernel_size=s["flow.flows.0.enc.in_layers.0.weight"].shape[2],
+        flow_dilation_rate=flow_dil,
+        flow_n_layers=wn_layers,
+        resblock=kind,
+        resblock_kernel_sizes=tuple(ks),
+        resblock_dilation_sizes=tuple(dils),
+        upsample_rates=ups_u,
+        upsample_initial_channel=s["dec.conv_pre.weight"].shape[0],
+        upsample_kernel_sizes=ups_k,
+        n_speakers=n_speakers,
+        gin_channels=gin,
+    )
 
 
 def check_voice(voice: VoiceConfig, cfg: VitsConfig, path) -> None:
     """The .onnx.json must fit the network: phoneme ids inside its vocabulary, the same speaker count."""
     top = max((i for ids in voice.phoneme_id_map.values() for i in ids), default=0)
     if top >= cfg.n_vocab:
-        raise ModelError(f"{path}: phoneme_id_map uses id {top} but the network has {cfg.n_vocab} symbols; "
-                         "the .onnx.json does not belong to this .onnx")
+        raise ModelError(
+            f"{path}: phoneme_id_map uses id {top} but the network has {cfg.n_vocab} symbols; "
+            "the .onnx.json does not belong to this .onnx"
+        )
     if max(voice.num_speakers, 1) != cfg.n_speakers:
-        raise ModelError(f"{path}: the .onnx.json says {voice.num_speakers} speakers, the network has "
-                         f"{cfg.n_speakers}; the .onnx.json does not belong to this .onnx")
+        raise ModelError(
+            f"{path}: the .onnx.json says {voice.num_speakers} speakers, the network has "
+            f"{cfg.n_speakers}; the .onnx.json does not belong to this .onnx"
+        )
 
 
 def load_vits(path: Path, ops, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
@@ -298,14 +349,20 @@ def load_vits(path: Path, ops, device: torch.device | str = "cpu", dtype: torch.
     expected = model.state_dict()
     missing = sorted(set(expected) - set(w.state))
     if missing:
-        raise ModelError(f"{onnx_path}: not a loadable Piper VITS voice; no weights found for "
-                         f"{', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}")
+        raise ModelError(
+            f"{onnx_path}: not a loadable Piper VITS voice; no weights found for "
+            f"{', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}"
+        )
     bad = [k for k in expected if tuple(expected[k].shape) != tuple(w.state[k].shape)]
     if bad:
-        raise ModelError(f"{onnx_path}: weight shapes do not fit the inferred VITS config: "
-                         + ", ".join(f"{k} {tuple(w.state[k].shape)} vs {tuple(expected[k].shape)}" for k in bad[:4]))
+        raise ModelError(
+            f"{onnx_path}: weight shapes do not fit the inferred VITS config: "
+            + ", ".join(f"{k} {tuple(w.state[k].shape)} vs {tuple(expected[k].shape)}" for k in bad[:4])
+        )
     model.load_state_dict({k: w.state[k] for k in expected}, strict=True)
     if voice.hop_length != cfg.hop_length:
-        raise ModelError(f"{onnx_path}: voice config says hop_length {voice.hop_length} but the generator "
-                         f"upsamples by {cfg.hop_length}")
+        raise ModelError(
+            f"{onnx_path}: voice config says hop_length {voice.hop_length} but the generator "
+            f"upsamples by {cfg.hop_length}"
+        )
     return model.to(device=device, dtype=dtype).eval(), voice

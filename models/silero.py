@@ -8,6 +8,7 @@ sequence graph (`silero_vad_16k_sequence.onnx`, silero-vad >= 6.2.3: the same we
 all the frames at once and the LSTM over them in turn) rather than one call of `silero_vad.onnx` per frame: the
 same probabilities (a test), at 0.6x the time for three frames and 0.5x for thirty on a Zen 4. Where the
 installed wheel has no sequence graph, the frames run one call each."""
+
 from __future__ import annotations
 
 import functools
@@ -39,8 +40,11 @@ class SileroVAD:
         seq = path.with_name(SEQUENCE_GRAPH)
         self.sequence = sequence and seq.is_file()
         if sequence and not self.sequence:
-            log.info("%s is not in the installed silero-vad (>= 6.2.3 has it): voice activity detection runs "
-                     "one model call per 32 ms frame", SEQUENCE_GRAPH)
+            log.info(
+                "%s is not in the installed silero-vad (>= 6.2.3 has it): voice activity detection runs "
+                "one model call per 32 ms frame",
+                SEQUENCE_GRAPH,
+            )
         self.session = _session(seq if self.sequence else path)
         self._sr = np.array(RATE, np.int64)
 
@@ -54,12 +58,12 @@ class SileroVAD:
                 probs[i] = out[0, 0]
             return probs, state
         for i in range(0, len(windows), MAX_SEQUENCE):
-            p, h, c = self.session.run(None, {"input": windows[i: i + MAX_SEQUENCE], "h": state[:1], "c": state[1:]})
-            probs[i: i + len(p)] = p
+            p, h, c = self.session.run(None, {"input": windows[i : i + MAX_SEQUENCE], "h": state[:1], "c": state[1:]})
+            probs[i : i + len(p)] = p
             state = np.concatenate([h, c])
         return probs, state
 
-    def stream(self) -> "VadStream":
+    def stream(self) -> VadStream:
         return VadStream(self)
 
     def speech_probs(self, audio16k: np.ndarray) -> np.ndarray:
@@ -102,8 +106,8 @@ class VadStream:
         x = np.concatenate([self.context, self.pending, audio16k.astype(np.float32, copy=False)])
         n = (len(x) - CONTEXT) // FRAME
         windows = x[np.arange(n)[:, None] * FRAME + np.arange(WINDOW)]
-        self.context = x[n * FRAME: n * FRAME + CONTEXT]
-        self.pending = x[n * FRAME + CONTEXT:]
+        self.context = x[n * FRAME : n * FRAME + CONTEXT]
+        self.pending = x[n * FRAME + CONTEXT :]
         return windows
 
     def process(self, audio16k: np.ndarray) -> np.ndarray:

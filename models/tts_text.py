@@ -4,14 +4,15 @@ that arrives token by token), espeak-ng phonemization exactly as Piper does it, 
 Phonemization uses the espeak-ng library that the `piper-tts` wheel bundles (piper/espeakbridge + its
 espeak-ng-data), so no system package is needed. espeak-ng is GPL-3.0-or-later; see README "Licenses".
 """
+
 from __future__ import annotations
 
 import logging
 import re
 import threading
 import unicodedata
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 from speechrt.errors import UserError
 
@@ -21,12 +22,21 @@ BOS, EOS, PAD = "^", "$", "_"
 
 # ---------------------------------------------------------------------------------------------- number words
 
-_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
-         "sixteen seventeen eighteen nineteen").split()
+_ONES = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+    "sixteen seventeen eighteen nineteen"
+).split()
 _TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
-_SCALES = [(10 ** 12, "trillion"), (10 ** 9, "billion"), (10 ** 6, "million"), (1000, "thousand")]
-_ORD_IRREGULAR = {"one": "first", "two": "second", "three": "third", "five": "fifth", "eight": "eighth",
-                  "nine": "ninth", "twelve": "twelfth"}
+_SCALES = [(10**12, "trillion"), (10**9, "billion"), (10**6, "million"), (1000, "thousand")]
+_ORD_IRREGULAR = {
+    "one": "first",
+    "two": "second",
+    "three": "third",
+    "five": "fifth",
+    "eight": "eighth",
+    "nine": "ninth",
+    "twelve": "twelfth",
+}
 
 
 def cardinal(n: int) -> str:
@@ -88,24 +98,90 @@ def _decimal(s: str) -> str:
 _MONTHS = ("January February March April May June July August September October November December").split()
 _MONTH_ABBR = {m[:3].lower(): m for m in _MONTHS} | {"sept": "September"}
 # titles precede a name: never end a sentence, drop the period
-_TITLES = {"mr": "mister", "mrs": "missus", "ms": "miz", "dr": "doctor", "prof": "professor", "st": "saint",
-           "sgt": "sergeant", "capt": "captain", "gen": "general", "gov": "governor", "sen": "senator",
-           "rep": "representative", "rev": "reverend", "lt": "lieutenant", "col": "colonel"}
+_TITLES = {
+    "mr": "mister",
+    "mrs": "missus",
+    "ms": "miz",
+    "dr": "doctor",
+    "prof": "professor",
+    "st": "saint",
+    "sgt": "sergeant",
+    "capt": "captain",
+    "gen": "general",
+    "gov": "governor",
+    "sen": "senator",
+    "rep": "representative",
+    "rev": "reverend",
+    "lt": "lieutenant",
+    "col": "colonel",
+}
 # may end a sentence: keep the period when the next word starts a sentence
-_ABBREVIATIONS = {"etc": "et cetera", "vs": "versus", "inc": "incorporated", "ltd": "limited", "jr": "junior",
-                  "sr": "senior", "approx": "approximately", "dept": "department", "ave": "avenue",
-                  "blvd": "boulevard", "mt": "mount", "e.g": "for example", "i.e": "that is",
-                  "a.m": "a m", "p.m": "p m"}
-_CURRENCY = {"$": ("dollar", "dollars", "cent", "cents"), "€": ("euro", "euros", "cent", "cents"),
-             "£": ("pound", "pounds", "penny", "pence"), "¥": ("yen", "yen", "", "")}
-_SCALE_WORDS = {"k": "thousand", "m": "million", "mn": "million", "b": "billion", "bn": "billion",
-                "thousand": "thousand", "million": "million", "billion": "billion", "trillion": "trillion"}
-_UNITS = {"km": "kilometers", "kg": "kilograms", "cm": "centimeters", "mm": "millimeters", "m": "meters",
-          "g": "grams", "mg": "milligrams", "lb": "pounds", "lbs": "pounds", "mph": "miles per hour",
-          "km/h": "kilometers per hour", "kmh": "kilometers per hour", "ml": "milliliters", "l": "liters",
-          "ft": "feet", "in": "inches", "mi": "miles", "hz": "hertz", "khz": "kilohertz", "ghz": "gigahertz",
-          "gb": "gigabytes", "mb": "megabytes", "tb": "terabytes", "kb": "kilobytes", "ms": "milliseconds",
-          "s": "seconds", "min": "minutes", "h": "hours", "°c": "degrees celsius", "°f": "degrees fahrenheit"}
+_ABBREVIATIONS = {
+    "etc": "et cetera",
+    "vs": "versus",
+    "inc": "incorporated",
+    "ltd": "limited",
+    "jr": "junior",
+    "sr": "senior",
+    "approx": "approximately",
+    "dept": "department",
+    "ave": "avenue",
+    "blvd": "boulevard",
+    "mt": "mount",
+    "e.g": "for example",
+    "i.e": "that is",
+    "a.m": "a m",
+    "p.m": "p m",
+}
+_CURRENCY = {
+    "$": ("dollar", "dollars", "cent", "cents"),
+    "€": ("euro", "euros", "cent", "cents"),
+    "£": ("pound", "pounds", "penny", "pence"),
+    "¥": ("yen", "yen", "", ""),
+}
+_SCALE_WORDS = {
+    "k": "thousand",
+    "m": "million",
+    "mn": "million",
+    "b": "billion",
+    "bn": "billion",
+    "thousand": "thousand",
+    "million": "million",
+    "billion": "billion",
+    "trillion": "trillion",
+}
+_UNITS = {
+    "km": "kilometers",
+    "kg": "kilograms",
+    "cm": "centimeters",
+    "mm": "millimeters",
+    "m": "meters",
+    "g": "grams",
+    "mg": "milligrams",
+    "lb": "pounds",
+    "lbs": "pounds",
+    "mph": "miles per hour",
+    "km/h": "kilometers per hour",
+    "kmh": "kilometers per hour",
+    "ml": "milliliters",
+    "l": "liters",
+    "ft": "feet",
+    "in": "inches",
+    "mi": "miles",
+    "hz": "hertz",
+    "khz": "kilohertz",
+    "ghz": "gigahertz",
+    "gb": "gigabytes",
+    "mb": "megabytes",
+    "tb": "terabytes",
+    "kb": "kilobytes",
+    "ms": "milliseconds",
+    "s": "seconds",
+    "min": "minutes",
+    "h": "hours",
+    "°c": "degrees celsius",
+    "°f": "degrees fahrenheit",
+}
 _NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
 
 
@@ -137,8 +213,9 @@ def _time(m: re.Match) -> str:
     ampm = (m.group(3) + "m").lower() if m.group(3) else ""
     if h > 24 or mi > 59:
         return m.group(0)
-    words = cardinal(h) + ("" if mi == 0 and ampm else " o'clock" if mi == 0 else
-                           " oh " + cardinal(mi) if mi < 10 else " " + cardinal(mi))
+    words = cardinal(h) + (
+        "" if mi == 0 and ampm else " o'clock" if mi == 0 else " oh " + cardinal(mi) if mi < 10 else " " + cardinal(mi)
+    )
     return words + (" " + " ".join(ampm) if ampm else "")
 
 
@@ -146,7 +223,7 @@ def _keep_period(m: re.Match, t: str) -> str:
     """'.' if the match ended with a period that also ends a sentence (end of text or a capital follows)."""
     if not m.group(0).endswith("."):
         return ""
-    rest = t[m.end():]
+    rest = t[m.end() :]
     return "." if rest == "" or re.match(r"\s+[\"'(]?[A-Z]", rest) else ""
 
 
@@ -156,54 +233,96 @@ def normalize_english(text: str) -> str:
     t = unicodedata.normalize("NFC", text)
     t = t.replace("\u2019", "'").replace("\u2018", "'").replace("\u201c", '"').replace("\u201d", '"')
     t = re.sub(r"\s+", " ", t).strip()
-    t = re.sub(r"\b(no|nos)\.\s?(?=\d)", lambda m: "number " if m.group(1).lower() == "no" else "numbers ", t,
-               flags=re.IGNORECASE)
-    t = re.sub(r"\b([A-Z][a-z]+) St\.", lambda m: m.group(1) + " Street" + _keep_period(m, t), t)  # "Elm St." vs "St. Louis"
+    t = re.sub(
+        r"\b(no|nos)\.\s?(?=\d)",
+        lambda m: "number " if m.group(1).lower() == "no" else "numbers ",
+        t,
+        flags=re.IGNORECASE,
+    )
+    t = re.sub(
+        r"\b([A-Z][a-z]+) St\.", lambda m: m.group(1) + " Street" + _keep_period(m, t), t
+    )  # "Elm St." vs "St. Louis"
     # dates: ISO 2024-03-15, US 03/15/2024 or 3/15
-    t = re.sub(r"\b(\d{4})-(\d{1,2})-(\d{1,2})\b",
-               lambda m: _date_mdy(int(m.group(2)), int(m.group(3)), int(m.group(1))) or m.group(0), t)
-    t = re.sub(r"\b(\d{1,2})/(\d{1,2})/(\d{4}|\d{2})\b",
-               lambda m: _date_mdy(int(m.group(1)), int(m.group(2)),
-                                   int(m.group(3)) + (2000 if len(m.group(3)) == 2 else 0)) or m.group(0), t)
+    t = re.sub(
+        r"\b(\d{4})-(\d{1,2})-(\d{1,2})\b",
+        lambda m: _date_mdy(int(m.group(2)), int(m.group(3)), int(m.group(1))) or m.group(0),
+        t,
+    )
+    t = re.sub(
+        r"\b(\d{1,2})/(\d{1,2})/(\d{4}|\d{2})\b",
+        lambda m: (
+            _date_mdy(int(m.group(1)), int(m.group(2)), int(m.group(3)) + (2000 if len(m.group(3)) == 2 else 0))
+            or m.group(0)
+        ),
+        t,
+    )
     # "March 15, 2024" / "15 March 2024" / "Mar. 15th"
     month_re = r"(?P<mon>" + "|".join(_MONTHS) + r"|(?:" + "|".join(_MONTH_ABBR) + r")\.?)"
-    t = re.sub(month_re + r" (?P<d>\d{1,2})(?:st|nd|rd|th)?(?:, (?P<y>\d{4}))?\b",
-               lambda m: (_MONTH_ABBR.get(m.group("mon").rstrip(".").lower()[:4], None)
-                          or _MONTH_ABBR.get(m.group("mon").rstrip(".").lower()[:3], m.group("mon")))
-               + " " + ordinal(int(m.group("d"))) + (", " + year(int(m.group("y"))) if m.group("y") else ""),
-               t, flags=re.IGNORECASE)
-    t = re.sub(r"\b(\d{1,2}) " + month_re + r"(?: (\d{4}))?\b",
-               lambda m: "the " + ordinal(int(m.group(1))) + " of "
-               + _MONTH_ABBR.get(m.group("mon").rstrip(".").lower()[:3], m.group("mon"))
-               + (", " + year(int(m.group(3))) if m.group(3) else ""), t, flags=re.IGNORECASE)
+    t = re.sub(
+        month_re + r" (?P<d>\d{1,2})(?:st|nd|rd|th)?(?:, (?P<y>\d{4}))?\b",
+        lambda m: (
+            (
+                _MONTH_ABBR.get(m.group("mon").rstrip(".").lower()[:4], None)
+                or _MONTH_ABBR.get(m.group("mon").rstrip(".").lower()[:3], m.group("mon"))
+            )
+            + " "
+            + ordinal(int(m.group("d")))
+            + (", " + year(int(m.group("y"))) if m.group("y") else "")
+        ),
+        t,
+        flags=re.IGNORECASE,
+    )
+    t = re.sub(
+        r"\b(\d{1,2}) " + month_re + r"(?: (\d{4}))?\b",
+        lambda m: (
+            "the "
+            + ordinal(int(m.group(1)))
+            + " of "
+            + _MONTH_ABBR.get(m.group("mon").rstrip(".").lower()[:3], m.group("mon"))
+            + (", " + year(int(m.group(3))) if m.group(3) else "")
+        ),
+        t,
+        flags=re.IGNORECASE,
+    )
     # times 3:30, 10:05 pm
-    t = re.sub(r"\b(\d{1,2}):(\d{2})(?:\s?([ap])\.?m\b\.?)?", lambda m: _time(m) + _keep_period(m, t), t,
-               flags=re.IGNORECASE)
+    t = re.sub(
+        r"\b(\d{1,2}):(\d{2})(?:\s?([ap])\.?m\b\.?)?", lambda m: _time(m) + _keep_period(m, t), t, flags=re.IGNORECASE
+    )
     # currency $12.50, $3.5M, €20, £1
-    t = re.sub(r"(?P<sym>[$€£¥])\s?(?P<amount>" + _NUM + r")(?:\s?(?P<scale>thousand|million|billion|trillion|"
-               r"bn|mn|[kKmMbB])\b)?", _money, t)
+    t = re.sub(
+        r"(?P<sym>[$€£¥])\s?(?P<amount>" + _NUM + r")(?:\s?(?P<scale>thousand|million|billion|trillion|"
+        r"bn|mn|[kKmMbB])\b)?",
+        _money,
+        t,
+    )
     # percentages, ordinals, years, units
     t = re.sub(r"(" + _NUM + r")\s?%", lambda m: _decimal(m.group(1)) + " percent", t)
     t = re.sub(r"\b(\d+)(st|nd|rd|th)\b", lambda m: ordinal(int(m.group(1))), t, flags=re.IGNORECASE)
     t = re.sub(r"(?<![\d.,])\b(1[1-9]\d\d|20\d\d)\b(?![.,]\d)(?!\s?%)", lambda m: year(int(m.group(1))), t)
     unit_re = "|".join(sorted((re.escape(u) for u in _UNITS), key=len, reverse=True))
-    t = re.sub(r"(" + _NUM + r")\s?(" + unit_re + r")\b(?!')",
-               lambda m: _decimal(m.group(1)) + " " + _UNITS[m.group(2).lower()], t, flags=re.IGNORECASE)
+    t = re.sub(
+        r"(" + _NUM + r")\s?(" + unit_re + r")\b(?!')",
+        lambda m: _decimal(m.group(1)) + " " + _UNITS[m.group(2).lower()],
+        t,
+        flags=re.IGNORECASE,
+    )
     t = re.sub(r"(?<![\w.])(" + _NUM + r")(?![\w])", lambda m: _decimal(m.group(1)), t)
     t = re.sub(r"(?<=\w) ?& ?(?=\w)", " and ", t)
+
     # abbreviations (case-insensitive, with their period)
     def title(m):
         return _TITLES[m.group(1).lower()]
+
     t = re.sub(r"\b(" + "|".join(_TITLES) + r")\.(?= )", title, t, flags=re.IGNORECASE)
 
     def abbr(m):
         word = _ABBREVIATIONS[m.group(1).lower()]
-        rest = t[m.end():]
+        rest = t[m.end() :]
         ends = rest == "" or re.match(r"\s+[\"'(]?[A-Z]", rest) is not None
         return word + ("." if ends else "")
+
     keys = sorted(_ABBREVIATIONS, key=len, reverse=True)
-    t = re.sub(r"(?<![\w.])(" + "|".join(re.escape(k) for k in keys) + r")\.(?=\W|$)", abbr, t,
-               flags=re.IGNORECASE)
+    t = re.sub(r"(?<![\w.])(" + "|".join(re.escape(k) for k in keys) + r")\.(?=\W|$)", abbr, t, flags=re.IGNORECASE)
     return t
 
 
@@ -217,8 +336,10 @@ def normalize(text: str, language: str = "en") -> str:
 # ----------------------------------------------------------------------------------------- checking the input
 
 # espeak voices whose languages are written in Latin script
-_LATIN_LANGS = set("af an ca cs cy da de en eo es et eu fi fr ga gd hr ht hu id is it lb lt lv mt nl no nb "
-                   "pl pt ro sk sl sq sv sw tr vi ms".split())
+_LATIN_LANGS = set(
+    "af an ca cs cy da de en eo es et eu fi fr ga gd hr ht hu id is it lb lt lv mt nl no nb "
+    "pl pt ro sk sl sq sv sw tr vi ms".split()
+)
 
 
 def unsupported_characters(text: str, espeak_voice: str) -> list[str]:
@@ -248,11 +369,16 @@ def check_text(text: str, espeak_voice: str, on_unsupported: str = "error") -> s
         shown = ", ".join(f"{c!r} (U+{ord(c):04X} {unicodedata.name(c, 'unnamed')})" for c in bad[:5])
         shown += " ..." if len(bad) > 5 else ""
         if on_unsupported == "error":
-            script = "Latin-script text, digits and punctuation" if espeak_voice.split("-")[0] in _LATIN_LANGS \
+            script = (
+                "Latin-script text, digits and punctuation"
+                if espeak_voice.split("-")[0] in _LATIN_LANGS
                 else "text in its language"
-            raise UserError(f"unsupported characters for voice language {espeak_voice!r}: {shown}; this voice reads "
-                            f"{script} (to speak the rest, drop them: `speechrt say --on-unsupported drop`, "
-                            "on_unsupported='drop' in Python)")
+            )
+            raise UserError(
+                f"unsupported characters for voice language {espeak_voice!r}: {shown}; this voice reads "
+                f"{script} (to speak the rest, drop them: `speechrt say --on-unsupported drop`, "
+                "on_unsupported='drop' in Python)"
+            )
         log.warning("dropped characters the voice (%s) cannot read: %s", espeak_voice, shown)
         text = "".join(c for c in text if c not in set(bad))
     if not any(c.isalnum() for c in text):
@@ -273,8 +399,10 @@ def _espeak():
         from piper import espeakbridge
         from piper.phonemize_espeak import ESPEAK_DATA_DIR
     except ImportError as e:
-        raise UserError("espeak-ng phonemization needs the piper-tts package, which bundles espeak-ng "
-                        f"(GPL-3.0): pip install piper-tts ({e})") from None
+        raise UserError(
+            "espeak-ng phonemization needs the piper-tts package, which bundles espeak-ng "
+            f"(GPL-3.0): pip install piper-tts ({e})"
+        ) from None
     if not _ESPEAK_READY:
         espeakbridge.initialize(str(ESPEAK_DATA_DIR))
         _ESPEAK_READY = True
@@ -288,8 +416,8 @@ def _merge_clusters(phones: list[str], clusters) -> list[str]:
     out, i = [], 0
     while i < len(phones):
         for n in range(min(longest, len(phones) - i), 1, -1):
-            if tuple(phones[i:i + n]) in clusters:
-                out.append("".join(phones[i:i + n]))
+            if tuple(phones[i : i + n]) in clusters:
+                out.append("".join(phones[i : i + n]))
                 i += n
                 break
         else:
@@ -451,8 +579,7 @@ class SentenceStream:
         while True:
             # only words followed by whitespace are complete ("3." may become "3.5")
             m = list(re.finditer(r"\S+", self.buf))
-            complete = [x for x in m if x.end() < len(self.buf) and self.buf[x.end()].isspace()
-                        and x.group() != "\x00"]
+            complete = [x for x in m if x.end() < len(self.buf) and self.buf[x.end()].isspace() and x.group() != "\x00"]
             cut = None
             words = [x.group() for x in complete]
             for n in range(1, len(words) + 1):

@@ -9,6 +9,7 @@ model is built with (kernels.select); the rest is plain torch.
 Shapes: B batch, T phonemes, F latent frames (one per `hop_length` audio samples), C channels.
 Tensors are channels-first [B, C, T] like the original, except inside the text encoder's attention.
 """
+
 from __future__ import annotations
 
 import math
@@ -62,8 +63,9 @@ class VitsConfig:
     def flow_context(self) -> int:
         """Latent frames each side that the reverse flow's output at a frame depends on: its WaveNet stacks'
         receptive field, exactly (the coupling 1x1 convs and flips are pointwise in time)."""
-        return self.flow_n_flows * sum(self.flow_dilation_rate ** i * (self.flow_kernel_size - 1) // 2
-                                       for i in range(self.flow_n_layers))
+        return self.flow_n_flows * sum(
+            self.flow_dilation_rate**i * (self.flow_kernel_size - 1) // 2 for i in range(self.flow_n_layers)
+        )
 
     def vocoder_context(self) -> int:
         """Latent frames each side of a window that the generator's output inside it depends on (the wider side
@@ -76,8 +78,10 @@ class VitsConfig:
         samples at each stage's rate (a transposed convolution's padding makes the two sides differ)."""
         left = right = 3  # conv_post, kernel 7
         for u, k in zip(reversed(self.upsample_rates), reversed(self.upsample_kernel_sizes)):
-            rb = max(sum(self._resblock_taps(kr, d)) for kr, d in zip(self.resblock_kernel_sizes,
-                                                                      self.resblock_dilation_sizes))
+            rb = max(
+                sum(self._resblock_taps(kr, d))
+                for kr, d in zip(self.resblock_kernel_sizes, self.resblock_dilation_sizes)
+            )
             p = (k - u) // 2  # ConvTranspose1d(stride u, padding p): out[j] = sum_i x[i] w[j + p - u i], 0 <= . < k
             left, right = (left + rb + k - 1 - p) // u, (right + rb + p - 1) // u + 1
         return left + 3, right + 3  # conv_pre, kernel 7
@@ -111,10 +115,14 @@ PRESETS: dict[str, VitsConfig] = {
     "x_low": VitsConfig(inter_channels=96, hidden_channels=96, filter_channels=384),
     "low": VitsConfig(),
     "medium": VitsConfig(),
-    "high": VitsConfig(resblock="1", resblock_kernel_sizes=(3, 7, 11),
-                       resblock_dilation_sizes=((1, 3, 5), (1, 3, 5), (1, 3, 5)),
-                       upsample_rates=(8, 8, 2, 2), upsample_initial_channel=512,
-                       upsample_kernel_sizes=(16, 16, 4, 4)),
+    "high": VitsConfig(
+        resblock="1",
+        resblock_kernel_sizes=(3, 7, 11),
+        resblock_dilation_sizes=((1, 3, 5), (1, 3, 5), (1, 3, 5)),
+        upsample_rates=(8, 8, 2, 2),
+        upsample_initial_channel=512,
+        upsample_kernel_sizes=(16, 16, 4, 4),
+    ),
 }
 
 
@@ -137,6 +145,7 @@ class LayerNorm(nn.Module):
 
 # ---------------------------------------------------------------------------------------------- text encoder
 
+
 class MultiHeadAttention(nn.Module):
     def __init__(self, ops, channels: int, n_heads: int, window_size: int):
         super().__init__()
@@ -158,8 +167,9 @@ class MultiHeadAttention(nn.Module):
         def heads(conv):  # [B, T, C] -> [B, H, T, D]
             return lin(x, conv.weight[:, :, 0], conv.bias).view(B, T, self.n_heads, self.k_channels).transpose(1, 2)
 
-        o = self.ops.relative_attention(heads(self.conv_q), heads(self.conv_k), heads(self.conv_v),
-                                        self.emb_rel_k, self.emb_rel_v, attn_mask)
+        o = self.ops.relative_attention(
+            heads(self.conv_q), heads(self.conv_k), heads(self.conv_v), self.emb_rel_k, self.emb_rel_v, attn_mask
+        )
         o = o.transpose(1, 2).reshape(B, T, C)
         return lin(o, self.conv_o.weight[:, :, 0], self.conv_o.bias)
 
@@ -187,7 +197,9 @@ class Encoder(nn.Module):
     def __init__(self, ops, c: VitsConfig):
         super().__init__()
         h = c.hidden_channels
-        self.attn_layers = nn.ModuleList(MultiHeadAttention(ops, h, c.n_heads, c.window_size) for _ in range(c.n_layers))
+        self.attn_layers = nn.ModuleList(
+            MultiHeadAttention(ops, h, c.n_heads, c.window_size) for _ in range(c.n_layers)
+        )
         self.norm_layers_1 = nn.ModuleList(LayerNorm(ops, h) for _ in range(c.n_layers))
         self.ffn_layers = nn.ModuleList(FFN(ops, h, c.filter_channels, c.kernel_size) for _ in range(c.n_layers))
         self.norm_layers_2 = nn.ModuleList(LayerNorm(ops, h) for _ in range(c.n_layers))
@@ -222,6 +234,7 @@ class TextEncoder(nn.Module):
 
 # ---------------------------------------------------------------------------------- stochastic duration predictor
 
+
 class DDSConv(nn.Module):
     """Dilated depth-separable convolutions: dilation kernel_size**i."""
 
@@ -234,7 +247,7 @@ class DDSConv(nn.Module):
         self.norms_2 = nn.ModuleList()
         self.dilations = []
         for i in range(n_layers):
-            self.dilations.append(kernel_size ** i)
+            self.dilations.append(kernel_size**i)
             self.convs_sep.append(_conv(channels, channels, kernel_size, groups=channels))
             self.convs_1x1.append(_conv(channels, channels, 1))
             self.norms_1.append(LayerNorm(ops, channels))
@@ -287,12 +300,11 @@ class ConvFlow(nn.Module):
         b, c, t = x0.shape
         h = h.reshape(b, c, -1, t).permute(0, 1, 3, 2)  # [B, c, T, 3*bins-1]
         nb, s = self.num_bins, math.sqrt(self.filter_channels)
-        x1 = rq_spline_inverse(x1, h[..., :nb] / s, h[..., nb:2 * nb] / s, h[..., 2 * nb:], self.tail_bound)
+        x1 = rq_spline_inverse(x1, h[..., :nb] / s, h[..., nb : 2 * nb] / s, h[..., 2 * nb :], self.tail_bound)
         return torch.cat([x0, x1], 1) * x_mask
 
 
-def rq_spline_inverse(y, uw, uh, ud, tail_bound: float, min_w: float = 1e-3, min_h: float = 1e-3,
-                      min_d: float = 1e-3):
+def rq_spline_inverse(y, uw, uh, ud, tail_bound: float, min_w: float = 1e-3, min_h: float = 1e-3, min_d: float = 1e-3):
     """Inverse of the unconstrained rational-quadratic spline with linear tails (Durkan et al. 2019), as in
     VITS transforms.py, computed for every element and selected with `where` (no boolean indexing).
 
@@ -391,16 +403,18 @@ class DurationPredictor(nn.Module):
 
 # ------------------------------------------------------------------------------------------------ prior flow
 
+
 class WN(nn.Module):
     """WaveNet-style stack of gated dilated convolutions (weight norm already folded into the weights)."""
 
     def __init__(self, ops, hidden: int, kernel_size: int, dilation_rate: int, n_layers: int, gin_channels: int):
         super().__init__()
         self.ops, self.hidden = ops, hidden
-        self.dilations = [dilation_rate ** i for i in range(n_layers)]
+        self.dilations = [dilation_rate**i for i in range(n_layers)]
         self.in_layers = nn.ModuleList(_conv(hidden, 2 * hidden, kernel_size) for _ in range(n_layers))
         self.res_skip_layers = nn.ModuleList(
-            _conv(hidden, 2 * hidden if i < n_layers - 1 else hidden, 1) for i in range(n_layers))
+            _conv(hidden, 2 * hidden if i < n_layers - 1 else hidden, 1) for i in range(n_layers)
+        )
         if gin_channels:
             self.cond_layer = _conv(gin_channels, 2 * hidden * n_layers, 1)
 
@@ -414,7 +428,7 @@ class WN(nn.Module):
             k = inl.kernel_size[0]
             x_in = self.ops.conv1d(x, inl.weight, inl.bias, padding=(k * d - d) // 2, dilation=d)
             if g is not None:
-                x_in = x_in + g[:, i * 2 * h:(i + 1) * 2 * h]
+                x_in = x_in + g[:, i * 2 * h : (i + 1) * 2 * h]
             acts = torch.tanh(x_in[:, :h]) * torch.sigmoid(x_in[:, h:])
             res_skip = self.ops.conv1d(acts, rs.weight, rs.bias)
             if i < n - 1:
@@ -456,6 +470,7 @@ class ResidualCouplingBlock(nn.Module):
 
 # ------------------------------------------------------------------------------------------ HiFi-GAN generator
 
+
 class ResBlock(nn.Module):
     """HiFi-GAN residual block: type "1" (convs1 dilated + convs2 undilated) or "2" (convs, dilated)."""
 
@@ -495,12 +510,15 @@ class Generator(nn.Module):
         self.conv_pre = _conv(c.inter_channels, ch0, 7)
         self.strides = tuple(c.upsample_rates)
         self.ups = nn.ModuleList(
-            nn.ConvTranspose1d(ch0 // 2 ** i, ch0 // 2 ** (i + 1), k, u)
-            for i, (u, k) in enumerate(zip(c.upsample_rates, c.upsample_kernel_sizes)))
+            nn.ConvTranspose1d(ch0 // 2**i, ch0 // 2 ** (i + 1), k, u)
+            for i, (u, k) in enumerate(zip(c.upsample_rates, c.upsample_kernel_sizes))
+        )
         self.num_kernels = len(c.resblock_kernel_sizes)
         self.resblocks = nn.ModuleList(
             ResBlock(ops, c.resblock, ch0 // 2 ** (i + 1), k, d)
-            for i in range(len(self.ups)) for k, d in zip(c.resblock_kernel_sizes, c.resblock_dilation_sizes))
+            for i in range(len(self.ups))
+            for k, d in zip(c.resblock_kernel_sizes, c.resblock_dilation_sizes)
+        )
         self.conv_post = _conv(ch0 // 2 ** len(self.ups), 1, 7, bias=False)
         if c.gin_channels:
             self.cond = _conv(c.gin_channels, ch0, 1)
@@ -515,7 +533,7 @@ class Generator(nn.Module):
         for i, (up, u) in enumerate(zip(self.ups, self.strides)):
             k = up.kernel_size[0]
             x = ops.conv_transpose1d(x, up.weight, up.bias, u, (k - u) // 2, pre_slope=LRELU_SLOPE)
-            blocks = self.resblocks[i * nk:(i + 1) * nk]
+            blocks = self.resblocks[i * nk : (i + 1) * nk]
             xs = blocks[0](x)  # a new tensor: the sum accumulates in place
             for rb in blocks[1:]:
                 xs.add_(rb(x))
@@ -525,6 +543,7 @@ class Generator(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------------- VITS
+
 
 def with_vits_ops(ops):
     """`ops` (a kernels.KernelSet) plus the VITS-only ops it lacks (kernels.reference.VITS_OPS: convolutions
@@ -536,8 +555,12 @@ def with_vits_ops(ops):
     if not missing:
         return ops
     names = ops.names()
-    return KernelSet(ops.impl, ops.device, {**{n: getattr(ops, n) for n in names}, **missing},
-                     {**ops.sources, **{k: "torch" for k in missing}})
+    return KernelSet(
+        ops.impl,
+        ops.device,
+        {**{n: getattr(ops, n) for n in names}, **missing},
+        {**ops.sources, **{k: "torch" for k in missing}},
+    )
 
 
 def expand_prior(m, logs, logw, length_scale: float):
@@ -571,8 +594,14 @@ class VITS(nn.Module):
             return None
         return self.emb_g(sid).unsqueeze(-1)
 
-    def prior(self, ids: torch.Tensor, length_scale: float, noise_scale_w: float, g=None,
-              generator: torch.Generator | None = None):
+    def prior(
+        self,
+        ids: torch.Tensor,
+        length_scale: float,
+        noise_scale_w: float,
+        g=None,
+        generator: torch.Generator | None = None,
+    ):
         """ids [1, T] -> frame-level prior mean m [1, C, F] and log-std logs [1, C, F].
 
         Durations: w = ceil(exp(logw) * length_scale) frames per phoneme (at least 1 frame in total); the
@@ -584,14 +613,21 @@ class VITS(nn.Module):
         x, m, logs = self.enc_p(ids, x_mask)
         noise = None
         if self.config.use_sdp:
-            noise = torch.randn(1, 2, ids.shape[1], device=ids.device, dtype=x.dtype, generator=generator) * noise_scale_w
+            noise = (
+                torch.randn(1, 2, ids.shape[1], device=ids.device, dtype=x.dtype, generator=generator) * noise_scale_w
+            )
         return expand_prior(m, logs, self.dp(x, x_mask, noise, g=g), length_scale)
 
     def latent(self, m, logs, noise_scale: float, g=None, generator: torch.Generator | None = None):
         """Prior (m, logs) [1, C, F] -> generator input z [1, C, F]: sample, then the flow in reverse."""
         z_p = m
         if noise_scale:
-            z_p = m + torch.randn(m.shape, device=m.device, dtype=m.dtype, generator=generator) * torch.exp(logs) * noise_scale
+            z_p = (
+                m
+                + torch.randn(m.shape, device=m.device, dtype=m.dtype, generator=generator)
+                * torch.exp(logs)
+                * noise_scale
+            )
         mask = torch.ones_like(m[:, :1])
         return self.flow.reverse(z_p, mask, g=g)
 

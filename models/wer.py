@@ -1,9 +1,13 @@
 """Word error rate with a light English normalization (case, punctuation, spelled-out digits)."""
+
 from __future__ import annotations
 
 import re
 
-_ONES = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()
+_ONES = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen "
+    "eighteen nineteen"
+).split()
 _TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
 
 

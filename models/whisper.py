@@ -4,6 +4,7 @@ Weights use one internal naming, with the self-attention projections fused (qkv)
 cross-attention key/value projections fused (kv); loaders for each file format map to it
 (models/whisper_loaders.py). Ops come from a KernelSet chosen once at construction.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,7 +39,7 @@ class WhisperConfig:
     def num_languages(self) -> int:
         return self.n_vocab - 51765 - int(self.is_multilingual)
 
-    def check(self) -> "WhisperConfig":
+    def check(self) -> WhisperConfig:
         for name in ("n_audio_state", "n_text_state"):
             heads = getattr(self, name.replace("state", "head"))
             if getattr(self, name) % heads:
@@ -96,8 +97,14 @@ class SelfAttention(nn.Module):
         self.qkv = Linear(d, 3 * d, ops)
         self.out = Linear(d, d, ops)
 
-    def forward(self, x, cache: tuple[torch.Tensor, torch.Tensor] | None = None, offset: int = 0,
-                position: torch.Tensor | None = None, lengths: torch.Tensor | None = None):
+    def forward(
+        self,
+        x,
+        cache: tuple[torch.Tensor, torch.Tensor] | None = None,
+        offset: int = 0,
+        position: torch.Tensor | None = None,
+        lengths: torch.Tensor | None = None,
+    ):
         """x [B, T, d]. With cache (k, v each [B, H, max_len, Dh]) the new keys/values are written at
         positions offset..offset+T-1 and attention runs over positions < offset+T, causally. Without a
         cache (the encoder) `lengths` [B] limits each row's keys to its first lengths[b] positions.
@@ -115,8 +122,8 @@ class SelfAttention(nn.Module):
             o = self.ops.attention(q, kc, vc, causal=True, lengths=(position + 1).expand(B))
         elif cache is not None:
             kc, vc = cache
-            kc[:, :, offset: offset + T] = k
-            vc[:, :, offset: offset + T] = v
+            kc[:, :, offset : offset + T] = k
+            vc[:, :, offset : offset + T] = v
             k, v = kc[:, :, : offset + T], vc[:, :, : offset + T]
             o = self.ops.attention(q, k, v, causal=True)
         else:
@@ -201,8 +208,10 @@ class AudioEncoder(nn.Module):
         x = self.ops.gelu(self.conv2(x)).transpose(1, 2)
         S = x.shape[1]
         if mel.shape[-1] % 2 or S > self.positional_embedding.shape[0]:
-            raise ValueError(f"encoder takes an even number of mel frames, at most {2 * self.positional_embedding.shape[0]}; "
-                             f"got {mel.shape[-1]}")
+            raise ValueError(
+                f"encoder takes an even number of mel frames, at most {2 * self.positional_embedding.shape[0]}; "
+                f"got {mel.shape[-1]}"
+            )
         x = x + self.positional_embedding[:S].to(x.dtype)
         for b in self.blocks:
             if stop is not None and stop():
@@ -227,8 +236,7 @@ class TextDecoder(nn.Module):
         `offset` (see SelfAttention.forward). `cross_lengths` [B]: each row's encoder positions."""
         return self.logits(self.hidden(tokens, caches, offset, cross_kvs, last_only, position, cross_lengths))
 
-    def hidden(self, tokens, caches, offset, cross_kvs, last_only=True, position=None, cross_lengths=None,
-               scores=None):
+    def hidden(self, tokens, caches, offset, cross_kvs, last_only=True, position=None, cross_lengths=None, scores=None):
         """The blocks and the final norm -> [B, d] (last position) or [B, T, d]: many small ops. `scores`:
         a list that gets each block's cross-attention logits [B, H, T, S] (see DecoderBlock)."""
         T = tokens.shape[1]
@@ -237,7 +245,7 @@ class TextDecoder(nn.Module):
                 raise ValueError(f"a decode step at a tensor position takes one token per row, got {T}")
             pos = self.positional_embedding.index_select(0, position)
         else:
-            pos = self.positional_embedding[offset: offset + T]
+            pos = self.positional_embedding[offset : offset + T]
         x = self.token_embedding(tokens) + pos
         for b, cache, kv in zip(self.blocks, caches, cross_kvs):
             x = b(x, cache, offset, kv, position, cross_lengths, scores)
@@ -263,8 +271,10 @@ class Whisper(nn.Module):
     def new_cache(self, batch: int, max_len: int, dtype, device):
         c = self.config
         shape = (batch, c.n_text_head, max_len, c.n_text_state // c.n_text_head)
-        return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-                for _ in range(c.n_text_layer)]
+        return [
+            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(c.n_text_layer)
+        ]
 
     def forward(self, mel, tokens):
         """Full (uncached) logits [B, T, vocab] — the reference the cached path is tested against."""

@@ -1,6 +1,7 @@
 """Whisper weight loaders: CTranslate2 `model.bin` (parsed here with numpy), Hugging Face directories
 (`config.json` + `*.safetensors`) and openai-whisper `.pt` checkpoints, all mapped to the internal names
 of models/whisper.py (fused self-attention qkv, fused cross-attention kv)."""
+
 from __future__ import annotations
 
 import bisect
@@ -39,8 +40,9 @@ class JoinedBytes:
         for p in self.paths:
             with open(p, "rb") as f:
                 size = f.seek(0, 2)
-                self.maps.append(memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)) if size else
-                                 memoryview(b""))
+                self.maps.append(
+                    memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)) if size else memoryview(b"")
+                )
             self.starts.append(total)
             total += size
         self.size = total
@@ -55,13 +57,13 @@ class JoinedBytes:
         i = bisect.bisect_right(self.starts, start) - 1
         lo = start - self.starts[i]
         if stop - self.starts[i] <= len(self.maps[i]):
-            return self.maps[i][lo: lo + stop - start]
+            return self.maps[i][lo : lo + stop - start]
         pieces = []
         while start < stop:  # across one or more boundaries
             while start - self.starts[i] >= len(self.maps[i]):
                 i += 1
             lo = start - self.starts[i]
-            piece = self.maps[i][lo: lo + stop - start]
+            piece = self.maps[i][lo : lo + stop - start]
             pieces.append(piece)
             start += len(piece)
         return b"".join(pieces)
@@ -82,7 +84,7 @@ def read_ct2(path) -> tuple[str, int, dict[str, np.ndarray]]:
         size = struct.calcsize(fmt)
         if off + size > len(buf):
             raise ModelError(f"{path}: truncated CTranslate2 model file (ended at byte {off} of a field)")
-        v = struct.unpack(fmt, buf[off: off + size])
+        v = struct.unpack(fmt, buf[off : off + size])
         off += size
         return v[0]
 
@@ -91,7 +93,7 @@ def read_ct2(path) -> tuple[str, int, dict[str, np.ndarray]]:
         n = take("<H")
         if off + n > len(buf) or n == 0:
             raise ModelError(f"{path}: truncated or malformed CTranslate2 model file (string at byte {off})")
-        s = bytes(buf[off: off + n - 1]).decode("utf-8", errors="replace")
+        s = bytes(buf[off : off + n - 1]).decode("utf-8", errors="replace")
         off += n
         return s
 
@@ -111,9 +113,11 @@ def read_ct2(path) -> tuple[str, int, dict[str, np.ndarray]]:
         if tid not in _CT2_DTYPES:
             raise ModelError(f"{path}: variable {vname!r} has unsupported data type id {tid}")
         if off + nbytes > len(buf):
-            raise ModelError(f"{path}: truncated CTranslate2 model file: variable {vname!r} needs {nbytes} bytes, "
-                             f"{len(buf) - off} remain")
-        raw = buf[off: off + nbytes]
+            raise ModelError(
+                f"{path}: truncated CTranslate2 model file: variable {vname!r} needs {nbytes} bytes, "
+                f"{len(buf) - off} remain"
+            )
+        raw = buf[off : off + nbytes]
         off += nbytes
         dt = _CT2_DTYPES[tid]
         if dt == "bfloat16":
@@ -157,20 +161,31 @@ def load_ct2(path: Path) -> WhisperWeights:
         n_text_layer = _count(a, r"decoder/layer_(\d+)/")
         d = a["encoder/conv1/weight"].shape[0]
         cfg = WhisperConfig(
-            n_mels=a["encoder/conv1/weight"].shape[1], n_audio_ctx=a["encoder/position_encodings/encodings"].shape[0],
-            n_audio_state=d, n_audio_head=int(a["encoder/num_heads"]), n_audio_layer=n_audio_layer,
-            n_vocab=a["decoder/embeddings/weight"].shape[0], n_text_ctx=a["decoder/position_encodings/encodings"].shape[0],
-            n_text_state=a["decoder/embeddings/weight"].shape[1], n_text_head=int(a["decoder/num_heads"]),
-            n_text_layer=n_text_layer, n_audio_ffn=a["encoder/layer_0/ffn/linear_0/weight"].shape[0],
-            n_text_ffn=a["decoder/layer_0/ffn/linear_0/weight"].shape[0])
+            n_mels=a["encoder/conv1/weight"].shape[1],
+            n_audio_ctx=a["encoder/position_encodings/encodings"].shape[0],
+            n_audio_state=d,
+            n_audio_head=int(a["encoder/num_heads"]),
+            n_audio_layer=n_audio_layer,
+            n_vocab=a["decoder/embeddings/weight"].shape[0],
+            n_text_ctx=a["decoder/position_encodings/encodings"].shape[0],
+            n_text_state=a["decoder/embeddings/weight"].shape[1],
+            n_text_head=int(a["decoder/num_heads"]),
+            n_text_layer=n_text_layer,
+            n_audio_ffn=a["encoder/layer_0/ffn/linear_0/weight"].shape[0],
+            n_text_ffn=a["decoder/layer_0/ffn/linear_0/weight"].shape[0],
+        )
         st = {
-            "encoder.conv1.weight": a["encoder/conv1/weight"], "encoder.conv1.bias": a["encoder/conv1/bias"],
-            "encoder.conv2.weight": a["encoder/conv2/weight"], "encoder.conv2.bias": a["encoder/conv2/bias"],
+            "encoder.conv1.weight": a["encoder/conv1/weight"],
+            "encoder.conv1.bias": a["encoder/conv1/bias"],
+            "encoder.conv2.weight": a["encoder/conv2/weight"],
+            "encoder.conv2.bias": a["encoder/conv2/bias"],
             "encoder.positional_embedding": a["encoder/position_encodings/encodings"],
-            "encoder.ln_post.weight": a["encoder/layer_norm/gamma"], "encoder.ln_post.bias": a["encoder/layer_norm/beta"],
+            "encoder.ln_post.weight": a["encoder/layer_norm/gamma"],
+            "encoder.ln_post.bias": a["encoder/layer_norm/beta"],
             "decoder.token_embedding.weight": a["decoder/embeddings/weight"],
             "decoder.positional_embedding": a["decoder/position_encodings/encodings"],
-            "decoder.ln.weight": a["decoder/layer_norm/gamma"], "decoder.ln.bias": a["decoder/layer_norm/beta"],
+            "decoder.ln.weight": a["decoder/layer_norm/gamma"],
+            "decoder.ln.bias": a["decoder/layer_norm/beta"],
         }
 
         def lin(dst, src):
@@ -200,8 +215,12 @@ def load_ct2(path: Path) -> WhisperWeights:
     if cj.exists():
         extra = json.loads(cj.read_text())
     tok = path / "tokenizer.json"
-    return WhisperWeights(cfg, {k: _t(v) for k, v in st.items()}, tok if tok.exists() else None,
-                          [tuple(h) for h in extra.get("alignment_heads", [])])
+    return WhisperWeights(
+        cfg,
+        {k: _t(v) for k, v in st.items()},
+        tok if tok.exists() else None,
+        [tuple(h) for h in extra.get("alignment_heads", [])],
+    )
 
 
 def _fuse_qkv(st, prefix, q, k, v):
@@ -246,30 +265,55 @@ def _map_separate(src: dict, cfg: WhisperConfig, names: dict) -> dict:
 
 
 _OPENAI_NAMES = {
-    "top": {"encoder.conv1.weight": "encoder.conv1.weight", "encoder.conv1.bias": "encoder.conv1.bias",
-            "encoder.conv2.weight": "encoder.conv2.weight", "encoder.conv2.bias": "encoder.conv2.bias",
-            "encoder.ln_post.weight": "encoder.ln_post.weight", "encoder.ln_post.bias": "encoder.ln_post.bias",
-            "decoder.token_embedding.weight": "decoder.token_embedding.weight",
-            "decoder.positional_embedding": "decoder.positional_embedding",
-            "decoder.ln.weight": "decoder.ln.weight", "decoder.ln.bias": "decoder.ln.bias"},
+    "top": {
+        "encoder.conv1.weight": "encoder.conv1.weight",
+        "encoder.conv1.bias": "encoder.conv1.bias",
+        "encoder.conv2.weight": "encoder.conv2.weight",
+        "encoder.conv2.bias": "encoder.conv2.bias",
+        "encoder.ln_post.weight": "encoder.ln_post.weight",
+        "encoder.ln_post.bias": "encoder.ln_post.bias",
+        "decoder.token_embedding.weight": "decoder.token_embedding.weight",
+        "decoder.positional_embedding": "decoder.positional_embedding",
+        "decoder.ln.weight": "decoder.ln.weight",
+        "decoder.ln.bias": "decoder.ln.bias",
+    },
     "block": "{side}.blocks.{i}",
     "attn": {"self": "attn", "cross": "cross_attn", "q": "query", "k": "key", "v": "value", "o": "out"},
     "norms": {"attn_ln": "attn_ln", "cross_attn_ln": "cross_attn_ln", "mlp_ln": "mlp_ln"},
-    "fc1": "mlp.0", "fc2": "mlp.2",
+    "fc1": "mlp.0",
+    "fc2": "mlp.2",
 }
 
 _HF_NAMES = {
-    "top": {"encoder.conv1.weight": "encoder.conv1.weight", "encoder.conv1.bias": "encoder.conv1.bias",
-            "encoder.conv2.weight": "encoder.conv2.weight", "encoder.conv2.bias": "encoder.conv2.bias",
-            "encoder.positional_embedding": "encoder.embed_positions.weight",
-            "encoder.ln_post.weight": "encoder.layer_norm.weight", "encoder.ln_post.bias": "encoder.layer_norm.bias",
-            "decoder.token_embedding.weight": "decoder.embed_tokens.weight",
-            "decoder.positional_embedding": "decoder.embed_positions.weight",
-            "decoder.ln.weight": "decoder.layer_norm.weight", "decoder.ln.bias": "decoder.layer_norm.bias"},
+    "top": {
+        "encoder.conv1.weight": "encoder.conv1.weight",
+        "encoder.conv1.bias": "encoder.conv1.bias",
+        "encoder.conv2.weight": "encoder.conv2.weight",
+        "encoder.conv2.bias": "encoder.conv2.bias",
+        "encoder.positional_embedding": "encoder.embed_positions.weight",
+        "encoder.ln_post.weight": "encoder.layer_norm.weight",
+        "encoder.ln_post.bias": "encoder.layer_norm.bias",
+        "decoder.token_embedding.weight": "decoder.embed_tokens.weight",
+        "decoder.positional_embedding": "decoder.embed_positions.weight",
+        "decoder.ln.weight": "decoder.layer_norm.weight",
+        "decoder.ln.bias": "decoder.layer_norm.bias",
+    },
     "block": "{side}.layers.{i}",
-    "attn": {"self": "self_attn", "cross": "encoder_attn", "q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "out_proj"},
-    "norms": {"attn_ln": "self_attn_layer_norm", "cross_attn_ln": "encoder_attn_layer_norm", "mlp_ln": "final_layer_norm"},
-    "fc1": "fc1", "fc2": "fc2",
+    "attn": {
+        "self": "self_attn",
+        "cross": "encoder_attn",
+        "q": "q_proj",
+        "k": "k_proj",
+        "v": "v_proj",
+        "o": "out_proj",
+    },
+    "norms": {
+        "attn_ln": "self_attn_layer_norm",
+        "cross_attn_ln": "encoder_attn_layer_norm",
+        "mlp_ln": "final_layer_norm",
+    },
+    "fc1": "fc1",
+    "fc2": "fc2",
 }
 
 
@@ -277,6 +321,7 @@ def _bundled_english_tokenizer() -> Path | None:
     """English-only Whisper checkpoints share one GPT-2 vocabulary: reuse the embedded model's file."""
     try:
         from .registry import resolve
+
         return resolve("whisper-tiny.en", "asr").path / "tokenizer.json"
     except ModelError:
         return None
@@ -288,12 +333,28 @@ def load_openai_pt(path: Path) -> WhisperWeights:
     except Exception as e:
         raise ModelError(f"{path}: not a readable openai-whisper checkpoint ({type(e).__name__}: {e})") from None
     if not isinstance(ck, dict) or "dims" not in ck or "model_state_dict" not in ck:
-        raise ModelError(f"{path}: not an openai-whisper checkpoint (expected a dict with 'dims' and 'model_state_dict')")
+        raise ModelError(
+            f"{path}: not an openai-whisper checkpoint (expected a dict with 'dims' and 'model_state_dict')"
+        )
     dims = ck["dims"]
     try:
-        cfg = WhisperConfig(**{k: int(dims[k]) for k in (
-            "n_mels", "n_audio_ctx", "n_audio_state", "n_audio_head", "n_audio_layer", "n_vocab", "n_text_ctx",
-            "n_text_state", "n_text_head", "n_text_layer")})
+        cfg = WhisperConfig(
+            **{
+                k: int(dims[k])
+                for k in (
+                    "n_mels",
+                    "n_audio_ctx",
+                    "n_audio_state",
+                    "n_audio_head",
+                    "n_audio_layer",
+                    "n_vocab",
+                    "n_text_ctx",
+                    "n_text_state",
+                    "n_text_head",
+                    "n_text_layer",
+                )
+            }
+        )
         st = _map_separate(ck["model_state_dict"], cfg, _OPENAI_NAMES)
     except KeyError as e:
         raise ModelError(f"{path}: incomplete openai-whisper checkpoint (missing {e})") from None
@@ -301,8 +362,10 @@ def load_openai_pt(path: Path) -> WhisperWeights:
     if not tok.exists():
         tok = None if cfg.is_multilingual else _bundled_english_tokenizer()
     if tok is None:
-        raise ModelError(f"{path}: a multilingual checkpoint needs its tokenizer.json beside it "
-                         f"(from the Hugging Face repository of the same model)")
+        raise ModelError(
+            f"{path}: a multilingual checkpoint needs its tokenizer.json beside it "
+            f"(from the Hugging Face repository of the same model)"
+        )
     return WhisperWeights(cfg, st, tok)
 
 
@@ -322,10 +385,19 @@ def load_hf(path: Path) -> WhisperWeights:
         src.update({k.removeprefix("model."): v for k, v in part.items()})
     try:
         cfg = WhisperConfig(
-            n_mels=c["num_mel_bins"], n_audio_ctx=c["max_source_positions"], n_audio_state=c["d_model"],
-            n_audio_head=c["encoder_attention_heads"], n_audio_layer=c["encoder_layers"], n_vocab=c["vocab_size"],
-            n_text_ctx=c["max_target_positions"], n_text_state=c["d_model"], n_text_head=c["decoder_attention_heads"],
-            n_text_layer=c["decoder_layers"], n_audio_ffn=c.get("encoder_ffn_dim", 0), n_text_ffn=c.get("decoder_ffn_dim", 0))
+            n_mels=c["num_mel_bins"],
+            n_audio_ctx=c["max_source_positions"],
+            n_audio_state=c["d_model"],
+            n_audio_head=c["encoder_attention_heads"],
+            n_audio_layer=c["encoder_layers"],
+            n_vocab=c["vocab_size"],
+            n_text_ctx=c["max_target_positions"],
+            n_text_state=c["d_model"],
+            n_text_head=c["decoder_attention_heads"],
+            n_text_layer=c["decoder_layers"],
+            n_audio_ffn=c.get("encoder_ffn_dim", 0),
+            n_text_ffn=c.get("decoder_ffn_dim", 0),
+        )
         st = _map_separate(src, cfg, _HF_NAMES)
     except KeyError as e:
         raise ModelError(f"{path}: incomplete Hugging Face Whisper model (missing {e})") from None

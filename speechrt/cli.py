@@ -1,4 +1,5 @@
 """The `speechrt` command. Each subcommand lives in its own module with `add_arguments(p)` and `run(args)`."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,7 +14,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("speechrt.cli_models", "list the registered models"),
     "chat": ("speechrt.cli_lm", "chat with a small language model, streaming its reply"),
     "say": ("speechrt.cli_tts", "speak text into an audio file with a Piper voice (text argument or stdin)"),
-    "export": ("speechrt.cli_export", "export a model's runner graphs to ONNX (graphs + manifest.json) for onnxruntime/TensorRT"),
+    "export": (
+        "speechrt.cli_export",
+        "export a model's runner graphs to ONNX (graphs + manifest.json) for onnxruntime/TensorRT",
+    ),
     "kernels": ("speechrt.cli_kernels", "Triton kernels: ahead-of-time compile report for NVIDIA and AMD targets"),
 }
 
@@ -26,8 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
         m = importlib.import_module(mod)
         sp = sub.add_parser(name, help=help_, description=help_)
         # also after the command (`speechrt serve -v`); SUPPRESS keeps an earlier -v when it is not repeated
-        sp.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                        help="log what the runtime chooses")
+        sp.add_argument(
+            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log what the runtime chooses"
+        )
         m.add_arguments(sp)
         sp.set_defaults(_run=m.run)
     return p
@@ -41,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         p.print_help()
         return 2
     from speechrt.errors import UserError
+
     try:
         return args._run(args) or 0
     except UserError as e:

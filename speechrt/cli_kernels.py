@@ -2,6 +2,7 @@
 NVIDIA (sm_80, sm_90) and AMD (gfx90a, gfx942) targets — no GPU needed — and print per kernel and
 target whether it compiled, its registers, spills and shared memory, and whether the matmul-like
 kernels use the matrix instructions (mma/wgmma in PTX, v_mfma in AMDGCN)."""
+
 from __future__ import annotations
 
 import json
@@ -10,18 +11,20 @@ from dataclasses import asdict
 
 def add_arguments(p):
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    r = sub.add_parser("report", help="compile every kernel for GPU targets and report resources",
-                       description=__doc__)
-    r.add_argument("--targets", default="sm_80,sm_90,gfx90a,gfx942",
-                   help="comma list of targets: sm_NN (NVIDIA) or gfxNNN (AMD) (default: %(default)s)")
+    r = sub.add_parser("report", help="compile every kernel for GPU targets and report resources", description=__doc__)
+    r.add_argument(
+        "--targets",
+        default="sm_80,sm_90,gfx90a,gfx942",
+        help="comma list of targets: sm_NN (NVIDIA) or gfxNNN (AMD) (default: %(default)s)",
+    )
     r.add_argument("--kernels", default=None, help="only kernels whose name contains one of these (comma list)")
     r.add_argument("--json", default=None, help="also write the rows to this JSON file")
 
 
 def run(args):
-    from speechrt.errors import UserError
-
     import os
+
+    from speechrt.errors import UserError
 
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns when unset; 1 is its default
     try:
@@ -45,7 +48,13 @@ def run(args):
             json.dump([asdict(r) for r in rows], f, indent=1)
     print(aot.format_table(rows))
     bad = [(r, p) for r in rows for p in aot.problems(r)]
-    print(f"\n{len(rows)} compiles ({len({(r.kernel, r.variant) for r in rows})} kernel variants x {len(targets)} targets): "
-          + ("all compiled, no spills, matrix instructions in every matmul-like kernel" if not bad else
-             f"{len(bad)} problem(s): " + "; ".join(f"{r.kernel} [{r.variant}] {r.target}: {p}" for r, p in bad)))
+    variants = len({(r.kernel, r.variant) for r in rows})
+    print(
+        f"\n{len(rows)} compiles ({variants} kernel variants x {len(targets)} targets): "
+        + (
+            "all compiled, no spills, matrix instructions in every matmul-like kernel"
+            if not bad
+            else f"{len(bad)} problem(s): " + "; ".join(f"{r.kernel} [{r.variant}] {r.target}: {p}" for r, p in bad)
+        )
+    )
     return 1 if bad else 0

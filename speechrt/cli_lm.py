@@ -3,6 +3,7 @@
 With a prompt: one reply, then exit. Without one: an interactive conversation (the history is kept and
 re-rendered through the model's chat template each turn); /reset clears it, /quit or Ctrl-D ends.
 """
+
 from __future__ import annotations
 
 import sys
@@ -16,28 +17,55 @@ def add_arguments(p):
     p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (1 = off)")
-    p.add_argument("--frequency-penalty", type=float, default=0.0,
-                   help="OpenAI's, in [-2, 2]: minus this times each token's count in the reply so far (0 = off)")
-    p.add_argument("--presence-penalty", type=float, default=0.0,
-                   help="OpenAI's, in [-2, 2]: minus this from each token the reply has used (0 = off)")
+    p.add_argument(
+        "--frequency-penalty",
+        type=float,
+        default=0.0,
+        help="OpenAI's, in [-2, 2]: minus this times each token's count in the reply so far (0 = off)",
+    )
+    p.add_argument(
+        "--presence-penalty",
+        type=float,
+        default=0.0,
+        help="OpenAI's, in [-2, 2]: minus this from each token the reply has used (0 = off)",
+    )
     p.add_argument("--seed", type=int, default=None, help="sampling seed")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--model", default=None, help="registry name, .gguf file or Hugging Face Llama directory "
-                                                  "(default: smollm2-135m-instruct)")
-    p.add_argument("--backend", default="auto", help="torch, triton, onnxruntime, tensorrt or auto (default: auto, the backend and "
-                   "precision measured fastest on this kind of machine, see backends/auto.py; torch where none was measured)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="registry name, .gguf file or Hugging Face Llama directory (default: smollm2-135m-instruct)",
+    )
+    p.add_argument(
+        "--backend",
+        default="auto",
+        help="torch, triton, onnxruntime, tensorrt or auto (default: auto, the backend and "
+        "precision measured fastest on this kind of machine, see backends/auto.py; torch where none was measured)",
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
-    p.add_argument("--dtype", default=None, help="int4, int8, bfloat16, float16, float32 (default: the precision --backend auto "
-                   "chose; on another backend, on the CPU int4 for files with 4-bit blocks, else int8; bf16/fp16 on GPUs)")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="int4, int8, bfloat16, float16, float32 (default: the precision --backend auto "
+        "chose; on another backend, on the CPU int4 for files with 4-bit blocks, else int8; bf16/fp16 on GPUs)",
+    )
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
 
 
 def _options(args) -> dict:
     from speechrt.pipelines.generation import GenerationOptions
 
-    o = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-             repetition_penalty=args.repetition_penalty, seed=args.seed, stop=tuple(args.stop),
-             frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty)
+    o = dict(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        stop=tuple(args.stop),
+        frequency_penalty=args.frequency_penalty,
+        presence_penalty=args.presence_penalty,
+    )
     GenerationOptions(**o)  # validate before loading the model
     return o
 

@@ -1,4 +1,5 @@
 """`speechrt serve`: the Realtime WebSocket server on the embedded (or given) models."""
+
 from __future__ import annotations
 
 
@@ -9,91 +10,230 @@ def add_arguments(p):
     p.add_argument("--lm", default=None, help="language model (default: smollm2-135m-instruct)")
     p.add_argument("--tts", default=None, help="voice (default: piper-en_US-joe-medium)")
     p.add_argument("--transcription-only", action="store_true", help="load no language model or voice")
-    p.add_argument("--backend", default="auto", help="backend of every family without its own flag: auto (default: per "
-                   "family the backend and precision measured fastest on this kind of machine, see backends/auto.py; "
-                   "torch where none was measured), torch, triton (CUDA/ROCm GPU), onnxruntime, tensorrt (lm, NVIDIA GPU)")
-    p.add_argument("--asr-backend", default=None, help="speech recognition backend (default: --backend; onnxruntime "
-                   "exports the model on first use into the export cache)")
-    p.add_argument("--lm-backend", default=None, help="language model backend (default: --backend; onnxruntime "
-                   "exports the model on first use into the export cache)")
-    p.add_argument("--tts-backend", default=None, help="speech synthesis backend (default: --backend; onnxruntime "
-                   "runs the voice graph as shipped)")
+    p.add_argument(
+        "--backend",
+        default="auto",
+        help="backend of every family without its own flag: auto (default: per "
+        "family the backend and precision measured fastest on this kind of machine, see backends/auto.py; "
+        "torch where none was measured), torch, triton (CUDA/ROCm GPU), onnxruntime, tensorrt (lm, NVIDIA GPU)",
+    )
+    p.add_argument(
+        "--asr-backend",
+        default=None,
+        help="speech recognition backend (default: --backend; onnxruntime "
+        "exports the model on first use into the export cache)",
+    )
+    p.add_argument(
+        "--lm-backend",
+        default=None,
+        help="language model backend (default: --backend; onnxruntime "
+        "exports the model on first use into the export cache)",
+    )
+    p.add_argument(
+        "--tts-backend",
+        default=None,
+        help="speech synthesis backend (default: --backend; onnxruntime runs the voice graph as shipped)",
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (ROCm GPUs are cuda too) or auto (default cpu)")
-    p.add_argument("--asr-dtype", default="auto", help="speech recognition dtype (default auto: bfloat16 on CPUs with "
-                   "native bf16, float32 on others, float16 on GPUs)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' for sessions (also "
-                   "$SPEECHRT_API_KEY); /healthz and /metrics stay open for probes and scrapers unless --private-metrics")
-    p.add_argument("--private-metrics", action="store_true", help="with --api-key: /metrics and the full /healthz "
-                   "need the key too (without it /healthz answers only its status)")
-    p.add_argument("--allow-origin", action="append", default=[], help="browser origin allowed besides pages served "
-                   "from loopback or the bound address (repeatable; '*' for any)")
-    p.add_argument("--max-sessions", type=int, default=32, help="sessions served at once; one more is told "
-                   "(session_limit_reached) and closed with 1013 (default 32)")
-    p.add_argument("--max-rest-requests", type=int, default=16, help="OpenAI REST requests (/v1/audio/*, "
-                   "/v1/chat/completions) served at once; one more is answered 429 (default 16)")
-    p.add_argument("--max-upload-bytes", type=int, default=25 << 20, help="largest audio file POST "
-                   "/v1/audio/transcriptions accepts; a larger one is answered 413 (default 25 MiB)")
-    p.add_argument("--max-message-bytes", type=int, default=1 << 20, help="largest client event; a larger one gets "
-                   "an error event and the session goes on (default 1 MiB)")
-    p.add_argument("--max-buffer-seconds", type=float, default=120.0, help="uncommitted input audio a session may "
-                   "hold (default 120 s); with turn detection only the open turn is held")
-    p.add_argument("--idle-timeout", type=float, default=300.0, help="seconds without an event either way before a "
-                   "session is closed (default 300)")
-    p.add_argument("--stall-timeout", type=float, default=60.0, help="seconds the engine may spend in one model step "
-                   "(a hang) before the sessions waiting on it are told their transcript or answer failed; waiting "
-                   "behind other work that moves is not a stall (default 60)")
-    p.add_argument("--drain-seconds", type=float, default=15.0, help="on SIGTERM/SIGINT: time given to final "
-                   "transcripts and answers in flight before the sessions are closed (default 15)")
-    p.add_argument("--max-send-queue-bytes", type=int, default=8 << 20, help="events a session may have waiting for "
-                   "a client that does not read them; then the session is closed (1008) (default 8 MiB)")
-    p.add_argument("--ping-interval", type=float, default=20.0, help="seconds between WebSocket pings; a client that "
-                   "does not answer one within --ping-timeout is closed (default 20)")
+    p.add_argument(
+        "--asr-dtype",
+        default="auto",
+        help="speech recognition dtype (default auto: bfloat16 on CPUs with "
+        "native bf16, float32 on others, float16 on GPUs)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' for sessions (also "
+        "$SPEECHRT_API_KEY); /healthz and /metrics stay open for probes and scrapers unless --private-metrics",
+    )
+    p.add_argument(
+        "--private-metrics",
+        action="store_true",
+        help="with --api-key: /metrics and the full /healthz "
+        "need the key too (without it /healthz answers only its status)",
+    )
+    p.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        help="browser origin allowed besides pages served from loopback or the bound address (repeatable; '*' for any)",
+    )
+    p.add_argument(
+        "--max-sessions",
+        type=int,
+        default=32,
+        help="sessions served at once; one more is told (session_limit_reached) and closed with 1013 (default 32)",
+    )
+    p.add_argument(
+        "--max-rest-requests",
+        type=int,
+        default=16,
+        help="OpenAI REST requests (/v1/audio/*, "
+        "/v1/chat/completions) served at once; one more is answered 429 (default 16)",
+    )
+    p.add_argument(
+        "--max-upload-bytes",
+        type=int,
+        default=25 << 20,
+        help="largest audio file POST /v1/audio/transcriptions accepts; a larger one is answered 413 (default 25 MiB)",
+    )
+    p.add_argument(
+        "--max-message-bytes",
+        type=int,
+        default=1 << 20,
+        help="largest client event; a larger one gets an error event and the session goes on (default 1 MiB)",
+    )
+    p.add_argument(
+        "--max-buffer-seconds",
+        type=float,
+        default=120.0,
+        help="uncommitted input audio a session may "
+        "hold (default 120 s); with turn detection only the open turn is held",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=300.0,
+        help="seconds without an event either way before a session is closed (default 300)",
+    )
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=60.0,
+        help="seconds the engine may spend in one model step "
+        "(a hang) before the sessions waiting on it are told their transcript or answer failed; waiting "
+        "behind other work that moves is not a stall (default 60)",
+    )
+    p.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=15.0,
+        help="on SIGTERM/SIGINT: time given to final "
+        "transcripts and answers in flight before the sessions are closed (default 15)",
+    )
+    p.add_argument(
+        "--max-send-queue-bytes",
+        type=int,
+        default=8 << 20,
+        help="events a session may have waiting for "
+        "a client that does not read them; then the session is closed (1008) (default 8 MiB)",
+    )
+    p.add_argument(
+        "--ping-interval",
+        type=float,
+        default=20.0,
+        help="seconds between WebSocket pings; a client that "
+        "does not answer one within --ping-timeout is closed (default 20)",
+    )
     p.add_argument("--ping-timeout", type=float, default=20.0, help="see --ping-interval (default 20)")
-    p.add_argument("--silence-duration-ms", type=int, default=None, help="server_vad default pause that ends a turn "
-                   "(API default 500)")
-    p.add_argument("--asr-loop-threads", type=int, default=1,
-                   help="CPU threads for the small ops of transcript decoding (default 1: robust when the cores are "
-                        "shared; 0: all threads, faster on an otherwise idle machine)")
-    p.add_argument("--lm-threads", type=int, default=0,
-                   help="CPU threads for language model steps (default 0: all; on a 2-core AMD EPYC AVX2 this made "
-                        "conversations' voice-to-voice p50 0.73 s instead of 0.81 s for one stream and 1.12 s instead "
-                        "of 1.21 s for four, their final transcripts p50 0.32-0.40 s instead of 0.31-0.33 s; 1: "
-                        "the language model leaves a core to the rest)")
-    p.add_argument("--max-batch", type=int, default=None, help="transcripts of one kind (final or live), and "
-                   "language-model replies, run together in one model step at most (default 8 on a CPU, 32 on a GPU)")
-    p.add_argument("--partial-interval", type=float, default=1.0,
-                   help="seconds between live transcript updates while a person speaks (0: final transcripts only)")
-    p.add_argument("--final-margin", type=float, default=None, metavar="SECONDS",
-                   help="seconds of padding after a turn's audio that its final transcript encodes (default 10; 30: "
-                        "whole windows): less is faster and may lose words (python -m speechrt.bench.margin_study)")
-    p.add_argument("--loaded-final-margin", type=float, default=None, metavar="SECONDS",
-                   help="the final margin while the engine is loaded (its worker busy 90%% of the last 2 s, 30%% on "
-                        "other work than live transcripts; default 3 on a CPU, or --final-margin if less; 0: the "
-                        "full margin always, the default on a GPU): a slow CPU keeps the capacity of short margins, "
-                        "and the words of 10-s margins while it has time to spare")
-    p.add_argument("--no-speculative-replies", dest="speculative_replies", action="store_false",
-                   help="do not begin a reply during a pause before turn detection ends the turn (by default, when "
-                        "the engine has time to spare, the reply to the transcript so far is made during the pause "
-                        "and sent at once if the pause ends the turn; speech resuming drops it)")
+    p.add_argument(
+        "--silence-duration-ms",
+        type=int,
+        default=None,
+        help="server_vad default pause that ends a turn (API default 500)",
+    )
+    p.add_argument(
+        "--asr-loop-threads",
+        type=int,
+        default=1,
+        help="CPU threads for the small ops of transcript decoding (default 1: robust when the cores are "
+        "shared; 0: all threads, faster on an otherwise idle machine)",
+    )
+    p.add_argument(
+        "--lm-threads",
+        type=int,
+        default=0,
+        help="CPU threads for language model steps (default 0: all; on a 2-core AMD EPYC AVX2 this made "
+        "conversations' voice-to-voice p50 0.73 s instead of 0.81 s for one stream and 1.12 s instead "
+        "of 1.21 s for four, their final transcripts p50 0.32-0.40 s instead of 0.31-0.33 s; 1: "
+        "the language model leaves a core to the rest)",
+    )
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        help="transcripts of one kind (final or live), and "
+        "language-model replies, run together in one model step at most (default 8 on a CPU, 32 on a GPU)",
+    )
+    p.add_argument(
+        "--partial-interval",
+        type=float,
+        default=1.0,
+        help="seconds between live transcript updates while a person speaks (0: final transcripts only)",
+    )
+    p.add_argument(
+        "--final-margin",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="seconds of padding after a turn's audio that its final transcript encodes (default 10; 30: "
+        "whole windows): less is faster and may lose words (python -m speechrt.bench.margin_study)",
+    )
+    p.add_argument(
+        "--loaded-final-margin",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the final margin while the engine is loaded (its worker busy 90%% of the last 2 s, 30%% on "
+        "other work than live transcripts; default 3 on a CPU, or --final-margin if less; 0: the "
+        "full margin always, the default on a GPU): a slow CPU keeps the capacity of short margins, "
+        "and the words of 10-s margins while it has time to spare",
+    )
+    p.add_argument(
+        "--no-speculative-replies",
+        dest="speculative_replies",
+        action="store_false",
+        help="do not begin a reply during a pause before turn detection ends the turn (by default, when "
+        "the engine has time to spare, the reply to the transcript so far is made during the pause "
+        "and sent at once if the pause ends the turn; speech resuming drops it)",
+    )
     p.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: all cores)")
-    p.add_argument("--debug-endpoints", action="store_true", help="serve POST /debug/fault (inject a failing or "
-                   "stalling model step; for tests, never in production)")
+    p.add_argument(
+        "--debug-endpoints",
+        action="store_true",
+        help="serve POST /debug/fault (inject a failing or stalling model step; for tests, never in production)",
+    )
     r = p.add_argument_group("Ray Serve (--ray; docs/scale-out.md; needs pip install 'speechrt[ray]')")
-    r.add_argument("--ray", action="store_true", help="serve on Ray Serve: replicas each with their own models and "
-                   "engine behind one endpoint at --host:--port, a WebSocket pinned to its replica")
-    r.add_argument("--ray-address", default=None, help="Ray cluster to join (default: $RAY_ADDRESS, else start one "
-                   "on this machine)")
+    r.add_argument(
+        "--ray",
+        action="store_true",
+        help="serve on Ray Serve: replicas each with their own models and "
+        "engine behind one endpoint at --host:--port, a WebSocket pinned to its replica",
+    )
+    r.add_argument(
+        "--ray-address",
+        default=None,
+        help="Ray cluster to join (default: $RAY_ADDRESS, else start one on this machine)",
+    )
     r.add_argument("--replicas", type=int, default=1, help="fixed number of replicas (default 1)")
     r.add_argument("--min-replicas", type=int, default=None, help="autoscaling: fewest replicas (with --max-replicas)")
     r.add_argument("--max-replicas", type=int, default=None, help="autoscaling: most replicas (with --min-replicas)")
-    r.add_argument("--target-sessions", type=float, default=None, help="autoscaling: ongoing sessions per replica "
-                   "to aim for (default 3/4 of --max-sessions)")
-    r.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs each replica reserves (default 1; also its "
-                   "PyTorch threads unless --threads)")
-    r.add_argument("--replica-gpus", type=float, default=0.0, help="GPUs each replica reserves (default 0; 1 with "
-                   "--device cuda; fractions share a GPU)")
-    r.add_argument("--graceful-shutdown-s", type=float, default=30.0, help="time a stopping replica has to finish "
-                   "turns in flight and tell its sessions before Serve kills it (default 30; > --drain-seconds)")
+    r.add_argument(
+        "--target-sessions",
+        type=float,
+        default=None,
+        help="autoscaling: ongoing sessions per replica to aim for (default 3/4 of --max-sessions)",
+    )
+    r.add_argument(
+        "--replica-cpus",
+        type=float,
+        default=1.0,
+        help="CPUs each replica reserves (default 1; also its PyTorch threads unless --threads)",
+    )
+    r.add_argument(
+        "--replica-gpus",
+        type=float,
+        default=0.0,
+        help="GPUs each replica reserves (default 0; 1 with --device cuda; fractions share a GPU)",
+    )
+    r.add_argument(
+        "--graceful-shutdown-s",
+        type=float,
+        default=30.0,
+        help="time a stopping replica has to finish "
+        "turns in flight and tell its sessions before Serve kills it (default 30; > --drain-seconds)",
+    )
 
 
 def options(args):
@@ -103,18 +243,31 @@ def options(args):
     from speechrt.streaming.server import ServerOptions
 
     final_margin = ServerOptions.final_margin if args.final_margin is None else args.final_margin
-    return ServerOptions(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("SPEECHRT_API_KEY"),
-                         origins=tuple(args.allow_origin), private_metrics=args.private_metrics,
-                         max_sessions=args.max_sessions, max_batch=max_batch(args),
-                         max_rest_requests=args.max_rest_requests,
-                         max_upload_bytes=args.max_upload_bytes, max_message_bytes=args.max_message_bytes,
-                         max_buffer_seconds=args.max_buffer_seconds, idle_timeout=args.idle_timeout,
-                         stall_timeout=args.stall_timeout, drain_seconds=args.drain_seconds,
-                         max_send_queue_bytes=args.max_send_queue_bytes, ping_interval=args.ping_interval,
-                         ping_timeout=args.ping_timeout,
-                         silence_duration_ms=args.silence_duration_ms, partial_interval=args.partial_interval,
-                         final_margin=final_margin, loaded_final_margin=loaded_margin(args, final_margin),
-                         speculative_replies=args.speculative_replies, debug=args.debug_endpoints)
+    return ServerOptions(
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or os.environ.get("SPEECHRT_API_KEY"),
+        origins=tuple(args.allow_origin),
+        private_metrics=args.private_metrics,
+        max_sessions=args.max_sessions,
+        max_batch=max_batch(args),
+        max_rest_requests=args.max_rest_requests,
+        max_upload_bytes=args.max_upload_bytes,
+        max_message_bytes=args.max_message_bytes,
+        max_buffer_seconds=args.max_buffer_seconds,
+        idle_timeout=args.idle_timeout,
+        stall_timeout=args.stall_timeout,
+        drain_seconds=args.drain_seconds,
+        max_send_queue_bytes=args.max_send_queue_bytes,
+        ping_interval=args.ping_interval,
+        ping_timeout=args.ping_timeout,
+        silence_duration_ms=args.silence_duration_ms,
+        partial_interval=args.partial_interval,
+        final_margin=final_margin,
+        loaded_final_margin=loaded_margin(args, final_margin),
+        speculative_replies=args.speculative_replies,
+        debug=args.debug_endpoints,
+    )
 
 
 def on_gpu(args) -> bool:
@@ -149,11 +302,18 @@ def load_models(args):
     cores with the event loop and VAD: by default the small ops of decoding run on one thread."""
     import speechrt
 
-    asr = speechrt.load_asr(args.asr, args.asr_backend or args.backend, args.device, args.asr_dtype,
-                            step_threads=args.asr_loop_threads or None)
+    asr = speechrt.load_asr(
+        args.asr,
+        args.asr_backend or args.backend,
+        args.device,
+        args.asr_dtype,
+        step_threads=args.asr_loop_threads or None,
+    )
     lm = tts = None
     if not args.transcription_only:
-        lm = speechrt.load_lm(args.lm, args.lm_backend or args.backend, args.device, step_threads=args.lm_threads or None)
+        lm = speechrt.load_lm(
+            args.lm, args.lm_backend or args.backend, args.device, step_threads=args.lm_threads or None
+        )
         tts = speechrt.load_tts(args.tts, args.tts_backend or args.backend, args.device)
     return asr, lm, tts
 

@@ -7,6 +7,7 @@ class UserError(Exception):
 
 class ContextLengthExceeded(UserError):
     """A prompt longer than the room the language model's context leaves for it (`needed` > `room` tokens)."""
+
     code = "context_length_exceeded"
 
     def __init__(self, message: str, needed: int, room: int):

@@ -1,5 +1,6 @@
 """Facts of this machine that several layers read: where speechrt keeps what it builds on first use, and the
 CPU's feature flags. Imports nothing of speechrt."""
+
 from __future__ import annotations
 
 import os
@@ -8,7 +9,9 @@ from pathlib import Path
 
 def cache_home() -> Path:
     """$SPEECHRT_CACHE, else $XDG_CACHE_HOME/speechrt, else ~/.cache/speechrt."""
-    base = os.environ.get("SPEECHRT_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "speechrt"
+    base = (
+        os.environ.get("SPEECHRT_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "speechrt"
+    )
     return Path(base)
 
 
@@ -34,6 +37,8 @@ def cpu_flags() -> set[str] | None:
         return None
     isa = os.environ.get("SPEECHRT_CPU_ISA", "").lower()
     if isa not in ("", "native", "avx2"):
-        raise ValueError(f"SPEECHRT_CPU_ISA={isa!r}: valid values are 'avx2' (hide AVX-512, AMX and AVX-VNNI) "
-                         "and 'native' (the default)")
+        raise ValueError(
+            f"SPEECHRT_CPU_ISA={isa!r}: valid values are 'avx2' (hide AVX-512, AMX and AVX-VNNI) "
+            "and 'native' (the default)"
+        )
     return {f for f in flags if not f.startswith(BEYOND_AVX2)} if isa == "avx2" else flags

@@ -3,10 +3,11 @@
 The language model's reply streams from the engine's continuous batch; it is cut into sentences and
 clauses as it arrives, and each piece is synthesized (as engine stream tasks, streaming/reply.py) and sent
 as `response.output_audio.delta` while the model is still writing the rest. A reply the session began
-during the turn's last pause (a speculative one) is taken over when it answered the same conversation. Cancelling (response.cancel,
-barge-in, truncation) stops generation and synthesis at once and keeps, as the assistant's message,
+during the turn's last pause (a speculative one) is taken over when it answered the same conversation. Cancelling
+(response.cancel, barge-in, truncation) stops generation and synthesis at once and keeps, as the assistant's message,
 only the text whose audio was sent.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -80,7 +81,9 @@ class Response:
                 self.status = "cancelled"
         except Exception as e:  # noqa: BLE001 - a failed step, a stall: this response fails, the session goes on
             stalled, asked = isinstance(e, EngineStalled), isinstance(e, UserError)  # asked: what the client asked
-            message = f"the response failed: {e}" if stalled or asked else f"the response failed: {type(e).__name__}: {e}"
+            message = (
+                f"the response failed: {e}" if stalled or asked else f"the response failed: {type(e).__name__}: {e}"
+            )
             code = "engine_stalled" if stalled else getattr(e, "code", "invalid_value") if asked else "server_error"
             kind = "invalid_request_error" if asked else "server_error"
             if self.status == "in_progress":
@@ -165,9 +168,14 @@ class Response:
                 self.item.spoken.append((self.item.audio_ms, self.transcript))
 
     def _api(self, status: str, output: list) -> dict:
-        r = {"id": self.id, "object": "realtime.response", "status": status, "output": output,
-             "output_modalities": ["audio"] if self.audio else ["text"],
-             "conversation_id": None if self.options.out_of_band else self.session.id}
+        r = {
+            "id": self.id,
+            "object": "realtime.response",
+            "status": status,
+            "output": output,
+            "output_modalities": ["audio"] if self.audio else ["text"],
+            "conversation_id": None if self.options.out_of_band else self.session.id,
+        }
         if self.options.metadata is not None:
             r["metadata"] = dict(self.options.metadata)
         if status in ("cancelled", "incomplete"):

@@ -1,6 +1,7 @@
 """Wire audio formats of the Realtime API: pcm16 little-endian (24 kHz by default, other rates as an
 extension), G.711 mu-law and A-law (8 kHz). Input is decoded to float32 mono at 16 kHz for the models,
 with a streaming resampler so chunk borders leave no clicks; output is encoded from float32."""
+
 from __future__ import annotations
 
 import base64
@@ -38,10 +39,14 @@ def parse_format(spec) -> AudioFormat:
     """A format from a session config: GA {'type': 'audio/pcm', 'rate': 24000} or beta 'pcm16'."""
     if isinstance(spec, str):
         if spec not in _BETA:
-            raise AudioFormatError(f"unsupported audio format {spec!r}; valid: pcm16, g711_ulaw, g711_alaw, or {VALID_FORMATS}")
+            raise AudioFormatError(
+                f"unsupported audio format {spec!r}; valid: pcm16, g711_ulaw, g711_alaw, or {VALID_FORMATS}"
+            )
         spec = {"type": _BETA[spec]}
     if not isinstance(spec, dict):
-        raise AudioFormatError(f"audio format must be an object like {{'type': 'audio/pcm', 'rate': 24000}}, got {spec!r}")
+        raise AudioFormatError(
+            f"audio format must be an object like {{'type': 'audio/pcm', 'rate': 24000}}, got {spec!r}"
+        )
     t = spec.get("type", "audio/pcm")
     if t not in ("audio/pcm", "audio/pcmu", "audio/pcma"):
         raise AudioFormatError(f"unsupported audio format type {t!r}; valid: {VALID_FORMATS}")
@@ -52,7 +57,9 @@ def parse_format(spec) -> AudioFormat:
         return AudioFormat(t, 8000)
     rate = 24000 if rate is None else rate
     if not isinstance(rate, int) or not 8000 <= rate <= 48000:
-        raise AudioFormatError(f"unsupported pcm16 rate {rate!r}; valid: an integer from 8000 to 48000 (24000 is the API default)")
+        raise AudioFormatError(
+            f"unsupported pcm16 rate {rate!r}; valid: an integer from 8000 to 48000 (24000 is the API default)"
+        )
     return AudioFormat(t, rate)
 
 
@@ -103,8 +110,10 @@ class InputDecoder:
         """`last`: the stream ends here (the resampler's held-back samples come out too)."""
         if self.fmt.type == "audio/pcm":
             if len(raw) % 2:
-                raise AudioFormatError(f"pcm16 audio must have an even number of bytes, got {len(raw)} "
-                                       f"(the session's input format is {self.fmt.type} at {self.fmt.rate} Hz)")
+                raise AudioFormatError(
+                    f"pcm16 audio must have an even number of bytes, got {len(raw)} "
+                    f"(the session's input format is {self.fmt.type} at {self.fmt.rate} Hz)"
+                )
             x = np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
         else:
             x = (ULAW if self.fmt.type == "audio/pcmu" else ALAW)[np.frombuffer(raw, np.uint8)]

@@ -1,19 +1,20 @@
 """speechrt's Python SDK for the Realtime server: typed events, an async client and a sync wrapper.
 
-    from speechrt.client import Client
-    with Client("ws://127.0.0.1:8765/v1/realtime") as c:
-        print(c.transcribe_file("talk.wav"))
-        reply = c.ask("What is the capital of France?")      # text in, spoken answer out
-        print(reply.transcript, len(reply.audio))
+from speechrt.client import Client
+with Client("ws://127.0.0.1:8765/v1/realtime") as c:
+    print(c.transcribe_file("talk.wav"))
+    reply = c.ask("What is the capital of France?")      # text in, spoken answer out
+    print(reply.transcript, len(reply.audio))
 """
+
 from __future__ import annotations
 
 import asyncio
 import base64
 import json
 import threading
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Iterable
 
 import numpy as np
 
@@ -105,8 +106,12 @@ def parse_event(d: dict) -> Event:
     if t in ("response.output_audio.delta", "response.audio.delta"):
         pcm = np.frombuffer(base64.b64decode(d.get("delta", "")), "<i2").astype(np.float32) / 32768.0
         return AudioDelta(t, d, d.get("response_id", ""), d.get("item_id", ""), pcm)
-    if t in ("response.output_audio_transcript.delta", "response.audio_transcript.delta",
-             "response.output_text.delta", "response.text.delta"):
+    if t in (
+        "response.output_audio_transcript.delta",
+        "response.audio_transcript.delta",
+        "response.output_text.delta",
+        "response.text.delta",
+    ):
         return TextDelta(t, d, d.get("response_id", ""), d.get("item_id", ""), d.get("delta") or "")
     if t == "response.done":
         r = d.get("response") or {}
@@ -117,6 +122,7 @@ def parse_event(d: dict) -> Event:
 @dataclass
 class Reply:
     """A finished response: its text (transcript of the audio, or the text) and audio (24 kHz float32)."""
+
     transcript: str
     audio: np.ndarray
     status: str
@@ -132,13 +138,21 @@ def _to_wire(audio, sample_rate: int | None) -> np.ndarray:
 
     if isinstance(audio, (str, bytes)) or hasattr(audio, "__fspath__"):
         return load_audio(audio, sample_rate=WIRE_RATE)
-    return load_audio(np.asarray(audio), sample_rate=WIRE_RATE, source_rate=WIRE_RATE if sample_rate is None else sample_rate)
+    return load_audio(
+        np.asarray(audio), sample_rate=WIRE_RATE, source_rate=WIRE_RATE if sample_rate is None else sample_rate
+    )
 
 
 # -- async client ------------------------------------------------------------------------------------
 class AsyncClient:
-    def __init__(self, url: str = "ws://127.0.0.1:8765/v1/realtime", api_key: str | None = None,
-                 transcription: bool = False, session: dict | None = None, open_timeout: float = 10):
+    def __init__(
+        self,
+        url: str = "ws://127.0.0.1:8765/v1/realtime",
+        api_key: str | None = None,
+        transcription: bool = False,
+        session: dict | None = None,
+        open_timeout: float = 10,
+    ):
         self.url = url + ("&" if "?" in url else "?") + "intent=transcription" if transcription else url
         self.api_key, self.session, self.open_timeout = api_key, session, open_timeout
         self.transcription = transcription
@@ -156,8 +170,9 @@ class AsyncClient:
         from websockets.asyncio.client import connect
 
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        self.ws = await connect(self.url, additional_headers=headers, open_timeout=self.open_timeout,
-                                max_size=None, compression=None)
+        self.ws = await connect(
+            self.url, additional_headers=headers, open_timeout=self.open_timeout, max_size=None, compression=None
+        )
         self._reader = asyncio.create_task(self._read())
         ev = await self.next_event()
         if isinstance(ev, ErrorEvent):
@@ -222,8 +237,12 @@ class AsyncClient:
         """Send float32 audio at 24 kHz as pcm16 chunks (paced in real time if asked)."""
         step = WIRE_RATE * chunk_ms // 1000
         for i in range(0, len(audio24k), step):
-            await self.send({"type": "input_audio_buffer.append",
-                             "audio": base64.b64encode(_pcm16(audio24k[i: i + step])).decode()})
+            await self.send(
+                {
+                    "type": "input_audio_buffer.append",
+                    "audio": base64.b64encode(_pcm16(audio24k[i : i + step])).decode(),
+                }
+            )
             if realtime:
                 await asyncio.sleep(chunk_ms / 1000)
 
@@ -246,6 +265,7 @@ class AsyncClient:
         detection: yields SpeechStarted/Stopped, TranscriptDelta and TranscriptCompleted events. Ends
         once all audio is sent and every started turn has its final transcript (or `final_timeout`
         seconds passed without one)."""
+
         async def pump():
             if hasattr(chunks, "__aiter__"):
                 async for c in chunks:
@@ -253,6 +273,7 @@ class AsyncClient:
             else:
                 for c in chunks:
                     await self.append_audio(_to_wire(c, sample_rate))
+
         task = asyncio.create_task(pump())
         quiet = 0.0  # seconds without an event since all audio was sent
         pending = 0  # turns started whose final transcript has not come yet
@@ -311,8 +332,12 @@ class AsyncClient:
 
     async def ask(self, text: str) -> Reply:
         """Send a text message; the assistant answers (audio + transcript, or text in text sessions)."""
-        await self.send({"type": "conversation.item.create",
-                         "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
+        await self.send(
+            {
+                "type": "conversation.item.create",
+                "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]},
+            }
+        )
         # a message the server refuses raises here, before a response to the conversation without it is asked for
         await self.wait_for("conversation.item.added", "conversation.item.created")
         await self.send({"type": "response.create"})
@@ -322,8 +347,11 @@ class AsyncClient:
         """Speak to the agent: audio is sent (followed by silence so the server detects the end of the
         turn), transcribed, answered and spoken. Returns the reply with the user's transcript."""
         if self.session_config.get("type") == "transcription":  # nothing would answer: say so, do not wait
-            raise RealtimeError("invalid_value", "talk() needs a conversation session; this one is a transcription "
-                                "session (a transcription-only server, or transcription=True)")
+            raise RealtimeError(
+                "invalid_value",
+                "talk() needs a conversation session; this one is a transcription "
+                "session (a transcription-only server, or transcription=True)",
+            )
         wire = _to_wire(audio, sample_rate)
         await self.append_audio(np.concatenate([wire, np.zeros(WIRE_RATE, np.float32)]), realtime=realtime)
         return await self._collect_reply()
@@ -339,8 +367,13 @@ class AsyncClient:
 class Client:
     """Blocking wrapper around AsyncClient (runs its own event loop thread)."""
 
-    def __init__(self, url: str = "ws://127.0.0.1:8765/v1/realtime", api_key: str | None = None,
-                 transcription: bool = False, session: dict | None = None):
+    def __init__(
+        self,
+        url: str = "ws://127.0.0.1:8765/v1/realtime",
+        api_key: str | None = None,
+        transcription: bool = False,
+        session: dict | None = None,
+    ):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
@@ -404,5 +437,19 @@ class Client:
         self._thread.join(timeout=5)
 
 
-__all__ = ["AsyncClient", "Client", "Event", "ErrorEvent", "SpeechStarted", "SpeechStopped", "TranscriptDelta",
-           "TranscriptCompleted", "AudioDelta", "TextDelta", "ResponseDone", "Reply", "RealtimeError", "parse_event"]
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "Event",
+    "ErrorEvent",
+    "SpeechStarted",
+    "SpeechStopped",
+    "TranscriptDelta",
+    "TranscriptCompleted",
+    "AudioDelta",
+    "TextDelta",
+    "ResponseDone",
+    "Reply",
+    "RealtimeError",
+    "parse_event",
+]

@@ -1,5 +1,6 @@
 """A session's conversation: its items as dataclasses, serialized to the Realtime API's shapes only at the
 edge (`to_api`), and the chat messages the language model reads from them."""
+
 from __future__ import annotations
 
 import asyncio
@@ -28,7 +29,11 @@ class Part:
 
     def to_response_api(self) -> dict:
         """The part as response.content_part events show it ('audio' / 'text')."""
-        return {"type": "audio", "transcript": self.text or ""} if self.spoken else {"type": "text", "text": self.text or ""}
+        return (
+            {"type": "audio", "transcript": self.text or ""}
+            if self.spoken
+            else {"type": "text", "text": self.text or ""}
+        )
 
 
 @dataclass(eq=False)
@@ -50,8 +55,14 @@ class Item:
         return " ".join(p.text or "" for p in self.parts).strip()
 
     def to_api(self) -> dict:
-        return {"id": self.id, "object": "realtime.item", "type": "message", "role": self.role, "status": self.status,
-                "content": [p.to_api() for p in self.parts]}
+        return {
+            "id": self.id,
+            "object": "realtime.item",
+            "type": "message",
+            "role": self.role,
+            "status": self.status,
+            "content": [p.to_api() for p in self.parts],
+        }
 
     def truncate(self, content_index, audio_end_ms) -> None:
         """Keep what was said up to `audio_end_ms` of the item's audio (what the user heard)."""
@@ -59,13 +70,19 @@ class Item:
         if self.role != "assistant" or part is None:
             raise ProtocolError("only assistant items with audio can be truncated", "invalid_value", "item_id")
         if isinstance(content_index, bool) or content_index != self.parts.index(part):
-            raise ProtocolError(f"content_index must be {self.parts.index(part)} (the item's audio part), got "
-                                f"{short(content_index)}", "invalid_value", "content_index")
+            raise ProtocolError(
+                f"content_index must be {self.parts.index(part)} (the item's audio part), got {short(content_index)}",
+                "invalid_value",
+                "content_index",
+            )
         if isinstance(audio_end_ms, bool) or not isinstance(audio_end_ms, int) or audio_end_ms < 0:
             raise ProtocolError("audio_end_ms must be a non-negative integer", "invalid_value", "audio_end_ms")
         if audio_end_ms > self.audio_ms:
-            raise ProtocolError(f"audio_end_ms {audio_end_ms} is past the item's audio ({self.audio_ms} ms)",
-                                "invalid_value", "audio_end_ms")
+            raise ProtocolError(
+                f"audio_end_ms {audio_end_ms} is past the item's audio ({self.audio_ms} ms)",
+                "invalid_value",
+                "audio_end_ms",
+            )
         part.text = next((upto for end, upto in reversed(self.spoken) if end <= audio_end_ms), "")
         self.audio_ms = audio_end_ms
 
@@ -76,7 +93,9 @@ def item_from_api(item, max_chars: int, audio: bool = False) -> Item:
     if not isinstance(item, dict):
         raise ProtocolError("conversation.item.create needs an 'item' object", "missing_required_parameter", "item")
     if item.get("type", "message") != "message":
-        raise ProtocolError(f"item type {item.get('type')!r} is not supported; valid: message", "invalid_value", "item.type")
+        raise ProtocolError(
+            f"item type {item.get('type')!r} is not supported; valid: message", "invalid_value", "item.type"
+        )
     role = item.get("role")
     if role not in ROLES:
         raise ProtocolError(f"item.role must be user, assistant or system, got {role!r}", "invalid_value", "item.role")
@@ -90,16 +109,20 @@ def item_from_api(item, max_chars: int, audio: bool = False) -> Item:
             continue
         if not isinstance(part, dict) or part.get("type") not in ("input_text", "text", "output_text"):
             valid = " or {'type': 'input_audio', 'audio': base64} (user items)" if audio else " (text items only)"
-            raise ProtocolError(f"content parts must be {{'type': 'input_text', 'text': ...}}{valid}",
-                                "invalid_value", "item.content")
+            raise ProtocolError(
+                f"content parts must be {{'type': 'input_text', 'text': ...}}{valid}", "invalid_value", "item.content"
+            )
         if not isinstance(part.get("text"), str):
             raise ProtocolError("a text part needs a string 'text'", "invalid_value", "item.content.text")
         texts.append(part["text"])
         parts.append(Part("output_text" if role == "assistant" else "input_text", part["text"]))
     chars = sum(len(t) for t in texts)
     if chars > max_chars:
-        raise ProtocolError(f"the item's text has {chars} characters; this server takes at most {max_chars} per item",
-                            "invalid_value", "item.content")
+        raise ProtocolError(
+            f"the item's text has {chars} characters; this server takes at most {max_chars} per item",
+            "invalid_value",
+            "item.content",
+        )
     item_id = item.get("id")
     if item_id is not None and (not isinstance(item_id, str) or not 0 < len(item_id) <= 64):
         raise ProtocolError("item.id must be a string of 1 to 64 characters", "invalid_value", "item.id")
@@ -113,8 +136,12 @@ class Conversation:
     def check_room(self, item: Item, max_chars: int) -> None:
         """The conversation's text stays within `max_chars` with `item` added."""
         if sum(len(it.text()) for it in self.items) + len(item.text()) > max_chars:
-            raise ProtocolError(f"the conversation would hold more than {max_chars} characters of text; delete older "
-                                "items (conversation.item.delete) first", "conversation_full", "item")
+            raise ProtocolError(
+                f"the conversation would hold more than {max_chars} characters of text; delete older "
+                "items (conversation.item.delete) first",
+                "conversation_full",
+                "item",
+            )
 
     @property
     def last_id(self) -> str | None:
@@ -137,8 +164,9 @@ class Conversation:
         if previous_item_id in (None, "root") or previous_item_id == self.last_id:
             return
         self.find(previous_item_id)
-        raise ProtocolError("items can only be appended at the end of the conversation", "invalid_value",
-                            "previous_item_id")
+        raise ProtocolError(
+            "items can only be appended at the end of the conversation", "invalid_value", "previous_item_id"
+        )
 
     def delete(self, item_id) -> Item:
         it = self.find(item_id)

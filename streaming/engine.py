@@ -19,6 +19,7 @@ and await futures (or async queues for streams). The worker takes work in priori
 It calls the pipelines only (speechrt.pipelines): ASR transcribe_batch, the LM's continuous batcher,
 TTS synthesis; how they use the device and the CPU's threads was chosen when they were loaded.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -45,6 +46,7 @@ MAX_LIVE_STRETCH = 4.0
 class Fault:
     """A fault to inject into the next `count` steps of a stage (asr, lm, tts): each raises InjectedFault, or,
     with `stall_s`, sleeps that long first (a worker that hangs). For tests of what sessions are told."""
+
     stage: str
     count: int = 1
     stall_s: float = 0.0
@@ -175,7 +177,7 @@ class Engine:
             if isinstance(piece, Exception) or piece.text or piece.finish_reason or piece.logprob is not None:
                 loop.call_soon_threadsafe(q.put_nowait, piece)
 
-        req = LMRequest(list(ids[-self.prompt_room(options.max_tokens):]), options, emit, key=key)
+        req = LMRequest(list(ids[-self.prompt_room(options.max_tokens) :]), options, emit, key=key)
         with self._cv:
             self.batcher.submit(req)
             self._cv.notify()
@@ -191,9 +193,18 @@ class Engine:
             req.cancelled = True
             self._cv.notify()
 
-    async def transcribe(self, audio: np.ndarray, partial: bool = False, key=None, draft: list[int] | None = None,
-                         supersede: bool = False, options: TranscribeOptions = LIVE, turn=None, opening: bool = False,
-                         fresh=None):
+    async def transcribe(
+        self,
+        audio: np.ndarray,
+        partial: bool = False,
+        key=None,
+        draft: list[int] | None = None,
+        supersede: bool = False,
+        options: TranscribeOptions = LIVE,
+        turn=None,
+        opening: bool = False,
+        fresh=None,
+    ):
         """Transcript (a WindowResult) of one utterance (16 kHz float32), or None. Partials with the same
         key coalesce: only the newest pending one runs, older ones resolve to None. A final drops its key's
         pending partial (made useless) and stops any running partial but one that opens a turn's text (a final
@@ -204,8 +215,18 @@ class Engine:
         (finals): a final of the same key and turn still queued is replaced (resolves to None): one per turn waits.
         `opening` (partials): a turn's first words are sought; it runs before other live transcripts."""
         loop = asyncio.get_running_loop()
-        job = TranscriptJob(audio, options, loop.create_future(), loop, time.perf_counter(), key,
-                            None if partial else turn, draft, opening=partial and opening, fresh=fresh if partial else None)
+        job = TranscriptJob(
+            audio,
+            options,
+            loop.create_future(),
+            loop,
+            time.perf_counter(),
+            key,
+            None if partial else turn,
+            draft,
+            opening=partial and opening,
+            fresh=fresh if partial else None,
+        )
         with self._cv:
             old = self._transcripts.submit(job, partial, supersede)
             self._cv.notify()

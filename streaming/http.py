@@ -2,6 +2,7 @@
 /v1/realtime, the OpenAI REST endpoints (streaming/rest.py), /healthz, /metrics, the demo page, and (with
 `debug`) fault injection — and how uvicorn runs it.
 The same app can be mounted by another ASGI server (Ray Serve's ingress)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -18,13 +19,18 @@ from starlette.responses import JSONResponse, Response
 STATIC = Path(__file__).parent / "static"
 REALTIME_PATHS = ("/v1/realtime", "/realtime")
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-ENDPOINTS = ("/v1/realtime (WebSocket), POST /v1/audio/transcriptions, POST /v1/audio/translations, "
-             "POST /v1/audio/speech, POST /v1/chat/completions, GET /v1/models, /healthz, /metrics, /")
+ENDPOINTS = (
+    "/v1/realtime (WebSocket), POST /v1/audio/transcriptions, POST /v1/audio/translations, "
+    "POST /v1/audio/speech, POST /v1/chat/completions, GET /v1/models, /healthz, /metrics, /"
+)
 
 
 def json_error(status: int, message: str, code: str, type_: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": type_, "code": code}}, status_code=status,
-                        headers={"Cache-Control": "no-store"})
+    return JSONResponse(
+        {"error": {"message": message, "type": type_, "code": code}},
+        status_code=status,
+        headers={"Cache-Control": "no-store"},
+    )
 
 
 def key_matches(header_value: str, key: str) -> bool:
@@ -98,11 +104,15 @@ def build_app(server) -> FastAPI:
         denial = None
         if not authorized(ws.headers, o.api_key):
             server.counters.auth_failures += 1
-            denial = json_error(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
-                                "invalid_api_key")
+            denial = json_error(
+                401, "invalid or missing API key (send 'Authorization: Bearer <key>')", "invalid_api_key"
+            )
         elif not origin_ok(ws.headers.get("origin"), o.origins, o.host):
-            denial = json_error(403, f"origin {ws.headers.get('origin')!r} is not allowed (start the server with "
-                                     "--allow-origin to add it)", "origin_not_allowed")
+            denial = json_error(
+                403,
+                f"origin {ws.headers.get('origin')!r} is not allowed (start the server with --allow-origin to add it)",
+                "origin_not_allowed",
+            )
         if denial is not None:
             await ws.send_denial_response(denial)
             return
@@ -124,10 +134,15 @@ def build_app(server) -> FastAPI:
     @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def metrics(request: Request):
         if not sees_everything(request):
-            return json_error(401, "/metrics needs the API key ('Authorization: Bearer <key>'): the server was "
-                                   "started with --private-metrics", "invalid_api_key")
-        return Response(server.metrics_text(), media_type="text/plain; version=0.0.4",
-                        headers={"Cache-Control": "no-store"})
+            return json_error(
+                401,
+                "/metrics needs the API key ('Authorization: Bearer <key>'): the server was "
+                "started with --private-metrics",
+                "invalid_api_key",
+            )
+        return Response(
+            server.metrics_text(), media_type="text/plain; version=0.0.4", headers={"Cache-Control": "no-store"}
+        )
 
     @app.api_route("/", methods=["GET", "HEAD"])
     @app.api_route("/index.html", methods=["GET", "HEAD"])
@@ -179,7 +194,17 @@ class UvicornServer(uvicorn.Server):
 
 def uvicorn_config(app, o) -> uvicorn.Config:
     logging.getLogger("uvicorn.error").addFilter(DenialNoise())
-    return uvicorn.Config(app, log_config=None, log_level="warning", access_log=False, lifespan="off",
-                          ws="websockets-sansio", ws_max_size=o.max_frame_bytes, ws_per_message_deflate=False,
-                          ws_ping_interval=o.ping_interval, ws_ping_timeout=o.ping_timeout,
-                          timeout_graceful_shutdown=5, server_header=False)
+    return uvicorn.Config(
+        app,
+        log_config=None,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        ws="websockets-sansio",
+        ws_max_size=o.max_frame_bytes,
+        ws_per_message_deflate=False,
+        ws_ping_interval=o.ping_interval,
+        ws_ping_timeout=o.ping_timeout,
+        timeout_graceful_shutdown=5,
+        server_header=False,
+    )

@@ -1,4 +1,5 @@
 """What the server counts and measures, and its /metrics page (Prometheus text format)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -16,6 +17,7 @@ def _samples() -> collections.deque:
 @dataclass
 class Metrics:
     """The engine's counters and latency samples."""
+
     engine_seconds: float = 0.0  # the engine's worker in model steps of any kind, since start
     asr_batches: int = 0
     asr_audio_seconds: float = 0.0
@@ -88,6 +90,7 @@ class RecentLoad:
 @dataclass
 class Counters:
     """The server's counters."""
+
     sessions_total: int = 0
     sessions_rejected: int = 0
     auth_failures: int = 0
@@ -142,90 +145,187 @@ def metrics_text(sessions: int, queue_depth: int, c: Counters, m: Metrics, vad, 
     """The server's /metrics page; `vad`: its VadWorker (the frames it ran and its thread's CPU seconds)."""
     page = MetricsPage()
     if replica is not None:
-        page.lines += ["# HELP speechrt_replica_info The Ray Serve replica serving this page.",
-                       "# TYPE speechrt_replica_info gauge", f'speechrt_replica_info{{replica="{replica}"}} 1']
+        page.lines += [
+            "# HELP speechrt_replica_info The Ray Serve replica serving this page.",
+            "# TYPE speechrt_replica_info gauge",
+            f'speechrt_replica_info{{replica="{replica}"}} 1',
+        ]
     page.metric("sessions_active", "gauge", "Open Realtime sessions.", sessions)
     page.metric("sessions_total", "counter", "Sessions admitted since start.", c.sessions_total)
-    page.metric("sessions_rejected_total", "counter", "Sessions refused (server full or shutting down).",
-                c.sessions_rejected)
+    page.metric(
+        "sessions_rejected_total", "counter", "Sessions refused (server full or shutting down).", c.sessions_rejected
+    )
     page.metric("auth_failures_total", "counter", "Handshakes refused for a bad API key.", c.auth_failures)
-    page.metric("slow_readers_closed_total", "counter",
-                "Sessions closed because their client stopped reading what the server sent.", c.slow_readers_closed)
-    page.metric("engine_stalls_total", "counter",
-                "Transcripts or answers given up because the engine spent longer than the stall timeout in one step.",
-                c.stalls)
-    page.lines += ["# HELP speechrt_rest_requests_total OpenAI REST requests received, per endpoint.",
-                   "# TYPE speechrt_rest_requests_total counter"]
+    page.metric(
+        "slow_readers_closed_total",
+        "counter",
+        "Sessions closed because their client stopped reading what the server sent.",
+        c.slow_readers_closed,
+    )
+    page.metric(
+        "engine_stalls_total",
+        "counter",
+        "Transcripts or answers given up because the engine spent longer than the stall timeout in one step.",
+        c.stalls,
+    )
+    page.lines += [
+        "# HELP speechrt_rest_requests_total OpenAI REST requests received, per endpoint.",
+        "# TYPE speechrt_rest_requests_total counter",
+    ]
     page.lines += [f'speechrt_rest_requests_total{{endpoint="{e}"}} {n}' for e, n in sorted(c.rest_requests.items())]
-    page.metric("vad_frames_total", "counter", "32 ms frames of input audio run through voice activity detection.",
-                vad.frames)
-    page.metric("vad_seconds_total", "counter", "CPU seconds the voice activity detection thread spent running Silero.",
-                f"{vad.seconds:.3f}")
-    page.metric("rest_rejected_total", "counter", "REST requests refused: --max-rest-requests were running (429).",
-                c.rest_rejected)
-    page.metric("rest_errors_total", "counter", "REST requests answered with an error status (4xx, 5xx).",
-                c.rest_errors)
+    page.metric(
+        "vad_frames_total", "counter", "32 ms frames of input audio run through voice activity detection.", vad.frames
+    )
+    page.metric(
+        "vad_seconds_total",
+        "counter",
+        "CPU seconds the voice activity detection thread spent running Silero.",
+        f"{vad.seconds:.3f}",
+    )
+    page.metric(
+        "rest_rejected_total",
+        "counter",
+        "REST requests refused: --max-rest-requests were running (429).",
+        c.rest_rejected,
+    )
+    page.metric(
+        "rest_errors_total", "counter", "REST requests answered with an error status (4xx, 5xx).", c.rest_errors
+    )
     page.metric("queue_depth", "gauge", "Work items waiting for the engine.", queue_depth)
-    page.metric("engine_step_failures_total", "counter", "Model steps that raised (their requests got an error).",
-                m.step_failures)
+    page.metric(
+        "engine_step_failures_total",
+        "counter",
+        "Model steps that raised (their requests got an error).",
+        m.step_failures,
+    )
     page.metric("asr_batches_total", "counter", "Transcription batches run.", m.asr_batches)
     page.metric("asr_utterances_total", "counter", "Utterances transcribed.", m.asr_items)
-    page.metric("asr_partials_cancelled_total", "counter",
-                "Live transcripts stopped because their turn's final transcript was asked for.", m.asr_cancelled)
-    page.metric("asr_early_finals_total", "counter",
-                "Final transcripts begun when the input went quiet, before Silero confirmed the pause.", m.early_finals)
-    page.metric("asr_finals_superseded_total", "counter",
-                "Queued transcripts of a turn up to a pause, replaced by one up to a later pause of the same turn.",
-                m.finals_superseded)
-    page.metric("replies_speculated_total", "counter",
-                "Replies begun during a pause of a turn, before turn detection ended it (nothing sent yet).",
-                m.replies_speculated)
-    page.metric("replies_speculation_used_total", "counter",
-                "Replies begun during a pause that the turn's response took over (the pause ended the turn, "
-                "with the transcript they answered).", m.replies_speculation_used)
-    page.metric("lm_prompts_primed_total", "counter",
-                "Reply prompts the language model read up to a turn's live words while it was spoken.", m.prompts_primed)
-    page.metric("lm_prompt_tokens_reused_total", "counter",
-                "Replies' prompt positions found in the language model's cache (the conversation so far, a primed "
-                "prompt), not read again.", m.prompt_tokens_reused)
-    page.metric("lm_prompt_tokens_total", "counter",
-                "Replies' prompt tokens, those found in the cache (lm_prompt_tokens_reused_total) and those read.",
-                m.prompt_tokens)
-    page.metric("asr_turn_commits_total", "counter",
-                "Stable parts of long turns committed while they were spoken (local agreement).", m.turn_commits)
-    page.metric("asr_long_steps_total", "counter", "Windows of long turns' transcripts, one engine step each.",
-                m.long_steps)
-    page.metric("live_interval_stretch", "gauge", "Live transcripts' interval over --partial-interval: it stretches "
-                "(up to 4x) while transcription work queues, so finals are not starved.", f"{m.live_stretch:.2f}")
-    page.metric("engine_busy_fraction", "gauge", f"Share of the last {LOAD_WINDOW_S:g} s the engine spent in model "
-                "steps, as last seen by a transcription batch.", f"{m.busy_fraction:.3f}")
-    page.metric("engine_firm_fraction", "gauge", f"Share of the last {LOAD_WINDOW_S:g} s the engine spent on work "
-                "other than live transcripts (finals, long turns' windows, language model and voice steps), as last "
-                "seen by a transcription batch.", f"{m.firm_fraction:.3f}")
-    page.metric("asr_finals_loaded_margin_total", "counter", "Final transcripts (and early ones that may become "
-                "final) encoded over the turn plus the loaded margin (--loaded-final-margin), the engine being busy "
-                f"({LOADED_BUSY:g} of the last {LOAD_WINDOW_S:g} s, {LOADED_FIRM:g} on other work than live "
-                "transcripts), not the full one.", m.finals_loaded_margin)
-    page.lines += ["# HELP speechrt_asr_engine_seconds_total Engine seconds spent on transcription, per kind "
-                   "(final, partial: live and early transcripts, long: windows of turns over 30 s).",
-                   "# TYPE speechrt_asr_engine_seconds_total counter"]
-    page.lines += [f'speechrt_asr_engine_seconds_total{{kind="{k}"}} {v:.3f}' for k, v in sorted(m.kind_seconds.items())]
-    page.lines += ["# HELP speechrt_asr_transcripts_total Transcripts made (or stopped), per kind.",
-                   "# TYPE speechrt_asr_transcripts_total counter"]
+    page.metric(
+        "asr_partials_cancelled_total",
+        "counter",
+        "Live transcripts stopped because their turn's final transcript was asked for.",
+        m.asr_cancelled,
+    )
+    page.metric(
+        "asr_early_finals_total",
+        "counter",
+        "Final transcripts begun when the input went quiet, before Silero confirmed the pause.",
+        m.early_finals,
+    )
+    page.metric(
+        "asr_finals_superseded_total",
+        "counter",
+        "Queued transcripts of a turn up to a pause, replaced by one up to a later pause of the same turn.",
+        m.finals_superseded,
+    )
+    page.metric(
+        "replies_speculated_total",
+        "counter",
+        "Replies begun during a pause of a turn, before turn detection ended it (nothing sent yet).",
+        m.replies_speculated,
+    )
+    page.metric(
+        "replies_speculation_used_total",
+        "counter",
+        "Replies begun during a pause that the turn's response took over (the pause ended the turn, "
+        "with the transcript they answered).",
+        m.replies_speculation_used,
+    )
+    page.metric(
+        "lm_prompts_primed_total",
+        "counter",
+        "Reply prompts the language model read up to a turn's live words while it was spoken.",
+        m.prompts_primed,
+    )
+    page.metric(
+        "lm_prompt_tokens_reused_total",
+        "counter",
+        "Replies' prompt positions found in the language model's cache (the conversation so far, a primed "
+        "prompt), not read again.",
+        m.prompt_tokens_reused,
+    )
+    page.metric(
+        "lm_prompt_tokens_total",
+        "counter",
+        "Replies' prompt tokens, those found in the cache (lm_prompt_tokens_reused_total) and those read.",
+        m.prompt_tokens,
+    )
+    page.metric(
+        "asr_turn_commits_total",
+        "counter",
+        "Stable parts of long turns committed while they were spoken (local agreement).",
+        m.turn_commits,
+    )
+    page.metric(
+        "asr_long_steps_total", "counter", "Windows of long turns' transcripts, one engine step each.", m.long_steps
+    )
+    page.metric(
+        "live_interval_stretch",
+        "gauge",
+        "Live transcripts' interval over --partial-interval: it stretches "
+        "(up to 4x) while transcription work queues, so finals are not starved.",
+        f"{m.live_stretch:.2f}",
+    )
+    page.metric(
+        "engine_busy_fraction",
+        "gauge",
+        f"Share of the last {LOAD_WINDOW_S:g} s the engine spent in model "
+        "steps, as last seen by a transcription batch.",
+        f"{m.busy_fraction:.3f}",
+    )
+    page.metric(
+        "engine_firm_fraction",
+        "gauge",
+        f"Share of the last {LOAD_WINDOW_S:g} s the engine spent on work "
+        "other than live transcripts (finals, long turns' windows, language model and voice steps), as last "
+        "seen by a transcription batch.",
+        f"{m.firm_fraction:.3f}",
+    )
+    page.metric(
+        "asr_finals_loaded_margin_total",
+        "counter",
+        "Final transcripts (and early ones that may become "
+        "final) encoded over the turn plus the loaded margin (--loaded-final-margin), the engine being busy "
+        f"({LOADED_BUSY:g} of the last {LOAD_WINDOW_S:g} s, {LOADED_FIRM:g} on other work than live "
+        "transcripts), not the full one.",
+        m.finals_loaded_margin,
+    )
+    page.lines += [
+        "# HELP speechrt_asr_engine_seconds_total Engine seconds spent on transcription, per kind "
+        "(final, partial: live and early transcripts, long: windows of turns over 30 s).",
+        "# TYPE speechrt_asr_engine_seconds_total counter",
+    ]
+    page.lines += [
+        f'speechrt_asr_engine_seconds_total{{kind="{k}"}} {v:.3f}' for k, v in sorted(m.kind_seconds.items())
+    ]
+    page.lines += [
+        "# HELP speechrt_asr_transcripts_total Transcripts made (or stopped), per kind.",
+        "# TYPE speechrt_asr_transcripts_total counter",
+    ]
     page.lines += [f'speechrt_asr_transcripts_total{{kind="{k}"}} {v}' for k, v in sorted(m.kind_items.items())]
     rtf = m.asr_seconds / m.asr_audio_seconds if m.asr_audio_seconds else 0.0
     page.metric("asr_real_time_factor", "gauge", "Transcription compute seconds per second of audio.", f"{rtf:.4f}")
-    page.metric("engine_stream_steps_total", "counter", "Steps of streaming tasks (tokens, audio chunks).",
-                m.stream_steps)
+    page.metric(
+        "engine_stream_steps_total", "counter", "Steps of streaming tasks (tokens, audio chunks).", m.stream_steps
+    )
     page.summary("final_transcript_latency_seconds", "Queue + compute time of final transcripts.", m.final_latency)
-    page.summary("partial_transcript_latency_seconds", "Queue + compute time of partial transcripts.",
-                 m.partial_latency)
+    page.summary(
+        "partial_transcript_latency_seconds", "Queue + compute time of partial transcripts.", m.partial_latency
+    )
     page.summary("first_audio_latency_seconds", "Response start to first audio chunk.", m.first_audio_latency)
-    page.metric("engine_busy_seconds_total", "counter", "Seconds the engine's worker spent in model steps of any "
-                "kind (transcripts, language model, voice).", f"{m.engine_seconds:.3f}")
+    page.metric(
+        "engine_busy_seconds_total",
+        "counter",
+        "Seconds the engine's worker spent in model steps of any kind (transcripts, language model, voice).",
+        f"{m.engine_seconds:.3f}",
+    )
     r = process_resources()
-    page.metric("process_cpu_seconds_total", "counter", "CPU time of the server process, all threads (user + "
-                "system).", f"{time.process_time():.3f}")
+    page.metric(
+        "process_cpu_seconds_total",
+        "counter",
+        "CPU time of the server process, all threads (user + system).",
+        f"{time.process_time():.3f}",
+    )
     page.metric("process_resident_memory_bytes", "gauge", "Resident memory of the server process.", r["rss_bytes"])
     page.metric("process_open_fds", "gauge", "Open file descriptors of the server process.", r["open_fds"])
     page.metric("process_threads", "gauge", "Threads of the server process.", r["threads"])

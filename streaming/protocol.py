@@ -1,6 +1,7 @@
 """The OpenAI Realtime API as served by speechrt: session configuration (GA and beta shapes), event
 names (GA, with the older beta names accepted from clients and optionally emitted), ids, errors, and the
 payload of every server event (one function per event type)."""
+
 from __future__ import annotations
 
 import secrets
@@ -13,9 +14,18 @@ from .audio_codec import AudioFormat, AudioFormatError, parse_format
 from .vad import EAGERNESS, ServerVadConfig
 
 CLIENT_EVENTS = (
-    "session.update", "transcription_session.update", "input_audio_buffer.append", "input_audio_buffer.commit",
-    "input_audio_buffer.clear", "conversation.item.create", "conversation.item.delete", "conversation.item.retrieve",
-    "conversation.item.truncate", "response.create", "response.cancel", "output_audio_buffer.clear",
+    "session.update",
+    "transcription_session.update",
+    "input_audio_buffer.append",
+    "input_audio_buffer.commit",
+    "input_audio_buffer.clear",
+    "conversation.item.create",
+    "conversation.item.delete",
+    "conversation.item.retrieve",
+    "conversation.item.truncate",
+    "response.create",
+    "response.cancel",
+    "output_audio_buffer.clear",
 )
 
 # GA name -> beta name, for servers events that were renamed when the API left beta
@@ -37,15 +47,29 @@ def new_id(prefix: str) -> str:
 class ProtocolError(UserError):
     """A client event the server cannot act on. `code` and `param` go into the error event."""
 
-    def __init__(self, message: str, code: str = "invalid_request", param: str | None = None,
-                 type: str = "invalid_request_error"):
+    def __init__(
+        self, message: str, code: str = "invalid_request", param: str | None = None, type: str = "invalid_request_error"
+    ):
         super().__init__(message)
         self.code, self.param, self.type = code, param, type
 
 
 # OpenAI's voice names, accepted for the loaded voice so that code written for OpenAI runs as is
-OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer", "verse",
-                 "marin", "cedar")
+OPENAI_VOICES = (
+    "alloy",
+    "ash",
+    "ballad",
+    "coral",
+    "echo",
+    "fable",
+    "onyx",
+    "nova",
+    "sage",
+    "shimmer",
+    "verse",
+    "marin",
+    "cedar",
+)
 
 
 def check_voice(name, available: dict, param: str) -> str:
@@ -56,8 +80,12 @@ def check_voice(name, available: dict, param: str) -> str:
         return name
     if name in OPENAI_VOICES:  # (a transcription-only server has no voice: the name stays, nothing speaks)
         return available["tts"][0] if available["tts"] else name
-    raise ProtocolError(f"voice {short(name)} is not available; valid: {', '.join(available['tts'] + list(OPENAI_VOICES))} "
-                        "(OpenAI's voice names speak with the loaded voice)", "invalid_value", param)
+    raise ProtocolError(
+        f"voice {short(name)} is not available; valid: {', '.join(available['tts'] + list(OPENAI_VOICES))} "
+        "(OpenAI's voice names speak with the loaded voice)",
+        "invalid_value",
+        param,
+    )
 
 
 def check_session_model(name, available: dict, param: str = "session.model") -> str:
@@ -69,20 +97,28 @@ def check_session_model(name, available: dict, param: str = "session.model") -> 
     if name == "speechrt" or name in lm or (name.startswith("gpt-") and "realtime" in name):
         return name
     answers = f"the language model here is {lm[0]}" if lm else "this server runs no language model"
-    raise ProtocolError(f"unknown model {short(name)}; {answers}: name it, 'speechrt', or one of OpenAI's realtime "
-                        "models (gpt-realtime, gpt-4o-realtime-preview, ...), which it answers for",
-                        "model_not_found", param)
+    raise ProtocolError(
+        f"unknown model {short(name)}; {answers}: name it, 'speechrt', or one of OpenAI's realtime "
+        "models (gpt-realtime, gpt-4o-realtime-preview, ...), which it answers for",
+        "model_not_found",
+        param,
+    )
 
 
-def error_event(message: str, code: str, type: str = "invalid_request_error", param: str | None = None,
-                event_id: str | None = None) -> dict:
-    return {"type": "error", "event_id": new_id("event"),
-            "error": {"type": type, "code": code, "message": message, "param": param, "event_id": event_id}}
+def error_event(
+    message: str, code: str, type: str = "invalid_request_error", param: str | None = None, event_id: str | None = None
+) -> dict:
+    return {
+        "type": "error",
+        "event_id": new_id("event"),
+        "error": {"type": type, "code": code, "message": message, "param": param, "event_id": event_id},
+    }
 
 
 # -- server events ------------------------------------------------------------------------------------
 # Items and parts are passed in their wire form (conversation.Item.to_api()). Responses here have one
 # output item with one content part: output_index and content_index are 0.
+
 
 def session_created(session: dict, replica: str | None = None) -> dict:
     """`replica` (speechrt extension, under "speechrt"): the Ray Serve replica the session is pinned to."""
@@ -117,16 +153,26 @@ def output_audio_buffer_cleared(response_id: str | None) -> dict:
 
 
 def transcription_delta(item_id: str, delta: str) -> dict:
-    return {"type": "conversation.item.input_audio_transcription.delta", "item_id": item_id, "content_index": 0,
-            "delta": delta}
+    return {
+        "type": "conversation.item.input_audio_transcription.delta",
+        "item_id": item_id,
+        "content_index": 0,
+        "delta": delta,
+    }
 
 
-def transcription_completed(item_id: str, transcript: str, seconds: float, logprobs: list[dict] | None = None,
-                            words: list[dict] | None = None) -> dict:
+def transcription_completed(
+    item_id: str, transcript: str, seconds: float, logprobs: list[dict] | None = None, words: list[dict] | None = None
+) -> dict:
     """`logprobs` ([{token, logprob, bytes}]) for sessions that include them; `words` ([{word, start, end,
     probability}], seconds from the start of the item's audio) under the `speechrt` extension field."""
-    ev = {"type": "conversation.item.input_audio_transcription.completed", "item_id": item_id,
-          "content_index": 0, "transcript": transcript, "usage": {"type": "duration", "seconds": round(seconds, 3)}}
+    ev = {
+        "type": "conversation.item.input_audio_transcription.completed",
+        "item_id": item_id,
+        "content_index": 0,
+        "transcript": transcript,
+        "usage": {"type": "duration", "seconds": round(seconds, 3)},
+    }
     if logprobs is not None:
         ev["logprobs"] = logprobs
     if words is not None:
@@ -135,8 +181,12 @@ def transcription_completed(item_id: str, transcript: str, seconds: float, logpr
 
 
 def transcription_failed(item_id: str, message: str, code: str) -> dict:
-    return {"type": "conversation.item.input_audio_transcription.failed", "item_id": item_id, "content_index": 0,
-            "error": {"type": "transcription_error", "code": code, "message": message, "param": None}}
+    return {
+        "type": "conversation.item.input_audio_transcription.failed",
+        "item_id": item_id,
+        "content_index": 0,
+        "error": {"type": "transcription_error", "code": code, "message": message, "param": None},
+    }
 
 
 def item_added(item: dict, previous_item_id: str | None) -> dict:
@@ -156,8 +206,12 @@ def item_retrieved(item: dict) -> dict:
 
 
 def item_truncated(item_id: str, content_index: int, audio_end_ms: int) -> dict:
-    return {"type": "conversation.item.truncated", "item_id": item_id, "content_index": content_index,
-            "audio_end_ms": audio_end_ms}
+    return {
+        "type": "conversation.item.truncated",
+        "item_id": item_id,
+        "content_index": content_index,
+        "audio_end_ms": audio_end_ms,
+    }
 
 
 def response_created(response: dict) -> dict:
@@ -178,8 +232,14 @@ def output_item_done(response_id: str, item: dict) -> dict:
 
 def _in_part(type_: str, response_id: str, item_id: str, **fields) -> dict:
     """An event about the one content part of a response's output item."""
-    return {"type": type_, "response_id": response_id, "item_id": item_id, "output_index": 0, "content_index": 0,
-            **fields}
+    return {
+        "type": type_,
+        "response_id": response_id,
+        "item_id": item_id,
+        "output_index": 0,
+        "content_index": 0,
+        **fields,
+    }
 
 
 def content_part_added(response_id: str, item_id: str, part: dict) -> dict:
@@ -243,12 +303,25 @@ class SessionConfig:
 
     def to_api(self, session_id: str) -> dict:
         td = self.turn_detection.to_api() if self.turn_detection else None
-        s = {"id": session_id, "object": "realtime.session", "type": self.type, "model": self.model,
-             "audio": {"input": {"format": self.input_format.to_api(), "turn_detection": td,
-                                 "transcription": {"model": self.transcription_model, "language": self.language,
-                                                   "prompt": self.prompt,
-                                                   "speechrt_word_timestamps": self.word_timestamps}}},
-             "include": [LOGPROBS_INCLUDE] if self.logprobs else []}
+        s = {
+            "id": session_id,
+            "object": "realtime.session",
+            "type": self.type,
+            "model": self.model,
+            "audio": {
+                "input": {
+                    "format": self.input_format.to_api(),
+                    "turn_detection": td,
+                    "transcription": {
+                        "model": self.transcription_model,
+                        "language": self.language,
+                        "prompt": self.prompt,
+                        "speechrt_word_timestamps": self.word_timestamps,
+                    },
+                }
+            },
+            "include": [LOGPROBS_INCLUDE] if self.logprobs else [],
+        }
         if self.type == "realtime":
             s["instructions"] = self.instructions
             s["output_modalities"] = list(self.output_modalities)
@@ -272,18 +345,29 @@ def _no_tools(obj: dict, name: str) -> None:
     """Function calling is not available: tools in a session or response are an error (an empty list passes),
     not an agent that silently never calls them."""
     if obj.get("tools"):
-        raise ProtocolError(f"{name}.tools: function calling is not supported by this server's language model; send "
-                            "tools: [] or leave it out", "invalid_value", f"{name}.tools")
+        raise ProtocolError(
+            f"{name}.tools: function calling is not supported by this server's language model; send "
+            "tools: [] or leave it out",
+            "invalid_value",
+            f"{name}.tools",
+        )
 
 
 def _metadata(meta) -> tuple[tuple[str, str], ...] | None:
     """response.metadata: at most 16 string pairs (keys up to 64 characters, values up to 512), as OpenAI's."""
     if meta is None:
         return None
-    if (not isinstance(meta, dict) or len(meta) > 16 or
-            any(not isinstance(k, str) or not isinstance(v, str) or len(k) > 64 or len(v) > 512 for k, v in meta.items())):
-        raise ProtocolError(f"response.metadata must be an object of at most 16 string values (keys up to 64 characters, "
-                            f"values up to 512), got {short(meta)}", "invalid_value", "response.metadata")
+    if (
+        not isinstance(meta, dict)
+        or len(meta) > 16
+        or any(not isinstance(k, str) or not isinstance(v, str) or len(k) > 64 or len(v) > 512 for k, v in meta.items())
+    ):
+        raise ProtocolError(
+            f"response.metadata must be an object of at most 16 string values (keys up to 64 characters, "
+            f"values up to 512), got {short(meta)}",
+            "invalid_value",
+            "response.metadata",
+        )
     return tuple(meta.items())
 
 
@@ -295,8 +379,9 @@ def _response_output(overrides: dict, available: dict | None) -> AudioFormat | N
         return None
     out = audio.get("output") if isinstance(audio, dict) else None
     if not isinstance(audio, dict) or not isinstance(out or {}, dict):
-        raise ProtocolError("response.audio must be {'output': {'format': ..., 'voice': ...}}", "invalid_value",
-                            "response.audio")
+        raise ProtocolError(
+            "response.audio must be {'output': {'format': ..., 'voice': ...}}", "invalid_value", "response.audio"
+        )
     out = out or {}
     if "voice" in out and available is not None:
         check_voice(out["voice"], available, "response.audio.output.voice")
@@ -313,8 +398,11 @@ def response_options(overrides, cfg: SessionConfig, available: dict | None = Non
         raise ProtocolError("'response' must be an object", "invalid_value", "response")
     mods = overrides.get("output_modalities", overrides.get("modalities")) or list(cfg.output_modalities)
     if not isinstance(mods, list) or not mods or any(m not in ("text", "audio") for m in mods):
-        raise ProtocolError(f"output_modalities must be ['audio'] or ['text'], got {mods!r}", "invalid_value",
-                            "response.output_modalities")
+        raise ProtocolError(
+            f"output_modalities must be ['audio'] or ['text'], got {mods!r}",
+            "invalid_value",
+            "response.output_modalities",
+        )
     instructions = overrides.get("instructions", cfg.instructions)
     if not isinstance(instructions, str):
         raise ProtocolError("response.instructions must be a string", "invalid_value", "response.instructions")
@@ -326,13 +414,27 @@ def response_options(overrides, cfg: SessionConfig, available: dict | None = Non
     _no_tools(overrides, "response")
     conversation = overrides.get("conversation", "auto")
     if conversation not in ("auto", "none"):
-        raise ProtocolError(f"response.conversation must be 'auto' or 'none' (an out-of-band response, not added to "
-                            f"the conversation), got {short(conversation)}", "invalid_value", "response.conversation")
+        raise ProtocolError(
+            f"response.conversation must be 'auto' or 'none' (an out-of-band response, not added to "
+            f"the conversation), got {short(conversation)}",
+            "invalid_value",
+            "response.conversation",
+        )
     if overrides.get("input") is not None and not isinstance(overrides["input"], list):
-        raise ProtocolError("response.input must be a list of items: messages, or {'type': 'item_reference', 'id': ...}",
-                            "invalid_value", "response.input")
-    return ResponseOptions("audio" in mods, instructions, max_tokens, say, conversation == "none",
-                           _metadata(overrides.get("metadata")), _response_output(overrides, available))
+        raise ProtocolError(
+            "response.input must be a list of items: messages, or {'type': 'item_reference', 'id': ...}",
+            "invalid_value",
+            "response.input",
+        )
+    return ResponseOptions(
+        "audio" in mods,
+        instructions,
+        max_tokens,
+        say,
+        conversation == "none",
+        _metadata(overrides.get("metadata")),
+        _response_output(overrides, available),
+    )
 
 
 def _bool(v, name):
@@ -342,7 +444,12 @@ def _bool(v, name):
 
 
 def _num(v, name, lo, hi, integer=False):
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)) or not lo <= v <= hi:
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or (integer and not isinstance(v, int))
+        or not lo <= v <= hi
+    ):
         kind = "an integer" if integer else "a number"
         raise ProtocolError(f"{name} must be {kind} from {lo} to {hi}, got {short(v)}", "invalid_value", name)
     return v
@@ -382,8 +489,11 @@ def _turn_detection(td, current: ServerVadConfig | None, name: str) -> ServerVad
         raise ProtocolError(f"{name} must be an object or null", "invalid_value", name)
     t = td.get("type", "server_vad")
     if t not in ("server_vad", "semantic_vad"):
-        raise ProtocolError(f"unsupported turn detection {short(t)}; valid: server_vad, semantic_vad, or null",
-                            "invalid_value", f"{name}.type")
+        raise ProtocolError(
+            f"unsupported turn detection {short(t)}; valid: server_vad, semantic_vad, or null",
+            "invalid_value",
+            f"{name}.type",
+        )
     base = current or ServerVadConfig()
     kw = {"type": t}
     if t == "semantic_vad":
@@ -408,8 +518,11 @@ def _transcription(tr, available: dict, name: str) -> dict:
         m = _str(m, f"{name}.model")
         # OpenAI model names (gpt-4o-transcribe, whisper-1) map to the loaded recognizer
         if m not in available["asr"] and not m.startswith(("whisper", "gpt-")):
-            raise ProtocolError(f"unknown transcription model {short(m)}; this server runs: {', '.join(available['asr'])}",
-                                "invalid_value", f"{name}.model")
+            raise ProtocolError(
+                f"unknown transcription model {short(m)}; this server runs: {', '.join(available['asr'])}",
+                "invalid_value",
+                f"{name}.model",
+            )
         kw["transcription_model"] = m if m in available["asr"] else available["asr"][0]
     if tr.get("language") is not None:
         kw["language"] = _str(tr["language"], f"{name}.language")
@@ -418,8 +531,9 @@ def _transcription(tr, available: dict, name: str) -> dict:
     if tr.get("prompt") is not None:
         kw["prompt"] = _str(tr["prompt"], f"{name}.prompt")
         if len(kw["prompt"]) > 4096:
-            raise ProtocolError(f"{name}.prompt has {len(kw['prompt'])} characters; at most 4096", "invalid_value",
-                                f"{name}.prompt")
+            raise ProtocolError(
+                f"{name}.prompt has {len(kw['prompt'])} characters; at most 4096", "invalid_value", f"{name}.prompt"
+            )
     return kw
 
 
@@ -445,17 +559,26 @@ def apply_session_update(cfg: SessionConfig, s: dict, available: dict) -> Sessio
         mods = s.get("output_modalities", s.get("modalities"))
         if mods is not None:
             if not isinstance(mods, list) or not mods or any(m not in ("text", "audio") for m in mods):
-                raise ProtocolError(f"output_modalities must be ['audio'] or ['text'], got {short(mods)}",
-                                    "invalid_value", "session.output_modalities")
+                raise ProtocolError(
+                    f"output_modalities must be ['audio'] or ['text'], got {short(mods)}",
+                    "invalid_value",
+                    "session.output_modalities",
+                )
             kw["output_modalities"] = ("audio",) if "audio" in mods else ("text",)
         if "max_output_tokens" in s or "max_response_output_tokens" in s:
             v = s.get("max_output_tokens", s.get("max_response_output_tokens"))
-            kw["max_output_tokens"] = 1024 if v == "inf" else _num(v, "session.max_output_tokens", 1, 4096, integer=True)
+            kw["max_output_tokens"] = (
+                1024 if v == "inf" else _num(v, "session.max_output_tokens", 1, 4096, integer=True)
+            )
         if "include" in s:
             inc = s["include"] or []
             if not isinstance(inc, list) or any(i != LOGPROBS_INCLUDE for i in inc):
-                raise ProtocolError(f"session.include must be a list of {LOGPROBS_INCLUDE!r} (the one value this server "
-                                    f"knows), got {short(inc)}", "invalid_value", "session.include")
+                raise ProtocolError(
+                    f"session.include must be a list of {LOGPROBS_INCLUDE!r} (the one value this server "
+                    f"knows), got {short(inc)}",
+                    "invalid_value",
+                    "session.include",
+                )
             kw["logprobs"] = LOGPROBS_INCLUDE in inc
         if "temperature" in s:
             kw["temperature"] = float(_num(s["temperature"], "session.temperature", 0.0, 2.0))
@@ -472,12 +595,17 @@ def apply_session_update(cfg: SessionConfig, s: dict, available: dict) -> Sessio
         elif "output_audio_format" in s:
             kw["output_format"] = parse_format(s["output_audio_format"])
         if "turn_detection" in inp:
-            kw["turn_detection"] = _turn_detection(inp["turn_detection"], cfg.turn_detection, "session.audio.input.turn_detection")
+            kw["turn_detection"] = _turn_detection(
+                inp["turn_detection"], cfg.turn_detection, "session.audio.input.turn_detection"
+            )
         elif "turn_detection" in s:
             kw["turn_detection"] = _turn_detection(s["turn_detection"], cfg.turn_detection, "session.turn_detection")
         tr_name = "session.audio.input.transcription" if "transcription" in inp else "session.input_audio_transcription"
-        kw.update(_transcription(_obj(inp.get("transcription", s.get("input_audio_transcription")), tr_name),
-                                 available, tr_name))
+        kw.update(
+            _transcription(
+                _obj(inp.get("transcription", s.get("input_audio_transcription")), tr_name), available, tr_name
+            )
+        )
         voice = out.get("voice", s.get("voice"))
         if voice is not None:
             kw["voice"] = check_voice(voice, available, "session.audio.output.voice")

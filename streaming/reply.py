@@ -7,6 +7,7 @@ answered, the response takes it over with its first audio already made; if the p
 or the transcript comes out different, it is dropped, and its engine work stops at once (the positions of
 the conversation its prompt filled stay in the language model's cache for the next reply: lm_batching).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -90,7 +91,9 @@ class Reply:
 
     async def _run(self, messages, key):
         try:
-            pieces = self._static(self.options.say) if self.options.say is not None else await self._generate(messages, key)
+            pieces = (
+                self._static(self.options.say) if self.options.say is not None else await self._generate(messages, key)
+            )
             if self.options.audio:
                 await self._speak(pieces)
             else:
@@ -115,12 +118,17 @@ class Reply:
         try:
             ids = await asyncio.to_thread(self.lm.encode_chat_within, messages, eng.prompt_room(o.max_tokens))
         except ContextLengthExceeded as e:
-            raise ContextLengthExceeded(f"{e}: shorten the instructions or the message, or lower max_output_tokens "
-                                        f"(the context is {eng.batcher.max_seq} tokens; up to max_output_tokens of "
-                                        "them, at most half, are kept for the answer; older turns are left out "
-                                        "whole)", e.needed, e.room) from None
-        opts = GenerationOptions(max_tokens=o.max_tokens, temperature=self.temperature,
-                                 seed=0 if self.temperature > 0 else None)
+            raise ContextLengthExceeded(
+                f"{e}: shorten the instructions or the message, or lower max_output_tokens "
+                f"(the context is {eng.batcher.max_seq} tokens; up to max_output_tokens of "
+                "them, at most half, are kept for the answer; older turns are left out "
+                "whole)",
+                e.needed,
+                e.room,
+            ) from None
+        opts = GenerationOptions(
+            max_tokens=o.max_tokens, temperature=self.temperature, seed=0 if self.temperature > 0 else None
+        )
         self._lm_req, q = eng.generate(ids, opts, key=key)
         if self.cancelled:  # cancelled while the prompt was tokenized
             eng.cancel_generation(self._lm_req)
@@ -190,6 +198,7 @@ class Reply:
 class Speculation:
     """A reply begun during a pause of turn `item_id`, answering `messages` (the conversation with the turn's
     transcript so far as its last message), under the session's settings `cfg` at the time."""
+
     item_id: str
     messages: list[dict]
     cfg: object
@@ -197,8 +206,9 @@ class Speculation:
 
     def fits(self, messages: list[dict], options: ResponseOptions, cfg) -> bool:
         """Is this the reply a response with `options` to `messages` under `cfg` would make?"""
-        return (cfg is self.cfg and options == self.reply.options and messages == self.messages
-                and not self.reply.cancelled)
+        return (
+            cfg is self.cfg and options == self.reply.options and messages == self.messages and not self.reply.cancelled
+        )
 
 
 class Speculator:
@@ -234,8 +244,9 @@ class Speculator:
     async def _prime(self, options: ResponseOptions, messages: list[dict]) -> None:
         eng = self.session.server.engine
         try:
-            ids = await asyncio.to_thread(self.session.server.lm.encode_chat_within, messages,
-                                          eng.prompt_room(options.max_tokens))
+            ids = await asyncio.to_thread(
+                self.session.server.lm.encode_chat_within, messages, eng.prompt_room(options.max_tokens)
+            )
         except ContextLengthExceeded:
             return  # nothing to read ahead: the turn's response says why it cannot be answered
         if self.session.response is None and self.speculation is None:
@@ -247,8 +258,15 @@ class Speculator:
         on its own, with nothing being answered now, words to answer, and an engine with time to spare
         (see Engine.has_spare_time for `lm` and `live`)."""
         s, srv = self.session, self.session.server
-        return bool(srv.options.speculative_replies and s.cfg.answers_turns and text.strip() and srv.conversation_ready
-                    and s.response is None and not s.draining and srv.engine.has_spare_time(lm, live))
+        return bool(
+            srv.options.speculative_replies
+            and s.cfg.answers_turns
+            and text.strip()
+            and srv.conversation_ready
+            and s.response is None
+            and not s.draining
+            and srv.engine.has_spare_time(lm, live)
+        )
 
     def _prompt(self, text: str) -> tuple[ResponseOptions, list[dict]]:
         """The response options and the chat of the reply to the open turn if it ends with `text`."""

@@ -4,6 +4,7 @@ POST /v1/audio/transcriptions, /v1/audio/translations, /v1/audio/speech, /v1/cha
 ASRPipeline.transcribe_steps), speech one synthesis window per step, chat completions join the language
 model's continuous batch: a REST request takes turns with the Realtime sessions instead of holding the
 engine. At most `max_rest_requests` run at once (429 past that); uploads over `max_upload_bytes` get 413."""
+
 from __future__ import annotations
 
 import asyncio
@@ -27,8 +28,13 @@ from .transcripts import LONG_TEMPERATURES
 
 log = logging.getLogger(__name__)
 
-ROUTES = ("POST /v1/audio/transcriptions", "POST /v1/audio/translations", "POST /v1/audio/speech",
-          "POST /v1/chat/completions", "GET /v1/models")
+ROUTES = (
+    "POST /v1/audio/transcriptions",
+    "POST /v1/audio/translations",
+    "POST /v1/audio/speech",
+    "POST /v1/chat/completions",
+    "GET /v1/models",
+)
 # OpenAI's model names, accepted for the loaded model so that code written for OpenAI runs as is (its voice
 # names: protocol.check_voice)
 ASR_ALIASES = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe")
@@ -75,7 +81,9 @@ def sse(obj) -> str:
 
 def check_model(name, valid: list[str], what: str) -> None:
     if not name:
-        raise RestError(400, f"'model' is required; {what} models here: {', '.join(valid)}", "missing_required_parameter")
+        raise RestError(
+            400, f"'model' is required; {what} models here: {', '.join(valid)}", "missing_required_parameter"
+        )
     if name not in valid:
         raise RestError(404, f"model {name!r} is not served here; {what} models: {', '.join(valid)}", "model_not_found")
 
@@ -83,8 +91,9 @@ def check_model(name, valid: list[str], what: str) -> None:
 def loaded(model, what: str):
     """`model` (a pipeline of the server), or a 404 saying the server loads no such model."""
     if model is None:
-        raise RestError(404, f"this server loads no {what} (it was started with --transcription-only)",
-                        "model_not_found")
+        raise RestError(
+            404, f"this server loads no {what} (it was started with --transcription-only)", "model_not_found"
+        )
     return model
 
 
@@ -119,8 +128,13 @@ class RestAPI:
             return json_error(503, "the server is shutting down", "server_shutting_down", "server_error")
         if self.active >= self.o.max_rest_requests:
             c.rest_rejected += 1
-            return json_error(429, f"the server is busy: {self.o.max_rest_requests} REST requests at most at once "
-                                   "(--max-rest-requests); try again later", "rate_limit_exceeded", "rate_limit_error")
+            return json_error(
+                429,
+                f"the server is busy: {self.o.max_rest_requests} REST requests at most at once "
+                "(--max-rest-requests); try again later",
+                "rate_limit_exceeded",
+                "rate_limit_error",
+            )
         self.active += 1
         released = False
 
@@ -171,21 +185,31 @@ class RestAPI:
         limit = self.o.max_upload_bytes
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > limit + (64 << 10):
-            raise RestError(413, f"the upload is {int(size)} bytes; at most {limit} bytes are accepted "
-                                 "(--max-upload-bytes)", "file_too_large")
+            raise RestError(
+                413,
+                f"the upload is {int(size)} bytes; at most {limit} bytes are accepted (--max-upload-bytes)",
+                "file_too_large",
+            )
         ctype = request.headers.get("content-type", "")
         if not ctype.startswith("multipart/form-data"):
-            raise RestError(400, f"send the audio as multipart/form-data with a 'file' field (got content type "
-                                 f"{ctype or 'none'!r})", "invalid_request")
+            raise RestError(
+                400,
+                f"send the audio as multipart/form-data with a 'file' field (got content type {ctype or 'none'!r})",
+                "invalid_request",
+            )
         form = await request.form(max_files=1, max_fields=32)
         upload = form.get("file")
         if upload is None or isinstance(upload, str):
-            raise RestError(400, "no 'file' field: send the audio file as the multipart field 'file'",
-                            "missing_required_parameter")
+            raise RestError(
+                400, "no 'file' field: send the audio file as the multipart field 'file'", "missing_required_parameter"
+            )
         data = await upload.read()
         if len(data) > limit:
-            raise RestError(413, f"the file is {len(data)} bytes; at most {limit} bytes are accepted "
-                                 "(--max-upload-bytes)", "file_too_large")
+            raise RestError(
+                413,
+                f"the file is {len(data)} bytes; at most {limit} bytes are accepted (--max-upload-bytes)",
+                "file_too_large",
+            )
         if not data:
             raise RestError(400, f"the file {upload.filename!r} is empty", "empty_file")
         return form, await asyncio.to_thread(decode_audio, data, upload.filename)
@@ -201,10 +225,17 @@ class RestAPI:
         if any(g not in GRANULARITIES for g in grains):
             raise RestError(400, f"timestamp_granularities {grains} has unknown values; valid: segment, word")
         if grains and fmt != "verbose_json":  # as OpenAI's: the times go in verbose_json's segments and words
-            raise RestError(400, f"timestamp_granularities need response_format verbose_json (got {fmt!r}): the "
-                                 "other formats have no place for word times")
-        opts = {"task": task, "language": form.get("language") or None, "initial_prompt": form.get("prompt") or None,
-                "best_of": 1}
+            raise RestError(
+                400,
+                f"timestamp_granularities need response_format verbose_json (got {fmt!r}): the "
+                "other formats have no place for word times",
+            )
+        opts = {
+            "task": task,
+            "language": form.get("language") or None,
+            "initial_prompt": form.get("prompt") or None,
+            "best_of": 1,
+        }
         t = number(form.get("temperature"), "temperature", 0, 1, None)
         opts["temperatures"] = (t,) if t is not None else LONG_TEMPERATURES
         if "word" in grains:  # a backend without cross-attention weights refuses it (a 400 naming those with them)
@@ -215,8 +246,11 @@ class RestAPI:
         opts["vad_filter"] = vad in ("true", "True", "1")
         stream = form.get("stream") in ("true", "True", "1")
         if stream and fmt not in ("json", "text"):
-            raise RestError(400, f"stream=true sends transcript.text.delta events: response_format must be json or "
-                                 f"text with it, got {fmt!r}")
+            raise RestError(
+                400,
+                f"stream=true sends transcript.text.delta events: response_format must be json or "
+                f"text with it, got {fmt!r}",
+            )
         logprobs = check_include(form.getlist("include[]") or form.getlist("include"), fmt, stream)
         options = asr.options(**opts)
         gen = transcription_steps(asr, audio, options)
@@ -272,11 +306,15 @@ class RestAPI:
         fmt = speech_format(body.get("response_format") or "wav")
         stream_format = body.get("stream_format") or "audio"
         if stream_format not in ("audio", "sse"):
-            raise RestError(400, f"stream_format must be 'audio' (the audio bytes, streamed as they are made) or 'sse' "
-                                 f"(speech.audio.delta events), got {stream_format!r}")
+            raise RestError(
+                400,
+                f"stream_format must be 'audio' (the audio bytes, streamed as they are made) or 'sse' "
+                f"(speech.audio.delta events), got {stream_format!r}",
+            )
         if body.get("instructions"):
-            raise RestError(400, "instructions (how to speak) are not supported: the voice reads the input as it is; "
-                                 "leave them out")
+            raise RestError(
+                400, "instructions (how to speak) are not supported: the voice reads the input as it is; leave them out"
+            )
         speed = number(body.get("speed"), "speed", 0.25, 4.0, 1.0)
         speaker = voice if voice in tts.voice.speaker_id_map else None
         # audio encoded at its end is not heard while it is made: every sentence for throughput
@@ -291,16 +329,18 @@ class RestAPI:
         rate = tts.sample_rate
         headers = {"Cache-Control": "no-store", "X-Sample-Rate": str(rate)}
         if stream_format == "sse":
-            return StreamingResponse(speech_events(first, chunks, fmt, rate, len(text)), media_type="text/event-stream",
-                                     headers=SSE)
+            return StreamingResponse(
+                speech_events(first, chunks, fmt, rate, len(text)), media_type="text/event-stream", headers=SSE
+            )
         if fmt in ENCODED_MEDIA:
             pcm16 = b"".join([c async for c in audio_stream(first, chunks, None)])
             encoded, out_rate = await encode_pcm16(pcm16, rate, fmt)
             headers["X-Sample-Rate"] = str(out_rate)
             return Response(encoded, media_type=ENCODED_MEDIA[fmt], headers=headers)
         media = "audio/wav" if fmt == "wav" else f"audio/pcm;rate={rate};encoding=signed-int;bits=16"
-        return StreamingResponse(audio_stream(first, chunks, rate if fmt == "wav" else None), media_type=media,
-                                 headers=headers)
+        return StreamingResponse(
+            audio_stream(first, chunks, rate if fmt == "wav" else None), media_type=media, headers=headers
+        )
 
     # -- chat ------------------------------------------------------------------------------------------
     async def chat(self, request: Request):
@@ -314,8 +354,11 @@ class RestAPI:
     # -- models ----------------------------------------------------------------------------------------
     def model_list(self) -> list[dict]:
         created = int(self.server.counters.started)
-        names = [(f, p.name) for f, p in (("asr", self.server.asr), ("lm", self.server.lm), ("tts", self.server.tts))
-                 if p is not None]
+        names = [
+            (f, p.name)
+            for f, p in (("asr", self.server.asr), ("lm", self.server.lm), ("tts", self.server.tts))
+            if p is not None
+        ]
         return [{"id": n, "object": "model", "created": created, "owned_by": "speechrt", "family": f} for f, n in names]
 
     async def models(self, request: Request):
@@ -326,21 +369,27 @@ class RestAPI:
         for m in self.model_list():
             if m["id"] == name:
                 return JSONResponse(m)
-        raise RestError(404, f"model {name!r} is not served here; models: "
-                             f"{', '.join(m['id'] for m in self.model_list())}", "model_not_found")
+        raise RestError(
+            404,
+            f"model {name!r} is not served here; models: {', '.join(m['id'] for m in self.model_list())}",
+            "model_not_found",
+        )
 
     def register(self, app: FastAPI) -> None:
-        for path, method, handler in (("/v1/audio/transcriptions", "POST", self.transcriptions),
-                                      ("/v1/audio/translations", "POST", self.translations),
-                                      ("/v1/audio/speech", "POST", self.speech),
-                                      ("/v1/chat/completions", "POST", self.chat),
-                                      ("/v1/models", "GET", self.models),
-                                      ("/v1/models/{model}", "GET", self.model)):
+        for path, method, handler in (
+            ("/v1/audio/transcriptions", "POST", self.transcriptions),
+            ("/v1/audio/translations", "POST", self.translations),
+            ("/v1/audio/speech", "POST", self.speech),
+            ("/v1/chat/completions", "POST", self.chat),
+            ("/v1/models", "GET", self.models),
+            ("/v1/models/{model}", "GET", self.model),
+        ):
             app.add_api_route(path, self.route(path, handler), methods=[method], include_in_schema=False)
 
     def route(self, endpoint: str, handler):
         async def route(request: Request):
             return await self.serve(request, endpoint, handler)
+
         return route
 
 
@@ -363,8 +412,12 @@ def decode_audio(data: bytes, name: str | None) -> np.ndarray:
     try:
         pcm, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
     except Exception as e:  # noqa: BLE001 - libsndfile's errors for what it cannot read
-        raise RestError(400, f"the file {name!r} is not a readable audio file ({e}); readable formats: WAV, FLAC, "
-                             "OGG (Vorbis/Opus), MP3, AIFF", "invalid_file") from None
+        raise RestError(
+            400,
+            f"the file {name!r} is not a readable audio file ({e}); readable formats: WAV, FLAC, "
+            "OGG (Vorbis/Opus), MP3, AIFF",
+            "invalid_file",
+        ) from None
     if pcm.shape[0] == 0:
         raise RestError(400, f"the file {name!r} holds no audio samples", "empty_file")
     return load_audio(pcm, source_rate=rate)
@@ -411,18 +464,23 @@ def token_logprobs(asr, audio: np.ndarray, transcript, opts: dict):
 
 def speech_chunks(tts, text: str, speed: float, speaker, first_audio: bool = True):
     """On the engine's worker: int16 bytes, one synthesis window per step (the text is read on the first)."""
-    yield from tts.synthesize(text, format="pcm16", rate=speed, speaker=speaker, on_unsupported="drop",
-                              first_audio=first_audio)
+    yield from tts.synthesize(
+        text, format="pcm16", rate=speed, speaker=speaker, on_unsupported="drop", first_audio=first_audio
+    )
 
 
 def speech_format(fmt) -> str:
     """The speech endpoint's response_format, if this server can write it; else a RestError naming the valid ones
     (or what to install, where the libsndfile lacks MP3 or Opus)."""
     if fmt not in SPEECH_FORMATS:
-        raise RestError(400, f"response_format {fmt!r} is not supported; valid: {', '.join(SPEECH_FORMATS)} (wav and "
-                             "pcm streamed as they are synthesized, the others encoded at the end)")
+        raise RestError(
+            400,
+            f"response_format {fmt!r} is not supported; valid: {', '.join(SPEECH_FORMATS)} (wav and "
+            "pcm streamed as they are synthesized, the others encoded at the end)",
+        )
     if fmt in ENCODED_MEDIA:
         from speechrt.pipelines.tts import check_encoding
+
         try:
             check_encoding(fmt)
         except UserError as e:
@@ -448,6 +506,7 @@ async def speech_events(first: bytes, rest, fmt: str, rate: int, chars: int):
 
     def delta(data: bytes) -> str:
         return sse({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")})
+
     samples, whole = 0, []
     try:
         if fmt == "wav":
@@ -464,8 +523,12 @@ async def speech_events(first: bytes, rest, fmt: str, rate: int, chars: int):
         log.exception("speech synthesis failed part-way")
         yield sse({"type": "error", "error": {"message": f"speech synthesis failed: {e}", "type": "server_error"}})
         return
-    yield sse({"type": "speech.audio.done",
-               "usage": {"input_tokens": chars, "output_tokens": samples, "total_tokens": chars + samples}})
+    yield sse(
+        {
+            "type": "speech.audio.done",
+            "usage": {"input_tokens": chars, "output_tokens": samples, "total_tokens": chars + samples},
+        }
+    )
 
 
 async def audio_stream(first: bytes, rest, wav_rate: int | None):
@@ -477,4 +540,3 @@ async def audio_stream(first: bytes, rest, wav_rate: int | None):
     async with contextlib.aclosing(rest):
         async for chunk in rest:
             yield chunk
-

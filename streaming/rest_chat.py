@@ -1,6 +1,7 @@
 """POST /v1/chat/completions: OpenAI's chat completion, whole or streamed (`chat.completion.chunk` server-sent
 events, then `data: [DONE]`), through the engine's continuous batch (the same one the voice conversations
 use); messages are rendered with the language model's chat template."""
+
 from __future__ import annotations
 
 import asyncio
@@ -42,8 +43,9 @@ def message_text(content, i: int) -> str:
 
 def chat_messages(raw) -> list[dict]:
     if not isinstance(raw, list) or not raw:
-        raise RestError(400, "'messages' must be a non-empty list of {role, content} objects",
-                        "missing_required_parameter")
+        raise RestError(
+            400, "'messages' must be a non-empty list of {role, content} objects", "missing_required_parameter"
+        )
     out = []
     for i, m in enumerate(raw):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
@@ -59,17 +61,25 @@ def check_unsupported(body: dict) -> None:
     that names them, rather than an answer that silently ignores them (their neutral values pass)."""
     for name in ("tools", "functions"):
         if body.get(name):
-            raise RestError(400, f"{name}: function calling is not supported by this server's language model; "
-                                 f"send the request without {name}")
+            raise RestError(
+                400,
+                f"{name}: function calling is not supported by this server's language model; "
+                f"send the request without {name}",
+            )
     fmt = body.get("response_format")
     kind = fmt.get("type") if isinstance(fmt, dict) else fmt
     if fmt is not None and kind != "text":
-        raise RestError(400, f"response_format {kind!r} is not supported; valid: text (structured output and JSON "
-                             "mode are not available here)")
+        raise RestError(
+            400,
+            f"response_format {kind!r} is not supported; valid: text (structured output and JSON "
+            "mode are not available here)",
+        )
     mods = body.get("modalities")
     if mods is not None and mods != ["text"]:
-        raise RestError(400, f"modalities must be ['text'] here, got {mods!r} (speech: POST /v1/audio/speech, or a "
-                             "Realtime session)")
+        raise RestError(
+            400,
+            f"modalities must be ['text'] here, got {mods!r} (speech: POST /v1/audio/speech, or a Realtime session)",
+        )
 
 
 def logprobs_option(body: dict) -> int | None:
@@ -101,12 +111,17 @@ def generation_options(body: dict) -> GenerationOptions:
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise RestError(400, f"seed must be an integer, got {seed!r}")
     try:
-        return GenerationOptions(max_tokens=max_tokens, temperature=temperature,
-                                 top_p=number(body.get("top_p"), "top_p", 0.01, 1, 1.0), stop=tuple(stop), seed=seed,
-                                 logit_bias=body.get("logit_bias") or (),
-                                 frequency_penalty=number(body.get("frequency_penalty"), "frequency_penalty", -2, 2, 0.0),
-                                 presence_penalty=number(body.get("presence_penalty"), "presence_penalty", -2, 2, 0.0),
-                                 logprobs=logprobs_option(body))
+        return GenerationOptions(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=number(body.get("top_p"), "top_p", 0.01, 1, 1.0),
+            stop=tuple(stop),
+            seed=seed,
+            logit_bias=body.get("logit_bias") or (),
+            frequency_penalty=number(body.get("frequency_penalty"), "frequency_penalty", -2, 2, 0.0),
+            presence_penalty=number(body.get("presence_penalty"), "presence_penalty", -2, 2, 0.0),
+            logprobs=logprobs_option(body),
+        )
     except UserError as e:
         raise RestError(400, str(e)) from None
 
@@ -148,9 +163,13 @@ class ChatCompletion:
         try:  # as OpenAI's endpoint does: messages that do not fit are an error, none is left out
             ids = await asyncio.to_thread(self.lm.encode_chat_within, self.messages, room, False)
         except ContextLengthExceeded as e:
-            raise RestError(400, f"{e}: shorten the messages or lower max_tokens (this server's context is "
-                                 f"{self.engine.batcher.max_seq} tokens; up to max_tokens of them, at most half, are "
-                                 "kept for the answer)", e.code) from None
+            raise RestError(
+                400,
+                f"{e}: shorten the messages or lower max_tokens (this server's context is "
+                f"{self.engine.batcher.max_seq} tokens; up to max_tokens of them, at most half, are "
+                "kept for the answer)",
+                e.code,
+            ) from None
         self.prompt_tokens = len(ids)
         pieces = self.choices(ids)
         if self.stream:
@@ -161,10 +180,26 @@ class ChatCompletion:
                 self.texts[i] += text
                 logprobs[i] += [entry] if entry else []
                 finish[i] = end or finish[i]
-        choices = [{"index": i, "message": {"role": "assistant", "content": self.texts[i]}, "finish_reason": finish[i],
-                    "logprobs": self.logprobs(logprobs[i])} for i in range(self.n)]
-        return JSONResponse({"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-                             "choices": choices, "usage": self.usage()}, headers={"Cache-Control": "no-store"})
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": self.texts[i]},
+                "finish_reason": finish[i],
+                "logprobs": self.logprobs(logprobs[i]),
+            }
+            for i in range(self.n)
+        ]
+        return JSONResponse(
+            {
+                "id": self.id,
+                "object": "chat.completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": choices,
+                "usage": self.usage(),
+            },
+            headers={"Cache-Control": "no-store"},
+        )
 
     async def choices(self, ids: list[int]):
         """(choice, text, finish_reason or None, logprobs entry or None) of the n choices as they come, each choice
@@ -183,9 +218,12 @@ class ChatCompletion:
                         q.put_nowait((i, text, finish, entry))
             except Exception as e:  # noqa: BLE001 - handed to the consumer, which raises it
                 q.put_nowait(e)
+
         seed = self.options.seed
-        tasks = [asyncio.ensure_future(run(i, dataclasses.replace(self.options, seed=None if seed is None else seed + i)))
-                 for i in range(self.n)]
+        tasks = [
+            asyncio.ensure_future(run(i, dataclasses.replace(self.options, seed=None if seed is None else seed + i)))
+            for i in range(self.n)
+        ]
         try:
             finished = 0
             while finished < self.n:
@@ -210,6 +248,7 @@ class ChatCompletion:
         def one(token: int, logprob: float) -> dict:
             b = self.lm.tokenizer.token_bytes(token)
             return {"token": b.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(b)}
+
         return {**one(piece.token, piece.logprob), "top_logprobs": [one(t, v) for t, v in piece.top]}
 
     async def pieces(self, ids: list[int], options: GenerationOptions):
@@ -236,13 +275,29 @@ class ChatCompletion:
 
     def usage(self) -> dict:
         done = sum(len(self.lm.tokenizer.encode(t, add_bos=False)) for t in self.texts if t)
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": done,
-                "total_tokens": self.prompt_tokens + done}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": done,
+            "total_tokens": self.prompt_tokens + done,
+        }
 
     def chunk(self, delta: dict, finish=None, entry: dict | None = None, index: int = 0) -> str:
-        return sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                    "choices": [{"index": index, "delta": delta, "finish_reason": finish,
-                                 "logprobs": self.logprobs([entry]) if entry else None}]})
+        return sse(
+            {
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [
+                    {
+                        "index": index,
+                        "delta": delta,
+                        "finish_reason": finish,
+                        "logprobs": self.logprobs([entry]) if entry else None,
+                    }
+                ],
+            }
+        )
 
     async def events(self, pieces):
         for i in range(self.n):
@@ -253,11 +308,25 @@ class ChatCompletion:
                     self.texts[i] += text
                     yield self.chunk({"content": text} if text else {}, finish, entry, i)
             except Exception as e:  # noqa: BLE001 - the status is sent: the error goes as an event
-                yield sse({"error": {"message": f"the completion failed: {e}", "type": "server_error",
-                                     "code": "server_error"}})
+                yield sse(
+                    {
+                        "error": {
+                            "message": f"the completion failed: {e}",
+                            "type": "server_error",
+                            "code": "server_error",
+                        }
+                    }
+                )
                 return
         if self.usage_chunk:
-            yield sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                       "choices": [], "usage": self.usage()})
+            yield sse(
+                {
+                    "id": self.id,
+                    "object": "chat.completion.chunk",
+                    "created": self.created,
+                    "model": self.model,
+                    "choices": [],
+                    "usage": self.usage(),
+                }
+            )
         yield sse("[DONE]")
-

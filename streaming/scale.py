@@ -17,6 +17,7 @@ and is closed with 1001; a new connection lands on another replica. graceful_shu
 replica renders them, per replica and summed.
 
 Only `speechrt serve --ray` and `speechrt.scale:app` import this module (and ray)."""
+
 from __future__ import annotations
 
 import argparse
@@ -45,15 +46,18 @@ log = logging.getLogger(__name__)
 
 HTTP_HEADROOM = 8  # requests a replica takes beyond its session cap: /healthz, /metrics, REST while full
 STALE_S = 10.0  # a replica that has not reported for this long is left out of /metrics/cluster
-STOP_NOTICE = ("this replica is stopping (scale-down or redeploy): turns committed before were finished, audio sent "
-               "after the drain began was not taken; "
-               "reconnect to continue on another replica")
+STOP_NOTICE = (
+    "this replica is stopping (scale-down or redeploy): turns committed before were finished, audio sent "
+    "after the drain began was not taken; "
+    "reconnect to continue on another replica"
+)
 
 
 @dataclass(frozen=True)
 class ScaleOptions:
     """How the deployment scales: a fixed number of replicas, or autoscaling between min and max on
     ongoing sessions (target_sessions per replica); what each replica reserves (num_cpus, num_gpus)."""
+
     replicas: int = 1
     min_replicas: int | None = None
     max_replicas: int | None = None
@@ -67,46 +71,71 @@ class ScaleOptions:
         if self.replicas < 1:
             raise UserError(f"--replicas must be >= 1, got {self.replicas}")
         if (self.min_replicas is None) != (self.max_replicas is None):
-            raise UserError("autoscaling needs both --min-replicas and --max-replicas (or neither, for a fixed "
-                            "--replicas)")
-        if self.autoscaling and not 0 <= self.min_replicas <= self.max_replicas or (
-                self.max_replicas is not None and self.max_replicas < 1):
-            raise UserError(f"need 0 <= --min-replicas <= --max-replicas and --max-replicas >= 1, got "
-                            f"{self.min_replicas} and {self.max_replicas}")
+            raise UserError(
+                "autoscaling needs both --min-replicas and --max-replicas (or neither, for a fixed --replicas)"
+            )
+        if (
+            self.autoscaling
+            and not 0 <= self.min_replicas <= self.max_replicas
+            or (self.max_replicas is not None and self.max_replicas < 1)
+        ):
+            raise UserError(
+                f"need 0 <= --min-replicas <= --max-replicas and --max-replicas >= 1, got "
+                f"{self.min_replicas} and {self.max_replicas}"
+            )
         if self.target_sessions is not None and not self.target_sessions > 0:
             raise UserError(f"--target-sessions must be > 0, got {self.target_sessions}")
         if self.num_cpus < 0 or self.num_gpus < 0:
             raise UserError(f"--replica-cpus and --replica-gpus must be >= 0, got {self.num_cpus}, {self.num_gpus}")
         if not self.graceful_shutdown_s > 0 or not self.stats_period_s > 0:
-            raise UserError(f"--graceful-shutdown-s and stats period must be > 0, got {self.graceful_shutdown_s}, "
-                            f"{self.stats_period_s}")
+            raise UserError(
+                f"--graceful-shutdown-s and stats period must be > 0, got {self.graceful_shutdown_s}, "
+                f"{self.stats_period_s}"
+            )
 
     @property
     def autoscaling(self) -> bool:
         return self.max_replicas is not None
 
     @classmethod
-    def from_args(cls, args) -> "ScaleOptions":
-        return cls(replicas=args.replicas, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
-                   target_sessions=args.target_sessions, num_cpus=args.replica_cpus, num_gpus=args.replica_gpus,
-                   graceful_shutdown_s=args.graceful_shutdown_s)
+    def from_args(cls, args) -> ScaleOptions:
+        return cls(
+            replicas=args.replicas,
+            min_replicas=args.min_replicas,
+            max_replicas=args.max_replicas,
+            target_sessions=args.target_sessions,
+            num_cpus=args.replica_cpus,
+            num_gpus=args.replica_gpus,
+            graceful_shutdown_s=args.graceful_shutdown_s,
+        )
 
     def deployment_options(self, max_sessions: int, drain_seconds: float) -> dict:
         """Options of serve.deployment for replicas that admit max_sessions sessions each."""
         if self.graceful_shutdown_s <= drain_seconds:
-            raise UserError(f"--graceful-shutdown-s ({self.graceful_shutdown_s:g}) must exceed --drain-seconds "
-                            f"({drain_seconds:g}): Serve kills a replica at the end of it")
-        d = dict(ray_actor_options={"num_cpus": self.num_cpus, "num_gpus": self.num_gpus},
-                 max_ongoing_requests=max_sessions + HTTP_HEADROOM,
-                 graceful_shutdown_timeout_s=self.graceful_shutdown_s, graceful_shutdown_wait_loop_s=1.0,
-                 request_router_config=RequestRouterConfig(
-                     request_router_class=f"{__name__}:CapacityRouter",
-                     request_routing_stats_period_s=self.stats_period_s, request_routing_stats_timeout_s=5.0))
+            raise UserError(
+                f"--graceful-shutdown-s ({self.graceful_shutdown_s:g}) must exceed --drain-seconds "
+                f"({drain_seconds:g}): Serve kills a replica at the end of it"
+            )
+        d = dict(
+            ray_actor_options={"num_cpus": self.num_cpus, "num_gpus": self.num_gpus},
+            max_ongoing_requests=max_sessions + HTTP_HEADROOM,
+            graceful_shutdown_timeout_s=self.graceful_shutdown_s,
+            graceful_shutdown_wait_loop_s=1.0,
+            request_router_config=RequestRouterConfig(
+                request_router_class=f"{__name__}:CapacityRouter",
+                request_routing_stats_period_s=self.stats_period_s,
+                request_routing_stats_timeout_s=5.0,
+            ),
+        )
         if self.autoscaling:
-            d["autoscaling_config"] = {"min_replicas": self.min_replicas, "max_replicas": self.max_replicas,
-                                       "initial_replicas": max(self.min_replicas, 1),
-                                       "target_ongoing_requests": self.target_sessions or max(1.0, 0.75 * max_sessions),
-                                       "upscale_delay_s": 10.0, "downscale_delay_s": 120.0}
+            d["autoscaling_config"] = {
+                "min_replicas": self.min_replicas,
+                "max_replicas": self.max_replicas,
+                "initial_replicas": max(self.min_replicas, 1),
+                "target_ongoing_requests": self.target_sessions or max(1.0, 0.75 * max_sessions),
+                "upscale_delay_s": 10.0,
+                "downscale_delay_s": 120.0,
+            }
         else:
             d["num_replicas"] = self.replicas
         return d
@@ -130,8 +159,9 @@ class CapacityRouter(FIFOMixin, RequestRouter):
         key = next((k for k, (_, rid) in self.choosing.items() if rid == replica_id), None)
         self.choosing.pop(key, None)
 
-    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
-                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
         cache, now = self.replica_queue_len_cache, time.monotonic()
         self.choosing = {k: v for k, v in getattr(self, "choosing", {}).items() if now - v[0] < self.CHOICE_S}
         chosen = collections.Counter(rid for _, rid in self.choosing.values())
@@ -142,6 +172,7 @@ class CapacityRouter(FIFOMixin, RequestRouter):
             ongoing = cache.get(r.replica_id)
             sessions = (ongoing if ongoing is not None else s.get("sessions", 0)) + chosen[r.replica_id]
             return bool(s.get("draining")), sessions / cap + s.get("queue_depth", 0) / (4 * cap), random.random()
+
         ranked = sorted(candidate_replicas, key=load)
         if ranked:  # one entry per request: a request routed again replaces its earlier choice
             key = pending_request.metadata.internal_request_id if pending_request is not None else object()
@@ -173,12 +204,23 @@ def replica_row(server) -> dict:
 
     def q(p):
         return final[min(len(final) - 1, int(p * len(final)))] if final else float("nan")
-    return {"sessions": len(server.sessions), "max_sessions": server.options.max_sessions,
-            "queue_depth": server.engine.queue_depth(), "sessions_total": c.sessions_total,
-            "sessions_rejected": c.sessions_rejected, "utterances": m.asr_items, "final_p50": q(0.5),
-            "final_p95": q(0.95), "draining": server.shutting_down, "node": ray.get_runtime_context().get_node_id(),
-            "cpu_seconds": round(time.process_time(), 3), "engine_seconds": round(m.engine_seconds, 3),
-            "finals_loaded_margin": m.finals_loaded_margin, "vad_seconds": round(server.vad.seconds, 3)}
+
+    return {
+        "sessions": len(server.sessions),
+        "max_sessions": server.options.max_sessions,
+        "queue_depth": server.engine.queue_depth(),
+        "sessions_total": c.sessions_total,
+        "sessions_rejected": c.sessions_rejected,
+        "utterances": m.asr_items,
+        "final_p50": q(0.5),
+        "final_p95": q(0.95),
+        "draining": server.shutting_down,
+        "node": ray.get_runtime_context().get_node_id(),
+        "cpu_seconds": round(time.process_time(), 3),
+        "engine_seconds": round(m.engine_seconds, 3),
+        "finals_loaded_margin": m.finals_loaded_margin,
+        "vad_seconds": round(server.vad.seconds, 3),
+    }
 
 
 def cluster_metrics_text(rows: dict[str, dict]) -> str:
@@ -186,41 +228,68 @@ def cluster_metrics_text(rows: dict[str, dict]) -> str:
     from .metrics import MetricsPage
 
     page = MetricsPage()
-    per = [("sessions", "sessions_active", "gauge", "Open Realtime sessions per replica."),
-           ("max_sessions", "max_sessions", "gauge", "Session cap per replica."),
-           ("queue_depth", "queue_depth", "gauge", "Work items waiting for each replica's engine."),
-           ("sessions_total", "sessions_total", "counter", "Sessions admitted per replica since it started."),
-           ("sessions_rejected", "sessions_rejected_total", "counter", "Sessions refused per replica."),
-           ("utterances", "asr_utterances_total", "counter", "Utterances transcribed per replica."),
-           ("final_p50", "final_transcript_latency_p50_seconds", "gauge", "Median queue + compute time of final "
-            "transcripts per replica (last 1000)."),
-           ("final_p95", "final_transcript_latency_p95_seconds", "gauge", "95th percentile of the same."),
-           ("cpu_seconds", "process_cpu_seconds_total", "counter", "CPU time of each replica's process."),
-           ("engine_seconds", "engine_busy_seconds_total", "counter", "Seconds each replica's engine spent in model "
-            "steps."),
-           ("finals_loaded_margin", "asr_finals_loaded_margin_total", "counter", "Final transcripts each replica "
-            "encoded with the loaded margin."),
-           ("vad_seconds", "vad_seconds_total", "counter", "CPU seconds each replica's voice activity detection "
-            "thread spent running Silero.")]
+    per = [
+        ("sessions", "sessions_active", "gauge", "Open Realtime sessions per replica."),
+        ("max_sessions", "max_sessions", "gauge", "Session cap per replica."),
+        ("queue_depth", "queue_depth", "gauge", "Work items waiting for each replica's engine."),
+        ("sessions_total", "sessions_total", "counter", "Sessions admitted per replica since it started."),
+        ("sessions_rejected", "sessions_rejected_total", "counter", "Sessions refused per replica."),
+        ("utterances", "asr_utterances_total", "counter", "Utterances transcribed per replica."),
+        (
+            "final_p50",
+            "final_transcript_latency_p50_seconds",
+            "gauge",
+            "Median queue + compute time of final transcripts per replica (last 1000).",
+        ),
+        ("final_p95", "final_transcript_latency_p95_seconds", "gauge", "95th percentile of the same."),
+        ("cpu_seconds", "process_cpu_seconds_total", "counter", "CPU time of each replica's process."),
+        (
+            "engine_seconds",
+            "engine_busy_seconds_total",
+            "counter",
+            "Seconds each replica's engine spent in model steps.",
+        ),
+        (
+            "finals_loaded_margin",
+            "asr_finals_loaded_margin_total",
+            "counter",
+            "Final transcripts each replica encoded with the loaded margin.",
+        ),
+        (
+            "vad_seconds",
+            "vad_seconds_total",
+            "counter",
+            "CPU seconds each replica's voice activity detection thread spent running Silero.",
+        ),
+    ]
     for key, name, kind, help_ in per:
         page.lines += [f"# HELP speechrt_replica_{name} {help_}", f"# TYPE speechrt_replica_{name} {kind}"]
-        page.lines += [f'speechrt_replica_{name}{{replica="{r}",node="{row["node"]}"}} {row.get(key, 0)}'
-                       for r, row in sorted(rows.items())]
+        page.lines += [
+            f'speechrt_replica_{name}{{replica="{r}",node="{row["node"]}"}} {row.get(key, 0)}'
+            for r, row in sorted(rows.items())
+        ]
     page.metric("cluster_replicas", "gauge", "Replicas reporting.", len(rows))
     page.metric("cluster_replicas_draining", "gauge", "Replicas stopping.", sum(r["draining"] for r in rows.values()))
-    for key, name, help_ in (("sessions", "sessions_active", "Open sessions, all replicas."),
-                             ("max_sessions", "max_sessions", "Session capacity, all replicas."),
-                             ("queue_depth", "queue_depth", "Work items waiting, all replicas."),
-                             ("sessions_total", "sessions_total", "Sessions admitted, all replicas."),
-                             ("sessions_rejected", "sessions_rejected_total", "Sessions refused, all replicas."),
-                             ("utterances", "asr_utterances_total", "Utterances transcribed, all replicas."),
-                             ("cpu_seconds", "process_cpu_seconds_total", "CPU time of the replicas' processes."),
-                             ("engine_seconds", "engine_busy_seconds_total", "Seconds the replicas' engines spent "
-                              "in model steps, summed."),
-                             ("finals_loaded_margin", "asr_finals_loaded_margin_total", "Final transcripts encoded "
-                              "with the loaded margin, all replicas."),
-                             ("vad_seconds", "vad_seconds_total", "CPU seconds the replicas' voice activity detection "
-                              "threads spent running Silero, summed.")):
+    for key, name, help_ in (
+        ("sessions", "sessions_active", "Open sessions, all replicas."),
+        ("max_sessions", "max_sessions", "Session capacity, all replicas."),
+        ("queue_depth", "queue_depth", "Work items waiting, all replicas."),
+        ("sessions_total", "sessions_total", "Sessions admitted, all replicas."),
+        ("sessions_rejected", "sessions_rejected_total", "Sessions refused, all replicas."),
+        ("utterances", "asr_utterances_total", "Utterances transcribed, all replicas."),
+        ("cpu_seconds", "process_cpu_seconds_total", "CPU time of the replicas' processes."),
+        ("engine_seconds", "engine_busy_seconds_total", "Seconds the replicas' engines spent in model steps, summed."),
+        (
+            "finals_loaded_margin",
+            "asr_finals_loaded_margin_total",
+            "Final transcripts encoded with the loaded margin, all replicas.",
+        ),
+        (
+            "vad_seconds",
+            "vad_seconds_total",
+            "CPU seconds the replicas' voice activity detection threads spent running Silero, summed.",
+        ),
+    ):
         page.metric(f"cluster_{name}", "gauge", help_, round(sum(r.get(key, 0) for r in rows.values()), 3))
     return page.text()
 
@@ -262,8 +331,9 @@ class SpeechReplica:
         from speechrt.streaming.server import SpeechServer
 
         args = argparse.Namespace(**serve_args)
-        torch.set_num_threads(args.threads or max(1, int(ray.get_runtime_context().get_assigned_resources()
-                                                        .get("CPU", 1))))
+        torch.set_num_threads(
+            args.threads or max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
+        )
         asr, lm, tts = await asyncio.to_thread(cli_serve.load_models, args)
         self.server = SpeechServer(cli_serve.options(args), asr, lm, tts)
         ctx = serve.get_replica_context()
@@ -281,18 +351,30 @@ class SpeechReplica:
 
         async def cluster_metrics(request: Request):
             if o.private_metrics and not authorized(request.headers, o.api_key):
-                return json_error(401, "/metrics/cluster needs the API key ('Authorization: Bearer <key>'): the "
-                                       "server was started with --private-metrics", "invalid_api_key")
+                return json_error(
+                    401,
+                    "/metrics/cluster needs the API key ('Authorization: Bearer <key>'): the "
+                    "server was started with --private-metrics",
+                    "invalid_api_key",
+                )
             rows = await asyncio.wait_for(self.board.current.remote(), 5) if self.board is not None else {}
             rows.setdefault(self.server.replica, replica_row(self.server))
-            return Response(cluster_metrics_text(rows), media_type="text/plain; version=0.0.4",
-                            headers={"Cache-Control": "no-store"})
+            return Response(
+                cluster_metrics_text(rows),
+                media_type="text/plain; version=0.0.4",
+                headers={"Cache-Control": "no-store"},
+            )
+
         app.add_api_route("/metrics/cluster", cluster_metrics, methods=["GET"])
         return app
 
     def record_routing_stats(self) -> dict:
-        return {"sessions": len(self.server.sessions), "max_sessions": self.server.options.max_sessions,
-                "queue_depth": self.server.engine.queue_depth(), "draining": self.server.shutting_down}
+        return {
+            "sessions": len(self.server.sessions),
+            "max_sessions": self.server.options.max_sessions,
+            "queue_depth": self.server.engine.queue_depth(),
+            "draining": self.server.shutting_down,
+        }
 
     async def report(self):
         while self.board is not None:
@@ -317,8 +399,13 @@ class SpeechReplica:
 # built once: a deployment whose definition and arguments are unchanged keeps its replicas when only its
 # options change (a new number of replicas scales, it does not redeploy)
 SPEECH_DEPLOYMENT = serve.deployment(serve.ingress()(SpeechReplica))
-BOARD_DEPLOYMENT = serve.deployment(MetricsBoard, num_replicas=1, ray_actor_options={"num_cpus": 0},
-                                    max_ongoing_requests=1000, logging_config={"enable_access_log": False})
+BOARD_DEPLOYMENT = serve.deployment(
+    MetricsBoard,
+    num_replicas=1,
+    ray_actor_options={"num_cpus": 0},
+    max_ongoing_requests=1000,
+    logging_config={"enable_access_log": False},
+)
 
 
 def application(serve_args: dict, scale: ScaleOptions, name: str = "speechrt"):
@@ -345,8 +432,10 @@ def serve_args_from(config: dict) -> tuple[dict, ScaleOptions]:
     try:
         args = build_parser().parse_args(argv)
     except SystemExit:
-        raise UserError(f"bad speechrt arguments {config!r}: the keys are `speechrt serve` flags "
-                        "(see `speechrt serve --help`), e.g. {'transcription-only': true, 'replicas': 2}") from None
+        raise UserError(
+            f"bad speechrt arguments {config!r}: the keys are `speechrt serve` flags "
+            "(see `speechrt serve --help`), e.g. {'transcription-only': true, 'replicas': 2}"
+        ) from None
     return {k: v for k, v in vars(args).items() if not k.startswith("_")}, ScaleOptions.from_args(args)
 
 
@@ -373,10 +462,13 @@ def run(args) -> int:
     serve.start(http_options={"host": args.host, "port": args.port})
     t = time.perf_counter()
     serve.run(application(serve_args, scale), name="speechrt", route_prefix="/")
-    print(f"speechrt: {scale.replicas if not scale.autoscaling else f'{scale.min_replicas}-{scale.max_replicas}'} "
-          f"replica(s) ready on Ray Serve in {time.perf_counter() - t:.1f} s; serving on http://{args.host}:"
-          f"{args.port} (Realtime API at ws://{args.host}:{args.port}/v1/realtime, cluster metrics at "
-          "/metrics/cluster)", flush=True)
+    print(
+        f"speechrt: {scale.replicas if not scale.autoscaling else f'{scale.min_replicas}-{scale.max_replicas}'} "
+        f"replica(s) ready on Ray Serve in {time.perf_counter() - t:.1f} s; serving on http://{args.host}:"
+        f"{args.port} (Realtime API at ws://{args.host}:{args.port}/v1/realtime, cluster metrics at "
+        "/metrics/cluster)",
+        flush=True,
+    )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -5,6 +5,7 @@ Sessions: one coroutine per connection; a cap on admitted sessions (one more is 
 1013); a closed connection's work is cancelled at once; an idle session is closed; graceful shutdown
 stops admitting, lets final transcripts and answers in flight finish (up to `drain_seconds`), and tells
 the sessions whose work did not."""
+
 from __future__ import annotations
 
 import asyncio
@@ -78,18 +79,30 @@ class ServerOptions:
         if self.max_upload_bytes < 1024:
             raise UserError(f"max_upload_bytes must be >= 1024, got {self.max_upload_bytes}")
         if not 1024 <= self.max_message_bytes <= self.max_frame_bytes:
-            raise UserError(f"max_message_bytes must be at least 1024 and at most max_frame_bytes "
-                            f"({self.max_frame_bytes}), got {self.max_message_bytes}")
+            raise UserError(
+                f"max_message_bytes must be at least 1024 and at most max_frame_bytes "
+                f"({self.max_frame_bytes}), got {self.max_message_bytes}"
+            )
         if not 1 <= self.final_margin <= 30:
             raise UserError(f"final_margin must be in [1, 30] seconds (30: whole windows), got {self.final_margin}")
         if self.loaded_final_margin is not None and not 1 <= self.loaded_final_margin <= 30:
-            raise UserError(f"loaded_final_margin must be in [1, 30] seconds (or None: the final margin always), "
-                            f"got {self.loaded_final_margin}")
+            raise UserError(
+                f"loaded_final_margin must be in [1, 30] seconds (or None: the final margin always), "
+                f"got {self.loaded_final_margin}"
+            )
         if not 0 <= self.partial_interval <= 10:
-            raise UserError(f"partial_interval must be in [0, 10] seconds (0: no live transcript deltas), "
-                            f"got {self.partial_interval}")
-        for name in ("idle_timeout", "stall_timeout", "drain_seconds", "ping_interval", "ping_timeout",
-                     "max_buffer_seconds"):
+            raise UserError(
+                f"partial_interval must be in [0, 10] seconds (0: no live transcript deltas), "
+                f"got {self.partial_interval}"
+            )
+        for name in (
+            "idle_timeout",
+            "stall_timeout",
+            "drain_seconds",
+            "ping_interval",
+            "ping_timeout",
+            "max_buffer_seconds",
+        ):
             if not getattr(self, name) > 0:
                 raise UserError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.api_key is not None and not self.api_key:
@@ -125,8 +138,11 @@ class SpeechServer:
         with an error event that lists the valid ones."""
         if self.shutting_down or self.open_sessions() >= self.options.max_sessions:
             self.counters.sessions_rejected += 1
-            why = ("the server is shutting down" if self.shutting_down else
-                   f"the server is full: {self.options.max_sessions} sessions at most; try again later")
+            why = (
+                "the server is shutting down"
+                if self.shutting_down
+                else f"the server is full: {self.options.max_sessions} sessions at most; try again later"
+            )
             await conn.send(json.dumps(error_event(why, "session_limit_reached", "server_error")))
             await conn.close(1013, "try again later")
             return
@@ -157,17 +173,29 @@ class SpeechServer:
     def health(self, full: bool) -> tuple[int, dict]:
         body = {"status": "draining" if self.shutting_down else "ok"}
         if full:
-            body.update(sessions=len(self.sessions), max_sessions=self.options.max_sessions, models=self.names,
-                        runners={f: str(p.info) for f, p in (("asr", self.asr), ("lm", self.lm), ("tts", self.tts))
-                                 if p is not None},
-                        conversation=self.conversation_ready, uptime_s=round(time.time() - self.counters.started, 1))
+            body.update(
+                sessions=len(self.sessions),
+                max_sessions=self.options.max_sessions,
+                models=self.names,
+                runners={
+                    f: str(p.info) for f, p in (("asr", self.asr), ("lm", self.lm), ("tts", self.tts)) if p is not None
+                },
+                conversation=self.conversation_ready,
+                uptime_s=round(time.time() - self.counters.started, 1),
+            )
             if self.replica is not None:
                 body["replica"] = self.replica
         return (503 if self.shutting_down else 200), body
 
     def metrics_text(self) -> str:
-        return metrics_text(len(self.sessions), self.engine.queue_depth(), self.counters, self.engine.metrics, self.vad,
-                            replica=self.replica)
+        return metrics_text(
+            len(self.sessions),
+            self.engine.queue_depth(),
+            self.counters,
+            self.engine.metrics,
+            self.vad,
+            replica=self.replica,
+        )
 
     async def _watch_idle(self):
         while True:
@@ -175,11 +203,14 @@ class SpeechServer:
             now = time.monotonic()
             for s in list(self.sessions):
                 if now - s.last_activity > self.options.idle_timeout:
-                    await s.end(f"session idle for more than {self.options.idle_timeout:g} s (no events either "
-                                "way); closing", "idle_timeout", 1000)
+                    await s.end(
+                        f"session idle for more than {self.options.idle_timeout:g} s (no events either way); closing",
+                        "idle_timeout",
+                        1000,
+                    )
 
     # -- lifecycle --------------------------------------------------------------------------------------
-    async def start(self, listen: bool = True) -> "SpeechServer":
+    async def start(self, listen: bool = True) -> SpeechServer:
         """Start the engine (returning once it has warmed the models up) and the idle watchdog; with `listen`,
         also serve build_app on options.host:port (without it another ASGI server serves the app: Ray Serve's
         ingress, streaming/scale.py)."""
@@ -226,8 +257,12 @@ class SpeechServer:
         for s in sessions:
             unfinished = graceful and s.has_essential_work()
             why = notice or "the server is shutting down"
-            await s.end(why + (": work in flight was not finished" if unfinished else ""),
-                        "server_shutting_down", 1001, error=unfinished or not graceful or notice is not None)
+            await s.end(
+                why + (": work in flight was not finished" if unfinished else ""),
+                "server_shutting_down",
+                1001,
+                error=unfinished or not graceful or notice is not None,
+            )
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
             with contextlib.suppress(Exception):
@@ -243,8 +278,10 @@ def listen_socket(host: str, port: int) -> socket.socket:
         return socket.create_server((host, port))
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
-            raise UserError(f"{host}:{port} is in use (another server, or a speechrt serve still running?): stop "
-                            "it, or choose another --port (0 picks a free one)") from None
+            raise UserError(
+                f"{host}:{port} is in use (another server, or a speechrt serve still running?): stop "
+                "it, or choose another --port (0 picks a free one)"
+            ) from None
         raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
@@ -257,8 +294,11 @@ async def serve_forever(server: SpeechServer):
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    print(f"speechrt: serving on http://{server.options.host}:{server.port}  "
-          f"(Realtime API at ws://{server.options.host}:{server.port}/v1/realtime)", flush=True)
+    print(
+        f"speechrt: serving on http://{server.options.host}:{server.port}  "
+        f"(Realtime API at ws://{server.options.host}:{server.port}/v1/realtime)",
+        flush=True,
+    )
     await stop.wait()
     print("speechrt: shutting down, finishing turns in flight", flush=True)
     await server.shutdown(graceful=True)

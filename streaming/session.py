@@ -2,6 +2,7 @@
 three parts — its input turns (streaming/turns.py), its conversation (streaming/conversation.py) and the
 assistant's responses (streaming/agent.py) — and the events sent back. Model work goes through the
 shared Engine."""
+
 from __future__ import annotations
 
 import asyncio
@@ -16,15 +17,15 @@ from speechrt.pipelines.asr import TranscribeOptions
 from . import protocol as P
 from .audio_codec import AudioFormatError, b64decode
 from .conversation import Conversation, item_from_api
-from .protocol import (BETA_NAMES, CLIENT_EVENTS, ProtocolError, SessionConfig, apply_session_update, error_event,
-                       new_id)
+from .protocol import BETA_NAMES, CLIENT_EVENTS, ProtocolError, SessionConfig, apply_session_update, error_event, new_id
 from .reply import Speculator
 from .turns import InputTurns, finish_item, item_audio
 
 log = logging.getLogger(__name__)
 # client events not taken once the server drains (graceful shutdown): they would begin new work
-DRAIN_IGNORES = frozenset({"input_audio_buffer.append", "input_audio_buffer.commit", "conversation.item.create",
-                           "response.create"})
+DRAIN_IGNORES = frozenset(
+    {"input_audio_buffer.append", "input_audio_buffer.commit", "conversation.item.create", "response.create"}
+)
 
 
 def asr_options(cfg: SessionConfig, live: bool = False, final_margin: float | None = None) -> TranscribeOptions:
@@ -41,9 +42,14 @@ def asr_options(cfg: SessionConfig, live: bool = False, final_margin: float | No
     and 8 s 4.61 %, 3 s 6.38 %, 48 clips). The conversation benchmark's 4 questions: 12.9 % WER with 3 s, 0 %
     with 10 s, final p50 305 vs 302 ms. (An earlier study, 108 clips of the 12 sentences alone on Zen 3, had
     found 3 s at whole windows' WER, 3.31 vs 3.19 %, and the server ran 3 s until this one.)"""
-    return TranscribeOptions(without_timestamps=True, language=cfg.language, initial_prompt=cfg.prompt,
-                             trim_context=True, trim_margin=1.0 if live else final_margin or FINAL_MARGIN_S,
-                             stop_repeats=3)
+    return TranscribeOptions(
+        without_timestamps=True,
+        language=cfg.language,
+        initial_prompt=cfg.prompt,
+        trim_context=True,
+        trim_margin=1.0 if live else final_margin or FINAL_MARGIN_S,
+        stop_repeats=3,
+    )
 
 
 FINAL_MARGIN_S = 10.0
@@ -60,8 +66,11 @@ def check_settings(server, cfg: SessionConfig) -> None:
     """ProtocolError if the server cannot serve a session with settings `cfg`: a conversation on a
     transcription-only server, a language its ASR model lacks, word times from a backend without them."""
     if cfg.type == "realtime" and not server.conversation_ready:
-        raise ProtocolError("this server runs transcription only (started without a language model or voice)",
-                            "invalid_value", "session.type")
+        raise ProtocolError(
+            "this server runs transcription only (started without a language model or voice)",
+            "invalid_value",
+            "session.type",
+        )
     try:
         server.asr.check_language(cfg.language)
     except UserError as e:
@@ -72,9 +81,12 @@ def check_settings(server, cfg: SessionConfig) -> None:
 def check_word_timing(asr, cfg: SessionConfig) -> None:
     """ProtocolError if the session asks for word times and the server's ASR backend cannot give them."""
     if cfg.word_timestamps and not asr.runner.word_timing:
-        raise ProtocolError(f"word timestamps are not available on this server's {asr.info.backend} backend; start "
-                            f"it with one of: {', '.join(asr.runner.WORD_TIMING_BACKENDS)}", "invalid_value",
-                            "session.audio.input.transcription.speechrt_word_timestamps")
+        raise ProtocolError(
+            f"word timestamps are not available on this server's {asr.info.backend} backend; start "
+            f"it with one of: {', '.join(asr.runner.WORD_TIMING_BACKENDS)}",
+            "invalid_value",
+            "session.audio.input.transcription.speechrt_word_timestamps",
+        )
 
 
 class Outbox:
@@ -169,8 +181,12 @@ class RealtimeSession:
         opts = server.options
         # a transcription-only server's sessions are transcription sessions, whatever the URL says
         kind = "realtime" if intent != "transcription" and server.conversation_ready else "transcription"
-        cfg = SessionConfig(type=kind, model=model or SessionConfig.model, transcription_model=server.names["asr"][0],
-                            voice=(server.names["tts"] or [SessionConfig.voice])[0])  # (no voice loaded: the default)
+        cfg = SessionConfig(
+            type=kind,
+            model=model or SessionConfig.model,
+            transcription_model=server.names["asr"][0],
+            voice=(server.names["tts"] or [SessionConfig.voice])[0],
+        )  # (no voice loaded: the default)
         if opts.silence_duration_ms is not None and cfg.turn_detection:
             cfg = replace(cfg, turn_detection=replace(cfg.turn_detection, silence_duration_ms=opts.silence_duration_ms))
         self.cfg = cfg
@@ -199,10 +215,18 @@ class RealtimeSession:
             self.closed = True
             self.server.counters.slow_readers_closed += 1
             log.warning("session %s: the client does not read; closing it", self.id)
-            await self.outbox.close(1008, "send queue full: the client does not read the events sent to it", flush=False)
+            await self.outbox.close(
+                1008, "send queue full: the client does not read the events sent to it", flush=False
+            )
 
-    async def error(self, message: str, code: str, param: str | None = None, event_id: str | None = None,
-                    type: str = "invalid_request_error"):
+    async def error(
+        self,
+        message: str,
+        code: str,
+        param: str | None = None,
+        event_id: str | None = None,
+        type: str = "invalid_request_error",
+    ):
         await self.send(error_event(message, code, type, param, event_id))
 
     def spawn(self, coro, essential: bool = False) -> asyncio.Task:
@@ -266,8 +290,11 @@ class RealtimeSession:
     async def handle(self, message):
         limit = self.server.options.max_message_bytes
         if len(message) > limit:
-            return await self.error(f"message of {len(message)} bytes exceeds this server's limit of {limit} bytes; "
-                                    "send audio in smaller chunks", "message_too_large")
+            return await self.error(
+                f"message of {len(message)} bytes exceeds this server's limit of {limit} bytes; "
+                "send audio in smaller chunks",
+                "message_too_large",
+            )
         if isinstance(message, bytes):
             return await self.error("binary frames are not part of the protocol; send JSON text events", "invalid_json")
         try:
@@ -281,8 +308,12 @@ class RealtimeSession:
             return  # the server is shutting down: its notice says input after the drain began was not taken
         handler = self.HANDLERS.get(etype)
         if handler is None:
-            return await self.error(f"unknown event type {etype!r}; valid client events: {', '.join(CLIENT_EVENTS)}",
-                                    "invalid_event_type", "type", eid)
+            return await self.error(
+                f"unknown event type {etype!r}; valid client events: {', '.join(CLIENT_EVENTS)}",
+                "invalid_event_type",
+                "type",
+                eid,
+            )
         try:
             await handler(self, ev)
         except ProtocolError as e:
@@ -291,8 +322,9 @@ class RealtimeSession:
             await self.error(str(e), "invalid_audio", "audio", eid)
         except Exception as e:  # noqa: BLE001 - a bug must not end the session: the client is told
             log.exception("session %s: %s failed", self.id, etype)
-            await self.error(f"internal error handling {etype}: {type(e).__name__}: {e}", "server_error", None, eid,
-                             "server_error")
+            await self.error(
+                f"internal error handling {etype}: {type(e).__name__}: {e}", "server_error", None, eid, "server_error"
+            )
 
     # -- session ----------------------------------------------------------------------------------
     async def on_session_update(self, ev):
@@ -317,7 +349,9 @@ class RealtimeSession:
     # -- input audio ------------------------------------------------------------------------------
     async def on_input_audio_buffer_append(self, ev):
         if "audio" not in ev:
-            raise ProtocolError("input_audio_buffer.append needs 'audio' (base64)", "missing_required_parameter", "audio")
+            raise ProtocolError(
+                "input_audio_buffer.append needs 'audio' (base64)", "missing_required_parameter", "audio"
+            )
         await self.turns.append(b64decode(ev["audio"]), self.server.options.max_buffer_seconds)
 
     async def on_input_audio_buffer_commit(self, ev):
@@ -369,8 +403,10 @@ class RealtimeSession:
         if self.cfg.type != "realtime":
             raise ProtocolError("responses are not available in transcription sessions", "invalid_value", "type")
         if self.response is not None:
-            raise ProtocolError("a response is already in progress; cancel it first or wait for response.done",
-                                "conversation_already_has_active_response")
+            raise ProtocolError(
+                "a response is already in progress; cancel it first or wait for response.done",
+                "conversation_already_has_active_response",
+            )
         await self.start_response(ev.get("response") or {})
 
     async def start_response(self, overrides: dict):
@@ -388,8 +424,11 @@ class RealtimeSession:
             raise ProtocolError("there is no response in progress to cancel", "response_cancel_not_active")
         rid = ev.get("response_id")
         if rid is not None and rid != self.response.id:
-            raise ProtocolError(f"no response in progress with id {P.short(rid)} (the one in progress is "
-                                f"{self.response.id})", "response_cancel_not_active", "response_id")
+            raise ProtocolError(
+                f"no response in progress with id {P.short(rid)} (the one in progress is {self.response.id})",
+                "response_cancel_not_active",
+                "response_id",
+            )
         self.response.cancel("client_cancelled")
 
     async def on_output_audio_buffer_clear(self, ev):
@@ -398,7 +437,8 @@ class RealtimeSession:
         await self.send(P.output_audio_buffer_cleared(None))
 
     HANDLERS = {
-        "session.update": on_session_update, "transcription_session.update": on_transcription_session_update,
+        "session.update": on_session_update,
+        "transcription_session.update": on_transcription_session_update,
         "input_audio_buffer.append": on_input_audio_buffer_append,
         "input_audio_buffer.commit": on_input_audio_buffer_commit,
         "input_audio_buffer.clear": on_input_audio_buffer_clear,
@@ -406,7 +446,8 @@ class RealtimeSession:
         "conversation.item.delete": on_conversation_item_delete,
         "conversation.item.retrieve": on_conversation_item_retrieve,
         "conversation.item.truncate": on_conversation_item_truncate,
-        "response.create": on_response_create, "response.cancel": on_response_cancel,
+        "response.create": on_response_create,
+        "response.cancel": on_response_cancel,
         "output_audio_buffer.clear": on_output_audio_buffer_clear,
     }
     assert tuple(HANDLERS) == CLIENT_EVENTS, "every client event has one handler"

@@ -3,6 +3,7 @@ order, batched across sessions; those of turns over 30 s run long-form one windo
 turns with each other and with other work (step_long); live transcripts (of turns still being spoken)
 are kept newest-only per key (a session), and a final one stops a running live one. All methods are
 called with the engine's lock held; futures are resolved by the caller on their event loops."""
+
 from __future__ import annotations
 
 import asyncio
@@ -15,8 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from speechrt.pipelines.asr import (MAX_UTTERANCE_SAMPLES, SAMPLE_RATE, TranscribeOptions, TranscriptionCancelled,
-                                   WindowResult)
+from speechrt.pipelines.asr import (
+    MAX_UTTERANCE_SAMPLES,
+    SAMPLE_RATE,
+    TranscribeOptions,
+    TranscriptionCancelled,
+    WindowResult,
+)
 
 from .metrics import LOADED_BUSY, LOADED_FIRM, RecentLoad
 
@@ -220,8 +226,13 @@ class LoadedMargins:
 def long_options(opts: TranscribeOptions) -> TranscribeOptions:
     """A long turn's long-form options in the server: the session's language and prompt, and a bounded
     fallback (two temperatures, one sample each: at most two decodes of a window, not 6 x 5)."""
-    return dataclasses.replace(TranscribeOptions(), language=opts.language, initial_prompt=opts.initial_prompt,
-                               temperatures=LONG_TEMPERATURES, best_of=1)
+    return dataclasses.replace(
+        TranscribeOptions(),
+        language=opts.language,
+        initial_prompt=opts.initial_prompt,
+        temperatures=LONG_TEMPERATURES,
+        best_of=1,
+    )
 
 
 LONG_TEMPERATURES = (0.0, 0.4)

@@ -1,6 +1,7 @@
 """The user's side of a Realtime session: the input audio buffer, voice activity and turn detection, and
 each turn's transcripts — live while the person speaks, early when the input goes quiet, final when the
 turn ends. Model work goes through the shared Engine; events go out through the session."""
+
 from __future__ import annotations
 
 import asyncio
@@ -71,7 +72,7 @@ class AudioBuffer:
             return np.zeros(0, np.float32)
         if len(self.chunks) > 1:
             self.chunks = [np.concatenate(self.chunks)]
-        return self.chunks[0][a - self.start: b - self.start].copy()
+        return self.chunks[0][a - self.start : b - self.start].copy()
 
     def since(self, a: int) -> np.ndarray | None:
         """Samples from `a` to the end, or None if the buffer no longer holds `a` (any thread)."""
@@ -167,8 +168,8 @@ class Turn:
             stable = max(stable, min(OPENING_WORDS, len(words) - 1))
         delta = None
         if stable > len(self.sent) and common_prefix(words, self.sent) == len(self.sent):
-            delta = (" " if self.sent else "") + " ".join(words[len(self.sent):stable])
-            self.sent = self.sent + words[len(self.sent):stable]
+            delta = (" " if self.sent else "") + " ".join(words[len(self.sent) : stable])
+            self.sent = self.sent + words[len(self.sent) : stable]
         self.heard = words
         return delta
 
@@ -179,7 +180,7 @@ class Turn:
             return text or None
         words = text.split()
         if common_prefix(words, self.sent) == len(self.sent) and len(words) > len(self.sent):
-            return " " + " ".join(words[len(self.sent):])
+            return " " + " ".join(words[len(self.sent) :])
         return None
 
     def stop_live(self):
@@ -206,8 +207,11 @@ class InputTurns:
         """The session's config changes from `old` to `new` (input format, turn detection)."""
         if new.input_format != old.input_format:
             if self.buf.size:
-                raise ProtocolError("the input audio format cannot change while audio is buffered; "
-                                    "commit or clear the buffer first", "invalid_value", "session.audio.input.format")
+                raise ProtocolError(
+                    "the input audio format cannot change while audio is buffered; commit or clear the buffer first",
+                    "invalid_value",
+                    "session.audio.input.format",
+                )
             self.input = InputDecoder(new.input_format)
         if new.turn_detection != old.turn_detection:
             self.detector = TurnDetector(new.turn_detection) if new.turn_detection else None
@@ -218,8 +222,12 @@ class InputTurns:
     async def append(self, raw: bytes, max_seconds: float):
         x = self.input.decode(raw)
         if self.buf.size + len(x) > int(max_seconds * RATE):
-            raise ProtocolError(f"input audio buffer full: at most {max_seconds:.0f} s of uncommitted audio per "
-                                "session; commit or clear it (the chunk was not added)", "input_audio_buffer_full", "audio")
+            raise ProtocolError(
+                f"input audio buffer full: at most {max_seconds:.0f} s of uncommitted audio per "
+                "session; commit or clear it (the chunk was not added)",
+                "input_audio_buffer_full",
+                "audio",
+            )
         self.buf.append(x)
         if self.detector is None:
             return
@@ -246,8 +254,11 @@ class InputTurns:
 
     async def commit(self):
         if self.buf.size < RATE // 10:
-            raise ProtocolError(f"buffer too small: expected at least 100 ms of audio, the buffer has "
-                                f"{self.buf.size * 1000 // RATE} ms", "input_audio_buffer_commit_empty")
+            raise ProtocolError(
+                f"buffer too small: expected at least 100 ms of audio, the buffer has "
+                f"{self.buf.size * 1000 // RATE} ms",
+                "input_audio_buffer_commit_empty",
+            )
         turn = self.end_turn() or Turn(new_id("item"), self.buf.start)
         audio = self.buf.slice(self.buf.start, self.buf.end)
         self.buf.clear()
@@ -315,16 +326,33 @@ class InputTurns:
         in_background(self.session, item, self._final(turn, item, audio, auto, early))
 
     # -- transcripts ------------------------------------------------------------------------------------
-    async def _transcribe(self, turn: Turn, audio: np.ndarray, partial: bool = False, supersede: bool = False,
-                          live: bool = False, opening: bool = False, fresh=None):
+    async def _transcribe(
+        self,
+        turn: Turn,
+        audio: np.ndarray,
+        partial: bool = False,
+        supersede: bool = False,
+        live: bool = False,
+        opening: bool = False,
+        fresh=None,
+    ):
         """Transcribe (part of) `turn`, drafting with its latest transcript: the speech only grew since, so most of
         its tokens are checked in one decoder pass. `live`: a live transcript's options (the encoder over the audio
         only), else a final's (see session.asr_options); `opening`: its first OPENING_TOKENS tokens only."""
         # keyed by session: a final transcript drops the pending live one of this session (made useless)
         opts = self.session.live_options if live else self.session.asr_options
         opts = dataclasses.replace(opts, sample_len=OPENING_TOKENS) if opening else opts
-        r = await self.engine.transcribe(audio, partial=partial, key=self.session.id, supersede=supersede, options=opts,
-                                         draft=turn.draft or None, turn=turn.item_id, opening=opening, fresh=fresh)
+        r = await self.engine.transcribe(
+            audio,
+            partial=partial,
+            key=self.session.id,
+            supersede=supersede,
+            options=opts,
+            draft=turn.draft or None,
+            turn=turn.item_id,
+            opening=opening,
+            fresh=fresh,
+        )
         if r is not None and r.tokens:
             turn.draft = r.tokens
         return r
@@ -346,8 +374,14 @@ class InputTurns:
                 last[0] = len(audio) - await commit_stable(self, turn, first, audio)
                 continue
             last[0], opening = len(audio), opening and len(audio) <= OPENING_MAX  # (last: see newest_audio)
-            r = await self._transcribe(turn, audio, partial=True, live=True, opening=opening,
-                                       fresh=lambda: newest_audio(self, turn, first, last))
+            r = await self._transcribe(
+                turn,
+                audio,
+                partial=True,
+                live=True,
+                opening=opening,
+                fresh=lambda: newest_audio(self, turn, first, last),
+            )
             if r is not None:
                 await self.hypothesis(turn, r.text)
 
@@ -361,8 +395,14 @@ class InputTurns:
         sound by 60-130 ms): if the engine has nothing else queued, transcribe the turn up to here
         already, at live-transcript priority. If Silero's pause follows, this is its transcript."""
         q = self.quiet.quiet_since
-        if (q is None or not self.detector.speaking or q <= turn.start or self.buf.end - q < EARLY_QUIET
-                or (turn.early is not None and turn.early[0] == q) or not self.engine.has_spare_time()):
+        if (
+            q is None
+            or not self.detector.speaking
+            or q <= turn.start
+            or self.buf.end - q < EARLY_QUIET
+            or (turn.early is not None and turn.early[0] == q)
+            or not self.engine.has_spare_time()
+        ):
             return
         audio = self.buf.slice(self._first_sample(turn), min(self.buf.end, q + TAIL))
         turn.early = (q, self.session.spawn(self._early(turn, audio)))
@@ -392,6 +432,7 @@ class InputTurns:
             if r is not None:
                 self.engine.metrics.early_finals += 1
             return r
+
         return self.session.spawn(result())
 
     async def _speculate(self, turn: Turn, pause: int, audio: np.ndarray, early: asyncio.Task | None):
@@ -411,7 +452,9 @@ class InputTurns:
 
     async def _final(self, turn: Turn, item: Item, audio: np.ndarray, auto: bool, early: asyncio.Task | None):
         try:
-            r = await self.engine.wait(self._final_result(turn, audio, early), self.session.server.options.stall_timeout)
+            r = await self.engine.wait(
+                self._final_result(turn, audio, early), self.session.server.options.stall_timeout
+            )
         except EngineStalled as e:
             self.session.server.counters.stalls += 1
             return await failed(self.session, item, f"{e}; the turn was not transcribed", "engine_stalled")
@@ -423,8 +466,9 @@ class InputTurns:
             await self.session.send(P.transcription_delta(item.id, delta))
         item.parts[0].text = text
         logprobs, words = await final_extras(self.session, self.engine, r, audio, turn)
-        await self.session.send(P.transcription_completed(item.id, text, len(audio) / RATE + turn.committed_s,
-                                                          logprobs, words))
+        await self.session.send(
+            P.transcription_completed(item.id, text, len(audio) / RATE + turn.committed_s, logprobs, words)
+        )
         await self.session.send(P.item_done(item.to_api()))
         if auto:
             await self.session.user_turn_done(text)
@@ -464,8 +508,11 @@ def item_audio(item: Item, fmt, max_seconds: float) -> np.ndarray | None:
     except AudioFormatError as e:
         raise ProtocolError(f"{e} (item.content input_audio)", "invalid_audio", "item.content.audio") from None
     if not RATE // 10 <= len(audio) <= max_seconds * RATE:
-        raise ProtocolError(f"an item's audio must hold 0.1 to {max_seconds:g} s, got {len(audio) / RATE:.2f} s",
-                            "invalid_audio", "item.content.audio")
+        raise ProtocolError(
+            f"an item's audio must hold 0.1 to {max_seconds:g} s, got {len(audio) / RATE:.2f} s",
+            "invalid_audio",
+            "item.content.audio",
+        )
     for p in clips:
         p.audio = None
     item.transcribed = asyncio.Event()  # (before the item is added: a response from then on waits for it)
@@ -491,8 +538,9 @@ async def transcribe_item(session, item: Item, audio: np.ndarray):
     first audio part, then ...transcription.completed and conversation.item.done."""
     engine = session.server.engine
     try:
-        r = await engine.wait(engine.transcribe(audio, key=session.id, options=session.asr_options),
-                              session.server.options.stall_timeout)
+        r = await engine.wait(
+            engine.transcribe(audio, key=session.id, options=session.asr_options), session.server.options.stall_timeout
+        )
     except EngineStalled as e:
         session.server.counters.stalls += 1
         return await failed(session, item, f"{e}; the item was not transcribed", "engine_stalled")
@@ -556,8 +604,9 @@ def agreed(before: list, now: list, samples: int) -> list:
     return out
 
 
-async def final_extras(session, engine, r, audio: np.ndarray,
-                       turn: Turn | None = None) -> tuple[list | None, list | None]:
+async def final_extras(
+    session, engine, r, audio: np.ndarray, turn: Turn | None = None
+) -> tuple[list | None, list | None]:
     """A final transcript's token logprobs and word times, for a session that asked for them (None
     otherwise): one more encoder and decoder pass on the engine's worker (one per 30 s of its segments where
     the rest of the turn was transcribed long-form), after those of the parts its `turn` committed (aligned as
@@ -573,12 +622,18 @@ async def final_extras(session, engine, r, audio: np.ndarray,
         parts.append((rest_at + a / RATE, await aligned(session, engine, audio[a:b], tokens)))
     if any(got is None for _, got in parts):  # the transcript still goes out, without the extras
         return None, None
-    words = [dataclasses.replace(w, start=round(w.start + off, 2), end=round(w.end + off, 2))
-             for off, (ws, _) in parts for w in ws]
+    words = [
+        dataclasses.replace(w, start=round(w.start + off, 2), end=round(w.end + off, 2))
+        for off, (ws, _) in parts
+        for w in ws
+    ]
     logprobs = [lp for _, (_, lps) in parts for lp in lps]
-    return ([{"token": b.decode("utf-8", "replace"), "logprob": round(lp, 6), "bytes": list(b)}
-             for _, b, lp in logprobs] if cfg.logprobs else None,
-            [w.to_dict() for w in words] if cfg.word_timestamps else None)
+    return (
+        [{"token": b.decode("utf-8", "replace"), "logprob": round(lp, 6), "bytes": list(b)} for _, b, lp in logprobs]
+        if cfg.logprobs
+        else None,
+        [w.to_dict() for w in words] if cfg.word_timestamps else None,
+    )
 
 
 async def aligned(session, engine, audio: np.ndarray, tokens: list[int]) -> tuple[list, list] | None:
@@ -590,6 +645,7 @@ async def aligned(session, engine, audio: np.ndarray, tokens: list[int]) -> tupl
 
     def align():
         yield asr.align(audio, tokens, lang)
+
     _, q = engine.stream(align())
     got = await q.get()
     if isinstance(got, BaseException):

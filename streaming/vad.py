@@ -1,5 +1,6 @@
 """Voice activity detection with Silero VAD (the ONNX model shipped in the `silero-vad` wheel) and the
 Realtime API's `server_vad` turn detection on top of it."""
+
 from __future__ import annotations
 
 import asyncio
@@ -64,7 +65,7 @@ class QuietTracker:
                         self.quiet_since = self.pos + i * self.HOP
                 else:
                     self.quiet_since = None
-        self.pending = x[n * self.HOP:]
+        self.pending = x[n * self.HOP :]
         self.pos += n * self.HOP
 
 
@@ -73,8 +74,10 @@ class QuietTracker:
 EAGERNESS = {"low": (400, 4000), "medium": (100, 2000), "high": (0, 800)}
 EAGERNESS["auto"] = EAGERNESS["medium"]
 # a last word after which a sentence goes on, whatever punctuation the recognizer put after it
-_CONTINUATIONS = frozenset("""a an the and or but so because if then than that which who to of for with in on at from by
-as about into like my your our their his her its um uh er erm hmm""".split())
+_CONTINUATIONS = frozenset(
+    """a an the and or but so because if then than that which who to of for with in on at from by
+as about into like my your our their his her its um uh er erm hmm""".split()
+)
 
 
 def transcript_finished(text: str) -> bool:
@@ -92,6 +95,7 @@ def transcript_finished(text: str) -> bool:
 class ServerVadConfig:
     """Turn detection: `server_vad` (a fixed pause ends the turn) or `semantic_vad` (the pause needed
     depends on whether the words so far read as finished, see EAGERNESS)."""
+
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
@@ -113,11 +117,20 @@ class ServerVadConfig:
 
     def to_api(self) -> dict:
         if self.semantic:
-            return {"type": "semantic_vad", "eagerness": self.eagerness, "create_response": self.create_response,
-                    "interrupt_response": self.interrupt_response}
-        return {"type": "server_vad", "threshold": self.threshold, "prefix_padding_ms": self.prefix_padding_ms,
-                "silence_duration_ms": self.silence_duration_ms, "create_response": self.create_response,
-                "interrupt_response": self.interrupt_response}
+            return {
+                "type": "semantic_vad",
+                "eagerness": self.eagerness,
+                "create_response": self.create_response,
+                "interrupt_response": self.interrupt_response,
+            }
+        return {
+            "type": "server_vad",
+            "threshold": self.threshold,
+            "prefix_padding_ms": self.prefix_padding_ms,
+            "silence_duration_ms": self.silence_duration_ms,
+            "create_response": self.create_response,
+            "interrupt_response": self.interrupt_response,
+        }
 
 
 class TurnDetector:
@@ -278,6 +291,7 @@ def _settle(results):
         for done, result, error in done_list:
             if not done.done():  # (its session may have gone and cancelled it)
                 done.set_exception(error) if error is not None else done.set_result(result)
+
     for loop, done_list in by_loop.items():
         try:
             loop.call_soon_threadsafe(settle, done_list)

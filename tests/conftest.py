@@ -1,5 +1,6 @@
 """Shared fixtures: the embedded models load once per session; test speech comes from a real speech
 synthesizer (Piper, through the `piper-tts` peer package, with the embedded voice)."""
+
 from __future__ import annotations
 
 import importlib
@@ -13,8 +14,11 @@ import sys
 # (a backend list, torch itself) can import triton, so this is done here, before any test module, with
 # TRITON_INTERPRET=1 set only for these imports.
 # SPEECHRT_TEST_DEVICE=cuda runs the kernel tests compiled on a GPU instead (tests/kernels/conftest.py).
-if (importlib.util.find_spec("triton") is not None and "triton" not in sys.modules
-        and os.environ.get("SPEECHRT_TEST_DEVICE", "cpu") == "cpu"):
+if (
+    importlib.util.find_spec("triton") is not None
+    and "triton" not in sys.modules
+    and os.environ.get("SPEECHRT_TEST_DEVICE", "cpu") == "cpu"
+):
     _prev = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
@@ -39,18 +43,24 @@ from speechrt.models.audio import resample
 # (pytest-xdist, `-n 2`) does not share the two cores with them.
 # (node id prefixes: a directory, a file, or one test whose outcome depends on how the engine's worker and
 # the event loop interleave)
-SERIAL = ("tests/reliability/", "tests/streaming/test_demo_page.py", "tests/bench/test_server_sweep.py",
-          # two timed runs of one commit must compare equal: not beside another worker's load
-          "tests/bench/test_compare.py", "tests/bench/test_report.py",
-          "tests/streaming/test_ray_scale.py", "tests/streaming/test_silence_server.py",
-          "tests/streaming/test_transcription_server.py::test_early_transcript_becomes_the_final_one",
-          "tests/streaming/test_transcription_server.py::test_semantic_vad_ends_a_finished_turn",
-          "tests/streaming/test_transcription_server.py::test_graceful_shutdown",
-          "tests/streaming/test_engine.py::test_promoted_and_superseded_partials",
-          "tests/streaming/test_engine.py::test_final_transcript_stops_the_sessions_running_partial",
-          "tests/streaming/test_engine.py::test_opening_partials_go_first_and_finals_do_not_stop_them",
-          # live rounds must agree on words before the turn ends: too slow beside another worker (CI, once)
-          "tests/streaming/test_conversation.py::test_the_reply_prompt_is_read_while_the_turn_is_spoken")
+SERIAL = (
+    "tests/reliability/",
+    "tests/streaming/test_demo_page.py",
+    "tests/bench/test_server_sweep.py",
+    # two timed runs of one commit must compare equal: not beside another worker's load
+    "tests/bench/test_compare.py",
+    "tests/bench/test_report.py",
+    "tests/streaming/test_ray_scale.py",
+    "tests/streaming/test_silence_server.py",
+    "tests/streaming/test_transcription_server.py::test_early_transcript_becomes_the_final_one",
+    "tests/streaming/test_transcription_server.py::test_semantic_vad_ends_a_finished_turn",
+    "tests/streaming/test_transcription_server.py::test_graceful_shutdown",
+    "tests/streaming/test_engine.py::test_promoted_and_superseded_partials",
+    "tests/streaming/test_engine.py::test_final_transcript_stops_the_sessions_running_partial",
+    "tests/streaming/test_engine.py::test_opening_partials_go_first_and_finals_do_not_stop_them",
+    # live rounds must agree on words before the turn ends: too slow beside another worker (CI, once)
+    "tests/streaming/test_conversation.py::test_the_reply_prompt_is_read_while_the_turn_is_spoken",
+)
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # two workers on two cores: one intra-op thread each (OpenMP barriers of two-thread regions stall

@@ -1,5 +1,6 @@
 """Non-speech signals with fixed seeds (float32 at 16 kHz) for the silence and noise tests of the
 pipeline (tests/pipelines/test_silence.py) and the server (tests/streaming/test_silence_server.py)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,10 +25,14 @@ def tones(sec, seed=3, amp=0.1):
     """Music-like: a four-note chord on a random root every second, over a slow sweep (200 Hz up to
     1 kHz over the whole clip)."""
     rng, t = np.random.default_rng(seed), np.arange(SR) / SR
-    chords = np.concatenate([sum(np.sin(2 * np.pi * 110 * 2 ** (rng.integers(0, 24) / 12) * r * t)
-                                 for r in (1, 1.26, 1.5, 2)) for _ in range(sec)])
+    chords = np.concatenate(
+        [
+            sum(np.sin(2 * np.pi * 110 * 2 ** (rng.integers(0, 24) / 12) * r * t) for r in (1, 1.26, 1.5, 2))
+            for _ in range(sec)
+        ]
+    )
     tt = np.arange(len(chords)) / SR
-    x = chords / 4 * 0.7 + 0.3 * np.sin(2 * np.pi * (200 * tt + 800 * tt ** 2 / (2 * sec)))
+    x = chords / 4 * 0.7 + 0.3 * np.sin(2 * np.pi * (200 * tt + 800 * tt**2 / (2 * sec)))
     return (x * amp / np.abs(x).max()).astype(np.float32)
 
 
@@ -38,5 +43,10 @@ def hum(sec, seed=5):
     return (x + white(sec, seed, 0.003)).astype(np.float32)
 
 
-NON_SPEECH = {"silence": lambda s: np.zeros(SR * s, np.float32), "white": white, "pink": pink, "tones": tones,
-              "hum": hum}
+NON_SPEECH = {
+    "silence": lambda s: np.zeros(SR * s, np.float32),
+    "white": white,
+    "pink": pink,
+    "tones": tones,
+    "hum": hum,
+}

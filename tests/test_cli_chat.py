@@ -1,4 +1,5 @@
 """`speechrt chat` as a user runs it: a real process, the embedded model, output streamed to stdout."""
+
 from __future__ import annotations
 
 import subprocess
@@ -8,8 +9,9 @@ import pytest
 
 
 def speechrt(*args, stdin=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "speechrt", *args], input=stdin, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "speechrt", *args], input=stdin, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_chat_answers_the_capital_of_france():
@@ -28,14 +30,17 @@ def test_interactive_chat_keeps_the_conversation():
     assert "Ital" in replies[2] or "Rom" in replies[2]  # the follow-up is answered in the conversation's context
 
 
-@pytest.mark.parametrize("args,message", [
-    (["chat", "hi", "--temperature", "-1"], "temperature must be >= 0"),
-    (["chat", "hi", "--model", "no-such-model"], "registered lm models: smollm2-135m-instruct"),
-    (["chat", "hi", "--dtype", "int3"], "unsupported dtype 'int3'"),
-    (["chat", "hi", "--frequency-penalty", "3"], "frequency_penalty must be a number in [-2, 2]"),
-    (["chat", "hi", "--device", "tpu"], "unsupported device 'tpu'"),
-    (["bench", "lm", "--batch", "9"], "--batch sizes must be between 1 and 8"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["chat", "hi", "--temperature", "-1"], "temperature must be >= 0"),
+        (["chat", "hi", "--model", "no-such-model"], "registered lm models: smollm2-135m-instruct"),
+        (["chat", "hi", "--dtype", "int3"], "unsupported dtype 'int3'"),
+        (["chat", "hi", "--frequency-penalty", "3"], "frequency_penalty must be a number in [-2, 2]"),
+        (["chat", "hi", "--device", "tpu"], "unsupported device 'tpu'"),
+        (["bench", "lm", "--batch", "9"], "--batch sizes must be between 1 and 8"),
+    ],
+)
 def test_bad_arguments_give_clear_errors(args, message, capsys):
     """In this process (each is refused before a model loads; a process costs seconds of imports): the
     command's own entry point, exit code 2 and the message on stderr."""

@@ -1,4 +1,5 @@
 """`speechrt say`: text argument or stdin, WAV / raw pcm16 / float32 / stdout, controls, and clear errors."""
+
 from __future__ import annotations
 
 import io
@@ -32,20 +33,40 @@ def test_say_from_stdin_raw_resampled(tmp_path, monkeypatch):
 
 
 def test_say_to_stdout_f32_onnxruntime(capsysbinary):
-    assert main(["say", "Short.", "-o", "-", "--format", "f32", "--backend", "onnxruntime",
-                 "--noise-scale", "0", "--noise-w", "0"]) == 0
+    assert (
+        main(
+            [
+                "say",
+                "Short.",
+                "-o",
+                "-",
+                "--format",
+                "f32",
+                "--backend",
+                "onnxruntime",
+                "--noise-scale",
+                "0",
+                "--noise-w",
+                "0",
+            ]
+        )
+        == 0
+    )
     audio = np.frombuffer(capsysbinary.readouterr().out, np.float32)
     assert len(audio) > 22050 * 0.3 and np.abs(audio).max() <= 1.0
 
 
-@pytest.mark.parametrize("argv, match", [
-    (["say", "", "-o", "x.wav"], "nothing to say"),
-    (["say", "hello"], "no output given"),
-    (["say", "hello 你好", "-o", "x.wav"], "unsupported characters"),
-    (["say", "hello", "-o", "x.wav", "--backend", "nope"], "valid backends"),
-    (["say", "hello", "-o", "x.wav", "--rate", "0"], "rate must be in"),
-    (["say", "hello", "-o", "x.wav", "--voice", "no-such-voice"], "registered tts models"),
-])
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["say", "", "-o", "x.wav"], "nothing to say"),
+        (["say", "hello"], "no output given"),
+        (["say", "hello 你好", "-o", "x.wav"], "unsupported characters"),
+        (["say", "hello", "-o", "x.wav", "--backend", "nope"], "valid backends"),
+        (["say", "hello", "-o", "x.wav", "--rate", "0"], "rate must be in"),
+        (["say", "hello", "-o", "x.wav", "--voice", "no-such-voice"], "registered tts models"),
+    ],
+)
 def test_say_errors(argv, match, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2

@@ -1,4 +1,5 @@
 """The `speechrt` command as a user runs it: a subprocess, real files."""
+
 import json
 import subprocess
 import sys
@@ -6,9 +7,8 @@ import sys
 import numpy as np
 import soundfile as sf
 
-from speechrt.models.wer import wer
-
 from speechrt.cli_asr import sample_path
+from speechrt.models.wer import wer
 
 SAMPLE_TEXT = sample_path().with_suffix(".txt").read_text()
 
@@ -54,11 +54,13 @@ def test_bad_inputs_exit_2_with_clear_message(tmp_path, capsys):
 
     notaudio = tmp_path / "a.wav"
     notaudio.write_text("hello")
-    for args, says in [((str(notaudio),), "not a readable audio file"),
-                       (("--sample", "--model", "whisper-gigantic"), "whisper-tiny.en"),
-                       (("--sample", "--backend", "nonesuch"), "valid backends: torch"),
-                       (("--sample", "--beam-size", "0"), "beam_size"),
-                       (("--sample", "--device", "cuda:3"), "device")]:
+    for args, says in [
+        ((str(notaudio),), "not a readable audio file"),
+        (("--sample", "--model", "whisper-gigantic"), "whisper-tiny.en"),
+        (("--sample", "--backend", "nonesuch"), "valid backends: torch"),
+        (("--sample", "--beam-size", "0"), "beam_size"),
+        (("--sample", "--device", "cuda:3"), "device"),
+    ]:
         code, err = run(*args)
         assert code == 2 and says in err and err.startswith("speechrt transcribe: error:"), (args, err)
 

@@ -5,6 +5,7 @@ in, the transcript out), so the difference of the medians is the proxy's added l
 
     python docs/ray/ws_rtt.py ws://127.0.0.1:8765/v1/realtime ws://127.0.0.1:8766/v1/realtime [N]
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -45,8 +46,10 @@ async def main(plain: str, ray: str, n: int):
         await asyncio.sleep(0.01)
     for name, xs in (("plain", ra), ("ray", rb)):
         print(f"{name:6} round trip p50 {1000 * pct(xs, 0.5):6.2f} ms  p95 {1000 * pct(xs, 0.95):6.2f} ms  (n={n})")
-    print(f"ray - plain: p50 {1000 * (pct(rb, 0.5) - pct(ra, 0.5)):+.2f} ms, p95 "
-          f"{1000 * (pct(rb, 0.95) - pct(ra, 0.95)):+.2f} ms")
+    print(
+        f"ray - plain: p50 {1000 * (pct(rb, 0.5) - pct(ra, 0.5)):+.2f} ms, p95 "
+        f"{1000 * (pct(rb, 0.95) - pct(ra, 0.95)):+.2f} ms"
+    )
     await a.close()
     await b.close()
 

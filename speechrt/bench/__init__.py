@@ -2,6 +2,7 @@
 thread count, prints the ratios and, with --json, writes the results in one schema (record.py) with the
 machine's fingerprint. `all` runs every family; `report` and `compare` read result files; `gpu` validates
 a GPU. Targets live in their own modules (`add_arguments`, `run`)."""
+
 from __future__ import annotations
 
 import importlib
@@ -10,12 +11,24 @@ BENCHES: dict[str, tuple[str, str]] = {
     "asr": ("speechrt.bench.asr", "speech recognition: real-time factor vs faster-whisper (CTranslate2)"),
     "lm": ("speechrt.bench.lm", "language model: time to first token and decode tok/s vs llama.cpp and transformers"),
     "tts": ("speechrt.bench.tts", "speech synthesis: real-time factor and time to first audio vs Piper (piper-tts)"),
-    "server": ("speechrt.bench.server", "streaming server: partial/final/voice-to-voice latency over N concurrent streams"),
-    "kernels": ("speechrt.bench.kernels", "Triton kernels vs torch eager and torch.compile, against the measured roofline (GPU)"),
+    "server": (
+        "speechrt.bench.server",
+        "streaming server: partial/final/voice-to-voice latency over N concurrent streams",
+    ),
+    "kernels": (
+        "speechrt.bench.kernels",
+        "Triton kernels vs torch eager and torch.compile, against the measured roofline (GPU)",
+    ),
     "all": ("speechrt.bench.suite", "every family on every backend and precision available here, into one result file"),
-    "report": ("speechrt.bench.report", "merge result files of several machines or commits into an HTML page with plots, or Markdown"),
+    "report": (
+        "speechrt.bench.report",
+        "merge result files of several machines or commits into an HTML page with plots, or Markdown",
+    ),
     "compare": ("speechrt.bench.compare", "exit non-zero when a result file is slower than a base beyond a threshold"),
-    "gpu": ("speechrt.bench.gpu", "GPU validation: kernels, triton backend vs torch, CUDA graphs, ONNX Runtime providers, roofline"),
+    "gpu": (
+        "speechrt.bench.gpu",
+        "GPU validation: kernels, triton backend vs torch, CUDA graphs, ONNX Runtime providers, roofline",
+    ),
 }
 
 

@@ -16,6 +16,7 @@ so beside them).
 It then checks the copy: int8 MatMulInteger on the copy and on the installed package, side by side. On a CPU
 with AVX512-VNNI the copy's is about half (vpmaddubsw in place of vpdpbusd); equal speeds mean the patch missed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,8 @@ from pathlib import Path
 XGETBV = b"\x0f\x01\xd0"
 XCR0_AVX_ONLY = b"\x6a\x07\x58"  # push 7; pop rax: the same 3 bytes as XGETBV
 
-SITECUSTOMIZE = '''"""speechrt.bench.avx2_proxy: every library on its AVX2 code path (this directory's onnxruntime is patched)."""
+SITECUSTOMIZE = '''"""speechrt.bench.avx2_proxy: every library on its AVX2 code path
+(this directory's onnxruntime is patched)."""
 import os
 
 for k, v in {"SPEECHRT_CPU_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
@@ -36,7 +38,7 @@ for k, v in {"SPEECHRT_CPU_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_
     os.environ.setdefault(k, v)
 '''
 
-INT8_PROBE = '''
+INT8_PROBE = """
 import time, numpy as np, onnx, onnxruntime as ort
 from onnx import helper, TensorProto, numpy_helper
 n = 768
@@ -52,7 +54,7 @@ s.run(None, {"x": x}); best = 1e9
 for _ in range(8):
     t = time.perf_counter(); s.run(None, {"x": x}); best = min(best, time.perf_counter() - t)
 print(ort.__file__, 2 * n ** 3 / best / 1e9)
-'''
+"""
 
 
 def xgetbv_offsets(lib: Path) -> list[int]:
@@ -62,10 +64,16 @@ def xgetbv_offsets(lib: Path) -> list[int]:
         raise SystemExit("objdump not found: install binutils (apt install binutils)")
     heads = subprocess.run(["objdump", "-h", str(lib)], capture_output=True, text=True, check=True).stdout
     # "  idx name  size  vma  lma  file-off  align": the executable sections' address -> file offset
-    sections = [(int(vma, 16), int(size, 16), int(off, 16)) for _, name, size, vma, _, off, *_ in
-                (line.split() for line in heads.splitlines() if re.match(r"\s+\d+ \.", line)) if name == ".text"]
-    dis = subprocess.run(["objdump", "-d", "--no-show-raw-insn", "-j", ".text", str(lib)],
-                         capture_output=True, text=True, check=True).stdout
+    sections = [
+        (int(vma, 16), int(size, 16), int(off, 16))
+        for _, name, size, vma, _, off, *_ in (
+            line.split() for line in heads.splitlines() if re.match(r"\s+\d+ \.", line)
+        )
+        if name == ".text"
+    ]
+    dis = subprocess.run(
+        ["objdump", "-d", "--no-show-raw-insn", "-j", ".text", str(lib)], capture_output=True, text=True, check=True
+    ).stdout
     offsets = []
     for m in re.finditer(r"^\s*([0-9a-f]+):\s+xgetbv\s*$", dis, re.M):
         addr = int(m.group(1), 16)
@@ -76,9 +84,9 @@ def xgetbv_offsets(lib: Path) -> list[int]:
 def patch_xgetbv(data: bytearray, offsets: list[int]) -> None:
     """Replace the XGETBV at each offset of `data` in place."""
     for at in offsets:
-        if data[at:at + len(XGETBV)] != XGETBV:
+        if data[at : at + len(XGETBV)] != XGETBV:
             raise SystemExit(f"no XGETBV at offset {at:#x}: the disassembly and the file disagree")
-        data[at:at + len(XGETBV)] = XCR0_AVX_ONLY
+        data[at : at + len(XGETBV)] = XCR0_AVX_ONLY
 
 
 def make(out: Path) -> list[tuple[str, int]]:
@@ -126,8 +134,10 @@ def main(argv: list[str] | None = None) -> None:
     native, proxy = int8_gops(None), int8_gops(str(args.dir))
     if not proxy[0].startswith(str(args.dir.resolve())):
         raise SystemExit(f"PYTHONPATH={args.dir} imported {proxy[0]}, not the patched copy")
-    print(f"int8 MatMulInteger, one thread: installed {native[1]:.0f} GOP/s, AVX2 proxy {proxy[1]:.0f} GOP/s "
-          f"({proxy[1] / native[1]:.2f}x)")
+    print(
+        f"int8 MatMulInteger, one thread: installed {native[1]:.0f} GOP/s, AVX2 proxy {proxy[1]:.0f} GOP/s "
+        f"({proxy[1] / native[1]:.2f}x)"
+    )
     print(f"run with: PYTHONPATH={args.dir} ...")
 
 

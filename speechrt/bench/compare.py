@@ -17,6 +17,7 @@ odd rounds, the medians' and bests' ratios 1 % and 20 %).
 
 Exit status: 0 when nothing regressed, 1 naming every row that did, 2 on a usage error.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,9 +31,14 @@ def add_arguments(p):
     p.add_argument("new", help="result file of the run to judge")
     p.add_argument("--max-regression", default="10%", help="how much worse a row may get: 10%% or 0.1 (default 10%%)")
     p.add_argument("--families", default=None, help="only these families (comma list)")
-    p.add_argument("--relative-to-peer", action="store_true",
-                   help="compare our rows' ratios to their peers (measured in the same run) instead of raw values")
-    p.add_argument("--fail-on-missing", action="store_true", help="also fail when a base row is missing from the new run")
+    p.add_argument(
+        "--relative-to-peer",
+        action="store_true",
+        help="compare our rows' ratios to their peers (measured in the same run) instead of raw values",
+    )
+    p.add_argument(
+        "--fail-on-missing", action="store_true", help="also fail when a base row is missing from the new run"
+    )
 
 
 def parse_threshold(text: str) -> float:
@@ -77,10 +83,13 @@ class Change:
 
         def spread(r: Record) -> str:
             return f" [{r.repeats.min:.4g}..{r.repeats.max:.4g}]" if r.repeats else ""
+
         word = "worse" if self.worse_by > 0 else "better"
-        return (f"{b.family} | {b.label} on {b.device} | {b.workload} | {b.metric}: {b.value:.4g}{spread(b)} -> "
-                f"{n.value:.4g}{spread(n)} {b.unit} (median {abs(self.worse_by) * 100:.1f}% {word}, best "
-                f"{self.best_worse_by * 100:+.1f}%)")
+        return (
+            f"{b.family} | {b.label} on {b.device} | {b.workload} | {b.metric}: {b.value:.4g}{spread(b)} -> "
+            f"{n.value:.4g}{spread(n)} {b.unit} (median {abs(self.worse_by) * 100:.1f}% {word}, best "
+            f"{self.best_worse_by * 100:+.1f}%)"
+        )
 
 
 def relative(results: Results) -> Results:
@@ -97,8 +106,9 @@ def relative(results: Results) -> Results:
             a, b = r.repeats.min / p.repeats.min, r.repeats.max / p.repeats.max
             n = min(r.repeats.n, p.repeats.n)
             rep = Repeats(n, a, med, max(a, med, b)) if r.better == "lower" else Repeats(n, min(a, med, b), med, b)
-        out.records.append(dataclasses.replace(r, metric=f"{r.metric} / {r.peer}", unit="x",
-                                               value=r.value / p.value, repeats=rep))
+        out.records.append(
+            dataclasses.replace(r, metric=f"{r.metric} / {r.peer}", unit="x", value=r.value / p.value, repeats=rep)
+        )
     return out
 
 
@@ -126,15 +136,19 @@ def run(args):
         base, new = relative(base), relative(new)
     families = {f.strip() for f in args.families.split(",")} if args.families else None
     bl, nl = base.machine.get("label"), new.machine.get("label")
-    print(f"base: {args.base} ({bl}); new: {args.new} ({nl}); threshold {threshold * 100:.1f}%"
-          + (", ratios to the peers of each run" if args.relative_to_peer else ""))
+    print(
+        f"base: {args.base} ({bl}); new: {args.new} ({nl}); threshold {threshold * 100:.1f}%"
+        + (", ratios to the peers of each run" if args.relative_to_peer else "")
+    )
     if bl != nl and not args.relative_to_peer:
         print(f"note: different machines ({bl} vs {nl}); --relative-to-peer compares ratios to each run's peers")
     changes, missing = compare(base, new, threshold, families)
     regressions = [c for c in changes if c.regression]
     noisy = [c for c in changes if not c.regression and c.worse_by > threshold]
-    print(f"{len(changes)} rows compared: {len(regressions)} regressed, {len(noisy)} with a median worse beyond the "
-          f"threshold but not the best repeat (noise), {len(missing)} missing from the new run")
+    print(
+        f"{len(changes)} rows compared: {len(regressions)} regressed, {len(noisy)} with a median worse beyond the "
+        f"threshold but not the best repeat (noise), {len(missing)} missing from the new run"
+    )
     for c in noisy:
         print(f"  noise: {c.describe()}")
     for r in missing:

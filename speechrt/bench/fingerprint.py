@@ -4,6 +4,7 @@ versions of the software that did the work (torch, triton, onnxruntime and its p
 the peers, speechrt and its git commit).
 
 Every probe is best-effort: a field that cannot be read on this machine is null, never a guess."""
+
 from __future__ import annotations
 
 import datetime
@@ -15,13 +16,37 @@ from pathlib import Path
 
 # ISA features that decide which kernels a CPU runs (Linux /proc/cpuinfo flag names)
 ISA_FLAGS = {
-    "avx2": "avx2", "fma": "fma", "f16c": "f16c", "avx512f": "avx512f", "avx512_vnni": "avx512_vnni",
-    "avx512_bf16": "avx512_bf16", "avx512_fp16": "avx512_fp16", "avx_vnni": "avx_vnni",
-    "amx_tile": "amx_tile", "amx_bf16": "amx_bf16", "amx_int8": "amx_int8", "neon": "asimd", "sve": "sve",
+    "avx2": "avx2",
+    "fma": "fma",
+    "f16c": "f16c",
+    "avx512f": "avx512f",
+    "avx512_vnni": "avx512_vnni",
+    "avx512_bf16": "avx512_bf16",
+    "avx512_fp16": "avx512_fp16",
+    "avx_vnni": "avx_vnni",
+    "amx_tile": "amx_tile",
+    "amx_bf16": "amx_bf16",
+    "amx_int8": "amx_int8",
+    "neon": "asimd",
+    "sve": "sve",
 }
 # distributions whose versions matter to a result (missing ones are left out)
-PACKAGES = ("torch", "triton", "onnxruntime", "onnxruntime-gpu", "onnxruntime-genai", "tensorrt", "tensorrt-cu12",
-            "numpy", "ctranslate2", "faster-whisper", "llama-cpp-python", "transformers", "piper-tts", "matplotlib")
+PACKAGES = (
+    "torch",
+    "triton",
+    "onnxruntime",
+    "onnxruntime-gpu",
+    "onnxruntime-genai",
+    "tensorrt",
+    "tensorrt-cu12",
+    "numpy",
+    "ctranslate2",
+    "faster-whisper",
+    "llama-cpp-python",
+    "transformers",
+    "piper-tts",
+    "matplotlib",
+)
 
 
 def _read(path: str) -> str:
@@ -51,8 +76,9 @@ def cpu() -> dict:
     flags = set((fields.get("flags") or fields.get("Features") or "").split())
     cores = {(ln.split(":")[1].strip()) for ln in info.splitlines() if ln.startswith("core id")}
     sockets = {(ln.split(":")[1].strip()) for ln in info.splitlines() if ln.startswith("physical id")}
-    mem_kib = next((int(ln.split()[1]) for ln in _read("/proc/meminfo").splitlines()
-                    if ln.startswith("MemTotal:")), None)
+    mem_kib = next(
+        (int(ln.split()[1]) for ln in _read("/proc/meminfo").splitlines() if ln.startswith("MemTotal:")), None
+    )
     mhz = [float(ln.split(":")[1]) for ln in info.splitlines() if ln.startswith("cpu MHz")]
     try:
         import torch
@@ -63,8 +89,11 @@ def cpu() -> dict:
     return {
         "model": fields.get("model name") or platform.processor() or None,
         "vendor": fields.get("vendor_id"),
-        "family": (f"family {fields['cpu family']} model {fields['model']}"
-                   if fields.get("cpu family") and fields.get("model") else None),
+        "family": (
+            f"family {fields['cpu family']} model {fields['model']}"
+            if fields.get("cpu family") and fields.get("model")
+            else None
+        ),
         "arch": platform.machine(),
         "logical_cores": usable_cores(),  # those this process may run on (taskset, cgroups' cpusets)
         "machine_logical_cores": os.cpu_count(),
@@ -104,14 +133,19 @@ def gpus() -> list[dict]:
     out = []
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
-        out.append({
-            "index": i, "name": p.name, "vendor": "AMD" if rocm else "NVIDIA",
-            "memory_gib": round(p.total_memory / 2**30, 1),
-            "compute_capability": None if rocm else f"{p.major}.{p.minor}",
-            "gfx_arch": getattr(p, "gcnArchName", None) if rocm else None,
-            "multiprocessors": p.multi_processor_count, "driver": driver,
-            "runtime": f"ROCm {torch.version.hip}" if rocm else f"CUDA {torch.version.cuda}",
-        })
+        out.append(
+            {
+                "index": i,
+                "name": p.name,
+                "vendor": "AMD" if rocm else "NVIDIA",
+                "memory_gib": round(p.total_memory / 2**30, 1),
+                "compute_capability": None if rocm else f"{p.major}.{p.minor}",
+                "gfx_arch": getattr(p, "gcnArchName", None) if rocm else None,
+                "multiprocessors": p.multi_processor_count,
+                "driver": driver,
+                "runtime": f"ROCm {torch.version.hip}" if rocm else f"CUDA {torch.version.cuda}",
+            }
+        )
     return out
 
 
@@ -135,9 +169,13 @@ def software() -> dict:
     commit = _output(["git", "-C", str(root), "rev-parse", "HEAD"])
     dirty = _output(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"]) if commit else None
     return {
-        "python": platform.python_version(), "os": f"{platform.system()} {platform.release()}",
-        "packages": pkgs, "onnxruntime_providers": providers, "speechrt": speechrt.__version__,
-        "git_commit": commit, "git_dirty": bool(dirty) if commit else None,
+        "python": platform.python_version(),
+        "os": f"{platform.system()} {platform.release()}",
+        "packages": pkgs,
+        "onnxruntime_providers": providers,
+        "speechrt": speechrt.__version__,
+        "git_commit": commit,
+        "git_dirty": bool(dirty) if commit else None,
     }
 
 
@@ -158,8 +196,12 @@ def label(machine: dict) -> str:
 
 def fingerprint(name: str | None = None) -> dict:
     """The whole fingerprint; `name` overrides the derived machine label (--machine)."""
-    m = {"cpu": cpu(), "gpus": gpus(), "software": software(),
-         "taken": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    m = {
+        "cpu": cpu(),
+        "gpus": gpus(),
+        "software": software(),
+        "taken": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
     m["label"] = name or label(m)
     return m
 
@@ -171,15 +213,25 @@ def _arch(gpu: dict) -> str:
 def describe(machine: dict) -> str:
     """One line for a table caption: label, CPU, memory, GPU, commit."""
     c, s = machine["cpu"], machine["software"]
-    isa = ", ".join(k for k, v in c.get("isa", {}).items() if v and k in ("avx2", "avx512f", "avx512_bf16",
-                                                                          "amx_tile", "neon", "sve"))
-    gpu = "; ".join(f"{g['name']} {g['memory_gib']} GiB ({_arch(g)}, {g['runtime']}, driver {g['driver']})"
-                    for g in machine.get("gpus", [])) or "no GPU"
+    isa = ", ".join(
+        k
+        for k, v in c.get("isa", {}).items()
+        if v and k in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "neon", "sve")
+    )
+    gpu = (
+        "; ".join(
+            f"{g['name']} {g['memory_gib']} GiB ({_arch(g)}, {g['runtime']}, driver {g['driver']})"
+            for g in machine.get("gpus", [])
+        )
+        or "no GPU"
+    )
     commit = (s.get("git_commit") or "?")[:10] + ("+dirty" if s.get("git_dirty") else "")
     family = f" {c['family']}" if c.get("family") else ""
     total = c.get("machine_logical_cores")
     cores = f"{c.get('logical_cores')}" + (f" of {total}" if total and total != c.get("logical_cores") else "")
     proxy = "; run on its AVX2 code paths (speechrt.bench.avx2_proxy)" if c.get("avx2_proxy") else ""
-    return (f"{c.get('model')}{family} ({cores} logical cores; {isa or 'ISA unknown'}{proxy}), "
-            f"{c.get('memory_gib')} GiB; {gpu}; torch {s['packages'].get('torch', '-')}; speechrt {s['speechrt']} "
-            f"@ {commit}")
+    return (
+        f"{c.get('model')}{family} ({cores} logical cores; {isa or 'ISA unknown'}{proxy}), "
+        f"{c.get('memory_gib')} GiB; {gpu}; torch {s['packages'].get('torch', '-')}; speechrt {s['speechrt']} "
+        f"@ {commit}"
+    )

@@ -6,6 +6,7 @@ transformers loads a GGUF but refuses `save_pretrained` on that model, so the fo
 model built with `from_config` that loads the GGUF model's state dict. The builder needs `onnx_ir` and
 `onnxscript` installed beside `onnxruntime-genai` (pip install 'speechrt[bench]').
 """
+
 from __future__ import annotations
 
 import json
@@ -37,9 +38,29 @@ def build(gguf: Path, out_root: Path, log=print) -> Path:
         AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(str(hf))
     log("  (building onnxruntime-genai's int4 graph: builder -p int4 -e cpu, int4_accuracy_level=4)")
     t = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", str(hf), "-i", str(hf),
-                        "-o", str(out), "-p", "int4", "-e", "cpu", "-c", str(out_root / "genai-build-cache"),
-                        "--extra_options", "int4_accuracy_level=4"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "onnxruntime_genai.models.builder",
+            "-m",
+            str(hf),
+            "-i",
+            str(hf),
+            "-o",
+            str(out),
+            "-p",
+            "int4",
+            "-e",
+            "cpu",
+            "-c",
+            str(out_root / "genai-build-cache"),
+            "--extra_options",
+            "int4_accuracy_level=4",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
         raise RuntimeError(f"onnxruntime-genai's builder failed: {(r.stderr or r.stdout)[-800:]}")
     log(f"  (built in {time.perf_counter() - t:.0f} s)")

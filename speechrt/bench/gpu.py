@@ -26,6 +26,7 @@ Checks, in order (each one pass / fail / skip with what it compared or why it co
 Without a GPU every check that needs one is a skip that says so; the exit status is 1 only when a check
 failed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,9 +46,27 @@ DATA = Path(__file__).resolve().parent.parent / "data"
 def add_arguments(p):
     p.add_argument("--json", default="speechrt-gpu.json", help="result file (default: %(default)s)")
     p.add_argument("--device", default="cuda", help="the GPU (default cuda; cuda:N for another)")
-    p.add_argument("--checks", default=None, help="comma list of checks to run (default: all): " + ", ".join(
-        ["gpu", "kernels", "asr-triton", "lm-triton", "asr-onnxruntime", "lm-onnxruntime", "cuda-graphs",
-         "asr-batches", "lm-graphs", "onnxruntime", "tensorrt", "roofline"]))
+    p.add_argument(
+        "--checks",
+        default=None,
+        help="comma list of checks to run (default: all): "
+        + ", ".join(
+            [
+                "gpu",
+                "kernels",
+                "asr-triton",
+                "lm-triton",
+                "asr-onnxruntime",
+                "lm-onnxruntime",
+                "cuda-graphs",
+                "asr-batches",
+                "lm-graphs",
+                "onnxruntime",
+                "tensorrt",
+                "roofline",
+            ]
+        ),
+    )
     p.add_argument("--quick", action="store_true", help="roofline without torch.compile (minutes less)")
 
 
@@ -56,9 +75,11 @@ def _no_gpu() -> str | None:
 
     if torch.cuda.is_available():
         return None
-    return (f"no CUDA or ROCm GPU is visible to PyTorch here (torch {torch.__version__}, CUDA runtime "
-            f"{torch.version.cuda or 'none'}, HIP {torch.version.hip or 'none'}); run `speechrt bench gpu` on a "
-            "GPU machine with a CUDA or ROCm build of torch")
+    return (
+        f"no CUDA or ROCm GPU is visible to PyTorch here (torch {torch.__version__}, CUDA runtime "
+        f"{torch.version.cuda or 'none'}, HIP {torch.version.hip or 'none'}); run `speechrt bench gpu` on a "
+        "GPU machine with a CUDA or ROCm build of torch"
+    )
 
 
 def check_gpu(dev, out: Results):
@@ -87,9 +108,22 @@ def check_kernels(dev, out: Results):
             err = (got.float() - exp.float()).abs().max().item()
             limit = atol + rtol * exp.float().abs().max().item()
             n += 1
-            out.records.append(Record(family="gpu", model=op, engine="speechrt", backend="triton", precision=name,
-                                      device=str(dev), workload=label, metric="max_abs_err", unit="",
-                                      value=err if math.isfinite(err) else 1e30, better="", params={"limit": limit}))
+            out.records.append(
+                Record(
+                    family="gpu",
+                    model=op,
+                    engine="speechrt",
+                    backend="triton",
+                    precision=name,
+                    device=str(dev),
+                    workload=label,
+                    metric="max_abs_err",
+                    unit="",
+                    value=err if math.isfinite(err) else 1e30,
+                    better="",
+                    params={"limit": limit},
+                )
+            )
             if not err <= limit:
                 bad.append(f"{label} {name}: max error {err:.3g} > {limit:.3g}")
     return ("fail", "; ".join(bad)) if bad else ("pass", f"{n} cases (float16, bfloat16) within tolerance")
@@ -113,7 +147,11 @@ def asr_parity(dev, backend: str):
     ref_text = (DATA / "sample.txt").read_text().strip()
     w = wer(ref_text, t16[0].text)
     if got != ref:
-        return "fail", f"float32 token ids differ from the torch backend's ({sum(a != b for a, b in zip(got, ref))} of 2 recordings)"
+        return (
+            "fail",
+            "float32 token ids differ from the torch backend's "
+            f"({sum(a != b for a, b in zip(got, ref))} of 2 recordings)",
+        )
     return "pass", f"float32 token ids equal torch's on 2 recordings; float16 WER on sample.wav {100 * w:.1f}%"
 
 
@@ -147,7 +185,9 @@ def lm_parity(dev, backend: str):
     if got != ref:
         return "fail", "greedy ids differ from the torch backend's: " + "; ".join(
             f"{c!r} first differs at token {next(i for i, (a, b) in enumerate(zip(g, r)) if a != b)}"
-            for c, g, r in zip(CHATS, got, ref) if g != r)
+            for c, g, r in zip(CHATS, got, ref)
+            if g != r
+        )
     return "pass", f"greedy ids (32 tokens, float32) equal torch's for {len(CHATS)} chats"
 
 
@@ -183,13 +223,19 @@ def lm_gpu_parity(dev, backend: str, tolerances: dict[str, float]):
     notes, bad = [], []
     for dtype, tol in tolerances.items():
         lm = load_lm(None, backend, str(dev), dtype)
-        errs = [float((teacher_forced(lm, p, f) - r).abs().max() / r.abs().max()) for p, f, r in zip(prompts, ref_ids, ref)]
-        same = [next((i for i, (a, b) in enumerate(zip(greedy_ids(lm, p), f)) if a != b), len(f))
-                for p, f in zip(prompts, ref_ids)]
+        errs = [
+            float((teacher_forced(lm, p, f) - r).abs().max() / r.abs().max()) for p, f, r in zip(prompts, ref_ids, ref)
+        ]
+        same = [
+            next((i for i, (a, b) in enumerate(zip(greedy_ids(lm, p), f)) if a != b), len(f))
+            for p, f in zip(prompts, ref_ids)
+        ]
         del lm
         err = max(errs)
-        line = (f"{dtype}: logits within {err:.2g} of float32's (limit {tol:g}), greedy ids equal for the first "
-                f"{', '.join(map(str, same))} of 32")
+        line = (
+            f"{dtype}: logits within {err:.2g} of float32's (limit {tol:g}), greedy ids equal for the first "
+            f"{', '.join(map(str, same))} of 32"
+        )
         (notes if math.isfinite(err) and err <= tol else bad).append(line)
     return ("fail" if bad else "pass"), "; ".join(bad + notes)
 
@@ -201,16 +247,34 @@ def check_lm_onnxruntime(dev, out: Results):
     return ("skip", why) if why else lm_gpu_parity(dev, "onnxruntime", {"float16": 2e-2, "int4": 2e-2})
 
 
-def step_records(out: Results, times: dict[bool, list[float]], dev, model: str, precision: str, workload: str,
-                 step: str = "decode_step"):
+def step_records(
+    out: Results,
+    times: dict[bool, list[float]],
+    dev,
+    model: str,
+    precision: str,
+    workload: str,
+    step: str = "decode_step",
+):
     """Records of a step's times (seconds) replayed from a graph (True) and eager (False), the first four
     of each left out as warm-up -> how many times faster the replay is (medians)."""
     for g, ts in times.items():
-        out.records.append(Record(family="gpu", model=model, engine="speechrt", backend="triton", precision=precision,
-                                  device=str(dev), workload=workload,
-                                  metric=f"{step}_us_graphs" if g else f"{step}_us_eager", unit="us",
-                                  value=statistics.median(ts[4:]) * 1e6, better="lower",
-                                  repeats=Repeats.of(t * 1e6 for t in ts[4:])))
+        out.records.append(
+            Record(
+                family="gpu",
+                model=model,
+                engine="speechrt",
+                backend="triton",
+                precision=precision,
+                device=str(dev),
+                workload=workload,
+                metric=f"{step}_us_graphs" if g else f"{step}_us_eager",
+                unit="us",
+                value=statistics.median(ts[4:]) * 1e6,
+                better="lower",
+                repeats=Repeats.of(t * 1e6 for t in ts[4:]),
+            )
+        )
     return statistics.median(times[False][4:]) / statistics.median(times[True][4:])
 
 
@@ -225,7 +289,9 @@ def check_cuda_graphs(dev, out: Results):
 
     model = resolve(None, "asr")
     weights = load_weights(model)
-    runners = {g: TritonASRRunner(weights, dev, torch.float16, model.name, model.format, graphs=g) for g in (True, False)}
+    runners = {
+        g: TritonASRRunner(weights, dev, torch.float16, model.name, model.format, graphs=g) for g in (True, False)
+    }
     tok = ASRPipeline(runners[False]).tokenizer
     prompt = tok.sot_sequence("en", "transcribe") + [tok.no_timestamps]
     audio = load_audio(DATA / "sample.wav")
@@ -290,18 +356,31 @@ def check_asr_batches(dev, out: Results, batches: int = 24):
     captured, failed = CapturedStep.captured - captured, CapturedStep.failed - failed
     rows = sum(len(c) for c, _ in work)
     for g in (True, False):
-        out.records.append(Record(family="gpu", model=model.name, engine="speechrt", backend="triton",
-                                  precision="float16", device=str(dev), workload=f"{batches} server-like batches, "
-                                  f"{rows} utterances of 1-8 s", metric=f"batch_ms_{'graphs' if g else 'eager'}",
-                                  unit="ms", value=statistics.median(times[torch.float16, g]) * 1e3, better="lower",
-                                  repeats=Repeats.of(t * 1e3 for t in times[torch.float16, g])))
+        out.records.append(
+            Record(
+                family="gpu",
+                model=model.name,
+                engine="speechrt",
+                backend="triton",
+                precision="float16",
+                device=str(dev),
+                workload=f"{batches} server-like batches, {rows} utterances of 1-8 s",
+                metric=f"batch_ms_{'graphs' if g else 'eager'}",
+                unit="ms",
+                value=statistics.median(times[torch.float16, g]) * 1e3,
+                better="lower",
+                repeats=Repeats.of(t * 1e3 for t in times[torch.float16, g]),
+            )
+        )
     same32 = sum(a == b for a, b in zip(texts[torch.float32, True], texts[torch.float32, False]))
     same16 = sum(a == b for a, b in zip(texts[torch.float16, True], texts[torch.float16, False]))
     speed = statistics.median(times[torch.float16, False]) / statistics.median(times[torch.float16, True])
-    what = (f"{batches} batches, {rows} utterances: float32 text equal in {same32}/{rows}, float16 {same16}/{rows}; "
-            f"{captured} graphs captured, {failed} captures failed; float16 batch median "
-            f"{statistics.median(times[torch.float16, True]) * 1e3:.1f} ms on graphs vs "
-            f"{statistics.median(times[torch.float16, False]) * 1e3:.1f} ms eager ({speed:.2f}x)")
+    what = (
+        f"{batches} batches, {rows} utterances: float32 text equal in {same32}/{rows}, float16 {same16}/{rows}; "
+        f"{captured} graphs captured, {failed} captures failed; float16 batch median "
+        f"{statistics.median(times[torch.float16, True]) * 1e3:.1f} ms on graphs vs "
+        f"{statistics.median(times[torch.float16, False]) * 1e3:.1f} ms eager ({speed:.2f}x)"
+    )
     return ("pass" if same32 == rows and failed == 0 else "fail"), what
 
 
@@ -314,7 +393,7 @@ def random_cuts(audio, k: int, rng, longest_s: int) -> list:
     for _ in range(k):
         n = rng.randint(SAMPLE_RATE, longest_s * SAMPLE_RATE)
         a = rng.randrange(0, len(audio) - n)
-        out.append(audio[a:a + n])
+        out.append(audio[a : a + n])
     return out
 
 
@@ -350,18 +429,24 @@ def check_lm_graphs(dev, out: Results):
     pspeed = prefill_times(out, lm, dev, prompts[0])
     serr = scattered_error(r, prompts)
     if len(r.graphs) == 0 or len(r.prefill_graphs) == 0:
-        return "fail", (f"the triton LM runner captured {len(r.graphs)} decode and {len(r.prefill_graphs)} prefill "
-                        "graphs")
+        return "fail", (
+            f"the triton LM runner captured {len(r.graphs)} decode and {len(r.prefill_graphs)} prefill graphs"
+        )
     if not err <= 2e-2:
         return "fail", f"graph replay logits differ from eager steps by {err:.3g} of the largest logit"
     if not perr <= 2e-2:
         return "fail", f"prefill graph logits differ from eager prefill by {perr:.3g} of the largest logit"
     if not serr <= 2e-2:
-        return "fail", f"steps over scattered slots from graphs differ from eager ones by {serr:.3g} of the largest logit"
-    return "pass", (f"{steps} decode steps of {len(prompts)} sequences: graph replay = eager (max logit diff "
-                    f"{err:.2g} of the largest, bf16), {speed:.2f}x faster per step; prompts prefilled from a graph "
-                    f"= eager ({perr:.2g}), {pspeed:.2f}x faster ({len(prompts[0])} tokens); steps over scattered "
-                    f"slots = eager ({serr:.2g})")
+        return (
+            "fail",
+            f"steps over scattered slots from graphs differ from eager ones by {serr:.3g} of the largest logit",
+        )
+    return "pass", (
+        f"{steps} decode steps of {len(prompts)} sequences: graph replay = eager (max logit diff "
+        f"{err:.2g} of the largest, bf16), {speed:.2f}x faster per step; prompts prefilled from a graph "
+        f"= eager ({perr:.2g}), {pspeed:.2f}x faster ({len(prompts[0])} tokens); steps over scattered "
+        f"slots = eager ({serr:.2g})"
+    )
 
 
 def scattered_error(r, prompts) -> float:
@@ -376,8 +461,10 @@ def scattered_error(r, prompts) -> float:
         cache = r.new_cache(8, max(map(len, prompts)) + 16)
         for s, p in zip(slots, prompts):
             r.prefill(cache, s, torch.tensor(p))
-        out[g] = [r.decode_step(cache, sub, torch.arange(len(sub), device=r.device) + 100).float()
-                  for sub in (slots[::-1], slots[1:2], slots)]
+        out[g] = [
+            r.decode_step(cache, sub, torch.arange(len(sub), device=r.device) + 100).float()
+            for sub in (slots[::-1], slots[1:2], slots)
+        ]
     r.graphs_enabled = True
     return max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(out[True], out[False]))
 
@@ -398,8 +485,9 @@ def prefill_times(out: Results, lm, dev, prompt: list[int], n: int = 24) -> floa
             ts.append(time.perf_counter() - t)
         times[g] = ts
     r.graphs_enabled = True
-    return step_records(out, times, dev, lm.info.model, "bfloat16", f"LM prefill, one prompt of {len(prompt)} tokens",
-                        step="prefill")
+    return step_records(
+        out, times, dev, lm.info.model, "bfloat16", f"LM prefill, one prompt of {len(prompt)} tokens", step="prefill"
+    )
 
 
 def compare_providers(providers: list[str]) -> tuple[list[str], list[str]]:
@@ -429,8 +517,9 @@ def compare_providers(providers: list[str]) -> tuple[list[str], list[str]]:
             bad.append(f"{ep}: {type(e).__name__}: {e}")
             continue
         diff = float(np.abs(got - want).max()) if len(got) == len(want) else float("inf")
-        (ok if diff <= 1e-4 and used == ep else bad).append(f"{ep} (session runs on {used}): max diff {diff:.2g} "
-                                                            f"over {len(want)} samples")
+        (ok if diff <= 1e-4 and used == ep else bad).append(
+            f"{ep} (session runs on {used}): max diff {diff:.2g} over {len(want)} samples"
+        )
     return ok, bad
 
 
@@ -439,9 +528,11 @@ def _no_ort_gpu() -> str | None:
 
     if any(p not in ("CPUExecutionProvider", "AzureExecutionProvider") for p in ort.get_available_providers()):
         return None
-    return (f"no GPU execution provider in this onnxruntime build (onnxruntime {ort.__version__}: "
-            f"{', '.join(ort.get_available_providers())}); pip install onnxruntime-gpu (NVIDIA) or "
-            "onnxruntime-rocm / onnxruntime-migraphx (AMD)")
+    return (
+        f"no GPU execution provider in this onnxruntime build (onnxruntime {ort.__version__}: "
+        f"{', '.join(ort.get_available_providers())}); pip install onnxruntime-gpu (NVIDIA) or "
+        "onnxruntime-rocm / onnxruntime-migraphx (AMD)"
+    )
 
 
 def check_onnxruntime(dev, out: Results):
@@ -454,8 +545,11 @@ def check_onnxruntime(dev, out: Results):
 
     listed = [p for p in ort.get_available_providers() if p not in ("CPUExecutionProvider", "AzureExecutionProvider")]
     ok, bad = compare_providers([p for p in listed if provider_loadable(p)])
-    ok += [f"{p} listed but its library does not load here (not installed): not run" for p in listed
-           if not provider_loadable(p)]
+    ok += [
+        f"{p} listed but its library does not load here (not installed): not run"
+        for p in listed
+        if not provider_loadable(p)
+    ]
     ok.append("Whisper and the language model on the GPU: checks asr-onnxruntime, lm-onnxruntime")
     return ("fail" if bad else "pass"), "; ".join(bad + ok)
 
@@ -464,10 +558,15 @@ def check_tensorrt(dev, out: Results):
     try:
         import tensorrt
     except ImportError:
-        return "skip", "the tensorrt package is not installed (pip install tensorrt); the TensorRT execution " \
-                       "provider of onnxruntime, if present, is checked under onnxruntime"
-    return "skip", (f"tensorrt {tensorrt.__version__} is installed: time the tensorrt backend's engines with "
-                    "`speechrt bench lm --device cuda --backends tensorrt` (this check only looks for the package)")
+        return (
+            "skip",
+            "the tensorrt package is not installed (pip install tensorrt); the TensorRT execution "
+            "provider of onnxruntime, if present, is checked under onnxruntime",
+        )
+    return "skip", (
+        f"tensorrt {tensorrt.__version__} is installed: time the tensorrt backend's engines with "
+        "`speechrt bench lm --device cuda --backends tensorrt` (this check only looks for the package)"
+    )
 
 
 def check_roofline(dev, out: Results, quick: bool = False):
@@ -476,21 +575,44 @@ def check_roofline(dev, out: Results, quick: bool = False):
 
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "kernels.json"
-        kernels.run(argparse.Namespace(ops=None, device=str(dev), dtype=None, no_compile=quick, threads=None,
-                                       json=str(path)))
+        kernels.run(
+            argparse.Namespace(ops=None, device=str(dev), dtype=None, no_compile=quick, threads=None, json=str(path))
+        )
         res = load(path)
     out.records += res.records
     probe = {r.metric: r.value for r in res.records if r.engine == "probe"}
-    return "pass", (f"measured {probe.get('copy_GBps', 0):.0f} GB/s copy, {probe.get('matmul_TFLOPs', 0):.0f} "
-                    f"TFLOP/s matmul; {sum(r.metric == 'time_us' for r in res.records)} kernel timings")
+    return "pass", (
+        f"measured {probe.get('copy_GBps', 0):.0f} GB/s copy, {probe.get('matmul_TFLOPs', 0):.0f} "
+        f"TFLOP/s matmul; {sum(r.metric == 'time_us' for r in res.records)} kernel timings"
+    )
 
 
-CHECKS = {"gpu": check_gpu, "kernels": check_kernels, "asr-triton": check_asr_triton, "lm-triton": check_lm_triton,
-          "asr-onnxruntime": check_asr_onnxruntime, "lm-onnxruntime": check_lm_onnxruntime,
-          "cuda-graphs": check_cuda_graphs, "asr-batches": check_asr_batches, "lm-graphs": check_lm_graphs,
-          "onnxruntime": check_onnxruntime, "tensorrt": check_tensorrt, "roofline": check_roofline}
-NEEDS_TORCH_GPU = {"gpu", "kernels", "asr-triton", "lm-triton", "asr-onnxruntime", "lm-onnxruntime", "cuda-graphs",
-                   "asr-batches", "lm-graphs", "roofline"}
+CHECKS = {
+    "gpu": check_gpu,
+    "kernels": check_kernels,
+    "asr-triton": check_asr_triton,
+    "lm-triton": check_lm_triton,
+    "asr-onnxruntime": check_asr_onnxruntime,
+    "lm-onnxruntime": check_lm_onnxruntime,
+    "cuda-graphs": check_cuda_graphs,
+    "asr-batches": check_asr_batches,
+    "lm-graphs": check_lm_graphs,
+    "onnxruntime": check_onnxruntime,
+    "tensorrt": check_tensorrt,
+    "roofline": check_roofline,
+}
+NEEDS_TORCH_GPU = {
+    "gpu",
+    "kernels",
+    "asr-triton",
+    "lm-triton",
+    "asr-onnxruntime",
+    "lm-onnxruntime",
+    "cuda-graphs",
+    "asr-batches",
+    "lm-graphs",
+    "roofline",
+}
 NEEDS_TRITON = NEEDS_TORCH_GPU - {"gpu", "asr-onnxruntime", "lm-onnxruntime"}
 
 
@@ -527,6 +649,8 @@ def run(args):
         print(f"{status.upper():4} {name:12} {detail} ({time.monotonic() - t0:.0f} s)", flush=True)
     out.write(args.json)
     failed = [c.name for c in out.checks if c.status == "fail"]
-    print(f"{len(out.checks)} checks: {len(failed)} failed, {sum(c.status == 'skip' for c in out.checks)} skipped -> "
-          f"{args.json}")
+    print(
+        f"{len(out.checks)} checks: {len(failed)} failed, {sum(c.status == 'skip' for c in out.checks)} skipped -> "
+        f"{args.json}"
+    )
     return 1 if failed else 0

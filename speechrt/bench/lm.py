@@ -21,6 +21,7 @@ measurement each, round after round), so that they see the same background load.
 torch and llama.cpp both keep OpenMP thread pools whose idle threads spin, and in one process each
 engine's pool steals cores from the other's (on 2 cores that halves either one's speed).
 """
+
 from __future__ import annotations
 
 import json
@@ -51,19 +52,35 @@ def add_arguments(p):
     p.add_argument("--tokens", type=int, default=64, help="tokens generated per sequence (default 64)")
     p.add_argument("--batch", default="1,8", help="comma-separated batch sizes (default 1,8; at most 8)")
     p.add_argument("--repeats", type=int, default=3, help="runs per measurement; the best is kept (default 3)")
-    p.add_argument("--dtype", default=None, help="our weight format: int4, int8, bfloat16, float32 (default on the CPU: "
-                   "int4 for files with 4-bit blocks, else int8)")
-    p.add_argument("--device", default="cpu", help="our device (default cpu); transformers runs there too, "
-                   "llama.cpp and onnxruntime-genai on the CPU")
-    p.add_argument("--backends", default="torch", help="our backends to time, comma-separated (e.g. torch,onnxruntime; "
-                   "auto: the one `--backend auto` picks here)")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="our weight format: int4, int8, bfloat16, float32 (default on the CPU: "
+        "int4 for files with 4-bit blocks, else int8)",
+    )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="our device (default cpu); transformers runs there too, llama.cpp and onnxruntime-genai on the CPU",
+    )
+    p.add_argument(
+        "--backends",
+        default="torch",
+        help="our backends to time, comma-separated (e.g. torch,onnxruntime; "
+        "auto: the one `--backend auto` picks here)",
+    )
     p.add_argument("--json", default=None, help="also write the results (speechrt.bench.record schema) to this file")
-    p.add_argument("--peers", default="llama.cpp,transformers",
-                   help="peers to run if installed, comma-separated from: llama.cpp, transformers, onnxruntime-genai; "
-                        "'' for none")
-    p.add_argument("--llama-extra-bufts", action="store_true",
-                   help="let llama.cpp use its extra (AMX/repacked) weight buffers; off by default because the "
-                        "prebuilt wheel's AMX path dies with SIGILL on CPUs/VMs that do not enable AMX tiles")
+    p.add_argument(
+        "--peers",
+        default="llama.cpp,transformers",
+        help="peers to run if installed, comma-separated from: llama.cpp, transformers, onnxruntime-genai; '' for none",
+    )
+    p.add_argument(
+        "--llama-extra-bufts",
+        action="store_true",
+        help="let llama.cpp use its extra (AMX/repacked) weight buffers; off by default because the "
+        "prebuilt wheel's AMX path dies with SIGILL on CPUs/VMs that do not enable AMX tiles",
+    )
 
 
 class Ours:
@@ -92,7 +109,7 @@ class Ours:
             cache = self.caches[B] = self.lm.runner.new_cache(B, size)
         got, t_first = 0, None
         t0 = time.perf_counter()
-        for ev in stream(self.lm.runner, self.lm.tokenizer, prompts, o, cache=cache):
+        for _ev in stream(self.lm.runner, self.lm.tokenizer, prompts, o, cache=cache):
             got += 1
             if got == B:
                 t_first = time.perf_counter()
@@ -122,10 +139,18 @@ class LlamaCpp:
             p.n_seq_max = max_batch
             p.kv_unified = True  # the n_ctx cells are shared by all sequences
             return p
+
         LL.llama_cpp.llama_model_default_params, LL.llama_cpp.llama_context_default_params = mp, cp
         try:
-            self.llama = L.Llama(str(path), n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx, n_batch=512,
-                               n_ubatch=512, verbose=False)
+            self.llama = L.Llama(
+                str(path),
+                n_threads=threads,
+                n_threads_batch=threads,
+                n_ctx=n_ctx,
+                n_batch=512,
+                n_ubatch=512,
+                verbose=False,
+            )
         finally:
             LL.llama_cpp.llama_model_default_params, LL.llama_cpp.llama_context_default_params = mp0, cp0
         self.ctx = self.llama._ctx.ctx
@@ -189,12 +214,16 @@ class Transformers:
             model = model.to(self.device, gpu_dtype)
         self.model = model
         self.note = f"transformers {transformers.__version__}, {model.dtype} on {self.device} (dequantized GGUF)"
-        self.meta = {"backend": "torch", "precision": str(model.dtype).removeprefix("torch."),
-                     "device": str(self.device)}
+        self.meta = {
+            "backend": "torch",
+            "precision": str(model.dtype).removeprefix("torch."),
+            "device": str(self.device),
+        }
 
     def _gen(self, ids, mask, n):
-        return self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                                   do_sample=False, pad_token_id=0)
+        return self.model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
+        )
 
     def run(self, prompts, n):
         torch = self.torch
@@ -225,8 +254,11 @@ def _chat_prompts(model) -> list[list[int]]:
         tok, template = LMTokenizer.from_hf_dir(rm.path)
     if not template:
         return [tok.encode(p) for p in PROMPTS]
-    t = ChatTemplate(template, tok.id_to_token(tok.bos_id) if tok.bos_id is not None else "",
-                     tok.id_to_token(tok.eos_id) if tok.eos_id is not None else "")
+    t = ChatTemplate(
+        template,
+        tok.id_to_token(tok.bos_id) if tok.bos_id is not None else "",
+        tok.id_to_token(tok.eos_id) if tok.eos_id is not None else "",
+    )
     return [tok.encode(t.render([{"role": "user", "content": p}]), add_bos=False) for p in PROMPTS]
 
 
@@ -244,6 +276,7 @@ def _start(spec: dict):
             return None, "needs a GGUF model"
         if name == "onnxruntime-genai":
             from speechrt.bench.genai_peer import INSTALL, Genai
+
             try:
                 import onnx_ir  # noqa: F401
                 import onnxruntime_genai  # noqa: F401
@@ -251,6 +284,7 @@ def _start(spec: dict):
             except ImportError as ex:
                 return None, f"not installed ({ex.name}; {INSTALL})"
             from speechrt.export import cache_dir
+
             return Genai(rm.path, cache_dir(), threads), None
         if name == "llama.cpp":
             try:
@@ -288,15 +322,21 @@ def worker() -> None:
         return
     for line in sys.stdin:
         cmd = json.loads(line)
-        ttft, tps = engine.run(spec["prompts"][:cmd["batch"]], cmd["tokens"])
+        ttft, tps = engine.run(spec["prompts"][: cmd["batch"]], cmd["tokens"])
         print(json.dumps({"ttft": ttft, "tps": tps}), flush=True)
 
 
 class _Worker:
     def __init__(self, spec, env):
         self.err = tempfile.TemporaryFile(mode="w+")  # (a pipe could fill up and stall the worker)
-        self.p = subprocess.Popen([sys.executable, "-m", "speechrt.bench.lm"], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=self.err, text=True, env=env)
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "speechrt.bench.lm"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.err,
+            text=True,
+            env=env,
+        )
         self.ask(spec)
 
     def ask(self, msg) -> dict:
@@ -338,20 +378,34 @@ def run(args):
     ours = [f"speechrt {b.strip()}" for b in args.backends.split(",") if b.strip()]
     rm = registry.resolve(args.model, "lm")
     from speechrt import backends
+
     for name in ours:
         backends.get(name.partition(" ")[2])  # an unknown backend fails here, naming the valid ones
-    from speechrt.backends.torch_lm import resolve_format
     import torch
+
+    from speechrt.backends.torch_lm import resolve_format
+
     resolve_format(args.dtype, torch.device("cpu"))  # a bad --dtype fails here, not in a worker
 
     print(f"speechrt bench lm: {rm.name} ({rm.path})")
-    print(f"threads {threads}, {args.tokens} tokens per sequence, greedy, best of {args.repeats}; "
-          "each engine in its own process, taking turns")
+    print(
+        f"threads {threads}, {args.tokens} tokens per sequence, greedy, best of {args.repeats}; "
+        "each engine in its own process, taking turns"
+    )
     sys.stdout.flush()
     prompts = _chat_prompts(args.model)
-    spec = {"model": args.model, "device": args.device, "dtype": args.dtype, "threads": threads, "batches": batches,
-            "tokens": args.tokens, "repeats": args.repeats, "prompts": prompts, "extra_bufts": args.llama_extra_bufts,
-            "n_ctx": max(batches) * (max(len(p) for p in prompts) + args.tokens) + 64}
+    spec = {
+        "model": args.model,
+        "device": args.device,
+        "dtype": args.dtype,
+        "threads": threads,
+        "batches": batches,
+        "tokens": args.tokens,
+        "repeats": args.repeats,
+        "prompts": prompts,
+        "extra_bufts": args.llama_extra_bufts,
+        "n_ctx": max(batches) * (max(len(p) for p in prompts) + args.tokens) + 64,
+    }
     env = dict(os.environ, TQDM_DISABLE="1", TRANSFORMERS_VERBOSITY="error", OMP_NUM_THREADS=str(threads))
     workers, notes, meta = {}, {}, {}
     try:
@@ -383,24 +437,35 @@ def run(args):
                 for n, w in workers.items():
                     runs[n].append(w.ask({"batch": B, "tokens": args.tokens}))
             for n, r in runs.items():
-                results[n].append({"batch": B, "ttft": min(x["ttft"] for x in r), "tps": max(x["tps"] for x in r),
-                                   "tps_median": statistics.median(x["tps"] for x in r), "runs": r})
+                results[n].append(
+                    {
+                        "batch": B,
+                        "ttft": min(x["ttft"] for x in r),
+                        "tps": max(x["tps"] for x in r),
+                        "tps_median": statistics.median(x["tps"] for x in r),
+                        "runs": r,
+                    }
+                )
     finally:
         for w in workers.values():
             w.close()
     results = {n: {"rows": rows} for n, rows in results.items()}
 
     print()
-    print(f"{'engine':22} {'batch':>5} {'TTFT ms':>9} {'decode tok/s':>13} {'(median)':>9} {'vs llama.cpp':>13} "
-          f"{'vs transformers':>16} {'vs genai':>9}")
+    print(
+        f"{'engine':22} {'batch':>5} {'TTFT ms':>9} {'decode tok/s':>13} {'(median)':>9} {'vs llama.cpp':>13} "
+        f"{'vs transformers':>16} {'vs genai':>9}"
+    )
     for i, B in enumerate(batches):
         by = {n: r["rows"][i] for n, r in results.items() if "rows" in r}
         for n, row in by.items():
             vl = f"{row['tps'] / by['llama.cpp']['tps']:.2f}x" if "llama.cpp" in by else "-"
             vt = f"{row['tps'] / by['transformers']['tps']:.2f}x" if "transformers" in by else "-"
             vg = f"{row['tps'] / by['onnxruntime-genai']['tps']:.2f}x" if "onnxruntime-genai" in by else "-"
-            print(f"{n:22} {B:5d} {row['ttft'] * 1e3:9.1f} {row['tps']:13.1f} {row['tps_median']:9.1f} {vl:>13} {vt:>16} "
-                  f"{vg:>9}")
+            print(
+                f"{n:22} {B:5d} {row['ttft'] * 1e3:9.1f} {row['tps']:13.1f} {row['tps_median']:9.1f} {vl:>13} {vt:>16} "
+                f"{vg:>9}"
+            )
     print("\nratios: decode tok/s (best run) over the peer's; TTFT covers every sequence of the batch")
     if args.json:
         from speechrt.bench.record import Results
@@ -424,14 +489,35 @@ def _records(results, meta, model, tokens, threads):
         m, ours = meta[name], name.startswith("speechrt")  # ours: 'speechrt <backend>' (the backend in meta)
         for row in r["rows"]:
             B = row["batch"]
-            common = dict(family="lm", model=model, engine="speechrt" if ours else name,
-                          workload=f"batch {B}, {tokens} tokens",
-                          peer=f"{peer} {meta[peer]['precision']}" if peer and ours else "",
-                          params={"batch": B, "tokens": tokens, "threads": threads}, **m)
-            out.append(Record(metric="ttft_s", unit="s", value=row["ttft"], better="lower",
-                              repeats=Repeats.of(x["ttft"] for x in row["runs"]), **common))
-            out.append(Record(metric="decode_tok_s", unit="tok/s", value=row["tps"], better="higher",
-                              repeats=Repeats.of(x["tps"] for x in row["runs"]), **common))
+            common = dict(
+                family="lm",
+                model=model,
+                engine="speechrt" if ours else name,
+                workload=f"batch {B}, {tokens} tokens",
+                peer=f"{peer} {meta[peer]['precision']}" if peer and ours else "",
+                params={"batch": B, "tokens": tokens, "threads": threads},
+                **m,
+            )
+            out.append(
+                Record(
+                    metric="ttft_s",
+                    unit="s",
+                    value=row["ttft"],
+                    better="lower",
+                    repeats=Repeats.of(x["ttft"] for x in row["runs"]),
+                    **common,
+                )
+            )
+            out.append(
+                Record(
+                    metric="decode_tok_s",
+                    unit="tok/s",
+                    value=row["tps"],
+                    better="higher",
+                    repeats=Repeats.of(x["tps"] for x in row["runs"]),
+                    **common,
+                )
+            )
     return out
 
 

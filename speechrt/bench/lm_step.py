@@ -9,6 +9,7 @@ cost of dispatching its nodes; the bytes say which graph can be faster at all. O
 blocks exactly (Q4_1's minimum as a block-sum correction, a dense float matrix per linear; the Q8_0 head at
 8 bits); genai's builder re-quantizes to symmetric 4-bit blocks and a 4-bit head.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,9 @@ def step_bytes(model) -> dict[str, int]:
 
     inits = {t.name: t for t in model.graph.initializer}
     nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
-    widest = max(nbits, key=lambda n: helper.get_attribute_value(next(a for a in n.attribute if a.name == "N")),
-                 default=None)
+    widest = max(
+        nbits, key=lambda n: helper.get_attribute_value(next(a for a in n.attribute if a.name == "N")), default=None
+    )
 
     def kind(node) -> str:
         if node is widest:
@@ -92,8 +94,10 @@ class BareStep:
         self.keep.append(ids)
         if "seqlens_k" in ins:  # ours: caches [1, Hkv, cache + 1, D], GQA writes at seqlens_k
             pasts = sorted(n for n in ins if n.startswith("past_"))
-            for name, arr in (("seqlens_k", np.array([past], np.int32)),
-                              ("total_sequence_length", np.array(past + 1, np.int32))):
+            for name, arr in (
+                ("seqlens_k", np.array([past], np.int32)),
+                ("total_sequence_length", np.array(past + 1, np.int32)),
+            ):
                 io.bind_cpu_input(name, arr)
                 self.keep.append(arr)
             present = {p: p.replace("past_", "present_") for p in pasts}
@@ -105,7 +109,9 @@ class BareStep:
             pasts = sorted(n for n in ins if n.startswith("past_key_values."))
             present = {p: p.replace("past_key_values.", "present.") for p in pasts}
             length = cache
-            head_size = json.loads((Path(path).parent / "genai_config.json").read_text())["model"]["decoder"]["head_size"]
+            head_size = json.loads((Path(path).parent / "genai_config.json").read_text())["model"]["decoder"][
+                "head_size"
+            ]
         for p in pasts:
             shape = [d if isinstance(d, int) else 1 for d in ins[p].shape]
             shape[2] = length
@@ -150,8 +156,13 @@ class KernelStep:
         self.past = past
         packs = [p.data.numel() for p in self.cpu.packs]
         cfg = self.cpu.cfg
-        self.bytes = {"head": packs[-1], "block weights": sum(packs[:-1]), "dense weights": 0,
-                      "embedding row": cfg.dim * 4, "other": (2 * cfg.n_layers + 1) * cfg.dim * 4 + cfg.head_dim * 4}
+        self.bytes = {
+            "head": packs[-1],
+            "block weights": sum(packs[:-1]),
+            "dense weights": 0,
+            "embedding row": cfg.dim * 4,
+            "other": (2 * cfg.n_layers + 1) * cfg.dim * 4 + cfg.head_dim * 4,
+        }
 
     def run(self, steps: int) -> float:
         t = time.perf_counter()
@@ -163,8 +174,12 @@ class KernelStep:
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m speechrt.bench.lm_step", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct", help="registry name or .gguf path")
-    p.add_argument("--graph", action="append", default=None,
-                   help="time this decode graph (.onnx) instead of ours and genai's (repeatable)")
+    p.add_argument(
+        "--graph",
+        action="append",
+        default=None,
+        help="time this decode graph (.onnx) instead of ours and genai's (repeatable)",
+    )
     p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
     p.add_argument("--past", type=int, default=100, help="positions already in the cache")
     p.add_argument("--steps", type=int, default=100, help="steps per round")
@@ -174,8 +189,11 @@ def main(argv=None):
     import onnx
 
     graphs = graph_names([Path(g) for g in args.graph]) if args.graph else default_graphs(args.model)
-    print(f"batch-1 decode step, {args.past} positions of past, {args.threads or 'all'} threads; "
-          f"{args.rounds} rounds of {args.steps} steps, the graphs taking turns", file=sys.stderr)
+    print(
+        f"batch-1 decode step, {args.past} positions of past, {args.threads or 'all'} threads; "
+        f"{args.rounds} rounds of {args.steps} steps, the graphs taking turns",
+        file=sys.stderr,
+    )
     steps, rows = {}, {}
     for name, path in graphs.items():
         m = onnx.load(str(path))
@@ -197,8 +215,10 @@ def main(argv=None):
         for name, s in steps.items():
             times[name].append(s.run(args.steps) * 1e3)
     first = next(iter(graphs))
-    print(f"{'graph':28s} {'nodes':>5s} {'MiB/step':>8s}  {'ms/step best':>12s} {'median':>7s} {'GB/s':>5s}  "
-          "bytes by reader (MiB)")
+    print(
+        f"{'graph':28s} {'nodes':>5s} {'MiB/step':>8s}  {'ms/step best':>12s} {'median':>7s} {'GB/s':>5s}  "
+        "bytes by reader (MiB)"
+    )
     for name in graphs:
         b, counts = rows[name]
         n = sum(counts.values())
@@ -206,8 +226,10 @@ def main(argv=None):
         parts = ", ".join(f"{k} {v / 2**20:.1f}" for k, v in b.items() if v >= 2**16)
         ratio = "" if name == first else f"; {min(times[first]) / best:.2f}x the first row's speed"
         total = sum(b.values())
-        print(f"{name[:28]:28s} {n:5d} {total / 2**20:8.1f}  {best:12.2f} {med:7.2f} {total / best / 1e6:5.1f}  "
-              f"{parts}{ratio}")
+        print(
+            f"{name[:28]:28s} {n:5d} {total / 2**20:8.1f}  {best:12.2f} {med:7.2f} {total / best / 1e6:5.1f}  "
+            f"{parts}{ratio}"
+        )
     for name in graphs:
         print(f"  {name[:28]}: " + ", ".join(f"{op} {c}" for op, c in rows[name][1].most_common()))
 
@@ -230,7 +252,10 @@ def default_graphs(model: str) -> dict[str, Path]:
     out = {"speechrt onnxruntime int4": d / man.graph("model").file}
     try:
         from speechrt.bench.genai_peer import build
-        out["onnxruntime-genai int4"] = build(rm.path, cache_dir(), log=lambda m: print(m, file=sys.stderr)) / "model.onnx"
+
+        out["onnxruntime-genai int4"] = (
+            build(rm.path, cache_dir(), log=lambda m: print(m, file=sys.stderr)) / "model.onnx"
+        )
     except (ImportError, RuntimeError) as e:  # not installed (pip install 'speechrt[bench]'), or its builder failed
         print(f"(onnxruntime-genai's graph left out: {e})", file=sys.stderr)
     return out

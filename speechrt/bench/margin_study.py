@@ -9,6 +9,7 @@ Whisper was trained on 30-s windows; a short turn encoded over its audio and a f
 another context than the padded window, and the greedy decoder may hear other words. This prints each
 margin's WER beside the whole windows', the time a clip, and the clips whose text differs from the whole
 windows'."""
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,7 @@ def clips(seeds: int = 3) -> list[tuple[str, np.ndarray]]:
             a = np.concatenate(list(tts.synthesize(text, sample_rate=RATE, seed=seed))).astype(np.float32)
             nz = np.flatnonzero(np.abs(a) > 0.01)
             for lead, tail in SILENCES:
-                out.append((text, a[max(0, nz[0] - int(lead * RATE)): nz[-1] + int(tail * RATE)]))
+                out.append((text, a[max(0, nz[0] - int(lead * RATE)) : nz[-1] + int(tail * RATE)]))
     return out
 
 
@@ -43,8 +44,9 @@ def study(asr, data, margins: list[float | None]) -> list[dict]:
 
     rows = []
     for m in margins:
-        opts = TranscribeOptions(without_timestamps=True, trim_context=m is not None, trim_margin=m or 5.0,
-                                 stop_repeats=3)
+        opts = TranscribeOptions(
+            without_timestamps=True, trim_context=m is not None, trim_margin=m or 5.0, stop_repeats=3
+        )
         t0 = time.perf_counter()
         hyps = [asr.transcribe_batch([a], opts)[0].text for _, a in data]
         ms = (time.perf_counter() - t0) / len(data) * 1e3
@@ -89,8 +91,10 @@ def main(argv=None):
     for r in rows:  # clips whose word errors differ from the whole windows' (not case or punctuation)
         changed = [(t, w, h) for (t, _), h, w in zip(data, r["hyps"], whole) if wer([t], [h]) != wer([t], [w])]
         name = "whole windows" if r["margin"] is None else f"margin {r['margin']:g} s"
-        print(f"{name:14s} WER {100 * r['wer']:5.2f}%  {r['ms']:6.0f} ms a clip  {len(changed)} clips with other "
-              "word errors than whole windows'" + "".join(f"\n    {t!r}: {w!r} -> {h!r}" for t, w, h in changed[:6]))
+        print(
+            f"{name:14s} WER {100 * r['wer']:5.2f}%  {r['ms']:6.0f} ms a clip  {len(changed)} clips with other "
+            "word errors than whole windows'" + "".join(f"\n    {t!r}: {w!r} -> {h!r}" for t, w, h in changed[:6])
+        )
 
 
 if __name__ == "__main__":

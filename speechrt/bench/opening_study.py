@@ -8,6 +8,7 @@ lead silence), cut where opening rounds run: 0.6-1.5 s of speech after the lead.
 An opening round sends the first word of a hypothesis of two words or more (Turn.agree); what the decoder says
 after that word is only checked again by the next round, which takes it as its draft. Capped and uncapped rounds
 are timed alternately, in the order flipped each clip."""
+
 from __future__ import annotations
 
 import argparse
@@ -56,18 +57,25 @@ def main(argv=None):
     from speechrt.bench.fingerprint import fingerprint
 
     lead = margin_study.SILENCES[1]
-    data = [c for i, c in enumerate(margin_study.clips(args.seeds))
-            if margin_study.SILENCES[i % len(margin_study.SILENCES)] == lead]
+    data = [
+        c
+        for i, c in enumerate(margin_study.clips(args.seeds))
+        if margin_study.SILENCES[i % len(margin_study.SILENCES)] == lead
+    ]
     asr, config = margin_study.load_asr(args)
     for _ in range(3):  # the first calls pay for thread pools and allocations
         asr.transcribe_batch([data[0][1]])
     rows = study(asr, data, [None] + [int(c) for c in args.caps.split(",")], lead[0])
-    print(f"{rows[0]['rounds']} opening rounds ({len(data)} clips x {len(SPEECH_S)} cuts), {config}, "
-          f"{fingerprint()['label']}")
+    print(
+        f"{rows[0]['rounds']} opening rounds ({len(data)} clips x {len(SPEECH_S)} cuts), {config}, "
+        f"{fingerprint()['label']}"
+    )
     for r in rows:
         name = "uncapped" if r["cap"] is None else f"cap {r['cap']} tokens"
-        print(f"{name:16s} {r['ms']:6.1f} ms a round   sends a first word {r['sends']}   the uncapped round's "
-              f"{r['same']}   stopped at the cap {r['cut']}")
+        print(
+            f"{name:16s} {r['ms']:6.1f} ms a round   sends a first word {r['sends']}   the uncapped round's "
+            f"{r['same']}   stopped at the cap {r['cut']}"
+        )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """What the streaming-server benchmarks share: audio sent at real-time pace, and server events received
 with their arrival times while it is being sent."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,6 +19,7 @@ def listen(ws) -> tuple[asyncio.Queue, asyncio.Task]:
     async def reader():
         async for m in ws:
             events.put_nowait((time.perf_counter(), json.loads(m)))
+
     return events, asyncio.create_task(reader())
 
 

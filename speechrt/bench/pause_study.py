@@ -10,6 +10,7 @@ speechrt/pipelines/lm_batching.py). `bench server --mode conversation` speaks ea
 
     python -m speechrt.bench.pause_study [--turns 6] [--gap 0.5] [--silence-ms 800] [--url ws://...]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,16 +25,22 @@ from speechrt.bench.pacing import FINAL_WAIT_S, send_paced
 from speechrt.bench.server_load import counters
 
 RATE = 24000
-TURNS = [("What is the capital of Japan?", "Answer with one word."),
-         ("How many legs does a spider have?", "Just the number, please."),
-         ("What is the tallest mountain on Earth?", "Keep it short."),
-         ("Which planet is closest to the sun?", "One word, please."),
-         ("What language is spoken in Brazil?", "Answer briefly."),
-         ("What is the boiling point of water?", "In Celsius, please.")]
+TURNS = [
+    ("What is the capital of Japan?", "Answer with one word."),
+    ("How many legs does a spider have?", "Just the number, please."),
+    ("What is the tallest mountain on Earth?", "Keep it short."),
+    ("Which planet is closest to the sun?", "One word, please."),
+    ("What language is spoken in Brazil?", "Answer briefly."),
+    ("What is the boiling point of water?", "In Celsius, please."),
+]
 INSTRUCTIONS = "You are a helpful assistant. Answer in one short sentence."
 # /metrics counters read before and after the run
-COUNTERS = ("replies_speculated_total", "replies_speculation_used_total", "lm_prompt_tokens_reused_total",
-            "lm_prompt_tokens_total")
+COUNTERS = (
+    "replies_speculated_total",
+    "replies_speculation_used_total",
+    "lm_prompt_tokens_reused_total",
+    "lm_prompt_tokens_total",
+)
 
 
 def recordings(turns: int, gap_s: float, tail_s: float) -> list[tuple[str, np.ndarray, float, float]]:
@@ -46,7 +53,7 @@ def recordings(turns: int, gap_s: float, tail_s: float) -> list[tuple[str, np.nd
     def spoken(text, seed):
         a = np.concatenate(list(tts.synthesize(text, sample_rate=RATE, seed=seed)))
         nz = np.flatnonzero(np.abs(a) > 0.01)
-        return a[nz[0]: nz[-1] + 1]
+        return a[nz[0] : nz[-1] + 1]
 
     out = []
     for i in range(turns):
@@ -63,7 +70,7 @@ async def _turn(client, text: str, audio: np.ndarray, speech: tuple[float, float
     pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
 
     async def send(a, b):
-        await client.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[2 * a: 2 * b]).decode()})
+        await client.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[2 * a : 2 * b]).decode()})
 
     sender = asyncio.create_task(send_paced(send, len(audio), RATE, 0.1, speech))
     r, times = {"text": text}, {}
@@ -88,8 +95,10 @@ async def _turn(client, text: str, audio: np.ndarray, speech: tuple[float, float
 async def _session(url: str, recs, silence_ms: int) -> list[dict]:
     from speechrt.client import AsyncClient
 
-    session = {"instructions": INSTRUCTIONS,
-               "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": silence_ms}}}}
+    session = {
+        "instructions": INSTRUCTIONS,
+        "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": silence_ms}}},
+    }
     async with AsyncClient(url, session=session) as client:
         return [await _turn(client, text, audio, (s0, s1)) for text, audio, s0, s1 in recs]
 
@@ -131,12 +140,17 @@ def main(argv=None) -> list[dict]:
     d = {k: after.get(k, 0) - before.get(k, 0) for k in COUNTERS}
     spoken = [r["v2v"] for r in rows if "v2v" in r]
     share = d["lm_prompt_tokens_reused_total"] / d["lm_prompt_tokens_total"] if d["lm_prompt_tokens_total"] else 0.0
-    v2v = (f"p50 {1000 * statistics.median(spoken):.0f} ms, max {1000 * max(spoken):.0f} ms" if spoken
-           else "no answer audio")
-    print(f"voice-to-voice {v2v}; replies begun "
-          f"in pauses {d['replies_speculated_total']:.0f}, taken over {d['replies_speculation_used_total']:.0f}; "
-          f"replies' prompt tokens found in the cache: {d['lm_prompt_tokens_reused_total']:.0f} of "
-          f"{d['lm_prompt_tokens_total']:.0f} ({share:.0%})")
+    v2v = (
+        f"p50 {1000 * statistics.median(spoken):.0f} ms, max {1000 * max(spoken):.0f} ms"
+        if spoken
+        else "no answer audio"
+    )
+    print(
+        f"voice-to-voice {v2v}; replies begun "
+        f"in pauses {d['replies_speculated_total']:.0f}, taken over {d['replies_speculation_used_total']:.0f}; "
+        f"replies' prompt tokens found in the cache: {d['lm_prompt_tokens_reused_total']:.0f} of "
+        f"{d['lm_prompt_tokens_total']:.0f} ({share:.0%})"
+    )
     return rows
 
 

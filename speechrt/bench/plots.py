@@ -7,6 +7,7 @@ and returns a Figure, or None when no run has the records it plots.
 - roofline: kernels' attained FLOP/s against arithmetic intensity under each device's roofs (datasheet
   peak where the device is known, measured copy/GEMM probe), and each kernel's fraction of its roof.
 """
+
 from __future__ import annotations
 
 import matplotlib
@@ -40,11 +41,14 @@ def _legend_name(run: str, label: str, n_runs: int) -> str:
 def server_latency(runs):
     """One panel per latency; p50 solid, p95 dashed, one colour and marker per run and configuration across the
     panels, named once in a legend under them (the figure grows with it: a report of many runs stays legible)."""
-    panels = [("transcription", ("final_p50_s", "final_p95_s"), "final transcript (transcription)"),
-              ("conversation", ("first_audio_p50_s", "first_audio_p95_s"), "first audio (response -> audio)"),
-              ("conversation", ("v2v_p50_s", "v2v_p95_s"), "voice-to-voice (end of speech -> audio)")]
-    data = [(mode, title, [_series(runs, "server", m, "streams", mode) for m in metrics])
-            for mode, metrics, title in panels]
+    panels = [
+        ("transcription", ("final_p50_s", "final_p95_s"), "final transcript (transcription)"),
+        ("conversation", ("first_audio_p50_s", "first_audio_p95_s"), "first audio (response -> audio)"),
+        ("conversation", ("v2v_p50_s", "v2v_p95_s"), "voice-to-voice (end of speech -> audio)"),
+    ]
+    data = [
+        (mode, title, [_series(runs, "server", m, "streams", mode) for m in metrics]) for mode, metrics, title in panels
+    ]
     data = [d for d in data if any(d[2])]
     if not data:
         return None
@@ -52,14 +56,21 @@ def server_latency(runs):
     style = {k: (plt.get_cmap("tab20")(i % 20), MARKERS[i % len(MARKERS)]) for i, k in enumerate(keys)}
     rows = -(-len(keys) // 2)  # legend rows, two columns
     fig, axes = plt.subplots(1, len(data), figsize=(5.2 * len(data), 4 + 0.17 * rows), squeeze=False)
-    for ax, (mode, title, (p50, p95)) in zip(axes[0], data):
+    for ax, (_mode, title, (p50, p95)) in zip(axes[0], data):
         for key in sorted(set(p50) | set(p95)):
             color, marker = style[key]
             for series, line in ((p50, "-"), (p95, "--")):
                 if key in series:
                     xs, ys = zip(*series[key])
-                    ax.plot(xs, [1000 * y for y in ys], line, marker=marker, color=color, markersize=4,
-                            label=_legend_name(*key, len(runs)) if line == "-" or key not in p50 else None)
+                    ax.plot(
+                        xs,
+                        [1000 * y for y in ys],
+                        line,
+                        marker=marker,
+                        color=color,
+                        markersize=4,
+                        label=_legend_name(*key, len(runs)) if line == "-" or key not in p50 else None,
+                    )
         ax.axhline(1000, color="grey", lw=0.8, ls=":")
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
@@ -114,8 +125,9 @@ def rtf(runs, family):
         ax.bar(xs, [vals[w] for w in workloads if w in vals], width, label=bar, color=f"C{i % 10}")
     ax.set_xticks([j + width * (len(bars) - 1) / 2 for j in range(len(workloads))], workloads, fontsize=8)
     ax.set_ylabel("real-time factor (lower is faster)")
-    ax.set_title(f"{ {'asr': 'speech recognition', 'tts': 'speech synthesis'}[family]}: compute time / audio time",
-                 fontsize=10)
+    ax.set_title(
+        f"{ {'asr': 'speech recognition', 'tts': 'speech synthesis'}[family] }: compute time / audio time", fontsize=10
+    )
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
@@ -136,8 +148,9 @@ def _roofs(res) -> list[roofline.Peak]:
 
 
 def roofline_chart(runs):
-    kern = [(name, res, [r for r in res.records if r.family == "kernels" and r.metric == "time_us"])
-            for name, res in runs]
+    kern = [
+        (name, res, [r for r in res.records if r.family == "kernels" and r.metric == "time_us"]) for name, res in runs
+    ]
     kern = [k for k in kern if k[2]]
     if not kern:
         return None
@@ -149,11 +162,19 @@ def roofline_chart(runs):
         for roof in _roofs(res):
             xs = [2 ** (k / 4) for k in range(-16, 57)]  # arithmetic intensity 1/16 .. ~16k FLOP/byte
             # a roof without a bandwidth (a CPU's estimate) is its compute ceiling alone
-            ys = [min(roof.matmul_tflops, x * roof.bandwidth_gbps / 1000) if roof.bandwidth_gbps else roof.matmul_tflops
-                  for x in xs]
+            ys = [
+                min(roof.matmul_tflops, x * roof.bandwidth_gbps / 1000) if roof.bandwidth_gbps else roof.matmul_tflops
+                for x in xs
+            ]
             bw = f"{roof.bandwidth_gbps:.0f} GB/s, " if roof.bandwidth_gbps else ""
-            ax.plot(xs, ys, color=color, ls="-" if roof.source == "measured" else "--", lw=1,
-                    label=f"{name}: {roof.source} roof ({bw}{roof.matmul_tflops:.3g} TFLOP/s)")
+            ax.plot(
+                xs,
+                ys,
+                color=color,
+                ls="-" if roof.source == "measured" else "--",
+                lw=1,
+                label=f"{name}: {roof.source} roof ({bw}{roof.matmul_tflops:.3g} TFLOP/s)",
+            )
         for r in rows:
             b, f, t = r.params.get("bytes", 0), r.params.get("flops", 0), r.value * 1e-6
             if f and b:
@@ -189,8 +210,13 @@ def roofline_chart(runs):
 
 
 # family -> its chart
-CHARTS = {"asr": lambda runs: rtf(runs, "asr"), "lm": lm_decode, "tts": lambda runs: rtf(runs, "tts"),
-          "server": server_latency, "kernels": roofline_chart}
+CHARTS = {
+    "asr": lambda runs: rtf(runs, "asr"),
+    "lm": lm_decode,
+    "tts": lambda runs: rtf(runs, "tts"),
+    "server": server_latency,
+    "kernels": roofline_chart,
+}
 
 
 def save(fig, path) -> None:

@@ -16,6 +16,7 @@ validation results are checks (pass/fail/skip with a detail).
      "skipped": [{"family": "lm", "what": "llama.cpp", "reason": "not installed"}],
      "checks": [], "notes": ["..."]}
 """
+
 from __future__ import annotations
 
 import datetime
@@ -54,14 +55,14 @@ class Repeats:
                 raise ValueError(f"{len(self.rounds)} rounds for {self.n} repeats")
 
     @classmethod
-    def of(cls, samples, rounds: bool = False) -> "Repeats | None":
+    def of(cls, samples, rounds: bool = False) -> Repeats | None:
         """The spread of `samples`; with rounds=True they are a run's rounds, in order, and are kept."""
         xs = [float(x) for x in samples]
         if not xs:
             return None
         return cls(len(xs), min(xs), statistics.median(xs), max(xs), tuple(xs) if rounds else None)
 
-    def scaled(self, k: float) -> "Repeats":
+    def scaled(self, k: float) -> Repeats:
         lo, hi = sorted((self.min * k, self.max * k))
         return Repeats(self.n, lo, self.median * k, hi, None if self.rounds is None else [x * k for x in self.rounds])
 
@@ -149,7 +150,7 @@ class Results:
     def skip(self, family: str, what: str, reason: str) -> None:
         self.skipped.append(Skip(family, what, reason))
 
-    def extend(self, other: "Results") -> None:
+    def extend(self, other: Results) -> None:
         self.records += other.records
         self.skipped += other.skipped
         self.checks += other.checks
@@ -159,8 +160,14 @@ class Results:
         """The record `r` is compared with, in this run."""
         if not r.peer:
             return None
-        return next((p for p in self.records if p.label == r.peer and p.family == r.family
-                     and p.workload == r.workload and p.metric == r.metric), None)
+        return next(
+            (
+                p
+                for p in self.records
+                if p.label == r.peer and p.family == r.family and p.workload == r.workload and p.metric == r.metric
+            ),
+            None,
+        )
 
     def write(self, path, machine: dict | None = None) -> None:
         """Write the file; the fingerprint is taken now unless given (`machine`)."""
@@ -189,13 +196,21 @@ def load(path) -> Results:
         raise UserError(f"cannot read benchmark results {p}: {e}") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise UserError(f"{p} is not a speechrt benchmark result of schema {SCHEMA!r} (found {got!r}); "
-                        "write one with `speechrt bench ... --json FILE`")
+        raise UserError(
+            f"{p} is not a speechrt benchmark result of schema {SCHEMA!r} (found {got!r}); "
+            "write one with `speechrt bench ... --json FILE`"
+        )
     try:
-        return Results(records=[Record(**r) for r in doc["records"]], skipped=[Skip(**s) for s in doc["skipped"]],
-                       checks=[Check(**c) for c in doc.get("checks", [])], notes=doc.get("notes", []),
-                       machine=doc["machine"], command=doc.get("command", ""), created=doc.get("created", ""),
-                       source=str(p))
+        return Results(
+            records=[Record(**r) for r in doc["records"]],
+            skipped=[Skip(**s) for s in doc["skipped"]],
+            checks=[Check(**c) for c in doc.get("checks", [])],
+            notes=doc.get("notes", []),
+            machine=doc["machine"],
+            command=doc.get("command", ""),
+            created=doc.get("created", ""),
+            source=str(p),
+        )
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"{p}: malformed record: {e}") from None
 

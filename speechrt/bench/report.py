@@ -9,6 +9,7 @@ or the baseline, whether the metric is a time (lower is better) or a throughput.
 The Markdown form is docs/benchmarks.md: generated from the committed result files, each number under
 its machine.
 """
+
 from __future__ import annotations
 
 import base64
@@ -19,18 +20,32 @@ from pathlib import Path
 
 from speechrt.bench.record import FAMILIES, Record, Results, load
 
-TITLES = {"asr": "Speech recognition", "lm": "Language model", "tts": "Speech synthesis",
-          "server": "Streaming server", "kernels": "Kernels and roofline", "gpu": "GPU validation"}
+TITLES = {
+    "asr": "Speech recognition",
+    "lm": "Language model",
+    "tts": "Speech synthesis",
+    "server": "Streaming server",
+    "kernels": "Kernels and roofline",
+    "gpu": "GPU validation",
+}
 
 
 def add_arguments(p):
     p.add_argument("files", nargs="+", help="result files (speechrt bench ... --json)")
     p.add_argument("--out", default=None, help="HTML page to write; the PNGs go beside it")
     p.add_argument("--markdown", default=None, help="Markdown file to write (docs/benchmarks.md)")
-    p.add_argument("--images", default=None, help="folder for the PNGs (default: beside --out, else beside "
-                   "the Markdown file in a folder of its name: docs/benchmarks/)")
-    p.add_argument("--baseline", default="0", help="the run ratios are taken against: its position among the "
-                   "files (0: the first) or a part of its name (default 0)")
+    p.add_argument(
+        "--images",
+        default=None,
+        help="folder for the PNGs (default: beside --out, else beside "
+        "the Markdown file in a folder of its name: docs/benchmarks/)",
+    )
+    p.add_argument(
+        "--baseline",
+        default="0",
+        help="the run ratios are taken against: its position among the "
+        "files (0: the first) or a part of its name (default 0)",
+    )
     p.add_argument("--title", default="speechrt benchmarks")
 
 
@@ -116,8 +131,11 @@ def table(runs: list[Run], family: str, base: int) -> Table | None:
     with_peer = {i for i, m in by.items() if any(r.peer for r in m.values())}
     header = ["engine", "device", "workload", "metric"]
     for i in by:
-        header += [runs[i].name] + (["vs peer"] if i in with_peer else []) + (
-            ["vs baseline"] if i != base and base in by else [])
+        header += (
+            [runs[i].name]
+            + (["vs peer"] if i in with_peer else [])
+            + (["vs baseline"] if i != base and base in by else [])
+        )
     rows, tone = [], []
     for key, first in keys.items():
         row = [first.label, first.device, first.workload, first.metric + (f" ({first.unit})" if first.unit else "")]
@@ -193,8 +211,10 @@ th{background:#f3f5f7}td.up{background:#e3f5e1}td.down{background:#fbe3e1}img{ma
 
 
 # marks the page once loaded with how many of its charts the browser decoded: <body data-plots="4/4">
-LOADED_JS = ("window.addEventListener('load', () => { const i = [...document.images]; document.body.dataset.plots = "
-             "i.filter(x => x.complete && x.naturalWidth > 0).length + '/' + i.length; });")
+LOADED_JS = (
+    "window.addEventListener('load', () => { const i = [...document.images]; document.body.dataset.plots = "
+    "i.filter(x => x.complete && x.naturalWidth > 0).length + '/' + i.length; });"
+)
 
 
 def _html_table(t: Table) -> str:
@@ -214,14 +234,20 @@ def _png_data(path: Path) -> str:
 def html_page(runs: list[Run], base: int, pngs: dict[str, Path], title: str) -> str:
     e = html.escape
     out = io.StringIO()
-    out.write(f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{e(title)}</title>"
-              f"<style>{CSS}</style></head><body><h1>{e(title)}</h1>\n")
-    out.write("<h2>Machines</h2><table><thead><tr><th>run</th><th>machine</th><th>command</th><th>date</th></tr>"
-              "</thead><tbody>")
-    for i, m in enumerate(machines(runs)):
+    out.write(
+        f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{e(title)}</title>"
+        f"<style>{CSS}</style></head><body><h1>{e(title)}</h1>\n"
+    )
+    out.write(
+        "<h2>Machines</h2><table><thead><tr><th>run</th><th>machine</th><th>command</th><th>date</th></tr>"
+        "</thead><tbody>"
+    )
+    for m in machines(runs):
         out.write("<tr>" + "".join(f"<td>{e(x)}</td>" for x in m) + "</tr>")
-    out.write(f"</tbody></table><p class=small>Ratios read “times better”: above 1 is faster (or higher throughput) "
-              f"than the peer measured in the same run, or than the baseline run, <b>{e(runs[base].name)}</b>.</p>\n")
+    out.write(
+        f"</tbody></table><p class=small>Ratios read “times better”: above 1 is faster (or higher throughput) "
+        f"than the peer measured in the same run, or than the baseline run, <b>{e(runs[base].name)}</b>.</p>\n"
+    )
     notes = [n for r in runs for n in r.results.notes]
     if notes:
         out.write("<ul class=small>" + "".join(f"<li>{e(n)}</li>" for n in dict.fromkeys(notes)) + "</ul>")
@@ -234,23 +260,33 @@ def html_page(runs: list[Run], base: int, pngs: dict[str, Path], title: str) -> 
             out.write(_html_table(t) + "\n")
     checks = [(r.name, c) for r in runs for c in r.results.checks]
     if checks:
-        out.write("<h2 id=checks>Checks</h2><table><thead><tr><th>run</th><th>check</th><th>status</th><th>detail</th>"
-                  "</tr></thead><tbody>" + "".join(
-                      f"<tr><td>{e(n)}</td><td>{e(c.name)}</td><td>{e(c.status)}</td><td>{e(c.detail)}</td></tr>"
-                      for n, c in checks) + "</tbody></table>")
+        out.write(
+            "<h2 id=checks>Checks</h2><table><thead><tr><th>run</th><th>check</th><th>status</th><th>detail</th>"
+            "</tr></thead><tbody>"
+            + "".join(
+                f"<tr><td>{e(n)}</td><td>{e(c.name)}</td><td>{e(c.status)}</td><td>{e(c.detail)}</td></tr>"
+                for n, c in checks
+            )
+            + "</tbody></table>"
+        )
     skipped = [(r.name, s) for r in runs for s in r.results.skipped]
     if skipped:
-        out.write("<h2 id=skipped>Not measured</h2><ul>" + "".join(
-            f"<li>{e(n)}: {e(s.family)} {e(s.what)} — {e(s.reason)}</li>" for n, s in skipped) + "</ul>")
+        out.write(
+            "<h2 id=skipped>Not measured</h2><ul>"
+            + "".join(f"<li>{e(n)}: {e(s.family)} {e(s.what)} — {e(s.reason)}</li>" for n, s in skipped)
+            + "</ul>"
+        )
     out.write(f"<script>{LOADED_JS}</script></body></html>\n")
     return out.getvalue()
 
 
 # ---- Markdown ---------------------------------------------------------------------------------------
 
+
 def _md_table(t: Table) -> str:
     def cell(c: str) -> str:
         return c.replace("|", "\\|")
+
     lines = ["| " + " | ".join(cell(h) for h in t.header) + " |", "|" + " --- |" * len(t.header)]
     lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in t.rows]
     return "\n".join(lines)
@@ -259,12 +295,18 @@ def _md_table(t: Table) -> str:
 def markdown(runs: list[Run], base: int, pngs: dict[str, Path], md_path: Path, command: str, title: str) -> str:
     import os
 
-    out = [f"# {title}", "",
-           f"<!-- generated by `{command}` from the result files; edit or re-measure those, not this page -->", "",
-           "Every number below was measured by `speechrt bench` and read from the result files listed here; "
-           "each column is one run, named by its machine and commit. Ratios read “times better”: above 1 is "
-           "faster (or higher throughput) than the peer measured in the same run on the same machine.", "",
-           "| run | machine | command | date |", "| --- | --- | --- | --- |"]
+    out = [
+        f"# {title}",
+        "",
+        f"<!-- generated by `{command}` from the result files; edit or re-measure those, not this page -->",
+        "",
+        "Every number below was measured by `speechrt bench` and read from the result files listed here; "
+        "each column is one run, named by its machine and commit. Ratios read “times better”: above 1 is "
+        "faster (or higher throughput) than the peer measured in the same run on the same machine.",
+        "",
+        "| run | machine | command | date |",
+        "| --- | --- | --- | --- |",
+    ]
     out += [f"| {n} | {d} | `{c}` | {t} |" for n, d, c, t in machines(runs)]
     out.append("")
     files = [r.results.source for r in runs]
@@ -307,8 +349,10 @@ def run(args):
         md = Path(args.markdown)
         images = Path(args.images) if args.images else md.parent / md.stem
         pngs = charts(runs, images, md.stem)
-        command = " ".join(["speechrt bench report", *args.files, "--markdown", args.markdown]
-                           + (["--baseline", args.baseline] if args.baseline != "0" else []))
+        command = " ".join(
+            ["speechrt bench report", *args.files, "--markdown", args.markdown]
+            + (["--baseline", args.baseline] if args.baseline != "0" else [])
+        )
         md.write_text(markdown(runs, base, pngs, md, command, args.title))
         print(f"{md}: {len(runs)} run(s), {len(pngs)} chart(s) in {images}")
     return 0

@@ -5,6 +5,7 @@ what this machine's software reaches.
 
 Peaks are for 16-bit matrix math on GPUs (fp16/bf16 tensor cores or matrix cores) and for float32 FMA
 on CPUs (cores x clock x FLOP per cycle, from the ISA: the CPU table holds FLOP per cycle per core)."""
+
 from __future__ import annotations
 
 import statistics
@@ -23,10 +24,22 @@ class Peak:
 # GPU datasheet peaks: (substring of torch.cuda.get_device_name, HBM GB/s, dense fp16 TFLOP/s). More
 # specific names first: "H100 PCIe" before "H100".
 GPUS: tuple[tuple[str, float, float], ...] = (
-    ("H200", 4800, 989), ("H100 PCIe", 2000, 756), ("H100 NVL", 3900, 835), ("H100", 3350, 989),
-    ("A100-SXM4-80GB", 2039, 312), ("A100 80GB PCIe", 1935, 312), ("A100", 1555, 312),
-    ("L40S", 864, 362), ("L4", 300, 121), ("A10G", 600, 70), ("A10", 600, 125), ("T4", 320, 65),
-    ("MI300X", 5300, 1307), ("MI250X", 3277, 383), ("MI250", 3277, 362), ("MI210", 1638, 181),
+    ("H200", 4800, 989),
+    ("H100 PCIe", 2000, 756),
+    ("H100 NVL", 3900, 835),
+    ("H100", 3350, 989),
+    ("A100-SXM4-80GB", 2039, 312),
+    ("A100 80GB PCIe", 1935, 312),
+    ("A100", 1555, 312),
+    ("L40S", 864, 362),
+    ("L4", 300, 121),
+    ("A10G", 600, 70),
+    ("A10", 600, 125),
+    ("T4", 320, 65),
+    ("MI300X", 5300, 1307),
+    ("MI250X", 3277, 383),
+    ("MI250", 3277, 362),
+    ("MI210", 1638, 181),
 )
 # CPU float32 FLOP per cycle per core by the widest FMA unit (2 FMA pipes x lanes x 2)
 CPU_FLOP_PER_CYCLE = {"amx_tile": 64, "avx512f": 64, "avx2": 32, "neon": 16}
@@ -47,8 +60,12 @@ def cpu_estimate(cpu: dict) -> Peak | None:
     isa = cpu.get("isa", {})
     per_cycle = next((v for k, v in CPU_FLOP_PER_CYCLE.items() if isa.get(k)), 8)
     cores = cpu.get("physical_cores") or cpu.get("logical_cores") or 1
-    return Peak(cpu.get("model") or "CPU", 0.0, cores * cpu["mhz"] * 1e6 * per_cycle / 1e12,
-                f"estimate: {cores} cores x {cpu['mhz']} MHz x {per_cycle} FLOP/cycle")
+    return Peak(
+        cpu.get("model") or "CPU",
+        0.0,
+        cores * cpu["mhz"] * 1e6 * per_cycle / 1e12,
+        f"estimate: {cores} cores x {cpu['mhz']} MHz x {per_cycle} FLOP/cycle",
+    )
 
 
 def timer(device):
@@ -67,6 +84,7 @@ def timer(device):
             fn()
             times.append(time.perf_counter() - t)
         return times
+
     return cpu_times
 
 
@@ -81,10 +99,10 @@ def probe(device, dtype) -> Peak:
     src = torch.empty(n, dtype=torch.float32, device=device).fill_(1.0)
     dst = torch.empty_like(src)
     times = timer(device)
-    bw = 2 * n * 4 / statistics.median(times(lambda: dst.copy_(src))) / 1e9
+    bw = 2 * n * 4 / statistics.median(times(lambda d=dst, s=src: d.copy_(s))) / 1e9
     del src, dst
     m = 8192 if gpu else 1024
     a = torch.randn(m, m, device=device, dtype=torch.float32).to(dtype)
-    tflops = 2 * m ** 3 / statistics.median(times(lambda: a @ a)) / 1e12
+    tflops = 2 * m**3 / statistics.median(times(lambda: a @ a)) / 1e12
     name = torch.cuda.get_device_name(device) if gpu else "CPU"
     return Peak(name, bw, tflops, "measured")

@@ -4,6 +4,7 @@ activity detection thread took; on a CUDA device
 where nvidia-ml-py is installed, the GPU's utilization sampled every half second (NVML). What bounds a level
 shows in its row: on an H200 the GPU stayed under ~11 % busy where 64 streams missed their latency targets
 (docs/gpu.md)."""
+
 from __future__ import annotations
 
 import re
@@ -13,24 +14,36 @@ import time
 import urllib.request
 
 # per level, from the server's /metrics: row key -> counter (loaded_margin a count; the others per second)
-COUNTERS = {"loaded_margin": "asr_finals_loaded_margin_total", "server_cpu_cores": "process_cpu_seconds_total",
-            "engine_busy": "engine_busy_seconds_total", "vad_cores": "vad_seconds_total"}
-LOAD = (("server_cpu_cores", "server", "{:.2f} cores"), ("engine_busy", "engine busy", "{:.0%}"),
-        ("vad_cores", "VAD", "{:.2f} cores"), ("gpu_busy", "GPU", "{:.0%}"))  # printed after a level's row
+COUNTERS = {
+    "loaded_margin": "asr_finals_loaded_margin_total",
+    "server_cpu_cores": "process_cpu_seconds_total",
+    "engine_busy": "engine_busy_seconds_total",
+    "vad_cores": "vad_seconds_total",
+}
+LOAD = (
+    ("server_cpu_cores", "server", "{:.2f} cores"),
+    ("engine_busy", "engine busy", "{:.0%}"),
+    ("vad_cores", "VAD", "{:.2f} cores"),
+    ("gpu_busy", "GPU", "{:.0%}"),
+)  # printed after a level's row
 
 
-def counters(base: str, names=tuple(COUNTERS.values())) -> dict[str, float]:
+def counters(base: str, names=None) -> dict[str, float]:
     """The server's counters `names` (those it has; default COUNTERS'); none if unread. Behind Ray Serve (`serve
     --ray`), whose /metrics is whichever replica answers, the sums of /metrics/cluster over the replicas, and
     `replicas`."""
+    names = tuple(COUNTERS.values()) if names is None else names
     for path, prefix in (("/metrics/cluster", "speechrt_cluster_"), ("/metrics", "speechrt_")):
         try:
             with urllib.request.urlopen(base + path, timeout=10) as r:
                 text = r.read().decode()
         except OSError:  # (a plain server has no /metrics/cluster: 404)
             continue
-        got = {name: float(m.group(1)) for name in (*names, "replicas")
-               if (m := re.search(rf"^{prefix}{name} ([0-9.]+)", text, re.M))}
+        got = {
+            name: float(m.group(1))
+            for name in (*names, "replicas")
+            if (m := re.search(rf"^{prefix}{name} ([0-9.]+)", text, re.M))
+        }
         if path == "/metrics" or "replicas" in got:
             return got
     return {}
@@ -52,8 +65,11 @@ class LevelLoad:
     def __exit__(self, *exc):
         self.gpu.__exit__(*exc)
         after, wall = counters(self.base), time.monotonic() - self.t0
-        delta = {key: after[name] - self.before[name] for key, name in COUNTERS.items()
-                 if name in self.before and name in after}
+        delta = {
+            key: after[name] - self.before[name]
+            for key, name in COUNTERS.items()
+            if name in self.before and name in after
+        }
         self.row = {key: int(d) if key == "loaded_margin" else d / wall for key, d in delta.items()}
         if "engine_busy" in self.row and after.get("replicas", 1) > 1:  # the engines' mean, not their sum
             self.row["engine_busy"] /= after["replicas"]
@@ -92,6 +108,7 @@ class GpuBusy:
         def sample():
             while not self.done.wait(0.5):
                 self.samples.append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+
         self.thread = threading.Thread(target=sample, daemon=True)
         self.thread.start()
         return self

@@ -11,6 +11,7 @@ same run on the same input.
 --quick (a few minutes on a 2-core CPU) uses the short recording, few tokens and repeats and low stream
 counts; the full mode the 58-second passage, batch sizes 1 to 8, the 1..32 stream sweep and torch.compile.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,20 +32,30 @@ DATA = Path(__file__).resolve().parent.parent / "data"
 
 def add_arguments(p):
     p.add_argument("--quick", action="store_true", help="the short version (a few minutes on a 2-core CPU)")
-    p.add_argument("--families", default=",".join(SUITE_FAMILIES),
-                   help="comma list of families to run (default: %(default)s)")
+    p.add_argument(
+        "--families", default=",".join(SUITE_FAMILIES), help="comma list of families to run (default: %(default)s)"
+    )
     p.add_argument("--device", default="auto", help="cpu, cuda, or auto (default: cuda when a GPU is visible)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for every engine (default: all cores)")
     p.add_argument("--json", default="speechrt-bench.json", help="result file (default: %(default)s)")
     p.add_argument("--log", default=None, help="the steps' output (default: the result file with .log)")
     p.add_argument("--machine", default=None, help="name of this machine in reports (default: its GPU or CPU)")
-    p.add_argument("--note", action="append", default=[], help="a note kept with the results and shown in reports "
-                   "(repeatable), e.g. what else ran on the machine")
+    p.add_argument(
+        "--note",
+        action="append",
+        default=[],
+        help="a note kept with the results and shown in reports (repeatable), e.g. what else ran on the machine",
+    )
 
 
 # the arguments that leave a family's peers out (they already ran in an earlier step of this run)
-NO_PEERS = {"asr": ("--peers", "none"), "lm": ("--peers", ""), "tts": ("--no-peer",), "server": ("--peer", "none"),
-            "kernels": ()}
+NO_PEERS = {
+    "asr": ("--peers", "none"),
+    "lm": ("--peers", ""),
+    "tts": ("--no-peer",),
+    "server": ("--peer", "none"),
+    "kernels": (),
+}
 
 
 @dataclass(frozen=True)
@@ -71,28 +82,76 @@ def _family_steps(family: str, device: str, quick: bool, t: list[str]) -> list[S
 
     if family == "asr":
         audio = ["--audio", str(DATA / "sample.wav"), "--reference", str(DATA / "sample.txt")] if quick else []
-        return [Step("asr", b, ("--backend", b, "--device", device, "--dtypes",
-                                ",".join(_precisions("asr", device, quick)), "--repeats", "2" if quick else "3",
-                                *audio, *t), 30 if quick else 75) for b in backends.available("asr")]
+        return [
+            Step(
+                "asr",
+                b,
+                (
+                    "--backend",
+                    b,
+                    "--device",
+                    device,
+                    "--dtypes",
+                    ",".join(_precisions("asr", device, quick)),
+                    "--repeats",
+                    "2" if quick else "3",
+                    *audio,
+                    *t,
+                ),
+                30 if quick else 75,
+            )
+            for b in backends.available("asr")
+        ]
     if family == "lm":
         # quick: llama.cpp is the peer; transformers' GGUF load alone takes ~40 s on 2 cores
-        size = ["--tokens", "16", "--batch", "1,4", "--repeats", "2", "--peers", "llama.cpp"] if quick else [
-            "--tokens", "64", "--batch", "1,2,4,8", "--repeats", "3"]
-        return [Step("lm", f"{b} {dt}", ("--backends", b, "--device", device, "--dtype", dt, *size, *t),
-                     45 if quick else 120) for b in backends.available("lm") for dt in _precisions("lm", device, quick)]
+        size = (
+            ["--tokens", "16", "--batch", "1,4", "--repeats", "2", "--peers", "llama.cpp"]
+            if quick
+            else ["--tokens", "64", "--batch", "1,2,4,8", "--repeats", "3"]
+        )
+        return [
+            Step(
+                "lm", f"{b} {dt}", ("--backends", b, "--device", device, "--dtype", dt, *size, *t), 45 if quick else 120
+            )
+            for b in backends.available("lm")
+            for dt in _precisions("lm", device, quick)
+        ]
     if family == "tts":
-        return [Step("tts", b, ("--backends", b, "--device", device, "--repeats", "2" if quick else "5", *t),
-                     20 if quick else 45) for b in backends.available("tts")]
+        return [
+            Step(
+                "tts",
+                b,
+                ("--backends", b, "--device", device, "--repeats", "2" if quick else "5", *t),
+                20 if quick else 45,
+            )
+            for b in backends.available("tts")
+        ]
     if family == "server":
         dev = ("--device", device, *t)
         if quick:
-            return [Step("server", "transcription 1,2 streams",
-                         ("--mode", "transcription", "--streams", "1,2", "--utterances", "1", *dev), 120),
-                    Step("server", "conversation 1 stream",
-                         ("--mode", "conversation", "--streams", "1", "--utterances", "2", *dev), 45)]
-        return [Step("server", "transcription 1..32 streams", ("--mode", "transcription", "--streams", "1,2,4,8,16,32",
-                                                             *dev), 300),
-                Step("server", "conversation 1..4 streams", ("--mode", "conversation", "--streams", "1,2,4", *dev), 200)]
+            return [
+                Step(
+                    "server",
+                    "transcription 1,2 streams",
+                    ("--mode", "transcription", "--streams", "1,2", "--utterances", "1", *dev),
+                    120,
+                ),
+                Step(
+                    "server",
+                    "conversation 1 stream",
+                    ("--mode", "conversation", "--streams", "1", "--utterances", "2", *dev),
+                    45,
+                ),
+            ]
+        return [
+            Step(
+                "server",
+                "transcription 1..32 streams",
+                ("--mode", "transcription", "--streams", "1,2,4,8,16,32", *dev),
+                300,
+            ),
+            Step("server", "conversation 1..4 streams", ("--mode", "conversation", "--streams", "1,2,4", *dev), 200),
+        ]
     if family == "kernels":
         if device == "cpu":
             return [Step("kernels", "reference on the CPU", ("--device", "cpu", *t), 25)]
@@ -129,8 +188,10 @@ class Progress:
         filled = width * i // n
         step = self.steps[i] if i < n else None
         what = f"{step.family} {step.what}" if step else "done"
-        line = (f"[{'#' * filled}{'.' * (width - filled)}] {i}/{n} {what[:44]:44} "
-                f"{_mmss(time.monotonic() - self.t0)} elapsed, ~{_mmss(self.eta(i))} left {status}")
+        line = (
+            f"[{'#' * filled}{'.' * (width - filled)}] {i}/{n} {what[:44]:44} "
+            f"{_mmss(time.monotonic() - self.t0)} elapsed, ~{_mmss(self.eta(i))} left {status}"
+        )
         self.stream.write(("\r" + line + "\x1b[K") if self.tty else line + "\n")
         self.stream.flush()
 
@@ -180,8 +241,10 @@ def run(args):
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     bad = [f for f in families if f not in SUITE_FAMILIES]
     if bad or not families:
-        raise UserError(f"unknown famil{'ies' if len(bad) > 1 else 'y'} {', '.join(bad) or '(none)'}; "
-                        f"valid: {', '.join(SUITE_FAMILIES)}")
+        raise UserError(
+            f"unknown famil{'ies' if len(bad) > 1 else 'y'} {', '.join(bad) or '(none)'}; "
+            f"valid: {', '.join(SUITE_FAMILIES)}"
+        )
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -192,8 +255,11 @@ def run(args):
     steps = plan(families, device, args.quick, args.threads)
     machine = fingerprint(args.machine)
     mode = "quick" if args.quick else "full"
-    print(f"speechrt bench all ({mode}) on {machine['label']}, device {device}: {len(steps)} steps, "
-          f"about {_mmss(sum(s.estimate_s for s in steps))} expected; output in {log_path}", flush=True)
+    print(
+        f"speechrt bench all ({mode}) on {machine['label']}, device {device}: {len(steps)} steps, "
+        f"about {_mmss(sum(s.estimate_s for s in steps))} expected; output in {log_path}",
+        flush=True,
+    )
     merged = Results(notes=list(args.note))
     load_before = os.getloadavg()[0]
     progress = Progress(steps)
@@ -217,9 +283,12 @@ def run(args):
     if progress.tty:
         sys.stderr.write("\n")
     link_peers(merged)
-    merged.notes.insert(len(args.note), f"bench all --{mode} on {device}: {_mmss(time.monotonic() - progress.t0)} in all; "
-                        f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after (on "
-                        f"{usable_cores()} cores; above 0 is other work sharing the CPU)")
+    merged.notes.insert(
+        len(args.note),
+        f"bench all --{mode} on {device}: {_mmss(time.monotonic() - progress.t0)} in all; "
+        f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after (on "
+        f"{usable_cores()} cores; above 0 is other work sharing the CPU)",
+    )
     merged.notes = list(dict.fromkeys(merged.notes))  # steps of one family repeat their settings line
     merged.write(out_path, machine=machine)
     print(f"{len(merged.records)} measurements, {len(merged.skipped)} skipped -> {out_path}")

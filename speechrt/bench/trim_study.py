@@ -2,12 +2,14 @@
 on long recordings the embedded voice speaks (six paragraphs, in pairs and alone, at three speaking rates) and
 the bundled passage.
 
-    python -m speechrt.bench.trim_study [--margins 1,2,3,5] [--configs onnxruntime:int8,onnxruntime:float32,torch:float32]
+    python -m speechrt.bench.trim_study [--margins 1,2,3,5]
+        [--configs onnxruntime:int8,onnxruntime:float32,torch:float32]
 
 A long recording's last window usually holds a few seconds of audio, yet a whole window costs a full 30-s
 encoder pass; `trim_context` encodes that window's audio and `trim_margin` seconds of the padding after it.
 This prints, per backend and precision, each margin's total WER over the recordings next to the whole
 windows', the recordings whose text changed, and the summed transcription time."""
+
 from __future__ import annotations
 
 import argparse
@@ -68,8 +70,11 @@ def recordings() -> list[tuple[str, np.ndarray, str]]:
     out = [("passage", load_audio(data / "passage.flac"), (data / "passage.txt").read_text())]
     tts = load_tts()
     n = len(PARAGRAPHS)
-    texts = [(f"p{i}+p{(i + 1) % n}@{rate}", PARAGRAPHS[i] + " " + PARAGRAPHS[(i + 1) % n], rate)
-             for rate in (1.0, 1.25) for i in range(n)]
+    texts = [
+        (f"p{i}+p{(i + 1) % n}@{rate}", PARAGRAPHS[i] + " " + PARAGRAPHS[(i + 1) % n], rate)
+        for rate in (1.0, 1.25)
+        for i in range(n)
+    ]
     texts += [(f"p{i}@0.8", text, 0.8) for i, text in enumerate(PARAGRAPHS)]
     for k, (name, text, rate) in enumerate(texts):
         o = tts.options(rate=rate, seed=k, sentence_silence=0.25)
@@ -80,8 +85,11 @@ def recordings() -> list[tuple[str, np.ndarray, str]]:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--margins", default="1,2,3,5", help="trim margins to try, seconds (comma-separated)")
-    ap.add_argument("--configs", default="onnxruntime:int8,onnxruntime:float32,torch:float32",
-                    help="backend:dtype pairs (comma-separated)")
+    ap.add_argument(
+        "--configs",
+        default="onnxruntime:int8,onnxruntime:float32,torch:float32",
+        help="backend:dtype pairs (comma-separated)",
+    )
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     import torch
@@ -113,13 +121,18 @@ def main(argv=None):
         for label, (texts, seconds) in rows.items():
             changed = [n for (n, _, _), a, b in zip(recs, texts, whole) if a != b]
             per = [100 * wer(r, t) for (_, _, r), t in zip(recs, texts)]
-            print(f"{backend} {dtype:8s} {label:10s} WER {100 * wer(refs, ' '.join(texts)):5.2f} % "
-                  f"(worst {max(per):5.2f} %)  {seconds:6.2f} s  changed: {', '.join(changed) or '-'}", flush=True)
+            print(
+                f"{backend} {dtype:8s} {label:10s} WER {100 * wer(refs, ' '.join(texts)):5.2f} % "
+                f"(worst {max(per):5.2f} %)  {seconds:6.2f} s  changed: {', '.join(changed) or '-'}",
+                flush=True,
+            )
         for label, (texts, _) in rows.items():
-            for (n, _, r), a, b in zip(recs, texts, whole):
+            for (n, _, _r), a, b in zip(recs, texts, whole):
                 if a != b:
-                    print(f"  {label} {n}: whole ...{b[-160:]!r}\n  {' ' * len(label)} {' ' * len(n)}  trim  "
-                          f"...{a[-160:]!r}")
+                    print(
+                        f"  {label} {n}: whole ...{b[-160:]!r}\n  {' ' * len(label)} {' ' * len(n)}  trim  "
+                        f"...{a[-160:]!r}"
+                    )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ medians of 20).
 Time to first audio runs from the call (text in) to the first chunk of audio out; the real-time factor is
 the time to produce all of a sentence's audio over its duration.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -21,21 +22,32 @@ from speechrt.bench.fingerprint import usable_cores
 PAUSE_S = 0.1  # between two timed runs (see the module docstring)
 SENTENCES = {
     "short": "The weather is nice today.",  # 5 words
-    "long": ("When the morning train finally pulled into the quiet station, the travelers gathered their heavy "
-             "bags and walked slowly toward the old wooden bridge that crossed the wide muddy river."),  # 30 words
+    "long": (
+        "When the morning train finally pulled into the quiet station, the travelers gathered their heavy "
+        "bags and walked slowly toward the old wooden bridge that crossed the wide muddy river."
+    ),  # 30 words
     # four sentences in one call: the ones after the first are vocoded for throughput (pipelines.tts.relaxed)
-    "paragraph": ("The station was quiet in the early morning. A few travelers waited on the platform with their bags. "
-                  "When the train finally arrived, everyone hurried toward the doors. The conductor smiled and checked "
-                  "each ticket."),  # 35 words
+    "paragraph": (
+        "The station was quiet in the early morning. A few travelers waited on the platform with their bags. "
+        "When the train finally arrived, everyone hurried toward the doors. The conductor smiled and checked "
+        "each ticket."
+    ),  # 35 words
 }
 
 
 def add_arguments(p):
     p.add_argument("--voice", default=None, help="voice name or Piper .onnx path (default: the embedded voice)")
-    p.add_argument("--backends", default="torch,onnxruntime", help="comma list of our backends (auto: the one "
-                   "`--backend auto` picks here)")
-    p.add_argument("--export", default=None, help="also time the onnxruntime backend on this `speechrt export tts` "
-                   "directory (our torch VITS exported in pieces)")
+    p.add_argument(
+        "--backends",
+        default="torch,onnxruntime",
+        help="comma list of our backends (auto: the one `--backend auto` picks here)",
+    )
+    p.add_argument(
+        "--export",
+        default=None,
+        help="also time the onnxruntime backend on this `speechrt export tts` "
+        "directory (our torch VITS exported in pieces)",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for every engine (default: all cores)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per engine and sentence after a warm-up (median)")
@@ -47,6 +59,7 @@ def add_arguments(p):
 class _Ours:
     def __init__(self, backend, voice, device):
         from speechrt.pipelines.tts import load_tts
+
         self.tts = load_tts(voice, backend, device)
         self.name = f"speechrt {self.tts.info.backend}" + (" (auto)" if backend == "auto" else "")
         self.sample_rate = self.tts.sample_rate
@@ -73,13 +86,15 @@ class _Piper:
     def __init__(self, path, threads):
         import onnxruntime
         from piper import PiperVoice
+
         self.voice = PiperVoice.load(str(path))
         self.sample_rate = self.voice.config.sample_rate
         if threads:  # same thread count as ours: rebuild its session with it
             so = onnxruntime.SessionOptions()
             so.intra_op_num_threads = threads
-            self.voice.session = onnxruntime.InferenceSession(str(path), sess_options=so,
-                                                              providers=["CPUExecutionProvider"])
+            self.voice.session = onnxruntime.InferenceSession(
+                str(path), sess_options=so, providers=["CPUExecutionProvider"]
+            )
 
     def run(self, text):
         t0 = time.perf_counter()
@@ -123,8 +138,10 @@ def run(args):
             engines.append(_Piper(model.path, threads))
         except ImportError:
             print("(piper-tts not installed: pip install 'speechrt[peers]' to compare with Piper)")
-    print(f"voice: {model.name}; threads: {threads}; torch {torch.__version__}; device: {args.device}; "
-          f"repeats: {args.repeats} (median)")
+    print(
+        f"voice: {model.name}; threads: {threads}; torch {torch.__version__}; device: {args.device}; "
+        f"repeats: {args.repeats} (median)"
+    )
     peer = next((e for e in engines if isinstance(e, _Piper)), None)
     if peer is not None:
         same = all(engines[0].ids(t) == peer.ids(t) for t in texts.values())
@@ -144,9 +161,17 @@ def run(args):
             first = statistics.median(x[0] for x in r)
             total = statistics.median(x[1] for x in r)
             audio = statistics.median(x[2] for x in r)
-            results[(key, e.name)] = {"sentence": key, "words": len(text.split()), "engine": e.name,
-                                      "audio_s": audio, "synth_s": total, "rtf": total / audio, "first_audio_s": first,
-                                      "runs": r, "of": e}
+            results[(key, e.name)] = {
+                "sentence": key,
+                "words": len(text.split()),
+                "engine": e.name,
+                "audio_s": audio,
+                "synth_s": total,
+                "rtf": total / audio,
+                "first_audio_s": first,
+                "runs": r,
+                "of": e,
+            }
 
     hdr = f"{'sentence':15} {'engine':22} {'audio s':>8} {'synth s':>8} {'RTF':>7} {'first audio s':>14}"
     if peer is not None:
@@ -155,8 +180,10 @@ def run(args):
     for key in texts:
         for e in engines:
             r = results[(key, e.name)]
-            line = (f"{key + ' (' + str(r['words']) + 'w)':15} {e.name:22} {r['audio_s']:8.2f} {r['synth_s']:8.3f} "
-                    f"{r['rtf']:7.3f} {r['first_audio_s']:14.3f}")
+            line = (
+                f"{key + ' (' + str(r['words']) + 'w)':15} {e.name:22} {r['audio_s']:8.2f} {r['synth_s']:8.3f} "
+                f"{r['rtf']:7.3f} {r['first_audio_s']:14.3f}"
+            )
             if peer is not None:
                 p = results[(key, peer.name)]
                 r["rtf_ratio"] = r["rtf"] / p["rtf"]
@@ -178,12 +205,35 @@ def _records(rows, model, threads, peer):
     out = []
     for r in rows:
         e = r["of"]
-        common = dict(family="tts", model=model, engine=e.engine, backend=e.backend, precision=e.precision,
-                      device=e.device, workload=f"{r['sentence']} ({r['words']} words)",
-                      peer=f"{peer.engine} {peer.precision}" if peer is not None and e is not peer else "",
-                      params={"threads": threads, "words": r["words"], "audio_s": r["audio_s"]})
-        out.append(Record(metric="rtf", unit="x", value=r["rtf"], better="lower",
-                          repeats=Repeats.of((x[1] / x[2] for x in r["runs"]), rounds=True), **common))
-        out.append(Record(metric="first_audio_s", unit="s", value=r["first_audio_s"], better="lower",
-                          repeats=Repeats.of((x[0] for x in r["runs"]), rounds=True), **common))
+        common = dict(
+            family="tts",
+            model=model,
+            engine=e.engine,
+            backend=e.backend,
+            precision=e.precision,
+            device=e.device,
+            workload=f"{r['sentence']} ({r['words']} words)",
+            peer=f"{peer.engine} {peer.precision}" if peer is not None and e is not peer else "",
+            params={"threads": threads, "words": r["words"], "audio_s": r["audio_s"]},
+        )
+        out.append(
+            Record(
+                metric="rtf",
+                unit="x",
+                value=r["rtf"],
+                better="lower",
+                repeats=Repeats.of((x[1] / x[2] for x in r["runs"]), rounds=True),
+                **common,
+            )
+        )
+        out.append(
+            Record(
+                metric="first_audio_s",
+                unit="s",
+                value=r["first_audio_s"],
+                better="lower",
+                repeats=Repeats.of((x[0] for x in r["runs"]), rounds=True),
+                **common,
+            )
+        )
     return out

@@ -9,6 +9,7 @@ Each stream sends 100 ms chunks at real-time pace, the streams staggered over th
 would be; the audio is a tone switched on and off over noise (Silero's cost does not depend on what it hears).
 CPU is the whole process's (this driver's event loop included, the same in every mode) over the wall time; the
 modes alternate, their order flipped each round."""
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,9 @@ MODES = ("per-frame, 2 threads", "per-frame, worker", "sequence, worker")
 def _audio(seconds: float = 10.0) -> np.ndarray:
     rng = np.random.default_rng(0)
     t = np.arange(int(seconds * 16000)) / 16000
-    return (0.3 * np.sin(2 * np.pi * 180 * t) * (np.sin(2 * np.pi * 0.4 * t) > 0)
-            + 0.01 * rng.standard_normal(len(t))).astype(np.float32)
+    return (
+        0.3 * np.sin(2 * np.pi * 180 * t) * (np.sin(2 * np.pi * 0.4 * t) > 0) + 0.01 * rng.standard_normal(len(t))
+    ).astype(np.float32)
 
 
 async def _drive(make_stream, detect, streams: int, seconds: float, audio: np.ndarray) -> dict:
@@ -38,17 +40,22 @@ async def _drive(make_stream, detect, streams: int, seconds: float, audio: np.nd
         await asyncio.sleep(i * CHUNK_S / streams)
         t0, k = time.monotonic(), 0
         while time.monotonic() - t0 < seconds:
-            x = audio[(k * chunk) % (len(audio) - chunk):][:chunk]
+            x = audio[(k * chunk) % (len(audio) - chunk) :][:chunk]
             t = time.perf_counter()
             await detect(stream, x)
             waits.append(time.perf_counter() - t)
             k += 1
             await asyncio.sleep(max(0.0, t0 + k * CHUNK_S - time.monotonic()))
+
     c0, w0 = time.process_time(), time.monotonic()
     await asyncio.gather(*[one(i) for i in range(streams)])
     cores = (time.process_time() - c0) / (time.monotonic() - w0)
-    return {"cores": cores, "wait_p50_ms": 1e3 * float(np.percentile(waits, 50)),
-            "wait_p95_ms": 1e3 * float(np.percentile(waits, 95)), "chunks": len(waits)}
+    return {
+        "cores": cores,
+        "wait_p50_ms": 1e3 * float(np.percentile(waits, 50)),
+        "wait_p95_ms": 1e3 * float(np.percentile(waits, 95)),
+        "chunks": len(waits),
+    }
 
 
 def run_mode(mode: str, streams: int, seconds: float, audio: np.ndarray) -> dict:
@@ -61,6 +68,7 @@ def run_mode(mode: str, streams: int, seconds: float, audio: np.ndarray) -> dict
 
         async def detect(stream, x):
             return await asyncio.get_running_loop().run_in_executor(pool, stream.process, x)
+
         try:
             return asyncio.run(_drive(vad.stream, detect, streams, seconds, audio))
         finally:
@@ -93,8 +101,10 @@ def main(argv=None):
             cores = [x["cores"] for x in rows[m]]
             p50 = np.median([x["wait_p50_ms"] for x in rows[m]])
             p95 = np.median([x["wait_p95_ms"] for x in rows[m]])
-            print(f"{n:>7}  {m:<22} {np.median(cores):>6.3f} {'/'.join(f'{c:.2f}' for c in cores):>10}"
-                  f" {p50:>15.2f} {p95:>7.2f}")
+            print(
+                f"{n:>7}  {m:<22} {np.median(cores):>6.3f} {'/'.join(f'{c:.2f}' for c in cores):>10}"
+                f" {p50:>15.2f} {p95:>7.2f}"
+            )
 
 
 if __name__ == "__main__":

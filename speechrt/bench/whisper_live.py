@@ -13,6 +13,7 @@ utterance's final transcript is the first completed segment that reaches the end
 is the first text of the utterance. Latencies are measured as for speechrt (from the speech's first and
 last samples' send times).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,8 +39,15 @@ IMPORTS = ("torch==2.13.0", "faster-whisper==1.2.0", "tokenizers==0.20.3", "fast
 CHUNK_S = 0.1
 RATE = 16000
 # its client's defaults (whisper_live.client.Client)
-OPTIONS = {"task": "transcribe", "language": "en", "use_vad": True, "send_last_n_segments": 10,
-           "no_speech_thresh": 0.45, "clip_audio": False, "same_output_threshold": 10}
+OPTIONS = {
+    "task": "transcribe",
+    "language": "en",
+    "use_vad": True,
+    "send_last_n_segments": 10,
+    "no_speech_thresh": 0.45,
+    "clip_audio": False,
+    "same_output_threshold": 10,
+}
 LAUNCH = """import sys
 from whisper_live.server import TranscriptionServer
 TranscriptionServer().run("127.0.0.1", port=int(sys.argv[1]), backend="faster_whisper",
@@ -54,9 +62,11 @@ def python_of(venv: Path) -> Path:
 
 def setup(venv: Path) -> None:
     """Create the peer's virtual environment with pip from the package index (needs the index reachable)."""
-    steps = [[sys.executable, "-m", "venv", str(venv)],
-             [str(python_of(venv)), "-m", "pip", "install", "--no-deps", PACKAGE],
-             [str(python_of(venv)), "-m", "pip", "install", *IMPORTS]]
+    steps = [
+        [sys.executable, "-m", "venv", str(venv)],
+        [str(python_of(venv)), "-m", "pip", "install", "--no-deps", PACKAGE],
+        [str(python_of(venv)), "-m", "pip", "install", *IMPORTS],
+    ]
     for cmd in steps:
         print("+ " + " ".join(cmd), flush=True)
         if subprocess.run(cmd).returncode != 0:
@@ -71,8 +81,10 @@ def unavailable(venv: Path) -> str | None:
     """Why the peer cannot run from `venv`, or None when it can."""
     py = python_of(venv)
     if not py.exists():
-        return (f"no virtual environment at {venv}: create it with `speechrt bench server --setup-peer` "
-                f"(pip installs {PACKAGE} with --no-deps, then {', '.join(IMPORTS)})")
+        return (
+            f"no virtual environment at {venv}: create it with `speechrt bench server --setup-peer` "
+            f"(pip installs {PACKAGE} with --no-deps, then {', '.join(IMPORTS)})"
+        )
     r = subprocess.run([str(py), "-c", "import whisper_live.server"], capture_output=True, text=True, timeout=120)
     if r.returncode != 0:
         return f"`import whisper_live.server` fails in {venv}: {(r.stderr.strip().splitlines() or ['?'])[-1]}"
@@ -80,8 +92,12 @@ def unavailable(venv: Path) -> str | None:
 
 
 def version(venv: Path) -> str:
-    r = subprocess.run([str(python_of(venv)), "-c", "import whisper_live; print(whisper_live.__version__)"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [str(python_of(venv)), "-c", "import whisper_live; print(whisper_live.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return r.stdout.strip() or "?"
 
 
@@ -96,8 +112,12 @@ class Server:
         self.model_dir = str(model_dir)
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))  # CTranslate2's intra-op threads
         self.log = open(os.devnull, "w")
-        self.proc = subprocess.Popen([str(python_of(venv)), "-c", LAUNCH, str(self.port), self.model_dir],
-                                     stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(
+            [str(python_of(venv)), "-c", LAUNCH, str(self.port), self.model_dir],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
         deadline = time.time() + 120
         while True:
             if self.proc.poll() is not None:
@@ -105,10 +125,10 @@ class Server:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
                 break
-            except OSError:
+            except OSError as e:
                 if time.time() > deadline:
                     self.close()
-                    raise RuntimeError(f"{NAME} server did not listen within 120 s")
+                    raise RuntimeError(f"{NAME} server did not listen within 120 s") from e
                 time.sleep(0.3)
 
     def warm_up(self, pcm16: bytes) -> None:
@@ -176,6 +196,7 @@ async def _session(url, model_dir, recs, idx, n_utt, results, delay):
 
                 async def send(a, b, audio=audio):
                     await ws.send(audio[a:b].tobytes())
+
                 t_speech_start, t_speech_end = await send_paced(send, len(audio), RATE, CHUNK_S, (s0, s1))
                 u_speech = (t_stream + s0, t_stream + s1, t_speech_start, t_speech_end)
                 t_stream += len(audio) / RATE

@@ -6,6 +6,7 @@ decoding loops (whisper_decoding). `speechrt.load_asr(...)` returns one; so does
     asr.detect_language("talk.wav", k=3)               # [('de', 0.97), ...] (multilingual models)
     asr.transcribe_batch([a, b], drafts=[None, prev])  # short utterances of several streams in one batch
 """
+
 from __future__ import annotations
 
 from dataclasses import fields
@@ -17,28 +18,57 @@ import torch
 from speechrt import backends
 from speechrt.backends.cuda_graphs import rows_bucket
 from speechrt.errors import UserError
-from speechrt.models.audio import (CHUNK_LENGTH, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, load_audio, log_mel_spectrogram,
-                                   trimmed_frames, utterance_mel)
+from speechrt.models.audio import (
+    CHUNK_LENGTH,
+    HOP_LENGTH,
+    N_FRAMES,
+    SAMPLE_RATE,
+    load_audio,
+    log_mel_spectrogram,
+    trimmed_frames,
+    utterance_mel,
+)
 from speechrt.models.registry import resolve
 from speechrt.models.whisper_tokenizer import WhisperTokenizer
 
 from .generation import whole_repeat_period
 from .speech_regions import SpeechMap, VadOptions, compression_ratio, hop_levels_db, is_quiet, speech_timestamps
-from .whisper_decoding import (TranscribeOptions, TranscriptionCancelled, Transcript, WindowDecoder, WindowResult,
-                               decode_utterances, long_form_steps, timed_segments)
+from .whisper_decoding import (
+    TranscribeOptions,
+    Transcript,
+    TranscriptionCancelled,
+    WindowDecoder,
+    WindowResult,
+    decode_utterances,
+    long_form_steps,
+    timed_segments,
+)
 from .whisper_timing import Word, group_words, place_words, token_alignment, token_bytes
 
 OPTION_NAMES = frozenset(f.name for f in fields(TranscribeOptions))
-MULTILINGUAL = ("a multilingual Whisper model (a Hugging Face or CTranslate2 directory, or an openai-whisper .pt, of "
-                "tiny, base, small, medium or large: not the .en ones)")
+MULTILINGUAL = (
+    "a multilingual Whisper model (a Hugging Face or CTranslate2 directory, or an openai-whisper .pt, of "
+    "tiny, base, small, medium or large: not the .en ones)"
+)
 MAX_UTTERANCE_SAMPLES = N_FRAMES * HOP_LENGTH  # one 30-second window
 # characters a second (spaces and punctuation counted) that no one speaks at: conversational English is
 # about 14, fast speech 20; a transcript faster than this over its whole audio was not all said
 MAX_CHARS_PER_S = 25.0
 SAMPLE_SPEECH = Path(__file__).resolve().parent.parent / "data" / "sample.wav"  # 7.4 s of the embedded voice
 
-__all__ = ["ASRPipeline", "load_asr", "TranscribeOptions", "Transcript", "WindowResult", "TranscriptionCancelled",
-           "Word", "VadOptions", "SAMPLE_RATE", "MAX_UTTERANCE_SAMPLES", "segment_windows"]
+__all__ = [
+    "ASRPipeline",
+    "load_asr",
+    "TranscribeOptions",
+    "Transcript",
+    "WindowResult",
+    "TranscriptionCancelled",
+    "Word",
+    "VadOptions",
+    "SAMPLE_RATE",
+    "MAX_UTTERANCE_SAMPLES",
+    "segment_windows",
+]
 
 
 class ASRPipeline:
@@ -75,15 +105,19 @@ class ASRPipeline:
         """TranscribeOptions from keywords, with errors that name the valid ones."""
         unknown = set(options) - OPTION_NAMES
         if unknown:
-            raise UserError(f"unknown transcription option(s) {', '.join(sorted(unknown))}; "
-                            f"valid: {', '.join(sorted(OPTION_NAMES))}")
+            raise UserError(
+                f"unknown transcription option(s) {', '.join(sorted(unknown))}; "
+                f"valid: {', '.join(sorted(OPTION_NAMES))}"
+            )
         if "temperatures" in options and isinstance(options["temperatures"], (int, float)):
             options["temperatures"] = (float(options["temperatures"]),)
         opts = TranscribeOptions(**options)
         self.check_language(opts.language)
         if opts.word_timestamps and not self.runner.word_timing:
-            raise UserError(f"word timestamps are not available on the {self.info.backend} backend (it does not expose "
-                            f"the decoder's cross-attention); use one of: {', '.join(self.runner.WORD_TIMING_BACKENDS)}")
+            raise UserError(
+                f"word timestamps are not available on the {self.info.backend} backend (it does not expose "
+                f"the decoder's cross-attention); use one of: {', '.join(self.runner.WORD_TIMING_BACKENDS)}"
+            )
         if opts.task == "translate" and not self.tokenizer.multilingual:
             raise UserError(f"{self.name} is an English-only model: it cannot translate; use {MULTILINGUAL}")
         return opts
@@ -143,8 +177,9 @@ class ASRPipeline:
     def long_form_mel(self, pcm: np.ndarray) -> torch.Tensor:
         """The log-mel long-form transcription reads: the audio's frames and a window's worth of padding
         (call under inference mode)."""
-        return log_mel_spectrogram(pcm, self.runner.config.n_mels, padding=N_FRAMES * HOP_LENGTH,
-                                   device=self.runner.device)
+        return log_mel_spectrogram(
+            pcm, self.runner.config.n_mels, padding=N_FRAMES * HOP_LENGTH, device=self.runner.device
+        )
 
     def transcribe_steps(self, audio: np.ndarray, opts: TranscribeOptions, on_segment=None):
         """transcribe() of float32 audio at 16 kHz as a generator of steps, one 30-s window each (yielding
@@ -154,8 +189,14 @@ class ASRPipeline:
         speech, regions = self.speech_only(audio, opts)
         with torch.inference_mode(), self.runner.loop():
             mel = self.long_form_mel(speech)
-        steps = long_form_steps(self.decoder, mel, len(speech) / SAMPLE_RATE, opts,
-                                on_segment if regions is None else None, hop_levels_db(speech))
+        steps = long_form_steps(
+            self.decoder,
+            mel,
+            len(speech) / SAMPLE_RATE,
+            opts,
+            on_segment if regions is None else None,
+            hop_levels_db(speech),
+        )
         while True:
             with torch.inference_mode(), self.runner.loop():
                 try:
@@ -164,8 +205,13 @@ class ASRPipeline:
                     return self.restore_times(end.value, audio, regions, on_segment)
             yield done
 
-    def transcribe_batch(self, audios: list[np.ndarray], opts: TranscribeOptions | None = None,
-                         drafts: list[list[int] | None] | None = None, stop=None) -> list[WindowResult]:
+    def transcribe_batch(
+        self,
+        audios: list[np.ndarray],
+        opts: TranscribeOptions | None = None,
+        drafts: list[list[int] | None] | None = None,
+        stop=None,
+    ) -> list[WindowResult]:
         """Greedy transcripts of several short utterances (float32 at 16 kHz, each at most 30 s) in one
         batch — the step a scheduler runs for the turns of several sessions (see decode_utterances).
         `drafts`: per utterance, the tokens of an earlier transcript of (the start of) the same speech,
@@ -180,8 +226,9 @@ class ASRPipeline:
         if len(loud) < len(audios):
             out = [WindowResult([], "", 0.0, 1.0, 0.0, 0.0) for _ in audios]
             if loud:
-                got = self.transcribe_batch([audios[i] for i in loud], opts,
-                                            None if drafts is None else [drafts[i] for i in loud], stop)
+                got = self.transcribe_batch(
+                    [audios[i] for i in loud], opts, None if drafts is None else [drafts[i] for i in loud], stop
+                )
                 for i, r in zip(loud, got):
                     out[i] = r
             return out
@@ -205,11 +252,14 @@ class ASRPipeline:
         its end."""
         tok = self.tokenizer
         prec = CHUNK_LENGTH / self.runner.config.n_audio_ctx
-        return [(a, b, tok.decode(part)) + ((part,) if tokens else ())
-                for a, b, part in timed_segments(result.tokens, tok.timestamp_begin, prec)]
+        return [
+            (a, b, tok.decode(part)) + ((part,) if tokens else ())
+            for a, b, part in timed_segments(result.tokens, tok.timestamp_begin, prec)
+        ]
 
-    def align(self, audio: np.ndarray, tokens: list[int], language: str | None = None,
-              task: str = "transcribe") -> tuple[list[Word], list[tuple[int, bytes, float]]]:
+    def align(
+        self, audio: np.ndarray, tokens: list[int], language: str | None = None, task: str = "transcribe"
+    ) -> tuple[list[Word], list[tuple[int, bytes, float]]]:
         """Word times and token log probabilities of `tokens`, a transcript of `audio` (float32 at 16 kHz, at
         most 30 s; e.g. a transcribe_batch result's tokens) -> (words with start/end in seconds from the
         audio's start, [(token, its bytes, log probability among the text tokens)]). One encoder pass and
@@ -217,8 +267,10 @@ class ASRPipeline:
         if len(audio) > MAX_UTTERANCE_SAMPLES:
             raise ValueError("align takes audio of at most 30 seconds")
         if not self.runner.word_timing:
-            raise UserError(f"word timestamps are not available on the {self.info.backend} backend; use one of: "
-                            f"{', '.join(self.runner.WORD_TIMING_BACKENDS)}")
+            raise UserError(
+                f"word timestamps are not available on the {self.info.backend} backend; use one of: "
+                f"{', '.join(self.runner.WORD_TIMING_BACKENDS)}"
+            )
         tok = self.tokenizer
         text = [t for t in tokens if t < tok.eot]
         if not text:
@@ -227,8 +279,9 @@ class ASRPipeline:
         with torch.inference_mode(), self.runner.loop():
             encoded = self.runner.encode(utterance_mel(audio, self.runner.config.n_mels, self.runner.device)[None])
             language = language or self.decoder.detect_languages(encoded)[0]
-            starts, probs = token_alignment(self.runner, tok, encoded, text, len(audio) // HOP_LENGTH,
-                                            tok.sot_sequence(language, task))
+            starts, probs = token_alignment(
+                self.runner, tok, encoded, text, len(audio) // HOP_LENGTH, tok.sot_sequence(language, task)
+            )
         segment = {"start": 0.0, "end": round(len(audio) / SAMPLE_RATE, 2), "tokens": text}
         place_words(tok, [segment], group_words(tok, text, starts, probs, language), 0.0, 0.0)
         logprobs = [(t, token_bytes(tok, t), float(np.log(max(p, 1e-30)))) for t, p in zip(text, probs.tolist())]
@@ -241,8 +294,7 @@ class ASRPipeline:
         noise = np.random.default_rng(0).standard_normal(SAMPLE_RATE).astype(np.float32) * 1e-3
         # faint noise, decoded anyway, over the trimmed window the server's transcripts use (a whole 30-s window
         # twice took 1.6 s on the torch runner: a server's first turns waited behind it)
-        opts = TranscribeOptions(without_timestamps=True, silence_level_db=None, trim_context=True,
-                                 trim_margin=1.0)
+        opts = TranscribeOptions(without_timestamps=True, silence_level_db=None, trim_context=True, trim_margin=1.0)
         first = self.transcribe_batch([noise], opts)[0]
         self.transcribe_batch([noise], opts, drafts=[first.tokens or [0]])
         if self.runner.device.type != "cpu":
@@ -255,8 +307,10 @@ class ASRPipeline:
         decode graph (backends.triton_asr): work a server would otherwise do in its first loaded seconds (on
         an H200 at 64 streams, 59 % of the engine's busy time in them, final p95 3.9 s; docs/gpu.md)."""
         speech = load_audio(SAMPLE_SPEECH)
-        final, live = (TranscribeOptions(without_timestamps=True, trim_context=True, trim_margin=m, stop_repeats=3)
-                       for m in (10.0, 1.0))
+        final, live = (
+            TranscribeOptions(without_timestamps=True, trim_context=True, trim_margin=m, stop_repeats=3)
+            for m in (10.0, 1.0)
+        )
         sizes = sorted({min(rows_bucket(n), max_batch) for n in range(2, max_batch + 1)})
         for n in sizes:
             # utterances of 1.5 to 7 s, each its own length (the encoder's rows differ as a server's do)
@@ -280,8 +334,13 @@ def cut_repeat_said_too_fast(res: WindowResult, tok: WhisperTokenizer, seconds: 
     return True
 
 
-def load_asr(model: str | Path | None = None, backend: str = "torch", device: str = "cpu", dtype: str | None = None,
-             step_threads: int | None = None) -> ASRPipeline:
+def load_asr(
+    model: str | Path | None = None,
+    backend: str = "torch",
+    device: str = "cpu",
+    dtype: str | None = None,
+    step_threads: int | None = None,
+) -> ASRPipeline:
     """A registered name or a path (CTranslate2 / Hugging Face directory, openai-whisper .pt; None: the
     embedded Whisper tiny.en). `step_threads`: CPU threads of the decoding loop's small ops (1: robust
     when other work shares the cores; None: all)."""

@@ -7,6 +7,7 @@
 json is OpenAI's `{"text": ...}`; verbose_json is OpenAI's verbose form (task, language, duration, text,
 segments with their timing and decoding statistics, and `words` when the segments carry word timings).
 """
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,13 @@ from speechrt.errors import UserError
 FORMATS = ("text", "json", "verbose_json", "srt", "vtt")
 ALIASES = {"txt": "text"}  # the CLI's file-extension names
 EXTENSIONS = {"text": "txt", "json": "json", "verbose_json": "json", "srt": "srt", "vtt": "vtt"}
-MEDIA_TYPES = {"text": "text/plain; charset=utf-8", "json": "application/json",
-               "verbose_json": "application/json", "srt": "application/x-subrip; charset=utf-8",
-               "vtt": "text/vtt; charset=utf-8"}
+MEDIA_TYPES = {
+    "text": "text/plain; charset=utf-8",
+    "json": "application/json",
+    "verbose_json": "application/json",
+    "srt": "application/x-subrip; charset=utf-8",
+    "vtt": "text/vtt; charset=utf-8",
+}
 
 __all__ = ["FORMATS", "EXTENSIONS", "MEDIA_TYPES", "check_format", "render", "to_openai", "timestamp"]
 
@@ -42,25 +47,42 @@ def timestamp(seconds: float, sep: str = ".") -> str:
 
 def words_of(transcript) -> list[dict]:
     """The word timings of every segment (segments carry `words` when word timestamps were asked for)."""
-    return [{"word": w.word, "start": round(w.start, 3), "end": round(w.end, 3)}
-            for s in transcript.segments for w in s.words]
+    return [
+        {"word": w.word, "start": round(w.start, 3), "end": round(w.end, 3)}
+        for s in transcript.segments
+        for w in s.words
+    ]
 
 
 def to_openai(transcript, verbose: bool, task: str = "transcribe") -> dict:
     """OpenAI's transcription object: {"text"} or, `verbose`, the verbose_json object."""
     if not verbose:
         return {"text": transcript.text}
-    out = {"task": task, "language": transcript.language,
-           # beyond OpenAI's object: the detected language's probability (1.0 when it was given), as faster-whisper
-           "language_probability": round(transcript.language_probability, 4),
-           "duration": round(transcript.duration, 3),
-           "text": transcript.text,
-           "segments": [{"id": s.id, "seek": 0, "start": round(s.start, 3), "end": round(s.end, 3), "text": s.text,
-                         "tokens": list(s.tokens), "temperature": s.temperature, "avg_logprob": s.avg_logprob,
-                         "compression_ratio": s.compression_ratio, "no_speech_prob": s.no_speech_prob,
-                         # beyond OpenAI's object: each segment's words with their probabilities
-                         **({"words": [w.to_dict() for w in s.words]} if s.words else {})}
-                        for s in transcript.segments]}
+    out = {
+        "task": task,
+        "language": transcript.language,
+        # beyond OpenAI's object: the detected language's probability (1.0 when it was given), as faster-whisper
+        "language_probability": round(transcript.language_probability, 4),
+        "duration": round(transcript.duration, 3),
+        "text": transcript.text,
+        "segments": [
+            {
+                "id": s.id,
+                "seek": 0,
+                "start": round(s.start, 3),
+                "end": round(s.end, 3),
+                "text": s.text,
+                "tokens": list(s.tokens),
+                "temperature": s.temperature,
+                "avg_logprob": s.avg_logprob,
+                "compression_ratio": s.compression_ratio,
+                "no_speech_prob": s.no_speech_prob,
+                # beyond OpenAI's object: each segment's words with their probabilities
+                **({"words": [w.to_dict() for w in s.words]} if s.words else {}),
+            }
+            for s in transcript.segments
+        ],
+    }
     words = words_of(transcript)
     if words:
         out["words"] = words
@@ -68,8 +90,11 @@ def to_openai(transcript, verbose: bool, task: str = "transcribe") -> dict:
 
 
 def _cues(transcript, sep: str) -> list[str]:
-    return [f"{timestamp(s.start, sep)} --> {timestamp(s.end, sep)}\n{s.text.strip()}\n"
-            for s in transcript.segments if s.text.strip()]
+    return [
+        f"{timestamp(s.start, sep)} --> {timestamp(s.end, sep)}\n{s.text.strip()}\n"
+        for s in transcript.segments
+        if s.text.strip()
+    ]
 
 
 def render(transcript, fmt: str, task: str = "transcribe") -> str:

@@ -6,10 +6,12 @@ Sampling: OpenAI's logit bias and frequency / presence penalties (on the tokens 
 then transformers' order: repetition penalty -> temperature -> top-k -> top-p -> sample. temperature == 0 is
 greedy (argmax of the logits so adjusted).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -43,7 +45,9 @@ class GenerationOptions:
     def __post_init__(self):
         lp = self.logprobs
         if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 20):
-            raise GenerationError(f"logprobs must be None (off) or an integer in [0, 20] (alternatives per token), got {lp!r}")
+            raise GenerationError(
+                f"logprobs must be None (off) or an integer in [0, 20] (alternatives per token), got {lp!r}"
+            )
         object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
         for name in ("frequency_penalty", "presence_penalty"):
             v = getattr(self, name)
@@ -84,8 +88,13 @@ class GenerationOptions:
     @property
     def argmax(self) -> bool:
         """The next token is the argmax of the logits as they are (greedy, no penalty or bias)."""
-        return (self.greedy and self.repetition_penalty == 1.0 and not self.logit_bias and not self.frequency_penalty
-                and not self.presence_penalty)
+        return (
+            self.greedy
+            and self.repetition_penalty == 1.0
+            and not self.logit_bias
+            and not self.frequency_penalty
+            and not self.presence_penalty
+        )
 
     @property
     def counts_output(self) -> bool:
@@ -106,12 +115,15 @@ def _logit_bias(raw) -> tuple[tuple[int, float], ...]:
                 raise ValueError
             out[tid] = float(v)
     except (TypeError, ValueError):
-        raise GenerationError(f"logit_bias must map token ids (integers >= 0) to biases in [-100, 100], got {raw!r}") from None
+        raise GenerationError(
+            f"logit_bias must map token ids (integers >= 0) to biases in [-100, 100], got {raw!r}"
+        ) from None
     return tuple(sorted(out.items()))
 
 
 class Piece(NamedTuple):
     """What one sampled token adds to a sequence's output."""
+
     text: str  # new text (may be empty when a token only completed part of a character)
     finish_reason: str | None = None  # None while running, then "stop" (stop token/string), "length", "repetition"
     # (the reply repeats itself: see repeating()) or "cancelled"
@@ -221,8 +233,8 @@ class TextStream:
             if any(s.startswith(tail) for s in self.stops):
                 hold = k
                 break
-        self.pending = buf[len(buf) - hold:] if hold else ""
-        return buf[:len(buf) - hold], False
+        self.pending = buf[len(buf) - hold :] if hold else ""
+        return buf[: len(buf) - hold], False
 
     def finish(self) -> tuple[str, bool]:
         text, hit = self.push(self.detok.flush())
@@ -243,10 +255,10 @@ def repeat_period(tokens: list[int], times: int) -> int:
         reps = times * 4 if period == 1 else times
         if period * reps > n:
             continue
-        tail = tokens[n - period:]
+        tail = tokens[n - period :]
         if period > 1 and len(set(tail)) == 1:  # a run of one token: the period-1 rule decides
             continue
-        if all(tokens[n - (k + 1) * period: n - k * period] == tail for k in range(1, reps)):
+        if all(tokens[n - (k + 1) * period : n - k * period] == tail for k in range(1, reps)):
             return period
     return 0
 
@@ -283,5 +295,5 @@ def cut_loop(seq: list[int], times: int) -> bool:
     is done); False otherwise, or when `times` is 0."""
     period = repeat_period(seq, times) if times else 0
     if period:
-        del seq[len(seq) - (times - 1) * period:]
+        del seq[len(seq) - (times - 1) * period :]
     return period > 0

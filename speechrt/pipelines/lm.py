@@ -7,11 +7,12 @@
     async for piece in lm.achat([{"role": "user", "content": "Hi"}], max_tokens=32): ...
     lm.generate_batch(["The sky is", "Once upon a time"], max_tokens=16)   # -> list[str]
 """
+
 from __future__ import annotations
 
 import asyncio
 import threading
-from typing import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 from speechrt import backends
 from speechrt.errors import ContextLengthExceeded, UserError
@@ -79,29 +80,37 @@ class LMPipeline:
         if not drop_older:
             ids = self.encode_chat(messages)
             if len(ids) > max_tokens:
-                raise ContextLengthExceeded(f"the messages are {len(ids)} tokens, over the {max_tokens} that the "
-                                            "language model's context has room for", len(ids), max_tokens)
+                raise ContextLengthExceeded(
+                    f"the messages are {len(ids)} tokens, over the {max_tokens} that the "
+                    "language model's context has room for",
+                    len(ids),
+                    max_tokens,
+                )
             return ids
         system = messages[:1] if messages and messages[0].get("role") == "system" else []
-        turns = messages[len(system):]
+        turns = messages[len(system) :]
         sizes = [len(self.tokenizer.encode(str(m.get("content", "")), add_bos=False)) + 8 for m in turns]  # + template
         budget = max_tokens - (len(self.encode_chat(system)) if system else 8)
         keep = len(turns)
-        while keep > 1 and sum(sizes[len(turns) - keep:]) > budget:
+        while keep > 1 and sum(sizes[len(turns) - keep :]) > budget:
             keep -= 1
         # the estimate (8 tokens of template a message) may leave out a turn that fits: take it back
-        while keep < len(turns) and len(self.encode_chat(system + turns[len(turns) - keep - 1:])) <= max_tokens:
+        while keep < len(turns) and len(self.encode_chat(system + turns[len(turns) - keep - 1 :])) <= max_tokens:
             keep += 1
         while True:
-            ids = self.encode_chat(system + turns[len(turns) - keep:])
+            ids = self.encode_chat(system + turns[len(turns) - keep :])
             if len(ids) <= max_tokens:
                 return ids
             if keep <= 1:
-                what = " and ".join(w for w, there in (("the system message", system), ("the latest message", turns))
-                                    if there)
-                raise ContextLengthExceeded(f"{what} alone {'are' if system and turns else 'is'} {len(ids)} tokens, "
-                                            f"over the {max_tokens} that the language model's context has room for",
-                                            len(ids), max_tokens)
+                what = " and ".join(
+                    w for w, there in (("the system message", system), ("the latest message", turns)) if there
+                )
+                raise ContextLengthExceeded(
+                    f"{what} alone {'are' if system and turns else 'is'} {len(ids)} tokens, "
+                    f"over the {max_tokens} that the language model's context has room for",
+                    len(ids),
+                    max_tokens,
+                )
             keep -= 1
 
     # --- streaming -----------------------------------------------------------------------------------------
@@ -129,8 +138,9 @@ class LMPipeline:
         opts = self.options(**options)
         return self.stream_ids(self.encode_chat(prompt, system), **opts.__dict__)
 
-    def generate_batch(self, prompts: Sequence[str], chat: bool = False, system: str | None = None,
-                       **options) -> list[str]:
+    def generate_batch(
+        self, prompts: Sequence[str], chat: bool = False, system: str | None = None, **options
+    ) -> list[str]:
         """Whole replies for many prompts, decoded together as one batch."""
         enc = (lambda p: self.encode_chat(p, system)) if chat else self.tokenizer.encode
         return generate_text(self.runner, self.tokenizer, [enc(p) for p in prompts], self.options(**options))
@@ -163,14 +173,17 @@ async def _aiter(it: Iterator[str]) -> AsyncIterator[str]:
                 return
             yield item
     finally:
+
         def close():
             with lock:
                 it.close()
+
         threading.Thread(target=close, daemon=True).start()
 
 
-def load_lm(model=None, backend: str = "torch", device: str = "cpu", dtype: str | None = None,
-            step_threads: int | None = None) -> LMPipeline:
+def load_lm(
+    model=None, backend: str = "torch", device: str = "cpu", dtype: str | None = None, step_threads: int | None = None
+) -> LMPipeline:
     """Load a language model: a registry name (default: smollm2-135m-instruct), a .gguf file, or a Hugging
     Face Llama-family directory. `dtype` None picks int4 weight-only on the CPU for files with 4-bit blocks
     (int8 for others), bf16/fp16 on GPUs. `step_threads`: CPU threads of each step (1: robust when other

@@ -5,11 +5,12 @@ token) and leave when they stop; every decode step runs one token for all active
 whatever their lengths. The server's engine steps one batcher for all conversations; `stream()` (and
 with it every `generate`/`chat` call of the Python API) is a thin loop over a batcher of its own.
 """
+
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -117,7 +118,8 @@ class ContinuousBatcher:
             return
         with self.runner.loop():  # the prompts in one call: a runner may run them as one batch
             results = self.runner.prefill_many(
-                self.cache, [(r.slot, torch.tensor(r.ids[r.reused:], dtype=torch.long), r.reused) for r in joining])
+                self.cache, [(r.slot, torch.tensor(r.ids[r.reused :], dtype=torch.long), r.reused) for r in joining]
+            )
         ok = []
         for req, res in zip(joining, results):
             if isinstance(res, Exception):  # this request's prompt failed: only it is told
@@ -184,10 +186,14 @@ class ContinuousBatcher:
         if all(r.options.argmax for r in reqs):  # one argmax and one host sync for the whole batch
             toks = logits.argmax(dim=-1).tolist()
         else:
-            toks = [int(r.sampler(logits[i: i + 1], None if r.seen is None else r.seen[None])[0])
-                    for i, r in enumerate(reqs)]
+            toks = [
+                int(r.sampler(logits[i : i + 1], None if r.seen is None else r.seen[None])[0])
+                for i, r in enumerate(reqs)
+            ]
         for i, (r, t) in enumerate(zip(reqs, toks)):
-            self._deliver(r, t, None if r.options.logprobs is None else token_logprobs(logits[i], t, r.options.logprobs))
+            self._deliver(
+                r, t, None if r.options.logprobs is None else token_logprobs(logits[i], t, r.options.logprobs)
+            )
 
     def _deliver(self, req: LMRequest, t: int, lp: tuple | None = None) -> None:
         """`lp`: the token's log probability and the likeliest alternatives, for requests that ask (else None)."""
@@ -251,8 +257,9 @@ def token_logprobs(logits: torch.Tensor, token: int, top: int) -> tuple[float, t
     return float(lp[token]), tuple(zip(ids.tolist(), values.tolist()))
 
 
-def stream(runner, tokenizer, prompts: Sequence[Sequence[int]], options: GenerationOptions = GenerationOptions(),
-           cache=None) -> Iterator[StreamEvent]:
+def stream(
+    runner, tokenizer, prompts: Sequence[Sequence[int]], options: GenerationOptions = GenerationOptions(), cache=None
+) -> Iterator[StreamEvent]:
     """Generate for every prompt (token ids) at once; yields text deltas as they are decoded.
 
     One event per new token per sequence (text may be ''), and exactly one event with a finish_reason
@@ -264,8 +271,15 @@ def stream(runner, tokenizer, prompts: Sequence[Sequence[int]], options: Generat
     batcher = ContinuousBatcher(runner, tokenizer, max_batch=len(prompts), max_seq=max_seq, cache=cache)
     events: collections.deque[StreamEvent] = collections.deque()
     for i, p in enumerate(prompts):
-        batcher.submit(LMRequest(list(p), options, lambda piece, i=i: events.append(
-            StreamEvent(i, piece.text, piece.token, piece.finish_reason, piece.logprob, piece.top))))
+        batcher.submit(
+            LMRequest(
+                list(p),
+                options,
+                lambda piece, i=i: events.append(
+                    StreamEvent(i, piece.text, piece.token, piece.finish_reason, piece.logprob, piece.top)
+                ),
+            )
+        )
     while batcher.has_work():
         batcher.admit(all_pending=True)
         while events:

@@ -8,6 +8,7 @@
 - the guards the decoding loops apply: `is_silence` (Whisper's no-speech rule), `is_quiet` (the silence
   gate), `has_words`.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -21,13 +22,22 @@ from speechrt.errors import UserError
 from speechrt.models.audio import HOP_LENGTH, SAMPLE_RATE
 from speechrt.models.silero import FRAME, shared_vad
 
-__all__ = ["VadOptions", "speech_timestamps", "SpeechMap", "hop_levels_db", "is_silence", "is_quiet", "has_words",
-           "compression_ratio"]
+__all__ = [
+    "VadOptions",
+    "speech_timestamps",
+    "SpeechMap",
+    "hop_levels_db",
+    "is_silence",
+    "is_quiet",
+    "has_words",
+    "compression_ratio",
+]
 
 
 @dataclass(frozen=True)
 class VadOptions:
     """Silero VAD parameters of `vad_filter` (faster-whisper's VadOptions, the same defaults)."""
+
     threshold: float = 0.5  # a frame is speech at or above this probability
     neg_threshold: float | None = None  # ... and silence below this (None: threshold - 0.15, at least 0.01)
     min_speech_duration_ms: int = 0  # shorter speech regions are dropped
@@ -38,6 +48,7 @@ class VadOptions:
     def __post_init__(self):
         def bad(msg):
             raise UserError(f"invalid VAD option: {msg}")
+
         if not 0 < self.threshold < 1:
             bad(f"threshold must be in (0, 1), got {self.threshold}")
         if self.neg_threshold is not None and not 0 < self.neg_threshold <= self.threshold:
@@ -49,7 +60,7 @@ class VadOptions:
             bad(f"max_speech_duration_s must be > 0, got {self.max_speech_duration_s}")
 
     @classmethod
-    def parse(cls, value) -> "VadOptions":
+    def parse(cls, value) -> VadOptions:
         """A VadOptions from itself, a dict of its fields, or None (the defaults)."""
         if value is None or isinstance(value, cls):
             return value or cls()
@@ -154,7 +165,7 @@ class SpeechMap:
     def join(self, audio: np.ndarray) -> np.ndarray:
         if not self.regions:
             return np.zeros(0, np.float32)
-        return np.concatenate([audio[r["start"]: r["end"]] for r in self.regions])
+        return np.concatenate([audio[r["start"] : r["end"]] for r in self.regions])
 
     def chunk_index(self, t: float, is_end: bool = False) -> int:
         sample = int(t * self.sr)
@@ -207,15 +218,21 @@ def is_silence(res, opts, unsure: bool = False) -> bool:
     avg_logprob; `opts`: TranscribeOptions): the no-speech probability is above no_speech_threshold and the
     text is not confident — its average log probability below logprob_threshold (when that is set), or
     `unsure` (the caller knows the text is not to be trusted)."""
-    return (opts.no_speech_threshold is not None and res.no_speech_prob > opts.no_speech_threshold
-            and (unsure or opts.logprob_threshold is None or res.avg_logprob < opts.logprob_threshold))
+    return (
+        opts.no_speech_threshold is not None
+        and res.no_speech_prob > opts.no_speech_threshold
+        and (unsure or opts.logprob_threshold is None or res.avg_logprob < opts.logprob_threshold)
+    )
 
 
 def is_quiet(levels, opts) -> bool:
     """The silence gate: every hop of `levels` (dBFS per 10 ms, see hop_levels_db) is quieter than
     opts.silence_level_db (False when the gate is off or no levels are given)."""
-    return (levels is not None and opts.silence_level_db is not None
-            and float(np.max(levels, initial=-np.inf)) < opts.silence_level_db)
+    return (
+        levels is not None
+        and opts.silence_level_db is not None
+        and float(np.max(levels, initial=-np.inf)) < opts.silence_level_db
+    )
 
 
 def has_words(text: str) -> bool:

@@ -1,5 +1,6 @@
 """The options of a Whisper transcription (TranscribeOptions), checked when made: the decoding strategy and
 its fallback ladder, the guards against silence and hallucination, trimmed windows, VAD, word times."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -9,11 +10,17 @@ from speechrt.models.audio import CHUNK_LENGTH
 
 from .speech_regions import VadOptions
 
-
 # annotation -> the Python types a value of it may have (bool is an int to isinstance: it is allowed only where named)
-SCALAR_TYPES = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,), "str | None": (str, type(None)),
-                "int | None": (int, type(None)), "float | None": (int, float, type(None)),
-                "bool | None": (bool, type(None))}
+SCALAR_TYPES = {
+    "bool": (bool,),
+    "int": (int,),
+    "float": (int, float),
+    "str": (str,),
+    "str | None": (str, type(None)),
+    "int | None": (int, type(None)),
+    "float | None": (int, float, type(None)),
+    "bool | None": (bool, type(None)),
+}
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,7 @@ class TranscribeOptions:
     def __post_init__(self):
         def bad(msg):
             raise UserError(f"invalid transcription option: {msg}")
+
         for f in fields(self):  # the scalar fields' types first: the checks below compare them
             v, kinds = getattr(self, f.name), SCALAR_TYPES.get(f.type)
             if kinds is not None and (not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds)):
@@ -88,10 +96,16 @@ class TranscribeOptions:
         if not 0 <= self.trim_margin <= CHUNK_LENGTH:
             bad(f"trim_margin must be in [0, {CHUNK_LENGTH}] seconds, got {self.trim_margin}")
         if self.hallucination_silence_threshold is not None and (
-                not self.word_timestamps or self.hallucination_silence_threshold < 0):
-            bad(f"hallucination_silence_threshold ({self.hallucination_silence_threshold}) must be >= 0 seconds "
-                "and needs word_timestamps=True (it judges words)")
+            not self.word_timestamps or self.hallucination_silence_threshold < 0
+        ):
+            bad(
+                f"hallucination_silence_threshold ({self.hallucination_silence_threshold}) must be >= 0 seconds "
+                "and needs word_timestamps=True (it judges words)"
+            )
         if self.silence_level_db is not None and not -200 <= self.silence_level_db <= 0:
             bad(f"silence_level_db must be None (off) or in [-200, 0] dBFS, got {self.silence_level_db}")
-        object.__setattr__(self, "vad_parameters", VadOptions.parse(self.vad_parameters) if self.vad_filter
-                           or self.vad_parameters is not None else None)
+        object.__setattr__(
+            self,
+            "vad_parameters",
+            VadOptions.parse(self.vad_parameters) if self.vad_filter or self.vad_parameters is not None else None,
+        )

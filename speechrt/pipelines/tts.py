@@ -15,14 +15,15 @@ to take (relaxed()), is vocoded for throughput instead: all its flow at once and
 (throughput_windows), no small first windows. A paragraph of four 7-10-word sentences, AMD EPYC Zen 4, ONNX
 Runtime: 510 ms instead of 595 (Piper 505 ms), the same audio (4e-7).
 """
+
 from __future__ import annotations
 
 import collections
 import math
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import numpy as np
 import torch
@@ -34,15 +35,29 @@ from speechrt.models.piper_loader import SynthesisOptions
 from speechrt.models.registry import resolve
 from speechrt.models.tts_text import SentenceStream, TextFrontEnd, TextOptions, stream_segments
 
-__all__ = ["TTSPipeline", "load_tts", "SynthesisOptions", "SynthesisStats", "stream_latent", "windows", "relaxed",
-           "throughput_windows", "encode_audio", "check_encoding", "ENCODINGS", "FORMATS"]
+__all__ = [
+    "TTSPipeline",
+    "load_tts",
+    "SynthesisOptions",
+    "SynthesisStats",
+    "stream_latent",
+    "windows",
+    "relaxed",
+    "throughput_windows",
+    "encode_audio",
+    "check_encoding",
+    "ENCODINGS",
+    "FORMATS",
+]
 
 FORMATS = ("wav", "pcm16", "f32")  # streamed as synthesized
 # files encoded whole at their end, through libsndfile (soundfile): name -> (major format, subtype, the sample
 # rates the codec takes; None: any)
-ENCODINGS = {"flac": ("FLAC", "PCM_16", None),
-             "mp3": ("MP3", "MPEG_LAYER_III", (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)),
-             "opus": ("OGG", "OPUS", (8000, 12000, 16000, 24000, 48000))}
+ENCODINGS = {
+    "flac": ("FLAC", "PCM_16", None),
+    "mp3": ("MP3", "MPEG_LAYER_III", (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)),
+    "opus": ("OGG", "OPUS", (8000, 12000, 16000, 24000, 48000)),
+}
 
 
 # A sentence after the first may be vocoded for throughput instead of first audio (its flow at once, one window
@@ -60,8 +75,9 @@ def relaxed(ahead_s: float, estimate_s: float) -> bool:
     return ahead_s >= RELAX_FACTOR * estimate_s + RELAX_MARGIN_S
 
 
-def stream_latent(runner, latent, options: SynthesisOptions, wins: list[tuple[int, int]] | None = None
-                  ) -> Iterator[torch.Tensor]:
+def stream_latent(
+    runner, latent, options: SynthesisOptions, wins: list[tuple[int, int]] | None = None
+) -> Iterator[torch.Tensor]:
     """Audio chunks of one sentence's latent, vocoded window by window (see the module docstring): in `wins`,
     or in the runner's plan for first audio (TTSRunner.plan_windows)."""
     F, hop, ctx = latent.frames, runner.hop_length, runner.context_frames
@@ -101,6 +117,7 @@ def stream_latent(runner, latent, options: SynthesisOptions, wins: list[tuple[in
 
 # ------------------------------------------------------------------------------------------- output formats
 
+
 class AudioEncoder:
     """Float32 chunks at `in_rate` -> chunks at `out_rate` as float32 ('f32'), int16 bytes ('pcm16'); 'wav' is
     pcm16 with a header (see wav_header). Resampling is streamed (soxr), so chunk borders stay seamless."""
@@ -115,6 +132,7 @@ class AudioEncoder:
         self._rs = None
         if out_rate != in_rate:
             import soxr
+
             self._rs = soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality="HQ")
 
     def _out(self, x: np.ndarray):
@@ -141,9 +159,11 @@ def check_encoding(fmt: str) -> None:
 
     major, subtype, _ = ENCODINGS[fmt]
     if major not in sf.available_formats() or subtype not in sf.available_subtypes(major):
-        raise UserError(f"this libsndfile ({sf.__libsndfile_version__}) cannot write {fmt}: install soundfile's own "
-                        "wheel (pip install --force-reinstall 'soundfile>=0.12', libsndfile 1.2 with MP3 and Opus), "
-                        "or ask for wav, pcm or flac")
+        raise UserError(
+            f"this libsndfile ({sf.__libsndfile_version__}) cannot write {fmt}: install soundfile's own "
+            "wheel (pip install --force-reinstall 'soundfile>=0.12', libsndfile 1.2 with MP3 and Opus), "
+            "or ask for wav, pcm or flac"
+        )
 
 
 def encode_audio(samples: np.ndarray, rate: int, fmt: str) -> tuple[bytes, int]:
@@ -160,6 +180,7 @@ def encode_audio(samples: np.ndarray, rate: int, fmt: str) -> tuple[bytes, int]:
     x = np.clip(np.asarray(samples, np.float32), -1.0, 1.0)
     if out_rate != rate:
         import soxr
+
         x = soxr.resample(x, rate, out_rate, quality="HQ").astype(np.float32, copy=False)
     buf = io.BytesIO()
     with sf.SoundFile(buf, "w", samplerate=out_rate, channels=1, format=major, subtype=subtype) as f:
@@ -170,12 +191,20 @@ def encode_audio(samples: np.ndarray, rate: int, fmt: str) -> tuple[bytes, int]:
 def wav_header(sample_rate: int, n_samples: int | None) -> bytes:
     """44-byte PCM16 mono WAV header; n_samples None writes the 'unknown length' sizes used for streams."""
     import struct
+
     data = 0xFFFFFFFF - 36 if n_samples is None else n_samples * 2
-    return (b"RIFF" + struct.pack("<I", min(0xFFFFFFFF, 36 + data)) + b"WAVEfmt "
-            + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16) + b"data" + struct.pack("<I", data))
+    return (
+        b"RIFF"
+        + struct.pack("<I", min(0xFFFFFFFF, 36 + data))
+        + b"WAVEfmt "
+        + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
+        + b"data"
+        + struct.pack("<I", data)
+    )
 
 
 # ------------------------------------------------------------------------------------------------- the API
+
 
 @dataclass
 class SynthesisStats:
@@ -217,8 +246,14 @@ class TTSPipeline:
         it is complete (`push(piece)` -> finished segments, `flush()` -> the rest)."""
         return SentenceStream(min_clause_words=min_clause_words)
 
-    def options(self, options: SynthesisOptions | None = None, *, rate: float | None = None,
-                speaker: int | str | None = None, **kw) -> SynthesisOptions:
+    def options(
+        self,
+        options: SynthesisOptions | None = None,
+        *,
+        rate: float | None = None,
+        speaker: int | str | None = None,
+        **kw,
+    ) -> SynthesisOptions:
         """SynthesisOptions from keyword controls: rate (speaking-rate multiplier, 1 = normal), speaker (id or
         name from the voice's speaker_id_map), and any SynthesisOptions field."""
         o = options or SynthesisOptions()
@@ -230,14 +265,18 @@ class TTSPipeline:
             if isinstance(speaker, str) and not speaker.isdigit():
                 names = self.voice.speaker_id_map
                 if speaker not in names:
-                    raise UserError(f"unknown speaker {speaker!r}; this voice's speakers: "
-                                    f"{', '.join(names) if names else 'none (single speaker)'}")
+                    raise UserError(
+                        f"unknown speaker {speaker!r}; this voice's speakers: "
+                        f"{', '.join(names) if names else 'none (single speaker)'}"
+                    )
                 speaker = names[speaker]
             kw["speaker_id"] = int(speaker)
         unknown = sorted(set(kw) - set(SynthesisOptions.__dataclass_fields__))
         if unknown:
-            raise UserError(f"unknown synthesis option(s) {', '.join(unknown)}; valid: rate, speaker, "
-                            f"{', '.join(SynthesisOptions.__dataclass_fields__)}")
+            raise UserError(
+                f"unknown synthesis option(s) {', '.join(unknown)}; valid: rate, speaker, "
+                f"{', '.join(SynthesisOptions.__dataclass_fields__)}"
+            )
         o = replace(o, **kw) if kw else o
         return o.resolved(self.voice)
 
@@ -245,8 +284,15 @@ class TTSPipeline:
         """UserError if this voice cannot read `text` (characters it cannot read, nothing to say)."""
         self.text.prepare(text, TextOptions(normalize=False))
 
-    def _speak(self, id_seqs: Iterable[list[int]], o: SynthesisOptions, sample_rate, format, progress=None,
-               first_audio: bool = True):
+    def _speak(
+        self,
+        id_seqs: Iterable[list[int]],
+        o: SynthesisOptions,
+        sample_rate,
+        format,
+        progress=None,
+        first_audio: bool = True,
+    ):
         enc = AudioEncoder(self.sample_rate, sample_rate, format)
         st = self.last_stats = SynthesisStats()
         t0 = time.perf_counter()
@@ -287,9 +333,19 @@ class TTSPipeline:
         if len(out):
             yield out
 
-    def synthesize(self, text: str, options: SynthesisOptions | None = None, *, sample_rate: int | None = None,
-                   format: str = "f32", normalize: bool = True, on_unsupported: str = "error", progress=None,
-                   first_audio: bool = True, **controls):
+    def synthesize(
+        self,
+        text: str,
+        options: SynthesisOptions | None = None,
+        *,
+        sample_rate: int | None = None,
+        format: str = "f32",
+        normalize: bool = True,
+        on_unsupported: str = "error",
+        progress=None,
+        first_audio: bool = True,
+        **controls,
+    ):
         """Text -> audio chunks (float32 arrays, or pcm16 bytes with format='pcm16'), sentence by sentence,
         each sentence in windows. Input is checked before any audio is produced: characters the voice
         cannot read are an error, or, with on_unsupported='drop', dropped with a warning. `progress(done,
@@ -304,9 +360,18 @@ class TTSPipeline:
         sentences = list(self.text.sentences(text, topt))
         return self._speak(sentences, o, sample_rate, format, progress, first_audio)
 
-    def synthesize_stream(self, pieces: Iterable[str], options: SynthesisOptions | None = None, *,
-                          sample_rate: int | None = None, format: str = "f32", min_clause_words: int = 8,
-                          on_unsupported: str = "drop", first_audio: bool = True, **controls):
+    def synthesize_stream(
+        self,
+        pieces: Iterable[str],
+        options: SynthesisOptions | None = None,
+        *,
+        sample_rate: int | None = None,
+        format: str = "f32",
+        min_clause_words: int = 8,
+        on_unsupported: str = "drop",
+        first_audio: bool = True,
+        **controls,
+    ):
         """Text arriving in pieces (e.g. LLM tokens) -> audio chunks; each sentence or long-enough clause is
         spoken as soon as it is complete. Unsupported characters (emoji) are dropped by default here.
         first_audio=False: as in synthesize()."""
@@ -318,6 +383,7 @@ class TTSPipeline:
                 if not any(c.isalnum() for c in seg):
                     continue
                 yield from self.text.sentences(seg, topt)
+
         return self._speak(ids(), o, sample_rate, format, first_audio=first_audio)
 
     def synthesize_array(self, text: str, options: SynthesisOptions | None = None, **kw) -> np.ndarray:
@@ -325,8 +391,16 @@ class TTSPipeline:
         chunks = list(self.synthesize(text, options, **{"first_audio": False, **kw}))
         return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
 
-    def synthesize_to_file(self, text: str | Iterable[str], path, options: SynthesisOptions | None = None, *,
-                           format: str | None = None, sample_rate: int | None = None, **kw) -> SynthesisStats:
+    def synthesize_to_file(
+        self,
+        text: str | Iterable[str],
+        path,
+        options: SynthesisOptions | None = None,
+        *,
+        format: str | None = None,
+        sample_rate: int | None = None,
+        **kw,
+    ) -> SynthesisStats:
         """Write `text` (a string, or pieces to stream) to `path` ('-' = stdout; a binary file object works too).
         format: 'wav' | 'pcm16' | 'f32', written as synthesized, or 'flac' | 'mp3' | 'opus' (Ogg Opus), encoded at
         the end (see encode_audio for their rates); by default from the suffix (.wav, .raw/.pcm = pcm16, .f32,
@@ -339,10 +413,14 @@ class TTSPipeline:
         gen_fmt = "pcm16" if fmt == "wav" else "f32" if fmt in ENCODINGS else fmt
         # a file encoded at the end, or written to disk, is not heard while it is made; stdout may be a player
         kw.setdefault("first_audio", path == "-" and fmt not in ENCODINGS)
-        gen = (self.synthesize(text, options, sample_rate=sample_rate, format=gen_fmt, **kw) if isinstance(text, str)
-               else self.synthesize_stream(text, options, sample_rate=sample_rate, format=gen_fmt, **kw))
+        gen = (
+            self.synthesize(text, options, sample_rate=sample_rate, format=gen_fmt, **kw)
+            if isinstance(text, str)
+            else self.synthesize_stream(text, options, sample_rate=sample_rate, format=gen_fmt, **kw)
+        )
         rate = self.sample_rate if sample_rate is None else sample_rate
         import sys
+
         close = False
         if path == "-":
             f = sys.stdout.buffer
@@ -377,17 +455,33 @@ def _format_for(path) -> str:
     if path == "-" or hasattr(path, "write"):
         return "wav"
     suf = Path(path).suffix.lower()
-    by_suffix = {".wav": "wav", ".raw": "pcm16", ".pcm": "pcm16", ".s16": "pcm16", ".f32": "f32", ".flac": "flac",
-                 ".mp3": "mp3", ".opus": "opus", ".ogg": "opus"}
+    by_suffix = {
+        ".wav": "wav",
+        ".raw": "pcm16",
+        ".pcm": "pcm16",
+        ".s16": "pcm16",
+        ".f32": "f32",
+        ".flac": "flac",
+        ".mp3": "mp3",
+        ".opus": "opus",
+        ".ogg": "opus",
+    }
     if suf and suf not in by_suffix:  # (no file is opened: the path is left as it was)
-        raise UserError(f"cannot write {suf!r} audio files: valid suffixes are {', '.join(by_suffix)} (.raw, .pcm and "
-                        ".s16 are 16-bit PCM, .f32 float32 samples, .ogg Ogg Opus), or name the format (format=..., "
-                        "--format)")
+        raise UserError(
+            f"cannot write {suf!r} audio files: valid suffixes are {', '.join(by_suffix)} (.raw, .pcm and "
+            ".s16 are 16-bit PCM, .f32 float32 samples, .ogg Ogg Opus), or name the format (format=..., "
+            "--format)"
+        )
     return by_suffix.get(suf, "wav")
 
 
-def load_tts(voice: str | Path | None = None, backend: str = "torch", device: str = "cpu",
-             dtype: str | None = None, step_threads: int | None = None) -> TTSPipeline:
+def load_tts(
+    voice: str | Path | None = None,
+    backend: str = "torch",
+    device: str = "cpu",
+    dtype: str | None = None,
+    step_threads: int | None = None,
+) -> TTSPipeline:
     """A registered voice name or a Piper .onnx path (None = the default voice) on a backend -> TTSPipeline."""
     m = resolve(voice, "tts")
     return TTSPipeline(backends.get(backend).tts(m, device=device, dtype=dtype, step_threads=step_threads), m.name)

@@ -10,6 +10,7 @@
 - `long_form_steps`: any length, seeking window to window by the predicted timestamps (openai/whisper's
   `transcribe`), one window per step.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -82,12 +83,25 @@ class Transcript:
     language_probability: float = 1.0  # of the detected language (1.0 when it was given, or English-only)
 
     def to_dict(self) -> dict:
-        return {"text": self.text, "language": self.language,
-                "language_probability": round(self.language_probability, 4), "duration": self.duration,
-                "segments": [{"id": s.id, "start": round(s.start, 3), "end": round(s.end, 3), "text": s.text,
-                              "avg_logprob": s.avg_logprob, "no_speech_prob": s.no_speech_prob,
-                              "temperature": s.temperature, **({"words": [w.to_dict() for w in s.words]} if s.words else {})}
-                             for s in self.segments]}
+        return {
+            "text": self.text,
+            "language": self.language,
+            "language_probability": round(self.language_probability, 4),
+            "duration": self.duration,
+            "segments": [
+                {
+                    "id": s.id,
+                    "start": round(s.start, 3),
+                    "end": round(s.end, 3),
+                    "text": s.text,
+                    "avg_logprob": s.avg_logprob,
+                    "no_speech_prob": s.no_speech_prob,
+                    "temperature": s.temperature,
+                    **({"words": [w.to_dict() for w in s.words]} if s.words else {}),
+                }
+                for s in self.segments
+            ],
+        }
 
 
 class LogitRules:
@@ -128,7 +142,7 @@ class LogitRules:
         if first:
             logits[:, :tb] = NEG_INF
             if self.max_initial is not None:
-                logits[:, tb + self.max_initial + 1:] = NEG_INF
+                logits[:, tb + self.max_initial + 1 :] = NEG_INF
         lp = torch.log_softmax(logits, dim=-1)
         ts_lp = torch.logsumexp(lp[:, tb:], dim=-1)
         text_max = lp[:, :tb].max(dim=-1).values
@@ -149,7 +163,7 @@ class WindowDecoder:
         initial prompt) after <|startofprev|>, then the task's start sequence."""
         out = []
         if prev:
-            out = [self.tok.sot_prev] + prev[-(self.cfg.n_text_ctx // 2 - 1):]
+            out = [self.tok.sot_prev] + prev[-(self.cfg.n_text_ctx // 2 - 1) :]
         sot_index = len(out)
         out += self.tok.sot_sequence(language, opts.task)
         if opts.without_timestamps:
@@ -170,12 +184,15 @@ class WindowDecoder:
         ids = torch.tensor(self.tok.language_ids, device=logits.device)
         probs = torch.softmax(logits[:, ids].float(), -1)
         top = probs.topk(min(k or len(ids), len(ids)), -1)
-        return [[(self.tok.languages[i], p) for i, p in zip(ix, pr)]
-                for ix, pr in zip(top.indices.tolist(), top.values.tolist())]
+        return [
+            [(self.tok.languages[i], p) for i, p in zip(ix, pr)]
+            for ix, pr in zip(top.indices.tolist(), top.values.tolist())
+        ]
 
     @torch.inference_mode()
-    def decode_window(self, encoded, prev: list[int], opts: TranscribeOptions, temperature: float,
-                      language: str, gen: torch.Generator) -> WindowResult:
+    def decode_window(
+        self, encoded, prev: list[int], opts: TranscribeOptions, temperature: float, language: str, gen: torch.Generator
+    ) -> WindowResult:
         prompt, sot_index = self.prompt(prev, opts, language)
         sample_len = opts.sample_len or self.cfg.n_text_ctx // 2
         sample_len = min(sample_len, self.cfg.n_text_ctx - len(prompt))
@@ -186,26 +203,42 @@ class WindowDecoder:
         rules = LogitRules(self.tok, opts, len(prompt), dev)
         # First the prompt up to <|startoftranscript|>: its logits give the no-speech probability.
         logits = self.runner.decode_step(state, torch.tensor([prompt[: sot_index + 1]] * n, device=dev))
-        no_speech = float(torch.softmax(logits[0], -1)[self.tok.no_speech]) if self.tok.no_speech is not None else math.nan
+        no_speech = (
+            float(torch.softmax(logits[0], -1)[self.tok.no_speech]) if self.tok.no_speech is not None else math.nan
+        )
         if sot_index + 1 < len(prompt):
-            logits = self.runner.decode_step(state, torch.tensor([prompt[sot_index + 1:]] * n, device=dev))
+            logits = self.runner.decode_step(state, torch.tensor([prompt[sot_index + 1 :]] * n, device=dev))
         if beam > 1:
             seqs, sum_lp = self.beam(state, logits, rules, beam, opts, sample_len)
         else:
             seqs, sum_lp = self.sample(state, logits, rules, n, temperature, sample_len, gen)
+
         # rank candidates by length-normalized log probability (openai's MaximumLikelihoodRanker)
         def score(i):
             L = len(seqs[i])
             pen = L if opts.length_penalty is None else ((5 + L) / 6) ** opts.length_penalty
             return sum_lp[i] / max(pen, 1e-9)
+
         best = max(range(len(seqs)), key=score)
         toks = seqs[best]
         text = self.tok.decode(toks)
-        return WindowResult(toks, text, sum_lp[best] / (len(toks) + 1), no_speech, temperature,
-                            compression_ratio(text.strip()))
+        return WindowResult(
+            toks, text, sum_lp[best] / (len(toks) + 1), no_speech, temperature, compression_ratio(text.strip())
+        )
 
-    def sample(self, state, logits, rules, n, temperature, sample_len, gen, stop=None, loops: int = 0,
-               looped: set | None = None):
+    def sample(
+        self,
+        state,
+        logits,
+        rules,
+        n,
+        temperature,
+        sample_len,
+        gen,
+        stop=None,
+        loops: int = 0,
+        looped: set | None = None,
+    ):
         """Greedy (temperature 0) or sampled decoding of n rows; finished rows leave the batch.
         `stop()` is asked before each step; True abandons the work (TranscriptionCancelled). `loops`: a
         row stops when it repeats itself that many times (see TranscribeOptions.stop_repeats); the rows
@@ -244,8 +277,18 @@ class WindowDecoder:
             logits = self.runner.decode_step(state, nxt[:, None])
         return seqs, sum_lp
 
-    def greedy_drafted(self, state, checked, rules, drafts: list[list[int]], sample_len: int, prompt_len: int,
-                       stop=None, loops: int = 0, looped: set | None = None):
+    def greedy_drafted(
+        self,
+        state,
+        checked,
+        rules,
+        drafts: list[list[int]],
+        sample_len: int,
+        prompt_len: int,
+        stop=None,
+        loops: int = 0,
+        looped: set | None = None,
+    ):
         """Greedy decoding of len(drafts) rows that checks a guess of each row's output first (speculative
         decoding with the guess as the draft). The caller has run the prompt and every draft through
         the decoder in one pass: checked [n, 1 + width, vocab] are the logits after the prompt and after
@@ -294,7 +337,7 @@ class WindowDecoder:
             keep = []
             for j, i in enumerate(active):
                 if len(seqs[i]) == pos:  # this row's next token is new
-                    tok = pick(logits[j: j + 1], i)
+                    tok = pick(logits[j : j + 1], i)
                     if tok == eot:
                         continue
                     seqs[i].append(tok)
@@ -385,8 +428,9 @@ def initial_prompt_tokens(tok, text: str | None) -> list[int]:
     return tok.encode(" " + text.strip()) if text and text.strip() else []
 
 
-def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, opts: TranscribeOptions,
-                    on_segment=None, levels=None):
+def long_form_steps(
+    decoder: WindowDecoder, mel: torch.Tensor, duration: float, opts: TranscribeOptions, on_segment=None, levels=None
+):
     """Long-form transcription, one window at a time: a generator that decodes one 30-s window per next()
     (yielding the seconds of audio done so far) and returns the Transcript. A scheduler interleaves these
     steps with other work, so one long recording does not hold the device for all of its windows at once.
@@ -410,7 +454,7 @@ def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, 
     while seek < content_frames:
         time_offset, window_seek = seek * HOP_LENGTH / SAMPLE_RATE, seek
         seg_frames = min(N_FRAMES, content_frames - seek)
-        if is_quiet(None if levels is None else levels[seek: seek + seg_frames], opts):
+        if is_quiet(None if levels is None else levels[seek : seek + seg_frames], opts):
             seek += seg_frames  # the silence gate: nothing to decode
             yield min(duration, seek * HOP_LENGTH / SAMPLE_RATE)
             continue
@@ -418,8 +462,11 @@ def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, 
         # default (None) not a recording's first window (a short recording is encoded as Whisper was trained)
         trim = runner.trims and (opts.trim_context or (opts.trim_context is None and seek > 0))
         valid, length = trimmed_frames([seg_frames], opts.trim_margin) if trim else (None, N_FRAMES)
-        encoded = runner.encode(pad_or_trim_frames(mel[:, seek: seek + seg_frames], length)[None], None,
-                                valid if length < N_FRAMES else None)
+        encoded = runner.encode(
+            pad_or_trim_frames(mel[:, seek : seek + seg_frames], length)[None],
+            None,
+            valid if length < N_FRAMES else None,
+        )
         if language is None:  # from the first window, as openai-whisper and faster-whisper do
             ((language, language_prob),) = decoder.language_probabilities(encoded, 1, 1)[0]
         res = decoder.decode_with_fallback(encoded, all_tokens[prompt_reset:], opts, language, gen)
@@ -443,15 +490,25 @@ def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, 
         found = [{"start": start, "end": end, "tokens": part, "words": []} for start, end, part in new]
         if opts.word_timestamps and found:
             speech_before = last_speech
-            last_speech = add_word_timestamps(runner, tok, encoded, found, time_offset, seg_frames,
-                                              tok.sot_sequence(language, opts.task), language, last_speech)
+            last_speech = add_word_timestamps(
+                runner,
+                tok,
+                encoded,
+                found,
+                time_offset,
+                seg_frames,
+                tok.sot_sequence(language, opts.task),
+                language,
+                last_speech,
+            )
             if not single_ending:  # the next window starts after the last word (faster-whisper)
                 end = last_end(found)
                 if end is not None and end > time_offset:
                     seek = round(end * SAMPLE_RATE / HOP_LENGTH)
             if opts.hallucination_silence_threshold is not None:
-                skip, drop = skip_hallucinations(found, opts.hallucination_silence_threshold, window_seek, seg_frames,
-                                                 content_frames, speech_before)
+                skip, drop = skip_hallucinations(
+                    found, opts.hallucination_silence_threshold, window_seek, seg_frames, content_frames, speech_before
+                )
                 seek = seek if skip is None else skip
                 if drop:
                     yield min(duration, seek * HOP_LENGTH / SAMPLE_RATE)
@@ -461,8 +518,18 @@ def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, 
             part, text = f["tokens"], tok.decode(f["tokens"])
             if not text.strip() or f["start"] == f["end"] or f["start"] >= duration:
                 continue  # instantaneous, empty or after the audio's end: dropped, from the prompt too
-            seg = Segment(len(segments), f["start"], f["end"], text, [t for t in part if t < tok.eot],
-                          res.avg_logprob, res.no_speech_prob, res.temperature, res.compression_ratio, f["words"])
+            seg = Segment(
+                len(segments),
+                f["start"],
+                f["end"],
+                text,
+                [t for t in part if t < tok.eot],
+                res.avg_logprob,
+                res.no_speech_prob,
+                res.temperature,
+                res.compression_ratio,
+                f["words"],
+            )
             segments.append(seg)
             all_tokens.extend(part)
             if on_segment:
@@ -474,9 +541,14 @@ def long_form_steps(decoder: WindowDecoder, mel: torch.Tensor, duration: float, 
     return Transcript(text, segments, language or "en", duration, language_prob)
 
 
-def decode_utterances(decoder: WindowDecoder, mels: torch.Tensor, opts: TranscribeOptions,
-                      drafts: list[list[int] | None] | None = None, stop=None,
-                      frames: list[int] | None = None) -> list[WindowResult]:
+def decode_utterances(
+    decoder: WindowDecoder,
+    mels: torch.Tensor,
+    opts: TranscribeOptions,
+    drafts: list[list[int] | None] | None = None,
+    stop=None,
+    frames: list[int] | None = None,
+) -> list[WindowResult]:
     """Greedy transcription of several short utterances in one batch: mels [n, n_mels, T] (each
     utterance's log-mel, zero-padded to T frames: a whole window, or with `frames` — the frames of each
     row that hold its audio — only as much of one as the longest needs), one encoder call for all, then
@@ -503,28 +575,36 @@ def decode_utterances(decoder: WindowDecoder, mels: torch.Tensor, opts: Transcri
     prompt_len, sot_index = len(prompts[0][0]), prompts[0][1]
     sample_len = min(opts.sample_len or cfg.n_text_ctx // 2, cfg.n_text_ctx - prompt_len)
     # text tokens only, and short enough that a draft leaves room for one more token
-    drafts = [list(itertools.takewhile(lambda t: 0 <= t < tok.eot, d or []))[: sample_len - 1] for d in drafts or [None] * n]
+    drafts = [
+        list(itertools.takewhile(lambda t: 0 <= t < tok.eot, d or []))[: sample_len - 1] for d in drafts or [None] * n
+    ]
     width = max(len(d) for d in drafts)
     state = runner.start(enc, 1, prompt_len + sample_len)
     # the prompt and the drafts (padded with end-of-text) in one pass: logits at every position
     rows = [p + d + [tok.eot] * (width - len(d)) for (p, _), d in zip(prompts, drafts)]
     logits = runner.decode_step(state, torch.tensor(rows, device=dev), last_only=False)
     # <|startoftranscript|>'s logits give the no-speech probability
-    no_speech = (torch.softmax(logits[:, sot_index], -1)[:, tok.no_speech].tolist() if tok.no_speech is not None
-                 else [math.nan] * n)
+    no_speech = (
+        torch.softmax(logits[:, sot_index], -1)[:, tok.no_speech].tolist()
+        if tok.no_speech is not None
+        else [math.nan] * n
+    )
     rules = LogitRules(tok, opts, prompt_len, dev)
     looped: set[int] = set()
     if width:
-        seqs, sum_lp = decoder.greedy_drafted(state, logits[:, prompt_len - 1:], rules, drafts, sample_len,
-                                              prompt_len, stop, opts.stop_repeats, looped)
+        seqs, sum_lp = decoder.greedy_drafted(
+            state, logits[:, prompt_len - 1 :], rules, drafts, sample_len, prompt_len, stop, opts.stop_repeats, looped
+        )
     else:
-        seqs, sum_lp = decoder.sample(state, logits[:, -1], rules, n, 0.0, sample_len, None, stop, opts.stop_repeats,
-                                      looped)
+        seqs, sum_lp = decoder.sample(
+            state, logits[:, -1], rules, n, 0.0, sample_len, None, stop, opts.stop_repeats, looped
+        )
     out = []
     for i in range(n):
         text = tok.decode(seqs[i])
-        res = WindowResult(seqs[i], text.strip(), sum_lp[i] / (len(seqs[i]) + 1), no_speech[i], 0.0,
-                           compression_ratio(text.strip()))
+        res = WindowResult(
+            seqs[i], text.strip(), sum_lp[i] / (len(seqs[i]) + 1), no_speech[i], 0.0, compression_ratio(text.strip())
+        )
         # the long-form guard: no text. A row cut short by its own repetition is too repetitive (long-form
         # would fall back to sampling), so its confident average does not vouch for it ('. . . .' over tones)
         if is_silence(res, opts, unsure=i in looped) or not has_words(res.text):

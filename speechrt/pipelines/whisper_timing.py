@@ -12,6 +12,7 @@ punctuation token, or a special token), leading and trailing punctuation is merg
 word, and a word's probability is the mean of its tokens' probabilities. The long-word clamps at
 sentence and segment boundaries are faster-whisper's.
 """
+
 from __future__ import annotations
 
 import string
@@ -93,7 +94,7 @@ def split_to_word_tokens(tok, tokens: list[int], language: str = "en") -> tuple[
         current.append(t)
         decoded = tok.decode(current)
         bad = decoded.find("\ufffd")
-        if bad < 0 or full[offset + bad: offset + bad + 1] == "\ufffd":
+        if bad < 0 or full[offset + bad : offset + bad + 1] == "\ufffd":
             pieces.append(decoded)
             piece_tokens.append(current)
             current, offset = [], offset + len(decoded)
@@ -111,39 +112,43 @@ def split_to_word_tokens(tok, tokens: list[int], language: str = "en") -> tuple[
     return words, word_tokens
 
 
-def token_alignment(runner, tok, encoded, text_tokens: list[int], num_frames: int,
-                    sot_sequence: list[int]) -> tuple[np.ndarray, np.ndarray]:
+def token_alignment(
+    runner, tok, encoded, text_tokens: list[int], num_frames: int, sot_sequence: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
     """`text_tokens` (non-empty) decoded in the window `encoded` (one row; its first `num_frames` mel frames
     hold audio) -> (the start in seconds of each token and of the end-of-text after them [T + 1],
     each token's probability among the text tokens [T])."""
     tokens = [*sot_sequence, tok.no_timestamps, *text_tokens, tok.eot]
     logits, qk = runner.cross_attention(encoded, torch.tensor([tokens], device=runner.device))
     n = len(sot_sequence)
-    probs = torch.softmax(logits[0, n: n + len(text_tokens), : tok.eot].float(), -1)
+    probs = torch.softmax(logits[0, n : n + len(text_tokens), : tok.eot].float(), -1)
     token_probs = probs[torch.arange(len(text_tokens)), torch.tensor(text_tokens)].cpu().numpy()
     w = torch.softmax(qk[0, :, :, : max(num_frames // 2, 1)].float(), -1).cpu().numpy()  # [heads, T, frames]
     w = (w - w.mean(-2, keepdims=True)) / w.std(-2, keepdims=True)  # standardized over the tokens
-    matrix = median_filter(w, MEDIAN_FILTER_WIDTH).mean(0)[n: -1]  # rows: text tokens and end-of-text
+    matrix = median_filter(w, MEDIAN_FILTER_WIDTH).mean(0)[n:-1]  # rows: text tokens and end-of-text
     text_idx, time_idx = dtw(-matrix)
     jumps = np.pad(np.diff(text_idx), (1, 0), constant_values=1).astype(bool)
     return time_idx[jumps] / TOKENS_PER_SECOND, token_probs
 
 
-def group_words(tok, text_tokens: list[int], starts: np.ndarray, probs: np.ndarray,
-                language: str = "en") -> list[dict]:
+def group_words(tok, text_tokens: list[int], starts: np.ndarray, probs: np.ndarray, language: str = "en") -> list[dict]:
     """Tokens with their starts and probabilities (token_alignment) -> words [{word, tokens, start, end,
     probability}], a word ending where the next begins."""
     words, word_tokens = split_to_word_tokens(tok, text_tokens + [tok.eot], language)
     if len(word_tokens) <= 1:
         return []
     bounds = np.pad(np.cumsum([len(t) for t in word_tokens[:-1]]), (1, 0))
-    return [dict(word=word, tokens=toks, start=float(starts[i]), end=float(starts[j]),
-                 probability=float(np.mean(probs[i:j])))
-            for word, toks, i, j in zip(words, word_tokens, bounds[:-1], bounds[1:])]
+    return [
+        dict(
+            word=word, tokens=toks, start=float(starts[i]), end=float(starts[j]), probability=float(np.mean(probs[i:j]))
+        )
+        for word, toks, i, j in zip(words, word_tokens, bounds[:-1], bounds[1:])
+    ]
 
 
-def merge_punctuations(alignment: list[dict], prepended: str = PREPEND_PUNCTUATIONS,
-                       appended: str = APPEND_PUNCTUATIONS) -> None:
+def merge_punctuations(
+    alignment: list[dict], prepended: str = PREPEND_PUNCTUATIONS, appended: str = APPEND_PUNCTUATIONS
+) -> None:
     """Opening punctuation joins the word after it, closing punctuation the word before it (in place; the
     emptied entries keep their place with word '' and no tokens)."""
     i, j = len(alignment) - 2, len(alignment) - 1
@@ -166,8 +171,9 @@ def merge_punctuations(alignment: list[dict], prepended: str = PREPEND_PUNCTUATI
         j += 1
 
 
-def find_alignment(runner, tok, encoded, text_tokens: list[int], num_frames: int, sot_sequence: list[int],
-                   language: str = "en") -> list[dict]:
+def find_alignment(
+    runner, tok, encoded, text_tokens: list[int], num_frames: int, sot_sequence: list[int], language: str = "en"
+) -> list[dict]:
     """Words of `text_tokens` decoded in the window `encoded` (one row; `num_frames` mel frames of it hold
     audio) -> [{word, tokens, start, end, probability}] with times in seconds from the window's start."""
     if not text_tokens:
@@ -176,8 +182,17 @@ def find_alignment(runner, tok, encoded, text_tokens: list[int], num_frames: int
     return group_words(tok, text_tokens, starts, probs, language)
 
 
-def add_word_timestamps(runner, tok, encoded, segments: list[dict], time_offset: float, num_frames: int,
-                        sot_sequence: list[int], language: str, last_speech: float) -> float:
+def add_word_timestamps(
+    runner,
+    tok,
+    encoded,
+    segments: list[dict],
+    time_offset: float,
+    num_frames: int,
+    sot_sequence: list[int],
+    language: str,
+    last_speech: float,
+) -> float:
     """Words for the segments of one window (dicts with start, end, tokens; each gets `words`, a list of
     Word, and its start/end moved to its first/last word's unless those look too long) -> the end of
     the last speech, for the next window."""
@@ -207,8 +222,14 @@ def place_words(tok, segments: list[dict], alignment: list[dict], time_offset: f
         while k < len(alignment) and saved < len(toks):
             a = alignment[k]
             if a["word"]:
-                words.append(Word(round(time_offset + a["start"], 2), round(time_offset + a["end"], 2), a["word"],
-                                  a["probability"]))
+                words.append(
+                    Word(
+                        round(time_offset + a["start"], 2),
+                        round(time_offset + a["end"], 2),
+                        a["word"],
+                        a["probability"],
+                    )
+                )
             saved += len(a["tokens"])
             k += 1
         if words:
@@ -222,7 +243,8 @@ def _clamp_segment_words(seg: dict, words: list[Word], median: float, longest: f
     first, last = words[0], words[-1]
     # the first (and second) word after a pause are at most twice the median long
     if first.end - last_speech > median * 4 and (
-            first.end - first.start > longest or (len(words) > 1 and words[1].end - first.start > longest * 2)):
+        first.end - first.start > longest or (len(words) > 1 and words[1].end - first.start > longest * 2)
+    ):
         if len(words) > 1 and words[1].end - words[1].start > longest:
             boundary = max(words[1].end / 2, words[1].end - longest)
             first.end = words[1].start = boundary
@@ -291,8 +313,9 @@ def is_anomaly(seg: dict | None) -> bool:
     return score >= 3 or score + 0.01 >= len(words)
 
 
-def skip_hallucinations(found: list[dict], threshold: float, window_seek: int, window_frames: int,
-                        content_frames: int, last_speech: float) -> tuple[int | None, bool]:
+def skip_hallucinations(
+    found: list[dict], threshold: float, window_seek: int, window_frames: int, content_frames: int, last_speech: float
+) -> tuple[int | None, bool]:
     """hallucination_silence_threshold (faster-whisper's, with word timestamps): in one window's segments
     (`found`, with words; window starting at mel frame `window_seek`, `window_frames` long; `last_speech`:
     the end of the last word before it), a likely hallucination after more than `threshold` seconds of
@@ -310,7 +333,7 @@ def skip_hallucinations(found: list[dict], threshold: float, window_seek: int, w
         if not seg["words"]:
             continue
         if is_anomaly(seg):
-            nxt = next((s for s in found[i + 1:] if s["words"]), None)
+            nxt = next((s for s in found[i + 1 :] if s["words"]), None)
             next_start = nxt["words"][0].start if nxt is not None else offset + duration
             before = seg["start"] - last_end > threshold or seg["start"] < threshold or seg["start"] - offset < 2.0
             after = next_start - seg["end"] > threshold or is_anomaly(nxt) or window_end - seg["end"] < 2.0

@@ -5,6 +5,7 @@ backend's runner is done when it passes this file; nothing else needs to change.
 Here (CPU): torch for all families, onnxruntime for speech synthesis. On a CUDA or ROCm machine the triton
 backend is picked up too; without one it is skipped with the reason.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,18 +17,22 @@ from speechrt.errors import UserError
 from speechrt.models.audio import utterance_mel
 from speechrt.models.registry import resolve
 from speechrt.pipelines.asr import ASRPipeline, TranscribeOptions
+from speechrt.pipelines.generation import GenerationOptions
 from speechrt.pipelines.lm import LMPipeline
 from speechrt.pipelines.lm_batching import LMRequest, stream
-from speechrt.pipelines.generation import GenerationOptions
 from speechrt.pipelines.tts import SynthesisOptions, TTSPipeline, stream_latent
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-SPEECH = ["The museum opens at nine and closes at five on weekdays.",
-          "Turn left at the traffic lights and then go straight ahead.",
-          "I would like a cup of coffee with a little sugar, please."]
+SPEECH = [
+    "The museum opens at nine and closes at five on weekdays.",
+    "Turn left at the traffic lights and then go straight ahead.",
+    "I would like a cup of coffee with a little sugar, please.",
+]
 CHATS = ["What is the capital of France?", "Write a haiku about the sea.", "List three uses of copper."]
-LONG = ("When the morning train finally pulled into the quiet station, the travelers gathered their heavy bags "
-        "and walked slowly toward the old wooden bridge that crossed the river.")
+LONG = (
+    "When the morning train finally pulled into the quiet station, the travelers gathered their heavy bags "
+    "and walked slowly toward the old wooden bridge that crossed the river."
+)
 
 
 def build(family: str, backend: str, dtype: str | None = None):
@@ -51,6 +56,7 @@ def params(family: str):
 
 
 # -- speech recognition ----------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def reference_asr():
@@ -135,9 +141,10 @@ def test_asr_trimmed_windows_do_not_depend_on_the_batch(asr, speech):
     frames = [(len(a) // 160 + 100) // 2 * 2 for a in speech[:2]]
     prompt = torch.tensor([tok.sot_sequence("en", "transcribe") + [tok.no_timestamps]], device=r.device)
     with torch.inference_mode():
-        alone = r.decode_step(r.start(r.encode(mels[:1, :, :frames[0] + 32], None, frames[:1]), 1, 8), prompt)
-        both = r.decode_step(r.start(r.encode(mels[:, :, :max(frames) + 64], None, frames), 1, 8),
-                             prompt.expand(2, -1))
+        alone = r.decode_step(r.start(r.encode(mels[:1, :, : frames[0] + 32], None, frames[:1]), 1, 8), prompt)
+        both = r.decode_step(
+            r.start(r.encode(mels[:, :, : max(frames) + 64], None, frames), 1, 8), prompt.expand(2, -1)
+        )
     torch.testing.assert_close(both[0], alone[0], rtol=1e-3, atol=1e-3)
 
 
@@ -157,6 +164,7 @@ def test_asr_encode_stops_between_blocks(asr, speech):
 
 # -- language model ------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def reference_lm():
     return LMPipeline(build("lm", "torch", "float32"))
@@ -170,6 +178,7 @@ def lm(request, reference_lm):
     backend, _, dtype = request.param.partition(":")
     if dtype:
         from speechrt.kernels.cpu_decode import unavailable
+
         if DEVICE != "cpu" or unavailable():
             pytest.skip(f"the CPU int4 kernel does not run here: {unavailable() or DEVICE}")
     return LMPipeline(build("lm", backend, dtype or "float32"))
@@ -210,8 +219,11 @@ def test_lm_continuous_batching_equals_single_runs(lm):
     batcher = lm.batcher(max_batch=2, max_seq=256)  # two slots for three requests: one waits for a slot
 
     def req(i):
-        return LMRequest(prompts[i], GenerationOptions(max_tokens=lengths[i], stop_token_ids=()),
-                         lambda piece, i=i: got[i].append(piece.token))
+        return LMRequest(
+            prompts[i],
+            GenerationOptions(max_tokens=lengths[i], stop_token_ids=()),
+            lambda piece, i=i: got[i].append(piece.token),
+        )
 
     batcher.submit(req(0))
     for _ in range(3):
@@ -238,6 +250,7 @@ def test_lm_slot_release(lm):
 
 
 # -- speech synthesis ----------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def reference_tts(one_cpu_thread):
@@ -266,7 +279,7 @@ def test_tts_windows_equal_the_whole_sentence(tts, reference_tts):
     borders = np.cumsum([len(c) for c in chunks])[:-1]
     away = np.ones(len(out), bool)
     for b in borders:
-        away[b:b + o.crossfade] = False
+        away[b : b + o.crossfade] = False
     assert np.abs(out - whole)[away].max() <= 1e-4
     assert np.abs(out - whole).max() <= 1e-3
     assert np.abs(whole).max() > 0.1

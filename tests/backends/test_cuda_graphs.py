@@ -1,5 +1,6 @@
 """backends.cuda_graphs without a GPU: the bounded cache of captured steps (capture and replay themselves
 run in `speechrt bench gpu`, on a GPU)."""
+
 from __future__ import annotations
 
 from speechrt.backends.cuda_graphs import GraphCache
@@ -10,6 +11,7 @@ def test_graph_cache_drops_the_least_recently_used():
 
     def make(k):
         return lambda: made.append(k) or f"graph {k}"
+
     c = GraphCache(2)
     assert c.get("a", make("a")) == "graph a" and c.get("b", make("b")) == "graph b"
     assert c.get("a", make("a2")) == "graph a"  # a hit makes nothing and refreshes "a"
@@ -32,6 +34,7 @@ def test_a_step_whose_capture_fails_runs_eagerly_and_is_counted(monkeypatch, cap
     def failing_capture(self):
         tries.append(1)
         raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+
     monkeypatch.setattr(CapturedStep, "_capture", failing_capture)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     x = torch.randn(3, 5)

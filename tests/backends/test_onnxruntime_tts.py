@@ -2,6 +2,7 @@
 shipped graph cut around the flow and the generator into three sessions (OrtTTSRunner) must give what the whole
 graph gives; both must agree with the torch backend through the same runner interface; providers are chosen per
 device with clear errors."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,8 +12,8 @@ import torch
 from speechrt import backends
 from speechrt.errors import UserError
 from speechrt.models.registry import resolve
-from speechrt.pipelines.tts import SynthesisOptions, stream_latent
 from speechrt.models.tts_text import TextFrontEnd
+from speechrt.pipelines.tts import SynthesisOptions, stream_latent
 
 ort_backend = pytest.importorskip("speechrt.backends.onnxruntime_backend")
 
@@ -48,8 +49,11 @@ def test_split_graph_equals_whole_graph(runners):
 def test_runners_agree_through_the_interface(runners, which, tol):
     shipped, torch_r, export = runners
     ort_r = shipped if which == "shipped" else export
-    assert (ort_r.hop_length, ort_r.context_frames, ort_r.sample_rate) == \
-        (torch_r.hop_length, torch_r.context_frames, torch_r.sample_rate)
+    assert (ort_r.hop_length, ort_r.context_frames, ort_r.sample_rate) == (
+        torch_r.hop_length,
+        torch_r.context_frames,
+        torch_r.sample_rate,
+    )
     o = SynthesisOptions(noise_scale=0.0, noise_w=0.0, length_scale=0.8)
     ids = next(TextFrontEnd(ort_r.voice).sentences("Both backends say the same thing."))
     a = torch.cat(list(stream_latent(ort_r, ort_r.latent(ids, o), o))).numpy()
@@ -59,15 +63,26 @@ def test_runners_agree_through_the_interface(runners, which, tol):
 
 def test_the_backend_runs_a_piper_voice_as_its_export(runners):
     export = runners[2]
-    assert (export.info.backend, export.info.format, export.info.model) == \
-        ("onnxruntime", "speechrt-onnx", "piper-en_US-joe-medium")
+    assert (export.info.backend, export.info.format, export.info.model) == (
+        "onnxruntime",
+        "speechrt-onnx",
+        "piper-en_US-joe-medium",
+    )
 
 
 def test_providers_for_devices():
     assert ort_backend.providers_for("cpu") == ["CPUExecutionProvider"]
     have = ort_backend.ort.get_available_providers()
-    gpu = [p for p in ("CUDAExecutionProvider", "ROCMExecutionProvider", "MIGraphXExecutionProvider",
-                       "TensorrtExecutionProvider") if p in have and ort_backend.provider_loadable(p)]
+    gpu = [
+        p
+        for p in (
+            "CUDAExecutionProvider",
+            "ROCMExecutionProvider",
+            "MIGraphXExecutionProvider",
+            "TensorrtExecutionProvider",
+        )
+        if p in have and ort_backend.provider_loadable(p)
+    ]
     if not gpu:
         assert ort_backend.providers_for("auto") == ["CPUExecutionProvider"]
         with pytest.raises(UserError, match="no GPU execution provider.*onnxruntime-gpu"):
@@ -84,13 +99,18 @@ def test_a_listed_provider_whose_library_is_missing_is_left_out(monkeypatch):
     if ort_backend.provider_loadable("TensorrtExecutionProvider"):
         pytest.skip("TensorRT's library loads here: the case is a machine without it")
     assert ort_backend.provider_loadable("CUDAExecutionProvider")
-    monkeypatch.setattr(ort_backend.ort, "get_available_providers",
-                        lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(
+        ort_backend.ort,
+        "get_available_providers",
+        lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+    )
     assert ort_backend.providers_for("cuda:1") == [
         ("CUDAExecutionProvider", {"device_id": 1, "cudnn_conv_algo_search": "HEURISTIC", "use_tf32": 0}),
-        "CPUExecutionProvider"]
-    monkeypatch.setattr(ort_backend.ort, "get_available_providers",
-                        lambda: ["TensorrtExecutionProvider", "CPUExecutionProvider"])
+        "CPUExecutionProvider",
+    ]
+    monkeypatch.setattr(
+        ort_backend.ort, "get_available_providers", lambda: ["TensorrtExecutionProvider", "CPUExecutionProvider"]
+    )
     with pytest.raises(UserError, match="no GPU execution provider"):
         ort_backend.providers_for("cuda")
 

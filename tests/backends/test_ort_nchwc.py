@@ -3,6 +3,7 @@ own optimized graph computes, on the exported voice and on a small graph with th
 alone (a mask broadcast over channels, a speaker's conditioning broadcast over time, a channel count that is not
 a multiple of 16), at odd lengths; a joined graph that computes something else is not used; and it must remove
 reorders on whatever CPU the test runs on (blocks of 8 channels with AVX2, 16 with AVX-512)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,8 +38,11 @@ def test_the_voices_generator_joined_gives_the_same_audio():
     _, removed = join_islands(stock)
     assert removed >= 20 and ort_vits.reorders_removed == removed  # 34 reorders -> 8 (AVX2 and AVX-512 alike)
     rng = np.random.default_rng()
-    _same(path, ort_vits.sessions["generator"],
-          [{"z": rng.standard_normal((1, 192, f), dtype=np.float32)} for f in (1, 7, 27, 133)])
+    _same(
+        path,
+        ort_vits.sessions["generator"],
+        [{"z": rng.standard_normal((1, 192, f), dtype=np.float32)} for f in (1, 7, 27, 133)],
+    )
 
 
 def _small_graph(path):
@@ -47,21 +51,46 @@ def _small_graph(path):
     * mask (a broadcast over channels: must stay plain), -> transposed conv (32 -> 16, stride 2) -> + conv (16)
     of LeakyRelu of it -> conv to 24 channels (no 16-multiple: its LeakyRelu stays plain) -> conv to 16 -> Tanh."""
     rng = np.random.default_rng(0)
-    inits, nodes = [numpy_helper.from_array(np.array([2], np.int64), "axis"),
-                    numpy_helper.from_array(np.array(3.0, np.float32), "three")], []
+    inits, nodes = (
+        [
+            numpy_helper.from_array(np.array([2], np.int64), "axis"),
+            numpy_helper.from_array(np.array(3.0, np.float32), "three"),
+        ],
+        [],
+    )
 
     def conv(x, cin, cout, out, k=3, dil=1, transposed=False, stride=1):
         w = (rng.standard_normal((cin, cout, 1, k) if transposed else (cout, cin, 1, k)) * 0.2).astype(np.float32)
-        inits.extend([numpy_helper.from_array(w, f"{out}.w"),
-                      numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32) * 0.1, f"{out}.b")])
+        inits.extend(
+            [
+                numpy_helper.from_array(w, f"{out}.w"),
+                numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32) * 0.1, f"{out}.b"),
+            ]
+        )
         pad = dil * (k - 1) // 2
         nodes.append(helper.make_node("Unsqueeze", [x, "axis"], [f"{out}.4d"]))
         if transposed:
-            nodes.append(helper.make_node("ConvTranspose", [f"{out}.4d", f"{out}.w", f"{out}.b"], [f"{out}.o4d"],
-                                          kernel_shape=[1, k], strides=[1, stride], pads=[0, (k - stride) // 2] * 2))
+            nodes.append(
+                helper.make_node(
+                    "ConvTranspose",
+                    [f"{out}.4d", f"{out}.w", f"{out}.b"],
+                    [f"{out}.o4d"],
+                    kernel_shape=[1, k],
+                    strides=[1, stride],
+                    pads=[0, (k - stride) // 2] * 2,
+                )
+            )
         else:
-            nodes.append(helper.make_node("Conv", [f"{out}.4d", f"{out}.w", f"{out}.b"], [f"{out}.o4d"],
-                                          kernel_shape=[1, k], dilations=[1, dil], pads=[0, pad, 0, pad]))
+            nodes.append(
+                helper.make_node(
+                    "Conv",
+                    [f"{out}.4d", f"{out}.w", f"{out}.b"],
+                    [f"{out}.o4d"],
+                    kernel_shape=[1, k],
+                    dilations=[1, dil],
+                    pads=[0, pad, 0, pad],
+                )
+            )
         nodes.append(helper.make_node("Squeeze", [f"{out}.o4d", "axis"], [out]))
         return out
 
@@ -76,10 +105,17 @@ def _small_graph(path):
     r = op("Add", [up, conv(op("LeakyRelu", [up], "up.act", alpha=0.1), 16, 16, "c", k=5)], "res")
     odd = conv(r, 16, 24, "odd")
     y = op("Tanh", [conv(op("LeakyRelu", [odd], "odd.act", alpha=0.1), 24, 16, "post")], "y")
-    g = helper.make_graph(nodes, "small", [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 16, "T"]),
-                                           helper.make_tensor_value_info("g", TensorProto.FLOAT, [1, 8, 1]),
-                                           helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 1, "T"])],
-                          [helper.make_tensor_value_info(y, TensorProto.FLOAT, None)], inits)
+    g = helper.make_graph(
+        nodes,
+        "small",
+        [
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 16, "T"]),
+            helper.make_tensor_value_info("g", TensorProto.FLOAT, [1, 8, 1]),
+            helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 1, "T"]),
+        ],
+        [helper.make_tensor_value_info(y, TensorProto.FLOAT, None)],
+        inits,
+    )
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
@@ -95,8 +131,14 @@ def test_a_small_graph_joined_computes_the_same(tmp_path):
     # the broadcasts stay plain: the mask's Mul has no twin, and the Add of g's conditioning is the original
     assert ops.count("Mul") == 1 and any(n.op_type == "Add" and list(n.output) == ["a"] for n in joined.graph.node)
     rng = np.random.default_rng()
-    feeds = [{"z": rng.standard_normal((1, 16, t), dtype=np.float32), "g": rng.standard_normal((1, 8, 1), dtype=np.float32),
-              "mask": (rng.random((1, 1, t)) > 0.3).astype(np.float32)} for t in (1, 5, 33, 100)]
+    feeds = [
+        {
+            "z": rng.standard_normal((1, 16, t), dtype=np.float32),
+            "g": rng.standard_normal((1, 8, 1), dtype=np.float32),
+            "mask": (rng.random((1, 1, t)) > 0.3).astype(np.float32),
+        }
+        for t in (1, 5, 33, 100)
+    ]
     _same(path, session(joined.SerializeToString(), CPU, 1, optimized=True), feeds)
     _same(path, joined_session(path, CPU, 1)[0], feeds)
 
@@ -144,5 +186,14 @@ def test_a_graph_that_cannot_be_optimized_runs_as_it_is(tmp_path, monkeypatch, c
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
     sess, removed = joined_session(path, CPU, 1)
     assert removed == 0 and "not joining the NCHWc islands" in caplog.text
-    _same(path, sess, [{"z": np.ones((1, 16, 9), np.float32), "g": np.ones((1, 8, 1), np.float32),
-                        "mask": np.ones((1, 1, 9), np.float32)}])
+    _same(
+        path,
+        sess,
+        [
+            {
+                "z": np.ones((1, 16, 9), np.float32),
+                "g": np.ones((1, 8, 1), np.float32),
+                "mask": np.ones((1, 1, 9), np.float32),
+            }
+        ],
+    )

@@ -1,5 +1,6 @@
 """The ops the Llama model adds to the kernel set (int8 / int4 weight-only linear, GQA attention) against
 their plain definitions, and the torch LM runner's option checks."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,8 +29,12 @@ def test_linear_int8_matches_definition(shape):
     assert torch.allclose(ref.linear_int8_ref(x.float(), w, s), exact32, rtol=1e-4, atol=1e-3)
     # a non-contiguous input (a slice of a fused projection) works too
     xx = torch.randn(shape[0], 2 * K, generator=g).bfloat16()[:, :K]
-    assert torch.allclose(ref.linear_int8(xx, w, s.bfloat16()).float(),
-                          xx.float() @ (w.float() * s.bfloat16().float()[:, None]).t(), rtol=2e-2, atol=0.05)
+    assert torch.allclose(
+        ref.linear_int8(xx, w, s.bfloat16()).float(),
+        xx.float() @ (w.float() * s.bfloat16().float()[:, None]).t(),
+        rtol=2e-2,
+        atol=0.05,
+    )
 
 
 @pytest.mark.parametrize("M,K,N", [(1, 576, 960), (5, 256, 64), (8, 1536, 576)])
@@ -119,6 +124,7 @@ def test_dense_prefill_copy_matches_the_quantized_weights(fmt, rows, dense_dtype
 
 # -- int4 on the CPU through kernels/cpu_decode (backends/torch_cpu_lm) ---------------------------------------
 
+
 @pytest.fixture(scope="module")
 def cpu_int4():
     from speechrt import backends
@@ -150,8 +156,8 @@ def test_int4_long_prompts_batches_and_bad_prompts(cpu_int4):
     long = torch.randint(0, r.config.vocab_size, (2 * n + 7,), generator=g)
     c = r.new_cache(n + 3, 2 * n + 16)
     whole = r.prefill(c, 0, long)
-    r.prefill(c, 1, long[:n - 5])
-    cut = r.prefill(c, 1, long[n - 5:], start=n - 5)
+    r.prefill(c, 1, long[: n - 5])
+    cut = r.prefill(c, 1, long[n - 5 :], start=n - 5)
     assert torch.equal(whole, cut) and c.lengths[:2] == [len(long)] * 2
     prompts = [torch.randint(0, r.config.vocab_size, (t,), generator=g) for t in (5, n, 9)]
     bad = torch.tensor([1, 2, r.config.vocab_size])
@@ -174,4 +180,4 @@ def test_int4_long_prompts_batches_and_bad_prompts(cpu_int4):
     assert all(c.lengths[s] == before[s] + 1 for s in slots) and c.lengths[3] == before[3]
     for i in (0, len(slots) - 1):
         alone = type(c)(k0.clone(), v0.clone(), list(before))
-        assert torch.equal(r.decode_step(alone, [slots[i]], tokens[i:i + 1])[0], both[i])
+        assert torch.equal(r.decode_step(alone, [slots[i]], tokens[i : i + 1])[0], both[i])

@@ -4,6 +4,7 @@ and live options, live openings capped at 4 tokens, drafts checked and re-fed), 
 the same tokens. On the CPU the slot path runs uncaptured on the reference kernels (what differs from the plain
 runner is only the slots: padded rows, caches and encoder keys/values, states moved in and out); `speechrt
 bench gpu --checks asr-batches` runs the same comparison captured on a GPU with the Triton kernels."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,9 +14,9 @@ import pytest
 import torch
 
 from speechrt.backends.torch_asr import TorchASRRunner
+from speechrt.backends.triton_asr import TritonASRRunner
 from speechrt.bench.gpu import random_cuts
 from speechrt.cli_asr import sample_path
-from speechrt.backends.triton_asr import TritonASRRunner
 from speechrt.models.audio import load_audio
 from speechrt.models.registry import resolve
 from speechrt.models.whisper_loaders import load_weights
@@ -48,8 +49,11 @@ def test_server_batches_on_the_slots_give_the_plain_runners_tokens(pipelines):
     def cuts(k):
         return random_cuts(audio, k, rng, 6)
 
-    batches = [(cuts(rng.randint(3, 6)), final, None), (cuts(rng.randint(1, 2)), opening, None),
-               (cuts(rng.randint(5, 8)), final, None)]
+    batches = [
+        (cuts(rng.randint(3, 6)), final, None),
+        (cuts(rng.randint(1, 2)), opening, None),
+        (cuts(rng.randint(5, 8)), final, None),
+    ]
     grown = cuts(3)  # live rounds of growing turns: each drafted with the transcript of its first 70 %
     drafts = [r.tokens for r in plain.transcribe_batch([a[: len(a) * 7 // 10] for a in grown], live)]
     batches.append((grown, live, drafts))
@@ -66,8 +70,9 @@ def test_warm_batches_reach_every_buckets_step_and_prompt_widths():
     every batch-size bucket up to --max-batch its slot, so no bucket compiles or captures while serving; the
     clips are real speech, so each batch decodes past its prompt."""
     cpu = torch.device("cpu")
-    fresh = ASRPipeline(TritonASRRunner(load_weights(resolve(None, "asr")), cpu, torch.float32, capture=False,
-                                        kernels="torch"))
+    fresh = ASRPipeline(
+        TritonASRRunner(load_weights(resolve(None, "asr")), cpu, torch.float32, capture=False, kernels="torch")
+    )
     assert fresh.runner.slot_rows == []
     fresh.warm_batches(6)
     assert {2, 4, 8} <= set(fresh.runner.slot_rows) <= {1, 2, 4, 8}

@@ -5,6 +5,7 @@ steps where a row it would write is full. On the CPU the graph path runs uncaptu
 (what differs from the plain runner is only the covering range); `bench gpu --checks lm-graphs` compares
 captured steps with eager ones on a GPU, scattered slots included (that part has not run on a GPU yet).
 """
+
 from __future__ import annotations
 
 import random
@@ -19,8 +20,13 @@ from speechrt.pipelines.lm import LMPipeline
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
-CHATS = ["What is the capital of France?", "How many legs does a spider have?", "Give me one tip for sleeping.",
-         "Name a colour of the sky.", "Count to three."]
+CHATS = [
+    "What is the capital of France?",
+    "How many legs does a spider have?",
+    "Give me one tip for sleeping.",
+    "Name a colour of the sky.",
+    "Count to three.",
+]
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """Benchmark CLI tests: real `speechrt bench` runs on the embedded models, small enough for CI (a short
 sentence, few repeats), in their own processes as a user runs them."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,8 +13,9 @@ from speechrt.bench.record import Record, Repeats, load
 
 
 def run_bench(*args, timeout=600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "speechrt", "bench", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "speechrt", "bench", *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="session")
@@ -32,8 +34,19 @@ def measure_tts_pair(d) -> list:
     CPU, two-thread runs swing by tens of percent with the other work's load (OpenMP barriers wait for a
     descheduled thread), one-thread runs by a few percent."""
     whole = d / "whole.json"
-    r = run_bench("tts", "--backends", "torch,onnxruntime", "--repeats", "16", "--threads", "1", "--text",
-                  "The weather is nice today.", "--json", whole)
+    r = run_bench(
+        "tts",
+        "--backends",
+        "torch,onnxruntime",
+        "--repeats",
+        "16",
+        "--threads",
+        "1",
+        "--text",
+        "The weather is nice today.",
+        "--json",
+        whole,
+    )
     assert r.returncode == 0, r.stderr
     res = load(whole)
     out = []

@@ -2,6 +2,7 @@
 speechrt.bench.avx2_proxy (ONNX Runtime held to its AVX2 kernels by patching its reads of XCR0): the flags a
 capped process sees, the patch on a small library whose XGETBV result is read back, and a patched copy of the
 installed ONNX Runtime computing what the installed one does."""
+
 from __future__ import annotations
 
 import ctypes
@@ -18,8 +19,9 @@ from speechrt.kernels import cpu_decode
 from speechrt.machine import BEYOND_AVX2, cpu_flags
 
 x86 = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="XGETBV is an x86 instruction")
-tools = pytest.mark.skipif(shutil.which("objdump") is None or shutil.which("cc") is None,
-                           reason="needs objdump (binutils) and a C compiler")
+tools = pytest.mark.skipif(
+    shutil.which("objdump") is None or shutil.which("cc") is None, reason="needs objdump (binutils) and a C compiler"
+)
 
 
 def test_cpu_isa_avx2_hides_wider_flags(monkeypatch):

@@ -1,5 +1,6 @@
 """`speechrt bench compare`: a synthetic 20 % slowdown of a real run fails naming its rows; two interleaved
 real runs of the same commit pass; a shift of the median alone, or of the best repeat alone, is noise."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,9 +14,14 @@ def _slower(path, out, k=1.2, engines=None):
     their repeats alike."""
     res = load(path)
     f = {"lower": k, "higher": 1 / k}
-    res.records = [dataclasses.replace(r, value=r.value * f[r.better],
-                                       repeats=r.repeats.scaled(f[r.better]) if r.repeats else None)
-                   if r.better and (engines is None or r.engine in engines) else r for r in res.records]
+    res.records = [
+        dataclasses.replace(
+            r, value=r.value * f[r.better], repeats=r.repeats.scaled(f[r.better]) if r.repeats else None
+        )
+        if r.better and (engines is None or r.engine in engines)
+        else r
+        for r in res.records
+    ]
     res.write(out, machine=res.machine)
     return res
 
@@ -68,8 +74,21 @@ def test_two_runs_of_the_same_commit_pass(bench, tts_runs, tts_pair, tmp_path):
 
 def test_noise_is_not_a_regression():
     def rec(lo, med, hi, better="lower"):
-        return Record(family="tts", model="m", engine="speechrt", backend="torch", precision="float32", device="cpu",
-                      workload="w", metric="rtf", unit="x", value=med, better=better, repeats=Repeats(5, lo, med, hi))
+        return Record(
+            family="tts",
+            model="m",
+            engine="speechrt",
+            backend="torch",
+            precision="float32",
+            device="cpu",
+            workload="w",
+            metric="rtf",
+            unit="x",
+            value=med,
+            better=better,
+            repeats=Repeats(5, lo, med, hi),
+        )
+
     base = Results([rec(0.9, 1.0, 1.1)])
     # disturbed repeats: the median 25 % worse, the best as before
     (c,), _ = compare(base, Results([rec(0.92, 1.25, 1.6)]), 0.1)

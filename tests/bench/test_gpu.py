@@ -1,5 +1,6 @@
 """`speechrt bench gpu` without a GPU: every check that needs one is skipped with the reason, the file is
 written, and the exit status is 0; the provider comparison it runs on GPUs works on the CPU provider."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,8 +19,17 @@ def test_bench_gpu_skips_clearly_without_a_gpu(bench, tmp_path):
     assert [c.name for c in res.checks] == list(CHECKS)
     by = {c.name: c for c in res.checks}
     assert all(c.status == "skip" for c in res.checks if c.name != "onnxruntime"), res.checks
-    for name in ("gpu", "kernels", "asr-triton", "lm-triton", "asr-onnxruntime", "lm-onnxruntime", "cuda-graphs",
-                 "lm-graphs", "roofline"):
+    for name in (
+        "gpu",
+        "kernels",
+        "asr-triton",
+        "lm-triton",
+        "asr-onnxruntime",
+        "lm-onnxruntime",
+        "cuda-graphs",
+        "lm-graphs",
+        "roofline",
+    ):
         assert "no CUDA or ROCm GPU is visible to PyTorch here" in by[name].detail
         assert f"SKIP {name}" in r.stdout
     ort = by["onnxruntime"]  # runs wherever a GPU provider is installed, a GPU or not

@@ -1,4 +1,5 @@
 """bench.lm_step's accounting of the bytes a decode step reads, on a small graph built here."""
+
 import re
 
 import numpy as np
@@ -12,33 +13,45 @@ def _graph(tied: bool):
     rng = np.random.default_rng(0)
     K, N, V = 32, 8, 16
     inits = {
-        "emb": rng.standard_normal((V, K)).astype(np.float32),         # read one row per token: 128 bytes
-        "norm.w": np.ones(K, np.float32),                              # other: 128
-        "lin.q": rng.integers(0, 256, (N, 1, 16), dtype=np.uint8),     # block weights: 128 + scales 32
+        "emb": rng.standard_normal((V, K)).astype(np.float32),  # read one row per token: 128 bytes
+        "norm.w": np.ones(K, np.float32),  # other: 128
+        "lin.q": rng.integers(0, 256, (N, 1, 16), dtype=np.uint8),  # block weights: 128 + scales 32
         "lin.s": np.ones(N, np.float32),
-        "corr.w": rng.standard_normal((N, N)).astype(np.float32),      # dense: 256
-        "head.q": rng.integers(0, 256, (V, 1, 16), dtype=np.uint8),    # head: 256 + scales 64
+        "corr.w": rng.standard_normal((N, N)).astype(np.float32),  # dense: 256
+        "head.q": rng.integers(0, 256, (V, 1, 16), dtype=np.uint8),  # head: 256 + scales 64
         "head.s": np.ones(V, np.float32),
     }
     nodes = [
         helper.make_node("Gather", ["head.q" if tied else "emb", "ids"], ["x0"]),
         helper.make_node("SimplifiedLayerNormalization", ["x0", "norm.w"], ["x1"]),
-        helper.make_node("MatMulNBits", ["x1", "lin.q", "lin.s"], ["y"], domain="com.microsoft", K=K, N=N, bits=4,
-                         block_size=32),
+        helper.make_node(
+            "MatMulNBits", ["x1", "lin.q", "lin.s"], ["y"], domain="com.microsoft", K=K, N=N, bits=4, block_size=32
+        ),
         helper.make_node("MatMul", ["y", "corr.w"], ["y2"]),
-        helper.make_node("MatMulNBits", ["x1", "head.q", "head.s"], ["logits"], domain="com.microsoft", K=K, N=V,
-                         bits=4, block_size=32),
+        helper.make_node(
+            "MatMulNBits",
+            ["x1", "head.q", "head.s"],
+            ["logits"],
+            domain="com.microsoft",
+            K=K,
+            N=V,
+            bits=4,
+            block_size=32,
+        ),
     ]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 1])],
-                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1, V])],
-                          [numpy_helper.from_array(v, k) for k, v in inits.items() if tied is False or k != "emb"])
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 1])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1, V])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items() if tied is False or k != "emb"],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
 
 
 def test_step_bytes_by_reader():
     b = step_bytes(_graph(tied=False))
-    assert b == {"head": 256 + 64, "block weights": 128 + 32, "dense weights": 256, "embedding row": 128,
-                 "other": 128}
+    assert b == {"head": 256 + 64, "block weights": 128 + 32, "dense weights": 256, "embedding row": 128, "other": 128}
     assert node_counts(_graph(False))["MatMulNBits"] == 2
 
 
@@ -49,6 +62,7 @@ def test_a_tied_table_counts_once_as_the_head():
 
 def test_bare_step_names_what_it_does_not_know(tmp_path):
     import onnx
+
     p = tmp_path / "g.onnx"
     onnx.save(_graph(False), str(p))
     with pytest.raises(ValueError, match="not a decode graph"):
@@ -78,6 +92,7 @@ def test_bare_steps_of_our_export(capsys):
 
 def test_graphs_named_by_folder_where_stems_repeat(tmp_path):
     from speechrt.bench.lm_step import graph_names
+
     a, b, c = tmp_path / "ours" / "model.onnx", tmp_path / "genai" / "model.onnx", tmp_path / "x.onnx"
     assert graph_names([a, b, c]) == {"ours": a, "genai": b, "x": c}
 

@@ -2,6 +2,7 @@
 (streaming.session.FINAL_MARGIN_S) keeps the WER of whole 30-s windows on the engine the server runs (ONNX
 Runtime int8) — equal on the Zen 4 it was chosen on; one word of slack over the 12 clips for other CPUs'
 rounding — and encodes less than a whole window."""
+
 from __future__ import annotations
 
 import speechrt

@@ -1,4 +1,5 @@
 """`python -m speechrt.bench.pause_study`: turns with a pause inside, against a real `speechrt serve`, briefly."""
+
 from __future__ import annotations
 
 import re
@@ -15,8 +16,11 @@ def test_turns_with_a_pause_inside_are_answered_once_each(capsys):
         # the pause inside did not end the turn: one transcript of both parts, after the 800-ms pause that did
         assert wer(f"{first} {then}", r["transcript"]) <= 0.3, r
         assert 0.7 < r["final"] <= r["v2v"] < 60, r
-    m = re.search(r"replies begun in pauses (\d+), taken over (\d+); replies' prompt tokens found in the cache: "
-                  r"(\d+) of (\d+)", out)
+    m = re.search(
+        r"replies begun in pauses (\d+), taken over (\d+); replies' prompt tokens found in the cache: "
+        r"(\d+) of (\d+)",
+        out,
+    )
     assert m, out
     begun, used, reused, total = map(int, m.groups())
     assert used <= min(begun, 2) and 0 <= reused <= total and total > 0

@@ -1,4 +1,5 @@
 """The result schema and the machine fingerprint: what every `--json` file holds."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -17,8 +18,19 @@ from speechrt.errors import UserError
 
 
 def _record(**kw) -> Record:
-    base = dict(family="asr", model="m", engine="speechrt", backend="torch", precision="float32", device="cpu",
-                workload="w", metric="rtf", unit="x", value=0.1, better="lower")
+    base = dict(
+        family="asr",
+        model="m",
+        engine="speechrt",
+        backend="torch",
+        precision="float32",
+        device="cpu",
+        workload="w",
+        metric="rtf",
+        unit="x",
+        value=0.1,
+        better="lower",
+    )
     return Record(**{**base, **kw})
 
 
@@ -34,8 +46,12 @@ def test_record_checks_its_fields():
 
 
 def test_write_and_load_round_trip(tmp_path):
-    res = Results([_record(repeats=Repeats.of([0.12, 0.1, 0.11]), peer="faster-whisper int8", params={"threads": 2}),
-                   _record(engine="faster-whisper", backend="ctranslate2", precision="int8", value=0.05)])
+    res = Results(
+        [
+            _record(repeats=Repeats.of([0.12, 0.1, 0.11]), peer="faster-whisper int8", params={"threads": 2}),
+            _record(engine="faster-whisper", backend="ctranslate2", precision="int8", value=0.05),
+        ]
+    )
     res.skip("lm", "llama.cpp", "not installed")
     path = tmp_path / "r.json"
     res.write(path)
@@ -72,11 +88,14 @@ def test_pinned_process_counts_its_cores():
     import subprocess
     import sys
 
-    code = ("import json, os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-            "from speechrt.bench import fingerprint as f; m = f.fingerprint(); "
-            "print(json.dumps([m['cpu']['logical_cores'], m['cpu']['machine_logical_cores'], f.describe(m)]))")
-    one, total, caption = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                                    check=True).stdout)
+    code = (
+        "import json, os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+        "from speechrt.bench import fingerprint as f; m = f.fingerprint(); "
+        "print(json.dumps([m['cpu']['logical_cores'], m['cpu']['machine_logical_cores'], f.describe(m)]))"
+    )
+    one, total, caption = json.loads(
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    )
     assert one == 1 and total == os.cpu_count()
     assert (f"(1 of {total} logical cores" in caption) if total > 1 else "(1 logical cores" in caption
 
@@ -84,8 +103,11 @@ def test_pinned_process_counts_its_cores():
 def test_fingerprint_matches_this_machine():
     m = fingerprint.fingerprint()
     cpu = m["cpu"]
-    flags = set(next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags"))
-                .split(":")[1].split())
+    flags = set(
+        next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags"))
+        .split(":")[1]
+        .split()
+    )
     for feature in ("avx2", "avx512f", "amx_tile", "avx512_bf16"):
         assert cpu["isa"][feature] == (feature in flags), feature
     cap = torch.backends.cpu.get_cpu_capability()
@@ -94,7 +116,9 @@ def test_fingerprint_matches_this_machine():
         assert cpu["isa"]["avx2"]
     assert cpu["memory_gib"] > 0 and cpu["machine_logical_cores"] == os.cpu_count()
     assert cpu["logical_cores"] == len(os.sched_getaffinity(0))  # what taskset leaves this process
-    entry = dict(ln.split(":", 1) for ln in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines() if ":" in ln)
+    entry = dict(
+        ln.split(":", 1) for ln in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines() if ":" in ln
+    )
     entry = {k.strip(): v.strip() for k, v in entry.items()}
     if "cpu family" in entry:  # x86: the family and model number lscpu prints
         assert cpu["family"] == f"family {entry['cpu family']} model {entry['model']}"
@@ -102,8 +126,9 @@ def test_fingerprint_matches_this_machine():
     sw = m["software"]
     assert sw["packages"]["torch"] == importlib.metadata.version("torch")
     assert sw["speechrt"] == speechrt.__version__
-    head = subprocess.run(["git", "-C", str(Path(speechrt.__file__).parent.parent), "rev-parse", "HEAD"],
-                          capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "-C", str(Path(speechrt.__file__).parent.parent), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     assert sw["git_commit"] == (head or None)
     assert m["gpus"] == [] if not torch.cuda.is_available() else m["gpus"][0]["name"] == torch.cuda.get_device_name(0)
     assert "CPUExecutionProvider" in sw["onnxruntime_providers"]

@@ -2,6 +2,7 @@
 speech, its records per level, and the highest level that keeps p95 final latency <= 1 s. The peer
 (WhisperLive) needs its own virtual environment with network installs: its test runs only where one
 exists (`speechrt bench server --setup-peer`, or $SPEECHRT_PEER_VENV)."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,7 +14,7 @@ from speechrt.bench.record import load
 def _check_sweep(res, engine, levels):
     rows = [r for r in res.records if r.engine == engine]
     ran = sorted({r.params["streams"] for r in rows if "streams" in r.params})
-    assert ran and ran == levels[:len(ran)], ran
+    assert ran and ran == levels[: len(ran)], ran
     by = {(r.params.get("streams"), r.metric): r for r in rows}
     ok, meets = [], []
     for n in ran:
@@ -70,20 +71,34 @@ def test_level_summary_compares_the_same_utterances_alone():
     live deltas did not add up to their final transcript."""
     from speechrt.bench.server import _summary
 
-    alone = _summary(1, [{"text": "turn off the lights", "transcript": "Turn off the lights.", "final": 0.2},
-                         {"text": "add milk and eggs", "transcript": "And no can eggs.", "final": 0.3}], False)
+    alone = _summary(
+        1,
+        [
+            {"text": "turn off the lights", "transcript": "Turn off the lights.", "final": 0.2},
+            {"text": "add milk and eggs", "transcript": "And no can eggs.", "final": 0.3},
+        ],
+        False,
+    )
     assert alone["wer"] == 3 / 8 and alone["live_inconsistent"] == 0
-    loaded = [{"text": "add milk and eggs", "transcript": "And milk and eggs.", "final": 0.5, "partial": 0.9,
-               "live_consistent": False},
-              {"text": "add milk and eggs", "transcript": "And no can eggs.", "final": 0.6, "live_consistent": True}]
+    loaded = [
+        {
+            "text": "add milk and eggs",
+            "transcript": "And milk and eggs.",
+            "final": 0.5,
+            "partial": 0.9,
+            "live_consistent": False,
+        },
+        {"text": "add milk and eggs", "transcript": "And no can eggs.", "final": 0.6, "live_consistent": True},
+    ]
     row = _summary(2, loaded, False, alone)
     assert row["wer"] == 4 / 8 and row["wer_alone"] == 6 / 8  # alone, both were "And no can eggs."
     assert row["live_inconsistent"] == 1 and row["partial"]["samples"] == [0.9]
     assert row["ok"] and row["meets"]  # final p95 0.6 s, live p50 0.9 s, WER below the same utterances alone
     slow_live = _summary(2, [dict(loaded[0], partial=1.5)], False, alone)
     assert slow_live["ok"] and not slow_live["meets"]  # live text p50 over 1 s
-    worse = _summary(2, [{"text": "turn off the lights", "transcript": "Turn of the light.", "final": 0.4}], False,
-                     alone)
+    worse = _summary(
+        2, [{"text": "turn off the lights", "transcript": "Turn of the light.", "final": 0.4}], False, alone
+    )
     assert worse["ok"] and worse["wer"] == 0.5 and worse["wer_alone"] == 0 and not worse["meets"]
     stranger = _summary(2, [{"text": "a sentence alone never spoke", "transcript": "", "final": 1.0}], False, alone)
     assert "wer_alone" not in stranger and stranger["wer"] == 1.0
@@ -94,9 +109,11 @@ def test_streams_must_be_positive(bench):
     assert r.returncode == 2 and "--streams must be a positive number or a comma list" in r.stderr
 
 
-@pytest.mark.skipif(whisper_live.unavailable(whisper_live.DEFAULT_VENV) is not None,
-                    reason="the WhisperLive peer is not installed: `speechrt bench server --setup-peer` "
-                           "(or set SPEECHRT_PEER_VENV); its install needs the package index")
+@pytest.mark.skipif(
+    whisper_live.unavailable(whisper_live.DEFAULT_VENV) is not None,
+    reason="the WhisperLive peer is not installed: `speechrt bench server --setup-peer` "
+    "(or set SPEECHRT_PEER_VENV); its install needs the package index",
+)
 def test_sweep_with_the_whisper_live_peer(bench, tmp_path):
     out = tmp_path / "sweep.json"
     r = bench("server", "--streams", "1", "--utterances", "2", "--peer", "whisper-live", "--json", out)
@@ -123,7 +140,7 @@ def test_long_recording_speaks_without_a_pause():
 
     text, pcm, s0, s1 = _long_recording([rec("one", RATE * 2), rec("two", RATE * 3)], 9.0)
     assert text == "one two one two" and s0 == 0.5
-    speech = np.frombuffer(pcm, "<i2")[int(s0 * RATE): int(round(s1 * RATE))]
+    speech = np.frombuffer(pcm, "<i2")[int(s0 * RATE) : int(round(s1 * RATE))]
     assert abs(len(speech) / RATE - (10 + 3 * 0.15)) < 1e-6
     assert (speech != 0).sum() == 10 * RATE and len(pcm) // 2 == int(round(s1 * RATE)) + 2 * RATE
 

@@ -1,6 +1,7 @@
 """`speechrt bench all`: the plan follows the backend registry, and a real --quick run of one family gives
 one file with every backend that runs here, the peer measured once, and a skip with the reason for the
 backend that cannot run here."""
+
 from __future__ import annotations
 
 import io

@@ -1,4 +1,5 @@
 """`bench tts` interleaves its engines; the order must never run one engine twice in a row."""
+
 from __future__ import annotations
 
 from speechrt.bench.tts import turns

@@ -1,4 +1,5 @@
 """`python -m speechrt.bench.vad_study` runs every mode it compares, on the real Silero graphs, briefly."""
+
 from __future__ import annotations
 
 from speechrt.bench import vad_study

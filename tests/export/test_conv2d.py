@@ -1,6 +1,7 @@
 """export/conv2d.py: 1-D convolutions run as 2-D ones of height 1 compute what they computed, on fresh random
 graphs with every attribute the VITS graphs use (padding, dilation, groups, stride, transposed, a shared
 weight), and leave alone what they cannot rewrite."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -45,8 +46,9 @@ def _graph(rng, cin: int, shared_weight_input: bool = False) -> onnx.ModelProto:
         nodes.append(helper.make_node("Conv", ["t", "wx"], ["y"], pads=[1, 1]))
     else:
         nodes.append(helper.make_node("Identity", ["t"], ["y"]))
-    g = helper.make_graph(nodes, "g", ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, "S"])],
-                          initializer=inits)
+    g = helper.make_graph(
+        nodes, "g", ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, "S"])], initializer=inits
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     return m
@@ -84,7 +86,12 @@ def test_what_cannot_be_rewritten_is_left():
     x = rng.standard_normal((1, 4, 50)).astype(np.float32)
     wx = rng.standard_normal((8, 8, 3)).astype(np.float32)
     np.testing.assert_allclose(_run(m2, {"x": x, "wx": wx}), _run(m, {"x": x, "wx": wx}), rtol=1e-5, atol=1e-5)
-    plain = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                                                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3])],
-                                                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3])]))
+    plain = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["y"])],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3])],
+        )
+    )
     assert convs_as_2d(plain).graph == plain.graph  # no convolution: nothing added

@@ -2,6 +2,7 @@
 weights: Whisper logits (fp32) and transcripts, Llama greedy ids (int4 vs our torch int4; the factual prompt
 answered as float32 answers it), VITS audio with noise 0 and with a seed; the manifest as the contract
 (registry, CLI, errors). Exports are made once per session through the export cache (tests/conftest.py)."""
+
 from __future__ import annotations
 
 import json
@@ -22,10 +23,16 @@ from speechrt.pipelines.lm import LMPipeline
 from speechrt.pipelines.lm_batching import stream
 from speechrt.pipelines.tts import load_tts
 
-PROMPTS = ["What is the capital of France?", "Who wrote Pride and Prejudice?", "Write a haiku about the sea.",
-           "List three uses of copper."]
-SPEECH = ["The museum opens at nine and closes at five on weekdays.",
-          "I would like a cup of coffee with a little sugar, please."]
+PROMPTS = [
+    "What is the capital of France?",
+    "Who wrote Pride and Prejudice?",
+    "Write a haiku about the sea.",
+    "List three uses of copper.",
+]
+SPEECH = [
+    "The museum opens at nine and closes at five on weekdays.",
+    "I would like a cup of coffee with a little sugar, please.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +43,9 @@ def tts_export(tmp_path_factory):
 
 
 def _greedy(lm, ids, n=32):
-    return [ev.token for ev in stream(lm.runner, lm.tokenizer, [ids], GenerationOptions(max_tokens=n, stop_token_ids=()))]
+    return [
+        ev.token for ev in stream(lm.runner, lm.tokenizer, [ids], GenerationOptions(max_tokens=n, stop_token_ids=()))
+    ]
 
 
 def test_manifest_is_the_contract(tts_export):
@@ -75,8 +84,10 @@ def test_vits_export_equals_torch(tts_export):
 @pytest.fixture(scope="module")
 def asr_pair():
     m = resolve(None, "asr")
-    return (ASRPipeline(backends.get("onnxruntime").asr(m, dtype="float32")),
-            ASRPipeline(backends.get("torch").asr(m, dtype="float32")))
+    return (
+        ASRPipeline(backends.get("onnxruntime").asr(m, dtype="float32")),
+        ASRPipeline(backends.get("torch").asr(m, dtype="float32")),
+    )
 
 
 def test_whisper_logits_and_transcripts(asr_pair, synth):
@@ -108,8 +119,11 @@ def test_whisper_trimmed_rows_match_torch(asr_pair):
         for row, n in enumerate([347, 347, 151, 151]):
             for a, b in ((ka, kb), (va, vb)):
                 assert (a[row, :, :n] - b[row, :, :n]).abs().max() <= 1e-3 * b[row, :, :n].abs().max()
-    steps = [torch.randint(0, 50000, (4, 5), generator=g), torch.randint(0, 50000, (4, 1), generator=g),
-             torch.randint(0, 50000, (4, 3), generator=g)]
+    steps = [
+        torch.randint(0, 50000, (4, 5), generator=g),
+        torch.randint(0, 50000, (4, 1), generator=g),
+        torch.randint(0, 50000, (4, 3), generator=g),
+    ]
     for i, step in enumerate(steps):
         last = i == 1
         a, b = ours.decode_step(sa, step, last_only=last), ref.decode_step(sb, step, last_only=last)
@@ -140,7 +154,7 @@ def test_whisper_int8_prompt_graph():
     tokens = torch.tensor([[50257, 50362] + [440, 2068, 11, 1312] * 12])
     full = r.decode_step(r.start(enc, 1, 448), tokens, last_only=False)  # the float32 graph
     split = r.start(enc, 1, 448)
-    steps = [r.decode_step(split, tokens[:, i:i + 1], last_only=False) for i in range(tokens.shape[1])]
+    steps = [r.decode_step(split, tokens[:, i : i + 1], last_only=False) for i in range(tokens.shape[1])]
     parts = torch.cat(steps, 1)  # the int8 step graph, one row at a time
     assert torch.isfinite(full).all() and (full - parts).abs().max() <= 0.05 * parts.abs().max()
     assert (full.argmax(-1) == parts.argmax(-1)).float().mean() >= 0.9
@@ -153,8 +167,8 @@ def test_whisper_int8_prompt_graph():
     r.decode_step(both, prompt)
     batch = r.decode_step(both, torch.full((n, 1), 440))  # n rows: the float32 graph
     for i in range(n):
-        one = r.start(type(enc)([s[i:i + 1] for s in enc.states], enc.lengths[i:i + 1]), 1, 448)
-        r.decode_step(one, prompt[i:i + 1])
+        one = r.start(type(enc)([s[i : i + 1] for s in enc.states], enc.lengths[i : i + 1]), 1, 448)
+        r.decode_step(one, prompt[i : i + 1])
         alone = r.decode_step(one, torch.full((1, 1), 440))[0]  # 1 row: the int8 graph
         assert (batch[i] - alone).abs().max() <= 0.05 * alone.abs().max(), i
         assert torch.topk(alone, 5).indices.tolist().count(int(batch[i].argmax())) == 1, i
@@ -258,8 +272,9 @@ def test_serve_loads_onnxruntime_models():
     p = argparse.ArgumentParser()
     cli_serve.add_arguments(p)
     # (the voice's backend named: `auto` picks onnxruntime for it on some CPU kinds)
-    asr, lm, tts = cli_serve.load_models(p.parse_args(["--asr-backend", "onnxruntime", "--lm-backend", "onnxruntime",
-                                                       "--tts-backend", "torch"]))
+    asr, lm, tts = cli_serve.load_models(
+        p.parse_args(["--asr-backend", "onnxruntime", "--lm-backend", "onnxruntime", "--tts-backend", "torch"])
+    )
     assert (asr.info.backend, lm.info.backend, tts.info.backend) == ("onnxruntime", "onnxruntime", "torch")
     assert asr.info.format == lm.info.format == "speechrt-onnx" and lm.info.precision == "int4"
     reply = "".join(lm.chat("What is the capital of France?", max_tokens=8))
@@ -273,8 +288,9 @@ def test_backend_auto_follows_the_table():
     assert kind in ("amx", "avx512", "avx2", "generic")
     assert auto.machine_kind("cuda") == ("rocm" if torch.version.hip else "nvidia")
     gpu_lm = auto.choose("lm", "cuda")  # measured on an H200: triton, or torch where Triton is missing
-    assert (gpu_lm.backend, gpu_lm.dtype) == (("triton", "bfloat16") if "triton" in backends.available("lm")
-                                              else ("torch", None))
+    assert (gpu_lm.backend, gpu_lm.dtype) == (
+        ("triton", "bfloat16") if "triton" in backends.available("lm") else ("torch", None)
+    )
     c = auto.choose("lm", "cpu")
     assert c == auto.TABLE.get((kind, "lm"), c) and c.backend in backends.available("lm")
     r = backends.get("auto").tts(resolve(None, "tts"))
@@ -289,8 +305,9 @@ def test_backend_auto_on_an_amx_cpu(monkeypatch):
     never gets the AMX table's entries."""
     from speechrt.backends import auto
 
-    monkeypatch.setattr(auto, "cpu_features", lambda: frozenset({"avx2", "avx512f", "avx512_bf16", "amx_tile",
-                                                                 "amx_bf16"}))
+    monkeypatch.setattr(
+        auto, "cpu_features", lambda: frozenset({"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"})
+    )
     assert auto.machine_kind("cpu") == "amx"
     got = {f: (auto.choose(f, "cpu").backend, auto.choose(f, "cpu").dtype) for f in ("asr", "lm", "tts")}
     assert got == {"asr": ("onnxruntime", "int8"), "lm": ("onnxruntime", "int4"), "tts": ("onnxruntime", None)}
@@ -320,8 +337,13 @@ def test_backend_auto_takes_the_runner_up_where_a_choice_cannot_run(monkeypatch)
     from speechrt.backends import auto
 
     kind = auto.machine_kind("cpu")
-    entry = auto.Choice("torch", "int4", "measured", needs="cpu int4 kernel",
-                        instead=auto.Choice("onnxruntime", "int4", "the runner-up"))
+    entry = auto.Choice(
+        "torch",
+        "int4",
+        "measured",
+        needs="cpu int4 kernel",
+        instead=auto.Choice("onnxruntime", "int4", "the runner-up"),
+    )
     monkeypatch.setitem(auto.TABLE, (kind, "lm"), entry)
     if auto.NEEDS["cpu int4 kernel"]() is None:
         assert auto.choose("lm", "cpu") == entry

@@ -3,6 +3,7 @@
 and `run --onnxrt` against golden outputs of the torch model — on the real SmolLM2 weights (first two
 layers, to keep it small). The engine build and run need the tensorrt package and an NVIDIA GPU: that test
 skips, saying so, where they are missing."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,8 +31,14 @@ from speechrt.models.whisper import WhisperConfig
 
 def lm_manifest(cfg, variant="standard") -> Manifest:
     ins, outs = io(cfg, variant, "float32")
-    return Manifest("lm", "x", dataclasses.asdict(cfg), {"model": Graph("model.onnx", tuple(ins), tuple(outs), "ab")},
-                    "fp32", variant)
+    return Manifest(
+        "lm",
+        "x",
+        dataclasses.asdict(cfg),
+        {"model": Graph("model.onnx", tuple(ins), tuple(outs), "ab")},
+        "fp32",
+        variant,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +59,9 @@ def test_profiles_from_manifest(small):
     assert pre["input_ids"][2] == (1, 256) and pre["past_value.0"][0] == (1, 3, 0, 64)
     w = WhisperConfig()
     ins, outs = whisper_io(w)["decoder"]
-    wm = Manifest("asr", "w", dataclasses.asdict(w), {"decoder": Graph("d.onnx", tuple(ins), tuple(outs), "cd")}, "fp16")
+    wm = Manifest(
+        "asr", "w", dataclasses.asdict(w), {"decoder": Graph("d.onnx", tuple(ins), tuple(outs), "cd")}, "fp16"
+    )
     wp = profiles(wm, "decoder", Limits(max_batch=5))["any"]
     assert wp["tokens"] == ((1, 1), (1, 1), (5, 448)) and wp["self_key.0"][2] == (5, 6, 448, 64)
     assert wp["cross_value.3"][0] == (1, 6, 1500, 64)
@@ -91,8 +100,9 @@ def _golden(f, tokens):
 
 def _polygraphy(*args, cwd):
     exe = Path(sys.executable).parent / "polygraphy"  # its console script, beside this interpreter
-    return subprocess.run([str(exe) if exe.exists() else "polygraphy", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [str(exe) if exe.exists() else "polygraphy", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_standard_graph_passes_polygraphy(small, tmp_path):
@@ -108,16 +118,30 @@ def test_standard_graph_passes_polygraphy(small, tmp_path):
     assert r.returncode == 0 and (tmp_path / "sanitized.onnx").exists(), r.stdout[-2000:] + r.stderr[-2000:]
     tokens = [1, 504, 3458, 314, 253, 5148, 30]
     T, cfg = len(tokens), f.config
-    feed = {"input_ids": np.array([tokens]), "position_ids": np.arange(T)[None],
-            "attention_bias": np.triu(np.full((T, T), -np.inf, np.float32), 1)[None, None]}
+    feed = {
+        "input_ids": np.array([tokens]),
+        "position_ids": np.arange(T)[None],
+        "attention_bias": np.triu(np.full((T, T), -np.inf, np.float32), 1)[None, None],
+    }
     for i in range(cfg.n_layers):
         for kv in ("key", "value"):
             feed[f"past_{kv}.{i}"] = np.zeros((1, cfg.n_kv_heads, 0, cfg.head_dim), np.float32)
     save_json([feed], tmp_path / "inputs.json")
     golden = _golden(f, tokens)
     RunResults([("torch", [IterationResult(golden, runner_name="torch")])]).save(str(tmp_path / "golden.json"))
-    check = ["run", "sanitized.onnx", "--onnxrt", "--load-inputs", "inputs.json", "--load-outputs", "golden.json",
-             "--atol", "1e-4", "--rtol", "1e-4"]
+    check = [
+        "run",
+        "sanitized.onnx",
+        "--onnxrt",
+        "--load-inputs",
+        "inputs.json",
+        "--load-outputs",
+        "golden.json",
+        "--atol",
+        "1e-4",
+        "--rtol",
+        "1e-4",
+    ]
     r = _polygraphy(*check, cwd=tmp_path)
     assert r.returncode == 0 and "PASSED" in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr[-2000:]
     golden["logits"] = golden["logits"] * 1.01  # the comparison can fail
@@ -126,8 +150,10 @@ def test_standard_graph_passes_polygraphy(small, tmp_path):
 
 
 def test_tensorrt_engine_build_and_run(small, tmp_path):
-    pytest.importorskip("tensorrt", reason="TensorRT is not installed (pip install tensorrt, NVIDIA GPU): engine "
-                                           "build and run not tested here")
+    pytest.importorskip(
+        "tensorrt",
+        reason="TensorRT is not installed (pip install tensorrt, NVIDIA GPU): engine build and run not tested here",
+    )
     if not torch.cuda.is_available() or shutil.which("nvidia-smi") is None:
         pytest.skip("TensorRT needs an NVIDIA GPU; none here: engine build and run not tested")
     from speechrt.export.tensorrt import build_engine
@@ -135,6 +161,7 @@ def test_tensorrt_engine_build_and_run(small, tmp_path):
     f, model = small
     save(model, tmp_path / "model.onnx")
     lim = Limits(max_batch=2, max_seq=64, max_prompt=16, opt_seq=16, opt_prompt=8)
-    path = build_engine(tmp_path / "model.onnx", profiles(lm_manifest(f.config), "model", lim), "fp32",
-                        tmp_path / "model.engine")
+    path = build_engine(
+        tmp_path / "model.onnx", profiles(lm_manifest(f.config), "model", lim), "fp32", tmp_path / "model.engine"
+    )
     assert path.stat().st_size > 0

@@ -8,6 +8,7 @@ TRITON_INTERPRET=1; the `interpret` fixture sets it for the tests that run kerne
 SPEECHRT_TEST_DEVICE=cuda (or cuda:N) runs the kernel tests compiled on that GPU instead: nothing is
 interpreted then (tests/conftest.py leaves TRITON_INTERPRET alone too).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -34,7 +35,9 @@ def interpret(monkeypatch):
     from speechrt.kernels import triton_norm
 
     if not isinstance(triton_norm._layer_norm_kernel, InterpretedFunction):
-        pytest.fail("speechrt.kernels.triton_* were imported before tests/conftest.py set "
-                    "TRITON_INTERPRET=1; run the kernel tests in their own process")
+        pytest.fail(
+            "speechrt.kernels.triton_* were imported before tests/conftest.py set "
+            "TRITON_INTERPRET=1; run the kernel tests in their own process"
+        )
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")

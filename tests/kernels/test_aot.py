@@ -2,6 +2,7 @@
 gfx942 with no GPU: no register spills, and the matmul-like kernels use the matrix instructions.
 One `speechrt kernels report` run (a subprocess: the kernels in this process are interpreted) serves
 all the checks."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,13 @@ MATMUL_LIKE = {"_linear_kernel", "_linear_int8_kernel", "_attention_kernel", "_d
 def report(tmp_path_factory):
     path = tmp_path_factory.mktemp("aot") / "report.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-m", "speechrt", "kernels", "report", "--json", str(path)],
-                       capture_output=True, text=True, env=env, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-m", "speechrt", "kernels", "report", "--json", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     rows = json.loads(path.read_text()) if path.exists() else None
     return r, rows
 

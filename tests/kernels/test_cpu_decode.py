@@ -2,6 +2,7 @@
 kernels.reference.block_linear on fresh random inputs and odd shapes, the packed layout against the blocks it
 was given, and a whole decode step of a small random Llama against the torch model run with the same
 (emulated) matmuls."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,8 +13,9 @@ from speechrt.kernels import cpu_decode
 from speechrt.kernels.reference import block_linear
 from speechrt.models.llama import Llama, LlamaConfig, quantize_int4, rope_tables
 
-pytestmark = pytest.mark.skipif(cpu_decode.unavailable() is not None,
-                                reason=f"the AVX2 decode step cannot run here: {cpu_decode.unavailable()}")
+pytestmark = pytest.mark.skipif(
+    cpu_decode.unavailable() is not None, reason=f"the AVX2 decode step cannot run here: {cpu_decode.unavailable()}"
+)
 
 
 def _q4(N, K, g):
@@ -39,8 +41,9 @@ def _agree(got: list, want: list, tight: float) -> None:
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("N,K,M", [(1, 32, 1), (13, 64, 3), (200, 576, 1), (577, 1536, 8), (96, 96, 17),
-                                   (1031, 160, cpu_decode.MAX_ROWS)])
+@pytest.mark.parametrize(
+    "N,K,M", [(1, 32, 1), (13, 64, 3), (200, 576, 1), (577, 1536, 8), (96, 96, 17), (1031, 160, cpu_decode.MAX_ROWS)]
+)
 def test_block_matmul_matches_definition(bits, N, K, M):
     g = torch.Generator().manual_seed(N * K + M + bits)
     if bits == 4:
@@ -58,8 +61,13 @@ def test_block_matmul_matches_definition(bits, N, K, M):
     assert (got[2] is None and z is None) or torch.equal(got[2], z)
     x = torch.randn(M, K, generator=g) * 3
     x[0, :5] *= 40  # an outlier block, as RMSNorm outputs have
-    exact = x.double() @ (q.double() - (8 if z is not None else 0)).mul(d.repeat_interleave(32, 1)).add(
-        z.repeat_interleave(32, 1) if z is not None else 0).t()
+    exact = (
+        x.double()
+        @ (q.double() - (8 if z is not None else 0))
+        .mul(d.repeat_interleave(32, 1))
+        .add(z.repeat_interleave(32, 1) if z is not None else 0)
+        .t()
+    )
     for threads in (1, 2):
         y = p(x, threads)
         assert y.shape == (M, N) and torch.isfinite(y).all()
@@ -105,8 +113,10 @@ def _emulating(cpu: cpu_decode.CpuLlama, cfg, w):
     def linear(x, weight, bias=None):
         y = block_linear(x.reshape(-1, x.shape[-1]), *by_ptr[weight.data_ptr()].blocks(), fine=model.fine)
         return y.float().view(*x.shape[:-1], -1)
+
     def attention(q, k, v, **kw):  # keys and values as the kernel's fp16 cache holds them
         return ops.attention(q, k.half().float(), v.half().float(), **kw)
+
     table = {n: getattr(ops, n) for n in ops.names()}
     table["linear"], table["attention"] = linear, attention
     model = Llama(cfg, w, kernels.KernelSet("torch", torch.device("cpu"), table, {}), torch.device("cpu"), "float32")
@@ -118,10 +128,18 @@ def _emulating(cpu: cpu_decode.CpuLlama, cfg, w):
 
 
 def _small_llama(g, q8_names=(), threads=2, tied=True):
-    cfg = LlamaConfig(vocab_size=301, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=96, max_seq_len=160,
-                      tie_embeddings=tied)
-    shapes = {"wq": (64, 64), "wk": (32, 64), "wv": (32, 64), "wo": (64, 64), "w_gate": (96, 64), "w_up": (96, 64),
-              "w_down": (64, 96)}
+    cfg = LlamaConfig(
+        vocab_size=301, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=96, max_seq_len=160, tie_embeddings=tied
+    )
+    shapes = {
+        "wq": (64, 64),
+        "wk": (32, 64),
+        "wv": (32, 64),
+        "wo": (64, 64),
+        "w_gate": (96, 64),
+        "w_up": (96, 64),
+        "w_down": (64, 96),
+    }
     w = {"tok_embeddings": torch.randn(301, 64, generator=g), "norm": 1 + 0.1 * torch.randn(64, generator=g)}
     if not tied:
         w["output"] = torch.randn(301, 64, generator=g) * 0.3
@@ -140,8 +158,9 @@ def _small_llama(g, q8_names=(), threads=2, tied=True):
 
 
 @pytest.mark.parametrize("slots", [[0], [3, 1], [0, 1, 2, 3]])
-@pytest.mark.parametrize("q8_names,tied,fine", [((), True, False), ((), True, True), (("wk", "w_down"), True, True),
-                                                ((), False, True)])
+@pytest.mark.parametrize(
+    "q8_names,tied,fine", [((), True, False), ((), True, True), (("wk", "w_down"), True, True), ((), False, True)]
+)
 def test_forward_matches_the_model(slots, q8_names, tied, fine):
     """A small random Llama (GQA, odd vocabulary; some projections 8-bit; a head of its own or the embedding):
     prompts of different lengths, then a decode step of `slots`: the logits equal the torch model's run with the
@@ -187,7 +206,7 @@ def test_prompt_in_one_call_equals_token_by_token(fine):
     k2, v2 = cpu.new_cache(1, 16)
     a = cpu(k1, v1, [0] * 11, list(range(11)), p, [10], fine=fine)[0]
     for i in range(11):
-        b = cpu(k2, v2, [0], [i], p[i:i + 1], fine=fine)[0]
+        b = cpu(k2, v2, [0], [i], p[i : i + 1], fine=fine)[0]
     assert torch.equal(k1, k2) and torch.equal(v1, v2) and torch.equal(a, b)
 
 
@@ -207,7 +226,9 @@ def test_long_context_split_into_parts():
     for threads in (1, 2, 4):
         cpu.threads = threads
         k, v = cpu.new_cache(1, 160)
-        got = [cpu(k, v, [0] * 30, list(range(c, c + 30)), p[c:c + 30], [29], fine=True)[0] for c in range(0, 120, 30)]
+        got = [
+            cpu(k, v, [0] * 30, list(range(c, c + 30)), p[c : c + 30], [29], fine=True)[0] for c in range(0, 120, 30)
+        ]
         got += [cpu(k, v, [0], [120 + i], [t])[0] for i, t in enumerate((7, 8, 9))]
         _agree(got[:4], want[:4], 1e-3)
         assert max(_rel(a, b) for a, b in zip(got[4:], want[4:])) < 5e-2
@@ -232,8 +253,11 @@ def test_the_kernel_builds_and_says_why_not(tmp_path, monkeypatch):
     assert dll is None and "could not build cpu_decode.c with false" in why
 
 
-@pytest.mark.skipif(not cpu_decode.vnni_flags(), reason="this CPU has neither AVX-VNNI nor AVX512-VNNI with AVX512-VL "
-                    "(or SPEECHRT_CPU_DECODE_VNNI=0): the VNNI build cannot run here")
+@pytest.mark.skipif(
+    not cpu_decode.vnni_flags(),
+    reason="this CPU has neither AVX-VNNI nor AVX512-VNNI with AVX512-VL "
+    "(or SPEECHRT_CPU_DECODE_VNNI=0): the VNNI build cannot run here",
+)
 @pytest.mark.parametrize("bits", [4, 8])
 def test_vnni_build_gives_the_avx2_builds_bits(tmp_path, bits):
     """vpdpbusd sums the same integers as vpmaddubsw + vpmaddwd (no pair saturates with these operands), so the
@@ -247,7 +271,7 @@ def test_vnni_build_gives_the_avx2_builds_bits(tmp_path, bits):
         x = torch.randn(M, K, generator=g) * 3
         x[0, :5] *= 40
         for fine in (False, True):
-            rows = x[:cpu_decode.MAX_ROWS // 2] if fine else x
+            rows = x[: cpu_decode.MAX_ROWS // 2] if fine else x
             a, b = p(rows, 2, fine, lib=plain), p(rows, 2, fine, lib=vnni)
             assert torch.isfinite(a).all() and torch.equal(a, b), (N, K, M, fine)
             # and right: an input crossing a rounding boundary of its quantization moves a small matmul by ~1e-4

@@ -10,7 +10,7 @@ def test_torch_set_is_frozen_and_complete():
     with pytest.raises(AttributeError, match="frozen"):
         ops.gelu = None
     with pytest.raises(AttributeError, match="ops: "):
-        ops.no_such_op
+        _ = ops.no_such_op
 
 
 def test_unknown_impl_lists_valid():
@@ -42,7 +42,7 @@ def test_reference_attention_causal_alignment_and_lengths(Tq, Tk, H, Hkv):
     lengths = torch.tensor([Tk, Tk - 1])
     out = kernels.select("torch").attention(q, k, v, causal=True, lengths=lengths)
     kk, vv = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
-    s = q @ kk.transpose(-1, -2) / D ** 0.5
+    s = q @ kk.transpose(-1, -2) / D**0.5
     i = torch.arange(Tq)[:, None] + Tk - Tq
     j = torch.arange(Tk)[None]
     mask = (j <= i)[None, None] & (j[None, None] < lengths[:, None, None, None])

@@ -4,6 +4,7 @@ masked by length) give the plain runner's logits through everything a decode doe
 rows dropped (into another slot, or in place), beams reordered, a rewind and a re-fed draft, and two states
 taking turns on one slot. On the CPU the slot path runs uncaptured, in the Triton interpreter; with
 SPEECHRT_TEST_DEVICE=cuda it runs captured as CUDA graphs."""
+
 from __future__ import annotations
 
 import os
@@ -12,17 +13,27 @@ import pytest
 import torch
 
 from speechrt.backends.cuda_graphs import CapturedStep, rows_bucket
-from speechrt.kernels import select
 from speechrt.backends.torch_asr import Encoded, TorchASRRunner
 from speechrt.backends.triton_asr import TritonASRRunner
+from speechrt.kernels import select
 from speechrt.models.whisper import Whisper, WhisperConfig
 from speechrt.models.whisper_loaders import WhisperWeights
 
 pytestmark = pytest.mark.usefixtures("interpret")
 DEVICE = os.environ.get("SPEECHRT_TEST_DEVICE", "cpu")  # tests/kernels/conftest.py
 
-CFG = WhisperConfig(n_mels=8, n_audio_ctx=12, n_audio_state=32, n_audio_head=2, n_audio_layer=2, n_vocab=97,
-                    n_text_ctx=16, n_text_state=32, n_text_head=2, n_text_layer=2)
+CFG = WhisperConfig(
+    n_mels=8,
+    n_audio_ctx=12,
+    n_audio_state=32,
+    n_audio_head=2,
+    n_audio_layer=2,
+    n_vocab=97,
+    n_text_ctx=16,
+    n_text_state=32,
+    n_text_head=2,
+    n_text_layer=2,
+)
 
 
 def _runners():

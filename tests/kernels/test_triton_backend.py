@@ -1,5 +1,6 @@
 """The `triton` backend and the kernel commands on a machine without a GPU: clear errors that name the
 alternative, never a slow run."""
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,9 @@ no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behavi
 
 def speechrt(*args):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return subprocess.run([sys.executable, "-m", "speechrt", *args], capture_output=True, text=True, env=env,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "speechrt", *args], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def test_triton_backend_registered():

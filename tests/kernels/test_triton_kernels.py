@@ -4,6 +4,7 @@ the kernels claim. Shapes are small because the interpreter runs each program in
 
 On a GPU the same cases run compiled: `SPEECHRT_TEST_DEVICE=cuda pytest tests/kernels/test_triton_kernels.py`
 (inputs drawn on the CPU with the same seeds, then moved; the reference runs on the GPU too)."""
+
 from __future__ import annotations
 
 import os
@@ -62,6 +63,7 @@ def test_select_triton_covers_the_hot_ops(tri):
 
 
 # ---------------------------------------------------------------- norms
+
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 1, 7), (3, 5, 33), (2, 384)])
@@ -125,6 +127,7 @@ def test_norm_empty_batch(tri):
 
 # ---------------------------------------------------------------- activations
 
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 1), (3, 7, 33), (2, 1100)])  # 1100 > one 1024-wide block
 def test_gelu(tri, dtype, shape):
@@ -153,6 +156,7 @@ def test_activations_strided(tri):
 
 # ---------------------------------------------------------------- rotary
 
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("B,H,Hkv,T,D,cos_batch", [(2, 6, 2, 5, 24, 1), (1, 9, 3, 1, 64, 1), (3, 4, 4, 7, 16, 3)])
 def test_rotary(tri, dtype, B, H, Hkv, T, D, cos_batch):
@@ -169,7 +173,7 @@ def test_rotary_strided_fused_qkv(tri):
     B, T, H, Hkv, D = 2, 5, 6, 2, 32
     qkv = rand(B, T, (H + 2 * Hkv) * D, seed=4)
     q = qkv[..., : H * D].view(B, T, H, D).transpose(1, 2)
-    k = qkv[..., H * D: (H + Hkv) * D].view(B, T, Hkv, D).transpose(1, 2)
+    k = qkv[..., H * D : (H + Hkv) * D].view(B, T, Hkv, D).transpose(1, 2)
     ang = rand(1, 1, T, D // 2, seed=5)
     oq, ok = tri.rotary(q, k, ang.cos(), ang.sin())
     eq, ek = ref.rotary(q, k, ang.cos(), ang.sin())
@@ -177,6 +181,7 @@ def test_rotary_strided_fused_qkv(tri):
 
 
 # ---------------------------------------------------------------- linear
+
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("M,K,N", [(1, 33, 37), (5, 7, 70), (70, 40, 19)])  # decode, mid, prefill configs
@@ -235,8 +240,11 @@ def test_attention_prefill_float32(tri, B, H, Hkv, Tq, Tk, D, causal, lengths):
 @pytest.mark.parametrize("case", [ATT_CASES[1], ATT_CASES[2], ATT_CASES[5]])
 def test_attention_prefill_16bit(tri, dtype, case):
     B, H, Hkv, Tq, Tk, D, causal, lengths = case
-    q, k, v = (rand(B, H, Tq, D, seed=1, dtype=dtype), rand(B, Hkv, Tk, D, seed=2, dtype=dtype),
-               rand(B, Hkv, Tk, D, seed=3, dtype=dtype))
+    q, k, v = (
+        rand(B, H, Tq, D, seed=1, dtype=dtype),
+        rand(B, Hkv, Tk, D, seed=2, dtype=dtype),
+        rand(B, Hkv, Tk, D, seed=3, dtype=dtype),
+    )
     L = torch.tensor(lengths, device=DEVICE) if lengths else None
     close(tri.attention(q, k, v, causal=causal, lengths=L), ref.attention(q, k, v, causal=causal, lengths=L))
 
@@ -257,8 +265,13 @@ def test_attention_tile_sets_agree(tri, dtype, tiles):
 def test_attention_tiles_by_dtype_and_head_dim():
     from speechrt.kernels.triton_attention import config
 
-    assert config(1500, 64, torch.float16, hip=False) == {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_D": 64,
-                                                          "num_warps": 4, "num_stages": 3}
+    assert config(1500, 64, torch.float16, hip=False) == {
+        "BLOCK_M": 64,
+        "BLOCK_N": 64,
+        "BLOCK_D": 64,
+        "num_warps": 4,
+        "num_stages": 3,
+    }
     assert config(1500, 128, torch.float16, hip=False)["BLOCK_M"] == 128  # not measured: as before
     assert config(512, 64, torch.float16, hip=False, causal=True)["num_stages"] == 2  # causal: as before
     assert config(1500, 64, torch.float32, hip=False)["num_stages"] == 2

@@ -1,5 +1,6 @@
 """A tiny random-weight Whisper built with the Triton kernel set gives the reference kernel set's outputs
 (encoder, full forward, and cached decode steps), in the Triton interpreter."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,8 +11,18 @@ from speechrt.models.whisper import Whisper, WhisperConfig
 
 pytestmark = pytest.mark.usefixtures("interpret")
 
-CFG = WhisperConfig(n_mels=8, n_audio_ctx=12, n_audio_state=32, n_audio_head=2, n_audio_layer=2, n_vocab=97,
-                    n_text_ctx=16, n_text_state=32, n_text_head=2, n_text_layer=2)
+CFG = WhisperConfig(
+    n_mels=8,
+    n_audio_ctx=12,
+    n_audio_state=32,
+    n_audio_head=2,
+    n_audio_layer=2,
+    n_vocab=97,
+    n_text_ctx=16,
+    n_text_state=32,
+    n_text_head=2,
+    n_text_layer=2,
+)
 
 
 @pytest.fixture(scope="module")

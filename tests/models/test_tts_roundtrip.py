@@ -1,6 +1,7 @@
 """Round trip: our synthesis (torch VITS, streamed in windows, resampled to 16 kHz) transcribed by the
 project's own Whisper (speechrt.load_asr) must give back the text: corpus WER <= 5% on 20 sentences.
 (The onnxruntime backend's audio equals the torch backend's within 1e-3: tests/backends/test_onnxruntime_tts.py.)"""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,5 +1,6 @@
 """Text front end: English normalization, incremental sentence splitting, phonemization identical to Piper's
 (the peer, same espeak-ng, same voice config), and clear errors for text that cannot be spoken."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,8 +8,17 @@ import pytest
 from speechrt.errors import UserError
 from speechrt.models.piper_loader import VoiceConfig
 from speechrt.models.registry import resolve
-from speechrt.models.tts_text import (SentenceStream, TextFrontEnd, TextOptions, cardinal, check_text,
-                                      normalize_english, ordinal, stream_segments, year)
+from speechrt.models.tts_text import (
+    SentenceStream,
+    TextFrontEnd,
+    TextOptions,
+    cardinal,
+    check_text,
+    normalize_english,
+    ordinal,
+    stream_segments,
+    year,
+)
 
 
 @pytest.fixture(scope="module")
@@ -17,31 +27,65 @@ def front():
     return TextFrontEnd(VoiceConfig.from_file(path.with_suffix(".onnx.json")))
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("It costs $12.50 today.", "It costs twelve dollars and fifty cents today."),
-    ("Only $1 and €3 or £2.05.", "Only one dollar and three euros or two pounds and five pence."),
-    ("A $3.5M deal.", "A three point five million dollars deal."),
-    ("Born on 03/15/1999 at 3:30 pm.", "Born on March fifteenth, nineteen ninety-nine at three thirty p m."),
-    ("Due 2024-01-02, not March 3rd, 2021.", "Due January second, twenty twenty-four, not March third, twenty twenty-one."),
-    ("On 15 Jan 2020 we met.", "On the fifteenth of January, twenty twenty we met."),
-    ("Dr. Smith lives on Elm St. He is 21st in line.", "doctor Smith lives on Elm Street. He is twenty-first in line."),
-    ("Apples, pears, etc. Then more, e.g. plums.", "Apples, pears, et cetera. Then more, for example plums."),
-    ("We ran 10 km at 12 mph, 45% of the way.", "We ran ten kilometers at twelve miles per hour, forty-five percent of the way."),
-    ("Pi is 3.14 and a crowd of 1,234,567 came.", "Pi is three point one four and a crowd of one million two hundred thirty-four thousand five hundred sixty-seven came."),
-    ("Call No. 5 at 10:05.", "Call number five at ten oh five."),
-    ("Plain words stay exactly as they are.", "Plain words stay exactly as they are."),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("It costs $12.50 today.", "It costs twelve dollars and fifty cents today."),
+        ("Only $1 and €3 or £2.05.", "Only one dollar and three euros or two pounds and five pence."),
+        ("A $3.5M deal.", "A three point five million dollars deal."),
+        ("Born on 03/15/1999 at 3:30 pm.", "Born on March fifteenth, nineteen ninety-nine at three thirty p m."),
+        (
+            "Due 2024-01-02, not March 3rd, 2021.",
+            "Due January second, twenty twenty-four, not March third, twenty twenty-one.",
+        ),
+        ("On 15 Jan 2020 we met.", "On the fifteenth of January, twenty twenty we met."),
+        (
+            "Dr. Smith lives on Elm St. He is 21st in line.",
+            "doctor Smith lives on Elm Street. He is twenty-first in line.",
+        ),
+        ("Apples, pears, etc. Then more, e.g. plums.", "Apples, pears, et cetera. Then more, for example plums."),
+        (
+            "We ran 10 km at 12 mph, 45% of the way.",
+            "We ran ten kilometers at twelve miles per hour, forty-five percent of the way.",
+        ),
+        (
+            "Pi is 3.14 and a crowd of 1,234,567 came.",
+            "Pi is three point one four and a crowd of one million two hundred thirty-four thousand five hundred "
+            "sixty-seven came.",
+        ),
+        ("Call No. 5 at 10:05.", "Call number five at ten oh five."),
+        ("Plain words stay exactly as they are.", "Plain words stay exactly as they are."),
+    ],
+)
 def test_normalize_english(text, expected):
     assert normalize_english(text) == expected
 
 
 def test_number_words():
     assert [cardinal(n) for n in (0, 13, 40, 99, 105, 1000, 2_000_017)] == [
-        "zero", "thirteen", "forty", "ninety-nine", "one hundred five", "one thousand", "two million seventeen"]
-    assert [ordinal(n) for n in (1, 2, 3, 12, 20, 101)] == ["first", "second", "third", "twelfth", "twentieth",
-                                                             "one hundred first"]
+        "zero",
+        "thirteen",
+        "forty",
+        "ninety-nine",
+        "one hundred five",
+        "one thousand",
+        "two million seventeen",
+    ]
+    assert [ordinal(n) for n in (1, 2, 3, 12, 20, 101)] == [
+        "first",
+        "second",
+        "third",
+        "twelfth",
+        "twentieth",
+        "one hundred first",
+    ]
     assert [year(y) for y in (1905, 2000, 2008, 2010, 1900)] == [
-        "nineteen oh five", "two thousand", "two thousand eight", "twenty ten", "nineteen hundred"]
+        "nineteen oh five",
+        "two thousand",
+        "two thousand eight",
+        "twenty ten",
+        "nineteen hundred",
+    ]
 
 
 PIPER_TEXTS = [
@@ -56,8 +100,11 @@ PIPER_TEXTS = [
 @pytest.mark.parametrize("text", PIPER_TEXTS)
 def test_phoneme_ids_match_piper(front, text):
     piper = pytest.importorskip("piper", reason="piper-tts is the peer")
-    pv = piper.PiperVoice.load(str(resolve("piper-en_US-joe-medium", "tts").path)) if not hasattr(
-        test_phoneme_ids_match_piper, "pv") else test_phoneme_ids_match_piper.pv
+    pv = (
+        piper.PiperVoice.load(str(resolve("piper-en_US-joe-medium", "tts").path))
+        if not hasattr(test_phoneme_ids_match_piper, "pv")
+        else test_phoneme_ids_match_piper.pv
+    )
     test_phoneme_ids_match_piper.pv = pv
     theirs = [pv.phonemes_to_ids(p) for p in pv.phonemize(text) if p]
     ours = list(front.sentences(text, TextOptions(normalize=False)))

@@ -4,6 +4,7 @@ With the noise scales at 0 the graph is deterministic, so the torch model must r
 second voice is a Piper export (piper's own SynthesizerTrn and export code) of a different architecture —
 "high" quality generator (ResBlock1, four upsamplers), multi-speaker — to show that any Piper voice loads.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,11 @@ def voice():
 
 
 def _ort(sess, ids, scales=(0.0, 1.0, 0.0), sid=None):
-    feed = {"input": np.array([ids], np.int64), "input_lengths": np.array([len(ids)], np.int64),
-            "scales": np.array(scales, np.float32)}
+    feed = {
+        "input": np.array([ids], np.int64),
+        "input_lengths": np.array([len(ids)], np.int64),
+        "scales": np.array(scales, np.float32),
+    }
     if sid is not None:
         feed["sid"] = np.array([sid], np.int64)
     return sess.run(None, feed)[0].reshape(-1)
@@ -110,9 +114,13 @@ def test_not_a_piper_voice(tmp_path):
 
     # a valid ONNX model (one convolution) that is not a VITS voice, with a real voice config beside it
     w = numpy_helper.from_array(np.ones((4, 2, 3), np.float32), "conv.weight")
-    graph = helper.make_graph([helper.make_node("Conv", ["x", "conv.weight"], ["y"], name="/conv/Conv")], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 10])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "conv.weight"], ["y"], name="/conv/Conv")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 10])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [w],
+    )
     fake = tmp_path / "conv.onnx"
     onnx.save(helper.make_model(graph), str(fake))
     voice_json = resolve("piper-en_US-joe-medium", "tts").path.with_suffix(".onnx.json")
@@ -140,11 +148,26 @@ def exported_voice(tmp_path_factory):
     torch.manual_seed(0)
     a = ModelAudioConfig.high_quality()
     m = models.SynthesizerTrn(
-        n_vocab=256, spec_channels=65, segment_size=32, inter_channels=32, hidden_channels=48, filter_channels=64,
-        n_heads=2, n_layers=2, kernel_size=3, p_dropout=0.0, resblock=a.resblock,
-        resblock_kernel_sizes=a.resblock_kernel_sizes, resblock_dilation_sizes=a.resblock_dilation_sizes,
-        upsample_rates=a.upsample_rates, upsample_initial_channel=64, upsample_kernel_sizes=a.upsample_kernel_sizes,
-        n_speakers=3, gin_channels=16, use_sdp=True).eval()
+        n_vocab=256,
+        spec_channels=65,
+        segment_size=32,
+        inter_channels=32,
+        hidden_channels=48,
+        filter_channels=64,
+        n_heads=2,
+        n_layers=2,
+        kernel_size=3,
+        p_dropout=0.0,
+        resblock=a.resblock,
+        resblock_kernel_sizes=a.resblock_kernel_sizes,
+        resblock_dilation_sizes=a.resblock_dilation_sizes,
+        upsample_rates=a.upsample_rates,
+        upsample_initial_channel=64,
+        upsample_kernel_sizes=a.upsample_kernel_sizes,
+        n_speakers=3,
+        gin_channels=16,
+        use_sdp=True,
+    ).eval()
     with torch.no_grad():  # zero-initialized layers and unit norms get values, so every path matters
         for n, p in m.named_parameters():
             if any(s in n for s in ("post", "proj", "gamma", "beta", ".m", "logs")) and "enc_q" not in n:
@@ -152,18 +175,28 @@ def exported_voice(tmp_path_factory):
         m.dec.remove_weight_norm()
 
     def infer_forward(text, text_lengths, scales, sid=None):
-        return m.infer(text, text_lengths, noise_scale=scales[0], length_scale=scales[1],
-                       noise_scale_w=scales[2], sid=sid)[0].unsqueeze(1)
+        return m.infer(
+            text, text_lengths, noise_scale=scales[0], length_scale=scales[1], noise_scale_w=scales[2], sid=sid
+        )[0].unsqueeze(1)
 
     m.forward = infer_forward
     d = tmp_path_factory.mktemp("voice")
     path = d / "xx_XX-test-high.onnx"
     ids = torch.randint(0, 256, (1, 50))
-    torch.onnx.export(m, (ids, torch.LongTensor([50]), torch.FloatTensor([0.667, 1.0, 0.8]), torch.LongTensor([0])),
-                      str(path), opset_version=15, input_names=["input", "input_lengths", "scales", "sid"],
-                      output_names=["output"], dynamo=False,
-                      dynamic_axes={"input": {0: "batch_size", 1: "phonemes"}, "input_lengths": {0: "batch_size"},
-                                    "output": {0: "batch_size", 2: "time"}})
+    torch.onnx.export(
+        m,
+        (ids, torch.LongTensor([50]), torch.FloatTensor([0.667, 1.0, 0.8]), torch.LongTensor([0])),
+        str(path),
+        opset_version=15,
+        input_names=["input", "input_lengths", "scales", "sid"],
+        output_names=["output"],
+        dynamo=False,
+        dynamic_axes={
+            "input": {0: "batch_size", 1: "phonemes"},
+            "input_lengths": {0: "batch_size"},
+            "output": {0: "batch_size", 2: "time"},
+        },
+    )
     cfg = json.loads(resolve("piper-en_US-joe-medium", "tts").path.with_suffix(".onnx.json").read_text())
     cfg.update(num_symbols=256, num_speakers=3, speaker_id_map={"a": 0, "b": 1, "c": 2})
     (d / (path.name + ".json")).write_text(json.dumps(cfg))
@@ -173,8 +206,14 @@ def exported_voice(tmp_path_factory):
 def test_other_piper_architecture_loads_and_matches(exported_voice):
     model, cfg = load_vits(exported_voice, kernels.select("torch"))
     c = model.config
-    assert (c.resblock, c.upsample_rates, c.n_speakers, c.gin_channels, c.hidden_channels, c.n_layers) == \
-        ("1", (8, 8, 2, 2), 3, 16, 48, 2)
+    assert (c.resblock, c.upsample_rates, c.n_speakers, c.gin_channels, c.hidden_channels, c.n_layers) == (
+        "1",
+        (8, 8, 2, 2),
+        3,
+        16,
+        48,
+        2,
+    )
     assert c.resblock_dilation_sizes == ((1, 3, 5),) * 3
     sess = ort.InferenceSession(str(exported_voice), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(1)
@@ -269,7 +308,7 @@ def _depends(f, z, i: int, a: int, b: int) -> bool:
         z2[:, :, i] += 3.0
         y2 = f(z2)
     per = y.shape[-1] // z.shape[-1]  # output samples per latent frame
-    return not torch.equal(y[..., a * per:b * per], y2[..., a * per:b * per])
+    return not torch.equal(y[..., a * per : b * per], y2[..., a * per : b * per])
 
 
 @pytest.mark.parametrize("preset", ["medium", "high", "x_low", "voice"])
@@ -288,9 +327,9 @@ def test_contexts_are_the_exact_receptive_fields(preset, voice):
     flow = lambda x: model.flow.reverse(x, torch.ones_like(x[:, :1]))  # noqa: E731
     (left, right), fc = cfg.vocoder_reach(), cfg.flow_context()
     assert cfg.vocoder_context() == max(left, right) and min(left, right) > 0
-    for f, left, right in ((model.dec, left, right), (flow, fc, fc)):
-        assert _depends(f, z, a - left, a, b) and not _depends(f, z, a - left - 1, a, b)
-        assert _depends(f, z, b - 1 + right, a, b) and not _depends(f, z, b + right, a, b)
+    for f, lo, hi in ((model.dec, left, right), (flow, fc, fc)):
+        assert _depends(f, z, a - lo, a, b) and not _depends(f, z, a - lo - 1, a, b)
+        assert _depends(f, z, b - 1 + hi, a, b) and not _depends(f, z, b + hi, a, b)
 
 
 def test_work_per_frame_counts_every_convolution():
@@ -302,8 +341,10 @@ def test_work_per_frame_counts_every_convolution():
         model = VITS(cfg, with_vits_ops(kernels.select("torch")))
         frames = 50
         z = torch.randn(1, cfg.inter_channels, frames)
-        for f, want in ((model.dec, cfg.generator_macs()),
-                        (lambda x: model.flow.reverse(x, torch.ones_like(x[:, :1])), cfg.flow_macs())):
+        for f, want in (
+            (model.dec, cfg.generator_macs()),
+            (lambda x, model=model: model.flow.reverse(x, torch.ones_like(x[:, :1])), cfg.flow_macs()),
+        ):
             with torch.inference_mode(), FlopCounterMode(display=False) as fc:
                 f(z)
             assert fc.get_total_flops() / 2 / frames == pytest.approx(want, rel=1e-6)

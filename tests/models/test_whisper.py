@@ -1,5 +1,6 @@
 """Whisper on the torch backend against its peers: CTranslate2 (same model.bin), faster-whisper
 (transcripts), transformers (Hugging Face layout), on speech synthesized for the test."""
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,9 @@ SENTENCES = [
 @pytest.fixture(scope="module")
 def ct2_model():
     ctranslate2 = pytest.importorskip("ctranslate2")
-    return ctranslate2.models.Whisper(str(resolve(None, "asr").path), device="cpu", compute_type="float32",
-                                      intra_threads=2)
+    return ctranslate2.models.Whisper(
+        str(resolve(None, "asr").path), device="cpu", compute_type="float32", intra_threads=2
+    )
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +88,7 @@ def test_cached_decoding_matches_full_forward(asr, synth):
         st = asr.runner.start(enc, 1, 16)
         step_logits = [asr.runner.decode_step(st, tokens[:, :3])[0]]
         for i in range(3, tokens.shape[1]):
-            step_logits.append(asr.runner.decode_step(st, tokens[:, i: i + 1])[0])
+            step_logits.append(asr.runner.decode_step(st, tokens[:, i : i + 1])[0])
     torch.testing.assert_close(torch.stack(step_logits), full[2:], rtol=1e-4, atol=1e-4)
 
 
@@ -131,9 +133,11 @@ def test_word_error_rate_on_synthesized_sentences(asr, synth):
     """Every sentence, spoken four to a recording (about 17 s: one window, one encoder pass for four; each
     sentence alone is transcribed by the faster-whisper comparisons above)."""
     assert len(SENTENCES) >= 20
-    refs = [" ".join(SENTENCES[i:i + 4]) for i in range(0, len(SENTENCES), 4)]
-    hyps = [asr.transcribe(np.concatenate([synth(s) for s in SENTENCES[i:i + 4]]), 16000).text
-            for i in range(0, len(SENTENCES), 4)]
+    refs = [" ".join(SENTENCES[i : i + 4]) for i in range(0, len(SENTENCES), 4)]
+    hyps = [
+        asr.transcribe(np.concatenate([synth(s) for s in SENTENCES[i : i + 4]]), 16000).text
+        for i in range(0, len(SENTENCES), 4)
+    ]
     assert wer(refs, hyps) <= 0.05, list(zip(refs, hyps))
 
 
@@ -157,9 +161,17 @@ def test_without_timestamps_and_silence(asr, fw_model, synth):
     for s in refs:
         audio = synth(s)
         r = asr.transcribe(audio, 16000, without_timestamps=True)
-        theirs = "".join(x.text for x in fw_model.transcribe(
-            audio, beam_size=1, temperature=0.0, without_timestamps=True, vad_filter=False,
-            condition_on_previous_text=False)[0]).strip()
+        theirs = "".join(
+            x.text
+            for x in fw_model.transcribe(
+                audio,
+                beam_size=1,
+                temperature=0.0,
+                without_timestamps=True,
+                vad_filter=False,
+                condition_on_previous_text=False,
+            )[0]
+        ).strip()
         assert wer(theirs, r.text) <= 0.1 and len(r.segments) == 1, (r.text, theirs)
         hyps.append(r.text)
     assert wer(refs, hyps) <= 0.1, list(zip(refs, hyps))

@@ -1,5 +1,6 @@
 """Hugging Face Whisper directories and openai-whisper .pt checkpoints load and match transformers'
 logits on the same (random, tiny) weights."""
+
 from __future__ import annotations
 
 import shutil
@@ -18,10 +19,22 @@ def hf_model(request, tmp_path_factory):
     n_mels, vocab, ffn_mult = request.param
     torch.manual_seed(n_mels)
     cfg = transformers.WhisperConfig(
-        vocab_size=vocab, num_mel_bins=n_mels, d_model=64, encoder_layers=2, decoder_layers=2,
-        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64 * ffn_mult,
-        decoder_ffn_dim=64 * ffn_mult, max_source_positions=1500, max_target_positions=448,
-        decoder_start_token_id=50257, pad_token_id=50256, bos_token_id=50256, eos_token_id=50256)
+        vocab_size=vocab,
+        num_mel_bins=n_mels,
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64 * ffn_mult,
+        decoder_ffn_dim=64 * ffn_mult,
+        max_source_positions=1500,
+        max_target_positions=448,
+        decoder_start_token_id=50257,
+        pad_token_id=50256,
+        bos_token_id=50256,
+        eos_token_id=50256,
+    )
     model = transformers.WhisperForConditionalGeneration(cfg).eval()
     with torch.no_grad():  # random but not degenerate: layer norms and biases away from identity/zero
         for n, p in model.named_parameters():
@@ -63,22 +76,42 @@ def _to_openai(model) -> dict:
     c = model.config
     sd = {k.removeprefix("model."): v for k, v in model.state_dict().items()}
     out = {}
-    ren = [("embed_positions.weight", "positional_embedding"), ("embed_tokens", "token_embedding"),
-           ("encoder.layer_norm", "encoder.ln_post"), ("decoder.layer_norm", "decoder.ln"), ("layers", "blocks"),
-           ("self_attn_layer_norm", "attn_ln"), ("encoder_attn_layer_norm", "cross_attn_ln"),
-           ("final_layer_norm", "mlp_ln"), ("self_attn.", "attn."), ("encoder_attn.", "cross_attn."),
-           ("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value"), ("out_proj", "out"),
-           ("fc1", "mlp.0"), ("fc2", "mlp.2")]
+    ren = [
+        ("embed_positions.weight", "positional_embedding"),
+        ("embed_tokens", "token_embedding"),
+        ("encoder.layer_norm", "encoder.ln_post"),
+        ("decoder.layer_norm", "decoder.ln"),
+        ("layers", "blocks"),
+        ("self_attn_layer_norm", "attn_ln"),
+        ("encoder_attn_layer_norm", "cross_attn_ln"),
+        ("final_layer_norm", "mlp_ln"),
+        ("self_attn.", "attn."),
+        ("encoder_attn.", "cross_attn."),
+        ("q_proj", "query"),
+        ("k_proj", "key"),
+        ("v_proj", "value"),
+        ("out_proj", "out"),
+        ("fc1", "mlp.0"),
+        ("fc2", "mlp.2"),
+    ]
     for k, v in sd.items():
         if k.startswith("proj_out"):
             continue
         for a, b in ren:
             k = k.replace(a, b)
         out[k] = v.clone()
-    dims = dict(n_mels=c.num_mel_bins, n_vocab=c.vocab_size, n_audio_ctx=c.max_source_positions,
-                n_audio_state=c.d_model, n_audio_head=c.encoder_attention_heads, n_audio_layer=c.encoder_layers,
-                n_text_ctx=c.max_target_positions, n_text_state=c.d_model, n_text_head=c.decoder_attention_heads,
-                n_text_layer=c.decoder_layers)
+    dims = dict(
+        n_mels=c.num_mel_bins,
+        n_vocab=c.vocab_size,
+        n_audio_ctx=c.max_source_positions,
+        n_audio_state=c.d_model,
+        n_audio_head=c.encoder_attention_heads,
+        n_audio_layer=c.encoder_layers,
+        n_text_ctx=c.max_target_positions,
+        n_text_state=c.d_model,
+        n_text_head=c.decoder_attention_heads,
+        n_text_layer=c.decoder_layers,
+    )
     return {"dims": dims, "model_state_dict": out}
 
 

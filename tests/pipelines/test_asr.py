@@ -1,6 +1,7 @@
 """The speech recognition pipeline's options: an initial prompt and the language, in the batched path the
 server runs (decode_utterances) and in long-form transcription (which, like openai/whisper, conditions
 its first window on the initial prompt)."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -54,7 +55,7 @@ def test_trimmed_context_is_batch_independent_and_drafts_still_check(asr, synth)
     assert [d.tokens for d in drafted] == [b.tokens for b in both]
     assert both[0].text.count("lights") == 1  # this one loops: "Turn off the lights... Turn off the lights..."
     looped = asr.transcribe_batch([short], replace(opts, stop_repeats=0))[0]
-    assert looped.text.count("lights") > 3 and looped.tokens[:len(alone.tokens)] == alone.tokens
+    assert looped.text.count("lights") > 3 and looped.tokens[: len(alone.tokens)] == alone.tokens
 
 
 def test_a_repeat_said_faster_than_anyone_speaks_keeps_one_copy(asr):
@@ -74,8 +75,12 @@ def test_a_repeat_said_faster_than_anyone_speaks_keeps_one_copy(asr):
     assert doubled.compression_ratio == compression_ratio(once.strip())
     thrice = result(once * 3)
     assert cut_repeat_said_too_fast(thrice, tok, 3.0) and thrice.text == once.strip()
-    for text, seconds in [(once * 2, 4.5), (once + " Please remember to close the door.", 2.32),
-                          (" No. No.", 0.5), (once, 1.0)]:
+    for text, seconds in [
+        (once * 2, 4.5),
+        (once + " Please remember to close the door.", 2.32),
+        (" No. No.", 0.5),
+        (once, 1.0),
+    ]:
         res = result(text)
         assert not cut_repeat_said_too_fast(res, tok, seconds), text
         assert res.text == text.strip() and res.tokens == tok.encode(text)
@@ -101,8 +106,11 @@ def test_long_form_trims_the_last_window_to_its_audio(asr):
 
     runner.encode = recording
     try:
-        for options, margin in (({}, 5.0), ({"trim_context": True, "trim_margin": 1.0}, 1.0),
-                                ({"trim_context": False}, None)):
+        for options, margin in (
+            ({}, 5.0),
+            ({"trim_context": True, "trim_margin": 1.0}, 1.0),
+            ({"trim_context": False}, None),
+        ):
             lengths.clear()
             out = asr.transcribe(audio, 16000, **options)
             assert len(lengths) >= 2 and all(n == N_FRAMES and f is None for n, f in lengths[:-1]), lengths

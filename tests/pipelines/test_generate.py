@@ -1,6 +1,7 @@
 """The generation loop (pipelines/lm_batching.py) and the Python API (speechrt.load_lm) on the embedded model:
 option checks, sampling (seeded, top-k/top-p, repetition penalty as transformers defines it), stop
 tokens and strings, max tokens, streaming iterators (sync and async) and incremental text."""
+
 from __future__ import annotations
 
 import asyncio
@@ -22,16 +23,29 @@ def lm():
     return speechrt.load_lm()  # the default: smollm2-135m-instruct, int4 weights on the CPU
 
 
-@pytest.mark.parametrize("kw,match", [
-    ({"max_tokens": 0}, "max_tokens"), ({"temperature": -0.5}, "temperature"), ({"top_k": -1}, "top_k"),
-    ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"repetition_penalty": 0}, "repetition_penalty"),
-    ({"stop": ("",)}, "stop strings"), ({"seed": "x"}, "seed"),
-    ({"stop": 5}, "stop must be a string or a list"), ({"stop_token_ids": ["a"]}, "stop_token_ids must be None or"),
-    ({"logit_bias": {"x": 1}}, "logit_bias must map token ids"), ({"logit_bias": {5: 101}}, "logit_bias"),
-    ({"logit_bias": [(-1, 2)]}, "logit_bias"), ({"logit_bias": 7}, "logit_bias"),
-    ({"frequency_penalty": 2.5}, "frequency_penalty must be a number in"), ({"presence_penalty": "a"}, "presence_penalty"),
-    ({"logprobs": 21}, "logprobs must be None"), ({"logprobs": True}, "logprobs must be None"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"top_k": -1}, "top_k"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"stop": ("",)}, "stop strings"),
+        ({"seed": "x"}, "seed"),
+        ({"stop": 5}, "stop must be a string or a list"),
+        ({"stop_token_ids": ["a"]}, "stop_token_ids must be None or"),
+        ({"logit_bias": {"x": 1}}, "logit_bias must map token ids"),
+        ({"logit_bias": {5: 101}}, "logit_bias"),
+        ({"logit_bias": [(-1, 2)]}, "logit_bias"),
+        ({"logit_bias": 7}, "logit_bias"),
+        ({"frequency_penalty": 2.5}, "frequency_penalty must be a number in"),
+        ({"presence_penalty": "a"}, "presence_penalty"),
+        ({"logprobs": 21}, "logprobs must be None"),
+        ({"logprobs": True}, "logprobs must be None"),
+    ],
+)
 def test_bad_options(kw, match):
     with pytest.raises(GenerationError, match=match):
         GenerationOptions(**kw)
@@ -59,6 +73,7 @@ def test_stream_is_incremental_and_matches_whole_text(lm):
 def test_async_stream_equals_sync(lm):
     async def collect():
         return [p async for p in lm.achat(PROMPT, max_tokens=12)]
+
     assert asyncio.run(collect()) == list(lm.chat(PROMPT, max_tokens=12))
 
 
@@ -70,6 +85,7 @@ def test_async_stream_can_stop_early(lm):
             if len(out) == 2:
                 break
         return out
+
     assert len(asyncio.run(first_two())) == 2
 
 
@@ -82,7 +98,7 @@ def test_stop_token_max_tokens_and_stop_string(lm):
     assert len(evs) == 3 and evs[-1].finish_reason == "length"
     full = "".join(lm.chat(PROMPT, max_tokens=64))
     cut = "".join(lm.chat(PROMPT, max_tokens=64, stop=["Paris"]))
-    assert full.startswith(cut) and "Paris" not in cut and cut == full[:full.index("Paris")]
+    assert full.startswith(cut) and "Paris" not in cut and cut == full[: full.index("Paris")]
 
 
 def test_seeded_sampling_is_reproducible_and_varies(lm):
@@ -92,13 +108,19 @@ def test_seeded_sampling_is_reproducible_and_varies(lm):
     others = {"".join(lm.generate("My favourite animal is", seed=s, **kw)) for s in (2, 3)}
     assert len(others | {a}) > 1
     # top_k = 1 leaves only the most likely token: sampling equals greedy
-    assert "".join(lm.chat(PROMPT, max_tokens=8, temperature=0.7, top_k=1, seed=5)) == "".join(lm.chat(PROMPT, max_tokens=8))
+    assert "".join(lm.chat(PROMPT, max_tokens=8, temperature=0.7, top_k=1, seed=5)) == "".join(
+        lm.chat(PROMPT, max_tokens=8)
+    )
 
 
 def test_sampler_filters_match_transformers():
     tf = pytest.importorskip("transformers")
-    from transformers.generation.logits_process import (RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
-                                                        TopKLogitsWarper, TopPLogitsWarper)
+    from transformers.generation.logits_process import (
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 50, generator=g) * 3
@@ -128,11 +150,17 @@ def test_logit_bias_and_openai_penalties_follow_openais_formula():
     V = 97
     for _ in range(5):
         logits = torch.randn(1, V, generator=g) * 4
-        bias = {int(t): float(b) for t, b in zip(torch.randint(0, V, (6,), generator=g),
-                                                   torch.empty(6).uniform_(-100, 100, generator=g))}
+        bias = {
+            int(t): float(b)
+            for t, b in zip(torch.randint(0, V, (6,), generator=g), torch.empty(6).uniform_(-100, 100, generator=g))
+        }
         fp, pp = (float(x) for x in torch.empty(2).uniform_(-2, 2, generator=g))
-        o = GenerationOptions(logit_bias={str(k): v for k, v in bias.items()}, frequency_penalty=fp,
-                              presence_penalty=pp, repetition_penalty=1.2)
+        o = GenerationOptions(
+            logit_bias={str(k): v for k, v in bias.items()},
+            frequency_penalty=fp,
+            presence_penalty=pp,
+            repetition_penalty=1.2,
+        )
         s = Sampler(o, V, torch.device("cpu"))
         sampled = torch.randint(0, V, (12,), generator=g).tolist()
         for t in sampled:
@@ -160,14 +188,19 @@ def test_logit_bias_and_penalties_steer_the_model(lm):
     assert len(paris) == 1 and "Paris" in "".join(lm.chat(PROMPT, max_tokens=24))
     banned = list(stream(lm.runner, lm.tokenizer, [ids], GenerationOptions(max_tokens=24, logit_bias={paris[0]: -100})))
     assert paris[0] not in [e.token for e in banned] and "".join(e.text for e in banned).strip()
-    forced = [e.token for e in stream(lm.runner, lm.tokenizer, [ids], GenerationOptions(
-        max_tokens=6, logit_bias={paris[0]: 100}, stop_repeats=0))]
+    forced = [
+        e.token
+        for e in stream(
+            lm.runner, lm.tokenizer, [ids], GenerationOptions(max_tokens=6, logit_bias={paris[0]: 100}, stop_repeats=0)
+        )
+    ]
     assert forced == paris * 6
     prompt = "one, two, one, two, one, two, one, two,"
 
     def top_count(text):
         toks = lm.tokenizer.encode(text, add_bos=False)
         return max(toks.count(t) for t in set(toks))
+
     plain = "".join(lm.generate(prompt, max_tokens=24, stop_repeats=0))
     penalized = "".join(lm.generate(prompt, max_tokens=24, stop_repeats=0, frequency_penalty=2.0))
     assert top_count(penalized) < top_count(plain), (plain, penalized)
@@ -183,6 +216,7 @@ def test_logprobs_are_the_models_distribution(lm):
 
     def pieces(options):
         return list(stream(lm.runner, lm.tokenizer, [ids], options))
+
     g = pieces(GenerationOptions(max_tokens=16, logprobs=3))
     assert g[-1].finish_reason == "stop" and g[-1].token in lm.tokenizer.stop_ids() and g[-1].logprob is None
     words = g[:-1]
@@ -210,8 +244,10 @@ def test_encode_chat_within_leaves_out_older_turns_whole_and_never_cuts_a_messag
     from speechrt.errors import ContextLengthExceeded
 
     system = {"role": "system", "content": "Be brief."}
-    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message number {i} " + "word " * 40}
-             for i in range(9)]
+    turns = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"message number {i} " + "word " * 40}
+        for i in range(9)
+    ]
     whole = lm.encode_chat([system, *turns])
     assert lm.encode_chat_within([system, *turns], len(whole)) == whole
     room = len(whole) // 2
@@ -219,7 +255,7 @@ def test_encode_chat_within_leaves_out_older_turns_whole_and_never_cuts_a_messag
     assert 0 < len(ids) <= room
     kept = next(k for k in range(len(turns), 0, -1) if ids == lm.encode_chat([system, *turns[-k:]]))
     assert 1 <= kept < len(turns)  # the system message and the latest turns, whole
-    assert len(lm.encode_chat([system, *turns[-kept - 1:]])) > room  # one more turn would not fit
+    assert len(lm.encode_chat([system, *turns[-kept - 1 :]])) > room  # one more turn would not fit
     with pytest.raises(ContextLengthExceeded, match=f"are {len(whole)} tokens, over the {room}") as e:
         lm.encode_chat_within([system, *turns], room, drop_older=False)
     assert (e.value.needed, e.value.room, e.value.code) == (len(whole), room, "context_length_exceeded")

@@ -1,6 +1,7 @@
 """The continuous batcher on the embedded model: a request whose prompt fails (its prefill raises) fails
 alone — the others' replies are those of a batch without it and its slot serves the next request — and a
 reply caught in a loop ends ('repetition') instead of running to its token budget."""
+
 from __future__ import annotations
 
 import pytest

@@ -2,6 +2,7 @@
 digital silence). The guards — the no-speech rule with temperature fallback (as faster-whisper), the
 silence gate (silence_level_db) and the optional Silero VAD pre-filter (vad_filter) — keep five minutes of
 non-speech free of text, and leave speech around a long gap transcribed at the right times."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,14 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+from nonspeech import NON_SPEECH, SR  # tests/nonspeech.py: the fixed-seed signals
 
 import speechrt
 from speechrt.errors import UserError
 from speechrt.models.wer import wer
 from speechrt.pipelines.asr import TranscribeOptions
 from speechrt.pipelines.speech_regions import SpeechMap, VadOptions, speech_timestamps
-
-from nonspeech import NON_SPEECH, SR  # tests/nonspeech.py: the fixed-seed signals
 
 DATA = Path(speechrt.__file__).parent / "data"
 
@@ -28,7 +28,7 @@ def speech_with_gap():
     d, sr = sf.read(DATA / "sample.wav", dtype="float32")
     assert sr == SR
     win, mid = SR // 5, len(d) // 2
-    energy = [np.abs(d[i: i + win]).mean() for i in range(mid - 2 * SR, mid + 2 * SR, 160)]
+    energy = [np.abs(d[i : i + win]).mean() for i in range(mid - 2 * SR, mid + 2 * SR, 160)]
     cut = mid - 2 * SR + int(np.argmin(energy)) * 160 + win // 2
     return np.concatenate([d[:cut], np.zeros(60 * SR, np.float32), d[cut:]]), cut / SR
 
@@ -73,7 +73,6 @@ def test_speech_around_a_minute_of_silence(asr, one_cpu_thread, speech_with_gap)
     assert second[-1].end <= len(audio) / SR + 0.01
 
 
-
 def test_hallucination_silence_threshold_keeps_the_speech(asr, one_cpu_thread, speech_with_gap):
     """faster-whisper's hallucination_silence_threshold (with word timestamps) on speech around 60 s of
     silence: the speech is kept, the gap stays empty, words stay in order."""
@@ -85,6 +84,7 @@ def test_hallucination_silence_threshold_keeps_the_speech(asr, one_cpu_thread, s
     with pytest.raises(UserError, match="needs word_timestamps=True"):
         asr.options(hallucination_silence_threshold=2.0)
 
+
 def test_speech_map_restores_times_across_regions():
     """Two regions of a recording joined: times in the joined audio map back; a segment that ends just
     inside the next region's padding ends with its own region."""
@@ -94,9 +94,22 @@ def test_speech_map_restores_times_across_regions():
     m = SpeechMap([{"start": 16000, "end": 48000}, {"start": 1_016_000, "end": 1_048_000}])
     assert m.join(np.arange(1_100_000, dtype=np.float32)).shape == (64000,)
     assert m.original_time(0.5) == 1.5 and m.original_time(2.5) == 64.0 and m.original_time(2.0, is_end=True) == 3.0
-    segs = [Segment(0, 0.1, 2.2, " a", [], 0, 0, 0, 0), Segment(1, 2.4, 3.9, " b", [], 0, 0, 0, 0),
-            Segment(2, 1.0, 3.0, " c", [], 0, 0, 0, 0,
-                    [Word(1.0, 1.5, " c", 1.0), Word(2.1, 2.5, " d", 1.0), Word(2.6, 3.0, " e", 1.0)])]
+    segs = [
+        Segment(0, 0.1, 2.2, " a", [], 0, 0, 0, 0),
+        Segment(1, 2.4, 3.9, " b", [], 0, 0, 0, 0),
+        Segment(
+            2,
+            1.0,
+            3.0,
+            " c",
+            [],
+            0,
+            0,
+            0,
+            0,
+            [Word(1.0, 1.5, " c", 1.0), Word(2.1, 2.5, " d", 1.0), Word(2.6, 3.0, " e", 1.0)],
+        ),
+    ]
     m.restore(segs)
     assert (segs[0].start, segs[0].end) == (1.1, 3.0)  # ends 0.2 s into region 2: its own region's end
     assert (segs[1].start, segs[1].end) == (63.9, 65.4)
@@ -109,8 +122,9 @@ def test_speech_timestamps_follow_faster_whisper_rules():
     neg_threshold, short pauses bridged, short regions dropped, padding split where regions are close."""
     p = np.array([0.0] * 10 + [0.9] * 20 + [0.4] * 5 + [0.9] * 10 + [0.1] * 100 + [0.9] * 2 + [0.0] * 100, np.float32)
     audio = np.zeros(len(p) * 512, np.float32)
-    regions = speech_timestamps(audio, VadOptions(min_silence_duration_ms=500, speech_pad_ms=100,
-                                                  min_speech_duration_ms=100), probs=p)
+    regions = speech_timestamps(
+        audio, VadOptions(min_silence_duration_ms=500, speech_pad_ms=100, min_speech_duration_ms=100), probs=p
+    )
     # frames 10-44 (0.4 is above neg_threshold 0.35: no pause); the 2-frame blip (64 ms) is dropped
     assert regions == [{"start": 10 * 512 - 1600, "end": 45 * 512 + 1600}]
     regions = speech_timestamps(audio, VadOptions(min_silence_duration_ms=500, speech_pad_ms=100), probs=p)
@@ -126,10 +140,13 @@ def test_bad_options_say_what_is_valid(asr):
         TranscribeOptions(vad_filter=True, vad_parameters={"threshold": 1.5})
     assert TranscribeOptions(vad_filter=True).vad_parameters == VadOptions()
     # each scalar option's type is checked (these were taken, or failed inside the decoder)
-    for kw, says in (({"initial_prompt": 5}, "initial_prompt must be str or None, got 5"),
-                     ({"vad_filter": "yes"}, "vad_filter must be bool, got 'yes'"),
-                     ({"beam_size": 2.5}, "beam_size must be int"), ({"beam_size": True}, "beam_size must be int"),
-                     ({"no_speech_threshold": "0.6"}, "no_speech_threshold must be float or None")):
+    for kw, says in (
+        ({"initial_prompt": 5}, "initial_prompt must be str or None, got 5"),
+        ({"vad_filter": "yes"}, "vad_filter must be bool, got 'yes'"),
+        ({"beam_size": 2.5}, "beam_size must be int"),
+        ({"beam_size": True}, "beam_size must be int"),
+        ({"no_speech_threshold": "0.6"}, "no_speech_threshold must be float or None"),
+    ):
         with pytest.raises(UserError, match=f"invalid transcription option: {says}"):
             TranscribeOptions(**kw)
     assert TranscribeOptions(patience=2, no_speech_threshold=None, temperatures=[0.0, 0.5]).patience == 2
@@ -144,7 +161,7 @@ def test_cli_vad_filter(tmp_path, capsys, speech_with_gap):
     from speechrt.cli import main
 
     audio, cut = speech_with_gap
-    short = np.concatenate([audio[: round(cut * SR)], audio[-(len(audio) - round(cut * SR) - 50 * SR):]])  # 10 s gap
+    short = np.concatenate([audio[: round(cut * SR)], audio[-(len(audio) - round(cut * SR) - 50 * SR) :]])  # 10 s gap
     path = tmp_path / "gap.wav"
     sf.write(path, short, SR)
     assert main(["transcribe", str(path), "--vad-filter", "--vad-speech-pad-ms", "300", "--json"]) == 0

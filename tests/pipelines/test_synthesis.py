@@ -1,5 +1,7 @@
 """Streaming synthesis on the real voice (chunked vs whole-sentence audio per backend: tests/backends/
-test_conformance.py): context and crossfade, the background flow, first audio after one short window, text arriving token by token, controls (rate, noise, speaker, sample rate, format) and errors."""
+test_conformance.py): context and crossfade, the background flow, first audio after one short window, text arriving
+token by token, controls (rate, noise, speaker, sample rate, format) and errors."""
+
 from __future__ import annotations
 
 import wave
@@ -14,8 +16,10 @@ from speechrt.backends.base import WINDOW_GROWTH, TTSRunner, flow_pieces, makesp
 from speechrt.errors import UserError
 from speechrt.pipelines.tts import SynthesisOptions, load_tts, stream_latent, windows
 
-LONG = ("When the morning train finally pulled into the quiet station, the travelers gathered their heavy bags "
-        "and walked slowly toward the old wooden bridge that crossed the river.")
+LONG = (
+    "When the morning train finally pulled into the quiet station, the travelers gathered their heavy bags "
+    "and walked slowly toward the old wooden bridge that crossed the river."
+)
 
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")
@@ -34,7 +38,7 @@ def test_windows_cover_and_grow():
             assert w[0] == (0, 16) and w[-1][1] == frames
             assert all(a == b for (_, a), (b, _) in zip(w, w[1:]))  # contiguous
             assert sizes[:2] == [16, 16 * WINDOW_GROWTH] and max(sizes) <= largest
-            grown = [16 * WINDOW_GROWTH ** i for i in range(len(sizes))]
+            grown = [16 * WINDOW_GROWTH**i for i in range(len(sizes))]
             k = next(i for i, (s, g) in enumerate(zip(sizes, grown)) if s != min(g, largest))  # the split
             tail = sizes[k:]
             assert k >= 2 and len(tail) % parallel == 0 and max(tail) - min(tail) <= 1  # workers finish together
@@ -139,8 +143,9 @@ def test_one_worker_runs_the_pieces_before_the_windows(torch_tts):
     o = torch_tts.options(noise_scale=0.0, noise_w=0.0)
     ids = next(torch_tts.text.sentences(LONG))
     out = {}
-    t = threading.Thread(target=lambda: out.update(a=torch.cat(list(stream_latent(one, one.latent(ids, o), o)))),
-                         daemon=True)
+    t = threading.Thread(
+        target=lambda: out.update(a=torch.cat(list(stream_latent(one, one.latent(ids, o), o)))), daemon=True
+    )
     t.start()
     t.join(120)
     assert not t.is_alive(), "one worker deadlocked on a flow piece"
@@ -209,7 +214,11 @@ class CountingRunner:
 
     def __init__(self, runner):
         self.r, self.calls = runner, []
-        self.hop_length, self.context_frames, self.sample_rate = runner.hop_length, runner.context_frames, runner.sample_rate
+        self.hop_length, self.context_frames, self.sample_rate = (
+            runner.hop_length,
+            runner.context_frames,
+            runner.sample_rate,
+        )
         self.flow_cost = runner.flow_cost
 
     parallel = 1
@@ -304,14 +313,16 @@ def correlation_after_delay(audio: np.ndarray, ref: np.ndarray, max_delay: int =
     """The normalized correlation of `audio` with `ref` at the codec delay (<= max_delay samples) that fits best."""
     n = min(len(audio), len(ref)) - max_delay
     assert n > len(ref) // 2, (len(audio), len(ref))
-    best = max(range(max_delay), key=lambda d: float(np.dot(audio[d:d + n], ref[:n])))
-    return float(np.corrcoef(audio[best:best + n], ref[:n])[0, 1])
+    best = max(range(max_delay), key=lambda d: float(np.dot(audio[d : d + n], ref[:n])))
+    return float(np.corrcoef(audio[best : best + n], ref[:n])[0, 1])
 
 
 def test_incremental_text_is_spoken_before_it_ends(torch_tts):
     consumed = []
-    tokens = ("The first sentence is complete here. Then comes a second one, which keeps on going "
-              "for quite a while before it ends.").split(" ")
+    tokens = (
+        "The first sentence is complete here. Then comes a second one, which keeps on going "
+        "for quite a while before it ends."
+    ).split(" ")
 
     def llm():
         for i, t in enumerate(tokens):
@@ -325,17 +336,20 @@ def test_incremental_text_is_spoken_before_it_ends(torch_tts):
     assert len(consumed) == len(tokens) and rest
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(rate=0), "rate must be in"),
-    (dict(noise_scale=-1.0), "noise_scale must be in"),
-    (dict(length_scale=0.0), "length_scale must be in"),
-    (dict(speaker=3), "single speaker"),
-    (dict(speaker="alice"), "unknown speaker"),
-    (dict(sample_rate=1000), "sample rate must be in"),
-    (dict(format="mp3"), "unknown audio format"),
-    (dict(sample_rate=0), "sample rate must be in"),  # (was taken as the voice's rate)
-    (dict(pitch=2), "unknown synthesis option.*pitch; valid: rate, speaker, length_scale"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(rate=0), "rate must be in"),
+        (dict(noise_scale=-1.0), "noise_scale must be in"),
+        (dict(length_scale=0.0), "length_scale must be in"),
+        (dict(speaker=3), "single speaker"),
+        (dict(speaker="alice"), "unknown speaker"),
+        (dict(sample_rate=1000), "sample rate must be in"),
+        (dict(format="mp3"), "unknown audio format"),
+        (dict(sample_rate=0), "sample rate must be in"),  # (was taken as the voice's rate)
+        (dict(pitch=2), "unknown synthesis option.*pitch; valid: rate, speaker, length_scale"),
+    ],
+)
 def test_bad_controls(torch_tts, kw, match):
     with pytest.raises(UserError, match=match):
         list(torch_tts.synthesize("Hello.", **kw))

@@ -1,4 +1,5 @@
 """Sentences after the first, vocoded for throughput when enough audio is ahead of the listener."""
+
 from __future__ import annotations
 
 import time
@@ -10,8 +11,10 @@ from speechrt.pipelines.tts import RELAX_FACTOR, RELAX_MARGIN_S, load_tts, relax
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
-FIRST = ("When the morning train finally pulled into the quiet station, the travelers gathered their heavy bags "
-         "and walked slowly toward the bridge.")  # ~6 s of audio: ample ahead of what follows
+FIRST = (
+    "When the morning train finally pulled into the quiet station, the travelers gathered their heavy bags "
+    "and walked slowly toward the bridge."
+)  # ~6 s of audio: ample ahead of what follows
 REST = "The sky was grey. A dog barked twice."
 
 
@@ -52,6 +55,7 @@ def _calls(tts):
     def counting(latent, a, b):
         calls.append((latent.frames, a, b))
         return orig(latent, a, b)
+
     r.vocode_async = counting
     return calls, lambda: delattr(r, "vocode_async")
 
@@ -91,10 +95,12 @@ def test_later_sentences_vocoded_for_throughput_sound_the_same(torch_tts):
 def test_a_listener_that_caught_up_gets_first_audio_windows(torch_tts):
     """Text arriving slowly (an LLM): by the second sentence the first one's 0.6 s have been heard, so it is
     vocoded for first audio again."""
+
     def pieces():
         yield "Hello there. "
         time.sleep(1.5)
         yield "How are you today?"
+
     chunks = list(torch_tts.synthesize_stream(pieces()))
     assert chunks and torch_tts.last_stats.relaxed_sentences == 0
 

@@ -1,5 +1,6 @@
 """Word timestamps (TranscribeOptions.word_timestamps) against faster-whisper's `word_timestamps=True` on the
 same CTranslate2 weights (the embedded whisper-tiny.en), and the dynamic time warping against a brute force."""
+
 from __future__ import annotations
 
 import itertools
@@ -21,6 +22,7 @@ def fw_model():
 
 def _paths(n, m):
     """Every monotonic path through an n x m grid from (0, 0) to (n-1, m-1) by steps (1,1), (1,0), (0,1)."""
+
     def walk(i, j):
         if (i, j) == (n - 1, m - 1):
             yield [(i, j)]
@@ -29,6 +31,7 @@ def _paths(n, m):
             if i + di < n and j + dj < m:
                 for rest in walk(i + di, j + dj):
                     yield [(i, j)] + rest
+
     return list(walk(0, 0))
 
 
@@ -68,8 +71,10 @@ def test_word_timestamps_match_faster_whisper(asr, fw_model, name):
     b = [w for s in segs for w in s.words]
     assert [w.word for w in a] == [w.word for w in b] and len(a) > 20
     diffs = np.abs([x.start - y.start for x, y in zip(a, b)] + [x.end - y.end for x, y in zip(a, b)])
-    print(f"{name}: {len(a)} words, boundary |ours - faster-whisper| median {np.median(diffs):.3f} s, "
-          f"p90 {np.percentile(diffs, 90):.3f} s, max {diffs.max():.3f} s")
+    print(
+        f"{name}: {len(a)} words, boundary |ours - faster-whisper| median {np.median(diffs):.3f} s, "
+        f"p90 {np.percentile(diffs, 90):.3f} s, max {diffs.max():.3f} s"
+    )
     assert np.median(diffs) <= 0.1 and np.percentile(diffs, 90) <= 0.2
     np.testing.assert_allclose([w.probability for w in a], [w.probability for w in b], atol=1e-3)
     assert [round(s.start, 2) for s in ours.segments] == [round(s.start, 2) for s in segs]

@@ -1,5 +1,6 @@
 """Helpers of the reliability suite: a real `speechrt serve` process (its output, /metrics, stop), and a
 client's steps (open a session, wait for an event, stream audio)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -19,14 +20,22 @@ import numpy as np
 from speechrt.models.audio import resample
 
 SENTENCES = [
-    "The museum opens at nine and closes at five.", "Please remember to close the windows.",
-    "She bought three apples and a loaf of bread.", "The meeting has been moved to Thursday afternoon.",
-    "Our train was delayed because of a signal problem.", "He plays the piano every evening.",
-    "Can you tell me the way to the post office?", "The children played football in the park.",
-    "Turn left at the traffic lights.", "My sister is studying chemistry at the university.",
-    "The library has thousands of books.", "We watched a documentary about whales last night.",
-    "The restaurant on the corner serves pasta.", "Dogs need regular exercise and a healthy diet.",
-    "The river flows quietly through the valley.", "I would like a cup of coffee with sugar.",
+    "The museum opens at nine and closes at five.",
+    "Please remember to close the windows.",
+    "She bought three apples and a loaf of bread.",
+    "The meeting has been moved to Thursday afternoon.",
+    "Our train was delayed because of a signal problem.",
+    "He plays the piano every evening.",
+    "Can you tell me the way to the post office?",
+    "The children played football in the park.",
+    "Turn left at the traffic lights.",
+    "My sister is studying chemistry at the university.",
+    "The library has thousands of books.",
+    "We watched a documentary about whales last night.",
+    "The restaurant on the corner serves pasta.",
+    "Dogs need regular exercise and a healthy diet.",
+    "The river flows quietly through the valley.",
+    "I would like a cup of coffee with sugar.",
 ]
 
 
@@ -66,8 +75,9 @@ class ServerProcess:
         return urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=30).read().decode()
 
     def post(self, path: str, body: dict) -> dict:
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
         return json.loads(urllib.request.urlopen(req, timeout=30).read())
 
     def metrics(self) -> dict[str, float]:
@@ -133,7 +143,7 @@ async def stream_pcm(ws, pcm: bytes, chunk_ms: int = 100, realtime: bool = True,
     """Send 24 kHz pcm16 in chunks, at real-time pace (`speed` times it) or as fast as the server takes it."""
     step = 24000 * 2 * chunk_ms // 1000
     for i in range(0, len(pcm), step):
-        await ws.send(append_event(pcm[i: i + step]))
+        await ws.send(append_event(pcm[i : i + step]))
         if realtime:
             await asyncio.sleep(chunk_ms / 1000 / speed)
 

@@ -1,6 +1,7 @@
 """Clients that misbehave: they vanish mid-utterance or mid-transcript, stop reading, leave a half-open
 connection, or reconnect hundreds of times. Each harms only itself; its slot and its work are freed at
 once, and the server's memory, descriptors, threads and tasks come back to where they were."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,8 +19,16 @@ from speechrt.models.wer import wer
 
 def resources(server) -> dict:
     m = server.metrics()
-    return {k: m[k] for k in ("process_resident_memory_bytes", "process_open_fds", "process_threads",
-                              "asyncio_tasks", "sessions_active")}
+    return {
+        k: m[k]
+        for k in (
+            "process_resident_memory_bytes",
+            "process_open_fds",
+            "process_threads",
+            "asyncio_tasks",
+            "sessions_active",
+        )
+    }
 
 
 def settled(server, baseline: dict, timeout: float = 30.0) -> dict:
@@ -28,9 +37,13 @@ def settled(server, baseline: dict, timeout: float = 30.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         r = resources(server)
-        ok = (r["sessions_active"] == 0 and r["process_open_fds"] <= baseline["process_open_fds"] + 5
-              and r["process_resident_memory_bytes"] <= 1.10 * baseline["process_resident_memory_bytes"]
-              and r["process_threads"] <= baseline["process_threads"] and r["asyncio_tasks"] <= baseline["asyncio_tasks"])
+        ok = (
+            r["sessions_active"] == 0
+            and r["process_open_fds"] <= baseline["process_open_fds"] + 5
+            and r["process_resident_memory_bytes"] <= 1.10 * baseline["process_resident_memory_bytes"]
+            and r["process_threads"] <= baseline["process_threads"]
+            and r["asyncio_tasks"] <= baseline["asyncio_tasks"]
+        )
         if ok or time.monotonic() > deadline:
             return r
         time.sleep(0.25)
@@ -56,6 +69,7 @@ def baseline(tserver, synth):
         await stream_pcm(ws, pcm, realtime=False)
         await next_event(ws, "conversation.item.input_audio_transcription.completed")
         await ws.close()
+
     run(warm(), 120)
     time.sleep(1.0)
     return settled(tserver, resources(tserver))
@@ -70,6 +84,7 @@ def test_disconnect_mid_utterance_frees_the_session_at_once(tserver, synth, base
         await stream_pcm(ws, pcm[: len(pcm) // 2 & ~1])  # speech started, turn open, live transcripts running
         await next_event(ws, "input_audio_buffer.speech_started")
         await ws.close()
+
     run(main(), 60)
     t0 = time.monotonic()
     tserver.wait_for("sessions_active", lambda v: v == 0, timeout=5)
@@ -95,6 +110,7 @@ def test_disconnect_mid_final_transcript(tserver, synth):
         done = await next_event(nxt, "conversation.item.input_audio_transcription.completed")
         await nxt.close()
         return done["transcript"]
+
     assert wer(SENTENCES[1], run(main(), 120)) <= 0.15
     tserver.wait_for("sessions_active", lambda v: v == 0, timeout=10)
 
@@ -105,9 +121,11 @@ def test_half_open_connection_is_dropped_by_ping(tserver):
     before = tserver.metrics()["sessions_active"]
     s = socket.create_connection(("127.0.0.1", tserver.port))
     key = base64.b64encode(os.urandom(16)).decode()
-    s.sendall(f"GET /v1/realtime?intent=transcription HTTP/1.1\r\nHost: 127.0.0.1:{tserver.port}\r\n"
-              f"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-              "Sec-WebSocket-Version: 13\r\n\r\n".encode())
+    s.sendall(
+        f"GET /v1/realtime?intent=transcription HTTP/1.1\r\nHost: 127.0.0.1:{tserver.port}\r\n"
+        f"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+        "Sec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
     assert s.recv(4096).startswith(b"HTTP/1.1 101")
     tserver.wait_for("sessions_active", lambda v: v == before + 1, timeout=10)
     tserver.wait_for("sessions_active", lambda v: v == before, timeout=20)  # never answers the pings
@@ -125,6 +143,7 @@ def test_a_client_that_never_reads_is_closed_with_a_reason(cserver):
         done = await next_event(ws, "response.done", timeout=90)
         assert done["type"] == "response.done", done
         await ws.close()
+
     run(warm(), 120)
     cserver.wait_for("sessions_active", lambda v: v == 0, timeout=30)
     before = cserver.metrics()
@@ -137,8 +156,9 @@ def test_a_client_that_never_reads_is_closed_with_a_reason(cserver):
         sock.connect(("127.0.0.1", cserver.port))
         ws = await connect(cserver.url, sock=sock, max_size=None, max_queue=1)  # reads one message ahead at most
         await ws.send(json.dumps({"type": "response.create", "response": {"speechrt_say": text}}))
-        await asyncio.to_thread(cserver.wait_for, "slow_readers_closed_total",
-                                lambda v: v >= before["slow_readers_closed_total"] + 1, 90)
+        await asyncio.to_thread(
+            cserver.wait_for, "slow_readers_closed_total", lambda v: v >= before["slow_readers_closed_total"] + 1, 90
+        )
         code = None
         try:
             while True:  # drain what was delivered, then see the close
@@ -146,6 +166,7 @@ def test_a_client_that_never_reads_is_closed_with_a_reason(cserver):
         except Exception:  # noqa: BLE001 - ConnectionClosed carries the code
             code = ws.close_code
         return code, ws.close_reason
+
     code, reason = run(main(), 150)
     assert code in (1008, 1006), (code, reason)
     cserver.wait_for("sessions_active", lambda v: v == before["sessions_active"], timeout=30)
@@ -169,6 +190,7 @@ def test_200_reconnects_with_speech_are_all_served_and_leak_nothing(tserver, syn
             await ws.send(append_event(pcm))
             await ws.close()
         return created
+
     assert run(main(), 300) == 200
     assert tserver.metrics()["sessions_rejected_total"] == rejected
     check_settled(tserver, base, "after 200 reconnects")

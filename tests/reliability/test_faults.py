@@ -2,6 +2,7 @@
 only the work it was doing, with an error event, and the next turn is served; a worker that stalls past the
 stall timeout leaves its sessions told, not hung; one request's oversized options do not cut another
 session's answer; SIGTERM finishes the turns and answers in flight, exits 0, and prints no traceback."""
+
 from __future__ import annotations
 
 import asyncio
@@ -21,14 +22,23 @@ async def commit_turn(ws, pcm: bytes) -> dict:
     """Append and commit a turn -> its completed (or failed, or error) event."""
     await ws.send(append_event(pcm))
     await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-    return await next_event(ws, "conversation.item.input_audio_transcription.completed",
-                            "conversation.item.input_audio_transcription.failed")
+    return await next_event(
+        ws,
+        "conversation.item.input_audio_transcription.completed",
+        "conversation.item.input_audio_transcription.failed",
+    )
 
 
 async def ask(ws, text: str, **response) -> tuple[dict, str]:
     """A text question -> (response.done, the answer's transcript)."""
-    await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}))
+    await ws.send(
+        json.dumps(
+            {
+                "type": "conversation.item.create",
+                "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]},
+            }
+        )
+    )
     await ws.send(json.dumps({"type": "response.create", "response": {"output_modalities": ["text"], **response}}))
     answer = ""
     while True:
@@ -51,6 +61,7 @@ def test_a_failing_transcription_step_fails_only_that_turn(cserver, synth):
         ok = await commit_turn(ws, pcm)
         await ws.close()
         return failed, err, ok
+
     failed, err, ok = run(main(), 120)
     assert failed["type"] == "conversation.item.input_audio_transcription.failed", failed
     assert "injected fault" in failed["error"]["message"] and err["error"]["type"] == "server_error"
@@ -66,6 +77,7 @@ def test_a_failing_language_model_step_fails_the_response_and_the_next_one_works
         done, answer = await ask(ws, "What is the capital of France?")
         await ws.close()
         return failed, done, answer
+
     failed, done, answer = run(main(), 180)
     r = failed["response"]
     assert r["status"] == "failed" and "injected fault" in r["status_details"]["error"]["message"], r
@@ -89,6 +101,7 @@ def test_a_failing_synthesis_step_fails_the_response_and_the_next_one_works(cser
         done, events = await until_done(ws)
         await ws.close()
         return failed, before, done, events
+
     failed, before, done, events = run(main(), 180)
     assert failed["response"]["status"] == "failed", failed
     assert any(e["type"] == "error" and "injected fault" in e["error"]["message"] for e in before), before
@@ -116,6 +129,7 @@ def test_a_stalled_worker_leaves_sessions_told_not_hung(cserver, synth):
         ok = await commit_turn(ws, pcm)
         await ws.close()
         return told, waited, ok
+
     told, waited, ok = run(main(), 180)
     assert told["type"] == "conversation.item.input_audio_transcription.failed", told
     assert told["error"]["code"] == "engine_stalled" and 9 <= waited <= 14, (told, waited)
@@ -126,17 +140,20 @@ def test_a_stalled_worker_leaves_sessions_told_not_hung(cserver, synth):
 def test_oversized_max_output_tokens_hurt_no_one(cserver):
     """100,000 on response.create is refused naming the range; 4096 on the session (accepted) answers, and
     another session's answer, asked at the same time, is whole."""
+
     async def main():
         a, _ = await open_session(cserver, None)
         b, _ = await open_session(cserver, None)
         await a.send(json.dumps({"type": "response.create", "response": {"max_output_tokens": 100000}}))
         refused = await next_event(a, "response.created")
         await update(a, {"max_output_tokens": 4096})
-        (da, _), (db, answer) = await asyncio.gather(ask(a, "Tell me about the moon."),
-                                                     ask(b, "What is the capital of France?"))
+        (da, _), (db, answer) = await asyncio.gather(
+            ask(a, "Tell me about the moon."), ask(b, "What is the capital of France?")
+        )
         await a.close()
         await b.close()
         return refused, da, db, answer
+
     refused, da, db, answer = run(main(), 240)
     assert refused["type"] == "error" and "from 1 to 4096" in refused["error"]["message"]
     assert da["response"]["status"] in ("completed", "incomplete"), da
@@ -154,13 +171,22 @@ def test_sigterm_finishes_turns_and_answers_in_flight(synth):
         await t.send(append_event(pcm))
         await t.send(json.dumps({"type": "input_audio_buffer.commit"}))
         await next_event(t, "input_audio_buffer.committed")
-        await c.send(json.dumps({"type": "response.create", "response": {
-            "speechrt_say": "The quick brown fox jumps over the lazy dog. It was a sunny day in the park."}}))
+        await c.send(
+            json.dumps(
+                {
+                    "type": "response.create",
+                    "response": {
+                        "speechrt_say": "The quick brown fox jumps over the lazy dog. It was a sunny day in the park."
+                    },
+                }
+            )
+        )
         await next_event(c, "response.created")
         srv.proc.send_signal(signal.SIGTERM)
         done = await next_event(t, "conversation.item.input_audio_transcription.completed")
         answer = await next_event(c, "response.done", timeout=60)
         return done, answer
+
     try:
         done, answer = run(main(), 120)
         rc = srv.proc.wait(60)

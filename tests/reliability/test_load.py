@@ -2,6 +2,7 @@
 at real-time pace, each getting its own turns' transcripts (none crossed, none lost), with the final
 latency recorded (printed, not asserted: it depends on the machine); sessions beyond --max-sessions are
 refused cleanly; a 60-second utterance without a pause comes back whole."""
+
 from __future__ import annotations
 
 import asyncio
@@ -16,6 +17,7 @@ from rel_helpers import SENTENCES, append_event, next_event, open_session, pcm24
 from speechrt.models.wer import wer
 
 SECOND = 24000 * 2  # bytes of pcm16 at 24 kHz
+
 
 async def speaker(server, turns: list[tuple[str, bytes]], delay: float, latencies: list):
     """One session speaking its turns at real-time pace -> the transcripts of its committed turns."""
@@ -45,20 +47,25 @@ async def speaker(server, turns: list[tuple[str, bytes]], delay: float, latencie
 
 def load(server, synth, streams: int):
     rng = np.random.default_rng(streams)
-    plans = [[(SENTENCES[j], pcm24(synth(SENTENCES[j]), tail_s=1.0)) for j in rng.choice(len(SENTENCES), 2, False)]
-             for _ in range(streams)]
+    plans = [
+        [(SENTENCES[j], pcm24(synth(SENTENCES[j]), tail_s=1.0)) for j in rng.choice(len(SENTENCES), 2, False)]
+        for _ in range(streams)
+    ]
     latencies: list[float] = []
 
     async def main():
         return await asyncio.gather(*(speaker(server, plan, 0.05 * i, latencies) for i, plan in enumerate(plans)))
+
     results = run(main(), 300)
     for plan, texts in zip(plans, results):
         assert len(texts) == len(plan), texts
         for (want, _), got in zip(plan, texts):
             assert wer(want, got) <= 0.2, (want, got)  # its own words, in order: no crossed or lost turns
     q = statistics.quantiles(latencies, n=20)
-    print(f"{streams} streams: final latency p50 {statistics.median(latencies) * 1e3:.0f} ms, "
-          f"p95 {q[18] * 1e3:.0f} ms over {len(latencies)} turns")
+    print(
+        f"{streams} streams: final latency p50 {statistics.median(latencies) * 1e3:.0f} ms, "
+        f"p95 {q[18] * 1e3:.0f} ms over {len(latencies)} turns"
+    )
     return latencies
 
 
@@ -78,6 +85,7 @@ def test_sessions_beyond_the_cap_are_refused_cleanly(tserver):
         for h, _ in held:
             await h.close()
         return first, code
+
     first, code = run(main(), 120)
     assert first["type"] == "error" and first["error"]["code"] == "session_limit_reached"
     assert "40 sessions" in first["error"]["message"] and code == 1013
@@ -90,7 +98,7 @@ def minute(synth):
     for s in SENTENCES * 2:
         a = synth(s)
         nz = np.flatnonzero(np.abs(a) > 0.01)
-        parts += [a[nz[0]: nz[-1] + 1], np.zeros(int(0.15 * 16000), np.float32)]
+        parts += [a[nz[0] : nz[-1] + 1], np.zeros(int(0.15 * 16000), np.float32)]
         if sum(len(p) for p in parts) > 60 * 16000:
             break
     audio = np.concatenate(parts)
@@ -114,6 +122,7 @@ def test_a_minute_without_a_pause_comes_back_whole(tserver, minute, mode):
         done = await next_event(ws, "conversation.item.input_audio_transcription.completed", timeout=240)
         await ws.close()
         return done
+
     done = run(main(), 300)
     assert done["type"] == "conversation.item.input_audio_transcription.completed", done
     assert done["usage"]["seconds"] > 55
@@ -133,6 +142,7 @@ def test_silence_does_not_fill_the_buffer(tserver):
         ev = await next_event(ws, "input_audio_buffer.cleared", timeout=60)
         await ws.close()
         return ev
+
     assert run(main(), 120)["type"] == "input_audio_buffer.cleared"
 
 
@@ -149,8 +159,14 @@ def test_a_long_turn_does_not_hold_up_other_sessions(tserver, minute, synth):
         short_ws, _ = await open_session(tserver)
         for ws in (long_ws, short_ws):
             await update(ws, {"audio": {"input": {"turn_detection": None}}})
-        await update(long_ws, {"type": "transcription", "include": ["item.input_audio_transcription.logprobs"],
-                               "audio": {"input": {"transcription": {"speechrt_word_timestamps": True}}}})
+        await update(
+            long_ws,
+            {
+                "type": "transcription",
+                "include": ["item.input_audio_transcription.logprobs"],
+                "audio": {"input": {"transcription": {"speechrt_word_timestamps": True}}},
+            },
+        )
         await stream_pcm(long_ws, pcm24(audio, tail_s=0.3), realtime=False)
         steps_before = tserver.metrics()["asr_long_steps_total"]
         await long_ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
@@ -162,8 +178,12 @@ def test_a_long_turn_does_not_hold_up_other_sessions(tserver, minute, synth):
             of one session may complete in any order, each names its item), committed ids in order."""
             got, committed = {}, []
             while len(got) < n:
-                ev = await next_event(ws, "conversation.item.input_audio_transcription.completed",
-                                      "input_audio_buffer.committed", timeout=240)
+                ev = await next_event(
+                    ws,
+                    "conversation.item.input_audio_transcription.completed",
+                    "input_audio_buffer.committed",
+                    timeout=240,
+                )
                 assert ev["type"] != "error", ev
                 if ev["type"] == "input_audio_buffer.committed":
                     committed.append(ev["item_id"])
@@ -171,6 +191,7 @@ def test_a_long_turn_does_not_hold_up_other_sessions(tserver, minute, synth):
                 order.append(name)
                 got[ev["item_id"]] = ev
             return [got[i] for i in committed] if committed else list(got.values())
+
         long_task = asyncio.create_task(collect(long_ws, "long", 1))
         for s in shorts:  # three turns, committed at once: they queue behind the long turn's first window
             await short_ws.send(append_event(pcm24(synth(s), tail_s=0.2)))
@@ -180,6 +201,7 @@ def test_a_long_turn_does_not_hold_up_other_sessions(tserver, minute, synth):
         for ws in (long_ws, short_ws):
             await ws.close()
         return order, long_ev, short_text, tserver.metrics()["asr_long_steps_total"] - steps_before
+
     order, long_ev, short_text, steps = run(main(), 300)
     assert order == ["short"] * len(shorts) + ["long"], order
     assert steps >= 2, f"the minute went through {steps} long-form steps"
@@ -201,8 +223,14 @@ def test_a_long_turn_commits_what_is_stable_as_it_goes(tserver, minute, synth):
 
     async def main():
         long_ws, _ = await open_session(tserver)
-        await update(long_ws, {"type": "transcription", "include": ["item.input_audio_transcription.logprobs"],
-                               "audio": {"input": {"transcription": {"speechrt_word_timestamps": True}}}})
+        await update(
+            long_ws,
+            {
+                "type": "transcription",
+                "include": ["item.input_audio_transcription.logprobs"],
+                "audio": {"input": {"transcription": {"speechrt_word_timestamps": True}}},
+            },
+        )
         short_ws, _ = await open_session(tserver)
         commits = tserver.metrics()["asr_turn_commits_total"]
         order = []
@@ -227,13 +255,18 @@ def test_a_long_turn_commits_what_is_stable_as_it_goes(tserver, minute, synth):
         await stream_pcm(long_ws, pcm24(audio, tail_s=0.0), speed=2)
         end = time.monotonic()
         await stream_pcm(long_ws, pcm24(np.zeros(0, np.float32), tail_s=1.0), speed=2)  # the pause ends the turn
-        (long_ev, t_long), = await long_task
+        ((long_ev, t_long),) = await long_task
         short_evs = await short_task
         await speaking
         for ws in (long_ws, short_ws):
             await ws.close()
-        return order, long_ev, t_long - end, [e["transcript"] for e, _ in short_evs], \
-            tserver.metrics()["asr_turn_commits_total"] - commits
+        return (
+            order,
+            long_ev,
+            t_long - end,
+            [e["transcript"] for e, _ in short_evs],
+            tserver.metrics()["asr_turn_commits_total"] - commits,
+        )
 
     order, long_ev, latency, short_text, commits = run(main(), 300)
     print(f"long turn: {commits:.0f} commits, final transcript {latency:.2f} s after its speech ended")

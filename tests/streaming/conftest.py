@@ -1,4 +1,5 @@
 """A real speechrt server on loopback, run in a background thread with its own event loop."""
+
 from __future__ import annotations
 
 import asyncio

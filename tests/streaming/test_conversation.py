@@ -1,5 +1,6 @@
 """Conversation sessions (ASR -> language model -> TTS) over loopback with real clients and the
 embedded models: the official openai SDK, our SDK, text responses, cancel and barge-in."""
+
 from __future__ import annotations
 
 import asyncio
@@ -59,12 +60,16 @@ def test_openai_sdk_conversation(server, question_pcm, asr):
         client = openai.AsyncOpenAI(api_key="unused", websocket_base_url=f"ws://127.0.0.1:{server.port}/v1")
         types, user, transcript, audio = [], None, [], bytearray()
         async with client.realtime.connect(model="speechrt") as conn:
-            await conn.session.update(session={"type": "realtime", "output_modalities": ["audio"],
-                                               "instructions": "You are a helpful assistant. Answer in one short sentence.",
-                                               "audio": {"input": {"turn_detection": {"type": "server_vad",
-                                                                                      "silence_duration_ms": 300}}}})
+            await conn.session.update(
+                session={
+                    "type": "realtime",
+                    "output_modalities": ["audio"],
+                    "instructions": "You are a helpful assistant. Answer in one short sentence.",
+                    "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 300}}},
+                }
+            )
             for i in range(0, len(question_pcm), 9600):
-                await conn.input_audio_buffer.append(audio=base64.b64encode(question_pcm[i: i + 9600]).decode())
+                await conn.input_audio_buffer.append(audio=base64.b64encode(question_pcm[i : i + 9600]).decode())
                 await asyncio.sleep(0.05)
             async for ev in conn:
                 types.append(ev.type)
@@ -76,12 +81,19 @@ def test_openai_sdk_conversation(server, question_pcm, asr):
                     audio += base64.b64decode(ev.delta)
                 elif ev.type == "response.done":
                     return types, user, "".join(transcript), bytes(audio), ev.response.status
+
     types, user, answer, audio, status = asyncio.run(asyncio.wait_for(main(), 240))
     assert wer(QUESTION, user) <= 0.2, user
     assert status == "completed"
     assert "tokyo" in answer.lower(), answer
-    for t in ("response.created", "response.output_item.added", "response.content_part.added",
-              "response.output_audio.delta", "response.output_audio_transcript.done", "response.output_item.done"):
+    for t in (
+        "response.created",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_audio.delta",
+        "response.output_audio_transcript.done",
+        "response.output_item.done",
+    ):
         assert t in types, t
     pcm = np.frombuffer(audio, "<i2").astype(np.float32) / 32768
     assert len(pcm) > 24000 * 0.5 and np.abs(pcm).max() > 0.05  # real speech, not silence
@@ -139,22 +151,39 @@ def test_text_response_and_cancel(server):
         ws = await _conn(server)
         await ws.send(json.dumps({"type": "session.update", "session": {"output_modalities": ["text"]}}))
         await _until(ws, "session.updated")
-        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]}}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "conversation.item.create",
+                    "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]},
+                }
+            )
+        )
         await ws.send(json.dumps({"type": "response.create"}))
         done, seen = await _until(ws, "response.done")
         text = "".join(e["delta"] for e in seen if e["type"] == "response.output_text.delta")
         assert "tokyo" in text.lower() and done["response"]["status"] == "completed"
         assert not any(e["type"] == "response.output_audio.delta" for e in seen)
         # a long answer, cancelled after its first words
-        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Write a long story about a dragon."}]}}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "conversation.item.create",
+                    "item": {
+                        "type": "message",
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": "Write a long story about a dragon."}],
+                    },
+                }
+            )
+        )
         await ws.send(json.dumps({"type": "response.create", "response": {"max_output_tokens": 400}}))
         await _until(ws, "response.output_text.delta")
         await ws.send(json.dumps({"type": "response.cancel"}))
         done, _ = await _until(ws, "response.done")
         assert done["response"]["status"] == "cancelled"
         await ws.close()
+
     asyncio.run(asyncio.wait_for(main(), 240))
 
 
@@ -162,13 +191,26 @@ def test_a_prompt_over_the_context_fails_the_response_and_says_why(server):
     """Instructions that with the latest message do not fit the language model's context: the response fails
     with context_length_exceeded and the numbers (nothing is cut inside a message), and the session goes
     on: with short instructions the same question is answered."""
+
     async def main():
         ws = await _conn(server)
-        await ws.send(json.dumps({"type": "session.update", "session": {
-            "output_modalities": ["text"], "instructions": "Answer briefly and politely. " * 600}}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {"output_modalities": ["text"], "instructions": "Answer briefly and politely. " * 600},
+                }
+            )
+        )
         await _until(ws, "session.updated")
-        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]}}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "conversation.item.create",
+                    "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]},
+                }
+            )
+        )
         await ws.send(json.dumps({"type": "response.create"}))
         seen = []
         while not seen or seen[-1]["type"] != "response.done":
@@ -187,20 +229,38 @@ def test_a_prompt_over_the_context_fails_the_response_and_says_why(server):
         assert done["response"]["status"] == "completed"
         assert "tokyo" in "".join(e["delta"] for e in seen if e["type"] == "response.output_text.delta").lower()
         await ws.close()
+
     asyncio.run(asyncio.wait_for(main(), 240))
 
 
 def test_push_to_talk_response_answers_the_audio_just_committed(server, question_pcm):
     """Turn detection off, the question's audio committed and a response asked for at once (OpenAI's push to
     talk): the response waits for that item's transcript and answers it (it answered without it before)."""
+
     async def main():
         ws = await _conn(server)
-        await ws.send(json.dumps({"type": "session.update", "session": {
-            "output_modalities": ["text"], "instructions": INSTRUCTIONS, "audio": {"input": {"turn_detection": None}}}}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {
+                        "output_modalities": ["text"],
+                        "instructions": INSTRUCTIONS,
+                        "audio": {"input": {"turn_detection": None}},
+                    },
+                }
+            )
+        )
         await _until(ws, "session.updated")
         for i in range(0, len(question_pcm), 9600):
-            await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                      "audio": base64.b64encode(question_pcm[i: i + 9600]).decode()}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "input_audio_buffer.append",
+                        "audio": base64.b64encode(question_pcm[i : i + 9600]).decode(),
+                    }
+                )
+            )
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
         await ws.send(json.dumps({"type": "response.create"}))
         done, seen = await _until(ws, "response.done")
@@ -210,15 +270,31 @@ def test_push_to_talk_response_answers_the_audio_just_committed(server, question
         assert "tokyo" in done["response"]["output"][0]["content"][0]["text"].lower(), done
         # an out-of-band response whose input names the item just committed reads its transcript too
         for i in range(0, len(question_pcm), 9600):
-            await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                      "audio": base64.b64encode(question_pcm[i: i + 9600]).decode()}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "input_audio_buffer.append",
+                        "audio": base64.b64encode(question_pcm[i : i + 9600]).decode(),
+                    }
+                )
+            )
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
         committed, _ = await _until(ws, "input_audio_buffer.committed")
-        await ws.send(json.dumps({"type": "response.create", "response": {
-            "conversation": "none", "input": [{"type": "item_reference", "id": committed["item_id"]}]}}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "response.create",
+                    "response": {
+                        "conversation": "none",
+                        "input": [{"type": "item_reference", "id": committed["item_id"]}],
+                    },
+                }
+            )
+        )
         done, _ = await _until(ws, "response.done")
         assert "tokyo" in done["response"]["output"][0]["content"][0]["text"].lower(), done
         await ws.close()
+
     asyncio.run(asyncio.wait_for(main(), 240))
 
 
@@ -226,14 +302,21 @@ def test_an_audio_item_is_transcribed_and_answered(server, question_pcm):
     """conversation.item.create with an input_audio part (base64 in the session's input format): the item is
     added at once, its transcript follows (transcription.completed, then item.done), and a response asked for
     meanwhile answers it. Audio the format cannot hold, too short, or in an assistant item is refused."""
+
     async def main():
         ws = await _conn(server)
-        await ws.send(json.dumps({"type": "session.update", "session": {"output_modalities": ["text"],
-                                                                         "instructions": INSTRUCTIONS}}))
+        await ws.send(
+            json.dumps(
+                {"type": "session.update", "session": {"output_modalities": ["text"], "instructions": INSTRUCTIONS}}
+            )
+        )
         await _until(ws, "session.updated")
         clip = {"type": "input_audio", "audio": base64.b64encode(question_pcm).decode()}
-        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-            "type": "message", "role": "user", "content": [clip]}}))
+        await ws.send(
+            json.dumps(
+                {"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [clip]}}
+            )
+        )
         await ws.send(json.dumps({"type": "response.create"}))
         done, seen = await _until(ws, "response.done")
         added = next(e for e in seen if e["type"] == "conversation.item.added")
@@ -241,18 +324,35 @@ def test_an_audio_item_is_transcribed_and_answered(server, question_pcm):
         assert heard["item_id"] == added["item"]["id"] and "japan" in heard["transcript"].lower()
         assert added["item"]["content"] == [{"type": "input_audio", "transcript": None}]
         assert "tokyo" in done["response"]["output"][0]["content"][0]["text"].lower(), done
-        for content, says in (([{"type": "input_audio", "audio": "@@"}], "not valid base64"),
-                              ([{"type": "input_audio", "audio": base64.b64encode(b"\1\2\3").decode()}], "even number"),
-                              ([{"type": "input_audio", "audio": base64.b64encode(b"\0\0" * 240).decode()}], "0.1 to")):
-            await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-                "type": "message", "role": "user", "content": content}}))
+        for content, says in (
+            ([{"type": "input_audio", "audio": "@@"}], "not valid base64"),
+            ([{"type": "input_audio", "audio": base64.b64encode(b"\1\2\3").decode()}], "even number"),
+            ([{"type": "input_audio", "audio": base64.b64encode(b"\0\0" * 240).decode()}], "0.1 to"),
+        ):
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "conversation.item.create",
+                        "item": {"type": "message", "role": "user", "content": content},
+                    }
+                )
+            )
             err = json.loads(await asyncio.wait_for(ws.recv(), 30))
-            assert err["type"] == "error" and err["error"]["code"] == "invalid_audio" and says in err["error"]["message"]
-        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-            "type": "message", "role": "assistant", "content": [clip]}}))
+            assert (
+                err["type"] == "error" and err["error"]["code"] == "invalid_audio" and says in err["error"]["message"]
+            )
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "conversation.item.create",
+                    "item": {"type": "message", "role": "assistant", "content": [clip]},
+                }
+            )
+        )
         err = json.loads(await asyncio.wait_for(ws.recv(), 30))
         assert err["type"] == "error" and "user items" in err["error"]["message"]
         await ws.close()
+
     asyncio.run(asyncio.wait_for(main(), 240))
 
 
@@ -260,17 +360,36 @@ def test_out_of_band_responses_and_their_own_input(server):
     """response.conversation 'none': the answer comes in response events only (no conversation.item.*), with
     conversation_id null and the client's metadata, and the conversation does not hold it; response.input:
     the prompt is those items (messages, or references to the conversation's), not the conversation."""
+
     async def main():
         ws = await _conn(server)
-        await ws.send(json.dumps({"type": "session.update", "session": {"output_modalities": ["text"],
-                                                                         "instructions": INSTRUCTIONS}}))
+        await ws.send(
+            json.dumps(
+                {"type": "session.update", "session": {"output_modalities": ["text"], "instructions": INSTRUCTIONS}}
+            )
+        )
         await _until(ws, "session.updated")
-        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]}}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "conversation.item.create",
+                    "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]},
+                }
+            )
+        )
         question, _ = await _until(ws, "conversation.item.done")
-        await ws.send(json.dumps({"type": "response.create", "response": {
-            "conversation": "none", "metadata": {"purpose": "check"},
-            "input": [{"type": "item_reference", "id": question["item"]["id"]}]}}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "response.create",
+                    "response": {
+                        "conversation": "none",
+                        "metadata": {"purpose": "check"},
+                        "input": [{"type": "item_reference", "id": question["item"]["id"]}],
+                    },
+                }
+            )
+        )
         done, seen = await _until(ws, "response.done")
         r = done["response"]
         assert r["conversation_id"] is None and r["metadata"] == {"purpose": "check"} and r["status"] == "completed"
@@ -280,20 +399,26 @@ def test_out_of_band_responses_and_their_own_input(server):
         err = json.loads(await asyncio.wait_for(ws.recv(), 30))
         assert err["type"] == "error" and err["error"]["code"] == "item_not_found"
         # its own input: another question than the conversation's, answered in the conversation (auto)
-        other = {"type": "message", "role": "user", "content": [{"type": "input_text",
-                                                                 "text": "What is the capital of France?"}]}
+        other = {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "What is the capital of France?"}],
+        }
         await ws.send(json.dumps({"type": "response.create", "response": {"input": [other]}}))
         done, seen = await _until(ws, "response.done")
         assert "paris" in done["response"]["output"][0]["content"][0]["text"].lower()
         assert done["response"]["conversation_id"] is not None
         assert any(e["type"] == "conversation.item.added" for e in seen)
-        for bad, code in (({"input": [{"type": "item_reference", "id": "item_nope"}]}, "item_not_found"),
-                          ({"conversation": "other"}, "invalid_value"),
-                          ({"metadata": {"k": 5}}, "invalid_value")):
+        for bad, code in (
+            ({"input": [{"type": "item_reference", "id": "item_nope"}]}, "item_not_found"),
+            ({"conversation": "other"}, "invalid_value"),
+            ({"metadata": {"k": 5}}, "invalid_value"),
+        ):
             await ws.send(json.dumps({"type": "response.create", "response": bad}))
             err = json.loads(await asyncio.wait_for(ws.recv(), 30))
             assert err["type"] == "error" and err["error"]["code"] == code, err
         await ws.close()
+
     asyncio.run(asyncio.wait_for(main(), 240))
 
 
@@ -306,7 +431,9 @@ def test_a_response_in_its_own_audio_format(server):
     from speechrt.streaming.audio_codec import AudioFormat, InputDecoder
 
     async def speak(ws, extra):
-        await ws.send(json.dumps({"type": "response.create", "response": {"speechrt_say": "Hello there, friend.", **extra}}))
+        await ws.send(
+            json.dumps({"type": "response.create", "response": {"speechrt_say": "Hello there, friend.", **extra}})
+        )
         _, seen = await _until(ws, "response.done")
         return b"".join(base64.b64decode(e["delta"]) for e in seen if e["type"] == "response.output_audio.delta")
 
@@ -314,8 +441,10 @@ def test_a_response_in_its_own_audio_format(server):
         ws = await _conn(server)
         ulaw = await speak(ws, {"audio": {"output": {"format": {"type": "audio/pcmu"}, "voice": "alloy"}}})
         pcm = await speak(ws, {})
-        for bad, code, param in (({"format": {"type": "audio/mp3"}}, "invalid_audio_format", "response.audio.output.format"),
-                                 ({"voice": "robot"}, "invalid_value", "response.audio.output.voice")):
+        for bad, code, param in (
+            ({"format": {"type": "audio/mp3"}}, "invalid_audio_format", "response.audio.output.format"),
+            ({"voice": "robot"}, "invalid_value", "response.audio.output.voice"),
+        ):
             await ws.send(json.dumps({"type": "response.create", "response": {"audio": {"output": bad}}}))
             err = json.loads(await asyncio.wait_for(ws.recv(), 30))
             assert err["type"] == "error" and (err["error"]["code"], err["error"]["param"]) == (code, param), err
@@ -351,10 +480,11 @@ def test_session_model_and_voice_names(server):
             await ws.recv()
         assert closed.value.rcvd.code == 1008
         ws = await _conn(server)
-        for session, code, param in (({"model": "llama-70b"}, "model_not_found", "session.model"),
-                                     ({"voice": "nope"}, "invalid_value", "session.audio.output.voice"),
-                                     ({"audio": {"output": {"voice": "robot"}}}, "invalid_value",
-                                      "session.audio.output.voice")):
+        for session, code, param in (
+            ({"model": "llama-70b"}, "model_not_found", "session.model"),
+            ({"voice": "nope"}, "invalid_value", "session.audio.output.voice"),
+            ({"audio": {"output": {"voice": "robot"}}}, "invalid_value", "session.audio.output.voice"),
+        ):
             await ws.send(json.dumps({"type": "session.update", "session": session}))
             ev = json.loads(await asyncio.wait_for(ws.recv(), 30))
             assert ev["type"] == "error" and (ev["error"]["code"], ev["error"]["param"]) == (code, param), ev
@@ -363,41 +493,84 @@ def test_session_model_and_voice_names(server):
         updated, _ = await _until(ws, "session.updated")
         assert updated["session"]["audio"]["output"]["voice"] == server.tts.name  # OpenAI's names: the loaded voice
         await ws.close()
+
     asyncio.run(asyncio.wait_for(main(), 120))
 
 
 def test_barge_in_stops_the_response_and_truncates(server, question_pcm):
     async def main():
         ws = await _conn(server)
-        await ws.send(json.dumps({"type": "session.update", "session": {
-            "instructions": "You are a storyteller. Tell long, detailed stories.",
-            "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 300}}}}}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {
+                        "instructions": "You are a storyteller. Tell long, detailed stories.",
+                        "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 300}}},
+                    },
+                }
+            )
+        )
         await _until(ws, "session.updated")
-        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-            "type": "message", "role": "user", "content": [{"type": "input_text",
-                                                            "text": "Tell me a long story about a dragon and a knight."}]}}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "conversation.item.create",
+                    "item": {
+                        "type": "message",
+                        "role": "user",
+                        "content": [
+                            {"type": "input_text", "text": "Tell me a long story about a dragon and a knight."}
+                        ],
+                    },
+                }
+            )
+        )
         await ws.send(json.dumps({"type": "response.create", "response": {"max_output_tokens": 400}}))
         first, _ = await _until(ws, "response.output_audio.delta")
         item_id = first["item_id"]
         # the person talks over the answer
         for i in range(0, len(question_pcm), 9600):
-            await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                      "audio": base64.b64encode(question_pcm[i: i + 9600]).decode()}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "input_audio_buffer.append",
+                        "audio": base64.b64encode(question_pcm[i : i + 9600]).decode(),
+                    }
+                )
+            )
         started, seen = await _until(ws, "input_audio_buffer.speech_started")
         done, seen2 = await _until(ws, "response.done")
         assert done["response"]["status"] == "cancelled"
         assert done["response"]["status_details"]["reason"] == "turn_detected"
-        received_ms = sum(len(base64.b64decode(e["delta"])) // 2 for e in [first] + seen + seen2
-                          if e["type"] == "response.output_audio.delta" and e["item_id"] == item_id) // 24
+        received_ms = (
+            sum(
+                len(base64.b64decode(e["delta"])) // 2
+                for e in [first] + seen + seen2
+                if e["type"] == "response.output_audio.delta" and e["item_id"] == item_id
+            )
+            // 24
+        )
         assert received_ms > 0
         # the client played half of the audio it got: the item is cut to what was heard
         played = received_ms // 2
-        await ws.send(json.dumps({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0,
-                                  "audio_end_ms": played}))
+        await ws.send(
+            json.dumps(
+                {"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": played}
+            )
+        )
         tr, seen3 = await _until(ws, "conversation.item.truncated")
         assert tr["audio_end_ms"] == played and tr["item_id"] == item_id
-        await ws.send(json.dumps({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0,
-                                  "audio_end_ms": received_ms + 5000}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "conversation.item.truncate",
+                    "item_id": item_id,
+                    "content_index": 0,
+                    "audio_end_ms": received_ms + 5000,
+                }
+            )
+        )
         skipped = []
         err = json.loads(await asyncio.wait_for(ws.recv(), 60))
         while err["type"] != "error":
@@ -415,10 +588,13 @@ def test_barge_in_stops_the_response_and_truncates(server, question_pcm):
             answered, _ = await _until(ws, "response.done", timeout=180)
         # answered in full, or (the storyteller's instructions) up to the session's 256 output tokens
         r = answered["response"]
-        assert r["status"] == "completed" or (r["status"], r["status_details"]["reason"]) == ("incomplete",
-                                                                                              "max_output_tokens")
+        assert r["status"] == "completed" or (r["status"], r["status_details"]["reason"]) == (
+            "incomplete",
+            "max_output_tokens",
+        )
         assert r["output"][0]["content"][0]["transcript"].strip()
         await ws.close()
+
     asyncio.run(asyncio.wait_for(main(), 300))
 
 
@@ -438,7 +614,9 @@ async def _speak_paced(ws, pcm: bytes):
     t0 = loop.time()
     for k, i in enumerate(range(0, len(pcm), 4800)):
         await asyncio.sleep(max(0.0, t0 + k * 0.1 - loop.time()))
-        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[i: i + 4800]).decode()}))
+        await ws.send(
+            json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[i : i + 4800]).decode()})
+        )
 
 
 def _turn(server, pcm, silence_ms):
@@ -448,15 +626,26 @@ def _turn(server, pcm, silence_ms):
 
     async def main():
         ws = await _conn(server)
-        await ws.send(json.dumps({"type": "session.update", "session": {
-            "instructions": INSTRUCTIONS,
-            "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": silence_ms}}}}}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {
+                        "instructions": INSTRUCTIONS,
+                        "audio": {
+                            "input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": silence_ms}}
+                        },
+                    },
+                }
+            )
+        )
         await _until(ws, "session.updated")
         sender = asyncio.create_task(_speak_paced(ws, pcm))
         done, seen = await _until(ws, "response.done", timeout=180)
         await sender
         await ws.close()
         return seen
+
     before = m.replies_speculated, m.replies_speculation_used
     seen = asyncio.run(asyncio.wait_for(main(), 240))
     return seen, (m.replies_speculated - before[0], m.replies_speculation_used - before[1])
@@ -475,8 +664,16 @@ def test_the_reply_begun_in_the_final_pause_is_the_response(server, tts, asr):
     assert done["status"] == "completed"
     answer = done["output"][0]["content"][0]["transcript"]
     assert "tokyo" in answer.lower(), answer
-    pcm = np.concatenate([np.frombuffer(base64.b64decode(e["delta"]), "<i2") for e in seen
-                          if e["type"] == "response.output_audio.delta"]).astype(np.float32) / 32768
+    pcm = (
+        np.concatenate(
+            [
+                np.frombuffer(base64.b64decode(e["delta"]), "<i2")
+                for e in seen
+                if e["type"] == "response.output_audio.delta"
+            ]
+        ).astype(np.float32)
+        / 32768
+    )
     assert wer(answer, asr.transcribe(pcm, 24000).text) <= 0.35
 
 

@@ -5,6 +5,7 @@ the Realtime API, and the final transcript it shows must match the recording's t
 Chromium is driven through the DevTools protocol over a WebSocket (the `websockets` package the server
 already depends on): no WebDriver, no version pairing with a chromedriver.
 """
+
 from __future__ import annotations
 
 import base64
@@ -49,7 +50,8 @@ def find_chromium() -> str | None:
 
 CHROMIUM = find_chromium()
 pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="needs a Chromium browser: `apt-get install -y chromium` (or set SPEECHRT_CHROMIUM)")
+    CHROMIUM is None, reason="needs a Chromium browser: `apt-get install -y chromium` (or set SPEECHRT_CHROMIUM)"
+)
 
 
 class Browser:
@@ -61,14 +63,28 @@ class Browser:
         profile = workdir / "profile"
         self.log_path = workdir / "chromium.log"
         args = [
-            CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-            "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-            f"--use-file-for-fake-audio-capture={wav}%noloop", "--autoplay-policy=no-user-gesture-required",
+            CHROMIUM,
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--use-fake-ui-for-media-stream",
+            "--use-fake-device-for-media-stream",
+            f"--use-file-for-fake-audio-capture={wav}%noloop",
+            "--autoplay-policy=no-user-gesture-required",
             # offline machine: no update checks, sync, first-run pages or other background traffic
-            "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
-            "--no-default-browser-check", "--disable-default-apps", "--disable-extensions",
-            "--disable-features=Translate,MediaRouter,OptimizationHints", "--window-size=1000,800",
-            f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--disable-default-apps",
+            "--disable-extensions",
+            "--disable-features=Translate,MediaRouter,OptimizationHints",
+            "--window-size=1000,800",
+            f"--user-data-dir={profile}",
+            "--remote-debugging-port=0",
+            "about:blank",
         ]
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -107,8 +123,9 @@ class Browser:
                 return msg["result"]
             if msg.get("method") == "Runtime.consoleAPICalled":
                 p = msg["params"]
-                self.console.append(f"console.{p['type']}: " + " ".join(str(a.get("value", a.get("description")))
-                                                                         for a in p["args"]))
+                self.console.append(
+                    f"console.{p['type']}: " + " ".join(str(a.get("value", a.get("description"))) for a in p["args"])
+                )
             elif msg.get("method") == "Runtime.exceptionThrown":
                 d = msg["params"]["exceptionDetails"]
                 self.console.append(f"exception: {d.get('exception', {}).get('description') or d.get('text')}")
@@ -176,8 +193,11 @@ def _diagnostics(browser: Browser, snap: dict | None) -> str:
         events = browser.eval("[...document.querySelectorAll('#log > div')].map(e => e.textContent).join('\\n')")
     except Exception as e:  # the page itself may be gone
         events = f"(unavailable: {e})"
-    return (f"\npage: {snap}\npage event log:\n{events}\nconsole:\n" + "\n".join(browser.console[-30:]) +
-            f"\nchromium output (tail):\n{browser.log_tail()}")
+    return (
+        f"\npage: {snap}\npage event log:\n{events}\nconsole:\n"
+        + "\n".join(browser.console[-30:])
+        + f"\nchromium output (tail):\n{browser.log_tail()}"
+    )
 
 
 # 24000: the page's normal path (Chromium converts the microphone to the context's 24 kHz);
@@ -187,7 +207,9 @@ def test_demo_page_transcribes_the_microphone(server, browser, mic_wav, context_
     _, speech_end = mic_wav
     reference = (DATA / "sample.txt").read_text().strip()
     t_start = time.monotonic()
-    browser.navigate(f"http://127.0.0.1:{server.port}/?autostart=1&mode=transcription&key={API_KEY}&rate={context_rate}")
+    browser.navigate(
+        f"http://127.0.0.1:{server.port}/?autostart=1&mode=transcription&key={API_KEY}&rate={context_rate}"
+    )
     live_at = None
     saw_partial = False
     snap = None
@@ -200,8 +222,12 @@ def test_demo_page_transcribes_the_microphone(server, browser, mic_wav, context_
             live_at = time.monotonic()
         saw_partial |= any(snap["pending"])
         # done: the whole recording has been heard, and every turn it started has its final transcript
-        if (live_at is not None and time.monotonic() - live_at > speech_end + 1.0 and snap["finals"]
-                and not snap["pending"]):
+        if (
+            live_at is not None
+            and time.monotonic() - live_at > speech_end + 1.0
+            and snap["finals"]
+            and not snap["pending"]
+        ):
             break
         time.sleep(0.2)
     else:
@@ -212,8 +238,10 @@ def test_demo_page_transcribes_the_microphone(server, browser, mic_wav, context_
     assert int(rate) == context_rate, f"the page ran its audio context at {rate} Hz"
     hypothesis = " ".join(snap["finals"])
     error = wer(reference, hypothesis)
-    print(f"\ndemo page: {len(snap['finals'])} turn(s) in {time.monotonic() - t_start:.1f} s, live partials seen: "
-          f"{saw_partial}, WER {error:.3f}\n  {hypothesis}")
+    print(
+        f"\ndemo page: {len(snap['finals'])} turn(s) in {time.monotonic() - t_start:.1f} s, live partials seen: "
+        f"{saw_partial}, WER {error:.3f}\n  {hypothesis}"
+    )
     # Whisper tiny.en on the file itself: WER 0.12 ("speech run time", "popper voice")
     assert error <= 0.2, f"WER {error:.3f} for {hypothesis!r} (reference {reference!r})" + _diagnostics(browser, snap)
     exceptions = [c for c in browser.console if c.startswith("exception")]

@@ -2,6 +2,7 @@
 in the continuous LM batch, partial transcripts stopped by their turn's final one, promoted to final
 priority or superseded, semantic_vad's turn rules, and the energy tracker that times pauses from
 where the input went quiet."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,8 +11,15 @@ import contextlib
 import numpy as np
 import pytest
 
-from speechrt.streaming.vad import (EAGERNESS, FRAME_MS, QUIET_LEAD_MS, QuietTracker, ServerVadConfig, TurnDetector,
-                                    transcript_finished)
+from speechrt.streaming.vad import (
+    EAGERNESS,
+    FRAME_MS,
+    QUIET_LEAD_MS,
+    QuietTracker,
+    ServerVadConfig,
+    TurnDetector,
+    transcript_finished,
+)
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."}
 
@@ -56,8 +64,11 @@ def _run(batcher, reqs):
     """Step the batcher until every request finished; each request's text and finish reason."""
     out = {id(r): ["", None] for r in reqs}
     for r in reqs:
-        r.emit = (lambda rr: lambda item: (out[id(rr)].__setitem__(0, out[id(rr)][0] + item[0]),
-                                           out[id(rr)].__setitem__(1, item[1])))(r)
+        r.emit = (
+            lambda rr: (
+                lambda item: (out[id(rr)].__setitem__(0, out[id(rr)][0] + item[0]), out[id(rr)].__setitem__(1, item[1]))
+            )
+        )(r)
         batcher.submit(r)
     while batcher.has_work():
         batcher.step()
@@ -74,20 +85,20 @@ def test_prefix_cache_reuses_a_conversations_positions(lm, one_cpu_thread):
     cached = lm.batcher(max_batch=2, max_seq=512)
     turn1 = [SYSTEM, {"role": "user", "content": "What is the capital of France?"}]
     r1 = LMRequest(lm.encode_chat(turn1), opts, None, key="conv-a")
-    (answer, reason), = _run(cached, [r1])
+    ((answer, reason),) = _run(cached, [r1])
     assert "Paris" in answer and reason == "stop"
     turn2 = turn1 + [{"role": "assistant", "content": answer}, {"role": "user", "content": "And of Italy?"}]
     ids2 = lm.encode_chat(turn2)
     r2 = LMRequest(ids2, opts, None, key="conv-a")
-    other = LMRequest(lm.encode_chat([SYSTEM, {"role": "user", "content": "What is two plus two?"}]), opts, None,
-                      key="conv-b")
+    other = LMRequest(
+        lm.encode_chat([SYSTEM, {"role": "user", "content": "What is two plus two?"}]), opts, None, key="conv-b"
+    )
     got2, got_other = _run(cached, [r2, other])
     assert r2.reused >= len(r1.ids), (r2.reused, len(r1.ids))  # at least turn 1's whole prompt was reused
     assert r2.reused < len(ids2)
     assert other.reused == 0
     fresh = lm.batcher(max_batch=2, max_seq=512)
-    ref2, ref_other = _run(fresh, [LMRequest(ids2, opts, None),
-                                   LMRequest(other.ids, opts, None)])
+    ref2, ref_other = _run(fresh, [LMRequest(ids2, opts, None), LMRequest(other.ids, opts, None)])
     assert got2 == ref2 and got_other == ref_other
     assert "Rome" in got2[0]
     # a request cancelled before it began leaves nothing to reuse
@@ -137,8 +148,17 @@ def test_final_transcript_stops_the_sessions_running_partial(asr, synth):
 def test_transcript_finished():
     for done in ("What is the capital of France?", "Turn off the lights.", "Wow!", "I'm done."):
         assert transcript_finished(done), done
-    for open_ in ("", "What is the", "I want to go to Paris and", "Please book a table for", "So...",
-                  "I think that", "Tell me about the um.", "Add milk, eggs and.", "Turn off the lights,"):
+    for open_ in (
+        "",
+        "What is the",
+        "I want to go to Paris and",
+        "Please book a table for",
+        "So...",
+        "I think that",
+        "Tell me about the um.",
+        "Add milk, eggs and.",
+        "Turn off the lights,",
+    ):
         assert not transcript_finished(open_), open_
 
 
@@ -172,7 +192,11 @@ def test_semantic_turn_detector():
     assert plain.feed([0.05] * 6) == [] and plain.feed([0.05]) == [("stop", 5 * FRAME_MS)]
     assert plain.finish_pause(True) == []  # no pause in progress after the stop
     assert ServerVadConfig(type="semantic_vad").to_api() == {
-        "type": "semantic_vad", "eagerness": "auto", "create_response": True, "interrupt_response": True}
+        "type": "semantic_vad",
+        "eagerness": "auto",
+        "create_response": True,
+        "interrupt_response": True,
+    }
 
 
 def test_quiet_tracker_marks_where_the_input_went_quiet():
@@ -188,7 +212,7 @@ def test_quiet_tracker_marks_where_the_input_went_quiet():
         t = QuietTracker()
         seen = []
         for i in range(0, len(audio), chunk):
-            t.feed(audio[i: i + chunk], i)
+            t.feed(audio[i : i + chunk], i)
             seen.append(t.quiet_since)
         assert t.quiet_since == 40 * hop, chunk
         assert seen[0] is None or chunk == len(audio)
@@ -320,6 +344,7 @@ def test_a_waiting_live_transcript_takes_its_turns_newest_audio():
         while not stop.is_set():
             a = grow.since(0)
             seen.append(bool(np.array_equal(a, np.arange(len(a), dtype=np.float32))))
+
     t = threading.Thread(target=reader)
     t.start()
     for i in range(2000):

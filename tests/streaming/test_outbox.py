@@ -1,5 +1,6 @@
 """The outbox's flushing close against a client that leaves meanwhile (seen once in CI: a server shutting
 down while a test's client disconnected had its shutdown aborted by the writer's cancellation)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -32,6 +33,7 @@ def test_flushing_close_survives_the_writer_being_cancelled():
         box.writer.cancel()  # the client left: its session's close cancels the writer
         await closing  # the shutdown goes on instead of being cancelled with the writer
         return conn
+
     conn = asyncio.run(main())
     assert conn.closed == [1001]
     assert conn.sent == []  # the first send was cut off by the cancellation: nothing was flushed after it
@@ -50,4 +52,5 @@ def test_flushing_close_still_propagates_its_own_cancellation():
         except asyncio.CancelledError:
             return "cancelled"
         return "finished"
+
     assert asyncio.run(main()) == "cancelled"

@@ -1,5 +1,6 @@
 """speechrt on Ray Serve (streaming/scale.py): a local Ray cluster, two transcription-only replicas, real
 WebSocket clients with real speech. Skipped when ray is not installed (pip install 'speechrt[ray]')."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,10 +21,14 @@ from speechrt.models.wer import wer  # noqa: E402
 pytestmark = pytest.mark.ray
 
 SENTENCES = [
-    "The weather will be sunny tomorrow with a light breeze.", "Please remember to close the windows.",
-    "She bought three apples and a loaf of bread.", "The meeting has been moved to Thursday afternoon.",
-    "Our train was delayed because of a signal problem.", "He plays the piano every evening.",
-    "The museum opens at nine and closes at five.", "Turn left at the traffic lights.",
+    "The weather will be sunny tomorrow with a light breeze.",
+    "Please remember to close the windows.",
+    "She bought three apples and a loaf of bread.",
+    "The meeting has been moved to Thursday afternoon.",
+    "Our train was delayed because of a signal problem.",
+    "He plays the piano every evening.",
+    "The museum opens at nine and closes at five.",
+    "Turn left at the traffic lights.",
 ]
 CHUNK = 9600  # 200 ms of pcm16 at 24 kHz
 
@@ -47,9 +52,18 @@ def cluster():
         port = s.getsockname()[1]
     ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve_args, scale = serve_args_from({"transcription-only": True, "replicas": 2, "replica-cpus": 1, "threads": 1,
-                                         "silence-duration-ms": 300, "max-sessions": 8, "drain-seconds": 10,
-                                         "graceful-shutdown-s": 30})
+    serve_args, scale = serve_args_from(
+        {
+            "transcription-only": True,
+            "replicas": 2,
+            "replica-cpus": 1,
+            "threads": 1,
+            "silence-duration-ms": 300,
+            "max-sessions": 8,
+            "drain-seconds": 10,
+            "graceful-shutdown-s": 30,
+        }
+    )
     serve.run(application(serve_args, scale), name="speechrt", route_prefix="/")
     try:
         yield {"port": port, "serve_args": serve_args, "scale": scale}
@@ -83,8 +97,17 @@ class Session:
             await asyncio.sleep(0.5)
         assert created["type"] == "session.created", created
         self.replicas.append(created["speechrt"]["replica"])
-        await self.ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
-            "input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 300}}}}}))
+        await self.ws.send(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {
+                        "type": "transcription",
+                        "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 300}}},
+                    },
+                }
+            )
+        )
         while json.loads(await self.ws.recv())["type"] != "session.updated":
             pass
 
@@ -96,9 +119,13 @@ class Session:
 
         async def send():
             for i in range(0, len(pcm), CHUNK):
-                await self.ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                               "audio": base64.b64encode(pcm[i: i + CHUNK]).decode()}))
+                await self.ws.send(
+                    json.dumps(
+                        {"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[i : i + CHUNK]).decode()}
+                    )
+                )
                 await asyncio.sleep(pace)
+
         sender = asyncio.create_task(send())
         mine: list[str] = []
         try:
@@ -140,6 +167,7 @@ def test_sessions_spread_over_both_replicas_each_with_its_transcript(cluster, sy
 
     async def main():
         return await asyncio.gather(*(one(t) for t in texts))
+
     results = run(main())
     for text, (_, got) in zip(texts, results):
         assert got is not None and wer(text, got) <= 0.15, (text, got)
@@ -195,6 +223,7 @@ def test_a_full_cluster_answers_session_limit_reached(cluster):
         finally:
             for ws in held:
                 await ws.close()
+
     placed, refused, code = run(main(), 60)
     assert sorted(placed.count(r) for r in set(placed)) == [8, 8], placed
     assert refused["type"] == "error" and refused["error"]["code"] == "session_limit_reached", refused
@@ -229,12 +258,15 @@ def test_scale_down_loses_no_committed_turn(cluster, synth):
         one = dataclasses.replace(cluster["scale"], replicas=1)
         await asyncio.to_thread(serve.run, application(cluster["serve_args"], one), name="speechrt", route_prefix="/")
         return await asyncio.gather(*speakers)
+
     results = run(main(), 240)
     moved = [s for s, _ in results if s.notices]
     assert moved, "no session was on the replica that stopped"
     for s, out in results:
         assert s.committed <= set(s.completed), (
-            f"committed turns without a transcript: {s.committed - set(s.completed)}", s.events)
+            f"committed turns without a transcript: {s.committed - set(s.completed)}",
+            s.events,
+        )
         for text, got in out:
             assert wer(text, got) <= 0.15, (text, got)
     for s in moved:

@@ -2,6 +2,7 @@
 seen while an event is still being handled (the rest are dropped), and a broken connection ends the session
 with its error instead of hanging it. A small in-memory connection stands in for the WebSocket here; the
 server-level behaviour runs against a real server in test_transcription_server.py."""
+
 from __future__ import annotations
 
 import asyncio

@@ -2,6 +2,7 @@
 embedded models: transcription in every response format and streamed, translation refused by an English-only
 model, streamed speech that is real speech, chat completions whole and streamed, the model list, and uploads
 the server refuses while it goes on serving."""
+
 from __future__ import annotations
 
 import io
@@ -155,8 +156,9 @@ def test_bad_uploads_get_json_errors_and_the_server_goes_on(client, server, verb
 
 def test_speech_streams_a_wav_of_real_speech(client):
     t0 = time.perf_counter()
-    with client.audio.speech.with_streaming_response.create(model="tts-1", voice="alloy", input=SPOKEN,
-                                                            response_format="wav") as r:
+    with client.audio.speech.with_streaming_response.create(
+        model="tts-1", voice="alloy", input=SPOKEN, response_format="wav"
+    ) as r:
         assert r.headers["content-type"] == "audio/wav"
         rate = int(r.headers["x-sample-rate"])
         chunks, first_at = [], None
@@ -181,8 +183,11 @@ def test_speech_pcm_and_encoded_formats(client):
     assert pcm_samples > 0.3 * 22050
     # encoded whole: FLAC at the voice's rate, MP3 (OpenAI's default format) too, Ogg Opus at 24 kHz; each the
     # sentence, as the transcriber hears it
-    for fmt, media, rate in (("flac", "audio/flac", 22050), ("mp3", "audio/mpeg", 22050),
-                             ("opus", "audio/ogg; codecs=opus", 24000)):
+    for fmt, media, rate in (
+        ("flac", "audio/flac", 22050),
+        ("mp3", "audio/mpeg", 22050),
+        ("opus", "audio/ogg; codecs=opus", 24000),
+    ):
         r = client.audio.speech.with_raw_response.create(model="tts-1", voice="echo", input=SPOKEN, response_format=fmt)
         assert r.headers["content-type"] == media and int(r.headers["x-sample-rate"]) == rate
         audio, sr = sf.read(io.BytesIO(r.content), dtype="float32")
@@ -202,10 +207,12 @@ def test_speech_as_server_sent_events(client, server):
     import base64
 
     def events(fmt):
-        with client.audio.speech.with_streaming_response.create(model="tts-1", voice="alloy", input=SPOKEN,
-                                                                response_format=fmt, stream_format="sse") as r:
+        with client.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="alloy", input=SPOKEN, response_format=fmt, stream_format="sse"
+        ) as r:
             assert r.headers["content-type"].startswith("text/event-stream")
             return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+
     for fmt in ("pcm", "wav", "mp3"):
         evs = events(fmt)
         deltas = [base64.b64decode(e["audio"]) for e in evs[:-1]]
@@ -238,8 +245,11 @@ def test_chat_completions_whole_and_streamed(client, server):
     answer = whole.choices[0].message.content
     assert "Paris" in answer and whole.choices[0].finish_reason in ("stop", "length")
     assert whole.usage.prompt_tokens > 5 and 0 < whole.usage.completion_tokens <= 24
-    chunks = list(client.chat.completions.create(model=server.lm.name, messages=question, temperature=0,
-                                                 max_completion_tokens=24, stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model=server.lm.name, messages=question, temperature=0, max_completion_tokens=24, stream=True
+        )
+    )
     assert all(c.object == "chat.completion.chunk" for c in chunks)
     assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason in ("stop", "length")
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == answer
@@ -261,24 +271,42 @@ def test_chat_parameters_this_server_cannot_honour_are_refused_by_name(client, s
     a banned token stays out of the answer."""
     question = [{"role": "user", "content": "What is the capital of France?"}]
     tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
-    for kw, text in (({"tools": [tool]}, "function calling"),
-                     ({"response_format": {"type": "json_object"}}, "response_format 'json_object'"),
-                     ({"top_logprobs": 2}, "top_logprobs needs logprobs=true"),
-                     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs must be an integer in"),
-                     ({"modalities": ["text", "audio"]}, "modalities"),
-                     ({"frequency_penalty": 2.5}, "frequency_penalty must be in"),
-                     ({"logit_bias": {"12": 300}}, "logit_bias must map token ids"),
-                     ({"logit_bias": {"99999999": 1}}, "outside the vocabulary")):
+    for kw, text in (
+        ({"tools": [tool]}, "function calling"),
+        ({"response_format": {"type": "json_object"}}, "response_format 'json_object'"),
+        ({"top_logprobs": 2}, "top_logprobs needs logprobs=true"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs must be an integer in"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"frequency_penalty": 2.5}, "frequency_penalty must be in"),
+        ({"logit_bias": {"12": 300}}, "logit_bias must map token ids"),
+        ({"logit_bias": {"99999999": 1}}, "outside the vocabulary"),
+    ):
         with pytest.raises(openai.BadRequestError, match=text):
             client.chat.completions.create(model=server.lm.name, messages=question, max_tokens=4, **kw)
     paris = server.lm.tokenizer.encode(" Paris", add_bos=False)[0]
-    banned = client.chat.completions.create(model=server.lm.name, messages=question, max_tokens=16, temperature=0,
-                                            logit_bias={str(paris): -100}, presence_penalty=0.5, frequency_penalty=0.3,
-                                            logprobs=True)
+    banned = client.chat.completions.create(
+        model=server.lm.name,
+        messages=question,
+        max_tokens=16,
+        temperature=0,
+        logit_bias={str(paris): -100},
+        presence_penalty=0.5,
+        frequency_penalty=0.3,
+        logprobs=True,
+    )
     assert banned.choices[0].message.content and " Paris" not in [e.token for e in banned.choices[0].logprobs.content]
-    ok = client.chat.completions.create(model=server.lm.name, messages=question, max_tokens=4, temperature=0,
-                                        response_format={"type": "text"}, logprobs=False, frequency_penalty=0,
-                                        presence_penalty=0, tools=[], modalities=["text"])
+    ok = client.chat.completions.create(
+        model=server.lm.name,
+        messages=question,
+        max_tokens=4,
+        temperature=0,
+        response_format={"type": "text"},
+        logprobs=False,
+        frequency_penalty=0,
+        presence_penalty=0,
+        tools=[],
+        modalities=["text"],
+    )
     assert ok.choices[0].message.content
 
 
@@ -293,8 +321,12 @@ def test_chat_logprobs_whole_and_streamed(client, server):
     for e in content:
         assert e.logprob <= 0 and len(e.top_logprobs) == 2 and e.top_logprobs[0].token == e.token
         assert e.top_logprobs[0].logprob == pytest.approx(e.logprob) and e.logprob >= e.top_logprobs[1].logprob
-    streamed = [e for c in client.chat.completions.create(stream=True, **kw) if c.choices and c.choices[0].logprobs
-                for e in c.choices[0].logprobs.content]
+    streamed = [
+        e
+        for c in client.chat.completions.create(stream=True, **kw)
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content
+    ]
     assert [(e.token, round(e.logprob, 4)) for e in streamed] == [(e.token, round(e.logprob, 4)) for e in content]
     plain = client.chat.completions.create(model=server.lm.name, messages=question, max_tokens=4)
     assert plain.choices[0].logprobs is None
@@ -340,8 +372,11 @@ def test_key_and_admission_limit(asr, server_factory):
         with pytest.raises(openai.AuthenticationError, match="invalid or missing API key"):
             openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0, timeout=120)
-        stall = urllib.request.Request(f"{url}/debug/fault", json.dumps({"stage": "tts", "stall_s": 3}).encode(),
-                                       {"Content-Type": "application/json", "Authorization": "Bearer k"})
+        stall = urllib.request.Request(
+            f"{url}/debug/fault",
+            json.dumps({"stage": "tts", "stall_s": 3}).encode(),
+            {"Content-Type": "application/json", "Authorization": "Bearer k"},
+        )
         urllib.request.urlopen(stall).read()  # the next engine stream step (the transcription's) hangs 3 s
         first = {}
         t = threading.Thread(target=lambda: first.update(text=transcribe(client, "text")))

@@ -4,6 +4,7 @@ A turn without speech is still a committed item of the conversation, so it gets 
 `conversation.item.input_audio_transcription.completed` event — with an empty transcript (as OpenAI's
 API does for a committed buffer without speech). Under server_vad, noise that Silero never takes for
 speech opens no turn at all: no event."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,10 +13,9 @@ import json
 
 import numpy as np
 import pytest
+from nonspeech import pink, tones, white  # tests/nonspeech.py: the signals of the pipeline tests
 
 from speechrt.models.audio import resample
-
-from nonspeech import pink, tones, white  # tests/nonspeech.py: the signals of the pipeline tests
 
 COMPLETED = "conversation.item.input_audio_transcription.completed"
 
@@ -31,11 +31,19 @@ async def session_events(srv, audio16k: np.ndarray, turn_detection, commit: bool
 
     ws = await connect(f"ws://127.0.0.1:{srv.port}/v1/realtime?intent=transcription", max_size=None)
     await ws.recv()
-    await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
-        "turn_detection": turn_detection}}}}))
+    await ws.send(
+        json.dumps(
+            {
+                "type": "session.update",
+                "session": {"type": "transcription", "audio": {"input": {"turn_detection": turn_detection}}},
+            }
+        )
+    )
     pcm = pcm24(np.concatenate([audio16k, np.zeros(16000, np.float32)]))
     for i in range(0, len(pcm), 9600):
-        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[i: i + 9600]).decode()}))
+        await ws.send(
+            json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[i : i + 9600]).decode()})
+        )
     if commit:
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
     events = []
@@ -51,8 +59,13 @@ async def session_events(srv, audio16k: np.ndarray, turn_detection, commit: bool
 
 
 def test_noise_and_tones_never_complete_with_invented_text(transcription_server):
-    signals = {"white": white(10), "pink": pink(10), "tones": tones(10), "loud tones": tones(10, seed=7, amp=0.5),
-               "silence": np.zeros(16000 * 5, np.float32)}
+    signals = {
+        "white": white(10),
+        "pink": pink(10),
+        "tones": tones(10),
+        "loud tones": tones(10, seed=7, amp=0.5),
+        "silence": np.zeros(16000 * 5, np.float32),
+    }
 
     async def main():
         seen = {}
@@ -88,9 +101,14 @@ def test_rest_transcription_with_vad_filter(transcription_server):
     buf = io.BytesIO()
     sf.write(buf, np.concatenate([np.zeros(5 * sr, np.float32), speech]), sr, format="WAV")
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{transcription_server.port}/v1", api_key="x", max_retries=0)
-    out = client.audio.transcriptions.create(model="whisper-1", file=("gap.wav", buf.getvalue()),
-                                             response_format="verbose_json", extra_body={"vad_filter": "true"})
+    out = client.audio.transcriptions.create(
+        model="whisper-1",
+        file=("gap.wav", buf.getvalue()),
+        response_format="verbose_json",
+        extra_body={"vad_filter": "true"},
+    )
     assert out.text.strip() and out.segments[0].start >= 4.5, [(s.start, s.end) for s in out.segments]
     with pytest.raises(openai.BadRequestError, match="vad_filter 'maybe' is not a boolean"):
-        client.audio.transcriptions.create(model="whisper-1", file=("gap.wav", buf.getvalue()),
-                                           extra_body={"vad_filter": "maybe"})
+        client.audio.transcriptions.create(
+            model="whisper-1", file=("gap.wav", buf.getvalue()), extra_body={"vad_filter": "maybe"}
+        )

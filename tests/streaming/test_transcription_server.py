@@ -1,5 +1,6 @@
 """Transcription sessions over loopback with real clients: the official openai SDK, our SDK, raw
 websockets for the bad-input suite."""
+
 from __future__ import annotations
 
 import asyncio
@@ -15,16 +16,26 @@ from speechrt.models.audio import resample
 from speechrt.models.wer import wer
 
 SENTENCES = [
-    "The weather will be sunny tomorrow with a light breeze.", "Please remember to close the windows.",
-    "She bought three apples and a loaf of bread.", "The meeting has been moved to Thursday afternoon.",
-    "Our train was delayed because of a signal problem.", "He plays the piano every evening.",
-    "The museum opens at nine and closes at five.", "Can you tell me the way to the post office?",
-    "The children built a sand castle on the beach.", "Turn left at the traffic lights.",
-    "My sister is studying chemistry at the university.", "The library has thousands of books.",
-    "We watched a documentary about whales last night.", "The restaurant on the corner serves pasta.",
-    "Dogs need regular exercise and a healthy diet.", "The river flows quietly through the valley.",
-    "I would like a cup of coffee with sugar.", "The new phone has a bigger screen.",
-    "Farmers are worried about the lack of rain.", "The pilot said we would land in twenty minutes.",
+    "The weather will be sunny tomorrow with a light breeze.",
+    "Please remember to close the windows.",
+    "She bought three apples and a loaf of bread.",
+    "The meeting has been moved to Thursday afternoon.",
+    "Our train was delayed because of a signal problem.",
+    "He plays the piano every evening.",
+    "The museum opens at nine and closes at five.",
+    "Can you tell me the way to the post office?",
+    "The children built a sand castle on the beach.",
+    "Turn left at the traffic lights.",
+    "My sister is studying chemistry at the university.",
+    "The library has thousands of books.",
+    "We watched a documentary about whales last night.",
+    "The restaurant on the corner serves pasta.",
+    "Dogs need regular exercise and a healthy diet.",
+    "The river flows quietly through the valley.",
+    "I would like a cup of coffee with sugar.",
+    "The new phone has a bigger screen.",
+    "Farmers are worried about the lack of rain.",
+    "The pilot said we would land in twenty minutes.",
 ]
 
 
@@ -43,18 +54,33 @@ def test_openai_sdk_transcription_session(transcription_server, synth):
     pcm = pcm24(synth(text))
 
     async def main():
-        client = openai.AsyncOpenAI(api_key="unused", websocket_base_url=f"ws://127.0.0.1:{transcription_server.port}/v1")
+        client = openai.AsyncOpenAI(
+            api_key="unused", websocket_base_url=f"ws://127.0.0.1:{transcription_server.port}/v1"
+        )
         seen, deltas = [], []
         async with client.realtime.connect(model="speechrt", extra_query={"intent": "transcription"}) as conn:
-            await conn.session.update(session={"type": "transcription", "audio": {"input": {
-                "format": {"type": "audio/pcm", "rate": 24000},
-                "turn_detection": {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300,
-                                   "silence_duration_ms": 300}}}})
+            await conn.session.update(
+                session={
+                    "type": "transcription",
+                    "audio": {
+                        "input": {
+                            "format": {"type": "audio/pcm", "rate": 24000},
+                            "turn_detection": {
+                                "type": "server_vad",
+                                "threshold": 0.5,
+                                "prefix_padding_ms": 300,
+                                "silence_duration_ms": 300,
+                            },
+                        }
+                    },
+                }
+            )
 
             async def send():
                 for i in range(0, len(pcm), 9600):  # 200 ms chunks, paced at 4x real time
-                    await conn.input_audio_buffer.append(audio=base64.b64encode(pcm[i: i + 9600]).decode())
+                    await conn.input_audio_buffer.append(audio=base64.b64encode(pcm[i : i + 9600]).decode())
                     await asyncio.sleep(0.05)
+
             sender = asyncio.create_task(send())
             async for ev in conn:
                 seen.append(ev.type)
@@ -63,10 +89,15 @@ def test_openai_sdk_transcription_session(transcription_server, synth):
                 if ev.type == "conversation.item.input_audio_transcription.completed":
                     await sender
                     return seen, deltas, ev.transcript
+
     seen, deltas, transcript = asyncio.run(asyncio.wait_for(main(), 120))
     assert seen[:2] == ["session.created", "session.updated"]
-    for t in ("input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
-              "input_audio_buffer.committed", "conversation.item.added"):
+    for t in (
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+    ):
         assert t in seen
     assert seen.index("input_audio_buffer.speech_started") < seen.index("input_audio_buffer.speech_stopped")
     assert wer(text, transcript) <= 0.1, transcript
@@ -83,7 +114,7 @@ def test_our_sdk_sync_client(transcription_server, synth, tmp_path):
     with Client(url(transcription_server), transcription=True) as c:
         assert wer(SENTENCES[1], c.transcribe_file(p)) <= 0.1
         audio = synth(SENTENCES[2])
-        chunks = [audio[i: i + 3200] for i in range(0, len(audio), 3200)] + [np.zeros(16000, np.float32)]
+        chunks = [audio[i : i + 3200] for i in range(0, len(audio), 3200)] + [np.zeros(16000, np.float32)]
         events = []
         for ev in c.transcribe_stream(chunks, 16000):
             events.append(ev)
@@ -126,6 +157,7 @@ def test_bad_inputs_get_errors_and_lose_nothing(transcription_server, synth):
             assert ev["type"] == "error" and ev["error"]["code"] == code, ev
             assert ev["error"]["message"]
             errors[code] = ev["error"]["message"]
+
         # half of the audio before the errors, half after: nothing may be lost in between
         half = len(pcm) // 2 & ~1
         await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[:half]).decode()}))
@@ -133,18 +165,33 @@ def test_bad_inputs_get_errors_and_lose_nothing(transcription_server, synth):
         await expect(json.dumps({"type": "input_audio_buffer.frobnicate"}), "invalid_event_type")
         await expect(json.dumps(["a", "list"]), "invalid_event")
         await expect(json.dumps({"type": "input_audio_buffer.append", "audio": "@@@not base64@@@"}), "invalid_audio")
-        await expect(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x01\x02\x03").decode()}),
-                     "invalid_audio")
-        await expect(json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/flac"}}}}}),
-                     "invalid_audio_format")
-        await expect(json.dumps({"type": "session.update", "session": {"input_audio_format": "mp3"}}), "invalid_audio_format")
+        await expect(
+            json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x01\x02\x03").decode()}),
+            "invalid_audio",
+        )
+        await expect(
+            json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/flac"}}}}}),
+            "invalid_audio_format",
+        )
+        await expect(
+            json.dumps({"type": "session.update", "session": {"input_audio_format": "mp3"}}), "invalid_audio_format"
+        )
         await expect(json.dumps({"type": "input_audio_buffer.append", "audio": "A" * (2 << 20)}), "message_too_large")
         await expect(json.dumps({"type": "response.cancel"}), "response_cancel_not_active")
         await expect(json.dumps({"type": "response.create"}), "invalid_value")
-        await expect(json.dumps({"type": "conversation.item.truncate", "item_id": "item_nope", "audio_end_ms": 5}),
-                     "item_not_found")
-        await expect(json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection":
-                                 {"type": "server_vad", "threshold": 7}}}}}), "invalid_value")
+        await expect(
+            json.dumps({"type": "conversation.item.truncate", "item_id": "item_nope", "audio_end_ms": 5}),
+            "item_not_found",
+        )
+        await expect(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {"audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 7}}}},
+                }
+            ),
+            "invalid_value",
+        )
         await expect(json.dumps({"type": "session.update", "session": {"voice": "nope"}}), "invalid_value")
         assert "voice 'nope' is not available" in errors["invalid_value"]
         # OpenAI's voice names still pass on a server that loaded no voice
@@ -159,7 +206,9 @@ def test_bad_inputs_get_errors_and_lose_nothing(transcription_server, synth):
         # out of order: committing an empty buffer
         await expect(json.dumps({"type": "input_audio_buffer.commit"}), "input_audio_buffer_commit_empty")
         # the bystander still works
-        await other.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}))
+        await other.send(
+            json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}})
+        )
         await _next(other, "session.updated")
         await other.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()}))
         await other.send(json.dumps({"type": "input_audio_buffer.commit"}))
@@ -167,6 +216,7 @@ def test_bad_inputs_get_errors_and_lose_nothing(transcription_server, synth):
         assert wer(SENTENCES[3], done["transcript"]) <= 0.1
         await ws.close()
         await other.close()
+
     asyncio.run(asyncio.wait_for(main(), 180))
 
 
@@ -176,6 +226,7 @@ def test_api_key_session_cap_and_http_endpoints(asr, server_factory):
     from speechrt.streaming.server import ServerOptions
 
     with server_factory(ServerOptions(port=0, api_key="sekrit", max_sessions=2), asr) as srv:
+
         async def main():
             with pytest.raises(InvalidStatus) as e:
                 await _raw(srv, {"Authorization": "Bearer wrong"})
@@ -195,6 +246,7 @@ def test_api_key_session_cap_and_http_endpoints(asr, server_factory):
             assert e.value.response.status_code == 403
             await a.close()
             await b.close()
+
         asyncio.run(main())
         health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/healthz").read())
         assert health["status"] == "ok" and health["max_sessions"] == 2
@@ -233,6 +285,7 @@ def test_graceful_shutdown_finishes_turns_in_flight(asr, synth):
         assert wer(SENTENCES[4], done["transcript"]) <= 0.15
         await asyncio.wait_for(stopping, 60)
         await asyncio.wait_for(ws.wait_closed(), 10)
+
     asyncio.run(asyncio.wait_for(main(), 120))
 
 
@@ -244,13 +297,20 @@ def test_semantic_vad_ends_a_finished_turn_before_the_long_pause(transcription_s
 
     async def turn(td):
         ws, _ = await _raw(transcription_server)
-        await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription",
-                                                                         "audio": {"input": {"turn_detection": td}}}}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {"type": "transcription", "audio": {"input": {"turn_detection": td}}},
+                }
+            )
+        )
         upd = await _next(ws, "session.updated")
         assert upd["type"] == "session.updated", upd
         for i in range(0, len(pcm), 9600):
-            await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                      "audio": base64.b64encode(pcm[i: i + 9600]).decode()}))
+            await ws.send(
+                json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[i : i + 9600]).decode()})
+            )
         try:
             done = await _next(ws, "conversation.item.input_audio_transcription.completed", timeout=8)
         except asyncio.TimeoutError:
@@ -268,12 +328,19 @@ def test_semantic_vad_ends_a_finished_turn_before_the_long_pause(transcription_s
         _, none = await turn({"type": "server_vad", "silence_duration_ms": 1000})
         assert none is None
         ws, _ = await _raw(transcription_server)
-        await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {
-            "turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}}}}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}}},
+                }
+            )
+        )
         err = await _next(ws, "session.updated")
         assert err["type"] == "error" and "eagerness" in err["error"]["message"]
         assert "low, medium, high, auto" in err["error"]["message"]
         await ws.close()
+
     asyncio.run(asyncio.wait_for(main(), 120))
 
 
@@ -288,12 +355,16 @@ def test_early_transcript_becomes_the_final_one(asr, server_factory, synth):
     speech_end_ms = 1000 * (np.flatnonzero(np.abs(audio) > 0.01)[-1] + 1) / 16000
 
     with server_factory(ServerOptions(port=0, partial_interval=0, silence_duration_ms=200), asr) as srv:
+
         async def main():
             ws, _ = await _raw(srv)
             stopped = None
             for i in range(0, len(pcm), 4800):  # 100 ms chunks at real-time pace
-                await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                          "audio": base64.b64encode(pcm[i: i + 4800]).decode()}))
+                await ws.send(
+                    json.dumps(
+                        {"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[i : i + 4800]).decode()}
+                    )
+                )
                 await asyncio.sleep(0.1)
             while True:
                 ev = json.loads(await asyncio.wait_for(ws.recv(), 30))
@@ -302,6 +373,7 @@ def test_early_transcript_becomes_the_final_one(asr, server_factory, synth):
                 if ev["type"] == "conversation.item.input_audio_transcription.completed":
                     await ws.close()
                     return stopped, ev
+
         stopped, done = asyncio.run(asyncio.wait_for(main(), 60))
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/metrics").read().decode()
     assert wer(SENTENCES[12], done["transcript"]) <= 0.1, done["transcript"]
@@ -328,23 +400,47 @@ def test_session_language_and_prompt_reach_the_transcriber(transcription_server,
 
     async def main():
         ws, _ = await _raw(transcription_server)
-        await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {
-            "turn_detection": None, "transcription": {"language": "fr"}}}}}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {"audio": {"input": {"turn_detection": None, "transcription": {"language": "fr"}}}},
+                }
+            )
+        )
         err = await _next(ws, "session.updated")
         assert err["type"] == "error" and err["error"]["code"] == "invalid_value", err
         assert "valid: en" in err["error"]["message"]
         assert err["error"]["param"] == "session.audio.input.transcription.language"
-        await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {
-            "turn_detection": None, "transcription": {"language": "en", "prompt": prompt}}}}}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {
+                        "audio": {
+                            "input": {"turn_detection": None, "transcription": {"language": "en", "prompt": prompt}}
+                        }
+                    },
+                }
+            )
+        )
         updated = await _next(ws, "session.updated")
         assert updated["session"]["audio"]["input"]["transcription"] == {
-            "model": asr.name, "language": "en", "prompt": prompt, "speechrt_word_timestamps": False}, updated
-        await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                  "audio": base64.b64encode(pcm24(audio, tail_s=0.0)).decode()}))
+            "model": asr.name,
+            "language": "en",
+            "prompt": prompt,
+            "speechrt_word_timestamps": False,
+        }, updated
+        await ws.send(
+            json.dumps(
+                {"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm24(audio, tail_s=0.0)).decode()}
+            )
+        )
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
         done = await _next(ws, "conversation.item.input_audio_transcription.completed")
         await ws.close()
         return done["transcript"]
+
     got = asyncio.run(asyncio.wait_for(main(), 120))
     assert wer(SENTENCES[6], got) <= 0.1, got
     # the wire audio went through 24 kHz and back: the same words as the pipeline's, with the prompt
@@ -391,7 +487,9 @@ def test_loaded_final_margin_is_a_server_option():
     assert cli_serve.options(p.parse_args(["--loaded-final-margin", "0"])).loaded_final_margin is None
     # a GPU's encoder has time for the full margin: none by default there (3 s lost words of short questions)
     assert cli_serve.options(p.parse_args(["--device", "cuda"])).loaded_final_margin is None
-    assert cli_serve.options(p.parse_args(["--device", "cuda:1", "--loaded-final-margin", "5"])).loaded_final_margin == 5
+    assert (
+        cli_serve.options(p.parse_args(["--device", "cuda:1", "--loaded-final-margin", "5"])).loaded_final_margin == 5
+    )
     with pytest.raises(UserError, match=r"loaded_final_margin must be in \[1, 30\]"):
         ServerOptions(loaded_final_margin=0.5)
     assert ServerOptions(final_margin=2).loaded_final_margin == 3  # no more than a final's own margin is applied
@@ -438,6 +536,7 @@ def test_a_client_that_closed_frees_its_slot_while_its_last_audio_is_still_proce
                 SlowVad.calls += 1
                 time.sleep(3.0)
                 return real.run(windows, state)
+
         srv.vad.vad = SlowVad()
         pcm = pcm24(synth(SENTENCES[0]))[: 24000 * 2]  # 1 s
 
@@ -461,5 +560,6 @@ def test_a_client_that_closed_frees_its_slot_while_its_last_audio_is_still_proce
             assert cc["type"] == "error" and cc["error"]["code"] == "session_limit_reached"
             await c.close()
             await b.close()
+
         asyncio.run(asyncio.wait_for(main(), 60))
         assert SlowVad.calls >= 1  # the slow detection was under way when the client closed

@@ -1,5 +1,6 @@
 """A transcription session's extras over loopback: token logprobs (session.include) and word times (the
 speechrt_word_timestamps extension) on the final transcript, only when asked."""
+
 from __future__ import annotations
 
 import asyncio
@@ -42,8 +43,11 @@ async def _completed(ws, audio_b64: str) -> dict:
 def test_final_transcript_carries_logprobs_and_words_when_asked(transcription_server, asr):
     audio = load_audio(sample_path())
     pcm = _pcm24(audio)
-    asking = {"type": "transcription", "include": ["item.input_audio_transcription.logprobs"],
-              "audio": {"input": {"turn_detection": None, "transcription": {"speechrt_word_timestamps": True}}}}
+    asking = {
+        "type": "transcription",
+        "include": ["item.input_audio_transcription.logprobs"],
+        "audio": {"input": {"turn_detection": None, "transcription": {"speechrt_word_timestamps": True}}},
+    }
 
     async def main():
         ws, updated = await _session(transcription_server, asking)
@@ -53,8 +57,9 @@ def test_final_transcript_carries_logprobs_and_words_when_asked(transcription_se
         assert s["audio"]["input"]["transcription"]["speechrt_word_timestamps"] is True
         done = await _completed(ws, pcm)
         # a session that did not ask gets the plain event
-        plain, _ = await _session(transcription_server, {"type": "transcription",
-                                                          "audio": {"input": {"turn_detection": None}}})
+        plain, _ = await _session(
+            transcription_server, {"type": "transcription", "audio": {"input": {"turn_detection": None}}}
+        )
         bare = await _completed(plain, pcm)
         # bad values are named
         await ws.send(json.dumps({"type": "session.update", "session": {"include": ["item.frobnicate"]}}))
@@ -63,6 +68,7 @@ def test_final_transcript_carries_logprobs_and_words_when_asked(transcription_se
         await ws.close()
         await plain.close()
         return done, bare, err
+
     done, bare, err = asyncio.run(asyncio.wait_for(main(), 240))
 
     text = done["transcript"]

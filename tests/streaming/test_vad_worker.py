@@ -1,6 +1,7 @@
 """The server's voice activity detection thread (VadWorker): many streams' chunks, queued while it runs, each get
 what their stream gets alone, in order; an error reaches its caller without stopping the thread; a closed worker
 runs what was queued and refuses more."""
+
 from __future__ import annotations
 
 import asyncio
@@ -34,7 +35,9 @@ class _Gate:
 
 def _speechlike(rng, n):
     t = np.arange(n) / 16000
-    return (np.sin(2 * np.pi * 180 * t) * (rng.random(n) > 0.3) * 0.3 + rng.standard_normal(n) * 0.01).astype(np.float32)
+    return (np.sin(2 * np.pi * 180 * t) * (rng.random(n) > 0.3) * 0.3 + rng.standard_normal(n) * 0.01).astype(
+        np.float32
+    )
 
 
 def test_queued_chunks_of_many_streams_each_get_their_streams_result_in_order():
@@ -49,8 +52,12 @@ def test_queued_chunks_of_many_streams_each_get_their_streams_result_in_order():
         first = asyncio.ensure_future(worker.process(streams[0], chunks[0][0]))
         assert await asyncio.get_running_loop().run_in_executor(None, gate.inside.wait, 10)
         # while stream 0's first chunk runs, every stream's chunks queue (each stream's in its order)
-        rest = [asyncio.ensure_future(worker.process(streams[i], chunks[i][k]))
-                for k in range(3) for i in range(6) if (i, k) != (0, 0)]
+        rest = [
+            asyncio.ensure_future(worker.process(streams[i], chunks[i][k]))
+            for k in range(3)
+            for i in range(6)
+            if (i, k) != (0, 0)
+        ]
         await asyncio.sleep(0.05)
         gate.open.set()
         return [await first] + list(await asyncio.gather(*rest))
