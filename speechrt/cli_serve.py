@@ -236,11 +236,40 @@ def add_arguments(p):
     )
 
 
+def server_config(args):
+    """The server's whole configuration (streaming/config.py) from the command line, checked before any model
+    loads."""
+    from speechrt.streaming.config import ServerConfig
+
+    return ServerConfig(models=model_config(args), options=options(args))
+
+
+def model_config(args):
+    """Which models the server loads and how they run (streaming.config.ModelConfig), from the command line."""
+    from speechrt.streaming.config import ModelConfig
+
+    return ModelConfig(
+        asr=args.asr,
+        lm=args.lm,
+        tts=args.tts,
+        transcription_only=args.transcription_only,
+        backend=args.backend,
+        asr_backend=args.asr_backend,
+        lm_backend=args.lm_backend,
+        tts_backend=args.tts_backend,
+        device=args.device,
+        asr_dtype=args.asr_dtype,
+        asr_loop_threads=args.asr_loop_threads,
+        lm_threads=args.lm_threads,
+        threads=args.threads,
+    )
+
+
 def options(args):
     """ServerOptions from the command line (checked before any model loads)."""
     import os
 
-    from speechrt.streaming.server import ServerOptions
+    from speechrt.streaming.config import ServerOptions
 
     final_margin = ServerOptions.final_margin if args.final_margin is None else args.final_margin
     return ServerOptions(
@@ -290,7 +319,7 @@ def loaded_margin(args, final_margin: float) -> float | None:
     `final_margin`, on a CPU, and None on a GPU: its encoder has time for the full margin, and on an H200 the
     3-s margin of a loaded engine cost 8 conversations' questions 8.1 % WER against 0.0 % spoken alone
     (docs/gpu.md; `python -m speechrt.bench.margin_study`: 3 s drops words of 6 of 36 clips)."""
-    from speechrt.streaming.server import ServerOptions
+    from speechrt.streaming.config import ServerOptions
 
     if args.loaded_final_margin is None:
         return None if on_gpu(args) else min(ServerOptions.loaded_final_margin, final_margin)
@@ -298,31 +327,31 @@ def loaded_margin(args, final_margin: float) -> float | None:
 
 
 def load_models(args):
-    """Load the models once; they are shared by every session. The engine's worker thread shares the
-    cores with the event loop and VAD: by default the small ops of decoding run on one thread."""
-    import speechrt
+    """Load the models the command line names once; they are shared by every session (ModelConfig.load)."""
+    return model_config(args).load()
 
-    asr = speechrt.load_asr(
-        args.asr,
-        args.asr_backend or args.backend,
-        args.device,
-        args.asr_dtype,
-        step_threads=args.asr_loop_threads or None,
+
+def scale_options(args):
+    """How `speechrt serve --ray` scales (streaming.scale.ScaleOptions; importing it imports ray)."""
+    from speechrt.streaming.scale import ScaleOptions
+
+    return ScaleOptions(
+        replicas=args.replicas,
+        min_replicas=args.min_replicas,
+        max_replicas=args.max_replicas,
+        target_sessions=args.target_sessions,
+        num_cpus=args.replica_cpus,
+        num_gpus=args.replica_gpus,
+        graceful_shutdown_s=args.graceful_shutdown_s,
     )
-    lm = tts = None
-    if not args.transcription_only:
-        lm = speechrt.load_lm(
-            args.lm, args.lm_backend or args.backend, args.device, step_threads=args.lm_threads or None
-        )
-        tts = speechrt.load_tts(args.tts, args.tts_backend or args.backend, args.device)
-    return asr, lm, tts
 
 
 def run(args):
     if args.ray:
         from speechrt.streaming import scale  # imports ray; an error names `pip install 'speechrt[ray]'`
 
-        return scale.run(args)
+        config = server_config(args)  # the server's options are checked before Ray starts
+        return scale.run(config, scale_options(args), args.ray_address)
     import asyncio
     import time
 
@@ -330,12 +359,13 @@ def run(args):
 
     from speechrt.streaming.server import SpeechServer, listen_socket, serve_forever
 
-    opts = options(args)
+    config = server_config(args)
+    opts = config.options
     listen_socket(opts.host, opts.port).close()  # a port in use is said now, not after the models load
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if config.models.threads:
+        torch.set_num_threads(config.models.threads)
     t = time.perf_counter()
-    asr, lm, tts = load_models(args)
+    asr, lm, tts = config.models.load()
     print(f"speechrt: models loaded in {time.perf_counter() - t:.1f} s", flush=True)
     for p in (asr, lm, tts):
         if p is not None:

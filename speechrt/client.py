@@ -1,4 +1,5 @@
-"""speechrt's Python SDK for the Realtime server: typed events, an async client and a sync wrapper.
+"""speechrt's Python SDK for the Realtime server: an async client and a sync wrapper (its typed events:
+speechrt/client_events.py).
 
 from speechrt.client import Client
 with Client("ws://127.0.0.1:8765/v1/realtime") as c:
@@ -14,119 +15,26 @@ import base64
 import json
 import threading
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from speechrt.client_events import (
+    AudioDelta,
+    ErrorEvent,
+    Event,
+    RealtimeError,
+    Reply,
+    ResponseDone,
+    SpeechStarted,
+    SpeechStopped,
+    TextDelta,
+    TranscriptCompleted,
+    TranscriptDelta,
+    parse_event,
+    read_reply,
+)
+
 WIRE_RATE = 24000
-
-
-# -- typed events ------------------------------------------------------------------------------------
-@dataclass
-class Event:
-    type: str
-    raw: dict = field(repr=False)
-
-    def __getattr__(self, name):
-        try:
-            return self.__dict__["raw"][name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-
-@dataclass
-class ErrorEvent(Event):
-    code: str = ""
-    message: str = ""
-
-
-@dataclass
-class SpeechStarted(Event):
-    audio_start_ms: int = 0
-    item_id: str = ""
-
-
-@dataclass
-class SpeechStopped(Event):
-    audio_end_ms: int = 0
-    item_id: str = ""
-
-
-@dataclass
-class TranscriptDelta(Event):
-    item_id: str = ""
-    delta: str = ""
-
-
-@dataclass
-class TranscriptCompleted(Event):
-    item_id: str = ""
-    transcript: str = ""
-
-
-@dataclass
-class AudioDelta(Event):
-    response_id: str = ""
-    item_id: str = ""
-    audio: np.ndarray = field(default=None, repr=False)  # float32 at 24 kHz
-
-
-@dataclass
-class TextDelta(Event):
-    response_id: str = ""
-    item_id: str = ""
-    delta: str = ""
-
-
-@dataclass
-class ResponseDone(Event):
-    response_id: str = ""
-    status: str = ""
-
-
-class RealtimeError(RuntimeError):
-    def __init__(self, code: str, message: str):
-        super().__init__(f"{code}: {message}")
-        self.code, self.message = code, message
-
-
-def parse_event(d: dict) -> Event:
-    t = d.get("type", "")
-    if t == "error":
-        e = d.get("error") or {}
-        return ErrorEvent(t, d, e.get("code") or "", e.get("message") or "")
-    if t == "input_audio_buffer.speech_started":
-        return SpeechStarted(t, d, d.get("audio_start_ms", 0), d.get("item_id", ""))
-    if t == "input_audio_buffer.speech_stopped":
-        return SpeechStopped(t, d, d.get("audio_end_ms", 0), d.get("item_id", ""))
-    if t == "conversation.item.input_audio_transcription.delta":
-        return TranscriptDelta(t, d, d.get("item_id", ""), d.get("delta") or "")
-    if t == "conversation.item.input_audio_transcription.completed":
-        return TranscriptCompleted(t, d, d.get("item_id", ""), d.get("transcript") or "")
-    if t in ("response.output_audio.delta", "response.audio.delta"):
-        pcm = np.frombuffer(base64.b64decode(d.get("delta", "")), "<i2").astype(np.float32) / 32768.0
-        return AudioDelta(t, d, d.get("response_id", ""), d.get("item_id", ""), pcm)
-    if t in (
-        "response.output_audio_transcript.delta",
-        "response.audio_transcript.delta",
-        "response.output_text.delta",
-        "response.text.delta",
-    ):
-        return TextDelta(t, d, d.get("response_id", ""), d.get("item_id", ""), d.get("delta") or "")
-    if t == "response.done":
-        r = d.get("response") or {}
-        return ResponseDone(t, d, r.get("id", ""), r.get("status", ""))
-    return Event(t, d)
-
-
-@dataclass
-class Reply:
-    """A finished response: its text (transcript of the audio, or the text) and audio (24 kHz float32)."""
-
-    transcript: str
-    audio: np.ndarray
-    status: str
-    user_transcript: str = ""
 
 
 def _pcm16(audio: np.ndarray) -> bytes:
@@ -144,7 +52,10 @@ def _to_wire(audio, sample_rate: int | None) -> np.ndarray:
 
 
 # -- async client ------------------------------------------------------------------------------------
-class AsyncClient:
+class RealtimeConnection:
+    """A Realtime session over one WebSocket: its events in order (next_event, wait_for), events out (send),
+    the session's configuration (update_session) and input audio (append_audio)."""
+
     def __init__(
         self,
         url: str = "ws://127.0.0.1:8765/v1/realtime",
@@ -246,6 +157,10 @@ class AsyncClient:
             if realtime:
                 await asyncio.sleep(chunk_ms / 1000)
 
+
+class AsyncClient(RealtimeConnection):
+    """The Realtime session's uses in one call each: transcribe a file or a stream, ask, talk, say."""
+
     async def transcribe(self, audio, sample_rate: int | None = None, realtime: bool = False) -> str:
         """Transcript of a whole file or array: sent, committed, transcribed (no turn detection)."""
         td = (self.session_config.get("audio") or {}).get("input", {}).get("turn_detection")
@@ -302,34 +217,6 @@ class AsyncClient:
         finally:
             task.cancel()
 
-    async def _collect_reply(self, user_transcript: str = "") -> Reply:
-        """The next response, to its response.done. An error before it begins raises at once; a response
-        that fails raises after its response.done, so that none of its events is left for the next call."""
-        text, audio, status, failure, begun = [], [], "", None, False
-        while True:
-            ev = await self.next_event(120)
-            if ev is None:
-                raise ConnectionError("the server closed the connection")
-            if isinstance(ev, ErrorEvent):
-                if not begun:
-                    raise RealtimeError(ev.code, ev.message)
-                failure = failure or ev
-            elif ev.type == "response.created":
-                begun = True
-            elif isinstance(ev, TranscriptCompleted):
-                user_transcript = ev.transcript
-            elif isinstance(ev, TextDelta):
-                text.append(ev.delta)
-            elif isinstance(ev, AudioDelta):
-                audio.append(ev.audio)
-            elif isinstance(ev, ResponseDone):
-                status = ev.status
-                break
-        if failure is not None:
-            raise RealtimeError(failure.code, failure.message)
-        a = np.concatenate(audio) if audio else np.zeros(0, np.float32)
-        return Reply("".join(text), a, status, user_transcript)
-
     async def ask(self, text: str) -> Reply:
         """Send a text message; the assistant answers (audio + transcript, or text in text sessions)."""
         await self.send(
@@ -341,7 +228,7 @@ class AsyncClient:
         # a message the server refuses raises here, before a response to the conversation without it is asked for
         await self.wait_for("conversation.item.added", "conversation.item.created")
         await self.send({"type": "response.create"})
-        return await self._collect_reply()
+        return await read_reply(self.next_event)
 
     async def talk(self, audio, sample_rate: int | None = None, realtime: bool = False) -> Reply:
         """Speak to the agent: audio is sent (followed by silence so the server detects the end of the
@@ -354,13 +241,13 @@ class AsyncClient:
             )
         wire = _to_wire(audio, sample_rate)
         await self.append_audio(np.concatenate([wire, np.zeros(WIRE_RATE, np.float32)]), realtime=realtime)
-        return await self._collect_reply()
+        return await read_reply(self.next_event)
 
     async def say(self, text: str) -> np.ndarray:
         """Speech synthesis through the server (speechrt extension: a response that speaks `text`
         verbatim, without the language model). Returns float32 audio at 24 kHz."""
         await self.send({"type": "response.create", "response": {"speechrt_say": text}})
-        return (await self._collect_reply()).audio
+        return (await read_reply(self.next_event)).audio
 
 
 # -- sync wrapper -------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """speechrt on Ray Serve: many replicas, each with its own models and Engine, behind one Realtime endpoint.
 
 Each replica is a SpeechServer started without a listening socket; Serve's proxy serves its ASGI app (the
-app of streaming/http.py build_app, whole: /v1/realtime, REST, /healthz, /metrics, the demo page) through
+app of streaming/http/app.py build_app, whole: /v1/realtime, REST, /healthz, /metrics, the demo page) through
 `@serve.ingress`, so the protocol has one code path. A WebSocket stays on the replica that accepted it for
 its whole life. New sessions go to the replica with the most spare capacity (CapacityRouter: sessions and
 engine queue depth that each replica reports as routing stats, and the requests the router has in flight
@@ -16,11 +16,12 @@ and is closed with 1001; a new connection lands on another replica. graceful_shu
 /metrics/cluster: the replicas push their figures every second to one MetricsBoard deployment; any
 replica renders them, per replica and summed.
 
-Only `speechrt serve --ray` and `speechrt.scale:app` import this module (and ray)."""
+The deployment is built from a ServerConfig (streaming/config.py) and ScaleOptions, which `speechrt serve --ray`
+builds from its arguments, and `speechrt.scale:app` from a Serve config's `args`. Only they import this module (and
+ray)."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import contextlib
@@ -33,6 +34,12 @@ from fastapi import Request
 from starlette.responses import Response
 
 from speechrt.errors import UserError
+
+from .config import ServerConfig
+from .http.access import authorized, json_error
+from .http.app import build_app
+from .http.metrics import MetricsPage
+from .server import SpeechServer
 
 try:
     import ray
@@ -96,18 +103,6 @@ class ScaleOptions:
     @property
     def autoscaling(self) -> bool:
         return self.max_replicas is not None
-
-    @classmethod
-    def from_args(cls, args) -> ScaleOptions:
-        return cls(
-            replicas=args.replicas,
-            min_replicas=args.min_replicas,
-            max_replicas=args.max_replicas,
-            target_sessions=args.target_sessions,
-            num_cpus=args.replica_cpus,
-            num_gpus=args.replica_gpus,
-            graceful_shutdown_s=args.graceful_shutdown_s,
-        )
 
     def deployment_options(self, max_sessions: int, drain_seconds: float) -> dict:
         """Options of serve.deployment for replicas that admit max_sessions sessions each."""
@@ -225,8 +220,6 @@ def replica_row(server) -> dict:
 
 def cluster_metrics_text(rows: dict[str, dict]) -> str:
     """Prometheus text: each replica's figures labelled with it, then the cluster's sums."""
-    from .metrics import MetricsPage
-
     page = MetricsPage()
     per = [
         ("sessions", "sessions_active", "gauge", "Open Realtime sessions per replica."),
@@ -324,18 +317,14 @@ class StopWatch:
 class SpeechReplica:
     """One replica: its own models, Engine and sessions (a SpeechServer without a socket)."""
 
-    async def __init__(self, serve_args: dict, board=None):
+    async def __init__(self, config: ServerConfig, board=None):
         import torch
 
-        from speechrt import cli_serve
-        from speechrt.streaming.server import SpeechServer
-
-        args = argparse.Namespace(**serve_args)
         torch.set_num_threads(
-            args.threads or max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
+            config.models.threads or max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
         )
-        asr, lm, tts = await asyncio.to_thread(cli_serve.load_models, args)
-        self.server = SpeechServer(cli_serve.options(args), asr, lm, tts)
+        asr, lm, tts = await asyncio.to_thread(config.models.load)
+        self.server = SpeechServer(config.options, asr, lm, tts)
         ctx = serve.get_replica_context()
         self.server.replica = ctx.replica_id.unique_id
         await self.server.start(listen=False)
@@ -344,8 +333,6 @@ class SpeechReplica:
         self.tasks = [asyncio.create_task(self.report()), asyncio.create_task(self.stop_when_told())]
 
     def __serve_build_asgi_app__(self):
-        from .http import authorized, build_app, json_error
-
         app = build_app(self.server)
         o = self.server.options
 
@@ -408,64 +395,30 @@ BOARD_DEPLOYMENT = serve.deployment(
 )
 
 
-def application(serve_args: dict, scale: ScaleOptions, name: str = "speechrt"):
-    """The Serve application: SpeechReplica (the ingress) and the MetricsBoard it reports to."""
-    from speechrt.streaming.server import ServerOptions
-
-    o = ServerOptions(**{k: serve_args[k] for k in ("max_sessions", "drain_seconds")})
+def application(config: ServerConfig, scale: ScaleOptions, name: str = "speechrt"):
+    """The Serve application: SpeechReplica (the ingress, each replica serving `config`) and the MetricsBoard it
+    reports to."""
+    o = config.options
     replica = SPEECH_DEPLOYMENT.options(name=name, **scale.deployment_options(o.max_sessions, o.drain_seconds))
-    return replica.bind(serve_args, BOARD_DEPLOYMENT.options(name=f"{name}-metrics").bind())
+    return replica.bind(config, BOARD_DEPLOYMENT.options(name=f"{name}-metrics").bind())
 
 
-def serve_args_from(config: dict) -> tuple[dict, ScaleOptions]:
-    """`speechrt serve` flags given as a dict (a Serve config's `args`: {"transcription-only": true,
-    "replicas": 2, ...}; `_` and `-` alike) -> (the serve arguments, the scale options)."""
-    from speechrt.cli import build_parser
-
-    argv = ["serve", "--ray"]
-    for k, v in (config or {}).items():
-        flag = "--" + str(k).replace("_", "-")
-        if v is True:
-            argv.append(flag)
-        elif v not in (False, None):
-            argv += [flag, str(v)]
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit:
-        raise UserError(
-            f"bad speechrt arguments {config!r}: the keys are `speechrt serve` flags "
-            "(see `speechrt serve --help`), e.g. {'transcription-only': true, 'replicas': 2}"
-        ) from None
-    return {k: v for k, v in vars(args).items() if not k.startswith("_")}, ScaleOptions.from_args(args)
-
-
-def app(args: dict | None = None):
-    """Ray Serve application builder (`serve run speechrt.scale:app transcription-only=true replicas=2`,
-    or import_path: speechrt.scale:app with `args:` in a Serve config file)."""
-    serve_args, scale = serve_args_from(args or {})
-    return application(serve_args, scale)
-
-
-def run(args) -> int:
-    """`speechrt serve --ray`: deploy on the Ray cluster at --ray-address (default: start one on this
-    machine), serve on --host:--port through Serve's proxy until SIGINT/SIGTERM, then delete the
+def run(config: ServerConfig, scale: ScaleOptions, ray_address: str | None = None) -> int:
+    """`speechrt serve --ray`: deploy on the Ray cluster at `ray_address` (default: $RAY_ADDRESS, else start one on
+    this machine), serve on the configured host:port through Serve's proxy until SIGINT/SIGTERM, then delete the
     application (each replica drains as on a scale-down)."""
     import signal
     import threading
 
-    from speechrt import cli_serve
-
-    cli_serve.options(args)  # the server's options are checked before Ray starts
-    scale = ScaleOptions.from_args(args)
-    serve_args = {k: v for k, v in vars(args).items() if not k.startswith("_")}
-    ray.init(address=args.ray_address, ignore_reinit_error=True, logging_level=logging.WARNING)
-    serve.start(http_options={"host": args.host, "port": args.port})
+    host, port = config.options.host, config.options.port
+    ray.init(address=ray_address, ignore_reinit_error=True, logging_level=logging.WARNING)
+    serve.start(http_options={"host": host, "port": port})
     t = time.perf_counter()
-    serve.run(application(serve_args, scale), name="speechrt", route_prefix="/")
+    serve.run(application(config, scale), name="speechrt", route_prefix="/")
     print(
         f"speechrt: {scale.replicas if not scale.autoscaling else f'{scale.min_replicas}-{scale.max_replicas}'} "
-        f"replica(s) ready on Ray Serve in {time.perf_counter() - t:.1f} s; serving on http://{args.host}:"
-        f"{args.port} (Realtime API at ws://{args.host}:{args.port}/v1/realtime, cluster metrics at "
+        f"replica(s) ready on Ray Serve in {time.perf_counter() - t:.1f} s; serving on http://{host}:"
+        f"{port} (Realtime API at ws://{host}:{port}/v1/realtime, cluster metrics at "
         "/metrics/cluster)",
         flush=True,
     )

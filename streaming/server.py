@@ -1,5 +1,6 @@
 """The speechrt server: one shared Engine (scheduler) per device, the Realtime sessions it admits, and their
-limits, served over HTTP and WebSocket on one port by the ASGI app of streaming/http.py (uvicorn).
+limits (config.ServerOptions), served over HTTP and WebSocket on one port by the ASGI app of streaming/http/app.py
+(uvicorn).
 
 Sessions: one coroutine per connection; a cap on admitted sessions (one more is told and closed with
 1013); a closed connection's work is cancelled at once; an idle session is closed; graceful shutdown
@@ -15,98 +16,19 @@ import json
 import logging
 import socket
 import time
-from dataclasses import dataclass
 
 from speechrt.errors import UserError
 
+from .config import ServerOptions
 from .engine import Engine
-from .http import UvicornServer, build_app, uvicorn_config
-from .metrics import Counters, metrics_text
+from .http.app import UvicornServer, build_app, uvicorn_config
+from .http.metrics import Counters, metrics_text
 from .protocol import ProtocolError, check_session_model, error_event
-from .session import FINAL_MARGIN_S, LOADED_FINAL_MARGIN_S, RealtimeSession
+from .session import RealtimeSession
 from .vad import SileroVAD, VadWorker
 
 log = logging.getLogger(__name__)
 WARM_UP_TIMEOUT_S = 300  # start() waits this long at most for the engine to warm the models up
-
-
-@dataclass(frozen=True)
-class ServerOptions:
-    host: str = "127.0.0.1"
-    port: int = 8765
-    api_key: str | None = None
-    origins: tuple[str, ...] = ()  # browser origins allowed besides loopback pages ("*" allows any)
-    private_metrics: bool = False  # with api_key: /metrics and the full /healthz need the key too
-    max_sessions: int = 32
-    max_message_bytes: int = 1 << 20  # larger events get an error event; the session goes on
-    max_frame_bytes: int = 64 << 20  # larger WebSocket frames close the connection (1009)
-    max_send_queue_bytes: int = 8 << 20  # events waiting for a client that does not read; then it is closed
-    socket_send_buffer: int = 256 << 10  # kernel send buffer per connection (the kernel doubles it)
-    max_buffer_seconds: float = 120.0  # uncommitted input audio per session
-    max_item_chars: int = 32_768  # text of one conversation item
-    max_conversation_chars: int = 1 << 20  # text of all the items of a conversation
-    idle_timeout: float = 300.0  # seconds without an event either way before the session is closed
-    stall_timeout: float = 60.0  # seconds the engine may spend in one step before the sessions waiting are told
-    drain_seconds: float = 15.0  # graceful shutdown: time given to transcripts and answers in flight
-    ping_interval: float = 20.0  # WebSocket pings; a client that does not answer within ping_timeout is closed
-    ping_timeout: float = 20.0
-    partial_interval: float = 1.0  # seconds between live transcript updates of a turn; 0: none
-    # seconds of padding after a turn's audio that its final transcript's encoder reads (session.FINAL_MARGIN_S;
-    # 30: whole windows). Less is faster and may lose words (python -m speechrt.bench.margin_study)
-    final_margin: float = FINAL_MARGIN_S
-    # the final margin while the engine is loaded (busy 90 % of the last 2 s, 30 % on other work than live
-    # transcripts: transcripts.LoadedMargins); None: never less than final_margin (nor is a larger one). 3 s keeps
-    # the capacity of 3-s finals on slow CPUs (docs/onnx-runtime.md)
-    loaded_final_margin: float | None = LOADED_FINAL_MARGIN_S
-    speculative_replies: bool = True  # begin a reply during a pause, before it ends the turn (streaming/reply.py)
-    silence_duration_ms: int | None = None  # server default for server_vad (None: the API's 500 ms)
-    max_batch: int = 8
-    max_rest_requests: int = 16  # REST requests served at once; one more is answered 429
-    max_upload_bytes: int = 25 << 20  # largest audio file /v1/audio/transcriptions accepts (413 past it)
-    debug: bool = False  # /debug endpoints: fault injection into the engine (tests)
-
-    def __post_init__(self):
-        if not 0 <= self.port <= 65535:
-            raise UserError(f"port must be in [0, 65535] (0 picks a free one), got {self.port}")
-        if self.max_send_queue_bytes < 1024:
-            raise UserError(f"max_send_queue_bytes must be >= 1024, got {self.max_send_queue_bytes}")
-        if self.max_sessions < 1:
-            raise UserError(f"max_sessions must be >= 1, got {self.max_sessions}")
-        if self.max_batch < 1:
-            raise UserError(f"max_batch must be >= 1, got {self.max_batch}")
-        if self.max_rest_requests < 1:
-            raise UserError(f"max_rest_requests must be >= 1, got {self.max_rest_requests}")
-        if self.max_upload_bytes < 1024:
-            raise UserError(f"max_upload_bytes must be >= 1024, got {self.max_upload_bytes}")
-        if not 1024 <= self.max_message_bytes <= self.max_frame_bytes:
-            raise UserError(
-                f"max_message_bytes must be at least 1024 and at most max_frame_bytes "
-                f"({self.max_frame_bytes}), got {self.max_message_bytes}"
-            )
-        if not 1 <= self.final_margin <= 30:
-            raise UserError(f"final_margin must be in [1, 30] seconds (30: whole windows), got {self.final_margin}")
-        if self.loaded_final_margin is not None and not 1 <= self.loaded_final_margin <= 30:
-            raise UserError(
-                f"loaded_final_margin must be in [1, 30] seconds (or None: the final margin always), "
-                f"got {self.loaded_final_margin}"
-            )
-        if not 0 <= self.partial_interval <= 10:
-            raise UserError(
-                f"partial_interval must be in [0, 10] seconds (0: no live transcript deltas), "
-                f"got {self.partial_interval}"
-            )
-        for name in (
-            "idle_timeout",
-            "stall_timeout",
-            "drain_seconds",
-            "ping_interval",
-            "ping_timeout",
-            "max_buffer_seconds",
-        ):
-            if not getattr(self, name) > 0:
-                raise UserError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.api_key is not None and not self.api_key:
-            raise UserError("api_key must not be empty (omit it to disable authentication)")
 
 
 class SpeechServer:

@@ -53,7 +53,7 @@ def asr_options(cfg: SessionConfig, live: bool = False, final_margin: float | No
 
 
 FINAL_MARGIN_S = 10.0
-# the final margin while the engine is loaded (streaming/transcripts.py, LoadedMargins)
+# the final margin while the engine is loaded (streaming/engine/load.py, LoadedMargins)
 LOADED_FINAL_MARGIN_S = 3.0
 
 

@@ -17,7 +17,7 @@ from speechrt.pipelines.asr import SAMPLE_RATE as RATE
 from . import protocol as P
 from .audio_codec import AudioFormatError, InputDecoder, b64decode
 from .conversation import Item, Part
-from .engine import EngineStalled
+from .engine import EngineStalled, Work
 from .protocol import ProtocolError, new_id
 from .vad import FRAME, QuietTracker, TurnDetector, quiet_began_pause, transcript_finished
 
@@ -342,15 +342,14 @@ class InputTurns:
         # keyed by session: a final transcript drops the pending live one of this session (made useless)
         opts = self.session.live_options if live else self.session.asr_options
         opts = dataclasses.replace(opts, sample_len=OPENING_TOKENS) if opening else opts
+        work = Work.FINAL if not partial else Work.EARLY if supersede else Work.OPENING if opening else Work.LIVE
         r = await self.engine.transcribe(
             audio,
-            partial=partial,
+            work,
             key=self.session.id,
-            supersede=supersede,
             options=opts,
             draft=turn.draft or None,
             turn=turn.item_id,
-            opening=opening,
             fresh=fresh,
         )
         if r is not None and r.tokens:
@@ -571,7 +570,7 @@ async def commit_stable(turns: InputTurns, turn: Turn, first: int, audio: np.nda
     not with its square. -> the samples committed (0: none)."""
     s = turns.session
     opts = dataclasses.replace(s.live_options, without_timestamps=False)
-    r = await turns.engine.transcribe(audio[:MAX_UTTERANCE_SAMPLES], partial=True, key=s.id, options=opts)
+    r = await turns.engine.transcribe(audio[:MAX_UTTERANCE_SAMPLES], Work.LIVE, key=s.id, options=opts)
     if r is None:
         return 0
     await turns.hypothesis(turn, r.text)

@@ -1,6 +1,6 @@
-"""The engine's queue of transcription work. Final transcripts (of finished turns) are served first, in
-order, batched across sessions; those of turns over 30 s run long-form one window per engine step, taking
-turns with each other and with other work (step_long); live transcripts (of turns still being spoken)
+"""Transcript jobs, their kinds (Work) and the engine's queue of them. Final transcripts (of finished turns) are
+served first, in order, batched across sessions; those of turns over 30 s run long-form one window per engine step,
+taking turns with each other and with other work (step_long); live transcripts (of turns still being spoken)
 are kept newest-only per key (a session), and a final one stops a running live one. All methods are
 called with the engine's lock held; futures are resolved by the caller on their event loops."""
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import enum
 import itertools
 import logging
 import time
@@ -24,9 +25,29 @@ from speechrt.pipelines.asr import (
     WindowResult,
 )
 
-from .metrics import LOADED_BUSY, LOADED_FIRM, RecentLoad
-
 log = logging.getLogger(__name__)
+
+
+class Work(enum.Enum):
+    """The kind of transcript asked of the engine (Engine.transcribe): where it waits and what it stops."""
+
+    # a finished turn's (or an audio item's): served first, batched across sessions; it drops its key's pending live
+    # transcript and stops the running ones (but an OPENING one, or one a final waits for); with a `turn`, it
+    # replaces the final of the same key and turn still queued (one per turn waits)
+    FINAL = "final"
+    # a turn still being spoken: after streaming work, newest per key only (an older pending one resolves to None)
+    LIVE = "live"
+    # LIVE, of a turn's first words (short audio): it runs before other live transcripts, and finals do not stop it
+    # (finishing it costs a final tens of ms; stopping it, a round)
+    OPENING = "opening"
+    # LIVE, over the audio of its key's running live transcript and more (the turn up to where the input went
+    # quiet): that one stops too; Engine.promote may make it the turn's final
+    EARLY = "early"
+
+    @property
+    def live(self) -> bool:
+        """Live priority (a turn still being spoken): every kind but FINAL."""
+        return self is not Work.FINAL
 
 
 @dataclass(eq=False)
@@ -36,17 +57,21 @@ class TranscriptJob:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     submitted: float
+    work: Work = Work.FINAL
     key: object = None  # live transcripts: one pending job per key (a newer one replaces it)
     turn: object = None  # finals: one queued job per (key, turn); a newer one (a later pause) replaces it
     draft: list[int] | None = None  # a guess of the tokens (an earlier transcript of the same speech)
     cancelled: bool = False  # a running live transcript that a final one asked to stop
     promoted: bool = False  # a live transcript whose result a final waits for: finals do not stop it
-    opening: bool = False  # a turn's first live words (none sent yet, short audio): served before other live
-    # transcripts, and not stopped by finals (finishing it costs a final tens of ms; stopping it, a round)
     steps: object = None  # a long turn's long-form transcription, one window per next() (once begun)
     # live transcripts: called on the worker as the job begins -> the newest audio of its turn (which grew while
     # the job waited), or None to keep `audio`
     fresh: object = None
+
+    @property
+    def opening(self) -> bool:
+        """A turn's first live words (Work.OPENING)."""
+        return self.work is Work.OPENING
 
     def resolve(self, value, error: Exception | None = None) -> None:
         """Deliver the result (or the error) to the waiting session, from any thread."""
@@ -71,14 +96,14 @@ class TranscriptQueue:
     def __len__(self) -> int:
         return len(self.finals) + len(self.long) + len(self.partials)
 
-    def submit(self, job: TranscriptJob, partial: bool, supersede: bool = False) -> list[TranscriptJob]:
+    def submit(self, job: TranscriptJob) -> list[TranscriptJob]:
         """Queue `job` -> the jobs it replaces (to be resolved with None): the pending live job of its key and,
         for a final one of a turn, that turn's final queued before it (the turn up to an earlier pause,
         which the turn's speech made useless when it went on)."""
         old = [self.partials.pop(job.key)] if job.key is not None and job.key in self.partials else []
-        if partial:
+        if job.work.live:
             self.partials[job.key] = job
-            if supersede:  # the running live transcript of this key covers less audio: stop it
+            if job.work is Work.EARLY:  # the running live transcript of this key covers less audio: stop it
                 for run in self.running:
                     if run.key == job.key and not run.promoted:
                         run.cancelled = True
@@ -196,31 +221,6 @@ def run_batch(asr, jobs: list[TranscriptJob], kind: str, faults, metrics) -> Non
         if r is not None:
             (m.final_latency if kind == "final" else m.partial_latency).append(now - j.submitted)
         j.resolve(r, e)
-
-
-class LoadedMargins:
-    """Final transcripts' margin under load: a batch taken while the engine's worker was busy LOADED_BUSY of the
-    last LOAD_WINDOW_S seconds, LOADED_FIRM of them on other work than live transcripts (which fill any spare time),
-    encodes each final transcript (and each early one, begun when the input went quiet, that may become final: it
-    runs among the live ones) over its turn plus at most `margin` seconds of padding (None: each its own margin
-    always; live transcripts' 1 s is less). The margin past a few seconds keeps words of some short questions
-    (session.asr_options) at ~1.7x a final's cost (54 vs 90 ms a clip at 3 and 10 s on a Zen 4), which a saturated
-    engine pays in live text first, then in every final's wait: on a 2-core CPU of Zen 3 speed (emulated,
-    docs/onnx-runtime.md), 10-s finals kept 12 streams, this 16."""
-
-    def __init__(self, margin: float | None):
-        self.margin = margin
-        self.load = RecentLoad()  # the worker's steps, added as they end
-
-    def apply(self, jobs: list[TranscriptJob], metrics) -> None:
-        busy = metrics.busy_fraction = self.load.busy()
-        firm = metrics.firm_fraction = self.load.busy(live=False)
-        if self.margin is None or busy < LOADED_BUSY or firm < LOADED_FIRM:
-            return
-        for j in jobs:
-            if j.options.trim_context and j.options.trim_margin > self.margin:
-                j.options = dataclasses.replace(j.options, trim_margin=self.margin)
-                metrics.finals_loaded_margin += 1
 
 
 def long_options(opts: TranscribeOptions) -> TranscribeOptions:

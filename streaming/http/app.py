@@ -1,66 +1,29 @@
 """HTTP and WebSocket on one port: the ASGI app (FastAPI) of a SpeechServer — the Realtime API at
-/v1/realtime, the OpenAI REST endpoints (streaming/rest.py), /healthz, /metrics, the demo page, and (with
+/v1/realtime, the OpenAI REST endpoints (rest.py), /healthz, /metrics, the demo page, and (with
 `debug`) fault injection — and how uvicorn runs it.
 The same app can be mounted by another ASGI server (Ray Serve's ingress)."""
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import uvicorn
 from fastapi import FastAPI, Request, WebSocket
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
+from ..engine import Fault
+from .access import authorized, json_error, origin_ok
+from .rest import RestAPI
+
 STATIC = Path(__file__).parent / "static"
 REALTIME_PATHS = ("/v1/realtime", "/realtime")
-LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 ENDPOINTS = (
     "/v1/realtime (WebSocket), POST /v1/audio/transcriptions, POST /v1/audio/translations, "
     "POST /v1/audio/speech, POST /v1/chat/completions, GET /v1/models, /healthz, /metrics, /"
 )
-
-
-def json_error(status: int, message: str, code: str, type_: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse(
-        {"error": {"message": message, "type": type_, "code": code}},
-        status_code=status,
-        headers={"Cache-Control": "no-store"},
-    )
-
-
-def key_matches(header_value: str, key: str) -> bool:
-    """Compare a key from a header (decoded as latin-1, as HTTP headers are) with the configured key, as
-    bytes: any key, ASCII or not, compares in constant time instead of raising."""
-    return hmac.compare_digest(header_value.encode("latin-1", "replace"), key.encode("utf-8"))
-
-
-def authorized(headers, key: str | None) -> bool:
-    if key is None:
-        return True
-    auth = headers.get("authorization", "")
-    if auth.startswith("Bearer ") and key_matches(auth[7:].strip(), key):
-        return True
-    # browsers cannot set headers on a WebSocket: the API's subprotocol form carries the key
-    for proto in headers.get("sec-websocket-protocol", "").split(","):
-        proto = proto.strip()
-        if proto.startswith("openai-insecure-api-key.") and key_matches(proto.split(".", 1)[1], key):
-            return True
-    return False
-
-
-def origin_ok(origin: str | None, allowed: tuple[str, ...], bound_host: str) -> bool:
-    """Browsers send Origin; other clients do not. A page may connect if its origin is configured, or
-    is served from this machine's loopback or the address the server is bound to. The Host header is
-    not trusted (DNS rebinding makes it the attacker's)."""
-    if origin is None or "*" in allowed or origin in allowed:
-        return True
-    host = urlsplit(origin).hostname
-    return host in LOOPBACK or (bound_host not in ("", "0.0.0.0", "::") and host == bound_host)
 
 
 class WebSocketConnection:
@@ -153,12 +116,9 @@ def build_app(server) -> FastAPI:
     async def worklet():
         return Response((STATIC / "audio-worklet.js").read_bytes(), media_type="text/javascript")
 
-    from .rest import RestAPI
-
     RestAPI(server).register(app)
 
     if o.debug:
-        from .engine import Fault
 
         @app.post("/debug/fault")
         async def fault(request: Request):

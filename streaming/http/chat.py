@@ -9,14 +9,15 @@ import contextlib
 import dataclasses
 import time
 
+from fastapi import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from speechrt.errors import ContextLengthExceeded, UserError
 from speechrt.pipelines.generation import check_bias
 from speechrt.pipelines.lm import GenerationOptions
 
-from .protocol import new_id
-from .rest import SSE, RestError, number, sse
+from ..protocol import new_id
+from .endpoint import SSE, RestError, check_model, json_body, loaded, number, sse
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 DEFAULT_MAX_TOKENS = 512
@@ -138,6 +139,14 @@ def choices_option(n) -> int:
     return n
 
 
+async def chat_completion(server, request: Request):
+    """The endpoint: the request checked, then answered (ChatCompletion)."""
+    lm = loaded(server.lm, "language model")
+    body = await json_body(request)
+    check_model(body.get("model"), [lm.name], "chat")
+    return await ChatCompletion(server, body).respond()
+
+
 class ChatCompletion:
     """One request: its prompt in the batch (n times for n choices), its pieces gathered or streamed."""
 
@@ -171,7 +180,7 @@ class ChatCompletion:
                 e.code,
             ) from None
         self.prompt_tokens = len(ids)
-        pieces = self.choices(ids)
+        pieces = Choices(self.server, self.options, self.n).pieces(ids)
         if self.stream:
             return StreamingResponse(self.events(pieces), media_type="text/event-stream", headers=SSE)
         logprobs, finish = [[] for _ in range(self.n)], [None] * self.n
@@ -201,77 +210,9 @@ class ChatCompletion:
             headers={"Cache-Control": "no-store"},
         )
 
-    async def choices(self, ids: list[int]):
-        """(choice, text, finish_reason or None, logprobs entry or None) of the n choices as they come, each choice
-        its own sequence in the batch (with a seed, choice i samples with seed + i); the first failure raises."""
-        if self.n == 1:
-            async with contextlib.aclosing(self.pieces(ids, self.options)) as pieces:
-                async for text, finish, entry in pieces:
-                    yield 0, text, finish, entry
-            return
-        q: asyncio.Queue = asyncio.Queue()
-
-        async def run(i: int, options: GenerationOptions):
-            try:
-                async with contextlib.aclosing(self.pieces(ids, options)) as pieces:
-                    async for text, finish, entry in pieces:
-                        q.put_nowait((i, text, finish, entry))
-            except Exception as e:  # noqa: BLE001 - handed to the consumer, which raises it
-                q.put_nowait(e)
-
-        seed = self.options.seed
-        tasks = [
-            asyncio.ensure_future(run(i, dataclasses.replace(self.options, seed=None if seed is None else seed + i)))
-            for i in range(self.n)
-        ]
-        try:
-            finished = 0
-            while finished < self.n:
-                item = await q.get()
-                if isinstance(item, Exception):
-                    raise item
-                finished += item[2] is not None
-                yield item
-        finally:  # a consumer that stops (a client gone) stops every choice's sequence
-            for t in tasks:
-                t.cancel()
-
     def logprobs(self, entries: list[dict]) -> dict | None:
         """choices[].logprobs, as OpenAI's: None unless asked for."""
         return None if self.options.logprobs is None else {"content": entries, "refusal": None}
-
-    def entry(self, piece) -> dict | None:
-        """One token's logprobs entry (OpenAI's shape: token, logprob, bytes, top_logprobs), or None."""
-        if piece.logprob is None:
-            return None
-
-        def one(token: int, logprob: float) -> dict:
-            b = self.lm.tokenizer.token_bytes(token)
-            return {"token": b.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(b)}
-
-        return {**one(piece.token, piece.logprob), "top_logprobs": [one(t, v) for t, v in piece.top]}
-
-    async def pieces(self, ids: list[int], options: GenerationOptions):
-        """(text, None, logprobs entry or None) per piece, then ("", finish_reason, None); the request leaves the
-        batch if the consumer stops."""
-        eng = self.engine
-        req, q = eng.generate(ids, options)
-        finished = False
-        try:
-            while True:
-                piece = await eng.wait(q.get(), self.server.options.stall_timeout)
-                if isinstance(piece, Exception):
-                    raise piece
-                entry = self.entry(piece)
-                if piece.text or entry:
-                    yield piece.text, None, entry
-                if piece.finish_reason is not None:
-                    finished = True
-                    yield "", FINISH.get(piece.finish_reason, "stop"), None
-                    return
-        finally:
-            if not finished:
-                eng.cancel_generation(req)
 
     def usage(self) -> dict:
         done = sum(len(self.lm.tokenizer.encode(t, add_bos=False)) for t in self.texts if t)
@@ -330,3 +271,80 @@ class ChatCompletion:
                 }
             )
         yield sse("[DONE]")
+
+
+class Choices:
+    """The n choices of one request, each its own sequence in the engine's continuous batch (with a seed, choice i
+    samples with seed + i), as their pieces come."""
+
+    def __init__(self, server, options: GenerationOptions, n: int):
+        self.server, self.lm, self.engine = server, server.lm, server.engine
+        self.options, self.n = options, n
+
+    async def pieces(self, ids: list[int]):
+        """(choice, text, finish_reason or None, logprobs entry or None) of the n choices as they come, each choice
+        its own sequence in the batch (with a seed, choice i samples with seed + i); the first failure raises."""
+        if self.n == 1:
+            async with contextlib.aclosing(self.sequence(ids, self.options)) as pieces:
+                async for text, finish, entry in pieces:
+                    yield 0, text, finish, entry
+            return
+        q: asyncio.Queue = asyncio.Queue()
+
+        async def run(i: int, options: GenerationOptions):
+            try:
+                async with contextlib.aclosing(self.sequence(ids, options)) as pieces:
+                    async for text, finish, entry in pieces:
+                        q.put_nowait((i, text, finish, entry))
+            except Exception as e:  # noqa: BLE001 - handed to the consumer, which raises it
+                q.put_nowait(e)
+
+        seed = self.options.seed
+        tasks = [
+            asyncio.ensure_future(run(i, dataclasses.replace(self.options, seed=None if seed is None else seed + i)))
+            for i in range(self.n)
+        ]
+        try:
+            finished = 0
+            while finished < self.n:
+                item = await q.get()
+                if isinstance(item, Exception):
+                    raise item
+                finished += item[2] is not None
+                yield item
+        finally:  # a consumer that stops (a client gone) stops every choice's sequence
+            for t in tasks:
+                t.cancel()
+
+    def entry(self, piece) -> dict | None:
+        """One token's logprobs entry (OpenAI's shape: token, logprob, bytes, top_logprobs), or None."""
+        if piece.logprob is None:
+            return None
+
+        def one(token: int, logprob: float) -> dict:
+            b = self.lm.tokenizer.token_bytes(token)
+            return {"token": b.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(b)}
+
+        return {**one(piece.token, piece.logprob), "top_logprobs": [one(t, v) for t, v in piece.top]}
+
+    async def sequence(self, ids: list[int], options: GenerationOptions):
+        """(text, None, logprobs entry or None) per piece, then ("", finish_reason, None); the request leaves the
+        batch if the consumer stops."""
+        eng = self.engine
+        req, q = eng.generate(ids, options)
+        finished = False
+        try:
+            while True:
+                piece = await eng.wait(q.get(), self.server.options.stall_timeout)
+                if isinstance(piece, Exception):
+                    raise piece
+                entry = self.entry(piece)
+                if piece.text or entry:
+                    yield piece.text, None, entry
+                if piece.finish_reason is not None:
+                    finished = True
+                    yield "", FINISH.get(piece.finish_reason, "stop"), None
+                    return
+        finally:
+            if not finished:
+                eng.cancel_generation(req)

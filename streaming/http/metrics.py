@@ -1,4 +1,5 @@
-"""What the server counts and measures, and its /metrics page (Prometheus text format)."""
+"""The /metrics page (Prometheus text format): the server's counters (Counters), the engine's (engine.Metrics),
+and the process's resources."""
 
 from __future__ import annotations
 
@@ -9,82 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-
-def _samples() -> collections.deque:
-    return collections.deque(maxlen=1000)
-
-
-@dataclass
-class Metrics:
-    """The engine's counters and latency samples."""
-
-    engine_seconds: float = 0.0  # the engine's worker in model steps of any kind, since start
-    asr_batches: int = 0
-    asr_audio_seconds: float = 0.0
-    asr_cancelled: int = 0  # live transcripts stopped because a final transcript was asked for
-    early_finals: int = 0  # final transcripts begun when the input went quiet (counted by sessions)
-    finals_superseded: int = 0  # queued transcripts of a turn up to a pause, replaced by one up to a later pause
-    replies_speculated: int = 0  # replies begun during a pause, before turn detection ended the turn
-    replies_speculation_used: int = 0  # of those, the ones the turn's response took over
-    prompts_primed: int = 0  # reply prompts read up to a turn's live words while it was spoken
-    prompt_tokens_reused: int = 0  # replies' prompt positions found in the language model's cache, not read again
-    prompt_tokens: int = 0  # replies' prompt tokens, reused or read
-    turn_commits: int = 0  # stable parts of long turns committed while they were spoken (local agreement)
-    stream_steps: int = 0
-    step_failures: int = 0  # model steps that raised (their requests got an error)
-    long_steps: int = 0  # windows of long turns' transcripts (one engine step each)
-    live_stretch: float = 1.0  # live transcripts' interval over --partial-interval, as last set by the queue
-    busy_fraction: float = 0.0  # share of the last LOAD_WINDOW_S the engine's worker spent on model work
-    firm_fraction: float = 0.0  # the same, on work other than live transcripts (finals, long turns, LM and TTS steps)
-    finals_loaded_margin: int = 0  # final (and early) transcripts encoded with the loaded margin (the engine loaded)
-    # engine seconds and transcripts per kind of transcription work: final, partial (live and early), long
-    kind_seconds: collections.Counter = field(default_factory=collections.Counter)
-    kind_items: collections.Counter = field(default_factory=collections.Counter)
-    final_latency: collections.deque = field(default_factory=_samples)
-    partial_latency: collections.deque = field(default_factory=_samples)
-    first_audio_latency: collections.deque = field(default_factory=_samples)
-
-    @property
-    def asr_items(self) -> int:
-        """Utterances transcribed, of every kind."""
-        return sum(self.kind_items.values())
-
-    @property
-    def asr_seconds(self) -> float:
-        """Engine seconds spent on transcription, of every kind."""
-        return sum(self.kind_seconds.values())
-
-
-# the engine counts as loaded when its worker was busy LOADED_BUSY of the last LOAD_WINDOW_S seconds, LOADED_FIRM
-# of them on firm work (all but live transcripts: finals, long turns' windows, language model and voice steps). Live
-# transcripts fill a fast CPU's spare time (busy 0.84-0.94 at its finals with 16 streams on a Zen 4, firm 0.10-0.26),
-# so busy alone called it loaded too; a saturated one spends a share on firm work (0.35-0.59 on an emulated Zen 3)
-LOAD_WINDOW_S = 2.0
-LOADED_BUSY = 0.9
-LOADED_FIRM = 0.3
-
-
-class RecentLoad:
-    """The share of the last `window` seconds the engine's worker spent in model steps (worker thread only), of
-    every kind or (`live=False`) all but the batches of live transcripts (and of the early ones among them)."""
-
-    def __init__(self, window: float = LOAD_WINDOW_S):
-        self.window = window
-        self.steps: collections.deque[tuple[float, float, bool]] = collections.deque()  # (start, end, live)
-
-    def add(self, start: float, end: float, live: bool = False) -> None:
-        self.steps.append((start, end, live))
-        self._forget(end - self.window)  # kept bounded when nobody asks (no transcripts)
-
-    def busy(self, now: float | None = None, live: bool = True) -> float:
-        since = (time.monotonic() if now is None else now) - self.window
-        self._forget(since)
-        return min(1.0, sum(end - max(start, since) for start, end, lv in self.steps if live or not lv) / self.window)
-
-    def _forget(self, before: float) -> None:
-        """Drop the steps that ended by `before`."""
-        while self.steps and self.steps[0][1] <= before:
-            self.steps.popleft()
+from ..engine import LOAD_WINDOW_S, LOADED_BUSY, LOADED_FIRM, Metrics
 
 
 @dataclass

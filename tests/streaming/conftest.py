@@ -34,7 +34,7 @@ def server_factory():
 
 @pytest.fixture(scope="module")
 def transcription_server(asr):
-    from speechrt.streaming.server import ServerOptions
+    from speechrt.streaming.config import ServerOptions
 
     with running_server(ServerOptions(port=0, silence_duration_ms=300, max_sessions=40), asr) as srv:
         yield srv

@@ -34,7 +34,7 @@ def tts():
 
 @pytest.fixture(scope="module")
 def server(asr, lm, tts, server_factory):
-    from speechrt.streaming.server import ServerOptions
+    from speechrt.streaming.config import ServerOptions
 
     with server_factory(ServerOptions(port=0, silence_duration_ms=300), asr, lm, tts) as srv:
         yield srv

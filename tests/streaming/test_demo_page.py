@@ -1,4 +1,4 @@
-"""End to end: the browser demo page (streaming/static/index.html) in headless Chromium, with Chromium's fake
+"""End to end: the browser demo page (streaming/http/static/index.html) in headless Chromium, with Chromium's fake
 microphone playing speechrt/data/sample.wav, talks to the real server (real Whisper, real Silero VAD) over
 the Realtime API, and the final transcript it shows must match the recording's text.
 
@@ -162,7 +162,7 @@ class Browser:
 
 @pytest.fixture(scope="module")
 def server(asr, server_factory):
-    from speechrt.streaming.server import ServerOptions
+    from speechrt.streaming.config import ServerOptions
 
     with server_factory(ServerOptions(port=0, api_key=API_KEY), asr) as srv:
         yield srv

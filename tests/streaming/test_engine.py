@@ -11,6 +11,7 @@ import contextlib
 import numpy as np
 import pytest
 
+from speechrt.streaming.engine import Work
 from speechrt.streaming.vad import (
     EAGERNESS,
     FRAME_MS,
@@ -40,7 +41,7 @@ async def hold_worker(eng, audio, seconds: float, key, live: bool = False) -> as
     while eng.stalled_for() != 0:  # the step before (a result already delivered may still be ending)
         await asyncio.sleep(0.002)
     eng.faults.add(Fault("asr", stall_s=seconds))
-    busy = asyncio.ensure_future(eng.transcribe(audio, key=key, partial=live, opening=live))
+    busy = asyncio.ensure_future(eng.transcribe(audio, Work.OPENING if live else Work.FINAL, key=key))
     while eng.stalled_for() == 0:
         await asyncio.sleep(0.002)
     return busy
@@ -128,8 +129,8 @@ def test_final_transcript_stops_the_sessions_running_partial(asr, synth):
 
     async def main():
         async with warm_engine(asr) as eng:
-            part_a = asyncio.ensure_future(eng.transcribe(speech, partial=True, key="a"))
-            part_b = asyncio.ensure_future(eng.transcribe(speech, partial=True, key="b"))
+            part_a = asyncio.ensure_future(eng.transcribe(speech, Work.LIVE, key="a"))
+            part_b = asyncio.ensure_future(eng.transcribe(speech, Work.LIVE, key="b"))
             while not eng.running_keys():
                 await asyncio.sleep(0.002)
             running = eng.running_keys()[0]
@@ -267,11 +268,11 @@ def test_promoted_and_superseded_partials(asr, synth):
             # each running partial below has its step held for 1 s first (an injected stall), so that it is
             # still running when the test acts on it, however loaded the machine is
             eng.faults.add(Fault("asr", stall_s=1.0))
-            running = asyncio.ensure_future(eng.transcribe(speech, partial=True, key="run"))
+            running = asyncio.ensure_future(eng.transcribe(speech, Work.LIVE, key="run"))
             while "run" not in eng.running_keys():
                 await asyncio.sleep(0.002)
-            queued_a = asyncio.ensure_future(eng.transcribe(short, partial=True, key="a"))
-            queued_b = asyncio.ensure_future(eng.transcribe(short, partial=True, key="b"))
+            queued_a = asyncio.ensure_future(eng.transcribe(short, Work.LIVE, key="a"))
+            queued_b = asyncio.ensure_future(eng.transcribe(short, Work.LIVE, key="b"))
             await asyncio.sleep(0)
             assert not eng.has_spare_time()
             assert eng.promote("run") and eng.promote("b")
@@ -282,10 +283,10 @@ def test_promoted_and_superseded_partials(asr, synth):
             got = [await running, await queued_a, await queued_b]
             # supersede: the running partial of key "s" stops for the newer one
             eng.faults.add(Fault("asr", stall_s=1.0))
-            old = asyncio.ensure_future(eng.transcribe(speech, partial=True, key="s"))
+            old = asyncio.ensure_future(eng.transcribe(speech, Work.LIVE, key="s"))
             while "s" not in eng.running_keys():
                 await asyncio.sleep(0.002)
-            new = await eng.transcribe(speech, partial=True, key="s", supersede=True)
+            new = await eng.transcribe(speech, Work.EARLY, key="s")
             return final, got, order, await old, new, eng.metrics.asr_cancelled
 
     final, (run, a, b), order, old, new, cancelled = asyncio.run(main())
@@ -306,9 +307,9 @@ def test_opening_partials_go_first_and_finals_do_not_stop_them(asr, synth):
         async with warm_engine(asr) as eng:
             busy = await hold_worker(eng, speech, 1.0, "busy")
             order = []
-            old = asyncio.ensure_future(eng.transcribe(short, partial=True, key="old"))
+            old = asyncio.ensure_future(eng.transcribe(short, Work.LIVE, key="old"))
             # (the whole sentence: long enough to be seen running)
-            new = asyncio.ensure_future(eng.transcribe(speech, partial=True, key="new", opening=True))
+            new = asyncio.ensure_future(eng.transcribe(speech, Work.OPENING, key="new"))
             for name, fut in (("old", old), ("new", new)):
                 fut.add_done_callback(lambda _f, n=name: order.append(n))
             await busy
@@ -367,11 +368,11 @@ def test_a_queued_live_transcript_is_of_the_newest_audio(asr, synth):
     async def main():
         async with warm_engine(asr) as eng:
             busy = await hold_worker(eng, speech, 0.5, "busy")
-            grown = asyncio.ensure_future(eng.transcribe(start, partial=True, key="a", fresh=lambda: speech))
-            kept = asyncio.ensure_future(eng.transcribe(start, partial=True, key="b", fresh=lambda: None))
-            broken = asyncio.ensure_future(eng.transcribe(start, partial=True, key="d", fresh=lambda: 1 / 0))
+            grown = asyncio.ensure_future(eng.transcribe(start, Work.LIVE, key="a", fresh=lambda: speech))
+            kept = asyncio.ensure_future(eng.transcribe(start, Work.LIVE, key="b", fresh=lambda: None))
+            broken = asyncio.ensure_future(eng.transcribe(start, Work.LIVE, key="d", fresh=lambda: 1 / 0))
             await busy
-            return await grown, await kept, await eng.transcribe(start, partial=True, key="c"), await broken
+            return await grown, await kept, await eng.transcribe(start, Work.LIVE, key="c"), await broken
 
     grown, kept, alone, broken = asyncio.run(main())
     assert broken is not None and broken.text == alone.text  # (a failing `fresh` is logged; the worker goes on)
@@ -455,7 +456,7 @@ def test_local_agreement_commits_what_two_rounds_share():
 
 
 def test_recent_load_is_the_busy_share_of_the_last_window():
-    from speechrt.streaming.metrics import RecentLoad
+    from speechrt.streaming.engine import RecentLoad
 
     load = RecentLoad(window=2.0)
     assert load.busy(100.0) == 0.0
@@ -476,8 +477,7 @@ def test_finals_take_the_loaded_margin_only_while_the_engine_is_loaded(asr, synt
     the loaded margin (3 s), not the session's 10 s, and is counted, as is an early transcript (final options, run
     among the live ones); a live one keeps its 1 s. A final taken by an idle engine, or by one busy with live
     transcripts only (they fill a fast CPU's spare time), keeps its 10 s. All give the sentence's words."""
-    from speechrt.streaming.engine import Engine
-    from speechrt.streaming.metrics import LOADED_BUSY, LOADED_FIRM
+    from speechrt.streaming.engine import LOADED_BUSY, LOADED_FIRM, Engine
     from speechrt.streaming.protocol import SessionConfig
     from speechrt.streaming.session import FINAL_MARGIN_S, LOADED_FINAL_MARGIN_S, asr_options
 
@@ -497,8 +497,8 @@ def test_finals_take_the_loaded_margin_only_while_the_engine_is_loaded(asr, synt
             busy = await hold_worker(eng, speech, 2.0, "other")
             # a final, an early transcript (final options, run among the live ones) and a live one queue meanwhile
             loaded = asyncio.ensure_future(eng.transcribe(speech, key="b", turn="t0", options=opts))
-            early = asyncio.ensure_future(eng.transcribe(speech, partial=True, key="c", options=opts))
-            live = asyncio.ensure_future(eng.transcribe(speech, partial=True, key="d"))
+            early = asyncio.ensure_future(eng.transcribe(speech, Work.LIVE, key="c", options=opts))
+            live = asyncio.ensure_future(eng.transcribe(speech, Work.LIVE, key="d"))
             await busy
             out.update(loaded=await loaded, early=await early, live=await live)
             out["firm"] = m.finals_loaded_margin, m.busy_fraction, m.firm_fraction

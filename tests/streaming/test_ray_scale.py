@@ -45,14 +45,15 @@ def cluster():
     import ray
     from ray import serve
 
-    from speechrt.streaming.scale import application, serve_args_from
+    from speechrt.scale import config_from
+    from speechrt.streaming.scale import application
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve_args, scale = serve_args_from(
+    config, scale = config_from(
         {
             "transcription-only": True,
             "replicas": 2,
@@ -64,9 +65,9 @@ def cluster():
             "graceful-shutdown-s": 30,
         }
     )
-    serve.run(application(serve_args, scale), name="speechrt", route_prefix="/")
+    serve.run(application(config, scale), name="speechrt", route_prefix="/")
     try:
-        yield {"port": port, "serve_args": serve_args, "scale": scale}
+        yield {"port": port, "config": config, "scale": scale}
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -256,7 +257,7 @@ def test_scale_down_loses_no_committed_turn(cluster, synth):
         speakers = [asyncio.create_task(speaker(k)) for k in range(4)]
         await asyncio.sleep(3.0)  # every session is speaking its first utterance
         one = dataclasses.replace(cluster["scale"], replicas=1)
-        await asyncio.to_thread(serve.run, application(cluster["serve_args"], one), name="speechrt", route_prefix="/")
+        await asyncio.to_thread(serve.run, application(cluster["config"], one), name="speechrt", route_prefix="/")
         return await asyncio.gather(*speakers)
 
     results = run(main(), 240)

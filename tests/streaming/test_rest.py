@@ -28,7 +28,7 @@ MAX_UPLOAD = 400_000  # the sample (237 kB) fits, a 1 MB file does not
 @pytest.fixture(scope="module")
 def server(asr, server_factory):
     import speechrt
-    from speechrt.streaming.server import ServerOptions
+    from speechrt.streaming.config import ServerOptions
 
     lm, tts = speechrt.load_lm(), speechrt.load_tts()
     with server_factory(ServerOptions(port=0, max_upload_bytes=MAX_UPLOAD), asr, lm, tts) as srv:
@@ -365,7 +365,7 @@ def test_key_and_admission_limit(asr, server_factory):
     """The Bearer key guards REST as it guards sessions; past --max-rest-requests one more gets 429."""
     import threading
 
-    from speechrt.streaming.server import ServerOptions
+    from speechrt.streaming.config import ServerOptions
 
     with server_factory(ServerOptions(port=0, api_key="k", max_rest_requests=1, debug=True), asr) as srv:
         url = f"http://127.0.0.1:{srv.port}"

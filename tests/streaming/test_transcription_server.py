@@ -223,7 +223,7 @@ def test_bad_inputs_get_errors_and_lose_nothing(transcription_server, synth):
 def test_api_key_session_cap_and_http_endpoints(asr, server_factory):
     from websockets.exceptions import InvalidStatus
 
-    from speechrt.streaming.server import ServerOptions
+    from speechrt.streaming.config import ServerOptions
 
     with server_factory(ServerOptions(port=0, api_key="sekrit", max_sessions=2), asr) as srv:
 
@@ -264,7 +264,8 @@ def test_graceful_shutdown_finishes_turns_in_flight(asr, synth):
     """A turn committed just before shutdown still gets its transcript; new sessions are refused."""
     from websockets.asyncio.client import connect
 
-    from speechrt.streaming.server import ServerOptions, SpeechServer
+    from speechrt.streaming.config import ServerOptions
+    from speechrt.streaming.server import SpeechServer
 
     pcm = pcm24(synth(SENTENCES[4]), tail_s=0.2)
 
@@ -348,7 +349,7 @@ def test_early_transcript_becomes_the_final_one(asr, server_factory, synth):
     """Speech streamed at real-time pace, then silence: the turn's transcript begins when the input goes
     quiet, before Silero confirms the pause, and is the final transcript (counted in /metrics); the
     speech_stopped time is still Silero's, within the recording's trailing silence."""
-    from speechrt.streaming.server import ServerOptions
+    from speechrt.streaming.config import ServerOptions
 
     audio = synth(SENTENCES[12])
     pcm = pcm24(audio, tail_s=0.8)
@@ -454,8 +455,8 @@ def test_final_margin_is_a_server_option():
 
     from speechrt import cli_serve
     from speechrt.errors import UserError
+    from speechrt.streaming.config import ServerOptions
     from speechrt.streaming.protocol import SessionConfig
-    from speechrt.streaming.server import ServerOptions
     from speechrt.streaming.session import FINAL_MARGIN_S, asr_options
 
     p = argparse.ArgumentParser()
@@ -476,7 +477,7 @@ def test_loaded_final_margin_is_a_server_option():
 
     from speechrt import cli_serve
     from speechrt.errors import UserError
-    from speechrt.streaming.server import ServerOptions
+    from speechrt.streaming.config import ServerOptions
     from speechrt.streaming.session import LOADED_FINAL_MARGIN_S
 
     p = argparse.ArgumentParser()
@@ -502,7 +503,7 @@ def test_max_batch_is_a_server_option():
 
     from speechrt import cli_serve
     from speechrt.errors import UserError
-    from speechrt.streaming.server import ServerOptions
+    from speechrt.streaming.config import ServerOptions
 
     p = argparse.ArgumentParser()
     cli_serve.add_arguments(p)
@@ -521,7 +522,7 @@ def test_a_client_that_closed_frees_its_slot_while_its_last_audio_is_still_proce
     import time
 
     from speechrt.models.silero import VadStream
-    from speechrt.streaming.server import ServerOptions
+    from speechrt.streaming.config import ServerOptions
 
     with server_factory(ServerOptions(port=0, max_sessions=1), asr) as srv:
         real = srv.vad.vad

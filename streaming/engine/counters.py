@@ -1,0 +1,52 @@
+"""The counters and latency samples the engine keeps (sessions add theirs to the same object); the /metrics page
+shows them (streaming/http/metrics.py)."""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+
+def _samples() -> collections.deque:
+    return collections.deque(maxlen=1000)
+
+
+@dataclass
+class Metrics:
+    """The engine's counters and latency samples."""
+
+    engine_seconds: float = 0.0  # the engine's worker in model steps of any kind, since start
+    asr_batches: int = 0
+    asr_audio_seconds: float = 0.0
+    asr_cancelled: int = 0  # live transcripts stopped because a final transcript was asked for
+    early_finals: int = 0  # final transcripts begun when the input went quiet (counted by sessions)
+    finals_superseded: int = 0  # queued transcripts of a turn up to a pause, replaced by one up to a later pause
+    replies_speculated: int = 0  # replies begun during a pause, before turn detection ended the turn
+    replies_speculation_used: int = 0  # of those, the ones the turn's response took over
+    prompts_primed: int = 0  # reply prompts read up to a turn's live words while it was spoken
+    prompt_tokens_reused: int = 0  # replies' prompt positions found in the language model's cache, not read again
+    prompt_tokens: int = 0  # replies' prompt tokens, reused or read
+    turn_commits: int = 0  # stable parts of long turns committed while they were spoken (local agreement)
+    stream_steps: int = 0
+    step_failures: int = 0  # model steps that raised (their requests got an error)
+    long_steps: int = 0  # windows of long turns' transcripts (one engine step each)
+    live_stretch: float = 1.0  # live transcripts' interval over --partial-interval, as last set by the queue
+    busy_fraction: float = 0.0  # share of the last LOAD_WINDOW_S the engine's worker spent on model work
+    firm_fraction: float = 0.0  # the same, on work other than live transcripts (finals, long turns, LM and TTS steps)
+    finals_loaded_margin: int = 0  # final (and early) transcripts encoded with the loaded margin (the engine loaded)
+    # engine seconds and transcripts per kind of transcription work: final, partial (live and early), long
+    kind_seconds: collections.Counter = field(default_factory=collections.Counter)
+    kind_items: collections.Counter = field(default_factory=collections.Counter)
+    final_latency: collections.deque = field(default_factory=_samples)
+    partial_latency: collections.deque = field(default_factory=_samples)
+    first_audio_latency: collections.deque = field(default_factory=_samples)
+
+    @property
+    def asr_items(self) -> int:
+        """Utterances transcribed, of every kind."""
+        return sum(self.kind_items.values())
+
+    @property
+    def asr_seconds(self) -> float:
+        """Engine seconds spent on transcription, of every kind."""
+        return sum(self.kind_seconds.values())

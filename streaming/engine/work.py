@@ -1,0 +1,66 @@
+"""The work that waits for the engine's worker, under one lock: transcript jobs (transcripts.TranscriptQueue),
+streaming tasks (StreamTask: TTS chunks, REST steps) and the language model's continuous batch."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+
+from .transcripts import TranscriptQueue
+
+log = logging.getLogger(__name__)
+
+
+class StreamTask:
+    """A unit of streaming work: `step()` does one bounded piece of compute on the worker thread and
+    returns False when done. Results go back to the event loop through `emit` (thread-safe)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, gen):
+        self.loop, self.queue, self.gen = loop, queue, gen
+        self.cancelled = False
+
+    def emit(self, item):
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+    def step(self) -> bool:
+        if self.cancelled:
+            self.gen.close()
+            self.emit(StopAsyncIteration())
+            return False
+        try:
+            self.emit(next(self.gen))
+            return True
+        except StopIteration:
+            self.emit(StopAsyncIteration())
+            return False
+        except Exception as e:  # report to the awaiting session, keep the worker alive
+            log.exception("stream task failed")
+            self.emit(e)
+            return False
+
+
+class Pending:
+    """What waits for the worker: `transcripts`, streaming `tasks` and the language model's `batcher` (None:
+    transcription only). `cv` guards them all and wakes the worker; `stopping` ends it."""
+
+    def __init__(self, batcher=None):
+        self.cv = threading.Condition()
+        self.transcripts = TranscriptQueue()
+        self.tasks: collections.deque[StreamTask] = collections.deque()
+        self.batcher = batcher
+        self.stopping = False
+
+    def lm_work(self) -> bool:
+        return self.batcher is not None and self.batcher.has_work()
+
+    def queued(self, lm: bool = True, live: bool = True) -> bool:
+        """Work waits for the worker (language model work only if `lm`, live transcripts only if `live`; call
+        with the lock held)."""
+        t = self.transcripts
+        return bool(t.finals or t.long or (live and t.partials) or self.tasks or (lm and self.lm_work()))
+
+    def depth(self) -> int:
+        """Work items waiting (call with the lock held)."""
+        return len(self.transcripts) + len(self.tasks) + (self.batcher.size() if self.batcher else 0)
