@@ -38,7 +38,7 @@ from speechrt.errors import UserError
 from .config import ServerConfig
 from .http.access import authorized, json_error
 from .http.app import build_app
-from .http.metrics import MetricsPage
+from .http.metrics import cluster_metrics_text
 from .server import SpeechServer
 
 try:
@@ -216,75 +216,6 @@ def replica_row(server) -> dict:
         "finals_loaded_margin": m.finals_loaded_margin,
         "vad_seconds": round(server.vad.seconds, 3),
     }
-
-
-def cluster_metrics_text(rows: dict[str, dict]) -> str:
-    """Prometheus text: each replica's figures labelled with it, then the cluster's sums."""
-    page = MetricsPage()
-    per = [
-        ("sessions", "sessions_active", "gauge", "Open Realtime sessions per replica."),
-        ("max_sessions", "max_sessions", "gauge", "Session cap per replica."),
-        ("queue_depth", "queue_depth", "gauge", "Work items waiting for each replica's engine."),
-        ("sessions_total", "sessions_total", "counter", "Sessions admitted per replica since it started."),
-        ("sessions_rejected", "sessions_rejected_total", "counter", "Sessions refused per replica."),
-        ("utterances", "asr_utterances_total", "counter", "Utterances transcribed per replica."),
-        (
-            "final_p50",
-            "final_transcript_latency_p50_seconds",
-            "gauge",
-            "Median queue + compute time of final transcripts per replica (last 1000).",
-        ),
-        ("final_p95", "final_transcript_latency_p95_seconds", "gauge", "95th percentile of the same."),
-        ("cpu_seconds", "process_cpu_seconds_total", "counter", "CPU time of each replica's process."),
-        (
-            "engine_seconds",
-            "engine_busy_seconds_total",
-            "counter",
-            "Seconds each replica's engine spent in model steps.",
-        ),
-        (
-            "finals_loaded_margin",
-            "asr_finals_loaded_margin_total",
-            "counter",
-            "Final transcripts each replica encoded with the loaded margin.",
-        ),
-        (
-            "vad_seconds",
-            "vad_seconds_total",
-            "counter",
-            "CPU seconds each replica's voice activity detection thread spent running Silero.",
-        ),
-    ]
-    for key, name, kind, help_ in per:
-        page.lines += [f"# HELP speechrt_replica_{name} {help_}", f"# TYPE speechrt_replica_{name} {kind}"]
-        page.lines += [
-            f'speechrt_replica_{name}{{replica="{r}",node="{row["node"]}"}} {row.get(key, 0)}'
-            for r, row in sorted(rows.items())
-        ]
-    page.metric("cluster_replicas", "gauge", "Replicas reporting.", len(rows))
-    page.metric("cluster_replicas_draining", "gauge", "Replicas stopping.", sum(r["draining"] for r in rows.values()))
-    for key, name, help_ in (
-        ("sessions", "sessions_active", "Open sessions, all replicas."),
-        ("max_sessions", "max_sessions", "Session capacity, all replicas."),
-        ("queue_depth", "queue_depth", "Work items waiting, all replicas."),
-        ("sessions_total", "sessions_total", "Sessions admitted, all replicas."),
-        ("sessions_rejected", "sessions_rejected_total", "Sessions refused, all replicas."),
-        ("utterances", "asr_utterances_total", "Utterances transcribed, all replicas."),
-        ("cpu_seconds", "process_cpu_seconds_total", "CPU time of the replicas' processes."),
-        ("engine_seconds", "engine_busy_seconds_total", "Seconds the replicas' engines spent in model steps, summed."),
-        (
-            "finals_loaded_margin",
-            "asr_finals_loaded_margin_total",
-            "Final transcripts encoded with the loaded margin, all replicas.",
-        ),
-        (
-            "vad_seconds",
-            "vad_seconds_total",
-            "CPU seconds the replicas' voice activity detection threads spent running Silero, summed.",
-        ),
-    ):
-        page.metric(f"cluster_{name}", "gauge", help_, round(sum(r.get(key, 0) for r in rows.values()), 3))
-    return page.text()
 
 
 class StopWatch:
