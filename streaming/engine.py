@@ -5,7 +5,7 @@ and await futures (or async queues for streams). The worker takes work in priori
 
 1. final transcripts of finished turns, batched across sessions (one encoder call, decode steps over all
    rows together), at most one queued per turn (the turn up to a later pause replaces the one before); a
-   turn with over 30 s not committed (streaming/turns.py commits long turns' stable parts as they are
+   turn with over 30 s not committed (streaming/realtime/long_turn.py commits long turns' stable parts as they are
    spoken) is transcribed one 30-s window per step, long turns taking turns with each other and, when there
    is any, with a round of streaming steps (so a minute-long monologue delays no one by more than a window);
    while the worker has been busy (90 % of the last 2 s, 30 % on other work than live transcripts, which fill
@@ -33,12 +33,11 @@ import numpy as np
 
 from speechrt.pipelines.asr import TranscribeOptions
 
+from .asr_options import LIVE
 from .metrics import Metrics
 from .transcripts import LoadedMargins, TranscriptJob, TranscriptQueue, run_batch, step_long
 
 log = logging.getLogger(__name__)
-# live transcripts: greedy, the encoder over the audio only, loops cut (see session.asr_options)
-LIVE = TranscribeOptions(without_timestamps=True, trim_context=True, trim_margin=1.0, stop_repeats=3)
 MAX_LIVE_STRETCH = 4.0
 
 

@@ -21,10 +21,10 @@ from speechrt.errors import UserError
 from speechrt.pipelines import formats
 from speechrt.pipelines.asr import segment_windows
 
+from .asr_options import rest_options
 from .engine import EngineStalled
 from .http import authorized, json_error
-from .protocol import ProtocolError, check_voice
-from .transcripts import LONG_TEMPERATURES
+from .realtime.protocol import ProtocolError, check_voice
 
 log = logging.getLogger(__name__)
 
@@ -230,14 +230,8 @@ class RestAPI:
                 f"timestamp_granularities need response_format verbose_json (got {fmt!r}): the "
                 "other formats have no place for word times",
             )
-        opts = {
-            "task": task,
-            "language": form.get("language") or None,
-            "initial_prompt": form.get("prompt") or None,
-            "best_of": 1,
-        }
         t = number(form.get("temperature"), "temperature", 0, 1, None)
-        opts["temperatures"] = (t,) if t is not None else LONG_TEMPERATURES
+        opts = rest_options(task, form.get("language") or None, form.get("prompt") or None, t)
         if "word" in grains:  # a backend without cross-attention weights refuses it (a 400 naming those with them)
             opts["word_timestamps"] = True
         vad = form.get("vad_filter")  # speechrt's extension (faster-whisper's vad_filter): decode only speech

@@ -15,7 +15,7 @@ from speechrt.errors import ContextLengthExceeded, UserError
 from speechrt.pipelines.generation import check_bias
 from speechrt.pipelines.lm import GenerationOptions
 
-from .protocol import new_id
+from .realtime.protocol import new_id
 from .rest import SSE, RestError, number, sse
 
 ROLES = ("system", "developer", "user", "assistant", "tool")

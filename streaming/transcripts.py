@@ -24,6 +24,7 @@ from speechrt.pipelines.asr import (
     WindowResult,
 )
 
+from .asr_options import long_options
 from .metrics import LOADED_BUSY, LOADED_FIRM, RecentLoad
 
 log = logging.getLogger(__name__)
@@ -204,7 +205,7 @@ class LoadedMargins:
     encodes each final transcript (and each early one, begun when the input went quiet, that may become final: it
     runs among the live ones) over its turn plus at most `margin` seconds of padding (None: each its own margin
     always; live transcripts' 1 s is less). The margin past a few seconds keeps words of some short questions
-    (session.asr_options) at ~1.7x a final's cost (54 vs 90 ms a clip at 3 and 10 s on a Zen 4), which a saturated
+    (asr_options.asr_options) at ~1.7x a final's cost (54 vs 90 ms a clip at 3 and 10 s on a Zen 4), which a saturated
     engine pays in live text first, then in every final's wait: on a 2-core CPU of Zen 3 speed (emulated,
     docs/onnx-runtime.md), 10-s finals kept 12 streams, this 16."""
 
@@ -221,21 +222,6 @@ class LoadedMargins:
             if j.options.trim_context and j.options.trim_margin > self.margin:
                 j.options = dataclasses.replace(j.options, trim_margin=self.margin)
                 metrics.finals_loaded_margin += 1
-
-
-def long_options(opts: TranscribeOptions) -> TranscribeOptions:
-    """A long turn's long-form options in the server: the session's language and prompt, and a bounded
-    fallback (two temperatures, one sample each: at most two decodes of a window, not 6 x 5)."""
-    return dataclasses.replace(
-        TranscribeOptions(),
-        language=opts.language,
-        initial_prompt=opts.initial_prompt,
-        temperatures=LONG_TEMPERATURES,
-        best_of=1,
-    )
-
-
-LONG_TEMPERATURES = (0.0, 0.4)
 
 
 def step_long(asr, job: TranscriptJob, faults, metrics) -> bool:

@@ -1,7 +1,7 @@
-"""One Realtime session per WebSocket connection: protocol dispatch of the client's events to the session's
-three parts — its input turns (streaming/turns.py), its conversation (streaming/conversation.py) and the
-assistant's responses (streaming/agent.py) — and the events sent back. Model work goes through the
-shared Engine."""
+"""One Realtime session per WebSocket connection: its state and lifecycle, the events it sends, and the dispatch
+of the client's events (handlers.ClientEvents) to its three parts — its input turns (turns.py), its conversation
+(conversation.py) and the assistant's responses (agent.py). Model work goes through the shared Engine; the turn
+policy is the server's (policy.TurnPolicy)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,16 @@ import logging
 import time
 from dataclasses import replace
 
-from speechrt.errors import UserError
-from speechrt.pipelines.asr import TranscribeOptions
-
-from . import protocol as P
-from .audio_codec import AudioFormatError, b64decode
-from .conversation import Conversation, item_from_api
-from .protocol import BETA_NAMES, CLIENT_EVENTS, ProtocolError, SessionConfig, apply_session_update, error_event, new_id
+from .audio_codec import AudioFormatError
+from .config import SessionConfig
+from .connection import Outbox, serve_events
+from .conversation import Conversation
+from .events import BETA_NAMES, CLIENT_EVENTS, error_event, session_created
+from .handlers import ClientEvents
+from .policy import TurnPolicy
+from .protocol import ProtocolError, new_id
 from .reply import Speculator
-from .turns import InputTurns, finish_item, item_audio
+from .turns import InputTurns
 
 log = logging.getLogger(__name__)
 # client events not taken once the server drains (graceful shutdown): they would begin new work
@@ -28,157 +29,12 @@ DRAIN_IGNORES = frozenset(
 )
 
 
-def asr_options(cfg: SessionConfig, live: bool = False, final_margin: float | None = None) -> TranscribeOptions:
-    """The transcriber's options for a session's turns: greedy, its language and prompt, a decoded loop cut,
-    and the encoder over the turn's audio plus a margin of padding, not a whole 30-s window (whisper.cpp's
-    audio_ctx). Live transcripts (`live`, redone every second) take a 1 s margin; final ones (and the early
-    ones that may become final) `final_margin` (default FINAL_MARGIN_S: the server's --final-margin).
-
-    The final margin, measured on the benchmark's 12 sentences and 4 questions in the embedded voice, 3 seeds
-    x 3 lead/tail silences (144 clips of 1.5-3 s, `transcribe_batch` as the server runs it, tiny.en int8 on
-    ONNX Runtime, AMD EPYC Zen 4, 2026-11-27): whole windows 4.61 % WER at 218 ms a clip, 10 s 4.61 % / 90 ms,
-    8 s 5.32 % / 75 ms, 6 s 5.67 % / 60 ms, 4 s and 3 s 7.09 % / 54 ms ("What color is the sky on a clear
-    day?" -> "What colors does this guy ...", "Remind me" -> "Rem I need"); torch float32 the same way (whole
-    and 8 s 4.61 %, 3 s 6.38 %, 48 clips). The conversation benchmark's 4 questions: 12.9 % WER with 3 s, 0 %
-    with 10 s, final p50 305 vs 302 ms. (An earlier study, 108 clips of the 12 sentences alone on Zen 3, had
-    found 3 s at whole windows' WER, 3.31 vs 3.19 %, and the server ran 3 s until this one.)"""
-    return TranscribeOptions(
-        without_timestamps=True,
-        language=cfg.language,
-        initial_prompt=cfg.prompt,
-        trim_context=True,
-        trim_margin=1.0 if live else final_margin or FINAL_MARGIN_S,
-        stop_repeats=3,
-    )
-
-
-FINAL_MARGIN_S = 10.0
-# the final margin while the engine is loaded (streaming/transcripts.py, LoadedMargins)
-LOADED_FINAL_MARGIN_S = 3.0
-
-
-def turn_options(cfg: SessionConfig, final_margin: float | None = None) -> tuple[TranscribeOptions, TranscribeOptions]:
-    """(final, live) transcriber options of a session's turns (asr_options)."""
-    return asr_options(cfg, final_margin=final_margin), asr_options(cfg, live=True)
-
-
-def check_settings(server, cfg: SessionConfig) -> None:
-    """ProtocolError if the server cannot serve a session with settings `cfg`: a conversation on a
-    transcription-only server, a language its ASR model lacks, word times from a backend without them."""
-    if cfg.type == "realtime" and not server.conversation_ready:
-        raise ProtocolError(
-            "this server runs transcription only (started without a language model or voice)",
-            "invalid_value",
-            "session.type",
-        )
-    try:
-        server.asr.check_language(cfg.language)
-    except UserError as e:
-        raise ProtocolError(str(e), "invalid_value", "session.audio.input.transcription.language") from None
-    check_word_timing(server.asr, cfg)
-
-
-def check_word_timing(asr, cfg: SessionConfig) -> None:
-    """ProtocolError if the session asks for word times and the server's ASR backend cannot give them."""
-    if cfg.word_timestamps and not asr.runner.word_timing:
-        raise ProtocolError(
-            f"word timestamps are not available on this server's {asr.info.backend} backend; start "
-            f"it with one of: {', '.join(asr.runner.WORD_TIMING_BACKENDS)}",
-            "invalid_value",
-            "session.audio.input.transcription.speechrt_word_timestamps",
-        )
-
-
-class Outbox:
-    """Events on their way to one client: a queue drained by one writer task, bounded in bytes. A client
-    that stops reading fills it up, and `put` says so (the session is then closed: its memory stays
-    bounded whatever the client does)."""
-
-    def __init__(self, conn, max_bytes: int):
-        self.conn, self.max_bytes = conn, max_bytes
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.size = 0
-        self.writer: asyncio.Task | None = None
-
-    def start(self):
-        self.writer = asyncio.create_task(self._write())
-
-    def put(self, text: str) -> bool:
-        if self.size + len(text) > self.max_bytes:
-            return False
-        self.size += len(text)
-        self.queue.put_nowait(text)
-        return True
-
-    async def _write(self):
-        while True:
-            item = await self.queue.get()
-            if isinstance(item, tuple):  # (code, reason): close after what was queued before it
-                return await self.conn.close(*item)
-            try:
-                await self.conn.send(item)
-            except Exception:  # noqa: BLE001 - the connection is gone: the receive loop ends the session
-                return await self.conn.close(1011, "send failed")
-            finally:
-                self.size -= len(item)
-
-    async def close(self, code: int, reason: str, flush: bool, timeout: float = 5.0):
-        """Close the connection; with `flush`, after the events queued so far (for at most `timeout`)."""
-        if flush and self.writer is not None and not self.writer.done():
-            self.queue.put_nowait((code, reason))
-            try:
-                await asyncio.wait_for(asyncio.shield(self.writer), timeout)
-            except asyncio.TimeoutError:
-                pass
-            except asyncio.CancelledError:
-                # the writer was cancelled meanwhile (the client left and its session closed): nothing more
-                # to flush, and the caller (a server shutting down) goes on; a cancellation of the caller
-                # itself still propagates
-                me = asyncio.current_task()
-                if not self.writer.cancelled() or (me is not None and getattr(me, "cancelling", lambda: 0)()):
-                    raise
-        if self.writer is not None:
-            self.writer.cancel()
-        await self.conn.close(code, reason)
-
-
-READ_AHEAD = 2  # client events read while one is handled (at most 2 x --max-message-bytes held a session)
-
-
-async def serve_events(session):
-    """Handle a session's client events in order until its connection closes, read by read_ahead."""
-    inbox: asyncio.Queue = asyncio.Queue(READ_AHEAD)
-    reader = asyncio.create_task(read_ahead(session, inbox))
-    try:
-        while (message := await inbox.get()) is not None and not session.conn.closed:
-            await session.handle(message)
-    finally:
-        reader.cancel()
-    if reader.done() and not reader.cancelled() and reader.exception() is not None:
-        raise reader.exception()
-
-
-async def read_ahead(session, inbox: asyncio.Queue):
-    """A session's reader: its client's events into `inbox`, READ_AHEAD ahead of the one being handled, so that
-    a client's close is seen at once, not after its last events' work (their VAD under load): the connection
-    counts as closed (SpeechServer.open_sessions) and the events it left unhandled are dropped with its work."""
-    try:
-        while (message := await session.conn.receive()) is not None:
-            session.last_activity = time.monotonic()
-            await inbox.put(message)  # waits while READ_AHEAD are queued: a flooding client is held back
-    except Exception:  # a broken connection, not a close: the handler stops after the queued events too
-        await session.conn.close(1011, "internal error")
-        raise  # (serve_events raises it once the handler is done)
-    finally:
-        if not inbox.full():  # (full: the handler sees the closed connection before it needs the end mark)
-            inbox.put_nowait(None)
-
-
-class RealtimeSession:
+class RealtimeSession(ClientEvents):
     def __init__(self, server, conn, intent: str | None, model: str | None = None):
         self.server, self.conn = server, conn
         self.id = new_id("sess")
         opts = server.options
+        self.policy: TurnPolicy = server.turn_policy
         # a transcription-only server's sessions are transcription sessions, whatever the URL says
         kind = "realtime" if intent != "transcription" and server.conversation_ready else "transcription"
         cfg = SessionConfig(
@@ -187,10 +43,11 @@ class RealtimeSession:
             transcription_model=server.names["asr"][0],
             voice=(server.names["tts"] or [SessionConfig.voice])[0],
         )  # (no voice loaded: the default)
-        if opts.silence_duration_ms is not None and cfg.turn_detection:
-            cfg = replace(cfg, turn_detection=replace(cfg.turn_detection, silence_duration_ms=opts.silence_duration_ms))
+        silence_ms = self.policy.silence_duration_ms
+        if silence_ms is not None and cfg.turn_detection:
+            cfg = replace(cfg, turn_detection=replace(cfg.turn_detection, silence_duration_ms=silence_ms))
         self.cfg = cfg
-        self.asr_options, self.live_options = turn_options(cfg, opts.final_margin)
+        self.asr_options, self.live_options = self.policy.transcribe_options(cfg)
         self.conversation = Conversation()
         self.turns = InputTurns(self)
         self.response = None  # the active agent.Response, if any
@@ -250,7 +107,7 @@ class RealtimeSession:
     async def run(self):
         """Serve the client's events until the connection closes (serve_events)."""
         self.outbox.start()
-        await self.send(P.session_created(self.cfg.to_api(self.id), self.server.replica))
+        await self.send(session_created(self.cfg.to_api(self.id), self.server.replica))
         await serve_events(self)
 
     def drain(self) -> list[asyncio.Task]:
@@ -325,129 +182,3 @@ class RealtimeSession:
             await self.error(
                 f"internal error handling {etype}: {type(e).__name__}: {e}", "server_error", None, eid, "server_error"
             )
-
-    # -- session ----------------------------------------------------------------------------------
-    async def on_session_update(self, ev):
-        s = ev.get("session")
-        if s is None:
-            raise ProtocolError("session.update needs a 'session' object", "missing_required_parameter", "session")
-        new = apply_session_update(self.cfg, s, self.server.names)
-        if isinstance(s, dict) and ("modalities" in s or "input_audio_format" in s):
-            new = replace(new, beta=True)  # a beta client: answer with the beta event names
-        check_settings(self.server, new)
-        self.turns.configure(self.cfg, new)
-        self.ahead.drop()  # (it was made under the old settings)
-        self.cfg, (self.asr_options, self.live_options) = new, turn_options(new, self.server.options.final_margin)
-        await self.send(P.session_updated(self.cfg.to_api(self.id)))
-
-    async def on_transcription_session_update(self, ev):
-        s = dict(ev.get("session") or {})
-        s.setdefault("type", "transcription")
-        self.cfg = replace(self.cfg, beta=True)
-        await self.on_session_update({"session": s, "event_id": ev.get("event_id")})
-
-    # -- input audio ------------------------------------------------------------------------------
-    async def on_input_audio_buffer_append(self, ev):
-        if "audio" not in ev:
-            raise ProtocolError(
-                "input_audio_buffer.append needs 'audio' (base64)", "missing_required_parameter", "audio"
-            )
-        await self.turns.append(b64decode(ev["audio"]), self.server.options.max_buffer_seconds)
-
-    async def on_input_audio_buffer_commit(self, ev):
-        await self.turns.commit()
-
-    async def on_input_audio_buffer_clear(self, ev):
-        await self.turns.clear()
-
-    def barge_in(self):
-        """Speech began: a response in progress stops (if turn detection says so), a reply begun in a pause too."""
-        self.ahead.drop()
-        td = self.cfg.turn_detection
-        if self.response is not None and td is not None and td.interrupt_response:
-            self.response.cancel("turn_detected")
-
-    async def user_turn_done(self, text: str):
-        """A turn that turn detection ended has its transcript: answer it (conversation sessions)."""
-        if self.cfg.answers_turns and text.strip():
-            await self.start_response({})
-
-    # -- conversation items -----------------------------------------------------------------------
-    async def on_conversation_item_create(self, ev):
-        o = self.server.options
-        item = item_from_api(ev.get("item"), o.max_item_chars, audio=True)
-        audio = item_audio(item, self.cfg.input_format, o.max_buffer_seconds)  # checked before the item is added
-        self.conversation.check_room(item, o.max_conversation_chars)
-        self.conversation.check_previous(ev.get("previous_item_id"))
-        prev = self.conversation.append(item)
-        await self.send(P.item_added(item.to_api(), prev))
-        await finish_item(self, item, audio)
-
-    async def on_conversation_item_delete(self, ev):
-        it = self.conversation.delete(P.item_id(ev))
-        await self.send(P.item_deleted(it.id))
-
-    async def on_conversation_item_retrieve(self, ev):
-        await self.send(P.item_retrieved(self.conversation.find(P.item_id(ev)).to_api()))
-
-    async def on_conversation_item_truncate(self, ev):
-        it = self.conversation.find(P.item_id(ev))
-        ms = ev.get("audio_end_ms")
-        it.truncate(ev.get("content_index", 0), ms)
-        if self.response is not None and self.response.item.id == it.id:
-            self.response.cancel("client_truncated")
-        await self.send(P.item_truncated(it.id, 0, ms))
-
-    # -- responses ----------------------------------------------------------------------------------
-    async def on_response_create(self, ev):
-        if self.cfg.type != "realtime":
-            raise ProtocolError("responses are not available in transcription sessions", "invalid_value", "type")
-        if self.response is not None:
-            raise ProtocolError(
-                "a response is already in progress; cancel it first or wait for response.done",
-                "conversation_already_has_active_response",
-            )
-        await self.start_response(ev.get("response") or {})
-
-    async def start_response(self, overrides: dict):
-        if not self.server.conversation_ready:
-            raise ProtocolError("this server runs transcription only", "invalid_value", "type")
-        if self.response is not None:
-            self.response.cancel("superseded")
-        from .agent import Response
-
-        self.response = Response(self, overrides)
-        self.spawn(self.response.run(), essential=True)
-
-    async def on_response_cancel(self, ev):
-        if self.response is None:
-            raise ProtocolError("there is no response in progress to cancel", "response_cancel_not_active")
-        rid = ev.get("response_id")
-        if rid is not None and rid != self.response.id:
-            raise ProtocolError(
-                f"no response in progress with id {P.short(rid)} (the one in progress is {self.response.id})",
-                "response_cancel_not_active",
-                "response_id",
-            )
-        self.response.cancel("client_cancelled")
-
-    async def on_output_audio_buffer_clear(self, ev):
-        if self.response is not None:
-            self.response.cancel("client_cancelled")
-        await self.send(P.output_audio_buffer_cleared(None))
-
-    HANDLERS = {
-        "session.update": on_session_update,
-        "transcription_session.update": on_transcription_session_update,
-        "input_audio_buffer.append": on_input_audio_buffer_append,
-        "input_audio_buffer.commit": on_input_audio_buffer_commit,
-        "input_audio_buffer.clear": on_input_audio_buffer_clear,
-        "conversation.item.create": on_conversation_item_create,
-        "conversation.item.delete": on_conversation_item_delete,
-        "conversation.item.retrieve": on_conversation_item_retrieve,
-        "conversation.item.truncate": on_conversation_item_truncate,
-        "response.create": on_response_create,
-        "response.cancel": on_response_cancel,
-        "output_audio_buffer.clear": on_output_audio_buffer_clear,
-    }
-    assert tuple(HANDLERS) == CLIENT_EVENTS, "every client event has one handler"
