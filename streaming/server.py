@@ -19,11 +19,12 @@ from dataclasses import dataclass
 
 from speechrt.errors import UserError
 
+from .asr_options import FINAL_MARGIN_S, LOADED_FINAL_MARGIN_S
 from .engine import Engine
 from .http import UvicornServer, build_app, uvicorn_config
 from .metrics import Counters, metrics_text
 from .realtime.events import error_event
-from .realtime.policy import FINAL_MARGIN_S, LOADED_FINAL_MARGIN_S, TurnPolicy
+from .realtime.policy import TurnPolicy
 from .realtime.protocol import ProtocolError, check_session_model
 from .realtime.session import RealtimeSession
 from .realtime.vad import SileroVAD, VadWorker
@@ -53,16 +54,14 @@ class ServerOptions:
     ping_interval: float = 20.0  # WebSocket pings; a client that does not answer within ping_timeout is closed
     ping_timeout: float = 20.0
     partial_interval: float = 1.0  # seconds between live transcript updates of a turn; 0: none
-    # seconds of padding after a turn's audio that its final transcript's encoder reads (realtime.policy.FINAL_MARGIN_S;
+    # seconds of padding after a turn's audio that its final transcript's encoder reads (asr_options.FINAL_MARGIN_S;
     # 30: whole windows). Less is faster and may lose words (python -m speechrt.bench.margin_study)
     final_margin: float = FINAL_MARGIN_S
     # the final margin while the engine is loaded (busy 90 % of the last 2 s, 30 % on other work than live
     # transcripts: transcripts.LoadedMargins); None: never less than final_margin (nor is a larger one). 3 s keeps
     # the capacity of 3-s finals on slow CPUs (docs/onnx-runtime.md)
     loaded_final_margin: float | None = LOADED_FINAL_MARGIN_S
-    speculative_replies: bool = (
-        True  # begin a reply during a pause, before it ends the turn (streaming/realtime/reply.py)
-    )
+    speculative_replies: bool = True  # begin a reply during a pause, before it ends the turn (realtime/reply.py)
     silence_duration_ms: int | None = None  # server default for server_vad (None: the API's 500 ms)
     max_batch: int = 8
     max_rest_requests: int = 16  # REST requests served at once; one more is answered 429
