@@ -69,21 +69,16 @@ class TurnTranscripts:
         (longer while transcripts queue) and send the words hypotheses agree on (Turn.agree). Until its first words
         go out, rounds come opening_round intervals apart, unstretched, before other live transcripts while short
         (cheap)."""
-        interval, last = self.policy.partial_interval, [0]  # [the audio of the last round]
+        inp, interval, last = self.turns, self.policy.partial_interval, [0]  # [the audio of the last round]
         while True:
             opening = not turn.sent
             await asyncio.sleep(
                 interval * self.policy.opening_round if opening else self.engine.live_interval(interval)
             )
-            audio = self.turns.buf.slice(first := self.turns.first_sample(turn), self.turns.buf.end)
+            audio = inp.buf.slice(first := inp.first_sample(turn), inp.buf.end)
             # paused: the final (begun at the pause) has the engine; quiet since the early one: it is this round's
-            paused = self.turns.detector is not None and self.turns.detector.pause_ms is not None
-            if (
-                len(audio) - last[0] < RATE // 4
-                or paused
-                or turn.early
-                and turn.early[0] == self.turns.quiet.quiet_since
-            ):
+            paused = inp.detector is not None and inp.detector.pause_ms is not None
+            if len(audio) - last[0] < RATE // 4 or paused or (turn.early and turn.early[0] == inp.quiet.quiet_since):
                 continue
             if len(audio) > self.policy.commit_after:  # a long turn: this round also commits what is stable
                 last[0] = len(audio) - await commit_stable(self, turn, first, audio)
@@ -109,17 +104,18 @@ class TurnTranscripts:
         """The input went quiet during a turn, but Silero has not called a pause yet (it lags the last
         sound by 60-130 ms): if the engine has nothing else queued, transcribe the turn up to here
         already, at live-transcript priority. If Silero's pause follows, this is its transcript."""
-        q = self.turns.quiet.quiet_since
+        inp = self.turns
+        q = inp.quiet.quiet_since
         if (
             q is None
-            or not self.turns.detector.speaking
+            or not inp.detector.speaking
             or q <= turn.start
-            or self.turns.buf.end - q < self.policy.early_quiet
+            or inp.buf.end - q < self.policy.early_quiet
             or (turn.early is not None and turn.early[0] == q)
             or not self.engine.has_spare_time()
         ):
             return
-        audio = self.turns.buf.slice(self.turns.first_sample(turn), min(self.turns.buf.end, q + self.policy.tail))
+        audio = inp.buf.slice(inp.first_sample(turn), min(inp.buf.end, q + self.policy.tail))
         turn.early = (q, self.session.spawn(self._early(turn, audio)))
 
     async def _early(self, turn: Turn, audio: np.ndarray):
