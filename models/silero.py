@@ -1,5 +1,5 @@
 """Silero VAD (the ONNX models shipped in the `silero-vad` wheel): the model runner, per stream state, and
-speech probabilities of a whole recording. Streaming turn detection (streaming/vad.py) and the offline
+speech probabilities of a whole recording. Streaming turn detection (streaming/realtime/vad.py) and the offline
 speech-region finder (speechrt/pipelines/speech_regions.py) both run it through these names.
 
 A frame's speech probability depends on the frames before it only through the model's LSTM state, so the

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 from speechrt.errors import UserError
 
-from .session import FINAL_MARGIN_S, LOADED_FINAL_MARGIN_S
+from .asr_options import FINAL_MARGIN_S, LOADED_FINAL_MARGIN_S
+from .realtime.policy import TurnPolicy
 
 
 @dataclass(frozen=True)
@@ -73,14 +74,14 @@ class ServerOptions:
     ping_interval: float = 20.0  # WebSocket pings; a client that does not answer within ping_timeout is closed
     ping_timeout: float = 20.0
     partial_interval: float = 1.0  # seconds between live transcript updates of a turn; 0: none
-    # seconds of padding after a turn's audio that its final transcript's encoder reads (session.FINAL_MARGIN_S;
-    # 30: whole windows). Less is faster and may lose words (python -m speechrt.bench.margin_study)
+    # seconds of padding after a turn's audio that its final transcript's encoder reads (asr_options.FINAL_MARGIN_S;
+    # 30: whole windows). Less is faster and may lose words (benchmarks/margin_study.py)
     final_margin: float = FINAL_MARGIN_S
     # the final margin while the engine is loaded (busy 90 % of the last 2 s, 30 % on other work than live
     # transcripts: engine.load.LoadedMargins); None: never less than final_margin (nor is a larger one). 3 s keeps
     # the capacity of 3-s finals on slow CPUs (docs/onnx-runtime.md)
     loaded_final_margin: float | None = LOADED_FINAL_MARGIN_S
-    speculative_replies: bool = True  # begin a reply during a pause, before it ends the turn (streaming/reply.py)
+    speculative_replies: bool = True  # begin a reply during a pause, before it ends the turn (realtime/reply.py)
     silence_duration_ms: int | None = None  # server default for server_vad (None: the API's 500 ms)
     max_batch: int = 8
     max_rest_requests: int = 16  # REST requests served at once; one more is answered 429
@@ -105,18 +106,7 @@ class ServerOptions:
                 f"max_message_bytes must be at least 1024 and at most max_frame_bytes "
                 f"({self.max_frame_bytes}), got {self.max_message_bytes}"
             )
-        if not 1 <= self.final_margin <= 30:
-            raise UserError(f"final_margin must be in [1, 30] seconds (30: whole windows), got {self.final_margin}")
-        if self.loaded_final_margin is not None and not 1 <= self.loaded_final_margin <= 30:
-            raise UserError(
-                f"loaded_final_margin must be in [1, 30] seconds (or None: the final margin always), "
-                f"got {self.loaded_final_margin}"
-            )
-        if not 0 <= self.partial_interval <= 10:
-            raise UserError(
-                f"partial_interval must be in [0, 10] seconds (0: no live transcript deltas), "
-                f"got {self.partial_interval}"
-            )
+        TurnPolicy.from_options(self)  # checks the turn-taking options (final_margin, partial_interval, ...)
         for name in (
             "idle_timeout",
             "stall_timeout",

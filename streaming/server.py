@@ -23,9 +23,11 @@ from .config import ServerOptions
 from .engine import Engine
 from .http.app import UvicornServer, build_app, uvicorn_config
 from .http.metrics import Counters, metrics_text
-from .protocol import ProtocolError, check_session_model, error_event
-from .session import RealtimeSession
-from .vad import SileroVAD, VadWorker
+from .realtime.events import error_event
+from .realtime.policy import TurnPolicy
+from .realtime.protocol import ProtocolError, check_session_model
+from .realtime.session import RealtimeSession
+from .realtime.vad import SileroVAD, VadWorker
 
 log = logging.getLogger(__name__)
 WARM_UP_TIMEOUT_S = 300  # start() waits this long at most for the engine to warm the models up
@@ -42,6 +44,7 @@ class SpeechServer:
         self.names = {"asr": [asr.name], "lm": [lm.name] if lm is not None else [], "tts": [tts.name] if tts else []}
         self.conversation_ready = lm is not None and tts is not None
         self.vad = VadWorker(SileroVAD())
+        self.turn_policy = TurnPolicy.from_options(options)  # every session's (streaming/realtime/policy.py)
         self.engine = Engine(asr, lm, max_batch=options.max_batch, tts=tts, loaded_margin=options.loaded_final_margin)
         self.sessions: set[RealtimeSession] = set()
         self.counters = Counters()

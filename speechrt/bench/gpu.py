@@ -331,8 +331,8 @@ def check_asr_batches(dev, out: Results, batches: int = 24):
     from speechrt.models.registry import resolve
     from speechrt.models.whisper_loaders import load_weights
     from speechrt.pipelines.asr import ASRPipeline
-    from speechrt.streaming.protocol import SessionConfig
-    from speechrt.streaming.session import asr_options
+    from speechrt.streaming.asr_options import asr_options
+    from speechrt.streaming.realtime.config import SessionConfig
 
     model, audio = resolve(None, "asr"), load_audio(DATA / "passage.flac")  # 58 s of read speech
     weights, rng = load_weights(model), random.Random()

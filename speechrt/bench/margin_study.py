@@ -1,5 +1,5 @@
 """`python -m speechrt.bench.margin_study`: the server's final transcripts of short turns with the encoder over
-the turn plus a margin of padding (streaming.session.FINAL_MARGIN_S) against whole 30-s windows — WER and time
+the turn plus a margin of padding (streaming.asr_options.FINAL_MARGIN_S) against whole 30-s windows — WER and time
 a clip on the benchmark's sentences and questions in the embedded voice (`bench server`'s utterances), each
 at 3 seeds and 3 lead/tail silences, transcribed one at a time with `transcribe_batch`, as the server does.
 

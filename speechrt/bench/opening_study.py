@@ -1,6 +1,6 @@
 """`python -m speechrt.bench.opening_study`: the streaming server's opening rounds (a turn's first live words,
-streaming/turns.py) with their decode capped at OPENING_TOKENS tokens against uncapped — time a round and the
-word each would send — on the benchmark's utterances in the embedded voice (margin_study.clips, the middle
+streaming/realtime/turn_transcripts.py) with their decode capped at OPENING_TOKENS tokens against uncapped — time a
+round and the word each would send — on the benchmark's utterances in the embedded voice (margin_study.clips, the middle
 lead silence), cut where opening rounds run: 0.6-1.5 s of speech after the lead.
 
     python -m speechrt.bench.opening_study [--caps 4,5] [--config onnxruntime:int8] [--threads 2]
@@ -23,8 +23,8 @@ SPEECH_S = (0.6, 0.9, 1.2, 1.5)  # speech heard when the round runs (opening rou
 def study(asr, data, caps: list[int | None], lead_s: float) -> list[dict]:
     """Per cap (None: uncapped): ms a round over `data` cut at each SPEECH_S after `lead_s`, how many rounds
     would send a first word, how many send the uncapped round's, and how many stopped at the cap."""
-    from speechrt.streaming.protocol import SessionConfig
-    from speechrt.streaming.session import asr_options
+    from speechrt.streaming.asr_options import asr_options
+    from speechrt.streaming.realtime.config import SessionConfig
 
     live = asr_options(SessionConfig(), live=True)
     opts = {c: live if c is None else dataclasses.replace(live, sample_len=c) for c in caps}

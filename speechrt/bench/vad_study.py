@@ -60,7 +60,7 @@ async def _drive(make_stream, detect, streams: int, seconds: float, audio: np.nd
 
 def run_mode(mode: str, streams: int, seconds: float, audio: np.ndarray) -> dict:
     from speechrt.models.silero import SileroVAD
-    from speechrt.streaming.vad import VadWorker
+    from speechrt.streaming.realtime.vad import VadWorker
 
     vad = SileroVAD(sequence=mode.startswith("sequence"))
     if mode.endswith("2 threads"):

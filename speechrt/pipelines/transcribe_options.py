@@ -50,7 +50,7 @@ class TranscribeOptions:
     # (speechrt.bench.trim_study, docs/onnx-runtime.md): on 19 recordings of 34-65 s the WER of whole windows
     # (int8 3.08 -> 2.93 %, float32 3.26 -> 3.23 %); on ONNX Runtime int8 5-16 % faster over three runs,
     # float32 between 2 % slower and 14 % faster (torch 2 % faster); 1-3 s margins lose words or loop.
-    # The server passes its own: 1 s for live transcripts, 3 s for finals (streaming.session.asr_options).
+    # The server passes its own: 1 s for live transcripts, 3 s for finals (streaming.asr_options.asr_options).
     trim_context: bool | None = None
     trim_margin: float = 5.0
     # batches of utterances: a row whose text ends with one span repeated this many times stops there,

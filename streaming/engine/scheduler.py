@@ -32,6 +32,7 @@ import numpy as np
 
 from speechrt.pipelines.asr import TranscribeOptions
 
+from ..asr_options import LIVE
 from .counters import Metrics
 from .faults import EngineStalled, FaultPlan
 from .load import LoadedMargins
@@ -39,8 +40,6 @@ from .transcripts import TranscriptJob, Work
 from .work import Pending, StreamTask
 from .worker import Worker
 
-# live transcripts: greedy, the encoder over the audio only, loops cut (see session.asr_options)
-LIVE = TranscribeOptions(without_timestamps=True, trim_context=True, trim_margin=1.0, stop_repeats=3)
 MAX_LIVE_STRETCH = 4.0
 
 

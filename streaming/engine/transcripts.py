@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import enum
 import itertools
 import logging
@@ -24,6 +23,8 @@ from speechrt.pipelines.asr import (
     TranscriptionCancelled,
     WindowResult,
 )
+
+from ..asr_options import long_options
 
 log = logging.getLogger(__name__)
 
@@ -221,21 +222,6 @@ def run_batch(asr, jobs: list[TranscriptJob], kind: str, faults, metrics) -> Non
         if r is not None:
             (m.final_latency if kind == "final" else m.partial_latency).append(now - j.submitted)
         j.resolve(r, e)
-
-
-def long_options(opts: TranscribeOptions) -> TranscribeOptions:
-    """A long turn's long-form options in the server: the session's language and prompt, and a bounded
-    fallback (two temperatures, one sample each: at most two decodes of a window, not 6 x 5)."""
-    return dataclasses.replace(
-        TranscribeOptions(),
-        language=opts.language,
-        initial_prompt=opts.initial_prompt,
-        temperatures=LONG_TEMPERATURES,
-        best_of=1,
-    )
-
-
-LONG_TEMPERATURES = (0.0, 0.4)
 
 
 def step_long(asr, job: TranscriptJob, faults, metrics) -> bool:

@@ -16,7 +16,7 @@ from speechrt.errors import ContextLengthExceeded, UserError
 from speechrt.pipelines.generation import check_bias
 from speechrt.pipelines.lm import GenerationOptions
 
-from ..protocol import new_id
+from ..realtime.protocol import new_id
 from .endpoint import SSE, RestError, check_model, json_body, loaded, number, sse
 
 ROLES = ("system", "developer", "user", "assistant", "tool")

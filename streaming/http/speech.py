@@ -13,7 +13,7 @@ from starlette.responses import Response, StreamingResponse
 
 from speechrt.errors import UserError
 
-from ..protocol import ProtocolError, check_voice
+from ..realtime.protocol import ProtocolError, check_voice
 from .endpoint import SSE, RestError, check_model, engine_stream, json_body, loaded, number, sse
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from starlette.responses import Response, StreamingResponse
 from speechrt.pipelines import formats
 from speechrt.pipelines.asr import segment_windows
 
-from ..engine import LONG_TEMPERATURES
+from ..asr_options import rest_options
 from .endpoint import SSE, RestError, check_model, engine_stream, number, sse
 
 # OpenAI's model names, accepted for the loaded model so that code written for OpenAI runs as is
@@ -81,14 +81,8 @@ class Transcriptions:
                 f"timestamp_granularities need response_format verbose_json (got {fmt!r}): the "
                 "other formats have no place for word times",
             )
-        opts = {
-            "task": task,
-            "language": form.get("language") or None,
-            "initial_prompt": form.get("prompt") or None,
-            "best_of": 1,
-        }
         t = number(form.get("temperature"), "temperature", 0, 1, None)
-        opts["temperatures"] = (t,) if t is not None else LONG_TEMPERATURES
+        opts = rest_options(task, form.get("language") or None, form.get("prompt") or None, t)
         if "word" in grains:  # a backend without cross-attention weights refuses it (a 400 naming those with them)
             opts["word_timestamps"] = True
         vad = form.get("vad_filter")  # speechrt's extension (faster-whisper's vad_filter): decode only speech

@@ -21,8 +21,8 @@ from speechrt.models.audio import load_audio
 from speechrt.models.registry import resolve
 from speechrt.models.whisper_loaders import load_weights
 from speechrt.pipelines.asr import ASRPipeline
-from speechrt.streaming.protocol import SessionConfig
-from speechrt.streaming.session import asr_options
+from speechrt.streaming.asr_options import asr_options
+from speechrt.streaming.realtime.config import SessionConfig
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 

@@ -212,8 +212,8 @@ def test_session_turns_detect_or_take_the_language(asr, speech):
     """A Realtime session's turns (its transcription options, batched as the engine batches them): without
     `input_audio_transcription.language` each turn's language is detected from its own audio (a German and
     a Spanish turn in one batch); with it, that language is used."""
-    from speechrt.streaming.protocol import SessionConfig
-    from speechrt.streaming.session import asr_options
+    from speechrt.streaming.asr_options import asr_options
+    from speechrt.streaming.realtime.config import SessionConfig
 
     auto = asr.transcribe_batch([speech["de"], speech["es"]], asr_options(SessionConfig(type="transcription")))
     print("session turns:", [r.text for r in auto])

@@ -242,7 +242,7 @@ def test_an_opening_round_capped_at_its_tokens_sends_the_whole_decodes_first_wor
     tokens after it may differ where two are near a tie at the audio's end: the decoder's cache is sized by the
     cap, which moves the last bits of its sums; "the meeting at" vs "the meeting at the".)"""
     from speechrt.bench.opening_study import SPEECH_S, study
-    from speechrt.streaming.turns import OPENING_TOKENS
+    from speechrt.streaming.realtime.policy import OPENING_TOKENS
 
     data = [(SENTENCES[i], synth(SENTENCES[i])) for i in (1, 3, 10, 16)]  # (0.3 s of silence before the speech)
     whole, capped = study(asr, data, [None, OPENING_TOKENS], lead_s=0.3)

@@ -428,7 +428,7 @@ def test_a_response_in_its_own_audio_format(server):
     again; a bad format or voice there is an error naming the field."""
     import base64
 
-    from speechrt.streaming.audio_codec import AudioFormat, InputDecoder
+    from speechrt.streaming.realtime.audio_codec import AudioFormat, InputDecoder
 
     async def speak(ws, extra):
         await ws.send(

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from speechrt.streaming.engine import Work
-from speechrt.streaming.vad import (
+from speechrt.streaming.realtime.vad import (
     EAGERNESS,
     FRAME_MS,
     QUIET_LEAD_MS,
@@ -331,7 +331,7 @@ def test_a_waiting_live_transcript_takes_its_turns_newest_audio():
     this fails: a chunk appended during a join is lost)."""
     import threading
 
-    from speechrt.streaming.turns import AudioBuffer
+    from speechrt.streaming.realtime.audio_buffer import AudioBuffer
 
     buf = AudioBuffer()
     buf.append(np.arange(10, dtype=np.float32))
@@ -384,7 +384,8 @@ def test_live_text_opens_with_one_hypothesis_then_follows_agreement():
     """Turn.agree: until words are sent, a hypothesis's words but its last (OPENING_WORDS at most) go out; then
     only words two hypotheses agree on, compared without case or punctuation; the final transcript completes
     the live text if it begins with it."""
-    from speechrt.streaming.turns import OPENING_WORDS, Turn
+    from speechrt.streaming.realtime.policy import OPENING_WORDS
+    from speechrt.streaming.realtime.turn import Turn
 
     assert OPENING_WORDS == 1
     t = Turn("item", 0, sent=[])
@@ -405,7 +406,7 @@ def test_a_word_that_ends_two_hypotheses_alike_is_not_agreed_on():
     silence, a live round just after it; two opening rounds stopped at OPENING_TOKENS inside it) may both hear
     its first part: "drive to the air?" twice, then "airport?" in the final transcript. The word that ends both is
     not agreed on; it is once a hypothesis goes past it."""
-    from speechrt.streaming.turns import Turn
+    from speechrt.streaming.realtime.turn import Turn
 
     t = Turn("item", 0, sent=["How", "long"])
     assert t.agree("How long does it take to drive to the air?") is None
@@ -444,7 +445,8 @@ def test_local_agreement_commits_what_two_rounds_share():
     """A long turn commits the leading segments two commit rounds over the same start agree on (same words,
     ends within 0.5 s) and that end COMMIT_MARGIN before the end of the audio transcribed; the first
     disagreement stops it."""
-    from speechrt.streaming.turns import COMMIT_MARGIN, RATE, agreed
+    from speechrt.streaming.realtime.agreement import RATE, agreed
+    from speechrt.streaming.realtime.policy import COMMIT_MARGIN
 
     before = [(0.0, 2.0, " Book a table."), (2.0, 4.1, " For two."), (4.1, 6.0, " Tonight")]
     now = [(0.0, 2.1, " Book a  table."), (2.1, 4.0, " For two."), (4.0, 6.5, " Tonight, please.")]
@@ -477,9 +479,9 @@ def test_finals_take_the_loaded_margin_only_while_the_engine_is_loaded(asr, synt
     the loaded margin (3 s), not the session's 10 s, and is counted, as is an early transcript (final options, run
     among the live ones); a live one keeps its 1 s. A final taken by an idle engine, or by one busy with live
     transcripts only (they fill a fast CPU's spare time), keeps its 10 s. All give the sentence's words."""
+    from speechrt.streaming.asr_options import FINAL_MARGIN_S, LOADED_FINAL_MARGIN_S, asr_options
     from speechrt.streaming.engine import LOADED_BUSY, LOADED_FIRM, Engine
-    from speechrt.streaming.protocol import SessionConfig
-    from speechrt.streaming.session import FINAL_MARGIN_S, LOADED_FINAL_MARGIN_S, asr_options
+    from speechrt.streaming.realtime.config import SessionConfig
 
     speech = synth("Please book a table for four at seven tonight.")
     opts = asr_options(SessionConfig(type="transcription"))

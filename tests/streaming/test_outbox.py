@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from speechrt.streaming.session import Outbox
+from speechrt.streaming.realtime.connection import Outbox
 
 
 class SlowConnection:

@@ -1,4 +1,4 @@
-"""streaming.session.serve_events / read_ahead: a session's events are handled in order, a client's close is
+"""streaming.realtime.connection.serve_events / read_ahead: a session's events are handled in order, a client's close is
 seen while an event is still being handled (the rest are dropped), and a broken connection ends the session
 with its error instead of hanging it. A small in-memory connection stands in for the WebSocket here; the
 server-level behaviour runs against a real server in test_transcription_server.py."""
@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from speechrt.streaming.session import READ_AHEAD, serve_events
+from speechrt.streaming.realtime.connection import READ_AHEAD, serve_events
 
 
 class Conn:

@@ -455,9 +455,9 @@ def test_final_margin_is_a_server_option():
 
     from speechrt import cli_serve
     from speechrt.errors import UserError
+    from speechrt.streaming.asr_options import FINAL_MARGIN_S, asr_options
     from speechrt.streaming.config import ServerOptions
-    from speechrt.streaming.protocol import SessionConfig
-    from speechrt.streaming.session import FINAL_MARGIN_S, asr_options
+    from speechrt.streaming.realtime.config import SessionConfig
 
     p = argparse.ArgumentParser()
     cli_serve.add_arguments(p)
@@ -477,8 +477,8 @@ def test_loaded_final_margin_is_a_server_option():
 
     from speechrt import cli_serve
     from speechrt.errors import UserError
+    from speechrt.streaming.asr_options import LOADED_FINAL_MARGIN_S
     from speechrt.streaming.config import ServerOptions
-    from speechrt.streaming.session import LOADED_FINAL_MARGIN_S
 
     p = argparse.ArgumentParser()
     cli_serve.add_arguments(p)

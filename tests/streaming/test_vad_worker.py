@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from speechrt.models.silero import FRAME, SileroVAD, VadStream
-from speechrt.streaming.vad import VadWorker
+from speechrt.streaming.realtime.vad import VadWorker
 
 
 class _Gate:

@@ -1,7 +1,7 @@
 """The speech-to-speech agent: one Response per assistant turn.
 
 The language model's reply streams from the engine's continuous batch; it is cut into sentences and
-clauses as it arrives, and each piece is synthesized (as engine stream tasks, streaming/reply.py) and sent
+clauses as it arrives, and each piece is synthesized (as engine stream tasks, reply.py) and sent
 as `response.output_audio.delta` while the model is still writing the rest. A reply the session began
 during the turn's last pause (a speculative one) is taken over when it answered the same conversation. Cancelling
 (response.cancel, barge-in, truncation) stops generation and synthesis at once and keeps, as the assistant's message,
@@ -16,12 +16,13 @@ import time
 
 from speechrt.errors import UserError
 
-from . import protocol as P
+from ..engine import EngineStalled
+from . import events as E
 from .audio_codec import OutputEncoder
 from .conversation import Item, Part, item_from_api
-from .engine import EngineStalled
-from .protocol import ProtocolError, new_id, response_options
+from .protocol import ProtocolError, new_id
 from .reply import Reply
+from .response_options import response_options
 
 
 class Response:
@@ -102,13 +103,13 @@ class Response:
         self.t0 = time.perf_counter()
         if not o.out_of_band:
             prev = s.conversation.append(self.item)
-        await s.send(P.response_created(self._api("in_progress", [])))
-        await s.send(P.output_item_added(self.id, self.item.to_api()))
+        await s.send(E.response_created(self._api("in_progress", [])))
+        await s.send(E.output_item_added(self.id, self.item.to_api()))
         if not o.out_of_band:
-            await s.send(P.item_added(self.item.to_api(), prev))
+            await s.send(E.item_added(self.item.to_api(), prev))
         part = Part("output_audio" if self.audio else "output_text", "")
         self.item.parts.append(part)
-        await s.send(P.content_part_added(self.id, self.item.id, part.to_response_api()))
+        await s.send(E.content_part_added(self.id, self.item.id, part.to_response_api()))
         # the latest turns that fit in the model's context: the reply begun during the turn's last pause,
         # if it answered these very messages (see reply.Speculation), else one begun now. A response with
         # its own context (input, or out of band) neither takes that reply nor takes the conversation's cache
@@ -130,7 +131,7 @@ class Response:
             else:
                 async for text in self._reply.texts():
                     self.transcript += text
-                    await s.send(P.output_text_delta(self.id, self.item.id, text))
+                    await s.send(E.output_text_delta(self.id, self.item.id, text))
         finally:
             if self.status != "in_progress":
                 self._reply.cancel()
@@ -157,12 +158,12 @@ class Response:
                 if not announced:  # the transcript of a segment goes out with its first audio
                     announced = True
                     self.transcript += spoken_text
-                    await s.send(P.output_audio_transcript_delta(self.id, self.item.id, spoken_text))
+                    await s.send(E.output_audio_transcript_delta(self.id, self.item.id, spoken_text))
                 if first:
                     first = False
                     s.server.engine.metrics.first_audio_latency.append(time.perf_counter() - self.t0)
                 sent_samples += len(data) // fmt.bytes_per_sample
-                await s.send(P.output_audio_delta(self.id, self.item.id, base64.b64encode(data).decode()))
+                await s.send(E.output_audio_delta(self.id, self.item.id, base64.b64encode(data).decode()))
                 self.item.audio_ms = sent_samples * 1000 // fmt.rate
             if announced:
                 self.item.spoken.append((self.item.audio_ms, self.transcript))
@@ -191,13 +192,13 @@ class Response:
         part = item.parts[0]
         part.text = self.transcript
         if self.audio:
-            await s.send(P.output_audio_done(self.id, item.id))
-            await s.send(P.output_audio_transcript_done(self.id, item.id, self.transcript))
+            await s.send(E.output_audio_done(self.id, item.id))
+            await s.send(E.output_audio_transcript_done(self.id, item.id, self.transcript))
         else:
-            await s.send(P.output_text_done(self.id, item.id, self.transcript))
+            await s.send(E.output_text_done(self.id, item.id, self.transcript))
         item.status = "completed" if self.status == "completed" else "incomplete"  # (the API's item statuses)
-        await s.send(P.content_part_done(self.id, item.id, part.to_response_api()))
-        await s.send(P.output_item_done(self.id, item.to_api()))
+        await s.send(E.content_part_done(self.id, item.id, part.to_response_api()))
+        await s.send(E.output_item_done(self.id, item.to_api()))
         if not self.options.out_of_band:
-            await s.send(P.item_done(item.to_api()))
-        await s.send(P.response_done(self._api(self.status, [item.to_api()])))
+            await s.send(E.item_done(item.to_api()))
+        await s.send(E.response_done(self._api(self.status, [item.to_api()])))

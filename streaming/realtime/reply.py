@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from speechrt.errors import ContextLengthExceeded
 from speechrt.pipelines.lm import GenerationOptions
 
-from .protocol import ResponseOptions, response_options
+from .response_options import ResponseOptions, response_options
 
 PRIME = GenerationOptions(max_tokens=1, temperature=0.0)  # a prompt read ahead: its one token is not used
 
@@ -259,7 +259,7 @@ class Speculator:
         (see Engine.has_spare_time for `lm` and `live`)."""
         s, srv = self.session, self.session.server
         return bool(
-            srv.options.speculative_replies
+            s.policy.speculative_replies
             and s.cfg.answers_turns
             and text.strip()
             and srv.conversation_ready

@@ -1,5 +1,6 @@
-"""Voice activity detection with Silero VAD (the ONNX model shipped in the `silero-vad` wheel) and the
-Realtime API's `server_vad` turn detection on top of it."""
+"""Voice activity and turn detection: Silero VAD (the ONNX model shipped in the `silero-vad` wheel) on one
+worker thread for the server's streams, and the Realtime API's `server_vad` / `semantic_vad` turn detection on
+top of it."""
 
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ FRAME_MS = 32
 QUIET_LEAD_MS = 300
 
 
-def quiet_began_pause(quiet_ms: int | None, pause_ms: int) -> bool:
-    """Whether the input going quiet at `quiet_ms` is where the pause Silero saw begin at `pause_ms` began."""
-    return quiet_ms is not None and pause_ms - QUIET_LEAD_MS <= quiet_ms <= pause_ms
+def quiet_began_pause(quiet_ms: int | None, pause_ms: int, lead_ms: int = QUIET_LEAD_MS) -> bool:
+    """Whether the input going quiet at `quiet_ms` is where the pause Silero saw begin at `pause_ms` began (at most
+    `lead_ms` before it: the policy's quiet_lead_ms)."""
+    return quiet_ms is not None and pause_ms - lead_ms <= quiet_ms <= pause_ms
 
 
 class QuietTracker:
@@ -139,12 +141,13 @@ class TurnDetector:
     Speech starts at the first frame at or above `threshold`; it stops once frames stay below
     threshold - 0.15 (Silero's hysteresis) for the pause the config needs (`silence_duration_ms`, or
     for semantic_vad what `finish_pause` says). The pause is timed from where the input went quiet
-    (`quiet_ms`, from a QuietTracker) when that was at most QUIET_LEAD_MS before Silero's first
-    silent frame, else from that frame. `pause_ms` reports the start of a pause still in progress
+    (`quiet_ms`, from a QuietTracker) when that was at most `quiet_lead_ms` (QUIET_LEAD_MS) before Silero's
+    first silent frame, else from that frame. `pause_ms` reports the start of a pause still in progress
     (Silero's), so callers can begin transcribing before the turn is confirmed over."""
 
-    def __init__(self, cfg: ServerVadConfig):
+    def __init__(self, cfg: ServerVadConfig, quiet_lead_ms: int = QUIET_LEAD_MS):
         self.cfg = cfg
+        self.quiet_lead_ms = quiet_lead_ms
         self.frames = 0
         self.speaking = False
         self.silence_frames = 0
@@ -156,7 +159,7 @@ class TurnDetector:
         """How long the pause in progress has lasted."""
         now = self.frames * FRAME_MS
         start = now - self.silence_frames * FRAME_MS
-        if quiet_began_pause(self.quiet_ms, start):
+        if quiet_began_pause(self.quiet_ms, start, self.quiet_lead_ms):
             start = self.quiet_ms
         return now - start
 

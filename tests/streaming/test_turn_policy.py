@@ -1,0 +1,49 @@
+"""realtime.policy.TurnPolicy: the turn-taking options and constants in one frozen object, built from the server's
+options and checked when built, with errors that name the option and its range."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from speechrt.errors import UserError
+from speechrt.streaming.asr_options import FINAL_MARGIN_S, LIVE, asr_options
+from speechrt.streaming.realtime.config import SessionConfig
+from speechrt.streaming.realtime.policy import COMMIT_AFTER, OPENING_TOKENS, TurnPolicy
+from speechrt.streaming.server import ServerOptions
+
+
+def test_the_policy_is_built_from_the_servers_options_and_frozen():
+    o = ServerOptions(partial_interval=0.5, final_margin=6, silence_duration_ms=300, speculative_replies=False)
+    p = TurnPolicy.from_options(o)
+    assert (p.partial_interval, p.final_margin, p.silence_duration_ms, p.speculative_replies) == (0.5, 6, 300, False)
+    assert p.loaded_final_margin == o.loaded_final_margin and p.commit_after == COMMIT_AFTER
+    assert TurnPolicy().opening_tokens == OPENING_TOKENS and TurnPolicy().final_margin == FINAL_MARGIN_S
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.partial_interval = 2.0
+    final, live = p.transcribe_options(SessionConfig(language="en", prompt="Ahoy."))
+    assert final == asr_options(SessionConfig(language="en", prompt="Ahoy."), final_margin=6)
+    assert live.trim_margin == 1.0 and live.language == "en" and live.initial_prompt == "Ahoy."
+    assert asr_options(live=True) == LIVE  # the engine's default is a live transcript's options
+
+
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("final_margin", 0.5, "final_margin must be in [1, 30]"),
+        ("loaded_final_margin", 40, "loaded_final_margin must be in [1, 30]"),
+        ("partial_interval", -1, "partial_interval must be in [0, 10]"),
+        ("opening_round", 0, "opening_round must be in (0, 1]"),
+        ("commit_after", 40 * 16000, "commit_after must be above commit_margin"),
+        ("tail", -1, "tail must be >= 0"),
+    ],
+)
+def test_a_policy_out_of_range_is_refused_naming_the_option(field, value, words):
+    with pytest.raises(UserError, match=words.replace("[", r"\[").replace("(", r"\(")):
+        TurnPolicy(**{field: value})
+
+
+def test_the_servers_options_are_checked_by_the_policy():
+    with pytest.raises(UserError, match="partial_interval"):
+        ServerOptions(partial_interval=11)
