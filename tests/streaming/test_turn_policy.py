@@ -11,7 +11,7 @@ from speechrt.errors import UserError
 from speechrt.streaming.asr_options import FINAL_MARGIN_S, LIVE, asr_options
 from speechrt.streaming.realtime.config import SessionConfig
 from speechrt.streaming.realtime.policy import COMMIT_AFTER, OPENING_TOKENS, TurnPolicy
-from speechrt.streaming.server import ServerOptions
+from speechrt.streaming.config import ServerOptions
 
 
 def test_the_policy_is_built_from_the_servers_options_and_frozen():
