@@ -135,7 +135,7 @@ def asr_parity(dev, backend: str):
     from speechrt.models.audio import load_audio
     from speechrt.models.wer import wer
     from speechrt.pipelines.asr import load_asr
-    from speechrt.pipelines.whisper_decoding import TranscribeOptions
+    from speechrt.pipelines.transcribe_options import TranscribeOptions
 
     audio = [load_audio(DATA / "sample.wav"), load_audio(DATA / "passage.flac")[: 16000 * 20]]
     opts = TranscribeOptions(without_timestamps=True)

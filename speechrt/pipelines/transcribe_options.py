@@ -109,3 +109,19 @@ class TranscribeOptions:
             "vad_parameters",
             VadOptions.parse(self.vad_parameters) if self.vad_filter or self.vad_parameters is not None else None,
         )
+
+
+OPTION_NAMES = frozenset(f.name for f in fields(TranscribeOptions))
+
+
+def options_from_keywords(**options) -> TranscribeOptions:
+    """TranscribeOptions from keywords (one number for `temperatures` is a ladder of one), with an error that
+    names the valid ones."""
+    unknown = set(options) - OPTION_NAMES
+    if unknown:
+        raise UserError(
+            f"unknown transcription option(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(OPTION_NAMES))}"
+        )
+    if "temperatures" in options and isinstance(options["temperatures"], (int, float)):
+        options["temperatures"] = (float(options["temperatures"]),)
+    return TranscribeOptions(**options)
