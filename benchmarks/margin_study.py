@@ -24,7 +24,7 @@ SILENCES = ((0.1, 0.25), (0.3, 0.4), (0.6, 0.8))  # seconds of the voice's own s
 def clips(seeds: int = 3) -> list[tuple[str, np.ndarray]]:
     """(text, float32 audio at 16 kHz) for each utterance of `bench server`, seed and lead/tail silence."""
     import speechrt
-    from speechrt.bench.server import QUESTIONS, SENTENCES
+    from speechrt.bench.server_streams import QUESTIONS, SENTENCES
 
     tts = speechrt.load_tts()
     out = []

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import speechrt
 from benchmarks import margin_study
-from speechrt.bench.server import QUESTIONS
+from speechrt.bench.server_streams import QUESTIONS
 from speechrt.models.wer import normalize
 from speechrt.streaming.session import FINAL_MARGIN_S
 
