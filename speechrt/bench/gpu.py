@@ -142,8 +142,8 @@ def compare_providers(providers: list[str]) -> tuple[list[str], list[str]]:
     import numpy as np
 
     from speechrt.backends.onnxruntime_backend import OrtTTSRunner, provider_options
-    from speechrt.models.piper_loader import SynthesisOptions
     from speechrt.models.registry import resolve
+    from speechrt.models.tts_options import SynthesisOptions
     from speechrt.models.tts_text import TextFrontEnd
 
     voice = resolve(None, "tts")

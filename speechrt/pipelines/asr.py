@@ -35,7 +35,7 @@ from .whisper_decoding import WindowDecoder, WindowResult, decode_utterances
 from .whisper_long_form import Transcript, recording_steps, timed_segments
 from .whisper_loops import cut_repeat_said_too_fast
 from .whisper_search import TranscriptionCancelled
-from .whisper_timing import Word, group_words, place_words, token_alignment, token_bytes
+from .whisper_timing import Word, utterance_words
 
 MULTILINGUAL = (
     "a multilingual Whisper model (a Hugging Face or CTranslate2 directory, or an openai-whisper .pt, of "
@@ -215,13 +215,7 @@ class ASRPipeline:
         with torch.inference_mode(), self.runner.loop():
             encoded = self.runner.encode(utterance_mel(audio, self.runner.config.n_mels, self.runner.device)[None])
             language = language or self.decoder.detect_languages(encoded)[0]
-            starts, probs = token_alignment(
-                self.runner, tok, encoded, text, len(audio) // HOP_LENGTH, tok.sot_sequence(language, task)
-            )
-        segment = {"start": 0.0, "end": round(len(audio) / SAMPLE_RATE, 2), "tokens": text}
-        place_words(tok, [segment], group_words(tok, text, starts, probs, language), 0.0, 0.0)
-        logprobs = [(t, token_bytes(tok, t), float(np.log(max(p, 1e-30)))) for t, p in zip(text, probs.tolist())]
-        return segment["words"], logprobs
+            return utterance_words(self.runner, tok, encoded, text, len(audio), language, task)
 
     def warm_up(self, max_batch: int = 1) -> None:
         """Run the model once on this thread: the first call in a thread pays for its thread pool, kernel
