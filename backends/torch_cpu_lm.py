@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from speechrt.kernels import cpu_decode
-from speechrt.models.llama import KVCache, quantize_int4, rope_tables
+from speechrt.models.llama import KVCache, rope_tables
+from speechrt.models.llama_layers import quantize_int4
 
 from .base import LMRunner, RunnerInfo, check_cache_size, check_prefill
 from .torch_backend import ThreadPolicy, cpu_threads

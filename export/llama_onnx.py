@@ -23,7 +23,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from speechrt.models.llama import LlamaConfig, quantize_int4, rope_inv_freq
+from speechrt.models.llama import LlamaConfig, rope_inv_freq
+from speechrt.models.llama_layers import quantize_int4
 
 from .graph_builder import MS, GraphBuilder
 from .manifest import Tensor

@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral-without-sliding-window): one readable file.
+"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral-without-sliding-window): config, rotary tables, KV cache, model.
 
 RMSNorm -> grouped-query attention with rotary embedding -> residual -> RMSNorm -> SwiGLU MLP -> residual,
 repeated `n_layers` times, then a final RMSNorm and the output head (tied to the embedding or not).
@@ -7,7 +7,8 @@ Every op comes from the KernelSet the model is built with (kernels.select), so t
 pure-torch reference or faster kernels. Linear layers hold their weights in one of a few storage
 formats chosen once at build time (`WEIGHT_FORMATS`): float32 / bfloat16 / float16, or int8 weight-only
 (per-output-channel scales, activations in bfloat16). Q/K/V and gate/up projections are fused into one
-matrix each, so a decode step is four matmuls per layer.
+matrix each, so a decode step is four matmuls per layer. The layers are in llama_layers.py; this file holds
+the config, the rotary tables, the KV cache and the model.
 
 The KV cache is preallocated: [layers, slots, Hkv, max_seq, D] for keys and values, addressed by slot, so
 sequences of different lengths share one batch (continuous batching by a scheduler that owns the slots).
@@ -20,6 +21,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
+
+from .llama_layers import WEIGHT_FORMATS, Block, Linear
 
 
 @dataclass(frozen=True)
@@ -67,31 +70,6 @@ class LlamaConfig:
         return replace(self, **kw)
 
 
-# Storage of linear-layer weights -> the activation dtype it computes in.
-WEIGHT_FORMATS: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "int8": torch.bfloat16,  # int8 weight-only, per-output-channel scale; bf16 activations
-    # 4-bit weight-only in groups of 32, bf16 activations: a GGUF's Q4_0 / Q4_1 blocks are kept exactly
-    # (no requantization); other linear weights of such a file (e.g. a Q8_0 or Q6_K tensor) become int8;
-    # a float checkpoint is quantized to 4 bits per group by min/max. The output head stays int8.
-    "int4": torch.bfloat16,
-}
-
-
-def quantize_int4(w: torch.Tensor, group: int = 32):
-    """float [N, K] -> (q, scale, zero) by asymmetric min/max per group of `group` (w = (q - 8) * s + z)."""
-    N, K = w.shape
-    if K % group:
-        raise ValueError(f"int4 needs the input size ({K}) to be a multiple of the group size {group}")
-    g = w.float().view(N, K // group, group)
-    lo, hi = g.amin(-1), g.amax(-1)
-    scale = ((hi - lo) / 15).clamp_min(1e-12)
-    q = torch.round((g - lo[..., None]) / scale[..., None]).clamp_(0, 15).to(torch.uint8).view(N, K)
-    return q, scale, lo + 8 * scale
-
-
 def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
     """Inverse frequencies [D/2] float64 with the config's scaling applied."""
     D = cfg.head_dim
@@ -122,138 +100,6 @@ def rope_tables(cfg: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return t.cos().float(), t.sin().float()
 
 
-DENSE_MIN_ROWS = 16  # inputs with at least this many rows (prefill) take the dense copy, if there is one
-
-
-class Linear(nn.Module):
-    """y = x @ W.T with W stored as `fmt` (see WEIGHT_FORMATS); the op comes from the kernel set."""
-
-    def __init__(
-        self,
-        ops,
-        weight: torch.Tensor | list[torch.Tensor],
-        fmt: str,
-        device: torch.device,
-        q4=None,
-        dense: torch.dtype | None = None,
-    ):
-        """weight [N, K] float, or a list of them to fuse along N. q4: the file's own 4-bit blocks
-        (q, scale, zero) for this weight, used by fmt 'int4'; with fmt 'int4' and no blocks,
-        `q4='quantize'` quantizes the float weight, None falls back to int8.
-
-        dense (int4 / int8 only): also keep the dequantized weight in this dtype for inputs of many rows.
-        Weight-only kernels are for memory-bound one-row decode steps; a prompt's prefill is compute
-        bound, and a matmul in the CPU's native dtype (bf16 with AMX / AVX512-BF16, where it runs prefill
-        about twice as fast end to end; float32 elsewhere, as fast as the int4 kernel and exact) computes
-        it with the same weight values, converting the activations in and out."""
-        super().__init__()
-        self.register_buffer("dense", None)
-        self._dense_op = ops.linear
-        if isinstance(q4, tuple):  # the float copy is not needed
-            self.out_features, self.in_features = q4[0].shape
-        else:
-            weight = torch.cat(weight) if isinstance(weight, list) else weight
-            self.out_features, self.in_features = weight.shape
-        self.fmt = fmt
-        if fmt == "int4" and q4 is not None:
-            q, scale, zero = quantize_int4(weight) if isinstance(q4, str) else q4
-            if dense:
-                N, K = q.shape
-                g = K // scale.shape[1]
-                w = (q.float().view(N, -1, g) - 8) * scale.float()[..., None] + zero.float()[..., None]
-                self.register_buffer("dense", w.view(N, K).to(device, dense).contiguous())
-            packed, sz = ops.pack_int4(q.to(device), scale.to(device), zero.to(device), WEIGHT_FORMATS[fmt])
-            self.register_buffer("weight", packed)
-            self.register_buffer("scale", sz)
-            self._op = ops.linear_int4
-            self._int8 = True  # (x, weight, scale) call
-            return
-        if isinstance(weight, list):
-            weight = torch.cat(weight)
-        if fmt == "int4":
-            fmt = self.fmt = "int8"
-        if fmt == "int8":
-            w = weight.to(device=device, dtype=torch.float32)
-            # symmetric per-row: scale = max|w| / 127 (a zero row keeps scale 1 to avoid 0/0)
-            scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
-            self.register_buffer("weight", torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8))
-            self.register_buffer("scale", scale.to(WEIGHT_FORMATS[fmt]))
-            if dense:
-                self.register_buffer("dense", (self.weight.float() * scale[:, None]).to(dense).contiguous())
-            self._op = ops.linear_int8
-            self._int8 = True
-        else:
-            self.register_buffer("weight", weight.to(device=device, dtype=WEIGHT_FORMATS[fmt]).contiguous())
-            self.scale = None
-            self._op = ops.linear
-            self._int8 = False
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.dense is not None and x.numel() >= DENSE_MIN_ROWS * x.shape[-1]:
-            return self._dense_op(x.to(self.dense.dtype), self.dense).to(x.dtype)
-        if self._int8:
-            return self._op(x, self.weight, self.scale)
-        return self._op(x, self.weight)
-
-
-class Block(nn.Module):
-    def __init__(
-        self,
-        cfg: LlamaConfig,
-        ops,
-        w: dict,
-        fmt: str,
-        device,
-        adtype,
-        q4: dict | str | None = None,
-        dense: torch.dtype | None = None,
-    ):
-        super().__init__()
-        self.ops, self.cfg = ops, cfg
-        self.attn_norm = nn.Parameter(w["attn_norm"].to(device, adtype), requires_grad=False)
-        self.ffn_norm = nn.Parameter(w["ffn_norm"].to(device, adtype), requires_grad=False)
-
-        def blocks(*names):  # the file's 4-bit blocks of these (fused) weights, if it has them for all
-            if q4 is None or isinstance(q4, str):
-                return q4
-            if all(n in q4 for n in names):
-                return tuple(torch.cat([q4[n][i] for n in names]) for i in range(3))
-            return None
-
-        # fused projections: [(H + 2 Hkv) * D, dim] and [2 * hidden, dim]
-        self.wqkv = Linear(ops, [w["wq"], w["wk"], w["wv"]], fmt, device, blocks("wq", "wk", "wv"), dense)
-        self.wo = Linear(ops, w["wo"], fmt, device, blocks("wo"), dense)
-        self.w_gate_up = Linear(ops, [w["w_gate"], w["w_up"]], fmt, device, blocks("w_gate", "w_up"), dense)
-        self.w_down = Linear(ops, w["w_down"], fmt, device, blocks("w_down"), dense)
-        self.q_size = cfg.n_heads * cfg.head_dim
-        self.kv_size = cfg.n_kv_heads * cfg.head_dim
-
-    def forward(self, h, residual, cos, sin, kc, vc, write, read, lengths):
-        """h [B, T, dim] (the previous block's output, added to `residual` here; residual None at layer 0).
-        kc/vc: this layer's cache [slots, Hkv, S, D]. `write(cache, k)` stores the new keys/values;
-        `read(cache)` returns the keys/values to attend over [B, Hkv, Tk, D]; `lengths` [B] or None."""
-        ops, cfg = self.ops, self.cfg
-        B, T, _ = h.shape
-        if residual is None:
-            x, residual = ops.rms_norm(h, self.attn_norm, cfg.norm_eps), h
-        else:
-            x, residual = ops.rms_norm(h, self.attn_norm, cfg.norm_eps, residual=residual)
-        qkv = self.wqkv(x)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(B, T, cfg.n_heads, cfg.head_dim).transpose(1, 2)  # [B, H, T, D]
-        k = k.view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
-        v = v.view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
-        q, k = ops.rotary(q, k, cos, sin)
-        write(kc, k)
-        write(vc, v)
-        a = ops.attention(q, read(kc), read(vc), causal=True, lengths=lengths)  # [B, H, T, D]
-        h = self.wo(a.transpose(1, 2).reshape(B, T, self.q_size))
-        x, residual = ops.rms_norm(h, self.ffn_norm, cfg.norm_eps, residual=residual)
-        gu = self.w_gate_up(x)
-        h = self.w_down(ops.silu_mul(*gu.chunk(2, dim=-1)))
-        return h, residual
-
-
 @dataclass
 class KVCache:
     """k, v: [n_layers, slots, Hkv, max_seq, D]. `lengths` (host list) is how many positions each slot
@@ -282,6 +128,66 @@ class KVCache:
         """The slots hold one more position each, after a step that wrote position `pos` of each."""
         for s, p in zip(slots, pos):
             self.lengths[s] = p + 1
+
+    # Where a step writes its keys and values and what it attends over: (write(c, x), read(c)) for one layer's
+    # cache c [slots, Hkv, max_seq, D], x the step's new keys or values [N, Hkv, T, D].
+    def span(self, slot: int, start: int, end: int):
+        """Positions start..end-1 of one slot (a prompt, or its next part), reading all of its first `end`."""
+
+        def write(c, x):  # x [1, Hkv, T, D]
+            c[slot, :, start:end] = x[0]
+
+        def read(c):
+            return c[slot : slot + 1, :, :end]
+
+        return write, read
+
+    def rows(self, index, T: int):
+        """The first T positions of the slots `index` (a slice or a device tensor), row i a prompt from 0."""
+
+        def write(c, x):  # x [N, Hkv, T, D] -> c[index[i], :, :T]
+            c[index, :, :T] = x
+
+        def read(c):
+            return c[index, :, :T]
+
+        return write, read
+
+    def position(self, slot: int, p: int, tk: int):
+        """Position p of one slot (a decode step), reading its first `tk`."""
+
+        def write(c, x):  # x [1, Hkv, 1, D]
+            c[slot, :, p] = x[0, :, 0]
+
+        def read(c):
+            return c[slot : slot + 1, :, :tk]
+
+        return write, read
+
+    def positions(self, index, pos: torch.Tensor, tk: int):
+        """Position pos[i] of slot index[i] (device tensors; a decode step), reading the first `tk` of each."""
+
+        def write(c, x):  # x [N, Hkv, 1, D]
+            c[index, :, pos] = x[:, :, 0]
+
+        def read(c):
+            return c[index, :, :tk]
+
+        return write, read
+
+    def range_positions(self, s0: int, pos: torch.Tensor, tk: int):
+        """Position pos[i] of the contiguous slots s0 + i, i < len(pos) (fixed shapes for a CUDA graph), reading
+        the first `tk` of each."""
+        sl = slice(s0, s0 + pos.shape[0])
+        ar = torch.arange(pos.shape[0], device=pos.device)
+
+        def write(c, x):  # x [N, Hkv, 1, D] -> c[s0 + i, :, pos[i]]
+            c[sl][ar, :, pos] = x[:, :, 0]
+
+        def read(c):
+            return c[sl, :, :tk]
+
+        return write, read
 
 
 def contiguous(slots: list[int]) -> bool:
@@ -376,13 +282,7 @@ class Llama(nn.Module):
             raise ValueError(f"sequence of {end} tokens does not fit the cache ({cache.max_seq} positions per slot)")
         h = self.tok_embeddings[tokens][None]  # [1, T, dim]
         cos, sin = self.cos[start:end][None, None], self.sin[start:end][None, None]  # [1, 1, T, D/2]
-
-        def write(c, x):  # x [1, Hkv, T, D]
-            c[slot, :, start:end] = x[0]
-
-        def read(c):
-            return c[slot : slot + 1, :, :end]
-
+        write, read = cache.span(slot, start, end)
         if not all_logits:
             # only the last position's logits are needed: run the head on one row
             residual = None
@@ -409,13 +309,7 @@ class Llama(nn.Module):
             )
         tokens = torch.nn.utils.rnn.pad_sequence([p.to(self.device) for p in prompts], batch_first=True)
         sl = slice(s0, s0 + N)
-
-        def write(c, x):  # x [N, Hkv, T, D]
-            c[sl, :, :T] = x
-
-        def read(c):
-            return c[sl, :, :T]
-
+        write, read = cache.rows(sl, T)
         logits = self._prefill_batch(cache, tokens, torch.tensor(lens, device=self.device) - 1, write, read)
         cache.lengths[sl] = lens
         return logits
@@ -427,14 +321,7 @@ class Llama(nn.Module):
         float32 at the positions `last` [N] (each prompt's length - 1). All three are device tensors and
         nothing is read on the host: with T fixed (a bucket the prompts are padded to), what a CUDA graph
         captures for any slots and lengths (backends.triton_lm). Leaves cache.lengths to the caller."""
-        T = tokens.shape[1]
-
-        def write(c, x):  # x [N, Hkv, T, D] -> c[rows[i], :, :T]
-            c[rows, :, :T] = x
-
-        def read(c):
-            return c[rows, :, :T]
-
+        write, read = cache.rows(rows, tokens.shape[1])
         return self._prefill_batch(cache, tokens, last, write, read)
 
     def _prefill_batch(self, cache, tokens, last, write, read):
@@ -464,26 +351,12 @@ class Llama(nn.Module):
             if N == 1:
                 p = pos_host[0]
                 cos, sin = self.cos[p : p + 1][None, None], self.sin[p : p + 1][None, None]
-                s = slots[0]
-
-                def write(c, x):  # x [1, Hkv, 1, D]
-                    c[s, :, p] = x[0, :, 0]
-
-                def read(c):
-                    return c[s : s + 1, :, :tk]
-
+                write, read = cache.position(slots[0], p, tk)
                 lengths = None
             else:
                 pos = torch.tensor(pos_host, device=dev)
                 cos, sin = self.cos[pos][:, None, None], self.sin[pos][:, None, None]  # [N, 1, 1, D/2]
-                idx = torch.tensor(slots, device=dev)
-
-                def write(c, x):
-                    c[idx, :, pos] = x[:, :, 0]
-
-                def read(c):
-                    return c[idx, :, :tk]
-
+                write, read = cache.positions(torch.tensor(slots, device=dev), pos, tk)
                 lengths = pos + 1
             logits = self._run(h, cos, sin, cache, write, read, lengths)[:, 0]
         cache.advance(slots, pos_host)
@@ -494,16 +367,7 @@ class Llama(nn.Module):
         tensors: each slot's position) -> logits [N, vocab] float32, attending over the first `tk` cache
         positions, masked by pos + 1. Fixed shapes and no reads on the host for a given (s0, N, tk): what a
         CUDA graph captures (backends.triton_lm). Leaves cache.lengths to the caller."""
-        N = tokens.shape[0]
         h = self.tok_embeddings[tokens][:, None]  # [N, 1, dim]
         cos, sin = self.cos[pos][:, None, None], self.sin[pos][:, None, None]  # [N, 1, 1, D/2]
-        sl = slice(s0, s0 + N)
-        ar = torch.arange(N, device=self.device)
-
-        def write(c, x):  # x [N, Hkv, 1, D] -> c[s0 + i, :, pos[i]]
-            c[sl][ar, :, pos] = x[:, :, 0]
-
-        def read(c):
-            return c[sl, :, :tk]
-
+        write, read = cache.range_positions(s0, pos, tk)
         return self._run(h, cos, sin, cache, write, read, pos + 1)[:, 0]

@@ -168,7 +168,7 @@ def add_arguments(p):
         default=None,
         metavar="SECONDS",
         help="seconds of padding after a turn's audio that its final transcript encodes (default 10; 30: "
-        "whole windows): less is faster and may lose words (python -m speechrt.bench.margin_study)",
+        "whole windows): less is faster and may lose words (python -m benchmarks.margin_study)",
     )
     p.add_argument(
         "--loaded-final-margin",
@@ -318,7 +318,7 @@ def loaded_margin(args, final_margin: float) -> float | None:
     """--loaded-final-margin: None for 0 (never less than the final margin); by default the server's, at most
     `final_margin`, on a CPU, and None on a GPU: its encoder has time for the full margin, and on an H200 the
     3-s margin of a loaded engine cost 8 conversations' questions 8.1 % WER against 0.0 % spoken alone
-    (docs/gpu.md; `python -m speechrt.bench.margin_study`: 3 s drops words of 6 of 36 clips)."""
+    (docs/gpu.md; `python -m benchmarks.margin_study`: 3 s drops words of 6 of 36 clips)."""
     from speechrt.streaming.config import ServerOptions
 
     if args.loaded_final_margin is None:

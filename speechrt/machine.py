@@ -24,7 +24,7 @@ def cpu_flags() -> set[str] | None:
     it lists none (e.g. an ARM CPU's 'Features'), None where it cannot be read. With SPEECHRT_CPU_ISA=avx2, the
     flags beyond AVX2 are left out, so that speechrt chooses its backends and builds its CPU kernel as on an
     AVX2-only machine (as ONEDNN_MAX_CPU_ISA and CT2_FORCE_CPU_ISA do for oneDNN and CTranslate2;
-    speechrt.bench.avx2_proxy does it for ONNX Runtime)."""
+    benchmarks.avx2_proxy does it for ONNX Runtime)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

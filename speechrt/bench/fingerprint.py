@@ -102,7 +102,7 @@ def cpu() -> dict:
         "memory_gib": round(mem_kib / 2**20, 1) if mem_kib else None,
         "mhz": round(max(mhz)) if mhz else None,  # as the kernel reports it now (turbo and power states vary)
         "torch_capability": capability,  # the ATen kernel level torch dispatches to (AVX2, AVX512, ...)
-        # run through speechrt.bench.avx2_proxy: every library on its AVX2 code path on this (wider) CPU
+        # run through benchmarks.avx2_proxy: every library on its AVX2 code path on this (wider) CPU
         "avx2_proxy": os.environ.get("SPEECHRT_AVX2_PROXY") == "1",
     }
 
@@ -229,7 +229,7 @@ def describe(machine: dict) -> str:
     family = f" {c['family']}" if c.get("family") else ""
     total = c.get("machine_logical_cores")
     cores = f"{c.get('logical_cores')}" + (f" of {total}" if total and total != c.get("logical_cores") else "")
-    proxy = "; run on its AVX2 code paths (speechrt.bench.avx2_proxy)" if c.get("avx2_proxy") else ""
+    proxy = "; run on its AVX2 code paths (benchmarks.avx2_proxy)" if c.get("avx2_proxy") else ""
     return (
         f"{c.get('model')}{family} ({cores} logical cores; {isa or 'ISA unknown'}{proxy}), "
         f"{c.get('memory_gib')} GiB; {gpu}; torch {s['packages'].get('torch', '-')}; speechrt {s['speechrt']} "

@@ -23,7 +23,8 @@ Checks, in order (each one pass / fail / skip with what it compared or why it co
 - roofline: `speechrt bench kernels` (Triton vs torch eager and torch.compile against the measured
   copy/GEMM roofline), its records in the same file.
 
-Without a GPU every check that needs one is a skip that says so; the exit status is 1 only when a check
+The backend parity checks are gpu_parity.py, the graph checks gpu_graphs.py. Without a GPU every check that
+needs one is a skip that says so; the exit status is 1 only when a check
 failed.
 """
 
@@ -31,16 +32,21 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from speechrt.bench.record import Check, Record, Repeats, Results
+from speechrt.bench.gpu_graphs import check_asr_batches, check_cuda_graphs, check_lm_graphs
+from speechrt.bench.gpu_parity import (
+    check_asr_onnxruntime,
+    check_asr_triton,
+    check_lm_onnxruntime,
+    check_lm_triton,
+    no_ort_gpu,
+)
+from speechrt.bench.record import Check, Record, Results
 
 TOL = {"float32": (1e-4, 1e-4), "float16": (1e-2, 1e-2), "bfloat16": (2e-2, 2e-2)}  # (rtol, atol) of kernels
-CHATS = ["What is the capital of France?", "Write a haiku about the sea."]
-DATA = Path(__file__).resolve().parent.parent / "data"
 
 
 def add_arguments(p):
@@ -129,367 +135,6 @@ def check_kernels(dev, out: Results):
     return ("fail", "; ".join(bad)) if bad else ("pass", f"{n} cases (float16, bfloat16) within tolerance")
 
 
-def asr_parity(dev, backend: str):
-    """`backend`'s Whisper token ids against the torch backend's on the GPU (float32, 2 recordings), and its
-    float16 transcript's WER."""
-    from speechrt.models.audio import load_audio
-    from speechrt.models.wer import wer
-    from speechrt.pipelines.asr import load_asr
-    from speechrt.pipelines.whisper_decoding import TranscribeOptions
-
-    audio = [load_audio(DATA / "sample.wav"), load_audio(DATA / "passage.flac")[: 16000 * 20]]
-    opts = TranscribeOptions(without_timestamps=True)
-    torch32, ours32 = load_asr(None, "torch", str(dev), "float32"), load_asr(None, backend, str(dev), "float32")
-    ref = [r.tokens for r in torch32.transcribe_batch(audio, opts)]
-    got = [r.tokens for r in ours32.transcribe_batch(audio, opts)]
-    del torch32, ours32
-    t16 = load_asr(None, backend, str(dev), "float16").transcribe_batch(audio, opts)
-    ref_text = (DATA / "sample.txt").read_text().strip()
-    w = wer(ref_text, t16[0].text)
-    if got != ref:
-        return (
-            "fail",
-            "float32 token ids differ from the torch backend's "
-            f"({sum(a != b for a, b in zip(got, ref))} of 2 recordings)",
-        )
-    return "pass", f"float32 token ids equal torch's on 2 recordings; float16 WER on sample.wav {100 * w:.1f}%"
-
-
-def check_asr_triton(dev, out: Results):
-    return asr_parity(dev, "triton")
-
-
-def check_asr_onnxruntime(dev, out: Results):
-    why = _no_ort_gpu()
-    return ("skip", why) if why else asr_parity(dev, "onnxruntime")
-
-
-def greedy_ids(lm, prompt: list[int], n: int = 32) -> list[int]:
-    """`lm`'s first `n` greedy token ids after the token ids `prompt` (no stop tokens)."""
-    from speechrt.pipelines.generation import GenerationOptions
-    from speechrt.pipelines.lm_batching import stream
-
-    o = GenerationOptions(max_tokens=n, stop_token_ids=())
-    return [ev.token for ev in stream(lm.runner, lm.tokenizer, [prompt], o)]
-
-
-def lm_parity(dev, backend: str):
-    """`backend`'s greedy ids (32 tokens, float32) against the torch backend's on the GPU."""
-    from speechrt.pipelines.lm import load_lm
-
-    ref_lm = load_lm(None, "torch", str(dev), "float32")
-    ref = [greedy_ids(ref_lm, ref_lm.encode_chat(c)) for c in CHATS]
-    del ref_lm
-    ours = load_lm(None, backend, str(dev), "float32")
-    got = [greedy_ids(ours, ours.encode_chat(c)) for c in CHATS]
-    if got != ref:
-        return "fail", "greedy ids differ from the torch backend's: " + "; ".join(
-            f"{c!r} first differs at token {next(i for i, (a, b) in enumerate(zip(g, r)) if a != b)}"
-            for c, g, r in zip(CHATS, got, ref)
-            if g != r
-        )
-    return "pass", f"greedy ids (32 tokens, float32) equal torch's for {len(CHATS)} chats"
-
-
-def check_lm_triton(dev, out: Results):
-    return lm_parity(dev, "triton")
-
-
-def teacher_forced(lm, prompt: list[int], follow: list[int]):
-    """Logits [1 + len(follow), V] (float32, on the CPU) of `lm` after `prompt`, then after each of `follow`."""
-    import torch
-
-    r = lm.runner
-    cache = r.new_cache(1, len(prompt) + len(follow) + 1)
-    out = [r.prefill(cache, 0, torch.tensor(prompt))]
-    for t in follow:
-        out.append(r.decode_step(cache, [0], torch.tensor([t]))[0])
-    return torch.stack([o.float().reshape(-1).cpu() for o in out])
-
-
-def lm_gpu_parity(dev, backend: str, tolerances: dict[str, float]):
-    """`backend`'s language model at each dtype against the torch backend's float32 on the GPU, fed the same
-    tokens (the prompt, then float32's 32 greedy ones): largest logit difference over the largest logit, which
-    must be within the dtype's tolerance (NaN fails), and where its own greedy ids first part from float32's."""
-    import math
-
-    from speechrt.pipelines.lm import load_lm
-
-    ref_lm = load_lm(None, "torch", str(dev), "float32")
-    prompts = [ref_lm.encode_chat(c) for c in CHATS]
-    ref_ids = [greedy_ids(ref_lm, p) for p in prompts]
-    ref = [teacher_forced(ref_lm, p, f) for p, f in zip(prompts, ref_ids)]
-    del ref_lm
-    notes, bad = [], []
-    for dtype, tol in tolerances.items():
-        lm = load_lm(None, backend, str(dev), dtype)
-        errs = [
-            float((teacher_forced(lm, p, f) - r).abs().max() / r.abs().max()) for p, f, r in zip(prompts, ref_ids, ref)
-        ]
-        same = [
-            next((i for i, (a, b) in enumerate(zip(greedy_ids(lm, p), f)) if a != b), len(f))
-            for p, f in zip(prompts, ref_ids)
-        ]
-        del lm
-        err = max(errs)
-        line = (
-            f"{dtype}: logits within {err:.2g} of float32's (limit {tol:g}), greedy ids equal for the first "
-            f"{', '.join(map(str, same))} of 32"
-        )
-        (notes if math.isfinite(err) and err <= tol else bad).append(line)
-    return ("fail" if bad else "pass"), "; ".join(bad + notes)
-
-
-def check_lm_onnxruntime(dev, out: Results):
-    # on a GPU provider the graphs run float16 activations (float16, and int4 with the file's 4-bit blocks, whose
-    # dequantized values are the float32 model's weights): float16's tolerance for both (H100: 0.0037, 0.0040)
-    why = _no_ort_gpu()
-    return ("skip", why) if why else lm_gpu_parity(dev, "onnxruntime", {"float16": 2e-2, "int4": 2e-2})
-
-
-def step_records(
-    out: Results,
-    times: dict[bool, list[float]],
-    dev,
-    model: str,
-    precision: str,
-    workload: str,
-    step: str = "decode_step",
-):
-    """Records of a step's times (seconds) replayed from a graph (True) and eager (False), the first four
-    of each left out as warm-up -> how many times faster the replay is (medians)."""
-    for g, ts in times.items():
-        out.records.append(
-            Record(
-                family="gpu",
-                model=model,
-                engine="speechrt",
-                backend="triton",
-                precision=precision,
-                device=str(dev),
-                workload=workload,
-                metric=f"{step}_us_graphs" if g else f"{step}_us_eager",
-                unit="us",
-                value=statistics.median(ts[4:]) * 1e6,
-                better="lower",
-                repeats=Repeats.of(t * 1e6 for t in ts[4:]),
-            )
-        )
-    return statistics.median(times[False][4:]) / statistics.median(times[True][4:])
-
-
-def check_cuda_graphs(dev, out: Results):
-    import torch
-
-    from speechrt.backends.triton_asr import TritonASRRunner
-    from speechrt.models.audio import load_audio, utterance_mel
-    from speechrt.models.registry import resolve
-    from speechrt.models.whisper_loaders import load_weights
-    from speechrt.pipelines.asr import ASRPipeline
-
-    model = resolve(None, "asr")
-    weights = load_weights(model)
-    runners = {
-        g: TritonASRRunner(weights, dev, torch.float16, model.name, model.format, graphs=g) for g in (True, False)
-    }
-    tok = ASRPipeline(runners[False]).tokenizer
-    prompt = tok.sot_sequence("en", "transcribe") + [tok.no_timestamps]
-    audio = load_audio(DATA / "sample.wav")
-    steps, logits, times = 32, {}, {}
-    with torch.inference_mode():
-        for g, r in runners.items():
-            mel = utterance_mel(audio, r.config.n_mels, dev)[None]
-            state = r.start(r.encode(mel), 1, steps + 8)
-            r.decode_step(state, torch.tensor([prompt], device=dev))
-            nxt = torch.tensor([[440]], device=dev)
-            ts, outs = [], []
-            for _ in range(steps):
-                torch.cuda.synchronize(dev)
-                t = time.perf_counter()
-                outs.append(r.decode_step(state, nxt))
-                torch.cuda.synchronize(dev)
-                ts.append(time.perf_counter() - t)
-            logits[g], times[g] = torch.stack(outs).float(), ts
-    err = (logits[True] - logits[False]).abs().max().item()
-    speed = step_records(out, times, dev, model.name, "float16", "whisper decode step, batch 1")
-    if not runners[True].graphs_enabled:
-        return "fail", "the triton ASR runner did not enable CUDA graphs on this device"
-    if err > 5e-2:
-        return "fail", f"graph replay logits differ from eager steps by {err:.3g}"
-    return "pass", f"{steps} decode steps: graph replay = eager (max logit diff {err:.2g}), {speed:.2f}x faster"
-
-
-def check_asr_batches(dev, out: Results, batches: int = 24):
-    import dataclasses
-    import random
-
-    import torch
-
-    from speechrt.backends.cuda_graphs import CapturedStep
-    from speechrt.backends.triton_asr import TritonASRRunner
-    from speechrt.models.audio import load_audio
-    from speechrt.models.registry import resolve
-    from speechrt.models.whisper_loaders import load_weights
-    from speechrt.pipelines.asr import ASRPipeline
-    from speechrt.streaming.asr_options import asr_options
-    from speechrt.streaming.realtime.config import SessionConfig
-
-    model, audio = resolve(None, "asr"), load_audio(DATA / "passage.flac")  # 58 s of read speech
-    weights, rng = load_weights(model), random.Random()
-    cfg = SessionConfig(type="transcription")
-    opts, opening = asr_options(cfg), dataclasses.replace(asr_options(cfg, live=True), sample_len=4)
-    # fresh every run: (utterances, options) per batch
-    work = [(random_cuts(audio, rng.randint(1, 8), rng, 8), opening if i % 3 == 0 else opts) for i in range(batches)]
-    texts, times, captured, failed = {}, {}, CapturedStep.captured, CapturedStep.failed
-    for dtype in (torch.float32, torch.float16):
-        for g in (True, False):
-            asr = ASRPipeline(TritonASRRunner(weights, dev, dtype, model.name, model.format, graphs=g))
-            asr.transcribe_batch(work[0][0], work[0][1])  # warm-up: Triton compiles
-            ts, got = [], []
-            for cuts, o in work:
-                torch.cuda.synchronize(dev)
-                t = time.perf_counter()
-                got += [r.text for r in asr.transcribe_batch(cuts, o)]
-                ts.append(time.perf_counter() - t)
-            texts[dtype, g], times[dtype, g] = got, ts
-            del asr
-    captured, failed = CapturedStep.captured - captured, CapturedStep.failed - failed
-    rows = sum(len(c) for c, _ in work)
-    for g in (True, False):
-        out.records.append(
-            Record(
-                family="gpu",
-                model=model.name,
-                engine="speechrt",
-                backend="triton",
-                precision="float16",
-                device=str(dev),
-                workload=f"{batches} server-like batches, {rows} utterances of 1-8 s",
-                metric=f"batch_ms_{'graphs' if g else 'eager'}",
-                unit="ms",
-                value=statistics.median(times[torch.float16, g]) * 1e3,
-                better="lower",
-                repeats=Repeats.of(t * 1e3 for t in times[torch.float16, g]),
-            )
-        )
-    same32 = sum(a == b for a, b in zip(texts[torch.float32, True], texts[torch.float32, False]))
-    same16 = sum(a == b for a, b in zip(texts[torch.float16, True], texts[torch.float16, False]))
-    speed = statistics.median(times[torch.float16, False]) / statistics.median(times[torch.float16, True])
-    what = (
-        f"{batches} batches, {rows} utterances: float32 text equal in {same32}/{rows}, float16 {same16}/{rows}; "
-        f"{captured} graphs captured, {failed} captures failed; float16 batch median "
-        f"{statistics.median(times[torch.float16, True]) * 1e3:.1f} ms on graphs vs "
-        f"{statistics.median(times[torch.float16, False]) * 1e3:.1f} ms eager ({speed:.2f}x)"
-    )
-    return ("pass" if same32 == rows and failed == 0 else "fail"), what
-
-
-def random_cuts(audio, k: int, rng, longest_s: int) -> list:
-    """k stretches of `audio` (16 kHz) of 1 to `longest_s` seconds at random places: utterances as a server's
-    batches hold them."""
-    from speechrt.models.audio import SAMPLE_RATE
-
-    out = []
-    for _ in range(k):
-        n = rng.randint(SAMPLE_RATE, longest_s * SAMPLE_RATE)
-        a = rng.randrange(0, len(audio) - n)
-        out.append(audio[a : a + n])
-    return out
-
-
-def check_lm_graphs(dev, out: Results):
-    import torch
-
-    from speechrt.pipelines.lm import load_lm
-
-    lm = load_lm(None, "triton", str(dev), "bfloat16")
-    r = lm.runner
-    prompts = [lm.encode_chat(c) for c in CHATS]
-    steps, logits, firsts, times, fed = 32, {}, {}, {}, None
-    for g in (False, True):  # eager first: its greedy tokens are fed to the graph run too
-        r.graphs_enabled = g
-        cache = r.new_cache(len(prompts), max(map(len, prompts)) + steps + 8)
-        firsts[g] = torch.stack([r.prefill(cache, i, torch.tensor(p)) for i, p in enumerate(prompts)]).float()
-        tok = firsts[g].argmax(-1)
-        outs, ts, toks = [], [], []
-        for i in range(steps):
-            torch.cuda.synchronize(dev)
-            t = time.perf_counter()
-            o = r.decode_step(cache, list(range(len(prompts))), tok if fed is None else fed[i])
-            torch.cuda.synchronize(dev)
-            ts.append(time.perf_counter() - t)
-            toks.append(tok if fed is None else fed[i])
-            outs.append(o)
-            tok = o.argmax(-1)
-        fed = fed or toks
-        logits[g], times[g] = torch.stack(outs).float(), ts
-    err = (logits[True] - logits[False]).abs().max().item() / logits[False].abs().max().item()
-    perr = (firsts[True] - firsts[False]).abs().max().item() / firsts[False].abs().max().item()
-    speed = step_records(out, times, dev, lm.info.model, "bfloat16", f"LM decode step, batch {len(prompts)}")
-    pspeed = prefill_times(out, lm, dev, prompts[0])
-    serr = scattered_error(r, prompts)
-    if len(r.graphs) == 0 or len(r.prefill_graphs) == 0:
-        return "fail", (
-            f"the triton LM runner captured {len(r.graphs)} decode and {len(r.prefill_graphs)} prefill graphs"
-        )
-    if not err <= 2e-2:
-        return "fail", f"graph replay logits differ from eager steps by {err:.3g} of the largest logit"
-    if not perr <= 2e-2:
-        return "fail", f"prefill graph logits differ from eager prefill by {perr:.3g} of the largest logit"
-    if not serr <= 2e-2:
-        return (
-            "fail",
-            f"steps over scattered slots from graphs differ from eager ones by {serr:.3g} of the largest logit",
-        )
-    return "pass", (
-        f"{steps} decode steps of {len(prompts)} sequences: graph replay = eager (max logit diff "
-        f"{err:.2g} of the largest, bf16), {speed:.2f}x faster per step; prompts prefilled from a graph "
-        f"= eager ({perr:.2g}), {pspeed:.2f}x faster ({len(prompts[0])} tokens); steps over scattered "
-        f"slots = eager ({serr:.2g})"
-    )
-
-
-def scattered_error(r, prompts) -> float:
-    """Decode steps over scattered slots of a cache of 8 (a conversation keeps its slot between turns) from
-    the graphs over the rows that cover them and eager, on caches filled alike -> the largest logit
-    difference over the largest logit."""
-    import torch
-
-    slots, out = [1, 4, 6][: len(prompts)], {}
-    for g in (False, True):
-        r.graphs_enabled = g
-        cache = r.new_cache(8, max(map(len, prompts)) + 16)
-        for s, p in zip(slots, prompts):
-            r.prefill(cache, s, torch.tensor(p))
-        out[g] = [
-            r.decode_step(cache, sub, torch.arange(len(sub), device=r.device) + 100).float()
-            for sub in (slots[::-1], slots[1:2], slots)
-        ]
-    r.graphs_enabled = True
-    return max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(out[True], out[False]))
-
-
-def prefill_times(out: Results, lm, dev, prompt: list[int], n: int = 24) -> float:
-    """One prompt's prefill, eager and replayed from a graph, n times each -> how many times faster."""
-    import torch
-
-    r, times = lm.runner, {}
-    for g in (False, True):
-        r.graphs_enabled = g
-        cache, ts = r.new_cache(1, len(prompt) + 8), []
-        for _ in range(n):
-            torch.cuda.synchronize(dev)
-            t = time.perf_counter()
-            r.prefill(cache, 0, torch.tensor(prompt))
-            torch.cuda.synchronize(dev)
-            ts.append(time.perf_counter() - t)
-        times[g] = ts
-    r.graphs_enabled = True
-    return step_records(
-        out, times, dev, lm.info.model, "bfloat16", f"LM prefill, one prompt of {len(prompt)} tokens", step="prefill"
-    )
-
-
 def compare_providers(providers: list[str]) -> tuple[list[str], list[str]]:
     """The Piper voice graph (noise scales 0: deterministic) on each execution provider, with the options
     speechrt runs it with, against the CPU provider: -> (agreements, failures), one line each. float32 audio
@@ -497,8 +142,8 @@ def compare_providers(providers: list[str]) -> tuple[list[str], list[str]]:
     import numpy as np
 
     from speechrt.backends.onnxruntime_backend import OrtTTSRunner, provider_options
-    from speechrt.models.piper_loader import SynthesisOptions
     from speechrt.models.registry import resolve
+    from speechrt.models.tts_options import SynthesisOptions
     from speechrt.models.tts_text import TextFrontEnd
 
     voice = resolve(None, "tts")
@@ -523,22 +168,10 @@ def compare_providers(providers: list[str]) -> tuple[list[str], list[str]]:
     return ok, bad
 
 
-def _no_ort_gpu() -> str | None:
-    import onnxruntime as ort
-
-    if any(p not in ("CPUExecutionProvider", "AzureExecutionProvider") for p in ort.get_available_providers()):
-        return None
-    return (
-        f"no GPU execution provider in this onnxruntime build (onnxruntime {ort.__version__}: "
-        f"{', '.join(ort.get_available_providers())}); pip install onnxruntime-gpu (NVIDIA) or "
-        "onnxruntime-rocm / onnxruntime-migraphx (AMD)"
-    )
-
-
 def check_onnxruntime(dev, out: Results):
     import onnxruntime as ort
 
-    why = _no_ort_gpu()
+    why = no_ort_gpu()
     if why:
         return "skip", why
     from speechrt.backends.onnxruntime_backend import provider_loadable

@@ -14,7 +14,8 @@ ignored so every engine does the same work). Batch B runs B different prompts to
 
 TTFT is from token ids to the first sampled token of every sequence of the batch; decode tok/s counts
 every sequence's tokens after the first (aggregate over the batch). Each measurement is repeated and
-the best run is kept (the machine may be shared), the median is shown beside it.
+the best run is kept (the machine may be shared), the median is shown beside it. The engines are
+lm_engines.py.
 
 Each engine runs in its own worker process, within this one command, and the engines take turns (one
 measurement each, round after round), so that they see the same background load. Not one process:
@@ -30,9 +31,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 from speechrt.bench.fingerprint import usable_cores
+from speechrt.bench.lm_engines import start_engine
 
 PROMPTS = [
     "What is the capital of France?",
@@ -83,164 +84,6 @@ def add_arguments(p):
     )
 
 
-class Ours:
-    name = "speechrt"
-
-    def __init__(self, model, device, dtype, threads, backend="torch"):
-        import torch
-
-        from speechrt.pipelines.lm import load_lm
-
-        torch.set_num_threads(threads)
-        self.lm = load_lm(model, backend, device=device, dtype=dtype)
-        info = self.lm.info
-        self.note = f"{info.backend}, {info.precision} on {info.device} (torch {torch.__version__})"
-        self.meta = {"backend": info.backend, "precision": info.precision, "device": info.device}
-        self.caches = {}
-
-    def run(self, prompts, n):
-        from speechrt.pipelines.generation import GenerationOptions
-        from speechrt.pipelines.lm_batching import stream
-
-        o = GenerationOptions(max_tokens=n, stop_token_ids=())
-        B, size = len(prompts), max(len(p) for p in prompts) + n
-        cache = self.caches.get(B)
-        if cache is None or cache.max_seq < size:  # kept between runs, as a server keeps its cache
-            cache = self.caches[B] = self.lm.runner.new_cache(B, size)
-        got, t_first = 0, None
-        t0 = time.perf_counter()
-        for _ev in stream(self.lm.runner, self.lm.tokenizer, prompts, o, cache=cache):
-            got += 1
-            if got == B:
-                t_first = time.perf_counter()
-        t1 = time.perf_counter()
-        assert got == B * n, (got, B, n)
-        return t_first - t0, B * (n - 1) / (t1 - t_first)
-
-
-class LlamaCpp:
-    name = "llama.cpp"
-
-    def __init__(self, path, threads, max_batch, n_ctx, extra_bufts):
-        import llama_cpp as L
-        import llama_cpp.llama as LL
-        import numpy as np
-
-        self.L, self.np = L, np
-        mp0, cp0 = LL.llama_cpp.llama_model_default_params, LL.llama_cpp.llama_context_default_params
-
-        def mp():
-            p = mp0()
-            p.use_extra_bufts = extra_bufts
-            return p
-
-        def cp():
-            p = cp0()
-            p.n_seq_max = max_batch
-            p.kv_unified = True  # the n_ctx cells are shared by all sequences
-            return p
-
-        LL.llama_cpp.llama_model_default_params, LL.llama_cpp.llama_context_default_params = mp, cp
-        try:
-            self.llama = L.Llama(
-                str(path),
-                n_threads=threads,
-                n_threads_batch=threads,
-                n_ctx=n_ctx,
-                n_batch=512,
-                n_ubatch=512,
-                verbose=False,
-            )
-        finally:
-            LL.llama_cpp.llama_model_default_params, LL.llama_cpp.llama_context_default_params = mp0, cp0
-        self.ctx = self.llama._ctx.ctx
-        self.n_vocab = self.llama.n_vocab()
-        self.batch = L.llama_batch_init(512, 0, max_batch)
-        self.note = f"llama-cpp-python {L.__version__}, GGUF as stored" + ("" if extra_bufts else ", no extra bufts")
-        stored = path.stem.rpartition(".")[2]  # SmolLM2-135M-Instruct.Q4_1 -> Q4_1
-        self.meta = {"backend": "ggml", "precision": stored if stored != path.stem else "gguf", "device": "cpu"}
-
-    def _decode(self, entries):
-        b = self.batch
-        b.n_tokens = len(entries)
-        for i, (t, p, s, lg) in enumerate(entries):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = t, p, 1, lg
-            b.seq_id[i][0] = s
-        rc = self.L.llama_decode(self.ctx, b)
-        if rc != 0:
-            raise RuntimeError(f"llama_decode returned {rc}")
-
-    def _argmax(self, i):
-        ptr = self.L.llama_get_logits_ith(self.ctx, i)
-        return int(self.np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).argmax())
-
-    def run(self, prompts, n):
-        L = self.L
-        L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
-        B = len(prompts)
-        t0 = time.perf_counter()
-        entries, outs = [], []
-        for s, p in enumerate(prompts):  # all prompts in one batch: B sequences
-            for j, t in enumerate(p):
-                last = j == len(p) - 1
-                if last:
-                    outs.append(len(entries))
-                entries.append((t, j, s, last))
-        self._decode(entries)
-        toks = [self._argmax(i) for i in outs]
-        t1 = time.perf_counter()
-        pos = [len(p) for p in prompts]
-        for _ in range(n - 1):
-            self._decode([(toks[s], pos[s], s, True) for s in range(B)])
-            toks = [self._argmax(s) for s in range(B)]
-            pos = [q + 1 for q in pos]
-        t2 = time.perf_counter()
-        return t1 - t0, B * (n - 1) / (t2 - t1)
-
-
-class Transformers:
-    name = "transformers"
-
-    def __init__(self, path, threads, device="cpu"):
-        import torch
-        import transformers
-        from transformers import AutoModelForCausalLM
-
-        torch.set_num_threads(threads)
-        self.torch, self.device = torch, torch.device(device)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
-        if self.device.type != "cpu":  # on a GPU in the dtype our GPU default uses (bf16 where supported)
-            gpu_dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-            model = model.to(self.device, gpu_dtype)
-        self.model = model
-        self.note = f"transformers {transformers.__version__}, {model.dtype} on {self.device} (dequantized GGUF)"
-        self.meta = {
-            "backend": "torch",
-            "precision": str(model.dtype).removeprefix("torch."),
-            "device": str(self.device),
-        }
-
-    def _gen(self, ids, mask, n):
-        return self.model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
-        )
-
-    def run(self, prompts, n):
-        torch = self.torch
-        T = max(len(p) for p in prompts)
-        ids = torch.tensor([[0] * (T - len(p)) + list(p) for p in prompts], device=self.device)  # left padding
-        mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in prompts], device=self.device)
-        B = len(prompts)
-        with torch.inference_mode():
-            t0 = time.perf_counter()
-            self._gen(ids, mask, 1).tolist()  # .tolist(): the tokens reach the host, as ours do
-            t1 = time.perf_counter()
-            self._gen(ids, mask, n).tolist()
-            t2 = time.perf_counter()
-        ttft = t1 - t0
-        return ttft, B * (n - 1) / max(t2 - t1 - ttft, 1e-9)
-
-
 def _chat_prompts(model) -> list[list[int]]:
     """The benchmark prompts as token ids, rendered by the model's chat template (without loading weights)."""
     from speechrt.models import gguf_loader, registry
@@ -262,48 +105,6 @@ def _chat_prompts(model) -> list[list[int]]:
     return [tok.encode(t.render([{"role": "user", "content": p}]), add_bos=False) for p in PROMPTS]
 
 
-def _start(spec: dict):
-    """Build one engine (in its worker process) -> (engine, None) or (None, reason it is skipped)."""
-    from speechrt.models import registry
-
-    rm = registry.resolve(spec["model"], "lm")
-    name, threads = spec["engine"], spec["threads"]
-    try:
-        if name.startswith("speechrt"):
-            backend = name.partition(" ")[2] or "torch"
-            return Ours(spec["model"], spec["device"], spec["dtype"], threads, backend), None
-        if rm.format != "gguf":
-            return None, "needs a GGUF model"
-        if name == "onnxruntime-genai":
-            from speechrt.bench.genai_peer import INSTALL, Genai
-
-            try:
-                import onnx_ir  # noqa: F401
-                import onnxruntime_genai  # noqa: F401
-                import onnxscript  # noqa: F401
-            except ImportError as ex:
-                return None, f"not installed ({ex.name}; {INSTALL})"
-            from speechrt.export import cache_dir
-
-            return Genai(rm.path, cache_dir(), threads), None
-        if name == "llama.cpp":
-            try:
-                import llama_cpp  # noqa: F401
-            except ImportError:
-                return None, "not installed (pip install llama-cpp-python)"
-            return LlamaCpp(rm.path, threads, max(spec["batches"]), spec["n_ctx"], spec["extra_bufts"]), None
-        try:
-            import accelerate  # noqa: F401
-            import transformers  # noqa: F401
-        except ImportError as ex:
-            return None, f"not installed ({ex.name}; pip install transformers accelerate)"
-        return Transformers(rm.path, threads, spec["device"]), None
-    except Exception as ex:  # a peer that cannot start is reported, not fatal
-        if name.startswith("speechrt"):
-            raise
-        return None, f"failed to start: {type(ex).__name__}: {ex}"
-
-
 def worker() -> None:
     """Worker process: a JSON spec line on stdin builds the engine and answers {note, meta}, {skip} or
     {error} (ours cannot run: a user error, in one line); then each
@@ -313,7 +114,7 @@ def worker() -> None:
 
     spec = json.loads(sys.stdin.readline())
     try:
-        engine, skip = _start(spec)
+        engine, skip = start_engine(spec)
     except UserError as e:  # ours cannot run here (a backend without its device): said in one line
         print(json.dumps({"error": str(e)}), flush=True)
         return

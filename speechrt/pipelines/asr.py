@@ -9,7 +9,6 @@ decoding loops (whisper_decoding). `speechrt.load_asr(...)` returns one; so does
 
 from __future__ import annotations
 
-from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -24,36 +23,25 @@ from speechrt.models.audio import (
     N_FRAMES,
     SAMPLE_RATE,
     load_audio,
-    log_mel_spectrogram,
     trimmed_frames,
     utterance_mel,
 )
 from speechrt.models.registry import resolve
 from speechrt.models.whisper_tokenizer import WhisperTokenizer
 
-from .generation import whole_repeat_period
-from .speech_regions import SpeechMap, VadOptions, compression_ratio, hop_levels_db, is_quiet, speech_timestamps
-from .whisper_decoding import (
-    TranscribeOptions,
-    Transcript,
-    TranscriptionCancelled,
-    WindowDecoder,
-    WindowResult,
-    decode_utterances,
-    long_form_steps,
-    timed_segments,
-)
-from .whisper_timing import Word, group_words, place_words, token_alignment, token_bytes
+from .speech_regions import VadOptions, hop_levels_db, is_quiet
+from .transcribe_options import TranscribeOptions, options_from_keywords
+from .whisper_decoding import WindowDecoder, WindowResult, decode_utterances
+from .whisper_long_form import Transcript, recording_steps, timed_segments
+from .whisper_loops import cut_repeat_said_too_fast
+from .whisper_search import TranscriptionCancelled
+from .whisper_timing import Word, utterance_words
 
-OPTION_NAMES = frozenset(f.name for f in fields(TranscribeOptions))
 MULTILINGUAL = (
     "a multilingual Whisper model (a Hugging Face or CTranslate2 directory, or an openai-whisper .pt, of "
     "tiny, base, small, medium or large: not the .en ones)"
 )
 MAX_UTTERANCE_SAMPLES = N_FRAMES * HOP_LENGTH  # one 30-second window
-# characters a second (spaces and punctuation counted) that no one speaks at: conversational English is
-# about 14, fast speech 20; a transcript faster than this over its whole audio was not all said
-MAX_CHARS_PER_S = 25.0
 SAMPLE_SPEECH = Path(__file__).resolve().parent.parent / "data" / "sample.wav"  # 7.4 s of the embedded voice
 
 __all__ = [
@@ -103,15 +91,7 @@ class ASRPipeline:
 
     def options(self, **options) -> TranscribeOptions:
         """TranscribeOptions from keywords, with errors that name the valid ones."""
-        unknown = set(options) - OPTION_NAMES
-        if unknown:
-            raise UserError(
-                f"unknown transcription option(s) {', '.join(sorted(unknown))}; "
-                f"valid: {', '.join(sorted(OPTION_NAMES))}"
-            )
-        if "temperatures" in options and isinstance(options["temperatures"], (int, float)):
-            options["temperatures"] = (float(options["temperatures"]),)
-        opts = TranscribeOptions(**options)
+        opts = options_from_keywords(**options)
         self.check_language(opts.language)
         if opts.word_timestamps and not self.runner.word_timing:
             raise UserError(
@@ -154,56 +134,12 @@ class ASRPipeline:
             except StopIteration as done:
                 return done.value
 
-    @staticmethod
-    def speech_only(pcm: np.ndarray, opts: TranscribeOptions) -> tuple[np.ndarray, SpeechMap | None]:
-        """With vad_filter: the speech regions Silero finds, joined, and their map back to the recording's
-        times; otherwise the audio as it is and None."""
-        if not opts.vad_filter:
-            return pcm, None
-        regions = SpeechMap(speech_timestamps(pcm, opts.vad_parameters))
-        return regions.join(pcm), regions
-
-    @staticmethod
-    def restore_times(out: Transcript, pcm: np.ndarray, regions: SpeechMap | None, on_segment=None) -> Transcript:
-        """A transcript of the joined speech regions -> times of the recording (segments, then words)."""
-        if regions is None:
-            return out
-        regions.restore(out.segments)
-        out.duration = len(pcm) / SAMPLE_RATE
-        for seg in out.segments if on_segment else ():
-            on_segment(seg)
-        return out
-
-    def long_form_mel(self, pcm: np.ndarray) -> torch.Tensor:
-        """The log-mel long-form transcription reads: the audio's frames and a window's worth of padding
-        (call under inference mode)."""
-        return log_mel_spectrogram(
-            pcm, self.runner.config.n_mels, padding=N_FRAMES * HOP_LENGTH, device=self.runner.device
-        )
-
     def transcribe_steps(self, audio: np.ndarray, opts: TranscribeOptions, on_segment=None):
         """transcribe() of float32 audio at 16 kHz as a generator of steps, one 30-s window each (yielding
         the seconds done), that returns the Transcript: a scheduler runs one step at a time between other
-        work (see whisper_decoding.long_form_steps). `on_segment(seg)`: called as each segment is decoded."""
+        work (see whisper_long_form.long_form_steps). `on_segment(seg)`: called as each segment is decoded."""
         self.check_language(opts.language)
-        speech, regions = self.speech_only(audio, opts)
-        with torch.inference_mode(), self.runner.loop():
-            mel = self.long_form_mel(speech)
-        steps = long_form_steps(
-            self.decoder,
-            mel,
-            len(speech) / SAMPLE_RATE,
-            opts,
-            on_segment if regions is None else None,
-            hop_levels_db(speech),
-        )
-        while True:
-            with torch.inference_mode(), self.runner.loop():
-                try:
-                    done = next(steps)
-                except StopIteration as end:
-                    return self.restore_times(end.value, audio, regions, on_segment)
-            yield done
+        return (yield from recording_steps(self.decoder, audio, opts, on_segment))
 
     def transcribe_batch(
         self,
@@ -279,13 +215,7 @@ class ASRPipeline:
         with torch.inference_mode(), self.runner.loop():
             encoded = self.runner.encode(utterance_mel(audio, self.runner.config.n_mels, self.runner.device)[None])
             language = language or self.decoder.detect_languages(encoded)[0]
-            starts, probs = token_alignment(
-                self.runner, tok, encoded, text, len(audio) // HOP_LENGTH, tok.sot_sequence(language, task)
-            )
-        segment = {"start": 0.0, "end": round(len(audio) / SAMPLE_RATE, 2), "tokens": text}
-        place_words(tok, [segment], group_words(tok, text, starts, probs, language), 0.0, 0.0)
-        logprobs = [(t, token_bytes(tok, t), float(np.log(max(p, 1e-30)))) for t, p in zip(text, probs.tolist())]
-        return segment["words"], logprobs
+            return utterance_words(self.runner, tok, encoded, text, len(audio), language, task)
 
     def warm_up(self, max_batch: int = 1) -> None:
         """Run the model once on this thread: the first call in a thread pays for its thread pool, kernel
@@ -318,20 +248,6 @@ class ASRPipeline:
             done = self.transcribe_batch(clips, final)
             self.transcribe_batch(clips, live, drafts=[r.tokens for r in done])
         self.runner.warm_graphs()
-
-
-def cut_repeat_said_too_fast(res: WindowResult, tok: WhisperTokenizer, seconds: float) -> bool:
-    """A greedy loop that ended by itself after two copies ("Close the windows. Close the windows." over
-    two seconds) is one stop_repeats does not see: if the whole transcript is one span said two or more
-    times, faster than anyone speaks over the `seconds` of its audio, keep one copy -> True. A repeat
-    really said takes its time, and stays."""
-    period = whole_repeat_period(res.tokens)
-    if not period or len(res.text) <= MAX_CHARS_PER_S * seconds:
-        return False
-    res.tokens = res.tokens[:period]
-    res.text = tok.decode(res.tokens).strip()
-    res.compression_ratio = compression_ratio(res.text)  # of the copy kept, as a result made with it would say
-    return True
 
 
 def load_asr(

@@ -126,7 +126,7 @@ class Piece(NamedTuple):
 
     text: str  # new text (may be empty when a token only completed part of a character)
     finish_reason: str | None = None  # None while running, then "stop" (stop token/string), "length", "repetition"
-    # (the reply repeats itself: see repeating()) or "cancelled"
+    # (the reply repeats itself: see token_repeats.repeating) or "cancelled"
     token: int | None = None  # the token that produced it
     logprob: float | None = None  # its log probability, if the options ask for logprobs (not for a stop token)
     top: tuple[tuple[int, float], ...] = ()  # then the `logprobs` likeliest tokens there: (id, log probability)
@@ -243,40 +243,6 @@ class TextStream:
         return text, hit
 
 
-MAX_PERIOD = 32  # longest repeated span (tokens) that repeating() looks for
-
-
-def repeat_period(tokens: list[int], times: int) -> int:
-    """The length of the span of 1 to MAX_PERIOD tokens that `tokens` end with, repeated `times` times in a
-    row (a span of one token needs 4 * times: a run of one character can be text); 0 if there is none.
-    Output caught in such a loop never ends by itself: small (quantized) models fall into them."""
-    n = len(tokens)
-    for period in range(1, min(MAX_PERIOD, n // times) + 1):
-        reps = times * 4 if period == 1 else times
-        if period * reps > n:
-            continue
-        tail = tokens[n - period :]
-        if period > 1 and len(set(tail)) == 1:  # a run of one token: the period-1 rule decides
-            continue
-        if all(tokens[n - (k + 1) * period : n - k * period] == tail for k in range(1, reps)):
-            return period
-    return 0
-
-
-def repeating(tokens: list[int], times: int) -> bool:
-    return repeat_period(tokens, times) > 0
-
-
-def whole_repeat_period(tokens: list[int]) -> int:
-    """The length of the shortest span that the whole of `tokens` is two or more copies of, back to back;
-    0 if there is none."""
-    n = len(tokens)
-    for period in range(1, n // 2 + 1):
-        if n % period == 0 and tokens == tokens[:period] * (n // period):
-            return period
-    return 0
-
-
 def check_prompts(prompts: Sequence[Sequence[int]], vocab: int, max_len: int) -> None:
     if not prompts:
         raise GenerationError("no prompts given")
@@ -288,12 +254,3 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab: int, max_len: int) ->
             raise GenerationError(f"prompt {i} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
         if len(p) + 1 > max_len:
             raise GenerationError(f"prompt {i} has {len(p)} tokens; the model's context holds {max_len}")
-
-
-def cut_loop(seq: list[int], times: int) -> bool:
-    """If `seq` ends with one span repeated `times` times, drop all copies but the first -> True (the row
-    is done); False otherwise, or when `times` is 0."""
-    period = repeat_period(seq, times) if times else 0
-    if period:
-        del seq[len(seq) - (times - 1) * period :]
-    return period > 0

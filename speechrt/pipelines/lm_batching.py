@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .generation import GenerationOptions, Piece, Sampler, StreamEvent, TextStream, check_bias, check_prompts, repeating
+from .generation import GenerationOptions, Piece, Sampler, StreamEvent, TextStream, check_bias, check_prompts
+from .lm_slots import SlotPool
+from .token_repeats import repeating
 
 
 @dataclass(eq=False)
@@ -54,14 +56,19 @@ class ContinuousBatcher:
         self.cache = cache
         self.max_batch = max_batch
         self.max_seq = cache.max_seq
-        self.free = list(range(max_batch))
-        # prefix caching: a free slot keeps the positions of the request that last used it, so that the
-        # same conversation's next turn (whose prompt starts with the previous prompt and answer) only
-        # prefills what is new. slot -> (key, token ids in its cache); the least recently freed is
-        # taken first by requests without a slot of their own.
-        self.retained: dict[int, tuple[object, list[int]]] = {}
+        self.slots = SlotPool(runner, cache, max_batch)
         self.pending: collections.deque[LMRequest] = collections.deque()
         self.active: dict[int, LMRequest] = {}
+
+    @property
+    def free(self) -> list[int]:
+        """The free slots (SlotPool.free)."""
+        return self.slots.free
+
+    @property
+    def retained(self) -> dict[int, tuple[object, list[int]]]:
+        """What the free slots keep for their conversations (SlotPool.retained)."""
+        return self.slots.retained
 
     # -- queue --------------------------------------------------------------------------------------
     def submit(self, req: LMRequest) -> None:
@@ -85,10 +92,7 @@ class ContinuousBatcher:
                 req.emit(error)
         self.active.clear()
         self.pending.clear()
-        self.retained.clear()
-        for slot in range(self.max_batch):
-            self.runner.release(self.cache, slot)
-        self.free = list(range(self.max_batch))
+        self.slots.reset()
 
     # -- steps --------------------------------------------------------------------------------------
     def step(self) -> None:
@@ -154,7 +158,7 @@ class ContinuousBatcher:
 
     # -- per request ----------------------------------------------------------------------------------
     def _start(self, req: LMRequest) -> None:
-        req.slot, req.reused = self._slot_for(req)
+        req.slot, req.reused = self.slots.take(req.key, req.ids)
         o, dev = req.options, self.runner.device
         req.sampler = Sampler(o, self.runner.config.vocab_size, dev)
         req.text = TextStream(self.tokenizer, o.stop)
@@ -163,23 +167,6 @@ class ContinuousBatcher:
             req.seen = torch.zeros(self.runner.config.vocab_size, dtype=torch.bool, device=dev)
             req.seen[torch.tensor(req.ids, device=dev)] = True
         self.active[req.slot] = req
-
-    def _slot_for(self, req: LMRequest) -> tuple[int, int]:
-        """A free slot for `req` and how many of its prompt's positions that slot already holds."""
-        for slot in reversed(self.free):
-            key, ids = self.retained.get(slot, (None, None))
-            if key is not None and key == req.key:
-                self.free.remove(slot)
-                del self.retained[slot]
-                n = 0
-                for a, b in zip(ids, req.ids[:-1]):  # the last prompt token is always run: its logits
-                    if a != b:
-                        break
-                    n += 1
-                return slot, n
-        slot = self.free.pop(0)
-        self.retained.pop(slot, None)
-        return slot, 0
 
     def _take(self, reqs: list[LMRequest], logits: torch.Tensor) -> None:
         """Sample each request's next token from its row of logits [N, vocab] and deliver it."""
@@ -224,8 +211,7 @@ class ContinuousBatcher:
         """`req` failed on its own: it gets the error and its slot is freed."""
         self._emit(req, error)
         self.active.pop(req.slot, None)
-        self.runner.release(self.cache, req.slot)
-        self.free.append(req.slot)
+        self.slots.put_back(req.slot)
         req.slot = -1
 
     @staticmethod
@@ -242,11 +228,7 @@ class ContinuousBatcher:
         self._emit(req, piece)
         if req.slot >= 0:
             self.active.pop(req.slot, None)
-            if req.key is not None:
-                self.retained[req.slot] = (req.key, req.ids + req.fed)
-            else:
-                self.runner.release(self.cache, req.slot)
-            self.free.append(req.slot)
+            self.slots.put_back(req.slot, req.key, req.ids + req.fed)
             req.slot = -1
 
 

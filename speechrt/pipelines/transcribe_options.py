@@ -47,7 +47,7 @@ class TranscribeOptions:
     # audio_ctx). True: every utterance of a batch, and every long-form window with less than 30 s of audio;
     # None (the default): long-form's windows after a recording's first (its last, which holds what is left);
     # False: never (faster-whisper's windows exactly). The default and its 5-s margin are measured
-    # (speechrt.bench.trim_study, docs/onnx-runtime.md): on 19 recordings of 34-65 s the WER of whole windows
+    # (benchmarks.trim_study, docs/onnx-runtime.md): on 19 recordings of 34-65 s the WER of whole windows
     # (int8 3.08 -> 2.93 %, float32 3.26 -> 3.23 %); on ONNX Runtime int8 5-16 % faster over three runs,
     # float32 between 2 % slower and 14 % faster (torch 2 % faster); 1-3 s margins lose words or loop.
     # The server passes its own: 1 s for live transcripts, 3 s for finals (streaming.asr_options.asr_options).
@@ -109,3 +109,19 @@ class TranscribeOptions:
             "vad_parameters",
             VadOptions.parse(self.vad_parameters) if self.vad_filter or self.vad_parameters is not None else None,
         )
+
+
+OPTION_NAMES = frozenset(f.name for f in fields(TranscribeOptions))
+
+
+def options_from_keywords(**options) -> TranscribeOptions:
+    """TranscribeOptions from keywords (one number for `temperatures` is a ladder of one), with an error that
+    names the valid ones."""
+    unknown = set(options) - OPTION_NAMES
+    if unknown:
+        raise UserError(
+            f"unknown transcription option(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(OPTION_NAMES))}"
+        )
+    if "temperatures" in options and isinstance(options["temperatures"], (int, float)):
+        options["temperatures"] = (float(options["temperatures"]),)
+    return TranscribeOptions(**options)

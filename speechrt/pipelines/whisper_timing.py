@@ -345,3 +345,16 @@ def skip_hallucinations(
                 return seek, False
         last_end = seg["end"]
     return None, False
+
+
+def utterance_words(
+    runner, tok, encoded, text: list[int], samples: int, language: str, task: str
+) -> tuple[list[Word], list[tuple[int, bytes, float]]]:
+    """The text tokens `text` of one utterance of `samples` samples (at most 30 s, `encoded` its encoder output)
+    -> (its words with start/end in seconds from its start, [(token, its bytes, log probability among the text
+    tokens)]): one decoder pass over the tokens (ASRPipeline.align; call under inference mode)."""
+    starts, probs = token_alignment(runner, tok, encoded, text, samples // HOP_LENGTH, tok.sot_sequence(language, task))
+    segment = {"start": 0.0, "end": round(samples / SAMPLE_RATE, 2), "tokens": text}
+    place_words(tok, [segment], group_words(tok, text, starts, probs, language), 0.0, 0.0)
+    logprobs = [(t, token_bytes(tok, t), float(np.log(max(p, 1e-30)))) for t, p in zip(text, probs.tolist())]
+    return segment["words"], logprobs

@@ -217,7 +217,7 @@ class VadWorker:
     it ran is run next, each stream's chunk in one model call (SileroVAD.run), and handed back to the event
     loop in one wake-up. Against the two pool threads and a call per frame it replaced, at 128 streams of 100 ms
     chunks: 0.54x the CPU time and a chunk's wait p95 0.9 ms instead of 21 ms; at 64 0.59x; at 16 within the
-    noise (`python -m speechrt.bench.vad_study`, a Zen 4). `frames` and `seconds` (the thread's CPU time) count
+    noise (`python -m benchmarks.vad_study`, a Zen 4). `frames` and `seconds` (the thread's CPU time) count
     the work (/metrics)."""
 
     def __init__(self, vad: SileroVAD):

@@ -10,7 +10,7 @@ from speechrt import kernels
 from speechrt.backends import torch_lm
 from speechrt.errors import UserError
 from speechrt.kernels import reference as ref
-from speechrt.models.llama import quantize_int4
+from speechrt.models.llama_layers import quantize_int4
 from speechrt.models.registry import resolve
 
 
@@ -102,7 +102,7 @@ def test_dense_prefill_copy_matches_the_quantized_weights(fmt, rows, dense_dtype
     float32 elsewhere) and uses them for inputs of at least DENSE_MIN_ROWS rows (prefill); fewer rows take
     the weight-only kernel. Both compute with the same weight values: they agree to bf16 accuracy, on
     either side of the threshold."""
-    from speechrt.models.llama import DENSE_MIN_ROWS, Linear
+    from speechrt.models.llama_layers import DENSE_MIN_ROWS, Linear
 
     g = torch.Generator().manual_seed(rows)
     N, K = 208, 576  # ATen's packed int4 CPU layout needs N % 16 == 0

@@ -1,5 +1,5 @@
 """SPEECHRT_CPU_ISA=avx2 (speechrt.machine: the flags beyond AVX2 hidden from speechrt's choices) and
-speechrt.bench.avx2_proxy (ONNX Runtime held to its AVX2 kernels by patching its reads of XCR0): the flags a
+benchmarks.avx2_proxy (ONNX Runtime held to its AVX2 kernels by patching its reads of XCR0): the flags a
 capped process sees, the patch on a small library whose XGETBV result is read back, and a patched copy of the
 installed ONNX Runtime computing what the installed one does."""
 
@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from speechrt.bench import avx2_proxy
+from benchmarks import avx2_proxy
 from speechrt.kernels import cpu_decode
 from speechrt.machine import BEYOND_AVX2, cpu_flags
 

@@ -1,4 +1,4 @@
-"""bench.lm_step's accounting of the bytes a decode step reads, on a small graph built here."""
+"""benchmarks.lm_step's accounting of the bytes a decode step reads, on a small graph built here."""
 
 import re
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from speechrt.bench.lm_step import BareStep, node_counts, step_bytes
+from benchmarks.lm_step import BareStep, node_counts, step_bytes
 
 
 def _graph(tied: bool):
@@ -72,7 +72,7 @@ def test_bare_step_names_what_it_does_not_know(tmp_path):
 def test_bare_steps_of_our_export(capsys):
     """Our int4 export's decode graph: steps run with every cache bound in place, the logits come out finite,
     and the table names the Q4_1 correction's dense bytes beside the blocks and the head."""
-    from speechrt.bench.lm_step import main
+    from benchmarks.lm_step import main
     from speechrt.export import Manifest, cached_export
     from speechrt.models.registry import resolve
 
@@ -91,7 +91,7 @@ def test_bare_steps_of_our_export(capsys):
 
 
 def test_graphs_named_by_folder_where_stems_repeat(tmp_path):
-    from speechrt.bench.lm_step import graph_names
+    from benchmarks.lm_step import graph_names
 
     a, b, c = tmp_path / "ours" / "model.onnx", tmp_path / "genai" / "model.onnx", tmp_path / "x.onnx"
     assert graph_names([a, b, c]) == {"ours": a, "genai": b, "x": c}
@@ -100,7 +100,7 @@ def test_graphs_named_by_folder_where_stems_repeat(tmp_path):
 def test_kernel_step_bytes():
     """The AVX2 kernel's step reads the GGUF's own blocks: 5 bits a weight in the layers (as genai's graph), the
     Q8_0 head at 8.5 bits, nothing dense; its steps run."""
-    from speechrt.bench.lm_step import KernelStep
+    from benchmarks.lm_step import KernelStep
     from speechrt.kernels.cpu_decode import unavailable
 
     if unavailable():

@@ -1,4 +1,4 @@
-"""bench.margin_study on the conversation benchmark's questions: the server's final-transcript margin
+"""benchmarks.margin_study on the conversation benchmark's questions: the server's final-transcript margin
 (streaming.asr_options.FINAL_MARGIN_S) keeps the WER of whole 30-s windows on the engine the server runs (ONNX
 Runtime int8) — equal on the Zen 4 it was chosen on; one word of slack over the 12 clips for other CPUs'
 rounding — and encodes less than a whole window."""
@@ -6,8 +6,8 @@ rounding — and encodes less than a whole window."""
 from __future__ import annotations
 
 import speechrt
-from speechrt.bench import margin_study
-from speechrt.bench.server import QUESTIONS
+from benchmarks import margin_study
+from speechrt.bench.server_streams import QUESTIONS
 from speechrt.models.wer import normalize
 from speechrt.streaming.asr_options import FINAL_MARGIN_S
 

@@ -1,10 +1,10 @@
-"""`python -m speechrt.bench.pause_study`: turns with a pause inside, against a real `speechrt serve`, briefly."""
+"""`python -m benchmarks.pause_study`: turns with a pause inside, against a real `speechrt serve`, briefly."""
 
 from __future__ import annotations
 
 import re
 
-from speechrt.bench import pause_study
+from benchmarks import pause_study
 from speechrt.models.wer import wer
 
 

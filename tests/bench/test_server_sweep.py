@@ -69,7 +69,7 @@ def test_sweep_against_speechrt(bench, tmp_path):
 def test_level_summary_compares_the_same_utterances_alone():
     """_summary: the WER of a level's utterances as the single stream heard them, and the utterances whose
     live deltas did not add up to their final transcript."""
-    from speechrt.bench.server import _summary
+    from speechrt.bench.server_results import summary as _summary
 
     alone = _summary(
         1,
@@ -132,7 +132,8 @@ def test_long_recording_speaks_without_a_pause():
     asked, with their text in order and the speech span measured."""
     import numpy as np
 
-    from speechrt.bench.server import RATE, _long_recording
+    from speechrt.bench.server_streams import RATE
+    from speechrt.bench.server_streams import long_recording as _long_recording
 
     def rec(text, n):
         pcm = np.concatenate([np.zeros(RATE // 2), np.full(n, 1000), np.zeros(RATE)]).astype("<i2").tobytes()

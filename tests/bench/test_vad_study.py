@@ -1,8 +1,8 @@
-"""`python -m speechrt.bench.vad_study` runs every mode it compares, on the real Silero graphs, briefly."""
+"""`python -m benchmarks.vad_study` runs every mode it compares, on the real Silero graphs, briefly."""
 
 from __future__ import annotations
 
-from speechrt.bench import vad_study
+from benchmarks import vad_study
 
 
 def test_every_mode_runs_its_streams(capsys):

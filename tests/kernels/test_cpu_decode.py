@@ -11,7 +11,8 @@ import torch
 from speechrt import kernels
 from speechrt.kernels import cpu_decode
 from speechrt.kernels.reference import block_linear
-from speechrt.models.llama import Llama, LlamaConfig, quantize_int4, rope_tables
+from speechrt.models.llama import Llama, LlamaConfig, rope_tables
+from speechrt.models.llama_layers import quantize_int4
 
 pytestmark = pytest.mark.skipif(
     cpu_decode.unavailable() is not None, reason=f"the AVX2 decode step cannot run here: {cpu_decode.unavailable()}"

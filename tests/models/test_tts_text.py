@@ -8,17 +8,9 @@ import pytest
 from speechrt.errors import UserError
 from speechrt.models.piper_loader import VoiceConfig
 from speechrt.models.registry import resolve
-from speechrt.models.tts_text import (
-    SentenceStream,
-    TextFrontEnd,
-    TextOptions,
-    cardinal,
-    check_text,
-    normalize_english,
-    ordinal,
-    stream_segments,
-    year,
-)
+from speechrt.models.tts_normalize import cardinal, normalize_english, ordinal, year
+from speechrt.models.tts_sentences import SentenceStream, stream_segments
+from speechrt.models.tts_text import TextFrontEnd, TextOptions, check_text
 
 
 @pytest.fixture(scope="module")

@@ -238,10 +238,10 @@ def test_drafted_greedy_equals_plain_greedy(asr, synth):
 def test_an_opening_round_capped_at_its_tokens_sends_the_whole_decodes_first_word(asr, synth):
     """The streaming server's opening rounds (a turn's first words) decode OPENING_TOKENS tokens only, and send
     the first word of a hypothesis of two or more (Turn.agree): on real speech cut where openings run (0.6-1.5 s
-    of it; bench.opening_study), that word is the whole greedy decode's, and the cap stops most rounds. (The
+    of it; benchmarks.opening_study), that word is the whole greedy decode's, and the cap stops most rounds. (The
     tokens after it may differ where two are near a tie at the audio's end: the decoder's cache is sized by the
     cap, which moves the last bits of its sums; "the meeting at" vs "the meeting at the".)"""
-    from speechrt.bench.opening_study import SPEECH_S, study
+    from benchmarks.opening_study import SPEECH_S, study
     from speechrt.streaming.realtime.policy import OPENING_TOKENS
 
     data = [(SENTENCES[i], synth(SENTENCES[i])) for i in (1, 3, 10, 16)]  # (0.3 s of silence before the speech)

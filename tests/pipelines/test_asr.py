@@ -9,8 +9,9 @@ from dataclasses import replace
 import pytest
 
 from speechrt.errors import UserError
-from speechrt.pipelines.asr import TranscribeOptions, WindowResult, cut_repeat_said_too_fast
+from speechrt.pipelines.asr import TranscribeOptions, WindowResult
 from speechrt.pipelines.speech_regions import compression_ratio
+from speechrt.pipelines.whisper_loops import cut_repeat_said_too_fast
 
 SPEECH = "The museum opens at nine and closes at five on weekdays."
 PROMPT = "Opening hours of the city museum, nine to five."

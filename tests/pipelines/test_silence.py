@@ -88,7 +88,7 @@ def test_hallucination_silence_threshold_keeps_the_speech(asr, one_cpu_thread, s
 def test_speech_map_restores_times_across_regions():
     """Two regions of a recording joined: times in the joined audio map back; a segment that ends just
     inside the next region's padding ends with its own region."""
-    from speechrt.pipelines.whisper_decoding import Segment
+    from speechrt.pipelines.whisper_long_form import Segment
     from speechrt.pipelines.whisper_timing import Word
 
     m = SpeechMap([{"start": 16000, "end": 48000}, {"start": 1_016_000, "end": 1_048_000}])

@@ -9,9 +9,9 @@ import pytest
 
 from speechrt.errors import UserError
 from speechrt.streaming.asr_options import FINAL_MARGIN_S, LIVE, asr_options
+from speechrt.streaming.config import ServerOptions
 from speechrt.streaming.realtime.config import SessionConfig
 from speechrt.streaming.realtime.policy import COMMIT_AFTER, OPENING_TOKENS, TurnPolicy
-from speechrt.streaming.config import ServerOptions
 
 
 def test_the_policy_is_built_from_the_servers_options_and_frozen():

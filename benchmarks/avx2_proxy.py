@@ -2,7 +2,7 @@
 an AVX2 machine when the VM it is given has AVX-512 (its numbers are the AVX-512 core's, running AVX2 code: say
 so beside them).
 
-    python -m speechrt.bench.avx2_proxy DIR     # writes DIR/onnxruntime and DIR/sitecustomize.py
+    python -m benchmarks.avx2_proxy DIR     # writes DIR/onnxruntime and DIR/sitecustomize.py
     PYTHONPATH=DIR speechrt bench server ...    # anything, with every library on its AVX2 path
 
 - ONNX Runtime has no switch for it: MLAS picks its kernels from CPUID and XGETBV once, when it loads. DIR gets a
@@ -29,7 +29,7 @@ from pathlib import Path
 XGETBV = b"\x0f\x01\xd0"
 XCR0_AVX_ONLY = b"\x6a\x07\x58"  # push 7; pop rax: the same 3 bytes as XGETBV
 
-SITECUSTOMIZE = '''"""speechrt.bench.avx2_proxy: every library on its AVX2 code path
+SITECUSTOMIZE = '''"""benchmarks.avx2_proxy: every library on its AVX2 code path
 (this directory's onnxruntime is patched)."""
 import os
 
@@ -125,7 +125,7 @@ def int8_gops(pythonpath: str | None) -> tuple[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m speechrt.bench.avx2_proxy", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.avx2_proxy", description=__doc__.split("\n\n")[0])
     ap.add_argument("dir", type=Path, help="where to write the patched onnxruntime and sitecustomize.py")
     args = ap.parse_args(argv)
     args.dir.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""`python -m speechrt.bench.lm_step`: where one batch-1 decode step goes, our exported graph beside
+"""`python -m benchmarks.lm_step`: where one batch-1 decode step goes, our exported graph beside
 onnxruntime-genai's graph of the same GGUF and the torch backend's int4 kernel on AVX2 CPUs — the nodes each
 runs, the bytes of weights each step reads (by what reads them), and the time of bare steps: ONNX Runtime
 with I/O binding, the caches bound in place (the kernel: one C call on its fp16 cache), no sampling and no
@@ -172,7 +172,7 @@ class KernelStep:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m speechrt.bench.lm_step", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.lm_step", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct", help="registry name or .gguf path")
     p.add_argument(
         "--graph",

@@ -1,9 +1,9 @@
-"""`python -m speechrt.bench.margin_study`: the server's final transcripts of short turns with the encoder over
+"""`python -m benchmarks.margin_study`: the server's final transcripts of short turns with the encoder over
 the turn plus a margin of padding (streaming.asr_options.FINAL_MARGIN_S) against whole 30-s windows — WER and time
 a clip on the benchmark's sentences and questions in the embedded voice (`bench server`'s utterances), each
 at 3 seeds and 3 lead/tail silences, transcribed one at a time with `transcribe_batch`, as the server does.
 
-    python -m speechrt.bench.margin_study [--margins 10,8,6,4,3] [--config onnxruntime:int8] [--threads 2]
+    python -m benchmarks.margin_study [--margins 10,8,6,4,3] [--config onnxruntime:int8] [--threads 2]
 
 Whisper was trained on 30-s windows; a short turn encoded over its audio and a few seconds after it reads
 another context than the padded window, and the greedy decoder may hear other words. This prints each
@@ -24,7 +24,7 @@ SILENCES = ((0.1, 0.25), (0.3, 0.4), (0.6, 0.8))  # seconds of the voice's own s
 def clips(seeds: int = 3) -> list[tuple[str, np.ndarray]]:
     """(text, float32 audio at 16 kHz) for each utterance of `bench server`, seed and lead/tail silence."""
     import speechrt
-    from speechrt.bench.server import QUESTIONS, SENTENCES
+    from speechrt.bench.server_streams import QUESTIONS, SENTENCES
 
     tts = speechrt.load_tts()
     out = []
@@ -75,7 +75,7 @@ def load_asr(args) -> tuple[object, str]:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m speechrt.bench.margin_study", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.margin_study", description=__doc__.split("\n\n")[0])
     ap.add_argument("--margins", default="10,8,6,4,3", help="final margins to try, seconds (comma-separated)")
     add_asr_args(ap)
     args = ap.parse_args(argv)

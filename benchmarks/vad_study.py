@@ -1,9 +1,9 @@
-"""`python -m speechrt.bench.vad_study`: the streaming server's voice activity detection at N concurrent streams
+"""`python -m benchmarks.vad_study`: the streaming server's voice activity detection at N concurrent streams
 — the CPU it takes and how long a chunk waits for its probabilities — run as the server runs it (VadWorker: one
 thread, a chunk's frames in one call of Silero's sequence graph) against the ways it ran before: a call per
 32 ms frame, on two pool threads or on the worker.
 
-    python -m speechrt.bench.vad_study [--streams 16,64,128] [--seconds 6] [--rounds 2]
+    python -m benchmarks.vad_study [--streams 16,64,128] [--seconds 6] [--rounds 2]
 
 Each stream sends 100 ms chunks at real-time pace, the streams staggered over the 100 ms as independent speakers
 would be; the audio is a tone switched on and off over noise (Silero's cost does not depend on what it hears).
@@ -81,7 +81,7 @@ def run_mode(mode: str, streams: int, seconds: float, audio: np.ndarray) -> dict
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m speechrt.bench.vad_study", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.vad_study", description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", default="16,64,128", help="concurrent streams, comma-separated")
     ap.add_argument("--seconds", type=float, default=6.0, help="seconds each mode runs at each level")
     ap.add_argument("--rounds", type=int, default=2, help="runs of every mode at each level")

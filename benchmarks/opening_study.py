@@ -1,9 +1,9 @@
-"""`python -m speechrt.bench.opening_study`: the streaming server's opening rounds (a turn's first live words,
-streaming/realtime/turn_transcripts.py) with their decode capped at OPENING_TOKENS tokens against uncapped — time a
-round and the word each would send — on the benchmark's utterances in the embedded voice (margin_study.clips, the middle
+"""`python -m benchmarks.opening_study`: the streaming server's opening rounds (a turn's first live words,
+streaming/realtime/turn_transcripts.py) with their decode capped at OPENING_TOKENS tokens against uncapped — time a round and the
+word each would send — on the benchmark's utterances in the embedded voice (margin_study.clips, the middle
 lead silence), cut where opening rounds run: 0.6-1.5 s of speech after the lead.
 
-    python -m speechrt.bench.opening_study [--caps 4,5] [--config onnxruntime:int8] [--threads 2]
+    python -m benchmarks.opening_study [--caps 4,5] [--config onnxruntime:int8] [--threads 2]
 
 An opening round sends the first word of a hypothesis of two words or more (Turn.agree); what the decoder says
 after that word is only checked again by the next round, which takes it as its draft. Capped and uncapped rounds
@@ -15,7 +15,7 @@ import argparse
 import dataclasses
 import time
 
-from speechrt.bench import margin_study
+from benchmarks import margin_study
 
 SPEECH_S = (0.6, 0.9, 1.2, 1.5)  # speech heard when the round runs (opening rounds come 0.3 s apart)
 
@@ -49,7 +49,7 @@ def study(asr, data, caps: list[int | None], lead_s: float) -> list[dict]:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m speechrt.bench.opening_study", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.opening_study", description=__doc__.split("\n\n")[0])
     ap.add_argument("--caps", default="4,5", help="token caps to try (comma-separated)")
     margin_study.add_asr_args(ap)
     args = ap.parse_args(argv)

@@ -2,7 +2,7 @@
 on long recordings the embedded voice speaks (six paragraphs, in pairs and alone, at three speaking rates) and
 the bundled passage.
 
-    python -m speechrt.bench.trim_study [--margins 1,2,3,5]
+    python -m benchmarks.trim_study [--margins 1,2,3,5]
         [--configs onnxruntime:int8,onnxruntime:float32,torch:float32]
 
 A long recording's last window usually holds a few seconds of audio, yet a whole window costs a full 30-s

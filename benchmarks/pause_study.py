@@ -1,4 +1,4 @@
-"""`python -m speechrt.bench.pause_study`: conversation turns with a pause inside each ("What is the capital of
+"""`python -m benchmarks.pause_study`: conversation turns with a pause inside each ("What is the capital of
 Japan?", half a second of silence, "Answer with one word."), spoken at real-time pace to a `speechrt serve` started
 as `bench server` starts it (or the one at --url), one session, turn after turn.
 
@@ -8,7 +8,7 @@ Over the run: the replies begun in pauses and taken over, and how much of the re
 found in its cache (the conversation so far, which the dropped replies had read: their positions stay,
 speechrt/pipelines/lm_batching.py). `bench server --mode conversation` speaks each question without a pause.
 
-    python -m speechrt.bench.pause_study [--turns 6] [--gap 0.5] [--silence-ms 800] [--url ws://...]
+    python -m benchmarks.pause_study [--turns 6] [--gap 0.5] [--silence-ms 800] [--url ws://...]
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def main(argv=None) -> list[dict]:
     from speechrt.bench import server as bench_server
     from speechrt.models.wer import wer
 
-    ap = argparse.ArgumentParser(prog="python -m speechrt.bench.pause_study", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.pause_study", description=__doc__.split("\n\n")[0])
     ap.add_argument("--turns", type=int, default=6, help="turns of the one session (default 6)")
     ap.add_argument("--gap", type=float, default=0.5, help="seconds of silence inside each turn (default 0.5)")
     ap.add_argument("--silence-ms", type=int, default=800, help="server_vad pause that ends a turn (default 800)")

@@ -1,0 +1,318 @@
+"""What the AOT report compiles: every Triton kernel at the shapes the models run it with (Whisper tiny, SmolLM2-135M,
+head dim 128 attention), each with the launch configuration its launcher's `config()` picks on NVIDIA or AMD."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Spec:
+    kernel: str  # the @triton.jit function's name
+    variant: str  # model / shape it was specialized for
+    fn: object = field(repr=False)
+    signature: dict = field(repr=False)
+    constexprs: dict = field(repr=False)
+    options: dict = field(repr=False)  # num_warps, num_stages
+    aligned: tuple = field(repr=False)  # args the JIT would specialize as 16-aligned / divisible by 16
+    matmul: bool = False  # expected to run on the matrix units
+
+
+def _spec(fn, variant, types, constexprs, options, aligned=(), matmul=False):
+    """types: arg -> Triton type for the runtime args ('*fp16', 'i32', 'fp32'); every other arg must
+    be a constexpr in `constexprs`."""
+    names = list(fn.arg_names)
+    sig = {}
+    for n in names:
+        if n in constexprs:
+            sig[n] = "constexpr"
+        elif n in types:
+            sig[n] = types[n]
+        else:
+            raise KeyError(f"{fn.__name__}: no type for argument {n!r}")
+    opts = {k: options[k] for k in ("num_warps", "num_stages") if k in options}
+    return Spec(fn.__name__, variant, fn, sig, dict(constexprs), opts, tuple(aligned), matmul)
+
+
+def _ints(*names):
+    return {n: "i32" for n in names}
+
+
+def specs(hip: bool = False) -> list[Spec]:
+    """Every kernel at the shapes the models run it with (fp16 activations, as on GPUs), with the
+    launch configuration its launcher picks on NVIDIA or, with `hip`, on AMD."""
+    import torch
+
+    from . import triton_act as act
+    from . import triton_attention as att
+    from . import triton_decode_attention as dec
+    from . import triton_int8_matmul as i8
+    from . import triton_matmul as mm
+    from . import triton_norm as norm
+    from . import triton_rotary as rot
+
+    f16 = torch.float16
+    out = []
+
+    # norms: rows of d with the residual fused; whisper LayerNorm d=384, SmolLM2 RMSNorm d=576
+    strides = ("stride_x", "stride_r", "stride_y", "stride_s")
+    c = norm.config(384)
+    out.append(
+        _spec(
+            norm._layer_norm_kernel,
+            "whisper d384 +res",
+            {
+                **{p: "*fp16" for p in ("x_ptr", "r_ptr", "w_ptr", "b_ptr", "y_ptr", "s_ptr")},
+                **_ints("N", *strides),
+                "eps": "fp32",
+            },
+            {"HAS_RES": True, "HAS_BIAS": True, "BLOCK": c["BLOCK"]},
+            c,
+            ("x_ptr", "r_ptr", "w_ptr", "b_ptr", "y_ptr", "s_ptr", "N", *strides),
+        )
+    )
+    c = norm.config(576)
+    out.append(
+        _spec(
+            norm._rms_norm_kernel,
+            "smollm2 d576 +res",
+            {
+                **{p: "*fp16" for p in ("x_ptr", "r_ptr", "w_ptr", "y_ptr", "s_ptr")},
+                **_ints("N", *strides),
+                "eps": "fp32",
+            },
+            {"HAS_RES": True, "BLOCK": c["BLOCK"]},
+            c,
+            ("x_ptr", "r_ptr", "w_ptr", "y_ptr", "s_ptr", "N", *strides),
+        )
+    )
+
+    # activations: MLP width 1536 in both models
+    c = act.config(1536)
+    out.append(
+        _spec(
+            act._gelu_kernel,
+            "whisper mlp 1536 +bias",
+            {"x_ptr": "*fp16", "b_ptr": "*fp16", "y_ptr": "*fp16", **_ints("N", "stride_x", "stride_y")},
+            {"HAS_BIAS": True, "BLOCK": c["BLOCK"]},
+            c,
+            ("x_ptr", "b_ptr", "y_ptr", "N", "stride_x", "stride_y"),
+        )
+    )
+    out.append(
+        _spec(
+            act._silu_mul_kernel,
+            "smollm2 mlp 1536",
+            {"g_ptr": "*fp16", "u_ptr": "*fp16", "y_ptr": "*fp16", **_ints("N", "stride_g", "stride_u", "stride_y")},
+            {"BLOCK": c["BLOCK"]},
+            c,
+            ("g_ptr", "u_ptr", "y_ptr", "N", "stride_g", "stride_u", "stride_y"),
+        )
+    )
+
+    # rotary: SmolLM2 9 query / 3 key heads of 64
+    c = rot.config(9, 32)
+    rs = (
+        "sqb",
+        "sqh",
+        "sqt",
+        "skb",
+        "skh",
+        "skt",
+        "scb",
+        "sct",
+        "ssb",
+        "sst",
+        "sqob",
+        "sqoh",
+        "sqot",
+        "skob",
+        "skoh",
+        "skot",
+    )
+    out.append(
+        _spec(
+            rot._rotary_kernel,
+            "smollm2 9/3 heads d64",
+            {
+                **{p: "*fp16" for p in ("q_ptr", "k_ptr", "qo_ptr", "ko_ptr")},
+                "cos_ptr": "*fp32",
+                "sin_ptr": "*fp32",
+                **_ints("T", "H", "HKV", "HALF", *rs),
+            },
+            {"BLOCK_H": c["BLOCK_H"], "BLOCK_HALF": c["BLOCK_HALF"]},
+            c,
+            ("q_ptr", "k_ptr", "cos_ptr", "sin_ptr", "qo_ptr", "ko_ptr", "HALF", "sqh", "sqt", "skh", "skt"),
+        )
+    )
+
+    # linear: whisper encoder (M = 1500 positions) and batch-1 decode, the two configs the launcher picks
+    lin_types = {
+        "x_ptr": "*fp16",
+        "w_ptr": "*fp16",
+        "b_ptr": "*fp16",
+        "y_ptr": "*fp16",
+        **_ints("M", "N", "K", "sxm", "sxk", "swn", "swk", "sym"),
+    }
+    lin_aligned = ("x_ptr", "w_ptr", "b_ptr", "y_ptr", "N", "K", "sxm", "swn", "sym")
+    for variant, M, N, K in (("whisper enc 1500x384->1536", 1500, 1536, 384), ("decode 1x576->1536", 1, 1536, 576)):
+        c = mm.config(M, N, K, f16)
+        out.append(
+            _spec(
+                mm._linear_kernel,
+                variant,
+                lin_types,
+                {
+                    "HAS_BIAS": True,
+                    "PRECISION": mm.precision(f16),
+                    "UPCAST": False,
+                    **{k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")},
+                },
+                c,
+                lin_aligned,
+                matmul=True,
+            )
+        )
+
+    # int8 weight-only linear: SmolLM2 batch-1 decode (gate/up 576->1536) and a 128-token prefill
+    i8_types = {
+        "x_ptr": "*fp16",
+        "w_ptr": "*i8",
+        "s_ptr": "*fp16",
+        "b_ptr": "*fp16",
+        "y_ptr": "*fp16",
+        **_ints("M", "N", "K", "sxm", "sxk", "swn", "swk", "sym"),
+    }
+    for variant, M in (("smollm2 decode 1x576->1536", 1), ("smollm2 prefill 128x576->1536", 128)):
+        c = i8.config(M, 1536, 576, f16)
+        out.append(
+            _spec(
+                i8._linear_int8_kernel,
+                variant,
+                i8_types,
+                {
+                    "HAS_BIAS": False,
+                    "PRECISION": i8.precision(f16),
+                    "UPCAST": False,
+                    **{k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")},
+                },
+                c,
+                ("x_ptr", "w_ptr", "s_ptr", "y_ptr", "N", "K", "sxm", "swn", "sym"),
+                matmul=True,
+            )
+        )
+
+    # flash attention: whisper encoder (non-causal), SmolLM2 prefill (causal, GQA), head dim 128
+    att_strides = ("sqb", "sqh", "sqt", "skb", "skh", "skt", "svb", "svh", "svt", "sob", "soh", "sot")
+    att_types = {
+        **{p: "*fp16" for p in ("q_ptr", "k_ptr", "v_ptr", "o_ptr")},
+        "len_ptr": "*i32",
+        **_ints(*att_strides, "H", "GROUP", "Tq", "Tk", "D"),
+        "qk_scale": "fp32",
+    }
+    att_aligned = ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "len_ptr", *att_strides, "D")
+    for variant, Tq, D, causal in (
+        ("whisper encoder 1500 d64", 1500, 64, False),
+        ("smollm2 prefill causal d64", 512, 64, True),
+        ("prefill causal d128", 512, 128, True),
+    ):
+        c = att.config(Tq, D, f16, hip=hip, causal=causal)
+        out.append(
+            _spec(
+                att._attention_kernel,
+                variant,
+                att_types,
+                {
+                    "CAUSAL": causal,
+                    "HAS_LENS": False,
+                    "PRECISION": att.precision(f16),
+                    "UPCAST": False,
+                    **{k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D")},
+                },
+                c,
+                att_aligned,
+                matmul=True,
+            )
+        )
+
+    # decode attention over the KV cache: SmolLM2 (9 query / 3 key-value heads, 2048-token cache,
+    # per-sequence lengths: the grouped kernel), Whisper cross-attention (6 heads over 1500 encoder
+    # states: the per-head kernel), head dim 128 grouped (32 / 8 heads) and per-head
+    dec_common = {
+        **{p: "*fp16" for p in ("q_ptr", "k_ptr", "v_ptr")},
+        "len_ptr": "*i32",
+        "po_ptr": "*fp32",
+        "plse_ptr": "*fp32",
+        **_ints("sqb", "sqh", "skb", "skh", "skt", "svb", "svh", "svt", "GROUP", "Tk", "D", "SPLIT_LEN", "NUM_SPLITS"),
+        "qk_scale": "fp32",
+    }
+    dec_aligned = (
+        "q_ptr",
+        "k_ptr",
+        "v_ptr",
+        "len_ptr",
+        "po_ptr",
+        "plse_ptr",
+        "sqb",
+        "sqh",
+        "skb",
+        "skh",
+        "skt",
+        "svb",
+        "svh",
+        "svt",
+        "D",
+        "SPLIT_LEN",
+    )
+    for variant, B, H, Hkv, Tk, D, lens in (
+        ("smollm2 B=8 9/3 heads cache 2048 d64 +lengths", 8, 9, 3, 2048, 64, True),
+        ("whisper cross B=5 6 heads 1500 d64", 5, 6, 6, 1500, 64, False),
+        ("B=4 32/8 heads cache 4096 d128 +lengths", 4, 32, 8, 4096, 128, True),
+        ("B=4 16 heads cache 4096 d128 +lengths", 4, 16, 16, 4096, 128, True),
+    ):
+        group = H // Hkv
+        c = dec.config(B * Hkv, Tk, D, group)
+        if group > 1:
+            out.append(
+                _spec(
+                    dec._decode_attention_grouped_kernel,
+                    variant,
+                    {**dec_common, "HKV": "i32"},
+                    {
+                        "HAS_LENS": lens,
+                        "PRECISION": dec.precision(f16),
+                        "UPCAST": False,
+                        **{k: c[k] for k in ("BLOCK_G", "BLOCK_N", "BLOCK_D")},
+                    },
+                    c,
+                    dec_aligned,
+                    matmul=True,
+                )
+            )
+        else:
+            out.append(
+                _spec(
+                    dec._decode_attention_kernel,
+                    variant,
+                    {**dec_common, "H": "i32"},
+                    {"HAS_LENS": lens, "BLOCK_N": c["BLOCK_N"], "BLOCK_D": c["BLOCK_D"]},
+                    c,
+                    dec_aligned,
+                )
+            )
+        out.append(
+            _spec(
+                dec._decode_reduce_kernel,
+                variant,
+                {
+                    "po_ptr": "*fp32",
+                    "plse_ptr": "*fp32",
+                    "o_ptr": "*fp16",
+                    **_ints("H", "D", "sob", "soh", "NUM_SPLITS"),
+                },
+                {"BLOCK_S": max(2, 1 << (c["NUM_SPLITS"] - 1).bit_length()), "BLOCK_D": c["BLOCK_D"]},
+                {"num_warps": 2},
+                ("po_ptr", "plse_ptr", "o_ptr", "D", "sob", "soh"),
+            )
+        )
+    return out

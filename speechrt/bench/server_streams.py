@@ -1,0 +1,172 @@
+"""`bench server`'s load: the benchmark's utterances in the embedded voice, spoken at real-time pace by N
+concurrent Realtime sessions (staggered or at once), and each utterance's latencies as the client sees them."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+
+import numpy as np
+
+from speechrt.bench.pacing import FINAL_WAIT_S, listen, send_paced
+from speechrt.models.wer import normalize
+
+SENTENCES = [
+    "Please book a table for two at seven tonight.",
+    "The package should arrive on Monday morning.",
+    "Turn off the lights in the kitchen.",
+    "How long does it take to drive to the airport?",
+    "Remind me to call my sister tomorrow.",
+    "The concert was moved to next Friday.",
+    "I need three tickets for the afternoon show.",
+    "Add milk and eggs to the shopping list.",
+]
+QUESTIONS = [
+    "What is the capital of France?",
+    "What color is the sky on a clear day?",
+    "How many days are in a week?",
+    "What is the largest planet in our solar system?",
+]
+CHUNK_MS = 100
+RATE = 24000
+
+
+def recordings(texts):
+    """Speech for each text from the embedded voice, pcm16 at 24 kHz, with its speech span. The voice's
+    noise is seeded: every run replays the same recordings."""
+    import speechrt
+
+    tts = speechrt.load_tts()
+    out = []
+    for i, t in enumerate(texts):
+        a = np.concatenate(list(tts.synthesize(t, sample_rate=RATE, seed=i)))
+        nz = np.flatnonzero(np.abs(a) > 0.01)
+        lead = np.zeros(RATE // 2, np.float32)
+        tail = np.zeros(RATE * 2, np.float32)  # silence after: the server detects the end of the turn
+        pcm = (np.clip(np.concatenate([lead, a, tail]), -1, 1) * 32767).astype("<i2").tobytes()
+        out.append((t, pcm, (len(lead) + nz[0]) / RATE, (len(lead) + nz[-1] + 1) / RATE))
+    return out
+
+
+def long_recording(recs, seconds: float):
+    """(text, pcm, speech start s, speech end s): the recordings' speech back to back with 0.15 s gaps (shorter
+    than any pause that ends a turn) until `seconds`, with the recordings' lead and tail silence around it."""
+    gap = np.zeros(int(0.15 * RATE), "<i2")
+    parts, texts, n = [], [], 0
+    while n < seconds * RATE:
+        text, pcm, s0, s1 = recs[len(texts) % len(recs)]
+        speech = np.frombuffer(pcm, "<i2")[int(s0 * RATE) : int(s1 * RATE)]
+        parts += [speech, gap]
+        texts.append(text)
+        n += len(speech) + len(gap)
+    speech = np.concatenate(parts[:-1])
+    lead, tail = np.zeros(RATE // 2, "<i2"), np.zeros(RATE * 2, "<i2")
+    pcm = np.concatenate([lead, speech, tail]).tobytes()
+    return " ".join(texts), pcm, len(lead) / RATE, (len(lead) + len(speech)) / RATE
+
+
+async def long_level(url, recs, long_rec, args):
+    """One session speaks `long_rec`; another, starting 5 s later, speaks its utterances. -> (the long turn's
+    result, the other's results)."""
+    long_res, short_res = [], []
+    td = turn_detection(args)
+    await asyncio.gather(
+        stream_session(url, [long_rec], 0, 1, td, False, long_res),
+        stream_session(url, recs, 1, args.utterances, td, False, short_res, 5.0),
+    )
+    return long_res[0], short_res
+
+
+def turn_detection(args) -> dict:
+    if args.turn_detection == "semantic_vad":
+        return {"type": "semantic_vad", "eagerness": args.eagerness}
+    return {"type": "server_vad", "silence_duration_ms": args.silence_duration_ms}
+
+
+async def stream_session(url, recs, idx, n_utt, turn_detection, conversation, results, delay=0.0):
+    from websockets.asyncio.client import connect
+
+    await asyncio.sleep(delay)
+    async with connect(url + ("" if conversation else "?intent=transcription"), max_size=None) as ws:
+        await ws.recv()
+        session = {"audio": {"input": {"turn_detection": turn_detection}}}
+        if conversation:
+            session["instructions"] = "You are a helpful assistant. Answer in one short sentence."
+        else:
+            session["type"] = "transcription"
+        await ws.send(json.dumps({"type": "session.update", "session": session}))
+        while json.loads(await ws.recv())["type"] != "session.updated":
+            pass
+        events, rd = listen(ws)
+        try:
+            for u in range(n_utt):
+                text, pcm, s0, s1 = recs[(idx + u) % len(recs)]
+
+                async def send(a, b, pcm=pcm):  # samples a..b of pcm16
+                    await ws.send(
+                        json.dumps(
+                            {
+                                "type": "input_audio_buffer.append",
+                                "audio": base64.b64encode(pcm[2 * a : 2 * b]).decode(),
+                            }
+                        )
+                    )
+
+                t_speech_start, t_speech_end = await send_paced(send, len(pcm) // 2, RATE, CHUNK_MS / 1000, (s0, s1))
+                r, deltas = {"stream": idx, "text": text}, []
+                t_response = None
+                while True:
+                    try:
+                        t, ev = await asyncio.wait_for(events.get(), FINAL_WAIT_S)
+                    except asyncio.TimeoutError:  # an overloaded server: counted as lost, not a crash
+                        results.append(r)
+                        return
+                    et = ev["type"]
+                    if et == "error":
+                        raise RuntimeError(ev["error"])
+                    if et == "conversation.item.input_audio_transcription.delta":
+                        r.setdefault("partial", t - t_speech_start)
+                        deltas.append(ev["delta"])
+                    elif et == "conversation.item.input_audio_transcription.completed":
+                        r["final"] = t - t_speech_end
+                        r["transcript"] = ev["transcript"]
+                        r["live_text"] = "".join(deltas)
+                        r["live_consistent"] = normalize(r["live_text"]) == normalize(ev["transcript"])
+                        if not conversation:
+                            break
+                    elif et == "response.created":
+                        t_response = t
+                    elif et == "response.output_audio.delta" and "v2v" not in r:
+                        r["v2v"] = t - t_speech_end
+                        if t_response is not None:
+                            r["first_audio"] = t - t_response
+                    elif et == "response.done":
+                        break
+                results.append(r)
+        finally:
+            rd.cancel()
+
+
+def start_delays(recs, n, conversation, stagger) -> list[float]:
+    """Start offsets: stream i starts i/n of an utterance cycle (the mean recording, plus the answer's time
+    in conversations) after the first; all at once without stagger."""
+    cycle = sum(len(pcm) / 2 / RATE for _, pcm, _, _ in recs) / len(recs) + (1.5 if conversation else 0.3)
+    return [cycle * i / n if stagger else 0.0 for i in range(n)]
+
+
+async def run_level(url, recs, n, args, conversation):
+    """n streams, each speaking utterances_per_stream(): so each level's WER has the same utterances spoken alone
+    to compare with (summary's wer_alone)."""
+    results: list = []
+    delays = start_delays(recs, n, conversation, args.stagger)
+    utterances, td = utterances_per_stream(args, recs, n), turn_detection(args)
+    await asyncio.gather(
+        *(stream_session(url, recs, i, utterances, td, conversation, results, delays[i]) for i in range(n))
+    )
+    return results
+
+
+def utterances_per_stream(args, recs, n) -> int:
+    """Utterances per stream at level n: a single stream speaks every recording (at least --utterances)."""
+    return max(args.utterances, len(recs)) if n == 1 else args.utterances
