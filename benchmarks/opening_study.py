@@ -1,7 +1,7 @@
 """`python -m benchmarks.opening_study`: the streaming server's opening rounds (a turn's first live words,
-streaming/realtime/turn_transcripts.py) with their decode capped at OPENING_TOKENS tokens against uncapped — time a round and the
-word each would send — on the benchmark's utterances in the embedded voice (margin_study.clips, the middle
-lead silence), cut where opening rounds run: 0.6-1.5 s of speech after the lead.
+streaming/realtime/turn_transcripts.py) with their decode capped at OPENING_TOKENS tokens against uncapped —
+time a round and the word each would send — on the benchmark's utterances in the embedded voice
+(margin_study.clips, the middle lead silence), cut where opening rounds run: 0.6-1.5 s of speech after the lead.
 
     python -m benchmarks.opening_study [--caps 4,5] [--config onnxruntime:int8] [--threads 2]
 
