@@ -15,6 +15,8 @@ so beside them).
 
 It then checks the copy: int8 MatMulInteger on the copy and on the installed package, side by side. On a CPU
 with AVX512-VNNI the copy's is about half (vpmaddubsw in place of vpdpbusd); equal speeds mean the patch missed.
+A CPU with AVX-VNNI (the VEX form of vpdpbusd, which needs only AVX state) keeps its VNNI kernel under the patch:
+there the copy is not an AVX2-only machine's int8 path.
 """
 
 from __future__ import annotations
