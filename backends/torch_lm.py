@@ -51,8 +51,8 @@ def resolve_format(dtype: str | None, device: torch.device, has_q4: bool = False
 
 
 def load_file(model):
-    """ResolvedModel -> models.gguf_loader.LMFile (config, float32 weights, tokenizer, chat template)."""
-    from speechrt.models.gguf_loader import load_lm
+    """ResolvedModel -> models.lm_file.LMFile (config, float32 weights, tokenizer, chat template)."""
+    from speechrt.models.lm_loaders import load_lm
 
     return load_lm(model)
 

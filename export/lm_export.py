@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from speechrt.models.gguf_loader import load_lm
 from speechrt.models.llama import LlamaConfig, RopeScaling
+from speechrt.models.lm_loaders import load_lm
 
 from .graph_builder import save
 from .llama_onnx import LlamaGraph, io, weights_note

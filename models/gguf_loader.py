@@ -13,31 +13,16 @@ the permutation is undone on load — exactly what transformers does, which lets
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from .lm_file import LMFile
 from .registry import ModelError
 
 # GGUF architectures that are the Llama graph (same tensor names and math) under another name.
 LLAMA_ARCHS = ("llama", "mistral", "granite", "smollm3")
-
-
-@dataclass
-class LMFile:
-    """What a loader hands the model builder. `weights` use the names of models/llama.py, float32, on CPU."""
-
-    config: LlamaConfig  # noqa: F821 - models.llama.LlamaConfig
-    weights: dict[str, torch.Tensor]
-    tokenizer: LMTokenizer  # noqa: F821 - models.lm_text.LMTokenizer
-    chat_template: str | None
-    source: str
-    tensor_types: dict[str, int] = field(default_factory=dict)  # quant type name -> count, for logs
-    # 4-bit weights exactly as the file stores them (Q4_0 / Q4_1 blocks): name -> (q uint8 [N, K] in 0..15,
-    # scale [N, K/32], zero [N, K/32]) with w = (q - 8) * scale + zero, for the int4 weight format
-    q4: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
 def _supported_types() -> dict[str, gguf.GGMLQuantizationType]:  # noqa: F821
@@ -278,14 +263,3 @@ def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
         )
     tok = LMTokenizer.from_gguf_metadata(md, path)
     return LMFile(cfg, weights, tok, md.get("tokenizer.chat_template"), str(path), types, q4s)
-
-
-def load_lm(model) -> LMFile:
-    """A resolved language model (models.registry.ResolvedModel: GGUF file or Hugging Face directory) -> LMFile."""
-    if model.format == "gguf":
-        return load(model.path)
-    if model.format == "hf-llama":
-        from . import hf_llama
-
-        return hf_llama.load(model.path)
-    raise ModelError(f"{model.path}: format {model.format!r} is not a language-model format; valid: gguf, hf-llama")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .gguf_loader import LMFile
+from .lm_file import LMFile
 from .registry import ModelError
 
 _LAYER = {

@@ -207,7 +207,7 @@ class Llama(nn.Module):
         dense_prefill: torch.dtype | None = None,
     ):
         """weights: float tensors named as models.gguf_loader produces them; q4: the file's 4-bit blocks
-        (gguf_loader.LMFile.q4) for weight_format 'int4' — without any, int4 quantizes the float weights.
+        (lm_file.LMFile.q4) for weight_format 'int4' — without any, int4 quantizes the float weights.
         dense_prefill (int4 / int8): the blocks' weights also in this dtype for prompts (see Linear)."""
         super().__init__()
         if weight_format not in WEIGHT_FORMATS:

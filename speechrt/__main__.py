@@ -1,3 +1,5 @@
+"""`python -m speechrt`: the `speechrt` command."""
+
 import sys
 
 from speechrt.cli import main
