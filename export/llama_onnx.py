@@ -5,7 +5,7 @@ MatMulNBits (4/8-bit block weights, int8 activations at accuracy level 4), Group
 rotary embedding inside it over the slot-addressed KV cache, QuickGelu(alpha=1) = SiLU. The cache inputs
 `past_key.i` [B, Hkv, S + 1, D] are bound to the same buffers as the outputs `present_key.i`: ORT writes the
 new keys in place at each row's position (`seqlens_k` [B] = length after the step - 1). Position S is a
-scratch column for rows that only fill a gap in a contiguous range of slots (see onnxruntime_lm).
+scratch column for rows that only fill a gap in a contiguous range of slots (see backends/onnxruntime/lm.py).
 
 variant 'standard' (plain ONNX ops, for TensorRT and any runtime): RMSNorm, rotary and attention written
 out; the caller passes the past keys [B, Hkv, P, D], position ids [B, T] and an additive attention bias

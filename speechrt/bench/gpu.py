@@ -281,7 +281,7 @@ def step_records(
 def check_cuda_graphs(dev, out: Results):
     import torch
 
-    from speechrt.backends.triton_asr import TritonASRRunner
+    from speechrt.backends.triton.asr import TritonASRRunner
     from speechrt.models.audio import load_audio, utterance_mel
     from speechrt.models.registry import resolve
     from speechrt.models.whisper_loaders import load_weights
@@ -326,7 +326,7 @@ def check_asr_batches(dev, out: Results, batches: int = 24):
     import torch
 
     from speechrt.backends.cuda_graphs import CapturedStep
-    from speechrt.backends.triton_asr import TritonASRRunner
+    from speechrt.backends.triton.asr import TritonASRRunner
     from speechrt.models.audio import load_audio
     from speechrt.models.registry import resolve
     from speechrt.models.whisper_loaders import load_weights
@@ -496,7 +496,8 @@ def compare_providers(providers: list[str]) -> tuple[list[str], list[str]]:
     must agree within 1e-4; a session that silently fell back to the CPU provider fails."""
     import numpy as np
 
-    from speechrt.backends.onnxruntime_backend import OrtTTSRunner, provider_options
+    from speechrt.backends.onnxruntime.providers import provider_options
+    from speechrt.backends.onnxruntime.shipped import OrtTTSRunner
     from speechrt.models.piper_loader import SynthesisOptions
     from speechrt.models.registry import resolve
     from speechrt.models.tts_text import TextFrontEnd
@@ -541,7 +542,7 @@ def check_onnxruntime(dev, out: Results):
     why = _no_ort_gpu()
     if why:
         return "skip", why
-    from speechrt.backends.onnxruntime_backend import provider_loadable
+    from speechrt.backends.onnxruntime.providers import provider_loadable
 
     listed = [p for p in ort.get_available_providers() if p not in ("CPUExecutionProvider", "AzureExecutionProvider")]
     ok, bad = compare_providers([p for p in listed if provider_loadable(p)])

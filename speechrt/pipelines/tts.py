@@ -29,11 +29,12 @@ import numpy as np
 import torch
 
 from speechrt import backends
-from speechrt.backends.base import throughput_windows, windows
+from speechrt.backends.tts_plan import windows
 from speechrt.errors import UserError
 from speechrt.models.piper_loader import SynthesisOptions
 from speechrt.models.registry import resolve
 from speechrt.models.tts_text import SentenceStream, TextFrontEnd, TextOptions, stream_segments
+from speechrt.pipelines.tts_windows import throughput_windows
 
 __all__ = [
     "TTSPipeline",

@@ -15,8 +15,8 @@ import torch
 from speechrt.kernels import cpu_decode
 from speechrt.models.llama import KVCache, quantize_int4, rope_tables
 
-from .base import LMRunner, RunnerInfo, check_cache_size, check_prefill
-from .torch_backend import ThreadPolicy, cpu_threads
+from ..base import LMRunner, RunnerInfo, check_cache_size, check_prefill
+from ..threads import ThreadPolicy, cpu_threads
 
 
 def unavailable(cfg) -> str | None:
