@@ -31,7 +31,7 @@ import torch
 from speechrt.models.whisper import WhisperConfig
 
 from .graph_builder import MS, GraphBuilder
-from .llama_onnx import int8_blocks
+from .llama_weights import int8_blocks
 from .manifest import Tensor
 
 
