@@ -218,14 +218,15 @@ class Latent:
 class TTSRunner(Runner):
     """Text-to-speech acoustic model + vocoder (VITS), split where streaming needs it: `latent` runs the
     text encoder, durations, prior and flow for a whole sentence; `vocode` turns any window of that latent
-    into audio. The chunking policy (windows, context, crossfade) is written once, in the TTS pipeline."""
+    into audio. The streaming (context, crossfade) is written once, in the TTS pipeline; the first-audio windows
+    it streams are the runner's plan (plan_windows, backends/tts_plan.py), which a runner's background flow follows."""
 
     sample_rate: int
     hop_length: int  # audio samples per latent frame
     context_frames: int  # latent frames each side of a window that the vocoder's output inside it depends on
     voice: Any  # models.piper_loader.VoiceConfig
     parallel: int = 1  # vocode calls that may usefully run at once (see vocode_async)
-    # a latent with background pieces: their flow's work per frame over the generator's (windows())
+    # a latent with background pieces: their flow's work per frame over the generator's (tts_plan.windows())
     flow_cost: float = 0.0
 
     @abstractmethod
@@ -245,7 +246,7 @@ class TTSRunner(Runner):
         return f
 
     def plan_windows(self, frames: int, options: Any, background: bool) -> list[tuple[int, int]]:
-        """The windows a sentence of `frames` latent frames is vocoded in (windows()): the pipeline streams
+        """The windows a sentence of `frames` latent frames is vocoded in (tts_plan.windows()): the pipeline streams
         them, and a runner that computes the flow in the background (`background`) plans its pieces on them."""
         return windows(
             frames,

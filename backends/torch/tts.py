@@ -1,4 +1,5 @@
-"""TTS runner of the `torch` backend: models/vits.py built with a kernel set, weights from the Piper ONNX file."""
+"""TTS runner of the `torch` backend: models/vits.py built with a kernel set, weights from the Piper ONNX file, run by
+the streaming TTS runner the backends share (tts_runner.TorchTTSRunner)."""
 
 from __future__ import annotations
 
