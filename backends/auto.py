@@ -17,6 +17,7 @@ from functools import lru_cache
 import torch
 
 from .base import Backend
+from .registry import available, get
 
 log = logging.getLogger(__name__)
 
@@ -201,8 +202,6 @@ def choose(family: str, device: str | None) -> Choice:
     if c is None:
         c = Choice("torch", None, f"not measured on a {kind} machine: torch, its default precision")
     else:
-        from . import available
-
         why = NEEDS[c.needs]() if c.needs else None
         if why and c.instead is not None:  # e.g. no C compiler for the CPU kernel: the runner-up
             c = Choice(c.instead.backend, c.instead.dtype, f"{c.backend} {c.dtype}: {why}; {c.instead.why}")
@@ -219,8 +218,6 @@ def choose(family: str, device: str | None) -> Choice:
 
 def _delegate(family: str):
     def build(self, model, device="cpu", dtype=None, step_threads=None):
-        from . import get
-
         c = choose(family, device)
         if dtype in (None, "auto"):  # 'auto' precision under the auto backend: the table's
             dtype = c.dtype or dtype

@@ -19,8 +19,7 @@ import torch
 
 from speechrt.errors import UserError
 
-# each TTS window is this many times the one before it (windows; TTSRunner.head_frames)
-WINDOW_GROWTH = 3
+from .tts_plan import WINDOW_GROWTH, windows
 
 
 @dataclass(frozen=True)
@@ -44,7 +43,7 @@ class RunnerInfo:
 class Runner(ABC):
     """What every runner declares: `info`, and `loop()`, the context in which a caller runs its decoding
     loop around the runner's steps (its own small tensor ops: logit rules, sampling). A runner applies
-    its CPU thread policy there (see backends.torch_backend.ThreadPolicy); the default does nothing."""
+    its CPU thread policy there (see backends.threads.ThreadPolicy); the default does nothing."""
 
     info: RunnerInfo
     device: torch.device
@@ -216,140 +215,18 @@ class Latent:
                 return
 
 
-def flow_pieces(frames: int, ready: int, wins: list[tuple[int, int]], context: int, least: int) -> list[int]:
-    """Ends of the background pieces of a latent whose frames [0, ready) are computed: one piece per
-    window that reads past what is done (its end plus `context` frames), merged with the next while
-    shorter than `least` frames (each piece recomputes its own context)."""
-    ends: list[int] = []
-    for _, b in wins:
-        e = min(frames, b + context)
-        if e > (ends[-1] if ends else ready):
-            ends.append(e)
-    merged: list[int] = []
-    for e in ends:
-        if merged and merged[-1] - (merged[-2] if len(merged) > 1 else ready) < least:
-            merged[-1] = e
-        else:
-            merged.append(e)
-    return merged
-
-
-def windows(
-    frames: int, first: int, largest: int, parallel: int = 1, flow_cost: float = 0.0, context: int = 0
-) -> list[tuple[int, int]]:
-    """[start, end) frame windows covering `frames`: sizes first, WINDOW_GROWTH * first, ... up to `largest`
-    (the first audio comes early, and each window has the time the ones before it play to get decoded).
-    From the third window on, once the rest fits in `parallel` windows of at most `largest` frames — or a
-    multiple of that — it is split evenly, so parallel workers finish together: few windows, since each
-    border costs the generator 2 * context frames of extra work. A short tail (under `first` frames) joins
-    the window before it, and the rest is split only into windows of at least 4 * first frames. (30 words
-    on two one-thread workers, AMD EPYC: 16, 48, 363, 363 frames synthesize in 0.91x the time of doubling
-    windows up to 256 frames, 16 ... 128, 4 x 138; 5 words, Zen 4: 16, 48, 69 in 0.94x the time of 16, 48,
-    34, 35, 60 rounds in one process, the order reversed every round.)
-
-    flow_cost > 0: the runner computes these windows' flow in the background, one piece per window in order
-    (flow_pieces), at `flow_cost` times the generator's work per frame. Where the rest is one window per
-    worker, window i then starts flow_cost x (the frames before it) later than the first, so the sizes
-    fall by a factor (1 + flow_cost) each (none over `largest`) and the workers still finish together (30
-    words: 400, 327 frames instead of 364, 363: the worker that computes the flow vocodes the smaller one).
-
-    context > 0: the whole latent is ready (no background flow) and each window is vocoded with `context`
-    frames on each side that is not the sentence's edge. The windows after the first are then sized so that
-    the workers, taking them in order, end together (makespan()): the rest split one window per worker is
-    sized by when each worker is free, or, if that ends sooner, the windows after the first are one per
-    worker, those beside the first at most 4 * first frames (its audio is their deadline); no window under
-    `first` frames, though the rest's may fall under 4 * first. 5 words (133 frames, 11 frames of context),
-    two workers: 16, 64, 53 instead of 16, 48, 69; 200 frames: 16, 48, 84, 52 instead of 16, 48, 68, 68."""
-    out, a, size = [], 0, first
-    while a < frames:
-        rest = frames - a
-        if size >= largest or (len(out) >= 2 and rest <= parallel * largest):
-            n = even_count(rest, largest, parallel, 4 * first)  # windows of at least 4*first frames (see above)
-            share = [1.0] * n
-            if flow_cost > 0 and n == parallel > 1:
-                share = [(1 + flow_cost) ** -i for i in range(n)]
-            sizes, left = [], rest
-            for i in range(n):  # in proportion to the shares, none over `largest`
-                sizes.append(min(largest, left * share[i] / sum(share[i:])))
-                left -= sizes[-1]
-            if sizes[-1] < 4 * first:
-                sizes = [rest / n] * n
-            if context and n == parallel > 1 and not flow_cost:
-                sizes = _end_together(out, frames, rest, largest, parallel, context) or sizes
-            bounds = [a + round(sum(sizes[:i])) for i in range(n + 1)]
-            out += list(zip(bounds[:-1], bounds[1:]))
-            break
-        b = a + size
-        if frames - b < first:
-            b = frames
-        out.append((a, b))
-        a, size = b, min(size * WINDOW_GROWTH, largest)
-    if context and parallel > 1 and not flow_cost and len(out) > 1:
-        # the windows after the first, one per worker: those beside the first start with it
-        rest = frames - out[0][1]
-        beside = min((rest + out[0][1]) / parallel, 4 * first, largest)
-        last = rest - (parallel - 1) * beside
-        if first <= min(beside, last) and last <= largest:
-            b = [out[0][1] + round(i * beside) for i in range(parallel)] + [frames]
-            alt = [out[0]] + list(zip(b[:-1], b[1:]))
-            if makespan(alt, frames, context, parallel) < makespan(out, frames, context, parallel):
-                return alt
-    return out
-
-
-def even_count(frames: int, largest: int, parallel: int, least: int) -> int:
-    """How many even windows `frames` are split into: one per worker, or a multiple of the workers so that none
-    is over `largest` frames, but fewer where a window would be under `least` frames (at least one)."""
-    n = max(parallel, -(-frames // largest))
-    n = -(-n // parallel) * parallel if parallel > 1 else n
-    return max(1, min(n, frames // max(1, least)))
-
-
-def throughput_windows(frames: int, parallel: int, largest: int, context: int) -> list[tuple[int, int]]:
-    """Windows sized for throughput rather than first audio: even, one per worker (or a multiple of the workers,
-    none over `largest`), none under 4 x `context` frames (each border costs 2 x context frames of vocoder work)."""
-    n = even_count(frames, largest, max(1, parallel), 4 * context)
-    bounds = [round(i * frames / n) for i in range(n + 1)]
-    return list(zip(bounds[:-1], bounds[1:]))
-
-
-def _worker_ends(wins: list[tuple[int, int]], frames: int, context: int, parallel: int) -> list[float]:
-    """When each of `parallel` workers that take `wins` in order, each window the next free worker, is done, in
-    frames of generator work: a window costs its frames plus `context` on each side not at the edge of the
-    `frames` of its sentence."""
-    free = [0.0] * parallel
-    for a, b in wins:
-        free[free.index(min(free))] += b - a + context * ((a > 0) + (b < frames))
-    return free
-
-
-def makespan(wins: list[tuple[int, int]], frames: int, context: int, parallel: int) -> float:
-    """Frames of generator work until the workers have vocoded all of `wins` (_worker_ends)."""
-    return max(_worker_ends(wins, frames, context, parallel))
-
-
-def _end_together(head, frames, rest, largest, parallel, context):
-    """Sizes of the `parallel` windows that cover the `rest` after windows `head` so that the workers end
-    together (each taking the next window when free, as makespan() models), or None where one would be
-    under `first` frames (the head's first window) or over `largest`."""
-    free = sorted(_worker_ends(head, frames, context, parallel))  # the rest's windows go to them in this order
-    cost = [2 * context] * (parallel - 1) + [context]  # the last window has no right context
-    end = (rest + sum(free) + sum(cost)) / parallel
-    sizes = [end - f - c for f, c in zip(free, cost)]
-    return sizes if min(sizes) >= head[0][1] and max(sizes) <= largest else None
-
-
 class TTSRunner(Runner):
     """Text-to-speech acoustic model + vocoder (VITS), split where streaming needs it: `latent` runs the
     text encoder, durations, prior and flow for a whole sentence; `vocode` turns any window of that latent
-    into audio. The chunking policy (windows, context, crossfade) is written once, in the TTS pipeline."""
+    into audio. The streaming (context, crossfade) is written once, in the TTS pipeline; the first-audio windows
+    it streams are the runner's plan (plan_windows, backends/tts_plan.py), which a runner's background flow follows."""
 
     sample_rate: int
     hop_length: int  # audio samples per latent frame
     context_frames: int  # latent frames each side of a window that the vocoder's output inside it depends on
     voice: Any  # models.piper_loader.VoiceConfig
     parallel: int = 1  # vocode calls that may usefully run at once (see vocode_async)
-    # a latent with background pieces: their flow's work per frame over the generator's (windows())
+    # a latent with background pieces: their flow's work per frame over the generator's (tts_plan.windows())
     flow_cost: float = 0.0
 
     @abstractmethod
@@ -369,7 +246,7 @@ class TTSRunner(Runner):
         return f
 
     def plan_windows(self, frames: int, options: Any, background: bool) -> list[tuple[int, int]]:
-        """The windows a sentence of `frames` latent frames is vocoded in (windows()): the pipeline streams
+        """The windows a sentence of `frames` latent frames is vocoded in (tts_plan.windows()): the pipeline streams
         them, and a runner that computes the flow in the background (`background`) plans its pieces on them."""
         return windows(
             frames,
@@ -392,7 +269,7 @@ class FamilyNotSupported(UserError, NotImplementedError):
     """A backend asked for a model family it does not run; the message names the backends that do."""
 
     def __init__(self, backend: str, family: str):
-        from speechrt.backends import available
+        from .registry import available
 
         what = {"asr": "speech recognition", "lm": "language", "tts": "speech synthesis"}[family]
         super().__init__(

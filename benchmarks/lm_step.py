@@ -80,7 +80,7 @@ class BareStep:
     def __init__(self, path: Path, threads: int | None, past: int, cache: int = 512):
         import onnxruntime as ort
 
-        from speechrt.backends.onnxruntime_backend import session
+        from speechrt.backends.onnxruntime.providers import session
 
         # as the runner's decode session: every graph optimization, the pool's threads spinning between steps
         self.session = s = session(str(path), ["CPUExecutionProvider"], threads, spin=True)
@@ -143,7 +143,7 @@ class KernelStep:
         import torch
 
         from speechrt import backends
-        from speechrt.backends.torch_cpu_lm import CpuInt4LMRunner
+        from speechrt.backends.torch.cpu_lm import CpuInt4LMRunner
         from speechrt.models import registry
 
         if threads:
@@ -243,7 +243,7 @@ def graph_names(paths: list[Path]) -> dict[str, Path]:
 def default_graphs(model: str) -> dict[str, Path]:
     """Our int4 export's decode graph and onnxruntime-genai's int4 graph of the same GGUF (each made on first
     use, as `bench lm` makes them)."""
-    from speechrt.backends.onnxruntime_backend import export_dir
+    from speechrt.backends.onnxruntime.exports import export_dir
     from speechrt.export import cache_dir
     from speechrt.models import registry
 

@@ -10,7 +10,7 @@ from speechrt.models.lm_loaders import load_lm
 
 from .graph_builder import save
 from .llama_onnx import LlamaGraph, io, weights_note
-from .manifest import Graph, Manifest
+from .manifest import Graph, Manifest, speechrt_version
 
 DEFAULT_PRECISION = {"ort": "int4", "standard": "fp32"}
 
@@ -26,7 +26,6 @@ def config_from_dict(d: dict) -> LlamaConfig:
 def export(
     model, out: Path, precision: str | None, opset: int, variant: str, bar, activations: str = "float32"
 ) -> Manifest:
-    from speechrt import __version__
     from speechrt.errors import UserError
 
     precision = precision or DEFAULT_PRECISION[variant]
@@ -88,7 +87,7 @@ def export(
         weights_note(built[0], f.tensor_types),
         {"path": str(model.path), "format": model.format},
         opset,
-        __version__,
+        speechrt_version(),
         {"tokenizer": f.tokenizer.save(out), "chat_template": f.chat_template},
     )
     return m

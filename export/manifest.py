@@ -10,6 +10,7 @@ I/O is declared once, by its exporter, as a list of `Tensor`s (`io()` of each ex
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -124,6 +125,15 @@ class Manifest:
             )
         d["graphs"] = {k: Graph.from_json(g) for k, g in d["graphs"].items()}
         return cls(**d)
+
+
+def speechrt_version() -> str:
+    """The installed speechrt's version, which each manifest records: read from the package's metadata, so that the
+    export layer does not import the package face (speechrt/__init__.py); "" where speechrt runs uninstalled."""
+    try:
+        return importlib.metadata.version("speechrt")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
 
 
 def file_sha256(path: Path, chunk: int = 1 << 22) -> str:

@@ -28,7 +28,7 @@ from torch import nn
 from speechrt.models.piper_loader import load_vits, voice_paths
 
 from .conv2d import convs_as_2d
-from .manifest import Graph, Manifest, Tensor
+from .manifest import Graph, Manifest, Tensor, speechrt_version
 from .trace import export_ops, trace
 
 
@@ -91,8 +91,6 @@ class SpeakerGraph(nn.Module):
 
 
 def export(model, out: Path, precision: str | None, opset: int, variant: str, bar) -> Manifest:
-    from speechrt import __version__
-
     if precision not in (None, "fp32"):
         raise ValueError(f"precision {precision!r} is not available for VITS voices; valid: fp32")
     bar.reset(total=5)
@@ -134,6 +132,6 @@ def export(model, out: Path, precision: str | None, opset: int, variant: str, ba
         "float32 as loaded",
         {"path": str(model.path), "format": model.format},
         opset,
-        __version__,
+        speechrt_version(),
         {"voice": "voice.json", "sample_rate": voice.sample_rate},
     )

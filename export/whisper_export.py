@@ -30,7 +30,7 @@ from speechrt.models.whisper_loaders import load_weights
 
 from . import whisper_onnx
 from .graph_builder import save
-from .manifest import Graph, Manifest, Tensor
+from .manifest import Graph, Manifest, Tensor, speechrt_version
 from .trace import export_ops, trace
 
 PRECISIONS = ("fp32", "fp16", "int8")
@@ -120,8 +120,6 @@ def quantize_int8(path: Path) -> None:
 
 
 def export(model, out: Path, precision: str | None, opset: int, variant: str, bar) -> Manifest:
-    from speechrt import __version__
-
     precision = precision or "fp32"
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} is not available for Whisper; valid: {', '.join(PRECISIONS)}")
@@ -177,7 +175,7 @@ def export(model, out: Path, precision: str | None, opset: int, variant: str, ba
         weights,
         {"path": str(model.path), "format": model.format},
         opset,
-        __version__,
+        speechrt_version(),
         {"alignment_heads": [list(h) for h in w.alignment_heads]},
     )
 

@@ -2,7 +2,7 @@
 
 `select(impl, device)` returns a frozen `KernelSet`; models are built with one and never switch later.
 `cpu_decode` is apart from the sets: a whole Llama forward in C for x86 CPUs with AVX2 (the torch
-backend's int4 on the CPU, backends/torch_cpu_lm), its matmul defined by `reference.block_linear`.
+backend's int4 on the CPU, backends/torch/cpu_lm.py), its matmul defined by `reference.block_linear`.
 """
 
 from __future__ import annotations

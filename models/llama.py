@@ -320,7 +320,7 @@ class Llama(nn.Module):
         """Right-padded prompts tokens [N, T] into the slots `rows` [N] from position 0 -> logits [N, vocab]
         float32 at the positions `last` [N] (each prompt's length - 1). All three are device tensors and
         nothing is read on the host: with T fixed (a bucket the prompts are padded to), what a CUDA graph
-        captures for any slots and lengths (backends.triton_lm). Leaves cache.lengths to the caller."""
+        captures for any slots and lengths (backends.triton.lm). Leaves cache.lengths to the caller."""
         write, read = cache.rows(rows, tokens.shape[1])
         return self._prefill_batch(cache, tokens, last, write, read)
 
@@ -366,7 +366,7 @@ class Llama(nn.Module):
         """One new token for each of the N contiguous slots s0..s0+N-1: tokens [N] and pos [N] (device
         tensors: each slot's position) -> logits [N, vocab] float32, attending over the first `tk` cache
         positions, masked by pos + 1. Fixed shapes and no reads on the host for a given (s0, N, tk): what a
-        CUDA graph captures (backends.triton_lm). Leaves cache.lengths to the caller."""
+        CUDA graph captures (backends.triton.lm). Leaves cache.lengths to the caller."""
         h = self.tok_embeddings[tokens][:, None]  # [N, 1, dim]
         cos, sin = self.cos[pos][:, None, None], self.sin[pos][:, None, None]  # [N, 1, 1, D/2]
         write, read = cache.range_positions(s0, pos, tk)

@@ -133,8 +133,8 @@ def asr():
 @pytest.fixture(scope="module")
 def one_cpu_thread():
     """Work called on the test's thread uses one intra-op thread: fast even when other processes share
-    the CPU, where two-thread OpenMP regions stall (see backends.torch_backend.cpu_threads)."""
-    from speechrt.backends.torch_backend import cpu_threads
+    the CPU, where two-thread OpenMP regions stall (see backends.threads.cpu_threads)."""
+    from speechrt.backends.threads import cpu_threads
 
     with cpu_threads(1):
         yield

@@ -34,7 +34,7 @@ def test_wheel_layout_and_import(tmp_path):
     assert tops == {"speechrt", whl.name.split("-")[0] + "-" + whl.name.split("-")[1] + ".dist-info"}, tops
     for must in (
         "speechrt/models/whisper.py",
-        "speechrt/backends/torch_asr.py",
+        "speechrt/backends/torch/asr.py",
         "speechrt/kernels/reference.py",
         "speechrt/data/sample.wav",
         "speechrt/data/passage.flac",

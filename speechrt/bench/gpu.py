@@ -141,7 +141,8 @@ def compare_providers(providers: list[str]) -> tuple[list[str], list[str]]:
     must agree within 1e-4; a session that silently fell back to the CPU provider fails."""
     import numpy as np
 
-    from speechrt.backends.onnxruntime_backend import OrtTTSRunner, provider_options
+    from speechrt.backends.onnxruntime.providers import provider_options
+    from speechrt.backends.onnxruntime.shipped import OrtTTSRunner
     from speechrt.models.registry import resolve
     from speechrt.models.tts_options import SynthesisOptions
     from speechrt.models.tts_text import TextFrontEnd
@@ -174,7 +175,7 @@ def check_onnxruntime(dev, out: Results):
     why = no_ort_gpu()
     if why:
         return "skip", why
-    from speechrt.backends.onnxruntime_backend import provider_loadable
+    from speechrt.backends.onnxruntime.providers import provider_loadable
 
     listed = [p for p in ort.get_available_providers() if p not in ("CPUExecutionProvider", "AzureExecutionProvider")]
     ok, bad = compare_providers([p for p in listed if provider_loadable(p)])

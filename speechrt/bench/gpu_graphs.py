@@ -45,7 +45,7 @@ def step_records(
 def check_cuda_graphs(dev, out: Results):
     import torch
 
-    from speechrt.backends.triton_asr import TritonASRRunner
+    from speechrt.backends.triton.asr import TritonASRRunner
     from speechrt.models.audio import load_audio, utterance_mel
     from speechrt.models.registry import resolve
     from speechrt.models.whisper_loaders import load_weights
@@ -90,7 +90,7 @@ def check_asr_batches(dev, out: Results, batches: int = 24):
     import torch
 
     from speechrt.backends.cuda_graphs import CapturedStep
-    from speechrt.backends.triton_asr import TritonASRRunner
+    from speechrt.backends.triton.asr import TritonASRRunner
     from speechrt.models.audio import load_audio
     from speechrt.models.registry import resolve
     from speechrt.models.whisper_loaders import load_weights

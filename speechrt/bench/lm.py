@@ -184,7 +184,7 @@ def run(args):
         backends.get(name.partition(" ")[2])  # an unknown backend fails here, naming the valid ones
     import torch
 
-    from speechrt.backends.torch_lm import resolve_format
+    from speechrt.backends.torch.lm import resolve_format
 
     resolve_format(args.dtype, torch.device("cpu"))  # a bad --dtype fails here, not in a worker
 

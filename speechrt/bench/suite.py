@@ -68,7 +68,7 @@ class Step:
 
 def _precisions(family: str, device: str, quick: bool) -> list[str]:
     """The precisions a family is timed in on `device`; 'auto' is each family's own fastest choice here."""
-    from speechrt.backends.torch_backend import cpu_has_native_bf16
+    from speechrt.backends.threads import cpu_has_native_bf16
 
     if family == "asr":
         return ["float16", "bfloat16", "float32"] if device == "cuda" else ["float32", "auto"]

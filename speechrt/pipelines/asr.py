@@ -234,7 +234,7 @@ class ASRPipeline:
         """Transcribe one batch of real speech of each batch-size bucket up to `max_batch` (2, 4, 8, ..., and
         `max_batch` itself) as a server does: with a final's margin, then a live round's, drafted with the
         final's words. On a GPU each batch compiles the Triton kernels of its shapes and captures its bucket's
-        decode graph (backends.triton_asr): work a server would otherwise do in its first loaded seconds (on
+        decode graph (backends.triton.asr): work a server would otherwise do in its first loaded seconds (on
         an H200 at 64 streams, 59 % of the engine's busy time in them, final p95 3.9 s; docs/gpu.md)."""
         speech = load_audio(SAMPLE_SPEECH)
         final, live = (

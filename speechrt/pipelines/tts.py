@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from speechrt import backends
-from speechrt.backends.base import throughput_windows, windows
+from speechrt.backends.tts_plan import windows
 from speechrt.errors import UserError
 from speechrt.models.registry import resolve
 from speechrt.models.tts_options import SynthesisOptions
@@ -47,6 +47,7 @@ from .audio_output import (
     wav_header,
     write_audio,
 )
+from .tts_windows import throughput_windows
 
 __all__ = [
     "TTSPipeline",

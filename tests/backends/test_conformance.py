@@ -170,7 +170,7 @@ def reference_lm():
     return LMPipeline(build("lm", "torch", "float32"))
 
 
-# torch:int4 is the torch backend's int4 on the CPU with kernels/cpu_decode (backends/torch_cpu_lm)
+# torch:int4 is the torch backend's int4 on the CPU with kernels/cpu_decode (backends/torch/cpu_lm.py)
 @pytest.fixture(scope="module", params=params("lm") + [pytest.param("torch:int4", id="torch-int4")])
 def lm(request, reference_lm):
     if request.param == "torch":

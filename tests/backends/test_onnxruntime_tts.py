@@ -15,13 +15,14 @@ from speechrt.models.registry import resolve
 from speechrt.models.tts_text import TextFrontEnd
 from speechrt.pipelines.tts import SynthesisOptions, stream_latent
 
-ort_backend = pytest.importorskip("speechrt.backends.onnxruntime_backend")
+ort_backend = pytest.importorskip("speechrt.backends.onnxruntime.providers")
+ort_shipped = pytest.importorskip("speechrt.backends.onnxruntime.shipped")
 
 
 @pytest.fixture(scope="module")
 def runners():
     m = resolve("piper-en_US-joe-medium", "tts")
-    shipped = ort_backend.OrtTTSRunner(m.path, ["CPUExecutionProvider"], m.name)
+    shipped = ort_shipped.OrtTTSRunner(m.path, ["CPUExecutionProvider"], m.name)
     return shipped, backends.get("torch").tts(m, device="cpu"), backends.get("onnxruntime").tts(m, device="cpu")
 
 

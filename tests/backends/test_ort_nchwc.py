@@ -1,6 +1,6 @@
-"""The generator's NCHWc islands joined (backends/ort_nchwc.py): the joined graph must compute what ONNX Runtime's
-own optimized graph computes, on the exported voice and on a small graph with the cases the rewrite must leave
-alone (a mask broadcast over channels, a speaker's conditioning broadcast over time, a channel count that is not
+"""The generator's NCHWc islands joined (backends/onnxruntime/nchwc.py): the joined graph must compute what ONNX
+Runtime's own optimized graph computes, on the exported voice and on a small graph with the cases the rewrite must
+leave alone (a mask broadcast over channels, a speaker's conditioning broadcast over time, a channel count that is not
 a multiple of 16), at odd lengths; a joined graph that computes something else is not used; and it must remove
 reorders on whatever CPU the test runs on (blocks of 8 channels with AVX2, 16 with AVX-512)."""
 
@@ -12,8 +12,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from speechrt import backends
-from speechrt.backends.onnxruntime_backend import session
-from speechrt.backends.ort_nchwc import join_islands, joined_session, optimized
+from speechrt.backends.onnxruntime.nchwc import join_islands, joined_session, optimized
+from speechrt.backends.onnxruntime.providers import session
 from speechrt.models.registry import resolve
 
 CPU = ["CPUExecutionProvider"]
@@ -145,7 +145,7 @@ def test_a_small_graph_joined_computes_the_same(tmp_path):
 
 def test_other_providers_get_the_graph_as_it_is(monkeypatch):
     """The blocked layout is the CPU provider's: with any other provider in the list nothing is rewritten."""
-    import speechrt.backends.onnxruntime_backend as ob
+    import speechrt.backends.onnxruntime.providers as ob
 
     seen = []
     monkeypatch.setattr(ob, "session", lambda data, providers, threads, **kw: seen.append((data, kw)) or "s")
@@ -156,7 +156,7 @@ def test_other_providers_get_the_graph_as_it_is(monkeypatch):
 def test_a_misread_graph_falls_back_to_the_stock_one(tmp_path, monkeypatch, caplog):
     """The joined graph is checked against the stock one at load: one that computes something else (here its
     Tanh made a Sigmoid, as a misread broadcast would change the numbers) is not used."""
-    import speechrt.backends.ort_nchwc as nchwc
+    import speechrt.backends.onnxruntime.nchwc as nchwc
 
     path = tmp_path / "small.onnx"
     _small_graph(path)

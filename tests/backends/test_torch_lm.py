@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from speechrt import kernels
-from speechrt.backends import torch_lm
+from speechrt.backends.torch import lm as torch_lm
 from speechrt.errors import UserError
 from speechrt.kernels import reference as ref
 from speechrt.models.llama_layers import quantize_int4
@@ -122,7 +122,7 @@ def test_dense_prefill_copy_matches_the_quantized_weights(fmt, rows, dense_dtype
         assert torch.equal(y, y_ref)
 
 
-# -- int4 on the CPU through kernels/cpu_decode (backends/torch_cpu_lm) ---------------------------------------
+# -- int4 on the CPU through kernels/cpu_decode (backends/torch/cpu_lm.py) ---------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +137,7 @@ def cpu_int4():
 
 def test_int4_on_the_cpu_takes_the_kernel(cpu_int4, monkeypatch):
     from speechrt import backends
-    from speechrt.backends.torch_cpu_lm import CpuInt4LMRunner
+    from speechrt.backends.torch.cpu_lm import CpuInt4LMRunner
 
     assert isinstance(cpu_int4, CpuInt4LMRunner) and "AVX2 kernel" in cpu_int4.info.threads
     assert cpu_int4.info.precision == "int4" and cpu_int4.info.backend == "torch"

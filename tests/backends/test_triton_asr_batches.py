@@ -1,4 +1,4 @@
-"""The triton ASR runner's graph slots (backends/triton_asr.py) on the embedded Whisper, through the batch
+"""The triton ASR runner's graph slots (backends/triton/asr.py) on the embedded Whisper, through the batch
 transcription a loaded server runs (`transcribe_batch`: batches of several utterances of random lengths, final
 and live options, live openings capped at 4 tokens, drafts checked and re-fed), against the plain torch runner:
 the same tokens. On the CPU the slot path runs uncaptured on the reference kernels (what differs from the plain
@@ -13,8 +13,8 @@ import random
 import pytest
 import torch
 
-from speechrt.backends.torch_asr import TorchASRRunner
-from speechrt.backends.triton_asr import TritonASRRunner
+from speechrt.backends.torch.asr import TorchASRRunner
+from speechrt.backends.triton.asr import TritonASRRunner
 from speechrt.bench.gpu import random_cuts
 from speechrt.cli_asr import sample_path
 from speechrt.models.audio import load_audio

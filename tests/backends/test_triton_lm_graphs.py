@@ -1,4 +1,4 @@
-"""The triton language-model runner's decode graphs (backends/triton_lm.py) on the embedded SmolLM2-135M: a
+"""The triton language-model runner's decode graphs (backends/triton/lm.py) on the embedded SmolLM2-135M: a
 step over any set of slots runs over the rows 0..n-1 that cover them, and must give each stepped slot the
 logits of the plain runner's step, leave the slots it does not step as they were, and fall back to eager
 steps where a row it would write is full. On the CPU the graph path runs uncaptured on the reference kernels
@@ -13,8 +13,8 @@ import random
 import pytest
 import torch
 
-from speechrt.backends import torch_lm
-from speechrt.backends.triton_lm import TritonLMRunner, range_rows
+from speechrt.backends.torch import lm as torch_lm
+from speechrt.backends.triton.lm import TritonLMRunner, range_rows
 from speechrt.models import registry
 from speechrt.pipelines.lm import LMPipeline
 

@@ -144,7 +144,7 @@ def test_whisper_int8_prompt_graph():
     batch of 7 rows (an odd count, fresh random audio)."""
     import onnx
 
-    from speechrt.backends.onnxruntime_asr import PROMPT_ROWS
+    from speechrt.backends.onnxruntime.asr import PROMPT_ROWS
 
     r = backends.get("onnxruntime").asr(resolve(None, "asr"), dtype="int8")
     assert r.prompt is not r.decoder and "8-bit blocks" in r.manifest.weights
@@ -220,9 +220,9 @@ def test_llama_float16_activations_for_gpu_providers():
     CPU provider, fed the same tokens as the float32-activation graph: the prompt's logits within 1e-2 of the
     largest, the decode steps' within 0.15, the same greedy choice after the prompt and on 4 of 5 steps; a
     float32 language model on a GPU is refused, naming what runs there."""
-    from speechrt.backends.onnxruntime_backend import gpu_lm_export
-    from speechrt.backends.onnxruntime_lm import OrtLMRunner
-    from speechrt.backends.torch_backend import ThreadPolicy
+    from speechrt.backends.onnxruntime.exports import gpu_lm_export
+    from speechrt.backends.onnxruntime.lm import OrtLMRunner
+    from speechrt.backends.threads import ThreadPolicy
 
     m = resolve(None, "lm")
     d16 = cached_export("lm", m, "int4", activations="float16")

@@ -1,4 +1,4 @@
-"""The triton ASR runner's graph path (backends/triton_asr.py): single-token steps on a slot's fixed buffers
+"""The triton ASR runner's graph path (backends/triton/asr.py): single-token steps on a slot's fixed buffers
 (rows padded to a power of two, caches to the decoder's context, cross keys/values to a whole window, the rest
 masked by length) give the plain runner's logits through everything a decode does to a state: prompts, steps,
 rows dropped (into another slot, or in place), beams reordered, a rewind and a re-fed draft, and two states
@@ -12,9 +12,10 @@ import os
 import pytest
 import torch
 
+from speechrt.backends.asr_state import Encoded
 from speechrt.backends.cuda_graphs import CapturedStep, rows_bucket
-from speechrt.backends.torch_asr import Encoded, TorchASRRunner
-from speechrt.backends.triton_asr import TritonASRRunner
+from speechrt.backends.torch.asr import TorchASRRunner
+from speechrt.backends.triton.asr import TritonASRRunner
 from speechrt.kernels import select
 from speechrt.models.whisper import Whisper, WhisperConfig
 from speechrt.models.whisper_loaders import WhisperWeights

@@ -146,7 +146,7 @@ def test_kquants_match_transformers_dequantizer(tmp_path, qtype):
 
 
 def test_tiny_model_runs_in_every_format(tmp_path):
-    from speechrt.backends import torch_lm
+    from speechrt.backends.torch import lm as torch_lm
 
     p = tmp_path / "m.gguf"
     write_llama_gguf(

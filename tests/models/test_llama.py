@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("transformers", reason="the comparison peer: pip install 'speechrt[peers]'")
 pytest.importorskip("accelerate", reason="transformers needs accelerate to load a GGUF: pip install 'speechrt[peers]'")
 
-from speechrt.backends import torch_lm  # noqa: E402
+from speechrt.backends.torch import lm as torch_lm  # noqa: E402
 from speechrt.models import registry  # noqa: E402
 from speechrt.pipelines.generation import GenerationOptions
 from speechrt.pipelines.lm import LMPipeline  # noqa: E402
@@ -237,7 +237,7 @@ def test_prefill_graph_routing_matches_eager(model_file, ours):
     slots as a device tensor) give scattered slots the logits, cache and next step of eager prefill. The
     capture itself needs a GPU (`speechrt bench gpu --checks lm-graphs`); here the captured function runs
     uncaptured, on the CPU, through the same buffers and padding."""
-    from speechrt.backends import triton_lm
+    from speechrt.backends.triton import lm as triton_lm
 
     r = triton_lm.TritonLMRunner(model_file[1], torch.device("cpu"), "float32", kernels="torch", capture=False)
     assert r.graphs_enabled  # uncaptured on the CPU: the routing is what is tested here

@@ -265,14 +265,14 @@ def test_other_voice_through_the_api_on_both_backends(exported_voice):
     """Multi-speaker voice end to end: speaker names; the onnxruntime backend (the voice exported in pieces on
     first use) and the shipped graph cut with the speaker embedding as a second generator input both agree
     with torch through the streaming code."""
-    from speechrt.backends.onnxruntime_backend import OrtTTSRunner
+    from speechrt.backends.onnxruntime.shipped import OrtTTSRunner
     from speechrt.errors import UserError
     from speechrt.pipelines.tts import TTSPipeline, load_tts
 
     t = load_tts(str(exported_voice), backend="torch")
     o = load_tts(str(exported_voice), backend="onnxruntime")
     assert o.runner.info.format == "speechrt-onnx"
-    # its generator joined in the blocked layout (backends/ort_nchwc.py), the speaker's conditioning (a
+    # its generator joined in the blocked layout (backends/onnxruntime/nchwc.py), the speaker's conditioning (a
     # broadcast over time) left plain: the joined graph passed the check against the stock one
     assert o.runner.model.reorders_removed > 0
     shipped = TTSPipeline(OrtTTSRunner(exported_voice, ["CPUExecutionProvider"]))

@@ -12,7 +12,9 @@ import soundfile as sf
 import soxr
 import torch
 
-from speechrt.backends.base import WINDOW_GROWTH, TTSRunner, flow_pieces, makespan
+from speechrt.backends.base import TTSRunner
+from speechrt.backends.tts_plan import WINDOW_GROWTH, makespan
+from speechrt.backends.tts_runner import flow_pieces
 from speechrt.errors import UserError
 from speechrt.pipelines.tts import SynthesisOptions, load_tts, stream_latent, windows
 
@@ -134,8 +136,8 @@ def test_one_worker_runs_the_pieces_before_the_windows(torch_tts):
     its audio equals the two-worker runner's."""
     import threading
 
-    from speechrt.backends.torch_backend import ThreadPolicy
-    from speechrt.backends.torch_tts import TorchTTSRunner
+    from speechrt.backends.threads import ThreadPolicy
+    from speechrt.backends.tts_runner import TorchTTSRunner
 
     r = torch_tts.runner
     one = TorchTTSRunner(r.model, r.voice, torch.device("cpu"), torch.float32, ThreadPolicy(1, 1, True))
@@ -160,8 +162,8 @@ def test_a_failed_flow_piece_fails_its_windows(torch_tts):
     a hang), and the runner keeps serving the next sentence."""
     import threading
 
-    from speechrt.backends.torch_backend import ThreadPolicy
-    from speechrt.backends.torch_tts import TorchTTSRunner
+    from speechrt.backends.threads import ThreadPolicy
+    from speechrt.backends.tts_runner import TorchTTSRunner
 
     r = torch_tts.runner
     one = TorchTTSRunner(r.model, r.voice, torch.device("cpu"), torch.float32, ThreadPolicy(1, 2, True))
@@ -197,7 +199,7 @@ def test_a_cancelled_flow_task_releases_its_pieces():
     from concurrent.futures import CancelledError, Future
 
     from speechrt.backends.base import Latent
-    from speechrt.backends.torch_tts import release
+    from speechrt.backends.tts_runner import release
 
     task, pieces = Future(), [(40, Future()), (80, Future())]
     task.add_done_callback(lambda t: release(t, pieces))

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .base import RunnerInfo
-from .torch_backend import ThreadPolicy
-from .torch_tts import TorchTTSRunner
+from ..base import RunnerInfo
+from ..threads import ThreadPolicy
+from ..tts_runner import TorchTTSRunner
 
 
 class _Flow:
@@ -28,8 +28,8 @@ class OrtVits:
     def __init__(self, directory, manifest, providers, wide_threads: int = 1):
         from speechrt.models.vits import VitsConfig
 
-        from .onnxruntime_backend import session
-        from .ort_nchwc import joined_session
+        from .nchwc import joined_session
+        from .providers import session
 
         conf = dict(manifest.config)
         for k in ("resblock_kernel_sizes", "upsample_rates", "upsample_kernel_sizes"):
@@ -40,7 +40,7 @@ class OrtVits:
         # and the flow's head run alone at a sentence's start, when no window is ready yet: all threads
         self.files = files = {name: str(directory / g.file) for name, g in manifest.graphs.items()}
         self.sessions = {name: session(f, providers, 1) for name, f in files.items() if name != "generator"}
-        # the generator without the reorders between its blocked-layout convolutions (ort_nchwc)
+        # the generator without the reorders between its blocked-layout convolutions (nchwc.py)
         self.sessions["generator"], self.reorders_removed = joined_session(files["generator"], providers, 1)
         self.sessions["text"] = session(files["text"], providers, wide_threads, spin=False)
         self.sessions["flow/wide"] = session(files["flow"], providers, wide_threads, spin=False)
@@ -82,7 +82,7 @@ def exported_tts_runner(path: Path, manifest, providers, name: str) -> TorchTTSR
     """A TTS runner over the export in `path` (its `manifest`), called `name`."""
     from speechrt.models.piper_loader import VoiceConfig
 
-    from .ort_binding import providers_device
+    from .binding import providers_device
 
     voice = VoiceConfig.from_file(path / manifest.extra["voice"])
     device = providers_device(providers)

@@ -31,8 +31,11 @@ import weakref
 
 import torch
 
-from .cuda_graphs import CapturedStep, GraphCache, rows_bucket
-from .torch_asr import TorchASRRunner, load_weights, parse_dtype, reorder_state
+from speechrt.models.whisper_loaders import load_weights
+
+from ..asr_state import reorder_state
+from ..cuda_graphs import CapturedStep, GraphCache, rows_bucket
+from ..torch.asr import TorchASRRunner, parse_dtype
 
 MAX_GRAPHS = 8  # batch-size buckets kept; a slot of 8 rows holds ~170 MB (Whisper tiny, float16)
 PROMPT_WIDTHS = (8, 16, 32, 64, 128)  # token buckets of the prompt passes replayed from graphs

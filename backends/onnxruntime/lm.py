@@ -22,9 +22,10 @@ import torch
 
 from speechrt.errors import UserError
 
-from .base import LMRunner, RunnerInfo, check_cache_size, check_prefill
-from .ort_binding import TORCH, bind, providers_device, run_bound
-from .torch_backend import ThreadPolicy, cpu_threads
+from ..base import LMRunner, RunnerInfo, check_cache_size, check_prefill
+from ..dtypes import TORCH
+from ..threads import ThreadPolicy, cpu_threads
+from .binding import bind, providers_device, run_bound
 
 
 @dataclass
@@ -82,7 +83,7 @@ class OrtLMRunner(LMRunner):
         from speechrt.export.lm_export import config_from_dict
         from speechrt.models.lm_text import LMTokenizer
 
-        from .onnxruntime_backend import session
+        from .providers import session
 
         if manifest.variant != "ort":
             raise UserError(

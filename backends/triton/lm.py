@@ -25,10 +25,10 @@ import logging
 
 import torch
 
-from .base import check_prefill
-from .cuda_graphs import CapturedStep, GraphCache, rows_bucket
-from .torch_lm import TorchLMRunner
-from .torch_lm import build as build_torch
+from ..base import check_prefill
+from ..cuda_graphs import CapturedStep, GraphCache, rows_bucket
+from ..torch.lm import TorchLMRunner
+from ..torch.lm import build as build_torch
 
 log = logging.getLogger(__name__)
 

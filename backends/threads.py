@@ -1,40 +1,15 @@
-"""The `torch` backend: the PyTorch model definitions run eagerly on CPU, CUDA or ROCm, built with the
-torch reference kernel set. Each family's runner lives in its own module (torch_asr, torch_lm, torch_tts);
-how they use the CPU's threads is decided here, once, by ThreadPolicy."""
+"""The CPU thread policy the backends' runners share: how a runner uses the CPU's cores (ThreadPolicy), fixed when
+it is built, and the per-thread intra-op thread count it sets."""
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
 from speechrt.errors import UserError
-
-from .base import Backend
-
-KERNELS = "torch"
-DEVICE_HELP = "valid: cpu, cuda, cuda:N (ROCm devices are 'cuda' in PyTorch), auto"
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """'auto' / None -> cuda if present, else cpu; checks that an explicit device exists."""
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        d = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise UserError(f"unsupported device {device!r}; {DEVICE_HELP}") from None
-    if d.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(
-            f"device {device!r} requested but no CUDA/ROCm device is visible to PyTorch "
-            f"(torch {torch.__version__}); use --device cpu"
-        )
-    if d.type not in ("cpu", "cuda"):
-        raise UserError(f"unsupported device {device!r}; {DEVICE_HELP}")
-    return d
 
 
 @contextlib.contextmanager
@@ -104,26 +79,3 @@ class ThreadPolicy:
         if not self.cpu:
             return ""
         return f"{self.step or self.total} of {self.total} threads for small ops"
-
-
-class TorchBackend(Backend):
-    name = "torch"
-    kernels = KERNELS
-    families = ("asr", "lm", "tts")
-
-    def _build(self, family, model, device, dtype, step_threads):
-        from speechrt.models.registry import source_of
-
-        model = source_of(model)  # an ONNX export runs here as the model it was exported from
-        dev = resolve_device(device)
-        m = importlib.import_module(f"speechrt.backends.torch_{family}")
-        return m.build(model, dev, dtype, self.kernels, ThreadPolicy.build(dev, step_threads))
-
-    def asr(self, model, device="cpu", dtype=None, step_threads=None):
-        return self._build("asr", model, device, dtype, step_threads)
-
-    def lm(self, model, device="cpu", dtype=None, step_threads=None):
-        return self._build("lm", model, device, dtype, step_threads)
-
-    def tts(self, model, device="cpu", dtype=None, step_threads=None):
-        return self._build("tts", model, device, dtype, step_threads)

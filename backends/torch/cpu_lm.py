@@ -16,8 +16,8 @@ from speechrt.kernels import cpu_decode
 from speechrt.models.llama import KVCache, rope_tables
 from speechrt.models.llama_layers import quantize_int4
 
-from .base import LMRunner, RunnerInfo, check_cache_size, check_prefill
-from .torch_backend import ThreadPolicy, cpu_threads
+from ..base import LMRunner, RunnerInfo, check_cache_size, check_prefill
+from ..threads import ThreadPolicy, cpu_threads
 
 
 def unavailable(cfg) -> str | None:

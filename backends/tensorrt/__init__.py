@@ -26,8 +26,8 @@ from speechrt.errors import UserError
 from speechrt.export import Manifest, cache_dir, cached_export
 from speechrt.export.tensorrt import Limits, build_engine, engine_key, engine_path, profiles
 
-from .base import Backend, LMRunner, RunnerInfo
-from .ort_binding import TORCH
+from ..base import Backend, LMRunner, RunnerInfo
+from ..dtypes import TORCH
 
 DTYPES = {"float16": torch.float16, "float32": torch.float32}
 

@@ -14,7 +14,6 @@ NUMPY = {
     torch.uint8: np.uint8,
     torch.bool: np.bool_,
 }
-TORCH = {"float32": torch.float32, "float16": torch.float16, "int64": torch.int64, "int32": torch.int32}
 
 
 def ort_device(device: torch.device) -> tuple[str, int]:

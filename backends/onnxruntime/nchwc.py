@@ -35,6 +35,8 @@ import tempfile
 import onnx
 from onnx import helper, numpy_helper
 
+from . import providers as ort_providers
+
 log = logging.getLogger(__name__)
 NCHWC = "com.microsoft.nchwc"
 UNARY = ("LeakyRelu", "Relu", "Tanh", "Sigmoid")
@@ -48,21 +50,19 @@ def joined_session(path, providers, threads: int = 1) -> tuple:
     """(a session for the graph in `path`, the reorders removed): on the CPU provider alone, over its optimized
     graph with the NCHWc islands joined (join_islands), where that removes any reorder and computes what the
     graph computes on a random input (else the graph as it is, with a warning)."""
-    from . import onnxruntime_backend
-
     if list(providers) != ["CPUExecutionProvider"]:
-        return onnxruntime_backend.session(str(path), providers, threads), 0
+        return ort_providers.session(str(path), providers, threads), 0
     try:  # the stock session, which also writes out the graph as it optimized it
         stock, model = optimized_session(path, threads)
     except Exception as e:  # noqa: BLE001 - an optimization only (a read-only temp dir, a graph it cannot read)
         log.warning("%s: not joining the NCHWc islands (%s); running the stock graph", path, e)
-        return onnxruntime_backend.session(str(path), providers, threads), 0
+        return ort_providers.session(str(path), providers, threads), 0
     if any(i.type != "tensor(float)" for i in stock.get_inputs()):  # (disagreement feeds floats)
         return stock, 0
     model, removed = join_islands(model)
     if removed <= 0:
         return stock, 0
-    joined = onnxruntime_backend.session(model.SerializeToString(), providers, threads, optimized=True)
+    joined = ort_providers.session(model.SerializeToString(), providers, threads, optimized=True)
     off = disagreement(stock, joined)
     if off > TOLERANCE:  # a structure the rewrite misread: keep the graph as ONNX Runtime runs it
         log.warning("%s: the NCHWc-joined graph is %.3g off the stock one; running the stock graph", path, off)
@@ -94,14 +94,12 @@ def optimized(path, threads: int = 1) -> onnx.ModelProto:
 
 
 def optimized_session(path, threads: int = 1) -> tuple:
-    """(a CPU session for the graph in `path` with every optimization (onnxruntime_backend.session, `threads`
+    """(a CPU session for the graph in `path` with every optimization (providers.session, `threads`
     intra-op threads), the graph as that session optimized it)."""
-    from .onnxruntime_backend import session
-
     fd, out = tempfile.mkstemp(suffix=".onnx")
     os.close(fd)
     try:
-        sess = session(str(path), ["CPUExecutionProvider"], threads, save_optimized=out)
+        sess = ort_providers.session(str(path), ["CPUExecutionProvider"], threads, save_optimized=out)
         return sess, onnx.load(out)
     finally:
         os.unlink(out)

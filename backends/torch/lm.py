@@ -10,8 +10,8 @@ import torch
 from speechrt.errors import UserError
 from speechrt.models.llama import contiguous
 
-from .base import LMRunner, RunnerInfo, check_cache_size, check_prefill
-from .torch_backend import ThreadPolicy, cpu_has_native_bf16
+from ..base import LMRunner, RunnerInfo, check_cache_size, check_prefill
+from ..threads import ThreadPolicy, cpu_has_native_bf16
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class TorchLMRunner(LMRunner):
         model_name: str = "",
         model_format: str = "",
     ):
-        from speechrt import kernels as K
+        import speechrt.kernels as K
         from speechrt.models.llama import Llama
 
         self.device = device
@@ -146,7 +146,7 @@ def build(
     f = load_file(model)
     fmt = resolve_format(dtype, device, bool(f.q4))
     if runner_class is TorchLMRunner and fmt == "int4" and device.type == "cpu" and kernels == "torch":
-        from .torch_cpu_lm import CpuInt4LMRunner, unavailable
+        from .cpu_lm import CpuInt4LMRunner, unavailable
 
         why = unavailable(f.config)
         if why is None:

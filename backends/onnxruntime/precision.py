@@ -1,4 +1,5 @@
-"""The onnxruntime backend's default precision per family and device (when no dtype is given)."""
+"""The onnxruntime backend's export precisions: what a `dtype` asks for, and the default per family and device
+(when no dtype is given)."""
 
 from __future__ import annotations
 
@@ -16,3 +17,17 @@ DEFAULTS = {
 def default_precision(family: str, providers) -> str:
     first = providers[0][0] if isinstance(providers[0], tuple) else providers[0]
     return DEFAULTS[(family, "cpu" if first == "CPUExecutionProvider" else "gpu")]
+
+
+# what `dtype` may be for the exported families -> export precision (None: the backend's default)
+PRECISION = {
+    None: None,
+    "auto": None,
+    "float32": "fp32",
+    "fp32": "fp32",
+    "float16": "fp16",
+    "fp16": "fp16",
+    "int8": "int8",
+    "int4": "int4",
+    "q4": "int4",
+}

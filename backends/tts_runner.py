@@ -1,4 +1,7 @@
-"""TTS runner of the `torch` backend: models/vits.py built with a kernel set, weights from the Piper ONNX file."""
+"""The streaming TTS runner the backends share: a VITS-like model's latent (the flow on the first windows' frames at
+once, the rest in the background, in pieces that follow the windows) and its windows vocoded side by side on
+one-thread workers. It runs models.vits.VITS (the torch backend) and the onnxruntime backend's exported graphs
+behind the same members."""
 
 from __future__ import annotations
 
@@ -6,16 +9,31 @@ from concurrent.futures import CancelledError, Future
 
 import torch
 
-from speechrt.backends.base import Latent, RunnerInfo, TTSRunner, flow_pieces
-from speechrt.errors import UserError
-
-from .torch_backend import ThreadPolicy
+from .base import Latent, RunnerInfo, TTSRunner
+from .threads import ThreadPolicy
 
 # a sentence whose flow past the first windows' frames is at most this many flow contexts runs it all at once
 # (5 words, AMD EPYC Zen 4, ONNX Runtime: 133 frames, the head's 77 on two threads and a background piece of
 # 56 + 33 on one: 14 + 20 ms; all 133 on two threads: 16 ms)
 SHORT_REST = 4
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def flow_pieces(frames: int, ready: int, wins: list[tuple[int, int]], context: int, least: int) -> list[int]:
+    """Ends of the background pieces of a latent whose frames [0, ready) are computed: one piece per
+    window that reads past what is done (its end plus `context` frames), merged with the next while
+    shorter than `least` frames (each piece recomputes its own context)."""
+    ends: list[int] = []
+    for _, b in wins:
+        e = min(frames, b + context)
+        if e > (ends[-1] if ends else ready):
+            ends.append(e)
+    merged: list[int] = []
+    for e in ends:
+        if merged and merged[-1] - (merged[-2] if len(merged) > 1 else ready) < least:
+            merged[-1] = e
+        else:
+            merged.append(e)
+    return merged
 
 
 def release(task: Future, pieces: list[tuple[int, Future]]) -> None:
@@ -149,26 +167,3 @@ class TorchTTSRunner(TTSRunner):
             g = None if g is None else g.to(self.dtype)
         audio = self.model.dec(z, g=g)[0, 0]
         return audio.float().cpu()
-
-
-def build(
-    model, device: torch.device, dtype: str | None, kernels: str = "torch", threads: ThreadPolicy | None = None
-) -> TorchTTSRunner:
-    """ResolvedModel (format 'piper-onnx') -> TorchTTSRunner."""
-    from speechrt import kernels as K
-    from speechrt.models.piper_loader import load_vits
-
-    if model.format != "piper-onnx":
-        raise UserError(f"{model.name}: the torch TTS runner loads Piper voices (piper-onnx), not {model.format}")
-    dt = torch.float32
-    if dtype is not None:
-        if dtype not in DTYPES:
-            raise UserError(f"unsupported dtype {dtype!r} for TTS; valid: {', '.join(DTYPES)}")
-        dt = DTYPES[dtype]
-        if dt != torch.float32 and device.type == "cpu":
-            raise UserError(f"dtype {dtype} is for GPUs; on the CPU the torch TTS runner uses float32")
-    ops = K.select(kernels, device)
-    vits, voice = load_vits(model.path, ops, device=device)
-    if dt != torch.float32:  # only the generator runs in reduced precision (see latent())
-        vits.dec.to(dt)
-    return TorchTTSRunner(vits, voice, device, dt, threads, kernels, model.name)

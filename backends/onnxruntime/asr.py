@@ -20,10 +20,11 @@ from pathlib import Path
 import onnxruntime as ort
 import torch
 
-from .base import ASRRunner, RunnerInfo
-from .ort_binding import TORCH, bind, providers_device, run_bound
-from .torch_asr import DecoderState, Encoded, reorder_state, rewind_state
-from .torch_backend import ThreadPolicy
+from ..asr_state import DecoderState, Encoded, reorder_state, rewind_state
+from ..base import ASRRunner, RunnerInfo
+from ..dtypes import TORCH
+from ..threads import ThreadPolicy
+from .binding import bind, providers_device, run_bound
 
 # decoder rows (batch x tokens) from which an int8 export's float32 decoder graph runs a step: int8 activations
 # cost in proportion to the rows (AMD EPYC AVX2, 2 threads, ms per step int8 / float32: 1 row 4.4 / 7.5,
@@ -35,12 +36,12 @@ class OrtASRRunner(ASRRunner):
     def __init__(self, directory: Path, manifest, providers, threads: ThreadPolicy, model_name: str = ""):
         from speechrt.models.whisper import WhisperConfig
 
-        from .onnxruntime_backend import session
+        from .providers import session
 
         self.manifest = manifest
         self.config = WhisperConfig(**manifest.config)
         self.tokenizer_path = Path(directory) / "tokenizer.json"
-        # (no spinning: the decoding loop runs torch ops between the runs; see onnxruntime_backend.session)
+        # (no spinning: the decoding loop runs torch ops between the runs; see providers.session)
         self.encoder = session(str(directory / manifest.graph("encoder").file), providers, spin=False)
         # the decoder's steps are small ops: they run on the loop's threads (ThreadPolicy.step)
         self.decoder = session(str(directory / manifest.graph("decoder").file), providers, threads.step, spin=False)
@@ -210,7 +211,7 @@ def _load_timing_decoder(manifest, device):
     from speechrt.models.whisper import TextDecoder, WhisperConfig
     from speechrt.models.whisper_loaders import load_weights
 
-    from .torch_asr import default_alignment_heads
+    from ..asr_state import default_alignment_heads
 
     src = manifest.source or {}
     path = Path(src.get("path") or "")

@@ -1,6 +1,6 @@
 """The `triton` backend: the same PyTorch modules as the `torch` backend, built with the Triton kernel
 set (kernels.select('triton', device)), on a CUDA or ROCm GPU only; ASR decoder steps and language-model
-decode steps are replayed from CUDA/HIP graphs (triton_asr, triton_lm). On a machine without one it
+decode steps are replayed from CUDA/HIP graphs (asr.py, lm.py). On a machine without one it
 refuses with an error naming the alternative instead of running the kernels slowly in an interpreter.
 """
 
@@ -17,7 +17,8 @@ except ImportError as e:  # backends.get('triton') reports this with the backend
 
 from speechrt.errors import UserError
 
-from .torch_backend import ThreadPolicy, TorchBackend, resolve_device
+from ..threads import ThreadPolicy
+from ..torch import TorchBackend, resolve_device
 
 
 class TritonUnavailable(UserError, RuntimeError):
@@ -46,9 +47,9 @@ class TritonBackend(TorchBackend):
     def _build(self, family, model, device, dtype, step_threads):
         # GPU only: the CPU thread policy of the torch runners does not apply
         dev = check_device(resolve_device(device))
-        if family in ("asr", "lm"):  # decode steps replayed from CUDA/HIP graphs (triton_asr, triton_lm)
+        if family in ("asr", "lm"):  # decode steps replayed from CUDA/HIP graphs (asr.py, lm.py)
             from speechrt.models.registry import source_of
 
-            m = importlib.import_module(f"speechrt.backends.triton_{family}")
+            m = importlib.import_module(f"speechrt.backends.triton.{family}")
             return m.build(source_of(model), dev, dtype, self.kernels, ThreadPolicy.build(dev, None))
         return super()._build(family, model, dev, dtype, None)

@@ -1,0 +1,71 @@
+"""The Llama graph's decoder layers in variant 'ort' (ONNX Runtime's fast path): SkipSimplifiedLayerNormalization
+(residual add + RMSNorm) and GroupQueryAttention with the rotary embedding inside it over the slot-addressed KV
+cache, whose past_* inputs are bound to the same buffers as the present_* outputs (see llama_onnx)."""
+
+from __future__ import annotations
+
+from .graph_builder import MS
+
+
+def ort_layers(graph, h: str) -> tuple[str, str]:
+    """Every decoder layer of LlamaGraph `graph` on the embeddings `h` -> (the last MLP's output, the residual
+    stream before it): the final norm adds them."""
+    cfg, g = graph.cfg, graph.g
+    res = None
+    for i in range(cfg.n_layers):
+        an = graph.norm_weight(f"layers.{i}.attn_norm")
+        if res is None:
+            x, res = (
+                g.op(
+                    "SimplifiedLayerNormalization",
+                    [h, an],
+                    name=f"layers.{i}/attn_norm",
+                    epsilon=cfg.norm_eps,
+                    axis=-1,
+                ),
+                h,
+            )
+        else:
+            x, _, _, res = g.op(
+                "SkipSimplifiedLayerNormalization",
+                [h, res, an],
+                n_out=4,
+                name=f"layers.{i}/attn_norm",
+                domain=MS,
+                epsilon=cfg.norm_eps,
+            )
+        qkv = graph.linear(x, [f"layers.{i}.wq", f"layers.{i}.wk", f"layers.{i}.wv"], f"layers.{i}.wqkv")
+        a = g.op(
+            "GroupQueryAttention",
+            [
+                qkv,
+                "",
+                "",
+                f"past_key.{i}",
+                f"past_value.{i}",
+                "seqlens_k",
+                "total_sequence_length",
+                "cos_cache",
+                "sin_cache",
+            ],
+            outputs=[f"layers.{i}/attn", f"present_key.{i}", f"present_value.{i}"],
+            name=f"layers.{i}/gqa",
+            domain=MS,
+            num_heads=cfg.n_heads,
+            kv_num_heads=cfg.n_kv_heads,
+            do_rotary=1,
+            rotary_interleaved=0,
+        )
+        o = graph.linear(a, [f"layers.{i}.wo"], f"layers.{i}.wo")
+        x, _, _, res = g.op(
+            "SkipSimplifiedLayerNormalization",
+            [o, res, graph.norm_weight(f"layers.{i}.ffn_norm")],
+            n_out=4,
+            name=f"layers.{i}/ffn_norm",
+            domain=MS,
+            epsilon=cfg.norm_eps,
+        )
+        h = graph.mlp(x, i)
+        if graph.progress:
+            graph.progress(1)
+    return h, res

@@ -1,0 +1,98 @@
+"""Llama's linear layers as ONNX nodes in an export's precision: float MatMuls, MatMulNBits over a GGUF's 4-bit
+blocks (kept exactly, with Q4_1's minimum as a block-sum correction) or 8-bit blocks, or weight-only int8
+dequantized in the graph (the standard variant)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from speechrt.models.llama import quantize_int4
+
+from .graph_builder import MS, GraphBuilder
+
+BLOCK = 32
+
+
+def _pack4(q: np.ndarray) -> np.ndarray:
+    """q [N, K] in 0..15 -> MatMulNBits' B [N, K/32, 16]: weight 2j in the low nibble of byte j."""
+    N, K = q.shape
+    q = q.reshape(N, K // BLOCK, BLOCK // 2, 2).astype(np.uint8)
+    return q[..., 0] | (q[..., 1] << 4)
+
+
+def int8_blocks(w: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """float [N, K] -> (uint8 q [N, K/32, 32] with zero point 128, scale [N, K/32]), symmetric per block."""
+    N, K = w.shape
+    g = w.float().reshape(N, K // BLOCK, BLOCK)
+    scale = (g.abs().amax(-1) / 127).clamp_min(1e-12)
+    q = torch.round(g / scale[..., None]).clamp_(-127, 127) + 128
+    return q.to(torch.uint8).numpy(), scale.numpy()
+
+
+class LinearWeights:
+    """Adds the linear layers of one graph (`g`): `weights` the model's float tensors by name, `q4` a GGUF's 4-bit
+    blocks (q, scale, zero) by name, `fdt` the activations' numpy dtype; rows: the prompts' graph of a
+    block-quantized export (plain MatMuls on float32 weights, see LlamaGraph)."""
+
+    def __init__(self, g: GraphBuilder, weights: dict, q4: dict, precision: str, variant: str, fdt, rows: bool = False):
+        self.g, self.w, self.q4, self.fdt, self.rows = g, weights, q4, fdt, rows
+        self.precision, self.variant = precision, variant
+        self.requantized: list[str] = []  # linear weights without 4-bit blocks in the file (int4 only)
+
+    def _blocks(self, names: list[str]):
+        """(q, scale, zero) of fused weights `names`: the file's blocks, or min/max 4-bit quantization."""
+        if all(n in self.q4 for n in names):
+            return tuple(torch.cat([self.q4[n][i] for n in names]) for i in range(3))
+        self.requantized += names
+        return quantize_int4(torch.cat([self.w[n] for n in names]))
+
+    def linear(self, x: str, names: list[str], tag: str) -> str:
+        """x [..., K] @ W.T for the fused weights `names` ([N, K] each) in this graph's precision."""
+        g, p = self.g, self.precision
+        w = torch.cat([self.w[n] for n in names]) if p != "int4" or self.rows else None
+        if p in ("fp32", "fp16") or self.rows:
+            return g.op("MatMul", [x, g.init(f"{tag}.weight", w.T.numpy().astype(self.fdt))], name=tag)
+        if p == "int8":
+            if self.variant == "standard":  # weight-only int8 with per-row scales, dequantized in the graph
+                return self._dq_linear(x, w, tag)
+            q, s = int8_blocks(w)
+            return self.nbits(x, q, s, 8, tag, zero_points=np.full(s.shape, 128, np.uint8))
+        q, s, z = self._blocks(names)
+        y = self.nbits(x, _pack4(q.numpy()), s.numpy(), 4, tag)
+        if not torch.any(z != 0):  # Q4_0: nothing to add
+            return y
+        # the sums of x over each 32-block, [..., K/32]: a reshape and a reduction, no weights to read
+        blocks = g.op("Reshape", [x, g.const_i64("block_shape", [0, 0, -1, BLOCK])], name=f"{tag}/blocks")
+        sums = g.op("ReduceSum", [blocks, g.const_i64("axes_last", [-1])], name=f"{tag}/block_sums", keepdims=0)
+        corr = g.op("MatMul", [sums, g.init(f"{tag}.zero", z.T.numpy().astype(self.fdt))], name=f"{tag}/zero")
+        return g.op("Add", [y, corr], name=f"{tag}/add_zero")
+
+    def nbits(self, x, q, scale, bits, tag, zero_points=None):
+        g = self.g
+        N, nb = scale.shape
+        ins = [
+            x,
+            g.init(f"{tag}.qweight", q.reshape(N, nb, -1)),
+            g.init(f"{tag}.scales", scale.reshape(-1).astype(self.fdt)),
+        ]
+        if zero_points is not None:
+            ins.append(g.init(f"{tag}.zero_points", zero_points.reshape(-1)))
+        return g.op(
+            "MatMulNBits", ins, name=tag, domain=MS, K=nb * BLOCK, N=N, bits=bits, block_size=BLOCK, accuracy_level=4
+        )
+
+    def _dq_linear(self, x, w, tag):
+        g = self.g
+        scale = (w.abs().amax(1) / 127).clamp_min(1e-12)  # per output channel
+        q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+        wt = g.op(
+            "DequantizeLinear",
+            [
+                g.init(f"{tag}.qweight", q.T.contiguous().numpy()),
+                g.init(f"{tag}.scale", scale.numpy().astype(self.fdt)),
+            ],
+            name=f"{tag}/dq",
+            axis=1,
+        )
+        return g.op("MatMul", [x, wt], name=tag)
