@@ -241,7 +241,12 @@ def server_config(args):
     loads."""
     from speechrt.streaming.config import ServerConfig
 
-    return ServerConfig(models=model_config(args), options=options(args))
+    unset = {"max_batch": args.max_batch, "loaded_final_margin": args.loaded_final_margin}
+    return ServerConfig(
+        models=model_config(args),
+        options=options(args),
+        device_defaults=frozenset(name for name, value in unset.items() if value is None),
+    )
 
 
 def model_config(args):
@@ -306,23 +311,19 @@ def on_gpu(args) -> bool:
 
 
 def max_batch(args) -> int:
-    """--max-batch: by default 8 on a CPU (a batch's cost grows with its rows there) and 32 on a GPU, where a
-    step of 32 rows costs about what one of 8 does: on an H200 the streams meeting every target went from 32
-    to 48 with it (docs/gpu.md, fifth session)."""
-    if args.max_batch is not None:
-        return args.max_batch
-    return 32 if on_gpu(args) else 8
+    """--max-batch, or its default on this machine's device (streaming.config.device_default)."""
+    from speechrt.streaming.config import device_default
+
+    return device_default("max_batch", on_gpu(args)) if args.max_batch is None else args.max_batch
 
 
 def loaded_margin(args, final_margin: float) -> float | None:
-    """--loaded-final-margin: None for 0 (never less than the final margin); by default the server's, at most
-    `final_margin`, on a CPU, and None on a GPU: its encoder has time for the full margin, and on an H200 the
-    3-s margin of a loaded engine cost 8 conversations' questions 8.1 % WER against 0.0 % spoken alone
-    (docs/gpu.md; `python -m benchmarks.margin_study`: 3 s drops words of 6 of 36 clips)."""
-    from speechrt.streaming.config import ServerOptions
+    """--loaded-final-margin: None for 0 (never less than the final margin), or its default on this machine's
+    device (streaming.config.device_default)."""
+    from speechrt.streaming.config import device_default
 
     if args.loaded_final_margin is None:
-        return None if on_gpu(args) else min(ServerOptions.loaded_final_margin, final_margin)
+        return device_default("loaded_final_margin", on_gpu(args), final_margin)
     return args.loaded_final_margin or None
 
 

@@ -4,6 +4,7 @@ arguments; SpeechServer (server.py) takes its options and its models, and so do 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from speechrt.errors import UserError
@@ -121,9 +122,29 @@ class ServerOptions:
             raise UserError("api_key must not be empty (omit it to disable authentication)")
 
 
+def device_default(name: str, gpu: bool, final_margin: float = FINAL_MARGIN_S):
+    """An option's default on the device the models run on. max_batch: 8 rows on a CPU (a batch's cost grows with
+    its rows there), 32 on a GPU, where a step of 32 rows costs about what one of 8 does (docs/gpu.md).
+    loaded_final_margin: the server's (at most `final_margin`) on a CPU; none on a GPU, whose encoder has time for
+    the full margin (a 3-s margin cost a loaded H200 8 % WER on short questions: docs/gpu.md)."""
+    if name == "max_batch":
+        return 32 if gpu else 8
+    if name == "loaded_final_margin":
+        return None if gpu else min(LOADED_FINAL_MARGIN_S, final_margin)
+    raise ValueError(f"{name!r} has no device default; those that have: max_batch, loaded_final_margin")
+
+
 @dataclass(frozen=True)
 class ServerConfig:
-    """The whole server: its models and its options."""
+    """The whole server: its models and its options. `device_defaults`: the options left to the device's default
+    (device_default), set again where the models load (on_device): a Ray replica's device may not be the one
+    that built the configuration."""
 
     models: ModelConfig = field(default_factory=ModelConfig)
     options: ServerOptions = field(default_factory=ServerOptions)
+    device_defaults: frozenset[str] = frozenset()
+
+    def on_device(self, gpu: bool) -> ServerOptions:
+        """The options, those in device_defaults set for a GPU (`gpu`) or a CPU."""
+        o = self.options
+        return dataclasses.replace(o, **{n: device_default(n, gpu, o.final_margin) for n in self.device_defaults})

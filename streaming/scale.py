@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from fastapi import Request
 from starlette.responses import Response
 
+from speechrt.backends.auto import machine_kind
 from speechrt.errors import UserError
 
 from .config import ServerConfig
@@ -255,7 +256,10 @@ class SpeechReplica:
             config.models.threads or max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
         )
         asr, lm, tts = await asyncio.to_thread(config.models.load)
-        self.server = SpeechServer(config.options, asr, lm, tts)
+        # the defaults left to the device, for this replica's (its driver's machine may have no GPU)
+        self.server = SpeechServer(
+            config.on_device(machine_kind(config.models.device) in ("nvidia", "rocm")), asr, lm, tts
+        )
         ctx = serve.get_replica_context()
         self.server.replica = ctx.replica_id.unique_id
         await self.server.start(listen=False)
