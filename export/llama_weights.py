@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from speechrt.models.llama import quantize_int4
+from speechrt.models.llama_layers import quantize_int4
 
 from .graph_builder import MS, GraphBuilder
 

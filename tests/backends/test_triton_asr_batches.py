@@ -15,7 +15,7 @@ import torch
 
 from speechrt.backends.torch.asr import TorchASRRunner
 from speechrt.backends.triton.asr import TritonASRRunner
-from speechrt.bench.gpu import random_cuts
+from speechrt.bench.gpu_graphs import random_cuts
 from speechrt.cli_asr import sample_path
 from speechrt.models.audio import load_audio
 from speechrt.models.registry import resolve
