@@ -1,6 +1,6 @@
 """The server's transcription options, built in this one place: a Realtime turn's live and final transcripts
-(streaming/realtime), the engine's default and its long-form pass of turns over 30 s (streaming/engine.py,
-streaming/transcripts.py), and the REST transcription endpoints (streaming/rest.py). It depends on the ASR
+(streaming/realtime), the engine's default and its long-form pass of turns over 30 s (streaming/engine/,
+engine/transcripts.py), and the REST transcription endpoints (streaming/http/transcriptions.py). It depends on the ASR
 pipeline only, so every layer of the server may import it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from speechrt.pipelines.asr import TranscribeOptions
 
 LIVE_MARGIN_S = 1.0  # seconds of padding a live transcript's encoder reads after the turn's audio
 FINAL_MARGIN_S = 10.0  # ... a final transcript's (the server's --final-margin), see asr_options
-# the final margin while the engine is loaded (streaming/transcripts.py, LoadedMargins)
+# the final margin while the engine is loaded (streaming/engine/load.py, LoadedMargins)
 LOADED_FINAL_MARGIN_S = 3.0
 # long-form transcription (turns over 30 s, REST): two temperatures, one sample each, not 6 x 5 decodes a window
 LONG_TEMPERATURES = (0.0, 0.4)

@@ -5,8 +5,8 @@ and await futures (or async queues for streams). The worker takes work in priori
 
 1. final transcripts of finished turns, batched across sessions (one encoder call, decode steps over all
    rows together), at most one queued per turn (the turn up to a later pause replaces the one before); a
-   turn with over 30 s not committed (streaming/turns.py commits long turns' stable parts as they are
-   spoken) is transcribed one 30-s window per step, long turns taking turns with each other and, when there
+   turn with over 30 s not committed (realtime/long_turn.py commits long turns' stable parts as they
+   are spoken) is transcribed one 30-s window per step, long turns taking turns with each other and, when there
    is any, with a round of streaming steps (so a minute-long monologue delays no one by more than a window);
    while the worker has been busy (90 % of the last 2 s, 30 % on other work than live transcripts, which fill
    any spare time), finals (and the early transcripts that may become final) read less padding after their turn

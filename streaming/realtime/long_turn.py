@@ -1,6 +1,6 @@
 """Long turns: a live round of a turn with over commit_after of audio not committed commits what two rounds agree
 on (local agreement), so its transcripts start where the committed text ends. (A turn that ends with over 30 s
-not committed is transcribed long-form by the engine, one window per engine step: streaming/transcripts.py.)"""
+not committed is transcribed long-form by the engine, one window per engine step: streaming/engine/transcripts.py.)"""
 
 from __future__ import annotations
 
