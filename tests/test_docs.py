@@ -68,7 +68,7 @@ def option_mentions(text: str):
             tools = list(TOOL.finditer(para[: m.start()]))
             if tools and tools[-1].group(2):
                 continue
-            default = re.match(r"`?\s*\(default:? `?([^`,;)\s]+)", para[m.end() :])
+            default = re.match(r"`?\s*\(default:? `?([^`,;:)\s]+)", para[m.end() :])
             yield m.group(0), (tools[-1].group(1) if tools else None), (default.group(1) if default else None)
 
 
