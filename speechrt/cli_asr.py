@@ -46,9 +46,13 @@ def add_arguments(p):
         "30 s with their probabilities (multilingual models), then the transcript",
     )
     p.add_argument("--temperature", type=float, default=None, help="a single temperature (default: 0 with fallback)")
-    p.add_argument("--initial-prompt", default=None)
+    p.add_argument(
+        "--initial-prompt",
+        default=None,
+        help="text the first window is decoded after, to steer spelling and style (names, terms; default: none)",
+    )
     p.add_argument("--no-timestamps", action="store_true", help="decode without timestamp tokens")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: all cores)")
     p.add_argument(
         "--format",
         default=None,

@@ -2,7 +2,7 @@
 
 
 def add_arguments(p):
-    p.add_argument("--family", choices=["asr", "lm", "tts", "vad"])
+    p.add_argument("--family", choices=["asr", "lm", "tts", "vad"], help="list one family's models only (default: all)")
 
 
 def run(args):

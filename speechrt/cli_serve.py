@@ -131,7 +131,8 @@ def add_arguments(p):
         "--silence-duration-ms",
         type=int,
         default=None,
-        help="server_vad default pause that ends a turn (API default 500)",
+        help="milliseconds of silence that end a turn under server_vad when a session does not set it "
+        "(default: the API's 500)",
     )
     p.add_argument(
         "--asr-loop-threads",
@@ -144,10 +145,8 @@ def add_arguments(p):
         "--lm-threads",
         type=int,
         default=0,
-        help="CPU threads for language model steps (default 0: all; on a 2-core AMD EPYC AVX2 this made "
-        "conversations' voice-to-voice p50 0.73 s instead of 0.81 s for one stream and 1.12 s instead "
-        "of 1.21 s for four, their final transcripts p50 0.32-0.40 s instead of 0.31-0.33 s; 1: "
-        "the language model leaves a core to the rest)",
+        help="CPU threads for language model steps (default 0: all, for the fastest answers; 1 leaves a core "
+        "to transcription and voice activity detection)",
     )
     p.add_argument(
         "--max-batch",
@@ -160,7 +159,8 @@ def add_arguments(p):
         "--partial-interval",
         type=float,
         default=1.0,
-        help="seconds between live transcript updates while a person speaks (0: final transcripts only)",
+        help="seconds between live transcript updates while a person speaks (default %(default)s; 0: final "
+        "transcripts only)",
     )
     p.add_argument(
         "--final-margin",
@@ -168,7 +168,7 @@ def add_arguments(p):
         default=None,
         metavar="SECONDS",
         help="seconds of padding after a turn's audio that its final transcript encodes (default 10; 30: "
-        "whole windows): less is faster and may lose words (python -m benchmarks.margin_study)",
+        "whole windows): less is faster and may lose words",
     )
     p.add_argument(
         "--loaded-final-margin",
@@ -176,17 +176,15 @@ def add_arguments(p):
         default=None,
         metavar="SECONDS",
         help="the final margin while the engine is loaded (its worker busy 90%% of the last 2 s, 30%% on "
-        "other work than live transcripts; default 3 on a CPU, or --final-margin if less; 0: the "
-        "full margin always, the default on a GPU): a slow CPU keeps the capacity of short margins, "
-        "and the words of 10-s margins while it has time to spare",
+        "other work than live transcripts): default 3 on a CPU, or --final-margin if less; 0: the "
+        "full margin always, the default on a GPU",
     )
     p.add_argument(
         "--no-speculative-replies",
         dest="speculative_replies",
         action="store_false",
-        help="do not begin a reply during a pause before turn detection ends the turn (by default, when "
-        "the engine has time to spare, the reply to the transcript so far is made during the pause "
-        "and sent at once if the pause ends the turn; speech resuming drops it)",
+        help="do not begin a reply during a pause before it ends the turn (by default a reply begun in a "
+        "pause is sent at once if the pause ends the turn, and dropped if speech resumes)",
     )
     p.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: all cores)")
     p.add_argument(
