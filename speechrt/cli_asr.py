@@ -37,7 +37,7 @@ def add_arguments(p):
         "--task",
         default="transcribe",
         choices=["transcribe", "translate"],
-        help="translate: English text from speech in another language (multilingual models)",
+        help="translate: English text from speech in another language (multilingual models) (default: %(default)s)",
     )
     p.add_argument(
         "--detect-language",

@@ -15,8 +15,10 @@ def add_arguments(p):
     p.add_argument("--max-tokens", type=int, default=512, help="most tokens per reply (default 512)")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy (default 0)")
     p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0 = off)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
-    p.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (1 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off) (default: %(default)s)")
+    p.add_argument(
+        "--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (1 = off) (default: %(default)s)"
+    )
     p.add_argument(
         "--frequency-penalty",
         type=float,

@@ -97,6 +97,20 @@ def test_every_option_the_docs_name_exists_with_the_default_they_give():
     assert not bad, "\n".join(bad)
 
 
+def test_help_texts_state_their_defaults():
+    """Every option with a default other than None/False says it in its help (with %(default)s or in words)."""
+    bad = []
+    for key, p in PARSERS.items():
+        for a in p._actions:
+            if not a.option_strings or a.help in (None, argparse.SUPPRESS) or isinstance(a, argparse._HelpAction):
+                continue
+            if a.default in (None, False, argparse.SUPPRESS, []) or isinstance(a, argparse._StoreFalseAction):
+                continue
+            if "default" not in a.help:
+                bad.append(f"speechrt {key} {a.option_strings[-1]}")
+    assert not bad, f"help without its default: {bad}"
+
+
 def test_the_option_check_finds_a_wrong_default_and_a_missing_option():
     text = "`speechrt serve --max-sessions` (default 5) and `--no-such-flag`."
     found = list(option_mentions(text))

@@ -14,7 +14,7 @@ def add_arguments(p):
     p.add_argument("--audio", default=None, help="recording to transcribe (default: the bundled 58-second passage)")
     p.add_argument("--reference", default=None, help="reference transcript (text file) to report word error rates")
     p.add_argument("--model", default=None, help="ASR model name or path (default: whisper-tiny.en)")
-    p.add_argument("--backend", default="torch", help="our backend (see --backends)")
+    p.add_argument("--backend", default="torch", help="our backend (see --backends) (default: %(default)s)")
     p.add_argument(
         "--backends",
         default=None,
@@ -34,8 +34,15 @@ def add_arguments(p):
         help="ours encode every 30-s window whole, as "
         "faster-whisper does (default: a long recording's last window over its audio and 5 s more)",
     )
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per engine after one warm-up (median reported)")
-    p.add_argument("--peers", default="ct2-float32,ct2-int8", help="comma list of peers, or 'none'")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="timed runs per engine after one warm-up (median reported) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--peers", default="ct2-float32,ct2-int8", help="comma list of peers, or 'none' (default: %(default)s)"
+    )
     p.add_argument("--json", default=None, help="also write the results (speechrt.bench.record schema) to this file")
 
 

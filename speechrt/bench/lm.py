@@ -68,13 +68,14 @@ def add_arguments(p):
         "--backends",
         default="torch",
         help="our backends to time, comma-separated (e.g. torch,onnxruntime; "
-        "auto: the one `--backend auto` picks here)",
+        "auto: the one `--backend auto` picks here) (default: %(default)s)",
     )
     p.add_argument("--json", default=None, help="also write the results (speechrt.bench.record schema) to this file")
     p.add_argument(
         "--peers",
         default="llama.cpp,transformers",
-        help="peers to run if installed, comma-separated from: llama.cpp, transformers, onnxruntime-genai; '' for none",
+        help="peers to run if installed, comma-separated from: llama.cpp, transformers, onnxruntime-genai; '' for none "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--llama-extra-bufts",

@@ -59,7 +59,8 @@ def add_arguments(p):
         "--mode",
         choices=["transcription", "conversation", "both"],
         default="transcription",
-        help="transcription sessions, conversation turns (ASR -> LM -> voice), or both, one after the other",
+        help="transcription sessions, conversation turns (ASR -> LM -> voice), or both, one after the other "
+        "(default: %(default)s)",
     )
     p.add_argument("--utterances", type=int, default=4, help="utterances per stream (default 4)")
     p.add_argument(
@@ -77,7 +78,9 @@ def add_arguments(p):
         "(reported too: the largest that also keeps live p50 <= 1 s and WER within a point of the same "
         "utterances alone)",
     )
-    p.add_argument("--max-streams", type=int, default=24, help="upper end of the --find-max ramp")
+    p.add_argument(
+        "--max-streams", type=int, default=24, help="upper end of the --find-max ramp (default: %(default)s)"
+    )
     p.add_argument("--keep-going", action="store_true", help="run every level even after one missed p95 final <= 1 s")
     p.add_argument(
         "--peer",
@@ -97,13 +100,16 @@ def add_arguments(p):
         choices=["server_vad", "semantic_vad"],
         default="server_vad",
         help="server_vad: a fixed pause ends a turn; semantic_vad: the pause needed depends on whether "
-        "the words so far read as finished",
+        "the words so far read as finished (default: %(default)s)",
     )
     p.add_argument(
         "--silence-duration-ms", type=int, default=200, help="server_vad pause that ends a turn (default 200)"
     )
     p.add_argument(
-        "--eagerness", choices=["low", "medium", "high", "auto"], default="auto", help="semantic_vad eagerness"
+        "--eagerness",
+        choices=["low", "medium", "high", "auto"],
+        default="auto",
+        help="semantic_vad eagerness (default: %(default)s)",
     )
     p.add_argument(
         "--url", default=None, help="an already running server (ws://host:port/v1/realtime); default: start one"
@@ -118,8 +124,10 @@ def add_arguments(p):
     )
     p.add_argument("--threads", type=int, default=None, help="PyTorch threads of the started server (and the peer's)")
     p.add_argument("--backend", default="auto", help="the started server's --backend (default auto, as serve)")
-    p.add_argument("--device", default="cpu", help="the started server's --device")
-    p.add_argument("--asr-loop-threads", type=int, default=1, help="the started server's --asr-loop-threads")
+    p.add_argument("--device", default="cpu", help="the started server's --device (default: %(default)s)")
+    p.add_argument(
+        "--asr-loop-threads", type=int, default=1, help="the started server's --asr-loop-threads (default: %(default)s)"
+    )
     p.add_argument("--lm-threads", type=int, default=0, help="the started server's --lm-threads (default 0, as serve)")
     p.add_argument(
         "--max-batch", type=int, default=None, help="the started server's --max-batch (default: the server's)"
@@ -128,7 +136,7 @@ def add_arguments(p):
         "--partial-interval",
         type=float,
         default=1.0,
-        help="the started server's --partial-interval (0: no live deltas)",
+        help="the started server's --partial-interval (0: no live deltas) (default: %(default)s)",
     )
     p.add_argument(
         "--final-margin",

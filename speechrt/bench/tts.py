@@ -40,7 +40,7 @@ def add_arguments(p):
     p.add_argument(
         "--backends",
         default="torch,onnxruntime",
-        help="comma list of our backends (auto: the one `--backend auto` picks here)",
+        help="comma list of our backends (auto: the one `--backend auto` picks here) (default: %(default)s)",
     )
     p.add_argument(
         "--export",
@@ -50,7 +50,12 @@ def add_arguments(p):
     )
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for every engine (default: all cores)")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per engine and sentence after a warm-up (median)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="timed runs per engine and sentence after a warm-up (median) (default: %(default)s)",
+    )
     p.add_argument("--text", action="append", default=None, help="benchmark this text instead (repeatable)")
     p.add_argument("--no-peer", action="store_true", help="skip Piper")
     p.add_argument("--json", default=None, help="also write the results (speechrt.bench.record schema) to this file")
