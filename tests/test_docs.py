@@ -80,12 +80,39 @@ def said(action: argparse.Action, default: str) -> bool:
     return default in (str(action.default), str(action.default).removesuffix(".0"))
 
 
+def table_defaults(text: str):
+    """(option, None, the default cell) for each row that names one option in a table whose second column is
+    its default: `| option | default | ... |` then `| `--option` | default | what it does |`."""
+    for table in re.finditer(r"^\| *(?:option|flag) *\| *default *\|.*\n(?:\|.*\n?)+", text, re.M):
+        for m in re.finditer(r"^\| `(--[a-z][a-z0-9-]*)` \| ([^|]+)\|", table.group(0), re.M):
+            yield m.group(1), None, m.group(2).strip()
+
+
+def table_said(action: argparse.Action, cell: str) -> bool:
+    """A table's default cell: the parser's default (its first word, or the cell as the help words it), "off"
+    for a flag, "none" for no default."""
+    if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+        return cell == "off"
+    if cell.startswith("none"):
+        return action.default in (None, [])
+    word, help = cell.strip("`").split()[0].strip("`,"), action.help or ""
+    if action.default is None:  # the help words a default that depends on the machine or on other options
+        return cell.replace("`", "") in help or re.search(rf"default\b[^()]*(?<![\w-]){re.escape(word)}\b", help)
+    return said(action, word) or cell in help
+
+
 def test_every_option_the_docs_name_exists_with_the_default_they_give():
     known = {name: options(p) for name, p in PARSERS.items()}
     bad = []
     for doc, text in DOCS.items():
         if doc in GENERATED:
             continue
+        for opt, cmd, default in table_defaults(text):
+            where = [n for n, o in known.items() if opt in o]
+            if where and not any(table_said(known[n][opt], default) for n in where):
+                bad.append(
+                    f"{doc}: {opt} default {default!r} in its table, the parser's: {known[where[0]][opt].default}"
+                )
         for opt, cmd, default in option_mentions(text):
             where = [cmd] if cmd in known and opt in known[cmd] else [n for n, o in known.items() if opt in o]
             if not where:
@@ -117,6 +144,13 @@ def test_the_option_check_finds_a_wrong_default_and_a_missing_option():
     assert ("--max-sessions", "serve", "5") in found and ("--no-such-flag", "serve", None) in found
     assert str(options(PARSERS["serve"])["--max-sessions"].default) != "5"
     assert all("--no-such-flag" not in options(p) for p in PARSERS.values())
+    table = "| option | default | what |\n| --- | --- | --- |\n| `--max-sessions` | 5 | sessions |\n| `--transcription-only` | on | asr |"
+    serve = options(PARSERS["serve"])
+    rows = list(table_defaults(table))
+    assert rows == [("--max-sessions", None, "5"), ("--transcription-only", None, "on")]
+    assert not table_said(serve["--max-sessions"], "5") and table_said(serve["--max-sessions"], "32")
+    assert not table_said(serve["--transcription-only"], "on") and table_said(serve["--transcription-only"], "off")
+    assert not table_said(serve["--threads"], "4") and table_said(serve["--threads"], "all cores")  # worded in help
 
 
 def test_links_between_the_docs_lead_to_files_that_exist():
