@@ -206,10 +206,8 @@ class Response:
     def _usage(self) -> dict:
         """What the response read and wrote (events.usage): the language model's prompt and answer tokens, the audio
         of the user's items it answered, the audio it sent."""
-        req = self._reply._lm_req if self._reply is not None else None
         items = self.input if self.input is not None else self.session.conversation.items
         upto = items.index(self.item) if self.item in items else len(items)
         heard = sum(it.audio_ms for it in items[:upto] if it.role == "user")
-        if req is None:
-            return E.usage(0, 0, 0, heard, self.item.audio_ms)
-        return E.usage(len(req.ids), req.reused, req.count, heard, self.item.audio_ms)
+        tokens = self._reply.tokens() if self._reply is not None else (0, 0, 0)
+        return E.usage(*tokens, heard, self.item.audio_ms)
