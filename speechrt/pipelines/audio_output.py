@@ -124,8 +124,8 @@ def write_audio(gen, path, fmt: str, rate: int) -> None:
         seekable = f.seekable() if hasattr(f, "seekable") else False
         if fmt == "wav":
             f.write(wav_header(rate, None))
-        if fmt in ENCODINGS:  # encoded as the chunks come (StreamEncoder)
-            gen = _encoded(gen, StreamEncoder(fmt, rate))
+        if fmt in ENCODINGS:  # encoded as the chunks come (StreamEncoder): into the file where it can seek
+            gen = _encoded(gen, StreamEncoder(fmt, rate, f if seekable else None))
         for chunk in gen:
             b = chunk if isinstance(chunk, bytes) else np.asarray(chunk, np.float32).tobytes()
             f.write(b)

@@ -1,12 +1,13 @@
-"""POST /v1/audio/speech: text spoken by the loaded voice, one synthesis window per engine step, streamed as it is
-made in any of OpenAI's formats (mp3 by default, opus, aac, flac encoded chunk by chunk on the engine's worker; wav,
-pcm), as audio bytes or speech.audio.delta events."""
+"""POST /v1/audio/speech: text spoken by the loaded voice, one synthesis window per engine step, in any of OpenAI's
+formats (mp3 by default, opus and aac encoded chunk by chunk on the engine's worker, wav and pcm, all streamed as they
+are made; flac encoded at the end), as audio bytes or speech.audio.delta events."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 
+import numpy as np
 from fastapi import Request
 from starlette.responses import StreamingResponse
 
@@ -103,8 +104,16 @@ class SpeechOutput:
             for c in pcm_chunks:
                 yield c, len(c) // 2
             return
-        from speechrt.pipelines.audio_codecs import StreamEncoder
+        from speechrt.pipelines.audio_codecs import STREAMS, StreamEncoder, encode_audio
 
+        if self.fmt not in STREAMS:  # FLAC: whole at the end, its header then says its length (libsndfile needs it)
+            chunks = []
+            for c in pcm_chunks:  # (one synthesis window per engine step still)
+                chunks.append(np.asarray(c, np.float32))
+                yield b"", len(c)
+            whole = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+            yield encode_audio(whole, self.voice_rate, self.fmt)[0], 0
+            return
         enc = StreamEncoder(self.fmt, self.voice_rate)
         for c in pcm_chunks:
             yield enc.feed(c), len(c)

@@ -180,8 +180,8 @@ def test_speech_streams_a_wav_of_real_speech(client):
 def test_speech_in_every_openai_format(client):
     """OpenAI's six response formats through the SDK, mp3 when none is named (OpenAI's default), each with its
     Content-Type and rate (pcm: raw int16 at 24 kHz as OpenAI's; Opus 24 kHz; the others the voice's 22.05 kHz),
-    streamed in several chunks, decoded (PyAV) to the length of the speech, and heard as the sentence when uploaded
-    to the server's own transcription endpoint in that format."""
+    streamed in several chunks (FLAC whole at the end: its header holds its length), decoded (PyAV) to the length of
+    the speech, and heard as the sentence when uploaded to the server's own transcription endpoint in that format."""
     import av
 
     default = client.audio.speech.with_raw_response.create(model="tts-1", voice="echo", input="Hello there.")
@@ -200,7 +200,9 @@ def test_speech_in_every_openai_format(client):
             assert r.headers["content-type"] == media and int(r.headers["x-sample-rate"]) == rate, fmt
             chunks = [c for c in r.iter_bytes() if c]
         data = b"".join(chunks)
-        assert len(chunks) > 1, fmt  # streamed as synthesized
+        assert len(chunks) > 1 or fmt == "flac", fmt  # streamed as synthesized
+        if fmt == "flac":  # whole, with its length (libsndfile reads it)
+            assert sf.info(io.BytesIO(data)).frames / 22050 > 3.5
         decoded_rate = 48000 if fmt == "opus" else rate  # (Opus decodes at 48 kHz; its header keeps the 24 kHz)
         if container is None:
             audio, data = np.frombuffer(data, "<i2") / 32767.0, wav_bytes(np.frombuffer(data, "<i2") / 32767.0, rate)
