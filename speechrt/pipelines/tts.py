@@ -304,8 +304,8 @@ class TTSPipeline:
         fmt = format or format_for_path(path)
         check_file_format(fmt)
         gen_fmt = "pcm16" if fmt == "wav" else "f32" if fmt in ENCODINGS else fmt
-        # a file encoded at the end, or written to disk, is not heard while it is made; stdout may be a player
-        kw.setdefault("first_audio", path == "-" and fmt not in ENCODINGS)
+        # a file written to disk is not heard while it is made; stdout may be a player
+        kw.setdefault("first_audio", path == "-")
         gen = (
             self.synthesize(text, options, sample_rate=sample_rate, format=gen_fmt, **kw)
             if isinstance(text, str)

@@ -132,6 +132,7 @@ def speech_chunks(tts, text: str, speed: float, speaker, out: SpeechOutput):
             rate=speed,
             speaker=speaker,
             on_unsupported="drop",
+            first_audio=out.fmt != "flac",  # audio sent at its end is not heard while it is made: for throughput
         )
     )
 
