@@ -1,12 +1,13 @@
 """Compressed audio (MP3, Ogg Opus, AAC in ADTS, FLAC) encoded with PyAV (ffmpeg's encoders), as the bytes of a file
 that grows chunk by chunk (StreamEncoder) or whole (encode_audio).
 
-PyAV rather than libsndfile: it has an AAC encoder, it encodes as the audio comes, and it is faster where it counts
-(per second of 22.05-kHz speech, best of 5 on an Intel Xeon, 2 shared cores: Opus 21 ms vs 174 ms through libsndfile,
-AAC 24 ms, MP3 64 vs 47 ms, FLAC 0.6 vs 1.3 ms). A stream's container is written to a sink that cannot seek, so its
-bytes can be sent as they come: MP3 then has no Xing header (decoders read it to the end). FLAC is not streamed
-(STREAMS): without a seek back its STREAMINFO has no length, and libsndfile cannot read it; a file that can seek
-(`file`) gets both headers."""
+PyAV rather than libsndfile: one encoder for every format, AAC among them, encoding as the audio comes, and Opus 3x
+faster. Per second of 22.05-kHz speech (11 s of the embedded voice, median of 5, two runs on an Intel Xeon with 2 cores
+shared by other jobs, 2026-11-28): MP3 21-27 ms (libsndfile 15), Opus 18-25 ms with its resampling to 24 kHz (libsndfile
+65-80), AAC 21 ms, FLAC 1.3 ms (libsndfile 0.4-0.9): all a small part of the synthesis (70-90 ms). A stream's container
+is written to a sink that cannot seek, so its bytes can be sent as they come: MP3 then has no Xing header (decoders read
+it to the end). FLAC is not streamed (STREAMS): without a seek back its STREAMINFO has no length, and libsndfile cannot
+read it; a file that can seek (`file`) gets both headers."""
 
 from __future__ import annotations
 
