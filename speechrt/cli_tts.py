@@ -17,8 +17,8 @@ def add_arguments(p):
         "-o",
         "--output",
         default=None,
-        help="output file: .wav, .raw/.pcm (pcm16), .f32 (float32), written as synthesized; .flac, .mp3, "
-        ".opus/.ogg (Ogg Opus), encoded at the end; '-' = stdout (required)",
+        help="output file: .wav, .raw/.pcm (pcm16), .f32 (float32), .flac, .mp3, .opus/.ogg (Ogg Opus), .aac "
+        "(ADTS), written as synthesized; '-' = stdout (required)",
     )
     p.add_argument(
         "--voice", default=None, help="registered voice name or Piper .onnx path (default: piper-en_US-joe-medium)"
@@ -40,7 +40,7 @@ def add_arguments(p):
     p.add_argument("--sample-rate", type=int, default=None, help="output sample rate, resampled (default: the voice's)")
     p.add_argument(
         "--format",
-        choices=["wav", "pcm16", "f32", "flac", "mp3", "opus"],
+        choices=["wav", "pcm16", "f32", "flac", "mp3", "opus", "aac"],
         default=None,
         help="output format (default: from the file suffix; wav for stdout)",
     )

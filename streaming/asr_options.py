@@ -71,7 +71,16 @@ def long_options(opts: TranscribeOptions) -> TranscribeOptions:
 def rest_options(task: str, language: str | None, prompt: str | None, temperature: float | None) -> dict:
     """The keywords of a REST transcription's long-form options (ASRPipeline.options checks them): its task,
     language and prompt, one sample a window, at `temperature` if the request gives one, else the long-form
-    fallback of long turns (LONG_TEMPERATURES)."""
+    fallback of long turns (LONG_TEMPERATURES).
+
+    A file and a Realtime turn of the same audio are decoded differently on purpose, and may differ in casing,
+    punctuation and now and then a word: a file with Whisper's timestamp tokens (its formats carry segment times,
+    and json and verbose_json give the same words) over whole 30-s windows (faster-whisper's); a turn of up to 30 s
+    without them, over its audio plus the final margin (asr_options: at the whole windows' WER in the margin study,
+    2.4x faster, and its live transcripts draft its tokens). Measured on the sample and 14 sentences of the embedded
+    voice (tiny.en int8, 2026-11-28): 4 of 15 differ, in casing or punctuation only ("The quick brown fox" / "the
+    quick brown fox", "voice. And" / "voice and"); each knob alone (timestamp tokens, trimmed windows) makes some of
+    them. Long turns (over 30 s) are decoded as files are (long_options), and give the file's words."""
     return {
         "task": task,
         "language": language,

@@ -205,6 +205,12 @@ def wav_seconds(path: Path) -> float:
     return info.frames / info.samplerate
 
 
+def sf_format(path: Path) -> str:
+    import soundfile as sf
+
+    return sf.info(str(path)).format
+
+
 def says(text: str, words: str = "welcome to the speech runtime") -> bool:
     """`words` in `text`, whatever the case and the spaces (speech synthesized and transcribed back may split a
     word: "run time")."""
@@ -222,7 +228,7 @@ def check_rest(out: str, tmp: Path):
     lines = out.splitlines()
     assert says(lines[0]), out
     assert "paris" in out.lower(), out
-    assert wav_seconds(tmp / "hello.wav") > 0.3
+    assert wav_seconds(tmp / "hello.mp3") > 0.3 and sf_format(tmp / "hello.mp3") == "MP3"  # OpenAI's default format
 
 
 def check_python_api(out: str, tmp: Path):

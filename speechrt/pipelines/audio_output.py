@@ -1,5 +1,5 @@
-"""Synthesized audio out: chunks encoded as they are made (float32, pcm16, WAV), whole recordings encoded at the
-end (FLAC, MP3, Opus through libsndfile), and audio files written from the chunks."""
+"""Synthesized audio out: chunks encoded as they are made (float32, pcm16, WAV; MP3, Opus, AAC and FLAC through
+audio_codecs), and audio files written from the chunks."""
 
 from __future__ import annotations
 
@@ -10,14 +10,11 @@ import torch
 
 from speechrt.errors import UserError
 
+from .audio_codecs import CODECS, StreamEncoder, av_module
+
 FORMATS = ("wav", "pcm16", "f32")  # streamed as synthesized
-# files encoded whole at their end, through libsndfile (soundfile): name -> (major format, subtype, the sample
-# rates the codec takes; None: any)
-ENCODINGS = {
-    "flac": ("FLAC", "PCM_16", None),
-    "mp3": ("MP3", "MPEG_LAYER_III", (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)),
-    "opus": ("OGG", "OPUS", (8000, 12000, 16000, 24000, 48000)),
-}
+# compressed formats, encoded with PyAV (audio_codecs.CODECS: name -> container, encoder, rates, bit rate, media type)
+ENCODINGS = CODECS
 
 
 class AudioEncoder:
@@ -55,39 +52,8 @@ class AudioEncoder:
 
 
 def check_encoding(fmt: str) -> None:
-    """UserError if the libsndfile that soundfile loaded cannot write `fmt` (MP3 and Opus need libsndfile >= 1.1,
-    which soundfile's wheels carry; a system library may be older)."""
-    import soundfile as sf
-
-    major, subtype, _ = ENCODINGS[fmt]
-    if major not in sf.available_formats() or subtype not in sf.available_subtypes(major):
-        raise UserError(
-            f"this libsndfile ({sf.__libsndfile_version__}) cannot write {fmt}: install soundfile's own "
-            "wheel (pip install --force-reinstall 'soundfile>=0.12', libsndfile 1.2 with MP3 and Opus), "
-            "or ask for wav, pcm or flac"
-        )
-
-
-def encode_audio(samples: np.ndarray, rate: int, fmt: str) -> tuple[bytes, int]:
-    """A whole recording (mono float32 in [-1, 1]) -> the bytes of a `fmt` file (see ENCODINGS) and its sample
-    rate: a rate the codec does not take is resampled to the next one up that it does (Opus: 22050 Hz is sent
-    at 24000 Hz)."""
-    import io
-
-    import soundfile as sf
-
-    check_encoding(fmt)
-    major, subtype, rates = ENCODINGS[fmt]
-    out_rate = rate if rates is None or rate in rates else next((r for r in rates if r > rate), rates[-1])
-    x = np.clip(np.asarray(samples, np.float32), -1.0, 1.0)
-    if out_rate != rate:
-        import soxr
-
-        x = soxr.resample(x, rate, out_rate, quality="HQ").astype(np.float32, copy=False)
-    buf = io.BytesIO()
-    with sf.SoundFile(buf, "w", samplerate=out_rate, channels=1, format=major, subtype=subtype) as f:
-        f.write(x)
-    return buf.getvalue(), out_rate
+    """UserError if `fmt` (ENCODINGS) cannot be encoded here: PyAV is missing."""
+    av_module()
 
 
 def wav_header(sample_rate: int, n_samples: int | None) -> bytes:
@@ -106,7 +72,7 @@ def wav_header(sample_rate: int, n_samples: int | None) -> bytes:
 
 
 def check_file_format(fmt: str) -> None:
-    """UserError unless `fmt` is a format files are written in (FORMATS, ENCODINGS) that this libsndfile can write."""
+    """UserError unless `fmt` is a format files are written in (FORMATS, ENCODINGS) that can be encoded here."""
     if fmt not in FORMATS and fmt not in ENCODINGS:
         raise UserError(f"unknown audio format {fmt!r}; valid: {', '.join(FORMATS + tuple(ENCODINGS))}")
     if fmt in ENCODINGS:
@@ -114,7 +80,7 @@ def check_file_format(fmt: str) -> None:
 
 
 def format_for_path(path) -> str:
-    """The format of a file by its suffix (.wav, .raw/.pcm/.s16 = pcm16, .f32, .flac, .mp3, .opus/.ogg); stdout
+    """The format of a file by its suffix (.wav, .raw/.pcm/.s16 = pcm16, .f32, .flac, .mp3, .opus/.ogg, .aac); stdout
     and file objects: wav."""
     if path == "-" or hasattr(path, "write"):
         return "wav"
@@ -129,12 +95,13 @@ def format_for_path(path) -> str:
         ".mp3": "mp3",
         ".opus": "opus",
         ".ogg": "opus",
+        ".aac": "aac",
     }
     if suf and suf not in by_suffix:  # (no file is opened: the path is left as it was)
         raise UserError(
             f"cannot write {suf!r} audio files: valid suffixes are {', '.join(by_suffix)} (.raw, .pcm and "
-            ".s16 are 16-bit PCM, .f32 float32 samples, .ogg Ogg Opus), or name the format (format=..., "
-            "--format)"
+            ".s16 are 16-bit PCM, .f32 float32 samples, .ogg Ogg Opus, .aac AAC in ADTS), or name the format "
+            "(format=..., --format)"
         )
     return by_suffix.get(suf, "wav")
 
@@ -142,7 +109,7 @@ def format_for_path(path) -> str:
 def write_audio(gen, path, fmt: str, rate: int) -> None:
     """Write the chunks of `gen` (float32 arrays or bytes, at `rate`) to `path` ('-' = stdout; a binary file
     object works too) as `fmt`: 'wav' (its header's sizes set at the end where the file can seek), 'pcm16' or
-    'f32' as they come, or a format of ENCODINGS encoded whole at the end."""
+    'f32' as they come, or a format of ENCODINGS encoded as they come."""
     import sys
 
     close = False
@@ -157,10 +124,8 @@ def write_audio(gen, path, fmt: str, rate: int) -> None:
         seekable = f.seekable() if hasattr(f, "seekable") else False
         if fmt == "wav":
             f.write(wav_header(rate, None))
-        if fmt in ENCODINGS:
-            chunks = list(gen)
-            data, _ = encode_audio(np.concatenate(chunks) if chunks else np.zeros(0, np.float32), rate, fmt)
-            gen = [data]
+        if fmt in ENCODINGS:  # encoded as the chunks come (StreamEncoder): into the file where it can seek
+            gen = _encoded(gen, StreamEncoder(fmt, rate, f if seekable else None))
         for chunk in gen:
             b = chunk if isinstance(chunk, bytes) else np.asarray(chunk, np.float32).tobytes()
             f.write(b)
@@ -172,3 +137,9 @@ def write_audio(gen, path, fmt: str, rate: int) -> None:
     finally:
         if close:
             f.close()
+
+
+def _encoded(gen, enc):
+    for chunk in gen:
+        yield enc.feed(chunk)
+    yield enc.flush()

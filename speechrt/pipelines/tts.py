@@ -36,13 +36,13 @@ from speechrt.models.tts_options import SynthesisOptions
 from speechrt.models.tts_sentences import SentenceStream, stream_segments
 from speechrt.models.tts_text import TextFrontEnd, TextOptions
 
+from .audio_codecs import encode_audio
 from .audio_output import (
     ENCODINGS,
     FORMATS,
     AudioEncoder,
     check_encoding,
     check_file_format,
-    encode_audio,
     format_for_path,
     wav_header,
     write_audio,
@@ -298,14 +298,14 @@ class TTSPipeline:
         **kw,
     ) -> SynthesisStats:
         """Write `text` (a string, or pieces to stream) to `path` ('-' = stdout; a binary file object works too).
-        format: 'wav' | 'pcm16' | 'f32', written as synthesized, or 'flac' | 'mp3' | 'opus' (Ogg Opus), encoded at
-        the end (see encode_audio for their rates); by default from the suffix (.wav, .raw/.pcm = pcm16, .f32,
-        .flac, .mp3, .opus/.ogg)."""
+        format: 'wav' | 'pcm16' | 'f32', or 'flac' | 'mp3' | 'opus' (Ogg Opus) | 'aac' (ADTS), encoded (PyAV, see
+        audio_codecs.codec_rate for their rates), all written as synthesized; by default from the suffix (.wav,
+        .raw/.pcm = pcm16, .f32, .flac, .mp3, .opus/.ogg, .aac)."""
         fmt = format or format_for_path(path)
         check_file_format(fmt)
         gen_fmt = "pcm16" if fmt == "wav" else "f32" if fmt in ENCODINGS else fmt
-        # a file encoded at the end, or written to disk, is not heard while it is made; stdout may be a player
-        kw.setdefault("first_audio", path == "-" and fmt not in ENCODINGS)
+        # a file written to disk is not heard while it is made; stdout may be a player
+        kw.setdefault("first_audio", path == "-")
         gen = (
             self.synthesize(text, options, sample_rate=sample_rate, format=gen_fmt, **kw)
             if isinstance(text, str)

@@ -141,9 +141,9 @@ def choices_option(n) -> int:
 
 async def chat_completion(server, request: Request):
     """The endpoint: the request checked, then answered (ChatCompletion)."""
-    lm = loaded(server.lm, "language model")
+    loaded(server.lm, "language model")
     body = await json_body(request)
-    check_model(body.get("model"), [lm.name], "chat")
+    check_model(body.get("model"), "lm", server, "chat")
     return await ChatCompletion(server, body).respond()
 
 

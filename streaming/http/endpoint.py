@@ -8,6 +8,7 @@ import json
 from fastapi import Request
 from starlette.responses import JSONResponse
 
+from .. import model_names
 from .access import json_error
 
 SSE = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
@@ -28,13 +29,14 @@ def sse(obj) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False) if not isinstance(obj, str) else obj}\n\n"
 
 
-def check_model(name, valid: list[str], what: str) -> None:
+def check_model(name, family: str, server, what: str) -> None:
+    """A request's `model`: a name of the loaded `family` model (model_names: the one naming policy), else a
+    RestError listing the valid ones."""
     if not name:
-        raise RestError(
-            400, f"'model' is required; {what} models here: {', '.join(valid)}", "missing_required_parameter"
-        )
-    if name not in valid:
-        raise RestError(404, f"model {name!r} is not served here; {what} models: {', '.join(valid)}", "model_not_found")
+        valid = ", ".join(model_names.accepted(family, server.names))
+        raise RestError(400, f"'model' is required; {what} models here: {valid}", "missing_required_parameter")
+    if not model_names.accepts(name, family, server.names):
+        raise RestError(404, model_names.unknown(name, family, server.names, what), "model_not_found")
 
 
 def loaded(model, what: str):

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from speechrt.errors import UserError
 
+from .. import model_names
 from ..engine import EngineStalled
 from .access import authorized, json_error
 from .chat import chat_completion
@@ -104,27 +105,25 @@ class RestAPI:
 
     # -- models ----------------------------------------------------------------------------------------
     def model_list(self) -> list[dict]:
+        """Every name the endpoints accept (model_names.catalog): the loaded models, then 'speechrt' and OpenAI's
+        names, each with its family and `root`, the loaded model it stands for (vLLM's field for an alias)."""
         created = int(self.server.counters.started)
-        names = [
-            (f, p.name)
-            for f, p in (("asr", self.server.asr), ("lm", self.server.lm), ("tts", self.server.tts))
-            if p is not None
+        return [
+            {"id": n, "object": "model", "created": created, "owned_by": "speechrt", "family": f, "root": root}
+            for n, f, root in model_names.catalog(self.server.names)
         ]
-        return [{"id": n, "object": "model", "created": created, "owned_by": "speechrt", "family": f} for f, n in names]
 
     async def models(self, request: Request):
         return JSONResponse({"object": "list", "data": self.model_list()})
 
     async def model(self, request: Request):
+        """One model by name: any name an endpoint accepts (a dated OpenAI snapshot too), as its list entry shows it."""
         name = request.path_params["model"]
-        for m in self.model_list():
-            if m["id"] == name:
-                return JSONResponse(m)
-        raise RestError(
-            404,
-            f"model {name!r} is not served here; models: {', '.join(m['id'] for m in self.model_list())}",
-            "model_not_found",
-        )
+        listed = {m["id"]: m for m in self.model_list()}
+        base = model_names.canonical(name)
+        if base in listed:
+            return JSONResponse({**listed[base], "id": name})
+        raise RestError(404, f"model {name!r} is not served here; models: {', '.join(listed)}", "model_not_found")
 
     def register(self, app: FastAPI) -> None:
         for path, method, handler in (

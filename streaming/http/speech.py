@@ -1,15 +1,15 @@
-"""POST /v1/audio/speech: text spoken by the loaded voice, one synthesis window per engine step, streamed as it is
-made (wav, pcm) or encoded at the end (flac, mp3, opus), as audio bytes or speech.audio.delta events."""
+"""POST /v1/audio/speech: text spoken by the loaded voice, one synthesis window per engine step, in any of OpenAI's
+formats (mp3 by default, opus and aac encoded chunk by chunk on the engine's worker, wav and pcm, all streamed as they
+are made; flac encoded at the end), as audio bytes or speech.audio.delta events."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 
 import numpy as np
 from fastapi import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import StreamingResponse
 
 from speechrt.errors import UserError
 
@@ -18,10 +18,8 @@ from .endpoint import SSE, RestError, check_model, engine_stream, json_body, loa
 
 log = logging.getLogger(__name__)
 
-# OpenAI's model names, accepted for the loaded voice (its voice names: protocol.check_voice)
-TTS_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
-SPEECH_FORMATS = ("wav", "pcm", "flac", "mp3", "opus")  # the first two streamed, the others encoded at the end
-ENCODED_MEDIA = {"flac": "audio/flac", "mp3": "audio/mpeg", "opus": "audio/ogg; codecs=opus"}
+SPEECH_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")  # OpenAI's; mp3 its default
+PCM_RATE = 24000  # OpenAI's pcm: raw 16-bit little-endian mono at 24 kHz (no header to say another rate)
 MAX_SPEECH_CHARS = 4096
 
 
@@ -34,7 +32,7 @@ class Speech:
     async def speech(self, request: Request):
         tts = loaded(self.server.tts, "voice")
         body = await json_body(request)
-        check_model(body.get("model"), [tts.name, *TTS_ALIASES], "speech")
+        check_model(body.get("model"), "tts", self.server, "speech")
         text = body.get("input")
         if not isinstance(text, str) or not text.strip():
             raise RestError(400, "'input' must be a non-empty string: the text to speak", "missing_required_parameter")
@@ -48,7 +46,7 @@ class Speech:
                 voice = check_voice(voice, {"tts": [tts.name, *tts.voice.speaker_id_map]}, "voice")
             except ProtocolError as e:
                 raise RestError(400, str(e), e.code) from None
-        fmt = speech_format(body.get("response_format") or "wav")
+        fmt = speech_format(body.get("response_format") or "mp3")
         stream_format = body.get("stream_format") or "audio"
         if stream_format not in ("audio", "sse"):
             raise RestError(
@@ -62,49 +60,93 @@ class Speech:
             )
         speed = number(body.get("speed"), "speed", 0.25, 4.0, 1.0)
         speaker = voice if voice in tts.voice.speaker_id_map else None
-        # audio encoded at its end is not heard while it is made: every sentence for throughput
-        first_audio = stream_format == "sse" or fmt not in ENCODED_MEDIA
-        chunks = engine_stream(self.server, speech_chunks(tts, text, speed, speaker, first_audio))
+        out = SpeechOutput(fmt, tts.sample_rate)
+        chunks = engine_stream(self.server, speech_chunks(tts, text, speed, speaker, out))
         try:  # the first chunk (or the error that the text cannot be read) before any byte is sent
             first = await anext(chunks)
         except StopAsyncIteration:
             raise RestError(400, "'input' holds nothing the voice can read") from None
         except UserError as e:
             raise RestError(400, f"'input' cannot be spoken: {e}") from None
-        rate = tts.sample_rate
-        headers = {"Cache-Control": "no-store", "X-Sample-Rate": str(rate)}
+        headers = {"Cache-Control": "no-store", "X-Sample-Rate": str(out.rate)}
         if stream_format == "sse":
             return StreamingResponse(
-                speech_events(first, chunks, fmt, rate, len(text)), media_type="text/event-stream", headers=SSE
+                speech_events(first, chunks, out, len(text)), media_type="text/event-stream", headers=SSE
             )
-        if fmt in ENCODED_MEDIA:
-            pcm16 = b"".join([c async for c in audio_stream(first, chunks, None)])
-            encoded, out_rate = await encode_pcm16(pcm16, rate, fmt)
-            headers["X-Sample-Rate"] = str(out_rate)
-            return Response(encoded, media_type=ENCODED_MEDIA[fmt], headers=headers)
-        media = "audio/wav" if fmt == "wav" else f"audio/pcm;rate={rate};encoding=signed-int;bits=16"
-        return StreamingResponse(
-            audio_stream(first, chunks, rate if fmt == "wav" else None), media_type=media, headers=headers
+        return StreamingResponse(audio_stream(first, chunks, out), media_type=out.media_type, headers=headers)
+
+
+class SpeechOutput:
+    """The response's audio format: `fmt` (SPEECH_FORMATS) of a voice at `voice_rate` -> its sample rate, media type,
+    the header a stream begins with, and the encoder of its chunks (`encode`, on the engine's worker)."""
+
+    def __init__(self, fmt: str, voice_rate: int):
+        from speechrt.pipelines.audio_codecs import CODECS, codec_rate
+
+        self.fmt, self.voice_rate = fmt, voice_rate
+        if fmt in CODECS:
+            self.rate, self.media_type = codec_rate(fmt, voice_rate), CODECS[fmt][4]
+        elif fmt == "pcm":
+            self.rate, self.media_type = PCM_RATE, f"audio/pcm;rate={PCM_RATE};encoding=signed-int;bits=16"
+        else:
+            self.rate, self.media_type = voice_rate, "audio/wav"
+
+    def header(self) -> bytes:
+        """wav: a header whose sizes say 'unknown length', as OpenAI's streamed WAV; the others none."""
+        from speechrt.pipelines.tts import wav_header
+
+        return wav_header(self.rate, None) if self.fmt == "wav" else b""
+
+    def encode(self, pcm_chunks):
+        """The synthesized chunks (float32 at the voice's rate, or pcm16 bytes at self.rate for wav and pcm) -> the
+        response's bytes, with the number of samples each holds (encoders may hold bytes back: b'' then)."""
+        if self.fmt in ("wav", "pcm"):
+            for c in pcm_chunks:
+                yield c, len(c) // 2
+            return
+        from speechrt.pipelines.audio_codecs import STREAMS, StreamEncoder, encode_audio
+
+        if self.fmt not in STREAMS:  # FLAC: whole at the end, its header then says its length (libsndfile needs it)
+            chunks = []
+            for c in pcm_chunks:  # (one synthesis window per engine step still)
+                chunks.append(np.asarray(c, np.float32))
+                yield b"", len(c)
+            whole = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+            yield encode_audio(whole, self.voice_rate, self.fmt)[0], 0
+            return
+        enc = StreamEncoder(self.fmt, self.voice_rate)
+        for c in pcm_chunks:
+            yield enc.feed(c), len(c)
+        yield enc.flush(), 0
+
+
+def speech_chunks(tts, text: str, speed: float, speaker, out: SpeechOutput):
+    """On the engine's worker: the response's bytes and their samples, one synthesis window per step (the text is
+    read on the first), encoded as `out` says."""
+    raw = out.fmt in ("wav", "pcm")
+    yield from out.encode(
+        tts.synthesize(
+            text,
+            format="pcm16" if raw else "f32",
+            sample_rate=out.rate if out.fmt == "pcm" else None,
+            rate=speed,
+            speaker=speaker,
+            on_unsupported="drop",
+            first_audio=out.fmt != "flac",  # audio sent at its end is not heard while it is made: for throughput
         )
-
-
-def speech_chunks(tts, text: str, speed: float, speaker, first_audio: bool = True):
-    """On the engine's worker: int16 bytes, one synthesis window per step (the text is read on the first)."""
-    yield from tts.synthesize(
-        text, format="pcm16", rate=speed, speaker=speaker, on_unsupported="drop", first_audio=first_audio
     )
 
 
 def speech_format(fmt) -> str:
     """The speech endpoint's response_format, if this server can write it; else a RestError naming the valid ones
-    (or what to install, where the libsndfile lacks MP3 or Opus)."""
+    (or what to install, where PyAV is missing)."""
     if fmt not in SPEECH_FORMATS:
         raise RestError(
             400,
-            f"response_format {fmt!r} is not supported; valid: {', '.join(SPEECH_FORMATS)} (wav and "
-            "pcm streamed as they are synthesized, the others encoded at the end)",
+            f"response_format {fmt!r} is not supported; valid: {', '.join(SPEECH_FORMATS)} (all streamed as they "
+            "are synthesized; mp3 the default)",
         )
-    if fmt in ENCODED_MEDIA:
+    if fmt not in ("wav", "pcm"):
         from speechrt.pipelines.tts import check_encoding
 
         try:
@@ -114,37 +156,23 @@ def speech_format(fmt) -> str:
     return fmt
 
 
-async def encode_pcm16(pcm16: bytes, rate: int, fmt: str) -> tuple[bytes, int]:
-    """Whole int16 speech -> the bytes of a `fmt` file and its rate (pipelines.tts.encode_audio), off the event
-    loop: minutes of speech take LAME a second or more."""
-    from speechrt.pipelines.tts import encode_audio
-
-    return await asyncio.to_thread(encode_audio, np.frombuffer(pcm16, "<i2") / np.float32(32767.0), rate, fmt)
-
-
-async def speech_events(first: bytes, rest, fmt: str, rate: int, chars: int):
-    """stream_format=sse: speech.audio.delta events (base64 audio in `fmt`: wav and pcm as they are synthesized,
-    the encoded formats whole at the end), then speech.audio.done with usage (speechrt counts the input's
-    characters in, the audio's samples out); a failure part-way is an error event."""
+async def speech_events(first, rest, out: SpeechOutput, chars: int):
+    """stream_format=sse: speech.audio.delta events (base64 audio in the response's format as it is made; wav's
+    streamed header first), then speech.audio.done with usage (speechrt counts the input's characters in, the audio's
+    samples out); a failure part-way is an error event."""
     import base64
-
-    from speechrt.pipelines.tts import wav_header
 
     def delta(data: bytes) -> str:
         return sse({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")})
 
-    samples, whole = 0, []
+    samples = 0
     try:
-        if fmt == "wav":
-            yield delta(wav_header(rate, None))
-        async for chunk in audio_stream(first, rest, None):
-            samples += len(chunk) // 2
-            if fmt in ENCODED_MEDIA:
-                whole.append(chunk)
-            else:
-                yield delta(chunk)
-        if whole:
-            yield delta((await encode_pcm16(b"".join(whole), rate, fmt))[0])
+        if header := out.header():
+            yield delta(header)
+        async for data, n in _chunks(first, rest):
+            samples += n
+            if data:
+                yield delta(data)
     except Exception as e:  # noqa: BLE001 - the status is sent: the error goes as an event
         log.exception("speech synthesis failed part-way")
         yield sse({"type": "error", "error": {"message": f"speech synthesis failed: {e}", "type": "server_error"}})
@@ -157,11 +185,15 @@ async def speech_events(first: bytes, rest, fmt: str, rate: int, chars: int):
     )
 
 
-async def audio_stream(first: bytes, rest, wav_rate: int | None):
-    from speechrt.pipelines.tts import wav_header
+async def audio_stream(first, rest, out: SpeechOutput):
+    if header := out.header():
+        yield header
+    async for data, _ in _chunks(first, rest):
+        if data:
+            yield data
 
-    if wav_rate is not None:  # a stream: the sizes say 'unknown length', as OpenAI's streamed WAV does
-        yield wav_header(wav_rate, None)
+
+async def _chunks(first, rest):
     yield first
     async with contextlib.aclosing(rest):
         async for chunk in rest:

@@ -19,8 +19,6 @@ from speechrt.pipelines.asr import segment_windows
 from ..asr_options import rest_options
 from .endpoint import SSE, RestError, check_model, engine_stream, number, sse
 
-# OpenAI's model names, accepted for the loaded model so that code written for OpenAI runs as is
-ASR_ALIASES = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe")
 GRANULARITIES = ("segment", "word")
 
 
@@ -68,7 +66,7 @@ class Transcriptions:
     async def transcriptions(self, request: Request, task: str = "transcribe"):
         asr = self.server.asr
         form, audio = await self.read_upload(request)
-        check_model(form.get("model"), [asr.name, *ASR_ALIASES], "transcription")
+        check_model(form.get("model"), "asr", self.server, "transcription")
         fmt = form.get("response_format") or "json"
         if fmt not in formats.FORMATS:
             raise RestError(400, f"response_format {fmt!r} is not supported; valid: {', '.join(formats.FORMATS)}")
@@ -134,7 +132,8 @@ class Transcriptions:
 
 
 def decode_audio(data: bytes, name: str | None) -> np.ndarray:
-    """An uploaded file's bytes (anything libsndfile reads) -> float32 mono at 16 kHz."""
+    """An uploaded file's bytes (anything libsndfile reads; else what PyAV's ffmpeg reads: AAC, M4A, MP4, WebM, as
+    OpenAI's endpoint takes) -> float32 mono at 16 kHz."""
     import soundfile as sf
 
     from speechrt.models.audio import load_audio
@@ -142,15 +141,33 @@ def decode_audio(data: bytes, name: str | None) -> np.ndarray:
     try:
         pcm, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
     except Exception as e:  # noqa: BLE001 - libsndfile's errors for what it cannot read
-        raise RestError(
-            400,
-            f"the file {name!r} is not a readable audio file ({e}); readable formats: WAV, FLAC, "
-            "OGG (Vorbis/Opus), MP3, AIFF",
-            "invalid_file",
-        ) from None
+        pcm, rate = av_decode(data)
+        if pcm is None:
+            raise RestError(
+                400,
+                f"the file {name!r} is not a readable audio file ({e}); readable formats: WAV, FLAC, "
+                "OGG (Vorbis/Opus), MP3, AIFF, AAC, M4A, MP4, WebM",
+                "invalid_file",
+            ) from None
     if pcm.shape[0] == 0:
         raise RestError(400, f"the file {name!r} holds no audio samples", "empty_file")
     return load_audio(pcm, source_rate=rate)
+
+
+def av_decode(data: bytes) -> tuple[np.ndarray | None, int]:
+    """The first audio stream of `data` through PyAV as float32 [n, channels] and its rate; (None, 0) if it holds
+    none PyAV reads (or PyAV is missing)."""
+    try:
+        import av
+
+        with av.open(io.BytesIO(data)) as f:
+            stream = f.streams.audio[0]
+            rs = av.AudioResampler(format="flt", layout="mono", rate=stream.rate)
+            parts = [a.to_ndarray().reshape(-1) for fr in f.decode(stream) for a in rs.resample(fr)]
+            parts += [a.to_ndarray().reshape(-1) for a in rs.resample(None)]
+            return np.concatenate(parts)[:, None] if parts else np.zeros((0, 1), np.float32), stream.rate
+    except Exception:  # noqa: BLE001 - not audio to ffmpeg either (or PyAV is missing): the caller says so
+        return None, 0
 
 
 def transcription_steps(asr, audio: np.ndarray, opts):

@@ -201,4 +201,13 @@ class Response:
         await s.send(E.output_item_done(self.id, item.to_api()))
         if not self.options.out_of_band:
             await s.send(E.item_done(item.to_api()))
-        await s.send(E.response_done(self._api(self.status, [item.to_api()])))
+        await s.send(E.response_done({**self._api(self.status, [item.to_api()]), "usage": self._usage()}))
+
+    def _usage(self) -> dict:
+        """What the response read and wrote (events.usage): the language model's prompt and answer tokens, the audio
+        of the user's items it answered, the audio it sent."""
+        items = self.input if self.input is not None else self.session.conversation.items
+        upto = items.index(self.item) if self.item in items else len(items)
+        heard = sum(it.audio_ms for it in items[:upto] if it.role == "user")
+        tokens = self._reply.tokens() if self._reply is not None else (0, 0, 0)
+        return E.usage(*tokens, heard, self.item.audio_ms)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from speechrt.errors import UserError
 from speechrt.models.registry import DEFAULTS
 
+from .. import model_names
 from .audio_codec import AudioFormat, AudioFormatError, parse_format
 from .protocol import (
     ProtocolError,
@@ -113,10 +114,10 @@ def _transcription(tr, available: dict, name: str) -> dict:
     m = tr.get("model")
     if m is not None:
         m = check_str(m, f"{name}.model")
-        # OpenAI model names (gpt-4o-transcribe, whisper-1) map to the loaded recognizer
-        if m not in available["asr"] and not m.startswith(("whisper", "gpt-")):
+        # 'speechrt' and OpenAI's names (gpt-4o-transcribe, whisper-1) stand for the loaded recognizer
+        if not model_names.accepts(m, "asr", available):
             raise ProtocolError(
-                f"unknown transcription model {short(m)}; this server runs: {', '.join(available['asr'])}",
+                model_names.unknown(m if len(m) <= 60 else m[:57] + "...", "asr", available, "transcription"),
                 "invalid_value",
                 f"{name}.model",
             )

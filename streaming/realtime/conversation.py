@@ -40,7 +40,7 @@ class Part:
 class Item:
     """A message item. For an assistant's spoken answer, `spoken` records, as its audio went out, how
     much text had been said by each point of the audio: (audio end ms, transcript so far); `audio_ms` is
-    how much audio was sent (or, after a truncation, played)."""
+    how much audio was sent (or, after a truncation, played); for a user's audio item, how much it holds."""
 
     role: str
     parts: list[Part]

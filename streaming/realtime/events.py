@@ -149,6 +149,31 @@ def response_done(response: dict) -> dict:
     return {"type": "response.done", "response": response}
 
 
+AUDIO_TOKEN_MS = 20  # an audio token: 20 ms of audio, one position of Whisper's encoder (1500 per 30-s window)
+
+
+def usage(prompt: int, cached: int, written: int, audio_in_ms: int, audio_out_ms: int) -> dict:
+    """A response's usage in OpenAI's shape. Text tokens are the language model's: `prompt` tokens read (the
+    instructions and the conversation's text, transcripts of audio items included), `cached` of them found in its
+    cache from the conversation's earlier turns, `written` tokens generated. Audio tokens are 20-ms units
+    (AUDIO_TOKEN_MS): in, the audio of the user's audio items in the response's input (what the transcriber read to
+    make their transcripts); out, the audio of the answer sent."""
+    audio_in, audio_out = -(-audio_in_ms // AUDIO_TOKEN_MS), -(-audio_out_ms // AUDIO_TOKEN_MS)
+    return {
+        "total_tokens": prompt + audio_in + written + audio_out,
+        "input_tokens": prompt + audio_in,
+        "output_tokens": written + audio_out,
+        "input_token_details": {
+            "text_tokens": prompt,
+            "audio_tokens": audio_in,
+            "image_tokens": 0,
+            "cached_tokens": cached,
+            "cached_tokens_details": {"text_tokens": cached, "audio_tokens": 0, "image_tokens": 0},
+        },
+        "output_token_details": {"text_tokens": written, "audio_tokens": audio_out},
+    }
+
+
 def output_item_added(response_id: str, item: dict) -> dict:
     return {"type": "response.output_item.added", "response_id": response_id, "output_index": 0, "item": item}
 

@@ -36,6 +36,7 @@ def item_audio(item: Item, fmt, max_seconds: float) -> np.ndarray | None:
         )
     for p in clips:
         p.audio = None
+    item.audio_ms = len(audio) * 1000 // RATE  # (its audio tokens in a response's usage: events.usage)
     item.transcribed = asyncio.Event()  # (before the item is added: a response from then on waits for it)
     return audio
 

@@ -7,6 +7,8 @@ import secrets
 
 from speechrt.errors import UserError
 
+from .. import model_names
+
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(10)}"
@@ -57,17 +59,15 @@ def check_voice(name, available: dict, param: str) -> str:
 
 
 def check_session_model(name, available: dict, param: str = "session.model") -> str:
-    """The model a Realtime session names (session.model, or the URL's ?model=): 'speechrt', the loaded
-    language model, or one of OpenAI's realtime models (gpt-realtime, gpt-4o-realtime-preview, ...), which
-    the loaded language model answers for; another name is a ProtocolError listing the valid ones."""
+    """The model a Realtime session names (session.model, or the URL's ?model=): a name of the language model
+    (streaming.model_names: its own, 'speechrt', OpenAI's realtime models, which it answers for; on a
+    transcription-only server too, whose sessions transcribe only); another name is a ProtocolError listing the
+    valid ones."""
     name = check_str(name, param)
-    lm = available.get("lm") or []
-    if name == "speechrt" or name in lm or (name.startswith("gpt-") and "realtime" in name):
+    if model_names.accepts(name, "lm", available):
         return name
-    answers = f"the language model here is {lm[0]}" if lm else "this server runs no language model"
     raise ProtocolError(
-        f"unknown model {short(name)}; {answers}: name it, 'speechrt', or one of OpenAI's realtime "
-        "models (gpt-realtime, gpt-4o-realtime-preview, ...), which it answers for",
+        model_names.unknown(name if len(name) <= 60 else name[:57] + "...", "lm", available, "Realtime"),
         "model_not_found",
         param,
     )

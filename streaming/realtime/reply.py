@@ -73,6 +73,12 @@ class Reply:
         if self._task is not None:
             self._task.cancel()
 
+    def tokens(self) -> tuple[int, int, int]:
+        """The language model's (prompt tokens, of them found in its cache, tokens written) so far; zeros for text
+        the client gave (options.say)."""
+        r = self._lm_req
+        return (0, 0, 0) if r is None else (len(r.ids), r.reused, r.count)
+
     async def texts(self):
         """The reply's text as it is written (text replies)."""
         async for piece in self._items():

@@ -159,6 +159,7 @@ class InputTurns:
 
     async def _commit(self, turn: Turn, audio: np.ndarray, auto: bool, early: asyncio.Task | None = None):
         item = Item("user", [Part("input_audio")], id=turn.item_id, transcribed=asyncio.Event())
+        item.audio_ms = len(audio) * 1000 // RATE  # (its audio tokens in a response's usage: events.usage)
         prev = self.session.conversation.append(item)
         await self.session.send(E.buffer_committed(item.id, prev))
         await self.session.send(E.item_added(item.to_api(), prev))

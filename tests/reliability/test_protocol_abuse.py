@@ -82,7 +82,7 @@ CASES = [
         json.dumps(
             {"type": "session.update", "session": {"audio": {"input": {"transcription": {"model": "no-such-model"}}}}}
         ),
-        ("error", "invalid_value", "this server runs"),
+        ("error", "invalid_value", "transcription models: whisper-tiny.en, speechrt, whisper-1"),
     ),
     (
         "unknown-session-model",

@@ -80,9 +80,9 @@ def test_openai_sdk_conversation(server, question_pcm, asr):
                 elif ev.type == "response.output_audio.delta":
                     audio += base64.b64decode(ev.delta)
                 elif ev.type == "response.done":
-                    return types, user, "".join(transcript), bytes(audio), ev.response.status
+                    return types, user, "".join(transcript), bytes(audio), ev.response.status, ev.response.usage
 
-    types, user, answer, audio, status = asyncio.run(asyncio.wait_for(main(), 240))
+    types, user, answer, audio, status, usage = asyncio.run(asyncio.wait_for(main(), 240))
     assert wer(QUESTION, user) <= 0.2, user
     assert status == "completed"
     assert "tokyo" in answer.lower(), answer
@@ -100,6 +100,16 @@ def test_openai_sdk_conversation(server, question_pcm, asr):
     # the spoken answer says what its transcript says
     heard = asr.transcribe(pcm, 24000).text
     assert wer(answer, heard) <= 0.35, (answer, heard)
+    # usage, in OpenAI's shape (docs/realtime.md): the language model's tokens in and out, audio in 20-ms tokens
+    # (the turn's audio in: the question's speech at least, the recording at most; the answer's audio out)
+    inp, out = usage.input_token_details, usage.output_token_details
+    assert inp.text_tokens > 10 and out.text_tokens > 0 and 0 <= inp.cached_tokens <= inp.text_tokens
+    speech_s = len(question_pcm) / 2 / 24000
+    assert (speech_s - 1.2) * 50 <= inp.audio_tokens <= speech_s * 50, (inp.audio_tokens, speech_s)
+    assert abs(out.audio_tokens - len(pcm) / 24000 * 50) <= 1, (out.audio_tokens, len(pcm))
+    assert usage.input_tokens == inp.text_tokens + inp.audio_tokens
+    assert usage.output_tokens == out.text_tokens + out.audio_tokens
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens
 
 
 def test_our_sdk_ask_talk_and_say(server, question_pcm, asr):

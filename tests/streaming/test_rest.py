@@ -131,7 +131,7 @@ def test_bad_uploads_get_json_errors_and_the_server_goes_on(client, server, verb
     with pytest.raises(openai.APIStatusError, match=f"at most {MAX_UPLOAD} bytes") as e:
         transcribe(client, "json", data=b"\0" * (MAX_UPLOAD + 100_000))
     assert e.value.status_code == 413 and e.value.body["code"] == "file_too_large"
-    with pytest.raises(openai.NotFoundError, match="transcription models: whisper-tiny.en, whisper-1"):
+    with pytest.raises(openai.NotFoundError, match="transcription models: whisper-tiny.en, speechrt, whisper-1"):
         client.audio.transcriptions.create(model="whisper-huge", file=("a.wav", SAMPLE.read_bytes()))
     with pytest.raises(openai.BadRequestError, match="response_format 'tsv'.*valid: text, json"):
         transcribe(client, "tsv")
@@ -177,32 +177,51 @@ def test_speech_streams_a_wav_of_real_speech(client):
     assert wer(SPOKEN, back) <= 0.2, back
 
 
-def test_speech_pcm_and_encoded_formats(client):
-    pcm = client.audio.speech.create(model="tts-1", voice="echo", input="Hello there.", response_format="pcm")
-    pcm_samples = len(pcm.content) // 2  # the voice's noise makes each synthesis a little different
-    assert pcm_samples > 0.3 * 22050
-    # encoded whole: FLAC at the voice's rate, MP3 (OpenAI's default format) too, Ogg Opus at 24 kHz; each the
-    # sentence, as the transcriber hears it
-    for fmt, media, rate in (
-        ("flac", "audio/flac", 22050),
-        ("mp3", "audio/mpeg", 22050),
-        ("opus", "audio/ogg; codecs=opus", 24000),
+def test_speech_in_every_openai_format(client):
+    """OpenAI's six response formats through the SDK, mp3 when none is named (OpenAI's default), each with its
+    Content-Type and rate (pcm: raw int16 at 24 kHz as OpenAI's; Opus 24 kHz; the others the voice's 22.05 kHz),
+    streamed in several chunks (FLAC whole at the end: its header holds its length), decoded (PyAV) to the length of
+    the speech, and heard as the sentence when uploaded to the server's own transcription endpoint in that format."""
+    import av
+
+    default = client.audio.speech.with_raw_response.create(model="tts-1", voice="echo", input="Hello there.")
+    assert default.headers["content-type"] == "audio/mpeg" and sf.info(io.BytesIO(default.content)).format == "MP3"
+    for fmt, media, rate, container in (
+        ("mp3", "audio/mpeg", 22050, "mp3"),
+        ("opus", "audio/ogg; codecs=opus", 24000, "ogg"),
+        ("aac", "audio/aac", 22050, "aac"),
+        ("flac", "audio/flac", 22050, "flac"),
+        ("wav", "audio/wav", 22050, "wav"),
+        ("pcm", "audio/pcm;rate=24000;encoding=signed-int;bits=16", 24000, None),
     ):
-        r = client.audio.speech.with_raw_response.create(model="tts-1", voice="echo", input=SPOKEN, response_format=fmt)
-        assert r.headers["content-type"] == media and int(r.headers["x-sample-rate"]) == rate
-        audio, sr = sf.read(io.BytesIO(r.content), dtype="float32")
-        assert sr == rate and len(audio) > 3 * sr
-        back = transcribe(client, "text", data=r.content)  # the upload in that format
+        with client.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="echo", input=SPOKEN, response_format=fmt
+        ) as r:
+            assert r.headers["content-type"] == media and int(r.headers["x-sample-rate"]) == rate, fmt
+            chunks = [c for c in r.iter_bytes() if c]
+        data = b"".join(chunks)
+        assert len(chunks) > 1 or fmt == "flac", fmt  # streamed as synthesized
+        if fmt == "flac":  # whole, with its length (libsndfile reads it)
+            assert sf.info(io.BytesIO(data)).frames / 22050 > 3.5
+        decoded_rate = 48000 if fmt == "opus" else rate  # (Opus decodes at 48 kHz; its header keeps the 24 kHz)
+        if container is None:
+            audio, data = np.frombuffer(data, "<i2") / 32767.0, wav_bytes(np.frombuffer(data, "<i2") / 32767.0, rate)
+        else:
+            with av.open(io.BytesIO(data)) as f:
+                assert f.format.name.split(",")[0] == container and f.streams.audio[0].rate == decoded_rate, fmt
+                audio = np.concatenate([fr.to_ndarray().reshape(-1) for fr in f.decode(audio=0)])
+        assert 3.5 < len(audio) / decoded_rate < 9, (fmt, len(audio) / decoded_rate)
+        back = transcribe(client, "text", data=data)  # the upload in that format (pcm: as a WAV)
         assert wer(SPOKEN, back) <= 0.2, (fmt, back)
-    with pytest.raises(openai.BadRequestError, match="response_format 'aac'.*valid: wav, pcm, flac, mp3, opus"):
-        client.audio.speech.create(model="tts-1", voice="alloy", input="Hi.", response_format="aac")
+    with pytest.raises(openai.BadRequestError, match="response_format 'ogg'.*valid: mp3, opus, aac, flac, wav, pcm"):
+        client.audio.speech.create(model="tts-1", voice="alloy", input="Hi.", response_format="ogg")
     with pytest.raises(openai.BadRequestError, match="voice 'nobody'.*valid: "):
         client.audio.speech.create(model="tts-1", voice="nobody", input="Hi.")
 
 
 def test_speech_as_server_sent_events(client, server):
     """stream_format=sse (OpenAI's): speech.audio.delta events of base64 audio as it is synthesized (pcm: the
-    voice's int16 samples; wav: its streamed header first; mp3: the file whole, in one delta), then
+    int16 samples at 24 kHz; wav: its streamed header first; mp3: the file's frames as they are encoded), then
     speech.audio.done with the usage (characters in, samples out)."""
     import base64
 
@@ -221,12 +240,13 @@ def test_speech_as_server_sent_events(client, server):
         assert usage["input_tokens"] == len(SPOKEN) and usage["total_tokens"] == len(SPOKEN) + usage["output_tokens"]
         data = b"".join(deltas)
         if fmt == "pcm":
-            assert len(deltas) > 2 and usage["output_tokens"] == len(data) // 2 > 3 * 22050  # streamed, all of it
-            data = wav_bytes(np.frombuffer(data, "<i2") / 32767.0, 22050)
+            assert len(deltas) > 2 and usage["output_tokens"] == len(data) // 2 > 3 * 24000  # streamed, all of it
+            data = wav_bytes(np.frombuffer(data, "<i2") / 32767.0, 24000)
         elif fmt == "wav":
             assert deltas[0][:4] == b"RIFF" and len(deltas[0]) == 44 and len(deltas) > 3
         else:
-            assert len(deltas) == 1 and sf.info(io.BytesIO(data)).format == "MP3"
+            assert len(deltas) > 2 and sf.info(io.BytesIO(data)).format == "MP3"
+            assert usage["output_tokens"] > 3 * 22050  # the voice's samples
         back = transcribe(client, "text", data=data)
         assert wer(SPOKEN, back) <= 0.2, (fmt, back)
     with pytest.raises(openai.BadRequestError, match="stream_format must be 'audio'.*or 'sse'"):
@@ -356,9 +376,31 @@ def test_chat_n_choices(client, server):
 
 
 def test_models_list(client, server):
+    """One naming policy (streaming/model_names.py): every name an endpoint accepts is listed and retrievable (a
+    dated OpenAI snapshot too), with the loaded model it stands for; 'speechrt' and OpenAI's names work on REST as on
+    Realtime (chat answers for 'speechrt' and gpt-realtime); another name is a 404 listing the valid ones."""
     ids = [m.id for m in client.models.list()]
-    assert ids == [server.asr.name, server.lm.name, server.tts.name]
-    assert client.models.retrieve(server.lm.name).id == server.lm.name
+    asr, lm, tts = server.asr.name, server.lm.name, server.tts.name
+    assert ids[:4] == [asr, lm, tts, "speechrt"]
+    for name, root in (
+        ("whisper-1", asr),
+        ("gpt-4o-transcribe", asr),
+        ("tts-1", tts),
+        ("gpt-4o-mini-tts", tts),
+        ("gpt-realtime", lm),
+        ("gpt-4o-realtime-preview", lm),
+        (lm, lm),
+    ):
+        assert name in ids and client.models.retrieve(name).root == root, name
+    assert client.models.retrieve("gpt-4o-realtime-preview-2024-12-17").id == "gpt-4o-realtime-preview-2024-12-17"
+    assert client.models.retrieve("speechrt").family == "all"
+    question = [{"role": "user", "content": "Say hi."}]
+    for name in ("speechrt", "gpt-realtime"):
+        assert client.chat.completions.create(model=name, messages=question, max_tokens=2).choices[0].message.content
+    with pytest.raises(openai.NotFoundError, match="models: whisper-tiny.en, .*whisper-1"):
+        client.models.retrieve("gpt-9")
+    with pytest.raises(openai.NotFoundError, match=f"chat models: {lm}, speechrt, gpt-realtime"):
+        client.chat.completions.create(model="whisper-1", messages=question, max_tokens=2)
 
 
 def test_key_and_admission_limit(asr, server_factory):

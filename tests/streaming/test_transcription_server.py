@@ -564,3 +564,55 @@ def test_a_client_that_closed_frees_its_slot_while_its_last_audio_is_still_proce
 
         asyncio.run(asyncio.wait_for(main(), 60))
         assert SlowVad.calls >= 1  # the slow detection was under way when the client closed
+
+
+def test_a_file_and_a_turn_of_the_same_recording(transcription_server, asr):
+    """The recorded sample as a file (REST) and as a committed turn (Realtime, 24 kHz on the wire, turn detection
+    off): each is its endpoint's one decoding setup (streaming/asr_options.py: a file with timestamp tokens over whole
+    windows, a turn without them over its audio plus the final margin), and the two give the same words; they
+    differ in casing and punctuation only, as docs/realtime.md says ("voice. And" / "voice and"). (The turn's margin
+    is the loaded one if the engine was busy, as after the file's transcription: engine/load.py, LoadedMargins.)"""
+
+    openai = pytest.importorskip("openai")
+    from speechrt.cli_asr import sample_path
+    from speechrt.models.audio import load_audio
+    from speechrt.models.wer import normalize
+    from speechrt.streaming.asr_options import LOADED_FINAL_MARGIN_S, asr_options, rest_options
+    from speechrt.streaming.realtime.audio_codec import AudioFormat, InputDecoder
+
+    sample = sample_path()
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{transcription_server.port}/v1", api_key="-", max_retries=0)
+    file_text = client.audio.transcriptions.create(
+        model="whisper-1", file=("sample.wav", sample.read_bytes()), response_format="text"
+    ).strip()
+    wire = pcm24(load_audio(sample), tail_s=0.0)
+
+    async def main():
+        ws, _ = await _raw(transcription_server)
+        await ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}))
+        await _next(ws, "session.updated")
+        for i in range(0, len(wire), 9600):
+            await ws.send(
+                json.dumps(
+                    {"type": "input_audio_buffer.append", "audio": base64.b64encode(wire[i : i + 9600]).decode()}
+                )
+            )
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        done = await _next(ws, "conversation.item.input_audio_transcription.completed")
+        await ws.close()
+        return done["transcript"].strip()
+
+    loaded_before = transcription_server.engine.metrics.finals_loaded_margin
+    turn_text = asyncio.run(asyncio.wait_for(main(), 120))
+    loaded = transcription_server.engine.metrics.finals_loaded_margin > loaded_before
+    steps = asr.transcribe_steps(load_audio(sample), asr.options(**rest_options("transcribe", None, None, None)))
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            assert file_text == end.value.text.strip()
+            break
+    heard = InputDecoder(AudioFormat("audio/pcm", 24000)).decode(wire, last=True)
+    final = asr_options(None, final_margin=LOADED_FINAL_MARGIN_S if loaded else None)
+    assert turn_text == asr.transcribe_batch([heard], final)[0].text.strip(), (loaded, turn_text)
+    assert normalize(file_text) == normalize(turn_text), (file_text, turn_text)
