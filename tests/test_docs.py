@@ -81,11 +81,11 @@ def said(action: argparse.Action, default: str) -> bool:
 
 
 def table_defaults(text: str):
-    """(option, None, the default cell) for each row that names one option in a table whose second column is
+    """(option, the default cell) for each row that names one option in a table whose second column is
     its default: `| option | default | ... |` then `| `--option` | default | what it does |`."""
     for table in re.finditer(r"^\| *(?:option|flag) *\| *default *\|.*\n(?:\|.*\n?)+", text, re.M):
         for m in re.finditer(r"^\| `(--[a-z][a-z0-9-]*)` \| ([^|]+)\|", table.group(0), re.M):
-            yield m.group(1), None, m.group(2).strip()
+            yield m.group(1), m.group(2).strip()
 
 
 def table_said(action: argparse.Action, cell: str) -> bool:
@@ -107,7 +107,7 @@ def test_every_option_the_docs_name_exists_with_the_default_they_give():
     for doc, text in DOCS.items():
         if doc in GENERATED:
             continue
-        for opt, cmd, default in table_defaults(text):
+        for opt, default in table_defaults(text):
             where = [n for n, o in known.items() if opt in o]
             if where and not any(table_said(known[n][opt], default) for n in where):
                 bad.append(
@@ -144,10 +144,11 @@ def test_the_option_check_finds_a_wrong_default_and_a_missing_option():
     assert ("--max-sessions", "serve", "5") in found and ("--no-such-flag", "serve", None) in found
     assert str(options(PARSERS["serve"])["--max-sessions"].default) != "5"
     assert all("--no-such-flag" not in options(p) for p in PARSERS.values())
-    table = "| option | default | what |\n| --- | --- | --- |\n| `--max-sessions` | 5 | sessions |\n| `--transcription-only` | on | asr |"
+    table = "| option | default | what |\n| --- | --- | --- |\n"
+    table += "| `--max-sessions` | 5 | sessions |\n| `--transcription-only` | on | asr |"
     serve = options(PARSERS["serve"])
     rows = list(table_defaults(table))
-    assert rows == [("--max-sessions", None, "5"), ("--transcription-only", None, "on")]
+    assert rows == [("--max-sessions", "5"), ("--transcription-only", "on")]
     assert not table_said(serve["--max-sessions"], "5") and table_said(serve["--max-sessions"], "32")
     assert not table_said(serve["--transcription-only"], "on") and table_said(serve["--transcription-only"], "off")
     assert not table_said(serve["--threads"], "4") and table_said(serve["--threads"], "all cores")  # worded in help
