@@ -53,4 +53,8 @@ def load_tts(voice=None, backend: str = "torch", device: str = "cpu", dtype: str
 
 def say(text: str, path, voice=None, backend: str = "torch", device: str = "cpu", **options):
     """Synthesize `text` into `path` (.wav, .raw = pcm16, .f32) in one call; returns the SynthesisStats."""
+    if path != "-" and not hasattr(path, "write"):  # a path that cannot be written: one line, before the voice loads
+        from speechrt.outputs import check_output_file
+
+        check_output_file(path, "path", "out.wav")
     return load_tts(voice, backend, device).synthesize_to_file(text, path, **options)

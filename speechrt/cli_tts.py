@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import sys
 
+from speechrt.cli_paths import output_file
+
 
 def add_arguments(p):
     p.add_argument(
@@ -17,6 +19,7 @@ def add_arguments(p):
         "-o",
         "--output",
         default=None,
+        type=output_file("-o/--output", "out.wav"),
         help="output file: .wav, .raw/.pcm (pcm16), .f32 (float32), written as synthesized; .flac, .mp3, "
         ".opus/.ogg (Ogg Opus), encoded at the end; '-' = stdout (required)",
     )

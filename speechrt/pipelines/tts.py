@@ -35,6 +35,7 @@ from speechrt.models.registry import resolve
 from speechrt.models.tts_options import SynthesisOptions
 from speechrt.models.tts_sentences import SentenceStream, stream_segments
 from speechrt.models.tts_text import TextFrontEnd, TextOptions
+from speechrt.outputs import check_output_file
 
 from .audio_output import (
     ENCODINGS,
@@ -303,6 +304,8 @@ class TTSPipeline:
         .flac, .mp3, .opus/.ogg)."""
         fmt = format or format_for_path(path)
         check_file_format(fmt)
+        if path != "-" and not hasattr(path, "write"):  # before any synthesis: one line, not an OSError
+            check_output_file(path, "path", "out.wav")
         gen_fmt = "pcm16" if fmt == "wav" else "f32" if fmt in ENCODINGS else fmt
         # a file encoded at the end, or written to disk, is not heard while it is made; stdout may be a player
         kw.setdefault("first_audio", path == "-" and fmt not in ENCODINGS)

@@ -42,6 +42,28 @@ def tts_export(tmp_path_factory):
     return out
 
 
+def test_export_out_that_cannot_be_written_is_one_line_before_anything_loads(tmp_path, capsys, no_model_loads):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    for out, says in [
+        (a_file, f"{a_file}: is a file, not a directory; give a new or empty directory"),
+        (a_file / "joe", f"{a_file} is a file, so no directory can be made under it"),
+        (tmp_path / "full", "exists and is not empty"),
+        ("/proc/speechrt-test/joe", "cannot write in /proc"),  # no process may, root included
+    ]:
+        assert main(["export", "tts", "--out", str(out), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("speechrt export: error: --out ") and err.count("\n") == 1, err
+        assert says in err, err
+    # the Python API checks the same (export_model as imported above, not the tripwire)
+    with pytest.raises(UserError, match="is a file, not a directory"):
+        export_model("tts", None, a_file, progress=False)
+    with pytest.raises(UserError, match="cannot write in /proc"):
+        export_model("tts", None, "/proc/speechrt-test/joe", progress=False)
+
+
 def _greedy(lm, ids, n=32):
     return [
         ev.token for ev in stream(lm.runner, lm.tokenizer, [ids], GenerationOptions(max_tokens=n, stop_token_ids=()))
