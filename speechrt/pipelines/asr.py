@@ -1,7 +1,7 @@
 """The speech recognition pipeline: an ASR runner, its front end (log-mel, Whisper tokenizer) and the
 decoding loops (whisper_decoding). `speechrt.load_asr(...)` returns one; so does the server's engine use it.
 
-    asr = speechrt.load_asr()                          # the embedded Whisper tiny.en, torch on the CPU
+    asr = speechrt.load_asr()                          # the embedded Whisper tiny.en on the CPU, backend auto
     asr.transcribe("talk.wav").text                    # any length (long-form)
     asr.detect_language("talk.wav", k=3)               # [('de', 0.97), ...] (multilingual models)
     asr.transcribe_batch([a, b], drafts=[None, prev])  # short utterances of several streams in one batch
@@ -252,7 +252,7 @@ class ASRPipeline:
 
 def load_asr(
     model: str | Path | None = None,
-    backend: str = "torch",
+    backend: str = "auto",
     device: str = "cpu",
     dtype: str | None = None,
     step_threads: int | None = None,

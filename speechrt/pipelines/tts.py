@@ -351,7 +351,7 @@ def synthesis_options(
 
 def load_tts(
     voice: str | Path | None = None,
-    backend: str = "torch",
+    backend: str = "auto",
     device: str = "cpu",
     dtype: str | None = None,
     step_threads: int | None = None,

@@ -321,6 +321,34 @@ def test_backend_auto_follows_the_table():
         backends.get("fastest")
 
 
+def test_the_python_api_defaults_to_auto_as_the_cli_and_the_server_do():
+    """One default everywhere: speechrt.load_asr / load_lm / load_tts / transcribe / say and the pipelines'
+    loaders take backend='auto', as `speechrt transcribe|chat|say|serve` and the server's ModelConfig do, and
+    build what auto chooses on this machine (backend and precision), not torch."""
+    import inspect
+
+    import speechrt
+    import speechrt.pipelines.asr
+    import speechrt.pipelines.lm
+    import speechrt.pipelines.tts
+    from speechrt.backends import auto
+    from speechrt.cli import build_parser
+    from speechrt.streaming.config import ModelConfig
+
+    api = [speechrt.load_asr, speechrt.load_lm, speechrt.load_tts, speechrt.transcribe, speechrt.say]
+    api += [speechrt.pipelines.asr.load_asr, speechrt.pipelines.lm.load_lm, speechrt.pipelines.tts.load_tts]
+    for f in api:
+        assert inspect.signature(f).parameters["backend"].default == "auto", f
+    parser = build_parser()
+    for command in ("transcribe", "chat", "say", "serve"):
+        assert parser.parse_args([command]).backend == "auto", command
+    assert ModelConfig().backend == "auto"
+    # the language model is built through the same line of its loader (and costs seconds more to load)
+    for family, load in (("asr", speechrt.load_asr), ("tts", speechrt.load_tts)):
+        choice, info = auto.choose(family, "cpu"), load().info
+        assert info.backend == choice.backend and info.precision == (choice.dtype or info.precision), (family, info)
+
+
 def test_backend_auto_on_an_amx_cpu(monkeypatch):
     """An AMX CPU (measured on 2 cores of a Xeon) gets onnxruntime for every family, int8 speech recognition
     and int4 language model, not torch's bf16 (slower there: ASR 2.40 s vs int8's 1.04 s); an AVX2 CPU

@@ -30,7 +30,7 @@ def server(asr, server_factory):
     import speechrt
     from speechrt.streaming.config import ServerOptions
 
-    lm, tts = speechrt.load_lm(), speechrt.load_tts()
+    lm, tts = speechrt.load_lm(backend="torch"), speechrt.load_tts(backend="torch")
     with server_factory(ServerOptions(port=0, max_upload_bytes=MAX_UPLOAD), asr, lm, tts) as srv:
         yield srv
 
