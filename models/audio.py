@@ -7,6 +7,7 @@ it is computed here in numpy so no librosa is needed.
 from __future__ import annotations
 
 import functools
+import io
 from pathlib import Path
 
 import numpy as np
@@ -40,23 +41,27 @@ def resample(audio: np.ndarray, orig_sr: int, target_sr: int) -> np.ndarray:
 
 def load_audio(source, sample_rate: int = SAMPLE_RATE, source_rate: int | None = None) -> np.ndarray:
     """Mono float32 audio at `sample_rate` from a file path (WAV, FLAC, OGG/Vorbis/Opus, MP3 — whatever
-    libsndfile reads, any rate, any channel count) or from an array ([n] or [n, channels], with
-    `source_rate`; int16 arrays are scaled to [-1, 1])."""
+    libsndfile reads, any rate, any channel count), from such a file's bytes or a binary file object
+    (io.BytesIO, open(path, "rb")), or from an array ([n] or [n, channels], with `source_rate`; int16 arrays
+    are scaled to [-1, 1])."""
     if isinstance(source, (str, Path)):
-        import soundfile as sf
-
         p = Path(source)
         if not p.exists():
             raise AudioError(f"{p}: no such file")
         if p.stat().st_size == 0:
             raise AudioError(f"{p}: the file is empty")
-        try:
-            data, sr = sf.read(str(p), dtype="float32", always_2d=True)
-        except Exception as e:  # soundfile raises LibsndfileError / RuntimeError for unknown formats
-            fmts = "WAV, FLAC, OGG (Vorbis/Opus), MP3, AIFF"
-            raise AudioError(f"{p}: not a readable audio file ({e}); readable formats: {fmts}") from None
+        data, sr = read_audio_file(str(p), str(p))
         if data.shape[0] == 0:
             raise AudioError(f"{p}: the audio file contains no samples")
+    elif is_encoded_audio(source):
+        name = _file_object_name(source)
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            if len(source) == 0:
+                raise AudioError(f"{name} are empty")
+            source = io.BytesIO(source)
+        data, sr = read_audio_file(source, name)
+        if data.shape[0] == 0:
+            raise AudioError(f"{name}: the audio file contains no samples")
     else:
         if source_rate is None:
             raise AudioError("an audio array needs its sample rate (source_rate=...)")
@@ -81,6 +86,34 @@ def load_audio(source, sample_rate: int = SAMPLE_RATE, source_rate: int | None =
     if not np.isfinite(data).all():
         raise AudioError("audio contains NaN or infinite samples")
     return resample(data, int(sr), sample_rate)
+
+
+READABLE_FORMATS = "WAV, FLAC, OGG (Vorbis/Opus), MP3, AIFF"
+
+
+def is_encoded_audio(source) -> bool:
+    """Whether `source` is an audio file's bytes or a binary file object (not a path, not samples)."""
+    return isinstance(source, (bytes, bytearray, memoryview)) or hasattr(source, "read")
+
+
+def read_audio_file(file, name: str) -> tuple[np.ndarray, int]:
+    """(float32 samples [n, channels], sample rate) of an encoded audio file (a path or a binary file object);
+    an AudioError naming it as `name` (a path, 'the uploaded file') if libsndfile cannot read it. The reason is
+    libsndfile's own words, without soundfile's 'Error opening <_io.BytesIO object at 0x...>'."""
+    import soundfile as sf
+
+    try:
+        return sf.read(file, dtype="float32", always_2d=True)
+    except Exception as e:  # noqa: BLE001 - soundfile raises LibsndfileError / RuntimeError for unknown formats
+        reason = getattr(e, "error_string", None) or str(e)
+        raise AudioError(
+            f"{name}: not a readable audio file ({reason}); readable formats: {READABLE_FORMATS}"
+        ) from None
+
+
+def _file_object_name(source) -> str:
+    name = getattr(source, "name", None)  # open(path, "rb") has its path; io.BytesIO and bytes have none
+    return name if isinstance(name, str) and name else "the audio bytes"
 
 
 def _hz_to_mel(f):

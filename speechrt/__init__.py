@@ -27,7 +27,8 @@ def load_asr(
 def transcribe(
     audio, model=None, backend: str = "auto", device: str = "cpu", sample_rate: int | None = None, **options
 ):
-    """Transcribe a file or array in one call; returns a Transcript (`.text`, `.segments`)."""
+    """Transcribe audio in one call: a file path, a file's bytes, a binary file object (io.BytesIO) or an array
+    (with `sample_rate`; None: 16 kHz); returns a Transcript (`.text`, `.segments`)."""
     return load_asr(model, backend, device).transcribe(audio, sample_rate=sample_rate, **options)
 
 

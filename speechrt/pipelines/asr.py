@@ -22,6 +22,7 @@ from speechrt.models.audio import (
     HOP_LENGTH,
     N_FRAMES,
     SAMPLE_RATE,
+    is_encoded_audio,
     load_audio,
     trimmed_frames,
     utterance_mel,
@@ -117,7 +118,7 @@ class ASRPipeline:
 
     @staticmethod
     def _pcm(audio, sample_rate: int | None) -> np.ndarray:
-        if isinstance(audio, (str, Path)):
+        if isinstance(audio, (str, Path)) or is_encoded_audio(audio):  # a file, its bytes, a file object
             return load_audio(audio)
         return load_audio(np.asarray(audio), source_rate=SAMPLE_RATE if sample_rate is None else sample_rate)
 

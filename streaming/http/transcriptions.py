@@ -135,21 +135,15 @@ class Transcriptions:
 
 def decode_audio(data: bytes, name: str | None) -> np.ndarray:
     """An uploaded file's bytes (anything libsndfile reads) -> float32 mono at 16 kHz."""
-    import soundfile as sf
+    from speechrt.models.audio import AudioError, load_audio, read_audio_file
 
-    from speechrt.models.audio import load_audio
-
+    what = f"the file {name!r}" if name else "the uploaded file"
     try:
-        pcm, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    except Exception as e:  # noqa: BLE001 - libsndfile's errors for what it cannot read
-        raise RestError(
-            400,
-            f"the file {name!r} is not a readable audio file ({e}); readable formats: WAV, FLAC, "
-            "OGG (Vorbis/Opus), MP3, AIFF",
-            "invalid_file",
-        ) from None
+        pcm, rate = read_audio_file(io.BytesIO(data), what)
+    except AudioError as e:
+        raise RestError(400, str(e), "invalid_file") from None
     if pcm.shape[0] == 0:
-        raise RestError(400, f"the file {name!r} holds no audio samples", "empty_file")
+        raise RestError(400, f"{what} holds no audio samples", "empty_file")
     return load_audio(pcm, source_rate=rate)
 
 
