@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from speechrt.errors import UserError
+from speechrt.outputs import check_output_dir
 
 from .manifest import MANIFEST, Manifest, ManifestError, source_sha256
 
@@ -101,14 +102,12 @@ def export_model(
         raise UserError(f"opset {opset} is not supported; valid: 14..21")
     if out is None:
         raise UserError("give an output directory (--out DIR)")
+    out = check_output_dir(out, "out", empty=True)
     m = resolve(model, family)
     if m.format == "speechrt-onnx":
         raise UserError(
             f"{m.path} is already an export; export its source model ({Manifest.read(m.path).source.get('path')})"
         )
-    out = Path(out).expanduser()
-    if out.exists() and any(out.iterdir()):
-        raise UserError(f"{out} exists and is not empty; choose a new directory")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     bar = _bar(progress, f"export {family} {m.name}")

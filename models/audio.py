@@ -7,6 +7,7 @@ it is computed here in numpy so no librosa is needed.
 from __future__ import annotations
 
 import functools
+import io
 from pathlib import Path
 
 import numpy as np
@@ -40,23 +41,27 @@ def resample(audio: np.ndarray, orig_sr: int, target_sr: int) -> np.ndarray:
 
 def load_audio(source, sample_rate: int = SAMPLE_RATE, source_rate: int | None = None) -> np.ndarray:
     """Mono float32 audio at `sample_rate` from a file path (WAV, FLAC, OGG/Vorbis/Opus, MP3 — whatever
-    libsndfile reads, any rate, any channel count) or from an array ([n] or [n, channels], with
-    `source_rate`; int16 arrays are scaled to [-1, 1])."""
+    libsndfile reads, any rate, any channel count), from such a file's bytes or a binary file object
+    (io.BytesIO, open(path, "rb")), or from an array ([n] or [n, channels], with `source_rate`; int16 arrays
+    are scaled to [-1, 1])."""
     if isinstance(source, (str, Path)):
-        import soundfile as sf
-
         p = Path(source)
         if not p.exists():
             raise AudioError(f"{p}: no such file")
         if p.stat().st_size == 0:
             raise AudioError(f"{p}: the file is empty")
-        try:
-            data, sr = sf.read(str(p), dtype="float32", always_2d=True)
-        except Exception as e:  # soundfile raises LibsndfileError / RuntimeError for unknown formats
-            fmts = "WAV, FLAC, OGG (Vorbis/Opus), MP3, AIFF"
-            raise AudioError(f"{p}: not a readable audio file ({e}); readable formats: {fmts}") from None
+        data, sr = read_audio_file(str(p), str(p))
         if data.shape[0] == 0:
             raise AudioError(f"{p}: the audio file contains no samples")
+    elif is_encoded_audio(source):
+        name = _file_object_name(source)
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            if len(source) == 0:
+                raise AudioError(f"{name} are empty")
+            source = io.BytesIO(source)
+        data, sr = read_audio_file(source, name)
+        if data.shape[0] == 0:
+            raise AudioError(f"{name}: the audio file contains no samples")
     else:
         if source_rate is None:
             raise AudioError("an audio array needs its sample rate (source_rate=...)")
@@ -81,6 +86,54 @@ def load_audio(source, sample_rate: int = SAMPLE_RATE, source_rate: int | None =
     if not np.isfinite(data).all():
         raise AudioError("audio contains NaN or infinite samples")
     return resample(data, int(sr), sample_rate)
+
+
+READABLE_FORMATS = "WAV, FLAC, OGG (Vorbis/Opus), MP3, AIFF; AAC, M4A, MP4, WebM with PyAV"
+
+
+def is_encoded_audio(source) -> bool:
+    """Whether `source` is an audio file's bytes or a binary file object (not a path, not samples)."""
+    return isinstance(source, (bytes, bytearray, memoryview)) or hasattr(source, "read")
+
+
+def read_audio_file(file, name: str) -> tuple[np.ndarray, int]:
+    """(float32 samples [n, channels], sample rate) of an encoded audio file (a path or a binary file object):
+    what libsndfile reads, else what PyAV's ffmpeg reads (AAC, M4A, MP4, WebM); an AudioError naming it as `name`
+    (a path, 'the uploaded file') if neither can. The reason is libsndfile's own words, without soundfile's
+    'Error opening <_io.BytesIO object at 0x...>'."""
+    import soundfile as sf
+
+    try:
+        return sf.read(file, dtype="float32", always_2d=True)
+    except Exception as e:  # noqa: BLE001 - soundfile raises LibsndfileError / RuntimeError for unknown formats
+        reason = getattr(e, "error_string", None) or str(e)
+    if hasattr(file, "seek"):
+        file.seek(0)
+    pcm, rate = _av_read(file)
+    if pcm is None:
+        raise AudioError(f"{name}: not a readable audio file ({reason}); readable formats: {READABLE_FORMATS}")
+    return pcm, rate
+
+
+def _av_read(file) -> tuple[np.ndarray | None, int]:
+    """The first audio stream of `file` through PyAV as float32 [n, 1] and its rate; (None, 0) if it holds none
+    PyAV reads (or PyAV is missing)."""
+    try:
+        import av
+
+        with av.open(file if hasattr(file, "read") else str(file)) as f:
+            stream = f.streams.audio[0]
+            rs = av.AudioResampler(format="flt", layout="mono", rate=stream.rate)
+            parts = [a.to_ndarray().reshape(-1) for fr in f.decode(stream) for a in rs.resample(fr)]
+            parts += [a.to_ndarray().reshape(-1) for a in rs.resample(None)]
+            return np.concatenate(parts)[:, None] if parts else np.zeros((0, 1), np.float32), stream.rate
+    except Exception:  # noqa: BLE001 - not audio to ffmpeg either (or PyAV is missing): the caller says so
+        return None, 0
+
+
+def _file_object_name(source) -> str:
+    name = getattr(source, "name", None)  # open(path, "rb") has its path; io.BytesIO and bytes have none
+    return name if isinstance(name, str) and name else "the audio bytes"
 
 
 def _hz_to_mel(f):

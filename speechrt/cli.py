@@ -45,9 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         p.print_help()
         return 2
+    from speechrt.cli_paths import check_outputs
     from speechrt.errors import UserError
 
     try:
+        check_outputs(args)  # every path the command will write, before it starts (before any model loads)
         return args._run(args) or 0
     except UserError as e:
         print(f"speechrt {args.command}: error: {e}", file=sys.stderr)

@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+from speechrt.cli_paths import output_dir
+
 
 def sample_path() -> Path:
     """The bundled sample recording (speech synthesized with the embedded Piper voice)."""
@@ -64,6 +66,7 @@ def add_arguments(p):
     p.add_argument(
         "--output-dir",
         default=None,
+        type=output_dir("--output-dir"),
         help="write each FILE's transcript to DIR/FILE.<ext> (txt, json, srt, vtt) instead of printing it",
     )
     p.add_argument(

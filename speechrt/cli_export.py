@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from speechrt.cli_paths import output_dir
+
 
 def add_arguments(p):
     p.add_argument("family", choices=["asr", "lm", "tts"], help="model family")
     p.add_argument("--model", default=None, help="registry name or path (default: the family's embedded model)")
-    p.add_argument("--out", required=True, help="output directory (new or empty)")
+    p.add_argument("--out", required=True, type=output_dir("--out", empty=True), help="output directory (new or empty)")
     p.add_argument(
         "--precision",
         default=None,

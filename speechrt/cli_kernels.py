@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
+from speechrt.cli_paths import output_file
+
 
 def add_arguments(p):
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -18,7 +20,9 @@ def add_arguments(p):
         help="comma list of targets: sm_NN (NVIDIA) or gfxNNN (AMD) (default: %(default)s)",
     )
     r.add_argument("--kernels", default=None, help="only kernels whose name contains one of these (comma list)")
-    r.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    r.add_argument(
+        "--json", default=None, type=output_file("--json", "kernels.json"), help="also write the rows to this JSON file"
+    )
 
 
 def run(args):

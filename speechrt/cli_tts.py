@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import sys
 
+from speechrt.cli_paths import output_file
+
 
 def add_arguments(p):
     p.add_argument(
@@ -17,6 +19,7 @@ def add_arguments(p):
         "-o",
         "--output",
         default=None,
+        type=output_file("-o/--output", "out.wav"),
         help="output file: .wav, .raw/.pcm (pcm16), .f32 (float32), .flac, .mp3, .opus/.ogg (Ogg Opus), .aac "
         "(ADTS), written as synthesized; '-' = stdout (required)",
     )

@@ -125,14 +125,19 @@ class SpeechServer:
     async def _watch_idle(self):
         while True:
             await asyncio.sleep(min(5.0, self.options.idle_timeout / 4))
-            now = time.monotonic()
-            for s in list(self.sessions):
-                if now - s.last_activity > self.options.idle_timeout:
-                    await s.end(
-                        f"session idle for more than {self.options.idle_timeout:g} s (no events either way); closing",
-                        "idle_timeout",
-                        1000,
-                    )
+            # in a call of its own: no session stays referenced from this frame between rounds (a loop variable
+            # here kept the last session looked at, and its resamplers, alive after it ended: to the process's
+            # end once shutdown cancelled this task, where nanobind printed soxr's "leaked instances")
+            await self._close_idle_sessions()
+
+    async def _close_idle_sessions(self):
+        now = time.monotonic()
+        for s in [s for s in self.sessions if now - s.last_activity > self.options.idle_timeout]:
+            await s.end(
+                f"session idle for more than {self.options.idle_timeout:g} s (no events either way); closing",
+                "idle_timeout",
+                1000,
+            )
 
     # -- lifecycle --------------------------------------------------------------------------------------
     async def start(self, listen: bool = True) -> SpeechServer:
@@ -174,6 +179,8 @@ class SpeechServer:
         self.shutting_down = True
         if self._watchdog:
             self._watchdog.cancel()
+            await asyncio.wait([self._watchdog])  # ended, and not kept: nothing of its frame outlives the server
+            self._watchdog = None
         sessions = list(self.sessions)
         if graceful:  # (again until none is left: a turn being committed as the drain began joins late)
             deadline = time.monotonic() + self.options.drain_seconds

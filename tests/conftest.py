@@ -127,7 +127,7 @@ def synth(piper_voice):
 def asr():
     from speechrt.pipelines.asr import load_asr
 
-    return load_asr()
+    return load_asr(backend="torch")
 
 
 @pytest.fixture(scope="module")
@@ -138,3 +138,24 @@ def one_cpu_thread():
 
     with cpu_threads(1):
         yield
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """A tripwire for errors that must come before any model loads (a bad output path, a bad option): loading a
+    model through a pipeline or starting an export fails the test."""
+    import speechrt.export
+    import speechrt.pipelines.asr
+    import speechrt.pipelines.lm
+    import speechrt.pipelines.tts
+
+    def tripwire(*args, **kwargs):
+        raise AssertionError("a model was loaded before the error")
+
+    for module, name in (
+        (speechrt.pipelines.asr, "load_asr"),
+        (speechrt.pipelines.lm, "load_lm"),
+        (speechrt.pipelines.tts, "load_tts"),
+        (speechrt.export, "export_model"),
+    ):
+        monkeypatch.setattr(module, name, tripwire)

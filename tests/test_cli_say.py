@@ -80,3 +80,30 @@ def test_say_rejects_a_file_that_is_not_a_piper_voice(tmp_path, capsys):
     (tmp_path / "fake.onnx.json").write_text(json.dumps({"audio": {"sample_rate": 22050}}))
     assert main(["say", "hello", "-o", str(tmp_path / "x.wav"), "--voice", str(fake)]) == 2
     assert "not a Piper voice config" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "out, says",
+    [
+        ("{tmp}/no/such/dir/x.wav", "the directory {tmp}/no/such/dir does not exist"),
+        ("{tmp}", "is a directory; give a file path, such as {tmp}/out.wav"),
+        ("{tmp}/a-file/x.wav", "{tmp}/a-file is a file, not a directory"),
+        ("/proc/speechrt-test.wav", "cannot write in /proc"),  # no process may, root included
+    ],
+)
+def test_say_output_path_errors_come_before_the_voice_loads(out, says, tmp_path, capsys, no_model_loads):
+    (tmp_path / "a-file").write_text("not a directory")
+    assert main(["say", "hello", "-o", out.format(tmp=tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("speechrt say: error: -o/--output ") and err.count("\n") == 1, err
+    assert says.format(tmp=tmp_path) in err, err
+
+
+def test_python_say_checks_its_path_before_the_voice_loads(tmp_path, no_model_loads):
+    import speechrt
+    from speechrt.errors import UserError
+
+    with pytest.raises(UserError, match="does not exist"):
+        speechrt.say("Hello.", tmp_path / "missing" / "x.wav")
+    with pytest.raises(UserError, match="is a directory"):
+        speechrt.say("Hello.", tmp_path)

@@ -130,3 +130,19 @@ def test_whole_windows_flag_encodes_the_last_window_whole(monkeypatch, capsys):
         seen[bool(flags)] = list(lengths)
     assert len(seen[True]) >= 3 and set(seen[True]) == {N_FRAMES}, seen
     assert seen[False][:-1] == seen[True][:-1] and seen[False][-1] < N_FRAMES // 2, seen
+
+
+def test_output_dir_that_cannot_be_made_is_one_line_before_the_model_loads(tmp_path, capsys, no_model_loads):
+    from speechrt.cli import main
+
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("a file where the directory should be")
+    for out, says in [
+        (a_file, f"{a_file}: is a file, not a directory"),
+        (a_file / "subs", f"{a_file} is a file, so no directory can be made under it"),
+        ("/proc/speechrt-test/subs", "cannot write in /proc"),  # no process may, root included
+    ]:
+        assert main(["transcribe", "--sample", "--format", "srt", "--output-dir", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("speechrt transcribe: error: --output-dir ") and err.count("\n") == 1, err
+        assert says in err, err

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from speechrt.bench.fingerprint import usable_cores
+from speechrt.cli_paths import output_file
 
 
 def add_arguments(p):
@@ -43,7 +44,12 @@ def add_arguments(p):
     p.add_argument(
         "--peers", default="ct2-float32,ct2-int8", help="comma list of peers, or 'none' (default: %(default)s)"
     )
-    p.add_argument("--json", default=None, help="also write the results (speechrt.bench.record schema) to this file")
+    p.add_argument(
+        "--json",
+        default=None,
+        type=output_file("--json", "results.json"),
+        help="also write the results (speechrt.bench.record schema) to this file",
+    )
 
 
 def _time(fn, repeats):

@@ -45,12 +45,18 @@ from speechrt.bench.gpu_parity import (
     no_ort_gpu,
 )
 from speechrt.bench.record import Check, Record, Results
+from speechrt.cli_paths import output_file
 
 TOL = {"float32": (1e-4, 1e-4), "float16": (1e-2, 1e-2), "bfloat16": (2e-2, 2e-2)}  # (rtol, atol) of kernels
 
 
 def add_arguments(p):
-    p.add_argument("--json", default="speechrt-gpu.json", help="result file (default: %(default)s)")
+    p.add_argument(
+        "--json",
+        default="speechrt-gpu.json",
+        type=output_file("--json", "speechrt-gpu.json"),
+        help="result file (default: %(default)s)",
+    )
     p.add_argument("--device", default="cuda", help="the GPU (default cuda; cuda:N for another)")
     p.add_argument(
         "--checks",

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+from speechrt.cli_paths import output_file
+
 
 def add_arguments(p):
     p.add_argument("--ops", default=None, help="comma list of op names to run (default: all)")
@@ -25,7 +27,12 @@ def add_arguments(p):
     )
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (--device cpu; default: all cores)")
-    p.add_argument("--json", default=None, help="also write the results (speechrt.bench.record schema) to this file")
+    p.add_argument(
+        "--json",
+        default=None,
+        type=output_file("--json", "results.json"),
+        help="also write the results (speechrt.bench.record schema) to this file",
+    )
 
 
 def cases(dtype, device):

@@ -34,6 +34,7 @@ import tempfile
 
 from speechrt.bench.fingerprint import usable_cores
 from speechrt.bench.lm_engines import start_engine
+from speechrt.cli_paths import output_file
 
 PROMPTS = [
     "What is the capital of France?",
@@ -70,7 +71,12 @@ def add_arguments(p):
         help="our backends to time, comma-separated (e.g. torch,onnxruntime; "
         "auto: the one `--backend auto` picks here) (default: %(default)s)",
     )
-    p.add_argument("--json", default=None, help="also write the results (speechrt.bench.record schema) to this file")
+    p.add_argument(
+        "--json",
+        default=None,
+        type=output_file("--json", "results.json"),
+        help="also write the results (speechrt.bench.record schema) to this file",
+    )
     p.add_argument(
         "--peers",
         default="llama.cpp,transformers",

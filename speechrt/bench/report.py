@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speechrt.bench.record import FAMILIES, Record, Results, load
+from speechrt.cli_paths import output_dir, output_file
 
 TITLES = {
     "asr": "Speech recognition",
@@ -32,11 +33,22 @@ TITLES = {
 
 def add_arguments(p):
     p.add_argument("files", nargs="+", help="result files (speechrt bench ... --json)")
-    p.add_argument("--out", default=None, help="HTML page to write; the PNGs go beside it")
-    p.add_argument("--markdown", default=None, help="Markdown file to write (docs/benchmarks.md)")
+    p.add_argument(
+        "--out",
+        default=None,
+        type=output_file("--out", "report.html"),
+        help="HTML page to write; the PNGs go beside it",
+    )
+    p.add_argument(
+        "--markdown",
+        default=None,
+        type=output_file("--markdown", "benchmarks.md"),
+        help="Markdown file to write (docs/benchmarks.md)",
+    )
     p.add_argument(
         "--images",
         default=None,
+        type=output_dir("--images"),
         help="folder for the PNGs (default: beside --out, else beside "
         "the Markdown file in a folder of its name: docs/benchmarks/)",
     )

@@ -44,6 +44,7 @@ from speechrt.bench.server_streams import (
     turn_detection,
     utterances_per_stream,
 )
+from speechrt.cli_paths import output_file
 
 RAMP = (1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128, 192, 256)  # --find-max levels; the server admits 256
 
@@ -166,7 +167,12 @@ def add_arguments(p):
         help="transcription: after the sweep, one session speaks SECONDS of speech without a pause while "
         "another speaks its utterances; records the long turn's final latency and the other's",
     )
-    p.add_argument("--json", default=None, help="also write the results (speechrt.bench.record schema) to this file")
+    p.add_argument(
+        "--json",
+        default=None,
+        type=output_file("--json", "results.json"),
+        help="also write the results (speechrt.bench.record schema) to this file",
+    )
 
 
 def _free_port() -> int:

@@ -37,7 +37,7 @@ def recordings(texts):
     noise is seeded: every run replays the same recordings."""
     import speechrt
 
-    tts = speechrt.load_tts()
+    tts = speechrt.load_tts(backend="torch")  # the same recordings on every machine
     out = []
     for i, t in enumerate(texts):
         a = np.concatenate(list(tts.synthesize(t, sample_rate=RATE, seed=i)))

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from speechrt.bench.fingerprint import usable_cores
 from speechrt.bench.record import FAMILIES, Results, load
+from speechrt.cli_paths import output_file
 
 SUITE_FAMILIES = tuple(f for f in FAMILIES if f != "gpu")
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -37,8 +38,18 @@ def add_arguments(p):
     )
     p.add_argument("--device", default="auto", help="cpu, cuda, or auto (default: cuda when a GPU is visible)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for every engine (default: all cores)")
-    p.add_argument("--json", default="speechrt-bench.json", help="result file (default: %(default)s)")
-    p.add_argument("--log", default=None, help="the steps' output (default: the result file with .log)")
+    p.add_argument(
+        "--json",
+        default="speechrt-bench.json",
+        type=output_file("--json", "speechrt-bench.json"),
+        help="result file (default: %(default)s)",
+    )
+    p.add_argument(
+        "--log",
+        default=None,
+        type=output_file("--log", "speechrt-bench.log"),
+        help="the steps' output (default: the result file with .log)",
+    )
     p.add_argument("--machine", default=None, help="name of this machine in reports (default: its GPU or CPU)")
     p.add_argument(
         "--note",

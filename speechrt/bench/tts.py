@@ -18,6 +18,7 @@ import statistics
 import time
 
 from speechrt.bench.fingerprint import usable_cores
+from speechrt.cli_paths import output_file
 
 PAUSE_S = 0.1  # between two timed runs (see the module docstring)
 SENTENCES = {
@@ -58,7 +59,12 @@ def add_arguments(p):
     )
     p.add_argument("--text", action="append", default=None, help="benchmark this text instead (repeatable)")
     p.add_argument("--no-peer", action="store_true", help="skip Piper")
-    p.add_argument("--json", default=None, help="also write the results (speechrt.bench.record schema) to this file")
+    p.add_argument(
+        "--json",
+        default=None,
+        type=output_file("--json", "results.json"),
+        help="also write the results (speechrt.bench.record schema) to this file",
+    )
 
 
 class _Ours:

@@ -1,7 +1,7 @@
 """The speech recognition pipeline: an ASR runner, its front end (log-mel, Whisper tokenizer) and the
 decoding loops (whisper_decoding). `speechrt.load_asr(...)` returns one; so does the server's engine use it.
 
-    asr = speechrt.load_asr()                          # the embedded Whisper tiny.en, torch on the CPU
+    asr = speechrt.load_asr()                          # the embedded Whisper tiny.en on the CPU, backend auto
     asr.transcribe("talk.wav").text                    # any length (long-form)
     asr.detect_language("talk.wav", k=3)               # [('de', 0.97), ...] (multilingual models)
     asr.transcribe_batch([a, b], drafts=[None, prev])  # short utterances of several streams in one batch
@@ -22,6 +22,7 @@ from speechrt.models.audio import (
     HOP_LENGTH,
     N_FRAMES,
     SAMPLE_RATE,
+    is_encoded_audio,
     load_audio,
     trimmed_frames,
     utterance_mel,
@@ -117,7 +118,7 @@ class ASRPipeline:
 
     @staticmethod
     def _pcm(audio, sample_rate: int | None) -> np.ndarray:
-        if isinstance(audio, (str, Path)):
+        if isinstance(audio, (str, Path)) or is_encoded_audio(audio):  # a file, its bytes, a file object
             return load_audio(audio)
         return load_audio(np.asarray(audio), source_rate=SAMPLE_RATE if sample_rate is None else sample_rate)
 
@@ -252,7 +253,7 @@ class ASRPipeline:
 
 def load_asr(
     model: str | Path | None = None,
-    backend: str = "torch",
+    backend: str = "auto",
     device: str = "cpu",
     dtype: str | None = None,
     step_threads: int | None = None,

@@ -1,7 +1,7 @@
 """The language model pipeline: an LM runner, its tokenizer and chat template, and the token loop
 (lm_batching). `speechrt.load_lm()` returns one; the server's engine steps its continuous batcher.
 
-    lm = speechrt.load_lm()                       # SmolLM2-135M-Instruct, embedded GGUF, torch on CPU
+    lm = speechrt.load_lm()                       # SmolLM2-135M-Instruct, embedded GGUF, CPU, backend auto
     for piece in lm.chat("What is the capital of France?"):
         print(piece, end="", flush=True)
     async for piece in lm.achat([{"role": "user", "content": "Hi"}], max_tokens=32): ...
@@ -182,7 +182,7 @@ async def _aiter(it: Iterator[str]) -> AsyncIterator[str]:
 
 
 def load_lm(
-    model=None, backend: str = "torch", device: str = "cpu", dtype: str | None = None, step_threads: int | None = None
+    model=None, backend: str = "auto", device: str = "cpu", dtype: str | None = None, step_threads: int | None = None
 ) -> LMPipeline:
     """Load a language model: a registry name (default: smollm2-135m-instruct), a .gguf file, or a Hugging
     Face Llama-family directory. `dtype` None picks int4 weight-only on the CPU for files with 4-bit blocks

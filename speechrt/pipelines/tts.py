@@ -35,6 +35,7 @@ from speechrt.models.registry import resolve
 from speechrt.models.tts_options import SynthesisOptions
 from speechrt.models.tts_sentences import SentenceStream, stream_segments
 from speechrt.models.tts_text import TextFrontEnd, TextOptions
+from speechrt.outputs import check_output_file
 
 from .audio_codecs import encode_audio
 from .audio_output import (
@@ -303,6 +304,8 @@ class TTSPipeline:
         .raw/.pcm = pcm16, .f32, .flac, .mp3, .opus/.ogg, .aac)."""
         fmt = format or format_for_path(path)
         check_file_format(fmt)
+        if path != "-" and not hasattr(path, "write"):  # before any synthesis: one line, not an OSError
+            check_output_file(path, "path", "out.wav")
         gen_fmt = "pcm16" if fmt == "wav" else "f32" if fmt in ENCODINGS else fmt
         # a file written to disk is not heard while it is made; stdout may be a player
         kw.setdefault("first_audio", path == "-")
@@ -348,7 +351,7 @@ def synthesis_options(
 
 def load_tts(
     voice: str | Path | None = None,
-    backend: str = "torch",
+    backend: str = "auto",
     device: str = "cpu",
     dtype: str | None = None,
     step_threads: int | None = None,

@@ -132,42 +132,18 @@ class Transcriptions:
 
 
 def decode_audio(data: bytes, name: str | None) -> np.ndarray:
-    """An uploaded file's bytes (anything libsndfile reads; else what PyAV's ffmpeg reads: AAC, M4A, MP4, WebM, as
+    """An uploaded file's bytes (anything libsndfile reads, else what PyAV's ffmpeg reads: AAC, M4A, MP4, WebM, as
     OpenAI's endpoint takes) -> float32 mono at 16 kHz."""
-    import soundfile as sf
+    from speechrt.models.audio import AudioError, load_audio, read_audio_file
 
-    from speechrt.models.audio import load_audio
-
+    what = f"the file {name!r}" if name else "the uploaded file"
     try:
-        pcm, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    except Exception as e:  # noqa: BLE001 - libsndfile's errors for what it cannot read
-        pcm, rate = av_decode(data)
-        if pcm is None:
-            raise RestError(
-                400,
-                f"the file {name!r} is not a readable audio file ({e}); readable formats: WAV, FLAC, "
-                "OGG (Vorbis/Opus), MP3, AIFF, AAC, M4A, MP4, WebM",
-                "invalid_file",
-            ) from None
+        pcm, rate = read_audio_file(io.BytesIO(data), what)
+    except AudioError as e:
+        raise RestError(400, str(e), "invalid_file") from None
     if pcm.shape[0] == 0:
-        raise RestError(400, f"the file {name!r} holds no audio samples", "empty_file")
+        raise RestError(400, f"{what} holds no audio samples", "empty_file")
     return load_audio(pcm, source_rate=rate)
-
-
-def av_decode(data: bytes) -> tuple[np.ndarray | None, int]:
-    """The first audio stream of `data` through PyAV as float32 [n, channels] and its rate; (None, 0) if it holds
-    none PyAV reads (or PyAV is missing)."""
-    try:
-        import av
-
-        with av.open(io.BytesIO(data)) as f:
-            stream = f.streams.audio[0]
-            rs = av.AudioResampler(format="flt", layout="mono", rate=stream.rate)
-            parts = [a.to_ndarray().reshape(-1) for fr in f.decode(stream) for a in rs.resample(fr)]
-            parts += [a.to_ndarray().reshape(-1) for a in rs.resample(None)]
-            return np.concatenate(parts)[:, None] if parts else np.zeros((0, 1), np.float32), stream.rate
-    except Exception:  # noqa: BLE001 - not audio to ffmpeg either (or PyAV is missing): the caller says so
-        return None, 0
 
 
 def transcription_steps(asr, audio: np.ndarray, opts):

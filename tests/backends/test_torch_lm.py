@@ -91,7 +91,7 @@ def test_unknown_backend_and_device():
     with pytest.raises(UserError, match="valid backends: torch"):
         load_lm(backend="tensorflow")
     with pytest.raises(UserError, match="unsupported device"):
-        load_lm(device="tpu")
+        load_lm(backend="torch", device="tpu")
 
 
 @pytest.mark.parametrize("dense_dtype", [torch.bfloat16, torch.float32])

@@ -58,3 +58,29 @@ def test_quick_run_of_one_family(bench, tmp_path):
     if not torch.cuda.is_available() and "triton" in backends.available("tts"):
         (skip,) = res.skipped
         assert skip.what == "triton" and "CUDA or ROCm GPU" in skip.reason and "--backend torch" in skip.reason
+
+
+def test_result_paths_that_cannot_be_written_are_one_line_before_any_step(
+    tmp_path, capsys, monkeypatch, no_model_loads
+):
+    """Every benchmark's output options are checked before it starts (a result file that cannot be written would
+    otherwise fail after minutes of measuring)."""
+    import speechrt.bench.suite
+    from speechrt.cli import main
+
+    def no_plan(*args, **kwargs):
+        raise AssertionError("the suite was planned before the error")
+
+    monkeypatch.setattr(speechrt.bench.suite, "plan", no_plan)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    for argv, says in [
+        (["all", "--quick", "--json", str(tmp_path)], f"--json {tmp_path}: is a directory"),
+        (["all", "--quick", "--log", str(tmp_path / "no" / "x.log")], "does not exist"),
+        (["asr", "--json", str(a_file / "asr.json")], f"{a_file} is a file, not a directory"),
+        (["report", str(a_file), "--out", "/proc/speechrt-test.html"], "cannot write in /proc"),
+        (["report", str(a_file), "--markdown", str(tmp_path / "r.md"), "--images", str(a_file)], "--images"),
+    ]:
+        assert main(["bench", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("speechrt bench: error: --") and err.count("\n") == 1 and says in err, (argv, err)

@@ -42,6 +42,28 @@ def tts_export(tmp_path_factory):
     return out
 
 
+def test_export_out_that_cannot_be_written_is_one_line_before_anything_loads(tmp_path, capsys, no_model_loads):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    for out, says in [
+        (a_file, f"{a_file}: is a file, not a directory; give a new or empty directory"),
+        (a_file / "joe", f"{a_file} is a file, so no directory can be made under it"),
+        (tmp_path / "full", "exists and is not empty"),
+        ("/proc/speechrt-test/joe", "cannot write in /proc"),  # no process may, root included
+    ]:
+        assert main(["export", "tts", "--out", str(out), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("speechrt export: error: --out ") and err.count("\n") == 1, err
+        assert says in err, err
+    # the Python API checks the same (export_model as imported above, not the tripwire)
+    with pytest.raises(UserError, match="is a file, not a directory"):
+        export_model("tts", None, a_file, progress=False)
+    with pytest.raises(UserError, match="cannot write in /proc"):
+        export_model("tts", None, "/proc/speechrt-test/joe", progress=False)
+
+
 def _greedy(lm, ids, n=32):
     return [
         ev.token for ev in stream(lm.runner, lm.tokenizer, [ids], GenerationOptions(max_tokens=n, stop_token_ids=()))
@@ -297,6 +319,34 @@ def test_backend_auto_follows_the_table():
     assert r.info.backend == auto.choose("tts", "cpu").backend
     with pytest.raises(UserError, match="valid backends: .*auto"):
         backends.get("fastest")
+
+
+def test_the_python_api_defaults_to_auto_as_the_cli_and_the_server_do():
+    """One default everywhere: speechrt.load_asr / load_lm / load_tts / transcribe / say and the pipelines'
+    loaders take backend='auto', as `speechrt transcribe|chat|say|serve` and the server's ModelConfig do, and
+    build what auto chooses on this machine (backend and precision), not torch."""
+    import inspect
+
+    import speechrt
+    import speechrt.pipelines.asr
+    import speechrt.pipelines.lm
+    import speechrt.pipelines.tts
+    from speechrt.backends import auto
+    from speechrt.cli import build_parser
+    from speechrt.streaming.config import ModelConfig
+
+    api = [speechrt.load_asr, speechrt.load_lm, speechrt.load_tts, speechrt.transcribe, speechrt.say]
+    api += [speechrt.pipelines.asr.load_asr, speechrt.pipelines.lm.load_lm, speechrt.pipelines.tts.load_tts]
+    for f in api:
+        assert inspect.signature(f).parameters["backend"].default == "auto", f
+    parser = build_parser()
+    for command in ("transcribe", "chat", "say", "serve"):
+        assert parser.parse_args([command]).backend == "auto", command
+    assert ModelConfig().backend == "auto"
+    # the language model is built through the same line of its loader (and costs seconds more to load)
+    for family, load in (("asr", speechrt.load_asr), ("tts", speechrt.load_tts)):
+        choice, info = auto.choose(family, "cpu"), load().info
+        assert info.backend == choice.backend and info.precision == (choice.dtype or info.precision), (family, info)
 
 
 def test_backend_auto_on_an_amx_cpu(monkeypatch):

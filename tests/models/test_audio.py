@@ -71,11 +71,39 @@ def test_bad_audio_inputs(tmp_path):
             load_audio(np.zeros(100, np.float32), source_rate=rate)
 
 
+def test_audio_bytes_and_file_objects_are_read_and_named_in_errors(tmp_path):
+    """A file's bytes or a binary file object is audio like its path; what cannot be read is named as a person
+    would name it (the audio bytes, the file's path), never as `<_io.BytesIO object at 0x...>`."""
+    import io
+
+    from speechrt.cli_asr import sample_path
+
+    expected = load_audio(sample_path())
+    np.testing.assert_array_equal(load_audio(io.BytesIO(sample_path().read_bytes())), expected)
+    np.testing.assert_array_equal(load_audio(sample_path().read_bytes()), expected)
+    with open(sample_path(), "rb") as f:
+        np.testing.assert_array_equal(load_audio(f), expected)
+    for junk in (io.BytesIO(b"junk" * 10), b"junk" * 10):
+        with pytest.raises(AudioError) as e:
+            load_audio(junk)
+        assert str(e.value).startswith("the audio bytes: not a readable audio file (Format not recognised"), e.value
+        assert "object at 0x" not in str(e.value) and "readable formats: WAV" in str(e.value)
+    with pytest.raises(AudioError, match="^the audio bytes are empty$"):
+        load_audio(b"")
+    text = tmp_path / "notes.wav"
+    text.write_text("this is not audio at all\n" * 20)
+    with open(text, "rb") as f, pytest.raises(AudioError, match=f"^{text}: not a readable audio file"):
+        load_audio(f)
+    with pytest.raises(AudioError) as e:  # a path: named once, not again in soundfile's "Error opening '...'"
+        load_audio(text)
+    assert str(e.value).count(str(text)) == 1, e.value
+
+
 def test_the_api_refuses_a_zero_sample_rate(tmp_path):
     """transcribe(array, sample_rate=0) is an error, not an array taken as 16 kHz (None is 16 kHz)."""
     import speechrt
 
-    asr = speechrt.load_asr()
+    asr = speechrt.load_asr(backend="torch")
     with pytest.raises(AudioError, match="invalid sample rate 0"):
         asr.transcribe(np.zeros(16000, np.float32), 0)
     assert asr.transcribe(np.zeros(16000, np.float32)).text.strip() == ""

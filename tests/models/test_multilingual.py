@@ -54,7 +54,7 @@ def base():
 def asr(base):
     from speechrt.pipelines.asr import load_asr
 
-    return load_asr("whisper-base", dtype="float32")
+    return load_asr("whisper-base", "torch", dtype="float32")
 
 
 @pytest.fixture(scope="module")

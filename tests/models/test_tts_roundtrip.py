@@ -55,7 +55,7 @@ def _transcribe_groups(asr, audios, texts, max_seconds=24.0):
 
 def test_synthesized_speech_transcribes_back():
     tts = speechrt.load_tts(backend="torch")
-    asr = speechrt.load_asr()
+    asr = speechrt.load_asr(backend="torch")
     audios = []
     for i, text in enumerate(SENTENCES):
         audio = np.concatenate(list(tts.synthesize(text, sample_rate=16000, seed=i)))

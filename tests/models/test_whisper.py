@@ -195,11 +195,11 @@ def test_truncated_and_foreign_model_files(tmp_path):
 
     (bad / "model.bin").write_bytes((src / "model.bin").read_bytes()[:500])
     with pytest.raises(ModelError):
-        load_asr(bad)
+        load_asr(bad, "torch")
     pt = tmp_path / "model.pt"
     torch.save({"weights": torch.zeros(3)}, pt)
     with pytest.raises(ModelError, match="not an openai-whisper checkpoint"):
-        load_asr(pt)
+        load_asr(pt, "torch")
 
 
 def test_drafted_greedy_equals_plain_greedy(asr, synth):

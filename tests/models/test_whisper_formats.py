@@ -137,7 +137,7 @@ def test_multilingual_hf_model_transcribes_with_language_detection(hf_model):
     from speechrt.pipelines.asr import load_asr
 
     # the copied tiny.en tokenizer.json holds every language token of the multilingual vocabulary
-    asr = load_asr(d)
+    asr = load_asr(d, "torch")
     assert asr.tokenizer.multilingual
     res = asr.transcribe(np.zeros(16000, np.float32), 16000, temperatures=(0.0,), sample_len=8)
     assert res.language in asr.tokenizer.languages

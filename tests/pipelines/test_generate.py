@@ -20,7 +20,7 @@ PROMPT = "What is the capital of France?"
 
 @pytest.fixture(scope="module")
 def lm():
-    return speechrt.load_lm()  # the default: smollm2-135m-instruct, int4 weights on the CPU
+    return speechrt.load_lm(backend="torch")  # the default model: smollm2-135m-instruct, int4 weights on the CPU
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,7 @@ class FaultyPrefill(LMRunner):
 
 @pytest.fixture(scope="module")
 def lm():
-    return speechrt.load_lm()
+    return speechrt.load_lm(backend="torch")
 
 
 def test_a_failing_prompt_fails_only_its_request(lm, one_cpu_thread):

@@ -307,6 +307,17 @@ def test_output_rate_and_formats(torch_tts, tmp_path):
     assert (tmp_path / "a.m4a").read_bytes()[:4] == b"RIFF"
 
 
+def test_a_path_that_cannot_be_written_is_one_error_before_synthesis(torch_tts, tmp_path):
+    """The pipeline's own check (speechrt.outputs): a UserError saying what is wrong with the path, where
+    open() would raise IsADirectoryError / FileNotFoundError."""
+    with pytest.raises(UserError, match=r"is a directory; give a file path, such as .*out\.wav"):
+        torch_tts.synthesize_to_file("Hello.", tmp_path)
+    with pytest.raises(UserError, match=r"the directory .*missing does not exist"):
+        torch_tts.synthesize_to_file("Hello.", tmp_path / "missing" / "a.wav")
+    with pytest.raises(UserError, match=r"cannot write in /proc"):
+        torch_tts.synthesize_to_file("Hello.", "/proc/speechrt-test.wav")
+
+
 def read_any(path) -> tuple[np.ndarray, int]:
     """float32 mono and its rate: libsndfile where it reads the file, else PyAV (AAC)."""
     try:

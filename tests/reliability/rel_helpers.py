@@ -60,8 +60,12 @@ class ServerProcess:
                     ready.set()
             ready.set()
 
-        threading.Thread(target=pump, args=(self.proc.stdout, self.out, True), daemon=True).start()
-        threading.Thread(target=pump, args=(self.proc.stderr, self.err, False), daemon=True).start()
+        self._pumps = [
+            threading.Thread(target=pump, args=(self.proc.stdout, self.out, True), daemon=True),
+            threading.Thread(target=pump, args=(self.proc.stderr, self.err, False), daemon=True),
+        ]
+        for t in self._pumps:
+            t.start()
         ready.wait(300)
         if self.port is None:
             self.proc.kill()
@@ -100,13 +104,18 @@ class ServerProcess:
             time.sleep(0.1)
 
     def stop(self, sig=signal.SIGTERM, timeout: float = 60.0) -> int:
+        """Signal the server and wait for it to exit -> its exit code; `out` and `err` then hold all it printed
+        (what it prints as the interpreter ends, too)."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:
-            return self.proc.wait(timeout)
+            code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            return self.proc.wait()
+            code = self.proc.wait()
+        for t in self._pumps:
+            t.join(10)
+        return code
 
 
 def pcm24(audio16k: np.ndarray, tail_s: float = 1.0) -> bytes:

@@ -8,11 +8,22 @@ import asyncio
 import base64
 import json
 import os
+import signal
 import socket
 import time
 
 import pytest
-from rel_helpers import SENTENCES, append_event, next_event, open_session, pcm24, run, stream_pcm, update
+from rel_helpers import (
+    SENTENCES,
+    ServerProcess,
+    append_event,
+    next_event,
+    open_session,
+    pcm24,
+    run,
+    stream_pcm,
+    update,
+)
 
 from speechrt.models.wer import wer
 
@@ -130,6 +141,43 @@ def test_half_open_connection_is_dropped_by_ping(tserver):
     tserver.wait_for("sessions_active", lambda v: v == before + 1, timeout=10)
     tserver.wait_for("sessions_active", lambda v: v == before, timeout=20)  # never answers the pings
     s.close()
+
+
+def test_a_server_stopped_after_rest_and_realtime_use_prints_no_leak_warnings(synth):
+    """An ended session is not kept alive: a server that transcribed an upload over REST and a Realtime session's
+    24 kHz audio (both resampled by soxr, a nanobind extension) and is then stopped with Ctrl-C prints nothing
+    of nanobind's "leaked instances" at exit. The idle watchdog used to keep the last session it looked at in
+    its frame, and with it the session's resampler, to the interpreter's end (18 lines of warnings); it looks
+    every second here (--idle-timeout 4), so it sees the session."""
+    import io
+
+    import openai
+    import soundfile as sf
+
+    from speechrt.models.audio import resample
+
+    srv = ServerProcess("--transcription-only", "--idle-timeout", "4")
+    try:
+        upload = io.BytesIO()
+        sf.write(upload, resample(synth(SENTENCES[0]), 16000, 44100), 44100, format="WAV")
+        rest = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.port}/v1", api_key="unused", max_retries=0)
+        text = rest.audio.transcriptions.create(model="whisper-1", file=("a.wav", upload.getvalue())).text
+        assert wer(SENTENCES[0], text) <= 0.2, text
+
+        async def main():
+            ws, _ = await open_session(srv)
+            await stream_pcm(ws, pcm24(synth(SENTENCES[1])))  # in real time: the watchdog looks at the session
+            ev = await next_event(ws, "conversation.item.input_audio_transcription.completed")
+            await ws.close()
+            return ev["transcript"]
+
+        heard = run(main())
+        assert wer(SENTENCES[1], heard) <= 0.2, heard
+        srv.wait_for("sessions_active", lambda v: v == 0, timeout=10)
+    finally:
+        code = srv.stop(signal.SIGINT)
+    err = "".join(srv.err)
+    assert code == 0 and "leaked" not in err and "nanobind" not in err, err[-3000:]
 
 
 def test_a_client_that_never_reads_is_closed_with_a_reason(cserver):

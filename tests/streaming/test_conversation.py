@@ -22,14 +22,14 @@ INSTRUCTIONS = "You are a helpful assistant. Answer in one short sentence."
 def lm():
     import speechrt
 
-    return speechrt.load_lm()
+    return speechrt.load_lm(backend="torch")
 
 
 @pytest.fixture(scope="module")
 def tts():
     import speechrt
 
-    return speechrt.load_tts()
+    return speechrt.load_tts(backend="torch")
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer in o
 def lm():
     import speechrt
 
-    return speechrt.load_lm()
+    return speechrt.load_lm(backend="torch")
 
 
 async def hold_worker(eng, audio, seconds: float, key, live: bool = False) -> asyncio.Future:

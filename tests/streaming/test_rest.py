@@ -30,7 +30,7 @@ def server(asr, server_factory):
     import speechrt
     from speechrt.streaming.config import ServerOptions
 
-    lm, tts = speechrt.load_lm(), speechrt.load_tts()
+    lm, tts = speechrt.load_lm(backend="torch"), speechrt.load_tts(backend="torch")
     with server_factory(ServerOptions(port=0, max_upload_bytes=MAX_UPLOAD), asr, lm, tts) as srv:
         yield srv
 
@@ -124,8 +124,10 @@ def test_translation_on_an_english_only_model_is_refused(client):
 
 
 def test_bad_uploads_get_json_errors_and_the_server_goes_on(client, server, verbose):
-    with pytest.raises(openai.BadRequestError, match="not a readable audio file.*readable formats: WAV"):
+    with pytest.raises(openai.BadRequestError, match="not a readable audio file.*readable formats: WAV") as e:
         transcribe(client, "json", data=b"hello, not audio" * 10)
+    message = e.value.body["message"]  # the upload named by its file name, not as <_io.BytesIO object at 0x...>
+    assert message.startswith("the file 'sample.wav': not a readable audio file (") and "object at" not in message
     with pytest.raises(openai.BadRequestError, match="is empty"):
         transcribe(client, "json", data=b"")
     with pytest.raises(openai.APIStatusError, match=f"at most {MAX_UPLOAD} bytes") as e:
