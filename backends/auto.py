@@ -216,12 +216,22 @@ def choose(family: str, device: str | None) -> Choice:
     return c
 
 
+def resolve(family: str, backend: str, device: str | None, dtype: str | None = None) -> tuple[str, str | None]:
+    """The backend and precision a runner asked for as (backend, dtype) runs on: 'auto' -> the table's choice
+    (`choose`), whose precision replaces an 'auto' or unset dtype; an explicit dtype is passed through. The one
+    place that says what `--backend auto` runs (the server's models, the Python API, `bench all --quick`)."""
+    if backend != "auto":
+        return backend, dtype
+    c = choose(family, device)
+    if dtype in (None, "auto"):  # 'auto' precision under the auto backend: the table's
+        dtype = c.dtype or dtype
+    return c.backend, dtype
+
+
 def _delegate(family: str):
     def build(self, model, device="cpu", dtype=None, step_threads=None):
-        c = choose(family, device)
-        if dtype in (None, "auto"):  # 'auto' precision under the auto backend: the table's
-            dtype = c.dtype or dtype
-        return getattr(get(c.backend), family)(model, device=device, dtype=dtype, step_threads=step_threads)
+        backend, dtype = resolve(family, "auto", device, dtype)
+        return getattr(get(backend), family)(model, device=device, dtype=dtype, step_threads=step_threads)
 
     build.__name__ = family
     return build

@@ -42,14 +42,25 @@ class ModelConfig:
         from speechrt.pipelines.lm import load_lm
         from speechrt.pipelines.tts import load_tts
 
-        asr = load_asr(
-            self.asr, self.asr_backend or self.backend, self.device, self.asr_dtype, self.asr_loop_threads or None
-        )
+        asr = load_asr(self.asr, *self.asked("asr"), self.asr_loop_threads or None)
         lm = tts = None
         if not self.transcription_only:
-            lm = load_lm(self.lm, self.lm_backend or self.backend, self.device, None, self.lm_threads or None)
-            tts = load_tts(self.tts, self.tts_backend or self.backend, self.device, None)
+            lm = load_lm(self.lm, *self.asked("lm"), self.lm_threads or None)
+            tts = load_tts(self.tts, *self.asked("tts"))
         return asr, lm, tts
+
+    def asked(self, family: str) -> tuple[str, str, str | None]:
+        """(backend, device, dtype) a family's model is loaded with, as given ('auto' unresolved)."""
+        backend = getattr(self, f"{family}_backend") or self.backend
+        return backend, self.device, self.asr_dtype if family == "asr" else None
+
+    def runs(self, family: str) -> tuple[str, str | None]:
+        """The backend and precision a family's model runs on here (backends.auto.resolve: 'auto' is the table's
+        choice for this machine); a None precision is the backend's own default."""
+        from speechrt.backends.auto import resolve
+
+        backend, device, dtype = self.asked(family)
+        return resolve(family, backend, device, dtype)
 
 
 @dataclass(frozen=True)
