@@ -17,7 +17,7 @@ from functools import lru_cache
 import torch
 
 from .base import Backend
-from .registry import available, get
+from .registry import get, runs
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ def choose(family: str, device: str | None) -> Choice:
         why = NEEDS[c.needs]() if c.needs else None
         if why and c.instead is not None:  # e.g. no C compiler for the CPU kernel: the runner-up
             c = Choice(c.instead.backend, c.instead.dtype, f"{c.backend} {c.dtype}: {why}; {c.instead.why}")
-        if c.backend not in available(family):  # e.g. triton not installed: the measured choice cannot run
+        if not runs(c.backend, family):  # e.g. triton not installed: the measured choice cannot run
             c = Choice(
                 "torch",
                 None,

@@ -6,6 +6,8 @@ answered as float32 answers it), VITS audio with noise 0 and with a seed; the ma
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -297,6 +299,20 @@ def test_backend_auto_follows_the_table():
     assert r.info.backend == auto.choose("tts", "cpu").backend
     with pytest.raises(UserError, match="valid backends: .*auto"):
         backends.get("fastest")
+
+
+def test_backend_auto_imports_only_the_backends_it_asks_about():
+    """Resolving `auto` for the CPU imports the backend it picks, not every installed one: importing triton alone
+    took 0.3 s of a server's start on a CPU, where it cannot run."""
+    code = (
+        "import sys; from speechrt.backends.auto import choose\n"
+        "picked = {choose(f, 'cpu').backend for f in ('asr', 'lm', 'tts')}\n"
+        "print(sorted(picked), sorted(m for m in ('triton', 'tensorrt') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    picked, imported = out.stdout.strip().split("] [")
+    assert imported.strip("[]") == "" or all(m.strip("' ") in picked for m in imported.strip("[]").split(","))
 
 
 def test_backend_auto_on_an_amx_cpu(monkeypatch):
