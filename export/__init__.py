@@ -61,12 +61,39 @@ class _NoBar:
         pass
 
 
+class _LineBar(_NoBar):
+    """Progress where stderr is not a terminal (a log file, a pipe): one line per stage, with the seconds since
+    the export began, and no carriage returns or partial lines."""
+
+    def __init__(self, what: str, stream):
+        self.what, self.stream, self.t0, self.last = what, stream, time.perf_counter(), None
+        self.set_description("starting")
+
+    def set_description(self, text):
+        if text != self.last:
+            self.last = text
+            self.stream.write(f"speechrt: {self.what}: {text} ({time.perf_counter() - self.t0:.1f} s)\n")
+            self.stream.flush()
+
+
 def _bar(show: bool, what: str):
+    """A progress bar on stderr: tqdm's on a terminal, else one line per stage (_LineBar)."""
+    import sys
+
     if not show:
         return _NoBar()
+    if not sys.stderr.isatty():
+        return _LineBar(what, sys.stderr)
     from tqdm import tqdm
 
     return tqdm(total=1, desc=what, unit="step", leave=True, dynamic_ncols=True)
+
+
+def _finish(bar) -> None:
+    """A bar that ends full: its total may count stages an export skipped."""
+    total = getattr(bar, "total", None)
+    if total:
+        bar.update(total - bar.n)
 
 
 def export_model(
@@ -125,6 +152,7 @@ def export_model(
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)
+        _finish(bar)
         bar.set_description(f"exported {family} {m.name} ({man.precision}) to {out}")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

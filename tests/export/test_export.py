@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from speechrt import backends
-from speechrt.cli import main
 from speechrt.errors import UserError
 from speechrt.export import Manifest, cached_export, export_model
 from speechrt.models.audio import utterance_mel
@@ -39,9 +38,26 @@ SPEECH = [
 
 @pytest.fixture(scope="module")
 def tts_export(tmp_path_factory):
+    """The voice exported through the CLI, its progress written to a file (export.log beside it)."""
     out = tmp_path_factory.mktemp("tts") / "joe"
-    assert main(["export", "tts", "--out", str(out), "--no-progress"]) == 0  # through the CLI
+    with open(out.parent / "export.log", "w") as log:
+        cmd = [sys.executable, "-m", "speechrt", "export", "tts", "--out", str(out)]
+        assert subprocess.run(cmd, stderr=log, stdout=subprocess.DEVNULL, timeout=600).returncode == 0
     return out
+
+
+def test_export_progress_in_a_log_file_is_one_line_per_stage(tts_export):
+    """stderr not a terminal (a server's log file): no progress bar redrawn with carriage returns, no partial
+    line; one line per stage, in order, the last one saying where the export went (issue 49: a cold start's log
+    held bars left in odd states)."""
+    text = (tts_export.parent / "export.log").read_text()
+    assert "\r" not in text and "\x1b" not in text and text.endswith("\n")
+    lines = [ln for ln in text.splitlines() if ln.startswith("speechrt: export tts")]
+    stages = [ln.split(": ", 2)[2].rsplit(" (", 1)[0] for ln in lines]
+    assert stages[:5] == ["starting", "reading the voice", "tracing text", "tracing flow", "tracing generator"]
+    assert stages[-1].startswith("exported tts") and stages[-1].endswith(f"to {tts_export}")
+    assert len(stages) == len(set(stages))  # each once
+    assert all(ln.endswith(" s)") for ln in lines)
 
 
 def _greedy(lm, ids, n=32):
