@@ -98,10 +98,11 @@ def read_with_gguf(path: Path):
     return GGUFHeader(int(reader.fields["GGUF.version"].contents()), out, list(reader.tensors))
 
 
-def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """Undo llama.cpp's Q/K row permutation: rows [n_head, D/2, 2] (interleaved pairs) -> [n_head, 2, D/2]."""
+def _unpermute(w, n_head: int):
+    """Undo llama.cpp's Q/K row permutation: rows [n_head, D/2, 2] (interleaved pairs) -> [n_head, 2, D/2]. `w`: a
+    torch tensor or a numpy array."""
     rows = w.shape[0]
-    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def _dequantize(t, ok: dict) -> torch.Tensor:
@@ -138,11 +139,13 @@ def _dequantize_whole(t) -> np.ndarray:
     return quants._type_traits[t.tensor_type].dequantize_rows(np.asarray(t.data))
 
 
-def _q4_blocks(t, shape):
+def _q4_blocks(t, shape, heads: int | None = None):
     """Q4_0 / Q4_1 tensor -> (q, scale, zero) per 32-weight block, without rounding anything:
     Q4_0 block = f16 d, 16 bytes of nibbles, w = d * (q - 8)      -> scale d, zero 0
     Q4_1 block = f16 d, f16 m, 16 bytes of nibbles, w = d * q + m -> scale d, zero m + 8 d
-    Nibble j of a block's bytes holds weight j (low half) and weight j + 16 (high half)."""
+    Nibble j of a block's bytes holds weight j (low half) and weight j + 16 (high half). `heads`: Q/K rows
+    un-permuted (_unpermute; the blocks' rows move with them), in numpy: torch's two-thread copies wait out any
+    other process holding a core."""
     N, K = shape
     name = t.tensor_type.name
     head = 2 if name == "Q4_0" else 4
@@ -154,7 +157,9 @@ def _q4_blocks(t, shape):
         zero = np.zeros_like(d)
     else:
         zero = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) + 8 * d
-    return torch.from_numpy(q.copy()), torch.from_numpy(d), torch.from_numpy(zero)
+    if heads:
+        q, d, zero = (_unpermute(x, heads) for x in (q, d, zero))
+    return tuple(torch.from_numpy(np.ascontiguousarray(x)) for x in (q, d, zero))
 
 
 def _float_weight(t, ok: dict, heads: int | None) -> torch.Tensor:
@@ -264,10 +269,7 @@ def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
         if t.tensor_type.name in ("Q4_0", "Q4_1") and key.startswith("layers.") and len(shape) == 2:
             # (the embedding is gathered from, and the head stays int8): the blocks as they are, the float
             # weights made on first read
-            q4 = _q4_blocks(t, shape)
-            if heads:  # a row permutation: the blocks' rows move with them
-                q4 = tuple(_unpermute(x, heads) for x in q4)
-            q4s[key] = q4
+            q4s[key] = _q4_blocks(t, shape, heads)
             weights.later(key, functools.partial(_float_weight, t, ok, heads))
         else:
             weights[key] = _float_weight(t, ok, heads)
