@@ -206,5 +206,20 @@ def cached_export(
                 return d
             except ManifestError:
                 shutil.rmtree(d, ignore_errors=True)
-        export_model(family, str(model.path), d, precision, variant=variant, progress=progress, activations=activations)
+        _one_thread(export_model, family, str(model.path), d, precision, variant, progress, activations)
     return d
+
+
+def _one_thread(export, family, path, d, precision, variant, progress, activations) -> None:
+    """An export made on first use, on one torch thread: it runs beside the other models' loads (a server loads
+    them side by side), and its many small ops stall at two threads' barriers whenever another thread or process
+    holds a core (a loaded 2-core VM: the voice 2.5-2.8 s on one thread, 5.8-6.1 s on two; Whisper int8 4.0 /
+    4.6 s)."""
+    import torch
+
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        export(family, path, d, precision, variant=variant, progress=progress, activations=activations)
+    finally:
+        torch.set_num_threads(prev)
