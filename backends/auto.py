@@ -17,7 +17,7 @@ from functools import lru_cache
 import torch
 
 from .base import Backend
-from .registry import available, get
+from .registry import get, runs
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ def choose(family: str, device: str | None) -> Choice:
         why = NEEDS[c.needs]() if c.needs else None
         if why and c.instead is not None:  # e.g. no C compiler for the CPU kernel: the runner-up
             c = Choice(c.instead.backend, c.instead.dtype, f"{c.backend} {c.dtype}: {why}; {c.instead.why}")
-        if c.backend not in available(family):  # e.g. triton not installed: the measured choice cannot run
+        if not runs(c.backend, family):  # e.g. triton not installed: the measured choice cannot run
             c = Choice(
                 "torch",
                 None,
@@ -216,12 +216,22 @@ def choose(family: str, device: str | None) -> Choice:
     return c
 
 
+def resolve(family: str, backend: str, device: str | None, dtype: str | None = None) -> tuple[str, str | None]:
+    """The backend and precision a runner asked for as (backend, dtype) runs on: 'auto' -> the table's choice
+    (`choose`), whose precision replaces an 'auto' or unset dtype; an explicit dtype is passed through. The one
+    place that says what `--backend auto` runs (the server's models, the Python API, `bench all --quick`)."""
+    if backend != "auto":
+        return backend, dtype
+    c = choose(family, device)
+    if dtype in (None, "auto"):  # 'auto' precision under the auto backend: the table's
+        dtype = c.dtype or dtype
+    return c.backend, dtype
+
+
 def _delegate(family: str):
     def build(self, model, device="cpu", dtype=None, step_threads=None):
-        c = choose(family, device)
-        if dtype in (None, "auto"):  # 'auto' precision under the auto backend: the table's
-            dtype = c.dtype or dtype
-        return getattr(get(c.backend), family)(model, device=device, dtype=dtype, step_threads=step_threads)
+        backend, dtype = resolve(family, "auto", device, dtype)
+        return getattr(get(backend), family)(model, device=device, dtype=dtype, step_threads=step_threads)
 
     build.__name__ = family
     return build

@@ -63,3 +63,12 @@ def available(family: str | None = None) -> list[str]:
         if family is None or family in backend.families:
             out.append(n)
     return out
+
+
+def runs(name: str, family: str) -> bool:
+    """Whether backend `name`'s module imports here and runs `family`: `available` asked of one backend, without
+    importing the others (triton alone takes 0.3 s to import)."""
+    try:
+        return name in BACKENDS and family in _load(BACKENDS[name]).families
+    except ImportError:
+        return False

@@ -62,12 +62,39 @@ class _NoBar:
         pass
 
 
+class _LineBar(_NoBar):
+    """Progress where stderr is not a terminal (a log file, a pipe): one line per stage, with the seconds since
+    the export began, and no carriage returns or partial lines."""
+
+    def __init__(self, what: str, stream):
+        self.what, self.stream, self.t0, self.last = what, stream, time.perf_counter(), None
+        self.set_description("starting")
+
+    def set_description(self, text):
+        if text != self.last:
+            self.last = text
+            self.stream.write(f"speechrt: {self.what}: {text} ({time.perf_counter() - self.t0:.1f} s)\n")
+            self.stream.flush()
+
+
 def _bar(show: bool, what: str):
+    """A progress bar on stderr: tqdm's on a terminal, else one line per stage (_LineBar)."""
+    import sys
+
     if not show:
         return _NoBar()
+    if not sys.stderr.isatty():
+        return _LineBar(what, sys.stderr)
     from tqdm import tqdm
 
     return tqdm(total=1, desc=what, unit="step", leave=True, dynamic_ncols=True)
+
+
+def _finish(bar) -> None:
+    """A bar that ends full: its total may count stages an export skipped."""
+    total = getattr(bar, "total", None)
+    if total:
+        bar.update(total - bar.n)
 
 
 def export_model(
@@ -124,6 +151,7 @@ def export_model(
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)
+        _finish(bar)
         bar.set_description(f"exported {family} {m.name} ({man.precision}) to {out}")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -177,5 +205,20 @@ def cached_export(
                 return d
             except ManifestError:
                 shutil.rmtree(d, ignore_errors=True)
-        export_model(family, str(model.path), d, precision, variant=variant, progress=progress, activations=activations)
+        _one_thread(export_model, family, str(model.path), d, precision, variant, progress, activations)
     return d
+
+
+def _one_thread(export, family, path, d, precision, variant, progress, activations) -> None:
+    """An export made on first use, on one torch thread: it runs beside the other models' loads (a server loads
+    them side by side), and its many small ops stall at two threads' barriers whenever another thread or process
+    holds a core (a loaded 2-core VM: the voice 2.5-2.8 s on one thread, 5.8-6.1 s on two; Whisper int8 4.0 /
+    4.6 s)."""
+    import torch
+
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        export(family, path, d, precision, variant=variant, progress=progress, activations=activations)
+    finally:
+        torch.set_num_threads(prev)

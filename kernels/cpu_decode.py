@@ -19,6 +19,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 from functools import lru_cache
 from pathlib import Path
@@ -99,6 +100,9 @@ def _build(cc: str, flags: list[str], lib: Path) -> Path:
     if lib.exists():
         return lib
     lib.parent.mkdir(parents=True, exist_ok=True)
+    # made once per machine and compiler: said on stderr, as the exports made on first use are
+    sys.stderr.write(f"speechrt: compiling the CPU decode kernel with {cc} into {lib.parent} (once)\n")
+    sys.stderr.flush()
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
     os.close(fd)
     try:

@@ -12,13 +12,14 @@ the permutation is undone on load — exactly what transformers does, which lets
 
 from __future__ import annotations
 
+import functools
 import threading
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .lm_file import LMFile
+from .lm_file import LazyWeights, LMFile
 from .registry import ModelError
 
 # GGUF architectures that are the Llama graph (same tensor names and math) under another name.
@@ -97,10 +98,11 @@ def read_with_gguf(path: Path):
     return GGUFHeader(int(reader.fields["GGUF.version"].contents()), out, list(reader.tensors))
 
 
-def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """Undo llama.cpp's Q/K row permutation: rows [n_head, D/2, 2] (interleaved pairs) -> [n_head, 2, D/2]."""
+def _unpermute(w, n_head: int):
+    """Undo llama.cpp's Q/K row permutation: rows [n_head, D/2, 2] (interleaved pairs) -> [n_head, 2, D/2]. `w`: a
+    torch tensor or a numpy array."""
     rows = w.shape[0]
-    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def _dequantize(t, ok: dict) -> torch.Tensor:
@@ -115,7 +117,7 @@ def _dequantize(t, ok: dict) -> torch.Tensor:
         )
     shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists ne0 (the contiguous dim) first
     try:
-        arr = quants.dequantize(t.data, t.tensor_type)
+        arr = _dequantize_whole(t) if name in _BLOCK_TYPES else quants.dequantize(t.data, t.tensor_type)
     except (ValueError, NotImplementedError, AssertionError) as e:
         raise ModelError(f"tensor {t.name!r} ({name}, shape {shape}) could not be dequantized: {e}") from None
     arr = np.ascontiguousarray(arr, dtype=np.float32)
@@ -126,11 +128,24 @@ def _dequantize(t, ok: dict) -> torch.Tensor:
     return torch.from_numpy(arr.reshape(shape))
 
 
-def _q4_blocks(t, shape):
+_BLOCK_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+
+
+def _dequantize_whole(t) -> np.ndarray:
+    """gguf's own block formulas (quants.<type>.dequantize_rows) over the whole tensor at once: the same float32
+    values as quants.dequantize, which splits a tensor into groups of rows in a Python loop (3x slower)."""
+    from gguf import quants
+
+    return quants._type_traits[t.tensor_type].dequantize_rows(np.asarray(t.data))
+
+
+def _q4_blocks(t, shape, heads: int | None = None):
     """Q4_0 / Q4_1 tensor -> (q, scale, zero) per 32-weight block, without rounding anything:
     Q4_0 block = f16 d, 16 bytes of nibbles, w = d * (q - 8)      -> scale d, zero 0
     Q4_1 block = f16 d, f16 m, 16 bytes of nibbles, w = d * q + m -> scale d, zero m + 8 d
-    Nibble j of a block's bytes holds weight j (low half) and weight j + 16 (high half)."""
+    Nibble j of a block's bytes holds weight j (low half) and weight j + 16 (high half). `heads`: Q/K rows
+    un-permuted (_unpermute; the blocks' rows move with them), in numpy: torch's two-thread copies wait out any
+    other process holding a core."""
     N, K = shape
     name = t.tensor_type.name
     head = 2 if name == "Q4_0" else 4
@@ -142,7 +157,14 @@ def _q4_blocks(t, shape):
         zero = np.zeros_like(d)
     else:
         zero = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) + 8 * d
-    return torch.from_numpy(q.copy()), torch.from_numpy(d), torch.from_numpy(zero)
+    if heads:
+        q, d, zero = (_unpermute(x, heads) for x in (q, d, zero))
+    return tuple(torch.from_numpy(np.ascontiguousarray(x)) for x in (q, d, zero))
+
+
+def _float_weight(t, ok: dict, heads: int | None) -> torch.Tensor:
+    w = _dequantize(t, ok)
+    return _unpermute(w, heads) if heads else w
 
 
 def _num(md: dict, key: str, default=None, cast=int):
@@ -223,7 +245,7 @@ def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
         "ffn_up": "w_up",
         "ffn_down": "w_down",
     }
-    weights: dict[str, torch.Tensor] = {}
+    weights = LazyWeights()
     q4s: dict[str, tuple] = {}
     types: dict[str, int] = {}
     for tname, t in tensors.items():
@@ -242,20 +264,15 @@ def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
             key = f"layers.{i}.{per_layer[part]}"
         else:
             raise ModelError(f"{path}: unexpected tensor {tname!r} for a Llama-family model")
-        w = _dequantize(t, ok)
-        q4 = (
-            _q4_blocks(t, w.shape)
-            if t.tensor_type.name in ("Q4_0", "Q4_1") and key.startswith("layers.") and w.ndim == 2
-            else None
-        )  # (the embedding is gathered from, and the head stays int8)
-        if key.endswith(".wq") or key.endswith(".wk"):
-            n = cfg.n_heads if key.endswith(".wq") else cfg.n_kv_heads
-            w = _unpermute(w, n)
-            if q4 is not None:  # a row permutation: the blocks' rows move with them
-                q4 = tuple(_unpermute(x, n) for x in q4)
-        weights[key] = w
-        if q4 is not None:
-            q4s[key] = q4
+        heads = {".wq": cfg.n_heads, ".wk": cfg.n_kv_heads}.get(key[-3:])  # rows llama.cpp permuted
+        shape = tuple(int(d) for d in reversed(t.shape))
+        if t.tensor_type.name in ("Q4_0", "Q4_1") and key.startswith("layers.") and len(shape) == 2:
+            # (the embedding is gathered from, and the head stays int8): the blocks as they are, the float
+            # weights made on first read
+            q4s[key] = _q4_blocks(t, shape, heads)
+            weights.later(key, functools.partial(_float_weight, t, ok, heads))
+        else:
+            weights[key] = _float_weight(t, ok, heads)
         types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
     if "rope_freqs" in weights:
         cfg = cfg.replace(

@@ -2,9 +2,51 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 
 import torch
+
+
+class _Later:
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], torch.Tensor]):
+        self.make = make
+
+
+class LazyWeights(MutableMapping):
+    """name -> tensor, where a value may be made on its first read (`later`): a GGUF's 4-bit tensors are
+    dequantized to float32 only for the runners that read them as floats (the CPU int4 kernel reads the 4-bit
+    blocks, LMFile.q4, and never does). Read once, a value is kept."""
+
+    def __init__(self):
+        self._d: dict[str, torch.Tensor | _Later] = {}
+
+    def later(self, name: str, make: Callable[[], torch.Tensor]) -> None:
+        self._d[name] = _Later(make)
+
+    def made(self, name: str) -> bool:
+        """Whether `name`'s value exists yet (set, or read once)."""
+        return not isinstance(self._d[name], _Later)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        v = self._d[name]
+        if isinstance(v, _Later):
+            v = self._d[name] = v.make()
+        return v
+
+    def __setitem__(self, name: str, value: torch.Tensor) -> None:
+        self._d[name] = value
+
+    def __delitem__(self, name: str) -> None:
+        del self._d[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
 
 
 @dataclass
@@ -12,7 +54,7 @@ class LMFile:
     """What a loader hands the model builder. `weights` use the names of models/llama.py, float32, on CPU."""
 
     config: LlamaConfig  # noqa: F821 - models.llama.LlamaConfig
-    weights: dict[str, torch.Tensor]
+    weights: MutableMapping[str, torch.Tensor]  # a dict, or LazyWeights
     tokenizer: LMTokenizer  # noqa: F821 - models.lm_text.LMTokenizer
     chat_template: str | None
     source: str

@@ -352,11 +352,13 @@ def run(args):
         config = server_config(args)  # the server's options are checked before Ray starts
         return scale.run(config, scale_options(args), args.ray_address)
     import asyncio
+    import importlib
     import time
+    from concurrent.futures import ThreadPoolExecutor
 
     import torch
 
-    from speechrt.streaming.server import SpeechServer, listen_socket, serve_forever
+    from speechrt.streaming.listen import listen_socket
 
     config = server_config(args)
     opts = config.options
@@ -364,10 +366,13 @@ def run(args):
     if config.models.threads:
         torch.set_num_threads(config.models.threads)
     t = time.perf_counter()
-    asr, lm, tts = config.models.load()
+    with ThreadPoolExecutor(1, "import") as pool:  # the HTTP stack imported while the models load
+        server = pool.submit(importlib.import_module, "speechrt.streaming.server")
+        asr, lm, tts = config.models.load()
+        server = server.result()
     print(f"speechrt: models loaded in {time.perf_counter() - t:.1f} s", flush=True)
     for p in (asr, lm, tts):
         if p is not None:
             print(f"  {p.info}", flush=True)
-    asyncio.run(serve_forever(SpeechServer(opts, asr, lm, tts)))
+    asyncio.run(server.serve_forever(server.SpeechServer(opts, asr, lm, tts)))
     return 0

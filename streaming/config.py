@@ -37,19 +37,44 @@ class ModelConfig:
     def load(self) -> tuple:
         """Load the models once -> (asr, lm, tts) pipelines; lm and tts are None with transcription_only. The
         engine's worker thread shares the cores with the event loop and VAD: by default the small ops of decoding
-        run on one thread."""
+        run on one thread. The models load side by side, each in its own thread (ONNX Runtime's sessions, the
+        exports made on first use and numpy / torch work release the GIL): the first error is raised."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        import torch
+
         from speechrt.pipelines.asr import load_asr
         from speechrt.pipelines.lm import load_lm
         from speechrt.pipelines.tts import load_tts
 
-        asr = load_asr(
-            self.asr, self.asr_backend or self.backend, self.device, self.asr_dtype, self.asr_loop_threads or None
-        )
-        lm = tts = None
+        jobs = {"asr": lambda: load_asr(self.asr, *self.asked("asr"), self.asr_loop_threads or None)}
         if not self.transcription_only:
-            lm = load_lm(self.lm, self.lm_backend or self.backend, self.device, None, self.lm_threads or None)
-            tts = load_tts(self.tts, self.tts_backend or self.backend, self.device, None)
-        return asr, lm, tts
+            jobs["lm"] = lambda: load_lm(self.lm, *self.asked("lm"), self.lm_threads or None)
+            jobs["tts"] = lambda: load_tts(self.tts, *self.asked("tts"))
+        # a runner takes its thread count from the thread that builds it (OpenMP's count is per thread)
+        threads = torch.get_num_threads()
+        with ThreadPoolExecutor(len(jobs), "load", initializer=torch.set_num_threads, initargs=(threads,)) as pool:
+            running = {family: pool.submit(job) for family, job in jobs.items()}
+            try:
+                got = {family: f.result() for family, f in running.items()}
+            except BaseException:
+                for f in running.values():
+                    f.cancel()
+                raise
+        return got["asr"], got.get("lm"), got.get("tts")
+
+    def asked(self, family: str) -> tuple[str, str, str | None]:
+        """(backend, device, dtype) a family's model is loaded with, as given ('auto' unresolved)."""
+        backend = getattr(self, f"{family}_backend") or self.backend
+        return backend, self.device, self.asr_dtype if family == "asr" else None
+
+    def runs(self, family: str) -> tuple[str, str | None]:
+        """The backend and precision a family's model runs on here (backends.auto.resolve: 'auto' is the table's
+        choice for this machine); a None precision is the backend's own default."""
+        from speechrt.backends.auto import resolve
+
+        backend, device, dtype = self.asked(family)
+        return resolve(family, backend, device, dtype)
 
 
 @dataclass(frozen=True)

@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import json
 import logging
 import socket
 import time
 
-from speechrt.errors import UserError
-
 from .config import ServerOptions
 from .engine import Engine
 from .http.app import UvicornServer, build_app, uvicorn_config
 from .http.metrics import Counters, metrics_text
+from .listen import listen_socket
 from .realtime.events import error_event
 from .realtime.policy import TurnPolicy
 from .realtime.protocol import ProtocolError, check_session_model
@@ -201,20 +199,6 @@ class SpeechServer:
                 await asyncio.wait_for(self._serving, 15)
         self.engine.stop()
         self.vad.close()
-
-
-def listen_socket(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port, or a UserError that says why not (the port is taken, the address
-    is not this machine's)."""
-    try:
-        return socket.create_server((host, port))
-    except OSError as e:
-        if e.errno == errno.EADDRINUSE:
-            raise UserError(
-                f"{host}:{port} is in use (another server, or a speechrt serve still running?): stop "
-                "it, or choose another --port (0 picks a free one)"
-            ) from None
-        raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
 async def serve_forever(server: SpeechServer):

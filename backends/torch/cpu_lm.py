@@ -48,8 +48,12 @@ class CpuInt4LMRunner(LMRunner):
         self.device, self.config = device, cfg
         self.tokenizer, self.chat_template = lm_file.tokenizer, lm_file.chat_template
         self.threads = threads or ThreadPolicy.build(device, None)
-        weights, q4 = block_weights(lm_file)
-        self.model = cpu_decode.CpuLlama(cfg, weights, q4, *rope_tables(cfg), self.threads.total)
+        # the layout's many small copies on one thread: with two, each op's barrier waits out any other process
+        # holding a core (a loaded 2-core VM: 9.5-14 s and 4-6 CPU s for SmolLM2's weights, 1.4-1.6 s and 0.6
+        # CPU s on one thread)
+        with cpu_threads(1):
+            weights, q4 = block_weights(lm_file)
+            self.model = cpu_decode.CpuLlama(cfg, weights, q4, *rope_tables(cfg), self.threads.total)
         self.info = RunnerInfo(
             kernels,
             model_name,

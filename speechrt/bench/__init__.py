@@ -15,6 +15,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "speechrt.bench.server",
         "streaming server: partial/final/voice-to-voice latency over N concurrent streams",
     ),
+    "startup": (
+        "speechrt.bench.startup",
+        "seconds from `speechrt serve` to /healthz ready, with an empty cache (cold) and a filled one (warm)",
+    ),
     "kernels": (
         "speechrt.bench.kernels",
         "Triton kernels vs torch eager and torch.compile, against the measured roofline (GPU)",

@@ -8,8 +8,10 @@ becomes a skip with its error message. Peers (faster-whisper, llama.cpp/transfor
 run in the first step of their family; the rows of later steps are compared with them, measured in the
 same run on the same input.
 
---quick (a few minutes on a 2-core CPU) uses the short recording, few tokens and repeats and low stream
-counts; the full mode the 58-second passage, batch sizes 1 to 8, the 1..32 stream sweep and torch.compile.
+--quick (a few minutes on a 2-core CPU) times each model family once, on the backend and precision `speechrt serve`
+runs here (`serves`: ModelConfig.runs, which `--backend auto` resolves through), with the short recording, few
+tokens and repeats and low stream counts; the full mode every backend and precision, the 58-second passage, batch
+sizes 1 to 8, the 1..32 stream sweep and torch.compile.
 """
 
 from __future__ import annotations
@@ -77,22 +79,53 @@ class Step:
     estimate_s: float  # expected seconds on a 2-core CPU (the ETA's starting point)
 
 
-def _precisions(family: str, device: str, quick: bool) -> list[str]:
-    """The precisions a family is timed in on `device`; 'auto' is each family's own fastest choice here."""
+def _precisions(family: str, device: str) -> list[str]:
+    """The precisions the full run times a family in on `device`; 'auto' is each backend's own choice here."""
     from speechrt.backends.threads import cpu_has_native_bf16
 
     if family == "asr":
         return ["float16", "bfloat16", "float32"] if device == "cuda" else ["float32", "auto"]
     if device == "cuda":
-        return ["auto"] if quick else ["bfloat16", "float16", "int8", "int4"]
-    return ["auto"] if quick else ["int4", "int8", "float32"] + (["bfloat16"] if cpu_has_native_bf16() else [])
+        return ["bfloat16", "float16", "int8", "int4"]
+    return ["int4", "int8", "float32"] + (["bfloat16"] if cpu_has_native_bf16() else [])
+
+
+def serves(family: str, device: str) -> tuple[str, str]:
+    """(backend, precision) `speechrt serve --device DEVICE` runs a family's model on here (ModelConfig.runs, with
+    serve's defaults: `--backend auto`); 'auto' where the backend keeps its own default precision."""
+    from speechrt.streaming.config import ModelConfig
+
+    backend, dtype = ModelConfig(device=device).runs(family)
+    return backend, dtype or "auto"
+
+
+def _what(backend: str, dtype: str) -> str:
+    return f"{backend} {'default precision' if dtype == 'auto' else dtype} (as serve runs it)"
+
+
+def _quick_steps(family: str, device: str, t: list[str]) -> list[Step] | None:
+    """--quick: one step per model family, on the backend and precision `serve` runs here (`serves`)."""
+    if family not in ("asr", "lm", "tts"):
+        return None
+    b, dt = serves(family, device)
+    what = _what(b, dt)
+    if family == "asr":
+        audio = ["--audio", str(DATA / "sample.wav"), "--reference", str(DATA / "sample.txt")]
+        return [
+            Step("asr", what, ("--backend", b, "--device", device, "--dtypes", dt, "--repeats", "2", *audio, *t), 30)
+        ]
+    if family == "lm":  # llama.cpp the peer: transformers' GGUF load alone takes ~40 s on 2 cores
+        size = ["--tokens", "16", "--batch", "1,4", "--repeats", "2", "--peers", "llama.cpp"]
+        return [Step("lm", what, ("--backends", b, "--device", device, "--dtype", dt, *size, *t), 45)]
+    return [Step("tts", what, ("--backends", b, "--device", device, "--repeats", "2", *t), 20)]
 
 
 def _family_steps(family: str, device: str, quick: bool, t: list[str]) -> list[Step]:
     from speechrt import backends
 
+    if quick and (steps := _quick_steps(family, device, t)) is not None:
+        return steps
     if family == "asr":
-        audio = ["--audio", str(DATA / "sample.wav"), "--reference", str(DATA / "sample.txt")] if quick else []
         return [
             Step(
                 "asr",
@@ -103,37 +136,29 @@ def _family_steps(family: str, device: str, quick: bool, t: list[str]) -> list[S
                     "--device",
                     device,
                     "--dtypes",
-                    ",".join(_precisions("asr", device, quick)),
+                    ",".join(_precisions("asr", device)),
                     "--repeats",
-                    "2" if quick else "3",
-                    *audio,
+                    "3",
                     *t,
                 ),
-                30 if quick else 75,
+                75,
             )
             for b in backends.available("asr")
         ]
     if family == "lm":
-        # quick: llama.cpp is the peer; transformers' GGUF load alone takes ~40 s on 2 cores
-        size = (
-            ["--tokens", "16", "--batch", "1,4", "--repeats", "2", "--peers", "llama.cpp"]
-            if quick
-            else ["--tokens", "64", "--batch", "1,2,4,8", "--repeats", "3"]
-        )
+        size = ["--tokens", "64", "--batch", "1,2,4,8", "--repeats", "3"]
         return [
-            Step(
-                "lm", f"{b} {dt}", ("--backends", b, "--device", device, "--dtype", dt, *size, *t), 45 if quick else 120
-            )
+            Step("lm", f"{b} {dt}", ("--backends", b, "--device", device, "--dtype", dt, *size, *t), 120)
             for b in backends.available("lm")
-            for dt in _precisions("lm", device, quick)
+            for dt in _precisions("lm", device)
         ]
     if family == "tts":
         return [
             Step(
                 "tts",
                 b,
-                ("--backends", b, "--device", device, "--repeats", "2" if quick else "5", *t),
-                20 if quick else 45,
+                ("--backends", b, "--device", device, "--repeats", "5", *t),
+                45,
             )
             for b in backends.available("tts")
         ]

@@ -6,27 +6,64 @@ from __future__ import annotations
 
 import io
 
+import pytest
 import torch
 
 from speechrt import backends
 from speechrt.bench.record import load
-from speechrt.bench.suite import Progress, Step, plan
+from speechrt.bench.suite import Progress, Step, plan, serves
 from speechrt.bench.tts import SENTENCES
 
 
 def test_plan_has_a_step_per_available_backend_and_precision():
+    """The full run: every backend and precision; --quick one step per model family (the next test)."""
     by = {}
-    for s in plan(["asr", "lm", "tts", "server", "kernels"], "cpu", True, None):
+    for s in plan(["asr", "lm", "tts", "server", "kernels"], "cpu", False, None):
         by.setdefault(s.family, []).append(s)
     assert [s.what for s in by["asr"]] == backends.available("asr")
     assert [s.what for s in by["tts"]] == backends.available("tts")
-    assert [s.what for s in by["lm"]] == [f"{b} auto" for b in backends.available("lm")]
     assert all("--dtypes" in s.args and "float32,auto" in s.args for s in by["asr"])
     assert [s.args[s.args.index("--mode") + 1] for s in by["server"]] == ["transcription", "conversation"]
     assert by["kernels"][0].args == ("--device", "cpu")
+    quick = plan(["server", "kernels"], "cpu", True, None)
+    assert [s.args[s.args.index("--mode") + 1] for s in quick[:2]] == ["transcription", "conversation"]
+    assert quick[2].args == ("--device", "cpu")
     full = plan(["lm"], "cpu", False, 2)
     assert {s.args[s.args.index("--dtype") + 1] for s in full} >= {"int4", "int8", "float32"}
     assert all(s.args[-2:] == ("--threads", "2") for s in full)
+
+
+def _backend_and_dtype(step: Step) -> tuple[str, str]:
+    a = step.args
+    b = a[a.index("--backend" if "--backend" in a else "--backends") + 1]
+    flag = next((f for f in ("--dtypes", "--dtype") if f in a), None)
+    return b, a[a.index(flag) + 1] if flag else "auto"
+
+
+def test_quick_steps_time_what_serve_runs(monkeypatch):
+    """bench all --quick times each model family once, on the backend and precision `speechrt serve` with its
+    defaults loads here (the ASR's int8 graph where serve runs it, not float32: issue 49), and says which; on every
+    kind of CPU the table knows."""
+    from speechrt import cli_serve
+    from speechrt.backends import auto
+    from speechrt.cli import build_parser
+    from speechrt.pipelines.asr import load_asr
+
+    served = cli_serve.model_config(build_parser().parse_args(["serve"]))
+    steps = plan(["asr", "lm", "tts"], "cpu", True, None)
+    assert [s.family for s in steps] == ["asr", "lm", "tts"]
+    for s in steps:
+        backend, dtype = served.runs(s.family)
+        assert _backend_and_dtype(s) == (backend, dtype or "auto")
+        assert s.what.startswith(f"{backend} {dtype or 'default precision'}") and "as serve runs it" in s.what
+    # what the server's configuration loads is what the ASR step times
+    asr = load_asr(None, *served.asked("asr"))
+    assert (asr.info.backend, asr.info.precision) == _backend_and_dtype(steps[0])
+    for flags in ({"avx2"}, {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}):
+        monkeypatch.setattr(auto, "cpu_features", lambda flags=flags: frozenset(flags))
+        for s in plan(["asr", "lm", "tts"], "cpu", True, None):
+            c = auto.choose(s.family, "cpu")
+            assert _backend_and_dtype(s) == (c.backend, c.dtype or "auto")
 
 
 def test_progress_estimate_scales_with_the_finished_steps():
@@ -47,17 +84,27 @@ def test_quick_run_of_one_family(bench, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     res = load(out)
     assert res.machine["label"] == "ci box" and res.command.startswith("speechrt bench all --quick")
-    assert (tmp_path / "a.log").read_text().count("$ ") == len(backends.available("tts"))
+    assert (tmp_path / "a.log").read_text().count("$ ") == 1  # --quick: the backend serve runs, once
     ours = {x.backend for x in res.records if x.engine == "speechrt"}
-    runs_here = [b for b in backends.available("tts") if b != "triton" or torch.cuda.is_available()]
-    assert ours == set(runs_here)
+    assert ours == {serves("tts", "cpu")[0]}
+    assert any(n.startswith(f"tts {serves('tts', 'cpu')[0]} default precision (as serve runs it)") for n in res.notes)
     piper = [x for x in res.records if x.engine == "piper-tts"]
-    assert len(piper) == 2 * len(SENTENCES)  # once (each text x rtf, first audio), in the first step only
-    # every row of ours is compared with Piper, the later backends' rows too (measured in the same run)
+    assert len(piper) == 2 * len(SENTENCES)  # each text x rtf, first audio
     assert all(x.peer == "piper-tts float32" for x in res.records if x.engine == "speechrt")
-    if not torch.cuda.is_available() and "triton" in backends.available("tts"):
-        (skip,) = res.skipped
-        assert skip.what == "triton" and "CUDA or ROCm GPU" in skip.reason and "--backend torch" in skip.reason
+    assert not res.skipped
+
+
+def test_a_backend_that_cannot_run_here_is_a_skip(bench, tmp_path):
+    """The full run's steps include backends that need a GPU: without one, a skip with the reason."""
+    if torch.cuda.is_available() or "triton" not in backends.available("tts"):
+        pytest.skip("needs a machine without a GPU and with triton installed")
+    from speechrt.bench.suite import NO_PEERS, _run_step
+
+    (step,) = [s for s in plan(["tts"], "cpu", False, None) if s.what == "triton"]
+    step = Step(step.family, step.what, (*step.args[:-2], "--repeats", "1", *NO_PEERS["tts"]), step.estimate_s)
+    with open(tmp_path / "log", "w") as log:
+        rc, err = _run_step(step, tmp_path / "t.json", log)
+    assert rc == 2 and "CUDA or ROCm GPU" in err and "--backend torch" in err
 
 
 def test_result_paths_that_cannot_be_written_are_one_line_before_any_step(

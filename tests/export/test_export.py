@@ -6,13 +6,14 @@ answered as float32 answers it), VITS audio with noise 0 and with a seed; the ma
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 from speechrt import backends
-from speechrt.cli import main
 from speechrt.errors import UserError
 from speechrt.export import Manifest, cached_export, export_model
 from speechrt.models.audio import utterance_mel
@@ -37,8 +38,11 @@ SPEECH = [
 
 @pytest.fixture(scope="module")
 def tts_export(tmp_path_factory):
+    """The voice exported through the CLI, its progress written to a file (export.log beside it)."""
     out = tmp_path_factory.mktemp("tts") / "joe"
-    assert main(["export", "tts", "--out", str(out), "--no-progress"]) == 0  # through the CLI
+    with open(out.parent / "export.log", "w") as log:
+        cmd = [sys.executable, "-m", "speechrt", "export", "tts", "--out", str(out)]
+        assert subprocess.run(cmd, stderr=log, stdout=subprocess.DEVNULL, timeout=600).returncode == 0
     return out
 
 
@@ -62,6 +66,20 @@ def test_export_out_that_cannot_be_written_is_one_line_before_anything_loads(tmp
         export_model("tts", None, a_file, progress=False)
     with pytest.raises(UserError, match="cannot write in /proc"):
         export_model("tts", None, "/proc/speechrt-test/joe", progress=False)
+
+
+def test_export_progress_in_a_log_file_is_one_line_per_stage(tts_export):
+    """stderr not a terminal (a server's log file): no progress bar redrawn with carriage returns, no partial
+    line; one line per stage, in order, the last one saying where the export went (issue 49: a cold start's log
+    held bars left in odd states)."""
+    text = (tts_export.parent / "export.log").read_text()
+    assert "\r" not in text and "\x1b" not in text and text.endswith("\n")
+    lines = [ln for ln in text.splitlines() if ln.startswith("speechrt: export tts")]
+    stages = [ln.split(": ", 2)[2].rsplit(" (", 1)[0] for ln in lines]
+    assert stages[:5] == ["starting", "reading the voice", "tracing text", "tracing flow", "tracing generator"]
+    assert stages[-1].startswith("exported tts") and stages[-1].endswith(f"to {tts_export}")
+    assert len(stages) == len(set(stages))  # each once
+    assert all(ln.endswith(" s)") for ln in lines)
 
 
 def _greedy(lm, ids, n=32):
@@ -170,8 +188,12 @@ def test_whisper_int8_prompt_graph():
 
     r = backends.get("onnxruntime").asr(resolve(None, "asr"), dtype="int8")
     assert r.prompt is not r.decoder and "8-bit blocks" in r.manifest.weights
-    ops = {n.op_type for n in onnx.load(str(r.tokenizer_path.parent / r.manifest.graph("prompt").file)).graph.node}
+    prompt = onnx.load(str(r.tokenizer_path.parent / r.manifest.graph("prompt").file))
+    ops = {n.op_type for n in prompt.graph.node}
     assert "MatMulNBits" not in ops and "MatMul" in ops
+    # the vocabulary projection reads the token table the embedding does: one copy (the graph was 184 MB, 108 now)
+    tables = [t.name for t in prompt.graph.initializer if r.config.n_vocab in t.dims]
+    assert tables == ["decoder.token_embedding.weight"] and "FusedMatMul" in ops
     enc = r.encode(torch.randn(1, 80, 3000) * 0.5)
     tokens = torch.tensor([[50257, 50362] + [440, 2068, 11, 1312] * 12])
     full = r.decode_step(r.start(enc, 1, 448), tokens, last_only=False)  # the float32 graph
@@ -347,6 +369,20 @@ def test_the_python_api_defaults_to_auto_as_the_cli_and_the_server_do():
     for family, load in (("asr", speechrt.load_asr), ("tts", speechrt.load_tts)):
         choice, info = auto.choose(family, "cpu"), load().info
         assert info.backend == choice.backend and info.precision == (choice.dtype or info.precision), (family, info)
+
+
+def test_backend_auto_imports_only_the_backends_it_asks_about():
+    """Resolving `auto` for the CPU imports the backend it picks, not every installed one: importing triton alone
+    took 0.3 s of a server's start on a CPU, where it cannot run."""
+    code = (
+        "import sys; from speechrt.backends.auto import choose\n"
+        "picked = {choose(f, 'cpu').backend for f in ('asr', 'lm', 'tts')}\n"
+        "print(sorted(picked), sorted(m for m in ('triton', 'tensorrt') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    picked, imported = out.stdout.strip().split("] [")
+    assert imported.strip("[]") == "" or all(m.strip("' ") in picked for m in imported.strip("[]").split(","))
 
 
 def test_backend_auto_on_an_amx_cpu(monkeypatch):

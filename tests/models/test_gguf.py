@@ -133,6 +133,43 @@ def test_types_dequantize_to_the_weights(tmp_path, qtype, tol):
         assert torch.equal(w, f.weights[name]), name
 
 
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0, T.Q4_1])
+def test_4bit_weights_become_floats_only_when_read(tmp_path, qtype):
+    """The CPU int4 kernel reads a GGUF's 4-bit blocks as they are: their float32 copies are made only for a
+    runner that reads them (a cold `speechrt serve` spent ~2 s of its start dequantizing the language model's
+    4-bit tensors it never used), and then equal gguf's own dequantizer's, as do the tensors read at once."""
+    from gguf import quants
+
+    from speechrt.backends.torch import cpu_lm
+
+    p = tmp_path / "m.gguf"
+    kinds = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "token_embd"]
+    write_llama_gguf(p, {k: qtype for k in kinds})
+    f = gguf_loader.load(p)
+    lazy = set(f.q4)
+    assert len(lazy) == (14 if qtype != T.Q8_0 else 0)
+    assert {n for n in f.weights if not f.weights.made(n)} == lazy
+    if lazy and cpu_lm.unavailable(f.config) is None:
+        cpu_lm.CpuInt4LMRunner(f, torch.device("cpu"), "int4")
+        assert not any(f.weights.made(n) for n in lazy)
+    reader = gguf.GGUFReader(str(p))
+    for t in reader.tensors:
+        if t.name.endswith("norm.weight"):
+            continue
+        layer = t.name.split(".")
+        name = "tok_embeddings" if t.name == "token_embd.weight" else None
+        if name is None:
+            part = {"attn_q": "wq", "attn_k": "wk", "attn_v": "wv", "attn_output": "wo"}.get(layer[2], layer[2][4:])
+            name = f"layers.{layer[1]}.{'w_' + part if layer[2].startswith('ffn') else part}"
+        ref = torch.from_numpy(quants.dequantize(t.data, t.tensor_type).copy())
+        ref = ref.reshape(tuple(int(d) for d in reversed(t.shape)))
+        got = f.weights[name]
+        if name.endswith((".wq", ".wk")):  # un-permuted: permuting them again gives what the file stores
+            got = torch.from_numpy(_permute(got.numpy(), HEADS if name.endswith(".wq") else KV))
+        assert torch.equal(got, ref), name
+    assert all(f.weights.made(n) for n in f.weights)
+
+
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K])
 def test_kquants_match_transformers_dequantizer(tmp_path, qtype):
     pytest.importorskip("transformers")
