@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from speechrt import backends
+from speechrt.cli import main
 from speechrt.errors import UserError
 from speechrt.export import Manifest, cached_export, export_model
 from speechrt.models.audio import utterance_mel
