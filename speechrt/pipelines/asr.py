@@ -194,12 +194,36 @@ class ASRPipeline:
         ]
 
     def align(
-        self, audio: np.ndarray, tokens: list[int], language: str | None = None, task: str = "transcribe"
+        self,
+        audio: np.ndarray,
+        tokens: list[int],
+        language: str | None = None,
+        task: str = "transcribe",
+        trim_margin: float | None = None,
     ) -> tuple[list[Word], list[tuple[int, bytes, float]]]:
         """Word times and token log probabilities of `tokens`, a transcript of `audio` (float32 at 16 kHz, at
         most 30 s; e.g. a transcribe_batch result's tokens) -> (words with start/end in seconds from the
         audio's start, [(token, its bytes, log probability among the text tokens)]). One encoder pass and
-        one decoder pass over the tokens (the server runs it only for sessions that ask)."""
+        one decoder pass over the tokens (the server runs it only for sessions that ask, and where a long turn's
+        rounds agree on words but on no segment). `trim_margin`: the encoder reads the audio and this many
+        seconds of padding, not a whole window (as transcribe_batch's trim_context; on runners that trim)."""
+        steps = self.align_steps(audio, tokens, language, task, trim_margin)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def align_steps(
+        self,
+        audio: np.ndarray,
+        tokens: list[int],
+        language: str | None = None,
+        task: str = "transcribe",
+        trim_margin: float | None = None,
+    ):
+        """align() as a generator of two steps, the encoder pass, then the decoder pass and the word times
+        (yielding None between them), that returns align's result: a scheduler runs other work in between."""
         if len(audio) > MAX_UTTERANCE_SAMPLES:
             raise ValueError("align takes audio of at most 30 seconds")
         if not self.runner.word_timing:
@@ -213,8 +237,13 @@ class ASRPipeline:
             return [], []
         language = self.check_language(language) or (None if tok.multilingual else "en")
         with torch.inference_mode(), self.runner.loop():
-            encoded = self.runner.encode(utterance_mel(audio, self.runner.config.n_mels, self.runner.device)[None])
+            mel = utterance_mel(audio, self.runner.config.n_mels, self.runner.device)[None]
+            if trim_margin is not None and self.runner.trims:
+                mel = mel[:, :, : trimmed_frames([len(audio) // HOP_LENGTH], trim_margin)[1]]
+            encoded = self.runner.encode(mel)
             language = language or self.decoder.detect_languages(encoded)[0]
+        yield None
+        with torch.inference_mode(), self.runner.loop():
             return utterance_words(self.runner, tok, encoded, text, len(audio), language, task)
 
     def warm_up(self, max_batch: int = 1) -> None:
