@@ -293,7 +293,7 @@ def check_extras(ev: dict):
 
 def test_a_fast_monologue_commits_as_it_goes(tserver):
     """Local agreement by words (issue 49): half a minute of fast read speech, ~250 words a minute with no pause
-    over 80 ms (`bench server --long-turn-speech dense`'s), under server_vad. Whisper's segments of such speech end
+    over 80 ms (`bench server --long-turn-speech dense`'s), at real-time pace under server_vad. Whisper's segments of such speech end
     anywhere, or one segment covers all of it, so two rounds agree on no segment; their words agree, and the turn
     commits them while it is spoken, again and again: its final transcribes a short rest. (Committing agreed
     segments only, it committed once at most, and the final of a 41-s monologue transcribed 38 s of it, long-form,
@@ -306,7 +306,7 @@ def test_a_fast_monologue_commits_as_it_goes(tserver):
     async def main():
         ws, _ = await open_session(tserver)
         commits, steps = (tserver.metrics()[k] for k in ("asr_turn_commits_total", "asr_long_steps_total"))
-        await stream_pcm(ws, pcm, speed=1.5)
+        await stream_pcm(ws, pcm)  # at real-time pace
         done = await next_event(ws, "conversation.item.input_audio_transcription.completed", timeout=240)
         await ws.close()
         m = tserver.metrics()
