@@ -293,11 +293,12 @@ def check_extras(ev: dict):
 
 def test_a_fast_monologue_commits_as_it_goes(tserver):
     """Local agreement by words (issue 49): half a minute of fast read speech, ~250 words a minute with no pause
-    over 80 ms (`bench server --long-turn-speech dense`'s), at real-time pace under server_vad. Whisper's segments of such speech end
-    anywhere, or one segment covers all of it, so two rounds agree on no segment; their words agree, and the turn
-    commits them while it is spoken, again and again: its final transcribes a short rest. (Committing agreed
-    segments only, it committed once at most, and the final of a 41-s monologue transcribed 38 s of it, long-form,
-    3.5-7.6 s after its end.) The transcript is whole and its usage covers all of it."""
+    over 80 ms (`bench server --long-turn-speech dense`'s), at real-time pace under server_vad. Whisper's segments
+    of such speech end anywhere, or one segment covers all of it, so two rounds agree on no segment; their words
+    agree, and the turn commits them while it is spoken, again and again: its final transcribes a short rest.
+    (Committing agreed segments only, it committed once here, and the final of a 41-s monologue transcribed 38 s
+    of it, long-form, 3.5-7.6 s after its end.) The transcript is whole and its usage covers all of it."""
+
     from speechrt.bench.server_streams import dense_recording
 
     text, pcm, s0, s1 = dense_recording(30)
