@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 MIN_WORDS = 4  # a commit by words takes at least this many (an alignment pass is not worth fewer)
 HOP = RATE // 100  # the commit point between two words: the quietest 10-ms hop around their boundary
-SEAM_SPAN = 4 * RATE  # ... between the two words, of the last this long of the agreed ones, that are the quietest
+SEAM_SPAN = 4 * RATE  # the cut: at the quietest boundary between agreed words that end this near the last one
 
 
 async def commit_stable(live: TurnTranscripts, turn: Turn, first: int, audio: np.ndarray) -> int:
@@ -35,8 +35,9 @@ async def commit_stable(live: TurnTranscripts, turn: Turn, first: int, audio: np
     the turn's for good, and its transcripts from then on start where they end, so a turn's cost grows with its
     length, not with its square. Where no segment agrees (fast speech without pauses: Whisper may make one
     segment of all of it, its end moving each round, and the final would transcribe all of it, long-form past
-    30 s), the leading words both rounds have are committed, cut where the round's word times (one alignment
-    pass) put their end: stable_words. -> the samples committed (0: none)."""
+    30 s), the leading words both rounds have are committed, cut at the quietest seam near a boundary between
+    them that the round's word times (one alignment pass) give: stable_words. -> the samples committed (0: none).
+    The round's text is the draft of the turn's next transcript (the final one checks it in one pass)."""
     s = live.session
     opts = dataclasses.replace(s.live_options, without_timestamps=False)
     held = min(len(audio), MAX_UTTERANCE_SAMPLES)
@@ -70,10 +71,10 @@ async def commit_stable(live: TurnTranscripts, turn: Turn, first: int, audio: np
 
 async def stable_words(live: TurnTranscripts, r, before: list[str], audio: np.ndarray) -> tuple[int, str] | None:
     """Local agreement by words: the round's transcript `r` of `audio` and the previous round's words `before`
-    -> (the sample where the words both begin with end, less the last commit_margin of `audio`; their text), or
-    None (fewer than MIN_WORDS; or word times unavailable on this backend). The round's tokens are aligned to
-    `audio` (one encoder and one decoder pass on the engine) only where the two rounds' texts begin with
-    MIN_WORDS words alike."""
+    -> (the sample to cut at, the text before it: words both begin with, ending commit_margin or more before the
+    end of `audio`, up to the quietest seam among their last ones), or None (fewer than MIN_WORDS; or word times
+    unavailable on this backend). The round's tokens are aligned to `audio` (one encoder and one decoder pass on
+    the engine) only where the two rounds' texts begin with MIN_WORDS words alike."""
     margin = live.policy.commit_margin
     if shared_words(before, r.text.split()) < MIN_WORDS or not live.engine.asr.runner.word_timing:
         return None
