@@ -548,7 +548,8 @@ def test_local_agreement_by_words_commits_a_prefix_of_fast_speech():
 
 def test_a_word_commit_cuts_at_the_quietest_seam():
     """A commit by words cuts the audio at the quietest 10-ms hop near the boundary between two words, choosing
-    among the boundaries of its last 4 s of words the quietest (a sentence's end, not a word's first sound)."""
+    among the boundaries of its last 4 s of words one after a clause's end (punctuation), else the quietest (not
+    a word's first sound)."""
     from speechrt.pipelines.whisper_timing import Word
     from speechrt.streaming.realtime.long_turn import MIN_WORDS, seam
     from speechrt.streaming.realtime.policy import RATE
@@ -560,6 +561,10 @@ def test_a_word_commit_cuts_at_the_quietest_seam():
     audio[dip : dip + RATE // 50] *= 0.01
     k, cut = seam(audio, words, 16)
     assert k == 14 and dip <= cut < dip + RATE // 50
+    words[11].word += ","  # a clause ends after word 11: its boundary goes first, the quietest point near it
+    k, cut = seam(audio, words, 16)
+    assert k == 12 and abs(cut - round(words[11].end * RATE)) <= RATE // 20
+    words[11].word = " w11"
     audio[:] = 0.3  # no quiet seam at all: the last boundary
     k, cut = seam(audio, words, 16)
     assert k == 16 and abs(cut - round(words[15].end * RATE)) <= RATE // 20 and k >= MIN_WORDS
