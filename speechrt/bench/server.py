@@ -164,8 +164,17 @@ def add_arguments(p):
         type=float,
         default=0.0,
         metavar="SECONDS",
-        help="transcription: after the sweep, one session speaks SECONDS of speech without a pause while "
-        "another speaks its utterances; records the long turn's final latency and the other's",
+        help="transcription: after the sweep, one session speaks SECONDS of speech without a pause "
+        "(--long-turn-speech) while another speaks its utterances; records the long turn's final latency and WER "
+        "and the other's finals",
+    )
+    p.add_argument(
+        "--long-turn-speech",
+        choices=["paced", "dense", "both"],
+        default="both",
+        help="--long-turn's speech: the benchmark's sentences 0.15 s apart (paced), a read passage at ~250 words a "
+        "minute with no pause over 80 ms (dense: Whisper's segments of it end anywhere), or one of each "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--json",

@@ -1,5 +1,5 @@
 """`bench server`'s results: a level's latency percentiles, word error rate and bounds, the printed table row,
-the result records of a sweep, and the long turn's (--long-turn)."""
+the result records of a sweep, and the long turns' (--long-turn, --long-turn-speech)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 
 from speechrt.bench.record import Record, Repeats, Results, percentile
 from speechrt.bench.server_load import LOAD
-from speechrt.bench.server_streams import SENTENCES, long_level, long_recording, recordings
+from speechrt.bench.server_streams import SENTENCES, dense_recording, long_level, long_recording, recordings
 from speechrt.models.wer import wer
 
 KEYS = ("partial", "final", "first_audio", "v2v")  # latencies per utterance; the last two in conversations
@@ -149,25 +149,39 @@ def records(engine, mode, rows, peer_label, levels) -> list[Record]:
 
 
 def long_turn(engine, recs, args, out: Results) -> None:
-    """--long-turn: the long turn's final latency and WER and the other session's finals, printed and recorded."""
+    """--long-turn: for each kind of speech (--long-turn-speech), the long turn's final latency and WER and the
+    other session's finals (p50, p95, the longest), printed and recorded."""
+    kinds = ["paced", "dense"] if args.long_turn_speech == "both" else [args.long_turn_speech]
+    for kind in kinds:
+        # every sentence once before any repeats (a text that loops would be cut as a decoding loop)
+        long_rec = (
+            long_recording(recordings(SENTENCES), args.long_turn)
+            if kind == "paced"
+            else dense_recording(args.long_turn)
+        )
+        long_turn_of(engine, recs, args, out, kind, long_rec)
+
+
+def long_turn_of(engine, recs, args, out: Results, kind: str, long_rec) -> None:
     from speechrt.models.registry import resolve
 
-    # every sentence once before any repeats (a text that loops would be cut as a decoding loop)
-    long_rec = long_recording(recordings(SENTENCES), args.long_turn)
     r, others = asyncio.run(long_level(engine.url, recs, long_rec, args))
     row = summary(1, others, False)
     seconds = long_rec[3] - long_rec[2]
+    wpm = len(long_rec[0].split()) / seconds * 60
+    finals = row["final"]["samples"]
     print(
-        f"long turn: {seconds:.1f} s without a pause beside 1 stream: final "
+        f"long turn ({kind}, {wpm:.0f} words a minute): {seconds:.1f} s without a pause beside 1 stream: final "
         + (
             f"{1000 * r['final']:.0f} ms after its speech ended, WER {100 * wer(r['text'], r['transcript']):.1f}%"
             if "final" in r
             else "never came"
         )
+        + (f"; the other stream's longest final {1000 * max(finals):.0f} ms" if finals else "")
         + "; the other stream:"
     )
     print_row(engine.name, row, False)
-    workload = f"long turn {seconds:.0f} s beside 1 stream"
+    what = "" if kind == "paced" else "dense "
     common = dict(
         family="server",
         model=resolve(None, "asr").name,
@@ -175,8 +189,14 @@ def long_turn(engine, recs, args, out: Results) -> None:
         backend=engine.backend,
         precision=engine.precision,
         device=engine.device,
-        workload=workload,
-        params={"long_turn_s": round(seconds, 1), "utterances": row["utterances"], "lost": row["lost"]},
+        workload=f"{what}long turn {seconds:.0f} s beside 1 stream",
+        params={
+            "long_turn_s": round(seconds, 1),
+            "speech": kind,
+            "words_per_minute": round(wpm),
+            "utterances": row["utterances"],
+            "lost": row["lost"],
+        },
     )
     if "final" in r:
         out.records += [
@@ -190,8 +210,9 @@ def long_turn(engine, recs, args, out: Results) -> None:
                 unit="s",
                 value=row["final"][q],
                 better="lower",
-                repeats=Repeats.of(row["final"]["samples"]),
+                repeats=Repeats.of(finals),
                 **common,
             )
             for q in ("p50", "p95")
         ]
+        out.records.append(Record(metric="final_max_s", unit="s", value=max(finals), better="lower", **common))

@@ -28,6 +28,25 @@ QUESTIONS = [
     "How many days are in a week?",
     "What is the largest planet in our solar system?",
 ]
+# --long-turn-speech dense: a read passage, every sentence once (a text that loops would be cut as a decoding loop)
+MONOLOGUE = [
+    "The old lighthouse stood at the edge of the cliff for more than two hundred years.",
+    "Every night its keeper climbed the narrow stairs to light the lamp and wind the clock.",
+    "Ships coming into the harbour watched for its beam through rain, fog and snow.",
+    "When the engineers replaced the lamp with an electric light, the keeper stayed on to paint the railings.",
+    "Visitors now come in the summer to walk along the path and look out over the water.",
+    "On a clear day you can see the islands to the north and the fishing boats heading out at dawn.",
+    "The town turned the keeper's cottage into a small museum with maps, photographs and a brass telescope.",
+    "Children like to count the steps on the way up, and most of them lose track somewhere near the top.",
+    "In winter the wind is so strong that the gate is locked and the path is closed to everyone.",
+    "The lamp still turns every night, although nobody has to climb the stairs to light it anymore.",
+    "Last year a storm broke two of the windows, and a crew from the mainland spent a week repairing them.",
+    "The museum sells postcards and small models of the tower, and the money pays for the new roof.",
+    "Some people say the keeper still walks along the cliff on foggy evenings, but nobody has proved it.",
+    "At the end of the season the volunteers close the museum, store the maps and cover the telescope.",
+]
+DENSE_RATE = 1.1  # the voice's speaking rate for the dense monologue: ~250 words a minute once its pauses are cut
+DENSE_PAUSE_S = 0.08  # no quiet stretch in the dense monologue is longer than this
 CHUNK_MS = 100
 RATE = 24000
 
@@ -63,6 +82,51 @@ def long_recording(recs, seconds: float):
     speech = np.concatenate(parts[:-1])
     lead, tail = np.zeros(RATE // 2, "<i2"), np.zeros(RATE * 2, "<i2")
     pcm = np.concatenate([lead, speech, tail]).tobytes()
+    return " ".join(texts), pcm, len(lead) / RATE, (len(lead) + len(speech)) / RATE
+
+
+def squeeze(a: np.ndarray, pause_s: float = DENSE_PAUSE_S, floor: float = 0.01) -> np.ndarray:
+    """`a` (float32 at RATE) without its lead and tail silence and with every quiet stretch (10-ms hops whose RMS
+    is under `floor`) longer than `pause_s` cut to `pause_s` (its two ends kept: the sounds around it fade out and
+    in as spoken)."""
+    hop = RATE // 100
+    n = len(a) // hop
+    loud = np.sqrt((a[: n * hop].reshape(n, hop) ** 2).mean(1)) >= floor
+    if not loud.any():
+        return a[:0]
+    first, last = np.flatnonzero(loud)[[0, -1]]
+    keep, out, i = int(round(pause_s * 100)), [], first
+    while i <= last:
+        j = i
+        while j <= last and loud[j] == loud[i]:
+            j += 1
+        if not loud[i] and j - i > keep:  # a pause: its first and last keep/2 hops
+            out += [a[i * hop : (i + keep // 2) * hop], a[(j - (keep - keep // 2)) * hop : j * hop]]
+        else:
+            out.append(a[i * hop : j * hop])
+        i = j
+    return np.concatenate(out)
+
+
+def dense_recording(seconds: float, rate: float = DENSE_RATE, pause_s: float = DENSE_PAUSE_S):
+    """(text, pcm, speech start s, speech end s) like long_recording's: MONOLOGUE read by the embedded voice at
+    `rate` with no pause longer than `pause_s` (squeeze; sentences joined `pause_s` apart) until `seconds` (fast
+    read speech, ~250 words a minute: Whisper's segments of it end anywhere, not at pauses), 0.5 s of silence
+    before and 2 s after. Seeded: every run replays the same recording."""
+    import speechrt
+
+    tts = speechrt.load_tts()
+    gap = np.zeros(int(pause_s * RATE), np.float32)
+    parts, texts, n = [], [], 0
+    while n < seconds * RATE:
+        text = MONOLOGUE[len(texts) % len(MONOLOGUE)]
+        speech = squeeze(np.concatenate(list(tts.synthesize(text, sample_rate=RATE, seed=len(texts), rate=rate))))
+        parts += [speech, gap]
+        texts.append(text)
+        n += len(speech) + len(gap)
+    speech = np.concatenate(parts[:-1])
+    lead, tail = np.zeros(RATE // 2, np.float32), np.zeros(RATE * 2, np.float32)
+    pcm = (np.clip(np.concatenate([lead, speech, tail]), -1, 1) * 32767).astype("<i2").tobytes()
     return " ".join(texts), pcm, len(lead) / RATE, (len(lead) + len(speech)) / RATE
 
 

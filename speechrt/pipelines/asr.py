@@ -36,7 +36,7 @@ from .whisper_decoding import WindowDecoder, WindowResult, decode_utterances
 from .whisper_long_form import Transcript, recording_steps, timed_segments
 from .whisper_loops import cut_repeat_said_too_fast
 from .whisper_search import TranscriptionCancelled
-from .whisper_timing import Word, utterance_words
+from .whisper_timing import Word, alignment_steps
 
 MULTILINGUAL = (
     "a multilingual Whisper model (a Hugging Face or CTranslate2 directory, or an openai-whisper .pt, of "
@@ -128,12 +128,7 @@ class ASRPipeline:
         [-1, 1] or int16, with `sample_rate`), of any length. Options are TranscribeOptions fields
         (beam_size, language, temperatures, initial_prompt, without_timestamps, ...); `on_segment(seg)` is
         called as each segment is decoded."""
-        steps = self.transcribe_steps(self._pcm(audio, sample_rate), self.options(**options), on_segment)
-        while True:  # every step at once
-            try:
-                next(steps)
-            except StopIteration as done:
-                return done.value
+        return run_steps(self.transcribe_steps(self._pcm(audio, sample_rate), self.options(**options), on_segment))
 
     def transcribe_steps(self, audio: np.ndarray, opts: TranscribeOptions, on_segment=None):
         """transcribe() of float32 audio at 16 kHz as a generator of steps, one 30-s window each (yielding
@@ -195,12 +190,24 @@ class ASRPipeline:
         ]
 
     def align(
-        self, audio: np.ndarray, tokens: list[int], language: str | None = None, task: str = "transcribe"
+        self,
+        audio: np.ndarray,
+        tokens: list[int],
+        language: str | None = None,
+        task: str = "transcribe",
+        trim_margin: float | None = None,
     ) -> tuple[list[Word], list[tuple[int, bytes, float]]]:
         """Word times and token log probabilities of `tokens`, a transcript of `audio` (float32 at 16 kHz, at
         most 30 s; e.g. a transcribe_batch result's tokens) -> (words with start/end in seconds from the
         audio's start, [(token, its bytes, log probability among the text tokens)]). One encoder pass and
-        one decoder pass over the tokens (the server runs it only for sessions that ask)."""
+        one decoder pass over the tokens (the server runs it only for sessions that ask, and where a long turn's
+        rounds agree on words but on no segment). `trim_margin`: the encoder reads the audio and this many
+        seconds of padding, not a whole window (as transcribe_batch's trim_context; on runners that trim)."""
+        return run_steps(self.align_steps(audio, tokens, language, task, trim_margin))
+
+    def align_steps(self, audio: np.ndarray, tokens: list[int], language=None, task="transcribe", trim_margin=None):
+        """align() as a generator of two steps, the encoder pass, then the decoder pass and the word times
+        (yielding None between them), that returns align's result: a scheduler runs other work in between."""
         if len(audio) > MAX_UTTERANCE_SAMPLES:
             raise ValueError("align takes audio of at most 30 seconds")
         if not self.runner.word_timing:
@@ -213,10 +220,8 @@ class ASRPipeline:
         if not text:
             return [], []
         language = self.check_language(language) or (None if tok.multilingual else "en")
-        with torch.inference_mode(), self.runner.loop():
-            encoded = self.runner.encode(utterance_mel(audio, self.runner.config.n_mels, self.runner.device)[None])
-            language = language or self.decoder.detect_languages(encoded)[0]
-            return utterance_words(self.runner, tok, encoded, text, len(audio), language, task)
+        frames = trimmed_frames([len(audio) // HOP_LENGTH], trim_margin)[1] if trim_margin is not None else None
+        return (yield from alignment_steps(self.runner, self.decoder, tok, audio, text, language, task, frames))
 
     def warm_up(self, max_batch: int = 1) -> None:
         """Run the model once on this thread: the first call in a thread pays for its thread pool, kernel
@@ -249,6 +254,15 @@ class ASRPipeline:
             done = self.transcribe_batch(clips, final)
             self.transcribe_batch(clips, live, drafts=[r.tokens for r in done])
         self.runner.warm_graphs()
+
+
+def run_steps(steps):
+    """A generator of steps (transcribe_steps, align_steps) run to its end at once -> what it returns."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 def load_asr(

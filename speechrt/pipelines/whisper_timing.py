@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from speechrt.models.audio import HOP_LENGTH, N_FRAMES, SAMPLE_RATE
+from speechrt.models.audio import HOP_LENGTH, N_FRAMES, SAMPLE_RATE, utterance_mel
 
 PREPEND_PUNCTUATIONS = "\"'“¿([{-"
 APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
@@ -358,3 +358,16 @@ def utterance_words(
     place_words(tok, [segment], group_words(tok, text, starts, probs, language), 0.0, 0.0)
     logprobs = [(t, token_bytes(tok, t), float(np.log(max(p, 1e-30)))) for t, p in zip(text, probs.tolist())]
     return segment["words"], logprobs
+
+
+def alignment_steps(runner, decoder, tok, audio: np.ndarray, text: list[int], language, task: str, frames=None):
+    """ASRPipeline.align_steps' work: the encoder pass over `audio` (its first `frames` mel frames where given and
+    the runner trims, else a whole window), yielding None, then the decoder pass over the text tokens `text` ->
+    (words, token logprobs) as utterance_words."""
+    with torch.inference_mode(), runner.loop():
+        mel = utterance_mel(audio, runner.config.n_mels, runner.device)[None]
+        encoded = runner.encode(mel[:, :, :frames] if frames is not None and runner.trims else mel)
+        language = language or decoder.detect_languages(encoded)[0]
+    yield None
+    with torch.inference_mode(), runner.loop():
+        return utterance_words(runner, tok, encoded, text, len(audio), language, task)

@@ -28,6 +28,10 @@ from ..asr_options import long_options
 
 log = logging.getLogger(__name__)
 
+# a final over this much audio is not batched with shorter ones (TranscriptQueue.take_finals): a turn's final is
+# at most a few seconds with the final margin, a long turn's rest (after what it committed) up to 30 s
+LONE_FINAL = 8 * SAMPLE_RATE
+
 
 class Work(enum.Enum):
     """The kind of transcript asked of the engine (Engine.transcribe): where it waits and what it stops."""
@@ -63,6 +67,7 @@ class TranscriptJob:
     turn: object = None  # finals: one queued job per (key, turn); a newer one (a later pause) replaces it
     draft: list[int] | None = None  # a guess of the tokens (an earlier transcript of the same speech)
     cancelled: bool = False  # a running live transcript that a final one asked to stop
+    passed: bool = False  # a final over LONE_FINAL that shorter ones went ahead of (take_finals)
     promoted: bool = False  # a live transcript whose result a final waits for: finals do not stop it
     steps: object = None  # a long turn's long-form transcription, one window per next() (once begun)
     # live transcripts: called on the worker as the job begins -> the newest audio of its turn (which grew while
@@ -149,7 +154,16 @@ class TranscriptQueue:
         return dropped
 
     def take_finals(self, max_batch: int) -> list[TranscriptJob]:
-        return [self.finals.popleft() for _ in range(min(max_batch, len(self.finals)))]
+        """The next batch of finals: those of at most LONE_FINAL of audio, in order; one over it (a long turn's
+        rest: its decode takes many steps, and a batch is done when its longest row is) runs alone, after the
+        shorter ones queued with it, but once they have gone ahead of it, before any others."""
+        lone = [j for j in self.finals if len(j.audio) > LONE_FINAL]
+        short = [] if lone and lone[0].passed else [j for j in self.finals if len(j.audio) <= LONE_FINAL]
+        take = short[:max_batch] or lone[:1]
+        for j in lone:
+            j.passed = j.passed or bool(short)
+        self.finals = collections.deque(j for j in self.finals if j not in take)
+        return take
 
     def take_long(self) -> TranscriptJob:
         """The long turn whose window is next; it goes to the back of the line (round-robin)."""

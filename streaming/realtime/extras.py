@@ -45,18 +45,22 @@ async def final_extras(
     )
 
 
-async def aligned(session, engine, audio: np.ndarray, tokens: list[int]) -> tuple[list, list] | None:
+async def aligned(
+    session, engine, audio: np.ndarray, tokens: list[int], trim_margin: float | None = None
+) -> tuple[list, list] | None:
     """(words, token logprobs) of `tokens`, a transcript of `audio`, from ASRPipeline.align on the engine's
-    worker; empty for no tokens or audio over 30 s; None where it failed (the session is told)."""
+    worker (`trim_margin`: its encoder over the audio and that much padding); empty for no tokens or audio over
+    30 s; None where it failed (the session is told)."""
     if not tokens or len(audio) > MAX_UTTERANCE_SAMPLES:
         return [], []
     asr, lang = engine.asr, session.cfg.language
 
-    def align():
-        yield asr.align(audio, tokens, lang)
+    def align():  # two engine steps (ASRPipeline.align_steps): a final may run between them
+        yield (yield from asr.align_steps(audio, tokens, lang, trim_margin=trim_margin))
 
     _, q = engine.stream(align())
-    got = await q.get()
+    while (got := await q.get()) is None:  # (the encoder's step)
+        pass
     if isinstance(got, BaseException):
         await session.error(f"word timing failed: {type(got).__name__}: {got}", "server_error", type="server_error")
         return None

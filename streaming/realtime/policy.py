@@ -20,8 +20,11 @@ EARLY_QUIET = RATE * 10 // 1000
 TAIL = RATE // 10  # audio kept after the end of speech: the tail helps Whisper finish the last word
 IDLE_KEEP = RATE  # audio kept, besides the prefix padding, while no turn is open (Silero may start a turn late)
 # local agreement on long turns: past COMMIT_AFTER of audio not yet committed, live rounds transcribe it with
-# timestamps and commit the segments two rounds agree on that end COMMIT_MARGIN or more before its end
-COMMIT_AFTER, COMMIT_MARGIN = 12 * RATE, 3 * RATE
+# timestamps and commit the segments (or words) two rounds agree on that end COMMIT_MARGIN or more before its end;
+# once a turn has committed, past RECOMMIT_AFTER: the rest its final transcribes stays short (a 41-s monologue of
+# fast speech without pauses: its final 3.5-7.6 s after its end when only agreed segments were committed, none
+# after the first, and the final transcribed 38 s long-form; issue 49)
+COMMIT_AFTER, COMMIT_MARGIN, RECOMMIT_AFTER = 12 * RATE, 3 * RATE, 6 * RATE
 # live rounds before a turn's first words: OPENING_ROUND partial intervals apart, and run before other live
 # transcripts while their audio is at most OPENING_MAX (a short encoder pass and a word or two: tens of ms)
 OPENING_ROUND, OPENING_MAX = 0.3, 2 * RATE
@@ -51,6 +54,7 @@ class TurnPolicy:
     tail: int = TAIL
     idle_keep: int = IDLE_KEEP
     commit_after: int = COMMIT_AFTER
+    recommit_after: int = RECOMMIT_AFTER
     commit_margin: int = COMMIT_MARGIN
     opening_round: float = OPENING_ROUND  # (a fraction of partial_interval)
     opening_max: int = OPENING_MAX
@@ -87,6 +91,11 @@ class TurnPolicy:
             raise UserError(
                 f"commit_after must be above commit_margin ({self.commit_margin} samples) and at most 30 s "
                 f"({30 * RATE} samples), got {self.commit_after}"
+            )
+        if not self.commit_margin < self.recommit_after <= self.commit_after:
+            raise UserError(
+                f"recommit_after must be above commit_margin ({self.commit_margin} samples) and at most commit_after "
+                f"({self.commit_after} samples), got {self.recommit_after}"
             )
         if self.quiet_drop_db <= 0:
             raise UserError(f"quiet_drop_db must be > 0, got {self.quiet_drop_db}")

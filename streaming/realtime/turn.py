@@ -37,9 +37,10 @@ class Turn:
     base: int | None = None  # where its audio not yet committed begins (None: at its start)
     committed: str = ""
     committed_s: float = 0.0  # seconds of the committed audio
-    closed: tuple = ()  # the last commit round's closed segments: (base, [(start s, end s, text, tokens), ...])
+    # the last round's (base, closed segments [(start s, end s, text, tokens), ...] (a commit round's), its words)
+    closed: tuple = ()
     extras: list = field(default_factory=list)  # (offset s, task) of the committed parts' logprobs and word times
-    policy: TurnPolicy = DEFAULT_POLICY  # the session's (its commit_after, opening_words)
+    policy: TurnPolicy = DEFAULT_POLICY  # the session's (its commit_after, recommit_after, opening_words)
 
     def full(self, text: str) -> str:
         """The turn's text: what it committed, then `text` (a transcript of its audio after `base`)."""
@@ -49,11 +50,18 @@ class Turn:
         self.committed, self.base, self.draft = self.full(text), base, []
         self.committed_s += seconds
 
+    @property
+    def commit_after(self) -> int:
+        """Audio not committed past which its live rounds commit (long_turn.commit_stable): the policy's
+        commit_after, then, once it has committed, its recommit_after (the rest its final transcribes stays
+        short)."""
+        return self.policy.commit_after if self.base is None else self.policy.recommit_after
+
     def speculates(self, uncommitted: int) -> bool:
         """Are early and paused transcripts worth starting, with `uncommitted` samples not committed? Not once a
         live round has a commit to make (they would stop it, see commit_stable; and each pause would start a
         final-priority transcript of all of it), nor past 30 s (long-form, once, when the turn ends)."""
-        return uncommitted <= (self.policy.commit_after if self.live is not None else MAX_UTTERANCE_SAMPLES)
+        return uncommitted <= (self.commit_after if self.live is not None else MAX_UTTERANCE_SAMPLES)
 
     def agree(self, text: str) -> str | None:
         """A new live hypothesis -> the delta to send: the words it agrees on with the previous one, past

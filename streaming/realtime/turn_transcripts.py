@@ -70,7 +70,7 @@ class TurnTranscripts:
             paused = inp.detector is not None and inp.detector.pause_ms is not None
             if len(audio) - last[0] < RATE // 4 or paused or (turn.early and turn.early[0] == inp.quiet.quiet_since):
                 continue
-            if len(audio) > self.policy.commit_after:  # a long turn: this round also commits what is stable
+            if len(audio) > turn.commit_after:  # a long turn: this round also commits what is stable
                 last[0] = len(audio) - await commit_stable(self, turn, first, audio)
                 continue
             last[0], opening = len(audio), opening and len(audio) <= self.policy.opening_max  # (last: see newest_audio)
@@ -82,6 +82,8 @@ class TurnTranscripts:
                 fresh=lambda: newest_audio(self.turns, turn, first, last),
             )
             if r is not None:
+                if not opening:  # the first commit round's words to agree with (long_turn.stable_words)
+                    turn.closed = (first, [], r.text.split())
                 await self.hypothesis(turn, r.text)
 
     async def hypothesis(self, turn: Turn, text: str):
@@ -197,7 +199,7 @@ def newest_audio(inp: InputTurns, turn: Turn, first: int, used: list[int]) -> np
     if inp.turn is not turn or (inp.detector is not None and inp.detector.pause_ms is not None):
         return None
     audio = inp.buf.since(first)
-    if audio is None or len(audio) > inp.policy.commit_after:
+    if audio is None or len(audio) > turn.commit_after:
         return None
     used[0] = len(audio)
     return audio

@@ -146,6 +146,22 @@ def test_long_recording_speaks_without_a_pause():
     assert (speech != 0).sum() == 10 * RATE and len(pcm) // 2 == int(round(s1 * RATE)) + 2 * RATE
 
 
+def test_dense_speech_keeps_no_pause_over_80_ms():
+    """--long-turn-speech dense: squeeze cuts the lead and tail silence and every quiet stretch over 80 ms to 80 ms
+    (its two ends kept), and keeps the sounds whole."""
+    import numpy as np
+
+    from speechrt.bench.server_streams import RATE, squeeze
+
+    tone = np.sin(np.arange(RATE // 2) / 3).astype(np.float32) * 0.5  # 0.5 s of sound
+    gap = np.zeros(RATE * 3 // 10, np.float32)  # a 300-ms pause
+    short = np.zeros(RATE // 20, np.float32)  # a 50-ms one
+    out = squeeze(np.concatenate([gap, tone, gap, tone, short, tone, gap]))
+    assert len(out) == 3 * len(tone) + RATE * 8 // 100 + len(short)
+    assert np.abs(out[: RATE // 100]).max() > 0.1 and np.abs(out[-RATE // 100 :]).max() > 0.1  # no lead or tail
+    assert squeeze(np.zeros(RATE, np.float32)).size == 0
+
+
 def test_find_max_ramp_goes_past_32_streams_for_a_gpu_up_to_what_the_server_admits():
     import argparse
 

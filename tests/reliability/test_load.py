@@ -289,3 +289,33 @@ def check_extras(ev: dict):
     assert [w["word"].strip() for w in words] == said
     starts = [w["start"] for w in words]
     assert starts == sorted(starts) and starts[0] < 3 and words[-1]["end"] > 50, (starts[:3], words[-3:])
+
+
+def test_a_fast_monologue_commits_as_it_goes(tserver):
+    """Local agreement by words (issue 49): half a minute of fast read speech, ~250 words a minute with no pause
+    over 80 ms (`bench server --long-turn-speech dense`'s), at real-time pace under server_vad. Whisper's segments
+    of such speech end anywhere, or one segment covers all of it, so two rounds agree on no segment; their words
+    agree, and the turn commits them while it is spoken, again and again: its final transcribes a short rest.
+    (Committing agreed segments only, it committed once here, and the final of a 41-s monologue transcribed 38 s
+    of it, long-form, 3.5-7.6 s after its end.) The transcript is whole and its usage covers all of it."""
+
+    from speechrt.bench.server_streams import dense_recording
+
+    text, pcm, s0, s1 = dense_recording(30)
+    assert s1 - s0 > 28
+
+    async def main():
+        ws, _ = await open_session(tserver)
+        commits, steps = (tserver.metrics()[k] for k in ("asr_turn_commits_total", "asr_long_steps_total"))
+        await stream_pcm(ws, pcm)  # at real-time pace
+        done = await next_event(ws, "conversation.item.input_audio_transcription.completed", timeout=240)
+        await ws.close()
+        m = tserver.metrics()
+        return done, m["asr_turn_commits_total"] - commits, m["asr_long_steps_total"] - steps
+
+    done, commits, steps = run(main(), 300)
+    print(f"fast monologue: {commits:.0f} commits")
+    assert done["type"] == "conversation.item.input_audio_transcription.completed", done
+    assert commits >= 3 and steps == 0, (commits, steps)
+    assert done["usage"]["seconds"] > 28
+    assert wer(text, done["transcript"]) <= 0.15, done["transcript"]

@@ -522,3 +522,103 @@ def test_finals_take_the_loaded_margin_only_while_the_engine_is_loaded(asr, synt
     assert count == 2 and busy >= LOADED_BUSY and firm < LOADED_FIRM  # busy, but with live work: the full margin
     for key in ("idle", "loaded", "early", "live", "after_live"):
         assert "table" in out[key].text.lower() and "tonight" in out[key].text.lower(), out[key].text
+
+
+def test_local_agreement_by_words_commits_a_prefix_of_fast_speech():
+    """Fast speech without pauses (issue 49): two commit rounds' segments agree on none (one segment of all of it,
+    its end moving; a word that flips), but their words do: the leading words they share, a flipped word or a
+    fragment at the audio's start let through where the words around it agree, up to the last word that ends
+    COMMIT_MARGIN before the end of the audio transcribed."""
+    from speechrt.pipelines.whisper_timing import Word
+    from speechrt.streaming.realtime.agreement import RATE, agreed, agreed_words, shared_words
+    from speechrt.streaming.realtime.policy import COMMIT_MARGIN
+
+    before = "The old lighthouse stood at the edge of the cliff for more".split()
+    now = "The old Lyke house stood at the edge of the cliff for more than two hundred years.".split()
+    assert agreed([(0.0, 9.0, " ".join(before))], [(0.0, 12.0, " ".join(now))], 20 * RATE) == []
+    assert shared_words(before, now) == 13  # "lighthouse" / "Lyke house": the words around them agree
+    assert shared_words(["been", *now[5:]], now[5:]) == len(now[5:])  # a fragment at the start
+    assert shared_words(before, "The old man sat by the fire".split()) == 2  # then nothing agrees
+    words = [Word(0.3 * i, 0.3 * i + 0.25, " " + w, 0.9) for i, w in enumerate(now)]
+    samples = round(words[8].end * RATE) + COMMIT_MARGIN  # words 0-8 end COMMIT_MARGIN before the end
+    assert agreed_words(before, words, samples) == 9
+    assert agreed_words(before, words, 30 * RATE) == 13
+    assert agreed_words(["A", *before], words, 30 * RATE) == 0
+
+
+def test_a_word_commit_cuts_at_the_quietest_seam():
+    """A commit by words cuts the audio at the quietest 10-ms hop near the boundary between two words, choosing
+    among the boundaries of its last 4 s of words one after a clause's end (punctuation), else the quietest (not
+    a word's first sound)."""
+    from speechrt.pipelines.whisper_timing import Word
+    from speechrt.streaming.realtime.long_turn import MIN_WORDS, seam
+    from speechrt.streaming.realtime.policy import RATE
+
+    rng = np.random.default_rng(0)
+    audio = rng.uniform(-0.5, 0.5, 10 * RATE).astype(np.float32)  # speech without a pause: loud throughout
+    words = [Word(0.4 * i, 0.4 * i + 0.4, f" w{i}", 0.9) for i in range(20)]
+    dip = round(words[13].end * RATE) + RATE // 50  # quiet 20-40 ms after word 13's end (times are rough)
+    audio[dip : dip + RATE // 50] *= 0.01
+    k, cut = seam(audio, words, 16)
+    assert k == 14 and dip <= cut < dip + RATE // 50
+    words[11].word += ","  # a clause ends after word 11: its boundary goes first, the quietest point near it
+    k, cut = seam(audio, words, 16)
+    assert k == 12 and abs(cut - round(words[11].end * RATE)) <= RATE // 20
+    words[11].word = " w11"
+    audio[:] = 0.3  # no quiet seam at all: the last boundary
+    k, cut = seam(audio, words, 16)
+    assert k == 16 and abs(cut - round(words[15].end * RATE)) <= RATE // 20 and k >= MIN_WORDS
+
+
+def test_a_long_final_runs_after_the_short_ones_queued_with_it():
+    """A final of over LONE_FINAL of audio (a long turn's rest) is not batched with shorter ones, whose batch would
+    end only when its many tokens are decoded: the short ones queued with it go first, then it (before a short
+    one that came later: it waits for one batch at most)."""
+    from speechrt.streaming.engine.transcripts import LONE_FINAL, TranscriptJob, TranscriptQueue
+
+    def job(n, key):
+        return TranscriptJob(np.zeros(n, np.float32), None, None, None, 0.0, key=key)
+
+    q = TranscriptQueue()
+    for j in (job(LONE_FINAL + 1, "long"), job(RATE_16K * 2, "a"), job(RATE_16K * 3, "b")):
+        q.submit(j)
+    assert [j.key for j in q.take_finals(8)] == ["a", "b"]
+    q.submit(job(RATE_16K * 2, "c"))
+    assert [j.key for j in q.take_finals(8)] == ["long"]
+    assert [j.key for j in q.take_finals(8)] == ["c"]
+    q.submit(job(LONE_FINAL + 1, "alone"))
+    assert [j.key for j in q.take_finals(8)] == ["alone"] and not q.finals
+
+
+def test_a_neighbours_final_is_not_held_behind_a_long_final(asr, synth):
+    """On the engine: a long turn's final (12 s of speech) and a short turn's, queued together, are not one batch:
+    the short one's transcript comes first (a batch's rows come back when its longest is decoded)."""
+    long_speech = np.concatenate([synth(s) for s in SENTENCES_12S])
+    short = synth("Turn off the lights in the kitchen.")
+
+    async def main():
+        async with warm_engine(asr) as eng:
+            busy = await hold_worker(eng, short, 1.0, "other")
+            order = []
+            jobs = [
+                asyncio.ensure_future(eng.transcribe(a, key=k, turn=k))
+                for k, a in (("long", long_speech), ("short", short))
+            ]
+            for k, fut in zip(("long", "short"), jobs):
+                fut.add_done_callback(lambda _f, k=k: order.append(k))
+            await busy
+            return order, [await j for j in jobs]
+
+    order, (long_r, short_r) = asyncio.run(main())
+    assert len(long_speech) > 12 * RATE_16K
+    assert order == ["short", "long"], order
+    assert "kitchen" in short_r.text.lower() and "museum" in long_r.text.lower()
+
+
+RATE_16K = 16000
+SENTENCES_12S = [
+    "The museum opens at nine and closes at five on weekdays.",
+    "Please book a table for two at seven tonight.",
+    "The package should arrive on Monday morning.",
+    "How long does it take to drive to the airport?",
+]

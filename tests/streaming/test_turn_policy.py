@@ -11,7 +11,7 @@ from speechrt.errors import UserError
 from speechrt.streaming.asr_options import FINAL_MARGIN_S, LIVE, asr_options
 from speechrt.streaming.config import ServerOptions
 from speechrt.streaming.realtime.config import SessionConfig
-from speechrt.streaming.realtime.policy import COMMIT_AFTER, OPENING_TOKENS, TurnPolicy
+from speechrt.streaming.realtime.policy import COMMIT_AFTER, OPENING_TOKENS, RECOMMIT_AFTER, TurnPolicy
 
 
 def test_the_policy_is_built_from_the_servers_options_and_frozen():
@@ -28,6 +28,19 @@ def test_the_policy_is_built_from_the_servers_options_and_frozen():
     assert asr_options(live=True) == LIVE  # the engine's default is a live transcript's options
 
 
+def test_a_turn_commits_sooner_once_it_has_committed():
+    """A long turn's live rounds commit past commit_after not committed, then, once it has committed, past
+    recommit_after: the rest its final transcript decodes stays short."""
+    from speechrt.streaming.realtime.turn import Turn
+
+    t = Turn("item", 0)
+    assert t.commit_after == COMMIT_AFTER > RECOMMIT_AFTER
+    t.commit("The old lighthouse stood", 5 * 16000, 5.0)
+    assert t.commit_after == RECOMMIT_AFTER
+    t.live = object()  # with live rounds (which commit), no early or paused transcripts past it
+    assert t.speculates(RECOMMIT_AFTER) and not t.speculates(RECOMMIT_AFTER + 1)
+
+
 @pytest.mark.parametrize(
     "field, value, words",
     [
@@ -36,6 +49,7 @@ def test_the_policy_is_built_from_the_servers_options_and_frozen():
         ("partial_interval", -1, "partial_interval must be in [0, 10]"),
         ("opening_round", 0, "opening_round must be in (0, 1]"),
         ("commit_after", 40 * 16000, "commit_after must be above commit_margin"),
+        ("recommit_after", 20 * 16000, "recommit_after must be above commit_margin"),
         ("tail", -1, "tail must be >= 0"),
     ],
 )
