@@ -11,13 +11,22 @@ both; the logits of a prompt and of cached decode steps after it, and greedy gen
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers", reason="the comparison peer: pip install 'speechrt[peers]'")
+pytest.importorskip("transformers", reason="the comparison peer: pip install 'speechrt[peers]'")
 gguf = pytest.importorskip("gguf")
+
+from lm_archs import (  # noqa: E402 - tests/lm_archs.py: the tiny models and their files
+    ARCHS,
+    CONVERSATION,
+    byte_bpe,
+    check_logits,
+    greedy_hf,
+    hf_model,
+    save_hf,
+    write_gguf,
+)
 
 from speechrt.backends.torch import lm as torch_lm  # noqa: E402
 from speechrt.models import gguf_loader, registry  # noqa: E402
@@ -26,246 +35,33 @@ from speechrt.pipelines.generation import GenerationOptions  # noqa: E402
 from speechrt.pipelines.lm import LMPipeline  # noqa: E402
 from speechrt.pipelines.lm_batching import stream  # noqa: E402
 
-VOCAB = 320  # the embedding's rows; the tokenizer has fewer, as real models' do
-SIZES = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    rms_norm_eps=1e-6,
-)
-SPECIALS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|begin_of_text|>",
-    "<|start_header_id|>",
-    "<|end_header_id|>",
-    "<|eot_id|>",
-    "<s>",
-    "</s>",
-    "<|user|>",
-    "<|assistant|>",
-    "<|system|>",
-    "<|end|>",
-]
-
-# Chat templates written after the models' own (Qwen2.5 with its tools branch, Qwen3 with its thinking tags,
-# Llama 3.1 with its date header, Mistral's [INST] with alternation checks, Phi-3's role tags)
-QWEN25 = """{%- if tools %}
-    {{- '<|im_start|>system\\n' }}
-    {%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}{%- else %}{{- 'You are Qwen.' }}{%- endif %}
-    {{- "\\n\\n# Tools\\n\\n<tools>" }}
-    {%- for tool in tools %}{{- "\\n" }}{{- tool | tojson }}{%- endfor %}
-    {{- "\\n</tools><|im_end|>\\n" }}
-{%- else %}
-    {%- if messages[0]['role'] == 'system' %}
-        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
-    {%- else %}
-        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}
-    {%- endif %}
-{%- endif %}
-{%- for message in messages %}
-    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant") %}
-        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\\n' }}
-{%- endif %}
-"""
-QWEN3 = """{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
-{%- for message in messages[::-1] %}
-    {%- set index = (messages|length - 1) - loop.index0 %}
-    {%- if ns.multi_step_tool and message.role == "user" %}
-        {%- set ns.multi_step_tool = false %}
-        {%- set ns.last_query_index = index %}
-    {%- endif %}
-{%- endfor %}
-{%- for message in messages %}
-    {%- set content = message.content if message.content is string else '' %}
-    {%- if message.role == "assistant" and '</think>' in content %}
-        {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
-    {%- endif %}
-    {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\\n' }}
-    {%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}
-{%- endif %}
-"""
-LLAMA31 = """{{- bos_token }}
-{%- if not date_string is defined %}{%- set date_string = "26 Jul 2024" %}{%- endif %}
-{%- if messages[0]['role'] == 'system' %}
-    {%- set system_message = messages[0]['content']|trim %}
-    {%- set messages = messages[1:] %}
-{%- else %}
-    {%- set system_message = "" %}
-{%- endif %}
-{{- "<|start_header_id|>system<|end_header_id|>\\n\\n" }}
-{{- "Cutting Knowledge Date: December 2023\\n" }}
-{{- "Today Date: " + date_string + "\\n\\n" }}
-{{- system_message }}
-{{- "<|eot_id|>" }}
-{%- for message in messages %}
-    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
-{%- endif %}
-"""
-MISTRAL = """{%- if messages[0]['role'] == 'system' %}
-    {%- set system_message = messages[0]['content'] %}
-    {%- set loop_messages = messages[1:] %}
-{%- else %}
-    {%- set loop_messages = messages %}
-{%- endif %}
-{{- bos_token }}
-{%- for message in loop_messages %}
-    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
-        {{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}
-    {%- endif %}
-    {%- if message['role'] == 'user' %}
-        {%- if loop.first and system_message is defined %}
-            {{- ' [INST] ' + system_message + '\\n\\n' + message['content'] + ' [/INST]' }}
-        {%- else %}
-            {{- ' [INST] ' + message['content'] + ' [/INST]' }}
-        {%- endif %}
-    {%- elif message['role'] == 'assistant' %}
-        {{- ' ' + message['content'] + eos_token}}
-    {%- endif %}
-{%- endfor %}
-"""
-PHI3 = (
-    "{% for message in messages %}{% if message['role'] == 'system' %}"
-    "{{'<|system|>\\n' + message['content'] + '<|end|>\\n'}}"
-    "{% elif message['role'] == 'user' %}{{'<|user|>\\n' + message['content'] + '<|end|>\\n'}}"
-    "{% elif message['role'] == 'assistant' %}{{'<|assistant|>\\n' + message['content'] + '<|end|>\\n'}}"
-    "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}"
-)
-
-LLAMA3_ROPE = dict(
-    rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64
-)
-# name -> (transformers class prefix, config extras, GGUF arch, bos, eos, chat template)
-ARCHS = {
-    "qwen2": ("Qwen2", dict(tie_word_embeddings=True, rope_theta=1e6), "qwen2", None, "<|im_end|>", QWEN25),
-    "qwen3": ("Qwen3", dict(head_dim=32), "qwen3", None, "<|im_end|>", QWEN3),
-    "llama3": (
-        "Llama",
-        dict(rope_scaling=LLAMA3_ROPE, rope_theta=5e5),
-        "llama",
-        "<|begin_of_text|>",
-        "<|eot_id|>",
-        LLAMA31,
-    ),
-    "mistral": ("Mistral", dict(sliding_window=96), "llama", "<s>", "</s>", MISTRAL),
-    "phi3": ("Phi3", dict(pad_token_id=0, sliding_window=80), "phi3", "<s>", "<|end|>", PHI3),
-}
-CONVERSATION = [
-    {"role": "system", "content": "Be brief."},
-    {"role": "user", "content": "Name three colors."},
-    {"role": "assistant", "content": "Red, green and blue."},
-    {"role": "user", "content": "And one more?"},
-]
-
 
 @pytest.fixture(scope="module")
-def byte_bpe():
-    """A small byte-level BPE (trained on a few sentences) with the control tokens of the chat templates."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    text = [m["content"] for m in CONVERSATION] + ["You are Qwen, created by Alibaba Cloud. The quick brown fox."] * 3
-    trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(text, trainer)
-    return tok
-
-
-def _randomize(model, seed: int):
-    """Every parameter random (transformers initializes biases to 0 and norms to 1, which would hide them)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            p.copy_(1 + 0.2 * noise if "norm" in name else 0.15 * noise)
-    return model.eval()
-
-
-def _hf_model(name: str):
-    prefix, extra = ARCHS[name][:2]
-    conf = getattr(transformers, f"{prefix}Config")(**SIZES, **extra)
-    torch.manual_seed(0)
-    return _randomize(getattr(transformers, f"{prefix}ForCausalLM")(conf), seed=len(name))
-
-
-def _save_hf(d, name, model, byte_bpe):
-    from transformers import PreTrainedTokenizerFast
-
-    *_, bos, eos, template = ARCHS[name]
-    model.save_pretrained(d, safe_serialization=True)
-    PreTrainedTokenizerFast(
-        tokenizer_object=byte_bpe, bos_token=bos, eos_token=eos, chat_template=template
-    ).save_pretrained(d)
-    return d
+def bpe():
+    return byte_bpe()
 
 
 @pytest.fixture(scope="module", params=list(ARCHS))
-def arch(request, tmp_path_factory, byte_bpe):
+def arch(request, tmp_path_factory, bpe):
     """(name, transformers model, its directory, the speechrt pipeline loaded from the directory)."""
     name = request.param
-    model = _hf_model(name)
-    d = _save_hf(tmp_path_factory.mktemp(name), name, model, byte_bpe)
+    model = hf_model(name)
+    d = save_hf(tmp_path_factory.mktemp(name), name, model, bpe)
     rm = registry.resolve(str(d), "lm")
     assert rm.format == "hf-llama"
     return name, model, d, LMPipeline(torch_lm.build(rm, torch.device("cpu"), "float32"))
 
 
-def _hf_logits(model, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].float()
-
-
-def _check_logits(runner, model, seed: int, prompt_len: int = 12, steps: int = 4):
-    """A random prompt's logits (every position) and `steps` cached decode steps after it equal transformers'
-    logits of the whole sequence."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, VOCAB, (prompt_len + steps,), generator=g).tolist()
-    ref = _hf_logits(model, ids)
-    with torch.inference_mode():
-        cache = runner.new_cache(1, 64)
-        got = [runner.model.prefill(cache, 0, torch.tensor(ids[:prompt_len]), all_logits=True)]
-        for t in ids[prompt_len:-1]:
-            got.append(runner.decode_step(cache, [0], torch.tensor([t])))
-    got = torch.cat(got)
-    torch.testing.assert_close(got, ref[: len(got)], rtol=1e-4, atol=2e-5)
-    assert ref.std() > 0.5  # logits far from uniform: the comparison means something
-
-
-def _greedy_hf(model, ids: list[int], n: int) -> list[int]:
-    out = []
-    for _ in range(n):
-        out.append(int(_hf_logits(model, ids + out)[-1].argmax()))
-    return out
-
-
 def test_hf_folder_logits_equal_transformers(arch):
     name, model, _, lm = arch
-    _check_logits(lm.runner, model, seed=1)
+    check_logits(lm.runner, model, seed=1)
 
 
 def test_hf_folder_greedy_generation_equals_transformers(arch):
     name, model, _, lm = arch
     ids = lm.encode_chat(CONVERSATION[:2])
     o = GenerationOptions(max_tokens=10, stop_token_ids=())
-    assert [ev.token for ev in stream(lm.runner, lm.tokenizer, [ids], o)] == _greedy_hf(model, ids, 10)
+    assert [ev.token for ev in stream(lm.runner, lm.tokenizer, [ids], o)] == greedy_hf(model, ids, 10)
 
 
 def test_chat_template_from_the_folder_renders_as_transformers(arch):
@@ -296,149 +92,31 @@ def test_architecture_switches(arch):
 # -- GGUF, as llama.cpp's converter writes these architectures ----------------------------------------------
 
 
-def _permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """convert_hf_to_gguf.py LlamaModel.permute (Q/K rows for llama.cpp's interleaved rotary)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def _llama3_rope_factors(conf) -> list[float]:
-    """convert_hf_to_gguf.py LlamaModel.generate_extra_tensors: Llama 3's scaling as per-frequency divisors."""
-    rp = conf.rope_parameters
-    dim = conf.head_dim
-    freqs = 1.0 / (rp["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-    factor, lo, hi, old = (
-        rp["factor"],
-        rp["low_freq_factor"],
-        rp["high_freq_factor"],
-        rp["original_max_position_embeddings"],
-    )
-    out = []
-    for f in freqs.tolist():
-        wavelen = 2 * math.pi / f
-        if wavelen < old / hi:
-            out.append(1.0)
-        elif wavelen > old / lo:
-            out.append(factor)
-        else:
-            smooth = (old / wavelen - lo) / (hi - lo)
-            out.append(1 / ((1 - smooth) / factor + smooth))
-    return out
-
-
-_GGUF_LAYER = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "self_attn.qkv_proj.weight": "attn_qkv.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.gate_up_proj.weight": "ffn_up.weight",  # Phi-3: gate and up in one tensor (llama.cpp's SwiGLU halves)
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-
-
-def write_gguf(path, name: str, model, byte_bpe, f16: bool = False):
-    """`model` as convert_hf_to_gguf.py writes its architecture (float tensors)."""
-    import numpy as np
-
-    from speechrt.models.lm_text import byte_alphabet  # noqa: F401 - the tokens are byte-level strings already
-
-    *_, arch, bos, eos, template = ARCHS[name]
-    conf = model.config
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(conf.num_hidden_layers)
-    w.add_context_length(conf.max_position_embeddings)
-    w.add_embedding_length(conf.hidden_size)
-    w.add_feed_forward_length(conf.intermediate_size)
-    w.add_head_count(conf.num_attention_heads)
-    w.add_head_count_kv(conf.num_key_value_heads)
-    w.add_layer_norm_rms_eps(conf.rms_norm_eps)
-    w.add_rope_freq_base(conf.rope_parameters["rope_theta"])
-    head_dim = getattr(conf, "head_dim", None) or conf.hidden_size // conf.num_attention_heads
-    w.add_rope_dimension_count(head_dim)
-    if name == "qwen3":
-        w.add_key_length(head_dim)
-        w.add_value_length(head_dim)
-    if arch == "phi3":
-        w.add_sliding_window(conf.sliding_window)
-    w.add_vocab_size(VOCAB)
-    vocab = byte_bpe.get_vocab(with_added_tokens=True)
-    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
-    assert len(tokens) == max(vocab.values()) + 1
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
-    import json
-
-    merges = json.loads(byte_bpe.to_str())["model"]["merges"]
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
-    if bos:
-        w.add_bos_token_id(vocab[bos])
-    w.add_eos_token_id(vocab[eos])
-    w.add_add_bos_token(False)
-    w.add_chat_template(template)
-
-    def add(n, t):
-        x = t.detach().float().numpy()
-        w.add_tensor(n, x.astype(np.float16) if f16 and x.ndim == 2 else x)
-
-    state = model.state_dict()
-    add("token_embd.weight", state["model.embed_tokens.weight"])
-    add("output_norm.weight", state["model.norm.weight"])
-    if not conf.tie_word_embeddings:
-        add("output.weight", state["lm_head.weight"])
-    if name == "llama3":
-        w.add_tensor("rope_freqs.weight", np.array(_llama3_rope_factors(conf), dtype=np.float32))
-    for i in range(conf.num_hidden_layers):
-        for k, v in state.items():
-            pre = f"model.layers.{i}."
-            if not k.startswith(pre):
-                continue
-            rest = k[len(pre) :]
-            if arch == "llama" and rest.startswith(("self_attn.q_proj", "self_attn.k_proj")):
-                v = _permute(v, conf.num_attention_heads if "q_proj" in rest else conf.num_key_value_heads)
-            add(f"blk.{i}.{_GGUF_LAYER[rest]}", v)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
-def test_gguf_logits_equal_transformers(arch, byte_bpe, tmp_path):
+def test_gguf_logits_equal_transformers(arch, bpe, tmp_path):
     """The GGUF of the same weights: the same logits, the same chat prompt ids (tokenizer.chat_template and
     the gpt2 tokenizer metadata), the same greedy tokens."""
     name, model, _, hf_lm = arch
-    p = write_gguf(tmp_path / f"{name}.gguf", name, model, byte_bpe)
+    p = write_gguf(tmp_path / f"{name}.gguf", name, model, bpe)
     rm = registry.resolve(str(p), "lm")
     lm = LMPipeline(torch_lm.build(rm, torch.device("cpu"), "float32"))
     assert lm.runner.config.arch == ARCHS[name][2]
     if name != "mistral":  # llama.cpp writes Mistral as 'llama', without its window (and runs it so)
         assert lm.runner.config.max_seq_len == hf_lm.runner.config.max_seq_len
-    _check_logits(lm.runner, model, seed=2)
+    check_logits(lm.runner, model, seed=2)
     ids = lm.encode_chat(CONVERSATION)
     assert ids == hf_lm.encode_chat(CONVERSATION)
     o = GenerationOptions(max_tokens=6, stop_token_ids=())
-    assert [ev.token for ev in stream(lm.runner, lm.tokenizer, [ids], o)] == _greedy_hf(model, ids, 6)
+    assert [ev.token for ev in stream(lm.runner, lm.tokenizer, [ids], o)] == greedy_hf(model, ids, 6)
 
 
 # -- what is refused ------------------------------------------------------------------------------------------
 
 
-def test_unsupported_hf_architectures_are_refused_with_the_list(tmp_path, byte_bpe):
+def test_unsupported_hf_architectures_are_refused_with_the_list(tmp_path, bpe):
     import json
 
-    model = _hf_model("llama3")
-    d = _save_hf(tmp_path / "m", "llama3", model, byte_bpe)
+    model = hf_model("llama3")
+    d = save_hf(tmp_path / "m", "llama3", model, bpe)
     conf = json.loads((d / "config.json").read_text())
     for mt in ("smollm3", "gemma2"):
         (d / "config.json").write_text(json.dumps({**conf, "model_type": mt}))
