@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import transformers
 
-VOCAB = 320  # the embedding's rows; the tokenizer has fewer, as real models' do
+VOCAB = 512  # the embedding's rows; the tokenizer has fewer, as real models' do
 SIZES = dict(
     vocab_size=VOCAB,
     hidden_size=64,
@@ -174,6 +174,37 @@ def byte_bpe():
     return tok
 
 
+def sentencepiece_bpe():
+    """A small SentencePiece-style BPE as Llama 2 / Mistral 7B / Phi-3 folders carry it in tokenizer.json: '▁' for
+    spaces (prepended to the text), <0xNN> byte-fallback tokens for what the vocabulary lacks, and the decoder
+    that undoes both and drops the first space."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+
+    vocab = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + ["\u2581"]
+    vocab += [chr(c) for c in range(33, 127)]
+    merges = []
+    for word in ("\u2581Name", "\u2581three", "\u2581colors", "\u2581And", "\u2581one", "\u2581more", "\u2581Be", "er"):
+        for j in range(2, len(word) + 1):
+            a, b = word[: j - 1], word[j - 1]
+            if word[:j] not in vocab:
+                merges.append((a, b))
+                vocab.append(word[:j])
+    tok = Tokenizer(
+        models.BPE({t: i for i, t in enumerate(vocab)}, merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True)
+    )
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIALS])
+    return tok
+
+
+def tokenizer_of(name: str, byte_bpe):
+    """The tokenizer a folder of architecture `name` carries: SentencePiece for Mistral and Phi-3 (as theirs)."""
+    return sentencepiece_bpe() if name in ("mistral", "phi3") else byte_bpe
+
+
 def randomize(model, seed: int):
     """Every parameter random (transformers initializes biases to 0 and norms to 1, which would hide them)."""
     g = torch.Generator().manual_seed(seed)
@@ -197,7 +228,7 @@ def save_hf(d, name, model, byte_bpe):
     *_, bos, eos, template = ARCHS[name]
     model.save_pretrained(d, safe_serialization=True)
     PreTrainedTokenizerFast(
-        tokenizer_object=byte_bpe, bos_token=bos, eos_token=eos, chat_template=template
+        tokenizer_object=tokenizer_of(name, byte_bpe), bos_token=bos, eos_token=eos, chat_template=template
     ).save_pretrained(d)
     return d
 
