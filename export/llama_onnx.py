@@ -124,6 +124,15 @@ class LlamaGraph:
     def norm_weight(self, name: str) -> str:
         return self.g.init(name, self.w[name].numpy().astype(self.fdt))
 
+    def qkv(self, x: str, i: int) -> str:
+        """Layer i's fused Q/K/V projection of x, with the biases where the config has them (Qwen2)."""
+        t = f"layers.{i}"
+        qkv = self.linear(x, [f"{t}.wq", f"{t}.wk", f"{t}.wv"], f"{t}.wqkv")
+        if not self.cfg.qkv_bias:
+            return qkv
+        b = torch.cat([self.w[f"{t}.bq"], self.w[f"{t}.bk"], self.w[f"{t}.bv"]])
+        return self.g.op("Add", [qkv, self.g.init(f"{t}.bqkv", b.numpy().astype(self.fdt))], name=f"{t}/qkv_bias")
+
     def mlp(self, x: str, i: int) -> str:
         """Layer i's gated MLP (SiLU) on x."""
         g, hd = self.g, self.cfg.hidden_dim

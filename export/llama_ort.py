@@ -7,6 +7,33 @@ from __future__ import annotations
 from .graph_builder import MS
 
 
+def head_norms(graph, qkv: str, i: int) -> list[str]:
+    """Qwen3: packed Q/K/V -> [q, k, v] with RMSNorm over each head of Q and of K (GroupQueryAttention's inputs
+    [B, T, H * D], [B, T, Hkv * D], [B, T, Hkv * D]; the rotary comes after, inside it)."""
+    cfg, g, t = graph.cfg, graph.g, f"layers.{i}"
+    H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    q, k, v = g.op(
+        "Split",
+        [qkv, g.const_i64(f"{t}.qkv_split", [H * D, Hkv * D, Hkv * D])],
+        n_out=3,
+        name=f"{t}/qkv_split",
+        axis=-1,
+    )
+    flat = g.const_i64("shape_flat_heads", [0, 0, -1])
+    out = []
+    for x, n, name in ((q, H, "q_norm"), (k, Hkv, "k_norm")):
+        heads = g.op("Reshape", [x, g.const_i64(f"shape_heads_{n}", [0, 0, n, D])], name=f"{t}/{name}/heads")
+        y = g.op(
+            "SimplifiedLayerNormalization",
+            [heads, graph.norm_weight(f"{t}.{name}")],
+            name=f"{t}/{name}",
+            epsilon=cfg.norm_eps,
+            axis=-1,
+        )
+        out.append(g.op("Reshape", [y, flat], name=f"{t}/{name}/flat"))
+    return out + [v]
+
+
 def ort_layers(graph, h: str) -> tuple[str, str]:
     """Every decoder layer of LlamaGraph `graph` on the embeddings `h` -> (the last MLP's output, the residual
     stream before it): the final norm adds them."""
@@ -34,13 +61,13 @@ def ort_layers(graph, h: str) -> tuple[str, str]:
                 domain=MS,
                 epsilon=cfg.norm_eps,
             )
-        qkv = graph.linear(x, [f"layers.{i}.wq", f"layers.{i}.wk", f"layers.{i}.wv"], f"layers.{i}.wqkv")
+        qkv = [graph.qkv(x, i), "", ""]  # packed; Q/K norms (Qwen3) need them apart
+        if cfg.qk_norm:
+            qkv = head_norms(graph, qkv[0], i)
         a = g.op(
             "GroupQueryAttention",
             [
-                qkv,
-                "",
-                "",
+                *qkv,
                 f"past_key.{i}",
                 f"past_value.{i}",
                 "seqlens_k",

@@ -53,7 +53,7 @@ def standard_layers(graph, h: str) -> tuple[str, str]:
         t = f"layers.{i}"
         res = h if res is None else g.op("Add", [h, res], name=f"{t}/res_attn")
         x = rms(graph, res, graph.norm_weight(f"{t}.attn_norm"), f"{t}/attn_norm")
-        qkv = graph.linear(x, [f"{t}.wq", f"{t}.wk", f"{t}.wv"], f"{t}.wqkv")
+        qkv = graph.qkv(x, i)
         q, k, v = g.op(
             "Split",
             [qkv, g.const_i64(f"{t}.qkv_split", [H * D, Hkv * D, Hkv * D])],
@@ -61,8 +61,12 @@ def standard_layers(graph, h: str) -> tuple[str, str]:
             name=f"{t}/qkv_split",
             axis=-1,
         )
-        q = g.op("Transpose", [g.op("Reshape", [q, shape_q], name=f"{t}/q4")], name=f"{t}/qT", perm=[0, 2, 1, 3])
-        k = g.op("Transpose", [g.op("Reshape", [k, shape_kv], name=f"{t}/k4")], name=f"{t}/kT", perm=[0, 2, 1, 3])
+        q, k = g.op("Reshape", [q, shape_q], name=f"{t}/q4"), g.op("Reshape", [k, shape_kv], name=f"{t}/k4")
+        if cfg.qk_norm:  # Qwen3: RMSNorm over each head of Q and K, before the rotary
+            q = rms(graph, q, graph.norm_weight(f"{t}.q_norm"), f"{t}/q_norm")
+            k = rms(graph, k, graph.norm_weight(f"{t}.k_norm"), f"{t}/k_norm")
+        q = g.op("Transpose", [q], name=f"{t}/qT", perm=[0, 2, 1, 3])
+        k = g.op("Transpose", [k], name=f"{t}/kT", perm=[0, 2, 1, 3])
         v = g.op("Transpose", [g.op("Reshape", [v, shape_kv], name=f"{t}/v4")], name=f"{t}/vT", perm=[0, 2, 1, 3])
         q, k = rotary(graph, q, cos, sin, f"{t}/rope_q"), rotary(graph, k, cos, sin, f"{t}/rope_k")
         kall = g.op("Concat", [f"past_key.{i}", k], outputs=[f"present_key.{i}"], name=f"{t}/kcat", axis=2)

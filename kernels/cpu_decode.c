@@ -32,6 +32,8 @@ typedef struct {
 typedef struct {
     const float *attn_norm, *ffn_norm; /* [dim] */
     srt_mat qkv, o, gate_up, down;     /* fused q|k|v, o, gate|up, down */
+    const float *qkv_bias;             /* [(n_heads + 2 n_kv) * head_dim], or NULL (Qwen2 has them) */
+    const float *q_norm, *k_norm;      /* [head_dim] RMSNorm over each q / k head, or NULL (Qwen3 has them) */
 } srt_layer;
 
 typedef struct {
@@ -425,8 +427,14 @@ int srt_forward(const srt_model *md, int64_t M, const int64_t *tokens, const int
             }
             matmul_rows(&L->qkv, &a, M, fine, qkv, qn + 2 * kvn);
 #pragma omp single
-            for (int64_t m = 0; m < M; m++) { /* rotary on q and k, then k and v into the cache */
+            for (int64_t m = 0; m < M; m++) { /* bias, head norms, rotary on q and k, then k and v into the cache */
                 float *r = qkv + m * (qn + 2 * kvn);
+                if (L->qkv_bias)
+                    for (int64_t i = 0; i < qn + 2 * kvn; i++) r[i] += L->qkv_bias[i];
+                if (L->q_norm) {
+                    for (int64_t j = 0; j < H; j++) rms_norm(r + j * D, L->q_norm, D, md->eps, r + j * D);
+                    for (int64_t j = 0; j < Hkv; j++) rms_norm(r + qn + j * D, L->k_norm, D, md->eps, r + qn + j * D);
+                }
                 const float *c = md->cos + pos[m] * half, *s = md->sin + pos[m] * half;
                 for (int64_t j = 0; j < H + Hkv; j++) rotate(r + j * D, c, s, half);
                 for (int64_t j = 0; j < Hkv; j++) {

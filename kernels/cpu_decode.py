@@ -51,6 +51,9 @@ class _Layer(ctypes.Structure):
         ("o", _Mat),
         ("gate_up", _Mat),
         ("down", _Mat),
+        ("qkv_bias", ctypes.c_void_p),  # NULL where the model has none
+        ("q_norm", ctypes.c_void_p),
+        ("k_norm", ctypes.c_void_p),
     ]
 
 
@@ -315,9 +318,17 @@ class CpuLlama:
             self.packs.append(p)
             return p.mat
 
+        self.extras = []  # Qwen2's Q/K/V biases, Qwen3's head norms: float32, alive as long as the model
+
+        def extra(t) -> int | None:
+            self.extras.append(t.float().contiguous())
+            return self.extras[-1].data_ptr()
+
         layers = []
         for i, (an, fn) in enumerate(self.norms):
             n = f"layers.{i}."
+            bias = extra(torch.cat([weights[n + b] for b in ("bq", "bk", "bv")])) if cfg.qkv_bias else None
+            qn, kn = (extra(weights[n + "q_norm"]), extra(weights[n + "k_norm"])) if cfg.qk_norm else (None, None)
             layers.append(
                 _Layer(
                     an.data_ptr(),
@@ -326,6 +337,9 @@ class CpuLlama:
                     pack([n + "wo"]),
                     pack([n + "w_gate", n + "w_up"]),
                     pack([n + "w_down"]),
+                    bias,
+                    qn,
+                    kn,
                 )
             )
         self.layers = (_Layer * len(layers))(*layers)

@@ -22,8 +22,18 @@ import torch
 from .lm_file import LazyWeights, LMFile
 from .registry import ModelError
 
-# GGUF architectures that are the Llama graph (same tensor names and math) under another name.
-LLAMA_ARCHS = ("llama", "mistral", "granite", "smollm3")
+# GGUF architectures (general.architecture) that models/llama.py runs -> how llama.cpp's converter wrote them:
+# `permuted` Q/K rows (its LlamaModel.permute, for the interleaved rotary; the others use the NeoX rotary and
+# keep transformers' rows), and the config switches of the architecture (models.llama.LlamaConfig).
+# Granite (embedding / residual / logit multipliers) and SmolLM3 (layers without rotary) are not this graph.
+GGUF_ARCHS: dict[str, dict] = {
+    "llama": {"permuted": True},  # Llama 1-3.x, SmolLM2, Mistral 7B (llama.cpp writes Mistral as 'llama')
+    "mistral": {"permuted": True},
+    "qwen2": {"permuted": False, "qkv_bias": True},
+    "qwen3": {"permuted": False, "qk_norm": True},
+    "phi3": {"permuted": False},  # fused attn_qkv and ffn_up (gate then up), split here
+}
+LLAMA_ARCHS = tuple(GGUF_ARCHS)
 
 
 def _supported_types() -> dict[str, gguf.GGMLQuantizationType]:  # noqa: F821
@@ -175,24 +185,18 @@ def _num(md: dict, key: str, default=None, cast=int):
     return default
 
 
-def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
-    """Read a Llama-family GGUF file. `keep_layers` loads only the first N blocks (for tests of the loader)."""
+def _config(md: dict, tensors: dict, path: Path):
+    """The model config of a GGUF's metadata (its architecture checked against GGUF_ARCHS)."""
     from .llama import LlamaConfig, RopeScaling
-    from .lm_text import LMTokenizer
 
-    path = Path(path)
-    reader = open_reader(path)
-    md = reader.metadata
-    arch = md.get("general.architecture")
-    if arch not in LLAMA_ARCHS:
+    a = md.get("general.architecture")
+    if a not in GGUF_ARCHS:
         raise ModelError(
-            f"{path}: GGUF architecture {arch!r} is not supported by the Llama model; "
-            f"supported architectures: {', '.join(LLAMA_ARCHS)}"
+            f"{path}: GGUF architecture {a!r} is not supported by the Llama model; "
+            f"supported architectures: {', '.join(GGUF_ARCHS)}"
         )
-    a = arch
     n_heads = _num(md, f"{a}.attention.head_count")
     dim = _num(md, f"{a}.embedding_length")
-    tensors = {t.name: t for t in reader.tensors}
     vocab = _num(md, f"{a}.vocab_size", len(md.get("tokenizer.ggml.tokens", [])) or None)
     head_dim = _num(md, f"{a}.attention.key_length", dim // n_heads)
     rope_dim = _num(md, f"{a}.rope.dimension_count", head_dim)
@@ -209,7 +213,16 @@ def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
             f"{path}: rope scaling type {stype!r} is not supported; supported: none, linear, "
             "and per-frequency factors (rope_freqs.weight, as Llama 3.1 files carry)"
         )
-    cfg = LlamaConfig(
+    if "rope_factors_long.weight" in tensors or f"{a}.rope.scaling.attn_factor" in md:
+        raise ModelError(
+            f"{path}: long-context rope scaling (Phi-3 128k / Phi-3.5 'longrope': rope_factors_long / _short) "
+            "is not supported; supported: none, linear, per-frequency factors (rope_freqs.weight)"
+        )
+    max_seq = _num(md, f"{a}.context_length", 2048)
+    window = _num(md, f"{a}.attention.sliding_window", 0)
+    if window > 0:  # attention over the last `window` positions is full attention while sequences fit in it
+        max_seq = min(max_seq, window)
+    return LlamaConfig(
         vocab_size=vocab,
         dim=dim,
         n_layers=_num(md, f"{a}.block_count"),
@@ -220,51 +233,87 @@ def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
         norm_eps=_num(md, f"{a}.attention.layer_norm_rms_epsilon", cast=float),
         rope_theta=_num(md, f"{a}.rope.freq_base", 10000.0, cast=float),
         rope_scaling=scaling,
-        max_seq_len=_num(md, f"{a}.context_length", 2048),
+        max_seq_len=max_seq,
         tie_embeddings="output.weight" not in tensors,
+        qkv_bias=GGUF_ARCHS[a].get("qkv_bias", False),
+        qk_norm=GGUF_ARCHS[a].get("qk_norm", False),
+        arch=a,
     )
+
+
+_NAMES = {
+    "token_embd.weight": "tok_embeddings",
+    "output_norm.weight": "norm",
+    "output.weight": "output",
+    "rope_freqs.weight": "rope_freqs",
+}
+_PER_LAYER = {
+    "attn_norm.weight": "attn_norm",
+    "attn_q.weight": "wq",
+    "attn_k.weight": "wk",
+    "attn_v.weight": "wv",
+    "attn_q.bias": "bq",
+    "attn_k.bias": "bk",
+    "attn_v.bias": "bv",
+    "attn_q_norm.weight": "q_norm",
+    "attn_k_norm.weight": "k_norm",
+    "attn_qkv.weight": "wqkv",  # Phi-3: split by lm_file.split_fused
+    "attn_output.weight": "wo",
+    "ffn_norm.weight": "ffn_norm",
+    "ffn_gate.weight": "w_gate",
+    "ffn_up.weight": "w_up",  # Phi-3's holds gate and up: renamed w_gate_up below
+    "ffn_down.weight": "w_down",
+}
+
+
+def _key(tname: str, path: Path, cfg) -> str:
+    """A GGUF tensor's name in models/llama.py, or a ModelError for one the architecture does not have."""
+    from .llama import layer_tensors
+
+    if tname in _NAMES:
+        return _NAMES[tname]
+    if tname.startswith("blk."):
+        _, i, rest = tname.split(".", 2)
+        ours = set(layer_tensors(cfg)) | {"wqkv"}
+        known = sorted(k for k, v in _PER_LAYER.items() if v in ours)
+        if _PER_LAYER.get(rest) in ours:
+            return f"layers.{i}.{_PER_LAYER[rest]}"
+        raise ModelError(
+            f"{path}: tensor {tname!r} is not part of the Llama architecture as GGUF arch {cfg.arch!r} "
+            f"has it (layer tensors: {', '.join(known)})"
+        )
+    raise ModelError(f"{path}: unexpected tensor {tname!r} for a Llama-family model")
+
+
+def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
+    """Read a Llama-family GGUF file. `keep_layers` loads only the first N blocks (for tests of the loader)."""
+    from .llama import RopeScaling
+    from .lm_file import check_layer_tensors, split_fused
+    from .lm_text import LMTokenizer
+
+    path = Path(path)
+    reader = open_reader(path)
+    md = reader.metadata
+    tensors = {t.name: t for t in reader.tensors}
+    cfg = _config(md, tensors, path)
+    permuted = GGUF_ARCHS[cfg.arch]["permuted"]
     n_layers = cfg.n_layers if keep_layers is None else min(keep_layers, cfg.n_layers)
     if keep_layers is not None:
         cfg = cfg.replace(n_layers=n_layers)
 
     ok = _supported_types()
-    names = {
-        "token_embd.weight": "tok_embeddings",
-        "output_norm.weight": "norm",
-        "output.weight": "output",
-        "rope_freqs.weight": "rope_freqs",
-    }
-    per_layer = {
-        "attn_norm": "attn_norm",
-        "attn_q": "wq",
-        "attn_k": "wk",
-        "attn_v": "wv",
-        "attn_output": "wo",
-        "ffn_norm": "ffn_norm",
-        "ffn_gate": "w_gate",
-        "ffn_up": "w_up",
-        "ffn_down": "w_down",
-    }
     weights = LazyWeights()
     q4s: dict[str, tuple] = {}
     types: dict[str, int] = {}
     for tname, t in tensors.items():
-        if tname in names:
-            key = names[tname]
-        elif tname.startswith("blk."):
-            _, i, rest = tname.split(".", 2)
-            part = rest.rsplit(".", 1)[0]
-            if int(i) >= n_layers:
-                continue
-            if part not in per_layer or not rest.endswith(".weight"):
-                raise ModelError(
-                    f"{path}: tensor {tname!r} is not part of the Llama architecture "
-                    "(biases and extra blocks are not supported)"
-                )
-            key = f"layers.{i}.{per_layer[part]}"
-        else:
-            raise ModelError(f"{path}: unexpected tensor {tname!r} for a Llama-family model")
-        heads = {".wq": cfg.n_heads, ".wk": cfg.n_kv_heads}.get(key[-3:])  # rows llama.cpp permuted
+        key = _key(tname, path, cfg)
+        if key.startswith("layers.") and int(key.split(".")[1]) >= n_layers:
+            continue
+        if key.endswith(".w_up") and f"blk.{key.split('.')[1]}.ffn_gate.weight" not in tensors:
+            key = key[: -len("w_up")] + "w_gate_up"  # Phi-3: one [2 * hidden, dim] tensor, gate rows first
+        heads = None  # rows llama.cpp permuted
+        if permuted and key.endswith((".wq", ".wk", ".bq", ".bk")):
+            heads = cfg.n_heads if key.endswith(("wq", "bq")) else cfg.n_kv_heads
         shape = tuple(int(d) for d in reversed(t.shape))
         if t.tensor_type.name in ("Q4_0", "Q4_1") and key.startswith("layers.") and len(shape) == 2:
             # (the embedding is gathered from, and the head stays int8): the blocks as they are, the float
@@ -274,6 +323,8 @@ def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
         else:
             weights[key] = _float_weight(t, ok, heads)
         types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    split_fused(weights, cfg, q4s)
+    check_layer_tensors(weights, cfg, path)
     if "rope_freqs" in weights:
         cfg = cfg.replace(
             rope_scaling=RopeScaling("freq_factors", 1.0, freq_factors=tuple(weights.pop("rope_freqs").tolist()))

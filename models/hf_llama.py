@@ -1,7 +1,10 @@
 """Hugging Face Llama-family directory (config.json + *.safetensors + tokenizer.json) -> LMFile.
 
-Weights keep transformers' rotary layout (no permutation); they are read with `safetensors` and cast to
-float32 on the CPU, like the GGUF loader's output, and named as models/llama.py expects.
+The architectures of HF_ARCHS, by config.json's model_type: Llama (1-3.x, SmolLM2), Mistral, Qwen2 / Qwen2.5
+(Q/K/V biases), Qwen3 (per-head Q/K norms) and Phi-3 (fused qkv_proj / gate_up_proj, split here into the
+model's separate weights). Weights keep transformers' rotary layout (no permutation); they are read with
+`safetensors` and cast to float32 on the CPU, like the GGUF loader's output, and named as models/llama.py
+expects.
 """
 
 from __future__ import annotations
@@ -14,49 +17,91 @@ import torch
 from .lm_file import LMFile
 from .registry import ModelError
 
+# model_type -> what it is, for messages; every one is models/llama.py with the config's switches
+HF_ARCHS = {
+    "llama": "Llama 1-3.x, SmolLM2",
+    "mistral": "Mistral",
+    "qwen2": "Qwen2 / Qwen2.5",
+    "qwen3": "Qwen3 (dense)",
+    "phi3": "Phi-3 / Phi-3.5 without long-context rope scaling",
+}
+# model types whose config's `sliding_window` applies without `use_sliding_window` (Qwen's switch)
+_WINDOWED = ("mistral", "phi3")
+
 _LAYER = {
     "input_layernorm.weight": "attn_norm",
     "self_attn.q_proj.weight": "wq",
     "self_attn.k_proj.weight": "wk",
     "self_attn.v_proj.weight": "wv",
+    "self_attn.q_proj.bias": "bq",
+    "self_attn.k_proj.bias": "bk",
+    "self_attn.v_proj.bias": "bv",
+    "self_attn.q_norm.weight": "q_norm",
+    "self_attn.k_norm.weight": "k_norm",
     "self_attn.o_proj.weight": "wo",
     "post_attention_layernorm.weight": "ffn_norm",
     "mlp.gate_proj.weight": "w_gate",
     "mlp.up_proj.weight": "w_up",
     "mlp.down_proj.weight": "w_down",
+    "self_attn.qkv_proj.weight": "wqkv",  # Phi-3: split below
+    "mlp.gate_up_proj.weight": "w_gate_up",  # Phi-3: split below
 }
 _IGNORED = ("rotary_emb.inv_freq",)
 
 
-def config_from_hf(conf: dict, where: Path):
-    from .llama import LlamaConfig, RopeScaling
+def supported() -> str:
+    return ", ".join(f"{k} ({v})" for k, v in HF_ARCHS.items())
 
-    def need(k):
-        if k not in conf:
-            raise ModelError(f"{where}/config.json lacks {k!r}")
-        return conf[k]
+
+def _rope(conf: dict, where: Path):
+    """(rope theta, RopeScaling or None) of a config, or a ModelError for a kind not implemented."""
+    from .llama import RopeScaling
 
     rp = conf.get("rope_scaling") or conf.get("rope_parameters") or {}
-    theta = conf.get("rope_theta", rp.get("rope_theta", 10000.0))
+    theta = conf.get("rope_theta") or rp.get("rope_theta", 10000.0)
     kind = rp.get("rope_type", rp.get("type", "default"))
-    scaling = None
+    partial = conf.get("partial_rotary_factor") or rp.get("partial_rotary_factor") or 1.0
+    if float(partial) != 1.0:
+        raise ModelError(f"{where}: partial rotary embedding (partial_rotary_factor={partial}) is not supported")
     if kind == "linear":
-        scaling = RopeScaling("linear", float(rp["factor"]))
-    elif kind == "llama3":
-        scaling = RopeScaling(
+        return theta, RopeScaling("linear", float(rp["factor"]))
+    if kind == "llama3":
+        return theta, RopeScaling(
             "llama3",
             float(rp["factor"]),
             low_freq_factor=float(rp["low_freq_factor"]),
             high_freq_factor=float(rp["high_freq_factor"]),
             original_max_seq_len=int(rp["original_max_position_embeddings"]),
         )
-    elif kind not in ("default", None):
-        raise ModelError(f"{where}: rope scaling {kind!r} is not supported; supported: default, linear, llama3")
+    if kind not in ("default", None):
+        raise ModelError(
+            f"{where}: rope scaling {kind!r} is not supported; supported: default (none), linear, llama3"
+            + (" (Phi-3's 128k / Phi-3.5's 'longrope' is not implemented)" if kind in ("longrope", "su") else "")
+        )
+    return theta, None
+
+
+def config_from_hf(conf: dict, where: Path):
+    from .llama import LlamaConfig
+
+    def need(k):
+        if k not in conf:
+            raise ModelError(f"{where}/config.json lacks {k!r}")
+        return conf[k]
+
+    mt = conf.get("model_type", "llama")
+    if mt not in HF_ARCHS:
+        raise ModelError(f"{where}: model_type {mt!r} is not supported; supported: {supported()}")
+    theta, scaling = _rope(conf, where)
     if conf.get("attention_bias") or conf.get("mlp_bias"):
-        raise ModelError(f"{where}: attention/MLP biases are not supported by the Llama model")
+        raise ModelError(f"{where}: attention output / MLP biases are not supported by the Llama model")
     if conf.get("hidden_act", "silu") != "silu":
         raise ModelError(f"{where}: hidden_act {conf['hidden_act']!r} is not supported; supported: silu")
     n_heads = need("num_attention_heads")
+    max_seq = int(conf.get("max_position_embeddings", 2048))
+    window = conf.get("sliding_window") if mt in _WINDOWED or conf.get("use_sliding_window") else None
+    if window:  # attention over the last `window` positions is full attention while sequences fit in it
+        max_seq = min(max_seq, int(window))
     return LlamaConfig(
         vocab_size=need("vocab_size"),
         dim=need("hidden_size"),
@@ -68,14 +113,35 @@ def config_from_hf(conf: dict, where: Path):
         norm_eps=float(conf.get("rms_norm_eps", 1e-6)),
         rope_theta=float(theta),
         rope_scaling=scaling,
-        max_seq_len=int(conf.get("max_position_embeddings", 2048)),
+        max_seq_len=max_seq,
         tie_embeddings=bool(conf.get("tie_word_embeddings", False)),
+        qkv_bias=mt == "qwen2",
+        qk_norm=mt == "qwen3",
+        arch=mt,
     )
+
+
+def _tensor_key(name: str, fname: str, arch: str) -> str | None:
+    key = name.removeprefix("model.")
+    if key == "embed_tokens.weight":
+        return "tok_embeddings"
+    if key == "norm.weight":
+        return "norm"
+    if name == "lm_head.weight":
+        return "output"
+    if key.startswith("layers."):
+        _, i, rest = key.split(".", 2)
+        if rest.endswith(_IGNORED):
+            return None
+        if rest in _LAYER:
+            return f"layers.{i}.{_LAYER[rest]}"
+    raise ModelError(f"{fname}: tensor {name!r} is not part of the {arch} architecture as the Llama model runs it")
 
 
 def load(d: str | Path) -> LMFile:
     from safetensors import SafetensorError, safe_open
 
+    from .lm_file import check_layer_tensors, split_fused
     from .lm_text import LMTokenizer
 
     d = Path(d)
@@ -83,6 +149,7 @@ def load(d: str | Path) -> LMFile:
         conf = json.loads((d / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ModelError(f"{d}/config.json cannot be read: {e}") from None
+    cfg = config_from_hf(conf, d)  # an unsupported architecture fails before the weights are read
     files = sorted(d.glob("*.safetensors"))
     if not files:
         raise ModelError(f"{d}: no *.safetensors files")
@@ -91,26 +158,13 @@ def load(d: str | Path) -> LMFile:
         try:
             with safe_open(str(f), framework="pt") as sf:
                 for name in sf.keys():
-                    key = name.removeprefix("model.")
-                    if key == "embed_tokens.weight":
-                        k2 = "tok_embeddings"
-                    elif key == "norm.weight":
-                        k2 = "norm"
-                    elif name == "lm_head.weight":
-                        k2 = "output"
-                    elif key.startswith("layers."):
-                        _, i, rest = key.split(".", 2)
-                        if rest.endswith(_IGNORED):
-                            continue
-                        if rest not in _LAYER:
-                            raise ModelError(f"{f.name}: tensor {name!r} is not part of the Llama architecture")
-                        k2 = f"layers.{i}.{_LAYER[rest]}"
-                    else:
-                        raise ModelError(f"{f.name}: unexpected tensor {name!r} for a Llama-family model")
-                    weights[k2] = sf.get_tensor(name).float()
+                    k2 = _tensor_key(name, f.name, cfg.arch)
+                    if k2 is not None:
+                        weights[k2] = sf.get_tensor(name).float()
         except SafetensorError as e:
             raise ModelError(f"{f}: not a readable safetensors file ({e})") from None
-    cfg = config_from_hf(conf, d)
+    split_fused(weights, cfg)
+    check_layer_tensors(weights, cfg, d)
     if "output" in weights and cfg.tie_embeddings:
         weights.pop("output")
     if "output" not in weights and not cfg.tie_embeddings:

@@ -1,7 +1,11 @@
-"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral-without-sliding-window): config, rotary tables, KV cache, model.
+"""Llama-family decoder (Llama 2/3.x, SmolLM2, Mistral, Qwen2/2.5, Qwen3, Phi-3): config, rotary tables, KV cache.
 
 RMSNorm -> grouped-query attention with rotary embedding -> residual -> RMSNorm -> SwiGLU MLP -> residual,
-repeated `n_layers` times, then a final RMSNorm and the output head (tied to the embedding or not).
+repeated `n_layers` times, then a final RMSNorm and the output head (tied to the embedding or not). The
+architectures differ by config switches, not by model classes: `qkv_bias` (Qwen2: biases on the Q/K/V
+projections), `qk_norm` (Qwen3: an RMSNorm over each head of Q and K before the rotary embedding) and the
+rotary scaling (Llama 3.x's 'llama3'); Phi-3's fused qkv_proj / gate_up_proj are split by the loaders, and
+a sliding window (Mistral, Phi-3) bounds the context length instead (within it, attention is the same).
 
 Every op comes from the KernelSet the model is built with (kernels.select), so the same module runs the
 pure-torch reference or faster kernels. Linear layers hold their weights in one of a few storage
@@ -52,6 +56,9 @@ class LlamaConfig:
     rope_scaling: RopeScaling | None = None
     max_seq_len: int = 2048
     tie_embeddings: bool = True
+    qkv_bias: bool = False  # Qwen2: layers.{i}.bq / bk / bv added to the Q/K/V projections
+    qk_norm: bool = False  # Qwen3: layers.{i}.q_norm / k_norm, RMSNorm over each head's D before the rotary
+    arch: str = "llama"  # the architecture the file named (for messages; the switches above decide the math)
 
     def __post_init__(self):
         if self.head_dim == 0:
@@ -68,6 +75,15 @@ class LlamaConfig:
 
     def replace(self, **kw) -> LlamaConfig:
         return replace(self, **kw)
+
+
+LINEAR = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+def layer_tensors(cfg: LlamaConfig) -> tuple[str, ...]:
+    """The tensors of one decoder layer of a model of `cfg` (models.llama names)."""
+    extra = (("bq", "bk", "bv") if cfg.qkv_bias else ()) + (("q_norm", "k_norm") if cfg.qk_norm else ())
+    return ("attn_norm", "ffn_norm") + LINEAR + extra
 
 
 def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
@@ -212,11 +228,8 @@ class Llama(nn.Module):
         super().__init__()
         if weight_format not in WEIGHT_FORMATS:
             raise ValueError(f"unknown weight format {weight_format!r}; valid: {', '.join(WEIGHT_FORMATS)}")
-        need = ["tok_embeddings", "norm"] + [
-            f"layers.{i}.{n}"
-            for i in range(cfg.n_layers)
-            for n in ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
-        ]
+        names = layer_tensors(cfg)
+        need = ["tok_embeddings", "norm"] + [f"layers.{i}.{n}" for i in range(cfg.n_layers) for n in names]
         if not cfg.tie_embeddings:
             need.append("output")
         missing = [n for n in need if n not in weights]
@@ -228,7 +241,6 @@ class Llama(nn.Module):
         if emb.shape != (cfg.vocab_size, cfg.dim):
             raise ValueError(f"token embedding has shape {tuple(emb.shape)}, config says {(cfg.vocab_size, cfg.dim)}")
         self.tok_embeddings = nn.Parameter(emb.to(device, self.dtype), requires_grad=False)
-        names = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
         q4 = q4 or "quantize"  # no 4-bit blocks in the file: quantize (used by int4 only)
 
         def layer_q4(i):

@@ -1,5 +1,6 @@
 """Llama's layers: linear layers in their weight storage formats (float, int8 and int4 weight-only, with a dense
-copy for prompts) and the decoder block (RMSNorm, grouped-query attention with rotary embedding, SwiGLU MLP)."""
+copy for prompts) and the decoder block (RMSNorm, grouped-query attention with rotary embedding and, per the
+config, Q/K/V biases and per-head Q/K norms, SwiGLU MLP)."""
 
 from __future__ import annotations
 
@@ -141,6 +142,13 @@ class Block(nn.Module):
         self.w_down = Linear(ops, w["w_down"], fmt, device, blocks("w_down"), dense)
         self.q_size = cfg.n_heads * cfg.head_dim
         self.kv_size = cfg.n_kv_heads * cfg.head_dim
+        # Qwen2: the Q/K/V biases, fused as the weights are; Qwen3: RMSNorm weights [D] over each Q / K head
+        bias = torch.cat([w["bq"], w["bk"], w["bv"]]) if cfg.qkv_bias else None
+        self.bqkv = None if bias is None else nn.Parameter(bias.to(device, adtype), requires_grad=False)
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm:
+            self.q_norm = nn.Parameter(w["q_norm"].to(device, adtype), requires_grad=False)
+            self.k_norm = nn.Parameter(w["k_norm"].to(device, adtype), requires_grad=False)
 
     def forward(self, h, residual, cos, sin, kc, vc, write, read, lengths):
         """h [B, T, dim] (the previous block's output, added to `residual` here; residual None at layer 0).
@@ -153,9 +161,15 @@ class Block(nn.Module):
         else:
             x, residual = ops.rms_norm(h, self.attn_norm, cfg.norm_eps, residual=residual)
         qkv = self.wqkv(x)
+        if self.bqkv is not None:
+            qkv = qkv + self.bqkv
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(B, T, cfg.n_heads, cfg.head_dim).transpose(1, 2)  # [B, H, T, D]
-        k = k.view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
+        q = q.view(B, T, cfg.n_heads, cfg.head_dim)
+        k = k.view(B, T, cfg.n_kv_heads, cfg.head_dim)
+        if self.q_norm is not None:
+            q, k = ops.rms_norm(q, self.q_norm, cfg.norm_eps), ops.rms_norm(k, self.k_norm, cfg.norm_eps)
+        q = q.transpose(1, 2)  # [B, H, T, D]
+        k = k.transpose(1, 2)  # [B, Hkv, T, D]
         v = v.view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
         q, k = ops.rotary(q, k, cos, sin)
         write(kc, k)

@@ -145,13 +145,17 @@ class LMTokenizer:
             return tok.token_to_id(v) if v else None
 
         special = {i for i, at in tok.get_added_tokens_decoder().items() if at.special}
+        # byte-level BPE (GPT-2's alphabet: Llama 3, Qwen, SmolLM) or SentencePiece pieces ('▁' for a space,
+        # <0xNN> byte tokens: Llama 2, Mistral 7B, Phi-3), as the tokenizer's decoder says
+        byte_level = "ByteLevel" in json.dumps(json.loads(tok.to_str()).get("decoder"))
         gen = {}
         if (d / "generation_config.json").exists():
             gen = json.loads((d / "generation_config.json").read_text())
         eos = tid("eos_token")
         if eos is None and isinstance(gen.get("eos_token_id"), int):
             eos = gen["eos_token_id"]
-        return cls(tok, tid("bos_token"), eos, bool(conf.get("add_bos_token", False)), special), template
+        add_bos = bool(conf.get("add_bos_token", False))
+        return cls(tok, tid("bos_token"), eos, add_bos, special, byte_level), template
 
     def save(self, directory: Path) -> dict:
         """Write tokenizer.json into `directory` -> the other facts `load` needs (JSON-serializable)."""
@@ -210,23 +214,37 @@ class LMTokenizer:
                     table.append(b"")
                 elif self.byte_level and all(c in inv for c in t):
                     table.append(bytes(inv[c] for c in t))
+                elif not self.byte_level and len(t) == 6 and t[:3] == "<0x" and t[5] == ">" and _hex(t[3:5]):
+                    table.append(bytes([int(t[3:5], 16)]))  # a SentencePiece byte-fallback token
+                elif not self.byte_level:
+                    table.append(t.replace("\u2581", " ").encode("utf-8"))
                 else:  # added (user-defined) tokens are stored as plain text
                     table.append(t.encode("utf-8"))
             self._bytes = table
         return self._bytes[i] if 0 <= i < len(self._bytes) else b""
 
 
+def _hex(s: str) -> bool:
+    return all(c in "0123456789ABCDEFabcdef" for c in s)
+
+
 class Detokenizer:
     """Incremental detokenization: token ids in, text out as soon as it is whole UTF-8. A character split
     across tokens is held back until its last byte arrives; `flush()` ends the stream (an incomplete
-    trailing sequence becomes U+FFFD)."""
+    trailing sequence becomes U+FFFD). A SentencePiece text loses the space its first piece starts with ('▁Sure'),
+    as the tokenizer's decode does."""
 
     def __init__(self, tokenizer: LMTokenizer):
         self.tok = tokenizer
         self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._first = not tokenizer.byte_level
 
     def add(self, token: int) -> str:
-        return self._dec.decode(self.tok.token_bytes(token))
+        text = self._dec.decode(self.tok.token_bytes(token))
+        if self._first and text:
+            self._first = False
+            return text.removeprefix(" ")
+        return text
 
     def flush(self) -> str:
         return self._dec.decode(b"", final=True)

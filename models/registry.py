@@ -174,12 +174,12 @@ def detect_format(path: Path) -> str:
             mt = conf.get("model_type", "")
             if mt == "whisper":
                 return "hf-whisper"
-            if mt in ("llama", "mistral", "qwen2", "smollm", "smollm3") or "LlamaForCausalLM" in conf.get(
-                "architectures", []
-            ):
+            from .hf_llama import HF_ARCHS, supported
+
+            if mt in HF_ARCHS:
                 return "hf-llama"
             raise ModelError(
-                f"{path}: Hugging Face model_type {mt!r} is not supported; supported: whisper, llama-family"
+                f"{path}: Hugging Face model_type {mt!r} is not supported; supported: whisper, {supported()}"
             )
         raise ModelError(
             f"{path}: not a recognized model directory (expected a CTranslate2 Whisper directory "

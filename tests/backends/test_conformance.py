@@ -249,6 +249,39 @@ def test_lm_slot_release(lm):
     torch.testing.assert_close(reused, fresh, rtol=1e-4, atol=1e-4)
 
 
+# the architectures beyond the Llama graph (tests/lm_archs.py: tiny random-weight Qwen2, Qwen3, Llama 3, Mistral
+# and Phi-3 folders written by transformers); logits per backend: tests/backends/test_lm_architectures.py
+
+
+@pytest.fixture(scope="module")
+def arch_models(tmp_path_factory):
+    pytest.importorskip("transformers", reason="the models are written by transformers: pip install 'speechrt[peers]'")
+    from lm_archs import ARCHS, CONVERSATION, byte_bpe, greedy_hf, hf_model, save_hf
+
+    bpe, out = byte_bpe(), {}
+    for name in ARCHS:
+        model = hf_model(name)
+        m = resolve(str(save_hf(tmp_path_factory.mktemp(name), name, model, bpe)), "lm")
+        ids = LMPipeline(backends.get("torch").lm(m, dtype="float32")).encode_chat(CONVERSATION)
+        out[name] = m, ids, greedy_hf(model, ids, 12)
+    return out
+
+
+@pytest.mark.parametrize("backend", params("lm"))
+def test_lm_architectures_greedy_ids_equal_transformers(backend, arch_models):
+    """Every backend that runs language models runs each architecture: greedy ids of a chat prompt (the
+    template from the folder) are transformers'."""
+    from lm_archs import CONVERSATION
+
+    for name, (m, ids, ref) in arch_models.items():
+        try:
+            lm = LMPipeline(backends.get(backend).lm(m, device=DEVICE, dtype="float32"))
+        except UserError as e:  # e.g. triton without a GPU
+            pytest.skip(f"{backend} cannot run language models here: {e}")
+        assert lm.encode_chat(CONVERSATION) == ids, name
+        assert _greedy_ids(lm, ids, 12) == ref, (backend, name)
+
+
 # -- speech synthesis ----------------------------------------------------------------------------------------
 
 
