@@ -61,8 +61,8 @@ def step_bytes(model) -> dict[str, int]:
     for name, (k, i) in readers.items():
         a = numpy_helper.to_array(inits[name])
         size = a.nbytes
-        if k == "embedding row" and i == 0 and a.ndim >= 1 and a.shape[0]:
-            size //= a.shape[0]  # the table: one row per token
+        if k == "embedding row" and i != 1 and a.ndim >= 1 and a.shape[0]:
+            size //= a.shape[0]  # the table (and its blocks' scales, zero points): one row per token
         out[k] += size
     return out
 

@@ -1,12 +1,14 @@
 """A small ONNX graph builder: nodes with generated output names, initializers from numpy, typed I/O from
 manifest Tensors. Used by the exporters that write graphs op by op (Llama), where torch.onnx would leave
-hundreds of shape ops between the ones that compute."""
+hundreds of shape ops between the ones that compute; saving one graph, or several whose weights share one file."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, external_data_helper, helper, numpy_helper
 
 from .manifest import Tensor
 
@@ -53,6 +55,11 @@ class GraphBuilder:
         self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
         return name
 
+    def init_raw(self, name: str, data_type: int, dims: list[int], raw: bytes) -> str:
+        """An initializer from its bytes as ONNX lays them out (packed 4-bit types: two per byte, low nibble first)."""
+        self.inits.append(helper.make_tensor(name, data_type, dims, raw, raw=True))
+        return name
+
     def const_i64(self, name: str, values) -> str:
         """An int64 constant; asked again under the same name (with the same values), the one already made."""
         vals = [int(v) for v in np.ravel(values)]
@@ -82,3 +89,28 @@ def save(model: onnx.ModelProto, path) -> None:
         onnx.save_model(model, str(path), save_as_external_data=True, location=f"{path.name}.data")
     else:
         onnx.save_model(model, str(path))
+
+
+ALIGN = 4096  # offsets of tensors in a shared weight file: page-aligned, which ONNX Runtime can map in place
+
+
+def save_shared(models: dict, data_name: str, min_bytes: int = 1024) -> None:
+    """Write graphs {path: ModelProto} (one directory) whose initializers of `min_bytes` or more live in one side
+    file `data_name` beside them, each distinct content once: the same bytes in several graphs, or under
+    another name, point at one place in the file (ONNX external data: location, offset, length)."""
+    where: dict[bytes, tuple[int, int]] = {}
+    paths = [Path(p) for p in models]
+    with open(paths[0].parent / data_name, "wb") as f:
+        for path, model in zip(paths, models.values()):
+            for t in model.graph.initializer:
+                raw = t.raw_data
+                if len(raw) < min_bytes:
+                    continue
+                if raw not in where:
+                    f.write(bytes(-f.tell() % ALIGN))
+                    where[raw] = (f.tell(), len(raw))
+                    f.write(raw)
+                offset, length = where[raw]
+                external_data_helper.set_external_data(t, data_name, offset, length)
+                t.ClearField("raw_data")
+            onnx.save_model(model, str(path))

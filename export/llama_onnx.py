@@ -15,7 +15,10 @@ Weights: a GGUF's Q4_0 / Q4_1 blocks are kept exactly. MatMulNBits computes w = 
 default zero point); ONNX Runtime's float zero points, which Q4_1's minimum needs, run ~30x slower on
 the CPU, so the minimum is added as a correction instead: y += (sums of x over each 32-block) @ zero^T,
 where zero = m + 8 * scale (`models.gguf_loader`). The tied head is 8-bit per 32-block (a Q8_0 embedding
-is reproduced exactly: its scale is the block's max / 127).
+is reproduced exactly: its scale is the block's max / 127), and so is the embedding (GatherBlockQuantized). The
+prompts' graph of such an export dequantizes the same blocks to float matrices when ONNX Runtime loads it, and
+both graphs keep their weights in one file, each block once (graph_builder.save_shared): an export about the
+size of the GGUF (SmolLM2-135M Q4_1: 98 MB -> 115 MB; float32 copies in the graph files made it 768 MB).
 """
 
 from __future__ import annotations
@@ -70,8 +73,9 @@ class LlamaGraph:
         rows: bool = False,
         activations: str = "float32",
     ):
-        """rows: the prompts' graph of a block-quantized export: the file's weights in float32 (a Q4 file's blocks
-        dequantized: exact) in plain MatMuls, and the tied head on the embedding matrix. MatMulNBits costs in
+        """rows: the prompts' graph of a block-quantized export: the decode graph's blocks (the same bytes on disk)
+        dequantized to float32 matrices as ONNX Runtime loads the graph (LinearWeights.dequantize), in plain
+        matmuls, and the tied head on the embedding matrix. MatMulNBits costs in
         proportion to the rows at int8 activations (accuracy level 4) and dequantizes every weight on every call at
         float32 ones (level 1). SmolLM2-135M, AMD EPYC AVX2, 2 threads, a 35-token prompt: 141 ms here, 183 ms at
         level 4, 340 ms at level 1 (a fixed ~0.2 s). (int8 weights per channel in DynamicQuantizeMatMul were
@@ -93,7 +97,10 @@ class LlamaGraph:
         self.fdt = np.float16 if precision == "fp16" or activations == "float16" else np.float32
         self.g = GraphBuilder("llama")
         self.progress = progress
-        self.rows = rows and variant == "ort" and precision in ("int4", "int8")
+        self.blocks = variant == "ort" and precision in ("int4", "int8")  # block-quantized: MatMulNBits & co
+        self.rows = rows and self.blocks
+        self._int8_blocks: dict = {}
+        self._float: dict = {}
         self.linears = LinearWeights(self.g, weights, q4, precision, variant, self.fdt, self.rows)
 
     def linear(self, x: str, names: list[str], tag: str) -> str:
@@ -105,8 +112,7 @@ class LlamaGraph:
         cfg, g = self.cfg, self.g
         cache_dtype = "float16" if self.fdt == np.float16 else "float32"
         ins, outs = io(cfg, self.variant, cache_dtype)
-        emb = g.init("embed_tokens", self.w["tok_embeddings"].numpy().astype(self.fdt))
-        h = g.op("Gather", [emb, "input_ids"], name="embed")
+        h = self._embed()
         if self.variant == "ort":
             self._rope_cache(cfg.max_seq_len + 1)
             h, res = ort_layers(self, h)
@@ -115,6 +121,49 @@ class LlamaGraph:
             h, res = standard_layers(self, h)
         self._head(h, res)
         return g.model(ins, outs, opset)
+
+    def _embed(self) -> str:
+        """The token embeddings of input_ids: rows of the float matrix, or, in a block-quantized ort graph, of its
+        8-bit blocks (GatherBlockQuantized), which a tied head's MatMulNBits reads too (the same bytes on disk)."""
+        g = self.g
+        if not self.blocks:
+            emb = g.init("embed_tokens", self.w["tok_embeddings"].numpy().astype(self.fdt))
+            return g.op("Gather", [emb, "input_ids"], name="embed")
+        if self.rows:  # the float matrix, which the head of the prompts' graph reads too
+            return g.op("Gather", [self._dequantized("tok_embeddings"), "input_ids"], name="embed")
+        q, s = self._int8("tok_embeddings")
+        V, nb = s.shape
+        ins = [
+            g.init("embed_tokens.qweight", q.reshape(V, nb * BLOCK)),
+            "input_ids",
+            g.init("embed_tokens.scales", s.astype(self.fdt)),
+            g.init("embed_tokens.zero_points", np.full(s.shape, 128, np.uint8)),
+        ]
+        return g.op(
+            "GatherBlockQuantized",
+            ins,
+            name="embed",
+            domain=MS,
+            gather_axis=0,
+            quantize_axis=1,
+            block_size=BLOCK,
+            bits=8,
+        )
+
+    def _dequantized(self, name: str) -> str:
+        """Weight `name` in float, dequantized from its 8-bit blocks as the graph loads (LinearWeights.dequantize),
+        once per graph."""
+        if name not in self._float:
+            q, s = self._int8(name)
+            tag = "embed_tokens" if name == "tok_embeddings" else "lm_head"
+            self._float[name] = self.linears.dequantize(q, s, 8, np.full(s.shape, 128, np.uint8), tag)
+        return self._float[name]
+
+    def _int8(self, name: str):
+        """int8_blocks of weight `name`, made once (a tied embedding and head read the same)."""
+        if name not in self._int8_blocks:
+            self._int8_blocks[name] = int8_blocks(self.w[name])
+        return self._int8_blocks[name]
 
     def _rope_cache(self, n: int):
         t = torch.arange(n, dtype=torch.float64)[:, None] * rope_inv_freq(self.cfg)[None]  # [n, D/2]
@@ -168,19 +217,21 @@ class LlamaGraph:
             x = rms(self, g.op("Add", [h, res], name="final_res"), norm, "final_norm")
         x = g.op("Squeeze", [x, g.const_i64("axes_seq", [1])], name="last/squeeze")  # [B, dim]
         head = "tok_embeddings" if cfg.tie_embeddings else "output"
-        if (self.precision in ("fp32", "fp16") or self.rows) and cfg.tie_embeddings:  # the embedding matrix: x @ E^T
+        if self.precision in ("fp32", "fp16") and cfg.tie_embeddings:  # the embedding matrix: x @ E^T
             y = g.op("Gemm", [x, "embed_tokens"], name="lm_head", transB=1)
-        elif self.precision in ("fp32", "fp16") or self.variant == "standard":
+        elif not self.blocks:
             y = self.linear(x, [head], "lm_head")
+        elif self.rows:  # the prompts' graph: the float matrix, as before the blocks were shared
+            y = g.op("Gemm", [x, self._dequantized(head)], name="lm_head", transB=1)
         else:
-            q, s = int8_blocks(self.w[head])
+            q, s = self._int8(head)
             y = self.linears.nbits(x, q, s, 8, "lm_head", zero_points=np.full(s.shape, 128, np.uint8))
         if self.fdt == np.float16:
             y = g.op("Cast", [y], name="logits_fp32", to=1)
         g.op("Identity", [y], outputs=["logits"], name="logits")
 
 
-ROWS_NOTE = "; prefill.onnx (prompts): the file's weights in float32"
+ROWS_NOTE = "; prefill.onnx (prompts): the same blocks, dequantized to float32 as the graph loads"
 
 
 def weights_note(graph: LlamaGraph, tensor_types: dict) -> str:

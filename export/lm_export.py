@@ -8,11 +8,13 @@ from pathlib import Path
 from speechrt.models.llama import LlamaConfig, RopeScaling
 from speechrt.models.lm_loaders import load_lm
 
-from .graph_builder import save
+from .graph_builder import save, save_shared
 from .llama_onnx import LlamaGraph, io, weights_note
 from .manifest import Graph, Manifest, speechrt_version
 
 DEFAULT_PRECISION = {"ort": "int4", "standard": "fp32"}
+PREFILL_OPSET = 21
+WEIGHTS = "weights.bin"  # a block-quantized export's weights, which its decode and prompt graphs share
 
 
 def config_from_dict(d: dict) -> LlamaConfig:
@@ -37,13 +39,15 @@ def export(
     bar.set_description("reading weights")
     f = load_lm(model)
     cfg = f.config
-    # block-quantized weights on ONNX Runtime: a second graph for prompts, float32 weights (LlamaGraph rows)
+    # block-quantized weights on ONNX Runtime: a second graph for prompts, float32 weights at load (LlamaGraph rows)
     names = ["model", "prefill"] if variant == "ort" and precision in ("int4", "int8") else ["model"]
+    if len(names) > 1:  # the prompts' graph unpacks the blocks by a blocked DequantizeLinear: opset 21
+        opset = max(opset, PREFILL_OPSET)
     bar.reset(total=len(names) * (cfg.n_layers + 1) + 1)
     bar.update(1)
     cache_dtype = "float16" if precision == "fp16" or activations == "float16" else "float32"
     ins, outs = io(cfg, variant, cache_dtype)
-    graphs, built = {}, []
+    graphs, built, protos = {}, [], {}
     for name in names:
         bar.set_description(f"building {variant} {precision} {name} graph")
         graph = LlamaGraph(
@@ -57,9 +61,15 @@ def export(
             activations=activations,
         )
         built.append(graph)
-        save(graph.build(opset), out / f"{name}.onnx")
-        graphs[name] = Graph(f"{name}.onnx", tuple(ins), tuple(outs))
+        protos[out / f"{name}.onnx"] = graph.build(opset)
+        data = WEIGHTS if len(names) > 1 else ""
+        graphs[name] = Graph(f"{name}.onnx", tuple(ins), tuple(outs), data=data)
         bar.update(1)
+    bar.set_description("writing")
+    if len(names) > 1:  # the graphs' blocks once, in one file that both read
+        save_shared(protos, WEIGHTS)
+    else:
+        save(*protos.popitem()[::-1])
     cache = {
         "layout": "per layer past_key.i / past_value.i [batch, kv_heads, cache, head_dim]",
         "layers": cfg.n_layers,

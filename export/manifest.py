@@ -47,7 +47,8 @@ class Graph:
     file: str
     inputs: tuple[Tensor, ...]
     outputs: tuple[Tensor, ...]
-    sha256: str = ""
+    sha256: str = ""  # of the graph file, and of its weight file where it has one
+    data: str = ""  # the file of its weights (ONNX external data), if not inside the graph file; may be shared
 
     def input(self, name: str) -> Tensor:
         return next(t for t in self.inputs if t.name == name)
@@ -56,6 +57,7 @@ class Graph:
         return {
             "file": self.file,
             "sha256": self.sha256,
+            **({"data": self.data} if self.data else {}),
             "inputs": [t.to_json() for t in self.inputs],
             "outputs": [t.to_json() for t in self.outputs],
         }
@@ -67,6 +69,7 @@ class Graph:
             tuple(Tensor.from_json(t) for t in d["inputs"]),
             tuple(Tensor.from_json(t) for t in d["outputs"]),
             d.get("sha256", ""),
+            d.get("data", ""),
         )
 
 
@@ -101,8 +104,16 @@ class Manifest:
         return d
 
     def write(self, directory: Path) -> Path:
+        sums: dict[str, str] = {}  # file -> sha256, each file hashed once
+
+        def sha(f: str) -> str:
+            if f not in sums:
+                sums[f] = file_sha256(Path(directory) / f)
+            return sums[f]
+
         for name, g in self.graphs.items():
-            self.graphs[name] = Graph(g.file, g.inputs, g.outputs, file_sha256(directory / g.file))
+            h = sha(g.file) if not g.data else hashlib.sha256((sha(g.file) + sha(g.data)).encode()).hexdigest()
+            self.graphs[name] = Graph(g.file, g.inputs, g.outputs, h, g.data)
         p = Path(directory) / MANIFEST
         p.write_text(json.dumps(self.to_json(), indent=1))
         return p

@@ -9,8 +9,9 @@ length (past what they hold, so nothing they keep is touched) or, for a full slo
 Bindings of decode steps are kept per (first slot, rows): a step writes its token ids, positions and total
 length into tensors those bindings already point at, and runs.
 
-A block-quantized export has a second graph for prompts (`prefill`: the file's weights in float32,
-export/llama_onnx.py LlamaGraph rows); decode steps run the quantized blocks.
+A block-quantized export has a second graph for prompts (`prefill`: the same blocks, shared on disk with the
+decode graph, dequantized to float32 weights when the session loads, export/llama_onnx.py LlamaGraph rows);
+decode steps run the quantized blocks.
 """
 
 from __future__ import annotations
@@ -98,10 +99,16 @@ class OrtLMRunner(LMRunner):
         # ~670 small nodes, and waking a sleeping thread for each cost ~1.5 ms of a ~9 ms step: SmolLM2-135M
         # int4, AMD EPYC AVX2, 2 threads); loop() keeps the caller's torch ops off the spinning core
         self.session = session(str(directory / manifest.graph("model").file), providers, intra_op_threads, spin=True)
-        # prompts run a graph of their own where the export has one (float32 weights); its threads sleep when
-        # it ends, so that they do not spin beside the decode steps that follow
+        # prompts run a graph of their own where the export has one (the blocks dequantized to float32 weights
+        # as it loads); its threads sleep when it ends, so that they do not spin beside the decode steps that follow
         self.prefill_session = (
-            session(str(directory / manifest.graph("prefill").file), providers, intra_op_threads, spin=False)
+            session(
+                str(directory / manifest.graph("prefill").file),
+                providers,
+                intra_op_threads,
+                spin=False,
+                fold_dequantize=True,
+            )
             if "prefill" in manifest.graphs
             else self.session
         )

@@ -105,13 +105,17 @@ def session(
     spin: bool = True,
     optimized: bool = False,
     save_optimized: str | None = None,
+    fold_dequantize: bool = False,
 ) -> ort.InferenceSession:
     """A session with every graph optimization; `threads`: intra-op threads (None: ORT's default, all cores).
     spin=False: the pool's threads sleep when a run ends instead of spinning for more work. For a loop that
     runs torch ops between the session's runs (Whisper's logit filters): on two cores the spinning threads
     took the cores from those ops (AMD EPYC, 58-s passage, int8: 6.5 s -> 4.8 s). optimized=True: the
     graph is one ONNX Runtime already optimized for this machine (nchwc.py): only the basic passes run.
-    `save_optimized`: a path where ONNX Runtime writes the graph as it optimized it (for this machine only)."""
+    `save_optimized`: a path where ONNX Runtime writes the graph as it optimized it (for this machine only).
+    fold_dequantize: DequantizeLinear nodes on constants are folded into float initializers when the graph loads
+    (session.disable_quant_qdq; ONNX Runtime otherwise keeps them for its quantized kernels, and they would
+    dequantize on every run): the language model's prompt graph (export/llama_weights.py LinearWeights._dense)."""
     so = ort.SessionOptions()
     so.graph_optimization_level = (
         ort.GraphOptimizationLevel.ORT_ENABLE_BASIC if optimized else ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -120,6 +124,8 @@ def session(
         so.intra_op_num_threads = threads
     if not spin:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if fold_dequantize:
+        so.add_session_config_entry("session.disable_quant_qdq", "1")
     if save_optimized:
         so.optimized_model_filepath = save_optimized
         so.log_severity_level = 3  # its warning that the saved graph is for this machine only: it is wanted so
