@@ -14,17 +14,11 @@ from pathlib import Path
 
 import torch
 
+from .hf_archs import HF_ARCHS, supported
 from .lm_file import LMFile
 from .registry import ModelError
 
 # model_type -> what it is, for messages; every one is models/llama.py with the config's switches
-HF_ARCHS = {
-    "llama": "Llama 1-3.x, SmolLM2",
-    "mistral": "Mistral",
-    "qwen2": "Qwen2 / Qwen2.5",
-    "qwen3": "Qwen3 (dense)",
-    "phi3": "Phi-3 / Phi-3.5 without long-context rope scaling",
-}
 # model types whose config's `sliding_window` applies without `use_sliding_window` (Qwen's switch)
 _WINDOWED = ("mistral", "phi3")
 
@@ -47,10 +41,6 @@ _LAYER = {
     "mlp.gate_up_proj.weight": "w_gate_up",  # Phi-3: split below
 }
 _IGNORED = ("rotary_emb.inv_freq",)
-
-
-def supported() -> str:
-    return ", ".join(f"{k} ({v})" for k, v in HF_ARCHS.items())
 
 
 def _rope(conf: dict, where: Path):

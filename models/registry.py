@@ -174,7 +174,7 @@ def detect_format(path: Path) -> str:
             mt = conf.get("model_type", "")
             if mt == "whisper":
                 return "hf-whisper"
-            from .hf_llama import HF_ARCHS, supported
+            from .hf_archs import HF_ARCHS, supported
 
             if mt in HF_ARCHS:
                 return "hf-llama"
