@@ -15,23 +15,24 @@ class OutputPath(str):
     option: str = ""
     kind: str = "file"  # file | dir | empty dir
     example: str = "out"
+    make_parents: bool = False  # (a file) the command makes its missing directories
 
     def check(self) -> None:
         if self == "-" and self.kind == "file":  # stdout
             return
         if self.kind == "file":
-            check_output_file(self, self.option, self.example)
+            check_output_file(self, self.option, self.example, self.make_parents)
         else:
             check_output_dir(self, self.option, empty=self.kind == "empty dir")
 
 
-def output_file(option: str, example: str = "out"):
+def output_file(option: str, example: str = "out", make_parents: bool = False):
     """An argparse type for an option naming a file to write ('-' = stdout); `example`: a file name the error
-    for a directory suggests."""
+    for a directory suggests; `make_parents`: the command makes the file's missing directories."""
 
     def parse(value: str) -> OutputPath:
         p = OutputPath(value)
-        p.option, p.kind, p.example = option, "file", example
+        p.option, p.kind, p.example, p.make_parents = option, "file", example, make_parents
         return p
 
     parse.__name__ = "output file"

@@ -13,9 +13,10 @@ from pathlib import Path
 from speechrt.errors import UserError
 
 
-def check_output_file(path, what: str = "output", example: str = "out") -> Path:
+def check_output_file(path, what: str = "output", example: str = "out", make_parents: bool = False) -> Path:
     """`path` as a Path if a file can be written there (made or overwritten), else a UserError naming `what`
-    (e.g. '-o/--output') and, for a directory given, a file path in it such as DIR/`example`."""
+    (e.g. '-o/--output') and, for a directory given, a file path in it such as DIR/`example`. `make_parents`: the
+    caller makes missing directories, so one that can be made under an existing directory is fine."""
     p = Path(path).expanduser()
     if p.is_dir():
         raise UserError(f"{what} {path}: is a directory; give a file path, such as {p / example}")
@@ -29,6 +30,13 @@ def check_output_file(path, what: str = "output", example: str = "out") -> Path:
         found = _existing_ancestor(parent)
         if not found.is_dir():
             raise UserError(f"{what} {path}: {found} is a file, not a directory; give a path in an existing directory")
+        if make_parents:
+            problem = _cannot_write_in(found)
+            if problem:
+                raise UserError(
+                    f"{what} {path}: cannot write in {found} ({problem}); choose a directory you can write to"
+                )
+            return p
         raise UserError(f"{what} {path}: the directory {parent} does not exist; create it or give another path")
     if not parent.is_dir():
         raise UserError(f"{what} {path}: {parent} is a file, not a directory; give a path in an existing directory")

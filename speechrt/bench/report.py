@@ -36,14 +36,14 @@ def add_arguments(p):
     p.add_argument(
         "--out",
         default=None,
-        type=output_file("--out", "report.html"),
-        help="HTML page to write; the PNGs go beside it",
+        type=output_file("--out", "report.html", make_parents=True),
+        help="HTML page to write (its directory is made if missing); the PNGs go beside it",
     )
     p.add_argument(
         "--markdown",
         default=None,
-        type=output_file("--markdown", "benchmarks.md"),
-        help="Markdown file to write (docs/benchmarks.md)",
+        type=output_file("--markdown", "benchmarks.md", make_parents=True),
+        help="Markdown file to write, e.g. docs/benchmarks.md (its directory is made if missing)",
     )
     p.add_argument(
         "--images",
@@ -353,12 +353,14 @@ def run(args):
     base = pick_baseline(runs, args.baseline)
     if args.out:
         out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
         images = Path(args.images) if args.images else out.parent
         pngs = charts(runs, images, out.stem)
         out.write_text(html_page(runs, base, pngs, args.title))
         print(f"{out}: {len(runs)} run(s), {len(pngs)} chart(s) in {images}")
     if args.markdown:
         md = Path(args.markdown)
+        md.parent.mkdir(parents=True, exist_ok=True)
         images = Path(args.images) if args.images else md.parent / md.stem
         pngs = charts(runs, images, md.stem)
         command = " ".join(

@@ -13,6 +13,7 @@ from speechrt import backends
 from speechrt.bench.record import load
 from speechrt.bench.suite import Progress, Step, plan, serves
 from speechrt.bench.tts import SENTENCES
+from speechrt.errors import UserError
 
 
 def test_plan_has_a_step_per_available_backend_and_precision():
@@ -131,3 +132,9 @@ def test_result_paths_that_cannot_be_written_are_one_line_before_any_step(
         assert main(["bench", *argv]) == 2
         err = capsys.readouterr().err
         assert err.startswith("speechrt bench: error: --") and err.count("\n") == 1 and says in err, (argv, err)
+    # a report makes its missing directories, under a directory it may write in, not under a file
+    from speechrt.outputs import check_output_file
+
+    assert check_output_file(tmp_path / "site" / "r.html", "--out", make_parents=True) == tmp_path / "site" / "r.html"
+    with pytest.raises(UserError, match="is a file, not a directory"):
+        check_output_file(a_file / "site" / "r.html", "--out", make_parents=True)
