@@ -39,6 +39,23 @@ def resample(audio: np.ndarray, orig_sr: int, target_sr: int) -> np.ndarray:
     return soxr.resample(np.ascontiguousarray(audio, dtype=np.float32), orig_sr, target_sr, quality="HQ")
 
 
+class StreamResampler:
+    """Mono float32 audio at `in_rate` -> at `out_rate`, chunk by chunk, seamless across chunk borders (libsoxr's
+    stream, HQ, as `resample`); `last=True` with the stream's last chunk (or an empty one) lets out the samples it
+    holds back. The same rate passes the audio through."""
+
+    def __init__(self, in_rate: int, out_rate: int):
+        self.in_rate, self.out_rate, self._rs = in_rate, out_rate, None
+        if in_rate != out_rate:
+            import soxr
+
+            self._rs = soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality="HQ")
+
+    def __call__(self, x: np.ndarray, last: bool = False) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float32).reshape(-1)
+        return x if self._rs is None else self._rs.resample_chunk(x, last=last)
+
+
 def load_audio(source, sample_rate: int = SAMPLE_RATE, source_rate: int | None = None) -> np.ndarray:
     """Mono float32 audio at `sample_rate` from a file path (WAV, FLAC, OGG/Vorbis/Opus, MP3 — whatever
     libsndfile reads, any rate, any channel count), from such a file's bytes or a binary file object

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from speechrt.errors import UserError
+from speechrt.models.audio import StreamResampler
 
 MP3_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
 AAC_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
@@ -77,11 +78,7 @@ class StreamEncoder:
         av = av_module()
         container, codec, _, bit_rate, self.media_type = CODECS[fmt]
         self.fmt, self.in_rate, self.rate = fmt, rate, codec_rate(fmt, rate)
-        self._rs = None
-        if self.rate != rate:
-            import soxr
-
-            self._rs = soxr.ResampleStream(rate, self.rate, 1, dtype="float32", quality="HQ")
+        self._rs = StreamResampler(rate, self.rate)
         self._sink = _Sink()
         self._out = av.open(self._sink if file is None else file, "w", format=container)
         self._stream = self._out.add_stream(codec, rate=self.rate, layout="mono")
@@ -105,16 +102,11 @@ class StreamEncoder:
         return self._sink.take()
 
     def feed(self, chunk) -> bytes:
-        x = np.asarray(chunk, dtype=np.float32).reshape(-1)
-        if self._rs is not None:
-            x = self._rs.resample_chunk(x, last=False)
-        return self._encode(x)
+        return self._encode(self._rs(chunk))
 
     def flush(self) -> bytes:
         """The encoder's last bytes and the container's end."""
-        tail = b""
-        if self._rs is not None:
-            tail = self._encode(self._rs.resample_chunk(np.zeros(0, np.float32), last=True))
+        tail = self._encode(self._rs(np.zeros(0, np.float32), last=True))
         tail += self._encode(None)
         self._out.close()
         return tail + self._sink.take()

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from speechrt.errors import UserError
+from speechrt.models.audio import StreamResampler
 
 from .audio_codecs import CODECS, StreamEncoder, av_module
 
@@ -28,11 +29,7 @@ class AudioEncoder:
         if not (4000 <= out_rate <= 192000):
             raise UserError(f"output sample rate must be in [4000, 192000] Hz, got {out_rate}")
         self.in_rate, self.out_rate, self.format = in_rate, out_rate, format
-        self._rs = None
-        if out_rate != in_rate:
-            import soxr
-
-            self._rs = soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality="HQ")
+        self._rs = StreamResampler(in_rate, out_rate)
 
     def _out(self, x: np.ndarray):
         if self.format == "f32":
@@ -40,15 +37,10 @@ class AudioEncoder:
         return (np.clip(x, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
 
     def feed(self, chunk) -> np.ndarray | bytes:
-        x = chunk.numpy() if isinstance(chunk, torch.Tensor) else np.asarray(chunk, dtype=np.float32)
-        if self._rs is not None:
-            x = self._rs.resample_chunk(x.astype(np.float32, copy=False), last=False)
-        return self._out(x)
+        return self._out(self._rs(chunk.numpy() if isinstance(chunk, torch.Tensor) else chunk))
 
     def flush(self) -> np.ndarray | bytes:
-        if self._rs is None:
-            return self._out(np.zeros(0, np.float32))
-        return self._out(self._rs.resample_chunk(np.zeros(0, np.float32), last=True))
+        return self._out(self._rs(np.zeros(0, np.float32), last=True))
 
 
 def check_encoding(fmt: str) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from speechrt.errors import UserError
+from speechrt.models.audio import StreamResampler
 from speechrt.pipelines.asr import SAMPLE_RATE as MODEL_RATE
 
 
@@ -100,11 +101,7 @@ class InputDecoder:
 
     def __init__(self, fmt: AudioFormat):
         self.fmt = fmt
-        self._rs = None
-        if fmt.rate != MODEL_RATE:
-            import soxr
-
-            self._rs = soxr.ResampleStream(fmt.rate, MODEL_RATE, 1, dtype="float32", quality="HQ")
+        self._rs = StreamResampler(fmt.rate, MODEL_RATE)
 
     def decode(self, raw: bytes, last: bool = False) -> np.ndarray:
         """`last`: the stream ends here (the resampler's held-back samples come out too)."""
@@ -117,9 +114,7 @@ class InputDecoder:
             x = np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
         else:
             x = (ULAW if self.fmt.type == "audio/pcmu" else ALAW)[np.frombuffer(raw, np.uint8)]
-        if self._rs is not None:
-            x = self._rs.resample_chunk(x, last=last)
-        return x
+        return self._rs(x, last=last)
 
 
 class OutputEncoder:
@@ -127,16 +122,10 @@ class OutputEncoder:
 
     def __init__(self, in_rate: int, fmt: AudioFormat):
         self.fmt = fmt
-        self._rs = None
-        if in_rate != fmt.rate:
-            import soxr
-
-            self._rs = soxr.ResampleStream(in_rate, fmt.rate, 1, dtype="float32", quality="HQ")
+        self._rs = StreamResampler(in_rate, fmt.rate)
 
     def encode(self, x: np.ndarray, last: bool = False) -> bytes:
-        x = np.asarray(x, np.float32)
-        if self._rs is not None:
-            x = self._rs.resample_chunk(x, last=last)
+        x = self._rs(x, last=last)
         if self.fmt.type == "audio/pcm":
             return (np.clip(x, -1, 1) * 32767).astype("<i2").tobytes()
         table = ULAW if self.fmt.type == "audio/pcmu" else ALAW
