@@ -182,6 +182,13 @@ class LlamaGraph:
         b = torch.cat([self.w[f"{t}.bq"], self.w[f"{t}.bk"], self.w[f"{t}.bv"]])
         return self.g.op("Add", [qkv, self.g.init(f"{t}.bqkv", b.numpy().astype(self.fdt))], name=f"{t}/qkv_bias")
 
+    def split_qkv(self, qkv: str, i: int) -> list[str]:
+        """Layer i's packed Q/K/V [B, T, (H + 2 Hkv) * D] -> [q, k, v] along the last axis."""
+        cfg, t = self.cfg, f"layers.{i}"
+        H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        sizes = self.g.const_i64(f"{t}.qkv_split", [H * D, Hkv * D, Hkv * D])
+        return self.g.op("Split", [qkv, sizes], n_out=3, name=f"{t}/qkv_split", axis=-1)
+
     def mlp(self, x: str, i: int) -> str:
         """Layer i's gated MLP (SiLU) on x."""
         g, hd = self.g, self.cfg.hidden_dim

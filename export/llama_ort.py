@@ -12,13 +12,7 @@ def head_norms(graph, qkv: str, i: int) -> list[str]:
     [B, T, H * D], [B, T, Hkv * D], [B, T, Hkv * D]; the rotary comes after, inside it)."""
     cfg, g, t = graph.cfg, graph.g, f"layers.{i}"
     H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    q, k, v = g.op(
-        "Split",
-        [qkv, g.const_i64(f"{t}.qkv_split", [H * D, Hkv * D, Hkv * D])],
-        n_out=3,
-        name=f"{t}/qkv_split",
-        axis=-1,
-    )
+    q, k, v = graph.split_qkv(qkv, i)
     flat = g.const_i64("shape_flat_heads", [0, 0, -1])
     out = []
     for x, n, name in ((q, H, "q_norm"), (k, Hkv, "k_norm")):

@@ -54,13 +54,7 @@ def standard_layers(graph, h: str) -> tuple[str, str]:
         res = h if res is None else g.op("Add", [h, res], name=f"{t}/res_attn")
         x = rms(graph, res, graph.norm_weight(f"{t}.attn_norm"), f"{t}/attn_norm")
         qkv = graph.qkv(x, i)
-        q, k, v = g.op(
-            "Split",
-            [qkv, g.const_i64(f"{t}.qkv_split", [H * D, Hkv * D, Hkv * D])],
-            n_out=3,
-            name=f"{t}/qkv_split",
-            axis=-1,
-        )
+        q, k, v = graph.split_qkv(qkv, i)
         q, k = g.op("Reshape", [q, shape_q], name=f"{t}/q4"), g.op("Reshape", [k, shape_kv], name=f"{t}/k4")
         if cfg.qk_norm:  # Qwen3: RMSNorm over each head of Q and K, before the rotary
             q = rms(graph, q, graph.norm_weight(f"{t}.q_norm"), f"{t}/q_norm")
