@@ -31,19 +31,11 @@ def check_output_file(path, what: str = "output", example: str = "out", make_par
         if not found.is_dir():
             raise UserError(f"{what} {path}: {found} is a file, not a directory; give a path in an existing directory")
         if make_parents:
-            problem = _cannot_write_in(found)
-            if problem:
-                raise UserError(
-                    f"{what} {path}: cannot write in {found} ({problem}); choose a directory you can write to"
-                )
-            return p
+            return _writable_in(found, p, what, path)
         raise UserError(f"{what} {path}: the directory {parent} does not exist; create it or give another path")
     if not parent.is_dir():
         raise UserError(f"{what} {path}: {parent} is a file, not a directory; give a path in an existing directory")
-    problem = _cannot_write_in(parent)
-    if problem:
-        raise UserError(f"{what} {path}: cannot write in {parent} ({problem}); choose a directory you can write to")
-    return p
+    return _writable_in(parent, p, what, path)
 
 
 def check_output_dir(path, what: str = "output directory", empty: bool = False) -> Path:
@@ -61,9 +53,14 @@ def check_output_dir(path, what: str = "output directory", empty: bool = False) 
         where = _existing_ancestor(p)
         if not where.is_dir():
             raise UserError(f"{what} {path}: {where} is a file, so no directory can be made under it; give {expected}")
-    problem = _cannot_write_in(where)
+    return _writable_in(where, p, what, path)
+
+
+def _writable_in(d: Path, p: Path, what: str, path) -> Path:
+    """`p` if files can be made in directory `d`, else the UserError saying why (`what` `path`: as given)."""
+    problem = _cannot_write_in(d)
     if problem:
-        raise UserError(f"{what} {path}: cannot write in {where} ({problem}); choose a directory you can write to")
+        raise UserError(f"{what} {path}: cannot write in {d} ({problem}); choose a directory you can write to")
     return p
 
 
