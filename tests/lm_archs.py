@@ -233,6 +233,13 @@ def save_hf(d, name, model, byte_bpe):
     return d
 
 
+def written(name: str, tmp_path_factory, byte_bpe):
+    """(transformers model of architecture `name`, the Hugging Face folder it was saved to in a new temporary
+    directory)."""
+    model = hf_model(name)
+    return model, save_hf(tmp_path_factory.mktemp(name), name, model, byte_bpe)
+
+
 def permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """convert_hf_to_gguf.py LlamaModel.permute (Q/K rows for llama.cpp's interleaved rotary)."""
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)

@@ -256,12 +256,12 @@ def test_lm_slot_release(lm):
 @pytest.fixture(scope="module")
 def arch_models(tmp_path_factory):
     pytest.importorskip("transformers", reason="the models are written by transformers: pip install 'speechrt[peers]'")
-    from lm_archs import ARCHS, CONVERSATION, byte_bpe, greedy_hf, hf_model, save_hf
+    from lm_archs import ARCHS, CONVERSATION, byte_bpe, greedy_hf, written
 
     bpe, out = byte_bpe(), {}
     for name in ARCHS:
-        model = hf_model(name)
-        m = resolve(str(save_hf(tmp_path_factory.mktemp(name), name, model, bpe)), "lm")
+        model, d = written(name, tmp_path_factory, bpe)
+        m = resolve(str(d), "lm")
         ids = LMPipeline(backends.get("torch").lm(m, dtype="float32")).encode_chat(CONVERSATION)
         out[name] = m, ids, greedy_hf(model, ids, 12)
     return out

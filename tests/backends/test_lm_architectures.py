@@ -17,7 +17,7 @@ import torch
 pytest.importorskip("transformers", reason="the comparison peer: pip install 'speechrt[peers]'")
 pytest.importorskip("gguf")
 
-from lm_archs import ARCHS, VOCAB, byte_bpe, hf_logits, hf_model, save_hf  # noqa: E402 - tests/lm_archs.py
+from lm_archs import ARCHS, VOCAB, byte_bpe, hf_logits, written  # noqa: E402 - tests/lm_archs.py
 
 from speechrt import backends  # noqa: E402
 from speechrt.backends.torch import lm as torch_lm  # noqa: E402
@@ -35,8 +35,7 @@ def bpe():
 def arch(request, tmp_path_factory, bpe):
     """(name, transformers model, the resolved speechrt model of its folder)."""
     name = request.param
-    model = hf_model(name)
-    d = save_hf(tmp_path_factory.mktemp(name), name, model, bpe)
+    model, d = written(name, tmp_path_factory, bpe)
     return name, model, registry.resolve(str(d), "lm")
 
 

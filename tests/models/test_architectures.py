@@ -26,6 +26,7 @@ from lm_archs import (  # noqa: E402 - tests/lm_archs.py: the tiny models and th
     hf_model,
     save_hf,
     write_gguf,
+    written,
 )
 
 from speechrt.backends.torch import lm as torch_lm  # noqa: E402
@@ -45,8 +46,7 @@ def bpe():
 def arch(request, tmp_path_factory, bpe):
     """(name, transformers model, its directory, the speechrt pipeline loaded from the directory)."""
     name = request.param
-    model = hf_model(name)
-    d = save_hf(tmp_path_factory.mktemp(name), name, model, bpe)
+    model, d = written(name, tmp_path_factory, bpe)
     rm = registry.resolve(str(d), "lm")
     assert rm.format == "hf-llama"
     return name, model, d, LMPipeline(torch_lm.build(rm, torch.device("cpu"), "float32"))
