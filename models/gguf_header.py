@@ -3,9 +3,9 @@ values and its tensor index, each tensor's data a numpy view of one memory map o
 
 gguf's own GGUFReader builds a numpy view per metadata item: for a 49k-token vocabulary with its merges
 that is ~100k items and ~3.5 s of a 135M model's load on a 2-core CPU, more than dequantizing its weights.
-This reads the same layout with `struct` in one pass (~0.1 s). Block types, their sizes and dequantizers
-still come from the `gguf` package, and files this does not read (byte-swapped, future versions) go
-through GGUFReader (models.gguf_loader.open_reader).
+This reads the same layout with `struct` in one pass (~0.1 s; string arrays in one tight loop). Block
+types, their sizes and dequantizers still come from the `gguf` package, and files this does not read
+(byte-swapped, future versions) go through GGUFReader (models.gguf_loader.open_reader).
 
 Layout: magic "GGUF", version u32, tensor count u64, key/value count u64; per key/value: key (u64 length
 + UTF-8), value type u32, value (arrays: element type u32, count u64, elements); per tensor: name,
@@ -37,6 +37,9 @@ PLAIN = {
     "I32": np.int32,
     "I64": np.int64,
 }
+
+
+_U64 = struct.Struct("<Q")
 
 
 class Unsupported(Exception):
@@ -76,6 +79,20 @@ class _Cursor:
         self.pos = end
         return s
 
+    def strings(self, count: int) -> list[str]:
+        """An array of `count` strings (a vocabulary, its merges): string() in one tight loop, ~5x faster."""
+        buf, pos, size, out = self.buf, self.pos, len(self.buf), []
+        length = _U64.unpack_from
+        for _ in range(count):
+            (n,) = length(buf, pos)
+            pos += 8
+            if pos + n > size:
+                raise ValueError(f"a string of {n} bytes runs past the end of the file")
+            out.append(str(buf[pos : pos + n], "utf-8"))
+            pos += n
+        self.pos = pos
+        return out
+
     def dims(self) -> tuple[int, ...]:
         n = self.unpack("<I")
         if n > 8:
@@ -91,6 +108,8 @@ class _Cursor:
                 a = np.frombuffer(self.buf, NUMPY[etype], count, self.pos)
                 self.pos += a.nbytes
                 return a.tolist()
+            if etype == 8:
+                return self.strings(count)
             return [self.value(etype) for _ in range(count)]
         if vtype not in SCALARS:
             raise ValueError(f"unknown metadata value type {vtype}")
