@@ -146,7 +146,12 @@ def _dequantize_whole(t) -> np.ndarray:
     values as quants.dequantize, which splits a tensor into groups of rows in a Python loop (3x slower)."""
     from gguf import quants
 
-    return quants._type_traits[t.tensor_type].dequantize_rows(np.asarray(t.data))
+    raw = np.asarray(t.data)
+    if t.tensor_type.name == "Q8_0":  # (a tied output head's usual type) the same product, 4x faster in one pass
+        blocks = raw.reshape(-1, 34)
+        d = np.ascontiguousarray(blocks[:, :2]).view(np.float16).astype(np.float32)
+        return np.multiply(np.ascontiguousarray(blocks[:, 2:]).view(np.int8), d, dtype=np.float32).reshape(-1)
+    return quants._type_traits[t.tensor_type].dequantize_rows(raw)
 
 
 def _q4_blocks(t, shape, heads: int | None = None):
