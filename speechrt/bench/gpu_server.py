@@ -75,6 +75,10 @@ def check_server_ramp(args, out) -> tuple[str, str]:
     out.records += res.records
     out.skipped += res.skipped
     out.notes += res.notes
+    if args.device.startswith("cuda"):
+        import torch
+
+        out.notes.append(f"server-ramp on {torch.cuda.get_device_name(torch.device(args.device))} ({args.device})")
     by = {(r.params.get("streams"), r.metric): r.value for r in res.records if "worker" not in r.params}
     ran = sorted({n for n, _ in by if n is not None})
     best = next((r.value for r in res.records if r.metric == "max_streams_p95_final_le_1s"), 0)

@@ -1,11 +1,12 @@
 """`bench server`'s client processes: a level's streams shared out over several processes, each running its share on
 its own event loop, and their results and CPU time gathered into one level.
 
-One event loop holds Python's lock for every stream it runs: past a few hundred real-time streams (a stream costs
-the client ~1-2 ms of CPU a second on a Xeon core, docs/benchmarking.md) one process would be the bottleneck, not the
-server. The processes are started once (spawned: nothing of the parent's threads or models comes along), are sent
-the recordings' chunk messages once, and run level after level: stream i goes to process i mod k, so every process
-gets an even share of the staggered start times, and all start at one wall-clock instant."""
+One event loop holds Python's lock for every stream it runs: past several hundred real-time streams (a stream costs
+the client ~1 ms of CPU a second on a Xeon core, ten chunks of ~100 us, docs/benchmarking.md) one process would be
+the bottleneck, not the server. The processes are started once (spawned: nothing of the parent's threads or models
+comes along), are sent the recordings' chunk messages once, and run level after level: stream i goes to process
+i mod k, so every process gets an even share of the staggered start times, and all start at one wall-clock
+instant."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from speechrt.bench.pacing import FINAL_WAIT_S
 from speechrt.bench.server_streams import run_streams
 
-STREAMS_PER_PROCESS = 128  # the default's share: well under half a core of client CPU (measured ~0.2 core)
+STREAMS_PER_PROCESS = 128  # the default's share: ~0.13 of a core of client CPU (~100 us a chunk, 10 chunks a second)
 START_MARGIN_S = 0.5  # a level starts this long after its shares are sent: every process is waiting by then
 
 
