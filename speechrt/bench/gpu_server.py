@@ -89,7 +89,8 @@ def check_server_ramp(args, out) -> tuple[str, str]:
         gpu = "none" if gpu is None else f"{gpu:.0%}"
         return (
             f"GPU busy {gpu}, engine busy {by.get((n, 'engine_busy_fraction'), 0):.0%}, "
-            f"server {by.get((n, 'server_cpu_cores'), 0):.2f} cores, busiest client process "
+            f"server {by.get((n, 'server_cpu_cores'), 0):.2f} cores, host {by.get((n, 'host_cpu_cores'), 0):.2f} "
+            f"cores, busiest client process "
             f"{by.get((n, 'client_cpu_busiest_fraction'), 0):.0%} of a core"
         )
 

@@ -25,6 +25,7 @@ LOAD = (
     ("engine_busy", "engine busy", "{:.0%}"),
     ("vad_cores", "VAD", "{:.2f} cores"),
     ("gpu_busy", "GPU", "{:.0%}"),
+    ("host_cpu_cores", "host", "{:.2f} cores"),
     ("client_cpu_cores", "clients", "{:.2f} cores"),
     ("client_cpu_share", "busiest client", "{:.0%}"),
 )  # printed after a level's row ("none" where a key's value is None: no GPU sampled)
@@ -75,15 +76,15 @@ def engine_shares(before: dict, after: dict, wall: float) -> dict[str, float]:
 
 class LevelLoad:
     """`with LevelLoad(base_url, device) as load: <the level>` -> load.row: loaded_margin (finals), server_cpu_cores,
-    engine_busy (fraction of the level's time), vad_cores, those that could be read, and gpu_busy (fraction; None
-    where no GPU was sampled); with several workers (or Ray replicas) the cores summed, engine_busy their engines'
-    mean and engine_busy_workers each one's share."""
+    engine_busy (fraction of the level's time), vad_cores, host_cpu_cores (the whole machine's), those that could
+    be read, and gpu_busy (fraction; None where no GPU was sampled); with several workers (or Ray replicas) the cores
+    summed, engine_busy their engines' mean and engine_busy_workers each one's share."""
 
     def __init__(self, base: str, device: str):
         self.base, self.gpu, self.row = base, GpuBusy(device), {}
 
     def __enter__(self):
-        self.before, self.t0 = counters(self.base), time.monotonic()
+        self.before, self.t0, self.host = counters(self.base), time.monotonic(), host_busy_seconds()
         self.gpu.__enter__()
         return self
 
@@ -103,6 +104,22 @@ class LevelLoad:
         elif "engine_busy" in self.row and after.get("replicas", 1) > 1:
             self.row["engine_busy"] /= after["replicas"]
         self.row["gpu_busy"] = statistics.mean(self.gpu.samples) / 100 if self.gpu.samples else None
+        host = host_busy_seconds()
+        if host is not None and self.host is not None:  # every process on the machine: is the host itself full?
+            self.row["host_cpu_cores"] = (host - self.host) / wall
+
+
+def host_busy_seconds() -> float | None:
+    """CPU seconds the whole machine has been busy (all cores, every process: /proc/stat's cpu line less its idle
+    and iowait), or None where there is no /proc/stat (not Linux)."""
+    import os
+
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # (guest time is within user)
 
 
 def nvml_index(device: str) -> int:

@@ -71,7 +71,7 @@ def print_row(name, row, conversation):
 
 def load_text(row) -> str:
     """A level's load in words: "server 1.20 cores, engine busy 45% (workers 40%, 50%), VAD 0.20 cores, GPU none,
-    clients 0.30 cores, busiest client 12% in 2 client processes"."""
+    host 1.60 cores, clients 0.30 cores, busiest client 12% in 2 client processes"."""
     parts = []
     for k, what, fmt in LOAD:
         if k in row:
@@ -144,6 +144,7 @@ def records(engine, mode, rows, peer_label, levels) -> list[Record]:
                 ("client_processes", "client_processes", "processes"),
                 ("client_cpu_cores", "client_cpu_cores", "cores"),
                 ("client_cpu_share", "client_cpu_busiest_fraction", "fraction"),
+                ("host_cpu_cores", "host_cpu_cores", "cores"),
             )
             if row.get(k) is not None
         ]

@@ -46,7 +46,9 @@ def _check_sweep(res, engine, levels):
 
 def test_sweep_against_speechrt(bench, tmp_path):
     out = tmp_path / "sweep.json"
-    r = bench("server", "--streams", "1,2", "--utterances", "2", "--peer", "none", "--json", out)
+    r = bench(
+        "server", "--streams", "1,2", "--utterances", "2", "--client-processes", "2", "--peer", "none", "--json", out
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     res = load(out)
     rows = _check_sweep(res, "speechrt", [1, 2])
@@ -69,7 +71,9 @@ def test_sweep_against_speechrt(bench, tmp_path):
         assert 0 < by[(n, "engine_busy_fraction")].value <= 1.05
         assert 0 < by[(n, "vad_cores")].value < by[(n, "server_cpu_cores")].value
         assert (n, "gpu_busy_fraction") not in by  # sampled on CUDA devices only
-    assert "(server " in r.stdout and "engine busy" in r.stdout and ", VAD " in r.stdout
+        assert by[(n, "client_processes")].value == n  # --client-processes 2, at most one a stream
+        assert 0 <= by[(n, "client_cpu_busiest_fraction")].value <= 1 and by[(n, "client_cpu_cores")].value > 0
+    assert "(server " in r.stdout and "engine busy" in r.stdout and ", VAD " in r.stdout and "GPU none" in r.stdout
 
 
 def test_level_summary_compares_the_same_utterances_alone():
@@ -231,6 +235,7 @@ def test_two_client_processes_gather_every_stream_as_one_process_does(full_serve
     the busiest client process's share of its core."""
     import argparse
     import math
+    import os
 
     from speechrt.bench import server
     from speechrt.bench.server_clients import ClientPool
@@ -257,8 +262,9 @@ def test_two_client_processes_gather_every_stream_as_one_process_does(full_serve
         assert row["client_processes"] == processes and row["gpu_busy"] is None  # a CPU: no GPU sampled
         for key in ("engine_busy", "client_cpu_share"):
             assert 0 <= row[key] <= 1.05, (key, row[key])
-        for key in ("server_cpu_cores", "client_cpu_cores"):
-            assert math.isfinite(row[key]) and 0 < row[key] <= 8, (key, row[key])
+        for key in ("server_cpu_cores", "client_cpu_cores", "host_cpu_cores"):
+            assert math.isfinite(row[key]) and 0 < row[key] <= (os.cpu_count() or 1) + 0.5, (key, row[key])
+        assert row["host_cpu_cores"] >= row["client_cpu_cores"]  # the host's cores count every process's
         assert row["engine_busy"] > 0 and "GPU none" in load_text(row)
         got[processes] = results
     # the same fields per utterance whichever way the streams were sent (live deltas may or may not have come)
