@@ -361,3 +361,16 @@ def test_each_workers_engine_busy_share_is_read_from_metrics_that_list_workers()
     assert engine_shares(before, after, 10.0) == {"0": 0.5, "1": 0.25}
     ray = 'speechrt_replica_engine_busy_seconds_total{replica="a",node="n1"} 2.5\n'
     assert parse_counters(ray, "speechrt_cluster_", ())["workers"] == {"a": 2.5}
+
+
+def test_no_level_starts_past_the_time_budget(full_server, bench, tmp_path):
+    """--time-budget: a level that would start past it is not run, and is recorded as skipped with the reason."""
+    out = tmp_path / "budget.json"
+    r = bench(
+        "server", "--url", full_server, "--streams", "1,2", "--time-budget", "0", "--peer", "none", "--json", out
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = load(out)
+    assert not [x for x in res.records if "streams" in x.params]
+    assert [(s.what, s.reason) for s in res.skipped] == [("speechrt 1,2 streams", "past --time-budget 0 s")]
+    assert "(levels 1,2 not run: past --time-budget 0 s)" in r.stdout
