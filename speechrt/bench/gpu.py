@@ -21,7 +21,11 @@ Checks, in order (each one pass / fail / skip with what it compared or why it co
   voice graph like the CPU provider does;
 - tensorrt: the TensorRT package, if installed;
 - roofline: `speechrt bench kernels` (Triton vs torch eager and torch.compile against the measured
-  copy/GEMM roofline), its records in the same file.
+  copy/GEMM roofline), its records in the same file;
+- server-ramp: the streaming server's load ramp (`bench server` from several client processes: 1, 64, 128, ...,
+  2048 streams, to the first level that misses p95 final <= 1 s, within --server-budget), with the GPU's busy share
+  (NVML), the engines' and the host's cores per level, its records in the same file (gpu_server.py; with
+  `--device cpu` it runs on the CPU, all but CUDA and NVML).
 
 The backend parity checks are gpu_parity.py, the graph checks gpu_graphs.py. Without a GPU every check that
 needs one is a skip that says so; the exit status is 1 only when a check
@@ -36,6 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from speechrt.bench import gpu_server
 from speechrt.bench.gpu_graphs import check_asr_batches, check_cuda_graphs, check_lm_graphs
 from speechrt.bench.gpu_parity import (
     check_asr_onnxruntime,
@@ -76,10 +81,12 @@ def add_arguments(p):
                 "onnxruntime",
                 "tensorrt",
                 "roofline",
+                "server-ramp",
             ]
         ),
     )
     p.add_argument("--quick", action="store_true", help="roofline without torch.compile (minutes less)")
+    gpu_server.add_arguments(p)
 
 
 def _no_gpu() -> str | None:
@@ -240,6 +247,7 @@ CHECKS = {
     "onnxruntime": check_onnxruntime,
     "tensorrt": check_tensorrt,
     "roofline": check_roofline,
+    "server-ramp": gpu_server.check_server_ramp,  # called with the command's options: (args, out)
 }
 NEEDS_TORCH_GPU = {
     "gpu",
@@ -252,8 +260,9 @@ NEEDS_TORCH_GPU = {
     "asr-batches",
     "lm-graphs",
     "roofline",
+    "server-ramp",  # except with --device cpu
 }
-NEEDS_TRITON = NEEDS_TORCH_GPU - {"gpu", "asr-onnxruntime", "lm-onnxruntime"}
+NEEDS_TRITON = NEEDS_TORCH_GPU - {"gpu", "asr-onnxruntime", "lm-onnxruntime", "server-ramp"}
 
 
 def run(args):
@@ -275,14 +284,17 @@ def run(args):
     dev = torch.device(args.device) if no_gpu is None else None
     for name in names:
         t0 = time.monotonic()
-        if name in NEEDS_TORCH_GPU and no_gpu:
+        if name in NEEDS_TORCH_GPU and no_gpu and not (name == "server-ramp" and args.device == "cpu"):
             status, detail = "skip", no_gpu
         elif name in NEEDS_TRITON and no_triton:
             status, detail = "skip", no_triton
         else:
             try:
                 fn = CHECKS[name]
-                status, detail = fn(dev, out, args.quick) if name == "roofline" else fn(dev, out)
+                if name == "server-ramp":
+                    status, detail = fn(args, out)
+                else:
+                    status, detail = fn(dev, out, args.quick) if name == "roofline" else fn(dev, out)
             except Exception as e:  # a crashing check is a failed check, and the others still run
                 status, detail = "fail", f"{type(e).__name__}: {e}"
         out.checks.append(Check(name, status, detail))

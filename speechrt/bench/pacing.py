@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 
 # how long a stream waits for an utterance's final transcript (or its answer) before counting it lost; long
@@ -23,14 +24,23 @@ def listen(ws) -> tuple[asyncio.Queue, asyncio.Task]:
     return events, asyncio.create_task(reader())
 
 
-async def send_paced(send, n_samples: int, rate: int, chunk_s: float, speech: tuple[float, float]):
+async def send_paced(send, n_samples: int, rate: int, chunk_s: float, speech: tuple[float, float], tick_s: float = 0.0):
     """Send n_samples of audio at real-time pace, `send(start, end)` one chunk of samples at a time ->
-    (send time of the first speech sample, of the last one): `speech` is (start, end) in seconds."""
+    (send time of the first speech sample, of the last one): `speech` is (start, end) in seconds. tick_s > 0 puts
+    every send on a grid of the event loop's clock `tick_s` apart (at most tick_s late): the streams of one
+    process that are due in the same tick wake together, one timer pass for all of them instead of one each."""
     step = int(rate * chunk_s)
-    t0 = time.perf_counter()
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    if tick_s:
+        t0 = math.ceil(t0 / tick_s) * tick_s
     t_speech_start = t_speech_end = None
     for k, i in enumerate(range(0, n_samples, step)):
-        await asyncio.sleep(max(0.0, t0 + k * chunk_s - time.perf_counter()))
+        when = t0 + k * chunk_s
+        if tick_s:
+            when = round(when / tick_s) * tick_s
+        if when > loop.time():
+            await sleep_until(loop, when)
         await send(i, i + step)
         sent = (i + step) / rate
         if t_speech_start is None and sent >= speech[0]:
@@ -38,3 +48,18 @@ async def send_paced(send, n_samples: int, rate: int, chunk_s: float, speech: tu
         if t_speech_end is None and sent >= speech[1]:
             t_speech_end = time.perf_counter()
     return t_speech_start, t_speech_end
+
+
+async def sleep_until(loop, when: float) -> None:
+    """Sleep until the event loop's clock reads `when` (timers at the same `when` fire in one pass)."""
+    fut = loop.create_future()
+    handle = loop.call_at(when, _wake, fut)
+    try:
+        await fut
+    finally:
+        handle.cancel()
+
+
+def _wake(fut) -> None:
+    if not fut.done():
+        fut.set_result(None)

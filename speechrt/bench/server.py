@@ -20,33 +20,20 @@ so every turn ends in the same instant (the burst case: N transcripts asked for 
 from __future__ import annotations
 
 import asyncio
-import json
-import re
-import socket
-import subprocess
-import sys
-import tempfile
 import time
-import urllib.request
 
 from speechrt.bench import whisper_live
 from speechrt.bench.fingerprint import usable_cores
+from speechrt.bench.pacing import FINAL_WAIT_S
 from speechrt.bench.record import Results
-from speechrt.bench.server_load import LevelLoad
+from speechrt.bench.server_clients import STREAMS_PER_PROCESS, ClientPool
+from speechrt.bench.server_engines import Speechrt, WhisperLive, client_processes
 from speechrt.bench.server_results import BOUND_S, LIVE_BOUND_S, WER_SLACK, long_turn, print_row, records, summary
-from speechrt.bench.server_streams import (
-    CHUNK_MS,
-    QUESTIONS,
-    SENTENCES,
-    recordings,
-    run_level,
-    start_delays,
-    turn_detection,
-    utterances_per_stream,
-)
+from speechrt.bench.server_streams import CHUNK_MS, QUESTIONS, SENTENCES, recordings, spoken, turn_detection
 from speechrt.cli_paths import output_file
 
-RAMP = (1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128, 192, 256)  # --find-max levels; the server admits 256
+# --find-max levels: to 24 a 2-core CPU's range, then a GPU's; the started server admits the top level
+RAMP = (1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 
 
 def add_arguments(p):
@@ -75,14 +62,38 @@ def add_arguments(p):
         "--find-max",
         action="store_true",
         help="ramp streams up (1, 2, 4, 6, 8, 10, 12, 16, 20, 24, "
-        "32, then 48, 64, 96, 128, 192, 256 for a GPU) to find the largest N with p95 final <= 1 s "
-        "(reported too: the largest that also keeps live p50 <= 1 s and WER within a point of the same "
-        "utterances alone)",
+        "32, then 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048 for a GPU) to find the largest N with "
+        "p95 final <= 1 s, stopping at the first level that misses it (reported too: the largest that also keeps "
+        "live p50 <= 1 s and WER within a point of the same utterances alone)",
     )
     p.add_argument(
         "--max-streams", type=int, default=24, help="upper end of the --find-max ramp (default: %(default)s)"
     )
     p.add_argument("--keep-going", action="store_true", help="run every level even after one missed p95 final <= 1 s")
+    p.add_argument(
+        "--client-processes",
+        default="auto",
+        metavar="N",
+        help="processes that send a level's streams, each its share on its own event loop (stream i in process i "
+        f"mod N); auto (default): one per {STREAMS_PER_PROCESS} streams of the level, at most half the cores, "
+        "1 up to 128 streams (this process)",
+    )
+    p.add_argument(
+        "--final-wait",
+        type=float,
+        default=FINAL_WAIT_S,
+        metavar="SECONDS",
+        help="how long a stream waits for an utterance's final transcript (or answer) before counting it and the "
+        "stream's later utterances lost (default: %(default)s)",
+    )
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="start no level past this many seconds of the sweep (the levels left are recorded as skipped; "
+        "default: no limit)",
+    )
     p.add_argument(
         "--peer",
         choices=["auto", "whisper-live", "none"],
@@ -125,6 +136,7 @@ def add_arguments(p):
     )
     p.add_argument("--threads", type=int, default=None, help="PyTorch threads of the started server (and the peer's)")
     p.add_argument("--backend", default="auto", help="the started server's --backend (default auto, as serve)")
+    p.add_argument("--workers", type=int, default=None, help="the started server's --workers (default: the server's)")
     p.add_argument("--device", default="cpu", help="the started server's --device (default: %(default)s)")
     p.add_argument(
         "--asr-loop-threads", type=int, default=1, help="the started server's --asr-loop-threads (default: %(default)s)"
@@ -184,67 +196,6 @@ def add_arguments(p):
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(args, conversation: bool):
-    """`speechrt serve` started in its own process with `bench server`'s options `args` (a conversation server, or
-    transcription only) -> (process, its Realtime URL, its /healthz)."""
-    port = _free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "speechrt",
-        "serve",
-        "--port",
-        str(port),
-        "--max-sessions",
-        "256",
-        "--backend",
-        args.backend,
-        "--device",
-        args.device,
-    ]
-    if not conversation:
-        cmd.append("--transcription-only")
-    if args.threads:
-        cmd += ["--threads", str(args.threads)]
-    cmd += [
-        "--partial-interval",
-        str(args.partial_interval),
-        "--asr-loop-threads",
-        str(args.asr_loop_threads),
-        "--lm-threads",
-        str(args.lm_threads),
-    ]
-    if args.max_batch is not None:
-        cmd += ["--max-batch", str(args.max_batch)]
-    if args.final_margin is not None:
-        cmd += ["--final-margin", str(args.final_margin)]
-    if args.loaded_final_margin is not None:
-        cmd += ["--loaded-final-margin", str(args.loaded_final_margin)]
-    if not args.speculative_replies:
-        cmd.append("--no-speculative-replies")
-    log = tempfile.TemporaryFile("w+")  # (a pipe nobody reads could fill up and stall the server)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            log.seek(0)
-            raise SystemExit(f"server exited: {log.read()}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
-                health = json.load(r)
-            return proc, f"ws://127.0.0.1:{port}/v1/realtime", health
-        except OSError:
-            time.sleep(0.3)
-    proc.kill()
-    raise SystemExit("server did not start in 300 s")
-
-
 def _also_urls(args) -> list[tuple[str, str]]:
     from speechrt.errors import UserError
 
@@ -273,69 +224,6 @@ def _levels(args) -> list[int]:
     return sorted(set(levels))
 
 
-def http_base(url: str) -> str:
-    """ws://host:port/v1/realtime -> http://host:port (wss -> https)."""
-    return url.replace("ws://", "http://").replace("wss://", "https://").split("/v1/")[0]
-
-
-class _Speechrt:
-    """speechrt's server: started here (one per mode) or the one at --url."""
-
-    name = "speechrt"
-
-    def __init__(self, args, conversation, url=None, name="speechrt"):
-        self.proc, self.args, self.conversation, self.name = None, args, conversation, name
-        if url or args.url:
-            self.url = url or args.url
-            with urllib.request.urlopen(http_base(self.url) + "/healthz", timeout=10) as r:
-                health = json.load(r)
-        else:
-            self.proc, self.url, health = start_server(args, conversation)
-        # RunnerInfo's text: "whisper-tiny.en (ct2-whisper) as float32 on torch/cpu, ..."
-        m = re.search(r" as (\S+) on ([^/\s]+)/([^,\s]+)", health.get("runners", {}).get("asr", ""))
-        self.backend, self.precision, self.device = (
-            (m.group(2), m.group(1), m.group(3)) if m else (args.backend, "?", args.device)
-        )
-
-    def level(self, recs, n):
-        with LevelLoad(http_base(self.url), self.device) as load:
-            results = asyncio.run(run_level(self.url, recs, n, self.args, self.conversation))
-        self.last = load.row
-        return results
-
-    def close(self):
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(30)
-
-
-class _WhisperLive:
-    name = whisper_live.NAME
-
-    def __init__(self, args, venv, recs):
-        from speechrt.models.registry import resolve
-
-        self.args = args
-        self.model_dir = resolve(None, "asr").path
-        self.server = whisper_live.Server(venv, self.model_dir, args.threads or usable_cores())
-        self.url = self.server.url
-        self.backend, self.device = "ctranslate2", "cpu"
-        self.precision = "int8"  # what its faster-whisper backend picks on the CPU
-        self.version = whisper_live.version(venv)
-        self.server.warm_up(recs[0][1])
-
-    def level(self, recs, n):
-        delays = start_delays(recs, n, False, self.args.stagger)
-        return asyncio.run(
-            whisper_live.level(
-                self.url, str(self.model_dir), recs, n, utterances_per_stream(self.args, recs, n), delays
-            )
-        )
-
-    def close(self):
-        self.server.close()
-
-
 def _peer_venv(args, out: Results):
     """The peer's virtual environment, or None (with the reason recorded) when it will not run."""
     from pathlib import Path
@@ -355,12 +243,22 @@ def _peer_venv(args, out: Results):
     return venv
 
 
-def _sweep(engines, recs, levels, conversation, keep_going, out: Results) -> dict:
+def _sweep(engines, recs, levels, conversation, args, out: Results) -> dict:
     """Every level on every engine in turn (so both see the same background load); an engine stops after
-    its first level over the bound unless keep_going. -> {engine name: [rows]}"""
+    its first level over the bound unless --keep-going; no level starts past --time-budget. -> {engine name: [rows]}"""
     rows = {e.name: [] for e in engines}
-    active = list(engines)
+    active, t0 = list(engines), time.monotonic()
     for n in levels:
+        if args.time_budget is not None and time.monotonic() - t0 > args.time_budget:
+            rest = [m for m in levels if m >= n]
+            for e in active:
+                out.skip(
+                    "server",
+                    f"{e.name} {','.join(map(str, rest))} streams",
+                    f"past --time-budget {args.time_budget:g} s",
+                )
+            print(f"(levels {','.join(map(str, rest))} not run: past --time-budget {args.time_budget:g} s)")
+            break
         for e in list(active):
             try:
                 alone = next((r for r in rows[e.name] if r["streams"] == 1), None)
@@ -374,18 +272,50 @@ def _sweep(engines, recs, levels, conversation, keep_going, out: Results) -> dic
                 continue
             rows[e.name].append(row)
             print_row(e.name, row, conversation)
-            if not row["ok"] and not keep_going:
+            if not row["ok"] and not args.keep_going:
                 active.remove(e)
                 rest = [m for m in levels if m > n]
                 if rest:
-                    out.skip(
-                        "server",
-                        f"{e.name} {','.join(map(str, rest))} streams",
-                        f"p95 final latency passed {BOUND_S:g} s at {n} streams",
-                    )
+                    out.skip("server", f"{e.name} {','.join(map(str, rest))} streams", _missed(row))
         if not active:
             break
     return rows
+
+
+def _missed(row) -> str:
+    """Why a level missed the bound, in words."""
+    n, p95 = row["streams"], row["final"]["p95"]
+    why = []
+    if p95 is not None and p95 > BOUND_S:
+        why.append(f"p95 final latency passed {BOUND_S:g} s at {n} streams")
+    if row["lost"]:
+        refused = f", {row['refused']} refused" if row.get("refused") else ""
+        why.append(f"{row['lost']} utterances without a final transcript at {n} streams{refused}")
+    return "; ".join(why)
+
+
+def _check(args) -> None:
+    from speechrt.errors import UserError
+
+    if args.client_processes != "auto" and not (args.client_processes.isdigit() and int(args.client_processes) >= 1):
+        raise UserError(f"--client-processes must be a positive number or auto, got {args.client_processes!r}")
+    if not args.final_wait > 0:
+        raise UserError(f"--final-wait must be a positive number of seconds, got {args.final_wait:g}")
+
+
+def raise_open_files_limit() -> None:
+    """Open files up to the hard limit for this process and those it starts (the server, the client processes): a
+    level of 2,048 streams holds 2,048 sockets on each side, past the usual soft limit of 1,024."""
+    try:
+        import resource
+    except ImportError:  # (not on Windows)
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 16, hard))
+        except (ValueError, OSError):
+            pass
 
 
 def run(args):
@@ -396,6 +326,8 @@ def run(args):
         whisper_live.setup(Path(args.peer_venv))
         return 0
     levels = _levels(args)
+    _check(args)
+    raise_open_files_limit()
     modes = ["transcription", "conversation"] if args.mode == "both" else [args.mode]
     venv = _peer_venv(args, out) if "transcription" in modes else None
     settings = (
@@ -410,12 +342,13 @@ def run(args):
         # stream i speaks recordings i, i+1, ...: synthesize only those the highest level uses
         texts = QUESTIONS if conversation else SENTENCES
         recs = recordings(texts[: max(levels) + args.utterances - 1])
-        engines = [_Speechrt(args, conversation)] + [
-            _Speechrt(args, conversation, url, name) for name, url in _also_urls(args)
-        ]
+        clients = ClientPool(spoken(recs), max(client_processes(args, n) for n in levels))
+        engines = []
         try:
+            engines.append(Speechrt(args, conversation, clients, max_sessions=max(256, *levels)))
+            engines += [Speechrt(args, conversation, clients, url, name) for name, url in _also_urls(args)]
             if venv is not None and not conversation:
-                engines.append(_WhisperLive(args, venv, recs))
+                engines.append(WhisperLive(args, venv, recs))
                 out.notes.append(
                     f"peer: {whisper_live.NAME} {engines[-1].version} on the same model.bin "
                     f"(faster-whisper backend, {engines[-1].precision}, one shared model)"
@@ -428,13 +361,14 @@ def run(args):
                 head + "    WER   (latencies in ms; first live: speech start -> first live delta; final: end of "
                 "speech -> completed)"
             )
-            rows = _sweep(engines, recs, levels, conversation, args.keep_going, out)
+            rows = _sweep(engines, recs, levels, conversation, args, out)
             if args.long_turn > 0 and not conversation:
                 long_turn(engines[0], recs, args, out)
         finally:
             for e in engines:
                 e.close()
-        peer = next((e for e in engines if isinstance(e, _WhisperLive)), None)
+            clients.close()
+        peer = next((e for e in engines if isinstance(e, WhisperLive)), None)
         peer_label = f"{peer.name} {peer.precision}" if peer else ""
         for e in engines:
             ok = [r["streams"] for r in rows[e.name] if r["ok"]]

@@ -24,6 +24,7 @@ def summary(n, results, conversation, alone: dict | None = None) -> dict:
     word error rate of the same utterances spoken alone; how many utterances' live deltas did not add up to
     their final transcript (words sent live that the final transcript does not begin with)."""
     row = {"streams": n, "utterances": len(results), "lost": sum("final" not in r for r in results)}
+    row["refused"] = len({r["stream"] for r in results if "refused" in r})  # sessions refused or never connected
     for key in KEYS if conversation else KEYS[:2]:
         xs = [r[key] for r in results if key in r]
         row[key] = {
@@ -59,11 +60,28 @@ def print_row(name, row, conversation):
     alone = f" (alone {100 * row['wer_alone']:.1f}%)" if "wer_alone" in row and row["streams"] > 1 else ""
     live = f"  {row['live_inconsistent']} with live text unlike the final" if row.get("live_inconsistent") else ""
     loaded = f"  {row['loaded_margin']} finals with the loaded margin" if row.get("loaded_margin") else ""
-    load = "".join(f", {what} {fmt.format(row[k])}" for k, what, fmt in LOAD if k in row)
+    if row.get("refused"):
+        lost += f"  ({row['refused']} sessions refused or not connected)"
+    load = load_text(row)
     print(
-        line + f"  {100 * row['wer']:5.1f}%" + alone + lost + live + loaded + (f"  ({load[2:]})" if load else ""),
+        line + f"  {100 * row['wer']:5.1f}%" + alone + lost + live + loaded + (f"  ({load})" if load else ""),
         flush=True,
     )
+
+
+def load_text(row) -> str:
+    """A level's load in words: "server 1.20 cores, engine busy 45% (workers 40%, 50%), VAD 0.20 cores, GPU none,
+    host 1.60 cores, clients 0.30 cores, busiest client 12% in 2 client processes"."""
+    parts = []
+    for k, what, fmt in LOAD:
+        if k in row:
+            parts.append(f"{what} {'none' if row[k] is None else fmt.format(row[k])}")
+            if k == "engine_busy" and row.get("engine_busy_workers"):
+                parts[-1] += " (workers " + ", ".join(f"{v:.0%}" for v in row["engine_busy_workers"].values()) + ")"
+    text = ", ".join(parts)
+    if "client_processes" in row:
+        text += f" in {row['client_processes']} client process" + ("es" if row["client_processes"] > 1 else "")
+    return text
 
 
 def records(engine, mode, rows, peer_label, levels) -> list[Record]:
@@ -122,9 +140,27 @@ def records(engine, mode, rows, peer_label, levels) -> list[Record]:
                 ("server_cpu_cores", "server_cpu_cores", "cores"),
                 ("engine_busy", "engine_busy_fraction", "fraction"),
                 ("vad_cores", "vad_cores", "cores"),
-                ("gpu_busy", "gpu_busy_fraction", "fraction"),
+                ("gpu_busy", "gpu_busy_fraction", "fraction"),  # None (no record) where no GPU was sampled
+                ("client_processes", "client_processes", "processes"),
+                ("client_cpu_cores", "client_cpu_cores", "cores"),
+                ("client_cpu_share", "client_cpu_busiest_fraction", "fraction"),
+                ("host_cpu_cores", "host_cpu_cores", "cores"),
             )
-            if k in row
+            if row.get(k) is not None
+        ]
+        out += [
+            Record(
+                metric="engine_busy_fraction",
+                unit="fraction",
+                value=v,
+                better="",
+                **{
+                    **common,
+                    "workload": f"{common['workload']}, worker {w}",
+                    "params": {**common["params"], "worker": w},
+                },
+            )
+            for w, v in row.get("engine_busy_workers", {}).items()
         ]
     for metric, key in (("max_streams_p95_final_le_1s", "ok"), ("max_streams_meeting_targets", "meets")):
         if rows:

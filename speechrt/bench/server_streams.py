@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from typing import NamedTuple
 
 import numpy as np
+from websockets.exceptions import WebSocketException
 
 from speechrt.bench.pacing import FINAL_WAIT_S, listen, send_paced
 from speechrt.models.wer import normalize
@@ -49,6 +51,8 @@ DENSE_RATE = 1.1  # the voice's speaking rate for the dense monologue: ~250 word
 DENSE_PAUSE_S = 0.08  # no quiet stretch in the dense monologue is longer than this
 CHUNK_MS = 100
 RATE = 24000
+STEP = RATE * CHUNK_MS // 1000  # samples a chunk
+TICK_S = 0.01  # a process's streams send on a 10-ms grid (pacing.send_paced)
 
 
 def recordings(texts):
@@ -130,14 +134,44 @@ def dense_recording(seconds: float, rate: float = DENSE_RATE, pause_s: float = D
     return " ".join(texts), pcm, len(lead) / RATE, (len(lead) + len(speech)) / RATE
 
 
+class Spoken(NamedTuple):
+    """A recording as a stream sends it: its text, its pcm16 cut into CHUNK_MS chunks already written as the
+    `input_audio_buffer.append` messages that carry them (base64 and JSON made once, shared by every stream that
+    speaks it), its speech span in seconds and its length in samples."""
+
+    text: str
+    messages: tuple[str, ...]
+    s0: float
+    s1: float
+    samples: int
+
+
+def spoken(recs) -> list[Spoken]:
+    """recordings()' (text, pcm16 bytes, speech start s, speech end s) -> what the streams send (Spoken)."""
+    step = 2 * STEP  # bytes a chunk
+    return [
+        Spoken(
+            text,
+            tuple(
+                json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[i : i + step]).decode()})
+                for i in range(0, len(pcm), step)
+            ),
+            s0,
+            s1,
+            len(pcm) // 2,
+        )
+        for text, pcm, s0, s1 in recs
+    ]
+
+
 async def long_level(url, recs, long_rec, args):
     """One session speaks `long_rec`; another, starting 5 s later, speaks its utterances. -> (the long turn's
     result, the other's results)."""
     long_res, short_res = [], []
     td = turn_detection(args)
     await asyncio.gather(
-        stream_session(url, [long_rec], 0, 1, td, False, long_res),
-        stream_session(url, recs, 1, args.utterances, td, False, short_res, 5.0),
+        stream_session(url, spoken([long_rec]), 0, 1, td, False, long_res),
+        stream_session(url, spoken(recs), 1, args.utterances, td, False, short_res, 5.0),
     )
     return long_res[0], short_res
 
@@ -148,12 +182,29 @@ def turn_detection(args) -> dict:
     return {"type": "server_vad", "silence_duration_ms": args.silence_duration_ms}
 
 
-async def stream_session(url, recs, idx, n_utt, turn_detection, conversation, results, delay=0.0):
+async def stream_session(url, recs, idx, n_utt, turn_detection, conversation, results, delay=0.0, wait=FINAL_WAIT_S):
+    """Stream `idx` speaks n_utt of `recs` (Spoken) from recs[idx] on, one after another, each once the last one's
+    final transcript (or answer) came; a result per utterance into `results`. A session the server refuses
+    (`session_limit_reached`) or that cannot connect gets its utterances as results without a final (`refused`:
+    why), as does an utterance whose final did not come within `wait` seconds: lost, not a crash."""
     from websockets.asyncio.client import connect
 
     await asyncio.sleep(delay)
-    async with connect(url + ("" if conversation else "?intent=transcription"), max_size=None) as ws:
-        await ws.recv()
+    try:
+        ws = await connect(url + ("" if conversation else "?intent=transcription"), max_size=None)
+        first = json.loads(await ws.recv())
+    except (OSError, asyncio.TimeoutError, WebSocketException) as e:
+        ws, first = None, {"type": "error", "error": {"message": f"{type(e).__name__}: {e}"}}
+    if first["type"] == "error":  # refused (the server is full) or unreachable
+        if ws is not None:
+            await ws.close()
+        why = first["error"].get("code") or first["error"].get("message", "")
+        results += [
+            {"stream": idx, "utterance": u, "text": recs[(idx + u) % len(recs)].text, "refused": why}
+            for u in range(n_utt)
+        ]
+        return
+    async with ws:
         session = {"audio": {"input": {"turn_detection": turn_detection}}}
         if conversation:
             session["instructions"] = "You are a helpful assistant. Answer in one short sentence."
@@ -165,26 +216,24 @@ async def stream_session(url, recs, idx, n_utt, turn_detection, conversation, re
         events, rd = listen(ws)
         try:
             for u in range(n_utt):
-                text, pcm, s0, s1 = recs[(idx + u) % len(recs)]
+                rec = recs[(idx + u) % len(recs)]
 
-                async def send(a, b, pcm=pcm):  # samples a..b of pcm16
-                    await ws.send(
-                        json.dumps(
-                            {
-                                "type": "input_audio_buffer.append",
-                                "audio": base64.b64encode(pcm[2 * a : 2 * b]).decode(),
-                            }
-                        )
-                    )
+                async def send(a, b, messages=rec.messages):  # samples a..b: their chunk's message, made already
+                    await ws.send(messages[a // STEP])
 
-                t_speech_start, t_speech_end = await send_paced(send, len(pcm) // 2, RATE, CHUNK_MS / 1000, (s0, s1))
-                r, deltas = {"stream": idx, "text": text}, []
+                t_speech_start, t_speech_end = await send_paced(
+                    send, rec.samples, RATE, CHUNK_MS / 1000, (rec.s0, rec.s1), TICK_S
+                )
+                r, deltas = {"stream": idx, "utterance": u, "text": rec.text}, []
                 t_response = None
                 while True:
                     try:
-                        t, ev = await asyncio.wait_for(events.get(), FINAL_WAIT_S)
+                        t, ev = await asyncio.wait_for(events.get(), wait)
                     except asyncio.TimeoutError:  # an overloaded server: counted as lost, not a crash
-                        results.append(r)
+                        results += [r] + [
+                            {"stream": idx, "utterance": v, "text": recs[(idx + v) % len(recs)].text}
+                            for v in range(u + 1, n_utt)
+                        ]
                         return
                     et = ev["type"]
                     if et == "error":
@@ -219,14 +268,12 @@ def start_delays(recs, n, conversation, stagger) -> list[float]:
     return [cycle * i / n if stagger else 0.0 for i in range(n)]
 
 
-async def run_level(url, recs, n, args, conversation):
-    """n streams, each speaking utterances_per_stream(): so each level's WER has the same utterances spoken alone
-    to compare with (summary's wer_alone)."""
+async def run_streams(url, recs, streams, n_utt, td, conversation, wait=FINAL_WAIT_S) -> list[dict]:
+    """The streams `streams` ((index, start delay s) each) on this event loop, speaking `recs` (Spoken) -> their
+    results, one per utterance."""
     results: list = []
-    delays = start_delays(recs, n, conversation, args.stagger)
-    utterances, td = utterances_per_stream(args, recs, n), turn_detection(args)
     await asyncio.gather(
-        *(stream_session(url, recs, i, utterances, td, conversation, results, delays[i]) for i in range(n))
+        *(stream_session(url, recs, i, n_utt, td, conversation, results, delay, wait) for i, delay in streams)
     )
     return results
 

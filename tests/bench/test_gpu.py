@@ -29,6 +29,7 @@ def test_bench_gpu_skips_clearly_without_a_gpu(bench, tmp_path):
         "cuda-graphs",
         "lm-graphs",
         "roofline",
+        "server-ramp",
     ):
         assert "no CUDA or ROCm GPU is visible to PyTorch here" in by[name].detail
         assert f"SKIP {name}" in r.stdout

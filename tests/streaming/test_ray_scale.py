@@ -197,6 +197,7 @@ def test_health_metrics_and_cluster_metrics(cluster):
     assert got["replicas"] == 2 and got["process_cpu_seconds_total"] > 0, got
     assert got["engine_busy_seconds_total"] > 0, got  # the previous test's sessions were transcribed
     assert got["vad_seconds_total"] > 0, got  # ... and their audio went through voice activity detection
+    assert len(got["workers"]) == 2, got  # each replica's engine busy seconds, for its busy share per level
 
 
 def test_a_full_cluster_answers_session_limit_reached(cluster):
