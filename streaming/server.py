@@ -98,6 +98,13 @@ class SpeechServer:
     def sessions_changed(self) -> None:
         """Called when a session admitted by has_room ended or was turned away after it (a shared cap updates)."""
 
+    def rest_room(self, active: int) -> bool:
+        """Whether one more REST request may run, `active` running here (--max-rest-requests); it starts at once."""
+        return active < self.options.max_rest_requests
+
+    def rest_changed(self, active: int) -> None:
+        """Called when a REST request admitted by rest_room ended, `active` still running here."""
+
     def open_sessions(self) -> int:
         """Sessions whose connection is open: one whose client has closed no longer counts against
         --max-sessions while the events it left are dropped and its work cancelled."""

@@ -12,16 +12,17 @@ from pathlib import Path
 
 
 class Board:
-    """Per worker i, in shared memory (plain integers, no lock: each count has one writer):
-    handed[i] connections the front handed to it, taken[i] of those that reached the app (or were given up),
-    calls[i] its WebSocket calls in progress (the worker's), sessions[i] its admitted sessions (the worker's,
-    under the admission lock), ready[i] and pids[i] (the front's). The admission lock is a file lock
-    (flock), which the kernel releases when its holder dies: a worker killed inside it blocks nobody.
+    """Per worker i, in shared memory (plain integers, no lock: each count has one writer): handed[i]
+    connections the front handed to it, taken[i] of those that reached the app (or were given up), calls[i] its
+    WebSocket calls in progress (the worker's), sessions[i] its admitted sessions and rest[i] its REST requests
+    running (the worker's, under the admission lock), ready[i] and pids[i] (the front's). The admission lock is
+    a file lock (flock), which the kernel releases when its holder dies: a worker killed inside it blocks nobody.
     Picklable for the spawned workers (only while they are started)."""
 
     def __init__(self, workers: int, folder: str):
         self.workers, self.folder = workers, folder
-        self.handed, self.taken, self.calls, self.sessions, self.pids = (RawArray("q", workers) for _ in range(5))
+        self.handed, self.taken, self.calls, self.pids = (RawArray("q", workers) for _ in range(4))
+        self.sessions, self.rest = RawArray("q", workers), RawArray("q", workers)
         self.ready = RawArray("b", workers)
         self.restarts = RawArray("q", 1)  # workers replaced after they died (the front's)
         self.lock_file = None  # opened in each process on first use
@@ -40,18 +41,18 @@ class Board:
             fcntl.flock(self.lock_file, fcntl.LOCK_UN)
 
     # -- admission (the workers) ------------------------------------------------------------------------
-    def admit(self, i: int, open_now: int, cap: int) -> bool:
-        """Whether worker i, with `open_now` sessions open, may admit one more under the cap shared by all the
-        workers; if so it is counted at once."""
+    def admit(self, counts, i: int, open_now: int, cap: int) -> bool:
+        """Whether worker i, with `open_now` sessions (or REST requests) open, may admit one more under the cap
+        shared by all the workers (`counts`: sessions or rest); if so it is counted at once."""
         with self.locked():
-            if sum(self.sessions[j] for j in range(self.workers) if j != i) + open_now >= cap:
+            if sum(counts[j] for j in range(self.workers) if j != i) + open_now >= cap:
                 return False
-            self.sessions[i] = open_now + 1
+            counts[i] = open_now + 1
             return True
 
-    def set_sessions(self, i: int, open_now: int) -> None:
+    def set_count(self, counts, i: int, open_now: int) -> None:
         with self.locked():
-            self.sessions[i] = open_now
+            counts[i] = open_now
 
     # -- placement (the front) --------------------------------------------------------------------------
     def load(self, i: int) -> int:
@@ -63,7 +64,7 @@ class Board:
         """Worker i is gone: its counts are zeroed (its sessions no longer hold the cap) and its figures dropped."""
         self.ready[i] = 0
         with self.locked():
-            self.sessions[i] = 0
+            self.sessions[i] = self.rest[i] = 0
         self.handed[i] = self.taken[i] = self.calls[i] = 0
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.figures_path(i))

@@ -17,10 +17,17 @@ import tempfile
 
 from ..config import ServerConfig
 from ..listen import listen_socket
-from . import worker
 from .board import Board
 
 DRAIN_GRACE_S = 30  # a worker still running this long after its drain time is killed
+
+
+def worker_main(*args) -> None:
+    """A worker process's entry: streaming/workers/worker.py, imported there only (the front stays light: no
+    models, no torch)."""
+    from .worker import main
+
+    main(*args)
 
 
 def worker_threads(config: ServerConfig, workers: int) -> int:
@@ -48,7 +55,7 @@ class Front:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.board.forget(i)
         args = (i, self.config, self.board, theirs, worker_threads(self.config, self.n))
-        p = multiprocessing.get_context("spawn").Process(target=worker.main, args=args, name=f"speechrt-worker-{i}")
+        p = multiprocessing.get_context("spawn").Process(target=worker_main, args=args, name=f"speechrt-worker-{i}")
         p.start()
         theirs.close()
         ours.setblocking(False)

@@ -33,12 +33,18 @@ class WorkerServer(SpeechServer):
         self.coming: dict[tuple, float] = {}  # peer address -> when its connection was handed in, until it asks
         self.stop = asyncio.Event()
 
-    # -- the shared cap ---------------------------------------------------------------------------------
+    # -- the shared caps (sessions, REST requests) ---------------------------------------------------------------------
     def has_room(self) -> bool:
-        return self.board.admit(self.index, self.open_sessions(), self.options.max_sessions)
+        return self.board.admit(self.board.sessions, self.index, self.open_sessions(), self.options.max_sessions)
 
     def sessions_changed(self) -> None:
-        self.board.set_sessions(self.index, self.open_sessions())
+        self.board.set_count(self.board.sessions, self.index, self.open_sessions())
+
+    def rest_room(self, active: int) -> bool:
+        return self.board.admit(self.board.rest, self.index, active, self.options.max_rest_requests)
+
+    def rest_changed(self, active: int) -> None:
+        self.board.set_count(self.board.rest, self.index, active)
 
     # -- the whole server's health and figures ----------------------------------------------------------
     def rows(self) -> list[dict]:

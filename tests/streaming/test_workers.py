@@ -10,7 +10,9 @@ import base64
 import json
 import os
 import re
+import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,6 +33,7 @@ class Served:
         self.log = open(tmp / "serve.log", "w+")  # noqa: SIM115 - closed by stop()
         args = [sys.executable, "-m", "speechrt", "serve", "--workers", "2", "--transcription-only"]
         args += ["--backend", "torch", "--port", "0", "--max-sessions", str(CAP), "--drain-seconds", "20"]
+        args += ["--max-rest-requests", "1"]
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         self.port = None
         deadline = time.monotonic() + 240
@@ -159,6 +162,29 @@ def test_metrics_sum_the_workers(served):
         assert len(per) == 2 and metric(page, name)[""] == sum(per.values()), (name, per, metric(page, name))
     assert sorted(metric(page, "worker_sessions_active").values()) == [1, 1]
     assert metric(page, "sessions_rejected_total")[""] >= 1  # the one over the cap, refused by either worker
+
+
+def test_the_rest_limit_holds_across_workers(served):
+    """Two uploads begun at once go to the two workers (placement); with --max-rest-requests 1 for the whole
+    server, one of them is answered 429 while the other's slot is held by its unfinished body."""
+    head = (
+        b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+        b"Content-Length: 100000\r\n\r\n--b\r\n"
+    )
+    uploads = [socket.create_connection(("127.0.0.1", served.port)) for _ in range(2)]
+    try:
+        for u in uploads:
+            u.sendall(head)
+        readable, _, _ = select.select(uploads, [], [], 60)
+        assert readable, "neither upload was refused: the REST limit did not hold across the workers"
+        refused, answer = readable[0], b""
+        refused.settimeout(30)
+        while b"rate_limit_exceeded" not in answer and (more := refused.recv(65536)):  # head, then body
+            answer += more
+        assert answer.startswith(b"HTTP/1.1 429") and b"rate_limit_exceeded" in answer, answer
+    finally:
+        for u in uploads:
+            u.close()
 
 
 def test_a_killed_worker_ends_only_its_sessions_and_is_replaced(served):
