@@ -153,8 +153,9 @@ def device_default(name: str, gpu: bool, final_margin: float = FINAL_MARGIN_S):
     loaded_final_margin: the server's (at most `final_margin`) on a CPU; none on a GPU, whose encoder has time for
     the full margin (a 3-s margin cost a loaded H200 8 % WER on short questions: docs/gpu.md).
     workers (`speechrt serve --workers`): 1 on a CPU, whose cores one engine already keeps busy (two workers on two
-    cores doubled the final transcripts' p95 at 24 streams: docs/scale-out.md); 2 on a GPU, where one process left the chip 3-7 % busy and two
-    processes on one H200 met every target to 96 streams against 48 for one (docs/gpu.md)."""
+    cores doubled the final transcripts' p95 at 24 streams: docs/scale-out.md); 2 on a GPU, where one process left
+    the chip 3-7 % busy and two processes on one H200 met every target to 96 streams against 48 for one
+    (docs/gpu.md)."""
     if name == "max_batch":
         return 32 if gpu else 8
     if name == "loaded_final_margin":

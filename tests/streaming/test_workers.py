@@ -236,3 +236,22 @@ def test_sigterm_drains_every_worker(served):
     for pid in pids.values():
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_workers_is_a_server_option():
+    """`serve --workers`: 1 on a CPU, 2 on a GPU by default (streaming.config.device_default); under 1, or with
+    --ray (whose replicas are the processes), it is refused, saying so."""
+    import argparse
+
+    from speechrt import cli_serve
+    from speechrt.errors import UserError
+
+    p = argparse.ArgumentParser()
+    cli_serve.add_arguments(p)
+    assert cli_serve.workers(p.parse_args([])) == 1
+    assert cli_serve.workers(p.parse_args(["--device", "cuda"])) == 2
+    assert cli_serve.workers(p.parse_args(["--workers", "3"])) == 3
+    with pytest.raises(UserError, match="--workers must be >= 1, got 0"):
+        cli_serve.workers(p.parse_args(["--workers", "0"]))
+    with pytest.raises(UserError, match="use --replicas"):
+        cli_serve.workers(p.parse_args(["--ray", "--workers", "2"]))
