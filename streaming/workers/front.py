@@ -120,7 +120,10 @@ class Front:
             try:
                 socket.send_fds(self.channels[i], [b"C"], [conn.fileno()])
                 return
-            except OSError:  # the worker is going: its watcher will see it
+            except BlockingIOError:  # its channel is full for now (a worker not reading): try again, maybe another
+                self.board.handed[i] -= 1
+                await asyncio.sleep(0.01)
+            except OSError:  # the worker is gone: its watcher will see it and start another
                 self.board.handed[i] -= 1
                 self.board.ready[i] = 0
 
