@@ -186,7 +186,19 @@ def add_arguments(p):
         help="do not begin a reply during a pause before it ends the turn (by default a reply begun in a "
         "pause is sent at once if the pause ends the turn, and dropped if speech resumes)",
     )
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch (default: all cores)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for PyTorch (default: all cores, shared out among --workers)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="engine processes behind the one port, each with its own models and engine, a session on one for "
+        "its life, --max-sessions across them all (default 1 on a CPU, 2 on a GPU; docs/scale-out.md)",
+    )
     p.add_argument(
         "--debug-endpoints",
         action="store_true",
@@ -325,6 +337,19 @@ def loaded_margin(args, final_margin: float) -> float | None:
     return args.loaded_final_margin or None
 
 
+def workers(args) -> int:
+    """--workers, or its default on this machine's device (streaming.config.device_default)."""
+    from speechrt.errors import UserError
+    from speechrt.streaming.config import device_default
+
+    n = device_default("workers", on_gpu(args)) if args.workers is None else args.workers
+    if n < 1:
+        raise UserError(f"--workers must be >= 1, got {n}")
+    if args.ray and args.workers not in (None, 1):
+        raise UserError("--workers is for one machine; on Ray Serve each replica is one process: use --replicas")
+    return n
+
+
 def load_models(args):
     """Load the models the command line names once; they are shared by every session (ModelConfig.load)."""
     return model_config(args).load()
@@ -346,6 +371,7 @@ def scale_options(args):
 
 
 def run(args):
+    n = workers(args)
     if args.ray:
         from speechrt.streaming import scale  # imports ray; an error names `pip install 'speechrt[ray]'`
 
@@ -361,6 +387,10 @@ def run(args):
     from speechrt.streaming.listen import listen_socket
 
     config = server_config(args)
+    if n > 1:
+        from speechrt.streaming.workers import front
+
+        return front.run(config, n)
     opts = config.options
     listen_socket(opts.host, opts.port).close()  # a port in use is said now, not after the models load
     if config.models.threads:

@@ -151,12 +151,18 @@ def device_default(name: str, gpu: bool, final_margin: float = FINAL_MARGIN_S):
     """An option's default on the device the models run on. max_batch: 8 rows on a CPU (a batch's cost grows with
     its rows there), 32 on a GPU, where a step of 32 rows costs about what one of 8 does (docs/gpu.md).
     loaded_final_margin: the server's (at most `final_margin`) on a CPU; none on a GPU, whose encoder has time for
-    the full margin (a 3-s margin cost a loaded H200 8 % WER on short questions: docs/gpu.md)."""
+    the full margin (a 3-s margin cost a loaded H200 8 % WER on short questions: docs/gpu.md).
+    workers (`speechrt serve --workers`): 1 on a CPU, whose cores one engine already keeps busy (two workers on two
+    cores doubled the final transcripts' p95 at 24 streams: docs/scale-out.md); 2 on a GPU, where one process left
+    the chip 3-7 % busy and two processes on one H200 met every target to 96 streams against 48 for one
+    (docs/gpu.md)."""
     if name == "max_batch":
         return 32 if gpu else 8
     if name == "loaded_final_margin":
         return None if gpu else min(LOADED_FINAL_MARGIN_S, final_margin)
-    raise ValueError(f"{name!r} has no device default; those that have: max_batch, loaded_final_margin")
+    if name == "workers":
+        return 2 if gpu else 1
+    raise ValueError(f"{name!r} has no device default; those that have: max_batch, loaded_final_margin, workers")
 
 
 @dataclass(frozen=True)

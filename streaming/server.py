@@ -59,7 +59,7 @@ class SpeechServer:
         """Run a Realtime session on an accepted connection until either side closes it. `model`: the URL's
         ?model= (OpenAI's clients send theirs): a name this server cannot answer for ends the connection
         with an error event that lists the valid ones."""
-        if self.shutting_down or self.open_sessions() >= self.options.max_sessions:
+        if self.shutting_down or not self.has_room():
             self.counters.sessions_rejected += 1
             why = (
                 "the server is shutting down"
@@ -74,6 +74,7 @@ class SpeechServer:
                 check_session_model(model, self.names, "model")
             except ProtocolError as e:
                 self.counters.sessions_rejected += 1
+                self.sessions_changed()
                 await conn.send(json.dumps(error_event(str(e), e.code, e.type, e.param)))
                 await conn.close(1008, "unknown model")
                 return
@@ -86,7 +87,23 @@ class SpeechServer:
             log.exception("session %s failed", session.id)
         finally:
             self.sessions.discard(session)
+            self.sessions_changed()
             await session.close()
+
+    def has_room(self) -> bool:
+        """Whether one more session may be admitted (--max-sessions); the session is added at once, with no wait
+        in between. A server sharing its cap with others (streaming/workers) answers for all of them."""
+        return self.open_sessions() < self.options.max_sessions
+
+    def sessions_changed(self) -> None:
+        """Called when a session admitted by has_room ended or was turned away after it (a shared cap updates)."""
+
+    def rest_room(self, active: int) -> bool:
+        """Whether one more REST request may run, `active` running here (--max-rest-requests); it starts at once."""
+        return active < self.options.max_rest_requests
+
+    def rest_changed(self, active: int) -> None:
+        """Called when a REST request admitted by rest_room ended, `active` still running here."""
 
     def open_sessions(self) -> int:
         """Sessions whose connection is open: one whose client has closed no longer counts against
@@ -152,13 +169,19 @@ class SpeechServer:
         self._socket = listen_socket(self.options.host, self.options.port)
         # accepted connections inherit it: what a client that stops reading can hold up in the kernel is bounded
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.options.socket_send_buffer)
-        self._uvicorn = UvicornServer(uvicorn_config(build_app(self), self.options))
-        self._serving = asyncio.create_task(self._uvicorn.serve(sockets=[self._socket]))
+        await self.serve_http([self._socket], build_app(self))
+        return self
+
+    async def serve_http(self, sockets: list[socket.socket], app) -> UvicornServer:
+        """Serve the ASGI `app` with uvicorn on the listening `sockets` (none: connections are handed in one by
+        one, streaming/workers); return once it serves. shutdown() stops it."""
+        self._uvicorn = UvicornServer(uvicorn_config(app, self.options))
+        self._serving = asyncio.create_task(self._uvicorn.serve(sockets=sockets))
         while not self._uvicorn.started:
             if self._serving.done():  # it failed to start: raise its error
                 await self._serving
             await asyncio.sleep(0.01)
-        return self
+        return self._uvicorn
 
     @property
     def port(self) -> int:

@@ -51,6 +51,7 @@ SERIAL = (
     "tests/bench/test_compare.py",
     "tests/bench/test_report.py",
     "tests/streaming/test_ray_scale.py",
+    "tests/streaming/test_workers.py",
     "tests/streaming/test_silence_server.py",
     "tests/streaming/test_transcription_server.py::test_early_transcript_becomes_the_final_one",
     "tests/streaming/test_transcription_server.py::test_semantic_vad_ends_a_finished_turn",

@@ -67,8 +67,11 @@ class MetricsPage:
         return "\n".join(self.lines) + "\n"
 
 
-def metrics_text(sessions: int, queue_depth: int, c: Counters, m: Metrics, vad, replica: str | None = None) -> str:
-    """The server's /metrics page; `vad`: its VadWorker (the frames it ran and its thread's CPU seconds)."""
+def metrics_text(
+    sessions: int, queue_depth: int, c: Counters, m: Metrics, vad, replica: str | None = None, process=None
+) -> str:
+    """The server's /metrics page; `vad`: its VadWorker (the frames it ran and its thread's CPU seconds);
+    `process`: the resources to report (process_resources() with cpu_seconds; default: this process's)."""
     page = MetricsPage()
     if replica is not None:
         page.lines += [
@@ -245,12 +248,12 @@ def metrics_text(sessions: int, queue_depth: int, c: Counters, m: Metrics, vad, 
         "Seconds the engine's worker spent in model steps of any kind (transcripts, language model, voice).",
         f"{m.engine_seconds:.3f}",
     )
-    r = process_resources()
+    r = process or {**process_resources(), "cpu_seconds": time.process_time()}
     page.metric(
         "process_cpu_seconds_total",
         "counter",
         "CPU time of the server process, all threads (user + system).",
-        f"{time.process_time():.3f}",
+        f"{r['cpu_seconds']:.3f}",
     )
     page.metric("process_resident_memory_bytes", "gauge", "Resident memory of the server process.", r["rss_bytes"])
     page.metric("process_open_fds", "gauge", "Open file descriptors of the server process.", r["open_fds"])

@@ -63,7 +63,7 @@ class RestAPI:
             return json_error(401, "invalid or missing API key (send 'Authorization: Bearer <key>')", "invalid_api_key")
         if s.shutting_down:
             return json_error(503, "the server is shutting down", "server_shutting_down", "server_error")
-        if self.active >= self.o.max_rest_requests:
+        if not s.rest_room(self.active):
             c.rest_rejected += 1
             return json_error(
                 429,
@@ -80,6 +80,7 @@ class RestAPI:
             if not released:
                 released = True
                 self.active -= 1
+                s.rest_changed(self.active)
 
         try:
             response = await handler(request)

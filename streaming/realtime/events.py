@@ -48,7 +48,8 @@ def error_event(
 
 
 def session_created(session: dict, replica: str | None = None) -> dict:
-    """`replica` (speechrt extension, under "speechrt"): the Ray Serve replica the session is pinned to."""
+    """`replica` (speechrt extension, under "speechrt"): the Ray Serve replica or the worker process (`--workers`)
+    the session is pinned to."""
     ev = {"type": "session.created", "session": session}
     if replica is not None:
         ev["speechrt"] = {"replica": replica}
