@@ -17,6 +17,7 @@ import torch
 
 from .registry import ModelError, ResolvedModel, ct2_weight_files
 from .whisper import WhisperConfig
+from .whisper_tokenizer import tokenizer_from_vocabulary
 
 # CTranslate2's DataType enum order (include/ctranslate2/types.h)
 _CT2_DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16, 5: "bfloat16"}
@@ -215,10 +216,13 @@ def load_ct2(path: Path) -> WhisperWeights:
     if cj.exists():
         extra = json.loads(cj.read_text())
     tok = path / "tokenizer.json"
+    if not tok.exists():
+        vocab = next((v for v in (path / "vocabulary.json", path / "vocabulary.txt") if v.exists()), None)
+        tok = tokenizer_from_vocabulary(vocab) if vocab else None
     return WhisperWeights(
         cfg,
         {k: _t(v) for k, v in st.items()},
-        tok if tok.exists() else None,
+        tok,
         [tuple(h) for h in extra.get("alignment_heads", [])],
     )
 

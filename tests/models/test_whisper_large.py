@@ -83,7 +83,7 @@ def written(request, mel, tmp_path_factory):
         }
         for language in (None, "en"):
             ref[language] = wl.greedy_hf(m, mel, suppress, N, language)
-    return hf, wl.save_ct2(hf, root / "ct2"), ref
+    return hf, {"ct2": wl.save_ct2(hf, root / "ct2"), "ct2vocab": wl.save_ct2(hf, root / "ct2vocab", False)}, ref
 
 
 TOKENS = torch.tensor([[wl.SOT, wl.YUE, wl.TRANSCRIBE, wl.NO_TIMESTAMPS, 440, 2068, 7586, 21831, 13]])
@@ -97,7 +97,7 @@ def _runner(path, backend="torch"):
 @torch.inference_mode()
 def test_encoder_outputs_and_decoder_logits_equal_transformers(written, mel, fmt):
     hf, ct2, ref = written
-    model = resolve(hf if fmt == "hf" else ct2, "asr")
+    model = resolve(hf if fmt == "hf" else ct2[fmt], "asr")
     assert model.format == {"hf": "hf-whisper", "ct2": "ct2-whisper"}[fmt]
     runner = _runner(model.path)
     c = runner.config
@@ -108,13 +108,14 @@ def test_encoder_outputs_and_decoder_logits_equal_transformers(written, mel, fmt
     torch.testing.assert_close(runner.model(mel, TOKENS), ref["logits"], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("source", ["hf-torch", "hf-onnxruntime", "ct2-torch"])
+@pytest.mark.parametrize("source", ["hf-torch", "hf-onnxruntime", "ct2-torch", "ct2vocab-torch"])
 def test_greedy_ids_and_language_detection_equal_transformers(written, speech, source):
     """Greedy transcripts of real speech, the language detected (the model's is 'yue') and given ('en'): the
-    decoder prompt takes large-v3's language and task ids, and the ids equal transformers' generate."""
+    decoder prompt takes large-v3's language and task ids, and the ids equal transformers' generate. ct2vocab: a
+    CTranslate2 directory as its converter writes it by default, with vocabulary.json and no tokenizer.json."""
     hf, ct2, ref = written
     fmt, backend = source.split("-")
-    asr = ASRPipeline(_runner(hf if fmt == "hf" else ct2, backend))
+    asr = ASRPipeline(_runner(hf if fmt == "hf" else ct2[fmt], backend))
     assert asr.languages()[-1] == "yue" and len(asr.languages()) == 100
     assert asr.detect_language(speech, 1)[0][0] == "yue"
     for language in (None, "en"):
@@ -125,3 +126,24 @@ def test_greedy_ids_and_language_detection_equal_transformers(written, speech, s
         assert len(set(ref[language])) > 1, ref[language]  # not one token repeated
         assert got == ref[language], (source, language)
     assert ref[None] != ref["en"]  # the language token made a difference
+
+
+def test_tokenizer_from_a_ctranslate2_vocabulary(written):
+    """A CTranslate2 directory without tokenizer.json: the tokenizer made from its vocabulary.json has large-v3's
+    special tokens at their ids and encodes text as tokenizer.json does."""
+    from tokenizers import Tokenizer
+
+    hf, ct2, _ = written
+    assert not (ct2["ct2vocab"] / "tokenizer.json").exists()
+    ours = Tokenizer.from_file(str(resolve_tokenizer(ct2["ct2vocab"])))
+    real = Tokenizer.from_file(str(hf / "tokenizer.json"))
+    assert ours.get_vocab_size() == real.get_vocab_size() == 51866
+    assert [ours.token_to_id(t) for t in ("<|yue|>", "<|nospeech|>", "<|30.00|>")] == [wl.YUE, wl.NO_SPEECH, 51865]
+    for text in (" The quick brown fox, it's 3:45 pm!", " Der Hund läuft über die Straße.", " 你好，世界。", " ♪♪ «x»"):
+        assert ours.encode(text, add_special_tokens=False).ids == real.encode(text, add_special_tokens=False).ids
+
+
+def resolve_tokenizer(path):
+    from speechrt.models.whisper_loaders import load_weights
+
+    return load_weights(resolve(path, "asr")).tokenizer_path
