@@ -147,3 +147,19 @@ def resolve_tokenizer(path):
     from speechrt.models.whisper_loaders import load_weights
 
     return load_weights(resolve(path, "asr")).tokenizer_path
+
+
+def test_a_folder_with_other_copies_of_the_weights_loads_its_model_safetensors(written, tmp_path):
+    """openai/whisper-large-v3 carries float32 shards (model.fp32-*.safetensors) beside its model.safetensors:
+    the model is model.safetensors (or what model.safetensors.index.json names), the others are not read."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    hf, _, ref = written
+    d = shutil.copytree(hf, tmp_path / "with-copies")
+    other = {k: torch.zeros_like(v) for k, v in load_file(str(d / "model.safetensors")).items()}
+    save_file(other, str(d / "model.zz-copy.safetensors"))
+    with torch.inference_mode():
+        enc = _runner(d).model.encoder(utterance_mel(load_audio(SAMPLE_SPEECH), 128)[None])
+    torch.testing.assert_close(enc, ref["encoder"], rtol=1e-4, atol=1e-4)
