@@ -23,6 +23,7 @@ WHISPER = "openai/whisper-large-v3-turbo"
 QWEN = "Qwen/Qwen2.5-0.5B-Instruct"
 QWEN_GGUF = "Qwen/Qwen2.5-0.5B-Instruct-GGUF"
 GGUF_FILE = "qwen2.5-0.5b-instruct-q4_k_m.gguf"
+VOICES, VOICE_DIR = "rhasspy/piper-voices", "en/en_US/joe/medium"
 
 
 def snapshot(cache, repo: str):
@@ -44,6 +45,12 @@ def cache(tmp_path_factory):
     bpe, qwen = byte_bpe(), hf_model("qwen2")
     save_hf(snapshot(c, QWEN), "qwen2", qwen, bpe)
     write_gguf(snapshot(c, QWEN_GGUF) / GGUF_FILE, "qwen2", qwen, bpe)
+    voice = resolve(None, "tts").path  # the Hub's cache links snapshot files to blobs: links here too
+    for repo, names in ((VOICES, (voice.name, voice.name + ".json")), ("someone/voices", (voice.name,))):
+        d = snapshot(c, repo) / VOICE_DIR
+        d.mkdir(parents=True)
+        for n in names:
+            (d / n).symlink_to(voice.with_name(n))
     return c
 
 
@@ -81,6 +88,15 @@ def test_lm_by_hub_id_and_by_a_gguf_file_of_a_repository(offline):
     ids = lm.encode_chat([{"role": "user", "content": "Name three colors."}])
     gguf = speechrt.load_lm(f"{QWEN_GGUF}:{GGUF_FILE}", backend="torch", dtype="float32")
     assert gguf.encode_chat([{"role": "user", "content": "Name three colors."}]) == ids
+
+
+def test_a_voice_file_of_a_repository_comes_with_its_json(offline):
+    v = resolve(f"{VOICES}:{VOICE_DIR}/en_US-joe-medium.onnx", "tts")
+    assert v.format == "piper-onnx" and v.path.with_name("en_US-joe-medium.onnx.json").exists()
+    with pytest.raises(ModelError, match="someone/voices:.*is not in the Hugging Face cache.*onnx.json"):
+        resolve(f"someone/voices:{VOICE_DIR}/en_US-joe-medium.onnx", "tts")
+    with pytest.raises(ModelError, match="name the tts model's file in the repository: rhasspy/piper-voices:<file>"):
+        resolve(VOICES, "tts")
 
 
 def test_a_repository_not_in_the_offline_cache_is_one_line_naming_the_cache(offline, capsys):
