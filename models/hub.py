@@ -13,7 +13,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .registry import ModelError
+
+class HubError(Exception):
+    """A Hub id that gave no model; the message says why and what to do (the registry raises it as a ModelError)."""
+
 
 # owner/name (the Hub's characters), optionally :file inside the repository
 HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95})(?::(?P<file>[^:]+))?$")
@@ -50,20 +53,20 @@ def fetch(name: str, family: str) -> Path:
     try:
         import huggingface_hub  # noqa: F401
     except ImportError:
-        raise ModelError(
+        raise HubError(
             f"{name!r} is a Hugging Face Hub id; loading models from the Hub needs huggingface_hub "
             "(pip install huggingface_hub)"
         ) from None
     m = HUB_ID.match(name)
     repo, file = m["repo"], m["file"]
     if family not in PATTERNS and file is None:
-        raise ModelError(f"{name!r}: name the {family} model's file in the repository: {repo}:<file>")
+        raise HubError(f"{name!r}: name the {family} model's file in the repository: {repo}:<file>")
     try:
         return _download(repo, file, family)
-    except ModelError:
+    except HubError:
         raise
     except Exception as e:  # huggingface_hub's errors, network errors
-        raise ModelError(_explain(repo, file, family, e)) from None
+        raise HubError(_explain(repo, file, family, e)) from None
 
 
 def _download(repo: str, file: str | None, family: str) -> Path:
@@ -79,16 +82,16 @@ def _download(repo: str, file: str | None, family: str) -> Path:
     if file is not None:
         missing = [w for w in wanted if not (path / w).is_file()]
         if missing and constants.HF_HUB_OFFLINE:
-            raise ModelError(_not_cached(f"{repo}:{file}", f"hf download {repo} {' '.join(wanted)}"))
+            raise HubError(_not_cached(f"{repo}:{file}", f"hf download {repo} {' '.join(wanted)}"))
         if missing:
-            raise ModelError(
+            raise HubError(
                 f"{repo}: the repository has no file {missing[0]!r} (or the Hub could not be reached and its "
                 f"snapshot in the cache {cache_dir()} lacks it: `hf download {repo} {' '.join(wanted)}`)"
             )
         return path / file
     if not any(path.glob("*.safetensors")) and not (path / "model.bin").exists():
         ggufs = f"; for a GGUF repository name the file: {repo}:<file>.gguf" if family == "lm" else ""
-        raise ModelError(
+        raise HubError(
             f"{repo}: the repository holds no model weights speechrt reads (config.json with model.safetensors, "
             f"or a CTranslate2 model.bin){ggufs}"
         )

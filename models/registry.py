@@ -261,7 +261,7 @@ def resolve(name_or_path: str | Path | None, family: str) -> ResolvedModel:
         return ResolvedModel(s, family, e.format, p)
     p, hub_id = Path(s).expanduser(), None
     if not p.exists():
-        from .hub import fetch, is_hub_id
+        from .hub import HubError, fetch, is_hub_id
 
         if not is_hub_id(s):
             raise ModelError(
@@ -269,7 +269,10 @@ def resolve(name_or_path: str | Path | None, family: str) -> ResolvedModel:
                 f"registered {family} models: {', '.join(names(family))}; or give a path to a model file/directory, "
                 "or a Hugging Face Hub id (owner/name)"
             )
-        p, hub_id = fetch(s, family), s
+        try:
+            p, hub_id = fetch(s, family), s
+        except HubError as e:
+            raise ModelError(str(e)) from None
     fmt = detect_format(p)
     if p.is_file() and fmt == "ct2-whisper":
         p = p.parent
