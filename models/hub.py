@@ -36,9 +36,14 @@ PATTERNS = {
 COMPANIONS = {".onnx": ".onnx.json"}
 
 
+# a name ending so is a file's path (mistyped, or not there yet), not a repository
+FILE_SUFFIXES = (".gguf", ".onnx", ".pt", ".bin", ".safetensors", ".json")
+
+
 def is_hub_id(name: str) -> bool:
     """Whether `name` is written as a Hub id (owner/name or owner/name:file); not whether it exists."""
-    return HUB_ID.match(name) is not None and not name.startswith((".", "~"))
+    m = HUB_ID.match(name)
+    return m is not None and not name.startswith((".", "~")) and (m["file"] or not name.endswith(FILE_SUFFIXES))
 
 
 def cache_dir() -> str:

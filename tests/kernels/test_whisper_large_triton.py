@@ -36,14 +36,14 @@ def _models(variant, tmp_path):
     return out
 
 
-@pytest.mark.parametrize("variant", list(wl.VARIANTS))
 @torch.inference_mode()
-def test_encoder_and_decoder_steps_equal_the_reference_kernels(variant, tmp_path):
+def test_encoder_and_decoder_steps_equal_the_reference_kernels(tmp_path):
     """The encoder, the decoder over a large-v3 prompt into the cache, then a step over the cache (the states before
-    the vocabulary projection; that one is below)."""
+    the vocabulary projection; that one is below). large-v3-turbo's 4 decoder layers (distil-large-v3's 2 are the
+    same kernels, fewer times)."""
     mel = utterance_mel(load_audio(SAMPLE_SPEECH), 128)[None, :, :64]  # 0.64 s: 32 encoder positions
     outs = []
-    for m in _models(variant, tmp_path):
+    for m in _models("large-v3-turbo", tmp_path):
         xa = m.encoder(mel)
         cross = m.cross_kv(xa)
         caches = m.new_cache(1, 8, xa.dtype, xa.device)

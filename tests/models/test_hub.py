@@ -127,6 +127,8 @@ def test_an_unreachable_hub_is_one_line_naming_the_cache(cache, monkeypatch):
 
 
 def test_a_bare_unknown_name_lists_the_registered_ones(offline):
-    with pytest.raises(ModelError) as e:
-        resolve("whisper-huge-xl", "asr")
-    assert "registered asr models: whisper-tiny.en" in str(e.value) and "Hub" not in str(e.value).split(";")[0]
+    """A name that is not owner/name, or a relative path to a model file that is not there, is not a Hub id."""
+    for name in ("whisper-huge-xl", "models/whisper.pt", "models/qwen.gguf"):
+        with pytest.raises(ModelError) as e:
+            resolve(name, "asr")
+        assert "registered asr models: whisper-tiny.en" in str(e.value) and "no such file" in str(e.value)
