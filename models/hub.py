@@ -133,7 +133,7 @@ def _explain(repo: str, file: str | None, family: str, e: Exception) -> str:
         )
     if isinstance(e, hfe.RevisionNotFoundError):
         return f"{what}: the repository has no such revision"
-    if isinstance(e, hfe.IncompleteSnapshotError):
+    if isinstance(e, getattr(hfe, "IncompleteSnapshotError", ())):  # huggingface_hub 1.x+
         return f"{what}: its snapshot in the Hugging Face cache {cache_dir()} is incomplete: `{get}` completes it"
     if constants.HF_HUB_OFFLINE:
         return _not_cached(what, get)
