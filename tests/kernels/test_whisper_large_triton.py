@@ -54,6 +54,7 @@ def test_encoder_and_decoder_steps_equal_the_reference_kernels(tmp_path):
         _close(b, a)
 
 
+@pytest.mark.slow
 @torch.inference_mode()
 def test_logits_over_the_large_v3_vocabulary(tmp_path):
     """The tied projection onto the 51866 tokens (not a multiple of any block: the last block is masked); one call,

@@ -141,6 +141,9 @@ def test_tokenizer_from_a_ctranslate2_vocabulary(written):
     assert [ours.token_to_id(t) for t in ("<|yue|>", "<|nospeech|>", "<|30.00|>")] == [wl.YUE, wl.NO_SPEECH, 51865]
     for text in (" The quick brown fox, it's 3:45 pm!", " Der Hund läuft über die Straße.", " 你好，世界。", " ♪♪ «x»"):
         assert ours.encode(text, add_special_tokens=False).ids == real.encode(text, add_special_tokens=False).ids
+    # the symbols suppressed by default (encoded, as openai-whisper finds them) are the same tokens
+    derived = WhisperTokenizer(resolve_tokenizer(ct2["ct2vocab"]), True, 100)
+    assert derived.non_speech_tokens == WhisperTokenizer(hf / "tokenizer.json", True, 100).non_speech_tokens
 
 
 def resolve_tokenizer(path):
