@@ -32,6 +32,11 @@ PATTERNS = {
     + ["special_tokens_map.json", "chat_template.jinja", "chat_template.json"]
     + ["model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors"],
 }
+# what `hf download --include` is told to fetch for them: the same files, in fewer words
+SUGGEST = {
+    "asr": ["*.json", "vocabulary.*", "model.bin", "model.safetensors", "model-*.safetensors"],
+    "lm": ["*.json", "*.jinja", "model.safetensors", "model-*.safetensors"],
+}
 # a file of a repository that needs another beside it (a Piper voice's .onnx its .onnx.json)
 COMPANIONS = {".onnx": ".onnx.json"}
 
@@ -120,7 +125,7 @@ def _explain(repo: str, file: str | None, family: str, e: Exception) -> str:
     from huggingface_hub import errors as hfe
 
     what = f"{repo}:{file}" if file else repo
-    get = f"hf download {repo} " + (file or "--include " + " ".join(f"'{p}'" for p in PATTERNS[family]))
+    get = f"hf download {repo} " + (file or " ".join(f"--include '{p}'" for p in SUGGEST[family]))
     if isinstance(e, hfe.GatedRepoError):
         return (
             f"{what}: the repository is gated: accept its terms on huggingface.co and log in "
