@@ -111,6 +111,9 @@ def test_a_repository_not_in_the_offline_cache_is_one_line_naming_the_cache(offl
     err = capsys.readouterr().err.strip()
     assert err.startswith("speechrt transcribe: error: openai/whisper-large-v9") and "\n" not in err
     assert str(offline) in err
+    assert main(["serve", "--asr", "openai/whisper-large-v9", "--transcription-only", "--port", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("speechrt serve: error: openai/whisper-large-v9 is not in the Hugging Face cache")
 
 
 def test_an_unreachable_hub_is_one_line_naming_the_cache(cache, monkeypatch):
