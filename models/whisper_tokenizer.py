@@ -1,9 +1,13 @@
 """Whisper's tokenizer from `tokenizer.json` (byte-level BPE), with its special tokens, timestamp tokens
-and the non-speech token list used for suppression, computed as openai-whisper computes them."""
+and the non-speech token list used for suppression, computed as openai-whisper computes them; a CTranslate2
+directory's `vocabulary.json` / `.txt` alone makes the same tokenizer (tokenizer_from_vocabulary)."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import tempfile
 from pathlib import Path
 
 from .registry import ModelError
@@ -91,3 +95,36 @@ class WhisperTokenizer:
         if self.no_speech is not None:
             ids.add(self.no_speech)
         return sorted(ids)
+
+
+def tokenizer_from_vocabulary(vocabulary: Path) -> Path:
+    """A tokenizer.json made from a CTranslate2 Whisper directory's vocabulary (what its converter writes when
+    tokenizer.json is not copied): the tokens in id order, byte-level BPE ones up to <|endoftext|>, then the
+    special tokens. Whisper's BPE is tiktoken's, whose merge ranks are the token ids, so the merges are each
+    token's splits into two lower-ranked tokens, by the token's rank (as transformers converts tiktoken files).
+    Written once to the temporary directory, named by the vocabulary's hash."""
+    raw = vocabulary.read_bytes()
+    out = Path(tempfile.gettempdir()) / f"speechrt-whisper-tokenizer-{hashlib.sha256(raw).hexdigest()[:16]}.json"
+    if out.exists():
+        return out
+    try:
+        text = raw.decode("utf-8")
+        tokens = json.loads(text) if vocabulary.suffix == ".json" else text.split("\n")
+        eot = tokens.index("<|endoftext|>")
+    except (UnicodeDecodeError, json.JSONDecodeError, ValueError):
+        raise ModelError(f"{vocabulary}: not a Whisper vocabulary (no <|endoftext|> token)") from None
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    rank = {t: i for i, t in enumerate(tokens[:eot])}
+    merges = []
+    for token in rank:  # in rank order: a merge ranks as the token it makes
+        splits = [(token[:i], token[i:]) for i in range(1, len(token)) if token[:i] in rank and token[i:] in rank]
+        merges += sorted(splits, key=lambda lr: (rank[lr[0]], rank[lr[1]]))
+    tok = Tokenizer(models.BPE(rank, merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens[eot:] if t])
+    tmp = out.with_suffix(f".{id(tok)}.tmp")
+    tok.save(str(tmp))
+    tmp.replace(out)
+    return out

@@ -19,7 +19,9 @@ def sample_path() -> Path:
 def add_arguments(p):
     p.add_argument("file", nargs="*", help="audio files: WAV, FLAC, OGG, MP3; any sample rate and channel count")
     p.add_argument("--sample", action="store_true", help="transcribe the bundled sample recording")
-    p.add_argument("--model", default=None, help="registered name or path (default: whisper-tiny.en)")
+    p.add_argument(
+        "--model", default=None, help="registered name, path or Hugging Face Hub id (default: whisper-tiny.en)"
+    )
     p.add_argument(
         "--backend",
         default="auto",

@@ -7,7 +7,11 @@ from speechrt.cli_paths import output_dir
 
 def add_arguments(p):
     p.add_argument("family", choices=["asr", "lm", "tts"], help="model family")
-    p.add_argument("--model", default=None, help="registry name or path (default: the family's embedded model)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="registry name, path or Hugging Face Hub id (default: the family's embedded model)",
+    )
     p.add_argument("--out", required=True, type=output_dir("--out", empty=True), help="output directory (new or empty)")
     p.add_argument(
         "--precision",

@@ -36,7 +36,8 @@ def add_arguments(p):
     p.add_argument(
         "--model",
         default=None,
-        help="registry name, .gguf file or Hugging Face Llama directory (default: smollm2-135m-instruct)",
+        help="registry name, .gguf file, Hugging Face directory, or Hub id owner/name[:file.gguf] "
+        "(default: smollm2-135m-instruct)",
     )
     p.add_argument(
         "--backend",

@@ -6,9 +6,13 @@ from __future__ import annotations
 def add_arguments(p):
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
-    p.add_argument("--asr", default=None, help="speech recognition model (default: whisper-tiny.en)")
-    p.add_argument("--lm", default=None, help="language model (default: smollm2-135m-instruct)")
-    p.add_argument("--tts", default=None, help="voice (default: piper-en_US-joe-medium)")
+    p.add_argument(
+        "--asr", default=None, help="speech recognition model: name, path or Hub id (default: whisper-tiny.en)"
+    )
+    p.add_argument("--lm", default=None, help="language model: name, path or Hub id (default: smollm2-135m-instruct)")
+    p.add_argument(
+        "--tts", default=None, help="voice: name, path or Hub id owner/name:file.onnx (default: piper-en_US-joe-medium)"
+    )
     p.add_argument("--transcription-only", action="store_true", help="load no language model or voice")
     p.add_argument(
         "--backend",

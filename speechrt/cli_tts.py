@@ -24,7 +24,10 @@ def add_arguments(p):
         "(ADTS), written as synthesized; '-' = stdout (required)",
     )
     p.add_argument(
-        "--voice", default=None, help="registered voice name or Piper .onnx path (default: piper-en_US-joe-medium)"
+        "--voice",
+        default=None,
+        help="registered voice name, Piper .onnx path or owner/name:file.onnx on the Hub "
+        "(default: piper-en_US-joe-medium)",
     )
     p.add_argument(
         "--backend",

@@ -133,7 +133,7 @@ class RestAPI:
             ("/v1/audio/speech", "POST", self.speech.speech),
             ("/v1/chat/completions", "POST", self.chat),
             ("/v1/models", "GET", self.models),
-            ("/v1/models/{model}", "GET", self.model),
+            ("/v1/models/{model:path}", "GET", self.model),  # a Hub id has a slash: openai/whisper-large-v3
         ):
             app.add_api_route(path, self.route(path, handler), methods=[method], include_in_schema=False)
 

@@ -401,6 +401,9 @@ def test_models_list(client, server):
         assert client.chat.completions.create(model=name, messages=question, max_tokens=2).choices[0].message.content
     with pytest.raises(openai.NotFoundError, match="models: whisper-tiny.en, .*whisper-1"):
         client.models.retrieve("gpt-9")
+    # a Hugging Face Hub id (a model loaded by one is named by it) is a model name too, slash and all
+    with pytest.raises(openai.NotFoundError, match="model 'openai/whisper-large-v3' is not served here"):
+        client.models.retrieve("openai/whisper-large-v3")
     with pytest.raises(openai.NotFoundError, match=f"chat models: {lm}, speechrt, gpt-realtime"):
         client.chat.completions.create(model="whisper-1", messages=question, max_tokens=2)
 
