@@ -253,21 +253,16 @@ def _norm_gate_up_kernel(
 
 
 def config(M: int, dtype: torch.dtype, half: int | None = None, whole_head: bool = False) -> dict:
-    """Tiles of the decode step (M rows, 1..64). Row tile: the rows rounded up (16 at least, the dot's
-    minimum). Columns: 32 per program (16 column pairs of a head), so that even a small layer spreads over
-    many programs that stream W; a head whole when its norm needs it. float32 halves the K tile."""
-    cfg = {
-        "BLOCK_M": min(64, max(16, triton.next_power_of_2(M))),
-        "BLOCK_K": 64 if dtype == torch.float32 else 128,
-        "num_warps": 4,
-        "num_stages": 3,
-    }
+    """Tiles of the decode step (M rows, 1..64). Row tile: 16 (the dot's minimum) up to 16 rows, else 32 (a
+    64-row tile with its two accumulators spilled on every target in the AOT report). Columns: 32 per program
+    (16 column pairs of a head), so that even a small layer spreads over many programs that stream W; a
+    whole head when its norm needs it. K tile 64 and two stages: wider ones spilled registers too."""
+    cfg = {"BLOCK_M": 16 if M <= 16 else 32, "BLOCK_K": 64 if dtype != torch.float32 or M <= 16 else 32}
+    cfg.update(num_warps=4, num_stages=2)
     if half is None:
         cfg["BLOCK_N"] = 32
     else:
         cfg["BLOCK_HALF"] = max(16, triton.next_power_of_2(half)) if whole_head else 16
-    if cfg["BLOCK_M"] == 64 and dtype == torch.float32:
-        cfg["BLOCK_K"] = 32
     return cfg
 
 
