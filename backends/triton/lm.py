@@ -17,6 +17,11 @@ PREFILL_BUCKETS tokens (cut to the cache's length) and run as Llama.prefill_rows
 slots given as a device tensor: one graph per (cache, N, bucket) serves any slots and any lengths up to
 the bucket. Eager, a 37-token prompt took 21-35 ms of launches on an H100, from its graph 1.8 ms (docs/gpu.md).
 Prompts that continue a cached prefix (start > 0), or longer than the largest bucket, run eagerly.
+
+The decode graphs run the step in the fused layer kernels (models/llama_fused.py, kernels/triton_fused.py: four
+launches per layer plus decode attention, against some 13 unfused) unless `fused=False`, the kernel set is not
+Triton, or `fused_unsupported` refuses the model (int8 / int4 weights, a config field the kernels do not
+compute); `fused_why` says which. The unfused step stays the reference they are tested against.
 """
 
 from __future__ import annotations
