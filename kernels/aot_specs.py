@@ -317,6 +317,4 @@ def specs(hip: bool = False) -> list[Spec]:
                 ("po_ptr", "plse_ptr", "o_ptr", "D", "sob", "soh"),
             )
         )
-    from .aot_specs_fused import fused_specs
-
-    return out + fused_specs(hip)
+    return out
