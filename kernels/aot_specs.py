@@ -18,7 +18,7 @@ class Spec:
     matmul: bool = False  # expected to run on the matrix units
 
 
-def _spec(fn, variant, types, constexprs, options, aligned=(), matmul=False):
+def make_spec(fn, variant, types, constexprs, options, aligned=(), matmul=False):
     """types: arg -> Triton type for the runtime args ('*fp16', 'i32', 'fp32'); every other arg must
     be a constexpr in `constexprs`."""
     names = list(fn.arg_names)
@@ -34,7 +34,7 @@ def _spec(fn, variant, types, constexprs, options, aligned=(), matmul=False):
     return Spec(fn.__name__, variant, fn, sig, dict(constexprs), opts, tuple(aligned), matmul)
 
 
-def _ints(*names):
+def int_args(*names):
     return {n: "i32" for n in names}
 
 
@@ -58,12 +58,12 @@ def specs(hip: bool = False) -> list[Spec]:
     strides = ("stride_x", "stride_r", "stride_y", "stride_s")
     c = norm.config(384)
     out.append(
-        _spec(
+        make_spec(
             norm._layer_norm_kernel,
             "whisper d384 +res",
             {
                 **{p: "*fp16" for p in ("x_ptr", "r_ptr", "w_ptr", "b_ptr", "y_ptr", "s_ptr")},
-                **_ints("N", *strides),
+                **int_args("N", *strides),
                 "eps": "fp32",
             },
             {"HAS_RES": True, "HAS_BIAS": True, "BLOCK": c["BLOCK"]},
@@ -73,12 +73,12 @@ def specs(hip: bool = False) -> list[Spec]:
     )
     c = norm.config(576)
     out.append(
-        _spec(
+        make_spec(
             norm._rms_norm_kernel,
             "smollm2 d576 +res",
             {
                 **{p: "*fp16" for p in ("x_ptr", "r_ptr", "w_ptr", "y_ptr", "s_ptr")},
-                **_ints("N", *strides),
+                **int_args("N", *strides),
                 "eps": "fp32",
             },
             {"HAS_RES": True, "BLOCK": c["BLOCK"]},
@@ -90,20 +90,20 @@ def specs(hip: bool = False) -> list[Spec]:
     # activations: MLP width 1536 in both models
     c = act.config(1536)
     out.append(
-        _spec(
+        make_spec(
             act._gelu_kernel,
             "whisper mlp 1536 +bias",
-            {"x_ptr": "*fp16", "b_ptr": "*fp16", "y_ptr": "*fp16", **_ints("N", "stride_x", "stride_y")},
+            {"x_ptr": "*fp16", "b_ptr": "*fp16", "y_ptr": "*fp16", **int_args("N", "stride_x", "stride_y")},
             {"HAS_BIAS": True, "BLOCK": c["BLOCK"]},
             c,
             ("x_ptr", "b_ptr", "y_ptr", "N", "stride_x", "stride_y"),
         )
     )
     out.append(
-        _spec(
+        make_spec(
             act._silu_mul_kernel,
             "smollm2 mlp 1536",
-            {"g_ptr": "*fp16", "u_ptr": "*fp16", "y_ptr": "*fp16", **_ints("N", "stride_g", "stride_u", "stride_y")},
+            {"g_ptr": "*fp16", "u_ptr": "*fp16", "y_ptr": "*fp16", **int_args("N", "stride_g", "stride_u", "stride_y")},
             {"BLOCK": c["BLOCK"]},
             c,
             ("g_ptr", "u_ptr", "y_ptr", "N", "stride_g", "stride_u", "stride_y"),
@@ -131,14 +131,14 @@ def specs(hip: bool = False) -> list[Spec]:
         "skot",
     )
     out.append(
-        _spec(
+        make_spec(
             rot._rotary_kernel,
             "smollm2 9/3 heads d64",
             {
                 **{p: "*fp16" for p in ("q_ptr", "k_ptr", "qo_ptr", "ko_ptr")},
                 "cos_ptr": "*fp32",
                 "sin_ptr": "*fp32",
-                **_ints("T", "H", "HKV", "HALF", *rs),
+                **int_args("T", "H", "HKV", "HALF", *rs),
             },
             {"BLOCK_H": c["BLOCK_H"], "BLOCK_HALF": c["BLOCK_HALF"]},
             c,
@@ -152,13 +152,13 @@ def specs(hip: bool = False) -> list[Spec]:
         "w_ptr": "*fp16",
         "b_ptr": "*fp16",
         "y_ptr": "*fp16",
-        **_ints("M", "N", "K", "sxm", "sxk", "swn", "swk", "sym"),
+        **int_args("M", "N", "K", "sxm", "sxk", "swn", "swk", "sym"),
     }
     lin_aligned = ("x_ptr", "w_ptr", "b_ptr", "y_ptr", "N", "K", "sxm", "swn", "sym")
     for variant, M, N, K in (("whisper enc 1500x384->1536", 1500, 1536, 384), ("decode 1x576->1536", 1, 1536, 576)):
         c = mm.config(M, N, K, f16)
         out.append(
-            _spec(
+            make_spec(
                 mm._linear_kernel,
                 variant,
                 lin_types,
@@ -181,12 +181,12 @@ def specs(hip: bool = False) -> list[Spec]:
         "s_ptr": "*fp16",
         "b_ptr": "*fp16",
         "y_ptr": "*fp16",
-        **_ints("M", "N", "K", "sxm", "sxk", "swn", "swk", "sym"),
+        **int_args("M", "N", "K", "sxm", "sxk", "swn", "swk", "sym"),
     }
     for variant, M in (("smollm2 decode 1x576->1536", 1), ("smollm2 prefill 128x576->1536", 128)):
         c = i8.config(M, 1536, 576, f16)
         out.append(
-            _spec(
+            make_spec(
                 i8._linear_int8_kernel,
                 variant,
                 i8_types,
@@ -207,7 +207,7 @@ def specs(hip: bool = False) -> list[Spec]:
     att_types = {
         **{p: "*fp16" for p in ("q_ptr", "k_ptr", "v_ptr", "o_ptr")},
         "len_ptr": "*i32",
-        **_ints(*att_strides, "H", "GROUP", "Tq", "Tk", "D"),
+        **int_args(*att_strides, "H", "GROUP", "Tq", "Tk", "D"),
         "qk_scale": "fp32",
     }
     att_aligned = ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "len_ptr", *att_strides, "D")
@@ -218,7 +218,7 @@ def specs(hip: bool = False) -> list[Spec]:
     ):
         c = att.config(Tq, D, f16, hip=hip, causal=causal)
         out.append(
-            _spec(
+            make_spec(
                 att._attention_kernel,
                 variant,
                 att_types,
@@ -243,7 +243,9 @@ def specs(hip: bool = False) -> list[Spec]:
         "len_ptr": "*i32",
         "po_ptr": "*fp32",
         "plse_ptr": "*fp32",
-        **_ints("sqb", "sqh", "skb", "skh", "skt", "svb", "svh", "svt", "GROUP", "Tk", "D", "SPLIT_LEN", "NUM_SPLITS"),
+        **int_args(
+            "sqb", "sqh", "skb", "skh", "skt", "svb", "svh", "svt", "GROUP", "Tk", "D", "SPLIT_LEN", "NUM_SPLITS"
+        ),
         "qk_scale": "fp32",
     }
     dec_aligned = (
@@ -274,7 +276,7 @@ def specs(hip: bool = False) -> list[Spec]:
         c = dec.config(B * Hkv, Tk, D, group)
         if group > 1:
             out.append(
-                _spec(
+                make_spec(
                     dec._decode_attention_grouped_kernel,
                     variant,
                     {**dec_common, "HKV": "i32"},
@@ -291,7 +293,7 @@ def specs(hip: bool = False) -> list[Spec]:
             )
         else:
             out.append(
-                _spec(
+                make_spec(
                     dec._decode_attention_kernel,
                     variant,
                     {**dec_common, "H": "i32"},
@@ -301,14 +303,14 @@ def specs(hip: bool = False) -> list[Spec]:
                 )
             )
         out.append(
-            _spec(
+            make_spec(
                 dec._decode_reduce_kernel,
                 variant,
                 {
                     "po_ptr": "*fp32",
                     "plse_ptr": "*fp32",
                     "o_ptr": "*fp16",
-                    **_ints("H", "D", "sob", "soh", "NUM_SPLITS"),
+                    **int_args("H", "D", "sob", "soh", "NUM_SPLITS"),
                 },
                 {"BLOCK_S": max(2, 1 << (c["NUM_SPLITS"] - 1).bit_length()), "BLOCK_D": c["BLOCK_D"]},
                 {"num_warps": 2},

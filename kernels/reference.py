@@ -250,6 +250,48 @@ def relative_attention(
     return out + torch.matmul(p_rel, emb_rel_v.unsqueeze(0))
 
 
+# Fused ops of the Llama-family decode step (kernels/triton_fused.py), defined by the ops above. Rows are the
+# decode step's sequences: x [M, dim], one token each.
+
+
+def norm_qkv_rope(
+    x, norm_w, eps, wqkv, n_heads, cos, sin, pos, k_cache, v_cache, s0=0, bias=None, q_norm=None, k_norm=None
+):
+    """RMSNorm of x [M, dim] -> x @ wqkv.T ([(H + 2 Hkv) * D, dim], + bias) -> per-head RMSNorm of q and k
+    (q_norm / k_norm [D], Qwen3) -> rotary at pos [M] (cos / sin [positions, D/2] tables) -> the keys and
+    values written to k_cache / v_cache [slots, Hkv, S, D] at (slot s0 + i, position pos[i]). Returns the
+    rotated queries [M, H, D]."""
+    M = x.shape[0]
+    Hkv, D = k_cache.shape[1], k_cache.shape[3]
+    qkv = linear(rms_norm(x, norm_w, eps), wqkv)
+    if bias is not None:
+        qkv = qkv + bias
+    q, k, v = qkv.split([n_heads * D, Hkv * D, Hkv * D], dim=-1)
+    q, k, v = q.view(M, n_heads, D), k.reshape(M, Hkv, D), v.reshape(M, Hkv, D)
+    if q_norm is not None:
+        q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
+    c, s = cos[pos][:, None, None], sin[pos][:, None, None]  # [M, 1, 1, D/2]
+    q, k = rotary(q[:, :, None], k[:, :, None], c, s)
+    rows = torch.arange(s0, s0 + M, device=x.device)
+    k_cache[rows, :, pos] = k[:, :, 0]
+    v_cache[rows, :, pos] = v
+    return q[:, :, 0].contiguous()
+
+
+def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """residual + x @ weight.T (the product in x's dtype first): an output or down projection closing a
+    residual branch."""
+    return linear(x, weight) + residual
+
+
+def norm_gate_up(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w_gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of RMSNorm(x) @ w_gate_up.T, w_gate_up [2 * hidden, dim] (gate rows, then up rows)."""
+    return silu_mul(*linear(rms_norm(x, norm_w, eps), w_gate_up).chunk(2, dim=-1))
+
+
+FUSED_OPS = {"norm_qkv_rope": norm_qkv_rope, "linear_residual": linear_residual, "norm_gate_up": norm_gate_up}
+
+
 OPS = {
     "layer_norm": layer_norm,
     "rms_norm": rms_norm,

@@ -27,6 +27,7 @@ if (
         for _mod in _k.TRITON_MODULES:
             importlib.import_module(_mod)
         importlib.import_module("speechrt.kernels.triton_decode_attention")
+        importlib.import_module("speechrt.kernels.triton_fused")
     finally:
         if _prev is None:
             os.environ.pop("TRITON_INTERPRET")

@@ -17,13 +17,21 @@ PREFILL_BUCKETS tokens (cut to the cache's length) and run as Llama.prefill_rows
 slots given as a device tensor: one graph per (cache, N, bucket) serves any slots and any lengths up to
 the bucket. Eager, a 37-token prompt took 21-35 ms of launches on an H100, from its graph 1.8 ms (docs/gpu.md).
 Prompts that continue a cached prefix (start > 0), or longer than the largest bucket, run eagerly.
+
+The decode graphs run the step in the fused layer kernels (models/llama_fused.py, kernels/triton_fused.py: four
+launches per layer plus decode attention, against some 13 unfused) unless `fused=False`, the kernel set is not
+Triton, or `fused_unsupported` refuses the model (int8 / int4 weights, a config field the kernels do not
+compute); `fused_why` says which. The unfused step stays the reference they are tested against.
 """
 
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import torch
+
+from speechrt.models.llama_fused import decode_range_fused, fused_unsupported
 
 from ..base import check_prefill
 from ..cuda_graphs import CapturedStep, GraphCache, rows_bucket
@@ -52,13 +60,14 @@ def range_rows(top: int, slots: int) -> int:
 
 
 class _DecodeGraph:
-    """One captured decode step over slots 0..n-1 of `cache`: tokens [n], positions [n] -> logits [n, vocab]."""
+    """One captured decode step over slots 0..n-1 of `cache`: tokens [n], positions [n] -> logits [n, vocab].
+    `decode_range`: the model's, or the fused kernels' (models.llama_fused), with its arguments."""
 
-    def __init__(self, model, cache, n: int, capture: bool):
+    def __init__(self, decode_range, cache, n: int, capture: bool):
         dev = cache.k.device
         self.tokens = torch.zeros(n, dtype=torch.long, device=dev)
         self.pos = torch.zeros(n, dtype=torch.long, device=dev)
-        self.step = CapturedStep(lambda: model.decode_range(cache, 0, self.tokens, self.pos, cache.max_seq), capture)
+        self.step = CapturedStep(lambda: decode_range(cache, 0, self.tokens, self.pos, cache.max_seq), capture)
 
     def __call__(self, slots: list[int], tokens: torch.Tensor, pos: list[int]) -> torch.Tensor:
         """Logits [len(slots), vocab] of `tokens` fed to `slots`; `pos`: every row's position."""
@@ -90,15 +99,33 @@ class _PrefillGraph:
 
 
 class TritonLMRunner(TorchLMRunner):
-    def __init__(self, *args, graphs: bool = True, capture: bool | None = None, **kw):
+    def __init__(self, *args, graphs: bool = True, capture: bool | None = None, fused: bool = True, **kw):
         """`graphs`: decode steps and prompts on static buffers, captured as graphs on a GPU. `capture`
-        (default: on CUDA/HIP devices) False runs that path uncaptured: what the CPU tests check."""
+        (default: on CUDA/HIP devices) False runs that path uncaptured: what the CPU tests check. `fused`: those
+        decode steps in the fused layer kernels (kernels/triton_fused.py) where the model and the kernel set
+        allow (`fused_why` says why not); False keeps the unfused path, the reference they are tested against."""
         super().__init__(*args, **kw)
+        self.fused_why = self._fused_why(fused)
+        self.decode_range = self.model.decode_range
+        if self.fused_why is None:
+            from speechrt.kernels.triton_fused import OPS as FUSED
+
+            self.decode_range = partial(decode_range_fused, self.model, FUSED)
+        else:
+            log.info("decode steps unfused: %s", self.fused_why)
         self.capture = self.device.type == "cuda" if capture is None else capture
         self.graphs_enabled = graphs and (self.capture or capture is False)
         self.graphs = GraphCache(MAX_GRAPHS)
         self.prefill_graphs = GraphCache(MAX_PREFILL_GRAPHS)
         self.prefill_graphs_enabled = True
+
+    def _fused_why(self, fused: bool) -> str | None:
+        """Why decode steps run unfused, or None: they run in the fused kernels."""
+        if not fused:
+            return "off by request (fused=False)"
+        if self.ops.sources.get("linear") != "triton":
+            return f"the kernel set is {self.ops.impl!r}, not Triton"
+        return fused_unsupported(self.model.cfg, self.model.weight_format)
 
     def _prefill_graph(self, cache, slots: list[int], prompts: list[torch.Tensor]) -> torch.Tensor | None:
         """Logits [N, vocab] of prompts run from position 0 through a captured graph, or None where none
@@ -175,7 +202,7 @@ class TritonLMRunner(TorchLMRunner):
         if not self.graphs_enabled or len(set(slots)) < len(slots) or max(rows) >= cache.max_seq:
             return super().decode_step(cache, slots, tokens)
         g = self.graphs.get(
-            (cache.k.data_ptr(), cache.v.data_ptr(), n), lambda: _DecodeGraph(self.model, cache, n, self.capture)
+            (cache.k.data_ptr(), cache.v.data_ptr(), n), lambda: _DecodeGraph(self.decode_range, cache, n, self.capture)
         )
         logits = g(slots, tokens.to(self.device), rows)
         cache.advance(slots, pos)

@@ -17,6 +17,9 @@ Checks, in order (each one pass / fail / skip with what it compared or why it co
   captured, captures failed);
 - lm-graphs: the same for the triton language model's decode step (bf16, two sequences of different
   lengths, the eager run's tokens fed to both) and its prompts' prefill (logits, and time per prompt);
+- lm-fused: the Llama decode step in the fused layer kernels against the unfused one (both from graphs) and
+  torch eager, at the SmolLM2-135M and Llama-3.2-1B shapes (random bf16 weights), with the fraction of the
+  measured copy bandwidth each step's bytes take (gpu_fused.py);
 - onnxruntime: each GPU execution provider installed (CUDA, TensorRT, ROCm, MIGraphX) runs the Piper
   voice graph like the CPU provider does;
 - tensorrt: the TensorRT package, if installed;
@@ -41,6 +44,7 @@ import time
 from pathlib import Path
 
 from speechrt.bench import gpu_server
+from speechrt.bench.gpu_fused import check_lm_fused
 from speechrt.bench.gpu_graphs import check_asr_batches, check_cuda_graphs, check_lm_graphs
 from speechrt.bench.gpu_parity import (
     check_asr_onnxruntime,
@@ -78,6 +82,7 @@ def add_arguments(p):
                 "cuda-graphs",
                 "asr-batches",
                 "lm-graphs",
+                "lm-fused",
                 "onnxruntime",
                 "tensorrt",
                 "roofline",
@@ -244,6 +249,7 @@ CHECKS = {
     "cuda-graphs": check_cuda_graphs,
     "asr-batches": check_asr_batches,
     "lm-graphs": check_lm_graphs,
+    "lm-fused": check_lm_fused,
     "onnxruntime": check_onnxruntime,
     "tensorrt": check_tensorrt,
     "roofline": check_roofline,
@@ -259,6 +265,7 @@ NEEDS_TORCH_GPU = {
     "cuda-graphs",
     "asr-batches",
     "lm-graphs",
+    "lm-fused",
     "roofline",
     "server-ramp",  # except with --device cpu
 }

@@ -142,3 +142,51 @@ def test_triton_kernels_equal_transformers(arch, one_cpu_thread, monkeypatch):
     ids = _ids(6, 10)
     ref = hf_logits(model, ids)[7:-1]
     torch.testing.assert_close(_runner_logits(runner, ids, 8), ref, rtol=1e-3, atol=1e-3)
+
+
+def _greedy_rows(runner, cache, last: torch.Tensor, steps: int):
+    """`steps` greedy decode steps of the slots 0..n-1 of `cache` at once, the first fed the argmax of `last`
+    [n, vocab]: (ids [steps, n], logits [steps, n, vocab])."""
+    ids, logits = [], []
+    with torch.inference_mode():
+        for _ in range(steps):
+            tok = last.float().argmax(-1)
+            last = runner.decode_step(cache, list(range(last.shape[0])), tok)
+            ids.append(tok)
+            logits.append(last.float().cpu())
+    return torch.stack(ids), torch.stack(logits)
+
+
+def test_fused_decode_steps_equal_the_torch_backend(arch, one_cpu_thread, monkeypatch):
+    """The triton runner's decode steps in the fused layer kernels (kernels/triton_fused.py, the default where
+    the model allows: Q/K/V biases and per-head norms included), run by the Triton interpreter, over three
+    sequences at once: the same greedy ids as the torch backend's unfused steps, and the same logits."""
+    pytest.importorskip("triton")
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from speechrt.backends.triton.lm import TritonLMRunner
+    from speechrt.kernels import triton_fused
+    from speechrt.models.llama_fused import decode_range_fused
+
+    name, _, rm = arch
+    if name not in ("qwen2", "qwen3", "llama3"):
+        pytest.skip("the fused step's math is that of llama3 for these (a sliding window wider than the test)")
+    if not isinstance(triton_fused._norm_qkv_rope_kernel, InterpretedFunction):
+        pytest.skip("the Triton kernels were compiled for a GPU in this process, not interpreted")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    f = torch_lm.load_file(rm)
+    fused = TritonLMRunner(f, CPU, "float32", "triton", capture=False)
+    assert fused.fused_why is None, fused.fused_why
+    assert "off by request" in TritonLMRunner(f, CPU, "float32", "triton", capture=False, fused=False).fused_why
+    plain = torch_lm.TorchLMRunner(f, CPU, "float32")
+    want_cache = plain.new_cache(3, 32)
+    with torch.inference_mode():  # the prompts by the torch runner (lean: prefill is not what is tested here)
+        last = torch.stack([plain.prefill(want_cache, s, torch.tensor(_ids(7 + s, 2 + 3 * s))) for s in range(3)])
+    got_cache = fused.new_cache(3, 32)
+    got_cache.k.copy_(want_cache.k), got_cache.v.copy_(want_cache.v)
+    got_cache.lengths[:] = want_cache.lengths
+    got_ids, got = _greedy_rows(fused, got_cache, last, 3)
+    want_ids, want = _greedy_rows(plain, want_cache, last, 3)
+    assert torch.equal(got_ids, want_ids)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    assert fused.decode_range.func is decode_range_fused and len(fused.graphs) == 1  # the steps took that path

@@ -28,6 +28,7 @@ def test_bench_gpu_skips_clearly_without_a_gpu(bench, tmp_path):
         "lm-onnxruntime",
         "cuda-graphs",
         "lm-graphs",
+        "lm-fused",
         "roofline",
         "server-ramp",
     ):
@@ -47,3 +48,36 @@ def test_provider_comparison_on_the_cpu_provider():
     ok, bad = compare_providers(["CPUExecutionProvider"])
     assert not bad and len(ok) == 1
     assert ok[0].startswith("CPUExecutionProvider (session runs on CPUExecutionProvider): max diff 0 over ")
+
+
+def test_fused_step_benchmark_runs_up_to_its_gpu_part(monkeypatch):
+    """The lm-fused check's plan (bytes per step at both shapes) and its cases on a tiny config, run here on the CPU
+    by the Triton interpreter, uncaptured: fused, unfused and torch-eager steps timed, their logits compared,
+    records written with the fraction of a bandwidth. On a GPU the same code captures the steps in graphs."""
+    pytest.importorskip("triton")
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from speechrt.bench import gpu_fused
+    from speechrt.bench.record import Results
+    from speechrt.kernels import triton_fused
+    from speechrt.models.llama import LlamaConfig
+
+    small, big = gpu_fused.plan(context=512)[0], gpu_fused.plan(context=512)[-1]
+    assert (small.shape, small.batch, big.shape, big.batch) == ("smollm2-135m", 1, "llama-3.2-1b", 8)
+    # SmolLM2: 134.5M parameters in bf16 (the head tied, read once), plus the cache: 30 layers x 2 x 3 heads x 513 x 64
+    assert small.bytes == 2 * (134_515_008 + 30 * 2 * 3 * 513 * 64)
+    assert big.bytes == 2 * (1_235_814_400 + 16 * 2 * 8 * 8 * 513 * 64)  # Llama-3.2-1B (head tied), 8 rows' caches
+    if not isinstance(triton_fused._norm_qkv_rope_kernel, InterpretedFunction):
+        pytest.skip("the Triton kernels were compiled for a GPU in this process, not interpreted")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    cfg = LlamaConfig(vocab_size=64, dim=40, n_layers=1, n_heads=2, n_kv_heads=1, hidden_dim=56, max_seq_len=16)
+    cases = [gpu_fused.Case("tiny", cfg, 3, 5, gpu_fused.step_bytes(cfg, 3, 5))]
+    out = Results()
+    bad = gpu_fused.run_cases(
+        torch.device("cpu"), cases, out, lambda fn: [fn() is not None and 1e-3], 10.0, False, torch.float32
+    )
+    assert bad == []
+    assert [r.backend for r in out.records] == list(gpu_fused.VARIANTS)
+    r = out.records[0]
+    assert r.params["fused_vs_unfused_rel_err"] < 1e-4 and r.params["argmax_agreement"] == 1.0
+    assert r.params["fraction_of_bandwidth"] == pytest.approx(cases[0].bytes / 1e-3 / 10e9)

@@ -17,7 +17,16 @@ from speechrt import kernels
 pytest.importorskip("triton", reason="Triton is not installed (pip install 'speechrt[triton]')")
 
 TARGETS = ("sm_80", "sm_90", "gfx90a", "gfx942")
-MATMUL_LIKE = {"_linear_kernel", "_linear_int8_kernel", "_attention_kernel", "_decode_attention_grouped_kernel"}
+MATMUL_LIKE = {
+    "_linear_kernel",
+    "_linear_int8_kernel",
+    "_attention_kernel",
+    "_decode_attention_grouped_kernel",
+    # the fused decode-step kernels (kernels/aot_specs_fused.py: SmolLM2 and Llama-3.2-1B shapes, 1 and 64 rows)
+    "_norm_qkv_rope_kernel",
+    "_linear_residual_kernel",
+    "_norm_gate_up_kernel",
+}
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +49,7 @@ def _kernel_names():
     import importlib
 
     names = set()
-    for mod in [*kernels.TRITON_MODULES, "speechrt.kernels.triton_decode_attention"]:
+    for mod in [*kernels.TRITON_MODULES, "speechrt.kernels.triton_decode_attention", "speechrt.kernels.triton_fused"]:
         m = importlib.import_module(mod)
         names |= {n for n in vars(m) if n.startswith("_") and n.endswith("_kernel")}
     return names

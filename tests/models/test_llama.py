@@ -272,3 +272,44 @@ def test_prefill_graph_routing_matches_eager(model_file, ours):
     r.prepare(cache, 0)
     assert sorted(k[2:] for k in r.prefill_graphs.items) == [(1, 16), (1, 32), (1, 64), (1, 96)]
     assert cache.lengths == [0] + held[1:] and torch.equal(cache.k[:, 1, :, : held[1]], kept)
+
+
+def test_fused_decode_range_equals_decode_range(ours):
+    """models/llama_fused.py's step (one residual stream, each norm folded into the projection that reads it)
+    on the fused ops' references equals Llama.decode_range on the embedded SmolLM2: logits and the cache it
+    writes (kernels/triton_fused.py is held to these references in tests/kernels/test_triton_fused.py)."""
+    from speechrt.kernels.reference import FUSED_OPS
+    from speechrt.models.llama_fused import decode_range_fused
+
+    r, model = ours.runner, ours.runner.model
+    cache = r.new_cache(3, 24)
+    g = torch.Generator().manual_seed(0)
+    cache.k.copy_(torch.randn(cache.k.shape, generator=g)), cache.v.copy_(torch.randn(cache.v.shape, generator=g))
+    firsts, pos = [5, 900, 17], torch.tensor([20, 3, 11])  # held keys: random (the step only reads them)
+    k0, v0 = cache.k.clone(), cache.v.clone()
+    with torch.inference_mode():
+        want = model.decode_range(cache, 0, torch.tensor(firsts), pos, cache.max_seq)
+        want_k, want_v = cache.k.clone(), cache.v.clone()
+        cache.k.copy_(k0), cache.v.copy_(v0)
+        got = decode_range_fused(model, FUSED_OPS, cache, 0, torch.tensor(firsts), pos, cache.max_seq)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    torch.testing.assert_close(cache.k, want_k, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cache.v, want_v, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(cache.k, k0)
+
+
+def test_fused_unsupported_names_what_it_refuses(model_file):
+    """The fused decode step refuses what it does not compute, naming it: a config field another architecture
+    adds (here a Gemma-like sliding window) unless it holds its default, and weights that are not float."""
+    import dataclasses
+
+    from speechrt.models.llama import LlamaConfig
+    from speechrt.models.llama_fused import fused_unsupported
+
+    cfg = model_file[1].config
+    assert fused_unsupported(cfg, "bfloat16") is None and fused_unsupported(cfg, "float32") is None
+    assert "not int8" in fused_unsupported(cfg, "int8")
+    wider = dataclasses.make_dataclass("GemmaLike", [("sliding_window", int, 0)], bases=(LlamaConfig,), frozen=True)
+    assert fused_unsupported(wider(**dataclasses.asdict(cfg)), "bfloat16") is None
+    why = fused_unsupported(wider(**dataclasses.asdict(cfg), sliding_window=512), "bfloat16")
+    assert "GemmaLike.sliding_window=512" in why

@@ -1,0 +1,69 @@
+"""What the AOT report compiles of the fused decode-step kernels (kernels/triton_fused.py): each launch
+configuration its `config()` picks for a decode step of 1 and of 64 rows, in bf16, at the SmolLM2-135M shape
+(d 576, 9 / 3 heads of 64, MLP 1536) and the Llama-3.2-1B shape (d 2048, 32 / 8 heads of 64, FFN 8192). The
+widths are runtime arguments (both divisible by 16, as `aligned` tells the compiler), so one binary serves
+both shapes; the Qwen3 variant (per-head norms, whole heads per program) and the Qwen2 bias compile apart."""
+
+from __future__ import annotations
+
+from .aot_specs import Spec, int_args, make_spec
+
+SHAPES = "smollm2 d576 / llama-1b d2048"
+
+
+def fused_specs(hip: bool = False) -> list[Spec]:
+    import torch
+
+    from . import triton_fused as fu
+    from .triton_matmul import precision
+
+    bf16 = torch.bfloat16
+    out = []
+    qkv_ptrs = ("x_ptr", "g_ptr", "w_ptr", "b_ptr", "qn_ptr", "kn_ptr", "q_ptr", "kc_ptr", "vc_ptr")
+    qkv_strides = ("sxm", "swn", "sct", "sqm", "sqh", "skb", "skh", "skt", "svb", "svh", "svt")
+    qkv_types = {
+        **{p: "*bf16" for p in qkv_ptrs},
+        "cos_ptr": "*fp32",
+        "sin_ptr": "*fp32",
+        "pos_ptr": "*i64",
+        **int_args("M", "K", "H", "HKV", "HALF", "s0", "sxk", "swk", *qkv_strides),
+        "eps": "fp32",
+    }
+    qkv_aligned = (*qkv_ptrs, "cos_ptr", "sin_ptr", "pos_ptr", "K", "HALF", *qkv_strides)
+    for variant, M, bias, qk_norm in (
+        (f"{SHAPES} M=1", 1, False, False),
+        (f"{SHAPES} M=64", 64, False, False),
+        ("qwen3 head norms + qwen2 bias d64 M=8", 8, True, True),
+    ):
+        c = fu.config(M, bf16, 32, whole_head=qk_norm)
+        cx = {"HAS_BIAS": bias, "QK_NORM": qk_norm, "PRECISION": precision(bf16), "UPCAST": False}
+        cx.update({k: c[k] for k in ("BLOCK_M", "BLOCK_HALF", "BLOCK_K")})
+        out.append(make_spec(fu._norm_qkv_rope_kernel, variant, qkv_types, cx, c, qkv_aligned, matmul=True))
+
+    mm_types = {**int_args("M", "N", "K", "sxm", "sxk", "swn", "swk", "sym")}
+    for M in (1, 64):
+        c = fu.config(M, bf16)
+        cx = {"PRECISION": precision(bf16), "UPCAST": False, **{k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}}
+        out.append(
+            make_spec(
+                fu._linear_residual_kernel,
+                f"{SHAPES} o/down proj M={M}",
+                {**{p: "*bf16" for p in ("x_ptr", "w_ptr", "r_ptr", "y_ptr")}, **mm_types, "srm": "i32"},
+                cx,
+                c,
+                ("x_ptr", "w_ptr", "r_ptr", "y_ptr", "N", "K", "sxm", "swn", "srm", "sym"),
+                matmul=True,
+            )
+        )
+        out.append(
+            make_spec(
+                fu._norm_gate_up_kernel,
+                f"{SHAPES} mlp 1536 / 8192 M={M}",
+                {**{p: "*bf16" for p in ("x_ptr", "g_ptr", "w_ptr", "y_ptr")}, **mm_types, "eps": "fp32"},
+                cx,
+                c,
+                ("x_ptr", "g_ptr", "w_ptr", "y_ptr", "N", "K", "sxm", "swn", "sym"),
+                matmul=True,
+            )
+        )
+    return out

@@ -1,0 +1,177 @@
+"""`bench gpu`'s lm-fused check: the Llama decode step in the fused layer kernels (models/llama_fused.py) against the
+unfused Triton step, both replayed from CUDA/HIP graphs, and torch eager, at the SmolLM2-135M and Llama-3.2-1B
+shapes with random bf16 weights (speed does not depend on the values): time per step and the fraction of the
+measured copy bandwidth that its bytes (weights, the cache it attends over) take.
+
+`plan()` and `step_bytes()` are plain arithmetic; `run_cases()` runs anywhere the kernels run (tests run it on
+the CPU on a tiny config in the Triton interpreter, uncaptured); only `check_lm_fused()` wants a GPU."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from speechrt.bench.record import Record, Repeats, Results
+from speechrt.models.llama import LlamaConfig
+
+SHAPES = {
+    "smollm2-135m": LlamaConfig(
+        vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, hidden_dim=1536, rope_theta=1e5
+    ),
+    "llama-3.2-1b": LlamaConfig(
+        vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, hidden_dim=8192, rope_theta=5e5
+    ),
+}
+BATCHES = (1, 8)
+CONTEXT = 512  # positions every row holds when it steps (what attention reads)
+VARIANTS = ("fused", "unfused", "torch-eager")  # fused / unfused: Triton kernels replayed from a graph
+
+
+@dataclass(frozen=True)
+class Case:
+    shape: str
+    cfg: LlamaConfig
+    batch: int
+    context: int
+    bytes: int  # read per step: every weight once, each row's cache up to its length
+
+
+def step_bytes(cfg: LlamaConfig, batch: int, context: int, elt: int = 2) -> int:
+    """Bytes a decode step must read at least: the layers' weights, the output head, each row's keys and values."""
+    qkv = cfg.dim * (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+    layer = qkv + cfg.n_heads * cfg.head_dim * cfg.dim + 3 * cfg.hidden_dim * cfg.dim + 2 * cfg.dim
+    kv = 2 * batch * cfg.n_kv_heads * (context + 1) * cfg.head_dim
+    return elt * (cfg.n_layers * (layer + kv) + cfg.vocab_size * cfg.dim + cfg.dim)
+
+
+def plan(shapes=SHAPES, batches=BATCHES, context: int = CONTEXT) -> list[Case]:
+    return [Case(n, c, b, context, step_bytes(c, b, context)) for n, c in shapes.items() for b in batches]
+
+
+def random_weights(cfg: LlamaConfig, device, dtype, seed: int = 0) -> dict:
+    """Weights named as models.llama takes them, drawn on `device` (a 1B model in about a second on a GPU)."""
+    import torch
+
+    from speechrt.models.llama import layer_tensors
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    D, dim = cfg.head_dim, cfg.dim
+    shapes = {
+        "wq": (cfg.n_heads * D, dim),
+        "wk": (cfg.n_kv_heads * D, dim),
+        "wv": (cfg.n_kv_heads * D, dim),
+        "wo": (dim, cfg.n_heads * D),
+        "w_gate": (cfg.hidden_dim, dim),
+        "w_up": (cfg.hidden_dim, dim),
+        "w_down": (dim, cfg.hidden_dim),
+        "attn_norm": (dim,),
+        "ffn_norm": (dim,),
+        "bq": (cfg.n_heads * D,),
+        "bk": (cfg.n_kv_heads * D,),
+        "bv": (cfg.n_kv_heads * D,),
+        "q_norm": (D,),
+        "k_norm": (D,),
+    }
+
+    def draw(shape, norm=False):
+        t = torch.randn(shape, generator=g, device=device, dtype=torch.float32)
+        return (1 + 0.1 * t if norm else t * shape[-1] ** -0.5).to(dtype)
+
+    w = {"tok_embeddings": draw((cfg.vocab_size, dim)), "norm": draw((dim,), True)}
+    for i in range(cfg.n_layers):
+        for n in layer_tensors(cfg):
+            w[f"layers.{i}.{n}"] = draw(shapes[n], n.endswith("norm"))
+    return w
+
+
+def _steps(cfg: LlamaConfig, device, batch: int, context: int, capture: bool, dtype):
+    """variant -> a step callable (fixed buffers, logits out) over a cache where every row holds `context`."""
+    import torch
+
+    from speechrt import kernels
+    from speechrt.backends.cuda_graphs import CapturedStep
+    from speechrt.kernels.triton_fused import OPS as FUSED
+    from speechrt.models.llama import Llama
+    from speechrt.models.llama_fused import decode_range_fused
+
+    fmt = str(dtype).removeprefix("torch.")
+    w = random_weights(cfg, device, dtype)
+    tri = Llama(cfg, w, kernels.select("triton", device), device, fmt)
+    eager = Llama(cfg, w, kernels.select("torch", device), device, fmt)
+    del w
+    cache = tri.new_cache(batch, context + 1)
+    g = torch.Generator(device=device).manual_seed(1)
+    cache.k.normal_(generator=g), cache.v.normal_(generator=g)
+    tokens = torch.arange(batch, device=device) * 7 + 1
+    pos = torch.full((batch,), context, device=device)
+    tk = cache.max_seq
+    return {
+        "fused": CapturedStep(lambda: decode_range_fused(tri, FUSED, cache, 0, tokens, pos, tk), capture),
+        "unfused": CapturedStep(lambda: tri.decode_range(cache, 0, tokens, pos, tk), capture),
+        "torch-eager": lambda: eager.decode_range(cache, 0, tokens, pos, tk),
+    }
+
+
+def run_cases(device, cases: list[Case], out: Results, timer, bandwidth_gbps: float, capture=True, dtype=None):
+    """Time every variant of every case (records in `out`; `dtype` default bf16) -> problems: the fused step's
+    logits against the unfused step's (same weights, same cache) beyond bf16 rounding."""
+    import torch
+
+    dtype = dtype or torch.bfloat16
+    bad = []
+    for c in cases:
+        steps = _steps(c.cfg, device, c.batch, c.context, capture, dtype)
+        want = steps["unfused"]().float()
+        got = steps["fused"]().float()
+        err = ((got - want).abs().amax() / want.abs().amax().clamp_min(1e-30)).item()
+        same = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+        if not err <= 5e-2:
+            bad.append(f"{c.shape} batch {c.batch}: fused logits {err:.3g} (relative) from the unfused step's")
+        for v, fn in steps.items():
+            ts = timer(fn)
+            t = statistics.median(ts)
+            out.records.append(
+                Record(
+                    family="gpu",
+                    model=c.shape,
+                    engine="torch" if v == "torch-eager" else "speechrt",
+                    backend=v,
+                    precision=str(dtype).removeprefix("torch."),
+                    device=str(device),
+                    workload=f"decode step, batch {c.batch}, {c.context} cached positions, random weights",
+                    metric="decode_step_us",
+                    unit="us",
+                    value=t * 1e6,
+                    better="lower",
+                    repeats=Repeats.of(x * 1e6 for x in ts),
+                    peer="" if v == "fused" else "fused",
+                    params={
+                        "batch": c.batch,
+                        "bytes": c.bytes,
+                        "fraction_of_bandwidth": c.bytes / t / (bandwidth_gbps * 1e9) if bandwidth_gbps else 0.0,
+                        "fused_vs_unfused_rel_err": err,
+                        "argmax_agreement": same,
+                    },
+                )
+            )
+        del steps
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return bad
+
+
+def check_lm_fused(dev, out: Results):
+    import torch
+
+    from speechrt.bench.roofline import probe, timer
+
+    bw = probe(dev, torch.bfloat16).bandwidth_gbps
+    n0 = len(out.records)
+    bad = run_cases(dev, plan(), out, timer(dev), bw)
+    by = {(r.model, r.params["batch"], r.backend): r for r in out.records[n0:]}
+    parts = [f"copy {bw:.0f} GB/s"]
+    for s, b, _ in sorted({k for k in by if k[2] == "fused"}):
+        f, u, e = (by[(s, b, v)].value for v in VARIANTS)
+        frac = by[(s, b, "fused")].params["fraction_of_bandwidth"]
+        parts.append(f"{s} b{b}: fused {f:.0f} us ({frac:.0%} of bw), unfused {u / f:.2f}x, torch eager {e / f:.2f}x")
+    return ("fail" if bad else "pass"), "; ".join(bad + parts)

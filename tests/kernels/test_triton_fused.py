@@ -1,0 +1,135 @@
+"""The fused decode-step kernels (kernels/triton_fused.py) against their references (composed from the unfused
+reference ops), in the Triton interpreter on the CPU: odd widths (dim 72, head_dim 24, hidden 200), grouped heads
+(3 / 1), 1, 3 and 5 rows, an odd cache length, strided inputs, the Qwen2 bias and Qwen3 head norms, every dtype
+the kernels claim, and a NaN that must reach the output. On a GPU: SPEECHRT_TEST_DEVICE=cuda (conftest.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from speechrt.kernels import reference as ref
+
+pytestmark = pytest.mark.usefixtures("interpret")
+DEVICE = os.environ.get("SPEECHRT_TEST_DEVICE", "cpu")
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-2, 1e-2), torch.bfloat16: (2e-2, 2e-2)}  # bf16: 2 of its ulps
+DIM, H, HKV, D, HIDDEN, SLOTS, S = 72, 3, 1, 24, 200, 6, 13  # S: the cache's (odd) length
+
+
+@pytest.fixture(scope="module")
+def fused():
+    from speechrt.kernels import triton_fused
+
+    return triton_fused
+
+
+def rand(*shape, dtype=torch.float32, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEVICE)
+
+
+def close(out, expected, truth=None):
+    """out (the kernel's) equals expected (the reference's, same dtype) within TOL. With `truth` (the reference in
+    float32 on the same inputs), 16-bit: the kernel, which rounds at other points than the unfused ops (see
+    kernels/triton_fused.py), is also no further from it than the reference is (x1.5)."""
+    assert out.shape == expected.shape and out.dtype == expected.dtype, (out.shape, expected.shape, out.dtype)
+    assert torch.isfinite(expected).all(), "non-finite values in the reference output (bad test input)"
+    assert torch.isfinite(out).all(), "non-finite values in the kernel output"
+    rtol, atol = TOL[expected.dtype]
+    if truth is not None and expected.dtype != torch.float32:
+        err, ref_err = ((t.float() - truth.float()).abs().amax().item() for t in (out, expected))
+        assert err <= 1.5 * ref_err + atol, (err, ref_err)
+    torch.testing.assert_close(out.float(), expected.float(), rtol=rtol, atol=atol)
+
+
+def strided_rows(m, n, dtype, seed):
+    """[m, n] with a row stride of n + 5 (a view of a wider buffer, as a slice of a packed output is)."""
+    return rand(m, n + 5, dtype=dtype, seed=seed)[:, 2 : 2 + n]
+
+
+def qkv_case(M, dtype, bias=False, qk_norm=False, seed=0):
+    cos, sin = (t.to(DEVICE) for t in _tables())
+    kw = dict(
+        norm_w=rand(DIM, dtype=dtype, seed=seed + 1, scale=0.5) + 1,
+        eps=1e-5,
+        wqkv=rand((H + 2 * HKV) * D, DIM, dtype=dtype, seed=seed + 2, scale=DIM**-0.5),
+        n_heads=H,
+        cos=cos,
+        sin=sin,
+        pos=torch.tensor([12, 0, 7, 3, 11][:M], device=DEVICE),  # the cache's last position, its first, ...
+        s0=1,
+        bias=rand((H + 2 * HKV) * D, dtype=dtype, seed=seed + 3) if bias else None,
+        q_norm=rand(D, dtype=dtype, seed=seed + 4, scale=0.3) + 1 if qk_norm else None,
+        k_norm=rand(D, dtype=dtype, seed=seed + 5, scale=0.3) + 1 if qk_norm else None,
+    )
+    return strided_rows(M, DIM, dtype, seed), kw
+
+
+def _tables():
+    t = torch.arange(S, dtype=torch.float64)[:, None] / (10000 ** (torch.arange(0, D, 2) / D))[None]
+    return t.cos().float(), t.sin().float()
+
+
+def caches(dtype):
+    k = rand(SLOTS, HKV, S, D, dtype=dtype, seed=90)
+    return k, rand(SLOTS, HKV, S, D, dtype=dtype, seed=91)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M,bias,qk_norm", [(1, False, False), (3, True, False), (5, False, True)])
+def test_norm_qkv_rope(fused, dtype, M, bias, qk_norm):
+    """Q equals the reference's; the keys and values land at each row's (slot, position) and nothing else in
+    the cache changes."""
+    x, kw = qkv_case(M, dtype, bias, qk_norm)
+    kc, vc = caches(dtype)
+    rk, rv = kc.clone(), vc.clone()
+    close(fused.norm_qkv_rope(x, k_cache=kc, v_cache=vc, **kw), ref.norm_qkv_rope(x, k_cache=rk, v_cache=rv, **kw))
+    close(kc, rk)
+    close(vc, rv)
+    untouched = torch.ones(SLOTS, S, dtype=torch.bool)
+    untouched[torch.arange(1, 1 + M), kw["pos"].cpu()] = False
+    assert torch.equal(kc.permute(0, 2, 1, 3)[untouched], caches(dtype)[0].permute(0, 2, 1, 3)[untouched])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M", [1, 3, 5])
+def test_linear_residual(fused, dtype, M):
+    x = strided_rows(M, H * D, dtype, 10)
+    w = rand(DIM, H * D, dtype=dtype, seed=11, scale=(H * D) ** -0.5)
+    if M == 3:  # the weight as a transposed view too (column stride DIM): the kernel takes both strides
+        w = w.t().contiguous().t()
+    r = rand(M, DIM, dtype=dtype, seed=12)
+    close(fused.linear_residual(x, w, r), ref.linear_residual(x, w, r))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M", [1, 3, 5])
+def test_norm_gate_up(fused, dtype, M):
+    x = strided_rows(M, DIM, dtype, 20)
+    g = rand(DIM, dtype=dtype, seed=21, scale=0.5) + 1
+    w = rand(2 * HIDDEN, DIM, dtype=dtype, seed=22, scale=DIM**-0.5)
+    truth = ref.norm_gate_up(x.float(), g.float(), 1e-5, w.float())
+    close(fused.norm_gate_up(x, g, 1e-5, w), ref.norm_gate_up(x, g, 1e-5, w), truth)
+
+
+def test_nan_propagates(fused):
+    """A NaN in a row's input reaches that row's outputs (norm's sum of squares, the products), never
+    another row's: no kernel turns it into a finite value."""
+    dtype = torch.float32
+    x, kw = qkv_case(3, dtype, qk_norm=True)
+    x[1, 5] = float("nan")
+    kc, vc = caches(dtype)
+    q = fused.norm_qkv_rope(x, k_cache=kc, v_cache=vc, **kw)
+    assert q[1].isnan().all() and torch.isfinite(q[[0, 2]]).all()
+    assert kc[2, 0, 0].isnan().all() and vc[2, 0, 0].isnan().all()  # row 1: slot s0 + 1, position 0
+    assert torch.isfinite(kc[1, 0, 12]).all() and torch.isfinite(vc[3, 0, 7]).all()
+    w = rand(2 * HIDDEN, DIM, seed=22, scale=DIM**-0.5)
+    y = fused.norm_gate_up(x, kw["norm_w"], 1e-5, w)
+    assert y[1].isnan().all() and torch.isfinite(y[[0, 2]]).all()
+    r = rand(3, DIM, seed=12)
+    r[2, 3] = float("nan")
+    y = fused.linear_residual(rand(3, H * D, seed=10), rand(DIM, H * D, seed=11), r)
+    assert y[2, 3].isnan() and torch.isfinite(y[:2]).all() and torch.isfinite(y[2, :3]).all()
