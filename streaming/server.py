@@ -25,7 +25,7 @@ from .realtime.events import error_event
 from .realtime.policy import TurnPolicy
 from .realtime.protocol import ProtocolError, check_session_model
 from .realtime.session import RealtimeSession
-from .realtime.vad import SileroVAD, VadWorker
+from .realtime.vad import VadWorker, silero_for
 
 log = logging.getLogger(__name__)
 WARM_UP_TIMEOUT_S = 300  # start() waits this long at most for the engine to warm the models up
@@ -41,7 +41,8 @@ class SpeechServer:
         # the loaded models by family (/healthz, session model and voice checks)
         self.names = {"asr": [asr.name], "lm": [lm.name] if lm is not None else [], "tts": [tts.name] if tts else []}
         self.conversation_ready = lm is not None and tts is not None
-        self.vad = VadWorker(SileroVAD())
+        # every stream's Silero in one batched call per tick, on the recognizer's device
+        self.vad = VadWorker(silero_for(getattr(getattr(asr, "runner", None), "device", "cpu")))
         self.turn_policy = TurnPolicy.from_options(options)  # every session's (streaming/realtime/policy.py)
         self.engine = Engine(asr, lm, max_batch=options.max_batch, tts=tts, loaded_margin=options.loaded_final_margin)
         self.sessions: set[RealtimeSession] = set()

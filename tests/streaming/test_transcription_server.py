@@ -533,10 +533,10 @@ def test_a_client_that_closed_frees_its_slot_while_its_last_audio_is_still_proce
 
             calls = 0
 
-            def run(self, windows, state):  # what each stream's chunk calls, on the worker's thread
+            def run_batch(self, windows, states):  # what each tick of chunks calls, on the worker's thread
                 SlowVad.calls += 1
                 time.sleep(3.0)
-                return real.run(windows, state)
+                return real.run_batch(windows, states)
 
         srv.vad.vad = SlowVad()
         pcm = pcm24(synth(SENTENCES[0]))[: 24000 * 2]  # 1 s

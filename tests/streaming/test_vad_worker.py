@@ -22,15 +22,15 @@ class _Gate:
         self.inside, self.open = threading.Event(), threading.Event()
 
     def stream(self):
-        return VadStream(self)  # (its chunks come through run below)
+        return VadStream(self)  # (its chunks come through run_batch below)
 
-    def run(self, windows, state):
+    def run_batch(self, windows, states):
         self.calls += 1
         self.inside.set()
         self.open.wait(10)
         if self.calls == self.fail:
             raise RuntimeError("model broke")
-        return self.vad.run(windows, state)
+        return self.vad.run_batch(windows, states)
 
 
 def _speechlike(rng, n):
