@@ -29,6 +29,11 @@ CONTEXT = 64  # samples of the previous frame the model sees
 WINDOW = CONTEXT + FRAME  # one model input: a frame after the previous frame's last CONTEXT samples
 SEQUENCE_GRAPH = "silero_vad_16k_sequence.onnx"  # beside silero_vad.onnx in the wheel
 MAX_SEQUENCE = 1024  # frames per call of the sequence graph (33 s; a long recording runs in several)
+# SileroVAD.run_batch batches a tick of at least this many streams; fewer run a sequence-graph call each. A tick of
+# 100 ms chunks (Xeon, one thread, `python -m benchmarks.vad_tick`): 1 stream 0.51 ms batched / 0.22 per stream,
+# 8 streams 1.73 / 1.79, 32 5.7 / 7.2, 64 10.9 / 14.1. (On the CPU the convolutions, linear in the frames, cost the
+# most: batching saves the calls' overhead, not compute.)
+BATCH_MIN = 8
 
 
 class SileroVAD:
@@ -71,10 +76,14 @@ class SileroVAD:
     def run_batch(self, windows: list[np.ndarray], states: list) -> tuple[list[np.ndarray], list]:
         """Several streams' consecutive frames windows[i] [T_i, WINDOW] (T_i may be 0) from states[i] -> each
         stream's probabilities [T_i] and its state after its last frame: silero_vad.onnx with the streams as its
-        batch, one call per frame position k over the streams that have a k-th frame (BatchLayout)."""
+        batch, one call per frame position k over the streams that have a k-th frame (BatchLayout); under
+        BATCH_MIN streams with frames, a call of `run` each."""
         lay = BatchLayout([len(w) for w in windows])
         if not lay.steps:
             return lay.split(np.zeros(0, np.float32)), list(states)
+        if lay.live < BATCH_MIN and self.sequence:  # (cheaper so: see BATCH_MIN)
+            out = [self.run(w, s) if len(w) else (np.zeros(0, np.float32), s) for w, s in zip(windows, states)]
+            return [p for p, _ in out], [s for _, s in out]
         if self._step is None:  # (loaded on first use: ~0.1 s)
             self._step = _session(self.path)
         x = lay.rows(windows)

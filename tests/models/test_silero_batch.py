@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from speechrt.cli_asr import sample_path
+from speechrt.models import silero
 from speechrt.models.audio import load_audio
 from speechrt.models.silero import FRAME, SileroVAD
 from speechrt.models.silero_batch import BatchedSilero
@@ -79,7 +80,10 @@ def _events(probs):
 
 
 @pytest.mark.parametrize("runner", ["onnxruntime", "torch"])
-def test_one_batched_call_per_tick_gives_each_stream_its_own_speech_decisions(runner, reference, recordings):
+def test_one_batched_call_per_tick_gives_each_stream_its_own_speech_decisions(
+    runner, reference, recordings, monkeypatch
+):
+    monkeypatch.setattr(silero, "BATCH_MIN", 1)  # (every tick batched, however few streams have frames in it)
     batched = SileroVAD() if runner == "onnxruntime" else BatchedSilero("cpu")
     if runner == "torch":  # (the GPU's runner, slower per call on the CPU: a shorter run, one thread)
         recordings = [r[: 16000 * 4] for r in recordings]
@@ -109,8 +113,11 @@ def test_the_recordings_hold_turns_and_silence(reference, recordings):
     assert (quiet[-50:] < 0.2).all(), "the silence should hold no speech frame"
 
 
-def test_a_stream_state_moves_only_with_its_own_frames(reference):
-    """A stream without a whole frame in a tick keeps its state; the others' rows move."""
+@pytest.mark.parametrize("batch_min", [1, 8])
+def test_a_stream_state_moves_only_with_its_own_frames(reference, monkeypatch, batch_min):
+    """A stream without a whole frame in a tick keeps its state; the others' rows move (batched, and in the calls per
+    stream a tick of few streams runs)."""
+    monkeypatch.setattr(silero, "BATCH_MIN", batch_min)
     runner = SileroVAD()
     a, b = runner.stream(), runner.stream()
     audio = load_audio(str(sample_path()))[: FRAME * 4]

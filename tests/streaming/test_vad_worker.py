@@ -10,6 +10,7 @@ import threading
 import numpy as np
 import pytest
 
+from speechrt.models import silero
 from speechrt.models.silero import FRAME, SileroVAD, VadStream
 from speechrt.streaming.realtime.vad import VadWorker
 
@@ -40,7 +41,9 @@ def _speechlike(rng, n):
     )
 
 
-def test_queued_chunks_of_many_streams_each_get_their_streams_result_in_order():
+@pytest.mark.parametrize("batch_min", [1, 8])  # (the tick's six streams batched, or a call each)
+def test_queued_chunks_of_many_streams_each_get_their_streams_result_in_order(monkeypatch, batch_min):
+    monkeypatch.setattr(silero, "BATCH_MIN", batch_min)
     rng = np.random.default_rng(3)
     gate = _Gate()
     worker = VadWorker(gate)
