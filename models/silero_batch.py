@@ -81,6 +81,7 @@ class BatchedSilero:
     thread-safe: one thread (the VadWorker's) runs it."""
 
     sequence = True  # (as SileroVAD's: a chunk's frames run together)
+    tick_s = 0.0  # the VadWorker's least time between ticks (silero_for sets a GPU's)
 
     def __init__(self, device: str | torch.device = "cpu", path=None):
         from pathlib import Path

@@ -35,19 +35,23 @@ class LoopClock:
 
     def __init__(self):
         self._clock: int | None = None
+        self._clock0 = 0.0
         self._closed_seconds = 0.0
         self._open: dict[int, float] = {}  # id(session) -> when it opened (monotonic)
 
     def bind(self):
-        """The calling thread is the event loop's (where there is no per-thread CPU clock, cpu_seconds is nan)."""
+        """The calling thread is the event loop's, serving from now on (what it spent before, loading the models,
+        is not counted; where there is no per-thread CPU clock, cpu_seconds is nan)."""
         get = getattr(time, "pthread_getcpuclockid", None)
         self._clock = get(threading.get_ident()) if get else None
+        self._clock0 = self.cpu_seconds() if self._clock is not None else 0.0
 
     def cpu_seconds(self) -> float:
+        """The loop thread's CPU seconds since `bind`."""
         if self._clock is None:
             return float("nan")
         try:
-            return time.clock_gettime(self._clock)
+            return time.clock_gettime(self._clock) - self._clock0
         except OSError:  # (the thread has ended)
             return float("nan")
 

@@ -221,8 +221,11 @@ class VadWorker:
     loop in one wake-up. The runner: SileroVAD on the CPU (ONNX Runtime), BatchedSilero on a GPU (`silero_for`).
     `frames` and `seconds` (the thread's CPU time) count the work, `ticks` the batched calls (/metrics)."""
 
-    def __init__(self, vad: SileroVAD):
+    def __init__(self, vad: SileroVAD | BatchedSilero, tick_s: float | None = None):
+        """`tick_s`: the least time from one tick's start to the next's (the chunks that come meanwhile wait and
+        join the next); default the runner's `tick_s` (see silero_for), else 0: a tick whenever one is queued."""
         self.vad = vad
+        self.tick_s = getattr(vad, "tick_s", 0.0) if tick_s is None else tick_s
         self.frames = 0
         self.ticks = 0
         self.seconds = 0.0
@@ -260,8 +263,12 @@ class VadWorker:
         return self._thread.is_alive()
 
     def _run(self):
+        last = 0.0
         while True:
             items = [self._queue.get()]
+            if (wait := last + self.tick_s - time.monotonic()) > 0:
+                time.sleep(wait)  # the streams' chunks gather into this tick
+            last = time.monotonic()
             while True:
                 try:
                     items.append(self._queue.get_nowait())
@@ -308,11 +315,22 @@ class VadWorker:
         return results
 
 
+# a GPU's ticks at least this far apart: each costs ~40 kernel launches and a wait for the result whatever the
+# batch, so the chunks of ~20 ms (a tenth of the 100 ms chunks a client sends) share one; a chunk's probabilities
+# come at most this much later. (Not yet measured on a GPU: the batched model is checked on the CPU.)
+GPU_TICK_S = 0.02
+
+
 def silero_for(device) -> SileroVAD | BatchedSilero:
-    """The Silero runner of a server whose models run on `device`: on a GPU, BatchedSilero there; on the CPU,
-    SileroVAD (ONNX Runtime on one thread: torch's would share the engine's intra-op threads)."""
+    """The Silero runner of a server whose models run on `device`: on a GPU, BatchedSilero there, ticking every
+    GPU_TICK_S; on the CPU, SileroVAD (ONNX Runtime on one thread: torch's would share the engine's intra-op threads
+    and cannot be held to one without changing theirs), a tick whenever a chunk is queued."""
     device = torch.device(device)
-    return SileroVAD() if device.type == "cpu" else BatchedSilero(device)
+    if device.type == "cpu":
+        return SileroVAD()
+    runner = BatchedSilero(device)
+    runner.tick_s = GPU_TICK_S  # (this runner's, on this device)
+    return runner
 
 
 def _settle(results):

@@ -119,3 +119,29 @@ def test_a_closed_worker_runs_what_was_queued_and_refuses_more():
     asyncio.run(asyncio.wait_for(main(), 30))
     worker.close(wait=5)
     assert not worker.running
+
+
+def test_chunks_that_come_within_a_tick_run_in_one_batch():
+    """With tick_s, the chunks of many streams that come while the worker waits for the next tick run in one batched
+    call, each stream still getting what it gets alone."""
+    rng = np.random.default_rng(5)
+    worker = VadWorker(SileroVAD(), tick_s=0.5)
+    alone = SileroVAD()
+    streams = [worker.stream() for _ in range(6)]
+    chunks = [_speechlike(rng, 1600 + 333 * i) for i in range(6)]
+
+    async def main():
+        first = await worker.process(streams[0], chunks[0])  # the first tick: at once
+        rest = []
+        for s, c in zip(streams[1:], chunks[1:]):  # well within the next tick's half second
+            rest.append(asyncio.ensure_future(worker.process(s, c)))
+            await asyncio.sleep(0.01)
+        return [first] + list(await asyncio.gather(*rest))
+
+    try:
+        got = asyncio.run(asyncio.wait_for(main(), 30))
+    finally:
+        worker.close(wait=5)
+    assert worker.ticks == 2, worker.ticks
+    for g, c in zip(got, chunks):
+        np.testing.assert_allclose(g, alone.stream().process(c), rtol=1e-5, atol=1e-6)
