@@ -32,14 +32,15 @@ def recordings():
     sample = load_audio(str(sample_path()))
     passage = load_audio(str(sample_path().with_name("passage.flac")))[: 16000 * 12]
     quiet = np.zeros(16000 * 2, np.float32)
-    return [  # each stream's audio: speech, speech after noise and silence, noises
-        sample,
+    return [  # each stream's audio: speech, speech after noise and silence, noises (the first and the last are
+        # shorter: each pass sends one of them a sample at a time)
+        sample[: 16000 * 3],
         np.concatenate([nonspeech.pink(2), quiet, passage[: 16000 * 6]]),
         passage[16000 * 6 :],
         np.concatenate([nonspeech.white(2), sample[: 16000 * 3], nonspeech.hum(2)]),
         nonspeech.tones(3),
         sample[::-1].copy(),
-        np.concatenate([quiet, sample]),
+        np.concatenate([quiet[:8000], sample[: 16000 * 3]]),
     ]
 
 
