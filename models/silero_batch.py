@@ -11,6 +11,8 @@ each stream's remainder and context as before. Same probabilities as the ONNX gr
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -94,6 +96,8 @@ class BatchedSilero:
         self.net.load_state_dict(_weights(path))
         self.net.to(self.device).eval()
         self._zero = torch.zeros(2, HIDDEN, device=self.device)
+        # on a GPU, a CUDA stream of its own: a tick does not queue behind the engine's model steps
+        self._cuda = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     def stream(self) -> VadStream:
         return VadStream(self, self._zero)
@@ -110,6 +114,10 @@ class BatchedSilero:
         lay = BatchLayout([len(w) for w in windows])
         if not lay.steps:
             return lay.split(np.zeros(0, np.float32)), list(states)
+        with torch.cuda.stream(self._cuda) if self._cuda is not None else contextlib.nullcontext():
+            return self._run(lay, windows, states)
+
+    def _run(self, lay: BatchLayout, windows: list[np.ndarray], states: list) -> tuple[list[np.ndarray], list]:
         x = torch.from_numpy(lay.rows(windows)).to(self.device, non_blocking=True)
         hc = torch.stack([self._row(states[i]) for i in lay.order[: lay.live]], 1)  # [2, live, HIDDEN]
         h, c = hc[0].clone(), hc[1].clone()
