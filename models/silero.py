@@ -7,7 +7,10 @@ frames of a chunk of audio (about three in the 100 ms a client sends) run in one
 sequence graph (`silero_vad_16k_sequence.onnx`, silero-vad >= 6.2.3: the same weights, the convolutions over
 all the frames at once and the LSTM over them in turn) rather than one call of `silero_vad.onnx` per frame: the
 same probabilities (a test), at 0.6x the time for three frames and 0.5x for thirty on a Zen 4. Where the
-installed wheel has no sequence graph, the frames run one call each."""
+installed wheel has no sequence graph, the frames run one call each.
+
+A server runs the many streams' chunks of a tick in one batched call instead (BatchedSilero, models/silero_batch.py:
+the wheel's safetensors weights in torch, on the server's device); SileroVAD.run_batch is its per-stream peer."""
 
 from __future__ import annotations
 
@@ -26,6 +29,11 @@ CONTEXT = 64  # samples of the previous frame the model sees
 WINDOW = CONTEXT + FRAME  # one model input: a frame after the previous frame's last CONTEXT samples
 SEQUENCE_GRAPH = "silero_vad_16k_sequence.onnx"  # beside silero_vad.onnx in the wheel
 MAX_SEQUENCE = 1024  # frames per call of the sequence graph (33 s; a long recording runs in several)
+# SileroVAD.run_batch batches a tick of at least this many streams; fewer run a sequence-graph call each. A tick of
+# 100 ms chunks (Xeon, one thread, `python -m benchmarks.vad_tick`): 1 stream 0.51 ms batched / 0.22 per stream,
+# 8 streams 1.73 / 1.79, 32 5.7 / 7.2, 64 10.9 / 14.1. (On the CPU the convolutions, linear in the frames, cost the
+# most: batching saves the calls' overhead, not compute.)
+BATCH_MIN = 8
 
 
 class SileroVAD:
@@ -45,7 +53,9 @@ class SileroVAD:
                 "one model call per 32 ms frame",
                 SEQUENCE_GRAPH,
             )
+        self.path = path
         self.session = _session(seq if self.sequence else path)
+        self._step = None if self.sequence else self.session  # silero_vad.onnx, for run_batch
         self._sr = np.array(RATE, np.int64)
 
     def run(self, windows: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -63,6 +73,29 @@ class SileroVAD:
             state = np.concatenate([h, c])
         return probs, state
 
+    def run_batch(self, windows: list[np.ndarray], states: list) -> tuple[list[np.ndarray], list]:
+        """Several streams' consecutive frames windows[i] [T_i, WINDOW] (T_i may be 0) from states[i] -> each
+        stream's probabilities [T_i] and its state after its last frame: silero_vad.onnx with the streams as its
+        batch, one call per frame position k over the streams that have a k-th frame (BatchLayout); under
+        BATCH_MIN streams with frames, a call of `run` each."""
+        lay = BatchLayout([len(w) for w in windows])
+        if not lay.steps:
+            return lay.split(np.zeros(0, np.float32)), list(states)
+        if lay.live < BATCH_MIN and self.sequence:  # (cheaper so: see BATCH_MIN)
+            out = [self.run(w, s) if len(w) else (np.zeros(0, np.float32), s) for w, s in zip(windows, states)]
+            return [p for p, _ in out], [s for _, s in out]
+        if self._step is None:  # (loaded on first use: ~0.1 s)
+            self._step = _session(self.path)
+        x = lay.rows(windows)
+        state = np.concatenate([states[i] for i in lay.order[: lay.live]], axis=1)  # [2, live, 128]
+        probs = np.empty(len(x), np.float32)
+        for k in range(lay.steps):
+            b, o = int(lay.width[k]), int(lay.offsets[k])
+            out, new = self._step.run(None, {"input": x[o : o + b], "state": state[:, :b], "sr": self._sr})
+            probs[o : o + b] = out[:, 0]
+            state = np.concatenate([new, state[:, b:]], axis=1) if b < lay.live else new
+        return lay.split(probs), lay.scatter([state[:, j : j + 1] for j in range(lay.live)], states)
+
     def stream(self) -> VadStream:
         return VadStream(self)
 
@@ -71,6 +104,43 @@ class SileroVAD:
         audio16k = np.asarray(audio16k, np.float32)
         pad = -len(audio16k) % FRAME
         return self.stream().process(np.pad(audio16k, (0, pad)) if pad else audio16k)
+
+
+class BatchLayout:
+    """Several streams' frames as a batch, in step-major order: frame k of every stream that has one, then frame
+    k + 1, ... with the streams sorted by frame count, longest first (`order`), so that the streams with a k-th
+    frame are always a prefix (`width[k]` of them; `live`: the streams with any frame). A recurrent model steps
+    once per k over rows offsets[k]:offsets[k + 1]."""
+
+    def __init__(self, counts):
+        self.counts = np.asarray(counts, np.int64)
+        self.order = np.argsort(-self.counts, kind="stable")
+        by_count = self.counts[self.order]
+        self.steps = int(by_count[0]) if len(by_count) else 0
+        self.width = (by_count[None, :] > np.arange(self.steps)[:, None]).sum(1)
+        self.offsets = np.concatenate([[0], np.cumsum(self.width)])
+        self.live = int(self.width[0]) if self.steps else 0
+
+    def rows(self, windows: list[np.ndarray]) -> np.ndarray:
+        """The streams' windows [N, WINDOW] in step-major order."""
+        by_count = self.counts[self.order[: self.live]]
+        stacked = np.concatenate([windows[i] for i in self.order[: self.live]]).astype(np.float32, copy=False)
+        first = np.concatenate([[0], np.cumsum(by_count)])[:-1]  # each sorted stream's first row in `stacked`
+        return stacked[np.concatenate([first[:w] + k for k, w in enumerate(self.width)])]
+
+    def split(self, probs: np.ndarray) -> list[np.ndarray]:
+        """Step-major probabilities [N] -> each stream's [T_i], in the callers' order."""
+        out = [np.zeros(0, np.float32)] * len(self.counts)
+        for j, i in enumerate(self.order[: self.live]):
+            out[i] = probs[self.offsets[: self.counts[i]] + j]
+        return out
+
+    def scatter(self, live_states: list, states: list) -> list:
+        """The states after the batch: the live streams' (in sorted order) in place of theirs, the others' as were."""
+        out = list(states)
+        for j, i in enumerate(self.order[: self.live]):
+            out[i] = live_states[j]
+        return out
 
 
 def _session(path: Path):
@@ -93,9 +163,9 @@ class VadStream:
     """One audio stream's place in Silero: its recurrent state, the last samples of its previous frame and the
     samples that do not fill a frame yet."""
 
-    def __init__(self, vad: SileroVAD):
-        self.vad = vad
-        self.state = np.zeros((2, 1, 128), np.float32)
+    def __init__(self, vad, state=None):
+        self.vad = vad  # its runner: SileroVAD or BatchedSilero (whose `state` is a row of its own kind)
+        self.state = np.zeros((2, 1, 128), np.float32) if state is None else state
         self.context = np.zeros(CONTEXT, np.float32)
         self.pending = np.zeros(0, np.float32)
 

@@ -19,13 +19,13 @@ import time
 from .config import ServerOptions
 from .engine import Engine
 from .http.app import UvicornServer, build_app, uvicorn_config
-from .http.metrics import Counters, metrics_text
+from .http.metrics import Counters, LoopClock, metrics_text
 from .listen import listen_socket
 from .realtime.events import error_event
 from .realtime.policy import TurnPolicy
 from .realtime.protocol import ProtocolError, check_session_model
 from .realtime.session import RealtimeSession
-from .realtime.vad import SileroVAD, VadWorker
+from .realtime.vad import VadWorker, silero_for
 
 log = logging.getLogger(__name__)
 WARM_UP_TIMEOUT_S = 300  # start() waits this long at most for the engine to warm the models up
@@ -41,11 +41,13 @@ class SpeechServer:
         # the loaded models by family (/healthz, session model and voice checks)
         self.names = {"asr": [asr.name], "lm": [lm.name] if lm is not None else [], "tts": [tts.name] if tts else []}
         self.conversation_ready = lm is not None and tts is not None
-        self.vad = VadWorker(SileroVAD())
+        # every stream's Silero in one batched call per tick, on the recognizer's device
+        self.vad = VadWorker(silero_for(getattr(getattr(asr, "runner", None), "device", "cpu")))
         self.turn_policy = TurnPolicy.from_options(options)  # every session's (streaming/realtime/policy.py)
         self.engine = Engine(asr, lm, max_batch=options.max_batch, tts=tts, loaded_margin=options.loaded_final_margin)
         self.sessions: set[RealtimeSession] = set()
         self.counters = Counters()
+        self.loop_clock = LoopClock()  # the event loop's CPU per session (/metrics)
         self.shutting_down = False
         self.replica: str | None = None  # the Ray Serve replica serving it (session.created, /healthz, /metrics)
         self._stopped: asyncio.Task | None = None
@@ -81,11 +83,13 @@ class SpeechServer:
         session = RealtimeSession(self, conn, intent, model)
         self.sessions.add(session)
         self.counters.sessions_total += 1
+        self.loop_clock.opened(session)
         try:
             await session.run()
         except Exception:  # noqa: BLE001 - one session's failure never reaches the others
             log.exception("session %s failed", session.id)
         finally:
+            self.loop_clock.closed(session)
             self.sessions.discard(session)
             self.sessions_changed()
             await session.close()
@@ -135,6 +139,7 @@ class SpeechServer:
             self.engine.metrics,
             self.vad,
             replica=self.replica,
+            loop=self.loop_clock,
         )
 
     async def _watch_idle(self):
@@ -160,6 +165,7 @@ class SpeechServer:
         also serve build_app on options.host:port (without it another ASGI server serves the app: Ray Serve's
         ingress, streaming/scale.py)."""
         self.engine.start()
+        self.loop_clock.bind()  # (start runs on the event loop's thread)
         # ready means warm: a first session's turns do not wait behind the models' first runs
         if not await asyncio.to_thread(self.engine.wait_warm, WARM_UP_TIMEOUT_S):
             log.warning("the engine has not warmed up in %d s; serving anyway", WARM_UP_TIMEOUT_S)

@@ -29,6 +29,72 @@ class Counters:
     started: float = field(default_factory=time.time)
 
 
+class LoopClock:
+    """What each stream costs the host's event loop: the CPU time of the loop's thread (`bind`, called on it) and
+    the session-seconds it served (each session `opened` and `closed`; open ones count to now)."""
+
+    def __init__(self):
+        self._clock: int | None = None
+        self._clock0 = 0.0
+        self._closed_seconds = 0.0
+        self._open: dict[int, float] = {}  # id(session) -> when it opened (monotonic)
+
+    def bind(self):
+        """The calling thread is the event loop's, serving from now on (what it spent before, loading the models,
+        is not counted; where there is no per-thread CPU clock, cpu_seconds is nan)."""
+        get = getattr(time, "pthread_getcpuclockid", None)
+        self._clock = get(threading.get_ident()) if get else None
+        self._clock0 = self.cpu_seconds() if self._clock is not None else 0.0
+
+    def cpu_seconds(self) -> float:
+        """The loop thread's CPU seconds since `bind`."""
+        if self._clock is None:
+            return float("nan")
+        try:
+            return time.clock_gettime(self._clock) - self._clock0
+        except OSError:  # (the thread has ended)
+            return float("nan")
+
+    def opened(self, session):
+        self._open[id(session)] = time.monotonic()
+
+    def closed(self, session):
+        began = self._open.pop(id(session), None)
+        if began is not None:
+            self._closed_seconds += time.monotonic() - began
+
+    def session_seconds(self) -> float:
+        now = time.monotonic()
+        return self._closed_seconds + sum(now - t for t in self._open.values())
+
+
+def _loop_lines(page: MetricsPage, loop: LoopClock, vad):
+    cpu, served = loop.cpu_seconds(), loop.session_seconds()
+    page.metric(
+        "event_loop_cpu_seconds_total",
+        "counter",
+        "CPU seconds of the event loop's thread (protocol, base64, resampling, turn taking of every session).",
+        f"{cpu:.3f}",
+    )
+    page.metric(
+        "session_seconds_total", "counter", "Seconds that sessions were open, summed over sessions.", f"{served:.3f}"
+    )
+    per = cpu / served if served > 0 else 0.0
+    page.metric(
+        "event_loop_cpu_per_session",
+        "gauge",
+        "Cores of the event loop's thread one open session took on average since start (event_loop_cpu_seconds_total "
+        "/ session_seconds_total; the ratio of their rates for a recent window).",
+        f"{per:.6f}",
+    )
+    page.metric(
+        "host_cpu_per_session",
+        "gauge",
+        "Cores of the event loop and the voice activity thread together one open session took on average since start.",
+        f"{(cpu + vad.seconds) / served if served > 0 else 0.0:.6f}",
+    )
+
+
 def process_resources() -> dict:
     """This process's resident memory (bytes), open file descriptors, threads and asyncio tasks (of the
     running loop). Memory and descriptors are read from /proc where there is one (Linux), else -1."""
@@ -68,10 +134,18 @@ class MetricsPage:
 
 
 def metrics_text(
-    sessions: int, queue_depth: int, c: Counters, m: Metrics, vad, replica: str | None = None, process=None
+    sessions: int,
+    queue_depth: int,
+    c: Counters,
+    m: Metrics,
+    vad,
+    replica: str | None = None,
+    process=None,
+    loop=None,
 ) -> str:
-    """The server's /metrics page; `vad`: its VadWorker (the frames it ran and its thread's CPU seconds);
-    `process`: the resources to report (process_resources() with cpu_seconds; default: this process's)."""
+    """The server's /metrics page; `vad`: its VadWorker (the frames and ticks it ran and its thread's CPU seconds);
+    `process`: the resources to report (process_resources() with cpu_seconds; default: this process's); `loop`:
+    its LoopClock (the event loop's CPU per session)."""
     page = MetricsPage()
     if replica is not None:
         page.lines += [
@@ -111,6 +185,14 @@ def metrics_text(
         "CPU seconds the voice activity detection thread spent running Silero.",
         f"{vad.seconds:.3f}",
     )
+    page.metric(
+        "vad_ticks_total",
+        "counter",
+        "Batched Silero calls (each runs the frames of every stream that sent audio since the last).",
+        getattr(vad, "ticks", 0),
+    )
+    if loop is not None:
+        _loop_lines(page, loop, vad)
     page.metric(
         "rest_rejected_total",
         "counter",

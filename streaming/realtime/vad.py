@@ -12,8 +12,10 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from speechrt.models.silero import FRAME, SileroVAD, VadStream  # noqa: F401 - the runner, re-exported here
+from speechrt.models.silero_batch import BatchedSilero
 from speechrt.pipelines.asr import SAMPLE_RATE as RATE  # Silero runs at the recognizer's 16 kHz
 
 log = logging.getLogger("speechrt.vad")
@@ -213,16 +215,19 @@ class TurnDetector:
 
 
 class VadWorker:
-    """Silero for every stream of a server, on one thread, in the order the audio came: whatever queued while
-    it ran is run next, each stream's chunk in one model call (SileroVAD.run), and handed back to the event
-    loop in one wake-up. Against the two pool threads and a call per frame it replaced, at 128 streams of 100 ms
-    chunks: 0.54x the CPU time and a chunk's wait p95 0.9 ms instead of 21 ms; at 64 0.59x; at 16 within the
-    noise (`python -m benchmarks.vad_study`, a Zen 4). `frames` and `seconds` (the thread's CPU time) count
-    the work (/metrics)."""
+    """Silero for every stream of a server, on one thread, in ticks: whatever queued while it ran is the next tick,
+    every stream's frames of the tick in ONE batched call (`run_batch`: the streams as the batch, each stream's
+    state a row; a stream with several chunks queued runs them in order in its row), and handed back to the event
+    loop in one wake-up. The runner: SileroVAD on the CPU (ONNX Runtime), BatchedSilero on a GPU (`silero_for`).
+    `frames` and `seconds` (the thread's CPU time) count the work, `ticks` the batched calls (/metrics)."""
 
-    def __init__(self, vad: SileroVAD):
+    def __init__(self, vad: SileroVAD | BatchedSilero, tick_s: float | None = None):
+        """`tick_s`: the least time from one tick's start to the next's (the chunks that come meanwhile wait and
+        join the next); default the runner's `tick_s` (see silero_for), else 0: a tick whenever one is queued."""
         self.vad = vad
+        self.tick_s = getattr(vad, "tick_s", 0.0) if tick_s is None else tick_s
         self.frames = 0
+        self.ticks = 0
         self.seconds = 0.0
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
@@ -258,30 +263,74 @@ class VadWorker:
         return self._thread.is_alive()
 
     def _run(self):
+        last = 0.0
         while True:
             items = [self._queue.get()]
+            if (wait := last + self.tick_s - time.monotonic()) > 0:
+                time.sleep(wait)  # the streams' chunks gather into this tick
+            last = time.monotonic()
             while True:
                 try:
                     items.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            results = []
             t0 = time.thread_time()
-            for item in items:
-                if item is None:  # (the last: nothing is queued after it)
-                    break
-                try:
-                    probs = item[0].process(item[1])
-                except Exception as e:  # that stream's session gets the error; the thread goes on
-                    log.exception("voice activity detection failed")
-                    results.append((item, None, e))
-                else:
-                    self.frames += len(probs)
-                    results.append((item, probs, None))
+            results = self._tick([item for item in items if item is not None])
             self.seconds += time.thread_time() - t0
             _settle(results)
             if None in items:
                 return
+
+    def _tick(self, items: list) -> list:
+        """The queued chunks (stream, audio16k, loop, future) -> (item, probabilities or None, error or None) each,
+        the frames of all of them in one run_batch."""
+        results, taken, rows = [], [], {}  # rows: each stream's (row in the batch, its chunks' windows)
+        for item in items:
+            try:
+                windows = item[0].take_frames(item[1])
+            except Exception as e:  # (audio that is not a 1-D float array): its caller gets the error
+                results.append((item, None, e))
+                continue
+            row = rows.setdefault(id(item[0]), (len(rows), item[0], []))
+            row[2].append(windows)
+            taken.append((item, row[0], len(windows)))
+        if not taken:
+            return results
+        streams = [s for _, s, _ in rows.values()]
+        try:
+            probs, states = self.vad.run_batch(
+                [np.concatenate(w) if len(w) > 1 else w[0] for _, _, w in rows.values()], [s.state for s in streams]
+            )
+        except Exception as e:  # the tick's sessions get the error; the thread goes on
+            log.exception("voice activity detection failed")
+            return results + [(item, None, e) for item, _, _ in taken]
+        self.ticks += 1
+        for stream, state in zip(streams, states):
+            stream.state = state
+        used = [0] * len(streams)
+        for item, row, n in taken:  # each chunk's share of its stream's probabilities, in order
+            results.append((item, probs[row][used[row] : used[row] + n], None))
+            used[row] += n
+            self.frames += n
+        return results
+
+
+# a GPU's ticks at least this far apart: each costs ~40 kernel launches and a wait for the result whatever the
+# batch, so the chunks of ~20 ms (a tenth of the 100 ms chunks a client sends) share one; a chunk's probabilities
+# come at most this much later. (Not yet measured on a GPU: the batched model is checked on the CPU.)
+GPU_TICK_S = 0.02
+
+
+def silero_for(device) -> SileroVAD | BatchedSilero:
+    """The Silero runner of a server whose models run on `device`: on a GPU, BatchedSilero there, ticking every
+    GPU_TICK_S; on the CPU, SileroVAD (ONNX Runtime on one thread: torch's would share the engine's intra-op threads
+    and cannot be held to one without changing theirs), a tick whenever a chunk is queued."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return SileroVAD()
+    runner = BatchedSilero(device)
+    runner.tick_s = GPU_TICK_S  # (this runner's, on this device)
+    return runner
 
 
 def _settle(results):

@@ -37,7 +37,8 @@ def snapshot(server, index: int) -> dict:
         "draining": server.shutting_down,
         "counters": {f.name: getattr(c, f.name) for f in dataclasses.fields(c)},
         "metrics": {f.name: _plain(getattr(m, f.name)) for f in dataclasses.fields(m)},
-        "vad": {"frames": server.vad.frames, "seconds": server.vad.seconds},
+        "vad": {"frames": server.vad.frames, "seconds": server.vad.seconds, "ticks": server.vad.ticks},
+        "loop": {"cpu": server.loop_clock.cpu_seconds(), "served": server.loop_clock.session_seconds()},
         "process": {**process_resources(), "cpu_seconds": time.process_time()},
     }
 
@@ -73,8 +74,9 @@ def page(rows: list[dict], restarts: int = 0) -> str:
         sum(r["queue_depth"] for r in rows),
         _merged(Counters, [r["counters"] for r in rows]),
         _merged(Metrics, [r["metrics"] for r in rows]),
-        SimpleNamespace(**{k: sum(r["vad"][k] for r in rows) for k in ("frames", "seconds")}),
+        SimpleNamespace(**{k: sum(r["vad"][k] for r in rows) for k in ("frames", "seconds", "ticks")}),
         process={k: sum(p[k] for p in processes) for k in processes[0]},
+        loop=_LoopSums(rows),
     )
     more = MetricsPage()
     more.metric("workers", "gauge", "Worker processes serving (each with its own models and engine).", len(rows))
@@ -86,6 +88,19 @@ def page(rows: list[dict], restarts: int = 0) -> str:
             for r in sorted(rows, key=lambda r: r["worker"])
         ]
     return text + more.text()
+
+
+class _LoopSums:
+    """The workers' event loops as one LoopClock for the page: CPU and session-seconds summed."""
+
+    def __init__(self, rows: list[dict]):
+        self.rows = rows
+
+    def cpu_seconds(self) -> float:
+        return sum(r["loop"]["cpu"] for r in self.rows)
+
+    def session_seconds(self) -> float:
+        return sum(r["loop"]["served"] for r in self.rows)
 
 
 def _figure(row: dict, key: str):

@@ -386,6 +386,17 @@ def test_early_transcript_becomes_the_final_one(asr, server_factory, synth):
     frames = len(pcm) // 2 * 2 // 3 // 512
     assert frames - 2 <= int(values["speechrt_vad_frames_total"]) <= frames, (values, frames)
     assert 0 < float(values["speechrt_vad_seconds_total"]) < len(pcm) / 2 / 24000 / 2, values
+    # the chunks ran in batched ticks (at most one per chunk here: one stream), and the event loop's CPU per session
+    # is shown: the session was open at least as long as its audio took to stream, the loop spent some CPU on it
+    assert 0 < int(values["speechrt_vad_ticks_total"]) <= -(-len(pcm) // 4800), values
+    values = dict(line.rsplit(" ", 1) for line in metrics.splitlines() if line.startswith("speechrt_"))
+    streamed_s = len(pcm) // 4800 * 0.1
+    assert float(values["speechrt_session_seconds_total"]) >= streamed_s, values
+    loop_cpu = float(values["speechrt_event_loop_cpu_seconds_total"])
+    assert 0 < loop_cpu and float(values["speechrt_event_loop_cpu_per_session"]) == pytest.approx(
+        loop_cpu / float(values["speechrt_session_seconds_total"]), rel=0.05, abs=1e-5
+    ), values
+    assert float(values["speechrt_host_cpu_per_session"]) > float(values["speechrt_event_loop_cpu_per_session"])
 
 
 def test_session_language_and_prompt_reach_the_transcriber(transcription_server, asr, synth):
@@ -533,10 +544,10 @@ def test_a_client_that_closed_frees_its_slot_while_its_last_audio_is_still_proce
 
             calls = 0
 
-            def run(self, windows, state):  # what each stream's chunk calls, on the worker's thread
+            def run_batch(self, windows, states):  # what each tick of chunks calls, on the worker's thread
                 SlowVad.calls += 1
                 time.sleep(3.0)
-                return real.run(windows, state)
+                return real.run_batch(windows, states)
 
         srv.vad.vad = SlowVad()
         pcm = pcm24(synth(SENTENCES[0]))[: 24000 * 2]  # 1 s

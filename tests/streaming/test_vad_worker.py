@@ -10,6 +10,7 @@ import threading
 import numpy as np
 import pytest
 
+from speechrt.models import silero
 from speechrt.models.silero import FRAME, SileroVAD, VadStream
 from speechrt.streaming.realtime.vad import VadWorker
 
@@ -22,15 +23,15 @@ class _Gate:
         self.inside, self.open = threading.Event(), threading.Event()
 
     def stream(self):
-        return VadStream(self)  # (its chunks come through run below)
+        return VadStream(self)  # (its chunks come through run_batch below)
 
-    def run(self, windows, state):
+    def run_batch(self, windows, states):
         self.calls += 1
         self.inside.set()
         self.open.wait(10)
         if self.calls == self.fail:
             raise RuntimeError("model broke")
-        return self.vad.run(windows, state)
+        return self.vad.run_batch(windows, states)
 
 
 def _speechlike(rng, n):
@@ -40,7 +41,9 @@ def _speechlike(rng, n):
     )
 
 
-def test_queued_chunks_of_many_streams_each_get_their_streams_result_in_order():
+@pytest.mark.parametrize("batch_min", [1, 8])  # (the tick's six streams batched, or a call each)
+def test_queued_chunks_of_many_streams_each_get_their_streams_result_in_order(monkeypatch, batch_min):
+    monkeypatch.setattr(silero, "BATCH_MIN", batch_min)
     rng = np.random.default_rng(3)
     gate = _Gate()
     worker = VadWorker(gate)
@@ -116,3 +119,29 @@ def test_a_closed_worker_runs_what_was_queued_and_refuses_more():
     asyncio.run(asyncio.wait_for(main(), 30))
     worker.close(wait=5)
     assert not worker.running
+
+
+def test_chunks_that_come_within_a_tick_run_in_one_batch():
+    """With tick_s, the chunks of many streams that come while the worker waits for the next tick run in one batched
+    call, each stream still getting what it gets alone."""
+    rng = np.random.default_rng(5)
+    worker = VadWorker(SileroVAD(), tick_s=0.5)
+    alone = SileroVAD()
+    streams = [worker.stream() for _ in range(6)]
+    chunks = [_speechlike(rng, 1600 + 333 * i) for i in range(6)]
+
+    async def main():
+        first = await worker.process(streams[0], chunks[0])  # the first tick: at once
+        rest = []
+        for s, c in zip(streams[1:], chunks[1:]):  # well within the next tick's half second
+            rest.append(asyncio.ensure_future(worker.process(s, c)))
+            await asyncio.sleep(0.01)
+        return [first] + list(await asyncio.gather(*rest))
+
+    try:
+        got = asyncio.run(asyncio.wait_for(main(), 30))
+    finally:
+        worker.close(wait=5)
+    assert worker.ticks == 2, worker.ticks
+    for g, c in zip(got, chunks):
+        np.testing.assert_allclose(g, alone.stream().process(c), rtol=1e-5, atol=1e-6)

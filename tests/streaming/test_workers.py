@@ -162,6 +162,9 @@ def test_metrics_sum_the_workers(served):
         assert len(per) == 2 and metric(page, name)[""] == sum(per.values()), (name, per, metric(page, name))
     assert sorted(metric(page, "worker_sessions_active").values()) == [1, 1]
     assert metric(page, "sessions_rejected_total")[""] >= 1  # the one over the cap, refused by either worker
+    # the host's cost per stream, summed over the workers' event loops (both served a session for a while)
+    assert metric(page, "event_loop_cpu_seconds_total")[""] > 0 and metric(page, "session_seconds_total")[""] > 0
+    assert 0 < metric(page, "host_cpu_per_session")[""] < 2 and metric(page, "vad_ticks_total")[""] >= 0
 
 
 def test_the_rest_limit_holds_across_workers(served):
