@@ -105,6 +105,7 @@ async def _session(url: str, recs, silence_ms: int) -> list[dict]:
 
 def main(argv=None) -> list[dict]:
     from speechrt.bench import server as bench_server
+    from speechrt.bench.server_engines import start_server
     from speechrt.models.wer import wer
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks.pause_study", description=__doc__.split("\n\n")[0])
@@ -121,7 +122,7 @@ def main(argv=None) -> list[dict]:
     if url is None:
         server_args = argparse.ArgumentParser()
         bench_server.add_arguments(server_args)
-        proc, url, _ = bench_server.start_server(server_args.parse_args(["--backend", args.backend]), True)
+        proc, url, _ = start_server(server_args.parse_args(["--backend", args.backend]), True)
     try:
         base = bench_server.http_base(url)
         before = counters(base, COUNTERS)
