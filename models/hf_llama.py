@@ -2,9 +2,9 @@
 
 The architectures of HF_ARCHS, by config.json's model_type: Llama (1-3.x, SmolLM2), Mistral, Qwen2 / Qwen2.5
 (Q/K/V biases), Qwen3 (per-head Q/K norms), Gemma 3 (`gemma3_text`: see models/llama.py's config) and Phi-3
-(fused qkv_proj / gate_up_proj, split here into the model's separate weights). Weights keep transformers' rotary layout (no permutation); they are read with
-`safetensors` and cast to float32 on the CPU, like the GGUF loader's output, and named as models/llama.py
-expects.
+(fused qkv_proj / gate_up_proj, split here into the model's separate weights). Weights keep transformers' rotary
+layout (no permutation); they are read with `safetensors` and cast to float32 on the CPU, like the GGUF loader's
+output, and named as models/llama.py expects.
 """
 
 from __future__ import annotations
