@@ -332,6 +332,7 @@ def _key(tname: str, path: Path, cfg) -> str:
 
 def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
     """Read a Llama-family GGUF file. `keep_layers` loads only the first N blocks (for tests of the loader)."""
+    from . import chat_templates
     from .llama import RopeScaling
     from .lm_file import check_layer_tensors, fold_gemma, split_fused
     from .lm_text import LMTokenizer
@@ -379,4 +380,5 @@ def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
             rope_scaling=RopeScaling("freq_factors", 1.0, freq_factors=tuple(weights.pop("rope_freqs").tolist()))
         )
     tok = LMTokenizer.from_gguf_metadata(md, path)
-    return LMFile(cfg, weights, tok, md.get("tokenizer.chat_template"), str(path), types, q4s)
+    template = md.get("tokenizer.chat_template") or chat_templates.BY_GGUF_ARCH.get(cfg.arch)
+    return LMFile(cfg, weights, tok, template, str(path), types, q4s)
