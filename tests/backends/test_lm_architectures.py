@@ -132,7 +132,7 @@ def test_triton_kernels_equal_transformers(arch, one_cpu_thread, monkeypatch):
     from speechrt.backends.triton.lm import TritonLMRunner
 
     name, model, rm = arch
-    if name not in ("qwen2", "qwen3"):
+    if name not in ("qwen2", "qwen3", "gemma3"):
         pytest.skip("the triton runner of the plain Llama graph is tested in tests/backends/test_triton_lm_graphs.py")
     from triton.runtime.interpreter import InterpretedFunction
 
