@@ -290,6 +290,8 @@ def weights_note(graph: LlamaGraph, tensor_types: dict) -> str:
             if graph.linears.requantized
             else ""
         )
+        if graph.linears.eight_bit:
+            re += f"; the file's other linear weights in 8-bit blocks: {len(graph.linears.eight_bit)}"
         return f"file tensors: {types}; {kept}{re}; head 8-bit per 32-block (Q8_0 exact){rows}"
     if p == "int8":
         return f"file tensors: {types}; dequantized, re-quantized to 8 bits per 32-block (symmetric){rows}"
