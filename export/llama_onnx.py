@@ -184,17 +184,6 @@ class LlamaGraph:
         local = i in self.cfg.sliding_layers and self.cfg.local_rope() is not None
         return ("cos_cache_local", "sin_cache_local") if local else ("cos_cache", "sin_cache")
 
-    def post_norm(self, x: str, i: int, name: str) -> str:
-        """Gemma 3's norm of an attention or MLP output (post_attn_norm / post_ffn_norm), or x where there is none."""
-        if not self.cfg.post_norms:
-            return x
-        w = self.norm_weight(f"layers.{i}.{name}")
-        if self.variant == "standard":
-            return rms(self, x, w, f"layers.{i}/{name}")
-        return self.g.op(
-            "SimplifiedLayerNormalization", [x, w], name=f"layers.{i}/{name}", epsilon=self.cfg.norm_eps, axis=-1
-        )
-
     def norm_weight(self, name: str) -> str:
         return self.g.init(name, self.w[name].numpy().astype(self.fdt))
 

@@ -5,6 +5,7 @@ cache, whose past_* inputs are bound to the same buffers as the present_* output
 from __future__ import annotations
 
 from .graph_builder import MS
+from .llama_standard import post_norm
 
 
 def head_norms(graph, qkv: str, i: int) -> list[str]:
@@ -78,7 +79,7 @@ def ort_layers(graph, h: str) -> tuple[str, str]:
             # a sliding window of W positions: the query's own and W - 1 before it
             **({"local_window_size": cfg.window(i)} if cfg.window(i) else {}),
         )
-        o = graph.post_norm(graph.linear(a, [f"layers.{i}.wo"], f"layers.{i}.wo"), i, "post_attn_norm")
+        o = post_norm(graph, graph.linear(a, [f"layers.{i}.wo"], f"layers.{i}.wo"), i, "post_attn_norm")
         x, _, _, res = g.op(
             "SkipSimplifiedLayerNormalization",
             [o, res, graph.norm_weight(f"layers.{i}.ffn_norm")],
@@ -87,7 +88,7 @@ def ort_layers(graph, h: str) -> tuple[str, str]:
             domain=MS,
             epsilon=cfg.norm_eps,
         )
-        h = graph.post_norm(graph.mlp(x, i), i, "post_ffn_norm")
+        h = post_norm(graph, graph.mlp(x, i), i, "post_ffn_norm")
         if graph.progress:
             graph.progress(1)
     return h, res

@@ -20,6 +20,19 @@ def rms(graph, x: str, weight: str, tag: str) -> str:
     return g.op("Mul", [g.op("Mul", [x, inv], name=f"{tag}/scale"), weight], name=tag)
 
 
+def post_norm(graph, x: str, i: int, name: str) -> str:
+    """Gemma 3's norm of layer i's attention or MLP output (post_attn_norm / post_ffn_norm), or x where there is none;
+    ONNX Runtime's fused op in the 'ort' variant."""
+    if not graph.cfg.post_norms:
+        return x
+    w = graph.norm_weight(f"layers.{i}.{name}")
+    if graph.variant == "standard":
+        return rms(graph, x, w, f"layers.{i}/{name}")
+    return graph.g.op(
+        "SimplifiedLayerNormalization", [x, w], name=f"layers.{i}/{name}", epsilon=graph.cfg.norm_eps, axis=-1
+    )
+
+
 def gelu_tanh(graph, x: str, tag: str) -> str:
     """0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))): GELU with the tanh approximation (Gemma's MLP)."""
     g = graph.g
@@ -109,10 +122,10 @@ def standard_layers(graph, h: str) -> tuple[str, str]:
             ],
             name=f"{t}/o3",
         )
-        o = graph.post_norm(graph.linear(o, [f"{t}.wo"], f"{t}.wo"), i, "post_attn_norm")
+        o = post_norm(graph, graph.linear(o, [f"{t}.wo"], f"{t}.wo"), i, "post_attn_norm")
         res = g.op("Add", [o, res], name=f"{t}/res_mlp")
         x = rms(graph, res, graph.norm_weight(f"{t}.ffn_norm"), f"{t}/ffn_norm")
-        h = graph.post_norm(graph.mlp(x, i), i, "post_ffn_norm")
+        h = post_norm(graph, graph.mlp(x, i), i, "post_ffn_norm")
         if graph.progress:
             graph.progress(1)
     return h, res
