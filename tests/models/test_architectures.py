@@ -137,6 +137,26 @@ def test_gguf_logits_equal_transformers(arch, bpe, tmp_path):
     assert [ev.token for ev in stream(lm.runner, lm.tokenizer, [ids], o)] == greedy_hf(model, ids, 6)
 
 
+def test_gguf_sentencepiece_tokenizer_equals_transformers(bpe, tmp_path):
+    """A SentencePiece vocabulary in a GGUF (`tokenizer.ggml.model` llama, Gemma's kind: tokens, scores and types,
+    no merges, runs of spaces stored as spaces) tokenizes as transformers' tokenizer of the same file (its GGUF
+    converter): whitespace runs, tabs and newlines, accents and CJK through byte fallback, control tokens in text."""
+    from transformers import AutoTokenizer
+
+    p = write_gguf(tmp_path / "g.gguf", "gemma3", hf_model("gemma3"), bpe)
+    ours = LMPipeline(torch_lm.build(registry.resolve(str(p), "lm"), torch.device("cpu"), "float32")).tokenizer
+    ref = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=p.name)
+    for text in (
+        "Name three colors.\nÉté, 日本 and one more!",
+        "  two   spaces  \t\ttabs\n\n",
+        "<start_of_turn>user\nHi",
+    ):
+        ids = ours.encode(text, add_bos=False)
+        assert ids == ref(text, add_special_tokens=False)["input_ids"], text
+        assert ours.decode(ids, skip_special=False) == ref.decode(ids) == text
+    assert not ours.byte_level and not ours.strip_first and ours.bos_id == ref.bos_token_id
+
+
 # -- what is refused ------------------------------------------------------------------------------------------
 
 
