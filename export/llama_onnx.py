@@ -30,7 +30,7 @@ from speechrt.models.llama import LlamaConfig, rope_inv_freq
 
 from .graph_builder import MS, GraphBuilder
 from .llama_ort import ort_layers
-from .llama_standard import rms, standard_layers
+from .llama_standard import gelu_tanh, rms, standard_layers
 from .llama_weights import BLOCK, LinearWeights, int8_blocks
 from .manifest import Tensor
 
@@ -50,6 +50,8 @@ def io(cfg: LlamaConfig, variant: str, cache_dtype: str) -> tuple[list[Tensor], 
             Tensor("position_ids", "int64", ("batch", "tokens")),
             Tensor("attention_bias", cache_dtype, ("batch", 1, "tokens", "total")),
         ]
+        if cfg.sliding_layers:  # what the sliding-window layers see: the same, less the keys before each window
+            ins.append(Tensor("attention_bias_local", cache_dtype, ("batch", 1, "tokens", "total")))
         kv = ("batch", cfg.n_kv_heads, "past", cfg.head_dim)
         present = ("batch", cfg.n_kv_heads, "total", cfg.head_dim)
     outs = [Tensor("logits", "float32", ("batch", cfg.vocab_size))]
@@ -113,6 +115,9 @@ class LlamaGraph:
         cache_dtype = "float16" if self.fdt == np.float16 else "float32"
         ins, outs = io(cfg, self.variant, cache_dtype)
         h = self._embed()
+        if cfg.embed_scale != 1.0:  # Gemma: the embedding times sqrt(dim)
+            scale = g.init("embed_scale", np.array(cfg.embed_scale, self.fdt))
+            h = g.op("Mul", [h, scale], name="embed/scale")
         if self.variant == "ort":
             self._rope_cache(cfg.max_seq_len + 1)
             h, res = ort_layers(self, h)
@@ -166,9 +171,18 @@ class LlamaGraph:
         return self._int8_blocks[name]
 
     def _rope_cache(self, n: int):
-        t = torch.arange(n, dtype=torch.float64)[:, None] * rope_inv_freq(self.cfg)[None]  # [n, D/2]
-        self.g.init("cos_cache", t.cos().numpy().astype(self.fdt))
-        self.g.init("sin_cache", t.sin().numpy().astype(self.fdt))
+        """cos_cache / sin_cache [n, D/2], and cos_cache_local / sin_cache_local for sliding-window layers with a
+        rotary base of their own (Gemma 3; `rope(i)` names layer i's)."""
+        local = self.cfg.local_rope()
+        for suffix, cfg in (("", self.cfg), ("_local", local)) if local else (("", self.cfg),):
+            t = torch.arange(n, dtype=torch.float64)[:, None] * rope_inv_freq(cfg)[None]  # [n, D/2]
+            self.g.init(f"cos_cache{suffix}", t.cos().numpy().astype(self.fdt))
+            self.g.init(f"sin_cache{suffix}", t.sin().numpy().astype(self.fdt))
+
+    def rope(self, i: int) -> tuple[str, str]:
+        """The names of layer i's rotary tables."""
+        local = i in self.cfg.sliding_layers and self.cfg.local_rope() is not None
+        return ("cos_cache_local", "sin_cache_local") if local else ("cos_cache", "sin_cache")
 
     def norm_weight(self, name: str) -> str:
         return self.g.init(name, self.w[name].numpy().astype(self.fdt))
@@ -190,13 +204,17 @@ class LlamaGraph:
         return self.g.op("Split", [qkv, sizes], n_out=3, name=f"{t}/qkv_split", axis=-1)
 
     def mlp(self, x: str, i: int) -> str:
-        """Layer i's gated MLP (SiLU) on x."""
+        """Layer i's gated MLP (SiLU, or GELU with the tanh approximation for Gemma) on x."""
         g, hd = self.g, self.cfg.hidden_dim
         gu = self.linear(x, [f"layers.{i}.w_gate", f"layers.{i}.w_up"], f"layers.{i}.w_gate_up")
         gate, up = g.op(
             "Split", [gu, g.const_i64(f"layers.{i}.split", [hd, hd])], n_out=2, name=f"layers.{i}/split", axis=-1
         )
-        if self.variant == "ort":
+        if self.cfg.act == "gelu_tanh" and self.variant == "ort":
+            act = g.op("FastGelu", [gate], name=f"layers.{i}/gelu", domain=MS)  # 0.5 x (1 + tanh(...))
+        elif self.cfg.act == "gelu_tanh":
+            act = gelu_tanh(self, gate, f"layers.{i}/gelu")
+        elif self.variant == "ort":
             act = g.op("QuickGelu", [gate], name=f"layers.{i}/silu", domain=MS, alpha=1.0)
         else:
             act = g.op("Mul", [gate, g.op("Sigmoid", [gate], name=f"layers.{i}/sigmoid")], name=f"layers.{i}/silu")
@@ -235,6 +253,13 @@ class LlamaGraph:
             y = self.linears.nbits(x, q, s, 8, "lm_head", zero_points=np.full(s.shape, 128, np.uint8))
         if self.fdt == np.float16:
             y = g.op("Cast", [y], name="logits_fp32", to=1)
+        if cfg.final_softcap:  # cap * tanh(logits / cap)
+            cap = g.init("final_softcap", np.array(cfg.final_softcap, np.float32))
+            y = g.op(
+                "Mul",
+                [g.op("Tanh", [g.op("Div", [y, cap], name="softcap/div")], name="softcap/tanh"), cap],
+                name="softcap",
+            )
         g.op("Identity", [y], outputs=["logits"], name="logits")
 
 
@@ -254,6 +279,8 @@ def weights_note(graph: LlamaGraph, tensor_types: dict) -> str:
             if graph.linears.requantized
             else ""
         )
+        if graph.linears.eight_bit:
+            re += f"; the file's other linear weights in 8-bit blocks: {len(graph.linears.eight_bit)}"
         return f"file tensors: {types}; {kept}{re}; head 8-bit per 32-block (Q8_0 exact){rows}"
     if p == "int8":
         return f"file tensors: {types}; dequantized, re-quantized to 8 bits per 32-block (symmetric){rows}"

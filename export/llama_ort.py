@@ -5,6 +5,7 @@ cache, whose past_* inputs are bound to the same buffers as the present_* output
 from __future__ import annotations
 
 from .graph_builder import MS
+from .llama_standard import post_norm
 
 
 def head_norms(graph, qkv: str, i: int) -> list[str]:
@@ -66,8 +67,7 @@ def ort_layers(graph, h: str) -> tuple[str, str]:
                 f"past_value.{i}",
                 "seqlens_k",
                 "total_sequence_length",
-                "cos_cache",
-                "sin_cache",
+                *graph.rope(i),
             ],
             outputs=[f"layers.{i}/attn", f"present_key.{i}", f"present_value.{i}"],
             name=f"layers.{i}/gqa",
@@ -76,8 +76,10 @@ def ort_layers(graph, h: str) -> tuple[str, str]:
             kv_num_heads=cfg.n_kv_heads,
             do_rotary=1,
             rotary_interleaved=0,
+            # a sliding window of W positions: the query's own and W - 1 before it
+            **({"local_window_size": cfg.window(i)} if cfg.window(i) else {}),
         )
-        o = graph.linear(a, [f"layers.{i}.wo"], f"layers.{i}.wo")
+        o = post_norm(graph, graph.linear(a, [f"layers.{i}.wo"], f"layers.{i}.wo"), i, "post_attn_norm")
         x, _, _, res = g.op(
             "SkipSimplifiedLayerNormalization",
             [o, res, graph.norm_weight(f"layers.{i}.ffn_norm")],
@@ -86,7 +88,7 @@ def ort_layers(graph, h: str) -> tuple[str, str]:
             domain=MS,
             epsilon=cfg.norm_eps,
         )
-        h = graph.mlp(x, i)
+        h = post_norm(graph, graph.mlp(x, i), i, "post_ffn_norm")
         if graph.progress:
             graph.progress(1)
     return h, res

@@ -20,6 +20,33 @@ def rms(graph, x: str, weight: str, tag: str) -> str:
     return g.op("Mul", [g.op("Mul", [x, inv], name=f"{tag}/scale"), weight], name=tag)
 
 
+def post_norm(graph, x: str, i: int, name: str) -> str:
+    """Gemma 3's norm of layer i's attention or MLP output (post_attn_norm / post_ffn_norm), or x where there is none;
+    ONNX Runtime's fused op in the 'ort' variant."""
+    if not graph.cfg.post_norms:
+        return x
+    w = graph.norm_weight(f"layers.{i}.{name}")
+    if graph.variant == "standard":
+        return rms(graph, x, w, f"layers.{i}/{name}")
+    return graph.g.op(
+        "SimplifiedLayerNormalization", [x, w], name=f"layers.{i}/{name}", epsilon=graph.cfg.norm_eps, axis=-1
+    )
+
+
+def gelu_tanh(graph, x: str, tag: str) -> str:
+    """0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))): GELU with the tanh approximation (Gemma's MLP)."""
+    g = graph.g
+
+    def c(name, v):
+        return g.init(f"gelu.{name}", np.array(v, graph.fdt))
+
+    x3 = g.op("Mul", [g.op("Mul", [x, x], name=f"{tag}/x2"), x], name=f"{tag}/x3")
+    inner = g.op("Add", [x, g.op("Mul", [x3, c("k", 0.044715)], name=f"{tag}/kx3")], name=f"{tag}/inner")
+    t = g.op("Tanh", [g.op("Mul", [inner, c("s", (2 / np.pi) ** 0.5)], name=f"{tag}/u")], name=f"{tag}/tanh")
+    half = g.op("Mul", [x, c("half", 0.5)], name=f"{tag}/half")
+    return g.op("Mul", [half, g.op("Add", [t, c("one", 1.0)], name=f"{tag}/1p")], name=tag)
+
+
 def rotary(graph, x: str, cos: str, sin: str, tag: str) -> str:
     """x [B, n, T, D] rotated by cos/sin [B, 1, T, D/2] (half-split pairs, as models/llama.py)."""
     g, D = graph.g, graph.cfg.head_dim
@@ -44,9 +71,13 @@ def standard_layers(graph, h: str) -> tuple[str, str]:
     shape_out = g.const_i64("shape_out", [0, 0, H * D])
     unsq = g.const_i64("axes_1", [1])
     unsq2 = g.const_i64("axes_2", [2])
-    cos = g.op("Unsqueeze", [g.op("Gather", ["cos_cache", "position_ids"], name="rope/cos"), unsq], name="rope/cos4")
-    sin = g.op("Unsqueeze", [g.op("Gather", ["sin_cache", "position_ids"], name="rope/sin"), unsq], name="rope/sin4")
+    ropes = {}  # table name -> its rows at position_ids [B, 1, T, D/2]
+    for name in {n for i in range(cfg.n_layers) for n in graph.rope(i)}:
+        rows = g.op("Gather", [name, "position_ids"], name=f"rope/{name}")
+        ropes[name] = g.op("Unsqueeze", [rows, unsq], name=f"rope/{name}4")
     bias = g.op("Unsqueeze", ["attention_bias", unsq2], name="attn/bias5")  # [B, 1, 1, T, S]
+    if cfg.sliding_layers:  # (the caller's: keys before each query's window masked too)
+        bias_local = g.op("Unsqueeze", ["attention_bias_local", unsq2], name="attn/bias5_local")
     scale = g.init("attn.scale", np.array(1.0 / np.sqrt(D), graph.fdt))
     res = None
     for i in range(cfg.n_layers):
@@ -62,6 +93,7 @@ def standard_layers(graph, h: str) -> tuple[str, str]:
         q = g.op("Transpose", [q], name=f"{t}/qT", perm=[0, 2, 1, 3])
         k = g.op("Transpose", [k], name=f"{t}/kT", perm=[0, 2, 1, 3])
         v = g.op("Transpose", [g.op("Reshape", [v, shape_kv], name=f"{t}/v4")], name=f"{t}/vT", perm=[0, 2, 1, 3])
+        cos, sin = (ropes[n] for n in graph.rope(i))
         q, k = rotary(graph, q, cos, sin, f"{t}/rope_q"), rotary(graph, k, cos, sin, f"{t}/rope_k")
         kall = g.op("Concat", [f"past_key.{i}", k], outputs=[f"present_key.{i}"], name=f"{t}/kcat", axis=2)
         vall = g.op("Concat", [f"past_value.{i}", v], outputs=[f"present_value.{i}"], name=f"{t}/vcat", axis=2)
@@ -69,7 +101,10 @@ def standard_layers(graph, h: str) -> tuple[str, str]:
         kt = g.op("Unsqueeze", [g.op("Transpose", [kall], name=f"{t}/kTT", perm=[0, 1, 3, 2]), unsq2], name=f"{t}/k5")
         s = g.op(
             "Add",
-            [g.op("Mul", [g.op("MatMul", [qg, kt], name=f"{t}/qk"), scale], name=f"{t}/scaled"), bias],
+            [
+                g.op("Mul", [g.op("MatMul", [qg, kt], name=f"{t}/qk"), scale], name=f"{t}/scaled"),
+                bias_local if i in cfg.sliding_layers else bias,
+            ],
             name=f"{t}/masked",
         )
         p = g.op("Softmax", [s], name=f"{t}/softmax", axis=-1)
@@ -87,9 +122,10 @@ def standard_layers(graph, h: str) -> tuple[str, str]:
             ],
             name=f"{t}/o3",
         )
-        res = g.op("Add", [graph.linear(o, [f"{t}.wo"], f"{t}.wo"), res], name=f"{t}/res_mlp")
+        o = post_norm(graph, graph.linear(o, [f"{t}.wo"], f"{t}.wo"), i, "post_attn_norm")
+        res = g.op("Add", [o, res], name=f"{t}/res_mlp")
         x = rms(graph, res, graph.norm_weight(f"{t}.ffn_norm"), f"{t}/ffn_norm")
-        h = graph.mlp(x, i)
+        h = post_norm(graph, graph.mlp(x, i), i, "post_ffn_norm")
         if graph.progress:
             graph.progress(1)
     return h, res

@@ -42,6 +42,7 @@ class LinearWeights:
         self.g, self.w, self.q4, self.fdt, self.rows = g, weights, q4, fdt, rows
         self.precision, self.variant = precision, variant
         self.requantized: list[str] = []  # linear weights without 4-bit blocks in the file (int4 only)
+        self.eight_bit: list[str] = []  # int4 of a file with 4-bit blocks: its other linear weights, in 8-bit blocks
 
     def _blocks(self, names: list[str]):
         """(q, scale, zero) of fused weights `names`: the file's blocks, or min/max 4-bit quantization."""
@@ -58,7 +59,12 @@ class LinearWeights:
             if p == "int8":  # weight-only int8 with per-row scales, dequantized in the graph
                 return self._dq_linear(x, w, tag)
             return g.op("MatMul", [x, g.init(f"{tag}.weight", w.T.numpy().astype(self.fdt))], name=tag)
-        if p == "int8":
+        # int4 from a file with 4-bit blocks (a GGUF): its other weights (Q5_0, Q6_K, Q8_0, ...) in 8-bit blocks, not
+        # re-quantized to 4 bits (as the torch backend's int4 keeps them); a float checkpoint's all in 4 bits
+        mixed = p == "int4" and self.q4 and not all(n in self.q4 for n in names)
+        if mixed:
+            self.eight_bit += names
+        if p == "int8" or mixed:
             q, s = int8_blocks(torch.cat([self.w[n] for n in names]))
             zp = np.full(s.shape, 128, np.uint8)
             if self.rows:

@@ -20,7 +20,7 @@ IMPLS = ("torch", "triton", "auto")
 # Each is imported only when a Triton kernel set is asked for.
 TRITON_MODULES: dict[str, tuple[str, ...]] = {
     "speechrt.kernels.triton_norm": ("layer_norm", "rms_norm"),
-    "speechrt.kernels.triton_act": ("gelu", "silu_mul"),
+    "speechrt.kernels.triton_act": ("gelu", "silu_mul", "gelu_tanh_mul"),
     "speechrt.kernels.triton_rotary": ("rotary",),
     "speechrt.kernels.triton_matmul": ("linear",),
     "speechrt.kernels.triton_int8_matmul": ("linear_int8",),

@@ -99,16 +99,19 @@ def specs(hip: bool = False) -> list[Spec]:
             ("x_ptr", "b_ptr", "y_ptr", "N", "stride_x", "stride_y"),
         )
     )
-    out.append(
-        make_spec(
-            act._silu_mul_kernel,
-            "smollm2 mlp 1536",
-            {"g_ptr": "*fp16", "u_ptr": "*fp16", "y_ptr": "*fp16", **int_args("N", "stride_g", "stride_u", "stride_y")},
-            {"BLOCK": c["BLOCK"]},
-            c,
-            ("g_ptr", "u_ptr", "y_ptr", "N", "stride_g", "stride_u", "stride_y"),
+    gated = {"g_ptr": "*fp16", "u_ptr": "*fp16", "y_ptr": "*fp16", **int_args("N", "stride_g", "stride_u", "stride_y")}
+    for kernel, variant in ((act._silu_mul_kernel, "smollm2 mlp 1536"), (act._gelu_tanh_mul_kernel, "gemma3 mlp 2048")):
+        c = act.config(2048 if "gemma" in variant else 1536)
+        out.append(
+            make_spec(
+                kernel,
+                variant,
+                gated,
+                {"BLOCK": c["BLOCK"]},
+                c,
+                ("g_ptr", "u_ptr", "y_ptr", "N", "stride_g", "stride_u", "stride_y"),
+            )
         )
-    )
 
     # rotary: SmolLM2 9 query / 3 key heads of 64
     c = rot.config(9, 32)
@@ -207,7 +210,7 @@ def specs(hip: bool = False) -> list[Spec]:
     att_types = {
         **{p: "*fp16" for p in ("q_ptr", "k_ptr", "v_ptr", "o_ptr")},
         "len_ptr": "*i32",
-        **int_args(*att_strides, "H", "GROUP", "Tq", "Tk", "D"),
+        **int_args(*att_strides, "H", "GROUP", "Tq", "Tk", "D", "WINDOW"),
         "qk_scale": "fp32",
     }
     att_aligned = ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "len_ptr", *att_strides, "D")
@@ -224,6 +227,7 @@ def specs(hip: bool = False) -> list[Spec]:
                 att_types,
                 {
                     "CAUSAL": causal,
+                    "SLIDING": False,
                     "HAS_LENS": False,
                     "PRECISION": att.precision(f16),
                     "UPCAST": False,
@@ -244,7 +248,20 @@ def specs(hip: bool = False) -> list[Spec]:
         "po_ptr": "*fp32",
         "plse_ptr": "*fp32",
         **int_args(
-            "sqb", "sqh", "skb", "skh", "skt", "svb", "svh", "svt", "GROUP", "Tk", "D", "SPLIT_LEN", "NUM_SPLITS"
+            "sqb",
+            "sqh",
+            "skb",
+            "skh",
+            "skt",
+            "svb",
+            "svh",
+            "svt",
+            "GROUP",
+            "Tk",
+            "D",
+            "SPLIT_LEN",
+            "NUM_SPLITS",
+            "WINDOW",
         ),
         "qk_scale": "fp32",
     }

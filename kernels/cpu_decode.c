@@ -34,6 +34,11 @@ typedef struct {
     srt_mat qkv, o, gate_up, down;     /* fused q|k|v, o, gate|up, down */
     const float *qkv_bias;             /* [(n_heads + 2 n_kv) * head_dim], or NULL (Qwen2 has them) */
     const float *q_norm, *k_norm;      /* [head_dim] RMSNorm over each q / k head, or NULL (Qwen3 has them) */
+    /* Gemma 3: RMSNorms of the attention's and the MLP's outputs before their residual adds, or NULL; the layer's
+     * rotary tables (NULL: the model's); a sliding window (attends over the last `window` positions; 0: all) */
+    const float *post_attn_norm, *post_ffn_norm;
+    const float *cos, *sin;
+    int64_t window;
 } srt_layer;
 
 typedef struct {
@@ -44,6 +49,7 @@ typedef struct {
     const float *cos, *sin; /* [max_pos, head_dim / 2] */
     const srt_layer *layers;
     srt_mat head;
+    int64_t act; /* the MLP's gate: 0 SiLU (SwiGLU), 1 GELU with the tanh approximation (GeGLU: Gemma) */
 } srt_model;
 
 /* ---- activations: per block of 32, int8 values, their scale and the exact block sum ---- */
@@ -435,7 +441,8 @@ int srt_forward(const srt_model *md, int64_t M, const int64_t *tokens, const int
                     for (int64_t j = 0; j < H; j++) rms_norm(r + j * D, L->q_norm, D, md->eps, r + j * D);
                     for (int64_t j = 0; j < Hkv; j++) rms_norm(r + qn + j * D, L->k_norm, D, md->eps, r + qn + j * D);
                 }
-                const float *c = md->cos + pos[m] * half, *s = md->sin + pos[m] * half;
+                const float *c = (L->cos ? L->cos : md->cos) + pos[m] * half;
+                const float *s = (L->sin ? L->sin : md->sin) + pos[m] * half;
                 for (int64_t j = 0; j < H + Hkv; j++) rotate(r + j * D, c, s, half);
                 for (int64_t j = 0; j < Hkv; j++) {
                     const int64_t off = slots[m] * strides[1] + j * strides[2] + pos[m] * strides[3];
@@ -450,11 +457,13 @@ int srt_forward(const srt_model *md, int64_t M, const int64_t *tokens, const int
 #pragma omp for schedule(static)
             for (int64_t it = 0; it < M * Hkv * C; it++) { /* a part of a row's positions, one kv head's group */
                 const int64_t m = it / (Hkv * C), j = (it / C) % Hkv, c = it % C, T = pos[m] + 1;
-                const int64_t t0 = c * PART < T ? c * PART : T, t1 = t0 + PART < T ? t0 + PART : T;
+                /* a sliding window starts the row's positions at T - window */
+                const int64_t first = L->window > 0 && T > L->window ? T - L->window : 0;
+                const int64_t t0 = first + c * PART < T ? first + c * PART : T, t1 = t0 + PART < T ? t0 + PART : T;
                 const int64_t off = slots[m] * strides[1] + j * strides[2], h0 = m * H + j * per;
                 attend_part(qkv + m * (qn + 2 * kvn) + j * per * D, per, kl + off, vl + off, strides[3], t0, t1, D,
-                            scale, sc + h0 * maxlen + t0 * per, part_o + (h0 * C + c) * D, part_m + h0 * C + c,
-                            part_s + h0 * C + c, C);
+                            scale, sc + h0 * maxlen + (t0 - first) * per, part_o + (h0 * C + c) * D,
+                            part_m + h0 * C + c, part_s + h0 * C + c, C);
             }
 #pragma omp for schedule(static)
             for (int64_t mh = 0; mh < M * H; mh++)
@@ -464,19 +473,28 @@ int srt_forward(const srt_model *md, int64_t M, const int64_t *tokens, const int
             matmul_rows(&L->o, &a, M, fine, y, dim);
 #pragma omp single
             {
+                if (L->post_attn_norm)
+                    for (int64_t m = 0; m < M; m++) rms_norm(y + m * dim, L->post_attn_norm, dim, md->eps, y + m * dim);
                 for (int64_t i = 0; i < M * dim; i++) h[i] += y[i];
                 for (int64_t m = 0; m < M; m++) rms_norm(h + m * dim, L->ffn_norm, dim, md->eps, x + m * dim);
                 quantize_rows(x, M, dim, &a, fine);
             }
             matmul_rows(&L->gate_up, &a, M, fine, gu, 2 * hid);
 #pragma omp for schedule(static)
-            for (int64_t i = 0; i < M * hid / 32; i++) { /* silu(gate) * up, a block at a time, quantized */
+            for (int64_t i = 0; i < M * hid / 32; i++) { /* act(gate) * up, a block at a time, quantized */
                 const int64_t m = i / (hid / 32), j = (i % (hid / 32)) * 32;
                 const float *gt = gu + m * 2 * hid + j, *up = gt + hid;
                 float *xo = x + m * hid + j;
                 for (int k = 0; k < 32; k += 8) {
                     const __m256 g = _mm256_loadu_ps(gt + k);
-                    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+                    /* silu(g) = g / (1 + exp(-g)); gelu_tanh(g) = g (1 + tanh(u)) / 2 = g / (1 + exp(-2u)),
+                     * u = sqrt(2 / pi) (g + 0.044715 g^3) */
+                    const __m256 arg =
+                        md->act ? _mm256_mul_ps(_mm256_set1_ps(-1.5957691216057308f),
+                                                _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), g),
+                                                                _mm256_mul_ps(g, g), g))
+                                : _mm256_sub_ps(_mm256_setzero_ps(), g);
+                    const __m256 e = exp8(arg);
                     const __m256 sg = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e));
                     _mm256_storeu_ps(xo + k, _mm256_mul_ps(sg, _mm256_loadu_ps(up + k)));
                 }
@@ -487,7 +505,11 @@ int srt_forward(const srt_model *md, int64_t M, const int64_t *tokens, const int
             }
             matmul_rows(&L->down, &a, M, fine, y, dim);
 #pragma omp single
-            for (int64_t i = 0; i < M * dim; i++) h[i] += y[i];
+            {
+                if (L->post_ffn_norm)
+                    for (int64_t m = 0; m < M; m++) rms_norm(y + m * dim, L->post_ffn_norm, dim, md->eps, y + m * dim);
+                for (int64_t i = 0; i < M * dim; i++) h[i] += y[i];
+            }
         }
 #pragma omp single
         {

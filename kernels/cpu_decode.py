@@ -54,6 +54,11 @@ class _Layer(ctypes.Structure):
         ("qkv_bias", ctypes.c_void_p),  # NULL where the model has none
         ("q_norm", ctypes.c_void_p),
         ("k_norm", ctypes.c_void_p),
+        ("post_attn_norm", ctypes.c_void_p),  # Gemma 3's; NULL where the model has none
+        ("post_ffn_norm", ctypes.c_void_p),
+        ("cos", ctypes.c_void_p),  # the layer's rotary tables; NULL: the model's
+        ("sin", ctypes.c_void_p),
+        ("window", ctypes.c_int64),  # a sliding window's positions; 0: all
     ]
 
 
@@ -68,6 +73,7 @@ class _Model(ctypes.Structure):
         ("sin", ctypes.c_void_p),
         ("layers", ctypes.POINTER(_Layer)),
         ("head", _Mat),
+        ("act", ctypes.c_int64),  # 0 SiLU, 1 GELU (tanh)
     ]
 
 
@@ -289,13 +295,24 @@ class CpuLlama:
     """A Llama's decode steps and prompts in cpu_decode.c: `cfg` a models.llama.LlamaConfig; `weights` float
     tensors named as models.gguf_loader names them (the embedding, norms, and the float weights of linears
     without 4-bit blocks); `q4[name] = (q, scale, zero)`, a linear's 4-bit blocks as models.gguf_loader keeps
-    them (w = (q - 8) * scale + zero); cos / sin [positions, head_dim / 2] the rotary tables. A fused
-    projection without blocks for all its parts, and the output head, become 8-bit blocks of their float
-    weights (a GGUF's Q8_0 tensors exactly). The caches (`new_cache`) hold fp16 keys and values."""
+    them (w = (q - 8) * scale + zero); cos / sin [positions, head_dim / 2] the rotary tables, `local_rope` those of
+    the sliding-window layers where they differ (Gemma 3). A fused projection without blocks for all its parts, and
+    the output head, become 8-bit blocks of their float weights (a GGUF's Q8_0 tensors exactly). The caches
+    (`new_cache`) hold fp16 keys and values. Gemma 3's switches (cfg.act, post_norms, sliding window, embed_scale,
+    final_softcap) are the kernel's too; the embedding is kept scaled, the head reads it unscaled."""
 
     max_rows = MAX_ROWS
 
-    def __init__(self, cfg, weights: dict, q4: dict, cos: torch.Tensor, sin: torch.Tensor, threads: int):
+    def __init__(
+        self,
+        cfg,
+        weights: dict,
+        q4: dict,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        threads: int,
+        local_rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ):
         why = self.unsupported(cfg)
         if why:
             raise ValueError(why)
@@ -303,6 +320,9 @@ class CpuLlama:
         self.packs: list[Packed] = []
         f32 = [t.float().contiguous() for t in (weights["tok_embeddings"], weights["norm"], cos, sin)]
         self.emb, self.norm, self.cos, self.sin = f32
+        if cfg.embed_scale != 1.0:
+            self.emb = self.emb * cfg.embed_scale
+        self.local = tuple(t.float().contiguous() for t in local_rope) if local_rope else (self.cos, self.sin)
         self.norms = [
             (
                 weights[f"layers.{i}.attn_norm"].float().contiguous(),
@@ -320,7 +340,7 @@ class CpuLlama:
             self.packs.append(p)
             return p.mat
 
-        self.extras = []  # Qwen2's Q/K/V biases, Qwen3's head norms: float32, alive as long as the model
+        self.extras = []  # Qwen2's Q/K/V biases, head norms, post norms: float32, alive as long as the model
 
         def extra(t) -> int | None:
             self.extras.append(t.float().contiguous())
@@ -331,6 +351,15 @@ class CpuLlama:
             n = f"layers.{i}."
             bias = extra(torch.cat([weights[n + b] for b in ("bq", "bk", "bv")])) if cfg.qkv_bias else None
             qn, kn = (extra(weights[n + "q_norm"]), extra(weights[n + "k_norm"])) if cfg.qk_norm else (None, None)
+            pa, pf = (
+                (extra(weights[n + "post_attn_norm"]), extra(weights[n + "post_ffn_norm"]))
+                if cfg.post_norms
+                else (
+                    None,
+                    None,
+                )
+            )
+            rope = self.local if i in cfg.sliding_layers else (self.cos, self.sin)
             layers.append(
                 _Layer(
                     an.data_ptr(),
@@ -342,6 +371,11 @@ class CpuLlama:
                     bias,
                     qn,
                     kn,
+                    pa,
+                    pf,
+                    rope[0].data_ptr(),
+                    rope[1].data_ptr(),
+                    cfg.window(i),
                 )
             )
         self.layers = (_Layer * len(layers))(*layers)
@@ -362,6 +396,7 @@ class CpuLlama:
             self.sin.data_ptr(),
             self.layers,
             head,
+            {"silu": 0, "gelu_tanh": 1}[cfg.act],
         )
 
     @staticmethod
@@ -445,4 +480,5 @@ class CpuLlama:
                 f"srt_forward refused its arguments ({rc}): tokens within the vocabulary, positions "
                 "within the rotary table, output rows among the rows"
             )
-        return logits
+        cap = self.cfg.final_softcap
+        return torch.tanh(logits / cap) * cap if cap else logits

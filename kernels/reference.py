@@ -47,6 +47,11 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """GeGLU (Gemma): gelu(gate) with the tanh approximation, times up."""
+    return F.gelu(gate, approximate="tanh") * up
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ weight[N, K].T (+ bias)."""
     return F.linear(x, weight, bias)
@@ -76,13 +81,17 @@ def attention(
     causal: bool = False,
     scale: float | None = None,
     lengths: torch.Tensor | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Scaled dot-product attention with grouped-query heads.
 
     q [B, H, Tq, D]; k, v [B, Hkv, Tk, D] with H % Hkv == 0. `causal` aligns the last query with the
     last key (so decode with a cache is causal too). `lengths` [B] masks keys at or past each
-    sequence's length (decode over a padded KV cache). Returns [B, H, Tq, D].
+    sequence's length (decode over a padded KV cache). `window` (with causal): each query sees only the
+    `window` keys up to its own position (a sliding-window layer). Returns [B, H, Tq, D].
     """
+    if window and causal:
+        return _attention_window(q, k, v, scale, lengths, window)
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     gqa = {}
@@ -103,6 +112,20 @@ def attention(
         lm = lm[:, None, None, :]
         mask = lm if mask is None else (mask & lm)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **gqa)
+
+
+def _attention_window(q, k, v, scale, lengths, window):
+    """causal attention over the last `window` keys up to each query's position (with `lengths`, the last query
+    of row b is at lengths[b] - 1; without, at the last key)."""
+    B, Tq, Tk = q.shape[0], q.shape[2], k.shape[2]
+    end = lengths[:, None] if lengths is not None else torch.full((B, 1), Tk, device=q.device)  # [B, 1]
+    qpos = (end - Tq + torch.arange(Tq, device=q.device)[None])[..., None]  # [B, Tq, 1]: each query's position
+    j = torch.arange(Tk, device=q.device)[None, None]
+    keep = (j < end[:, :, None]) & (j <= qpos) & (j > qpos - window)  # [B, Tq, Tk]
+    H, Hkv = q.shape[1], k.shape[1]
+    if H != Hkv:
+        k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None], scale=scale)
 
 
 # torch >= 2.5: scaled_dot_product_attention(enable_gqa=True)
@@ -297,6 +320,7 @@ OPS = {
     "rms_norm": rms_norm,
     "gelu": gelu,
     "silu_mul": silu_mul,
+    "gelu_tanh_mul": gelu_tanh_mul,
     "linear": linear,
     "rotary": rotary,
     "attention": attention,

@@ -1,6 +1,6 @@
-"""Fused activations: GELU with the preceding bias add (Whisper's MLP and conv front end) and SwiGLU
-(silu(gate) * up, Llama's MLP). Inputs may be row-strided views (e.g. the two halves of a fused
-gate/up projection) and are read in place. Same signatures as kernels.reference."""
+"""Fused activations: GELU with the preceding bias add (Whisper's MLP and conv front end), SwiGLU
+(silu(gate) * up, Llama's MLP) and GeGLU (gelu_tanh(gate) * up, Gemma's MLP). Inputs may be row-strided views
+(e.g. the two halves of a fused gate/up projection) and are read in place. Same signatures as kernels.reference."""
 
 from __future__ import annotations
 
@@ -32,6 +32,19 @@ def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, N, stride_g, stride_u, stride_y, BLOCK
     u = tl.load(u_ptr + row * stride_u + cols, mask=m, other=0.0)
     # the reference rounds silu(g) to the input dtype before the product
     s = (g / (1.0 + tl.exp(-g))).to(u.dtype).to(tl.float32)
+    tl.store(y_ptr + row * stride_y + cols, (s * u.to(tl.float32)).to(y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _gelu_tanh_mul_kernel(g_ptr, u_ptr, y_ptr, N, stride_g, stride_u, stride_y, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < N
+    g = tl.load(g_ptr + row * stride_g + cols, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + row * stride_u + cols, mask=m, other=0.0)
+    # 0.5 g (1 + tanh(t)) = g / (1 + exp(-2 t)), t = sqrt(2 / pi) (g + 0.044715 g^3); rounded as the reference
+    t = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+    s = (g / (1.0 + tl.exp(-2.0 * t))).to(u.dtype).to(tl.float32)
     tl.store(y_ptr + row * stride_y + cols, (s * u.to(tl.float32)).to(y_ptr.dtype.element_ty), mask=m)
 
 
@@ -72,6 +85,14 @@ def gelu(x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return _gated(_silu_mul_kernel, gate, up)
+
+
+def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return _gated(_gelu_tanh_mul_kernel, gate, up)
+
+
+def _gated(kernel, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if gate.shape != up.shape:
         gate, up = torch.broadcast_tensors(gate, up)
     n = gate.shape[-1]
@@ -79,10 +100,10 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     y = torch.empty(g2.shape, dtype=torch.promote_types(gate.dtype, up.dtype), device=gate.device)
     if y.numel():
         cfg = config(n)
-        _silu_mul_kernel[(g2.shape[0], triton.cdiv(n, cfg["BLOCK"]))](
+        kernel[(g2.shape[0], triton.cdiv(n, cfg["BLOCK"]))](
             g2, u2, y, n, g2.stride(0), u2.stride(0), y.stride(0), **cfg
         )
     return y.view(gate.shape)
 
 
-OPS = {"gelu": gelu, "silu_mul": silu_mul}
+OPS = {"gelu": gelu, "silu_mul": silu_mul, "gelu_tanh_mul": gelu_tanh_mul}

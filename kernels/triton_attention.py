@@ -1,6 +1,7 @@
 """Flash attention (online softmax, K/V streamed in blocks) for prefill and Whisper's encoder:
 causal or not, grouped-query heads, any head dim up to 256 (64 and 128 in the models), any length,
-optional per-sequence key lengths. Same signature as kernels.reference.attention; single-query
+optional per-sequence key lengths, a sliding window (causal: the last `window` keys up to each query's position).
+Same signature as kernels.reference.attention; single-query
 calls (decode) go to the split-K kernel in triton_decode_attention."""
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ def _attention_kernel(
     Tk,
     D,
     qk_scale,
+    WINDOW,
     CAUSAL: tl.constexpr,
+    SLIDING: tl.constexpr,
     HAS_LENS: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -71,14 +74,17 @@ def _attention_kernel(
     if HAS_LENS:
         kv_len = tl.minimum(tl.load(len_ptr + b).to(tl.int32), Tk)
     end = kv_len
+    lo = 0
     if CAUSAL:  # query i sees keys j <= i + (Tk - Tq): the last query is aligned with the last key
         end = tl.minimum(end, (pid_m + 1) * BLOCK_M + Tk - Tq)
+        if SLIDING:  # and keys j > i + (Tk - Tq) - WINDOW: the block's first query's window starts here
+            lo = tl.maximum(pid_m * BLOCK_M + Tk - Tq - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
     pk = k_ptr + b * skb + hk * skh + offs_n[None, :] * skt + offs_d[:, None]  # [BLOCK_D, BLOCK_N] = K.T
     pv = v_ptr + b * svb + hk * svh + offs_n[:, None] * svt + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    for start in range(0, end, BLOCK_N):
+    for start in range(lo, end, BLOCK_N):
         n = start + offs_n
         nm = n < kv_len
         kt = tl.load(pk + start * skt, mask=dm[:, None] & nm[None, :], other=0.0)
@@ -88,6 +94,8 @@ def _attention_kernel(
         valid = nm[None, :]
         if CAUSAL:
             valid = valid & (n[None, :] <= offs_m[:, None] + (Tk - Tq))
+            if SLIDING:  # (a constexpr: the other layers' kernels compile without it, registers as before)
+                valid = valid & (n[None, :] > offs_m[:, None] + (Tk - Tq) - WINDOW)
         s = tl.where(valid, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no visible key yet
@@ -155,9 +163,11 @@ def attention(
     causal: bool = False,
     scale: float | None = None,
     lengths: torch.Tensor | None = None,
+    window: int = 0,
     tiles: dict | None = None,
 ) -> torch.Tensor:
-    """`tiles`: a config() to run instead of the chosen one (for tuning; `speechrt kernels`)."""
+    """`window` (with causal): a sliding window's keys only; `tiles`: a config() to run instead of the chosen one
+    (for tuning; `speechrt kernels`)."""
     check(q, k, v, lengths)
     B, H, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
@@ -165,7 +175,7 @@ def attention(
     if Tq == 1:  # a single query per sequence (decode): causal masks nothing; split along the keys
         from .triton_decode_attention import decode_attention
 
-        return decode_attention(q, k, v, scale=scale, lengths=lengths)
+        return decode_attention(q, k, v, scale=scale, lengths=lengths, window=window if causal else 0)
     q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if lengths is not None:
@@ -197,7 +207,9 @@ def attention(
             Tk,
             D,
             scale * LOG2E,
+            int(window) if causal else 0,
             CAUSAL=bool(causal),
+            SLIDING=bool(causal and window),
             HAS_LENS=lengths is not None,
             PRECISION=precision(q.dtype),
             UPCAST=upcast(q.dtype),

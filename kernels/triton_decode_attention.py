@@ -42,6 +42,7 @@ def _decode_attention_kernel(
     qk_scale,
     SPLIT_LEN,
     NUM_SPLITS,
+    WINDOW,
     HAS_LENS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -61,6 +62,8 @@ def _decode_attention_kernel(
         kv_len = tl.minimum(tl.load(len_ptr + b).to(tl.int32), Tk)
     lo = split * SPLIT_LEN
     hi = tl.minimum(lo + SPLIT_LEN, kv_len)
+    if WINDOW > 0:  # a sliding window: the last WINDOW keys only
+        lo = tl.maximum(lo, kv_len - WINDOW)
     q = tl.load(q_ptr + b * sqb + h * sqh + offs_d, mask=dm, other=0.0).to(tl.float32) * qk_scale
     pk = k_ptr + b * skb + hk * skh + offs_n[:, None] * skt + offs_d[None, :]
     pv = v_ptr + b * svb + hk * svh + offs_n[:, None] * svt + offs_d[None, :]
@@ -108,6 +111,7 @@ def _decode_attention_grouped_kernel(
     qk_scale,
     SPLIT_LEN,
     NUM_SPLITS,
+    WINDOW,
     HAS_LENS: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -135,6 +139,8 @@ def _decode_attention_grouped_kernel(
         kv_len = tl.minimum(tl.load(len_ptr + b).to(tl.int32), Tk)
     lo = split * SPLIT_LEN
     hi = tl.minimum(lo + SPLIT_LEN, kv_len)
+    if WINDOW > 0:  # a sliding window: the last WINDOW keys only
+        lo = tl.maximum(lo, kv_len - WINDOW)
     pk = k_ptr + b * skb + hk * skh + offs_n[None, :] * skt + offs_d[:, None]  # [BLOCK_D, BLOCK_N] = K.T
     pv = v_ptr + b * svb + hk * svh + offs_n[:, None] * svt + offs_d[None, :]
     m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
@@ -214,9 +220,11 @@ def decode_attention(
     scale: float | None = None,
     lengths: torch.Tensor | None = None,
     num_splits: int | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """q [B, H, 1, D]; k, v [B, Hkv, Tk, D] (the cache, possibly a strided view); lengths [B] or None
-    (all Tk keys valid) -> [B, H, 1, D]. `num_splits` overrides the launcher's choice (tests)."""
+    (all Tk keys valid) -> [B, H, 1, D]. `num_splits` overrides the launcher's choice (tests); `window`: the
+    last `window` valid keys only (a sliding-window layer)."""
     B, H, Tq, D = q.shape
     assert Tq == 1, "decode_attention takes one query per sequence"
     Hkv, Tk = k.shape[1], k.shape[2]
@@ -252,6 +260,7 @@ def decode_attention(
             scale * LOG2E,
             cfg["SPLIT_LEN"],
             ns,
+            int(window),
             HAS_LENS=lengths is not None,
             PRECISION=precision(q.dtype),
             UPCAST=upcast(q.dtype),
@@ -276,6 +285,7 @@ def decode_attention(
             scale * LOG2E,
             cfg["SPLIT_LEN"],
             ns,
+            int(window),
             HAS_LENS=lengths is not None,
             BLOCK_N=cfg["BLOCK_N"],
             BLOCK_D=bd,

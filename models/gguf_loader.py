@@ -32,6 +32,7 @@ GGUF_ARCHS: dict[str, dict] = {
     "qwen2": {"permuted": False, "qkv_bias": True},
     "qwen3": {"permuted": False, "qk_norm": True},
     "phi3": {"permuted": False},  # fused attn_qkv and ffn_up (gate then up), split here
+    "gemma3": {"permuted": False, "qk_norm": True, "gemma": True},  # norms stored as 1 + w (its converter adds 1)
 }
 LLAMA_ARCHS = tuple(GGUF_ARCHS)
 
@@ -177,6 +178,31 @@ def _q4_blocks(t, shape, heads: int | None = None):
     return tuple(torch.from_numpy(np.ascontiguousarray(x)) for x in (q, d, zero))
 
 
+def _q4k_blocks(t, shape, heads: int | None = None):
+    """Q4_K tensor -> (q, scale, zero) per 32-weight sub-block, as _q4_blocks gives them. A Q4_K super-block of 256
+    weights (144 bytes): f16 d, f16 dmin, 12 bytes of eight 6-bit (scale, min) pairs, 128 bytes of nibbles (each 32
+    bytes hold sub-block 2j in their low halves, 2j + 1 in their high halves); w = d * sc * q - dmin * m
+    -> scale d * sc, zero 8 d sc - dmin m (gguf's quants.Q4_K formula, in float32)."""
+    N, K = shape
+    raw = np.asarray(t.data, dtype=np.uint8).reshape(N, K // 256, 144)
+    d = raw[..., 0:2].copy().view(np.float16).astype(np.float32)  # [N, nb, 1]
+    dmin = raw[..., 2:4].copy().view(np.float16).astype(np.float32)
+    sc8 = raw[..., 4:16].astype(np.uint8)
+    lo, hi = sc8[..., :8], sc8[..., 8:]  # (get_scale_min_k4): j < 4 from bytes j, j + 4; j >= 4 from all three
+    sc = np.concatenate([lo[..., :4] & 63, (hi & 15) | ((lo[..., :4] >> 6) << 4)], axis=-1).astype(np.float32)
+    m = np.concatenate([lo[..., 4:] & 63, (hi >> 4) | ((lo[..., 4:] >> 6) << 4)], axis=-1).astype(np.float32)
+    qs = raw[..., 16:].reshape(N, K // 256, 4, 32)
+    q = np.stack([qs & 15, qs >> 4], axis=3).reshape(N, K)  # [N, nb, 4 pairs, 2, 32]
+    scale = (d * sc).reshape(N, K // 32)
+    zero = (8 * d * sc - dmin * m).reshape(N, K // 32)
+    if heads:
+        q, scale, zero = (_unpermute(x, heads) for x in (q, scale, zero))
+    return tuple(torch.from_numpy(np.ascontiguousarray(x)) for x in (q, scale, zero))
+
+
+Q4_BLOCKS = {"Q4_0": _q4_blocks, "Q4_1": _q4_blocks, "Q4_K": _q4k_blocks}  # 4-bit types the int4 runners keep
+
+
 def _float_weight(t, ok: dict, heads: int | None) -> torch.Tensor:
     w = _dequantize(t, ok)
     return _unpermute(w, heads) if heads else w
@@ -225,9 +251,11 @@ def _config(md: dict, tensors: dict, path: Path):
         )
     max_seq = _num(md, f"{a}.context_length", 2048)
     window = _num(md, f"{a}.attention.sliding_window", 0)
-    if window > 0:  # attention over the last `window` positions is full attention while sequences fit in it
+    gemma = _gemma_switches(md, a, window, dim) if GGUF_ARCHS[a].get("gemma") else {}
+    if window > 0 and not gemma:  # attention over the last `window` positions is full attention while sequences fit
         max_seq = min(max_seq, window)
     return LlamaConfig(
+        **gemma,
         vocab_size=vocab,
         dim=dim,
         n_layers=_num(md, f"{a}.block_count"),
@@ -243,6 +271,21 @@ def _config(md: dict, tensors: dict, path: Path):
         qkv_bias=GGUF_ARCHS[a].get("qkv_bias", False),
         qk_norm=GGUF_ARCHS[a].get("qk_norm", False),
         arch=a,
+    )
+
+
+def _gemma_switches(md: dict, a: str, window: int, dim: int) -> dict:
+    """Gemma 3's config switches as llama.cpp sets them (its files do not say): every sixth layer global, the
+    others over a window with rotary base 10000; GeGLU, the embedding scale, the post norms."""
+    n = _num(md, f"{a}.block_count")
+    return dict(
+        act="gelu_tanh",
+        embed_scale=float(dim) ** 0.5,
+        post_norms=True,
+        sliding_window=window,
+        sliding_layers=tuple(i for i in range(n) if (i + 1) % 6) if window else (),
+        rope_local_theta=10000.0,
+        final_softcap=_num(md, f"{a}.final_logit_softcapping", 0.0, cast=float),
     )
 
 
@@ -268,6 +311,8 @@ _PER_LAYER = {
     "ffn_gate.weight": "w_gate",
     "ffn_up.weight": "w_up",  # Phi-3's holds gate and up: renamed w_gate_up below
     "ffn_down.weight": "w_down",
+    "post_attention_norm.weight": "post_attn_norm",  # Gemma 3 (its ffn_norm is the MLP's input norm)
+    "post_ffw_norm.weight": "post_ffn_norm",
 }
 
 
@@ -292,8 +337,9 @@ def _key(tname: str, path: Path, cfg) -> str:
 
 def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
     """Read a Llama-family GGUF file. `keep_layers` loads only the first N blocks (for tests of the loader)."""
+    from . import chat_templates
     from .llama import RopeScaling
-    from .lm_file import check_layer_tensors, split_fused
+    from .lm_file import check_layer_tensors, fold_gemma, split_fused
     from .lm_text import LMTokenizer
 
     path = Path(path)
@@ -320,19 +366,24 @@ def load(path: str | Path, keep_layers: int | None = None) -> LMFile:
         if permuted and key.endswith((".wq", ".wk", ".bq", ".bk")):
             heads = cfg.n_heads if key.endswith(("wq", "bq")) else cfg.n_kv_heads
         shape = tuple(int(d) for d in reversed(t.shape))
-        if t.tensor_type.name in ("Q4_0", "Q4_1") and key.startswith("layers.") and len(shape) == 2:
+        if t.tensor_type.name in Q4_BLOCKS and key.startswith("layers.") and len(shape) == 2:
             # (the embedding is gathered from, and the head stays int8): the blocks as they are, the float
             # weights made on first read
-            q4s[key] = _q4_blocks(t, shape, heads)
+            q4s[key] = Q4_BLOCKS[t.tensor_type.name](t, shape, heads)
             weights.later(key, functools.partial(_float_weight, t, ok, heads))
         else:
             weights[key] = _float_weight(t, ok, heads)
         types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
     split_fused(weights, cfg, q4s)
     check_layer_tensors(weights, cfg, path)
+    if GGUF_ARCHS[cfg.arch].get("gemma"):  # llama.cpp scales Gemma 3 27B's scores by dim / heads, the others' by D
+        fold_gemma(
+            weights, cfg, plus_one=False, query_scalar=cfg.dim / cfg.n_heads if cfg.n_layers == 62 else cfg.head_dim
+        )
     if "rope_freqs" in weights:
         cfg = cfg.replace(
             rope_scaling=RopeScaling("freq_factors", 1.0, freq_factors=tuple(weights.pop("rope_freqs").tolist()))
         )
     tok = LMTokenizer.from_gguf_metadata(md, path)
-    return LMFile(cfg, weights, tok, md.get("tokenizer.chat_template"), str(path), types, q4s)
+    template = md.get("tokenizer.chat_template") or chat_templates.BY_GGUF_ARCH.get(cfg.arch)
+    return LMFile(cfg, weights, tok, template, str(path), types, q4s)

@@ -7,6 +7,7 @@ HF_ARCHS = {
     "qwen2": "Qwen2 / Qwen2.5",
     "qwen3": "Qwen3 (dense)",
     "phi3": "Phi-3 / Phi-3.5 without long-context rope scaling",
+    "gemma3_text": "Gemma 3 (text: 270M, 1B; sliding-window and global layers)",
 }
 
 

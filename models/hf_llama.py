@@ -1,10 +1,10 @@
 """Hugging Face Llama-family directory (config.json + *.safetensors + tokenizer.json) -> LMFile.
 
 The architectures of HF_ARCHS, by config.json's model_type: Llama (1-3.x, SmolLM2), Mistral, Qwen2 / Qwen2.5
-(Q/K/V biases), Qwen3 (per-head Q/K norms) and Phi-3 (fused qkv_proj / gate_up_proj, split here into the
-model's separate weights). Weights keep transformers' rotary layout (no permutation); they are read with
-`safetensors` and cast to float32 on the CPU, like the GGUF loader's output, and named as models/llama.py
-expects.
+(Q/K/V biases), Qwen3 (per-head Q/K norms), Gemma 3 (`gemma3_text`: see models/llama.py's config) and Phi-3
+(fused qkv_proj / gate_up_proj, split here into the model's separate weights). Weights keep transformers' rotary
+layout (no permutation); they are read with `safetensors` and cast to float32 on the CPU, like the GGUF loader's
+output, and named as models/llama.py expects.
 """
 
 from __future__ import annotations
@@ -41,6 +41,14 @@ _LAYER = {
     "mlp.gate_up_proj.weight": "w_gate_up",  # Phi-3: split below
 }
 _IGNORED = ("rotary_emb.inv_freq",)
+# Gemma 3 names its norms after their place: post_attention_layernorm is the attention output's norm there
+_GEMMA_LAYER = {
+    **_LAYER,
+    "post_attention_layernorm.weight": "post_attn_norm",
+    "pre_feedforward_layernorm.weight": "ffn_norm",
+    "post_feedforward_layernorm.weight": "post_ffn_norm",
+}
+_GEMMA = ("gemma3_text",)
 
 
 def _rope(conf: dict, where: Path):
@@ -48,6 +56,8 @@ def _rope(conf: dict, where: Path):
     from .llama import RopeScaling
 
     rp = conf.get("rope_scaling") or conf.get("rope_parameters") or {}
+    if "full_attention" in rp:  # per layer type (Gemma 3 in transformers 5): the global layers' here
+        rp = rp["full_attention"]
     theta = conf.get("rope_theta") or rp.get("rope_theta", 10000.0)
     kind = rp.get("rope_type", rp.get("type", "default"))
     partial = conf.get("partial_rotary_factor") or rp.get("partial_rotary_factor") or 1.0
@@ -85,14 +95,21 @@ def config_from_hf(conf: dict, where: Path):
     theta, scaling = _rope(conf, where)
     if conf.get("attention_bias") or conf.get("mlp_bias"):
         raise ModelError(f"{where}: attention output / MLP biases are not supported by the Llama model")
-    if conf.get("hidden_act", "silu") != "silu":
-        raise ModelError(f"{where}: hidden_act {conf['hidden_act']!r} is not supported; supported: silu")
+    act = conf.get("hidden_activation") or conf.get("hidden_act", "silu")
+    act = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}.get(act)
+    if act is None or (act == "gelu_tanh") != (mt in _GEMMA):
+        raise ModelError(
+            f"{where}: hidden_act {conf.get('hidden_activation') or conf.get('hidden_act')!r} is not supported for "
+            f"{mt}; supported: silu (gelu_pytorch_tanh for Gemma 3)"
+        )
     n_heads = need("num_attention_heads")
     max_seq = int(conf.get("max_position_embeddings", 2048))
     window = conf.get("sliding_window") if mt in _WINDOWED or conf.get("use_sliding_window") else None
     if window:  # attention over the last `window` positions is full attention while sequences fit in it
         max_seq = min(max_seq, int(window))
+    gemma = _gemma_switches(conf, mt, theta) if mt in _GEMMA else {}
     return LlamaConfig(
+        **gemma,
         vocab_size=need("vocab_size"),
         dim=need("hidden_size"),
         n_layers=need("num_hidden_layers"),
@@ -104,10 +121,31 @@ def config_from_hf(conf: dict, where: Path):
         rope_theta=float(theta),
         rope_scaling=scaling,
         max_seq_len=max_seq,
-        tie_embeddings=bool(conf.get("tie_word_embeddings", False)),
+        tie_embeddings=bool(conf.get("tie_word_embeddings", mt in _GEMMA)),
         qkv_bias=mt == "qwen2",
-        qk_norm=mt == "qwen3",
+        qk_norm=mt in ("qwen3", *_GEMMA),
         arch=mt,
+    )
+
+
+def _gemma_switches(conf: dict, mt: str, theta) -> dict:
+    """Gemma 3's config switches (models.llama.LlamaConfig): sliding-window layers by `layer_types` (or every
+    layer but each sixth), their rotary base, GeGLU, the embedding scale, the post norms, the final logits' soft cap
+    (attn_logit_softcapping is not part of Gemma 3: transformers' Gemma3Attention does not apply it)."""
+    n = conf["num_hidden_layers"]
+    types = conf.get("layer_types") or [
+        "sliding_attention" if (i + 1) % conf.get("sliding_window_pattern", 6) else "full_attention" for i in range(n)
+    ]
+    rp = conf.get("rope_parameters") or {}
+    local = conf.get("rope_local_base_freq") or rp.get("sliding_attention", {}).get("rope_theta", 10000.0)
+    return dict(
+        act="gelu_tanh",
+        embed_scale=float(conf["hidden_size"]) ** 0.5,
+        post_norms=True,
+        sliding_window=int(conf.get("sliding_window") or 0),
+        sliding_layers=tuple(i for i, t in enumerate(types) if t == "sliding_attention"),
+        rope_local_theta=float(local),
+        final_softcap=float(conf.get("final_logit_softcapping") or 0.0),
     )
 
 
@@ -123,15 +161,16 @@ def _tensor_key(name: str, fname: str, arch: str) -> str | None:
         _, i, rest = key.split(".", 2)
         if rest.endswith(_IGNORED):
             return None
-        if rest in _LAYER:
-            return f"layers.{i}.{_LAYER[rest]}"
+        names = _GEMMA_LAYER if arch in _GEMMA else _LAYER
+        if rest in names:
+            return f"layers.{i}.{names[rest]}"
     raise ModelError(f"{fname}: tensor {name!r} is not part of the {arch} architecture as the Llama model runs it")
 
 
 def load(d: str | Path) -> LMFile:
     from safetensors import SafetensorError, safe_open
 
-    from .lm_file import check_layer_tensors, split_fused
+    from .lm_file import check_layer_tensors, fold_gemma, split_fused
     from .lm_text import LMTokenizer
 
     d = Path(d)
@@ -155,6 +194,8 @@ def load(d: str | Path) -> LMFile:
             raise ModelError(f"{f}: not a readable safetensors file ({e})") from None
     split_fused(weights, cfg)
     check_layer_tensors(weights, cfg, d)
+    if cfg.arch in _GEMMA:  # (1 + w) norms; query_pre_attn_scalar (default: head_dim) into the Q norm
+        fold_gemma(weights, cfg, plus_one=True, query_scalar=float(conf.get("query_pre_attn_scalar") or cfg.head_dim))
     if "output" in weights and cfg.tie_embeddings:
         weights.pop("output")
     if "output" not in weights and not cfg.tie_embeddings:

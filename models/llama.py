@@ -59,6 +59,19 @@ class LlamaConfig:
     qkv_bias: bool = False  # Qwen2: layers.{i}.bq / bk / bv added to the Q/K/V projections
     qk_norm: bool = False  # Qwen3: layers.{i}.q_norm / k_norm, RMSNorm over each head's D before the rotary
     arch: str = "llama"  # the architecture the file named (for messages; the switches above decide the math)
+    # Gemma 3: the MLP's activation ('silu': SwiGLU, 'gelu_tanh': GeGLU), the embedding scaled by sqrt(dim),
+    # RMSNorms after attention and after the MLP too (layers.{i}.post_attn_norm / post_ffn_norm), sliding-window
+    # layers (`sliding_window` positions, the layers `sliding_layers`) with their own rotary base
+    # (`rope_local_theta`, no scaling), and the final logits' soft cap (cap * tanh(x / cap); 0: none). The (1 + w)
+    # norms and query_pre_attn_scalar are folded into the weights by the loaders (lm_file.fold_gemma). Gemma 3
+    # has no attention-score soft cap: transformers' Gemma3Attention and llama.cpp leave attn_logit_softcapping out.
+    act: str = "silu"
+    embed_scale: float = 1.0
+    post_norms: bool = False
+    sliding_window: int = 0
+    sliding_layers: tuple[int, ...] = ()
+    rope_local_theta: float = 0.0
+    final_softcap: float = 0.0
 
     def __post_init__(self):
         if self.head_dim == 0:
@@ -72,17 +85,35 @@ class LlamaConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"LlamaConfig: head_dim must be even for rotary embedding, got {self.head_dim}")
+        if self.act not in ACTIVATIONS:
+            raise ValueError(f"LlamaConfig.act {self.act!r} is not one of {', '.join(ACTIVATIONS)}")
+        if any(not 0 <= i < self.n_layers for i in self.sliding_layers) or (
+            self.sliding_layers and self.sliding_window < 1
+        ):
+            raise ValueError("LlamaConfig: sliding_layers must be layer indexes, with a positive sliding_window")
+
+    def window(self, layer: int) -> int:
+        """The positions layer `layer` attends over (the query's and the window - 1 before it), 0: all."""
+        return self.sliding_window if layer in self.sliding_layers else 0
+
+    def local_rope(self) -> LlamaConfig | None:
+        """The config whose rotary tables the sliding-window layers use, where their base differs (Gemma 3)."""
+        if not self.sliding_layers or not self.rope_local_theta:
+            return None
+        return replace(self, rope_theta=self.rope_local_theta, rope_scaling=None)
 
     def replace(self, **kw) -> LlamaConfig:
         return replace(self, **kw)
 
 
 LINEAR = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+ACTIVATIONS = ("silu", "gelu_tanh")
 
 
 def layer_tensors(cfg: LlamaConfig) -> tuple[str, ...]:
     """The tensors of one decoder layer of a model of `cfg` (models.llama names)."""
     extra = (("bq", "bk", "bv") if cfg.qkv_bias else ()) + (("q_norm", "k_norm") if cfg.qk_norm else ())
+    extra += ("post_attn_norm", "post_ffn_norm") if cfg.post_norms else ()
     return ("attn_norm", "ffn_norm") + LINEAR + extra
 
 
@@ -249,6 +280,7 @@ class Llama(nn.Module):
         self.layers = nn.ModuleList(
             Block(
                 cfg,
+                i,
                 ops,
                 {n: weights[f"layers.{i}.{n}"] for n in names},
                 weight_format,
@@ -264,6 +296,29 @@ class Llama(nn.Module):
         cos, sin = rope_tables(cfg)
         self.register_buffer("cos", cos.to(device), persistent=False)
         self.register_buffer("sin", sin.to(device), persistent=False)
+        local = cfg.local_rope()  # Gemma 3's sliding-window layers: a rotary base of their own
+        self._two_ropes = local is not None
+        cos_l, sin_l = rope_tables(local) if local else (cos, sin)
+        self.register_buffer("cos_local", cos_l.to(device), persistent=False)
+        self.register_buffer("sin_local", sin_l.to(device), persistent=False)
+
+    def _angles(self, index, shape) -> dict:
+        """The rotary angles at positions `index` (a slice or a device tensor) viewed as `shape`, for the global
+        (False) and the sliding-window (True) layers, which Block.forward picks by its own kind."""
+        g = (self.cos[index].view(shape), self.sin[index].view(shape))
+        if not self._two_ropes:
+            return {False: g, True: g}
+        return {False: g, True: (self.cos_local[index].view(shape), self.sin_local[index].view(shape))}
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings[tokens]
+        return h * self.cfg.embed_scale if self.cfg.embed_scale != 1.0 else h
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The output head on final-normed h -> float32 logits, soft-capped where the config says (Gemma 2)."""
+        y = self.output(h).float()
+        cap = self.cfg.final_softcap
+        return torch.tanh(y / cap) * cap if cap else y
 
     def new_cache(self, max_batch: int, max_seq: int) -> KVCache:
         cfg = self.cfg
@@ -276,12 +331,12 @@ class Llama(nn.Module):
             [0] * max_batch,
         )
 
-    def _run(self, h, cos, sin, cache, write, read, lengths):
+    def _run(self, h, rope, cache, write, read, lengths):
         residual = None
         for i, layer in enumerate(self.layers):
-            h, residual = layer(h, residual, cos, sin, cache.k[i], cache.v[i], write, read, lengths)
+            h, residual = layer(h, residual, rope, cache.k[i], cache.v[i], write, read, lengths)
         h = self.ops.rms_norm(h, self.norm, self.cfg.norm_eps, residual=residual)[0]
-        return self.output(h).float()
+        return self._logits(h)
 
     def prefill(
         self, cache: KVCache, slot: int, tokens: torch.Tensor, start: int = 0, all_logits: bool = False
@@ -292,18 +347,18 @@ class Llama(nn.Module):
         end = start + T
         if end > cache.max_seq:
             raise ValueError(f"sequence of {end} tokens does not fit the cache ({cache.max_seq} positions per slot)")
-        h = self.tok_embeddings[tokens][None]  # [1, T, dim]
-        cos, sin = self.cos[start:end][None, None], self.sin[start:end][None, None]  # [1, 1, T, D/2]
+        h = self._embed(tokens)[None]  # [1, T, dim]
+        rope = self._angles(slice(start, end), (1, 1, T, -1))  # [1, 1, T, D/2]
         write, read = cache.span(slot, start, end)
         if not all_logits:
             # only the last position's logits are needed: run the head on one row
             residual = None
             for i, layer in enumerate(self.layers):
-                h, residual = layer(h, residual, cos, sin, cache.k[i], cache.v[i], write, read, None)
+                h, residual = layer(h, residual, rope, cache.k[i], cache.v[i], write, read, None)
             h = self.ops.rms_norm(h[:, -1:], self.norm, self.cfg.norm_eps, residual=residual[:, -1:])[0]
             cache.lengths[slot] = end
-            return self.output(h).float()[0, 0]
-        logits = self._run(h, cos, sin, cache, write, read, None)[0]
+            return self._logits(h)[0, 0]
+        logits = self._run(h, rope, cache, write, read, None)[0]
         cache.lengths[slot] = end
         return logits
 
@@ -338,16 +393,16 @@ class Llama(nn.Module):
 
     def _prefill_batch(self, cache, tokens, last, write, read):
         N, T = tokens.shape
-        h = self.tok_embeddings[tokens]  # [N, T, dim]
-        cos, sin = self.cos[:T][None, None], self.sin[:T][None, None]
+        h = self._embed(tokens)  # [N, T, dim]
+        rope = self._angles(slice(0, T), (1, 1, T, -1))
         residual = None
         for i, layer in enumerate(self.layers):
-            h, residual = layer(h, residual, cos, sin, cache.k[i], cache.v[i], write, read, None)
+            h, residual = layer(h, residual, rope, cache.k[i], cache.v[i], write, read, None)
         at = torch.arange(N, device=self.device)
         h = self.ops.rms_norm(h[at, last][:, None], self.norm, self.cfg.norm_eps, residual=residual[at, last][:, None])[
             0
         ]
-        return self.output(h).float()[:, 0]
+        return self._logits(h)[:, 0]
 
     def decode_step(self, cache: KVCache, slots: list[int], tokens: torch.Tensor) -> torch.Tensor:
         """One new token per slot: tokens [N] (device tensor) for `slots` (host list of N distinct slot
@@ -359,18 +414,18 @@ class Llama(nn.Module):
         if N > 1 and contiguous(slots):
             logits = self.decode_range(cache, slots[0], tokens, torch.tensor(pos_host, device=dev), tk)
         else:
-            h = self.tok_embeddings[tokens][:, None]  # [N, 1, dim]
+            h = self._embed(tokens)[:, None]  # [N, 1, dim]
             if N == 1:
                 p = pos_host[0]
-                cos, sin = self.cos[p : p + 1][None, None], self.sin[p : p + 1][None, None]
+                rope = self._angles(slice(p, p + 1), (1, 1, 1, -1))
                 write, read = cache.position(slots[0], p, tk)
                 lengths = None
             else:
                 pos = torch.tensor(pos_host, device=dev)
-                cos, sin = self.cos[pos][:, None, None], self.sin[pos][:, None, None]  # [N, 1, 1, D/2]
+                rope = self._angles(pos, (N, 1, 1, -1))  # [N, 1, 1, D/2]
                 write, read = cache.positions(torch.tensor(slots, device=dev), pos, tk)
                 lengths = pos + 1
-            logits = self._run(h, cos, sin, cache, write, read, lengths)[:, 0]
+            logits = self._run(h, rope, cache, write, read, lengths)[:, 0]
         cache.advance(slots, pos_host)
         return logits
 
@@ -379,7 +434,7 @@ class Llama(nn.Module):
         tensors: each slot's position) -> logits [N, vocab] float32, attending over the first `tk` cache
         positions, masked by pos + 1. Fixed shapes and no reads on the host for a given (s0, N, tk): what a
         CUDA graph captures (backends.triton.lm). Leaves cache.lengths to the caller."""
-        h = self.tok_embeddings[tokens][:, None]  # [N, 1, dim]
-        cos, sin = self.cos[pos][:, None, None], self.sin[pos][:, None, None]  # [N, 1, 1, D/2]
+        h = self._embed(tokens)[:, None]  # [N, 1, dim]
+        rope = self._angles(pos, (pos.shape[0], 1, 1, -1))  # [N, 1, 1, D/2]
         write, read = cache.range_positions(s0, pos, tk)
-        return self._run(h, cos, sin, cache, write, read, pos + 1)[:, 0]
+        return self._run(h, rope, cache, write, read, pos + 1)[:, 0]

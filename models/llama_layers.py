@@ -1,6 +1,7 @@
 """Llama's layers: linear layers in their weight storage formats (float, int8 and int4 weight-only, with a dense
 copy for prompts) and the decoder block (RMSNorm, grouped-query attention with rotary embedding and, per the
-config, Q/K/V biases and per-head Q/K norms, SwiGLU MLP)."""
+config, Q/K/V biases, per-head Q/K norms, a sliding window, post-attention / post-MLP norms (Gemma 3), SwiGLU
+or GeGLU MLP)."""
 
 from __future__ import annotations
 
@@ -115,6 +116,7 @@ class Block(nn.Module):
     def __init__(
         self,
         cfg: LlamaConfig,
+        index: int,
         ops,
         w: dict,
         fmt: str,
@@ -127,6 +129,14 @@ class Block(nn.Module):
         self.ops, self.cfg = ops, cfg
         self.attn_norm = nn.Parameter(w["attn_norm"].to(device, adtype), requires_grad=False)
         self.ffn_norm = nn.Parameter(w["ffn_norm"].to(device, adtype), requires_grad=False)
+        # Gemma 3: norms of the attention's and the MLP's outputs; a sliding window (its rotary tables apart)
+        self.post_attn_norm = self.post_ffn_norm = None
+        if cfg.post_norms:
+            self.post_attn_norm = nn.Parameter(w["post_attn_norm"].to(device, adtype), requires_grad=False)
+            self.post_ffn_norm = nn.Parameter(w["post_ffn_norm"].to(device, adtype), requires_grad=False)
+        self.local = index in cfg.sliding_layers
+        self.attn_kw = {"window": cfg.window(index)} if cfg.window(index) else {}  # (the plain call elsewhere)
+        self.act = ops.silu_mul if cfg.act == "silu" else ops.gelu_tanh_mul
 
         def blocks(*names):  # the file's 4-bit blocks of these (fused) weights, if it has them for all
             if q4 is None or isinstance(q4, str):
@@ -150,8 +160,9 @@ class Block(nn.Module):
             self.q_norm = nn.Parameter(w["q_norm"].to(device, adtype), requires_grad=False)
             self.k_norm = nn.Parameter(w["k_norm"].to(device, adtype), requires_grad=False)
 
-    def forward(self, h, residual, cos, sin, kc, vc, write, read, lengths):
+    def forward(self, h, residual, rope, kc, vc, write, read, lengths):
         """h [B, T, dim] (the previous block's output, added to `residual` here; residual None at layer 0).
+        rope: {local: (cos, sin)} the rotary angles of the global (False) and sliding-window (True) layers.
         kc/vc: this layer's cache [slots, Hkv, S, D]. `write(cache, k)` stores the new keys/values;
         `read(cache)` returns the keys/values to attend over [B, Hkv, Tk, D]; `lengths` [B] or None."""
         ops, cfg = self.ops, self.cfg
@@ -171,12 +182,16 @@ class Block(nn.Module):
         q = q.transpose(1, 2)  # [B, H, T, D]
         k = k.transpose(1, 2)  # [B, Hkv, T, D]
         v = v.view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
-        q, k = ops.rotary(q, k, cos, sin)
+        q, k = ops.rotary(q, k, *rope[self.local])
         write(kc, k)
         write(vc, v)
-        a = ops.attention(q, read(kc), read(vc), causal=True, lengths=lengths)  # [B, H, T, D]
+        a = ops.attention(q, read(kc), read(vc), causal=True, lengths=lengths, **self.attn_kw)  # [B, H, T, D]
         h = self.wo(a.transpose(1, 2).reshape(B, T, self.q_size))
+        if self.post_attn_norm is not None:
+            h = ops.rms_norm(h, self.post_attn_norm, cfg.norm_eps)
         x, residual = ops.rms_norm(h, self.ffn_norm, cfg.norm_eps, residual=residual)
         gu = self.w_gate_up(x)
-        h = self.w_down(ops.silu_mul(*gu.chunk(2, dim=-1)))
+        h = self.w_down(self.act(*gu.chunk(2, dim=-1)))
+        if self.post_ffn_norm is not None:
+            h = ops.rms_norm(h, self.post_ffn_norm, cfg.norm_eps)
         return h, residual

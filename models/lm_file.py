@@ -100,3 +100,18 @@ def check_layer_tensors(weights: dict, cfg, where) -> None:
             f"{where}: tensors {', '.join(extra)} are not part of the {cfg.arch} architecture as the Llama "
             f"model runs it (its layer tensors: {', '.join(sorted(known))})"
         )
+
+
+def fold_gemma(weights, cfg, plus_one: bool, query_scalar: float) -> None:
+    """Gemma's norms and attention scale as plain weights, in place: RMSNorm's (1 + w) as w (`plus_one`: a Hugging
+    Face folder's w; llama.cpp's converter stores 1 + w already), and the scores' 1 / sqrt(query_pre_attn_scalar),
+    where the models take 1 / sqrt(head_dim), as a factor on the Q norm's weight (Q is linear in it: the rotary
+    and the dot product follow)."""
+    norms = ("attn_norm", "ffn_norm", "post_attn_norm", "post_ffn_norm", "q_norm", "k_norm")
+    if plus_one:
+        for k in [k for k in weights if k == "norm" or k.rsplit(".", 1)[-1] in norms]:
+            weights[k] = weights[k] + 1.0
+    factor = (cfg.head_dim / query_scalar) ** 0.5
+    if factor != 1.0:
+        for i in range(cfg.n_layers):
+            weights[f"layers.{i}.q_norm"] = weights[f"layers.{i}.q_norm"] * factor

@@ -67,13 +67,23 @@ class LMTokenizer:
     (chat templates rely on that) and are left out of decoded text."""
 
     def __init__(
-        self, tok, bos_id: int | None, eos_id: int | None, add_bos: bool, special_ids: set[int], byte_level: bool = True
+        self,
+        tok,
+        bos_id: int | None,
+        eos_id: int | None,
+        add_bos: bool,
+        special_ids: set[int],
+        byte_level: bool = True,
+        strip_first: bool | None = None,
     ):
         self._tok = tok  # tokenizers.Tokenizer
         self.bos_id, self.eos_id, self.add_bos = bos_id, eos_id, add_bos
         self.special_ids = frozenset(special_ids)
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
         self.byte_level = byte_level
+        # whether decoded text loses the space its first SentencePiece piece starts with (Llama 2's '▁Sure'; not
+        # Gemma's, which prepends none)
+        self.strip_first = (not byte_level) if strip_first is None else strip_first
         self._bytes: list[bytes] | None = None
 
     # --- construction ------------------------------------------------------------------------------------
@@ -82,8 +92,15 @@ class LMTokenizer:
         from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
         kind = md.get("tokenizer.ggml.model")
+        if kind == "llama":
+            from .lm_sentencepiece import from_gguf
+
+            return from_gguf(cls, md, source)
         if kind != "gpt2":
-            raise ModelError(f"{source}: tokenizer model {kind!r} is not supported; supported: 'gpt2' (byte-level BPE)")
+            raise ModelError(
+                f"{source}: tokenizer model {kind!r} is not supported; supported: 'gpt2' (byte-level BPE), "
+                "'llama' (SentencePiece BPE with byte fallback)"
+            )
         tokens = md.get("tokenizer.ggml.tokens")
         merges = md.get("tokenizer.ggml.merges")
         if not tokens or merges is None:
@@ -147,7 +164,8 @@ class LMTokenizer:
         special = {i for i, at in tok.get_added_tokens_decoder().items() if at.special}
         # byte-level BPE (GPT-2's alphabet: Llama 3, Qwen, SmolLM) or SentencePiece pieces ('▁' for a space,
         # <0xNN> byte tokens: Llama 2, Mistral 7B, Phi-3), as the tokenizer's decoder says
-        byte_level = "ByteLevel" in json.dumps(json.loads(tok.to_str()).get("decoder"))
+        decoder = json.dumps(json.loads(tok.to_str()).get("decoder"))
+        byte_level = "ByteLevel" in decoder
         gen = {}
         if (d / "generation_config.json").exists():
             gen = json.loads((d / "generation_config.json").read_text())
@@ -155,7 +173,7 @@ class LMTokenizer:
         if eos is None and isinstance(gen.get("eos_token_id"), int):
             eos = gen["eos_token_id"]
         add_bos = bool(conf.get("add_bos_token", False))
-        return cls(tok, tid("bos_token"), eos, add_bos, special, byte_level), template
+        return cls(tok, tid("bos_token"), eos, add_bos, special, byte_level, '"Strip"' in decoder), template
 
     def save(self, directory: Path) -> dict:
         """Write tokenizer.json into `directory` -> the other facts `load` needs (JSON-serializable)."""
@@ -166,6 +184,7 @@ class LMTokenizer:
             "add_bos": self.add_bos,
             "special_ids": sorted(self.special_ids),
             "byte_level": self.byte_level,
+            "strip_first": self.strip_first,
         }
 
     @classmethod
@@ -175,7 +194,13 @@ class LMTokenizer:
 
         tok = Tokenizer.from_file(str(Path(directory) / "tokenizer.json"))
         return cls(
-            tok, facts["bos_id"], facts["eos_id"], facts["add_bos"], set(facts["special_ids"]), facts["byte_level"]
+            tok,
+            facts["bos_id"],
+            facts["eos_id"],
+            facts["add_bos"],
+            set(facts["special_ids"]),
+            facts["byte_level"],
+            facts.get("strip_first"),
         )
 
     # --- use -----------------------------------------------------------------------------------------------
@@ -237,7 +262,7 @@ class Detokenizer:
     def __init__(self, tokenizer: LMTokenizer):
         self.tok = tokenizer
         self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._first = not tokenizer.byte_level
+        self._first = tokenizer.strip_first
 
     def add(self, token: int) -> str:
         text = self._dec.decode(self.tok.token_bytes(token))

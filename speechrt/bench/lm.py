@@ -93,13 +93,14 @@ def add_arguments(p):
 
 def _chat_prompts(model) -> list[list[int]]:
     """The benchmark prompts as token ids, rendered by the model's chat template (without loading weights)."""
-    from speechrt.models import gguf_loader, registry
+    from speechrt.models import chat_templates, gguf_loader, registry
     from speechrt.models.lm_text import ChatTemplate, LMTokenizer
 
     rm = registry.resolve(model, "lm")
     if rm.format == "gguf":
         md = gguf_loader.open_reader(rm.path).metadata
-        tok, template = LMTokenizer.from_gguf_metadata(md, rm.path), md.get("tokenizer.chat_template")
+        template = md.get("tokenizer.chat_template") or chat_templates.BY_GGUF_ARCH.get(md.get("general.architecture"))
+        tok = LMTokenizer.from_gguf_metadata(md, rm.path)
     else:
         tok, template = LMTokenizer.from_hf_dir(rm.path)
     if not template:

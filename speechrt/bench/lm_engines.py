@@ -26,7 +26,7 @@ class Ours:
         from speechrt.pipelines.generation import GenerationOptions
         from speechrt.pipelines.lm_batching import stream
 
-        o = GenerationOptions(max_tokens=n, stop_token_ids=())
+        o = GenerationOptions(max_tokens=n, stop_token_ids=(), stop_repeats=0)  # n tokens, as the peers make
         B, size = len(prompts), max(len(p) for p in prompts) + n
         cache = self.caches.get(B)
         if cache is None or cache.max_seq < size:  # kept between runs, as a server keeps its cache

@@ -249,8 +249,8 @@ def test_lm_slot_release(lm):
     torch.testing.assert_close(reused, fresh, rtol=1e-4, atol=1e-4)
 
 
-# the architectures beyond the Llama graph (tests/lm_archs.py: tiny random-weight Qwen2, Qwen3, Llama 3, Mistral
-# and Phi-3 folders written by transformers); logits per backend: tests/backends/test_lm_architectures.py
+# the architectures beyond the Llama graph (tests/lm_archs.py: tiny random-weight Qwen2, Qwen3, Llama 3, Mistral,
+# Phi-3 and Gemma 3 folders written by transformers); logits per backend: tests/backends/test_lm_architectures.py
 
 
 @pytest.fixture(scope="module")

@@ -59,7 +59,7 @@ def test_onnxruntime_runner_equals_transformers(arch):
     pytest.importorskip("onnxruntime")
     name, model, rm = arch
     runner = backends.get("onnxruntime").lm(rm, dtype="float32")
-    assert runner.config.qkv_bias == (name == "qwen2") and runner.config.qk_norm == (name == "qwen3")
+    assert runner.config.qkv_bias == (name == "qwen2") and runner.config.qk_norm == (name in ("qwen3", "gemma3"))
     ids = _ids(3)
     ref = hf_logits(model, ids)[11:-1]
     torch.testing.assert_close(_runner_logits(runner, ids, 12), ref, rtol=1e-4, atol=5e-5)
@@ -84,6 +84,10 @@ def test_standard_graph_equals_transformers(arch, tmp_path):
         "position_ids": np.arange(T, dtype=np.int64)[None],
         "attention_bias": np.triu(np.full((T, T), -1e9, np.float32), 1)[None, None],
     }
+    if cfg.sliding_layers:  # Gemma 3: its sliding-window layers' bias, the keys before each window masked too
+        j, q = np.arange(T)[None], np.arange(T)[:, None]
+        feed["attention_bias_local"] = np.where((j <= q) & (j > q - cfg.sliding_window), 0, -1e9)[None, None]
+        feed["attention_bias_local"] = feed["attention_bias_local"].astype(np.float32)
     for i in range(cfg.n_layers):
         for kind in ("key", "value"):
             feed[f"past_{kind}.{i}"] = np.zeros((1, cfg.n_kv_heads, 0, cfg.head_dim), np.float32)
@@ -128,7 +132,7 @@ def test_triton_kernels_equal_transformers(arch, one_cpu_thread, monkeypatch):
     from speechrt.backends.triton.lm import TritonLMRunner
 
     name, model, rm = arch
-    if name not in ("qwen2", "qwen3"):
+    if name not in ("qwen2", "qwen3", "gemma3"):
         pytest.skip("the triton runner of the plain Llama graph is tested in tests/backends/test_triton_lm_graphs.py")
     from triton.runtime.interpreter import InterpretedFunction
 

@@ -143,6 +143,14 @@ def test_silu_mul(tri, dtype, shape):
     close(tri.silu_mul(g, u), ref.silu_mul(g, u))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7, 33), (2, 1100)])
+def test_gelu_tanh_mul(tri, dtype, shape):
+    """GeGLU (Gemma's MLP): gelu with the tanh approximation of the gate, times up."""
+    g, u = rand(*shape, dtype=dtype, seed=1, scale=3.0), rand(*shape, dtype=dtype, seed=2)
+    close(tri.gelu_tanh_mul(g, u), ref.gelu_tanh_mul(g, u))
+
+
 def test_activations_strided(tri):
     # the two halves of a fused gate/up projection [.., 2 * 45], read in place; a conv-style [B, C, T]
     gu = rand(3, 5, 90, seed=3)
@@ -286,6 +294,31 @@ def test_attention_scale_and_strided_qkv(tri):
     assert not q.is_contiguous()
     close(tri.attention(q, k, v, scale=0.3), ref.attention(q, k, v, scale=0.3))
     close(tri.attention(q, k, v, causal=True), ref.attention(q, k, v, causal=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("window", [1, 5, 70])
+def test_attention_sliding_window(tri, dtype, window):
+    """Gemma 3's sliding-window layers: each query sees the last `window` keys up to its position. A prompt after a
+    cache prefix (Tq 67 over 80 keys: windows crossing the 64-row query tile and the key blocks), and decode steps
+    over a padded cache whose sequences are longer, shorter and as long as the window (split counts 1 and 3)."""
+    from speechrt.kernels.triton_decode_attention import decode_attention
+
+    q, k, v = (
+        rand(2, 4, 67, 32, seed=1, dtype=dtype),
+        rand(2, 2, 80, 32, seed=2, dtype=dtype),
+        rand(2, 2, 80, 32, seed=3, dtype=dtype),
+    )
+    close(tri.attention(q, k, v, causal=True, window=window), ref.attention(q, k, v, causal=True, window=window))
+    q1 = rand(3, 4, 1, 32, seed=4, dtype=dtype)
+    kc, vc = rand(3, 2, 200, 32, seed=5, dtype=dtype), rand(3, 2, 200, 32, seed=6, dtype=dtype)
+    L = torch.tensor([200, 3, window], device=DEVICE)
+    exp = ref.attention(q1, kc, vc, causal=True, lengths=L, window=window)
+    close(tri.attention(q1, kc, vc, causal=True, lengths=L, window=window), exp)
+    for ns in (1, 3):
+        close(decode_attention(q1, kc, vc, lengths=L, num_splits=ns, window=window), exp)
+    kh, vh = kc.repeat_interleave(2, dim=1), vc.repeat_interleave(2, dim=1)  # a key/value head per query head
+    close(decode_attention(q1, kh, vh, lengths=L, num_splits=3, window=window), exp)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

