@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 
-
 GRAMMAR_TAG = "+json"  # an engine name's suffix: ours with every sequence under SCHEMA's grammar
 # a JSON schema of a few fields whose list is long enough that no run closes the object before its last token
 # (every run writes the same number of tokens)

@@ -38,7 +38,7 @@ class Response:
         # response.input: this response's own context (messages, or references to the conversation's items)
         # instead of the conversation; [] is none
         raw = overrides.get("input")
-        self.input = None if raw is None else [self._input_item(x, i) for i, x in enumerate(raw)]
+        self.input = None if raw is None else [input_item(session, x, i) for i, x in enumerate(raw)]
         self.audio = self.options.audio
         self.id = new_id("resp")
         self.status = "in_progress"
@@ -51,17 +51,6 @@ class Response:
         self.prev: str | None = None  # the id of the conversation's item before this response's
         self.created = self.announced = False  # response.created sent; its message item added
         self.calls = FunctionCall(self)
-
-    def _input_item(self, entry, i: int) -> Item:
-        """One entry of response.input -> its item (a conversation item's text is read when the response
-        begins: an audio item's transcript may still be on its way now)."""
-        s = self.session
-        if isinstance(entry, dict) and entry.get("type") == "item_reference":
-            return s.conversation.find(entry.get("id"))
-        try:
-            return item_from_api(entry, s.server.options.max_item_chars)
-        except ProtocolError as e:
-            raise ProtocolError(f"response.input[{i}]: {e}", e.code, f"response.input[{i}]") from None
 
     def cancel(self, reason: str):
         if self.status != "in_progress":
@@ -127,7 +116,7 @@ class Response:
             self._reply = Reply(s.server, o, s.cfg.speed, s.cfg.temperature)
             self._reply.start(messages, None if own else s.id)
         if o.grammar is not None:
-            if self._reply.call is not None and await self._reply.decision() == "call":
+            if self._reply.call is not None and await self._reply.call.decision() == "call":
                 return await self.calls.run(self._reply)
             await self._announce()
         try:
@@ -231,3 +220,14 @@ class Response:
         heard = sum(it.audio_ms for it in items[:upto] if it.role == "user")
         tokens = self._reply.tokens() if self._reply is not None else (0, 0, 0)
         return E.usage(*tokens, heard, self.item.audio_ms)
+
+
+def input_item(session, entry, i: int) -> Item:
+    """One entry of response.input -> its item (a conversation item's text is read when the response
+    begins: an audio item's transcript may still be on its way now)."""
+    if isinstance(entry, dict) and entry.get("type") == "item_reference":
+        return session.conversation.find(entry.get("id"))
+    try:
+        return item_from_api(entry, session.server.options.max_item_chars)
+    except ProtocolError as e:
+        raise ProtocolError(f"response.input[{i}]: {e}", e.code, f"response.input[{i}]") from None

@@ -4,8 +4,65 @@ client runs the function and adds a function_call_output item, and its next resp
 
 from __future__ import annotations
 
+import asyncio
+
+from speechrt.pipelines.tool_calls import CallReader
+
 from . import events as E
 from .protocol import new_id
+
+
+class CallOrText:
+    """What a reply that may call a function (reply.Reply.call) writes: read as a call or a text answer, and
+    `decision()` says which as soon as that is known (a call: once its name is written)."""
+
+    def __init__(self):
+        self.reader = CallReader()
+        self._decided: asyncio.Future = asyncio.get_running_loop().create_future()
+        # a reply nobody waits on (a speculative one, dropped) may fail: its exception is not "never retrieved"
+        self._decided.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    async def decision(self) -> str:
+        """'call' or 'text': then the reply's `texts()` gives the call's arguments as they are written, or the
+        text answer (for audio replies, `segments()`)."""
+        return await self._decided
+
+    def decide(self, kind: str | BaseException) -> None:
+        if not self._decided.done():
+            if isinstance(kind, asyncio.CancelledError):
+                self._decided.cancel()
+            elif isinstance(kind, BaseException):
+                self._decided.set_exception(kind)
+            else:
+                self._decided.set_result(kind)
+
+    async def split(self, pieces, out: asyncio.Queue):
+        """Read the first text pieces until they show a call or a text answer -> the text pieces (None for a call,
+        whose arguments' text is put on `out` as it comes)."""
+        r = self.reader
+        async for text in pieces:
+            content, args = r.push(text)
+            if r.is_call is False:
+                self.decide("text")
+                return _chain(content, pieces)
+            if r.name is not None:
+                self.decide("call")
+                if args:
+                    out.put_nowait(args)
+        if r.is_call is None:  # the model wrote nothing: an empty text answer
+            self.decide("text")
+            return _chain("", pieces)
+        self.decide("call")  # (a call cut short before its name is incomplete)
+        if r.rest():
+            out.put_nowait(r.rest())
+        return None
+
+
+async def _chain(first: str, rest):
+    if first:
+        yield first
+    async for text in rest:
+        yield text
 
 
 class FunctionCall:
@@ -19,7 +76,7 @@ class FunctionCall:
         r, s = self.r, self.r.session
         item = r.item
         item.type, item.status = "function_call", "in_progress"
-        item.call = {"name": reply.call.name or "", "call_id": new_id("call"), "arguments": ""}
+        item.call = {"name": reply.call.reader.name or "", "call_id": new_id("call"), "arguments": ""}
         await s.send(E.output_item_added(r.id, item.to_api()))
         if not r.options.out_of_band:
             await s.send(E.item_added(item.to_api(), r.prev))

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from speechrt.errors import ContextLengthExceeded
 from speechrt.pipelines.lm import GenerationOptions
-from speechrt.pipelines.tool_calls import CallReader
 
+from .function_call import CallOrText
 from .response_options import ResponseOptions, response_options
 
 PRIME = GenerationOptions(max_tokens=1, temperature=0.0)  # a prompt read ahead: its one token is not used
@@ -59,8 +59,7 @@ class Reply:
         # a reply that may call a function (options.grammar): what it writes is read as a call or a text answer,
         # and `decision()` says which as soon as that is known (a call: once its name is written)
         g = options.grammar
-        self.call = CallReader() if g is not None and g.kind.startswith("tool_call") else None
-        self._decided: asyncio.Future | None = None if self.call is None else asyncio.get_running_loop().create_future()
+        self.call = CallOrText() if g is not None and g.kind.startswith("tool_call") else None
 
     def start(self, messages: list[dict], key) -> None:
         """Begin: `messages` are the chat the model answers (unless the options say what to say), `key`
@@ -95,39 +94,6 @@ class Reply:
         async for seg in self._items():
             yield seg
 
-    async def decision(self) -> str:
-        """'call' or 'text' (replies that may call a function): then `texts()` gives the call's arguments as they
-        are written, or the text answer (for audio replies, `segments()`)."""
-        return await self._decided
-
-    def _decide(self, kind: str | BaseException) -> None:
-        if self._decided is not None and not self._decided.done():
-            if isinstance(kind, BaseException):
-                self._decided.set_exception(kind)
-            else:
-                self._decided.set_result(kind)
-
-    async def _text_or_call(self, pieces):
-        """Read the first pieces until they show a call or a text answer -> the text pieces (None for a call, whose
-        arguments' text then goes out as it comes)."""
-        r = self.call
-        async for text in pieces:
-            content, args = r.push(text)
-            if r.is_call is False:
-                self._decide("text")
-                return _chain(content, pieces)
-            if r.name is not None:
-                self._decide("call")
-                if args:
-                    self._out.put_nowait(args)
-        if r.is_call is None:  # the model wrote nothing: an empty text answer
-            self._decide("text")
-            return _chain("", pieces)
-        self._decide("call")  # (a call cut short before its name is incomplete)
-        if r.rest():
-            self._out.put_nowait(r.rest())
-        return None
-
     async def _items(self):
         while (x := await self._out.get()) is not None:
             if isinstance(x, BaseException):
@@ -139,7 +105,7 @@ class Reply:
             pieces = (
                 self._static(self.options.say) if self.options.say is not None else await self._generate(messages, key)
             )
-            if self.call is not None and (pieces := await self._text_or_call(pieces)) is None:
+            if self.call is not None and (pieces := await self.call.split(pieces, self._out)) is None:
                 self._out.put_nowait(None)  # a call: its arguments went out
                 return
             if self.options.audio:
@@ -149,13 +115,15 @@ class Reply:
                     self._out.put_nowait(text)
             self._out.put_nowait(None)
         except asyncio.CancelledError:
-            self._decide(asyncio.CancelledError())
             self._out.put_nowait(asyncio.CancelledError())
+            if self.call is not None:  # (a response waiting for its decision hears it too)
+                self.call.decide(asyncio.CancelledError())
             raise
         except Exception as e:  # noqa: BLE001 - reported to whoever sends the reply
             self.cancel()
-            self._decide(e)
             self._out.put_nowait(e)
+            if self.call is not None:
+                self.call.decide(e)
 
     @staticmethod
     async def _static(text):
@@ -249,13 +217,6 @@ class Reply:
             task.cancelled = True
             seg.put(e if isinstance(e, Exception) else asyncio.CancelledError())
             raise
-
-
-async def _chain(first: str, rest):
-    if first:
-        yield first
-    async for text in rest:
-        yield text
 
 
 @dataclass
