@@ -212,6 +212,21 @@ def test_realtime_function_call_then_spoken_answer(server):
             transcript = "".join(e.delta for e in seen if e.type == "response.output_audio_transcript.delta")
             audio = b"".join(base64.b64decode(e.delta) for e in seen if e.type == "response.output_audio.delta")
             assert transcript.strip() and len(audio) > 24000  # more than half a second of pcm16 at 24 kHz
+            # 'auto' (text only): either a valid call or a text message, announced once the model's first words show
+            # which
+            await conn.conversation.item.create(
+                item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "And in Rome?"}]}
+            )
+            await conn.response.create(response={"output_modalities": ["text"], "max_output_tokens": 40})
+            seen = await _until(conn, "response.done")
+            (out,) = seen[-1].response.output
+            added = next(e for e in seen if e.type == "response.output_item.added")
+            assert added.item.type == out.type
+            if out.type == "function_call":
+                jsonschema.validate(json.loads(out.arguments), WEATHER)
+            else:
+                text = "".join(e.delta for e in seen if e.type == "response.output_text.delta")
+                assert text.strip() and not text.lstrip().startswith("{") and out.content[0].text == text
             # a bad tool choice is an error event naming the field; the session goes on
             await conn.response.create(response={"tool_choice": {"type": "function", "name": "nope"}})
             async for ev in conn:
