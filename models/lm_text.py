@@ -228,6 +228,10 @@ class LMTokenizer:
                 out.append(i)
         return tuple(out)
 
+    def to_json(self) -> str:
+        """The tokenizer as Hugging Face tokenizer.json text (what grammar engines read its vocabulary from)."""
+        return self._tok.to_str()
+
     def token_bytes(self, i: int) -> bytes:
         """The bytes token `i` stands for in decoded text (b'' for special tokens)."""
         if self._bytes is None:

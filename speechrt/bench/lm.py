@@ -33,7 +33,7 @@ import sys
 import tempfile
 
 from speechrt.bench.fingerprint import usable_cores
-from speechrt.bench.lm_engines import start_engine
+from speechrt.bench.lm_engines import GRAMMAR_TAG, start_engine
 from speechrt.cli_paths import output_file
 
 PROMPTS = [
@@ -82,6 +82,14 @@ def add_arguments(p):
         default="llama.cpp,transformers",
         help="peers to run if installed, comma-separated from: llama.cpp, transformers, onnxruntime-genai; '' for none "
         "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--grammar",
+        choices=("none", "json"),
+        default="none",
+        help="json: also time each of our backends with every sequence constrained by a JSON schema grammar "
+        "(llguidance; its mask computed and applied at every token), beside the same backend without, and print "
+        "the ratio (default: %(default)s)",
     )
     p.add_argument(
         "--llama-extra-bufts",
@@ -185,11 +193,13 @@ def run(args):
     if bad:
         raise UserError(f"unknown peer(s) {', '.join(bad)}; valid: llama.cpp, transformers, onnxruntime-genai")
     ours = [f"speechrt {b.strip()}" for b in args.backends.split(",") if b.strip()]
+    if args.grammar == "json":  # the same backends, each sequence under a JSON schema grammar (lm_engines.SCHEMA)
+        ours += [f"{n} {GRAMMAR_TAG}" for n in ours]
     rm = registry.resolve(args.model, "lm")
     from speechrt import backends
 
     for name in ours:
-        backends.get(name.partition(" ")[2])  # an unknown backend fails here, naming the valid ones
+        backends.get(name.split()[1])  # an unknown backend fails here, naming the valid ones
     import torch
 
     from speechrt.backends.torch.lm import resolve_format
@@ -276,6 +286,7 @@ def run(args):
                 f"{vg:>9}"
             )
     print("\nratios: decode tok/s (best run) over the peer's; TTFT covers every sequence of the batch")
+    _grammar_ratios(results, batches)
     if args.json:
         from speechrt.bench.record import Results
 
@@ -285,6 +296,19 @@ def run(args):
                 out.skip("lm", name, note.removeprefix("skipped: "))
         out.write(args.json)
     return 0
+
+
+def _grammar_ratios(results, batches) -> None:
+    """With --grammar json: each backend's decode tok/s under the grammar over its tok/s without, per batch."""
+    for name in [n for n in results if n.endswith(GRAMMAR_TAG)]:
+        free = name.removesuffix(" " + GRAMMAR_TAG)
+        for i, B in enumerate(batches):
+            g, f = results[name]["rows"][i], results[free]["rows"][i]
+            print(
+                f"grammar overhead, {free}, batch {B}: {g['tps']:.1f} vs {f['tps']:.1f} decode tok/s "
+                f"(best runs; medians {g['tps_median']:.1f} vs {f['tps_median']:.1f}): "
+                f"{g['tps'] / f['tps']:.3f}x, {100 * (f['tps'] / g['tps'] - 1):+.1f} % time per token"
+            )
 
 
 def _records(results, meta, model, tokens, threads):
@@ -302,9 +326,9 @@ def _records(results, meta, model, tokens, threads):
                 family="lm",
                 model=model,
                 engine="speechrt" if ours else name,
-                workload=f"batch {B}, {tokens} tokens",
+                workload=f"batch {B}, {tokens} tokens" + (", json grammar" if name.endswith(GRAMMAR_TAG) else ""),
                 peer=f"{peer} {meta[peer]['precision']}" if peer and ours else "",
-                params={"batch": B, "tokens": tokens, "threads": threads},
+                params={"batch": B, "tokens": tokens, "threads": threads, "grammar": name.endswith(GRAMMAR_TAG)},
                 **m,
             )
             out.append(

@@ -6,11 +6,26 @@ from __future__ import annotations
 
 import time
 
+GRAMMAR_TAG = "+json"  # an engine name's suffix: ours with every sequence under SCHEMA's grammar
+# a JSON schema of a few fields whose list is long enough that no run closes the object before its last token
+# (every run writes the same number of tokens)
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "city": {"type": "string", "enum": ["Paris", "London", "Berlin"]},
+        "notes": {"type": "array", "items": {"type": "string"}, "minItems": 1000},
+    },
+    "required": ["name", "age", "city", "notes"],
+    "additionalProperties": False,
+}
+
 
 class Ours:
     name = "speechrt"
 
-    def __init__(self, model, device, dtype, threads, backend="torch"):
+    def __init__(self, model, device, dtype, threads, backend="torch", grammar=False):
         import torch
 
         from speechrt.pipelines.lm import load_lm
@@ -21,12 +36,20 @@ class Ours:
         self.note = f"{info.backend}, {info.precision} on {info.device} (torch {torch.__version__})"
         self.meta = {"backend": info.backend, "precision": info.precision, "device": info.device}
         self.caches = {}
+        self.grammar = None
+        if grammar:
+            from speechrt.pipelines.grammar import Grammar
+
+            self.grammar = Grammar.json_schema(SCHEMA)
+            self.lm.prepare_grammars()
+            self.note += ", every sequence under a JSON schema grammar (llguidance)"
 
     def run(self, prompts, n):
         from speechrt.pipelines.generation import GenerationOptions
         from speechrt.pipelines.lm_batching import stream
 
-        o = GenerationOptions(max_tokens=n, stop_token_ids=(), stop_repeats=0)  # n tokens, as the peers make
+        # n tokens, as the peers make
+        o = GenerationOptions(max_tokens=n, stop_token_ids=(), stop_repeats=0, grammar=self.grammar)
         B, size = len(prompts), max(len(p) for p in prompts) + n
         cache = self.caches.get(B)
         if cache is None or cache.max_seq < size:  # kept between runs, as a server keeps its cache
@@ -173,8 +196,10 @@ def start_engine(spec: dict):
     name, threads = spec["engine"], spec["threads"]
     try:
         if name.startswith("speechrt"):
-            backend = name.partition(" ")[2] or "torch"
-            return Ours(spec["model"], spec["device"], spec["dtype"], threads, backend), None
+            words = name.split()
+            backend = words[1] if len(words) > 1 else "torch"
+            grammar = words[-1] == GRAMMAR_TAG
+            return Ours(spec["model"], spec["device"], spec["dtype"], threads, backend, grammar), None
         if rm.format != "gguf":
             return None, "needs a GGUF model"
         if name == "onnxruntime-genai":

@@ -18,6 +18,8 @@ import torch
 from speechrt.errors import UserError
 from speechrt.models.lm_text import Detokenizer, LMTokenizer
 
+from .grammar import Grammar
+
 
 class GenerationError(UserError, ValueError):
     """Bad generation options or prompts; the message says what is valid."""
@@ -41,8 +43,15 @@ class GenerationOptions:
     # OpenAI's top_logprobs: None -> off; 0-20 -> each token's log probability (the model's distribution, before
     # bias, penalties and temperature) and that many of the likeliest tokens at its place (Piece.logprob, .top)
     logprobs: int | None = None
+    # constrained decoding: every token the sequence samples keeps its text inside this grammar (a JSON schema, a
+    # tool call; grammar.py), and the sequence stops when the grammar is complete. None -> free text
+    grammar: Grammar | None = None
 
     def __post_init__(self):
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise GenerationError(
+                f"grammar must be None or a Grammar (speechrt.pipelines.grammar), got {self.grammar!r}"
+            )
         lp = self.logprobs
         if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 20):
             raise GenerationError(

@@ -20,7 +20,9 @@ from speechrt.models import registry
 from speechrt.models.lm_text import ChatTemplate
 
 from .generation import GenerationOptions
+from .grammar import prepare
 from .lm_batching import ContinuousBatcher, generate_text, stream
+from .tool_calls import Tool, with_tools
 
 __all__ = ["LMPipeline", "load_lm", "GenerationOptions"]
 
@@ -62,31 +64,38 @@ class LMPipeline:
             msgs.insert(0, {"role": "system", "content": system})
         return msgs
 
-    def render_chat(self, prompt, system: str | None = None) -> str:
+    def render_chat(self, prompt, system: str | None = None, tools: tuple[Tool, ...] = ()) -> str:
+        """The prompt's text by the chat template; `tools` (and the calls in the messages, `tool_calls`) as
+        tool_calls.with_tools puts them."""
         if self.template is None:
             raise UserError(f"model {self.name!r} carries no chat template; use generate() with a plain prompt")
-        return self.template.render(self.messages(prompt, system), add_generation_prompt=True)
+        msgs, extra = with_tools(self.messages(prompt, system), tools, self.template.source)
+        return self.template.render(msgs, add_generation_prompt=True, **extra)
 
-    def encode_chat(self, prompt, system: str | None = None) -> list[int]:
+    def encode_chat(self, prompt, system: str | None = None, tools: tuple[Tool, ...] = ()) -> list[int]:
         # the template writes special tokens (and any BOS) itself
-        return self.tokenizer.encode(self.render_chat(prompt, system), add_bos=False)
+        return self.tokenizer.encode(self.render_chat(prompt, system, tools), add_bos=False)
 
-    def encode_chat_within(self, messages: list[dict], max_tokens: int, drop_older: bool = True) -> list[int]:
+    def prepare_grammars(self) -> None:
+        """Build the grammar engine's view of the tokenizer (once, ~0.5 s) on the calling thread, so that the
+        first request with a grammar does not stall the batch that steps it."""
+        prepare(self.tokenizer, self.config.vocab_size)
+
+    def encode_chat_within(
+        self, messages: list[dict], max_tokens: int, drop_older: bool = True, tools: tuple[Tool, ...] = ()
+    ) -> list[int]:
         """The chat prompt of `messages` in at most `max_tokens` tokens. `drop_older`: the system message (if
         first) and the latest messages that fit; older turns are left out whole (each message is tokenized
         once to choose them: a long conversation costs one pass, not one per message dropped). Without it,
         all of them. ContextLengthExceeded where what must stay (all of them; the system message and the
-        latest message) does not fit: a prompt is never cut inside a message."""
+        latest message) does not fit: a prompt is never cut inside a message. `tools`: in the prompt as
+        render_chat puts them (with the system message, which always stays)."""
+        if self.template is not None and (tools or any(m.get("tool_calls") for m in messages)):
+            messages, extra = with_tools(messages, tools, self.template.source)
+            if extra:  # a template that renders the tools itself: the messages whole
+                return self._within_all(messages, max_tokens, tools)
         if not drop_older:
-            ids = self.encode_chat(messages)
-            if len(ids) > max_tokens:
-                raise ContextLengthExceeded(
-                    f"the messages are {len(ids)} tokens, over the {max_tokens} that the "
-                    "language model's context has room for",
-                    len(ids),
-                    max_tokens,
-                )
-            return ids
+            return self._within_all(messages, max_tokens)
         system = messages[:1] if messages and messages[0].get("role") == "system" else []
         turns = messages[len(system) :]
         sizes = [len(self.tokenizer.encode(str(m.get("content", "")), add_bos=False)) + 8 for m in turns]  # + template
@@ -112,6 +121,17 @@ class LMPipeline:
                     max_tokens,
                 )
             keep -= 1
+
+    def _within_all(self, messages: list[dict], max_tokens: int, tools: tuple[Tool, ...] = ()) -> list[int]:
+        ids = self.encode_chat(messages, tools=tools)
+        if len(ids) > max_tokens:
+            raise ContextLengthExceeded(
+                f"the messages are {len(ids)} tokens, over the {max_tokens} that the "
+                "language model's context has room for",
+                len(ids),
+                max_tokens,
+            )
+        return ids
 
     # --- streaming -----------------------------------------------------------------------------------------
     def options(self, **kw) -> GenerationOptions:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .generation import GenerationOptions, Piece, Sampler, StreamEvent, TextStream, check_bias, check_prompts
+from .grammar import Constraint, GrammarError, mask_rows
 from .lm_slots import SlotPool
 from .token_repeats import repeating
 
@@ -41,6 +42,7 @@ class LMRequest:
     seen: torch.Tensor | None = field(default=None, repr=False)  # [vocab] bool, for the repetition penalty
     out: list[int] = field(default_factory=list, repr=False)  # the reply's tokens so far
     stop_ids: frozenset = frozenset()
+    constraint: Constraint | None = field(default=None, repr=False)  # options.grammar's matcher, while it runs
 
 
 class ContinuousBatcher:
@@ -163,13 +165,19 @@ class ContinuousBatcher:
         req.sampler = Sampler(o, self.runner.config.vocab_size, dev)
         req.text = TextStream(self.tokenizer, o.stop)
         req.stop_ids = frozenset(self.tokenizer.stop_ids() if o.stop_token_ids is None else o.stop_token_ids)
+        if o.grammar is not None:
+            req.constraint = o.grammar.constraint(self.tokenizer, self.runner.config.vocab_size)
         if o.repetition_penalty != 1.0:
             req.seen = torch.zeros(self.runner.config.vocab_size, dtype=torch.bool, device=dev)
             req.seen[torch.tensor(req.ids, device=dev)] = True
         self.active[req.slot] = req
 
     def _take(self, reqs: list[LMRequest], logits: torch.Tensor) -> None:
-        """Sample each request's next token from its row of logits [N, vocab] and deliver it."""
+        """Sample each request's next token from its row of logits [N, vocab] and deliver it. Rows of requests
+        with a grammar are masked to the tokens it allows first (the others are left as they are)."""
+        model = logits
+        if any(r.constraint is not None for r in reqs):
+            logits = mask_rows(logits, [r.constraint for r in reqs])
         if all(r.options.argmax for r in reqs):  # one argmax and one host sync for the whole batch
             toks = logits.argmax(dim=-1).tolist()
         else:
@@ -178,9 +186,7 @@ class ContinuousBatcher:
                 for i, r in enumerate(reqs)
             ]
         for i, (r, t) in enumerate(zip(reqs, toks)):
-            self._deliver(
-                r, t, None if r.options.logprobs is None else token_logprobs(logits[i], t, r.options.logprobs)
-            )
+            self._deliver(r, t, None if r.options.logprobs is None else token_logprobs(model[i], t, r.options.logprobs))
 
     def _deliver(self, req: LMRequest, t: int, lp: tuple | None = None) -> None:
         """`lp`: the token's log probability and the likeliest alternatives, for requests that ask (else None)."""
@@ -190,18 +196,24 @@ class ContinuousBatcher:
             req.seen[t] = True
         req.sampler.observe(t)
         st = req.text
+        if req.constraint is not None and not req.constraint.take(t):  # cannot happen after the mask
+            return self._drop(req, GrammarError(f"token {t} breaks the grammar: {req.constraint.m.get_error()}"))
         if t in req.stop_ids:
             text, _ = st.finish()
             return self._finish(req, Piece(text, "stop", t))
         text, hit = st.push(st.detok.add(t))
         if hit:
             return self._finish(req, Piece(text, "stop", t, *lp))
+        if req.constraint is not None and req.constraint.done:  # the JSON is closed: nothing may follow
+            rest, _ = st.finish()
+            return self._finish(req, Piece(text + rest, "stop", t, *lp))
         # the token would be fed at position len(ids) + count - 1: past the cache, the context is full
         if req.count >= req.options.max_tokens or len(req.ids) + req.count > self.max_seq:
             rest, hit = st.finish()
             return self._finish(req, Piece(text + rest, "stop" if hit else "length", t, *lp))
         req.out.append(t)
-        if req.options.stop_repeats and repeating(req.out, req.options.stop_repeats):
+        # a grammar's output may repeat on purpose (a list of equal items): cutting it would leave broken JSON
+        if req.options.stop_repeats and req.constraint is None and repeating(req.out, req.options.stop_repeats):
             rest, hit = st.finish()
             return self._finish(req, Piece(text + rest, "stop" if hit else "repetition", t, *lp))
         req.last = t

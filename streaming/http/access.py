@@ -11,9 +11,15 @@ from starlette.responses import JSONResponse
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
-def json_error(status: int, message: str, code: str, type_: str = "invalid_request_error") -> JSONResponse:
+def json_error(
+    status: int, message: str, code: str, type_: str = "invalid_request_error", param: str | None = None
+) -> JSONResponse:
+    """OpenAI's error body; `param` (the request field at fault) where one is named."""
+    err = {"message": message, "type": type_, "code": code}
+    if param is not None:
+        err["param"] = param
     return JSONResponse(
-        {"error": {"message": message, "type": type_, "code": code}},
+        {"error": err},
         status_code=status,
         headers={"Cache-Control": "no-store"},
     )

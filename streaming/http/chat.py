@@ -14,9 +14,11 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 from speechrt.errors import ContextLengthExceeded, UserError
 from speechrt.pipelines.generation import check_bias
+from speechrt.pipelines.grammar import Grammar
 from speechrt.pipelines.lm import GenerationOptions
 
 from ..realtime.protocol import new_id
+from .chat_tools import CallAnswer, chat_tools
 from .endpoint import SSE, RestError, check_model, json_body, loaded, number, sse
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -53,28 +55,37 @@ def chat_messages(raw) -> list[dict]:
             role = m.get("role") if isinstance(m, dict) else None
             raise RestError(400, f"messages[{i}].role {role!r} is not valid; valid: {', '.join(ROLES)}")
         role = "system" if m["role"] == "developer" else m["role"]
-        out.append({"role": role, "content": message_text(m.get("content"), i)})
+        msg = {"role": role, "content": message_text(m.get("content"), i)}
+        if role == "assistant" and m.get("tool_calls"):
+            msg["tool_calls"] = tool_calls(m["tool_calls"], i)
+        if role == "tool" and m.get("tool_call_id") is not None:
+            msg["tool_call_id"] = str(m["tool_call_id"])
+        out.append(msg)
     return out
+
+
+def tool_calls(calls, i: int) -> list[dict]:
+    """An assistant message's tool_calls (the calls it made earlier in the conversation), checked."""
+    ok = isinstance(calls, list) and all(
+        isinstance(c, dict)
+        and isinstance(c.get("function"), dict)
+        and isinstance(c["function"].get("name"), str)
+        and isinstance(c["function"].get("arguments", ""), str)
+        for c in calls
+    )
+    if not ok:
+        raise RestError(
+            400,
+            f"messages[{i}].tool_calls must be a list of {{'id', 'type': 'function', 'function': {{'name', "
+            "'arguments' (JSON text)}}",
+            param=f"messages[{i}].tool_calls",
+        )
+    return [{"id": c.get("id"), "type": "function", "function": dict(c["function"])} for c in calls]
 
 
 def check_unsupported(body: dict) -> None:
     """Parameters of OpenAI's endpoint that this server cannot honour, when they ask for something: a 400
     that names them, rather than an answer that silently ignores them (their neutral values pass)."""
-    for name in ("tools", "functions"):
-        if body.get(name):
-            raise RestError(
-                400,
-                f"{name}: function calling is not supported by this server's language model; "
-                f"send the request without {name}",
-            )
-    fmt = body.get("response_format")
-    kind = fmt.get("type") if isinstance(fmt, dict) else fmt
-    if fmt is not None and kind != "text":
-        raise RestError(
-            400,
-            f"response_format {kind!r} is not supported; valid: text (structured output and JSON "
-            "mode are not available here)",
-        )
     mods = body.get("modalities")
     if mods is not None and mods != ["text"]:
         raise RestError(
@@ -95,7 +106,8 @@ def logprobs_option(body: dict) -> int | None:
     return (top or 0) if want else None
 
 
-def generation_options(body: dict) -> GenerationOptions:
+def generation_options(body: dict, grammar: Grammar | None = None) -> GenerationOptions:
+    """The request's sampling options; `grammar`: what its answer follows (chat_tools)."""
     check_unsupported(body)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is None:
@@ -122,6 +134,7 @@ def generation_options(body: dict) -> GenerationOptions:
             frequency_penalty=number(body.get("frequency_penalty"), "frequency_penalty", -2, 2, 0.0),
             presence_penalty=number(body.get("presence_penalty"), "presence_penalty", -2, 2, 0.0),
             logprobs=logprobs_option(body),
+            grammar=grammar,
         )
     except UserError as e:
         raise RestError(400, str(e)) from None
@@ -153,7 +166,8 @@ class ChatCompletion:
     def __init__(self, server, body: dict):
         self.server, self.lm, self.engine = server, server.lm, server.engine
         self.messages = chat_messages(body.get("messages"))
-        self.options = generation_options(body)
+        self.tools = chat_tools(body)
+        self.options = generation_options(body, self.tools.grammar)
         try:
             check_bias(self.options, self.lm.config.vocab_size)
         except UserError as e:
@@ -169,8 +183,10 @@ class ChatCompletion:
 
     async def respond(self):
         room = self.engine.prompt_room(self.options.max_tokens)
+        if self.options.grammar is not None:
+            await asyncio.to_thread(self.lm.prepare_grammars)
         try:  # as OpenAI's endpoint does: messages that do not fit are an error, none is left out
-            ids = await asyncio.to_thread(self.lm.encode_chat_within, self.messages, room, False)
+            ids = await asyncio.to_thread(self.lm.encode_chat_within, self.messages, room, False, self.tools.tools)
         except ContextLengthExceeded as e:
             raise RestError(
                 400,
@@ -189,14 +205,15 @@ class ChatCompletion:
                 self.texts[i] += text
                 logprobs[i] += [entry] if entry else []
                 finish[i] = end or finish[i]
+        answers = [CallAnswer() if self.tools.calls else None for _ in range(self.n)]
         choices = [
             {
                 "index": i,
-                "message": {"role": "assistant", "content": self.texts[i]},
-                "finish_reason": finish[i],
+                "message": a.message(self.texts[i]) if a else {"role": "assistant", "content": self.texts[i]},
+                "finish_reason": a.finish_reason(finish[i]) if a else finish[i],
                 "logprobs": self.logprobs(logprobs[i]),
             }
-            for i in range(self.n)
+            for i, a in enumerate(answers)
         ]
         return JSONResponse(
             {
@@ -243,11 +260,20 @@ class ChatCompletion:
     async def events(self, pieces):
         for i in range(self.n):
             yield self.chunk({"role": "assistant", "content": ""}, index=i)
+        answers = [CallAnswer() if self.tools.calls else None for _ in range(self.n)]
         async with contextlib.aclosing(pieces):
             try:
                 async for i, text, finish, entry in pieces:
                     self.texts[i] += text
-                    yield self.chunk({"content": text} if text else {}, finish, entry, i)
+                    a = answers[i]
+                    if a is None:
+                        yield self.chunk({"content": text} if text else {}, finish, entry, i)
+                        continue
+                    for delta in a.deltas(text) + (a.last_deltas() if finish else []):
+                        yield self.chunk(delta, None, entry, i)
+                        entry = None
+                    if finish or entry:
+                        yield self.chunk({}, a.finish_reason(finish) if finish else None, entry, i)
             except Exception as e:  # noqa: BLE001 - the status is sent: the error goes as an event
                 yield sse(
                     {

@@ -17,12 +17,19 @@ SSE = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 class RestError(Exception):
     """A request the endpoint refuses: an HTTP status and a message that says what is wrong and what is valid."""
 
-    def __init__(self, status: int, message: str, code: str = "invalid_value", type_: str = "invalid_request_error"):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str = "invalid_value",
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+    ):
         super().__init__(message)
-        self.status, self.code, self.type = status, code, type_
+        self.status, self.code, self.type, self.param = status, code, type_, param
 
     def response(self) -> JSONResponse:
-        return json_error(self.status, str(self), self.code, self.type)
+        return json_error(self.status, str(self), self.code, self.type, self.param)
 
 
 def sse(obj) -> str:

@@ -19,7 +19,8 @@ from speechrt.errors import UserError
 from ..engine import EngineStalled
 from . import events as E
 from .audio_codec import OutputEncoder
-from .conversation import Item, Part, item_from_api
+from .conversation import Item, Part, as_message, item_from_api
+from .function_call import FunctionCall
 from .protocol import ProtocolError, new_id
 from .reply import Reply
 from .response_options import response_options
@@ -37,7 +38,7 @@ class Response:
         # response.input: this response's own context (messages, or references to the conversation's items)
         # instead of the conversation; [] is none
         raw = overrides.get("input")
-        self.input = None if raw is None else [self._input_item(x, i) for i, x in enumerate(raw)]
+        self.input = None if raw is None else [input_item(session, x, i) for i, x in enumerate(raw)]
         self.audio = self.options.audio
         self.id = new_id("resp")
         self.status = "in_progress"
@@ -47,17 +48,9 @@ class Response:
         self.transcript = ""  # text delivered (for audio: text whose audio was sent)
         self._reply: Reply | None = None
         self._runner: asyncio.Task | None = None
-
-    def _input_item(self, entry, i: int) -> Item:
-        """One entry of response.input -> its item (a conversation item's text is read when the response
-        begins: an audio item's transcript may still be on its way now)."""
-        s = self.session
-        if isinstance(entry, dict) and entry.get("type") == "item_reference":
-            return s.conversation.find(entry.get("id"))
-        try:
-            return item_from_api(entry, s.server.options.max_item_chars)
-        except ProtocolError as e:
-            raise ProtocolError(f"response.input[{i}]: {e}", e.code, f"response.input[{i}]") from None
+        self.prev: str | None = None  # the id of the conversation's item before this response's
+        self.created = self.announced = False  # response.created sent; its message item added
+        self.calls = FunctionCall(self)
 
     def cancel(self, reason: str):
         if self.status != "in_progress":
@@ -102,14 +95,11 @@ class Response:
         s, o = self.session, self.options
         self.t0 = time.perf_counter()
         if not o.out_of_band:
-            prev = s.conversation.append(self.item)
-        await s.send(E.response_created(self._api("in_progress", [])))
-        await s.send(E.output_item_added(self.id, self.item.to_api()))
-        if not o.out_of_band:
-            await s.send(E.item_added(self.item.to_api(), prev))
-        part = Part("output_audio" if self.audio else "output_text", "")
-        self.item.parts.append(part)
-        await s.send(E.content_part_added(self.id, self.item.id, part.to_response_api()))
+            self.prev = s.conversation.append(self.item)
+        await s.send(E.response_created(self.api("in_progress", [])))
+        self.created = True
+        if o.grammar is None:  # (a reply that may call a function is announced once it shows which it is)
+            await self._announce()
         # the latest turns that fit in the model's context: the reply begun during the turn's last pause,
         # if it answered these very messages (see reply.Speculation), else one begun now. A response with
         # its own context (input, or out of band) neither takes that reply nor takes the conversation's cache
@@ -118,13 +108,17 @@ class Response:
         await s.conversation.transcribed(upto=None if o.out_of_band else self.item)
         if self.input is not None:
             messages = [{"role": "system", "content": o.instructions}] if o.instructions else []
-            messages += [{"role": it.role, "content": it.text()} for it in self.input if it.text()]
+            messages += [m for m in map(as_message, self.input) if m is not None]
         else:
             messages = s.conversation.messages(o.instructions, upto=None if o.out_of_band else self.item)
         self._reply = None if own else s.ahead.take(messages, o)
         if self._reply is None:
             self._reply = Reply(s.server, o, s.cfg.speed, s.cfg.temperature)
             self._reply.start(messages, None if own else s.id)
+        if o.grammar is not None:
+            if self._reply.call is not None and await self._reply.call.decision() == "call":
+                return await self.calls.run(self._reply)
+            await self._announce()
         try:
             if self.audio:
                 await self._speak()
@@ -139,6 +133,17 @@ class Response:
             self.status, self.reason = "incomplete", "max_output_tokens"
         if self.status == "in_progress":
             self.status = "completed"
+
+    async def _announce(self):
+        """The response's message item and its content part, added."""
+        s = self.session
+        self.announced = True
+        await s.send(E.output_item_added(self.id, self.item.to_api()))
+        if not self.options.out_of_band:
+            await s.send(E.item_added(self.item.to_api(), self.prev))
+        part = Part("output_audio" if self.audio else "output_text", "")
+        self.item.parts.append(part)
+        await s.send(E.content_part_added(self.id, self.item.id, part.to_response_api()))
 
     async def _speak(self):
         """Send each clause's audio as it is made, its transcript with its first audio."""
@@ -168,7 +173,7 @@ class Response:
             if announced:
                 self.item.spoken.append((self.item.audio_ms, self.transcript))
 
-    def _api(self, status: str, output: list) -> dict:
+    def api(self, status: str, output: list) -> dict:
         r = {
             "id": self.id,
             "object": "realtime.response",
@@ -187,6 +192,10 @@ class Response:
 
     async def _done(self):
         s, item = self.session, self.item
+        if item.type == "function_call":
+            return await self.calls.done()
+        if self.created and not self.announced:  # it failed or was cancelled before it showed what it writes
+            await self._announce()
         if not item.parts:
             return
         part = item.parts[0]
@@ -201,9 +210,9 @@ class Response:
         await s.send(E.output_item_done(self.id, item.to_api()))
         if not self.options.out_of_band:
             await s.send(E.item_done(item.to_api()))
-        await s.send(E.response_done({**self._api(self.status, [item.to_api()]), "usage": self._usage()}))
+        await s.send(E.response_done({**self.api(self.status, [item.to_api()]), "usage": self.usage()}))
 
-    def _usage(self) -> dict:
+    def usage(self) -> dict:
         """What the response read and wrote (events.usage): the language model's prompt and answer tokens, the audio
         of the user's items it answered, the audio it sent."""
         items = self.input if self.input is not None else self.session.conversation.items
@@ -211,3 +220,14 @@ class Response:
         heard = sum(it.audio_ms for it in items[:upto] if it.role == "user")
         tokens = self._reply.tokens() if self._reply is not None else (0, 0, 0)
         return E.usage(*tokens, heard, self.item.audio_ms)
+
+
+def input_item(session, entry, i: int) -> Item:
+    """One entry of response.input -> its item (a conversation item's text is read when the response
+    begins: an audio item's transcript may still be on its way now)."""
+    if isinstance(entry, dict) and entry.get("type") == "item_reference":
+        return session.conversation.find(entry.get("id"))
+    try:
+        return item_from_api(entry, session.server.options.max_item_chars)
+    except ProtocolError as e:
+        raise ProtocolError(f"response.input[{i}]: {e}", e.code, f"response.input[{i}]") from None

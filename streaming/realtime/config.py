@@ -18,9 +18,9 @@ from .protocol import (
     check_session_model,
     check_str,
     check_voice,
-    no_tools,
     short,
 )
+from .tools import Tool, tool_settings, tools_api
 from .vad import EAGERNESS, ServerVadConfig
 
 
@@ -44,6 +44,10 @@ class SessionConfig:
     # a final transcript's extras, computed only for sessions that ask (one more encoder/decoder pass):
     logprobs: bool = False  # include: ["item.input_audio_transcription.logprobs"]
     word_timestamps: bool = False  # speechrt extension: transcription.speechrt_word_timestamps
+    # function calling (tools.py): the functions the model may call, and OpenAI's tool_choice ('auto', 'none',
+    # 'required' or a function's name)
+    tools: tuple[Tool, ...] = ()
+    tool_choice: str = "auto"
 
     @property
     def answers_turns(self) -> bool:
@@ -76,6 +80,7 @@ class SessionConfig:
             s["instructions"] = self.instructions
             s["output_modalities"] = list(self.output_modalities)
             s["max_output_tokens"] = self.max_output_tokens
+            s.update(tools_api(self.tools, self.tool_choice))
             s["audio"]["output"] = {"format": self.output_format.to_api(), "voice": self.voice, "speed": self.speed}
         return s
 
@@ -141,8 +146,7 @@ LOGPROBS_INCLUDE = "item.input_audio_transcription.logprobs"
 def apply_session_update(cfg: SessionConfig, s: dict, available: dict) -> SessionConfig:
     """Apply a `session.update` payload (GA `audio.input...` layout or the beta flat layout) to cfg.
     `available` maps 'asr'/'tts'/'lm' to the model names this server has loaded. Unknown fields are ignored
-    (tracing, tool_choice, ...), as are empty tools; known fields with bad values, and tools, raise
-    ProtocolError naming the field."""
+    (tracing, ...); known fields with bad values raise ProtocolError naming the field."""
     if not isinstance(s, dict):
         raise ProtocolError("'session' must be an object", "invalid_value", "session")
     kw = {}
@@ -151,7 +155,8 @@ def apply_session_update(cfg: SessionConfig, s: dict, available: dict) -> Sessio
             kw["type"] = check_str(s["type"], "session.type", ("realtime", "transcription"))
         if "model" in s:
             kw["model"] = check_session_model(s["model"], available)
-        no_tools(s, "session")
+        if "tools" in s or "tool_choice" in s:
+            kw["tools"], kw["tool_choice"] = tool_settings(s, "session", cfg.tools, cfg.tool_choice)
         if "instructions" in s:
             kw["instructions"] = check_str(s["instructions"], "session.instructions")
         mods = s.get("output_modalities", s.get("modalities"))

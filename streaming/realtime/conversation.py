@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from .protocol import ProtocolError, new_id, short
 
 ROLES = ("user", "assistant", "system")
+CALL_ITEMS = ("function_call_output", "function_call")  # (a client may add calls of its own, as OpenAI's API)
 
 
 @dataclass
@@ -50,11 +51,19 @@ class Item:
     audio_ms: int = 0
     # a user audio item's final transcript: set once it is in (or failed); None where none is awaited
     transcribed: asyncio.Event | None = None
+    # function calling (tools.py): type 'function_call' (the model's: name, call_id, arguments) or
+    # 'function_call_output' (the client's: call_id, output); role and parts are unused then
+    type: str = "message"
+    call: dict = field(default_factory=dict)
 
     def text(self) -> str:
+        if self.type != "message":  # (what it adds to the conversation's size)
+            return self.call.get("arguments") or self.call.get("output") or ""
         return " ".join(p.text or "" for p in self.parts).strip()
 
     def to_api(self) -> dict:
+        if self.type != "message":
+            return {"id": self.id, "object": "realtime.item", "type": self.type, "status": self.status, **self.call}
         return {
             "id": self.id,
             "object": "realtime.item",
@@ -92,10 +101,14 @@ def item_from_api(item, max_chars: int, audio: bool = False) -> Item:
     user messages may hold input_audio parts too, their base64 kept in Part.audio), or ProtocolError."""
     if not isinstance(item, dict):
         raise ProtocolError("conversation.item.create needs an 'item' object", "missing_required_parameter", "item")
-    if item.get("type", "message") != "message":
+    if item.get("type", "message") not in ("message", *CALL_ITEMS):
         raise ProtocolError(
-            f"item type {item.get('type')!r} is not supported; valid: message", "invalid_value", "item.type"
+            f"item type {item.get('type')!r} is not supported; valid: message, {', '.join(CALL_ITEMS)}",
+            "invalid_value",
+            "item.type",
         )
+    if item.get("type") in CALL_ITEMS:
+        return call_item(item, max_chars)
     role = item.get("role")
     if role not in ROLES:
         raise ProtocolError(f"item.role must be user, assistant or system, got {role!r}", "invalid_value", "item.role")
@@ -127,6 +140,43 @@ def item_from_api(item, max_chars: int, audio: bool = False) -> Item:
     if item_id is not None and (not isinstance(item_id, str) or not 0 < len(item_id) <= 64):
         raise ProtocolError("item.id must be a string of 1 to 64 characters", "invalid_value", "item.id")
     return Item(role, parts, id=item_id or new_id("item"))
+
+
+def call_item(item: dict, max_chars: int) -> Item:
+    """A client's function_call_output item (the result of a call: call_id, output) or function_call item
+    (name, call_id, arguments) -> Item, or ProtocolError naming the field."""
+    kind = item["type"]
+    fields = ("call_id", "output") if kind == "function_call_output" else ("call_id", "name", "arguments")
+    call = {}
+    for f in fields:
+        v = item.get(f, "" if f == "arguments" else None)
+        if not isinstance(v, str) or (f in ("call_id", "name") and not v):
+            raise ProtocolError(f"a {kind} item needs a string '{f}'", "invalid_value", f"item.{f}")
+        call[f] = v
+    size = len(call.get("output") or call.get("arguments") or "")
+    if size > max_chars:
+        raise ProtocolError(
+            f"the item's {fields[-1]} has {size} characters; this server takes at most {max_chars} per item",
+            "invalid_value",
+            f"item.{fields[-1]}",
+        )
+    item_id = item.get("id")
+    if item_id is not None and (not isinstance(item_id, str) or not 0 < len(item_id) <= 64):
+        raise ProtocolError("item.id must be a string of 1 to 64 characters", "invalid_value", "item.id")
+    role = "tool" if kind == "function_call_output" else "assistant"
+    return Item(role, [], id=item_id or new_id("item"), type=kind, call=call)
+
+
+def as_message(it: Item) -> dict | None:
+    """An item as the language model's chat message (None: nothing to read): a call as the assistant's
+    tool_calls, its output as a tool message."""
+    if it.type == "function_call":
+        fn = {"name": it.call["name"], "arguments": it.call["arguments"]}
+        return {"role": "assistant", "content": "", "tool_calls": [{"id": it.call["call_id"], "function": fn}]}
+    if it.type == "function_call_output":
+        return {"role": "tool", "content": it.call["output"], "tool_call_id": it.call["call_id"]}
+    text = it.text()
+    return {"role": it.role, "content": text} if text else None
 
 
 class Conversation:
@@ -188,7 +238,7 @@ class Conversation:
         for it in self.items:
             if it is upto:
                 break
-            text = it.text()
-            if text:
-                msgs.append({"role": it.role, "content": text})
+            m = as_message(it)
+            if m is not None:
+                msgs.append(m)
         return msgs

@@ -225,3 +225,26 @@ def output_audio_transcript_delta(response_id: str, item_id: str, delta: str) ->
 
 def output_audio_transcript_done(response_id: str, item_id: str, transcript: str) -> dict:
     return _in_part("response.output_audio_transcript.done", response_id, item_id, transcript=transcript)
+
+
+def function_call_arguments_delta(response_id: str, item_id: str, call_id: str, delta: str) -> dict:
+    return {
+        "type": "response.function_call_arguments.delta",
+        "response_id": response_id,
+        "item_id": item_id,
+        "output_index": 0,
+        "call_id": call_id,
+        "delta": delta,
+    }
+
+
+def function_call_arguments_done(response_id: str, item_id: str, call_id: str, name: str, arguments: str) -> dict:
+    return {
+        "type": "response.function_call_arguments.done",
+        "response_id": response_id,
+        "item_id": item_id,
+        "output_index": 0,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+    }

@@ -73,18 +73,6 @@ def check_session_model(name, available: dict, param: str = "session.model") -> 
     )
 
 
-def no_tools(obj: dict, name: str) -> None:
-    """Function calling is not available: tools in a session or response are an error (an empty list passes),
-    not an agent that silently never calls them."""
-    if obj.get("tools"):
-        raise ProtocolError(
-            f"{name}.tools: function calling is not supported by this server's language model; send "
-            "tools: [] or leave it out",
-            "invalid_value",
-            f"{name}.tools",
-        )
-
-
 def check_bool(v, name):
     if not isinstance(v, bool):
         raise ProtocolError(f"{name} must be true or false, got {v!r}", "invalid_value", name)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from speechrt.errors import ContextLengthExceeded
 from speechrt.pipelines.lm import GenerationOptions
 
+from .function_call import CallOrText
 from .response_options import ResponseOptions, response_options
 
 PRIME = GenerationOptions(max_tokens=1, temperature=0.0)  # a prompt read ahead: its one token is not used
@@ -55,6 +56,10 @@ class Reply:
         self._lm_req = None
         self._tts_tasks: list = []
         self._task: asyncio.Task | None = None
+        # a reply that may call a function (options.grammar): what it writes is read as a call or a text answer,
+        # and `decision()` says which as soon as that is known (a call: once its name is written)
+        g = options.grammar
+        self.call = CallOrText() if g is not None and g.kind.startswith("tool_call") else None
 
     def start(self, messages: list[dict], key) -> None:
         """Begin: `messages` are the chat the model answers (unless the options say what to say), `key`
@@ -100,6 +105,9 @@ class Reply:
             pieces = (
                 self._static(self.options.say) if self.options.say is not None else await self._generate(messages, key)
             )
+            if self.call is not None and (pieces := await self.call.split(pieces, self._out)) is None:
+                self._out.put_nowait(None)  # a call: its arguments went out
+                return
             if self.options.audio:
                 await self._speak(pieces)
             else:
@@ -108,10 +116,14 @@ class Reply:
             self._out.put_nowait(None)
         except asyncio.CancelledError:
             self._out.put_nowait(asyncio.CancelledError())
+            if self.call is not None:  # (a response waiting for its decision hears it too)
+                self.call.decide(asyncio.CancelledError())
             raise
         except Exception as e:  # noqa: BLE001 - reported to whoever sends the reply
             self.cancel()
             self._out.put_nowait(e)
+            if self.call is not None:
+                self.call.decide(e)
 
     @staticmethod
     async def _static(text):
@@ -122,7 +134,11 @@ class Reply:
         (tokenized off the event loop) -> the text pieces as they come."""
         eng, o = self.engine, self.options
         try:
-            ids = await asyncio.to_thread(self.lm.encode_chat_within, messages, eng.prompt_room(o.max_tokens))
+            if o.grammar is not None:
+                await asyncio.to_thread(self.lm.prepare_grammars)
+            ids = await asyncio.to_thread(
+                self.lm.encode_chat_within, messages, eng.prompt_room(o.max_tokens), True, o.tools
+            )
         except ContextLengthExceeded as e:
             raise ContextLengthExceeded(
                 f"{e}: shorten the instructions or the message, or lower max_output_tokens "
@@ -133,7 +149,10 @@ class Reply:
                 e.room,
             ) from None
         opts = GenerationOptions(
-            max_tokens=o.max_tokens, temperature=self.temperature, seed=0 if self.temperature > 0 else None
+            max_tokens=o.max_tokens,
+            temperature=self.temperature,
+            seed=0 if self.temperature > 0 else None,
+            grammar=o.grammar,
         )
         self._lm_req, q = eng.generate(ids, opts, key=key)
         if self.cancelled:  # cancelled while the prompt was tokenized

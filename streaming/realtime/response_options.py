@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from .audio_codec import AudioFormat, AudioFormatError, parse_format
 from .config import SessionConfig
-from .protocol import ProtocolError, check_num, check_voice, no_tools, short
+from .protocol import ProtocolError, check_num, check_voice, short
+from .tools import Tool, grammar, tool_settings
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,13 @@ class ResponseOptions:
     out_of_band: bool = False  # conversation: "none": the response's item is not added to the conversation
     metadata: tuple[tuple[str, str], ...] | None = None  # the client's labels, echoed in the response
     output_format: AudioFormat | None = None  # response.audio.output.format: this response's (None: the session's)
+    tools: tuple[Tool, ...] = ()  # the session's, or response.tools
+    tool_choice: str = "auto"
+
+    @property
+    def grammar(self):
+        """What the language model writes under: None (text), a function call, or a call or text (tools.grammar)."""
+        return grammar(self.tools, self.tool_choice) if self.tools and self.say is None else None
 
 
 def _metadata(meta) -> tuple[tuple[str, str], ...] | None:
@@ -79,7 +87,7 @@ def response_options(overrides, cfg: SessionConfig, available: dict | None = Non
         raise ProtocolError("speechrt_say must be a non-empty string", "invalid_value", "response.speechrt_say")
     v = overrides.get("max_output_tokens", cfg.max_output_tokens)
     max_tokens = 1024 if v == "inf" else check_num(v, "response.max_output_tokens", 1, 4096, integer=True)
-    no_tools(overrides, "response")
+    tools, choice = tool_settings(overrides, "response", cfg.tools, cfg.tool_choice)
     conversation = overrides.get("conversation", "auto")
     if conversation not in ("auto", "none"):
         raise ProtocolError(
@@ -102,4 +110,6 @@ def response_options(overrides, cfg: SessionConfig, available: dict | None = Non
         conversation == "none",
         _metadata(overrides.get("metadata")),
         _response_output(overrides, available),
+        tools,
+        choice,
     )

@@ -235,6 +235,37 @@ def test_lm_continuous_batching_equals_single_runs(lm):
     assert [got[i] for i in range(3)] == single
 
 
+ANSWER = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}, "sure": {"type": "boolean"}},
+    "required": ["answer", "sure"],
+    "additionalProperties": False,
+}
+
+
+def test_lm_grammar_masks_only_its_own_row(lm):
+    """A request with a JSON schema grammar and one without share the continuous batch: the first writes JSON
+    valid against the schema, the other's tokens are those of its run alone (the mask touches its row only)."""
+    import json
+
+    import jsonschema
+
+    from speechrt.pipelines.grammar import Grammar
+
+    prompts = [lm.encode_chat("Is the sky blue? Answer in JSON."), lm.encode_chat(CHATS[0])]
+    free = _greedy_ids(lm, prompts[1], 12)
+    got: dict[int, list] = {0: [], 1: []}
+    opts = [GenerationOptions(max_tokens=24, grammar=Grammar.json_schema(ANSWER)), GenerationOptions(max_tokens=12)]
+    batcher = lm.batcher(max_batch=2, max_seq=256)
+    for i in (0, 1):
+        batcher.submit(LMRequest(prompts[i], opts[i], lambda piece, i=i: got[i].append(piece)))
+    while batcher.has_work():
+        batcher.step()
+    assert got[0][-1].finish_reason == "stop"
+    jsonschema.validate(json.loads("".join(p.text for p in got[0])), ANSWER)
+    assert [p.token for p in got[1]][: len(free)] == free[: len(got[1])] and len(got[1]) >= 2
+
+
 def test_lm_slot_release(lm):
     """A released slot is reused from position 0: its next prompt's logits are a fresh cache's."""
     r = lm.runner

@@ -95,9 +95,19 @@ CASES = [
         ("ok", "session.updated"),
     ),
     (
-        "session-tools",
-        json.dumps({"type": "session.update", "session": {"tools": [{"type": "function", "name": "f"}]}}),
-        ("error", "invalid_value", "function calling is not supported"),
+        "session-tool-bad-schema",
+        json.dumps(
+            {
+                "type": "session.update",
+                "session": {"tools": [{"type": "function", "name": "f", "parameters": {"type": "objekt"}}]},
+            }
+        ),
+        ("error", "invalid_value", "session.tools[0].parameters is not a schema"),
+    ),
+    (
+        "session-tool-choice-unknown-function",
+        json.dumps({"type": "session.update", "session": {"tool_choice": {"type": "function", "name": "f"}}}),
+        ("error", "invalid_value", "not in tools (valid: none are given)"),
     ),
     (
         "unknown-voice",

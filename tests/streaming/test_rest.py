@@ -287,15 +287,15 @@ def test_chat_completions_whole_and_streamed(client, server):
 
 
 def test_chat_parameters_this_server_cannot_honour_are_refused_by_name(client, server):
-    """tools, JSON mode, audio output: a 400 naming the parameter, not an answer that ignores it; their neutral
-    values are accepted. logprobs, logit_bias and the frequency / presence penalties are honoured (the penalties by
-    OpenAI's formula on the tokens sampled so far): their out-of-range values are a 400 naming the parameter, and
+    """functions (the deprecated form of tools), audio output: a 400 naming the parameter, not an answer that
+    ignores it; their neutral values are accepted (tools and JSON mode are served: test_tool_calls.py). logprobs,
+    logit_bias and the frequency / presence penalties are honoured (the penalties by OpenAI's formula on the tokens
+    sampled so far): their out-of-range values are a 400 naming the parameter, and
     a banned token stays out of the answer."""
     question = [{"role": "user", "content": "What is the capital of France?"}]
     tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
     for kw, text in (
-        ({"tools": [tool]}, "function calling"),
-        ({"response_format": {"type": "json_object"}}, "response_format 'json_object'"),
+        ({"functions": [tool["function"]]}, "functions \\(deprecated\\) is not supported"),
         ({"top_logprobs": 2}, "top_logprobs needs logprobs=true"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs must be an integer in"),
         ({"modalities": ["text", "audio"]}, "modalities"),
