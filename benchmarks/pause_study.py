@@ -105,7 +105,7 @@ async def _session(url: str, recs, silence_ms: int) -> list[dict]:
 
 def main(argv=None) -> list[dict]:
     from speechrt.bench import server as bench_server
-    from speechrt.bench.server_engines import start_server
+    from speechrt.bench.server_engines import http_base, start_server
     from speechrt.models.wer import wer
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks.pause_study", description=__doc__.split("\n\n")[0])
@@ -124,7 +124,7 @@ def main(argv=None) -> list[dict]:
         bench_server.add_arguments(server_args)
         proc, url, _ = start_server(server_args.parse_args(["--backend", args.backend]), True)
     try:
-        base = bench_server.http_base(url)
+        base = http_base(url)
         before = counters(base, COUNTERS)
         rows = asyncio.run(_session(url, recs, args.silence_ms))
         after = counters(base, COUNTERS)

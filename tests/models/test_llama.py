@@ -300,7 +300,7 @@ def test_fused_decode_range_equals_decode_range(ours):
 
 def test_fused_unsupported_names_what_it_refuses(model_file):
     """The fused decode step refuses what it does not compute, naming it: a config field another architecture
-    adds (here a Gemma-like sliding window) unless it holds its default, and weights that are not float."""
+    adds (Gemma 3's, and a later one) unless it holds its default, and weights that are not float."""
     import dataclasses
 
     from speechrt.models.llama import LlamaConfig
@@ -309,7 +309,12 @@ def test_fused_unsupported_names_what_it_refuses(model_file):
     cfg = model_file[1].config
     assert fused_unsupported(cfg, "bfloat16") is None and fused_unsupported(cfg, "float32") is None
     assert "not int8" in fused_unsupported(cfg, "int8")
-    wider = dataclasses.make_dataclass("GemmaLike", [("sliding_window", int, 0)], bases=(LlamaConfig,), frozen=True)
+    # Gemma 3's switches, held at their defaults by a Llama, refused when set
+    for field, value in (("sliding_window", 512), ("act", "gelu_tanh"), ("post_norms", True), ("final_softcap", 30.0)):
+        why = fused_unsupported(dataclasses.replace(cfg, **{field: value}), "bfloat16")
+        assert f"LlamaConfig.{field}={value!r}" in why, why
+    # a field another architecture adds later: refused unless it holds its default
+    wider = dataclasses.make_dataclass("Wider", [("future_switch", int, 0)], bases=(LlamaConfig,), frozen=True)
     assert fused_unsupported(wider(**dataclasses.asdict(cfg)), "bfloat16") is None
-    why = fused_unsupported(wider(**dataclasses.asdict(cfg), sliding_window=512), "bfloat16")
-    assert "GemmaLike.sliding_window=512" in why
+    why = fused_unsupported(wider(**dataclasses.asdict(cfg), future_switch=3), "bfloat16")
+    assert "Wider.future_switch=3" in why
