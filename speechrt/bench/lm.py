@@ -104,6 +104,13 @@ def add_arguments(p):
         help="with --eval: comma-separated sampling settings (default: all of greedy, greedy-norepstop, t0.3-p0.9, "
         "t0.3-p0.9-norepstop, t0.7-p0.9, t0.7-p0.9-norepstop)",
     )
+    p.add_argument(
+        "--eval-seeds",
+        type=int,
+        default=1,
+        help="with --eval: a sampled setting's scores are the mean over seeds 0..N-1 (default 1: seed 0, as the "
+        "server seeds a reply)",
+    )
     p.add_argument("--eval-show", action="store_true", help="with --eval: print every question and answer")
     p.add_argument(
         "--llama-extra-bufts",

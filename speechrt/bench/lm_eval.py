@@ -4,7 +4,8 @@ The evaluation (speechrt/data/lm_eval.json) is spoken-length factual questions w
 instructions with checkable rules ("Answer in one sentence.", "Be brief.", "Name three colors."). Every item is
 asked as a Realtime conversation asks it: the session's default instructions as the system message, the
 question as the user's turn, through the model's own chat template, with the default bound of a spoken reply
-(max tokens). Sampling is seeded (seed 0, as the server seeds it), so a run repeats.
+(max tokens). Sampling is seeded (seed 0, as the server seeds a reply; --eval-seeds N: the mean over seeds 0 to
+N-1), so a run repeats.
 
 Per model and setting: factual accuracy (share of questions whose answer contains an accepted answer, on word
 boundaries, case-insensitive), instruction pass rate (share of instructions whose every rule holds, and no
@@ -33,13 +34,13 @@ class Setting:
     top_p: float = 1.0
     stop_repeats: int = 4  # the repetition stop (GenerationOptions.stop_repeats; 0: off)
 
-    def options(self, max_tokens: int) -> dict:
+    def options(self, max_tokens: int, seed: int = 0) -> dict:
         return dict(
             max_tokens=max_tokens,
             temperature=self.temperature,
             top_p=self.top_p,
             stop_repeats=self.stop_repeats,
-            seed=0 if self.temperature > 0 else None,
+            seed=seed if self.temperature > 0 else None,
         )
 
 
@@ -150,6 +151,8 @@ def run(args) -> int:
         raise UserError(f"unknown --eval-settings {', '.join(bad) or repr('')}; valid: {', '.join(by_name)}")
     if args.eval_limit is not None and args.eval_limit < 1:
         raise UserError(f"--eval-limit must be >= 1, got {args.eval_limit}")
+    if args.eval_seeds < 1:
+        raise UserError(f"--eval-seeds must be >= 1, got {args.eval_seeds}")
     factual, instructions = load_items(args.eval_limit)
     system = SessionConfig().instructions
     questions = [it["q"] for it in factual + instructions]
@@ -157,7 +160,7 @@ def run(args) -> int:
     print(
         f"speechrt bench lm --eval: {len(factual)} factual questions, {len(instructions)} instructions; the "
         f"conversation's system prompt {system!r}; at most {AUDIO_MAX_OUTPUT_TOKENS} tokens (a spoken reply's "
-        "bound); sampling seeded"
+        f"bound); sampling seeded: the mean over seeds 0 to {args.eval_seeds - 1}"
     )
     for name, why in missing.items():
         print(f"  {name}: skipped: {why}")
@@ -167,11 +170,16 @@ def run(args) -> int:
         print(f"\n{name} ({lm.info})")
         print(f"{'setting':22} {'factual':>8} {'instructions':>13} {'mean words':>11} {'repeating':>10}")
         for s in chosen:
-            answers = lm.generate_batch(
-                questions, chat=True, system=system, **by_name[s].options(AUDIO_MAX_OUTPUT_TOKENS)
-            )
-            sc = score([a.strip() for a in answers], factual, instructions)
-            rows.append((name, lm.info, by_name[s], sc, answers))
+            # greedy answers are the same for every seed: one pass; sampled ones: the mean over the seeds
+            seeds = range(args.eval_seeds if by_name[s].temperature > 0 else 1)
+            runs = [
+                lm.generate_batch(questions, chat=True, system=system, **by_name[s].options(AUDIO_MAX_OUTPUT_TOKENS, i))
+                for i in seeds
+            ]
+            scores = [score([a.strip() for a in answers], factual, instructions) for answers in runs]
+            sc = {k: sum(x[k] for x in scores) / len(scores) for k in scores[0]}
+            answers = runs[0]
+            rows.append((name, lm.info, by_name[s], sc, len(scores)))
             print(
                 f"{s:22} {sc['factual_accuracy']:8.2f} {sc['instruction_pass_rate']:13.2f} "
                 f"{sc['mean_answer_words']:11.1f} {sc['repeating_answers']:10.2f}"
@@ -196,7 +204,7 @@ def _write(path, rows, missing, n_factual, n_instr, max_tokens) -> None:
     from speechrt.bench.record import Record, Results
 
     out = Results()
-    for name, info, s, sc, _ in rows:
+    for name, info, s, sc, n_seeds in rows:
         for metric, unit, better in METRICS:
             out.records.append(
                 Record(
@@ -216,7 +224,7 @@ def _write(path, rows, missing, n_factual, n_instr, max_tokens) -> None:
                         "top_p": s.top_p,
                         "stop_repeats": s.stop_repeats,
                         "max_tokens": max_tokens,
-                        "seed": 0 if s.temperature > 0 else None,
+                        "seeds": n_seeds if s.temperature > 0 else 0,
                     },
                 )
             )
