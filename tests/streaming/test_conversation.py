@@ -637,7 +637,7 @@ def test_barge_in_stops_the_response_and_truncates(server, question_pcm):
         answered = next((e for e in skipped if e["type"] == "response.done"), None)
         if answered is None:
             answered, _ = await _until(ws, "response.done", timeout=180)
-        # answered in full, or (the storyteller's instructions) up to the session's 256 output tokens
+        # answered in full, or (the storyteller's instructions) up to a spoken reply's default bound (120 tokens)
         r = answered["response"]
         assert r["status"] == "completed" or (r["status"], r["status_details"]["reason"]) == (
             "incomplete",
