@@ -92,6 +92,27 @@ def add_arguments(p):
         "the ratio (default: %(default)s)",
     )
     p.add_argument(
+        "--eval",
+        action="store_true",
+        help="instead of speed: score every installed embedded language model (or --model) as the voice agent on "
+        "the evaluation's questions and instructions, per sampling setting (lm_eval.py)",
+    )
+    p.add_argument("--eval-limit", type=int, default=None, help="with --eval: the first N items of each kind only")
+    p.add_argument(
+        "--eval-settings",
+        default=None,
+        help="with --eval: comma-separated sampling settings (default: all of greedy, greedy-norepstop, t0.3-p0.9, "
+        "t0.3-p0.9-norepstop, t0.7-p0.9, t0.7-p0.9-norepstop)",
+    )
+    p.add_argument(
+        "--eval-seeds",
+        type=int,
+        default=1,
+        help="with --eval: a sampled setting's scores are the mean over seeds 0..N-1 (default 1: seed 0, as the "
+        "server seeds a reply)",
+    )
+    p.add_argument("--eval-show", action="store_true", help="with --eval: print every question and answer")
+    p.add_argument(
         "--llama-extra-bufts",
         action="store_true",
         help="let llama.cpp use its extra (AMX/repacked) weight buffers; off by default because the "
@@ -179,6 +200,10 @@ def run(args):
     from speechrt.errors import UserError
     from speechrt.models import registry
 
+    if args.eval:
+        from speechrt.bench import lm_eval
+
+        return lm_eval.run(args)
     threads = args.threads or usable_cores() or 1
     try:
         batches = [int(b) for b in args.batch.split(",") if b.strip()]

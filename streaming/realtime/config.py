@@ -38,7 +38,9 @@ class SessionConfig:
     prompt: str | None = None
     voice: str = DEFAULTS["tts"]
     speed: float = 1.0
-    max_output_tokens: int = 256
+    # the client's max_output_tokens; None (not set): each response's default, by its output (response_options.py:
+    # 256 tokens for text, AUDIO_MAX_OUTPUT_TOKENS, about 30 s of speech, for audio)
+    max_output_tokens: int | None = None
     temperature: float = 0.0
     beta: bool = False  # emit the beta event names (a client used them)
     # a final transcript's extras, computed only for sessions that ask (one more encoder/decoder pass):
@@ -79,7 +81,7 @@ class SessionConfig:
         if self.type == "realtime":
             s["instructions"] = self.instructions
             s["output_modalities"] = list(self.output_modalities)
-            s["max_output_tokens"] = self.max_output_tokens
+            s["max_output_tokens"] = self.max_output_tokens or default_max_tokens("audio" in self.output_modalities)
             s.update(tools_api(self.tools, self.tool_choice))
             s["audio"]["output"] = {"format": self.output_format.to_api(), "voice": self.voice, "speed": self.speed}
         return s
@@ -141,6 +143,17 @@ def _transcription(tr, available: dict, name: str) -> dict:
 
 
 LOGPROBS_INCLUDE = "item.input_audio_transcription.logprobs"
+
+TEXT_MAX_OUTPUT_TOKENS = 256  # a text response's bound where the client set none
+# a spoken response's bound where the client set none: about 30 s of speech. The default voice (Piper joe, speed 1)
+# speaks 3.5 words a second and SmolLM2's tokenizer writes 1.16 tokens a word (measured on passage.txt and on
+# short answers: 4.05-4.15 tokens a second of speech), so 30 s is ~122 tokens
+AUDIO_MAX_OUTPUT_TOKENS = 120
+
+
+def default_max_tokens(audio: bool) -> int:
+    """A response's max_output_tokens where neither the session nor the response set one."""
+    return AUDIO_MAX_OUTPUT_TOKENS if audio else TEXT_MAX_OUTPUT_TOKENS
 
 
 def apply_session_update(cfg: SessionConfig, s: dict, available: dict) -> SessionConfig:

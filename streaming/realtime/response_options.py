@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .audio_codec import AudioFormat, AudioFormatError, parse_format
-from .config import SessionConfig
+from .config import AUDIO_MAX_OUTPUT_TOKENS, SessionConfig, default_max_tokens
+
+__all__ = ["AUDIO_MAX_OUTPUT_TOKENS", "ResponseOptions", "response_options"]
 from .protocol import ProtocolError, check_num, check_voice, short
 from .tools import Tool, grammar, tool_settings
 
@@ -85,8 +87,12 @@ def response_options(overrides, cfg: SessionConfig, available: dict | None = Non
     say = overrides.get("speechrt_say")
     if say is not None and (not isinstance(say, str) or not say.strip()):
         raise ProtocolError("speechrt_say must be a non-empty string", "invalid_value", "response.speechrt_say")
+    # the response's max_output_tokens, else the session's, else the default for its output (about 30 s of speech)
     v = overrides.get("max_output_tokens", cfg.max_output_tokens)
-    max_tokens = 1024 if v == "inf" else check_num(v, "response.max_output_tokens", 1, 4096, integer=True)
+    if v is None:
+        max_tokens = default_max_tokens("audio" in mods)
+    else:
+        max_tokens = 1024 if v == "inf" else check_num(v, "response.max_output_tokens", 1, 4096, integer=True)
     tools, choice = tool_settings(overrides, "response", cfg.tools, cfg.tool_choice)
     conversation = overrides.get("conversation", "auto")
     if conversation not in ("auto", "none"):

@@ -469,6 +469,47 @@ def test_a_response_in_its_own_audio_format(server):
         assert wer("Hello there, friend.", heard) <= 0.34, (fmt, heard)
 
 
+def test_a_spoken_reply_is_bounded_to_about_30_s_unless_the_client_sets_max_output_tokens(server):
+    """An audio response of a session that set no max_output_tokens stops at AUDIO_MAX_OUTPUT_TOKENS (about 30 s of
+    the voice's speech; a text response keeps 256), incomplete for max_output_tokens; the client's value, in the
+    response or the session ("inf" included), overrides it."""
+    from speechrt.streaming.realtime.config import SessionConfig, apply_session_update
+    from speechrt.streaming.realtime.response_options import AUDIO_MAX_OUTPUT_TOKENS, response_options
+
+    story = "Tell me a very long and detailed story about a dragon, a knight and a village, with many chapters."
+
+    async def main():
+        ws = await _conn(server)
+        await ws.send(
+            json.dumps({"type": "session.update", "session": {"instructions": "You tell long, detailed stories."}})
+        )
+        upd, _ = await _until(ws, "session.updated")
+        assert upd["session"]["max_output_tokens"] == AUDIO_MAX_OUTPUT_TOKENS
+        item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": story}]}
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+        dones = []
+        for extra in ({}, {"max_output_tokens": 12}):  # the default bound, then the response's own
+            await ws.send(json.dumps({"type": "response.create", "response": {"conversation": "none", **extra}}))
+            done, seen = await _until(ws, "response.done")
+            assert any(e["type"] == "response.output_audio.delta" for e in seen)
+            dones.append(done["response"])
+        await ws.close()
+        return dones
+
+    for r, n in zip(asyncio.run(asyncio.wait_for(main(), 240)), (AUDIO_MAX_OUTPUT_TOKENS, 12)):
+        assert (r["status"], r["status_details"]["reason"]) == ("incomplete", "max_output_tokens"), r
+        assert r["usage"]["output_token_details"]["text_tokens"] == n
+    # the same choice without a server: a session's value ("inf": 1024) overrides the default for audio and text
+    cfg = SessionConfig()
+    assert 100 <= AUDIO_MAX_OUTPUT_TOKENS <= 130 and response_options({}, cfg).max_tokens == AUDIO_MAX_OUTPUT_TOKENS
+    assert response_options({"output_modalities": ["text"]}, cfg).max_tokens == 256
+    inf = apply_session_update(cfg, {"max_output_tokens": "inf"}, {})
+    assert (
+        response_options({}, inf).max_tokens == 1024
+        and response_options({"max_output_tokens": 300}, cfg).max_tokens == 300
+    )
+
+
 def test_session_model_and_voice_names(server):
     """A session may name the loaded language model, 'speechrt' or an OpenAI realtime model (in the URL or
     in session.update), and the loaded voice or an OpenAI voice; any other name is an error that lists the
@@ -596,7 +637,7 @@ def test_barge_in_stops_the_response_and_truncates(server, question_pcm):
         answered = next((e for e in skipped if e["type"] == "response.done"), None)
         if answered is None:
             answered, _ = await _until(ws, "response.done", timeout=180)
-        # answered in full, or (the storyteller's instructions) up to the session's 256 output tokens
+        # answered in full, or (the storyteller's instructions) up to a spoken reply's default bound (120 tokens)
         r = answered["response"]
         assert r["status"] == "completed" or (r["status"], r["status_details"]["reason"]) == (
             "incomplete",
