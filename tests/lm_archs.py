@@ -12,6 +12,8 @@ import numpy as np
 import torch
 import transformers
 
+from speechrt.models.chat_templates import GEMMA3  # google/gemma-3-*'s own template
+
 VOCAB = 512  # the embedding's rows; the tokenizer has fewer, as real models' do
 SIZES = dict(
     vocab_size=VOCAB,
@@ -137,27 +139,6 @@ PHI3 = (
     "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}"
 )
 
-GEMMA3 = """{{ bos_token }}
-{%- if messages[0]['role'] == 'system' -%}
-    {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
-    {%- set loop_messages = messages[1:] -%}
-{%- else -%}
-    {%- set first_user_prefix = "" -%}
-    {%- set loop_messages = messages -%}
-{%- endif -%}
-{%- for message in loop_messages -%}
-    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
-        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
-    {%- endif -%}
-    {%- set role = "model" if message['role'] == 'assistant' else message['role'] -%}
-    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
-    {{- message['content'] | trim -}}
-    {{ '<end_of_turn>\n' }}
-{%- endfor -%}
-{%- if add_generation_prompt -%}
-    {{'<start_of_turn>model\n'}}
-{%- endif -%}
-"""
 # Gemma 3 at reduced width: 6 layers, the first five over a window of 4 positions (the tests' sequences of 10-16
 # tokens cross it), the sixth global with another rotary base; query_pre_attn_scalar apart from head_dim; a final
 # logit soft cap (None in Gemma 3's configs, supported all the same; transformers' Gemma 3 has no attention one)
