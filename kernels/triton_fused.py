@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_matmul import precision, upcast
+from .triton_matmul import precision, tile_dot, upcast
 
 
 @triton.jit
@@ -176,19 +176,7 @@ def _linear_residual_kernel(
     pid_n = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    px = x_ptr + rm[:, None].to(tl.int64) * sxm + rk[None, :] * sxk
-    pw = w_ptr + rn[None, :].to(tl.int64) * swn + rk[:, None] * swk
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        km = (k0 + rk) < K
-        a = tl.load(px, mask=(rm < M)[:, None] & km[None, :], other=0.0)
-        b = tl.load(pw, mask=km[:, None] & (rn < N)[None, :], other=0.0)
-        if UPCAST:
-            a, b = a.to(tl.float32), b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        px += BLOCK_K * sxk
-        pw += BLOCK_K * swk
+    acc = tile_dot(x_ptr, w_ptr, rm, rn, M, N, K, sxm, sxk, swn, swk, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K)
     om = (rm < M)[:, None] & (rn < N)[None, :]
     r = tl.load(r_ptr + rm[:, None].to(tl.int64) * srm + rn[None, :], mask=om, other=0.0).to(tl.float32)
     y = _rnd(_rnd(acc, DT) + r, DT)

@@ -12,6 +12,43 @@ import triton.language as tl
 
 
 @triton.jit
+def tile_dot(
+    x_ptr,
+    w_ptr,
+    rm,
+    rn,
+    M,
+    N,
+    K,
+    sxm,
+    sxk,
+    swn,
+    swk,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """The float32 tile x[rm, :] @ W[rn, :].T over the whole K (rows past M / N read as zeros): the K loop of
+    every linear kernel here and in kernels/triton_fused.py."""
+    rk = tl.arange(0, BLOCK_K)
+    px = x_ptr + rm[:, None].to(tl.int64) * sxm + rk[None, :] * sxk  # [BLOCK_M, BLOCK_K]
+    pw = w_ptr + rn[None, :].to(tl.int64) * swn + rk[:, None] * swk  # [BLOCK_K, BLOCK_N] = W.T tile
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        km = (k0 + rk) < K
+        a = tl.load(px, mask=(rm < M)[:, None] & km[None, :], other=0.0)
+        b = tl.load(pw, mask=km[:, None] & (rn < N)[None, :], other=0.0)
+        if UPCAST:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        px += BLOCK_K * sxk
+        pw += BLOCK_K * swk
+    return acc
+
+
+@triton.jit
 def _linear_kernel(
     x_ptr,
     w_ptr,
@@ -43,19 +80,7 @@ def _linear_kernel(
     pid_n = (pid % group) // size_m
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    px = x_ptr + rm[:, None].to(tl.int64) * sxm + rk[None, :] * sxk  # [BLOCK_M, BLOCK_K]
-    pw = w_ptr + rn[None, :].to(tl.int64) * swn + rk[:, None] * swk  # [BLOCK_K, BLOCK_N] = W.T tile
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        km = (k0 + rk) < K
-        a = tl.load(px, mask=(rm < M)[:, None] & km[None, :], other=0.0)
-        b = tl.load(pw, mask=km[:, None] & (rn < N)[None, :], other=0.0)
-        if UPCAST:
-            a, b = a.to(tl.float32), b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        px += BLOCK_K * sxk
-        pw += BLOCK_K * swk
+    acc = tile_dot(x_ptr, w_ptr, rm, rn, M, N, K, sxm, sxk, swn, swk, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     py = y_ptr + rm[:, None].to(tl.int64) * sym + rn[None, :]
