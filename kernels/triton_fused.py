@@ -40,6 +40,39 @@ def _rnd(x, DT: tl.constexpr):
 
 
 @triton.jit
+def _norm_dot_pair(
+    x_ptr, g_ptr, w_ptr, rm, cols, rmask, cmask, second, K, sxm, sxk, swn, swk, eps,
+    DT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """RMSNorm folded into two projections that share their input: (x[rm] * g) @ W[cols].T and @ W[cols +
+    second].T in float32 over the whole K, and each row's 1 / rms(x) (rstd) to scale them by. The normed input is
+    rounded to DT, as the unfused norm leaves it."""
+    rk = tl.arange(0, BLOCK_K)
+    px = x_ptr + rm[:, None].to(tl.int64) * sxm + rk[None, :] * sxk  # [BLOCK_M, BLOCK_K]
+    pw = w_ptr + cols[None, :] * swn + rk[:, None] * swk  # [BLOCK_K, BLOCK_N] = W.T tile
+    acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        km = (k0 + rk) < K
+        x = tl.load(px, mask=rmask[:, None] & km[None, :], other=0.0)
+        xf = x.to(tl.float32)
+        ss += tl.sum(xf * xf, axis=1)
+        a = _rnd(xf * tl.load(g_ptr + k0 + rk, mask=km, other=0.0).to(tl.float32)[None, :], DT).to(DT)
+        wm = km[:, None] & cmask[None, :]
+        w1 = tl.load(pw, mask=wm, other=0.0)
+        w2 = tl.load(pw + second * swn, mask=wm, other=0.0)
+        if UPCAST:
+            a, w1, w2 = a.to(tl.float32), w1.to(tl.float32), w2.to(tl.float32)
+        acc1 = tl.dot(a, w1, acc1, input_precision=PRECISION)
+        acc2 = tl.dot(a, w2, acc2, input_precision=PRECISION)
+        px += BLOCK_K * sxk
+        pw += BLOCK_K * swk
+    return acc1, acc2, 1.0 / tl.sqrt(ss / K + eps)
+
+
+@triton.jit
 def _norm_qkv_rope_kernel(
     x_ptr,
     g_ptr,
@@ -90,29 +123,11 @@ def _norm_qkv_rope_kernel(
     mm = rm < M
     d = chunk * BLOCK_HALF + tl.arange(0, BLOCK_HALF)
     dm = d < HALF
-    rk = tl.arange(0, BLOCK_K)
     col = (head * 2 * HALF + d).to(tl.int64)  # rows of W for the first half; + HALF for the second
-    px = x_ptr + rm[:, None].to(tl.int64) * sxm + rk[None, :] * sxk  # [BLOCK_M, BLOCK_K]
-    pw = w_ptr + col[None, :] * swn + rk[:, None] * swk  # [BLOCK_K, BLOCK_HALF] = W.T tile
-    acc1 = tl.zeros((BLOCK_M, BLOCK_HALF), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_M, BLOCK_HALF), dtype=tl.float32)
-    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        km = (k0 + rk) < K
-        x = tl.load(px, mask=mm[:, None] & km[None, :], other=0.0)
-        xf = x.to(tl.float32)
-        ss += tl.sum(xf * xf, axis=1)
-        a = _rnd(xf * tl.load(g_ptr + k0 + rk, mask=km, other=0.0).to(tl.float32)[None, :], DT).to(DT)
-        wm = km[:, None] & dm[None, :]
-        w1 = tl.load(pw, mask=wm, other=0.0)
-        w2 = tl.load(pw + HALF * swn, mask=wm, other=0.0)
-        if UPCAST:
-            a, w1, w2 = a.to(tl.float32), w1.to(tl.float32), w2.to(tl.float32)
-        acc1 = tl.dot(a, w1, acc1, input_precision=PRECISION)
-        acc2 = tl.dot(a, w2, acc2, input_precision=PRECISION)
-        px += BLOCK_K * sxk
-        pw += BLOCK_K * swk
-    rstd = 1.0 / tl.sqrt(ss / K + eps)
+    acc1, acc2, rstd = _norm_dot_pair(
+        x_ptr, g_ptr, w_ptr, rm, col, mm, dm, HALF, K, sxm, sxk, swn, swk, eps,
+        DT, PRECISION, UPCAST, BLOCK_M, BLOCK_HALF, BLOCK_K,
+    )  # fmt: skip
     # the projection's output, rounded to the activation dtype as the unfused linear leaves it
     y1 = _rnd(acc1 * rstd[:, None], DT)
     y2 = _rnd(acc2 * rstd[:, None], DT)
@@ -211,28 +226,10 @@ def _norm_gate_up_kernel(
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = rn < N
-    rk = tl.arange(0, BLOCK_K)
-    px = x_ptr + rm[:, None].to(tl.int64) * sxm + rk[None, :] * sxk
-    pw = w_ptr + rn[None, :].to(tl.int64) * swn + rk[:, None] * swk
-    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        km = (k0 + rk) < K
-        x = tl.load(px, mask=(rm < M)[:, None] & km[None, :], other=0.0)
-        xf = x.to(tl.float32)
-        ss += tl.sum(xf * xf, axis=1)
-        a = _rnd(xf * tl.load(g_ptr + k0 + rk, mask=km, other=0.0).to(tl.float32)[None, :], DT).to(DT)
-        wm = km[:, None] & nm[None, :]
-        wg = tl.load(pw, mask=wm, other=0.0)
-        wu = tl.load(pw + N * swn, mask=wm, other=0.0)
-        if UPCAST:
-            a, wg, wu = a.to(tl.float32), wg.to(tl.float32), wu.to(tl.float32)
-        acc_g = tl.dot(a, wg, acc_g, input_precision=PRECISION)
-        acc_u = tl.dot(a, wu, acc_u, input_precision=PRECISION)
-        px += BLOCK_K * sxk
-        pw += BLOCK_K * swk
-    rstd = 1.0 / tl.sqrt(ss / K + eps)
+    acc_g, acc_u, rstd = _norm_dot_pair(
+        x_ptr, g_ptr, w_ptr, rm, rn.to(tl.int64), rm < M, nm, N, K, sxm, sxk, swn, swk, eps,
+        DT, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
     g = _rnd(acc_g * rstd[:, None], DT)
     u = _rnd(acc_u * rstd[:, None], DT)
     s = _rnd(g / (1.0 + tl.exp(-g)), DT)  # the reference rounds silu(g) before the product
