@@ -41,11 +41,15 @@ import argparse
 import math
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from speechrt.bench import gpu_server
+from speechrt.bench.gpu_attention import check_attention
 from speechrt.bench.gpu_fused import check_lm_fused
 from speechrt.bench.gpu_graphs import check_asr_batches, check_cuda_graphs, check_lm_graphs
+from speechrt.bench.gpu_large import check_asr_turbo, check_lm_1b
 from speechrt.bench.gpu_parity import (
     check_asr_onnxruntime,
     check_asr_triton,
@@ -70,25 +74,16 @@ def add_arguments(p):
     p.add_argument(
         "--checks",
         default=None,
-        help="comma list of checks to run (default: all): "
-        + ", ".join(
-            [
-                "gpu",
-                "kernels",
-                "asr-triton",
-                "lm-triton",
-                "asr-onnxruntime",
-                "lm-onnxruntime",
-                "cuda-graphs",
-                "asr-batches",
-                "lm-graphs",
-                "lm-fused",
-                "onnxruntime",
-                "tensorrt",
-                "roofline",
-                "server-ramp",
-            ]
-        ),
+        help="comma list of checks to run, in the order given (default: all, most valuable first): "
+        + ", ".join(f"{s.name} (~{s.estimate_s:.0f} s)" for s in TABLE),
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=BUDGET_S,
+        metavar="SECONDS",
+        help="seconds of checks in all: a check whose estimate does not fit what is left is skipped, saying so "
+        "(in the output and the result file); 0: no limit (default: %(default)s, for a 10-minute GPU session)",
     )
     p.add_argument("--quick", action="store_true", help="roofline without torch.compile (minutes less)")
     gpu_server.add_arguments(p)
@@ -239,37 +234,78 @@ def check_roofline(dev, out: Results, quick: bool = False):
     )
 
 
-CHECKS = {
-    "gpu": check_gpu,
-    "kernels": check_kernels,
-    "asr-triton": check_asr_triton,
-    "lm-triton": check_lm_triton,
-    "asr-onnxruntime": check_asr_onnxruntime,
-    "lm-onnxruntime": check_lm_onnxruntime,
-    "cuda-graphs": check_cuda_graphs,
-    "asr-batches": check_asr_batches,
-    "lm-graphs": check_lm_graphs,
-    "lm-fused": check_lm_fused,
-    "onnxruntime": check_onnxruntime,
-    "tensorrt": check_tensorrt,
-    "roofline": check_roofline,
-    "server-ramp": gpu_server.check_server_ramp,  # called with the command's options: (args, out)
-}
-NEEDS_TORCH_GPU = {
-    "gpu",
-    "kernels",
-    "asr-triton",
-    "lm-triton",
-    "asr-onnxruntime",
-    "lm-onnxruntime",
-    "cuda-graphs",
-    "asr-batches",
-    "lm-graphs",
-    "lm-fused",
-    "roofline",
-    "server-ramp",  # except with --device cpu
-}
-NEEDS_TRITON = NEEDS_TORCH_GPU - {"gpu", "asr-onnxruntime", "lm-onnxruntime", "server-ramp"}
+GPU, TRITON, ANY = "gpu", "triton", ""  # what a check needs: a torch GPU, that and Triton, nothing
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One check of the table: its name, its time on an H100/H200 in seconds (a fresh machine: Triton compiles
+    and captures included; what the --budget is planned with), its function and what it needs. `fn(dev, out)`
+    -> (status, detail), or `fn(dev, out, args)` (the command's options) with takes_args."""
+
+    name: str
+    estimate_s: float
+    fn: Callable
+    needs: str = TRITON
+    takes_args: bool = False
+
+
+def _roofline(dev, out, args):
+    return check_roofline(dev, out, args.quick)
+
+
+def _server_ramp(dev, out, args):  # --device cpu runs it on the CPU
+    return gpu_server.check_server_ramp(args, out)
+
+
+# The checks, most valuable first: with a --budget the ones that no longer fit are skipped, so the order is what a
+# short GPU session measures. One row per check (add a row to add a check). Estimates: the run times printed by
+# earlier runs where there were any (H100/H200), else the compile and timing work counted (lm-1b: torch.compile
+# max-autotune of a 16-layer step, ~2 min)
+TABLE = (
+    Spec("gpu", 2, check_gpu, GPU),
+    Spec("kernels", 30, check_kernels),
+    Spec("lm-fused", 60, check_lm_fused),
+    Spec("lm-1b", 180, check_lm_1b),
+    Spec("attention", 40, check_attention),
+    Spec("asr-turbo", 60, check_asr_turbo),
+    Spec("cuda-graphs", 20, check_cuda_graphs),
+    Spec("lm-graphs", 30, check_lm_graphs),
+    Spec("asr-batches", 60, check_asr_batches),
+    Spec("lm-triton", 30, check_lm_triton),
+    Spec("asr-triton", 30, check_asr_triton),
+    Spec("roofline", 150, _roofline, takes_args=True),
+    Spec("lm-onnxruntime", 90, check_lm_onnxruntime, GPU),
+    Spec("asr-onnxruntime", 60, check_asr_onnxruntime, GPU),
+    Spec("onnxruntime", 20, check_onnxruntime, ANY),
+    Spec("tensorrt", 1, check_tensorrt, ANY),
+    Spec("server-ramp", 120 + gpu_server.BUDGET_S, _server_ramp, GPU, takes_args=True),
+)
+CHECKS = {s.name: s for s in TABLE}
+BUDGET_S = 540.0  # the default --budget: a lent GPU's 10 minutes of device time, less its start
+
+
+def estimate(spec: Spec, args) -> float:
+    """Seconds `spec` is planned to take with these options (the ramp: its --server-budget of levels and its start;
+    the roofline without torch.compile with --quick)."""
+    if spec.name == "server-ramp":
+        return 120 + args.server_budget
+    if spec.name == "roofline" and args.quick:
+        return 60
+    return spec.estimate_s
+
+
+def over_budget(spec: Spec, args, spent: float) -> str | None:
+    """Why `spec` is skipped for the --budget after `spent` seconds of checks (None: it fits or there is no budget)."""
+    if not args.budget:
+        return None
+    left, need = args.budget - spent, estimate(spec, args)
+    if need <= left:
+        return None
+    return (
+        f"not run: estimated {need:.0f} s, {max(left, 0):.0f} s left of --budget {args.budget:.0f} s "
+        f"(run it alone: --checks {spec.name})"
+    )
 
 
 def run(args):
@@ -289,22 +325,28 @@ def run(args):
         except ImportError:
             no_triton = "Triton is not installed (pip install 'speechrt[triton]')"
     dev = torch.device(args.device) if no_gpu is None else None
+    if args.budget:
+        planned = sum(estimate(CHECKS[n], args) for n in names)
+        print(f"budget {args.budget:.0f} s for {len(names)} checks estimated at {planned:.0f} s in all", flush=True)
+    start = time.monotonic()
     for name in names:
-        t0 = time.monotonic()
-        if name in NEEDS_TORCH_GPU and no_gpu and not (name == "server-ramp" and args.device == "cpu"):
+        spec, t0 = CHECKS[name], time.monotonic()
+        cpu_ramp = name == "server-ramp" and args.device == "cpu"
+        if spec.needs and no_gpu and not cpu_ramp:
             status, detail = "skip", no_gpu
-        elif name in NEEDS_TRITON and no_triton:
+        elif spec.needs == TRITON and no_triton:
             status, detail = "skip", no_triton
+        elif why := over_budget(spec, args, t0 - start):
+            status, detail = "skip", why
         else:
             try:
-                fn = CHECKS[name]
-                if name == "server-ramp":
-                    status, detail = fn(args, out)
-                else:
-                    status, detail = fn(dev, out, args.quick) if name == "roofline" else fn(dev, out)
+                status, detail = spec.fn(dev, out, args) if spec.takes_args else spec.fn(dev, out)
             except Exception as e:  # a crashing check is a failed check, and the others still run
                 status, detail = "fail", f"{type(e).__name__}: {e}"
+            out.notes.append(f"check {name}: {time.monotonic() - t0:.0f} s (estimated {estimate(spec, args):.0f} s)")
         out.checks.append(Check(name, status, detail))
+        if status == "skip":
+            out.skip("gpu", name, detail)
         print(f"{status.upper():4} {name:12} {detail} ({time.monotonic() - t0:.0f} s)", flush=True)
     out.write(args.json)
     failed = [c.name for c in out.checks if c.status == "fail"]

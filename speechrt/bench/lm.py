@@ -10,7 +10,10 @@ ignored so every engine does the same work). Batch B runs B different prompts to
   `llama_decode` per step with B tokens; greedy argmax over its logits;
 - transformers (`AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`, float32 as it dequantizes;
   with `--device cuda` on the GPU in bf16, eager with its dynamic cache, as `generate()` runs by default):
-  `generate()` on the left-padded batch; TTFT is a 1-token generate, decode rate is the rest.
+  `generate()` on the left-padded batch; TTFT is a 1-token generate, decode rate is the rest;
+- torch-compile-static (static_llama.py, on --device, from the same file's float weights): gpt-fast's recipe, a
+  static cache and the greedy decode step under `torch.compile(mode="max-autotune", fullgraph=True)`, prompts
+  prefilled eagerly one by one; torch-static: the same step uncompiled.
 
 TTFT is from token ids to the first sampled token of every sequence of the batch; decode tok/s counts
 every sequence's tokens after the first (aggregate over the batch). Each measurement is repeated and
@@ -36,6 +39,7 @@ from speechrt.bench.fingerprint import usable_cores
 from speechrt.bench.lm_engines import GRAMMAR_TAG, start_engine
 from speechrt.cli_paths import output_file
 
+PEERS = ("llama.cpp", "transformers", "onnxruntime-genai", "torch-compile-static", "torch-static")
 PROMPTS = [
     "What is the capital of France?",
     "Write a haiku about the sea.",
@@ -80,8 +84,9 @@ def add_arguments(p):
     p.add_argument(
         "--peers",
         default="llama.cpp,transformers",
-        help="peers to run if installed, comma-separated from: llama.cpp, transformers, onnxruntime-genai; '' for none "
-        "(default: %(default)s)",
+        help="peers to run if installed, comma-separated from: " + ", ".join(PEERS) + "; '' for none "
+        "(torch-compile-static: gpt-fast's static cache and torch.compile max-autotune on --device, minutes of "
+        "compiling on a CPU; torch-static: the same uncompiled) (default: %(default)s)",
     )
     p.add_argument(
         "--grammar",
@@ -214,9 +219,9 @@ def run(args):
     if args.tokens < 2 or args.repeats < 1:
         raise UserError("--tokens must be >= 2 and --repeats >= 1")
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
-    bad = [p for p in peers if p not in ("llama.cpp", "transformers", "onnxruntime-genai")]
+    bad = [p for p in peers if p not in PEERS]
     if bad:
-        raise UserError(f"unknown peer(s) {', '.join(bad)}; valid: llama.cpp, transformers, onnxruntime-genai")
+        raise UserError(f"unknown peer(s) {', '.join(bad)}; valid: {', '.join(PEERS)}")
     ours = [f"speechrt {b.strip()}" for b in args.backends.split(",") if b.strip()]
     if args.grammar == "json":  # the same backends, each sequence under a JSON schema grammar (lm_engines.SCHEMA)
         ours += [f"{n} {GRAMMAR_TAG}" for n in ours]
@@ -298,7 +303,7 @@ def run(args):
     print()
     print(
         f"{'engine':22} {'batch':>5} {'TTFT ms':>9} {'decode tok/s':>13} {'(median)':>9} {'vs llama.cpp':>13} "
-        f"{'vs transformers':>16} {'vs genai':>9}"
+        f"{'vs transformers':>16} {'vs genai':>9} {'vs compile':>11}"
     )
     for i, B in enumerate(batches):
         by = {n: r["rows"][i] for n, r in results.items() if "rows" in r}
@@ -306,16 +311,17 @@ def run(args):
             vl = f"{row['tps'] / by['llama.cpp']['tps']:.2f}x" if "llama.cpp" in by else "-"
             vt = f"{row['tps'] / by['transformers']['tps']:.2f}x" if "transformers" in by else "-"
             vg = f"{row['tps'] / by['onnxruntime-genai']['tps']:.2f}x" if "onnxruntime-genai" in by else "-"
+            vc = f"{row['tps'] / by['torch-compile-static']['tps']:.2f}x" if "torch-compile-static" in by else "-"
             print(
                 f"{n:22} {B:5d} {row['ttft'] * 1e3:9.1f} {row['tps']:13.1f} {row['tps_median']:9.1f} {vl:>13} {vt:>16} "
-                f"{vg:>9}"
+                f"{vg:>9} {vc:>11}"
             )
     print("\nratios: decode tok/s (best run) over the peer's; TTFT covers every sequence of the batch")
     _grammar_ratios(results, batches)
     if args.json:
         from speechrt.bench.record import Results
 
-        out = Results(_records(results, meta, rm.name, args.tokens, threads))
+        out = Results(_records(results, meta, rm.name, args.tokens, threads, args.device))
         for name, note in notes.items():
             if note.startswith("skipped: "):
                 out.skip("lm", name, note.removeprefix("skipped: "))
@@ -336,12 +342,14 @@ def _grammar_ratios(results, batches) -> None:
             )
 
 
-def _records(results, meta, model, tokens, threads):
+def _records(results, meta, model, tokens, threads, device="cpu"):
     """Per engine and batch size: time to first token (best run) and decode tok/s (best run), with the
-    spread of the runs; ours compared with llama.cpp, else transformers, else onnxruntime-genai."""
+    spread of the runs; ours compared with llama.cpp, else transformers, else onnxruntime-genai, else the static-cache
+    peers (on a GPU the compiled static-cache peer first: llama.cpp and onnxruntime-genai run on the CPU)."""
     from speechrt.bench.record import Record, Repeats
 
-    peer = next((n for n in ("llama.cpp", "transformers", "onnxruntime-genai") if n in results), None)
+    order = PEERS if device == "cpu" else ("torch-compile-static", "transformers", "torch-static")
+    peer = next((n for n in order if n in results), None)
     out = []
     for name, r in results.items():
         m, ours = meta[name], name.startswith("speechrt")  # ours: 'speechrt <backend>' (the backend in meta)
