@@ -317,6 +317,8 @@ def run(args):
     bad = [c for c in names if c not in CHECKS]
     if bad:
         raise UserError(f"unknown check(s) {', '.join(bad)}; valid: {', '.join(CHECKS)}")
+    if args.budget < 0:
+        raise UserError(f"--budget must be seconds >= 0 (0: no limit), got {args.budget:g}")
     out = Results()
     no_gpu, no_triton = _no_gpu(), None
     if no_gpu is None:

@@ -1,6 +1,7 @@
 """`bench lm`'s engines, each built in its own worker process from a spec: ours (the real token loop), llama.cpp
-and transformers (onnxruntime-genai is genai_peer.py, torch-compile-static / torch-static static_llama.py); each times greedy decoding of a fixed number of tokens for
-a batch of token-id prompts -> (time to first token, decode tokens/s)."""
+and transformers (onnxruntime-genai is genai_peer.py, torch-compile-static and torch-static static_llama.py); each
+times greedy decoding of a fixed number of tokens for a batch of token-id prompts -> (time to first token, decode
+tokens/s)."""
 
 from __future__ import annotations
 
@@ -203,7 +204,9 @@ def start_engine(spec: dict):
         if name in ("torch-compile-static", "torch-static"):  # the gpt-fast recipe, from any file we load
             from speechrt.bench.static_llama import StaticPeer
 
-            return StaticPeer(spec["model"], spec["device"], spec["dtype"], threads, name == "torch-compile-static"), None
+            return StaticPeer(
+                spec["model"], spec["device"], spec["dtype"], threads, name == "torch-compile-static"
+            ), None
         if rm.format != "gguf":
             return None, "needs a GGUF model"
         if name == "onnxruntime-genai":

@@ -240,7 +240,8 @@ class StaticPeer:
         self.name = "torch-compile-static" if compile else "torch-static"
         how = f'torch.compile(mode="{COMPILE_MODE}", fullgraph=True)' if compile else "eager"
         prec = str(dt).removeprefix("torch.")
-        self.note = f"gpt-fast recipe: static cache, decode step {how}, prefill eager; {prec} on {dev} (torch {torch.__version__})"
+        self.note = f"gpt-fast recipe: static cache, decode step {how}, prefill eager; {prec} on {dev}"
+        self.note += f" (torch {torch.__version__})"
         self.meta = {"backend": "inductor" if compile else "torch", "precision": prec, "device": str(dev)}
 
     def run(self, prompts, n):

@@ -29,6 +29,9 @@ def test_bench_gpu_skips_clearly_without_a_gpu(bench, tmp_path):
         "cuda-graphs",
         "lm-graphs",
         "lm-fused",
+        "lm-1b",
+        "attention",
+        "asr-turbo",
         "roofline",
         "server-ramp",
     ):
@@ -39,9 +42,29 @@ def test_bench_gpu_skips_clearly_without_a_gpu(bench, tmp_path):
     assert res.machine["gpus"] == [] and res.machine["software"]["packages"]["torch"]
 
 
+def test_bench_gpu_skips_what_does_not_fit_its_budget(bench, tmp_path):
+    """--budget: a check whose estimate does not fit what is left is skipped with its estimate and the budget, in the
+    output and in the result file's checks and skips; the others still run, in the order given."""
+    from speechrt.bench.gpu import TABLE
+
+    assert TABLE[0].name == "gpu" and TABLE[-1].name == "server-ramp" and all(s.estimate_s > 0 for s in TABLE)
+    out = tmp_path / "gpu.json"
+    r = bench("gpu", "--device", "cpu", "--checks", "server-ramp,tensorrt", "--budget", "30", "--json", out)
+    assert r.returncode == 0, r.stderr
+    res = load(out)
+    assert [c.name for c in res.checks] == ["server-ramp", "tensorrt"]
+    ramp = res.checks[0]
+    assert ramp.status == "skip" and ramp.detail.startswith("not run: estimated 480 s, 30 s left of --budget 30 s")
+    assert [(s.what, s.reason) for s in res.skipped][0] == ("server-ramp", ramp.detail)
+    assert "budget 30 s for 2 checks estimated at 481 s in all" in r.stdout and "SKIP server-ramp" in r.stdout
+    assert res.checks[1].detail.split()[0] in ("the", "tensorrt")  # it ran: not installed, or installed
+    r = bench("gpu", "--budget", "-1")
+    assert r.returncode == 2 and "--budget must be seconds >= 0 (0: no limit), got -1" in r.stderr
+
+
 def test_bench_gpu_lists_valid_checks(bench):
     r = bench("gpu", "--checks", "kernels,warp")
-    assert r.returncode == 2 and "unknown check(s) warp; valid: gpu, kernels, asr-triton" in r.stderr
+    assert r.returncode == 2 and "unknown check(s) warp; valid: gpu, kernels, lm-fused, lm-1b" in r.stderr
 
 
 def test_provider_comparison_on_the_cpu_provider():
@@ -81,3 +104,90 @@ def test_fused_step_benchmark_runs_up_to_its_gpu_part(monkeypatch):
     r = out.records[0]
     assert r.params["fused_vs_unfused_rel_err"] < 1e-4 and r.params["argmax_agreement"] == 1.0
     assert r.params["fraction_of_bandwidth"] == pytest.approx(cases[0].bytes / 1e-3 / 10e9)
+
+
+def _interpreted():
+    pytest.importorskip("triton")
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from speechrt.kernels import triton_fused
+
+    if not isinstance(triton_fused._norm_qkv_rope_kernel, InterpretedFunction):
+        pytest.skip("the Triton kernels were compiled for a GPU in this process, not interpreted")
+
+
+def _one_time(fn):  # the timer of these CPU runs: each variant called once (it must run), 1 ms
+    assert fn() is not None
+    return [1e-3]
+
+
+def test_lm_1b_check_runs_up_to_its_gpu_part(monkeypatch):
+    """lm-1b on a tiny config on the CPU: our triton runner (the graph path uncaptured, fused kernels interpreted), the
+    static-cache step eager and 'compiled' (uncompiled here), their logits compared, records with the bandwidth
+    fraction; at 1B shapes the step's bytes are Llama-3.2-1B's."""
+    _interpreted()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from speechrt.bench import gpu_large
+    from speechrt.bench.record import Results
+    from speechrt.models.llama import LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=64, dim=40, n_layers=1, n_heads=2, n_kv_heads=1, hidden_dim=56, max_seq_len=16)
+    out = Results()
+    bad, notes = gpu_large.run_lm(torch.device("cpu"), cfg, out, _one_time, 10.0, 5, False, False, torch.float32)
+    assert bad == [] and notes == []
+    assert [r.params["variant"] for r in out.records] == list(gpu_large.LM_VARIANTS)
+    r = out.records[0]
+    assert r.params["vs_static_rel_err"] < 1e-4 and r.params["fraction_of_bandwidth"] > 0
+
+
+def test_asr_turbo_check_runs_up_to_its_gpu_part(monkeypatch):
+    """asr-turbo on a tiny Whisper on the CPU: ours (Triton kernels interpreted, the slot path uncaptured) and the
+    torch backend's encoder pass and decode step from the same random weights agree; the turbo shape's FLOPs and
+    bytes are counted."""
+    _interpreted()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from speechrt.bench import gpu_large
+    from speechrt.bench.record import Results
+    from speechrt.bench.roofline import Peak
+    from speechrt.models.whisper import WhisperConfig
+
+    # turbo: 32 layers x (24 d^2 T + 4 T^2 d) + the convolutions = 2.27 TFLOP; a step at position 224 reads, in
+    # float16, 4 layers x (14 d^2 weights + the window's cross keys/values + 225 cached positions) + the embedding
+    d = 1280
+    assert gpu_large.encoder_flops(gpu_large.TURBO) == pytest.approx(2.27e12, rel=0.01)
+    assert gpu_large.decoder_step_bytes(gpu_large.TURBO, 224) == 2 * (
+        4 * (14 * d * d + 2 * (1500 + 225) * d) + 51866 * d
+    )
+    cfg = WhisperConfig(16, 8, 32, 2, 2, 200, 12, 32, 2, 2)
+    out = Results()
+    bad = gpu_large.run_asr(
+        torch.device("cpu"), cfg, out, _one_time, Peak("cpu", 10.0, 1.0, "x"), 6, False, torch.float32
+    )
+    assert bad == []
+    assert [(r.metric, r.params["variant"]) for r in out.records] == [
+        (m, v) for v in ("speechrt", "torch") for m in ("encoder_us", "decode_step_us")
+    ]
+
+
+def test_attention_check_runs_up_to_its_gpu_part(monkeypatch):
+    """The attention check on tiny cases on the CPU: our decode attention (split by the launcher's rule and unsplit)
+    and encoder attention against SDPA, with the ratio and the split count recorded."""
+    _interpreted()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from speechrt.bench import gpu_attention as ga
+    from speechrt.bench.record import Results
+    from speechrt.bench.roofline import Peak
+
+    assert len(ga.DECODE) == 6 and {c.batch for c in ga.DECODE} == {1, 8, 64}
+    cases = [ga.Case("decode", 2, 4, 2, 300, 16, "float32"), ga.Case("encoder", 1, 2, 2, 40, 16, "float32")]
+    out = Results()
+    assert ga.run_cases(torch.device("cpu"), cases, out, _one_time, Peak("cpu", 10.0, 1.0, "x")) == []
+    by = {(r.params["kind"], r.backend): r for r in out.records}
+    assert set(by) == {("decode", "sdpa"), ("decode", "speechrt"), ("decode", "speechrt-unsplit")} | {
+        ("encoder", "sdpa"),
+        ("encoder", "speechrt"),
+    }
+    assert (
+        by["decode", "speechrt"].params["num_splits"] > 1 and by["decode", "speechrt-unsplit"].params["num_splits"] == 1
+    )
+    assert by["encoder", "speechrt"].params["vs_sdpa"] == 1.0 and by["encoder", "speechrt"].peer == "sdpa"

@@ -1,0 +1,154 @@
+"""`bench gpu`'s attention check: our attention kernels against torch's SDPA on the same GPU, each case with its ratio.
+
+- decode attention (one query a row over a full cache, Llama-3.2-1B's 32 query / 8 key-value heads, d 64, bf16) at
+  batch 1, 8 and 64 over a short (448: Whisper's decoder context) and a long cache (4096): ours with the launcher's
+  split along the cache (flash-decoding; kernels/triton_decode_attention.config: split until batch x key-value heads
+  x splits reaches TARGET_PROGRAMS, never below 4 key blocks a split; the split count is in each record) and the same
+  kernel unsplit, against SDPA (grouped-query heads, no mask);
+- encoder attention (non-causal, 1500 frames, d 64, float16) at Whisper tiny's 6 heads and large-v3-turbo's 20.
+
+Records: time per call, the fraction of the measured copy bandwidth (decode: the cache's bytes) or matrix throughput
+(encoder: 4 T^2 d H FLOPs), and `vs_sdpa` (SDPA's time over ours). `run_cases()` runs wherever the kernels run (the
+tests: tiny cases on the CPU in the Triton interpreter); only `check_attention()` wants a GPU."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from speechrt.bench.record import Record, Repeats, Results
+
+
+@dataclass(frozen=True)
+class Case:
+    kind: str  # "decode" | "encoder"
+    batch: int
+    heads: int
+    kv_heads: int
+    length: int  # keys: the cache (decode), the frames (encoder)
+    head_dim: int = 64
+    dtype: str = "bfloat16"
+
+    @property
+    def label(self) -> str:
+        return (
+            f"{self.kind} attention B={self.batch} {self.heads}/{self.kv_heads} heads x {self.length} d{self.head_dim}"
+        )
+
+
+DECODE = tuple(Case("decode", b, 32, 8, t) for t in (448, 4096) for b in (1, 8, 64))
+ENCODER = (Case("encoder", 1, 6, 6, 1500, dtype="float16"), Case("encoder", 1, 20, 20, 1500, dtype="float16"))
+
+
+def _inputs(c: Case, device):
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(0)
+    dt = getattr(torch, c.dtype)
+    tq = 1 if c.kind == "decode" else c.length
+
+    def r(*s):
+        return torch.randn(*s, generator=g, device=device, dtype=torch.float32).to(dt)
+
+    return (
+        r(c.batch, c.heads, tq, c.head_dim),
+        r(c.batch, c.kv_heads, c.length, c.head_dim),
+        r(c.batch, c.kv_heads, c.length, c.head_dim),
+    )
+
+
+def variants(c: Case, device):
+    """name -> callable for case c: ours (and ours unsplit for decode), and SDPA -> {name: fn}, q, k, v."""
+    import torch.nn.functional as F
+
+    from speechrt import kernels
+    from speechrt.kernels.triton_decode_attention import decode_attention
+
+    q, k, v = _inputs(c, device)
+    gqa = {"enable_gqa": True} if c.heads != c.kv_heads else {}
+    fns = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, **gqa)}
+    if c.kind == "decode":
+        fns["speechrt"] = lambda: decode_attention(q, k, v)
+        fns["speechrt-unsplit"] = lambda: decode_attention(q, k, v, num_splits=1)
+    else:
+        att = kernels.select("triton", device).attention
+        fns["speechrt"] = lambda: att(q, k, v, causal=False)
+    return fns
+
+
+def run_cases(device, cases, out: Results, timer, peak) -> list[str]:
+    """Every case's variants timed (records in `out`) -> problems: ours beyond its dtype's rounding of SDPA."""
+    import torch
+
+    from speechrt.kernels.triton_decode_attention import config
+
+    bad = []
+    for c in cases:
+        fns = variants(c, device)
+        want = fns["sdpa"]().float()
+        for v in ("speechrt", "speechrt-unsplit"):
+            if v in fns:
+                err = (fns[v]().float() - want).abs().max().item()
+                if not err <= 2e-2:
+                    bad.append(f"{c.label} {v}: max error {err:.3g} from SDPA")
+        times = {v: timer(fn) for v, fn in fns.items()}
+        e = torch.tensor([], dtype=getattr(torch, c.dtype)).element_size()
+        if c.kind == "decode":
+            work = 2 * c.batch * c.kv_heads * c.length * c.head_dim * e + 2 * c.batch * c.heads * c.head_dim * e
+            splits = config(c.batch * c.kv_heads, c.length, c.head_dim, c.heads // c.kv_heads)["NUM_SPLITS"]
+        else:
+            work = 4 * c.batch * c.heads * c.length**2 * c.head_dim
+            splits = 0
+        sdpa = statistics.median(times["sdpa"])
+        for v, ts in times.items():
+            t = statistics.median(ts)
+            frac = (
+                work / t / (peak.bandwidth_gbps * 1e9)
+                if c.kind == "decode"
+                else work / t / (peak.matmul_tflops * 1e12 or 1e30)
+            )
+            out.records.append(
+                Record(
+                    family="gpu",
+                    model=f"attention-{c.kind}",
+                    engine="torch" if v == "sdpa" else "speechrt",
+                    backend=v,
+                    precision=c.dtype,
+                    device=str(device),
+                    workload=c.label,
+                    metric="time_us",
+                    unit="us",
+                    value=t * 1e6,
+                    better="lower",
+                    repeats=Repeats.of(x * 1e6 for x in ts),
+                    peer="" if v == "sdpa" else "sdpa",
+                    params={
+                        "kind": c.kind,
+                        "batch": c.batch,
+                        "length": c.length,
+                        "num_splits": 1 if v == "speechrt-unsplit" else splits,
+                        ("bytes" if c.kind == "decode" else "flops"): work,
+                        "fraction_of_roof": frac if peak.bandwidth_gbps else 0.0,
+                        "vs_sdpa": sdpa / t,
+                    },
+                )
+            )
+        if getattr(device, "type", "") == "cuda":
+            torch.cuda.empty_cache()
+    return bad
+
+
+def check_attention(dev, out: Results):
+    import torch
+
+    from speechrt.bench.roofline import probe, timer
+
+    peak = probe(dev, torch.bfloat16)
+    n0 = len(out.records)
+    bad = run_cases(dev, DECODE + ENCODER, out, timer(dev), peak)
+    ours = [r for r in out.records[n0:] if r.backend == "speechrt"]
+    parts = [f"{r.workload}: {r.params['vs_sdpa']:.2f}x SDPA ({r.value:.0f} us)" for r in ours]
+    slower = sum(r.params["vs_sdpa"] < 1 for r in ours)
+    return ("fail" if bad else "pass"), "; ".join(
+        bad + [f"{len(ours) - slower}/{len(ours)} cases at least as fast as SDPA"] + parts
+    )
