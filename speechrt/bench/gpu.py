@@ -1,38 +1,48 @@
 """`speechrt bench gpu --json gpu.json`: everything that can only be checked on a GPU, in one command.
 
-Checks, in order (each one pass / fail / skip with what it compared or why it could not run):
+Checks, in the table's order (TABLE: the most valuable first; each one pass / fail / skip with what it compared or
+why it could not run):
 - gpu: the device PyTorch sees (name, compute capability or gfx arch, runtime);
 - kernels: every Triton kernel against the torch reference on the GPU, at the models' shapes;
-- asr-triton: the triton backend's Whisper token ids against the torch backend's on the GPU (float32), and
-  its float16 transcript;
-- lm-triton: the triton backend's greedy ids (32 tokens, float32) against the torch backend's;
-- asr-onnxruntime: the same comparison for the onnxruntime backend on the GPU's execution provider;
-- lm-onnxruntime: its float16 and int4 language-model graphs (float16 activations on a GPU provider)
-  against the torch backend's float32, fed the same tokens: logits within tolerance, greedy ids reported;
+- lm-fused: the Llama decode step in the fused layer kernels against the unfused one (both from graphs) and
+  torch eager, at the SmolLM2-135M and Llama-3.2-1B shapes (random bf16 weights), with the fraction of the
+  measured copy bandwidth each step's bytes take (gpu_fused.py);
+- attention: decode attention at batch 1/8/64 over caches of 448 and 4096 (split along the cache and unsplit) and
+  encoder attention at Whisper tiny and large-v3-turbo shapes against SDPA, each with its ratio (gpu_attention.py);
+- asr-turbo: the Whisper large-v3-turbo shape's 30-s encoder pass and decode step against SDPA + cuBLAS eager, with
+  their fractions of the measured roofline (gpu_large.py);
+- lm-1b: the Llama-3.2-1B shape's decode step at batch 1, our graphed fused runner against the same step with a
+  static cache in plain torch, eager and under torch.compile(mode="max-autotune") (gpt-fast's recipe,
+  static_llama.py), with the fraction of the measured bandwidth (gpu_large.py);
 - cuda-graphs: the triton ASR decode step replayed from a CUDA/HIP graph against the same step run
   eagerly (logits, and time per step);
+- lm-graphs: the same for the triton language model's decode step (bf16, two sequences of different
+  lengths, the eager run's tokens fed to both) and its prompts' prefill (logits, and time per prompt);
 - asr-batches: what a loaded server asks of the triton ASR runner: batches of 1-8 utterances of random
   lengths (server options, a third capped at 4 tokens like live openings) with the decode steps on the
   graph slots against the same batches eager (float32: the same text; float16: time per batch, graphs
   captured, captures failed);
-- lm-graphs: the same for the triton language model's decode step (bf16, two sequences of different
-  lengths, the eager run's tokens fed to both) and its prompts' prefill (logits, and time per prompt);
-- lm-fused: the Llama decode step in the fused layer kernels against the unfused one (both from graphs) and
-  torch eager, at the SmolLM2-135M and Llama-3.2-1B shapes (random bf16 weights), with the fraction of the
-  measured copy bandwidth each step's bytes take (gpu_fused.py);
+- lm-triton: the triton backend's greedy ids (32 tokens, float32) against the torch backend's;
+- asr-triton: the triton backend's Whisper token ids against the torch backend's on the GPU (float32), and
+  its float16 transcript;
+- roofline: `speechrt bench kernels` (Triton vs torch eager and torch.compile against the measured
+  copy/GEMM roofline), its records in the same file;
+- lm-onnxruntime: the onnxruntime backend's float16 and int4 language-model graphs (float16 activations on a GPU
+  provider) against the torch backend's float32, fed the same tokens: logits within tolerance, greedy ids reported;
+- asr-onnxruntime: the asr-triton comparison for the onnxruntime backend on the GPU's execution provider;
 - onnxruntime: each GPU execution provider installed (CUDA, TensorRT, ROCm, MIGraphX) runs the Piper
   voice graph like the CPU provider does;
 - tensorrt: the TensorRT package, if installed;
-- roofline: `speechrt bench kernels` (Triton vs torch eager and torch.compile against the measured
-  copy/GEMM roofline), its records in the same file;
 - server-ramp: the streaming server's load ramp (`bench server` from several client processes: 1, 64, 128, ...,
   2048 streams, to the first level that misses p95 final <= 1 s, within --server-budget), with the GPU's busy share
   (NVML), the engines' and the host's cores per level, its records in the same file (gpu_server.py; with
   `--device cpu` it runs on the CPU, all but CUDA and NVML).
 
-The backend parity checks are gpu_parity.py, the graph checks gpu_graphs.py. Without a GPU every check that
-needs one is a skip that says so; the exit status is 1 only when a check
-failed.
+`--budget` (default 540 s: a lent GPU's 10 minutes less its start) plans the run with each check's estimate: a
+check that no longer fits what is left of the budget is skipped with its estimate, what was left and how to run it
+alone (in the output, the result file's checks and its skips); each check's time is noted in the file beside its
+estimate. The backend parity checks are gpu_parity.py, the graph checks gpu_graphs.py. Without a GPU every check
+that needs one is a skip that says so; the exit status is 1 only when a check failed.
 """
 
 from __future__ import annotations
@@ -261,14 +271,14 @@ def _server_ramp(dev, out, args):  # --device cpu runs it on the CPU
 # The checks, most valuable first: with a --budget the ones that no longer fit are skipped, so the order is what a
 # short GPU session measures. One row per check (add a row to add a check). Estimates: the run times printed by
 # earlier runs where there were any (H100/H200), else the compile and timing work counted (lm-1b: torch.compile
-# max-autotune of a 16-layer step, ~2 min)
+# max-autotune of a 16-layer step, its length unmeasured: last of the new checks, so an overrun costs only what follows)
 TABLE = (
     Spec("gpu", 2, check_gpu, GPU),
     Spec("kernels", 30, check_kernels),
     Spec("lm-fused", 60, check_lm_fused),
-    Spec("lm-1b", 180, check_lm_1b),
     Spec("attention", 40, check_attention),
     Spec("asr-turbo", 60, check_asr_turbo),
+    Spec("lm-1b", 240, check_lm_1b),
     Spec("cuda-graphs", 20, check_cuda_graphs),
     Spec("lm-graphs", 30, check_lm_graphs),
     Spec("asr-batches", 60, check_asr_batches),

@@ -183,7 +183,7 @@ def test_attention_check_runs_up_to_its_gpu_part(monkeypatch):
     out = Results()
     assert ga.run_cases(torch.device("cpu"), cases, out, _one_time, Peak("cpu", 10.0, 1.0, "x")) == []
     by = {(r.params["kind"], r.backend): r for r in out.records}
-    assert set(by) == {("decode", "sdpa"), ("decode", "speechrt"), ("decode", "speechrt-unsplit")} | {
+    assert set(by) == {("decode", v) for v in ("sdpa", "sdpa-expanded", "speechrt", "speechrt-unsplit")} | {
         ("encoder", "sdpa"),
         ("encoder", "speechrt"),
     }
