@@ -64,7 +64,7 @@ def test_bench_gpu_skips_what_does_not_fit_its_budget(bench, tmp_path):
 
 def test_bench_gpu_lists_valid_checks(bench):
     r = bench("gpu", "--checks", "kernels,warp")
-    assert r.returncode == 2 and "unknown check(s) warp; valid: gpu, kernels, lm-fused, lm-1b" in r.stderr
+    assert r.returncode == 2 and "unknown check(s) warp; valid: gpu, kernels, lm-fused, attention" in r.stderr
 
 
 def test_provider_comparison_on_the_cpu_provider():
