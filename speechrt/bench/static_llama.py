@@ -176,15 +176,22 @@ def decode_one_token(model: StaticLlama, tokens: torch.Tensor, pos: torch.Tensor
 
 
 def compiled_step(compile: bool = True):
-    """decode_one_token, compiled as gpt-fast compiles it (max-autotune, fullgraph, inductor's coordinate-descent
-    tuning), or as it is."""
+    """decode_one_token compiled as gpt-fast compiles it (max-autotune, fullgraph; compiled on its first calls, which
+    run under gpt_fast_inductor()), or as it is."""
     if not compile:
         return decode_one_token
+    return torch.compile(decode_one_token, mode=COMPILE_MODE, fullgraph=True)
+
+
+def gpt_fast_inductor():
+    """A context with gpt-fast's inductor settings (coordinate-descent tuning of the generated kernels, unique kernel
+    names): around the calls that compile, so that no other torch.compile of the process gets them."""
     import torch._inductor.config as inductor
 
-    inductor.coordinate_descent_tuning = True
-    inductor.triton.unique_kernel_names = True
-    return torch.compile(decode_one_token, mode=COMPILE_MODE, fullgraph=True)
+    opts = {"coordinate_descent_tuning": True}
+    if hasattr(inductor.triton, "unique_kernel_names"):
+        opts["triton.unique_kernel_names"] = True
+    return inductor.patch(opts)
 
 
 class StaticGenerator:
@@ -207,10 +214,11 @@ class StaticGenerator:
         out = [first.tolist()]
         t1 = time.perf_counter()
         tok, pos, new = first, torch.tensor([len(p) for p in prompts], device=m.device), []
-        for _ in range(n - 1):
-            nxt, _ = self.step(m, tok, pos)
-            tok, pos = nxt.clone(), pos + 1  # (a CUDA graph's output is overwritten by its next replay)
-            new.append(tok)
+        with gpt_fast_inductor():  # (a new batch size compiles again)
+            for _ in range(n - 1):
+                nxt, _ = self.step(m, tok, pos)
+                tok, pos = nxt.clone(), pos + 1  # (a CUDA graph's output is overwritten by its next replay)
+                new.append(tok)
         ids = torch.stack(new).tolist() if new else []
         sync()
         t2 = time.perf_counter()

@@ -67,3 +67,24 @@ def test_compiled_static_step_gives_the_same_ids():
     w = random_weights(CFG, "cpu", torch.float32, seed=3)
     gen = StaticGenerator(StaticLlama(CFG, w, "cpu", torch.float32), compile=True)
     assert gen.generate(PROMPTS, 8)[0] == ours_greedy(CFG, w, PROMPTS, 8)
+
+
+def test_bench_lm_starts_the_static_peer_from_the_models_file():
+    """`bench lm --peers torch-static` (torch-compile-static: the same, compiled): its engine starts from the embedded
+    SmolLM2's own file and decodes a batch; our rows name it as their peer, or on a GPU its compiled form."""
+    from speechrt.bench.lm import _records
+    from speechrt.bench.lm_engines import start_engine
+
+    engine, skip = start_engine({"model": None, "engine": "torch-static", "threads": 1, "device": "cpu", "dtype": None})
+    assert skip is None and engine.note.startswith("gpt-fast recipe: static cache, decode step eager, prefill eager")
+    ttft, tps = engine.run([[1, 2, 3, 4, 5], [6, 7]], 3)
+    assert ttft > 0 and tps > 0
+    row = {"batch": 2, "ttft": ttft, "tps": tps, "runs": [{"ttft": ttft, "tps": tps}]}
+    res = {n: {"rows": [row]} for n in ("speechrt torch", "transformers", "torch-static", "torch-compile-static")}
+    meta = {n: {"backend": "x", "precision": "bfloat16", "device": "cuda"} for n in res}
+    assert {r.peer for r in _records(res, meta, "m", 3, 1, "cuda") if r.engine == "speechrt"} == {
+        "torch-compile-static bfloat16"
+    }
+    assert {r.peer for r in _records(res, meta, "m", 3, 1, "cpu") if r.engine == "speechrt"} == {
+        "transformers bfloat16"
+    }
