@@ -145,14 +145,16 @@ def run_cases(device, cases, out: Results, timer, peak) -> list[str]:
     return bad
 
 
-def check_attention(dev, out: Results):
+def check_attention(dev, out: Results, cases=DECODE + ENCODER, peak=None, clock=None):
+    """`cases`, `peak` (default measured here) and `clock` (default roofline.timer): what the tests change to run the
+    check on the CPU."""
     import torch
 
     from speechrt.bench.roofline import probe, timer
 
-    peak = probe(dev, torch.bfloat16)
+    peak = peak or probe(dev, torch.bfloat16)
     n0 = len(out.records)
-    bad = run_cases(dev, DECODE + ENCODER, out, timer(dev), peak)
+    bad = run_cases(dev, cases, out, clock or timer(dev), peak)
     ours = [r for r in out.records[n0:] if r.backend == "speechrt"]
     parts = [f"{r.workload}: {r.params['vs_sdpa']:.2f}x SDPA ({r.value:.0f} us)" for r in ours]
     slower = sum(r.params["vs_sdpa"] < 1 for r in ours)

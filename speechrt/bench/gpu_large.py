@@ -160,21 +160,24 @@ def run_lm(
     return bad, notes
 
 
-def check_lm_1b(dev, out: Results):
+def check_lm_1b(dev, out: Results, cfg=None, peak=None, clock=None, **plan):
+    """`cfg` (default the Llama-3.2-1B shape), `peak` (default measured here), `clock` (default roofline.timer) and
+    run_lm's `plan` (context, capture, compile, dtype): what the tests change to run the check on the CPU."""
     import torch
 
     from speechrt.bench.roofline import probe, timer
 
-    bw = probe(dev, torch.bfloat16).bandwidth_gbps
+    bw = (peak or probe(dev, torch.bfloat16)).bandwidth_gbps
     n0 = len(out.records)
-    bad, notes = run_lm(dev, SHAPES["llama-3.2-1b"], out, timer(dev), bw)
+    bad, notes = run_lm(dev, cfg or SHAPES["llama-3.2-1b"], out, clock or timer(dev), bw, **plan)
     by = {r.params["variant"]: r for r in out.records[n0:]}
     parts = [f"copy {bw:.0f} GB/s"]
     ours = by.get("speechrt")
     for v, r in by.items():
         ratio = f", ours {r.value / ours.value:.2f}x" if ours and r is not ours else ""
         parts.append(f"{v} {r.value:.0f} us ({r.params['fraction_of_bandwidth']:.0%} of bw){ratio}")
-    torch.cuda.empty_cache()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
     return ("fail" if bad or not ours else "pass"), "; ".join(bad + parts + notes)
 
 
@@ -310,14 +313,16 @@ def run_asr(device, cfg: WhisperConfig, out: Results, timer, peak, position=ASR_
     return bad
 
 
-def check_asr_turbo(dev, out: Results):
+def check_asr_turbo(dev, out: Results, cfg=None, peak=None, clock=None, **plan):
+    """`cfg` (default the turbo shape), `peak` (default measured here), `clock` (default roofline.timer) and run_asr's
+    `plan` (position, capture, dtype): what the tests change to run the check on the CPU."""
     import torch
 
     from speechrt.bench.roofline import probe, timer
 
-    peak = probe(dev, torch.float16)
+    peak = peak or probe(dev, torch.float16)
     n0 = len(out.records)
-    bad = run_asr(dev, TURBO, out, timer(dev), peak)
+    bad = run_asr(dev, cfg or TURBO, out, clock or timer(dev), peak, **plan)
     by = {(r.metric, r.params["variant"]): r for r in out.records[n0:]}
     parts = [f"copy {peak.bandwidth_gbps:.0f} GB/s, matmul {peak.matmul_tflops:.0f} TFLOP/s"]
     for m, what, frac in (
@@ -329,5 +334,6 @@ def check_asr_turbo(dev, out: Results):
             f"{what}: ours {o.value:.0f} us ({o.params[frac]:.0%} of roof), torch eager {t.value:.0f} us: "
             f"{t.value / o.value:.2f}x"
         )
-    torch.cuda.empty_cache()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
     return ("fail" if bad else "pass"), "; ".join(bad + parts)

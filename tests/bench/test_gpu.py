@@ -116,15 +116,21 @@ def _interpreted():
         pytest.skip("the Triton kernels were compiled for a GPU in this process, not interpreted")
 
 
-def _one_time(fn):  # the timer of these CPU runs: each variant called once (it must run), 1 ms
+def _one_time(fn):  # the clock of these CPU runs: each variant called once (it must run), 1 ms
     assert fn() is not None
     return [1e-3]
+
+
+def _peak():  # a roofline for the CPU runs (10 GB/s, 1 TFLOP/s), not measured
+    from speechrt.bench.roofline import Peak
+
+    return Peak("cpu", 10.0, 1.0, "test")
 
 
 def test_lm_1b_check_runs_up_to_its_gpu_part(monkeypatch):
     """lm-1b on a tiny config on the CPU: our triton runner (the graph path uncaptured, fused kernels interpreted), the
     static-cache step eager and 'compiled' (uncompiled here), their logits compared, records with the bandwidth
-    fraction; at 1B shapes the step's bytes are Llama-3.2-1B's."""
+    fraction, the check's line."""
     _interpreted()
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     from speechrt.bench import gpu_large
@@ -133,8 +139,10 @@ def test_lm_1b_check_runs_up_to_its_gpu_part(monkeypatch):
 
     cfg = LlamaConfig(vocab_size=64, dim=40, n_layers=1, n_heads=2, n_kv_heads=1, hidden_dim=56, max_seq_len=16)
     out = Results()
-    bad, notes = gpu_large.run_lm(torch.device("cpu"), cfg, out, _one_time, 10.0, 5, False, False, torch.float32)
-    assert bad == [] and notes == []
+    plan = dict(context=5, capture=False, compile=False, dtype=torch.float32)
+    status, detail = gpu_large.check_lm_1b(torch.device("cpu"), out, cfg, _peak(), _one_time, **plan)
+    assert status == "pass", detail
+    assert detail.startswith("copy 10 GB/s; speechrt ") and ", ours " in detail and "did not run" not in detail
     assert [r.params["variant"] for r in out.records] == list(gpu_large.LM_VARIANTS)
     r = out.records[0]
     assert r.params["vs_static_rel_err"] < 1e-4 and r.params["fraction_of_bandwidth"] > 0
@@ -148,7 +156,6 @@ def test_asr_turbo_check_runs_up_to_its_gpu_part(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     from speechrt.bench import gpu_large
     from speechrt.bench.record import Results
-    from speechrt.bench.roofline import Peak
     from speechrt.models.whisper import WhisperConfig
 
     # turbo: 32 layers x (24 d^2 T + 4 T^2 d) + the convolutions = 2.27 TFLOP; a step at position 224 reads, in
@@ -160,10 +167,10 @@ def test_asr_turbo_check_runs_up_to_its_gpu_part(monkeypatch):
     )
     cfg = WhisperConfig(16, 8, 32, 2, 2, 200, 12, 32, 2, 2)
     out = Results()
-    bad = gpu_large.run_asr(
-        torch.device("cpu"), cfg, out, _one_time, Peak("cpu", 10.0, 1.0, "x"), 6, False, torch.float32
-    )
-    assert bad == []
+    plan = dict(position=6, capture=False, dtype=torch.float32)
+    status, detail = gpu_large.check_asr_turbo(torch.device("cpu"), out, cfg, _peak(), _one_time, **plan)
+    assert status == "pass", detail
+    assert "; 30-s encoder: ours " in detail and "; decode step: ours " in detail
     assert [(r.metric, r.params["variant"]) for r in out.records] == [
         (m, v) for v in ("speechrt", "torch") for m in ("encoder_us", "decode_step_us")
     ]
@@ -176,18 +183,17 @@ def test_attention_check_runs_up_to_its_gpu_part(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     from speechrt.bench import gpu_attention as ga
     from speechrt.bench.record import Results
-    from speechrt.bench.roofline import Peak
 
     assert len(ga.DECODE) == 6 and {c.batch for c in ga.DECODE} == {1, 8, 64}
     cases = [ga.Case("decode", 2, 4, 2, 300, 16, "float32"), ga.Case("encoder", 1, 2, 2, 40, 16, "float32")]
     out = Results()
-    assert ga.run_cases(torch.device("cpu"), cases, out, _one_time, Peak("cpu", 10.0, 1.0, "x")) == []
+    status, detail = ga.check_attention(torch.device("cpu"), out, cases, _peak(), _one_time)
+    assert status == "pass" and " cases at least as fast as SDPA; decode attention B=2 4/2 heads x 300 d16: " in detail
     by = {(r.params["kind"], r.backend): r for r in out.records}
     assert set(by) == {("decode", v) for v in ("sdpa", "sdpa-expanded", "speechrt", "speechrt-unsplit")} | {
         ("encoder", "sdpa"),
         ("encoder", "speechrt"),
     }
-    assert (
-        by["decode", "speechrt"].params["num_splits"] > 1 and by["decode", "speechrt-unsplit"].params["num_splits"] == 1
-    )
-    assert by["encoder", "speechrt"].params["vs_sdpa"] == 1.0 and by["encoder", "speechrt"].peer == "sdpa"
+    assert by["decode", "speechrt"].params["num_splits"] > 1
+    assert by["decode", "speechrt-unsplit"].params["num_splits"] == 1
+    assert by["encoder", "speechrt"].params["vs_sdpa"] > 0 and by["encoder", "speechrt"].peer == "sdpa"
