@@ -362,8 +362,9 @@ def run(args):
         print(f"{status.upper():4} {name:12} {detail} ({time.monotonic() - t0:.0f} s)", flush=True)
     out.write(args.json)
     failed = [c.name for c in out.checks if c.status == "fail"]
+    skipped = [c.name for c in out.checks if c.status == "skip"]
     print(
-        f"{len(out.checks)} checks: {len(failed)} failed, {sum(c.status == 'skip' for c in out.checks)} skipped -> "
-        f"{args.json}"
+        f"{len(out.checks)} checks: {len(failed)} failed{' (' + ', '.join(failed) + ')' if failed else ''}, "
+        f"{len(skipped)} skipped{' (' + ', '.join(skipped) + ')' if skipped else ''} -> {args.json}"
     )
     return 1 if failed else 0

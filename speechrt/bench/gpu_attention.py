@@ -151,10 +151,16 @@ def check_attention(dev, out: Results, cases=DECODE + ENCODER, peak=None, clock=
     import torch
 
     from speechrt.bench.roofline import probe, timer
+    from speechrt.kernels.triton_decode_attention import TARGET_PROGRAMS
 
     peak = peak or probe(dev, torch.bfloat16)
     n0 = len(out.records)
     bad = run_cases(dev, cases, out, clock or timer(dev), peak)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 0
+    out.notes.append(
+        f"attention: decode attention splits along the cache until batch x key-value heads x splits reaches "
+        f"{TARGET_PROGRAMS} programs (chunks of at least 4 key blocks); this device has {sms} SMs / CUs"
+    )
     ours = [r for r in out.records[n0:] if r.backend == "speechrt"]
     parts = [f"{r.workload}: {r.params['vs_sdpa']:.2f}x SDPA ({r.value:.0f} us)" for r in ours]
     slower = sum(r.params["vs_sdpa"] < 1 for r in ours)

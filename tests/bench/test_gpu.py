@@ -57,6 +57,7 @@ def test_bench_gpu_skips_what_does_not_fit_its_budget(bench, tmp_path):
     assert ramp.status == "skip" and ramp.detail.startswith("not run: estimated 480 s, 30 s left of --budget 30 s")
     assert [(s.what, s.reason) for s in res.skipped][0] == ("server-ramp", ramp.detail)
     assert "budget 30 s for 2 checks estimated at 481 s in all" in r.stdout and "SKIP server-ramp" in r.stdout
+    assert "2 checks: 0 failed, " in r.stdout and " skipped (server-ramp" in r.stdout
     assert res.checks[1].detail.split()[0] in ("the", "tensorrt")  # it ran: not installed, or installed
     r = bench("gpu", "--budget", "-1")
     assert r.returncode == 2 and "--budget must be seconds >= 0 (0: no limit), got -1" in r.stderr
@@ -189,6 +190,7 @@ def test_attention_check_runs_up_to_its_gpu_part(monkeypatch):
     out = Results()
     status, detail = ga.check_attention(torch.device("cpu"), out, cases, _peak(), _one_time)
     assert status == "pass" and " cases at least as fast as SDPA; decode attention B=2 4/2 heads x 300 d16: " in detail
+    assert out.notes[0].startswith("attention: decode attention splits along the cache until batch x key-value heads")
     by = {(r.params["kind"], r.backend): r for r in out.records}
     assert set(by) == {("decode", v) for v in ("sdpa", "sdpa-expanded", "speechrt", "speechrt-unsplit")} | {
         ("encoder", "sdpa"),
