@@ -14,6 +14,9 @@ why it could not run):
 - lm-1b: the Llama-3.2-1B shape's decode step at batch 1, our graphed fused runner against the same step with a
   static cache in plain torch, eager and under torch.compile(mode="max-autotune") (gpt-fast's recipe,
   static_llama.py), with the fraction of the measured bandwidth (gpu_large.py);
+- lm-peers: `bench lm` on the embedded SmolLM2, the triton backend in bf16 against gpt-fast's recipe
+  (torch-compile-static) and transformers on the same GPU, batch 1 and 8 (tok/s and the ratios; its records in the
+  same file);
 - cuda-graphs: the triton ASR decode step replayed from a CUDA/HIP graph against the same step run
   eagerly (logits, and time per step);
 - lm-graphs: the same for the triton language model's decode step (bf16, two sequences of different
@@ -244,6 +247,39 @@ def check_roofline(dev, out: Results, quick: bool = False):
     )
 
 
+LM_PEERS = "torch-compile-static,transformers"
+
+
+def lm_peer_args(device: str, json_path) -> argparse.Namespace:
+    """`bench lm`'s options for the lm-peers check: the embedded SmolLM2 on the triton backend in bf16 on `device`
+    against gpt-fast's compiled static-cache step and transformers there, batch 1 and 8, 64 tokens, best of 3."""
+    from speechrt.bench import lm
+
+    p = argparse.ArgumentParser()
+    lm.add_arguments(p)
+    args = ["--device", device, "--backends", "triton", "--dtype", "bfloat16", "--batch", "1,8", "--peers", LM_PEERS]
+    return p.parse_args(args + ["--repeats", "3", "--json", str(json_path)])
+
+
+def check_lm_peers(dev, out: Results):
+    from speechrt.bench import lm
+    from speechrt.bench.record import load
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "lm.json"
+        lm.run(lm_peer_args(str(dev), path))
+        res = load(path)
+    out.records += res.records
+    out.skipped += res.skipped
+    tps = {(r.engine, r.params["batch"]): r.value for r in res.records if r.metric == "decode_tok_s"}
+    parts = []
+    for b in sorted({b for _, b in tps}):
+        ours = tps.get(("speechrt", b), 0.0)
+        peers = [f"{e} {v:.0f} (ours {ours / v:.2f}x)" for (e, bb), v in tps.items() if bb == b and e != "speechrt"]
+        parts.append(f"batch {b}: ours {ours:.0f} tok/s, " + ", ".join(peers))
+    return "pass", "; ".join(parts + [f"{s.what} skipped: {s.reason}" for s in res.skipped])
+
+
 GPU, TRITON, ANY = "gpu", "triton", ""  # what a check needs: a torch GPU, that and Triton, nothing
 
 
@@ -279,6 +315,7 @@ TABLE = (
     Spec("attention", 40, check_attention),
     Spec("asr-turbo", 60, check_asr_turbo),
     Spec("lm-1b", 240, check_lm_1b),
+    Spec("lm-peers", 240, check_lm_peers),
     Spec("cuda-graphs", 20, check_cuda_graphs),
     Spec("lm-graphs", 30, check_lm_graphs),
     Spec("asr-batches", 60, check_asr_batches),

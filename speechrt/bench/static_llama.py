@@ -180,7 +180,8 @@ def compiled_step(compile: bool = True):
     run under gpt_fast_inductor()), or as it is."""
     if not compile:
         return decode_one_token
-    return torch.compile(decode_one_token, mode=COMPILE_MODE, fullgraph=True)
+    # dynamic=False: another batch size compiles its own fixed-shape step, not a dynamic-shape one
+    return torch.compile(decode_one_token, mode=COMPILE_MODE, fullgraph=True, dynamic=False)
 
 
 def gpt_fast_inductor():

@@ -30,6 +30,7 @@ def test_bench_gpu_skips_clearly_without_a_gpu(bench, tmp_path):
         "lm-graphs",
         "lm-fused",
         "lm-1b",
+        "lm-peers",
         "attention",
         "asr-turbo",
         "roofline",
@@ -61,6 +62,16 @@ def test_bench_gpu_skips_what_does_not_fit_its_budget(bench, tmp_path):
     assert res.checks[1].detail.split()[0] in ("the", "tensorrt")  # it ran: not installed, or installed
     r = bench("gpu", "--budget", "-1")
     assert r.returncode == 2 and "--budget must be seconds >= 0 (0: no limit), got -1" in r.stderr
+
+
+def test_lm_peers_check_asks_bench_lm_for_the_compiled_peer(tmp_path):
+    """lm-peers runs `bench lm` with options its parser takes: triton bf16 on the GPU against torch-compile-static
+    and transformers, batch 1 and 8 (the run itself needs the GPU)."""
+    from speechrt.bench.gpu import lm_peer_args
+
+    a = lm_peer_args("cuda:1", tmp_path / "lm.json")
+    assert (a.device, a.backends, a.dtype, a.batch, a.repeats) == ("cuda:1", "triton", "bfloat16", "1,8", 3)
+    assert a.peers.split(",") == ["torch-compile-static", "transformers"] and a.json == str(tmp_path / "lm.json")
 
 
 def test_bench_gpu_lists_valid_checks(bench):
