@@ -44,8 +44,9 @@ why it could not run):
 `--budget` (default 540 s: a lent GPU's 10 minutes less its start) plans the run with each check's estimate: a
 check that no longer fits what is left of the budget is skipped with its estimate, what was left and how to run it
 alone (in the output, the result file's checks and its skips); each check's time is noted in the file beside its
-estimate. The backend parity checks are gpu_parity.py, the graph checks gpu_graphs.py. Without a GPU every check
-that needs one is a skip that says so; the exit status is 1 only when a check failed.
+estimate. The file is written after every check, so a run cut short keeps what it measured. The backend parity
+checks are gpu_parity.py, the graph checks gpu_graphs.py. Without a GPU every check that needs one is a skip that
+says so; the exit status is 1 only when a check failed.
 """
 
 from __future__ import annotations
@@ -377,7 +378,9 @@ def run(args):
     if args.budget:
         planned = sum(estimate(CHECKS[n], args) for n in names)
         print(f"budget {args.budget:.0f} s for {len(names)} checks estimated at {planned:.0f} s in all", flush=True)
-    start = time.monotonic()
+    from speechrt.bench.fingerprint import fingerprint
+
+    machine, start = fingerprint(), time.monotonic()
     for name in names:
         spec, t0 = CHECKS[name], time.monotonic()
         cpu_ramp = name == "server-ramp" and args.device == "cpu"
@@ -397,7 +400,7 @@ def run(args):
         if status == "skip":
             out.skip("gpu", name, detail)
         print(f"{status.upper():4} {name:12} {detail} ({time.monotonic() - t0:.0f} s)", flush=True)
-    out.write(args.json)
+        out.write(args.json, machine)  # after every check: a run cut short (a session's end) keeps what it measured
     failed = [c.name for c in out.checks if c.status == "fail"]
     skipped = [c.name for c in out.checks if c.status == "skip"]
     print(
