@@ -99,3 +99,50 @@ def test_fixed_shape_decode_step_matches_offset_path(models, which):
         _close(kb[:, :, :5], ka[:, :, :5], tol=1e-6), _close(vb[:, :, :5], va[:, :, :5], tol=1e-6)
     with pytest.raises(ValueError, match="one token per row"):
         m.decoder(prompt, b, 0, cross, position=torch.tensor([5]))
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize(
+    "which,dtype",
+    [("reference", torch.float32), ("triton", torch.float32), ("triton", torch.float16), ("triton", torch.bfloat16)],
+)
+def test_fused_decoder_step_equals_the_unfused_step(models, which, dtype):
+    """models/whisper_fused.py's decoder step (each LayerNorm folded into its projection, the cache written by the
+    Q/K/V kernel, biases and residuals in the projections' epilogues), through the fused Triton kernels and through
+    their references: greedy steps from a prompt over 3 rows with different encoder lengths give the unfused
+    fixed-shape step's ids and logits (float32 1e-4; 16-bit within its rounding) and leave the same caches."""
+    from speechrt.kernels.reference import WHISPER_FUSED_OPS
+    from speechrt.kernels.triton_fused_whisper import OPS
+    from speechrt.models.whisper_fused import decoder_step_fused
+
+    src = models[0] if which == "reference" else models[1]
+    m = Whisper(CFG, src.decoder.ops).eval()
+    m.load_state_dict(src.state_dict())
+    m = m.to(dtype)
+    fops = WHISPER_FUSED_OPS if which == "reference" else OPS
+    mel = torch.randn(3, CFG.n_mels, 2 * CFG.n_audio_ctx, generator=torch.Generator().manual_seed(4)).to(dtype)
+    cross = m.cross_kv(m.encoder(mel))
+    lengths = torch.tensor([12, 7, 9])
+    a, b = (m.new_cache(3, 10, dtype, "cpu") for _ in range(2))
+    prompt = torch.tensor([[1, 4], [3, 3], [5, 60]])
+    m.decoder(prompt, a, 0, cross, cross_lengths=lengths), m.decoder(prompt, b, 0, cross, cross_lengths=lengths)
+    tok = torch.tensor([[11], [12], [13]])
+    tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}[dtype]
+    compared = 0
+    for i in range(3):
+        p = torch.tensor([2 + i])
+        want = m.decoder(tok, a, 0, cross, position=p, cross_lengths=lengths)
+        got = decoder_step_fused(m.decoder, fops, tok, b, cross, p, lengths)
+        assert got.dtype == want.dtype == torch.float32 and got.shape == want.shape == (3, CFG.n_vocab)
+        _close(got, want, tol=tol * want.abs().amax().item())
+        top2 = want.topk(2).values
+        clear = (top2[:, 0] - top2[:, 1]) > 2 * tol * want.abs().amax()  # ids compared where rounding cannot flip them
+        assert torch.equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
+        compared += int(clear.sum())
+        tok = want.argmax(-1, keepdim=True)
+    assert compared >= 5
+    for want_kv, got_kv in zip(a, b):
+        for w, g in zip(want_kv, got_kv):
+            _close(g[:, :, :5].float(), w[:, :, :5].float(), tol=tol)
+    with pytest.raises(ValueError, match="one token per row"):
+        decoder_step_fused(m.decoder, fops, prompt, b, cross, torch.tensor([5]), lengths)
