@@ -20,6 +20,8 @@ Checks, in order (each one pass / fail / skip with what it compared or why it co
 - lm-fused: the Llama decode step in the fused layer kernels against the unfused one (both from graphs) and
   torch eager, at the SmolLM2-135M and Llama-3.2-1B shapes (random bf16 weights), with the fraction of the
   measured copy bandwidth each step's bytes take (gpu_fused.py);
+- asr-fused: the same for the Whisper decoder step (float16, batch 1 and 8, Whisper tiny and large-v3-turbo decoder
+  shapes, random weights): fused against unfused (logits and greedy ids) and torch eager (gpu_fused_asr.py);
 - onnxruntime: each GPU execution provider installed (CUDA, TensorRT, ROCm, MIGraphX) runs the Piper
   voice graph like the CPU provider does;
 - tensorrt: the TensorRT package, if installed;
@@ -45,6 +47,7 @@ from pathlib import Path
 
 from speechrt.bench import gpu_server
 from speechrt.bench.gpu_fused import check_lm_fused
+from speechrt.bench.gpu_fused_asr import check_asr_fused
 from speechrt.bench.gpu_graphs import check_asr_batches, check_cuda_graphs, check_lm_graphs
 from speechrt.bench.gpu_parity import (
     check_asr_onnxruntime,
@@ -83,6 +86,7 @@ def add_arguments(p):
                 "asr-batches",
                 "lm-graphs",
                 "lm-fused",
+                "asr-fused",
                 "onnxruntime",
                 "tensorrt",
                 "roofline",
@@ -250,6 +254,7 @@ CHECKS = {
     "asr-batches": check_asr_batches,
     "lm-graphs": check_lm_graphs,
     "lm-fused": check_lm_fused,
+    "asr-fused": check_asr_fused,
     "onnxruntime": check_onnxruntime,
     "tensorrt": check_tensorrt,
     "roofline": check_roofline,
@@ -266,6 +271,7 @@ NEEDS_TORCH_GPU = {
     "asr-batches",
     "lm-graphs",
     "lm-fused",
+    "asr-fused",
     "roofline",
     "server-ramp",  # except with --device cpu
 }
