@@ -104,6 +104,13 @@ def whisper_specs() -> list[Spec]:
             cx = {"EPILOGUE": epilogue, "HAS_BIAS": bias, "PRECISION": precision(f16), "UPCAST": False}
             cx.update({k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")})
             out.append(make_spec(fw._norm_linear_kernel, f"{WHISPER} {what} M={M}", types, cx, c, aligned, matmul=True))
+    ip = {"tok_ptr": "*i64", "temb_ptr": "*fp16", "pemb_ptr": "*fp16", "pos_ptr": "*i64", "cl_ptr": "*i64"}
+    ip.update({"s_ptr": "*fp16", "sl_ptr": "*i32", "cl32_ptr": "*i32", **int_args("d", "stok", "ste", "spe", "ssm")})
+    for d in (384, 1280):
+        c = fw.inputs_config(d)
+        cx = {"HAS_CL": True, "BLOCK": c["BLOCK"]}
+        aligned = (*(p for p in ip if p.endswith("_ptr")), "d", "ste", "spe", "ssm")
+        out.append(make_spec(fw._step_inputs_kernel, f"whisper d{d} embeddings + lengths", ip, cx, c, aligned))
     rp = ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr")
     for M in (1, 64):
         c = fu.config(M, f16)

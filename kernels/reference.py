@@ -321,13 +321,15 @@ FUSED_OPS = {"norm_qkv_rope": norm_qkv_rope, "linear_residual": linear_residual,
 # that reads it. Rows are the step's sequences: x [M, d], one token each.
 
 
-def norm_linear(x, ln_w, ln_b, eps, weight, bias=None, act=None):
+def norm_linear(x, ln_w, ln_b, eps, weight, bias=None, act=None, out_dtype=None):
     """LayerNorm(x [M, d]) (weight ln_w, bias ln_b) @ weight.T + bias -> [M, N]; with act="gelu", the GELU of it (the
-    MLP's fc1, its bias folded into the activation as models.whisper.MLP does)."""
+    MLP's fc1, its bias folded into the activation as models.whisper.MLP does). In x's dtype, then `out_dtype` (the
+    logits: float32)."""
     h = layer_norm(x, ln_w, ln_b, eps)
     if act not in (None, "gelu"):
         raise ValueError(f"norm_linear: act is None or 'gelu', not {act!r}")
-    return gelu(linear(h, weight), bias) if act == "gelu" else linear(h, weight, bias)
+    y = gelu(linear(h, weight), bias) if act == "gelu" else linear(h, weight, bias)
+    return y.to(out_dtype) if out_dtype is not None else y
 
 
 def norm_qkv_cache(x, ln_w, ln_b, eps, wqkv, bqkv, pos, k_cache, v_cache):
@@ -342,7 +344,21 @@ def norm_qkv_cache(x, ln_w, ln_b, eps, wqkv, bqkv, pos, k_cache, v_cache):
     return q.contiguous()
 
 
-WHISPER_FUSED_OPS = {"norm_qkv_cache": norm_qkv_cache, "norm_linear": norm_linear, "linear_residual": linear_residual}
+def step_inputs(tokens, tok_emb, pos_emb, position, cross_lengths=None):
+    """The decode step's inputs from tokens [B] at position (int64 [1]): the residual stream tok_emb[tokens] +
+    pos_emb[position] [B, d], each row's self-attention key count position + 1 and its encoder length
+    (cross_lengths [B], or None) as int32 [B] (what the decode attention reads)."""
+    s = F.embedding(tokens, tok_emb) + pos_emb.index_select(0, position)
+    lengths = (position + 1).to(torch.int32).expand(tokens.shape[0]).contiguous()
+    return s, lengths, cross_lengths.to(torch.int32) if cross_lengths is not None else None
+
+
+WHISPER_FUSED_OPS = {
+    "norm_qkv_cache": norm_qkv_cache,
+    "norm_linear": norm_linear,
+    "linear_residual": linear_residual,
+    "step_inputs": step_inputs,
+}
 
 
 OPS = {

@@ -4,6 +4,8 @@
                     position; returns Q
     norm_linear     LayerNorm -> projection + bias (the cross-attention query, the logits), or -> fc1 + bias ->
                     GELU (the MLP's first half)
+    step_inputs     the token + position embeddings (the residual stream's start) and the int32 key lengths the
+                    decode attentions read (position + 1; the encoder lengths), in one launch instead of some seven
 
 With kernels.triton_fused.linear_residual (its bias) closing each branch, a decoder layer is five launches plus the
 two decode attentions (self, cross), against some twenty unfused.
@@ -119,7 +121,7 @@ def _norm_linear_kernel(
     # grid (row blocks, column blocks): y[rm, rn] = epilogue(LayerNorm(x) @ W.T + bias). QKV_CACHE: columns
     # [0, HD) are Q (to y, [M, HD]), [HD, 2 HD) K and [2 HD, 3 HD) V (head (n % HD) // D, element n % D) written to
     # the caches [rows, H, S, D] at (row, head, pos[row])
-    DT: tl.constexpr = y_ptr.dtype.element_ty
+    DT: tl.constexpr = x_ptr.dtype.element_ty  # the activations' dtype (y may be float32: the logits)
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mm = rm < M
@@ -137,7 +139,7 @@ def _norm_linear_kernel(
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
         y = acc
-    y = y.to(DT)
+    y = y.to(DT).to(y_ptr.dtype.element_ty)
     om = mm[:, None] & nm[None, :]
     row = rm[:, None].to(tl.int64)
     if EPILOGUE == 2:
@@ -198,12 +200,12 @@ def _launch(x, ln_w, ln_b, eps, weight, bias, y, epilogue, n, pos=None, k_cache=
     )
 
 
-def norm_linear(x, ln_w, ln_b, eps, weight, bias=None, act=None):
+def norm_linear(x, ln_w, ln_b, eps, weight, bias=None, act=None, out_dtype=None):
     """See kernels.reference.norm_linear."""
     if act not in (None, "gelu"):
         raise ValueError(f"norm_linear: act is None or 'gelu', not {act!r}")
     x = as_rows(x)
-    y = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
+    y = torch.empty((x.shape[0], weight.shape[0]), dtype=out_dtype or x.dtype, device=x.device)
     _launch(x, ln_w, ln_b, eps, weight, bias, y, GELU if act else PLAIN, weight.shape[0])
     return y
 
@@ -221,4 +223,66 @@ def norm_qkv_cache(x, ln_w, ln_b, eps, wqkv, bqkv, pos, k_cache, v_cache):
     return q
 
 
-OPS = {"norm_qkv_cache": norm_qkv_cache, "norm_linear": norm_linear, "linear_residual": linear_residual}
+@triton.jit
+def _step_inputs_kernel(
+    tok_ptr, temb_ptr, pemb_ptr, pos_ptr, cl_ptr, s_ptr, sl_ptr, cl32_ptr, d, stok, ste, spe, ssm,
+    HAS_CL: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    # grid (rows,): s[b] = temb[tok[b]] + pemb[pos] (the sum of two DT values rounded once, as DT's add); the lengths
+    DT: tl.constexpr = s_ptr.dtype.element_ty
+    b = tl.program_id(0).to(tl.int64)
+    t = tl.load(tok_ptr + b * stok).to(tl.int64)
+    p = tl.load(pos_ptr).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    for c0 in range(0, d, BLOCK):
+        c = c0 + cols
+        cm = c < d
+        e = tl.load(temb_ptr + t * ste + c, mask=cm, other=0.0).to(tl.float32)
+        e += tl.load(pemb_ptr + p * spe + c, mask=cm, other=0.0).to(tl.float32)
+        tl.store(s_ptr + b * ssm + c, rnd(e, DT).to(DT), mask=cm)
+    tl.store(sl_ptr + b, (p + 1).to(tl.int32))
+    if HAS_CL:
+        tl.store(cl32_ptr + b, tl.load(cl_ptr + b).to(tl.int32))
+
+
+def inputs_config(d: int) -> dict:
+    """The embedding kernel's column block (the row in chunks of at most 512) and warps."""
+    block = min(triton.next_power_of_2(d), 512)
+    return {"BLOCK": block, "num_warps": 4 if block >= 256 else 1}
+
+
+def step_inputs(tokens, tok_emb, pos_emb, position, cross_lengths=None):
+    """See kernels.reference.step_inputs."""
+    B, d = tokens.shape[0], tok_emb.shape[1]
+    if tok_emb.stride(1) != 1 or pos_emb.stride(1) != 1 or (cross_lengths is not None and cross_lengths.stride(0) != 1):
+        raise ValueError("step_inputs: the embeddings need a unit column stride, the encoder lengths a unit stride")
+    s = torch.empty((B, d), dtype=tok_emb.dtype, device=tok_emb.device)
+    lengths = torch.empty((B,), dtype=torch.int32, device=tok_emb.device)
+    cl = torch.empty((B,), dtype=torch.int32, device=tok_emb.device) if cross_lengths is not None else None
+    if B:
+        _step_inputs_kernel[(B,)](
+            tokens,
+            tok_emb,
+            pos_emb,
+            position,
+            cross_lengths if cl is not None else lengths,
+            s,
+            lengths,
+            cl if cl is not None else lengths,
+            d,
+            tokens.stride(0),
+            tok_emb.stride(0),
+            pos_emb.stride(0),
+            s.stride(0),
+            HAS_CL=cl is not None,
+            **inputs_config(d),
+        )
+    return s, lengths, cl
+
+
+OPS = {
+    "norm_qkv_cache": norm_qkv_cache,
+    "norm_linear": norm_linear,
+    "linear_residual": linear_residual,
+    "step_inputs": step_inputs,
+}

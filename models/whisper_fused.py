@@ -18,17 +18,17 @@ EPS = 1e-5  # models.whisper.LayerNorm's
 def decoder_step_fused(decoder, fops, tokens, caches, cross_kvs, position, cross_lengths=None) -> torch.Tensor:
     """TextDecoder.forward(tokens, caches, 0, cross_kvs, position=position, cross_lengths=cross_lengths) (tokens
     [B, 1], position int64 [1] on the device; logits [B, vocab] float32) through `fops`: a mapping with
-    norm_qkv_cache, norm_linear and linear_residual (kernels.triton_fused_whisper.OPS, or
+    step_inputs, norm_qkv_cache, norm_linear and linear_residual (kernels.triton_fused_whisper.OPS, or
     kernels.reference.WHISPER_FUSED_OPS)."""
     B = tokens.shape[0]
     if tokens.shape[1] != 1:
         raise ValueError(f"the fused decode step takes one token per row, got {tokens.shape[1]}")
     ops = decoder.ops
-    s = decoder.token_embedding(tokens[:, 0]) + decoder.positional_embedding.index_select(0, position)  # [B, d]
+    # the residual stream [B, d] and the int32 key counts of the decode attentions (converted once, not per layer)
+    s, lengths, cross_lengths = fops["step_inputs"](
+        tokens[:, 0], decoder.token_embedding.weight, decoder.positional_embedding, position, cross_lengths
+    )
     pos = position.expand(B)
-    lengths = (position + 1).to(torch.int32).expand(B).contiguous()  # once per step, not per layer
-    if cross_lengths is not None:
-        cross_lengths = cross_lengths.to(torch.int32)
     for blk, (kc, vc), (ck, cv) in zip(decoder.blocks, caches, cross_kvs):
         H, D = kc.shape[1], kc.shape[3]
         a, c, mlp = blk.attn, blk.cross_attn, blk.mlp
@@ -43,4 +43,5 @@ def decoder_step_fused(decoder, fops, tokens, caches, cross_kvs, position, cross
         ln = blk.mlp_ln
         h = fops["norm_linear"](s, ln.weight, ln.bias, EPS, mlp.fc1.weight, mlp.fc1.bias, act="gelu")
         s = fops["linear_residual"](h, mlp.fc2.weight, s, mlp.fc2.bias)
-    return fops["norm_linear"](s, decoder.ln.weight, decoder.ln.bias, EPS, decoder.token_embedding.weight).float()
+    ln, emb = decoder.ln, decoder.token_embedding.weight
+    return fops["norm_linear"](s, ln.weight, ln.bias, EPS, emb, out_dtype=torch.float32)

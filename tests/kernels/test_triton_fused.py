@@ -189,7 +189,8 @@ def test_norm_qkv_cache(fused_whisper, dtype, M):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("M,act,n", [(1, None, 51), (3, "gelu", HIDDEN), (5, None, DIM)])
 def test_norm_linear(fused_whisper, dtype, M, act, n):
-    """LayerNorm + projection + bias (an odd width of 51, as a vocabulary's), and + GELU (the MLP's fc1)."""
+    """LayerNorm + projection + bias (an odd width of 51, as a vocabulary's, out in float32 as the logits are), and +
+    GELU (the MLP's fc1)."""
     x = offset_rows(M, dtype, 40)
     g, b = ln_params(dtype, 41)
     w = rand(n, DIM, dtype=dtype, seed=43, scale=DIM**-0.5)
@@ -197,8 +198,13 @@ def test_norm_linear(fused_whisper, dtype, M, act, n):
         w = w.t().contiguous().t()
     bias = rand(n, dtype=dtype, seed=44) if M != 5 else None
     args = (x, g, b, 1e-5, w, bias)
-    truth = ref.norm_linear(*(f32(a) for a in args), act=act)
-    close(fused_whisper.norm_linear(*args, act=act), ref.norm_linear(*args, act=act), truth)
+    kw = {"act": act, "out_dtype": torch.float32 if n == 51 else None}
+    truth = ref.norm_linear(*(f32(a) for a in args), **kw)
+    out, want = fused_whisper.norm_linear(*args, **kw), ref.norm_linear(*args, **kw)
+    if n == 51:  # the float32 logits hold the activation dtype's values (rounded there, as the unfused path's)
+        assert out.dtype == torch.float32 and torch.equal(out.to(dtype).float(), out)
+        out, want, truth = out.to(dtype), want.to(dtype), truth.to(dtype)
+    close(out, want, truth)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -207,6 +213,24 @@ def test_linear_residual_bias(fused, dtype):
     w = rand(DIM, DIM, dtype=dtype, seed=51, scale=DIM**-0.5)
     r, bias = rand(3, DIM, dtype=dtype, seed=52), rand(DIM, dtype=dtype, seed=53)
     close(fused.linear_residual(x, w, r, bias), ref.linear_residual(x, w, r, bias))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,cross", [(1, False), (3, True)])
+def test_step_inputs(fused_whisper, dtype, B, cross):
+    """The token + position embeddings (the tokens a strided column, as the step's [B, 1] tokens are) and the int32
+    key counts: exactly the reference's."""
+    emb, pemb = rand(97, DIM, dtype=dtype, seed=70), rand(S, DIM, dtype=dtype, seed=71)
+    tokens = torch.tensor([[5, 0], [96, 0], [0, 0]], device=DEVICE)[:B, 0]
+    position = torch.tensor([S - 1], device=DEVICE)
+    cl = torch.tensor([12, 7, 9], device=DEVICE)[:B] if cross else None
+    got, want = (
+        fused_whisper.step_inputs(tokens, emb, pemb, position, cl),
+        ref.step_inputs(tokens, emb, pemb, position, cl),
+    )
+    assert torch.equal(got[0], want[0]) and got[0].dtype == dtype
+    assert torch.equal(got[1], want[1]) and got[1].dtype == torch.int32 and got[1].tolist() == [S] * B
+    assert (got[2] is None and want[2] is None) if not cross else torch.equal(got[2], want[2])
 
 
 def test_whisper_ops_nan_confined(fused_whisper):
