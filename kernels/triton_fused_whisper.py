@@ -14,12 +14,14 @@ The fold. A LayerNorm needs the row's mean and variance before any normalized el
 fold (kernels/triton_fused.py, rstd applied after the matmul) it cannot be applied afterwards exactly: the algebraic
 form y = rstd (W (x g)) - rstd mean (W g) + W b subtracts two terms each |mean| / std times the size of the result,
 so float32 loses that factor of relative precision (rows whose mean is far from zero, as Whisper's residual stream
-has, miss 1e-5), and 16-bit inputs would not round the normalized x where the unfused norm does. So each program
-makes two passes over its rows of x before its K loop: the mean, then the centered variance (the two-pass formula of
-the unfused norm kernel, no E[x^2] - mean^2 cancellation), then normalizes x tile by tile in float32 and rounds it to
-the activation dtype as the unfused norm leaves it, feeding the dot. The extra reads are the rows of x (M x dim
-elements, a few KB, cached) against the program's W tile (BLOCK_N x dim): the same numbers as the unfused path up
-to summation order. The references are kernels.reference.norm_qkv_cache / norm_linear."""
+has, miss 1e-5: at a mean 30 times the spread, d 384, 2.3e-5 of the largest output against 2.1e-6 for the two-pass
+norm, measured against float64), and 16-bit inputs would not round the normalized x where the unfused norm does.
+So each program makes two passes over its rows of x before its K loop: the mean, then the centered variance (the
+two-pass formula of the unfused norm kernel, no E[x^2] - mean^2 cancellation), then normalizes x tile by tile in
+float32 and rounds it to the activation dtype as the unfused norm leaves it, feeding the dot. The extra reads are
+the rows of x (M x dim elements, a few KB, cached) against the program's W tile (BLOCK_N x dim): the same numbers
+as the unfused path up to summation order. The references are kernels.reference.norm_qkv_cache / norm_linear /
+step_inputs."""
 
 from __future__ import annotations
 
