@@ -16,11 +16,11 @@ form y = rstd (W (x g)) - rstd mean (W g) + W b subtracts two terms each |mean| 
 so float32 loses that factor of relative precision (rows whose mean is far from zero, as Whisper's residual stream
 has, miss 1e-5: at a mean 30 times the spread, d 384, 2.3e-5 of the largest output against 2.1e-6 for the two-pass
 norm, measured against float64), and 16-bit inputs would not round the normalized x where the unfused norm does.
-So each program makes two passes over its rows of x before its K loop: the mean, then the centered variance (the
-two-pass formula of the unfused norm kernel, no E[x^2] - mean^2 cancellation), then normalizes x tile by tile in
-float32 and rounds it to the activation dtype as the unfused norm leaves it, feeding the dot. The extra reads are
-the rows of x (M x dim elements, a few KB, cached) against the program's W tile (BLOCK_N x dim): the same numbers
-as the unfused path up to summation order. The references are kernels.reference.norm_qkv_cache / norm_linear /
+So each program reads its rows of x once before its K loop for their mean and variance (each tile's centered in
+registers, merged by Chan's formula: no E[x^2] - mean^2 cancellation), then normalizes x tile by tile in float32
+and rounds it to the activation dtype as the unfused norm leaves it, feeding the dot. The extra reads are the rows
+of x (M x dim elements, a few KB, cached) against the program's W tile (BLOCK_N x dim): the same numbers as the
+unfused path up to summation order. The references are kernels.reference.norm_qkv_cache / norm_linear /
 step_inputs."""
 
 from __future__ import annotations
@@ -38,22 +38,24 @@ PLAIN, GELU, QKV_CACHE = 0, 1, 2  # the epilogues of _norm_linear_kernel
 
 @triton.jit
 def _ln_stats(x_ptr, rm, rmask, K, sxm, sxk, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Each row's mean and 1 / sqrt(var + eps) over its K elements, in float32: the mean first, then the centered
-    sum of squares (two reads of the rows)."""
+    """Each row's mean and 1 / sqrt(var + eps) over its K elements, in float32, in one read of the rows: each tile's
+    own mean and centered sum of squares (two-pass in registers), merged into the running ones by Chan's parallel
+    formula (stable: no E[x^2] - mean^2 cancellation)."""
     rk = tl.arange(0, BLOCK_K)
     px = x_ptr + rm[:, None].to(tl.int64) * sxm + rk[None, :] * sxk
-    s = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        km = (k0 + rk) < K
-        s += tl.sum(tl.load(px + k0 * sxk, mask=rmask[:, None] & km[None, :], other=0.0).to(tl.float32), axis=1)
-    mean = s / K
-    v = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    m2 = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         km = (k0 + rk) < K
         x = tl.load(px + k0 * sxk, mask=rmask[:, None] & km[None, :], other=0.0).to(tl.float32)
-        d = tl.where(km[None, :], x - mean[:, None], 0.0)
-        v += tl.sum(d * d, axis=1)
-    return mean, 1.0 / tl.sqrt(v / K + eps)
+        nb = tl.minimum(K - k0, BLOCK_K).to(tl.float32)  # this tile's elements; k0 before it
+        mb = tl.sum(x, axis=1) / nb
+        d = tl.where(km[None, :], x - mb[:, None], 0.0)
+        n = k0 + nb
+        delta = mb - mean
+        mean += delta * (nb / n)
+        m2 += tl.sum(d * d, axis=1) + delta * delta * (k0 * nb / n)
+    return mean, 1.0 / tl.sqrt(m2 / K + eps)
 
 
 @triton.jit
