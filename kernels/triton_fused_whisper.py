@@ -7,7 +7,7 @@
     step_inputs     the token + position embeddings (the residual stream's start) and the int32 key lengths the
                     decode attentions read (position + 1; the encoder lengths), in one launch instead of some seven
 
-With kernels.triton_fused.linear_residual (its bias) closing each branch, a decoder layer is five launches plus the
+With kernels.triton_fused.linear_residual (its bias) closing each branch, a decoder layer is six launches plus the
 two decode attentions (self, cross), against some twenty unfused.
 
 The fold. A LayerNorm needs the row's mean and variance before any normalized element exists, so unlike the RMSNorm

@@ -35,11 +35,11 @@ def decoder_step_fused(decoder, fops, tokens, caches, cross_kvs, position, cross
         ln = blk.attn_ln
         q = fops["norm_qkv_cache"](s, ln.weight, ln.bias, EPS, a.qkv.weight, a.qkv.bias, pos, kc, vc)  # [B, H, D]
         o = ops.attention(q[:, :, None], kc, vc, causal=True, lengths=lengths)  # [B, H, 1, D]
-        s = fops["linear_residual"](o.view(B, H * D), a.out.weight, s, a.out.bias)
+        s = fops["linear_residual"](o.reshape(B, H * D), a.out.weight, s, a.out.bias)
         ln = blk.cross_attn_ln
         q = fops["norm_linear"](s, ln.weight, ln.bias, EPS, c.q.weight, c.q.bias)  # [B, H * D]
         o = ops.attention(q.view(B, H, 1, D), ck, cv, causal=False, lengths=cross_lengths)
-        s = fops["linear_residual"](o.view(B, H * D), c.out.weight, s, c.out.bias)
+        s = fops["linear_residual"](o.reshape(B, H * D), c.out.weight, s, c.out.bias)
         ln = blk.mlp_ln
         h = fops["norm_linear"](s, ln.weight, ln.bias, EPS, mlp.fc1.weight, mlp.fc1.bias, act="gelu")
         s = fops["linear_residual"](h, mlp.fc2.weight, s, mlp.fc2.bias)

@@ -21,7 +21,7 @@ were a third of the engine's Python time at 96 streams on an H100, launching eve
 Other passes of several tokens (a re-fed draft after a rewind) run eagerly on the slot's buffers.
 
 The single-token steps run in the fused layer kernels (models/whisper_fused.py, kernels/triton_fused_whisper.py: each
-LayerNorm folded into the projection that reads it, five launches per layer plus the two decode attentions, against
+LayerNorm folded into the projection that reads it, six launches per layer plus the two decode attentions, against
 some twenty unfused) unless `fused=False` or the kernel set is not Triton; `fused_why` says which. The unfused step
 stays the reference they are tested against; prompt passes and eager steps run unfused.
 
