@@ -166,7 +166,7 @@ def check_asr_fused(dev, out: Results):
 
     bw = probe(dev, torch.float16).bandwidth_gbps
     n0 = len(out.records)
-    bad = run_cases(dev, plan(), out, timer(dev), bw)
+    bad = run_cases(dev, plan(), out, timer(dev), bw, capture=dev.type == "cuda")
     by = {(r.model, r.params["batch"], r.backend): r for r in out.records[n0:]}
     parts = [f"copy {bw:.0f} GB/s"]
     for s, b, _ in sorted({k for k in by if k[2] == "fused"}):

@@ -117,3 +117,12 @@ def test_fused_whisper_step_benchmark_runs_up_to_its_gpu_part(monkeypatch):
     r = out.records[0]
     assert r.params["fused_vs_unfused_rel_err"] < 1e-4 and r.params["argmax_agreement"] == 1.0
     assert r.params["fraction_of_bandwidth"] == pytest.approx(cases[0].bytes / 1e-3 / 10e9)
+    # the check itself (its summary line), on those cases with a stand-in bandwidth probe and timer
+    from speechrt.bench import roofline
+
+    monkeypatch.setattr(gpu_fused_asr, "plan", lambda: cases)
+    monkeypatch.setattr(roofline, "probe", lambda dev, dtype: roofline.Peak("stand-in", 10.0, 1.0, "test"))
+    monkeypatch.setattr(roofline, "timer", lambda dev: lambda fn: [fn() is not None and 1e-3])
+    status, detail = gpu_fused_asr.check_asr_fused(torch.device("cpu"), Results())
+    assert status == "pass", detail
+    assert detail.startswith("copy 10 GB/s; tiny b3: fused 1000 us (") and "unfused 1.00x, torch eager 1.00x" in detail
