@@ -104,7 +104,7 @@ def test_fixed_shape_decode_step_matches_offset_path(models, which):
 @torch.inference_mode()
 @pytest.mark.parametrize(
     "which,dtype",
-    [("reference", torch.float32), ("triton", torch.float32), ("triton", torch.float16), ("triton", torch.bfloat16)],
+    [("reference", torch.float32), ("triton", torch.float32), ("triton", torch.float16)],  # bf16: kernel tests
 )
 def test_fused_decoder_step_equals_the_unfused_step(models, which, dtype):
     """models/whisper_fused.py's decoder step (each LayerNorm folded into its projection, the cache written by the
@@ -120,12 +120,13 @@ def test_fused_decoder_step_equals_the_unfused_step(models, which, dtype):
     m.load_state_dict(src.state_dict())
     m = m.to(dtype)
     fops = WHISPER_FUSED_OPS if which == "reference" else OPS
-    mel = torch.randn(3, CFG.n_mels, 2 * CFG.n_audio_ctx, generator=torch.Generator().manual_seed(4)).to(dtype)
-    cross = m.cross_kv(m.encoder(mel))
+    mel = torch.randn(3, CFG.n_mels, 2 * CFG.n_audio_ctx, generator=torch.Generator().manual_seed(4))
+    cross = [(k.to(dtype), v.to(dtype)) for k, v in models[0].cross_kv(models[0].encoder(mel))]  # inputs of both
     lengths = torch.tensor([12, 7, 9])
-    a, b = (m.new_cache(3, 10, dtype, "cpu") for _ in range(2))
+    a = m.new_cache(3, 10, dtype, "cpu")
     prompt = torch.tensor([[1, 4], [3, 3], [5, 60]])
-    m.decoder(prompt, a, 0, cross, cross_lengths=lengths), m.decoder(prompt, b, 0, cross, cross_lengths=lengths)
+    m.decoder(prompt, a, 0, cross, cross_lengths=lengths)
+    b = [(k.clone(), v.clone()) for k, v in a]
     tok = torch.tensor([[11], [12], [13]])
     tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}[dtype]
     compared = 0
