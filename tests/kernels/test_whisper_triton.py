@@ -147,3 +147,51 @@ def test_fused_decoder_step_equals_the_unfused_step(models, which, dtype):
             _close(g[:, :, :5].float(), w[:, :, :5].float(), tol=tol)
     with pytest.raises(ValueError, match="one token per row"):
         decoder_step_fused(m.decoder, fops, prompt, b, cross, torch.tensor([5]), lengths)
+
+
+@torch.inference_mode()
+def test_fused_decoder_step_launches(models):
+    """The fused step's launches, counted in the interpreter: per decoder layer the six fused kernels and two per
+    decode attention (its split and its merge), plus one for the embeddings and one for the final norm and the logits;
+    no torch op computes anything (views and no-op conversions only). The unfused step launches about twice as many."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from speechrt.kernels import triton_fused_whisper
+    from speechrt.kernels.triton_fused_whisper import OPS
+    from speechrt.models.whisper_fused import decoder_step_fused
+
+    if not isinstance(triton_fused_whisper._norm_linear_kernel, InterpretedFunction):
+        pytest.skip("counts the interpreter's launches; the kernels are compiled for a GPU in this process")
+    m = models[1]
+    launched, torch_ops, inside = [], [], []
+    run = InterpretedFunction.run
+
+    def counted(self, *args, **kw):
+        launched.append(self.fn.__name__)
+        inside.append(1)
+        try:
+            return run(self, *args, **kw)
+        finally:
+            inside.pop()
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            views = func.is_view or func.overloadpacket.__name__ in ("empty", "empty_strided")
+            if not inside and not views and not (args and out is args[0]):  # (a no-op .to returns its input)
+                torch_ops.append(func.overloadpacket.__name__)
+            return out
+
+    caches = m.new_cache(2, 8, torch.float32, "cpu")
+    cross = [(torch.randn(2, 2, 12, 16), torch.randn(2, 2, 12, 16)) for _ in range(CFG.n_text_layer)]
+    tok, pos, lengths = torch.tensor([[3], [4]]), torch.tensor([5]), torch.tensor([12, 9])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(InterpretedFunction, "run", counted)
+        with Ops():
+            decoder_step_fused(m.decoder, OPS, tok, caches, cross, pos, lengths)
+        fused = len(launched)
+        assert torch_ops == [] and fused == (6 + 4) * CFG.n_text_layer + 2, (torch_ops, launched)
+        with Ops():
+            m.decoder(tok, caches, 0, cross, position=pos, cross_lengths=lengths)
+    assert len(launched) - fused + len(torch_ops) >= 2 * fused, (launched[fused:], torch_ops)
