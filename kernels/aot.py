@@ -5,7 +5,8 @@ matrix instructions (mma / wgmma on NVIDIA, v_mfma on AMD) were used by the matm
 Block sizes and warp counts come from each launcher's `config()` (aot_specs.py, aot_specs_fused.py), so what is
 compiled here is what the launchers run. Shapes: Whisper tiny (d 384, 6 heads of 64, 1500 audio / 448 text
 positions, MLP 1536) and SmolLM2-135M (hidden 576, 9 heads / 3 kv heads of 64, MLP 1536), plus head dim 128
-attention; the fused decode-step kernels also at the Llama-3.2-1B shape (d 2048, 32 / 8 heads, FFN 8192).
+attention; the fused decode-step kernels also at the Llama-3.2-1B shape (d 2048, 32 / 8 heads, FFN 8192), and
+the Whisper decoder step's at the tiny and large-v3-turbo shapes (d 384 / 1280, vocabulary 51864 / 51866).
 
 Run `python -m speechrt.kernels.aot [--json PATH]` or `speechrt kernels report`. Under
 TRITON_INTERPRET=1 the kernels are interpreter objects that cannot be compiled, so `report()` then

@@ -2,13 +2,19 @@
 configuration its `config()` picks for a decode step of 1 and of 64 rows, in bf16, at the SmolLM2-135M shape
 (d 576, 9 / 3 heads of 64, MLP 1536) and the Llama-3.2-1B shape (d 2048, 32 / 8 heads of 64, FFN 8192). The
 widths are runtime arguments (both divisible by 16, as `aligned` tells the compiler), so one binary serves
-both shapes; the Qwen3 variant (per-head norms, whole heads per program) and the Qwen2 bias compile apart."""
+both shapes; the Qwen3 variant (per-head norms, whole heads per program) and the Qwen2 bias compile apart.
+
+The Whisper decoder step's kernels (kernels/triton_fused_whisper.py, and linear_residual with its bias) in float16
+(the GPU default of the ASR runners), 1 and 64 rows (a beam search's batch), at the Whisper tiny shape (d 384, 6
+heads of 64, MLP 1536, vocabulary 51864) and the large-v3-turbo shape (d 1280, 20 heads of 64, MLP 5120, vocabulary
+51866: not a multiple of 16, so the column count is not marked aligned) with one binary per epilogue."""
 
 from __future__ import annotations
 
 from .aot_specs import Spec, int_args, make_spec
 
 SHAPES = "smollm2 d576 / llama-1b d2048"
+WHISPER = "whisper tiny d384 / large-v3-turbo d1280"
 
 
 def fused_specs(hip: bool = False) -> list[Spec]:
@@ -48,10 +54,10 @@ def fused_specs(hip: bool = False) -> list[Spec]:
             make_spec(
                 fu._linear_residual_kernel,
                 f"{SHAPES} o/down proj M={M}",
-                {**{p: "*bf16" for p in ("x_ptr", "w_ptr", "r_ptr", "y_ptr")}, **mm_types, "srm": "i32"},
-                cx,
+                {**{p: "*bf16" for p in ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr")}, **mm_types, "srm": "i32"},
+                {**cx, "HAS_BIAS": False},
                 c,
-                ("x_ptr", "w_ptr", "r_ptr", "y_ptr", "N", "K", "sxm", "swn", "srm", "sym"),
+                ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr", "N", "K", "sxm", "swn", "srm", "sym"),
                 matmul=True,
             )
         )
@@ -63,6 +69,61 @@ def fused_specs(hip: bool = False) -> list[Spec]:
                 cx,
                 c,
                 ("x_ptr", "g_ptr", "w_ptr", "y_ptr", "N", "K", "sxm", "swn", "sym"),
+                matmul=True,
+            )
+        )
+    return out + whisper_specs()
+
+
+def whisper_specs() -> list[Spec]:
+    import torch
+
+    from . import triton_fused as fu
+    from . import triton_fused_whisper as fw
+    from .triton_matmul import precision
+
+    f16 = torch.float16
+    ptrs = ("x_ptr", "g_ptr", "b_ptr", "w_ptr", "bias_ptr", "y_ptr", "kc_ptr", "vc_ptr")
+    strides = ("sxm", "swn", "sym", "skb", "skh", "skt", "svb", "svh", "svt")
+    types = {
+        **{p: "*fp16" for p in ptrs},
+        "pos_ptr": "*i64",
+        **int_args("M", "N", "K", "HD", "D", "sxk", "swk", "spos", *strides),
+        "eps": "fp32",
+    }
+    aligned = (*ptrs, "pos_ptr", "K", "HD", "D", *strides)
+    out = []
+    for what, epilogue, bias, Ms in (
+        ("ln + qkv + bias + cache write", fw.QKV_CACHE, True, (1, 64)),
+        ("ln + fc1 + bias + gelu", fw.GELU, True, (1, 64)),
+        ("ln + cross q + bias", fw.PLAIN, True, (1,)),
+        ("ln + logits (vocab 51864 / 51866)", fw.PLAIN, False, (64,)),
+    ):
+        for M in Ms:
+            c = fu.config(M, f16)
+            cx = {"EPILOGUE": epilogue, "HAS_BIAS": bias, "PRECISION": precision(f16), "UPCAST": False}
+            cx.update({k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")})
+            out.append(make_spec(fw._norm_linear_kernel, f"{WHISPER} {what} M={M}", types, cx, c, aligned, matmul=True))
+    ip = {"tok_ptr": "*i64", "temb_ptr": "*fp16", "pemb_ptr": "*fp16", "pos_ptr": "*i64", "cl_ptr": "*i64"}
+    ip.update({"s_ptr": "*fp16", "sl_ptr": "*i32", "cl32_ptr": "*i32", **int_args("d", "stok", "ste", "spe", "ssm")})
+    for d in (384, 1280):
+        c = fw.inputs_config(d)
+        cx = {"HAS_CL": True, "BLOCK": c["BLOCK"]}
+        aligned = (*(p for p in ip if p.endswith("_ptr")), "d", "ste", "spe", "ssm")
+        out.append(make_spec(fw._step_inputs_kernel, f"whisper d{d} embeddings + lengths", ip, cx, c, aligned))
+    rp = ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr")
+    for M in (1, 64):
+        c = fu.config(M, f16)
+        cx = {"HAS_BIAS": True, "PRECISION": precision(f16), "UPCAST": False}
+        cx.update({k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")})
+        out.append(
+            make_spec(
+                fu._linear_residual_kernel,
+                f"{WHISPER} out / fc2 proj + bias M={M}",
+                {**{p: "*fp16" for p in rp}, **int_args("M", "N", "K", "sxm", "sxk", "swn", "swk", "sym", "srm")},
+                cx,
+                c,
+                (*rp, "N", "K", "sxm", "swn", "srm", "sym"),
                 matmul=True,
             )
         )

@@ -301,10 +301,12 @@ def norm_qkv_rope(
     return q[:, :, 0].contiguous()
 
 
-def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    """residual + x @ weight.T (the product in x's dtype first): an output or down projection closing a
+def linear_residual(
+    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """residual + (x @ weight.T + bias) (the product in x's dtype first): an output or down projection closing a
     residual branch."""
-    return linear(x, weight) + residual
+    return linear(x, weight, bias) + residual
 
 
 def norm_gate_up(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w_gate_up: torch.Tensor) -> torch.Tensor:
@@ -313,6 +315,50 @@ def norm_gate_up(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w_gate_up: t
 
 
 FUSED_OPS = {"norm_qkv_rope": norm_qkv_rope, "linear_residual": linear_residual, "norm_gate_up": norm_gate_up}
+
+
+# Fused ops of the Whisper decoder step (kernels/triton_fused_whisper.py): each LayerNorm folded into the projection
+# that reads it. Rows are the step's sequences: x [M, d], one token each.
+
+
+def norm_linear(x, ln_w, ln_b, eps, weight, bias=None, act=None, out_dtype=None):
+    """LayerNorm(x [M, d]) (weight ln_w, bias ln_b) @ weight.T + bias -> [M, N]; with act="gelu", the GELU of it (the
+    MLP's fc1, its bias folded into the activation as models.whisper.MLP does). In x's dtype, then `out_dtype` (the
+    logits: float32)."""
+    h = layer_norm(x, ln_w, ln_b, eps)
+    if act not in (None, "gelu"):
+        raise ValueError(f"norm_linear: act is None or 'gelu', not {act!r}")
+    y = gelu(linear(h, weight), bias) if act == "gelu" else linear(h, weight, bias)
+    return y.to(out_dtype) if out_dtype is not None else y
+
+
+def norm_qkv_cache(x, ln_w, ln_b, eps, wqkv, bqkv, pos, k_cache, v_cache):
+    """LayerNorm(x [M, d]) @ wqkv.T + bqkv (wqkv [3 H D, d]: Q, K, V rows) -> the keys and values written to
+    k_cache / v_cache [M, H, S, D] at (row i, position pos[i]) (pos [M]). Returns the queries [M, H, D]."""
+    M = x.shape[0]
+    H, D = k_cache.shape[1], k_cache.shape[3]
+    q, k, v = linear(layer_norm(x, ln_w, ln_b, eps), wqkv, bqkv).view(M, 3, H, D).unbind(1)
+    rows = torch.arange(M, device=x.device)
+    k_cache[rows, :, pos] = k
+    v_cache[rows, :, pos] = v
+    return q.contiguous()
+
+
+def step_inputs(tokens, tok_emb, pos_emb, position, cross_lengths=None):
+    """The decode step's inputs from tokens [B] at position (int64 [1]): the residual stream tok_emb[tokens] +
+    pos_emb[position] [B, d], each row's self-attention key count position + 1 and its encoder length
+    (cross_lengths [B], or None) as int32 [B] (what the decode attention reads)."""
+    s = F.embedding(tokens, tok_emb) + pos_emb.index_select(0, position)
+    lengths = (position + 1).to(torch.int32).expand(tokens.shape[0]).contiguous()
+    return s, lengths, cross_lengths.to(torch.int32) if cross_lengths is not None else None
+
+
+WHISPER_FUSED_OPS = {
+    "norm_qkv_cache": norm_qkv_cache,
+    "norm_linear": norm_linear,
+    "linear_residual": linear_residual,
+    "step_inputs": step_inputs,
+}
 
 
 OPS = {

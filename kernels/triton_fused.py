@@ -2,7 +2,7 @@
 
     norm_qkv_rope   RMSNorm -> packed Q/K/V projection (+ Qwen2 bias) (+ Qwen3 per-head q/k RMSNorm)
                     -> rotary at each row's position -> K/V written into the cache; returns Q
-    linear_residual output (or down) projection + residual add: the new residual stream
+    linear_residual output (or down) projection (+ Whisper's bias) + residual add: the new residual stream
     norm_gate_up    RMSNorm -> gate/up projection -> silu(gate) * up
 
 The "next norm" is folded into the kernel that consumes it, not the one that produces the residual: an RMSNorm
@@ -27,7 +27,7 @@ from .triton_matmul import precision, tile_dot, upcast
 
 
 @triton.jit
-def _rnd(x, DT: tl.constexpr):
+def rnd(x, DT: tl.constexpr):
     """float32 x rounded to DT (to nearest even), kept in float32. bf16 by bit arithmetic: the Triton
     interpreter truncates float32 -> bf16 conversions (a GPU rounds), and the chains of roundings that mirror
     the unfused ops would drift by ulps there; on a GPU the same few integer ops per element."""
@@ -59,7 +59,7 @@ def _norm_dot_pair(
         x = tl.load(px, mask=rmask[:, None] & km[None, :], other=0.0)
         xf = x.to(tl.float32)
         ss += tl.sum(xf * xf, axis=1)
-        a = _rnd(xf * tl.load(g_ptr + k0 + rk, mask=km, other=0.0).to(tl.float32)[None, :], DT).to(DT)
+        a = rnd(xf * tl.load(g_ptr + k0 + rk, mask=km, other=0.0).to(tl.float32)[None, :], DT).to(DT)
         wm = km[:, None] & cmask[None, :]
         w1 = tl.load(pw, mask=wm, other=0.0)
         w2 = tl.load(pw + second * swn, mask=wm, other=0.0)
@@ -129,11 +129,11 @@ def _norm_qkv_rope_kernel(
         DT, PRECISION, UPCAST, BLOCK_M, BLOCK_HALF, BLOCK_K,
     )  # fmt: skip
     # the projection's output, rounded to the activation dtype as the unfused linear leaves it
-    y1 = _rnd(acc1 * rstd[:, None], DT)
-    y2 = _rnd(acc2 * rstd[:, None], DT)
+    y1 = rnd(acc1 * rstd[:, None], DT)
+    y2 = rnd(acc2 * rstd[:, None], DT)
     if HAS_BIAS:
-        y1 = _rnd(y1 + tl.load(b_ptr + col, mask=dm, other=0.0).to(tl.float32)[None, :], DT)
-        y2 = _rnd(y2 + tl.load(b_ptr + col + HALF, mask=dm, other=0.0).to(tl.float32)[None, :], DT)
+        y1 = rnd(y1 + tl.load(b_ptr + col, mask=dm, other=0.0).to(tl.float32)[None, :], DT)
+        y2 = rnd(y2 + tl.load(b_ptr + col + HALF, mask=dm, other=0.0).to(tl.float32)[None, :], DT)
     om = mm[:, None] & dm[None, :]
     pos = tl.load(pos_ptr + rm, mask=mm, other=0).to(tl.int64)
     slot = (s0 + rm).to(tl.int64)
@@ -145,13 +145,13 @@ def _norm_qkv_rope_kernel(
             n2 = tl.load(qn_ptr + HALF + d, mask=dm, other=0.0)
             n2 = tl.where(head < H, n2, tl.load(kn_ptr + HALF + d, mask=dm, other=0.0))
             n1, n2 = n1.to(tl.float32), n2.to(tl.float32)
-            y1 = _rnd(_rnd(y1 * r[:, None], DT) * n1[None, :], DT)
-            y2 = _rnd(_rnd(y2 * r[:, None], DT) * n2[None, :], DT)
+            y1 = rnd(rnd(y1 * r[:, None], DT) * n1[None, :], DT)
+            y2 = rnd(rnd(y2 * r[:, None], DT) * n2[None, :], DT)
         pc = pos[:, None] * sct + d[None, :]
         c = tl.load(cos_ptr + pc, mask=om, other=0.0)
         s = tl.load(sin_ptr + pc, mask=om, other=0.0)
-        o1 = _rnd(y1 * c - y2 * s, DT).to(DT)
-        o2 = _rnd(y2 * c + y1 * s, DT).to(DT)
+        o1 = rnd(y1 * c - y2 * s, DT).to(DT)
+        o2 = rnd(y2 * c + y1 * s, DT).to(DT)
         if head < H:
             po = q_ptr + rm[:, None].to(tl.int64) * sqm + head * sqh + d[None, :]
         else:
@@ -168,6 +168,7 @@ def _norm_qkv_rope_kernel(
 def _linear_residual_kernel(
     x_ptr,
     w_ptr,
+    b_ptr,
     r_ptr,
     y_ptr,
     M,
@@ -179,22 +180,26 @@ def _linear_residual_kernel(
     swk,
     srm,
     sym,
+    HAS_BIAS: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    # y = r + x @ W.T, the product rounded to the activation dtype first (as the unfused linear leaves it)
+    # y = r + (x @ W.T + bias), the product (with its bias, Whisper's) rounded to the activation dtype first (as
+    # the unfused linear leaves it)
     DT: tl.constexpr = y_ptr.dtype.element_ty
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tile_dot(x_ptr, w_ptr, rm, rn, M, N, K, sxm, sxk, swn, swk, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     om = (rm < M)[:, None] & (rn < N)[None, :]
     r = tl.load(r_ptr + rm[:, None].to(tl.int64) * srm + rn[None, :], mask=om, other=0.0).to(tl.float32)
-    y = _rnd(_rnd(acc, DT) + r, DT)
+    y = rnd(rnd(acc, DT) + r, DT)
     tl.store(y_ptr + rm[:, None].to(tl.int64) * sym + rn[None, :], y.to(DT), mask=om)
 
 
@@ -230,11 +235,11 @@ def _norm_gate_up_kernel(
         x_ptr, g_ptr, w_ptr, rm, rn.to(tl.int64), rm < M, nm, N, K, sxm, sxk, swn, swk, eps,
         DT, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
-    g = _rnd(acc_g * rstd[:, None], DT)
-    u = _rnd(acc_u * rstd[:, None], DT)
-    s = _rnd(g / (1.0 + tl.exp(-g)), DT)  # the reference rounds silu(g) before the product
+    g = rnd(acc_g * rstd[:, None], DT)
+    u = rnd(acc_u * rstd[:, None], DT)
+    s = rnd(g / (1.0 + tl.exp(-g)), DT)  # the reference rounds silu(g) before the product
     om = (rm < M)[:, None] & nm[None, :]
-    tl.store(y_ptr + rm[:, None].to(tl.int64) * sym + rn[None, :], _rnd(s * u, DT).to(DT), mask=om)
+    tl.store(y_ptr + rm[:, None].to(tl.int64) * sym + rn[None, :], rnd(s * u, DT).to(DT), mask=om)
 
 
 def config(M: int, dtype: torch.dtype, half: int | None = None, whole_head: bool = False) -> dict:
@@ -251,7 +256,7 @@ def config(M: int, dtype: torch.dtype, half: int | None = None, whole_head: bool
     return cfg
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
+def as_rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
 
 
@@ -259,7 +264,7 @@ def norm_qkv_rope(
     x, norm_w, eps, wqkv, n_heads, cos, sin, pos, k_cache, v_cache, s0=0, bias=None, q_norm=None, k_norm=None
 ):
     """See kernels.reference.norm_qkv_rope."""
-    x = _rows(x)
+    x = as_rows(x)
     M, K = x.shape
     Hkv, D = k_cache.shape[1], k_cache.shape[3]
     half = D // 2
@@ -315,9 +320,11 @@ def norm_qkv_rope(
     return q
 
 
-def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+def linear_residual(
+    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """See kernels.reference.linear_residual."""
-    x, residual = _rows(x), _rows(residual)
+    x, residual = as_rows(x), as_rows(residual)
     M, K = x.shape
     N = weight.shape[0]
     if residual.stride(-1) != 1:
@@ -329,6 +336,7 @@ def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tenso
         _linear_residual_kernel[grid](
             x,
             weight,
+            bias if bias is not None else weight,
             residual,
             y,
             M,
@@ -340,6 +348,7 @@ def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tenso
             weight.stride(1),
             residual.stride(0),
             y.stride(0),
+            HAS_BIAS=bias is not None,
             PRECISION=precision(x.dtype),
             UPCAST=upcast(x.dtype),
             **cfg,
@@ -349,7 +358,7 @@ def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tenso
 
 def norm_gate_up(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w_gate_up: torch.Tensor) -> torch.Tensor:
     """See kernels.reference.norm_gate_up."""
-    x = _rows(x)
+    x = as_rows(x)
     M, K = x.shape
     N = w_gate_up.shape[0] // 2
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)

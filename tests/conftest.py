@@ -28,6 +28,7 @@ if (
             importlib.import_module(_mod)
         importlib.import_module("speechrt.kernels.triton_decode_attention")
         importlib.import_module("speechrt.kernels.triton_fused")
+        importlib.import_module("speechrt.kernels.triton_fused_whisper")
     finally:
         if _prev is None:
             os.environ.pop("TRITON_INTERPRET")

@@ -20,22 +20,31 @@ the cache lies past the state's offset, masked or overwritten by later steps. (R
 were a third of the engine's Python time at 96 streams on an H100, launching every kernel from Python.)
 Other passes of several tokens (a re-fed draft after a rewind) run eagerly on the slot's buffers.
 
+The single-token steps run in the fused layer kernels (models/whisper_fused.py, kernels/triton_fused_whisper.py: each
+LayerNorm folded into the projection that reads it, six launches per layer plus the two decode attentions, against
+some twenty unfused) unless `fused=False` or the kernel set is not Triton; `fused_why` says which. The unfused step
+stays the reference they are tested against; prompt passes and eager steps run unfused.
+
 Run on NVIDIA H100/H200 (docs/gpu.md): replayed logits equal the eager steps'; on the CPU the slot path
 is tested uncaptured against the plain runner (tests/kernels/test_triton_asr_slots.py).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 
 import torch
 
+from speechrt.models.whisper_fused import decoder_step_fused
 from speechrt.models.whisper_loaders import load_weights
 
 from ..asr_state import reorder_state
 from ..cuda_graphs import CapturedStep, GraphCache, rows_bucket
 from ..torch.asr import TorchASRRunner, parse_dtype
+
+log = logging.getLogger(__name__)
 
 MAX_GRAPHS = 8  # batch-size buckets kept; a slot of 8 rows holds ~170 MB (Whisper tiny, float16)
 PROMPT_WIDTHS = (8, 16, 32, 64, 128)  # token buckets of the prompt passes replayed from graphs
@@ -48,9 +57,10 @@ def width_bucket(t: int) -> int | None:
 
 class _Slot:
     """One captured decoder step over its own buffers: `rows` rows, caches of the decoder's whole context,
-    cross keys/values of a whole window, each row's encoder length; the state bound to it (`owner`)."""
+    cross keys/values of a whole window, each row's encoder length; the state bound to it (`owner`). `fused_ops`: the
+    step in those fused kernels (models.whisper_fused), None: the model's own."""
 
-    def __init__(self, model, rows: int, dtype, device, capture: bool):
+    def __init__(self, model, rows: int, dtype, device, capture: bool, fused_ops=None):
         c = model.config
         shape = (rows, c.n_text_head, c.n_audio_ctx, c.n_text_state // c.n_text_head)
         self.rows = rows
@@ -64,9 +74,14 @@ class _Slot:
         self.position = torch.zeros((1,), dtype=torch.long, device=device)
         self.owner = None  # weakref to the bound DecoderState
         caches, cross, lengths, tokens, position = self.caches, self.cross, self.lengths, self.tokens, self.position
-        self.step = CapturedStep(
-            lambda: model.decoder(tokens, caches, 0, cross, position=position, cross_lengths=lengths), capture
-        )
+        dec = model.decoder
+
+        def step():
+            if fused_ops is None:
+                return dec(tokens, caches, 0, cross, position=position, cross_lengths=lengths)
+            return decoder_step_fused(dec, fused_ops, tokens, caches, cross, position, lengths)
+
+        self.step = CapturedStep(step, capture)
         self.decoder, self.capture = model.decoder, capture
         self.prompts: dict[int, tuple[torch.Tensor, CapturedStep]] = {}  # width -> (its tokens, its pass)
 
@@ -151,15 +166,33 @@ class TritonASRRunner(TorchASRRunner):
         graphs: bool = True,
         capture: bool | None = None,
         kernels: str = "triton",
+        fused: bool = True,
     ):
         """`graphs`: single-token steps on the slots' fixed buffers, captured as graphs on a GPU. `capture`
         (default: on CUDA/HIP devices) False runs the slot path uncaptured, and `kernels="torch"` on the
-        reference kernels: what the CPU tests check."""
+        reference kernels: what the CPU tests check. `fused`: those steps in the fused layer kernels where the
+        kernel set is Triton (`fused_why` says why not); False keeps the unfused step, their reference."""
         super().__init__(weights, device, dtype, kernels, None, model_name, model_format)
+        self.fused_why = self._fused_why(fused)
+        self.fused_ops = None
+        if self.fused_why is None:
+            from speechrt.kernels.triton_fused_whisper import OPS
+
+            self.fused_ops = OPS
+        else:
+            log.info("decoder steps unfused: %s", self.fused_why)
         self.capture = device.type == "cuda" if capture is None else capture
         self.graphs_enabled = graphs and (self.capture or capture is False)
         self._graphs = GraphCache(MAX_GRAPHS)
         self._lock = threading.Lock()  # one thread at a time on the slots
+
+    def _fused_why(self, fused: bool) -> str | None:
+        """Why single-token steps run unfused, or None: they run in the fused kernels."""
+        if not fused:
+            return "off by request (fused=False)"
+        if self.model.decoder.ops.sources.get("linear") != "triton":
+            return f"the kernel set is {self.model.decoder.ops.impl!r}, not Triton"
+        return None
 
     @property
     def slot_rows(self) -> list[int]:
@@ -173,7 +206,9 @@ class TritonASRRunner(TorchASRRunner):
 
     def _slot(self, n: int) -> _Slot:
         rows = rows_bucket(n)
-        return self._graphs.get(rows, lambda: _Slot(self.model, rows, self.dtype, self.device, self.capture))
+        return self._graphs.get(
+            rows, lambda: _Slot(self.model, rows, self.dtype, self.device, self.capture, self.fused_ops)
+        )
 
     @torch.inference_mode()
     def decode_step(self, state, tokens, last_only=True):

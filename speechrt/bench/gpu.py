@@ -7,6 +7,8 @@ why it could not run):
 - lm-fused: the Llama decode step in the fused layer kernels against the unfused one (both from graphs) and
   torch eager, at the SmolLM2-135M and Llama-3.2-1B shapes (random bf16 weights), with the fraction of the
   measured copy bandwidth each step's bytes take (gpu_fused.py);
+- asr-fused: the same for the Whisper decoder step (float16, batch 1 and 8, Whisper tiny and large-v3-turbo decoder
+  shapes, random weights): fused against unfused (logits and greedy ids) and torch eager (gpu_fused_asr.py);
 - attention: decode attention at batch 1/8/64 over caches of 448 and 4096 (split along the cache and unsplit) and
   encoder attention at Whisper tiny and large-v3-turbo shapes against SDPA, each with its ratio (gpu_attention.py);
 - asr-turbo: the Whisper large-v3-turbo shape's 30-s encoder pass and decode step against SDPA + cuBLAS eager, with
@@ -62,6 +64,7 @@ from pathlib import Path
 from speechrt.bench import gpu_server
 from speechrt.bench.gpu_attention import check_attention
 from speechrt.bench.gpu_fused import check_lm_fused
+from speechrt.bench.gpu_fused_asr import check_asr_fused
 from speechrt.bench.gpu_graphs import check_asr_batches, check_cuda_graphs, check_lm_graphs
 from speechrt.bench.gpu_large import check_asr_turbo, check_lm_1b
 from speechrt.bench.gpu_parity import (
@@ -313,6 +316,7 @@ TABLE = (
     Spec("gpu", 2, check_gpu, GPU),
     Spec("kernels", 30, check_kernels),
     Spec("lm-fused", 60, check_lm_fused),
+    Spec("asr-fused", 45, check_asr_fused),
     Spec("attention", 40, check_attention),
     Spec("asr-turbo", 60, check_asr_turbo),
     Spec("lm-1b", 240, check_lm_1b),

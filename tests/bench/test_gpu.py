@@ -33,6 +33,7 @@ def test_bench_gpu_skips_clearly_without_a_gpu(bench, tmp_path):
         "lm-peers",
         "attention",
         "asr-turbo",
+        "asr-fused",
         "roofline",
         "server-ramp",
     ):
@@ -76,7 +77,7 @@ def test_lm_peers_check_asks_bench_lm_for_the_compiled_peer(tmp_path):
 
 def test_bench_gpu_lists_valid_checks(bench):
     r = bench("gpu", "--checks", "kernels,warp")
-    assert r.returncode == 2 and "unknown check(s) warp; valid: gpu, kernels, lm-fused, attention" in r.stderr
+    assert r.returncode == 2 and "unknown check(s) warp; valid: gpu, kernels, lm-fused, asr-fused, attention" in r.stderr
 
 
 def test_provider_comparison_on_the_cpu_provider():
@@ -210,3 +211,47 @@ def test_attention_check_runs_up_to_its_gpu_part(monkeypatch):
     assert by["decode", "speechrt"].params["num_splits"] > 1
     assert by["decode", "speechrt-unsplit"].params["num_splits"] == 1
     assert by["encoder", "speechrt"].params["vs_sdpa"] > 0 and by["encoder", "speechrt"].peer == "sdpa"
+
+
+def test_fused_whisper_step_benchmark_runs_up_to_its_gpu_part(monkeypatch):
+    """The asr-fused check's plan (bytes per step at both shapes) and its cases on a tiny Whisper config, run here on
+    the CPU by the Triton interpreter, uncaptured: fused, unfused and torch-eager steps timed, the fused logits and ids
+    compared with the unfused ones, records written. On a GPU the same code captures the steps in graphs."""
+    pytest.importorskip("triton")
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from speechrt.bench import gpu_fused_asr
+    from speechrt.bench.record import Results
+    from speechrt.kernels import triton_fused_whisper
+    from speechrt.models.whisper import WhisperConfig
+
+    tiny, turbo = gpu_fused_asr.plan(position=64)[0], gpu_fused_asr.plan(position=64)[-1]
+    assert (tiny.shape, tiny.batch, turbo.shape, turbo.batch) == ("whisper-tiny", 1, "whisper-large-v3-turbo", 8)
+    # Whisper tiny's decoder: 29.55M parameters (the embedding tied) but the 448 learned positions and each layer's
+    # cross K/V projection (run once per window), and one row's 4 layers x (65 + 1500) positions of keys and values
+    assert tiny.bytes == 2 * (29_554_944 - 448 * 384 - 4 * (2 * 384 * 384 + 2 * 384) + 4 * 2 * 384 * (65 + 1500))
+    if not isinstance(triton_fused_whisper._norm_linear_kernel, InterpretedFunction):
+        pytest.skip("the Triton kernels were compiled for a GPU in this process, not interpreted")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    cfg = WhisperConfig(
+        n_mels=8, n_audio_ctx=6, n_vocab=40, n_text_ctx=8, n_text_state=32, n_text_head=2, n_text_layer=1
+    )
+    cases = [gpu_fused_asr.Case("tiny", cfg, 3, 4, gpu_fused_asr.step_bytes(cfg, 3, 4))]
+    out = Results()
+    bad = gpu_fused_asr.run_cases(
+        torch.device("cpu"), cases, out, lambda fn: [fn() is not None and 1e-3], 10.0, False, torch.float32
+    )
+    assert bad == []
+    assert [r.backend for r in out.records] == list(gpu_fused_asr.VARIANTS)
+    r = out.records[0]
+    assert r.params["fused_vs_unfused_rel_err"] < 1e-4 and r.params["argmax_agreement"] == 1.0
+    assert r.params["fraction_of_bandwidth"] == pytest.approx(cases[0].bytes / 1e-3 / 10e9)
+    # the check itself (its summary line), on those cases with a stand-in bandwidth probe and timer
+    from speechrt.bench import roofline
+
+    monkeypatch.setattr(gpu_fused_asr, "plan", lambda: cases)
+    monkeypatch.setattr(roofline, "probe", lambda dev, dtype: roofline.Peak("stand-in", 10.0, 1.0, "test"))
+    monkeypatch.setattr(roofline, "timer", lambda dev: lambda fn: [fn() is not None and 1e-3])
+    status, detail = gpu_fused_asr.check_asr_fused(torch.device("cpu"), Results())
+    assert status == "pass", detail
+    assert detail.startswith("copy 10 GB/s; tiny b3: fused 1000 us (") and "unfused 1.00x, torch eager 1.00x" in detail

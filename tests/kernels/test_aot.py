@@ -26,6 +26,8 @@ MATMUL_LIKE = {
     "_norm_qkv_rope_kernel",
     "_linear_residual_kernel",
     "_norm_gate_up_kernel",
+    # the Whisper decoder step's (Whisper tiny and large-v3-turbo shapes, 1 and 64 rows)
+    "_norm_linear_kernel",
 }
 
 
@@ -49,7 +51,12 @@ def _kernel_names():
     import importlib
 
     names = set()
-    for mod in [*kernels.TRITON_MODULES, "speechrt.kernels.triton_decode_attention", "speechrt.kernels.triton_fused"]:
+    for mod in [
+        *kernels.TRITON_MODULES,
+        "speechrt.kernels.triton_decode_attention",
+        "speechrt.kernels.triton_fused",
+        "speechrt.kernels.triton_fused_whisper",
+    ]:
         m = importlib.import_module(mod)
         names |= {n for n in vars(m) if n.startswith("_") and n.endswith("_kernel")}
     return names

@@ -37,15 +37,19 @@ CFG = WhisperConfig(
 )
 
 
-def _runners():
+def _weights():
     g = torch.Generator().manual_seed(torch.seed() % (1 << 31))  # fresh weights every run
     ref = Whisper(CFG, select("torch", "cpu"))
     state = {k: torch.randn(v.shape, generator=g) * (0.3 if v.dim() > 1 else 0.1) for k, v in ref.state_dict().items()}
-    w = WhisperWeights(CFG, state, None)
+    return WhisperWeights(CFG, state, None), g
+
+
+def _runners():
+    w, g = _weights()
     dev = torch.device(DEVICE)
     plain = TorchASRRunner(w, dev, torch.float32)
     slots = TritonASRRunner(w, dev, torch.float32, capture=DEVICE != "cpu")
-    assert slots.graphs_enabled
+    assert slots.graphs_enabled and slots.fused_why is None  # the steps in the fused kernels (the default)
     return plain, slots, g
 
 
@@ -101,6 +105,24 @@ def test_slot_path_gives_the_plain_runners_logits_through_a_decodes_life():
     assert slots.slot_rows == [1, 2, 4]
     if DEVICE != "cpu":
         assert CapturedStep.failed == 0
+
+
+@torch.inference_mode()
+def test_unfused_steps_by_request_give_the_fused_steps_logits():
+    """fused=False keeps the model's own step on the slots (the reference of the fused one), saying so; the kernel
+    set 'torch' has no fused kernels. Same logits either way."""
+    w, g = _weights()
+    dev = torch.device(DEVICE)
+    runners = [TritonASRRunner(w, dev, torch.float32, capture=DEVICE != "cpu", fused=f) for f in (True, False)]
+    assert runners[1].fused_why == "off by request (fused=False)" and runners[1].fused_ops is None
+    assert "not Triton" in TritonASRRunner(w, dev, torch.float32, capture=False, kernels="torch").fused_why
+    xa = torch.randn(2, 9, CFG.n_text_state, generator=g).to(dev)
+    out = []
+    for r in runners:  # two single-token steps from the start (no prompt pass), rows of different encoder lengths
+        a = r.start(Encoded(xa, torch.tensor([9, 5], device=dev)), 1, 6)
+        out.append([r.decode_step(a, torch.tensor(t, device=dev)) for t in ([[7], [8]], [[10], [11]])])
+    for f, u in zip(*out):
+        torch.testing.assert_close(f, u, rtol=1e-4, atol=1e-4)
 
 
 @torch.inference_mode()

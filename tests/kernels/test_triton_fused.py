@@ -133,3 +133,121 @@ def test_nan_propagates(fused):
     r[2, 3] = float("nan")
     y = fused.linear_residual(rand(3, H * D, seed=10), rand(DIM, H * D, seed=11), r)
     assert y[2, 3].isnan() and torch.isfinite(y[:2]).all() and torch.isfinite(y[2, :3]).all()
+
+
+# The Whisper decoder step's ops (kernels/triton_fused_whisper.py): LayerNorm folded into the projection that reads it
+WH = DIM // D  # Whisper: as many key/value heads as query heads, dim = heads x head_dim
+
+
+@pytest.fixture(scope="module")
+def fused_whisper():
+    from speechrt.kernels import triton_fused_whisper
+
+    return triton_fused_whisper
+
+
+def ln_params(dtype, seed, n=DIM):
+    """A LayerNorm's weight and bias away from 1 and 0."""
+    return rand(n, dtype=dtype, seed=seed, scale=0.5) + 1, rand(n, dtype=dtype, seed=seed + 1, scale=0.3)
+
+
+def offset_rows(m, dtype, seed):
+    """Rows whose mean is far from zero next to their spread (30 +- 1; Whisper's residual stream has channels that
+    large): a fold applied after the matmul (rstd (W x g) - rstd mean (W g) + W b) misses float32's 1e-5 there (2.3e-5
+    of the largest output at d 384 against 2.1e-6 for the two-pass LayerNorm, measured in float64)."""
+    return strided_rows(m, DIM, dtype, seed) + 30
+
+
+def f32(a):
+    """A floating tensor in float32 (the reference's float32 truth); anything else as it is."""
+    return a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M", [1, 3, 5])
+def test_norm_qkv_cache(fused_whisper, dtype, M):
+    """Q equals the reference's; K and V land at each row's position of its own cache row, and nothing else in the
+    caches changes. Row 1 of 3 writes position 0; 5 rows share one position (a stride-0 pos, as the decode step's)."""
+    x = offset_rows(M, dtype, 30)
+    g, b = ln_params(dtype, 31)
+    w = rand(3 * DIM, DIM, dtype=dtype, seed=33, scale=DIM**-0.5)
+    bias = rand(3 * DIM, dtype=dtype, seed=34)
+    pos = torch.tensor([7], device=DEVICE).expand(M) if M == 5 else torch.tensor([12, 0, 7][:M], device=DEVICE)
+    kc = rand(SLOTS, WH, S, D, dtype=dtype, seed=35)[:M]
+    vc = rand(SLOTS, WH, S, D, dtype=dtype, seed=36)[:M]
+    rk, rv = kc.clone(), vc.clone()
+    args = (x, g, b, 1e-5, w, bias, pos)
+    truth = ref.norm_qkv_cache(*(f32(a) for a in args), rk.float(), rv.float())
+    close(fused_whisper.norm_qkv_cache(*args, kc, vc), ref.norm_qkv_cache(*args, rk, rv), truth)
+    close(kc, rk)
+    close(vc, rv)
+    untouched = torch.ones(M, S, dtype=torch.bool)
+    untouched[torch.arange(M), pos.cpu()] = False
+    before = rand(SLOTS, WH, S, D, dtype=dtype, seed=35)[:M].permute(0, 2, 1, 3)
+    assert torch.equal(kc.permute(0, 2, 1, 3)[untouched], before[untouched])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M,act,n", [(1, None, 51), (3, "gelu", HIDDEN), (5, None, DIM)])
+def test_norm_linear(fused_whisper, dtype, M, act, n):
+    """LayerNorm + projection + bias (an odd width of 51, as a vocabulary's, out in float32 as the logits are), and +
+    GELU (the MLP's fc1)."""
+    x = offset_rows(M, dtype, 40)
+    g, b = ln_params(dtype, 41)
+    w = rand(n, DIM, dtype=dtype, seed=43, scale=DIM**-0.5)
+    if M == 5:  # the weight as a transposed view (column stride n): the kernel takes both strides
+        w = w.t().contiguous().t()
+    bias = rand(n, dtype=dtype, seed=44) if M != 5 else None
+    args = (x, g, b, 1e-5, w, bias)
+    kw = {"act": act, "out_dtype": torch.float32 if n == 51 else None}
+    truth = ref.norm_linear(*(f32(a) for a in args), **kw)
+    out, want = fused_whisper.norm_linear(*args, **kw), ref.norm_linear(*args, **kw)
+    if n == 51:  # the float32 logits hold the activation dtype's values (rounded there, as the unfused path's)
+        assert out.dtype == torch.float32 and torch.equal(out.to(dtype).float(), out)
+        out, want, truth = out.to(dtype), want.to(dtype), truth.to(dtype)
+    close(out, want, truth)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_residual_bias(fused, dtype):
+    x = strided_rows(3, DIM, dtype, 50)
+    w = rand(DIM, DIM, dtype=dtype, seed=51, scale=DIM**-0.5)
+    r, bias = rand(3, DIM, dtype=dtype, seed=52), rand(DIM, dtype=dtype, seed=53)
+    close(fused.linear_residual(x, w, r, bias), ref.linear_residual(x, w, r, bias))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("B,cross", [(1, False), (3, True)])
+def test_step_inputs(fused_whisper, dtype, B, cross):
+    """The token + position embeddings (the tokens a strided column, as the step's [B, 1] tokens are) and the int32
+    key counts: exactly the reference's."""
+    emb, pemb = rand(97, DIM, dtype=dtype, seed=70), rand(S, DIM, dtype=dtype, seed=71)
+    tokens = torch.tensor([[5, 0], [96, 0], [0, 0]], device=DEVICE)[:B, 0]
+    position = torch.tensor([S - 1], device=DEVICE)
+    cl = torch.tensor([12, 7, 9], device=DEVICE)[:B] if cross else None
+    got, want = (
+        fused_whisper.step_inputs(tokens, emb, pemb, position, cl),
+        ref.step_inputs(tokens, emb, pemb, position, cl),
+    )
+    assert torch.equal(got[0], want[0]) and got[0].dtype == dtype
+    assert torch.equal(got[1], want[1]) and got[1].dtype == torch.int32 and got[1].tolist() == [S] * B
+    assert (got[2] is None and want[2] is None) if not cross else torch.equal(got[2], want[2])
+
+
+def test_whisper_ops_nan_confined(fused_whisper):
+    """A NaN in one row's input reaches that row's outputs (its mean, its variance), never another row's; rows past
+    the last, masked in the kernel, are not written."""
+    x = offset_rows(3, torch.float32, 60)
+    x[1, 5] = float("nan")
+    g, b = ln_params(torch.float32, 61)
+    w = rand(3 * DIM, DIM, seed=63, scale=DIM**-0.5)
+    kc, vc = torch.zeros(3, WH, S, D, device=DEVICE), torch.zeros(3, WH, S, D, device=DEVICE)
+    q = fused_whisper.norm_qkv_cache(x, g, b, 1e-5, w, None, torch.tensor([2, 2, 2], device=DEVICE), kc, vc)
+    assert q[1].isnan().all() and torch.isfinite(q[[0, 2]]).all()
+    assert kc[1, :, 2].isnan().all() and vc[1, :, 2].isnan().all()
+    assert torch.isfinite(kc[[0, 2]]).all() and torch.isfinite(vc[[0, 2]]).all()
+    assert (kc[:, :, [0, 1, 3]] == 0).all()
+    y = fused_whisper.norm_linear(x, g, b, 1e-5, w[:HIDDEN], act="gelu")
+    assert y[1].isnan().all() and torch.isfinite(y[[0, 2]]).all()
+    with pytest.raises(ValueError, match="act is None or 'gelu'"):
+        fused_whisper.norm_linear(x, g, b, 1e-5, w, act="relu")

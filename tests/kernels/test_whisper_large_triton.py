@@ -36,14 +36,22 @@ def _models(variant, tmp_path):
     return out
 
 
+@pytest.fixture(scope="module")
+def turbo(tmp_path_factory):
+    """large-v3-turbo's structure with the torch and the Triton kernel sets (built once for the module)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")  # (the `interpret` fixture, function-scoped, comes after this one)
+        return _models("large-v3-turbo", tmp_path_factory.mktemp("turbo"))
+
+
 @torch.inference_mode()
-def test_encoder_and_decoder_steps_equal_the_reference_kernels(tmp_path):
+def test_encoder_and_decoder_steps_equal_the_reference_kernels(turbo):
     """The encoder, the decoder over a large-v3 prompt into the cache, then a step over the cache (the states before
     the vocabulary projection; that one is below). large-v3-turbo's 4 decoder layers (distil-large-v3's 2 are the
     same kernels, fewer times)."""
     mel = utterance_mel(load_audio(SAMPLE_SPEECH), 128)[None, :, :64]  # 0.64 s: 32 encoder positions
     outs = []
-    for m in _models("large-v3-turbo", tmp_path):
+    for m in turbo:
         xa = m.encoder(mel)
         cross = m.cross_kv(xa)
         caches = m.new_cache(1, 8, xa.dtype, xa.device)
@@ -64,3 +72,29 @@ def test_logits_over_the_large_v3_vocabulary(tmp_path):
     want = ref.decoder.logits(h)
     assert want.shape == (2, 51866)
     _close(tri.decoder.logits(h), want)
+
+
+@torch.inference_mode()
+def test_fused_decoder_step_at_the_large_v3_turbo_structure(turbo):
+    """models/whisper_fused.py's step on the fused ops' references, on large-v3-turbo's structure as its loader maps
+    it (4 decoder layers, 51866 tokens, the key projection's missing bias): the unfused step's logits (1e-4) and ids,
+    step after step (the Triton kernels are held to these references in tests/kernels/test_triton_fused.py, and run the
+    whole step on a smaller vocabulary in test_whisper_triton.py)."""
+    from speechrt.kernels.reference import WHISPER_FUSED_OPS
+    from speechrt.models.whisper_fused import decoder_step_fused
+
+    m = turbo[0]
+    mel = utterance_mel(load_audio(SAMPLE_SPEECH), 128)[None, :, :64]
+    cross = m.cross_kv(m.encoder(mel))
+    a, b = m.new_cache(1, 8, torch.float32, "cpu"), m.new_cache(1, 8, torch.float32, "cpu")
+    prompt = torch.tensor([[wl.SOT, wl.YUE, wl.TRANSCRIBE, wl.NO_TIMESTAMPS]])
+    m.decoder(prompt, a, 0, cross), m.decoder(prompt, b, 0, cross)
+    tok = torch.tensor([[440]])
+    for i in range(3):
+        p = torch.tensor([4 + i])
+        want = m.decoder(tok, a, 0, cross, position=p)
+        got = decoder_step_fused(m.decoder, WHISPER_FUSED_OPS, tok, b, cross, p)
+        assert want.shape == (1, 51866)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert got.argmax() == want.argmax()
+        tok = want.argmax(-1, keepdim=True)

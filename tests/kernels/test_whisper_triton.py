@@ -99,3 +99,99 @@ def test_fixed_shape_decode_step_matches_offset_path(models, which):
         _close(kb[:, :, :5], ka[:, :, :5], tol=1e-6), _close(vb[:, :, :5], va[:, :, :5], tol=1e-6)
     with pytest.raises(ValueError, match="one token per row"):
         m.decoder(prompt, b, 0, cross, position=torch.tensor([5]))
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize(
+    "which,dtype",
+    [("reference", torch.float32), ("triton", torch.float32), ("triton", torch.float16)],  # bf16: kernel tests
+)
+def test_fused_decoder_step_equals_the_unfused_step(models, which, dtype):
+    """models/whisper_fused.py's decoder step (each LayerNorm folded into its projection, the cache written by the
+    Q/K/V kernel, biases and residuals in the projections' epilogues), through the fused Triton kernels and through
+    their references: greedy steps from a prompt over 3 rows with different encoder lengths give the unfused
+    fixed-shape step's ids and logits (float32 1e-4; 16-bit within its rounding) and leave the same caches."""
+    from speechrt.kernels.reference import WHISPER_FUSED_OPS
+    from speechrt.kernels.triton_fused_whisper import OPS
+    from speechrt.models.whisper_fused import decoder_step_fused
+
+    src = models[0] if which == "reference" else models[1]
+    m = Whisper(CFG, src.decoder.ops).eval()
+    m.load_state_dict(src.state_dict())
+    m = m.to(dtype)
+    fops = WHISPER_FUSED_OPS if which == "reference" else OPS
+    mel = torch.randn(3, CFG.n_mels, 2 * CFG.n_audio_ctx, generator=torch.Generator().manual_seed(4))
+    cross = [(k.to(dtype), v.to(dtype)) for k, v in models[0].cross_kv(models[0].encoder(mel))]  # inputs of both
+    lengths = torch.tensor([12, 7, 9])
+    a = m.new_cache(3, 10, dtype, "cpu")
+    prompt = torch.tensor([[1, 4], [3, 3], [5, 60]])
+    m.decoder(prompt, a, 0, cross, cross_lengths=lengths)
+    b = [(k.clone(), v.clone()) for k, v in a]
+    tok = torch.tensor([[11], [12], [13]])
+    tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}[dtype]
+    compared = 0
+    for i in range(3):
+        p = torch.tensor([2 + i])
+        want = m.decoder(tok, a, 0, cross, position=p, cross_lengths=lengths)
+        got = decoder_step_fused(m.decoder, fops, tok, b, cross, p, lengths)
+        assert got.dtype == want.dtype == torch.float32 and got.shape == want.shape == (3, CFG.n_vocab)
+        _close(got, want, tol=tol * want.abs().amax().item())
+        top2 = want.topk(2).values
+        clear = (top2[:, 0] - top2[:, 1]) > 2 * tol * want.abs().amax()  # ids compared where rounding cannot flip them
+        assert torch.equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
+        compared += int(clear.sum())
+        tok = want.argmax(-1, keepdim=True)
+    assert compared >= 5
+    for want_kv, got_kv in zip(a, b):
+        for w, g in zip(want_kv, got_kv):
+            _close(g[:, :, :5].float(), w[:, :, :5].float(), tol=tol)
+    with pytest.raises(ValueError, match="one token per row"):
+        decoder_step_fused(m.decoder, fops, prompt, b, cross, torch.tensor([5]), lengths)
+
+
+@torch.inference_mode()
+def test_fused_decoder_step_launches(models):
+    """The fused step's launches, counted in the interpreter: per decoder layer the six fused kernels and two per
+    decode attention (its split and its merge), plus one for the embeddings and one for the final norm and the logits;
+    no torch op computes anything (views and no-op conversions only). The unfused step launches about twice as many."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from speechrt.kernels import triton_fused_whisper
+    from speechrt.kernels.triton_fused_whisper import OPS
+    from speechrt.models.whisper_fused import decoder_step_fused
+
+    if not isinstance(triton_fused_whisper._norm_linear_kernel, InterpretedFunction):
+        pytest.skip("counts the interpreter's launches; the kernels are compiled for a GPU in this process")
+    m = models[1]
+    launched, torch_ops, inside = [], [], []
+    run = InterpretedFunction.run
+
+    def counted(self, *args, **kw):
+        launched.append(self.fn.__name__)
+        inside.append(1)
+        try:
+            return run(self, *args, **kw)
+        finally:
+            inside.pop()
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            views = func.is_view or func.overloadpacket.__name__ in ("empty", "empty_strided")
+            if not inside and not views and not (args and out is args[0]):  # (a no-op .to returns its input)
+                torch_ops.append(func.overloadpacket.__name__)
+            return out
+
+    caches = m.new_cache(2, 8, torch.float32, "cpu")
+    cross = [(torch.randn(2, 2, 12, 16), torch.randn(2, 2, 12, 16)) for _ in range(CFG.n_text_layer)]
+    tok, pos, lengths = torch.tensor([[3], [4]]), torch.tensor([5]), torch.tensor([12, 9])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(InterpretedFunction, "run", counted)
+        with Ops():
+            decoder_step_fused(m.decoder, OPS, tok, caches, cross, pos, lengths)
+        fused = len(launched)
+        assert torch_ops == [] and fused == (6 + 4) * CFG.n_text_layer + 2, (torch_ops, launched)
+        with Ops():
+            m.decoder(tok, caches, 0, cross, position=pos, cross_lengths=lengths)
+    assert len(launched) - fused + len(torch_ops) >= 2 * fused, (launched[fused:], torch_ops)
