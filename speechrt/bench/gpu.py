@@ -20,6 +20,9 @@ Checks, in order (each one pass / fail / skip with what it compared or why it co
 - lm-fused: the Llama decode step in the fused layer kernels against the unfused one (both from graphs) and
   torch eager, at the SmolLM2-135M and Llama-3.2-1B shapes (random bf16 weights), with the fraction of the
   measured copy bandwidth each step's bytes take (gpu_fused.py);
+- lm-loop: the language model's decode loop on the device (several steps and their sampling per graph replay)
+  against one step per replay: greedy SmolLM2 bf16 tokens per second at batch 1 and 8 with K = 1 and 8, and
+  the same ids (gpu_loop.py; with `--device cpu` it runs uncaptured in float32);
 - onnxruntime: each GPU execution provider installed (CUDA, TensorRT, ROCm, MIGraphX) runs the Piper
   voice graph like the CPU provider does;
 - tensorrt: the TensorRT package, if installed;
@@ -46,6 +49,7 @@ from pathlib import Path
 from speechrt.bench import gpu_server
 from speechrt.bench.gpu_fused import check_lm_fused
 from speechrt.bench.gpu_graphs import check_asr_batches, check_cuda_graphs, check_lm_graphs
+from speechrt.bench.gpu_loop import check_lm_loop
 from speechrt.bench.gpu_parity import (
     check_asr_onnxruntime,
     check_asr_triton,
@@ -83,6 +87,7 @@ def add_arguments(p):
                 "asr-batches",
                 "lm-graphs",
                 "lm-fused",
+                "lm-loop",
                 "onnxruntime",
                 "tensorrt",
                 "roofline",
@@ -250,6 +255,7 @@ CHECKS = {
     "asr-batches": check_asr_batches,
     "lm-graphs": check_lm_graphs,
     "lm-fused": check_lm_fused,
+    "lm-loop": check_lm_loop,
     "onnxruntime": check_onnxruntime,
     "tensorrt": check_tensorrt,
     "roofline": check_roofline,
@@ -266,10 +272,12 @@ NEEDS_TORCH_GPU = {
     "asr-batches",
     "lm-graphs",
     "lm-fused",
+    "lm-loop",  # except with --device cpu
     "roofline",
     "server-ramp",  # except with --device cpu
 }
-NEEDS_TRITON = NEEDS_TORCH_GPU - {"gpu", "asr-onnxruntime", "lm-onnxruntime", "server-ramp"}
+CPU_TOO = {"lm-loop", "server-ramp"}  # with --device cpu they run on the CPU
+NEEDS_TRITON = NEEDS_TORCH_GPU - {"gpu", "asr-onnxruntime", "lm-onnxruntime", "server-ramp", "lm-loop"}
 
 
 def run(args):
@@ -291,15 +299,18 @@ def run(args):
     dev = torch.device(args.device) if no_gpu is None else None
     for name in names:
         t0 = time.monotonic()
-        if name in NEEDS_TORCH_GPU and no_gpu and not (name == "server-ramp" and args.device == "cpu"):
+        on_cpu = name in CPU_TOO and args.device == "cpu"
+        if name in NEEDS_TORCH_GPU and no_gpu and not on_cpu:
             status, detail = "skip", no_gpu
-        elif name in NEEDS_TRITON and no_triton:
+        elif name in NEEDS_TRITON and no_triton and not on_cpu:
             status, detail = "skip", no_triton
         else:
             try:
                 fn = CHECKS[name]
                 if name == "server-ramp":
                     status, detail = fn(args, out)
+                elif on_cpu:
+                    status, detail = fn(torch.device("cpu"), out)
                 else:
                     status, detail = fn(dev, out, args.quick) if name == "roofline" else fn(dev, out)
             except Exception as e:  # a crashing check is a failed check, and the others still run

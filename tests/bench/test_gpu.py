@@ -29,6 +29,7 @@ def test_bench_gpu_skips_clearly_without_a_gpu(bench, tmp_path):
         "cuda-graphs",
         "lm-graphs",
         "lm-fused",
+        "lm-loop",
         "roofline",
         "server-ramp",
     ):
