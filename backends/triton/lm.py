@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 MAX_GRAPHS = 16  # (cache, rows) pairs; each graph pins the cache and a small memory pool
 PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512)  # prompt lengths a prefill graph is captured for
-MAX_LOOP_GRAPHS = 16  # (cache, rows, steps, sampling features, stop width) blocks of several decode steps
+MAX_LOOP_GRAPHS = 32  # (cache, rows, steps, sampling features, stop width) blocks of several decode steps
 MAX_PREFILL_GRAPHS = 12  # (batch, bucket) pairs; a 512-token bucket of 8 prompts pools ~100 MB (bf16, 135M)
 
 

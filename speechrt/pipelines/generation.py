@@ -182,8 +182,9 @@ class Sampler:
 
     def row(self, seen: torch.Tensor | None) -> SamplingRows:
         """This request's options as one row of backends.sampling.SamplingRows (`seen`: its [vocab] mask for
-        the repetition penalty, or [N, vocab] for N rows of logits, or None); built once per `seen`."""
-        if self._row is None or self._row[0] is not seen:
+        the repetition penalty, or [N, vocab] for N rows of logits, or None); built once per mask."""
+        key = None if seen is None else (seen.data_ptr(), tuple(seen.shape))  # the same mask, updated in place
+        if self._row is None or self._row[0] != key:
             o = self.o
             rows = SamplingRows.one(
                 self.vocab,
@@ -199,7 +200,7 @@ class Sampler:
                 None if o.repetition_penalty == 1.0 else seen,
                 self.counts,
             )
-            self._row = (seen, rows)
+            self._row = (key, rows)
         return self._row[1]
 
     def penalize(self, logits: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:

@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speechrt.backends.sampling import SamplingRows
-
 from .generation import GenerationOptions, Piece, Sampler, StreamEvent, TextStream, check_bias, check_prompts
 from .grammar import Constraint, GrammarError, mask_rows
+from .lm_blocks import check_block, decode_block
 from .lm_slots import SlotPool
 from .token_repeats import repeating
 
@@ -51,23 +50,17 @@ class LMRequest:
 
 class ContinuousBatcher:
     """Slots of one KV cache shared by requests that come and go. Not thread-safe: `submit` and
-    `cancelled` flags may be set from another thread only under the caller's own lock (the engine's)."""
+    `cancelled` flags may be set from another thread only under the caller's own lock (the engine's).
+    `block`: decode steps per call of a runner that runs several on the device (1: one, the reference path)."""
 
     def __init__(
         self, runner, tokenizer, max_batch: int = 8, max_seq: int | None = None, cache=None, block: int = BLOCK
     ):
-        """`block`: decode steps per call of a runner that runs several on the device (`decode_loop`); 1: one
-        step per call, the reference path."""
-        if not isinstance(block, int) or block < 1:
-            raise ValueError(f"block must be an integer >= 1 (decode steps per call), got {block!r}")
-        self.runner, self.tokenizer, self.block = runner, tokenizer, block
-        cfg = runner.config
-        max_seq = min(max_seq or 2048, cfg.max_seq_len)
+        self.runner, self.tokenizer, self.block = runner, tokenizer, check_block(block)
+        max_seq = min(max_seq or 2048, runner.config.max_seq_len)
         if cache is None or cache.max_batch < max_batch or cache.max_seq < max_seq:
             cache = runner.new_cache(max_batch, max_seq)
-        self.cache = cache
-        self.max_batch = max_batch
-        self.max_seq = cache.max_seq
+        self.cache, self.max_batch, self.max_seq = cache, max_batch, cache.max_seq
         self.slots = SlotPool(runner, cache, max_batch)
         self.pending: collections.deque[LMRequest] = collections.deque()
         self.active: dict[int, LMRequest] = {}
@@ -147,57 +140,19 @@ class ContinuousBatcher:
 
     @torch.inference_mode()
     def decode(self) -> None:
-        """One decode step: each running sequence's last token in, its next token sampled. Or, where the runner
-        offers `decode_loop` and no running request needs the host per token (a grammar's mask, logprobs),
-        up to `block` steps on the device in one call (no more than any request's remaining budget); their
-        tokens are delivered one by one when it returns, as the one-step path delivers them."""
+        """One decode step: each running sequence's last token in, its next token sampled (or a block of several
+        on the device where the runner offers one: lm_blocks.decode_block)."""
         rows = [s for s, r in self.active.items() if r.last >= 0 and not r.cancelled]
         if not rows:
             return
         reqs = [self.active[s] for s in rows]
         with self.runner.loop():
-            if self._decode_block(rows, reqs):
+            if decode_block(self, rows, reqs):
                 return
             for r in reqs:
                 r.fed.append(r.last)
             logits = self.runner.decode_step(self.cache, rows, torch.tensor([r.last for r in reqs], dtype=torch.long))
             self._take(reqs, logits)
-
-    def _budget(self, r: LMRequest) -> int:
-        """Tokens `r` may still sample: its max_tokens, and the positions left in its slot."""
-        return min(r.options.max_tokens, self.max_seq - len(r.ids) + 1) - r.count
-
-    def _decode_block(self, rows: list[int], reqs: list[LMRequest]) -> bool:
-        """Several decode steps in one runner call (False where none applies: the caller steps once). Each
-        row's tokens are delivered in order; a row the host ends before the device did (a stop string, the
-        repetition stop) has its cache length put back to the tokens it fed."""
-        loop = getattr(self.runner, "decode_loop", None)
-        if (
-            loop is None
-            or self.block < 2
-            or any(r.constraint is not None or r.options.logprobs is not None for r in reqs)
-        ):
-            return False
-        budgets = [self._budget(r) for r in reqs]
-        k = min(self.block, *budgets)
-        if k < 2:
-            return False
-        sampling = SamplingRows.stack([r.sampler.row(r.seen) for r in reqs], [r.sampler.drawn for r in reqs])
-        tokens = torch.tensor([r.last for r in reqs], dtype=torch.long)
-        res = loop(self.cache, rows, tokens, sampling, k, budgets, [tuple(r.stop_ids) for r in reqs])
-        if res is None:
-            return False
-        lengths = self.cache.lengths
-        for slot, r, ids, ran in zip(rows, reqs, *res):
-            start = lengths[slot] - ran
-            for j in range(ran):
-                r.fed.append(r.last)
-                lengths[slot] = start + j + 1  # what the tokens delivered so far fed (before _finish frees it)
-                r.sampler.drawn += 1
-                self._deliver(r, ids[j])
-                if r.slot < 0:
-                    break
-        return True
 
     def warm_up(self, ids: list[int]) -> None:
         """Run a prompt and one decode step through a free slot and free it again (the first calls on a
@@ -237,9 +192,9 @@ class ContinuousBatcher:
                 for i, r in enumerate(reqs)
             ]
         for i, (r, t) in enumerate(zip(reqs, toks)):
-            self._deliver(r, t, None if r.options.logprobs is None else token_logprobs(model[i], t, r.options.logprobs))
+            self.deliver(r, t, None if r.options.logprobs is None else token_logprobs(model[i], t, r.options.logprobs))
 
-    def _deliver(self, req: LMRequest, t: int, lp: tuple | None = None) -> None:
+    def deliver(self, req: LMRequest, t: int, lp: tuple | None = None) -> None:
         """`lp`: the token's log probability and the likeliest alternatives, for requests that ask (else None)."""
         lp = lp or (None, ())
         req.count += 1
