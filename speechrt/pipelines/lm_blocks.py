@@ -25,8 +25,8 @@ def decode_block(batcher, rows: list[int], reqs: list) -> bool:
     (`decode_loop`; a power of two no more than any request's remaining budget) -> False where none applies,
     and the caller steps once: the runner has no loop, or a request needs the host per token (a grammar's
     mask, logprobs). Each row's tokens are delivered in order as the one-step path delivers them; a row the
-    host ends before the device did (a stop string, the repetition stop) has its cache length put back to
-    the tokens it fed."""
+    host ends before the device did (a stop string, the repetition stop, a cancel) has its cache length put
+    back to the tokens it fed."""
     loop = getattr(batcher.runner, "decode_loop", None)
     if (
         loop is None
@@ -48,6 +48,8 @@ def decode_block(batcher, rows: list[int], reqs: list) -> bool:
     for slot, r, ids, ran in zip(rows, reqs, *res):
         start = lengths[slot] - ran
         for j in range(ran):
+            if r.cancelled:  # while its tokens were delivered (by an emit): the next admit() finishes it
+                break
             r.fed.append(r.last)
             lengths[slot] = start + j + 1  # what the tokens delivered so far fed (before _finish frees the slot)
             r.sampler.drawn += 1

@@ -5,6 +5,8 @@ seeded sampling is reproducible alone or in a batch, and draws from the right di
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -179,3 +181,32 @@ def test_lm_loop_bench_check_runs_on_the_cpu(runner):
     assert status == "pass", detail
     got = {(r.params["batch"], r.params["steps_per_replay"]) for r in out.records}
     assert got == {(1, 1), (1, 8), (3, 1), (3, 8)} and all(r.value > 0 for r in out.records)
+
+
+def cancel_after_two(got: list, req, p) -> None:
+    got.append((p.token, p.finish_reason))
+    if req is not None and len(got) == 2:
+        req.cancelled = True
+
+
+def test_a_request_cancelled_mid_block_gets_no_more_tokens(runner):
+    """A request cancelled by its own emit after its second token (as a barge-in does) gets what one-step
+    decoding gives it: two tokens, then 'cancelled', its slot keeping what it fed; its neighbour runs on."""
+    out = {}
+    for block in (1, 8):
+        b = ContinuousBatcher(runner, runner.tokenizer, max_batch=2, max_seq=64, block=block)
+        got = {0: [], 1: []}
+        o = GenerationOptions(max_tokens=12, stop_repeats=0, stop_token_ids=())
+        reqs = [LMRequest(prompt(i), o, key=i) for i in range(2)]
+        for i, r in enumerate(reqs):
+            r.emit = partial(cancel_after_two, got[i], r if i == 0 else None)
+        for r in reqs:
+            b.submit(r)
+        while b.has_work():
+            b.step()
+        kept = {key: (ids, b.cache.lengths[s]) for s, (key, ids) in b.retained.items()}
+        out[block] = got, kept
+    assert out[1] == out[8]
+    got, kept = out[8]
+    assert [r for _, r in got[0]] == [None, None, "cancelled"] and len(got[1]) == 12
+    assert all(len(ids) == n for ids, n in kept.values())
