@@ -35,6 +35,7 @@ from speechrt.models.llama_fused import decode_range_fused, fused_unsupported
 
 from ..base import check_prefill
 from ..cuda_graphs import CapturedStep, GraphCache, rows_bucket
+from ..decode_loop import DecodeLoop, stop_width
 from ..torch.lm import TorchLMRunner
 from ..torch.lm import build as build_torch
 
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 
 MAX_GRAPHS = 16  # (cache, rows) pairs; each graph pins the cache and a small memory pool
 PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512)  # prompt lengths a prefill graph is captured for
+MAX_LOOP_GRAPHS = 32  # (cache, rows, steps, sampling features, stop width) blocks of several decode steps
 MAX_PREFILL_GRAPHS = 12  # (batch, bucket) pairs; a 512-token bucket of 8 prompts pools ~100 MB (bf16, 135M)
 
 
@@ -118,6 +120,7 @@ class TritonLMRunner(TorchLMRunner):
         self.graphs = GraphCache(MAX_GRAPHS)
         self.prefill_graphs = GraphCache(MAX_PREFILL_GRAPHS)
         self.prefill_graphs_enabled = True
+        self.loops = GraphCache(MAX_LOOP_GRAPHS)
 
     def _fused_why(self, fused: bool) -> str | None:
         """Why decode steps run unfused, or None: they run in the fused kernels."""
@@ -207,6 +210,35 @@ class TritonLMRunner(TorchLMRunner):
         logits = g(slots, tokens.to(self.device), rows)
         cache.advance(slots, pos)
         return logits
+
+    @torch.inference_mode()
+    def decode_loop(self, cache, slots, tokens: torch.Tensor, rows, steps: int, left: list[int], stops: list):
+        """`steps` decode steps of `slots` in one call (backends/decode_loop.py: one graph replay on a GPU):
+        tokens [N] fed first, then each row's sampled token, with the sampling options `rows`
+        (backends.sampling.SamplingRows of N rows); a row stops after one of its `stops` ids or `left` tokens
+        -> (each row's `steps` tokens, how many of them it made), each slot's length advanced by the latter.
+        None where the block cannot run (graphs off, a slot given twice, a row of the range full, a budget
+        past the cache): the caller steps one at a time. `steps` must not exceed any `left`."""
+        slots = [int(s) for s in slots]
+        n = range_rows(max(slots) + 1, cache.max_batch)
+        pos = cache.next_positions(slots)
+        lengths = cache.lengths[:n]
+        if (
+            not self.graphs_enabled
+            or len(set(slots)) < len(slots)
+            or max(lengths) >= cache.max_seq
+            or any(p + steps > cache.max_seq or steps > a for p, a in zip(pos, left))
+        ):
+            return None
+        width, vocab = stop_width(stops), self.config.vocab_size
+        key = (cache.k.data_ptr(), cache.v.data_ptr(), n, steps, rows.features, width)
+        loop = self.loops.get(
+            key, lambda: DecodeLoop(self.decode_range, cache, n, steps, rows.features, vocab, width, self.capture)
+        )
+        ids, ran = loop(slots, tokens.to(self.device), lengths, rows, left, stops)
+        for s, p, r in zip(slots, pos, ran):
+            cache.lengths[s] = p + r
+        return ids, ran
 
 
 def build(model, device: torch.device, dtype: str | None, kernels: str = "triton", threads=None) -> TritonLMRunner:

@@ -9,6 +9,9 @@ why it could not run):
   measured copy bandwidth each step's bytes take (gpu_fused.py);
 - asr-fused: the same for the Whisper decoder step (float16, batch 1 and 8, Whisper tiny and large-v3-turbo decoder
   shapes, random weights): fused against unfused (logits and greedy ids) and torch eager (gpu_fused_asr.py);
+- lm-loop: the language model's decode loop on the device (several steps and their sampling per graph replay)
+  against one step per replay: greedy SmolLM2 bf16 tokens per second at batch 1 and 8 with K = 1 and 8, and
+  the same ids (gpu_loop.py; with `--device cpu` it runs uncaptured in float32);
 - attention: decode attention at batch 1/8/64 over caches of 448 and 4096 (split along the cache and unsplit) and
   encoder attention at Whisper tiny and large-v3-turbo shapes against SDPA, each with its ratio (gpu_attention.py);
 - asr-turbo: the Whisper large-v3-turbo shape's 30-s encoder pass and decode step against SDPA + cuBLAS eager, with
@@ -67,6 +70,7 @@ from speechrt.bench.gpu_fused import check_lm_fused
 from speechrt.bench.gpu_fused_asr import check_asr_fused
 from speechrt.bench.gpu_graphs import check_asr_batches, check_cuda_graphs, check_lm_graphs
 from speechrt.bench.gpu_large import check_asr_turbo, check_lm_1b
+from speechrt.bench.gpu_loop import check_lm_loop
 from speechrt.bench.gpu_parity import (
     check_asr_onnxruntime,
     check_asr_triton,
@@ -298,6 +302,7 @@ class Spec:
     fn: Callable
     needs: str = TRITON
     takes_args: bool = False
+    cpu_too: bool = False  # with --device cpu it runs on the CPU (uncaptured, no NVML)
 
 
 def _roofline(dev, out, args):
@@ -317,6 +322,7 @@ TABLE = (
     Spec("kernels", 30, check_kernels),
     Spec("lm-fused", 60, check_lm_fused),
     Spec("asr-fused", 45, check_asr_fused),
+    Spec("lm-loop", 45, check_lm_loop, cpu_too=True),
     Spec("attention", 40, check_attention),
     Spec("asr-turbo", 60, check_asr_turbo),
     Spec("lm-1b", 240, check_lm_1b),
@@ -331,7 +337,7 @@ TABLE = (
     Spec("asr-onnxruntime", 60, check_asr_onnxruntime, GPU),
     Spec("onnxruntime", 20, check_onnxruntime, ANY),
     Spec("tensorrt", 1, check_tensorrt, ANY),
-    Spec("server-ramp", 120 + gpu_server.BUDGET_S, _server_ramp, GPU, takes_args=True),
+    Spec("server-ramp", 120 + gpu_server.BUDGET_S, _server_ramp, GPU, takes_args=True, cpu_too=True),
 )
 CHECKS = {s.name: s for s in TABLE}
 BUDGET_S = 540.0  # the default --budget: a lent GPU's 10 minutes of device time, less its start
@@ -387,16 +393,19 @@ def run(args):
     machine, start = fingerprint(), time.monotonic()
     for name in names:
         spec, t0 = CHECKS[name], time.monotonic()
-        cpu_ramp = name == "server-ramp" and args.device == "cpu"
-        if spec.needs and no_gpu and not cpu_ramp:
+        on_cpu = spec.cpu_too and args.device == "cpu"
+        if spec.needs and no_gpu and not on_cpu:
             status, detail = "skip", no_gpu
-        elif spec.needs == TRITON and no_triton:
+        elif spec.needs == TRITON and no_triton and not on_cpu:
             status, detail = "skip", no_triton
         elif why := over_budget(spec, args, t0 - start):
             status, detail = "skip", why
         else:
             try:
-                status, detail = spec.fn(dev, out, args) if spec.takes_args else spec.fn(dev, out)
+                if spec.takes_args:
+                    status, detail = spec.fn(dev, out, args)
+                else:
+                    status, detail = spec.fn(torch.device("cpu") if on_cpu else dev, out)
             except Exception as e:  # a crashing check is a failed check, and the others still run
                 status, detail = "fail", f"{type(e).__name__}: {e}"
             out.notes.append(f"check {name}: {time.monotonic() - t0:.0f} s (estimated {estimate(spec, args):.0f} s)")

@@ -4,7 +4,8 @@ against the LMRunner interface (backends/base.py). The token loop itself is the 
 
 Sampling: OpenAI's logit bias and frequency / presence penalties (on the tokens this reply sampled so far),
 then transformers' order: repetition penalty -> temperature -> top-k -> top-p -> sample. temperature == 0 is
-greedy (argmax of the logits so adjusted).
+greedy (argmax of the logits so adjusted). The ops are backends/sampling.py's, shared with the decode loops
+that stay on the device (a seeded request draws the same tokens either way).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import NamedTuple
 
 import torch
 
+from speechrt.backends import sampling
+from speechrt.backends.sampling import SamplingRows, new_seed
 from speechrt.errors import UserError
 from speechrt.models.lm_text import Detokenizer, LMTokenizer
 
@@ -159,7 +162,9 @@ def check_bias(options: GenerationOptions, vocab: int) -> None:
 
 
 class Sampler:
-    """Picks the next token of each row from logits [N, V] float32."""
+    """Picks the next token of each row from logits [N, V] float32, with the tensor ops of backends/sampling.py
+    (those a decode loop on the device runs): a draw is a Gumbel-max over noise hashed from the request's seed
+    and how many tokens it has drawn (`drawn`), so its tokens do not depend on its batch neighbours."""
 
     def __init__(self, options: GenerationOptions, vocab: int, device: torch.device):
         self.o = options
@@ -170,14 +175,33 @@ class Sampler:
             ids, values = zip(*options.logit_bias)
             self.bias[torch.tensor(ids, device=device)] = torch.tensor(values, device=device)
         self.counts = torch.zeros(vocab, dtype=torch.float32, device=device) if options.counts_output else None
-        self.gen = None
-        if not options.greedy:
-            self.gen = torch.Generator(device=device)
-            if options.seed is not None:
-                self.gen.manual_seed(options.seed)
-            else:
-                self.gen.seed()
-        self.vocab = vocab
+        self.seed = 0 if options.greedy else new_seed(options.seed)
+        self.drawn = 0  # tokens drawn so far: the noise's counter
+        self.vocab, self.device = vocab, device
+        self._row: tuple[object, SamplingRows] | None = None
+
+    def row(self, seen: torch.Tensor | None) -> SamplingRows:
+        """This request's options as one row of backends.sampling.SamplingRows (`seen`: its [vocab] mask for
+        the repetition penalty, or [N, vocab] for N rows of logits, or None); built once per mask."""
+        key = None if seen is None else (seen.data_ptr(), tuple(seen.shape))  # the same mask, updated in place
+        if self._row is None or self._row[0] != key:
+            o = self.o
+            rows = SamplingRows.one(
+                self.vocab,
+                self.device,
+                o.temperature,
+                o.top_k,
+                o.top_p,
+                o.repetition_penalty,
+                o.frequency_penalty,
+                o.presence_penalty,
+                self.seed,
+                self.bias,
+                None if o.repetition_penalty == 1.0 else seen,
+                self.counts,
+            )
+            self._row = (key, rows)
+        return self._row[1]
 
     def penalize(self, logits: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
         """transformers' RepetitionPenaltyLogitsProcessor: seen tokens' logits / p if > 0 else * p."""
@@ -191,31 +215,12 @@ class Sampler:
 
     def adjust(self, logits: torch.Tensor, seen: torch.Tensor | None) -> torch.Tensor:
         """The logits [N, V] with the bias, the frequency and presence penalties and the repetition penalty."""
-        o = self.o
-        logits = logits.float()
-        if self.bias is not None:
-            logits = logits + self.bias
-        if self.counts is not None:
-            logits = logits - self.counts * o.frequency_penalty - (self.counts > 0).float() * o.presence_penalty
-        return logits if seen is None else self.penalize(logits, seen)
+        return sampling.adjust(logits, self.row(seen))
 
     def __call__(self, logits: torch.Tensor, seen: torch.Tensor | None) -> torch.Tensor:
-        o = self.o
-        logits = self.adjust(logits, seen)
-        if o.greedy:
-            return logits.argmax(dim=-1)
-        logits = logits / o.temperature
-        if o.top_k and o.top_k < logits.shape[-1]:
-            kth = logits.topk(o.top_k, dim=-1).values[..., -1:]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        if o.top_p < 1.0:
-            sl, si = logits.sort(dim=-1, descending=False)
-            cum = sl.softmax(dim=-1).cumsum(dim=-1)
-            drop = cum <= (1 - o.top_p)
-            drop[..., -1] = False  # always keep the most likely token
-            logits = logits.masked_fill(drop.scatter(-1, si, drop), float("-inf"))
-        probs = logits.softmax(dim=-1)
-        return torch.multinomial(probs, 1, generator=self.gen)[:, 0]
+        counter = torch.tensor([self.drawn], dtype=torch.int64, device=self.device)
+        self.drawn += 1
+        return sampling.pick(logits, self.row(seen), counter)
 
 
 class TextStream:

@@ -16,8 +16,11 @@ import torch
 
 from .generation import GenerationOptions, Piece, Sampler, StreamEvent, TextStream, check_bias, check_prompts
 from .grammar import Constraint, GrammarError, mask_rows
+from .lm_blocks import check_block, decode_block
 from .lm_slots import SlotPool
 from .token_repeats import repeating
+
+BLOCK = 8  # decode steps per replay where the runner runs them on the device (ContinuousBatcher.block)
 
 
 @dataclass(eq=False)
@@ -47,17 +50,17 @@ class LMRequest:
 
 class ContinuousBatcher:
     """Slots of one KV cache shared by requests that come and go. Not thread-safe: `submit` and
-    `cancelled` flags may be set from another thread only under the caller's own lock (the engine's)."""
+    `cancelled` flags may be set from another thread only under the caller's own lock (the engine's).
+    `block`: decode steps per call of a runner that runs several on the device (1: one, the reference path)."""
 
-    def __init__(self, runner, tokenizer, max_batch: int = 8, max_seq: int | None = None, cache=None):
-        self.runner, self.tokenizer = runner, tokenizer
-        cfg = runner.config
-        max_seq = min(max_seq or 2048, cfg.max_seq_len)
+    def __init__(
+        self, runner, tokenizer, max_batch: int = 8, max_seq: int | None = None, cache=None, block: int = BLOCK
+    ):
+        self.runner, self.tokenizer, self.block = runner, tokenizer, check_block(block)
+        max_seq = min(max_seq or 2048, runner.config.max_seq_len)
         if cache is None or cache.max_batch < max_batch or cache.max_seq < max_seq:
             cache = runner.new_cache(max_batch, max_seq)
-        self.cache = cache
-        self.max_batch = max_batch
-        self.max_seq = cache.max_seq
+        self.cache, self.max_batch, self.max_seq = cache, max_batch, cache.max_seq
         self.slots = SlotPool(runner, cache, max_batch)
         self.pending: collections.deque[LMRequest] = collections.deque()
         self.active: dict[int, LMRequest] = {}
@@ -137,12 +140,15 @@ class ContinuousBatcher:
 
     @torch.inference_mode()
     def decode(self) -> None:
-        """One decode step: each running sequence's last token in, its next token sampled."""
+        """One decode step: each running sequence's last token in, its next token sampled (or a block of several
+        on the device where the runner offers one: lm_blocks.decode_block)."""
         rows = [s for s, r in self.active.items() if r.last >= 0 and not r.cancelled]
         if not rows:
             return
         reqs = [self.active[s] for s in rows]
         with self.runner.loop():
+            if decode_block(self, rows, reqs):
+                return
             for r in reqs:
                 r.fed.append(r.last)
             logits = self.runner.decode_step(self.cache, rows, torch.tensor([r.last for r in reqs], dtype=torch.long))
@@ -186,9 +192,9 @@ class ContinuousBatcher:
                 for i, r in enumerate(reqs)
             ]
         for i, (r, t) in enumerate(zip(reqs, toks)):
-            self._deliver(r, t, None if r.options.logprobs is None else token_logprobs(model[i], t, r.options.logprobs))
+            self.deliver(r, t, None if r.options.logprobs is None else token_logprobs(model[i], t, r.options.logprobs))
 
-    def _deliver(self, req: LMRequest, t: int, lp: tuple | None = None) -> None:
+    def deliver(self, req: LMRequest, t: int, lp: tuple | None = None) -> None:
         """`lp`: the token's log probability and the likeliest alternatives, for requests that ask (else None)."""
         lp = lp or (None, ())
         req.count += 1

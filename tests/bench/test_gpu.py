@@ -34,6 +34,7 @@ def test_bench_gpu_skips_clearly_without_a_gpu(bench, tmp_path):
         "attention",
         "asr-turbo",
         "asr-fused",
+        "lm-loop",
         "roofline",
         "server-ramp",
     ):
@@ -77,7 +78,9 @@ def test_lm_peers_check_asks_bench_lm_for_the_compiled_peer(tmp_path):
 
 def test_bench_gpu_lists_valid_checks(bench):
     r = bench("gpu", "--checks", "kernels,warp")
-    assert r.returncode == 2 and "unknown check(s) warp; valid: gpu, kernels, lm-fused, asr-fused, attention" in r.stderr
+    assert (
+        r.returncode == 2 and "unknown check(s) warp; valid: gpu, kernels, lm-fused, asr-fused, lm-loop, attention" in r.stderr
+    )
 
 
 def test_provider_comparison_on_the_cpu_provider():

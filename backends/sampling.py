@@ -1,0 +1,185 @@
+"""Token sampling of a batch of rows as tensor ops that never wait on the host: what a captured decode loop
+runs (backends/decode_loop.py), and what the language model pipeline's one-step Sampler runs too, so both
+paths pick the same tokens.
+
+Every row has its own options (temperature, top-k, top-p, logit bias, penalties) as tensors [rows] or
+[rows, vocab]. Randomness: a per-request torch.Generator cannot live inside one graph that steps several
+requests, so a token is drawn by the Gumbel-max trick, argmax(logits / T + G), G = -log(-log U), with U
+uniform noise from a counter-based hash (murmur3's 32-bit finalizer, written in int64 torch ops) of the
+request's seed, its token counter (how many tokens it has drawn) and the vocabulary index. A request's
+stream is thus a pure function of (seed, counter): the same whatever its batch neighbours, its slot, the
+number of steps per replay or the device. U has 24 bits (G is cut at ~17.3), plenty for sampling.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, fields
+
+import torch
+
+MASK32 = 0xFFFFFFFF
+GOLDEN = 0x9E3779B9
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """x * c mod 2**32 for x in [0, 2**32) held as int64, without int64 overflow (c split in 16-bit halves)."""
+    lo = x * (c & 0xFFFF)
+    hi = ((x * (c >> 16)) & 0xFFFF) << 16
+    return (lo + hi) & MASK32
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """murmur3's fmix32 on int64 values in [0, 2**32) (right shifts are logical: the values are positive)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = _mul32(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def uniform(seed: torch.Tensor, counter: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Noise U [rows, vocab] float32 in (0, 1) of each row's seed [rows] int64 (>= 0) and counter [rows]."""
+    key = mix32((seed & MASK32) ^ mix32((seed >> 32) & MASK32))
+    key = mix32(key ^ (counter & MASK32))[:, None]
+    v = torch.arange(vocab, device=seed.device, dtype=torch.int64)[None]
+    h = mix32((mix32(v ^ key) + mix32(key ^ GOLDEN)) & MASK32)
+    return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
+
+
+def new_seed(seed: int | None) -> int:
+    """A request's seed as the noise takes it (>= 0, 63 bits); None -> a fresh random one."""
+    return random.getrandbits(63) if seed is None else seed & ((1 << 63) - 1)
+
+
+@dataclass
+class SamplingRows:
+    """Each row's sampling options as tensors on the device. [rows]: greedy (bool), temperature (1 where
+    greedy), top_k (0 = off), top_p (1 = off), repetition / frequency / presence penalty, seed, counter (tokens
+    the request has drawn); [rows, vocab] or None where no row uses them: bias, seen (prompt and output tokens,
+    for the repetition penalty), counts (output tokens, for the frequency and presence penalties)."""
+
+    greedy: torch.Tensor
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    repetition: torch.Tensor
+    frequency: torch.Tensor
+    presence: torch.Tensor
+    seed: torch.Tensor
+    counter: torch.Tensor
+    bias: torch.Tensor | None = None
+    seen: torch.Tensor | None = None
+    counts: torch.Tensor | None = None
+    # what the ops must compute (a captured graph is kept per set), host flags: (any row samples, bias, seen,
+    # counts, any row filters with top-k / top-p)
+    features: tuple[bool, ...] = field(default=(True, True, True, True, True))
+
+    @staticmethod
+    def one(
+        vocab: int,
+        device: torch.device,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        repetition: float = 1.0,
+        frequency: float = 0.0,
+        presence: float = 0.0,
+        seed: int = 0,
+        bias: torch.Tensor | None = None,
+        seen: torch.Tensor | None = None,
+        counts: torch.Tensor | None = None,
+    ) -> SamplingRows:
+        """One request's row (bias, counts: [vocab] tensors or None; seen: [vocab], or [N, vocab] for N rows
+        of logits with these options)."""
+
+        def t(x, dt):
+            return torch.tensor([x], dtype=dt, device=device)
+
+        greedy = temperature == 0.0
+        rows = SamplingRows(
+            t(greedy, torch.bool),
+            t(1.0 if greedy else temperature, torch.float32),
+            t(top_k if 0 < top_k < vocab else 0, torch.int64),
+            t(top_p, torch.float32),
+            t(repetition, torch.float32),
+            t(frequency, torch.float32),
+            t(presence, torch.float32),
+            t(seed, torch.int64),
+            t(0, torch.int64),
+            None if bias is None else bias[None],
+            None if seen is None or seen.dim() == 2 else seen[None],
+            None if counts is None else counts[None],
+            (not greedy, bias is not None, seen is not None, counts is not None, 0 < top_k < vocab or top_p < 1.0),
+        )
+        if seen is not None and seen.dim() == 2:
+            rows.seen = seen
+        return rows
+
+    @staticmethod
+    def stack(rows: list[SamplingRows], counters: list[int]) -> SamplingRows:
+        """The rows of several requests (their `counter`s given, host ints), in that order."""
+        dev = rows[0].greedy.device
+        big = ("bias", "seen", "counts")
+        vocab = next((getattr(r, f).shape[1] for r in rows for f in big if getattr(r, f) is not None), 0)
+        out = {"features": tuple(any(r.features[i] for r in rows) for i in range(5))}
+        for f in fields(SamplingRows):
+            if f.name == "features":
+                continue
+            parts = [getattr(r, f.name) for r in rows]
+            if f.name in big:
+                if all(p is None for p in parts):
+                    out[f.name] = None
+                    continue
+                dt = torch.bool if f.name == "seen" else torch.float32
+                parts = [torch.zeros(1, vocab, dtype=dt, device=dev) if p is None else p for p in parts]
+            out[f.name] = torch.cat(parts)
+        out["counter"] = torch.tensor(counters, dtype=torch.int64, device=dev)
+        return SamplingRows(**out)
+
+
+def adjust(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
+    """Logits [rows, vocab] float32 with OpenAI's logit bias, frequency and presence penalties (on the counts),
+    then transformers' repetition penalty (on `seen`: logit / p where > 0, else * p)."""
+    logits = logits.float()
+    if rows.bias is not None:
+        logits = logits + rows.bias
+    if rows.counts is not None:
+        c = rows.counts
+        logits = logits - c * rows.frequency[:, None] - (c > 0).float() * rows.presence[:, None]
+    if rows.seen is not None:
+        p = rows.repetition[:, None]
+        logits = torch.where(rows.seen, torch.where(logits > 0, logits / p, logits * p), logits)
+    return logits
+
+
+def filtered(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
+    """Adjusted logits / temperature, with top-k (ties of the k-th kept) then top-p (the least likely tokens
+    whose mass is at most 1 - p dropped, the likeliest always kept) masked to -inf, per row."""
+    logits = logits / rows.temperature[:, None]
+    if not rows.features[4]:
+        return logits
+    V = logits.shape[-1]
+    sv, si = logits.sort(dim=-1, descending=True)
+    k = torch.where(rows.top_k > 0, rows.top_k, V)
+    kth = sv.gather(1, (k - 1)[:, None])
+    sv = sv.masked_fill(sv < kth, float("-inf"))
+    probs = sv.softmax(dim=-1)
+    tail = 1.0 - (probs.cumsum(dim=-1) - probs)  # mass of this token and all less likely
+    drop = (tail <= (1.0 - rows.top_p)[:, None]) & (rows.top_p < 1.0)[:, None]
+    drop[:, 0] = False
+    drop = drop.scatter(1, si, drop) | (logits < kth)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def pick(logits: torch.Tensor, rows: SamplingRows, counter: torch.Tensor | None = None) -> torch.Tensor:
+    """The next token [rows] int64 of each row of logits [rows, vocab]: argmax of the adjusted logits for
+    greedy rows, else a Gumbel-max draw with the noise of (seed, `counter`, default rows.counter)."""
+    logits = adjust(logits, rows)
+    best = logits.argmax(dim=-1)
+    if not rows.features[0]:
+        return best
+    counter = rows.counter if counter is None else counter
+    g = -torch.log(-torch.log(uniform(rows.seed, counter, logits.shape[-1])))
+    drawn = (filtered(logits, rows) + g).argmax(dim=-1)
+    return torch.where(rows.greedy, best, drawn)

@@ -1,0 +1,107 @@
+"""`bench gpu --checks lm-loop`: the language model's decode loop on the device (backends/decode_loop.py)
+against one step per replay: greedy tokens per second at batch 1 and 8 with blocks of K = 1 and 8 steps
+(SmolLM2-135M bf16 from graphs on a GPU, 64 tokens; float32 uncaptured with `--device cpu`, 16 tokens), and the
+same ids."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from speechrt.backends.threads import cpu_threads
+from speechrt.bench.record import Record, Repeats, Results
+
+CHATS = ["What is the capital of France?", "Count to ten.", "Name three colours.", "Say hello in Spanish."]
+
+
+def _sync(dev) -> None:
+    import torch
+
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def generate(runner, tokenizer, prompts: list[list[int]], tokens: int, block: int, dev) -> tuple[list, float]:
+    """Greedy replies of `tokens` tokens (no stop) to `prompts` at once, in blocks of `block` decode steps ->
+    (the ids per prompt, seconds the decode steps took after the prompts' prefill)."""
+    from speechrt.pipelines.generation import GenerationOptions
+    from speechrt.pipelines.lm_batching import ContinuousBatcher, LMRequest
+
+    o = GenerationOptions(max_tokens=tokens, stop_token_ids=(), stop_repeats=0)
+    seq = max(map(len, prompts)) + tokens + 1
+    b = ContinuousBatcher(runner, tokenizer, max_batch=len(prompts), max_seq=seq, block=block)
+    ids = [[] for _ in prompts]
+    for i, p in enumerate(prompts):
+        b.submit(LMRequest(list(p), o, lambda piece, i=i: ids[i].append(piece.token)))
+    b.admit(all_pending=True)
+    _sync(dev)
+    t = time.perf_counter()
+    while b.has_work():
+        b.decode()
+    _sync(dev)
+    return ids, time.perf_counter() - t
+
+
+def compare_blocks(
+    runner, tokenizer, prompts, dev, out: Results, model: str, precision: str, tokens: int = 64, repeats: int = 3
+):
+    """Tokens per second of K = 1 and K = 8 at batch 1 and len(prompts), records added to `out` -> (status,
+    detail): fail where the ids differ."""
+    lines, bad = [], []
+    for batch in sorted({1, len(prompts)}):
+        ps = [prompts[i % len(prompts)] for i in range(batch)]
+        speed, ref = {}, None
+        for k in (1, 8):
+            generate(runner, tokenizer, ps, tokens, k, dev)  # captures the graphs
+            runs = [generate(runner, tokenizer, ps, tokens, k, dev) for _ in range(repeats)]
+            ids = runs[0][0]
+            ref = ref or ids
+            if ids != ref:
+                bad.append(f"batch {batch}, K={k}")
+            rates = [batch * (tokens - 1) / s for _, s in runs]
+            speed[k] = statistics.median(rates)
+            out.records.append(
+                Record(
+                    family="gpu",
+                    model=model,
+                    engine="speechrt",
+                    backend="triton",
+                    precision=precision,
+                    device=str(dev),
+                    workload=f"LM greedy decode, batch {batch}, {tokens} tokens, {k} steps per replay",
+                    metric="tokens_per_s",
+                    unit="tok/s",
+                    value=speed[k],
+                    better="higher",
+                    repeats=Repeats.of(rates),
+                    peer="" if k == 1 else "1 step per replay",
+                    params={"batch": batch, "steps_per_replay": k},
+                )
+            )
+        lines.append(f"batch {batch}: {speed[1]:.3g} -> {speed[8]:.3g} tok/s ({speed[8] / speed[1]:.2f}x)")
+    if bad:
+        return "fail", f"greedy ids of blocks of 8 steps differ from one step per replay at {', '.join(bad)}"
+    return "pass", f"K=1 -> K=8, same greedy ids ({precision}): " + "; ".join(lines)
+
+
+def check_lm_loop(dev, out: Results):
+    from speechrt.models import registry
+    from speechrt.pipelines.lm import load_lm
+
+    size = dict(tokens=64, repeats=3)
+    if dev.type == "cuda":
+        lm = load_lm(None, "triton", str(dev), "bfloat16")
+        runner, precision = lm.runner, "bfloat16"
+    else:  # the same path uncaptured, on the reference kernels (what the CPU tests check); shorter
+        size = dict(tokens=16, repeats=1)
+        from speechrt.backends.torch.lm import load_file
+        from speechrt.backends.triton.lm import TritonLMRunner
+        from speechrt.pipelines.lm import LMPipeline
+
+        rm = registry.resolve(None, "lm")
+        runner = TritonLMRunner(load_file(rm), dev, "float32", "torch", capture=False)
+        lm, precision = LMPipeline(runner, rm.name), "float32"
+    prompts = [lm.encode_chat(c) for c in CHATS] * 2  # batch 8
+    # one CPU thread: two-thread OpenMP regions stall where other processes share the cores (backends/threads.py)
+    with cpu_threads(1 if dev.type == "cpu" else None):
+        return compare_blocks(runner, lm.tokenizer, prompts, dev, out, lm.info.model, precision, **size)

@@ -1,0 +1,212 @@
+"""Decode loops that stay on the device (backends/decode_loop.py, backends/sampling.py) on a tiny random Llama:
+blocks of K steps from the triton runner (uncaptured on the CPU: the ops a graph replays) give the tokens,
+finish reasons and cache contents of the one-step path, whatever K, the batch beside a request and its slot;
+seeded sampling is reproducible alone or in a batch, and draws from the right distribution."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="builds the tiny model: pip install 'speechrt[peers]'")
+pytest.importorskip("gguf")
+
+from lm_archs import byte_bpe, written  # noqa: E402 - tests/lm_archs.py
+
+from speechrt.backends import sampling  # noqa: E402
+from speechrt.backends.sampling import SamplingRows  # noqa: E402
+from speechrt.backends.torch import lm as torch_lm  # noqa: E402
+from speechrt.backends.triton.lm import TritonLMRunner  # noqa: E402
+from speechrt.bench.gpu_loop import compare_blocks  # noqa: E402
+from speechrt.bench.record import Results  # noqa: E402
+from speechrt.models import registry  # noqa: E402
+from speechrt.pipelines.generation import GenerationOptions  # noqa: E402
+from speechrt.pipelines.lm_batching import ContinuousBatcher, LMRequest  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    _, d = written("llama3", tmp_path_factory, byte_bpe())
+    r = TritonLMRunner(torch_lm.load_file(registry.resolve(str(d), "lm")), CPU, "float32", "torch", capture=False)
+    assert r.graphs_enabled and not r.capture
+    return r
+
+
+def prompt(i: int, n: int = 9) -> list[int]:
+    return torch.randint(3, 500, (n + i % 4,), generator=torch.Generator().manual_seed(100 + i)).tolist()
+
+
+def run(runner, jobs, block: int, max_batch: int = 6, max_seq: int = 64):
+    """Each job (prompt, options) submitted with a key; stepped to the end -> (tokens and finish reason per
+    job, {key: (ids the slot retains, its K and V over them)}, the batcher)."""
+    b = ContinuousBatcher(runner, runner.tokenizer, max_batch=max_batch, max_seq=max_seq, block=block)
+    out = {i: [] for i in range(len(jobs))}
+    for i, (ids, o) in enumerate(jobs):
+        b.submit(LMRequest(list(ids), o, lambda p, i=i: out[i].append(p), key=i))
+    while b.has_work():
+        b.step()
+    got = {i: ([p.token for p in ps], ps[-1].finish_reason, "".join(p.text for p in ps)) for i, ps in out.items()}
+    kept = {}
+    for slot, (key, ids) in b.retained.items():
+        assert b.cache.lengths[slot] == len(ids)  # the slot's length is what it fed, however the block ended
+        n = len(ids)
+        kept[key] = (ids, b.cache.k[:, slot, :, :n].clone(), b.cache.v[:, slot, :, :n].clone())
+    return got, kept, b
+
+
+def same(a, b):
+    (ga, ka, _), (gb, kb, _) = a, b
+    assert ga == gb
+    assert ka.keys() == kb.keys()
+    for key in ka:
+        assert ka[key][0] == kb[key][0]
+        torch.testing.assert_close(ka[key][1], kb[key][1], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ka[key][2], kb[key][2], rtol=1e-5, atol=1e-5)
+
+
+def test_greedy_blocks_equal_one_step(runner):
+    """Six requests (more than the slots they start in: later ones join freed, scattered slots) with different
+    budgets, stop ids met mid-block and a stop string the host finds: the same tokens, finish reasons, retained
+    ids and K/V per request for K = 2, 4, 8 as one step at a time."""
+    base = [(prompt(i), GenerationOptions(max_tokens=5 + 3 * i, stop_repeats=0, stop_token_ids=())) for i in range(6)]
+    ref, _, _ = run(runner, base, block=1, max_batch=4)
+    # stop ids each request meets at a different step; a stop string in one reply's text
+    jobs = []
+    for i, (ids, o) in enumerate(base):
+        toks = ref[i][0]
+        stop = (toks[min(len(toks) - 1, 2 + i)],) if i % 2 else ()
+        jobs.append((ids, GenerationOptions(max_tokens=o.max_tokens, stop_repeats=0, stop_token_ids=stop)))
+    text = ref[4][2]
+    jobs[4] = (jobs[4][0], GenerationOptions(max_tokens=17, stop_repeats=0, stop_token_ids=(), stop=(text[6:8],)))
+    want = run(runner, jobs, block=1, max_batch=4)
+    assert {r for _, r, _ in want[0].values()} >= {"stop", "length"}
+    assert len(want[0][4][0]) < len(ref[4][0])  # the stop string ended it early
+    for k in (2, 4, 8):
+        runner.loops.items.clear()
+        got = run(runner, jobs, block=k, max_batch=4)
+        same(got, want)
+        assert max(key[3] for key in runner.loops.items) == k  # blocks of k steps ran (and shorter ones)
+
+
+def test_block_ends_rows_exactly(runner):
+    """The runner's block: a row that meets a stop id stops there (later entries repeat it, its length is what
+    it fed), one whose budget is the block's runs all of it; the ids are the one-step path's."""
+    cache = runner.new_cache(8, 48)
+    slots, first = [5, 2], []
+    for s, i in zip(slots, (0, 1)):
+        first.append(int(runner.prefill(cache, s, torch.tensor(prompt(i))).argmax()))
+    start = [cache.lengths[s] for s in slots]
+    ref_cache = runner.new_cache(8, 48)
+    for s, i in zip(slots, (0, 1)):
+        runner.prefill(ref_cache, s, torch.tensor(prompt(i)))
+    toks, ref = torch.tensor(first), []
+    for _ in range(6):
+        toks = runner.decode_step(ref_cache, slots, toks).argmax(-1)
+        ref.append(toks.tolist())
+    ref = list(map(list, zip(*ref)))  # per row
+    rows = SamplingRows.stack([SamplingRows.one(runner.config.vocab_size, CPU)] * 2, [0, 0])
+    ids, ran = runner.decode_loop(cache, slots, torch.tensor(first), rows, 6, [6, 6], [(ref[0][2],), ()])
+    assert ran == [3, 6] and ids[1] == ref[1] and ids[0][:3] == ref[0][:3] and set(ids[0][3:]) == {ref[0][2]}
+    assert [cache.lengths[s] for s in slots] == [start[0] + 3, start[1] + 6]
+    # a budget past the cache, or a block longer than a row's budget: no block (the caller steps once)
+    assert runner.decode_loop(cache, slots, torch.tensor(first), rows, 6, [6, 5], [(), ()]) is None
+
+
+SAMPLED = GenerationOptions(
+    max_tokens=12,
+    temperature=0.9,
+    top_k=40,
+    top_p=0.9,
+    seed=3,
+    repetition_penalty=1.2,
+    frequency_penalty=0.5,
+    logit_bias={7: 3.0},
+    stop_repeats=0,
+    stop_token_ids=(),
+)
+
+
+def test_seeded_sampling_same_alone_or_beside_others(runner):
+    """A seeded request draws the same tokens one step at a time alone, in blocks of 4 or 8, and beside other
+    requests (greedy, other seeds) that put it in another slot; a different seed draws other tokens."""
+    me = (prompt(9), SAMPLED)
+    alone = run(runner, [me], block=1)[0][0][0]
+    assert run(runner, [me], block=8)[0][0][0] == alone
+    others = [(prompt(i), GenerationOptions(max_tokens=4 + i, temperature=0.7 * (i % 2), seed=i)) for i in range(3)]
+    got, _, _ = run(runner, [*others, me], block=4)
+    assert got[3][0] == alone
+    got, _, _ = run(runner, [others[0], me, others[1]], block=1)
+    assert got[1][0] == alone
+    other_seed = GenerationOptions(**{**SAMPLED.__dict__, "seed": 4})
+    assert run(runner, [(prompt(9), other_seed)], block=8)[0][0][0] != alone
+
+
+def rows_of(n: int, vocab: int, **kw) -> SamplingRows:
+    return SamplingRows.stack([SamplingRows.one(vocab, CPU, **kw)] * n, list(range(n)))
+
+
+def test_sampling_distribution():
+    """Gumbel-max over the counter noise: 6000 draws (one seed, counters 0..5999) of temperature 0.7 over 6
+    tokens match softmax(logits / 0.7) (chi-square, 5 degrees of freedom, under its 0.1 % point 20.5); top-k 1
+    and a tiny top-p are greedy; top-k 2 draws only the two likeliest."""
+    logits = torch.tensor([1.0, 0.2, -0.5, 0.9, -2.0, 0.0])
+    n, V = 6000, 6
+    ids = sampling.pick(logits.expand(n, V), rows_of(n, V, temperature=0.7, seed=11))
+    seen = torch.bincount(ids, minlength=V).float()
+    expect = torch.softmax(logits / 0.7, -1) * n
+    assert float(((seen - expect) ** 2 / expect).sum()) < 20.5
+    for kw in (dict(top_k=1), dict(top_p=1e-3)):
+        assert set(sampling.pick(logits.expand(200, V), rows_of(200, V, temperature=1.5, seed=1, **kw)).tolist()) == {0}
+    assert set(sampling.pick(logits.expand(500, V), rows_of(500, V, temperature=2.0, seed=2, top_k=2)).tolist()) == {
+        0,
+        3,
+    }
+    u = sampling.uniform(torch.tensor([5, 5, 6]), torch.tensor([0, 1, 0]), 1000)
+    assert 0 < float(u.min()) and float(u.max()) < 1 and abs(float(u.mean()) - 0.5) < 0.02
+    assert not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])  # counters and seeds give other noise
+
+
+def test_lm_loop_bench_check_runs_on_the_cpu(runner):
+    """`bench gpu --checks lm-loop`'s comparison (gpu_loop.compare_blocks) on the tiny model, uncaptured: it
+    passes (the ids of K = 8 are K = 1's) and records tokens per second of each K at batch 1 and 3."""
+    out = Results()
+    status, detail = compare_blocks(
+        runner, runner.tokenizer, [prompt(i) for i in range(3)], CPU, out, "tiny", "float32", 12, 1
+    )
+    assert status == "pass", detail
+    got = {(r.params["batch"], r.params["steps_per_replay"]) for r in out.records}
+    assert got == {(1, 1), (1, 8), (3, 1), (3, 8)} and all(r.value > 0 for r in out.records)
+
+
+def cancel_after_two(got: list, req, p) -> None:
+    got.append((p.token, p.finish_reason))
+    if req is not None and len(got) == 2:
+        req.cancelled = True
+
+
+def test_a_request_cancelled_mid_block_gets_no_more_tokens(runner):
+    """A request cancelled by its own emit after its second token (as a barge-in does) gets what one-step
+    decoding gives it: two tokens, then 'cancelled', its slot keeping what it fed; its neighbour runs on."""
+    out = {}
+    for block in (1, 8):
+        b = ContinuousBatcher(runner, runner.tokenizer, max_batch=2, max_seq=64, block=block)
+        got = {0: [], 1: []}
+        o = GenerationOptions(max_tokens=12, stop_repeats=0, stop_token_ids=())
+        reqs = [LMRequest(prompt(i), o, key=i) for i in range(2)]
+        for i, r in enumerate(reqs):
+            r.emit = partial(cancel_after_two, got[i], r if i == 0 else None)
+        for r in reqs:
+            b.submit(r)
+        while b.has_work():
+            b.step()
+        kept = {key: (ids, b.cache.lengths[s]) for s, (key, ids) in b.retained.items()}
+        out[block] = got, kept
+    assert out[1] == out[8]
+    got, kept = out[8]
+    assert [r for _, r in got[0]] == [None, None, "cancelled"] and len(got[1]) == 12
+    assert all(len(ids) == n for ids, n in kept.values())
