@@ -166,7 +166,7 @@ def knows_tools(template_source: str | None) -> bool:
 def with_tools(messages: list[dict], tools: tuple[Tool, ...], template_source: str | None) -> tuple[list[dict], dict]:
     """(messages, extra template variables) for a prompt with `tools`: given to a template that knows tools as
     `tools`; else written into the system message (TOOLS_PROMPT), and the calls in the conversation written as
-    the JSON the model answers with."""
+    the JSON the model answers with (for a template that wants user and assistant in turn, _alternating)."""
     if knows_tools(template_source):  # the calls' arguments as objects, as transformers gives them (`| tojson`)
         messages = [
             {
@@ -186,6 +186,8 @@ def with_tools(messages: list[dict], tools: tuple[Tool, ...], template_source: s
             text = "\n".join(json.dumps({"name": c["function"]["name"], "arguments": _args(c)}) for c in calls)
             m = {"role": m["role"], "content": ((m.get("content") or "") + "\n" + text).strip()}
         out.append({k: v for k, v in m.items() if k in ("role", "content")})
+    if template_source and "must alternate" in template_source:  # Gemma's, Mistral's: user / assistant turns only
+        out = _alternating(out)
     if tools:
         sig = "\n".join(json.dumps(t.as_openai()["function"]) for t in tools)
         note = TOOLS_PROMPT.format(tools=sig)
@@ -194,6 +196,21 @@ def with_tools(messages: list[dict], tools: tuple[Tool, ...], template_source: s
         else:
             out.insert(0, {"role": "system", "content": note})
     return out, {}
+
+
+def _alternating(messages: list[dict]) -> list[dict]:
+    """Messages for a template that wants user and assistant turns in turn: a function's output ('tool') is given as
+    the user's turn, and turns of one role in a row (parallel calls, their outputs) are joined into one."""
+    out: list[dict] = []
+    for m in messages:
+        role, text = m["role"], m.get("content") or ""
+        if role == "tool":
+            role, text = "user", f"Function output: {text}"
+        if out and out[-1]["role"] == role and role != "system":
+            out[-1] = {"role": role, "content": out[-1]["content"] + "\n" + text}
+        else:
+            out.append({"role": role, "content": text})
+    return out
 
 
 def _args(call: dict):

@@ -11,6 +11,7 @@ import json
 import pytest
 from lm_archs import QWEN25  # tests/lm_archs.py: chat templates written after the models' own
 
+from speechrt.models.chat_templates import GEMMA3
 from speechrt.models.lm_text import ChatTemplate
 from speechrt.pipelines.call_reader import CallReader
 from speechrt.pipelines.grammar import GrammarError
@@ -48,6 +49,19 @@ def test_tools_reach_the_template_or_the_system_message():
     text = ChatTemplate(SMOL).render(msgs, **extra)
     assert extra == {} and msgs[0]["role"] == "system" and '"name": "get_weather"' in msgs[0]["content"]
     assert '{"name": "get_weather", "arguments": {"city": "Paris"}}' in text and "<|im_start|>tool\nSun" in text
+    # Gemma 3's template wants user and model turns in turn: parallel calls are one model turn, their outputs the
+    # user's next (it raised "Conversation roles must alternate" on the tool messages before)
+    two = {**call, "id": "c2", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}
+    history = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "assistant", "content": None, "tool_calls": [two]},
+        {"role": "tool", "content": "Sun"},
+        {"role": "tool", "content": "Rain"},
+    ]
+    msgs, extra = with_tools(history, TOOLS, GEMMA3)
+    text = ChatTemplate(GEMMA3).render(msgs, add_generation_prompt=True, **extra)
+    assert '"arguments": {"city": "Paris"}}\n{"name": "get_weather", "arguments": {"city": "Rome"}}' in text
+    assert "Function output: Sun\nFunction output: Rain<end_of_turn>" in text
 
 
 @pytest.mark.parametrize("fmt", [BARE, TAGGED], ids=["bare", "tagged"])

