@@ -16,6 +16,8 @@ import logging
 import socket
 import time
 
+from speechrt.pipelines.tool_calls import BARE
+
 from .config import ServerOptions
 from .engine import Engine
 from .http.app import UvicornServer, build_app, uvicorn_config
@@ -41,6 +43,7 @@ class SpeechServer:
         # the loaded models by family (/healthz, session model and voice checks)
         self.names = {"asr": [asr.name], "lm": [lm.name] if lm is not None else [], "tts": [tts.name] if tts else []}
         self.conversation_ready = lm is not None and tts is not None
+        self.call_format = getattr(lm, "call_format", BARE)  # how the language model writes a tool call
         # every stream's Silero in one batched call per tick, on the recognizer's device
         self.vad = VadWorker(silero_for(getattr(getattr(asr, "runner", None), "device", "cpu")))
         self.turn_policy = TurnPolicy.from_options(options)  # every session's (streaming/realtime/policy.py)

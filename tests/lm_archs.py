@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -45,30 +46,10 @@ SPECIALS = [
     "<end_of_turn>",
 ]
 
-# Chat templates written after the models' own (Qwen2.5 with its tools branch, Qwen3 with its thinking tags,
-# Llama 3.1 with its date header, Mistral's [INST] with alternation checks, Phi-3's role tags)
-QWEN25 = """{%- if tools %}
-    {{- '<|im_start|>system\\n' }}
-    {%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}{%- else %}{{- 'You are Qwen.' }}{%- endif %}
-    {{- "\\n\\n# Tools\\n\\n<tools>" }}
-    {%- for tool in tools %}{{- "\\n" }}{{- tool | tojson }}{%- endfor %}
-    {{- "\\n</tools><|im_end|>\\n" }}
-{%- else %}
-    {%- if messages[0]['role'] == 'system' %}
-        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
-    {%- else %}
-        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}
-    {%- endif %}
-{%- endif %}
-{%- for message in messages %}
-    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant") %}
-        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\\n' }}
-{%- endif %}
-"""
+# Qwen2.5-Instruct's tokenizer_config.json chat_template, unchanged (its tools in the system prompt, calls in
+# <tool_call> tags); the others written after the models' own (Qwen3 with its thinking tags, Llama 3.1 with its date
+# header, Mistral's [INST] with alternation checks, Phi-3's role tags)
+QWEN25 = (Path(__file__).parent / "data" / "qwen2.5-instruct.chat_template.jinja").read_text()
 QWEN3 = """{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
 {%- for message in messages[::-1] %}
     {%- set index = (messages|length - 1) - loop.index0 %}

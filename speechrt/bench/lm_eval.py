@@ -167,6 +167,10 @@ def run(args) -> int:
     rows = []
     for name in models:
         lm = load_lm(name, args.backends.split(",")[0], device=args.device, dtype=args.dtype, step_threads=args.threads)
+        if lm.template is None:  # (a base model may carry none: it cannot be asked as a conversation asks)
+            missing[name] = "it carries no chat template: the evaluation asks through the model's own template"
+            print(f"  {name}: skipped: {missing[name]}")
+            continue
         print(f"\n{name} ({lm.info})")
         print(f"{'setting':22} {'factual':>8} {'instructions':>13} {'mean words':>11} {'repeating':>10}")
         for s in chosen:

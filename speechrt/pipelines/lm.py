@@ -22,7 +22,7 @@ from speechrt.models.lm_text import ChatTemplate
 from .generation import GenerationOptions
 from .grammar import prepare
 from .lm_batching import ContinuousBatcher, generate_text, stream
-from .tool_calls import Tool, with_tools
+from .tool_calls import CallFormat, Tool, call_format, with_tools
 
 __all__ = ["LMPipeline", "load_lm", "GenerationOptions"]
 
@@ -45,6 +45,11 @@ class LMPipeline:
     @property
     def info(self):
         return self.runner.info
+
+    @property
+    def call_format(self) -> CallFormat:
+        """How this model writes a tool call: as its chat template expects (tool_calls.call_format)."""
+        return call_format(self.template.source if self.template is not None else None)
 
     def batcher(self, max_batch: int = 8, max_seq: int | None = None) -> ContinuousBatcher:
         """A continuous batcher over a KV cache of `max_batch` slots (the server's engine steps one)."""

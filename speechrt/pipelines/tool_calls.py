@@ -1,8 +1,10 @@
-"""Function calling with the language model: the tools checked, their grammar for a tool_choice, the tools put
-in the prompt, and a call read back from what the model wrote.
+"""Function calling with the language model: the tools checked, their grammar for a tool_choice, and the tools put
+in the prompt (call_reader.py reads the calls back from what the model wrote).
 
 A call is written as one JSON object, {"name": <tool>, "arguments": {...}}, constrained by the grammar (grammar.py)
-so that the name is one of the tools and the arguments are valid against that tool's parameters schema. A chat
+so that the name is one of the tools and the arguments are valid against that tool's parameters schema; where the
+chat template wraps calls in tags (Qwen2.5's, Qwen3's, Hermes': `<tool_call>\n{...}\n</tool_call>`), in those tags
+(CallFormat). Parallel calls (parallel_tool_calls) are several such calls, one per line, until the model stops. A chat
 template that knows tools (its source uses `tools`) gets them as transformers' apply_chat_template passes them;
 one that does not (SmolLM2's) gets them in the system message, as the Hugging Face convention for such templates
 writes them (see TOOLS_PROMPT), and calls already made in the conversation as that JSON in the assistant's turn.
@@ -99,10 +101,37 @@ def parse_choice(raw, tools: tuple[Tool, ...], param: str = "tool_choice", flat:
     return name
 
 
-def call_grammar(tools: tuple[Tool, ...], choice: str) -> Grammar | None:
+@dataclass(frozen=True)
+class CallFormat:
+    """How the model writes a call: `open` + the call's JSON + `close`; parallel calls joined by `sep`."""
+
+    open: str = ""
+    close: str = ""
+    sep: str = "\n"
+
+    @property
+    def first(self) -> str:
+        """The first character of any answer that calls (a text answer starts with another)."""
+        return (self.open or "{")[0]
+
+
+BARE = CallFormat()
+TAGGED = CallFormat("<tool_call>\n", "\n</tool_call>")  # Qwen2.5's, Qwen3's, Hermes' templates
+MAX_CALLS = 8  # calls in one answer with parallel_tool_calls: a model that repeats a call stops there
+
+
+def call_format(template_source: str | None) -> CallFormat:
+    """The calls' form that a chat template expects: TAGGED where it writes `<tool_call>` tags, else BARE."""
+    return TAGGED if template_source and "<tool_call>" in template_source else BARE
+
+
+def call_grammar(
+    tools: tuple[Tool, ...], choice: str, parallel: bool = False, fmt: CallFormat = BARE
+) -> Grammar | None:
     """The grammar of the model's answer: None for 'none' (free text); for 'required' a call of any of the tools,
     for a name a call of that one, for 'auto' either a call or a plain text answer (one that does not start
-    with '{')."""
+    as a call does). `parallel`: up to MAX_CALLS calls, joined by fmt.sep, until the model stops; `fmt`: the
+    calls' form (the chat template's, call_format)."""
     if choice == "none" or not tools:
         return None
     chosen = [t for t in tools if choice in ("auto", "required") or t.name == choice]
@@ -116,10 +145,17 @@ def call_grammar(tools: tuple[Tool, ...], choice: str) -> Grammar | None:
         for t in chosen
     ]
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    call = " ".join(
+        [json.dumps(fmt.open)] * bool(fmt.open)
+        + ["%json " + json.dumps(json_grammar(schema))]
+        + [json.dumps(fmt.close)] * bool(fmt.close)
+    )
+    more = f" ({json.dumps(fmt.sep)} call){{0,{MAX_CALLS - 1}}}" if parallel else ""
+    rules = f"calls: call{more}\ncall: {call}"
     if choice != "auto":
-        return Grammar.json_schema(schema, "tools", kind="tool_call")
-    lark = "start: TEXT | call\nTEXT: /[^{](.|\\n)*/\ncall: %json " + json.dumps(json_grammar(schema))
-    return Grammar.lark(lark, "tool_call_or_text", "tools")
+        return Grammar.lark(f"start: calls\n{rules}", "tool_call", "tools")
+    text = f"[^{re.escape(fmt.first)}](.|\\n)*"
+    return Grammar.lark(f"start: TEXT | calls\nTEXT: /{text}/\n{rules}", "tool_call_or_text", "tools")
 
 
 def knows_tools(template_source: str | None) -> bool:
@@ -130,8 +166,18 @@ def knows_tools(template_source: str | None) -> bool:
 def with_tools(messages: list[dict], tools: tuple[Tool, ...], template_source: str | None) -> tuple[list[dict], dict]:
     """(messages, extra template variables) for a prompt with `tools`: given to a template that knows tools as
     `tools`; else written into the system message (TOOLS_PROMPT), and the calls in the conversation written as
-    the JSON the model answers with."""
-    if knows_tools(template_source):
+    the JSON the model answers with (for a template that wants user and assistant in turn, _alternating)."""
+    if knows_tools(template_source):  # the calls' arguments as objects, as transformers gives them (`| tojson`)
+        messages = [
+            {
+                **m,
+                "content": m.get("content") or "",
+                "tool_calls": [{**c, "function": {**c["function"], "arguments": _args(c)}} for c in m["tool_calls"]],
+            }
+            if m.get("tool_calls")
+            else m
+            for m in messages
+        ]
         return messages, ({"tools": [t.as_openai() for t in tools]} if tools else {})
     out = []
     for m in messages:
@@ -140,6 +186,8 @@ def with_tools(messages: list[dict], tools: tuple[Tool, ...], template_source: s
             text = "\n".join(json.dumps({"name": c["function"]["name"], "arguments": _args(c)}) for c in calls)
             m = {"role": m["role"], "content": ((m.get("content") or "") + "\n" + text).strip()}
         out.append({k: v for k, v in m.items() if k in ("role", "content")})
+    if template_source and "must alternate" in template_source:  # Gemma's, Mistral's: user / assistant turns only
+        out = _alternating(out)
     if tools:
         sig = "\n".join(json.dumps(t.as_openai()["function"]) for t in tools)
         note = TOOLS_PROMPT.format(tools=sig)
@@ -150,67 +198,24 @@ def with_tools(messages: list[dict], tools: tuple[Tool, ...], template_source: s
     return out, {}
 
 
+def _alternating(messages: list[dict]) -> list[dict]:
+    """Messages for a template that wants user and assistant turns in turn: a function's output ('tool') is given as
+    the user's turn, and turns of one role in a row (parallel calls, their outputs) are joined into one."""
+    out: list[dict] = []
+    for m in messages:
+        role, text = m["role"], m.get("content") or ""
+        if role == "tool":
+            role, text = "user", f"Function output: {text}"
+        if out and out[-1]["role"] == role and role != "system":
+            out[-1] = {"role": role, "content": out[-1]["content"] + "\n" + text}
+        else:
+            out.append({"role": role, "content": text})
+    return out
+
+
 def _args(call: dict):
     a = call["function"].get("arguments")
     try:
         return json.loads(a) if isinstance(a, str) else a
     except ValueError:
         return a
-
-
-class CallReader:
-    """Reads what a sequence writes under a tool grammar: whether it is a call (its first character is '{') or a
-    text answer, the call's name as soon as it is written, and its arguments' text as it grows."""
-
-    HEAD = re.compile(r'^\{"name": "([^"]*)", "arguments": ')  # the grammar's JSON style writes exactly this
-
-    def __init__(self):
-        self.buf = ""
-        self.is_call: bool | None = None  # None until the first character that is not whitespace
-        self.name: str | None = None
-        self.sent = 0  # characters of the arguments handed out by push
-
-    def push(self, text: str) -> tuple[str, str]:
-        """New text -> (text of a text answer, new text of the call's arguments); one of them is empty."""
-        self.buf += text
-        if self.is_call is None:
-            head = self.buf.lstrip()
-            if not head:
-                return "", ""
-            self.is_call = head.startswith("{")
-            self.buf = head if self.is_call else self.buf
-            if not self.is_call:
-                return self.buf, ""
-        if not self.is_call:
-            return text, ""
-        if self.name is None:
-            m = self.HEAD.match(self.buf)
-            if m is None:
-                return "", ""
-            self.name, self.start = m.group(1), m.end()
-        end = len(self.buf) - 1  # the last character may be the object's closing brace: held back
-        delta = self.buf[self.start + self.sent : end] if end > self.start + self.sent else ""
-        self.sent += len(delta)
-        return "", delta
-
-    def finish(self) -> tuple[str, str] | None:
-        """The call (name, arguments as JSON text) once the sequence ended, or None for a text answer. A call cut
-        short (max_tokens) gives what was written (the finish reason says 'length')."""
-        if not self.is_call:
-            return None
-        if self.name is None:
-            return "", ""
-        return self.name, self.buf[self.start : self._end()]
-
-    def rest(self) -> str:
-        """The arguments' text that push held back (after the sequence ended)."""
-        return "" if self.name is None else self.buf[self.start + self.sent : self._end()]
-
-    def _end(self) -> int:
-        """Where the arguments end: before the object's closing brace, if it was written."""
-        end = len(self.buf.rstrip())
-        try:
-            json.loads(self.buf)
-            return end - 1
-        except ValueError:
-            return end

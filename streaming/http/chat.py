@@ -166,7 +166,7 @@ class ChatCompletion:
     def __init__(self, server, body: dict):
         self.server, self.lm, self.engine = server, server.lm, server.engine
         self.messages = chat_messages(body.get("messages"))
-        self.tools = chat_tools(body)
+        self.tools = chat_tools(body, self.lm.call_format)
         self.options = generation_options(body, self.tools.grammar)
         try:
             check_bias(self.options, self.lm.config.vocab_size)
@@ -205,7 +205,7 @@ class ChatCompletion:
                 self.texts[i] += text
                 logprobs[i] += [entry] if entry else []
                 finish[i] = end or finish[i]
-        answers = [CallAnswer() if self.tools.calls else None for _ in range(self.n)]
+        answers = [CallAnswer(self.lm.call_format) if self.tools.calls else None for _ in range(self.n)]
         choices = [
             {
                 "index": i,
@@ -260,7 +260,7 @@ class ChatCompletion:
     async def events(self, pieces):
         for i in range(self.n):
             yield self.chunk({"role": "assistant", "content": ""}, index=i)
-        answers = [CallAnswer() if self.tools.calls else None for _ in range(self.n)]
+        answers = [CallAnswer(self.lm.call_format) if self.tools.calls else None for _ in range(self.n)]
         async with contextlib.aclosing(pieces):
             try:
                 async for i, text, finish, entry in pieces:
@@ -269,7 +269,7 @@ class ChatCompletion:
                     if a is None:
                         yield self.chunk({"content": text} if text else {}, finish, entry, i)
                         continue
-                    for delta in a.deltas(text) + (a.last_deltas() if finish else []):
+                    for delta in a.deltas(text):
                         yield self.chunk(delta, None, entry, i)
                         entry = None
                     if finish or entry:

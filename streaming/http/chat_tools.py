@@ -1,12 +1,14 @@
-"""Tools and structured output of a chat completion: the request's tools, tool_choice and response_format checked
-into the grammar its answer follows, and an answer that calls a tool in OpenAI's message and chunk shapes."""
+"""Tools and structured output of a chat completion: the request's tools, tool_choice, parallel_tool_calls and
+response_format checked into the grammar its answer follows, and an answer that calls tools in OpenAI's message and
+chunk shapes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from speechrt.pipelines.call_reader import CallReader
 from speechrt.pipelines.grammar import Grammar, GrammarError
-from speechrt.pipelines.tool_calls import CallReader, Tool, call_grammar, parse_choice, parse_tools
+from speechrt.pipelines.tool_calls import BARE, CallFormat, Tool, call_grammar, parse_choice, parse_tools
 
 from ..realtime.protocol import new_id
 from .endpoint import RestError
@@ -25,8 +27,9 @@ class ChatTools:
         return self.grammar is not None and self.grammar.kind.startswith("tool_call")
 
 
-def chat_tools(body: dict) -> ChatTools:
-    """The request's tools, tool_choice and response_format -> ChatTools; a RestError naming the field if wrong."""
+def chat_tools(body: dict, fmt: CallFormat = BARE) -> ChatTools:
+    """The request's tools, tool_choice, parallel_tool_calls (OpenAI's default: true) and response_format ->
+    ChatTools, the calls in `fmt` (the model's chat template's form); a RestError naming the field if wrong."""
     if body.get("functions"):
         raise RestError(
             400,
@@ -36,7 +39,10 @@ def chat_tools(body: dict) -> ChatTools:
     try:
         tools = parse_tools(body.get("tools"))
         choice = parse_choice(body.get("tool_choice"), tools)
-        calls = call_grammar(tools, choice)
+        parallel = body.get("parallel_tool_calls", True)
+        if not isinstance(parallel, bool):
+            raise GrammarError(f"parallel_tool_calls must be true or false, got {parallel!r}", "parallel_tool_calls")
+        calls = call_grammar(tools, choice, parallel, fmt)
         fmt = format_grammar(body.get("response_format"))
     except GrammarError as e:
         raise RestError(400, str(e), param=e.param) from None
@@ -74,46 +80,40 @@ def format_grammar(fmt) -> Grammar | None:
 
 
 class CallAnswer:
-    """One choice's answer under a tool grammar: text deltas pass through; a call becomes tool_calls deltas
-    (the first with its id and name, then its arguments as they are written)."""
+    """One choice's answer under a tool grammar: text deltas pass through; calls become tool_calls deltas (each
+    call's first with its index, id and name, then its arguments as they are written)."""
 
-    def __init__(self):
-        self.reader = CallReader()
-        self.id = new_id("call")
-        self.named = False
+    def __init__(self, fmt: CallFormat = BARE):
+        self.reader = CallReader(fmt)
+        self.ids: list[str] = []  # of the calls begun
 
     def deltas(self, text: str) -> list[dict]:
         """The chunk deltas for new text (none while it is undecided)."""
-        content, args = self.reader.push(text)
+        content, news = self.reader.push(text)
         if content:
             return [{"content": content}]
         out = []
-        if self.reader.name is not None and not self.named:
-            self.named = True
-            fn = {"name": self.reader.name, "arguments": ""}
-            out.append({"tool_calls": [{"index": 0, "id": self.id, "type": "function", "function": fn}]})
-        if args:
-            out.append({"tool_calls": [{"index": 0, "function": {"arguments": args}}]})
+        for i, name, args in news:
+            if name is not None:
+                self.ids.append(new_id("call"))
+                fn = {"name": name, "arguments": ""}
+                out.append({"tool_calls": [{"index": i, "id": self.ids[i], "type": "function", "function": fn}]})
+            if args:
+                out.append({"tool_calls": [{"index": i, "function": {"arguments": args}}]})
         return out
-
-    def last_deltas(self) -> list[dict]:
-        """At the end: the arguments' text held back."""
-        rest = self.reader.rest() if self.reader.is_call else ""
-        return [{"tool_calls": [{"index": 0, "function": {"arguments": rest}}]}] if rest else []
 
     def message(self, text: str) -> dict:
         """The whole answer's message (text: all it wrote; on an answer that was not given deltas)."""
         self.reader.push(text)
-        call = self.reader.finish()
-        if call is None:
+        calls = self.reader.finish()
+        if calls is None:
             return {"role": "assistant", "content": text}
-        fn = {"name": call[0], "arguments": call[1]}
-        return {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [{"id": self.id, "type": "function", "function": fn}],
-        }
+        tool_calls = [
+            {"id": new_id("call"), "type": "function", "function": {"name": name, "arguments": args}}
+            for name, args in calls
+        ]
+        return {"role": "assistant", "content": None, "tool_calls": tool_calls}
 
     def finish_reason(self, reason: str) -> str:
-        """OpenAI's 'tool_calls' for a call that was written whole."""
+        """OpenAI's 'tool_calls' for calls that were written whole."""
         return "tool_calls" if self.reader.is_call and reason == "stop" else reason

@@ -29,7 +29,7 @@ from .response_options import response_options
 class Response:
     def __init__(self, session, overrides: dict):
         self.session = session
-        self.options = response_options(overrides, session.cfg, session.server.names)
+        self.options = response_options(overrides, session.cfg, session.server.names, session.server.call_format)
         if self.options.say is not None:  # text the client gave: what the voice cannot read is an error
             try:
                 session.server.tts.check_text(self.options.say)

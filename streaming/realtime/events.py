@@ -44,7 +44,8 @@ def error_event(
 
 # -- server events ------------------------------------------------------------------------------------
 # Items and parts are passed in their wire form (conversation.Item.to_api()). Responses here have one
-# output item with one content part: output_index and content_index are 0.
+# output item with one content part (output_index and content_index are 0), except those that call functions in
+# parallel: one function_call item each, output_index 0, 1, ...
 
 
 def session_created(session: dict, replica: str | None = None) -> dict:
@@ -175,12 +176,12 @@ def usage(prompt: int, cached: int, written: int, audio_in_ms: int, audio_out_ms
     }
 
 
-def output_item_added(response_id: str, item: dict) -> dict:
-    return {"type": "response.output_item.added", "response_id": response_id, "output_index": 0, "item": item}
+def output_item_added(response_id: str, item: dict, index: int = 0) -> dict:
+    return {"type": "response.output_item.added", "response_id": response_id, "output_index": index, "item": item}
 
 
-def output_item_done(response_id: str, item: dict) -> dict:
-    return {"type": "response.output_item.done", "response_id": response_id, "output_index": 0, "item": item}
+def output_item_done(response_id: str, item: dict, index: int = 0) -> dict:
+    return {"type": "response.output_item.done", "response_id": response_id, "output_index": index, "item": item}
 
 
 def _in_part(type_: str, response_id: str, item_id: str, **fields) -> dict:
@@ -227,23 +228,25 @@ def output_audio_transcript_done(response_id: str, item_id: str, transcript: str
     return _in_part("response.output_audio_transcript.done", response_id, item_id, transcript=transcript)
 
 
-def function_call_arguments_delta(response_id: str, item_id: str, call_id: str, delta: str) -> dict:
+def function_call_arguments_delta(response_id: str, item_id: str, call_id: str, delta: str, index: int = 0) -> dict:
     return {
         "type": "response.function_call_arguments.delta",
         "response_id": response_id,
         "item_id": item_id,
-        "output_index": 0,
+        "output_index": index,
         "call_id": call_id,
         "delta": delta,
     }
 
 
-def function_call_arguments_done(response_id: str, item_id: str, call_id: str, name: str, arguments: str) -> dict:
+def function_call_arguments_done(
+    response_id: str, item_id: str, call_id: str, name: str, arguments: str, index: int = 0
+) -> dict:
     return {
         "type": "response.function_call_arguments.done",
         "response_id": response_id,
         "item_id": item_id,
-        "output_index": 0,
+        "output_index": index,
         "call_id": call_id,
         "name": name,
         "arguments": arguments,

@@ -59,7 +59,7 @@ class Reply:
         # a reply that may call a function (options.grammar): what it writes is read as a call or a text answer,
         # and `decision()` says which as soon as that is known (a call: once its name is written)
         g = options.grammar
-        self.call = CallOrText() if g is not None and g.kind.startswith("tool_call") else None
+        self.call = CallOrText(options.call_format) if g is not None and g.kind.startswith("tool_call") else None
 
     def start(self, messages: list[dict], key) -> None:
         """Begin: `messages` are the chat the model answers (unless the options say what to say), `key`
@@ -296,7 +296,7 @@ class Speculator:
     def _prompt(self, text: str) -> tuple[ResponseOptions, list[dict]]:
         """The response options and the chat of the reply to the open turn if it ends with `text`."""
         s = self.session
-        options = response_options({}, s.cfg)
+        options = response_options({}, s.cfg, call_format=s.server.call_format)
         return options, s.conversation.messages(options.instructions) + [{"role": "user", "content": text.strip()}]
 
     def take(self, messages: list[dict], options: ResponseOptions) -> Reply | None:

@@ -10,7 +10,7 @@ from .config import AUDIO_MAX_OUTPUT_TOKENS, SessionConfig, default_max_tokens
 
 __all__ = ["AUDIO_MAX_OUTPUT_TOKENS", "ResponseOptions", "response_options"]
 from .protocol import ProtocolError, check_num, check_voice, short
-from .tools import Tool, grammar, tool_settings
+from .tools import BARE, CallFormat, Tool, grammar, tool_settings
 
 
 @dataclass(frozen=True)
@@ -24,11 +24,13 @@ class ResponseOptions:
     output_format: AudioFormat | None = None  # response.audio.output.format: this response's (None: the session's)
     tools: tuple[Tool, ...] = ()  # the session's, or response.tools
     tool_choice: str = "auto"
+    call_format: CallFormat = BARE  # how the language model writes a call (its chat template's form)
 
     @property
     def grammar(self):
-        """What the language model writes under: None (text), a function call, or a call or text (tools.grammar)."""
-        return grammar(self.tools, self.tool_choice) if self.tools and self.say is None else None
+        """What the language model writes under: None (text), function calls (one or more: each its own
+        function_call item), or calls or text (tools.grammar)."""
+        return grammar(self.tools, self.tool_choice, self.call_format) if self.tools and self.say is None else None
 
 
 def _metadata(meta) -> tuple[tuple[str, str], ...] | None:
@@ -69,9 +71,12 @@ def _response_output(overrides: dict, available: dict | None) -> AudioFormat | N
         raise ProtocolError(str(e), "invalid_audio_format", "response.audio.output.format") from None
 
 
-def response_options(overrides, cfg: SessionConfig, available: dict | None = None) -> ResponseOptions:
+def response_options(
+    overrides, cfg: SessionConfig, available: dict | None = None, call_format: CallFormat = BARE
+) -> ResponseOptions:
     """A `response.create`'s `response` object (overrides of the session's settings) -> ResponseOptions,
-    or ProtocolError naming the field. `available`: the loaded models by family, to check a voice."""
+    or ProtocolError naming the field. `available`: the loaded models by family, to check a voice;
+    `call_format`: the language model's (LMPipeline.call_format)."""
     if not isinstance(overrides, dict):
         raise ProtocolError("'response' must be an object", "invalid_value", "response")
     mods = overrides.get("output_modalities", overrides.get("modalities")) or list(cfg.output_modalities)
@@ -118,4 +123,5 @@ def response_options(overrides, cfg: SessionConfig, available: dict | None = Non
         _response_output(overrides, available),
         tools,
         choice,
+        call_format,
     )

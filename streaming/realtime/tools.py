@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 
 from speechrt.pipelines.grammar import Grammar, GrammarError
-from speechrt.pipelines.tool_calls import Tool, call_grammar, parse_choice, parse_tools
+from speechrt.pipelines.tool_calls import BARE, CallFormat, Tool, call_grammar, parse_choice, parse_tools
 
 from .protocol import ProtocolError
 
@@ -36,6 +36,7 @@ def tools_api(tools: tuple[Tool, ...], choice: str) -> dict:
 
 
 @functools.lru_cache(maxsize=64)
-def grammar(tools: tuple[Tool, ...], choice: str) -> Grammar | None:
-    """What a response with these tools writes: None (text), a call, or a call or text (tool_calls.call_grammar)."""
-    return call_grammar(tools, choice)
+def grammar(tools: tuple[Tool, ...], choice: str, fmt: CallFormat = BARE) -> Grammar | None:
+    """What a response with these tools writes: None (text), calls (one or more, in parallel as OpenAI's Realtime
+    models may write them), or calls or text (tool_calls.call_grammar); `fmt`: the model's form of a call."""
+    return call_grammar(tools, choice, True, fmt)

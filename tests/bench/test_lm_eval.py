@@ -4,6 +4,7 @@ real run on the embedded SmolLM2 with a 3-item subset writing finite scores in t
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from speechrt.bench import lm_eval
 from speechrt.bench.record import load
@@ -55,3 +56,22 @@ def test_bench_lm_eval_on_the_embedded_model(bench, tmp_path):
     assert 0 <= got[("smollm2-135m-instruct", wl, "factual_accuracy")] <= 1
     assert got[("smollm2-135m-instruct", wl, "mean_answer_words")] > 0
     assert all(s.what != "smollm2-135m-instruct" for s in res.skipped)  # the embedded model always runs
+
+
+def test_bench_lm_eval_says_a_model_without_a_chat_template_is_skipped(bench, tmp_path):
+    """A base model that carries no chat template cannot be asked as a conversation asks: one line says so (it made
+    the run fail with 'carries no chat template' before), and the JSON lists it as skipped."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from lm_archs import byte_bpe, hf_model
+    from transformers import PreTrainedTokenizerFast
+
+    d = tmp_path / "base"
+    hf_model("qwen2").save_pretrained(d, safe_serialization=True)
+    PreTrainedTokenizerFast(tokenizer_object=byte_bpe(), eos_token="<|endoftext|>").save_pretrained(d)
+    out = tmp_path / "eval.json"
+    r = bench("lm", "--eval", "--model", d, "--eval-limit", "1", "--eval-settings", "greedy", "--json", out)
+    assert r.returncode == 0, r.stderr
+    assert "skipped: it carries no chat template" in r.stdout
+    assert [s.what for s in load(out).skipped] == [str(d)]

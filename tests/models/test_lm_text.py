@@ -3,6 +3,7 @@ transformers' tokenizer loaded from the same file (AutoTokenizer.from_pretrained
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from speechrt.models import gguf_loader, registry
@@ -122,3 +123,35 @@ def test_stop_strings_hold_back_text(tok):
         if hit:
             break
     assert hit and out == "The answer is 42."
+
+
+def test_sentencepiece_merges_are_cached_by_vocabulary(tmp_path, monkeypatch):
+    """The merges recovered from a SentencePiece vocabulary without merges (Gemma's GGUF files) are kept in
+    speechrt's cache and read back by the next load (emptied there, the next tokenizer merges nothing: it was read);
+    a vocabulary that differs has its own entry (its merges recovered again)."""
+    from speechrt.models import lm_sentencepiece
+
+    monkeypatch.setenv("SPEECHRT_CACHE", str(tmp_path))
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)] + ["\u2581", "a", "b", "ab"]
+    md = {
+        "general.architecture": "gemma3",
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [3, 3, 3, 2] + [6] * 256 + [1] * 4,
+        "tokenizer.ggml.bos_token_id": 2,
+        "tokenizer.ggml.eos_token_id": 1,
+        "tokenizer.ggml.unknown_token_id": 3,
+    }
+    ab = tokens.index("ab")
+    assert LMTokenizer.from_gguf_metadata(md).encode("ab", add_bos=False) == [ab]
+    (cached,) = (tmp_path / "tokenizers").glob("merges-*.npy")
+    assert cached == lm_sentencepiece.merges_path(tokens, {t: -i for i, t in enumerate(tokens)})
+    np.save(cached, np.zeros((0, 2), dtype=np.int32))  # the cache says: no merges
+    assert LMTokenizer.from_gguf_metadata(md).encode("ab", add_bos=False) == [ab - 2, ab - 1]
+    other = {
+        **md,
+        "tokenizer.ggml.tokens": tokens + ["ba"],
+        "tokenizer.ggml.token_type": md["tokenizer.ggml.token_type"] + [1],
+    }
+    assert LMTokenizer.from_gguf_metadata(other).encode("ab ba", add_bos=False)[0] == ab
+    assert len(list((tmp_path / "tokenizers").glob("merges-*.npy"))) == 2
