@@ -5,7 +5,8 @@ Each run is its own `speechrt serve` process with $SPEECHRT_CACHE pointed at a t
 whole cache: ONNX exports, compiled kernels); /healthz is polled every 50 ms. Two times per run: the first
 answer of any kind (the port open) and the first 200 with status ok (the models loaded and warmed up); then, with
 the conversation models, the first requests' latency (the first TTS byte, the first chat token), which work a start
-leaves undone would raise. The server's log is kept (`--log-dir`) to show what it printed while starting, its progress lines included.
+leaves undone would raise. The server's log is kept (`--log-dir`) to show what it printed while starting, its
+progress lines included.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def first_requests(port: int, transcription_only: bool) -> dict:
         return out
     for key, path, body, mark in (
         ("first_speech_byte_s", "/v1/audio/speech", FIRST_SPEECH, None),
-        ("first_chat_token_s", "/v1/chat/completions", FIRST_CHAT, b'"content"'),
+        ("first_chat_token_s", "/v1/chat/completions", FIRST_CHAT, re.compile(rb'"content":\s*"[^"]')),
     ):
         req = urllib.request.Request(
             f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"}
@@ -135,7 +136,7 @@ def first_requests(port: int, transcription_only: bool) -> dict:
         t = time.perf_counter()
         with urllib.request.urlopen(req, timeout=60) as r:
             for line in iter(lambda: r.readline(4096), b""):  # noqa: B023 - consumed within this iteration
-                if mark is None or mark in line:
+                if mark is None or mark.search(line):  # a chunk with text (not the role's empty first one)
                     out[key] = time.perf_counter() - t
                     break
             r.read()
