@@ -39,7 +39,9 @@ class OrtVits:
         # the windows' graphs on one thread each (the runner's workers run them side by side); the text graph
         # and the flow's head run alone at a sentence's start, when no window is ready yet: all threads
         self.files = files = {name: str(directory / g.file) for name, g in manifest.graphs.items()}
-        self.sessions = {name: session(f, providers, 1) for name, f in files.items() if name != "generator"}
+        self.sessions = {
+            name: session(f, providers, 1) for name, f in files.items() if name not in ("generator", "text")
+        }
         # the generator without the reorders between its blocked-layout convolutions (nchwc.py)
         self.sessions["generator"], self.reorders_removed = joined_session(files["generator"], providers, 1)
         self.sessions["text"] = session(files["text"], providers, wide_threads, spin=False)

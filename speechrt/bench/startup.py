@@ -3,8 +3,10 @@ cache (cold: the exports and the native kernel made on first use) and with the c
 
 Each run is its own `speechrt serve` process with $SPEECHRT_CACHE pointed at a temporary directory (speechrt's
 whole cache: ONNX exports, compiled kernels); /healthz is polled every 50 ms. Two times per run: the first
-answer of any kind (the port open) and the first 200 with status ok (the models loaded and warmed up). The
-server's log is kept (`--log-dir`) to show what it printed while starting, its progress lines included.
+answer of any kind (the port open) and the first 200 with status ok (the models loaded and warmed up); then, with
+the conversation models, the first requests' latency (the first TTS byte, the first chat token), which work a start
+leaves undone would raise. The server's log is kept (`--log-dir`) to show what it printed while starting, its
+progress lines included.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ def start_once(args, cache: Path, log_path: Path) -> dict:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, text=True)
         first = ready = cpu = None
+        firsts: dict = {}
         body: dict = {}
         try:
             while time.perf_counter() - t0 < TIMEOUT_S:
@@ -88,6 +91,7 @@ def start_once(args, cache: Path, log_path: Path) -> dict:
                     first = now
                 if status == 200 and body.get("status") == "ok":
                     ready, cpu = now, _cpu_seconds(proc.pid)
+                    firsts = first_requests(port, args.transcription_only)
                     break
                 time.sleep(POLL_S)
             else:
@@ -107,7 +111,36 @@ def start_once(args, cache: Path, log_path: Path) -> dict:
         "models_loaded_s": float(loaded.group(1)) if loaded else None,
         "cpu_s": cpu,
         "runners": body.get("runners") or {},
+        **firsts,
     }
+
+
+FIRST_SPEECH = {"model": "tts-1", "voice": "alloy", "input": "Hello there.", "response_format": "pcm"}
+FIRST_CHAT = {"model": "speechrt", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": True}
+
+
+def first_requests(port: int, transcription_only: bool) -> dict:
+    """Right after /healthz said ready, one request after another: seconds to the first byte of spoken audio
+    (/v1/audio/speech, pcm) and to the first streamed chat token (/v1/chat/completions): what a start left undone
+    would add there. None with --transcription-only."""
+    out = {"first_speech_byte_s": None, "first_chat_token_s": None}
+    if transcription_only:
+        return out
+    for key, path, body, mark in (
+        ("first_speech_byte_s", "/v1/audio/speech", FIRST_SPEECH, None),
+        ("first_chat_token_s", "/v1/chat/completions", FIRST_CHAT, re.compile(rb'"content":\s*"[^"]')),
+    ):
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        t = time.perf_counter()
+        with urllib.request.urlopen(req, timeout=60) as r:
+            for line in iter(lambda: r.readline(4096), b""):  # noqa: B023 - consumed within this iteration
+                if mark is None or mark.search(line):  # a chunk with text (not the role's empty first one)
+                    out[key] = time.perf_counter() - t
+                    break
+            r.read()
+    return out
 
 
 def _cpu_seconds(pid: int) -> float | None:
@@ -135,7 +168,12 @@ def _precision(runners: dict) -> str:
 
 def _say(what: str, r: dict) -> None:
     cpu = f", {r['cpu_s']:.1f} CPU s" if r["cpu_s"] is not None else ""
-    print(f"{what}: /healthz first answered {r['first_answer_s']:.2f} s, ready {r['ready_s']:.2f} s{cpu}", flush=True)
+    firsts = "".join(
+        f", {label} {r[k]:.2f} s"
+        for label, k in (("first TTS byte", "first_speech_byte_s"), ("first chat token", "first_chat_token_s"))
+        if r.get(k) is not None
+    )
+    print(f"{what}: /healthz first answered {r['first_answer_s']:.2f} s, ready {r['ready_s']:.2f} s{cpu}{firsts}")
 
 
 def run(args):
@@ -172,8 +210,10 @@ def run(args):
             ("healthz_first_answer_s", "first_answer_s"),
             ("models_loaded_s", "models_loaded_s"),
             ("cpu_s_to_ready", "cpu_s"),
+            ("first_speech_byte_s", "first_speech_byte_s"),
+            ("first_chat_token_s", "first_chat_token_s"),
         ):
-            xs = [r[key] for r in rs if r[key] is not None]
+            xs = [r[key] for r in rs if r.get(key) is not None]
             if not xs:
                 continue
             rep = Repeats.of(xs)

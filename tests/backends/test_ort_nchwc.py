@@ -197,3 +197,89 @@ def test_a_graph_that_cannot_be_optimized_runs_as_it_is(tmp_path, monkeypatch, c
             }
         ],
     )
+
+
+def _feeds(t=9):
+    rng = np.random.default_rng(1)
+    return [
+        {
+            "z": rng.standard_normal((1, 16, t), dtype=np.float32),
+            "g": rng.standard_normal((1, 8, 1), dtype=np.float32),
+            "mask": np.ones((1, 1, t), np.float32),
+        }
+    ]
+
+
+def test_the_joined_graph_is_cached_per_onnxruntime_version_and_cpu(tmp_path, monkeypatch):
+    """A warm start makes no stock session and no rewrite: the joined graph made the first time is kept in
+    speechrt's cache and loaded as it is; another ONNX Runtime version (or CPU) is another key, joined again."""
+    import onnxruntime
+
+    import speechrt.backends.onnxruntime.nchwc as nchwc
+
+    monkeypatch.setenv("SPEECHRT_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "small.onnx"
+    _small_graph(path)
+    _, removed = joined_session(path, CPU, 1)
+    if removed == 0:
+        pytest.skip("ONNX Runtime has no blocked (NCHWc) convolutions on this CPU: nothing to join or cache")
+    kept = sorted((tmp_path / "cache" / "onnx-joined").glob("*.onnx"))
+    assert len(kept) == 1
+    real, made = nchwc.optimized_session, []
+    monkeypatch.setattr(nchwc, "optimized_session", lambda *a, **kw: made.append(a) or real(*a, **kw))
+    sess, again = joined_session(path, CPU, 1)
+    assert again == removed and made == []
+    _same(path, sess, _feeds())
+    monkeypatch.setattr(onnxruntime, "__version__", onnxruntime.__version__ + "-other")
+    assert joined_session(path, CPU, 1)[1] == removed and len(made) == 1
+    assert len(list((tmp_path / "cache" / "onnx-joined").glob("*.onnx"))) == 2
+
+
+def test_a_broken_cache_entry_is_joined_again(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("SPEECHRT_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "small.onnx"
+    _small_graph(path)
+    if joined_session(path, CPU, 1)[1] == 0:
+        pytest.skip("ONNX Runtime has no blocked (NCHWc) convolutions on this CPU: nothing to join or cache")
+    (kept,) = (tmp_path / "cache" / "onnx-joined").glob("*.onnx")
+    kept.write_bytes(b"not a graph")
+    sess, removed = joined_session(path, CPU, 1)
+    assert removed > 0 and "joining again" in caplog.text
+    _same(path, sess, _feeds())
+    assert kept.read_bytes() != b"not a graph"
+
+
+def test_a_cached_joined_graph_loads_without_importing_onnx(tmp_path):
+    """onnx (0.4 s to import on a 2-core VM) is imported only where a graph is joined, not on a warm start."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "small.onnx"
+    _small_graph(path)
+    code = (
+        "import sys\n"
+        "from speechrt.backends.onnxruntime.nchwc import joined_session\n"
+        f"print(joined_session({str(path)!r}, ['CPUExecutionProvider'], 1)[1], 'onnx' in sys.modules)\n"
+    )
+    env = dict(os.environ, SPEECHRT_CACHE=str(tmp_path / "cache"))
+    run = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True) for _ in range(2)]
+    assert all(r.returncode == 0 for r in run), run[-1].stderr
+    (first_removed, first_onnx), (removed, onnx_imported) = (r.stdout.split() for r in run)
+    if first_removed == "0":
+        pytest.skip("ONNX Runtime has no blocked (NCHWc) convolutions on this CPU: nothing to join or cache")
+    assert first_onnx == "True"  # the first start joins the graph (the rewrite reads it with onnx)
+    assert (removed, onnx_imported) == (first_removed, "False")
+
+
+def test_the_voice_makes_each_session_once(monkeypatch):
+    """The text graph's one session is the all-threads one (the voice used to make a one-thread session of it
+    first, and drop it: a start paid for a session nothing ran)."""
+    import speechrt.backends.onnxruntime.providers as ob
+
+    real, seen = ob.session, []
+    monkeypatch.setattr(ob, "session", lambda data, *a, **kw: seen.append(data) or real(data, *a, **kw))
+    m = resolve("piper-en_US-joe-medium", "tts")
+    ort_vits = backends.get("onnxruntime").tts(m, device="cpu").model
+    assert seen.count(ort_vits.files["text"]) == 1
+    assert seen.count(ort_vits.files["flow"]) == 2  # the windows' one-thread flow and the sentence start's wide one

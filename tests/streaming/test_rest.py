@@ -447,3 +447,14 @@ def test_unknown_path_lists_the_rest_endpoints(server):
     assert e.value.code == 404
     message = json.loads(e.value.read())["error"]["message"]
     assert "POST /v1/audio/transcriptions" in message and "POST /v1/chat/completions" in message
+
+
+def test_bench_startups_first_requests_on_a_ready_server(server):
+    """`bench startup`'s first-request latency (speechrt.bench.startup.first_requests): the first spoken byte and
+    the first streamed chat token each timed from the server's real answers; none with transcription only."""
+    from speechrt.bench.startup import first_requests
+
+    got = first_requests(server.port, transcription_only=False)
+    assert set(got) == {"first_speech_byte_s", "first_chat_token_s"}
+    assert all(v is not None and v > 0 for v in got.values()), got
+    assert first_requests(server.port, transcription_only=True) == dict.fromkeys(got)
