@@ -130,8 +130,9 @@ def call_grammar(
 ) -> Grammar | None:
     """The grammar of the model's answer: None for 'none' (free text); for 'required' a call of any of the tools,
     for a name a call of that one, for 'auto' either a call or a plain text answer (one that does not start
-    as a call does). `parallel`: up to MAX_CALLS calls, joined by fmt.sep, until the model stops; `fmt`: the
-    calls' form (the chat template's, call_format)."""
+    as a call does). `parallel`: up to MAX_CALLS calls, joined by fmt.sep, until the model stops (with 'auto' and
+    'required'; a named tool_choice is one call of that tool, whatever `parallel` says); `fmt`: the calls' form
+    (the chat template's, call_format)."""
     if choice == "none" or not tools:
         return None
     chosen = [t for t in tools if choice in ("auto", "required") or t.name == choice]
@@ -150,7 +151,7 @@ def call_grammar(
         + ["%json " + json.dumps(json_grammar(schema))]
         + [json.dumps(fmt.close)] * bool(fmt.close)
     )
-    more = f" ({json.dumps(fmt.sep)} call){{0,{MAX_CALLS - 1}}}" if parallel else ""
+    more = f" ({json.dumps(fmt.sep)} call){{0,{MAX_CALLS - 1}}}" if parallel and choice in ("auto", "required") else ""
     rules = f"calls: call{more}\ncall: {call}"
     if choice != "auto":
         return Grammar.lark(f"start: calls\n{rules}", "tool_call", "tools")

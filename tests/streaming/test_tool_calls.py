@@ -98,13 +98,13 @@ def test_required_tool_calls_parallel_or_one_whole_and_streamed(client, server):
     assert call.function.name == calls[0].function.name and call.function.arguments == calls[0].function.arguments
     streamed = list(client.chat.completions.create(stream=True, parallel_tool_calls=False, **kw))
     assert {tc.index for c in streamed for tc in (c.choices[0].delta.tool_calls or [])} == {0}
-    # a named function is the one called; temperature 1 samples, the grammar still holds
+    # a named function is the one called, once; temperature 1 samples, the grammar still holds
     forced = client.chat.completions.create(
         **{**kw, "tool_choice": {"type": "function", "function": {"name": "get_time"}}, "temperature": 1.0, "seed": 3}
     )
-    for call in forced.choices[0].message.tool_calls:
-        assert call.function.name == "get_time"
-        jsonschema.validate(json.loads(call.function.arguments), _schema("get_time"))
+    (call,) = forced.choices[0].message.tool_calls  # a named tool_choice: one call of that tool
+    assert call.function.name == "get_time" and forced.choices[0].finish_reason == "tool_calls"
+    jsonschema.validate(json.loads(call.function.arguments), _schema("get_time"))
 
 
 def test_tool_results_are_read_and_none_answers_in_text(client, server):
