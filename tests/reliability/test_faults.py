@@ -120,12 +120,14 @@ def test_a_stalled_worker_leaves_sessions_told_not_hung(cserver, synth):
     async def main():
         ws, _ = await open_session(cserver, "transcription")
         await update(ws, MANUAL)
+        batches = cserver.metrics()["asr_batches_total"]
         cserver.post("/debug/fault", {"stage": "asr", "count": 1, "stall_s": 15})
         t0 = time.monotonic()
         told = await commit_turn(ws, pcm)
         waited = time.monotonic() - t0
         await next_event(ws, "error")  # the error event that follows the failed transcription
-        await asyncio.sleep(8)  # the stall ends
+        # the stall ends: the stalled batch is counted once its step returns (the worker ran nothing meanwhile)
+        await asyncio.to_thread(cserver.wait_for, "asr_batches_total", lambda v: v > batches, 30)
         ok = await commit_turn(ws, pcm)
         await ws.close()
         return told, waited, ok

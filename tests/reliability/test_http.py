@@ -25,7 +25,8 @@ def keyed():
 
 
 def raw(port: int, request: bytes) -> tuple[int, dict, bytes]:
-    """Send raw HTTP bytes -> (status, headers, body read until the server closes or 2 s pass)."""
+    """Send raw HTTP bytes -> (status, headers, body read until the server closes or 2 s pass; a 101 Switching
+    Protocols has no body: its head is all that is read)."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(request)
         s.settimeout(2)
@@ -33,6 +34,8 @@ def raw(port: int, request: bytes) -> tuple[int, dict, bytes]:
         try:
             while chunk := s.recv(65536):
                 data += chunk
+                if data.startswith(b"HTTP/1.1 101 ") and b"\r\n\r\n" in data:
+                    break
         except TimeoutError:
             pass
     head, _, body = data.partition(b"\r\n\r\n")

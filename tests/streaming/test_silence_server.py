@@ -67,21 +67,28 @@ def test_noise_and_tones_never_complete_with_invented_text(transcription_server)
         "silence": np.zeros(16000 * 5, np.float32),
     }
 
+    async def server_vad(name, audio):
+        """server_vad: whatever turns Silero opens end with an empty transcript -> how many it opened."""
+        events = await session_events(transcription_server, audio, {"type": "server_vad"}, commit=False)
+        assert not [e for e in events if e["type"] == "error"], (name, events)
+        done = [e["transcript"] for e in events if e["type"] == COMPLETED]
+        deltas = [e["delta"] for e in events if e["type"].endswith("transcription.delta")]
+        assert all(t == "" for t in done) and not "".join(deltas).strip(), (name, done, deltas)
+        return len(done)
+
+    async def manual_commit(name, audio):
+        """manual commit: the turn is transcribed whatever it holds; the guards leave its text empty."""
+        events = await session_events(transcription_server, audio[: 16000 * 5], None, commit=True)
+        done = [e for e in events if e["type"] == COMPLETED]
+        assert len(done) == 1 and done[0]["transcript"] == "", (name, events[-3:])
+
     async def main():
-        seen = {}
-        for name, audio in signals.items():
-            if name != "silence":  # server_vad: whatever turns Silero opens end with an empty transcript
-                events = await session_events(transcription_server, audio, {"type": "server_vad"}, commit=False)
-                assert not [e for e in events if e["type"] == "error"], (name, events)
-                done = [e["transcript"] for e in events if e["type"] == COMPLETED]
-                deltas = [e["delta"] for e in events if e["type"].endswith("transcription.delta")]
-                assert all(t == "" for t in done) and not "".join(deltas).strip(), (name, done, deltas)
-                seen[name] = len(done)
-            # manual commit: the turn is transcribed whatever it holds; the guards leave its text empty
-            events = await session_events(transcription_server, audio[: 16000 * 5], None, commit=True)
-            done = [e for e in events if e["type"] == COMPLETED]
-            assert len(done) == 1 and done[0]["transcript"] == "", (name, events[-3:])
-        return seen
+        # each signal in its own session, the sessions at once (each waits for the server to go quiet): the
+        # server_vad sessions first, then the committed ones
+        vad = {name: audio for name, audio in signals.items() if name != "silence"}
+        opened = await asyncio.gather(*(server_vad(name, audio) for name, audio in vad.items()))
+        await asyncio.gather(*(manual_commit(name, audio) for name, audio in signals.items()))
+        return dict(zip(vad, opened))
 
     seen = asyncio.run(asyncio.wait_for(main(), 240))
     assert seen["white"] == 0 and seen["pink"] == 0, seen  # Silero opens no turn in noise
