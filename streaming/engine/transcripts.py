@@ -2,7 +2,8 @@
 served first, in order, batched across sessions; those of turns over 30 s run long-form one window per engine step,
 taking turns with each other and with other work (step_long); live transcripts (of turns still being spoken)
 are kept newest-only per key (a session), and a final one stops a running live one. All methods are
-called with the engine's lock held; futures are resolved by the caller on their event loops."""
+called with the engine's lock held; futures are resolved by the caller on their event loops. The transcripts run on
+the engine's ASR worker (worker.AsrWorker)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from speechrt.pipelines.asr import (
 )
 
 from ..asr_options import long_options
+from .counters import count
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +218,7 @@ def run_jobs(asr, jobs: list[TranscriptJob], partial: bool, faults, metrics) -> 
             metrics.asr_cancelled += len(group)
         except Exception as e:  # noqa: BLE001 - reported to every waiting session
             log.exception("batched transcription failed")
-            metrics.step_failures += 1
+            count(metrics, "step_failures")
             results += [(j, None, e) for j in group]
     return results
 
@@ -257,7 +259,7 @@ def step_long(asr, job: TranscriptJob, faults, metrics) -> bool:
             metrics.kind_seconds["long"] += time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001 - reported to the waiting session
         log.exception("long-form transcription failed")
-        metrics.step_failures += 1
+        count(metrics, "step_failures")
         job.resolve(None, e)
         return True
     metrics.kind_items["long"] += 1

@@ -133,6 +133,19 @@ class MetricsPage:
         return "\n".join(self.lines) + "\n"
 
 
+def _family_lines(page: MetricsPage, m: Metrics) -> None:
+    """The engine's figures per model family (asr, lm, tts: one worker thread each)."""
+    for name, kind, help_, values, fmt in (
+        ("engine_family_busy_seconds_total", "counter", "Seconds each family's worker spent in model steps.",
+         m.family_seconds, "{:.3f}"),
+        ("engine_family_busy_fraction", "gauge", f"Share of the last {LOAD_WINDOW_S:g} s each family's worker "
+         "spent in model steps.", m.family_busy, "{:.3f}"),
+        ("engine_family_queue_depth", "gauge", "Work items waiting for each family's worker.", m.family_depth, "{}"),
+    ):  # fmt: skip
+        page.lines += [f"# HELP speechrt_{name} {help_}", f"# TYPE speechrt_{name} {kind}"]
+        page.lines += [f'speechrt_{name}{{family="{f}"}} {fmt.format(v)}' for f, v in sorted(values.items())]
+
+
 def metrics_text(
     sessions: int,
     queue_depth: int,
@@ -327,9 +340,11 @@ def metrics_text(
     page.metric(
         "engine_busy_seconds_total",
         "counter",
-        "Seconds the engine's worker spent in model steps of any kind (transcripts, language model, voice).",
+        "Seconds the engine's workers spent in model steps of any kind (transcripts, language model, voice), "
+        "all families summed.",
         f"{m.engine_seconds:.3f}",
     )
+    _family_lines(page, m)
     r = process or {**process_resources(), "cpu_seconds": time.process_time()}
     page.metric(
         "process_cpu_seconds_total",

@@ -622,3 +622,58 @@ SENTENCES_12S = [
     "The package should arrive on Monday morning.",
     "How long does it take to drive to the airport?",
 ]
+
+
+@pytest.fixture(scope="module")
+def tts():
+    import speechrt
+
+    return speechrt.load_tts(backend="torch")
+
+
+def test_the_voice_and_the_language_model_do_not_wait_behind_speech_recognition(asr, lm, tts, synth):
+    """Each model family has its own worker thread (issue 51): while the recognizer's worker is held in one step
+    (a final, stalled 1.5 s first), a reply's tokens (the language model) and a sentence's audio (the voice) are
+    made and delivered, their steps inside the held one's span; a stall watch on the language model's family does
+    not fire (the recognizer's does). Within speech recognition finals still go first: a final queued after a live
+    transcript comes back before it. Stopping the engine ends every worker thread."""
+    from speechrt.streaming.engine import Engine, EngineStalled
+
+    speech = synth("Turn off the lights in the kitchen.")
+
+    async def main():
+        eng = Engine(asr, lm, tts=tts)
+        eng.start()
+        try:
+            assert await asyncio.to_thread(eng.wait_warm, 120)
+            order = []
+            busy = await hold_worker(eng, speech, 1.5, "held")
+            busy.add_done_callback(lambda _f: order.append("held"))
+            live = asyncio.ensure_future(eng.transcribe(speech, Work.LIVE, key="live"))
+            final = asyncio.ensure_future(eng.transcribe(speech, key="final", turn="t"))
+            for name, fut in (("live", live), ("final", final)):
+                fut.add_done_callback(lambda _f, n=name: order.append(n))
+            ids = lm.encode_chat([SYSTEM, {"role": "user", "content": "Name a color."}])
+            _, q = eng.generate(ids, lm.options(max_tokens=4))
+            while not (piece := await eng.wait(q.get(), 0.5, "lm")).finish_reason:
+                pass
+            order.append("lm")
+            _, chunks = eng.stream(tts.synthesize("Hello there."), "tts")
+            while not isinstance(await eng.wait(chunks.get(), 0.5, "tts"), StopAsyncIteration):
+                pass
+            order.append("tts")
+            with pytest.raises(EngineStalled):  # the recognizer's own watch sees its stall
+                await eng.wait(asyncio.sleep(5), 0.2, "asr")
+            results = await busy, await live, await final
+            steps = {f: list(w.steps) for f, w in eng.workers.items()}
+        finally:
+            eng.stop()
+        return order, results, steps, [w.thread.is_alive() for w in eng.workers.values()]
+
+    order, results, steps, alive = asyncio.run(main())
+    assert order[:3] == ["lm", "tts", "held"] and order.index("final") < order.index("live"), order
+    held = max(steps["asr"], key=lambda s: s[1] - s[0])  # the stalled step
+    for family in ("lm", "tts"):
+        assert any(held[0] <= s[0] and s[1] <= held[1] for s in steps[family]), (family, held, steps[family])
+    assert all("kitchen" in r.text.lower() for r in results), [r.text for r in results]
+    assert alive == [False, False, False]
