@@ -113,26 +113,34 @@ def test_a_failing_synthesis_step_fails_the_response_and_the_next_one_works(cser
 
 
 def test_a_stalled_worker_leaves_sessions_told_not_hung(cserver, synth):
-    """The engine's worker hangs for 15 s in a transcription step; the stall timeout is 10 s: the session is
-    told after it (transcription failed: engine_stalled), and once the worker is back the next turn is served."""
+    """The engine's speech recognition worker hangs for 15 s in a transcription step; the stall timeout is 10 s:
+    the session is told after it (transcription failed: engine_stalled), and once the worker is back the next turn
+    is served. The other families' workers go on meanwhile (issue 51): another session's text question is
+    answered while the turn waits."""
     pcm = pcm24(synth(SENTENCES[1]), tail_s=0.2)
 
     async def main():
         ws, _ = await open_session(cserver, "transcription")
         await update(ws, MANUAL)
+        other, _ = await open_session(cserver, None)
         cserver.post("/debug/fault", {"stage": "asr", "count": 1, "stall_s": 15})
         t0 = time.monotonic()
-        told = await commit_turn(ws, pcm)
+        turn = asyncio.ensure_future(commit_turn(ws, pcm))
+        done, answer = await ask(other, "What is the capital of France?")
+        answered_first = not turn.done()
+        told = await turn
         waited = time.monotonic() - t0
         await next_event(ws, "error")  # the error event that follows the failed transcription
         await asyncio.sleep(8)  # the stall ends
         ok = await commit_turn(ws, pcm)
         await ws.close()
-        return told, waited, ok
+        await other.close()
+        return told, waited, ok, (done, answer, answered_first)
 
-    told, waited, ok = run(main(), 180)
+    told, waited, ok, (done, answer, answered_first) = run(main(), 180)
     assert told["type"] == "conversation.item.input_audio_transcription.failed", told
     assert told["error"]["code"] == "engine_stalled" and 9 <= waited <= 14, (told, waited)
+    assert answered_first and done["response"]["status"] == "completed" and "Paris" in answer, (done, answer)
     assert ok["type"] == "conversation.item.input_audio_transcription.completed"
     assert wer(SENTENCES[1], ok["transcript"]) <= 0.15
 
