@@ -43,6 +43,8 @@ class Metrics:
     live_stretch: float = 1.0  # live transcripts' interval over --partial-interval, as last set by the queue
     busy_fraction: float = 0.0  # share of the last LOAD_WINDOW_S the engine's ASR worker spent on model work
     firm_fraction: float = 0.0  # the same, on work other than live transcripts (finals, long turns, REST steps)
+    # long finals (a long turn's rest) that stopped for short ones queued meanwhile and went on after them
+    finals_yielded: int = 0
     finals_loaded_margin: int = 0  # final (and early) transcripts encoded with the loaded margin (the engine loaded)
     # engine seconds and transcripts per kind of transcription work: final, partial (live and early), long
     kind_seconds: collections.Counter = field(default_factory=collections.Counter)

@@ -142,9 +142,12 @@ class AsrWorker(FamilyWorker):
         elif kind == "stream":
             self.step_tasks(jobs)
         else:
-            run_batch(self.pipeline, jobs, kind, self.faults, self.metrics)
+            yielded = run_batch(self.pipeline, jobs, kind, self.faults, self.metrics, p.transcripts.urgent)
             with p.cv:
                 p.transcripts.done()
+                unwanted = [j for j in yielded if not p.transcripts.requeue(j)]
+            for j in unwanted:
+                j.resolve(None)
         return kind == "partial"
 
     def interrupted(self) -> bool:

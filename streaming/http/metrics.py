@@ -306,6 +306,13 @@ def metrics_text(
         f"{m.firm_fraction:.3f}",
     )
     page.metric(
+        "asr_finals_yielded_total",
+        "counter",
+        "Long finals (over 8 s: a long turn's rest) that stopped for shorter finals queued meanwhile and went on "
+        "after them from the tokens they had.",
+        m.finals_yielded,
+    )
+    page.metric(
         "asr_finals_loaded_margin_total",
         "counter",
         "Final transcripts (and early ones that may become "
