@@ -64,6 +64,7 @@ class Engine:
             "lm": LmWorker(p, lm, m, f),
             "tts": TtsWorker(p, tts, m, f),
         }
+        m.family_seconds.update(dict.fromkeys(self.workers, 0.0))  # (each family on /metrics from the start)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import signal
 import time
 
@@ -141,6 +142,13 @@ def test_a_stalled_worker_leaves_sessions_told_not_hung(cserver, synth):
     assert told["type"] == "conversation.item.input_audio_transcription.failed", told
     assert told["error"]["code"] == "engine_stalled" and 9 <= waited <= 14, (told, waited)
     assert answered_first and done["response"]["status"] == "completed" and "Paris" in answer, (done, answer)
+    page = cserver.get("/metrics")  # per family: the stalled step counts for speech recognition only
+    fam = {
+        f: float(re.search(rf'speechrt_engine_family_busy_seconds_total{{family="{f}"}} (\S+)', page)[1])
+        for f in ("asr", "lm", "tts")
+    }
+    assert fam["asr"] >= 15 > fam["lm"] > 0, fam
+    assert abs(sum(fam.values()) - cserver.metrics()["engine_busy_seconds_total"]) < 0.05, fam
     assert ok["type"] == "conversation.item.input_audio_transcription.completed"
     assert wer(SENTENCES[1], ok["transcript"]) <= 0.15
 
