@@ -215,5 +215,6 @@ def device_stream(pipeline):
     import torch  # (only with a model on a CUDA device, so torch is there)
 
     stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.default_stream(device))  # what loading queued (weights, caches' zeros) comes first
     with torch.cuda.stream(stream):
         yield stream
