@@ -75,7 +75,7 @@ class Engine:
         """Stop every worker thread (each ends the step it is in) and wait for them."""
         with self.pending.cv:
             self.pending.stopping = True
-            self.pending.cv.notify_all()
+            self.pending.wake()
         deadline = time.monotonic() + 10
         for w in self.workers.values():
             w.thread.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -84,10 +84,6 @@ class Engine:
         """Block until every worker has warmed its model up (True), or `timeout` seconds passed (False)."""
         deadline = time.monotonic() + timeout
         return all(w.ready.wait(max(0.0, deadline - time.monotonic())) for w in self.workers.values())
-
-    def _notify(self) -> None:
-        """Wake the workers (call with the lock held): each looks for its family's work."""
-        self.pending.cv.notify_all()
 
     # -- transcripts ------------------------------------------------------------------------------
     async def transcribe(
@@ -125,7 +121,7 @@ class Engine:
         )
         with self.pending.cv:
             old = self.pending.transcripts.submit(job)
-            self._notify()
+            self.pending.wake()
         for j in old:
             j.resolve(None)
         self.metrics.finals_superseded += sum(j.turn is not None for j in old)
@@ -148,7 +144,7 @@ class Engine:
         """The live transcript of `key` is now needed as a final one (see TranscriptQueue.promote)."""
         with self.pending.cv:
             promoted = self.pending.transcripts.promote(key)
-            self._notify()
+            self.pending.wake()
         return promoted
 
     def live_interval(self, base: float) -> float:
@@ -177,7 +173,7 @@ class Engine:
         req = LMRequest(list(ids[-self.prompt_room(options.max_tokens) :]), options, emit, key=key)
         with self.pending.cv:
             self.batcher.submit(req)
-            self._notify()
+            self.pending.wake()
         return req, q
 
     def prompt_room(self, max_tokens: int) -> int:
@@ -188,7 +184,7 @@ class Engine:
     def cancel_generation(self, req):
         with self.pending.cv:
             req.cancelled = True
-            self._notify()
+            self.pending.wake()
 
     def stream(self, gen, family: str = "tts") -> tuple[StreamTask, asyncio.Queue]:
         """Run generator `gen` on the worker of `family` (asr: it runs the recognizer; tts: the voice), one item per
@@ -201,7 +197,7 @@ class Engine:
         task = StreamTask(loop, q, gen)
         with self.pending.cv:
             self.pending.tasks[family].append(task)
-            self._notify()
+            self.pending.wake()
         return task, q
 
     # -- load -------------------------------------------------------------------------------------

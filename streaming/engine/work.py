@@ -58,6 +58,10 @@ class Pending:
         self.batcher = batcher
         self.stopping = False
 
+    def wake(self) -> None:
+        """Wake the workers (call with the lock held): each looks for its family's work."""
+        self.cv.notify_all()
+
     def lm_work(self) -> bool:
         return self.batcher is not None and self.batcher.has_work()
 
