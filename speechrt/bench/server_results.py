@@ -166,7 +166,7 @@ def records(engine, mode, rows, peer_label, levels) -> list[Record]:
         ]
         out += [
             Record(
-                metric="engine_busy_fraction",
+                metric="engine_family_busy_fraction",  # (one engine's worker threads: asr, lm, tts)
                 unit="fraction",
                 value=v,
                 better="",

@@ -69,6 +69,8 @@ def test_sweep_against_speechrt(bench, tmp_path):
     for n in (1, 2):
         assert 0 < by[(n, "server_cpu_cores")].value <= (os.cpu_count() or 1) + 0.5
         assert 0 < by[(n, "engine_busy_fraction")].value <= 1.05
+        families = {x.params["family"]: x.value for x in rows if x.metric == "engine_family_busy_fraction"}
+        assert set(families) == {"asr", "lm", "tts"} and 0 < families["asr"] <= 1.05, families  # (one worker each)
         assert 0 < by[(n, "vad_cores")].value < by[(n, "server_cpu_cores")].value
         assert (n, "gpu_busy_fraction") not in by  # sampled on CUDA devices only
         assert by[(n, "client_processes")].value == n  # --client-processes 2, at most one a stream
