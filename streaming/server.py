@@ -139,7 +139,7 @@ class SpeechServer:
             len(self.sessions),
             self.engine.queue_depth(),
             self.counters,
-            self.engine.metrics,
+            self.engine.figures(),
             self.vad,
             replica=self.replica,
             loop=self.loop_clock,

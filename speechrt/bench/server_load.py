@@ -29,6 +29,8 @@ LOAD = (
     ("client_cpu_cores", "clients", "{:.2f} cores"),
     ("client_cpu_share", "busiest client", "{:.0%}"),
 )  # printed after a level's row ("none" where a key's value is None: no GPU sampled)
+# one engine's worker threads per model family (asr, lm, tts): their busy seconds
+PER_FAMILY = re.compile(r'^speechrt_engine_family_busy_seconds_total\{family="([^"]*)"\} (\S+)', re.M)
 PER_WORKER = re.compile(
     r'^speechrt_(?:\w+_)?engine_busy_seconds_total\{[^}]*\b(?:worker|replica)="([^"]*)"[^}]*\} (\S+)', re.M
 )
@@ -64,6 +66,8 @@ def parse_counters(text: str, prefix: str, names) -> dict:
     workers = {w: float(v) for w, v in PER_WORKER.findall(text)}
     if workers:
         got["workers"] = workers
+    if families := {f: float(v) for f, v in PER_FAMILY.findall(text)}:
+        got["families"] = families
     return got
 
 
@@ -78,7 +82,9 @@ class LevelLoad:
     """`with LevelLoad(base_url, device) as load: <the level>` -> load.row: loaded_margin (finals), server_cpu_cores,
     engine_busy (fraction of the level's time), vad_cores, host_cpu_cores (the whole machine's), those that could
     be read, and gpu_busy (fraction; None where no GPU was sampled); with several workers (or Ray replicas) the cores
-    summed, engine_busy their engines' mean and engine_busy_workers each one's share."""
+    summed, engine_busy their engines' mean and engine_busy_workers each one's share; with one engine whose page lists
+    its model families (a worker thread each), engine_busy the busiest family's share and engine_busy_families
+    each one's."""
 
     def __init__(self, base: str, device: str):
         self.base, self.gpu, self.row = base, GpuBusy(device), {}
@@ -103,6 +109,12 @@ class LevelLoad:
             self.row["engine_busy"] = statistics.mean(workers.values())
         elif "engine_busy" in self.row and after.get("replicas", 1) > 1:
             self.row["engine_busy"] /= after["replicas"]
+        families = {
+            f: (a - self.before.get("families", {}).get(f, 0.0)) / wall for f, a in after.get("families", {}).items()
+        }
+        if families and not workers and after.get("replicas", 1) == 1:  # one engine, a worker thread per family:
+            self.row["engine_busy_families"] = families  # each one's share, and the busiest (what bounds it)
+            self.row["engine_busy"] = max(families.values())
         self.row["gpu_busy"] = statistics.mean(self.gpu.samples) / 100 if self.gpu.samples else None
         host = host_busy_seconds()
         if host is not None and self.host is not None:  # every process on the machine: is the host itself full?

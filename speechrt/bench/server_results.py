@@ -78,6 +78,8 @@ def load_text(row) -> str:
             parts.append(f"{what} {'none' if row[k] is None else fmt.format(row[k])}")
             if k == "engine_busy" and row.get("engine_busy_workers"):
                 parts[-1] += " (workers " + ", ".join(f"{v:.0%}" for v in row["engine_busy_workers"].values()) + ")"
+            elif k == "engine_busy" and row.get("engine_busy_families"):
+                parts[-1] += " (" + ", ".join(f"{f} {v:.0%}" for f, v in row["engine_busy_families"].items()) + ")"
     text = ", ".join(parts)
     if "client_processes" in row:
         text += f" in {row['client_processes']} client process" + ("es" if row["client_processes"] > 1 else "")
@@ -161,6 +163,16 @@ def records(engine, mode, rows, peer_label, levels) -> list[Record]:
                 },
             )
             for w, v in row.get("engine_busy_workers", {}).items()
+        ]
+        out += [
+            Record(
+                metric="engine_family_busy_fraction",  # (one engine's worker threads: asr, lm, tts)
+                unit="fraction",
+                value=v,
+                better="",
+                **{**common, "workload": f"{common['workload']}, {f}", "params": {**common["params"], "family": f}},
+            )
+            for f, v in row.get("engine_busy_families", {}).items()
         ]
     for metric, key in (("max_streams_p95_final_le_1s", "ok"), ("max_streams_meeting_targets", "meets")):
         if rows:

@@ -9,7 +9,12 @@ from .whisper_loops import cut_loop
 
 
 class TranscriptionCancelled(Exception):
-    """decode_utterances' `stop` asked to abandon the work."""
+    """decode_utterances' `stop` asked to abandon the work. `tokens`: each row's tokens decoded so far (empty
+    before the first step): a draft for the same work begun again (it checks them in one pass)."""
+
+    def __init__(self, tokens: list[list[int]] | None = None):
+        super().__init__("transcription stopped")
+        self.tokens = tokens or []
 
 
 def sample(
@@ -59,7 +64,7 @@ def sample(
             active = [active[j] for j in keep]
             nxt = nxt[keep]
         if stop is not None and stop():
-            raise TranscriptionCancelled()
+            raise TranscriptionCancelled(seqs)
         logits = runner.decode_step(state, nxt[:, None])
     return seqs, sum_lp
 
@@ -118,7 +123,7 @@ def greedy_drafted(
     state = runner.rewind(state, prompt_len + pos)
     while True:
         if stop is not None and stop():
-            raise TranscriptionCancelled()
+            raise TranscriptionCancelled(seqs)
         feed = torch.tensor([[seqs[i][pos]] for i in active], device=dev)
         logits = runner.decode_step(state, feed)
         pos += 1

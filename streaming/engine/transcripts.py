@@ -2,7 +2,8 @@
 served first, in order, batched across sessions; those of turns over 30 s run long-form one window per engine step,
 taking turns with each other and with other work (step_long); live transcripts (of turns still being spoken)
 are kept newest-only per key (a session), and a final one stops a running live one. All methods are
-called with the engine's lock held; futures are resolved by the caller on their event loops."""
+called with the engine's lock held; futures are resolved by the caller on their event loops. The transcripts run on
+the engine's ASR worker (worker.AsrWorker)."""
 
 from __future__ import annotations
 
@@ -25,12 +26,17 @@ from speechrt.pipelines.asr import (
 )
 
 from ..asr_options import long_options
+from .counters import count
 
 log = logging.getLogger(__name__)
 
 # a final over this much audio is not batched with shorter ones (TranscriptQueue.take_finals): a turn's final is
 # at most a few seconds with the final margin, a long turn's rest (after what it committed) up to 30 s
 LONE_FINAL = 8 * SAMPLE_RATE
+# a lone final (or a promoted early transcript over LONE_FINAL) stops for short finals queued meanwhile (a
+# neighbour's turn), at most this many times, and goes on after them from the tokens it had (its draft)
+MAX_YIELDS = 3
+YIELDED = object()  # run_jobs' result for such a job: it goes back to the queue (TranscriptQueue.requeue)
 
 
 class Work(enum.Enum):
@@ -68,6 +74,7 @@ class TranscriptJob:
     draft: list[int] | None = None  # a guess of the tokens (an earlier transcript of the same speech)
     cancelled: bool = False  # a running live transcript that a final one asked to stop
     passed: bool = False  # a final over LONE_FINAL that shorter ones went ahead of (take_finals)
+    yields: int = 0  # times it stopped for short finals queued meanwhile (MAX_YIELDS)
     promoted: bool = False  # a live transcript whose result a final waits for: finals do not stop it
     steps: object = None  # a long turn's long-form transcription, one window per next() (once begun)
     # live transcripts: called on the worker as the job begins -> the newest audio of its turn (which grew while
@@ -194,13 +201,38 @@ class TranscriptQueue:
     def done(self) -> None:
         self.running = []
 
+    def urgent(self) -> bool:
+        """Short finals wait (a neighbour's finished turn): a lone final that runs yields to them."""
+        return any(len(j.audio) <= LONE_FINAL for j in self.finals)
 
-def run_jobs(asr, jobs: list[TranscriptJob], partial: bool, faults, metrics) -> list[tuple]:
-    """Transcribe `jobs` (utterances of at most 30 s, on the engine's worker) -> (job, WindowResult or None,
-    error or None) each, as one batch per set of options (a session's language and prompt). Live
-    transcripts (`partial`) stop once a final transcript made every one of them useless."""
+    def requeue(self, job: TranscriptJob) -> bool:
+        """A lone final that yielded to short finals: back to the front of the queue, after them (take_finals) ->
+        False where it is no longer wanted (a later final of its turn came meanwhile: resolve it with None)."""
+        if job.turn is not None and any((j.key, j.turn) == (job.key, job.turn) for j in self.finals):
+            return False
+        job.passed, job.yields = False, job.yields + 1
+        self.finals.appendleft(job)
+        return True
+
+
+def run_jobs(asr, jobs: list[TranscriptJob], partial: bool, faults, metrics, urgent=None) -> list[tuple]:
+    """Transcribe `jobs` (utterances of at most 30 s, on the engine's worker) -> (job, WindowResult, YIELDED or
+    None, error or None) each, as one batch per set of options (a session's language and prompt). Live
+    transcripts (`partial`) stop once a final transcript made every one of them useless. A job alone over
+    LONE_FINAL that a final waits for (a final, or a promoted early transcript) stops when `urgent()` (short finals
+    queued: a long decode would hold them) and it has yielded fewer than MAX_YIELDS times: YIELDED, its tokens so
+    far its draft (its next run checks them in one pass)."""
     results: list[tuple[TranscriptJob, object, Exception | None]] = []
     stop = (lambda: all(j.cancelled for j in jobs)) if partial else None
+    lone = jobs[0] if len(jobs) == 1 and len(jobs[0].audio) > LONE_FINAL else None
+    if lone is not None and urgent is not None and lone.yields < MAX_YIELDS:
+        live_stop = stop
+
+        def stop():
+            if live_stop is not None and live_stop():
+                return True
+            return (not partial or lone.promoted) and urgent()
+
     short = [j for j in jobs if len(j.audio) <= MAX_UTTERANCE_SAMPLES]
     # a live transcript of a turn over 30 s (an early one: live ones take the last 30 s) is not worth a
     # long-form pass at live priority: none, and the turn's final transcript is made when it ends
@@ -211,31 +243,40 @@ def run_jobs(asr, jobs: list[TranscriptJob], partial: bool, faults, metrics) -> 
             faults.check("asr")
             out = asr.transcribe_batch([j.audio for j in group], opts, [j.draft for j in group], stop)
             results += [(j, r, None) for j, r in zip(group, out)]
-        except TranscriptionCancelled:
+        except TranscriptionCancelled as e:
+            if group == [lone] and not lone.cancelled and (not partial or lone.promoted):
+                if e.tokens and len(e.tokens[0]) > len(lone.draft or []):
+                    lone.draft = list(e.tokens[0])
+                results.append((lone, YIELDED, None))
+                continue
             results += [(j, None, None) for j in group]
             metrics.asr_cancelled += len(group)
         except Exception as e:  # noqa: BLE001 - reported to every waiting session
             log.exception("batched transcription failed")
-            metrics.step_failures += 1
+            count(metrics, "step_failures")
             results += [(j, None, e) for j in group]
     return results
 
 
-def run_batch(asr, jobs: list[TranscriptJob], kind: str, faults, metrics) -> None:
+def run_batch(asr, jobs: list[TranscriptJob], kind: str, faults, metrics, urgent=None) -> list[TranscriptJob]:
     """Transcribe one batch of `kind` (final or partial) on the engine's worker (run_jobs), count it and resolve
-    each job."""
+    each job -> the jobs that yielded to short finals (`urgent`, see run_jobs), to be queued again."""
     t0 = time.perf_counter()
-    results = run_jobs(asr, jobs, kind == "partial", faults, metrics)
+    results = run_jobs(asr, jobs, kind == "partial", faults, metrics, urgent)
+    yielded = [j for j, r, _ in results if r is YIELDED]
+    results = [x for x in results if x[1] is not YIELDED]
     now = time.perf_counter()
     m = metrics
     m.asr_batches += 1
     m.kind_seconds[kind] += now - t0
-    m.kind_items[kind] += len(jobs)
-    m.asr_audio_seconds += sum(len(j.audio) for j in jobs) / SAMPLE_RATE
+    m.kind_items[kind] += len(results)
+    m.asr_audio_seconds += sum(len(j.audio) for j, _, _ in results) / SAMPLE_RATE
+    m.finals_yielded += len(yielded)
     for j, r, e in results:
         if r is not None:
             (m.final_latency if kind == "final" else m.partial_latency).append(now - j.submitted)
         j.resolve(r, e)
+    return yielded
 
 
 def step_long(asr, job: TranscriptJob, faults, metrics) -> bool:
@@ -257,7 +298,7 @@ def step_long(asr, job: TranscriptJob, faults, metrics) -> bool:
             metrics.kind_seconds["long"] += time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001 - reported to the waiting session
         log.exception("long-form transcription failed")
-        metrics.step_failures += 1
+        count(metrics, "step_failures")
         job.resolve(None, e)
         return True
     metrics.kind_items["long"] += 1

@@ -1,5 +1,5 @@
-"""The work that waits for the engine's worker, under one lock: transcript jobs (transcripts.TranscriptQueue),
-streaming tasks (StreamTask: TTS chunks, REST steps) and the language model's continuous batch."""
+"""The work that waits for the engine's workers, under one lock: transcript jobs (transcripts.TranscriptQueue),
+streaming tasks per family (StreamTask: TTS chunks, REST steps) and the language model's continuous batch."""
 
 from __future__ import annotations
 
@@ -13,8 +13,13 @@ from .transcripts import TranscriptQueue
 log = logging.getLogger(__name__)
 
 
+# the model families, each served by its own worker thread (worker.py); streaming tasks run on asr's or tts's
+FAMILIES = ("asr", "lm", "tts")
+TASK_FAMILIES = ("asr", "tts")
+
+
 class StreamTask:
-    """A unit of streaming work: `step()` does one bounded piece of compute on the worker thread and
+    """A unit of streaming work: `step()` does one bounded piece of compute on its family's worker thread and
     returns False when done. Results go back to the event loop through `emit` (thread-safe)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, gen):
@@ -42,15 +47,20 @@ class StreamTask:
 
 
 class Pending:
-    """What waits for the worker: `transcripts`, streaming `tasks` and the language model's `batcher` (None:
-    transcription only). `cv` guards them all and wakes the worker; `stopping` ends it."""
+    """What waits for the workers: `transcripts`, streaming `tasks` per family (asr: REST transcripts and word
+    timings; tts: synthesis) and the language model's `batcher` (None: transcription only). `cv` guards them all
+    and wakes the workers (notify_all: each waits for its own family's work); `stopping` ends them."""
 
     def __init__(self, batcher=None):
         self.cv = threading.Condition()
         self.transcripts = TranscriptQueue()
-        self.tasks: collections.deque[StreamTask] = collections.deque()
+        self.tasks: dict[str, collections.deque[StreamTask]] = {f: collections.deque() for f in TASK_FAMILIES}
         self.batcher = batcher
         self.stopping = False
+
+    def wake(self) -> None:
+        """Wake the workers (call with the lock held): each looks for its family's work."""
+        self.cv.notify_all()
 
     def lm_work(self) -> bool:
         return self.batcher is not None and self.batcher.has_work()
@@ -59,8 +69,17 @@ class Pending:
         """Work waits for the worker (language model work only if `lm`, live transcripts only if `live`; call
         with the lock held)."""
         t = self.transcripts
-        return bool(t.finals or t.long or (live and t.partials) or self.tasks or (lm and self.lm_work()))
+        tasks = any(self.tasks.values())
+        return bool(t.finals or t.long or (live and t.partials) or tasks or (lm and self.lm_work()))
+
+    def depths(self) -> dict[str, int]:
+        """Work items waiting per family (call with the lock held)."""
+        return {
+            "asr": len(self.transcripts) + len(self.tasks["asr"]),
+            "lm": self.batcher.size() if self.batcher else 0,
+            "tts": len(self.tasks["tts"]),
+        }
 
     def depth(self) -> int:
-        """Work items waiting (call with the lock held)."""
-        return len(self.transcripts) + len(self.tasks) + (self.batcher.size() if self.batcher else 0)
+        """Work items waiting, all families (call with the lock held)."""
+        return sum(self.depths().values())

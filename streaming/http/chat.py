@@ -361,7 +361,7 @@ class Choices:
         finished = False
         try:
             while True:
-                piece = await eng.wait(q.get(), self.server.options.stall_timeout)
+                piece = await eng.wait(q.get(), self.server.options.stall_timeout, "lm")
                 if isinstance(piece, Exception):
                     raise piece
                 entry = self.entry(piece)

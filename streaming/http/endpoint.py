@@ -77,14 +77,14 @@ async def json_body(request: Request) -> dict:
     return body
 
 
-async def engine_stream(server, gen):
-    """Items of generator `gen` run on the server's engine worker one step each; the engine task stops if the
-    consumer does."""
+async def engine_stream(server, gen, family: str):
+    """Items of generator `gen` run on the server's engine worker of `family` (asr, tts) one step each; the engine
+    task stops if the consumer does."""
     eng = server.engine
-    task, q = eng.stream(gen)
+    task, q = eng.stream(gen, family)
     try:
         while True:
-            item = await eng.wait(q.get(), server.options.stall_timeout)
+            item = await eng.wait(q.get(), server.options.stall_timeout, family)
             if isinstance(item, StopAsyncIteration):
                 return
             if isinstance(item, Exception):

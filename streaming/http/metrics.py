@@ -133,6 +133,19 @@ class MetricsPage:
         return "\n".join(self.lines) + "\n"
 
 
+def _family_lines(page: MetricsPage, m: Metrics) -> None:
+    """The engine's figures per model family (asr, lm, tts: one worker thread each)."""
+    for name, kind, help_, values, fmt in (
+        ("engine_family_busy_seconds_total", "counter", "Seconds each family's worker spent in model steps.",
+         m.family_seconds, "{:.3f}"),
+        ("engine_family_busy_fraction", "gauge", f"Share of the last {LOAD_WINDOW_S:g} s each family's worker "
+         "spent in model steps.", m.family_busy, "{:.3f}"),
+        ("engine_family_queue_depth", "gauge", "Work items waiting for each family's worker.", m.family_depth, "{}"),
+    ):  # fmt: skip
+        page.lines += [f"# HELP speechrt_{name} {help_}", f"# TYPE speechrt_{name} {kind}"]
+        page.lines += [f'speechrt_{name}{{family="{f}"}} {fmt.format(v)}' for f, v in sorted(values.items())]
+
+
 def metrics_text(
     sessions: int,
     queue_depth: int,
@@ -293,6 +306,13 @@ def metrics_text(
         f"{m.firm_fraction:.3f}",
     )
     page.metric(
+        "asr_finals_yielded_total",
+        "counter",
+        "Long finals (over 8 s: a long turn's rest) that stopped for shorter finals queued meanwhile and went on "
+        "after them from the tokens they had.",
+        m.finals_yielded,
+    )
+    page.metric(
         "asr_finals_loaded_margin_total",
         "counter",
         "Final transcripts (and early ones that may become "
@@ -327,9 +347,11 @@ def metrics_text(
     page.metric(
         "engine_busy_seconds_total",
         "counter",
-        "Seconds the engine's worker spent in model steps of any kind (transcripts, language model, voice).",
+        "Seconds the engine's workers spent in model steps of any kind (transcripts, language model, voice), "
+        "all families summed.",
         f"{m.engine_seconds:.3f}",
     )
+    _family_lines(page, m)
     r = process or {**process_resources(), "cpu_seconds": time.process_time()}
     page.metric(
         "process_cpu_seconds_total",

@@ -61,7 +61,7 @@ class Speech:
         speed = number(body.get("speed"), "speed", 0.25, 4.0, 1.0)
         speaker = voice if voice in tts.voice.speaker_id_map else None
         out = SpeechOutput(fmt, tts.sample_rate)
-        chunks = engine_stream(self.server, speech_chunks(tts, text, speed, speaker, out))
+        chunks = engine_stream(self.server, speech_chunks(tts, text, speed, speaker, out), "tts")
         try:  # the first chunk (or the error that the text cannot be read) before any byte is sent
             first = await anext(chunks)
         except StopAsyncIteration:

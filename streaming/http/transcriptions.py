@@ -99,7 +99,7 @@ class Transcriptions:
         gen = transcription_steps(asr, audio, options)
         if stream:
             return StreamingResponse(self.transcript_events(gen), media_type="text/event-stream", headers=SSE)
-        async with contextlib.aclosing(engine_stream(self.server, gen)) as steps:
+        async with contextlib.aclosing(engine_stream(self.server, gen, "asr")) as steps:
             async for _, transcript in steps:
                 if transcript is not None:
                     break
@@ -108,7 +108,7 @@ class Transcriptions:
         body = formats.render(transcript, fmt, task)
         if logprobs:  # one more encoder and decoder pass, on the engine's worker
             async with contextlib.aclosing(
-                engine_stream(self.server, token_logprobs(asr, audio, transcript, opts))
+                engine_stream(self.server, token_logprobs(asr, audio, transcript, opts), "asr")
             ) as step:
                 async for lps in step:
                     if lps is not None:
@@ -117,7 +117,7 @@ class Transcriptions:
 
     async def transcript_events(self, gen):
         first = True
-        async with contextlib.aclosing(engine_stream(self.server, gen)) as steps:
+        async with contextlib.aclosing(engine_stream(self.server, gen, "asr")) as steps:
             async for segments, transcript in steps:
                 for seg in segments:
                     text = seg.text.lstrip() if first else seg.text

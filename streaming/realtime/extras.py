@@ -58,7 +58,7 @@ async def aligned(
     def align():  # two engine steps (ASRPipeline.align_steps): a final may run between them
         yield (yield from asr.align_steps(audio, tokens, lang, trim_margin=trim_margin))
 
-    _, q = engine.stream(align())
+    _, q = engine.stream(align(), "asr")
     while (got := await q.get()) is None:  # (the encoder's step)
         pass
     if isinstance(got, BaseException):

@@ -61,7 +61,9 @@ async def transcribe_item(session, item: Item, audio: np.ndarray):
     engine = session.server.engine
     try:
         r = await engine.wait(
-            engine.transcribe(audio, key=session.id, options=session.asr_options), session.server.options.stall_timeout
+            engine.transcribe(audio, key=session.id, options=session.asr_options),
+            session.server.options.stall_timeout,
+            "asr",
         )
     except EngineStalled as e:
         session.server.counters.stalls += 1

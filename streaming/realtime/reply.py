@@ -161,7 +161,7 @@ class Reply:
 
     async def _drain(self, q: asyncio.Queue):
         while True:
-            piece = await self.engine.wait(q.get(), self.stall_timeout)
+            piece = await self.engine.wait(q.get(), self.stall_timeout, "lm")
             if isinstance(piece, Exception):
                 raise piece
             if piece.text:
@@ -202,11 +202,11 @@ class Reply:
     async def _synthesize(self, text: str):
         seg = Segment(text)
         self._out.put_nowait(seg)
-        task, q = self.engine.stream(self.tts.synthesize(text, rate=self.speed, on_unsupported="drop"))
+        task, q = self.engine.stream(self.tts.synthesize(text, rate=self.speed, on_unsupported="drop"), "tts")
         self._tts_tasks.append(task)
         try:
             while True:
-                chunk = await self.engine.wait(q.get(), self.stall_timeout)
+                chunk = await self.engine.wait(q.get(), self.stall_timeout, "tts")
                 if isinstance(chunk, StopAsyncIteration):
                     break
                 if isinstance(chunk, Exception):

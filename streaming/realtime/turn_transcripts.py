@@ -162,7 +162,7 @@ class TurnTranscripts:
     async def final(self, turn: Turn, item: Item, audio: np.ndarray, auto: bool, early: asyncio.Task | None):
         try:
             r = await self.engine.wait(
-                self._final_result(turn, audio, early), self.session.server.options.stall_timeout
+                self._final_result(turn, audio, early), self.session.server.options.stall_timeout, "asr"
             )
         except EngineStalled as e:
             self.session.server.counters.stalls += 1

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 from ..engine import Metrics
 from ..http.metrics import Counters, MetricsPage, metrics_text, process_resources
 
-AVERAGED = ("live_stretch", "busy_fraction", "firm_fraction")  # shares: the workers' mean, not their sum
+AVERAGED = ("live_stretch", "busy_fraction", "firm_fraction", "family_busy")  # shares: the workers' mean, not their sum
 PER_WORKER = (
     ("sessions", "sessions_active", "gauge", "Open Realtime sessions per worker process."),
     ("sessions_total", "sessions_total", "counter", "Sessions admitted per worker since it started."),
@@ -28,7 +28,7 @@ PER_WORKER = (
 
 def snapshot(server, index: int) -> dict:
     """A worker's figures (its SpeechServer's counters, engine metrics, VAD and process), JSON-ready."""
-    c, m = server.counters, server.engine.metrics
+    c, m = server.counters, server.engine.figures()
     return {
         "worker": index,
         "pid": os.getpid(),
@@ -55,6 +55,8 @@ def _merged(cls, rows: list[dict]):
         values = [r[f.name] for r in rows]
         if f.name == "started":
             out[f.name] = min(values)
+        elif f.name in AVERAGED and isinstance(values[0], dict):  # per-label shares
+            out[f.name] = {k: statistics.fmean(v.get(k, 0.0) for v in values) for k in values[0]}
         elif f.name in AVERAGED:
             out[f.name] = statistics.fmean(values)
         elif isinstance(values[0], dict):

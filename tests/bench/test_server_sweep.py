@@ -69,6 +69,8 @@ def test_sweep_against_speechrt(bench, tmp_path):
     for n in (1, 2):
         assert 0 < by[(n, "server_cpu_cores")].value <= (os.cpu_count() or 1) + 0.5
         assert 0 < by[(n, "engine_busy_fraction")].value <= 1.05
+        families = {x.params["family"]: x.value for x in rows if x.metric == "engine_family_busy_fraction"}
+        assert set(families) == {"asr", "lm", "tts"} and 0 < families["asr"] <= 1.05, families  # (one worker each)
         assert 0 < by[(n, "vad_cores")].value < by[(n, "server_cpu_cores")].value
         assert (n, "gpu_busy_fraction") not in by  # sampled on CUDA devices only
         assert by[(n, "client_processes")].value == n  # --client-processes 2, at most one a stream
@@ -344,7 +346,8 @@ def test_the_gpu_ramp_asks_bench_server_for_bounded_levels():
 
 def test_each_workers_engine_busy_share_is_read_from_metrics_that_list_workers():
     """/metrics read generically: per-worker (or per-replica) engine_busy_seconds_total series give each worker's
-    busy share and the level's engine_busy is their mean; a page with one engine gives no per-worker shares."""
+    busy share and the level's engine_busy is their mean; a page with one engine gives no per-worker shares, and its
+    model families' busy seconds where it lists them."""
     from speechrt.bench.server_load import engine_shares, parse_counters
 
     one = parse_counters(
@@ -363,6 +366,10 @@ def test_each_workers_engine_busy_share_is_read_from_metrics_that_list_workers()
     assert engine_shares(before, after, 10.0) == {"0": 0.5, "1": 0.25}
     ray = 'speechrt_replica_engine_busy_seconds_total{replica="a",node="n1"} 2.5\n'
     assert parse_counters(ray, "speechrt_cluster_", ())["workers"] == {"a": 2.5}
+    # one engine, a worker thread per model family: each family's seconds (the level's engine_busy: the busiest)
+    fam = 'speechrt_engine_family_busy_seconds_total{family="asr"} 2.0\n'
+    fam += 'speechrt_engine_family_busy_seconds_total{family="tts"} 0.5\n'
+    assert parse_counters(fam, "speechrt_", ())["families"] == {"asr": 2.0, "tts": 0.5}
 
 
 def test_no_level_starts_past_the_time_budget(full_server, bench, tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import signal
 import time
 
@@ -113,28 +114,43 @@ def test_a_failing_synthesis_step_fails_the_response_and_the_next_one_works(cser
 
 
 def test_a_stalled_worker_leaves_sessions_told_not_hung(cserver, synth):
-    """The engine's worker hangs for 15 s in a transcription step; the stall timeout is 10 s: the session is
-    told after it (transcription failed: engine_stalled), and once the worker is back the next turn is served."""
+    """The engine's speech recognition worker hangs for 15 s in a transcription step; the stall timeout is 10 s:
+    the session is told after it (transcription failed: engine_stalled), and once the worker is back the next turn
+    is served. The other families' workers go on meanwhile (issue 51): another session's text question is
+    answered while the turn waits."""
     pcm = pcm24(synth(SENTENCES[1]), tail_s=0.2)
 
     async def main():
         ws, _ = await open_session(cserver, "transcription")
         await update(ws, MANUAL)
         batches = cserver.metrics()["asr_batches_total"]
+        other, _ = await open_session(cserver, None)
         cserver.post("/debug/fault", {"stage": "asr", "count": 1, "stall_s": 15})
         t0 = time.monotonic()
-        told = await commit_turn(ws, pcm)
+        turn = asyncio.ensure_future(commit_turn(ws, pcm))
+        done, answer = await ask(other, "What is the capital of France?")
+        answered_first = not turn.done()
+        told = await turn
         waited = time.monotonic() - t0
         await next_event(ws, "error")  # the error event that follows the failed transcription
         # the stall ends: the stalled batch is counted once its step returns (the worker ran nothing meanwhile)
         await asyncio.to_thread(cserver.wait_for, "asr_batches_total", lambda v: v > batches, 30)
         ok = await commit_turn(ws, pcm)
         await ws.close()
-        return told, waited, ok
+        await other.close()
+        return told, waited, ok, (done, answer, answered_first)
 
-    told, waited, ok = run(main(), 180)
+    told, waited, ok, (done, answer, answered_first) = run(main(), 180)
     assert told["type"] == "conversation.item.input_audio_transcription.failed", told
     assert told["error"]["code"] == "engine_stalled" and 9 <= waited <= 14, (told, waited)
+    assert answered_first and done["response"]["status"] == "completed" and "Paris" in answer, (done, answer)
+    page = cserver.get("/metrics")  # per family: the stalled step counts for speech recognition only
+    fam = {
+        f: float(re.search(rf'speechrt_engine_family_busy_seconds_total{{family="{f}"}} (\S+)', page)[1])
+        for f in ("asr", "lm", "tts")
+    }
+    assert fam["asr"] >= 15 > fam["lm"] > 0, fam
+    assert abs(sum(fam.values()) - cserver.metrics()["engine_busy_seconds_total"]) < 0.05, fam
     assert ok["type"] == "conversation.item.input_audio_transcription.completed"
     assert wer(SENTENCES[1], ok["transcript"]) <= 0.15
 

@@ -622,3 +622,105 @@ SENTENCES_12S = [
     "The package should arrive on Monday morning.",
     "How long does it take to drive to the airport?",
 ]
+
+
+@pytest.fixture(scope="module")
+def tts():
+    import speechrt
+
+    return speechrt.load_tts(backend="torch")
+
+
+def test_the_voice_and_the_language_model_do_not_wait_behind_speech_recognition(asr, lm, tts, synth):
+    """Each model family has its own worker thread (issue 51): while the recognizer's worker is held in one step
+    (a final, stalled 1.5 s first), a reply's tokens (the language model) and a sentence's audio (the voice) are
+    made and delivered, their steps inside the held one's span; a stall watch on the language model's family does
+    not fire (the recognizer's does). Within speech recognition finals still go first: a final queued after a live
+    transcript comes back before it. Stopping the engine ends every worker thread."""
+    from speechrt.streaming.engine import Engine, EngineStalled
+
+    speech = synth("Turn off the lights in the kitchen.")
+
+    async def main():
+        eng = Engine(asr, lm, tts=tts)
+        eng.start()
+        try:
+            assert await asyncio.to_thread(eng.wait_warm, 120)
+            order = []
+            busy = await hold_worker(eng, speech, 1.5, "held")
+            busy.add_done_callback(lambda _f: order.append("held"))
+            live = asyncio.ensure_future(eng.transcribe(speech, Work.LIVE, key="live"))
+            final = asyncio.ensure_future(eng.transcribe(speech, key="final", turn="t"))
+            for name, fut in (("live", live), ("final", final)):
+                fut.add_done_callback(lambda _f, n=name: order.append(n))
+            ids = lm.encode_chat([SYSTEM, {"role": "user", "content": "Name a color."}])
+            _, q = eng.generate(ids, lm.options(max_tokens=4))
+            while not (await eng.wait(q.get(), 0.5, "lm")).finish_reason:
+                pass
+            order.append("lm")
+            _, chunks = eng.stream(tts.synthesize("Hello there."), "tts")
+            while not isinstance(await eng.wait(chunks.get(), 0.5, "tts"), StopAsyncIteration):
+                pass
+            order.append("tts")
+            with pytest.raises(EngineStalled):  # the recognizer's own watch sees its stall
+                await eng.wait(asyncio.sleep(5), 0.2, "asr")
+            results = await busy, await live, await final
+            steps = {f: list(w.steps) for f, w in eng.workers.items()}
+        finally:
+            eng.stop()
+        return order, results, steps, [w.thread.is_alive() for w in eng.workers.values()]
+
+    order, results, steps, alive = asyncio.run(main())
+    assert order[:3] == ["lm", "tts", "held"] and order.index("final") < order.index("live"), order
+    held = max(steps["asr"], key=lambda s: s[1] - s[0])  # the stalled step
+    for family in ("lm", "tts"):
+        assert any(held[0] <= s[0] and s[1] <= held[1] for s in steps[family]), (family, held, steps[family])
+    assert all("kitchen" in r.text.lower() for r in results), [r.text for r in results]
+    assert alive == [False, False, False]
+
+
+def test_a_long_final_yields_to_a_neighbours_final_and_goes_on_from_its_tokens(asr, synth):
+    """A final over LONE_FINAL (a long turn's rest) that is decoding when a short final is queued (a neighbour's
+    finished turn, issue 49) stops at its next step and goes back to the queue after the short one, its tokens so far
+    its draft: run again, it checks them in one pass and ends with the transcript it would have made alone. A later
+    final of its turn makes it unwanted; after MAX_YIELDS it runs to its end."""
+    from speechrt.streaming.asr_options import LIVE
+    from speechrt.streaming.engine import Metrics
+    from speechrt.streaming.engine.faults import FaultPlan
+    from speechrt.streaming.engine.transcripts import (
+        LONE_FINAL,
+        MAX_YIELDS,
+        YIELDED,
+        TranscriptJob,
+        TranscriptQueue,
+        run_jobs,
+    )
+
+    long_speech = np.concatenate([synth(s) for s in SENTENCES_12S[:3]])
+    opts = LIVE  # the encoder over the audio and 1 s more, as the server's transcripts
+
+    def job(audio, key):
+        return TranscriptJob(audio, opts, None, None, 0.0, key=key, turn="t")
+
+    alone = asr.transcribe_batch([long_speech], opts)[0]
+    asks = []
+
+    def urgent():  # a short final comes once the long one has decoded a few tokens
+        asks.append(1)
+        return len(asks) > 8
+
+    q, m = TranscriptQueue(), Metrics()
+    long = job(long_speech, "long")
+    q.submit(long)
+    assert q.take_finals(8) == [long]
+    [(j, r, e)] = run_jobs(asr, [long], False, FaultPlan(), m, urgent)
+    assert j is long and r is YIELDED and e is None and 0 < len(long.draft) < len(alone.tokens)
+    assert long.draft == alone.tokens[: len(long.draft)]
+    short = job(synth("Turn off the lights in the kitchen."), "short")
+    q.submit(short)
+    assert q.requeue(long) and [x.key for x in q.take_finals(8)] == ["short"] and q.take_finals(8) == [long]
+    long.yields = MAX_YIELDS  # (it has yielded enough: it runs to its end, short finals queued or not)
+    [(_, r, _)] = run_jobs(asr, [long], False, FaultPlan(), m, lambda: True)
+    assert r.tokens == alone.tokens and "museum" in r.text.lower(), r.text
+    q.submit(job(long_speech, "long"))  # a later final of its turn (a later pause) came meanwhile
+    assert not q.requeue(long) and len(long_speech) > LONE_FINAL
