@@ -26,6 +26,9 @@ MATMUL_LIKE = {
     "_norm_qkv_rope_kernel",
     "_linear_residual_kernel",
     "_norm_gate_up_kernel",
+    # the quantized linears (kernels/aot_specs_quant.py): W4A16 and FP8 at the SmolLM2 and Llama-3.2-1B shapes
+    "_linear_w4_kernel",
+    "_linear_fp8_kernel",
 }
 
 
