@@ -164,7 +164,7 @@ def linear_int8(
 
 def linear_int8_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Definition of `linear_int8`, in plain matmuls (the int8 values are exact in bf16/fp16/fp32)."""
-    return F.linear(x, weight.to(x.dtype)) * scale.to(x.dtype)
+    return (F.linear(x.float(), weight.float()) * scale.float()).to(x.dtype)
 
 
 def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype = torch.bfloat16):
@@ -231,14 +231,15 @@ FP8_MAX = 448.0
 def linear_fp8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, act_fp8: bool | None = None) -> torch.Tensor:
     """FP8 linear: x [..., K] @ (weight [N, K] float8_e4m3fn * scale [N]).T -> [..., N] in x's dtype. act_fp8:
     x is rounded to E4M3 per row first (scale absmax(row) / 448), as the W8A8 kernel does; None means False
-    here (the reference has no fp8 tensor cores). Weights meet x in x's dtype (exact: E4M3 fits in it)."""
+    here (the reference has no fp8 tensor cores). Computed in float32 and rounded once to x's dtype, as the
+    kernel's epilogue does."""
     if act_fp8:
         xf = x.float()
         amax = xf.abs().amax(-1, keepdim=True)
         xs = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
         xq = (xf / xs).to(torch.float8_e4m3fn).float()
         return (F.linear(xq, weight.float()) * scale.float() * xs).to(x.dtype)
-    return F.linear(x, weight.to(x.dtype)) * scale.to(x.dtype)
+    return (F.linear(x.float(), weight.float()) * scale.float()).to(x.dtype)
 
 
 def conv1d(
