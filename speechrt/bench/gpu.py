@@ -20,6 +20,8 @@ Checks, in order (each one pass / fail / skip with what it compared or why it co
 - lm-fused: the Llama decode step in the fused layer kernels against the unfused one (both from graphs) and
   torch eager, at the SmolLM2-135M and Llama-3.2-1B shapes (random bf16 weights), with the fraction of the
   measured copy bandwidth each step's bytes take (gpu_fused.py);
+- lm-quant: the Llama-3.2-1B-shape decode step at batch 1 in bf16, int4 (W4A16) and fp8 (E4M3) from graphs: time,
+  speed-up over bf16, fraction of the copy bandwidth, and the logits against bf16 models (gpu_quant.py);
 - onnxruntime: each GPU execution provider installed (CUDA, TensorRT, ROCm, MIGraphX) runs the Piper
   voice graph like the CPU provider does;
 - tensorrt: the TensorRT package, if installed;
@@ -53,6 +55,7 @@ from speechrt.bench.gpu_parity import (
     check_lm_triton,
     no_ort_gpu,
 )
+from speechrt.bench.gpu_quant import check_lm_quant
 from speechrt.bench.record import Check, Record, Results
 from speechrt.cli_paths import output_file
 
@@ -83,6 +86,7 @@ def add_arguments(p):
                 "asr-batches",
                 "lm-graphs",
                 "lm-fused",
+                "lm-quant",
                 "onnxruntime",
                 "tensorrt",
                 "roofline",
@@ -250,6 +254,7 @@ CHECKS = {
     "asr-batches": check_asr_batches,
     "lm-graphs": check_lm_graphs,
     "lm-fused": check_lm_fused,
+    "lm-quant": check_lm_quant,
     "onnxruntime": check_onnxruntime,
     "tensorrt": check_tensorrt,
     "roofline": check_roofline,
@@ -266,6 +271,7 @@ NEEDS_TORCH_GPU = {
     "asr-batches",
     "lm-graphs",
     "lm-fused",
+    "lm-quant",
     "roofline",
     "server-ramp",  # except with --device cpu
 }
