@@ -50,6 +50,16 @@ def quant_specs(hip: bool = False) -> list[Spec]:
                 matmul=True,
             )
         )
+    out.append(
+        make_spec(
+            i4._sum_splits_kernel,
+            f"{SHAPES} M=1 split-K sums",
+            {"p_ptr": "*fp32", "y_ptr": "*bf16", **int_args("SPLITS", "MN")},
+            {"BLOCK": i4.SUM_BLOCK},
+            {"num_warps": 4},
+            ("p_ptr", "y_ptr", "MN"),
+        )
+    )
     f8_types = {
         "x_ptr": "*bf16",
         "w_ptr": "*u8",

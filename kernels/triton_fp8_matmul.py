@@ -13,6 +13,7 @@ multiplies raw bits), so there the W8A8 path checks the scaling and the epilogue
 from __future__ import annotations
 
 import os
+from functools import cache
 
 import torch
 import triton
@@ -112,6 +113,7 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+@cache
 def fp8_tensor_cores(device: torch.device) -> bool:
     """CUDA devices of compute capability >= 8.9 (Ada, Hopper, Blackwell) have E4M3 tensor cores."""
     return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device) >= (8, 9)

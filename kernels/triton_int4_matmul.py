@@ -13,7 +13,7 @@ interleaving in registers. The (s, z) pairs are [K / G, N, 2], float16 when that
 (Q4_0, Q4_1 with f16 mins), else float32.
 
 One-row decode steps have few column tiles (N / 32), so K is split among programs that write float32 partial
-sums, added in a fixed order (deterministic) by the launcher."""
+sums, added in a fixed order (deterministic) by a second small kernel that rounds once to x's dtype."""
 
 from __future__ import annotations
 
@@ -78,6 +78,20 @@ def _linear_w4_kernel(
             acc = tl.dot(x_odd, w_hi.to(x_odd.dtype), acc, input_precision=PRECISION)
     py = y_ptr + pid_k.to(tl.int64) * sys_ + rm[:, None].to(tl.int64) * sym + rn[None, :]
     tl.store(py, acc.to(y_ptr.dtype.element_ty), mask=mm[:, None] & nm[None, :])
+
+
+@triton.jit
+def _sum_splits_kernel(p_ptr, y_ptr, SPLITS, MN, BLOCK: tl.constexpr):
+    """y[i] = the sum over s of p[s, i] (float32 partials of a split K), in order, rounded once to y's dtype."""
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = r < MN
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(0, SPLITS):
+        acc += tl.load(p_ptr + s * MN + r, mask=m, other=0.0)
+    tl.store(y_ptr + r, acc.to(y_ptr.dtype.element_ty), mask=m)
+
+
+SUM_BLOCK = 256
 
 
 def config(M: int, N: int, K: int, dtype: torch.dtype, G: int = 128) -> dict:
@@ -159,7 +173,9 @@ def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tenso
         UPCAST=upcast(x.dtype),
         **cfg,
     )
-    y = y[0] if split == 1 else y.sum(0).to(x.dtype)
+    if split > 1:
+        parts, y = y, torch.empty((M, N), dtype=x.dtype, device=x.device)
+        _sum_splits_kernel[(triton.cdiv(M * N, SUM_BLOCK),)](parts, y, split, M * N, BLOCK=SUM_BLOCK)
     return y.view(*x.shape[:-1], N)
 
 

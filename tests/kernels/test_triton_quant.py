@@ -71,6 +71,7 @@ def test_int4_awq_groups(i4, dtype, M, N, K, G):
     assert torch.equal(ref.dequantize_int4(q, sz.cpu()), exact)
     x = rand(M, K, dtype=dtype, seed=M)
     close(i4.linear_int4(x, packed, sz), ref.linear_int4_ref(x, q.to(DEVICE), sz))
+    assert (i4.config(M, N, K, dtype, G)["SPLIT_K"] > 1) == (K == 2048)  # the split and its sums kernel ran
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
