@@ -26,7 +26,8 @@ WEIGHT_FORMATS: dict[str, torch.dtype] = {
     # a float checkpoint is quantized to 4 bits per group by min/max. The output head stays int8.
     "int4": torch.bfloat16,
     # float8 E4M3 weights with a float32 scale per output channel (absmax / 448, quantized at load), bf16
-    # activations: W8A16 kernels on every GPU, W8A8 on fp8 tensor cores for prompts (kernels/triton_fp8_matmul.py)
+    # activations: W8A16 kernels on every GPU, W8A8 on fp8 tensor cores for prompts (kernels/triton_fp8_matmul.py).
+    # The output head stays int8.
     "fp8": torch.bfloat16,
 }
 

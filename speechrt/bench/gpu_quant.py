@@ -36,8 +36,8 @@ def int4_blocks(w: dict, cfg: LlamaConfig) -> dict:
 
 
 def dequantized(w: dict, cfg: LlamaConfig, fmt: str, q4: dict | None = None) -> dict:
-    """The float32 weights a model of `fmt` computes with: the int4 groups (and the int8 head of that format), or
-    the fp8 values times their scales."""
+    """The float32 weights a model of `fmt` computes with: the int4 groups or the fp8 values times their scales, and
+    the int8 head both formats keep."""
     import torch
 
     from speechrt.kernels import reference as ref
@@ -46,13 +46,13 @@ def dequantized(w: dict, cfg: LlamaConfig, fmt: str, q4: dict | None = None) -> 
         raise ValueError("dequantized() wants an untied head (cfg.tie_embeddings False)")
     out, head = dict(w), "output"
     for name in [f"layers.{i}.{n}" for i in range(cfg.n_layers) for n in LINEAR] + [head]:
-        if fmt == "fp8":
-            q, s = ref.quantize_fp8(w[name])
-            out[name] = q.float() * s[:, None]
-        elif name == head:  # int4's head stays int8, per row
+        if name == head:  # the head stays int8 (per row) under both formats
             x = w[name].float()
             scale = x.abs().amax(1, keepdim=True).clamp_min(1e-12) / 127
             out[name] = torch.round(x / scale).clamp_(-127, 127) * scale
+        elif fmt == "fp8":
+            q, s = ref.quantize_fp8(w[name])
+            out[name] = q.float() * s[:, None]
         else:
             q, s, z = q4[name]
             out[name] = ref.dequantize_int4(q, torch.stack([s.t(), z.t()], -1))
