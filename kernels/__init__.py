@@ -24,6 +24,8 @@ TRITON_MODULES: dict[str, tuple[str, ...]] = {
     "speechrt.kernels.triton_rotary": ("rotary",),
     "speechrt.kernels.triton_matmul": ("linear",),
     "speechrt.kernels.triton_int8_matmul": ("linear_int8",),
+    "speechrt.kernels.triton_int4_matmul": ("pack_int4", "linear_int4"),
+    "speechrt.kernels.triton_fp8_matmul": ("linear_fp8",),
     # prefill/encoder flash attention; single-query calls go to triton_decode_attention (split-K)
     "speechrt.kernels.triton_attention": ("attention",),
 }

@@ -2,11 +2,12 @@
 with no GPU present: registers, spills and shared memory per kernel and target, and whether the
 matrix instructions (mma / wgmma on NVIDIA, v_mfma on AMD) were used by the matmul-like kernels.
 
-Block sizes and warp counts come from each launcher's `config()` (aot_specs.py, aot_specs_fused.py), so what is
-compiled here is what the launchers run. Shapes: Whisper tiny (d 384, 6 heads of 64, 1500 audio / 448 text
-positions, MLP 1536) and SmolLM2-135M (hidden 576, 9 heads / 3 kv heads of 64, MLP 1536), plus head dim 128
-attention; the fused decode-step kernels also at the Llama-3.2-1B shape (d 2048, 32 / 8 heads, FFN 8192), and
-the Whisper decoder step's at the tiny and large-v3-turbo shapes (d 384 / 1280, vocabulary 51864 / 51866).
+Block sizes and warp counts come from each launcher's `config()` (aot_specs.py, aot_specs_fused.py,
+aot_specs_quant.py), so what is compiled here is what the launchers run. Shapes: Whisper tiny (d 384, 6 heads of
+64, 1500 audio / 448 text positions, MLP 1536) and SmolLM2-135M (hidden 576, 9 heads / 3 kv heads of 64, MLP
+1536), plus head dim 128 attention; the fused decode-step kernels and the quantized linears also at the
+Llama-3.2-1B shape (d 2048, 32 / 8 heads, FFN 8192), and the Whisper decoder step's at the tiny and
+large-v3-turbo shapes (d 384 / 1280, vocabulary 51864 / 51866). A spec may name the only targets it compiles for.
 
 Run `python -m speechrt.kernels.aot [--json PATH]` or `speechrt kernels report`. Under
 TRITON_INTERPRET=1 the kernels are interpreter objects that cannot be compiled, so `report()` then
@@ -26,6 +27,7 @@ from dataclasses import asdict, dataclass
 
 from .aot_specs import Spec, specs
 from .aot_specs_fused import fused_specs
+from .aot_specs_quant import quant_specs
 
 TARGETS = ("sm_80", "sm_90", "gfx90a", "gfx942")
 
@@ -156,12 +158,13 @@ def problems(r: Result) -> list[str]:
 def _compile_here(targets, kernels=None) -> list[Result]:
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns when unset; 1 is its default
     rows = []
-    per_vendor = {hip: specs(hip) + fused_specs(hip) for hip in (False, True)}
+    per_vendor = {hip: specs(hip) + fused_specs(hip) + quant_specs(hip) for hip in (False, True)}
     for i, s in enumerate(per_vendor[False]):
         if kernels and not any(k in s.kernel for k in kernels):
             continue
         for t in targets:
-            rows.append(compile_spec(per_vendor[gpu_target(t).backend == "hip"][i], t))
+            if s.targets is None or t in s.targets:
+                rows.append(compile_spec(per_vendor[gpu_target(t).backend == "hip"][i], t))
     return rows
 
 

@@ -16,6 +16,7 @@ class Spec:
     options: dict = field(repr=False)  # num_warps, num_stages
     aligned: tuple = field(repr=False)  # args the JIT would specialize as 16-aligned / divisible by 16
     matmul: bool = False  # expected to run on the matrix units
+    targets: tuple | None = None  # only these targets (None: every one)
 
 
 def make_spec(fn, variant, types, constexprs, options, aligned=(), matmul=False):

@@ -164,7 +164,7 @@ def linear_int8(
 
 def linear_int8_ref(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Definition of `linear_int8`, in plain matmuls (the int8 values are exact in bf16/fp16/fp32)."""
-    return F.linear(x, weight.to(x.dtype)) * scale.to(x.dtype)
+    return (F.linear(x.float(), weight.float()) * scale.float()).to(x.dtype)
 
 
 def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype = torch.bfloat16):
@@ -199,6 +199,47 @@ def linear_int4_ref(x: torch.Tensor, q: torch.Tensor, scales_zeros: torch.Tensor
     s, z = scales_zeros[..., 0].t().float(), scales_zeros[..., 1].t().float()  # [N, G]
     w = (q.float().view(N, G, K // G) - 8) * s[..., None] + z[..., None]
     return F.linear(x, w.view(N, K).to(x.dtype))
+
+
+def int4_from_zero_points(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor):
+    """AWQ / GPTQ-style groups -> `pack_int4`'s (q, scale, zero): w = (q - zero_point) * scale per group, with
+    integer zero points 0..15 -> zero = (8 - zero_point) * scale (exact in float32 for float16 scales, so the
+    dequantized values are the same numbers)."""
+    return q, scale.float(), (8 - zero_point.float()) * scale.float()
+
+
+def dequantize_int4(q: torch.Tensor, scales_zeros: torch.Tensor) -> torch.Tensor:
+    """q [N, K] (0..15) and `pack_int4`'s scales_zeros [K / G, N, 2] -> W [N, K] float32, (q - 8) * s + z."""
+    N, K = q.shape
+    G = scales_zeros.shape[0]
+    s, z = scales_zeros[..., 0].t().float(), scales_zeros[..., 1].t().float()  # [N, G]
+    return ((q.float().view(N, G, K // G) - 8) * s[..., None] + z[..., None]).view(N, K)
+
+
+def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float [N, K] -> (E4M3 weights [N, K] float8_e4m3fn, float32 scale [N]) with scale = absmax(row) / 448
+    (a zero row keeps scale 1), rounding to nearest even."""
+    w = w.float()
+    scale = w.abs().amax(dim=1)
+    scale = torch.where(scale > 0, scale / FP8_MAX, torch.ones_like(scale))
+    return (w / scale[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+
+FP8_MAX = 448.0
+
+
+def linear_fp8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, act_fp8: bool | None = None) -> torch.Tensor:
+    """FP8 linear: x [..., K] @ (weight [N, K] float8_e4m3fn * scale [N]).T -> [..., N] in x's dtype. act_fp8:
+    x is rounded to E4M3 per row first (scale absmax(row) / 448), as the W8A8 kernel does; None means False
+    here (the reference has no fp8 tensor cores). Computed in float32 and rounded once to x's dtype, as the
+    kernel's epilogue does."""
+    if act_fp8:
+        xf = x.float()
+        amax = xf.abs().amax(-1, keepdim=True)
+        xs = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+        xq = (xf / xs).to(torch.float8_e4m3fn).float()
+        return (F.linear(xq, weight.float()) * scale.float() * xs).to(x.dtype)
+    return (F.linear(x.float(), weight.float()) * scale.float()).to(x.dtype)
 
 
 def conv1d(
@@ -373,6 +414,7 @@ OPS = {
     "linear_int8": linear_int8,
     "pack_int4": pack_int4,
     "linear_int4": linear_int4,
+    "linear_fp8": linear_fp8,
 }
 
 # Ops only the VITS model uses. Their fast path on a GPU is the vendor convolution library (cuDNN, MIOpen;

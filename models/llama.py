@@ -292,7 +292,10 @@ class Llama(nn.Module):
             for i in range(cfg.n_layers)
         )
         self.norm = nn.Parameter(weights["norm"].to(device, self.dtype), requires_grad=False)
-        self.output = Linear(ops, weights["tok_embeddings" if cfg.tie_embeddings else "output"], weight_format, device)
+        # the head stays int8 under fp8 weights (as under int4): the same bytes, and E4M3's 3 mantissa bits over a
+        # tied embedding's rows changed SmolLM2's first greedy token where int8 did not
+        head_format = "int8" if weight_format == "fp8" else weight_format
+        self.output = Linear(ops, weights["tok_embeddings" if cfg.tie_embeddings else "output"], head_format, device)
         cos, sin = rope_tables(cfg)
         self.register_buffer("cos", cos.to(device), persistent=False)
         self.register_buffer("sin", sin.to(device), persistent=False)

@@ -1,4 +1,4 @@
-"""Llama's layers: linear layers in their weight storage formats (float, int8 and int4 weight-only, with a dense
+"""Llama's layers: linear layers in their weight storage formats (float, int8 / int4 / fp8 weight-only, with a dense
 copy for prompts) and the decoder block (RMSNorm, grouped-query attention with rotary embedding and, per the
 config, Q/K/V biases, per-head Q/K norms, a sliding window, post-attention / post-MLP norms (Gemma 3), SwiGLU
 or GeGLU MLP)."""
@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+from speechrt.kernels.reference import quantize_fp8
 
 if TYPE_CHECKING:
     from .llama import LlamaConfig
@@ -23,6 +25,10 @@ WEIGHT_FORMATS: dict[str, torch.dtype] = {
     # (no requantization); other linear weights of such a file (e.g. a Q8_0 or Q6_K tensor) become int8;
     # a float checkpoint is quantized to 4 bits per group by min/max. The output head stays int8.
     "int4": torch.bfloat16,
+    # float8 E4M3 weights with a float32 scale per output channel (absmax / 448, quantized at load), bf16
+    # activations: W8A16 kernels on every GPU, W8A8 on fp8 tensor cores for prompts (kernels/triton_fp8_matmul.py).
+    # The output head stays int8.
+    "fp8": torch.bfloat16,
 }
 
 
@@ -86,6 +92,15 @@ class Linear(nn.Module):
             return
         if isinstance(weight, list):
             weight = torch.cat(weight)
+        if fmt == "fp8":
+            w8, scale = quantize_fp8(weight.to(device))
+            self.register_buffer("weight", w8)
+            self.register_buffer("scale", scale)
+            if dense:
+                self.register_buffer("dense", (w8.float() * scale[:, None]).to(dense).contiguous())
+            self._op = ops.linear_fp8
+            self._int8 = True
+            return
         if fmt == "int4":
             fmt = self.fmt = "int8"
         if fmt == "int8":

@@ -49,7 +49,7 @@ def add_arguments(p):
     p.add_argument(
         "--dtype",
         default=None,
-        help="int4, int8, bfloat16, float16, float32 (default: the precision --backend auto "
+        help="int4, int8, fp8, bfloat16, float16, float32 (default: the precision --backend auto "
         "chose; on another backend, on the CPU int4 for files with 4-bit blocks, else int8; bf16/fp16 on GPUs)",
     )
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")

@@ -26,6 +26,7 @@ DTYPES = {
     "int8": "int8",
     "int4": "int4",
     "q4": "int4",
+    "fp8": "fp8",
     "auto": None,
 }
 
@@ -44,8 +45,8 @@ def resolve_format(dtype: str | None, device: torch.device, has_q4: bool = False
     if dtype not in DTYPES:
         raise UserError(
             f"unsupported dtype {dtype!r} for language models; valid: "
-            f"{', '.join(k for k in DTYPES)} (int8 / int4 = weight-only; int4 on AVX2 CPUs in "
-            "kernels/cpu_decode, elsewhere with bf16 activations)"
+            f"{', '.join(k for k in DTYPES)} (int8 / int4 / fp8 = weight-only; int4 on AVX2 CPUs in "
+            "kernels/cpu_decode, elsewhere with bf16 activations; fp8: E4M3, for GPUs)"
         )
     return DTYPES[dtype]
 

@@ -35,6 +35,7 @@ def test_bench_gpu_skips_clearly_without_a_gpu(bench, tmp_path):
         "asr-turbo",
         "asr-fused",
         "lm-loop",
+        "lm-quant",
         "roofline",
         "server-ramp",
     ):
@@ -79,7 +80,8 @@ def test_lm_peers_check_asks_bench_lm_for_the_compiled_peer(tmp_path):
 def test_bench_gpu_lists_valid_checks(bench):
     r = bench("gpu", "--checks", "kernels,warp")
     assert (
-        r.returncode == 2 and "unknown check(s) warp; valid: gpu, kernels, lm-fused, asr-fused, lm-loop, attention" in r.stderr
+        r.returncode == 2
+        and "unknown check(s) warp; valid: gpu, kernels, lm-fused, asr-fused, lm-loop, lm-quant, attention" in r.stderr
     )
 
 
@@ -258,3 +260,34 @@ def test_fused_whisper_step_benchmark_runs_up_to_its_gpu_part(monkeypatch):
     status, detail = gpu_fused_asr.check_asr_fused(torch.device("cpu"), Results())
     assert status == "pass", detail
     assert detail.startswith("copy 10 GB/s; tiny b3: fused 1000 us (") and "unfused 1.00x, torch eager 1.00x" in detail
+
+
+def test_quantized_step_benchmark_runs_up_to_its_gpu_part(monkeypatch):
+    """The lm-quant check's cases on a tiny config, run here on the CPU by the Triton interpreter, uncaptured: the
+    bf16 (fused, unfused), int4 and fp8 steps timed, the quantized steps' logits within tolerance of the bf16 models
+    of their dequantized weights, records written with the bytes (int4 and fp8 read less than bf16) and the
+    fraction of a bandwidth. On a GPU the same code captures the steps in graphs at the Llama-3.2-1B shape."""
+    pytest.importorskip("triton")
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from speechrt.bench import gpu_quant
+    from speechrt.bench.record import Results
+    from speechrt.kernels import triton_int4_matmul
+    from speechrt.models.llama import LlamaConfig
+
+    if not isinstance(triton_int4_matmul._linear_w4_kernel, InterpretedFunction):
+        pytest.skip("the Triton kernels were compiled for a GPU in this process, not interpreted")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    cfg = LlamaConfig(vocab_size=64, dim=64, n_layers=1, n_heads=2, n_kv_heads=1, hidden_dim=96, max_seq_len=16)
+    out = Results()
+    bad = gpu_quant.run_cases(torch.device("cpu"), cfg, out, lambda fn: [fn() is not None and 1e-3], 10.0, 5, False)
+    assert bad == []
+    by = {r.precision: r for r in out.records}
+    assert list(by) == list(gpu_quant.VARIANTS)
+    for f in ("int4", "fp8"):
+        p = by[f].params
+        assert p["kernel_rel_err"] < 2e-2 and 0 < p["quantization_rel_err"] < 0.5, p
+        assert p["bytes"] < by["bf16"].params["bytes"]
+        assert p["speedup_vs_bf16_unfused"] == 1.0 and by[f].peer == "bf16"
+    assert by["bf16"].params["bytes"] == by["bf16-fused"].params["bytes"]
+    assert by["int4"].params["fraction_of_bandwidth"] == pytest.approx(by["int4"].params["bytes"] / 1e-3 / 10e9)

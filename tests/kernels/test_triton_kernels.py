@@ -46,10 +46,11 @@ def tri():
 
 
 HOT_OPS = {"layer_norm", "rms_norm", "gelu", "silu_mul", "linear", "linear_int8", "rotary", "attention"}
+HOT_OPS |= {"pack_int4", "linear_int4", "linear_fp8"}  # the quantized linears (tests/kernels/test_triton_quant.py)
 
 
 def test_select_triton_covers_the_hot_ops(tri):
-    """Every hot op is a Triton kernel; an op without one (the int4 CPU path) raises naming itself when
+    """Every hot op is a Triton kernel; an op without one (if any) raises naming itself when
     called, and the 'auto' set falls back to the reference for exactly those."""
     assert set(tri.names()) == set(ref.OPS)
     assert {k for k, v in tri.sources.items() if v == "triton"} >= HOT_OPS

@@ -318,3 +318,21 @@ def test_fused_unsupported_names_what_it_refuses(model_file):
     assert fused_unsupported(wider(**dataclasses.asdict(cfg)), "bfloat16") is None
     why = fused_unsupported(wider(**dataclasses.asdict(cfg), future_switch=3), "bfloat16")
     assert "Wider.future_switch=3" in why
+
+
+def test_gguf_4bit_blocks_pack_exactly_for_the_triton_int4_kernel(model_file):
+    """Every Q4_1 tensor of the embedded SmolLM2 file, as the Triton W4A16 kernel holds it (two 4-bit values per
+    byte, an (s, z) pair per group of 32: float16 where exact, else float32), dequantizes to gguf's own float32
+    values bit for bit; most pairs fit float16 (5 bits per weight read)."""
+    pytest.importorskip("triton")
+    from speechrt.kernels import reference as ref
+    from speechrt.kernels import triton_int4_matmul as i4
+
+    f = model_file[1]
+    assert len(f.q4) == 210
+    halves = 0
+    for name, (q, s, z) in f.q4.items():
+        packed, sz = i4.pack_int4(q, s, z)
+        assert torch.equal(ref.dequantize_int4(i4.unpack_int4(packed), sz), f.weights[name]), name
+        halves += sz.dtype == torch.float16
+    assert halves >= 200

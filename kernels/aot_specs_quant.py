@@ -1,0 +1,84 @@
+"""What the AOT report compiles of the quantized linear kernels (kernels/triton_int4_matmul.py, triton_fp8_matmul.py):
+each launch configuration their `config()` picks for bf16 activations, a one-row decode step and a 64-row
+prefill, at the SmolLM2-135M shape (d 576, FFN 1536, vocab 49152) and the Llama-3.2-1B shape (d 2048, FFN 8192,
+vocab 128256). N, K and the group size are runtime arguments, so one binary serves both shapes and every group
+size of a K tile (G 32: the GGUF's blocks; G 128: AWQ / GPTQ); the int4 (s, z) pairs compile as float16 (Q4_0 /
+Q4_1) and float32 (Q4_K, AWQ / GPTQ). The W8A8 variant (E4M3 operands on the fp8 tensor cores) compiles for
+sm_90 only (the launcher takes it on compute capability >= 8.9; sm_80 and the AMD targets have no fp8e4nv);
+the W8A16 variant, which reads the weights as bytes, for every target."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .aot_specs import Spec, int_args, make_spec
+
+SHAPES = "smollm2 d576 / llama-1b d2048"
+
+
+def quant_specs(hip: bool = False) -> list[Spec]:
+    import torch
+
+    from . import triton_fp8_matmul as f8
+    from . import triton_int4_matmul as i4
+    from .triton_matmul import precision
+
+    bf16 = torch.bfloat16
+    out = []
+    w4_types = {
+        "x_ptr": "*bf16",
+        "w_ptr": "*u8",
+        "y_ptr": "*fp32",
+        **int_args("M", "N", "K", "G", "K_SPLIT", "sxm", "sxk", "swn", "sym", "sys_"),
+    }
+    for M, G, sz, y in (
+        (1, 32, "fp16", "fp32"),
+        (1, 128, "fp32", "fp32"),
+        (64, 32, "fp16", "bf16"),
+        (64, 128, "fp32", "bf16"),
+    ):
+        c = i4.config(M, 8192, 2048, bf16, G)
+        cx = {"PRECISION": precision(bf16), "UPCAST": False, **{k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}}
+        out.append(
+            make_spec(
+                i4._linear_w4_kernel,
+                f"{SHAPES} M={M} G={G} scales {sz}" + (" split-K" if M == 1 else ""),
+                {**w4_types, "sz_ptr": f"*{sz}", "y_ptr": f"*{y}"},
+                cx,
+                c,
+                ("x_ptr", "w_ptr", "sz_ptr", "y_ptr", "N", "K", "G", "K_SPLIT", "sxm", "swn", "sym", "sys_"),
+                matmul=True,
+            )
+        )
+    out.append(
+        make_spec(
+            i4._sum_splits_kernel,
+            f"{SHAPES} M=1 split-K sums",
+            {"p_ptr": "*fp32", "y_ptr": "*bf16", **int_args("SPLITS", "MN")},
+            {"BLOCK": i4.SUM_BLOCK},
+            {"num_warps": 4},
+            ("p_ptr", "y_ptr", "MN"),
+        )
+    )
+    f8_types = {
+        "x_ptr": "*bf16",
+        "w_ptr": "*u8",
+        "s_ptr": "*fp32",
+        "y_ptr": "*bf16",
+        **int_args("M", "N", "K", "sxm", "sxk", "swn", "swk", "sym"),
+    }
+    for M, act in ((1, False), (64, False), (64, True)):
+        c = f8.config(M, 8192, 2048, bf16, act)
+        cx = {"ACT_FP8": act, "PRECISION": precision(bf16), "UPCAST": False}
+        cx.update({k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")})
+        spec = make_spec(
+            f8._linear_fp8_kernel,
+            f"{SHAPES} M={M} " + ("W8A8" if act else "W8A16"),
+            {**f8_types, "w_ptr": "*fp8e4nv"} if act else f8_types,
+            cx,
+            c,
+            ("x_ptr", "w_ptr", "s_ptr", "y_ptr", "N", "K", "sxm", "swn", "sym"),
+            matmul=True,
+        )
+        out.append(replace(spec, targets=("sm_90",)) if act else spec)
+    return out
