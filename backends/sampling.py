@@ -8,7 +8,9 @@ requests, so a token is drawn by the Gumbel-max trick, argmax(logits / T + G), G
 uniform noise from a counter-based hash (murmur3's 32-bit finalizer, written in int64 torch ops) of the
 request's seed, its token counter (how many tokens it has drawn) and the vocabulary index. A request's
 stream is thus a pure function of (seed, counter): the same whatever its batch neighbours, its slot, the
-number of steps per replay or the device. U has 24 bits (G is cut at ~17.3), plenty for sampling.
+number of steps per replay or the device. U has 23 bits, so that its largest value, 1 - 2**-24, is a float32
+below 1 (with 24 bits it rounded to 1.0: G was +inf, and that token won whatever its logit, a grammar's masked
+ones included); G lies within about (-2.8, 16.6), plenty for sampling.
 """
 
 from __future__ import annotations
@@ -38,13 +40,18 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+def unit(h: torch.Tensor) -> torch.Tensor:
+    """32-bit hashes (int64 in [0, 2**32)) -> float32 strictly inside (0, 1): their top 23 bits, centred."""
+    return ((h >> 9).float() + 0.5) * (1.0 / (1 << 23))
+
+
 def uniform(seed: torch.Tensor, counter: torch.Tensor, vocab: int) -> torch.Tensor:
     """Noise U [rows, vocab] float32 in (0, 1) of each row's seed [rows] int64 (>= 0) and counter [rows]."""
     key = mix32((seed & MASK32) ^ mix32((seed >> 32) & MASK32))
     key = mix32(key ^ (counter & MASK32))[:, None]
     v = torch.arange(vocab, device=seed.device, dtype=torch.int64)[None]
     h = mix32((mix32(v ^ key) + mix32(key ^ GOLDEN)) & MASK32)
-    return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    return unit(h)
 
 
 def new_seed(seed: int | None) -> int:

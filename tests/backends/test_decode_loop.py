@@ -171,6 +171,24 @@ def test_sampling_distribution():
     assert not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])  # counters and seeds give other noise
 
 
+def test_the_noise_never_outbids_a_masked_token():
+    """The extreme hashes give noise strictly inside (0, 1), so the Gumbel term is finite (with 24 bits the largest
+    rounded to 1.0 in float32: G = +inf won the draw whatever the logit, and Gemma 3's grammar-masked tokens (-1e30)
+    were drawn about once in 60 tokens over its 262,144-token vocabulary). Then draws over that vocabulary with all
+    but three tokens masked take only those three, through every filter."""
+    u = sampling.unit(torch.tensor([0, 1, (1 << 31), (1 << 32) - 2, (1 << 32) - 1]))
+    g = -torch.log(-torch.log(u))
+    assert float(u.min()) > 0 and float(u.max()) < 1 and bool(torch.isfinite(g).all()), (u, g)
+    V, gen = 262144, torch.Generator().manual_seed(0)
+    for seed in range(8):
+        allowed = torch.randperm(V, generator=gen)[:3]
+        logits = torch.full((1, V), -1e30)
+        logits[0, allowed] = torch.randn(3, generator=gen)
+        for kw in (dict(), dict(top_k=64, top_p=0.95)):
+            row = SamplingRows.one(V, CPU, temperature=1.0, seed=seed, **kw)
+            assert int(sampling.pick(logits, row, torch.tensor([seed]))[0]) in allowed.tolist()
+
+
 def test_lm_loop_bench_check_runs_on_the_cpu(runner):
     """`bench gpu --checks lm-loop`'s comparison (gpu_loop.compare_blocks) on the tiny model, uncaptured: it
     passes (the ids of K = 8 are K = 1's) and records tokens per second of each K at batch 1 and 3."""
