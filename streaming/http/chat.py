@@ -180,6 +180,7 @@ class ChatCompletion:
         self.n = choices_option(body.get("n"))
         self.prompt_tokens = 0
         self.texts = [""] * self.n
+        self.choices = Choices(self.server, self.options, self.n)
 
     async def respond(self):
         room = self.engine.prompt_room(self.options.max_tokens)
@@ -196,7 +197,7 @@ class ChatCompletion:
                 e.code,
             ) from None
         self.prompt_tokens = len(ids)
-        pieces = Choices(self.server, self.options, self.n).pieces(ids)
+        pieces = self.choices.pieces(ids)
         if self.stream:
             return StreamingResponse(self.events(pieces), media_type="text/event-stream", headers=SSE)
         logprobs, finish = [[] for _ in range(self.n)], [None] * self.n
@@ -232,7 +233,7 @@ class ChatCompletion:
         return None if self.options.logprobs is None else {"content": entries, "refusal": None}
 
     def usage(self) -> dict:
-        done = sum(len(self.lm.tokenizer.encode(t, add_bos=False)) for t in self.texts if t)
+        done = self.choices.written()  # the tokens sampled (their text, re-encoded, may count otherwise)
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": done,
@@ -306,6 +307,11 @@ class Choices:
     def __init__(self, server, options: GenerationOptions, n: int):
         self.server, self.lm, self.engine = server, server.lm, server.engine
         self.options, self.n = options, n
+        self.requests = []  # each choice's request in the engine's batch, as it starts
+
+    def written(self) -> int:
+        """Tokens the choices' sequences have sampled so far (a stop token included, as Realtime's usage counts)."""
+        return sum(r.count for r in self.requests)
 
     async def pieces(self, ids: list[int]):
         """(choice, text, finish_reason or None, logprobs entry or None) of the n choices as they come, each choice
@@ -358,6 +364,7 @@ class Choices:
         batch if the consumer stops."""
         eng = self.engine
         req, q = eng.generate(ids, options)
+        self.requests.append(req)
         finished = False
         try:
             while True:
