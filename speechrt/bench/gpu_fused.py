@@ -121,42 +121,52 @@ def run_cases(device, cases: list[Case], out: Results, timer, bandwidth_gbps: fl
     bad = []
     for c in cases:
         steps = _steps(c.cfg, device, c.batch, c.context, capture, dtype)
-        want = steps["unfused"]().float()
-        got = steps["fused"]().float()
-        err = ((got - want).abs().amax() / want.abs().amax().clamp_min(1e-30)).item()
-        same = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
-        if not err <= 5e-2:
-            bad.append(f"{c.shape} batch {c.batch}: fused logits {err:.3g} (relative) from the unfused step's")
-        for v, fn in steps.items():
-            ts = timer(fn)
-            t = statistics.median(ts)
-            out.records.append(
-                Record(
-                    family="gpu",
-                    model=c.shape,
-                    engine="torch" if v == "torch-eager" else "speechrt",
-                    backend=v,
-                    precision=str(dtype).removeprefix("torch."),
-                    device=str(device),
-                    workload=f"decode step, batch {c.batch}, {c.context} cached positions, random weights",
-                    metric="decode_step_us",
-                    unit="us",
-                    value=t * 1e6,
-                    better="lower",
-                    repeats=Repeats.of(x * 1e6 for x in ts),
-                    peer="" if v == "fused" else "fused",
-                    params={
-                        "batch": c.batch,
-                        "bytes": c.bytes,
-                        "fraction_of_bandwidth": c.bytes / t / (bandwidth_gbps * 1e9) if bandwidth_gbps else 0.0,
-                        "fused_vs_unfused_rel_err": err,
-                        "argmax_agreement": same,
-                    },
-                )
-            )
+        workload = f"decode step, batch {c.batch}, {c.context} cached positions, random weights"
+        bad += time_steps(steps, out, c, workload, timer, bandwidth_gbps, 5e-2, str(device), dtype)
         del steps
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    return bad
+
+
+def time_steps(steps: dict, out: Results, case, workload: str, timer, bandwidth_gbps, max_err, device, dtype):
+    """One case's variants (`steps`: name -> step; the 'fused' one checked against 'unfused') -> problems; each
+    variant timed, a record each (the fused step the others' peer) with the case's bytes and their fraction of the
+    bandwidth. `case`: its shape (the model's name), batch and bytes."""
+    want = steps["unfused"]().float()
+    got = steps["fused"]().float()
+    err = ((got - want).abs().amax() / want.abs().amax().clamp_min(1e-30)).item()
+    same = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+    bad = []
+    if not err <= max_err:
+        bad.append(f"{case.shape} batch {case.batch}: fused logits {err:.3g} (relative) from the unfused step's")
+    for v, fn in steps.items():
+        ts = timer(fn)
+        t = statistics.median(ts)
+        out.records.append(
+            Record(
+                family="gpu",
+                model=case.shape,
+                engine="torch" if v == "torch-eager" else "speechrt",
+                backend=v,
+                precision=str(dtype).removeprefix("torch."),
+                device=device,
+                workload=workload,
+                metric="decode_step_us",
+                unit="us",
+                value=t * 1e6,
+                better="lower",
+                repeats=Repeats.of(x * 1e6 for x in ts),
+                peer="" if v == "fused" else "fused",
+                params={
+                    "batch": case.batch,
+                    "bytes": case.bytes,
+                    "fraction_of_bandwidth": case.bytes / t / (bandwidth_gbps * 1e9) if bandwidth_gbps else 0.0,
+                    "fused_vs_unfused_rel_err": err,
+                    "argmax_agreement": same,
+                },
+            )
+        )
     return bad
 
 

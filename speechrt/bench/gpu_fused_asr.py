@@ -9,10 +9,10 @@ on a tiny config in the Triton interpreter, uncaptured); only `check_asr_fused()
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from dataclasses import dataclass
 
-from speechrt.bench.record import Record, Repeats, Results
+from speechrt.bench.gpu_fused import time_steps
+from speechrt.bench.record import Results
 from speechrt.models.whisper import WhisperConfig
 
 SHAPES = {
@@ -119,40 +119,8 @@ def run_cases(device, cases: list[Case], out: Results, timer, bandwidth_gbps: fl
     bad = []
     for c in cases:
         steps = _steps(c.cfg, device, c.batch, c.position, capture, dtype)
-        want = steps["unfused"]().float()
-        got = steps["fused"]().float()
-        err = ((got - want).abs().amax() / want.abs().amax().clamp_min(1e-30)).item()
-        same = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
-        if not err <= MAX_REL_ERR:
-            bad.append(f"{c.shape} batch {c.batch}: fused logits {err:.3g} (relative) from the unfused step's")
-        for v, fn in steps.items():
-            ts = timer(fn)
-            t = statistics.median(ts)
-            out.records.append(
-                Record(
-                    family="gpu",
-                    model=c.shape,
-                    engine="torch" if v == "torch-eager" else "speechrt",
-                    backend=v,
-                    precision=str(dtype).removeprefix("torch."),
-                    device=str(device),
-                    workload=f"Whisper decoder step, batch {c.batch}, position {c.position}, a window's cross K/V, "
-                    "random weights",
-                    metric="decode_step_us",
-                    unit="us",
-                    value=t * 1e6,
-                    better="lower",
-                    repeats=Repeats.of(x * 1e6 for x in ts),
-                    peer="" if v == "fused" else "fused",
-                    params={
-                        "batch": c.batch,
-                        "bytes": c.bytes,
-                        "fraction_of_bandwidth": c.bytes / t / (bandwidth_gbps * 1e9) if bandwidth_gbps else 0.0,
-                        "fused_vs_unfused_rel_err": err,
-                        "argmax_agreement": same,
-                    },
-                )
-            )
+        workload = f"Whisper decoder step, batch {c.batch}, position {c.position}, a window's cross K/V, random weights"
+        bad += time_steps(steps, out, c, workload, timer, bandwidth_gbps, MAX_REL_ERR, str(device), dtype)
         del steps
         if device.type == "cuda":
             torch.cuda.empty_cache()
