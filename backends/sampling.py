@@ -6,7 +6,8 @@ Every row has its own options (temperature, top-k, top-p, logit bias, penalties)
 [rows, vocab]. Randomness: a per-request torch.Generator cannot live inside one graph that steps several
 requests, so a token is drawn by the Gumbel-max trick, argmax(logits / T + G), G = -log(-log U), with U
 uniform noise from a counter-based hash (murmur3's 32-bit finalizer, written in int64 torch ops) of the
-request's seed, its token counter (how many tokens it has drawn) and the vocabulary index. A request's
+request's seed, its token counter (how many tokens it has drawn) and the vocabulary index: the key of (seed,
+counter) mixed, then one mix per token of key + index * the golden ratio's 32 bits. A request's
 stream is thus a pure function of (seed, counter): the same whatever its batch neighbours, its slot, the
 number of steps per replay or the device. U has 23 bits, so that its largest value, 1 - 2**-24, is a float32
 below 1 (with 24 bits it rounded to 1.0: G was +inf, and that token won whatever its logit, a grammar's masked
@@ -24,19 +25,14 @@ MASK32 = 0xFFFFFFFF
 GOLDEN = 0x9E3779B9
 
 
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """x * c mod 2**32 for x in [0, 2**32) held as int64, without int64 overflow (c split in 16-bit halves)."""
-    lo = x * (c & 0xFFFF)
-    hi = ((x * (c >> 16)) & 0xFFFF) << 16
-    return (lo + hi) & MASK32
-
-
 def mix32(x: torch.Tensor) -> torch.Tensor:
-    """murmur3's fmix32 on int64 values in [0, 2**32) (right shifts are logical: the values are positive)."""
+    """murmur3's fmix32 on int64 values in [0, 2**32) (right shifts are logical: the values are positive). A
+    product of two 32-bit values may pass 2**63: torch's int64 multiply wraps modulo 2**64 (two's complement, on the
+    CPU and the GPU), which leaves the low 32 bits, all that is kept, exact."""
     x = x ^ (x >> 16)
-    x = _mul32(x, 0x85EBCA6B)
+    x = (x * 0x85EBCA6B) & MASK32
     x = x ^ (x >> 13)
-    x = _mul32(x, 0xC2B2AE35)
+    x = (x * 0xC2B2AE35) & MASK32
     return x ^ (x >> 16)
 
 
@@ -50,8 +46,7 @@ def uniform(seed: torch.Tensor, counter: torch.Tensor, vocab: int) -> torch.Tens
     key = mix32((seed & MASK32) ^ mix32((seed >> 32) & MASK32))
     key = mix32(key ^ (counter & MASK32))[:, None]
     v = torch.arange(vocab, device=seed.device, dtype=torch.int64)[None]
-    h = mix32((mix32(v ^ key) + mix32(key ^ GOLDEN)) & MASK32)
-    return unit(h)
+    return unit(mix32((v * GOLDEN + key) & MASK32))  # one mix per token (the vocabulary is the cost)
 
 
 def new_seed(seed: int | None) -> int:

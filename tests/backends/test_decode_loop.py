@@ -176,6 +176,16 @@ def test_the_noise_never_outbids_a_masked_token():
     rounded to 1.0 in float32: G = +inf won the draw whatever the logit, and Gemma 3's grammar-masked tokens (-1e30)
     were drawn about once in 60 tokens over its 262,144-token vocabulary). Then draws over that vocabulary with all
     but three tokens masked take only those three, through every filter."""
+
+    def fmix32(x: int) -> int:  # murmur3's finalizer in Python's exact integers
+        x ^= x >> 16
+        x = (x * 0x85EBCA6B) & 0xFFFFFFFF
+        x ^= x >> 13
+        x = (x * 0xC2B2AE35) & 0xFFFFFFFF
+        return x ^ (x >> 16)
+
+    xs = [0, 1, 12345, (1 << 31) + 7, (1 << 32) - 1] + torch.randint(0, 1 << 32, (1000,)).tolist()
+    assert sampling.mix32(torch.tensor(xs)).tolist() == [fmix32(x) for x in xs]  # products past 2**63 wrap exactly
     u = sampling.unit(torch.tensor([0, 1, (1 << 31), (1 << 32) - 2, (1 << 32) - 1]))
     g = -torch.log(-torch.log(u))
     assert float(u.min()) > 0 and float(u.max()) < 1 and bool(torch.isfinite(g).all()), (u, g)
