@@ -121,6 +121,7 @@ class TritonLMRunner(TorchLMRunner):
         self.prefill_graphs = GraphCache(MAX_PREFILL_GRAPHS)
         self.prefill_graphs_enabled = True
         self.loops = GraphCache(MAX_LOOP_GRAPHS)
+        self.loops_enabled = True  # False after a block this device refused: one step at a time from then on
 
     def _fused_why(self, fused: bool) -> str | None:
         """Why decode steps run unfused, or None: they run in the fused kernels."""
@@ -224,7 +225,7 @@ class TritonLMRunner(TorchLMRunner):
         pos = cache.next_positions(slots)
         lengths = cache.lengths[:n]
         if (
-            not self.graphs_enabled
+            not (self.graphs_enabled and self.loops_enabled)
             or len(set(slots)) < len(slots)
             or max(lengths) >= cache.max_seq
             or any(p + steps > cache.max_seq or steps > a for p, a in zip(pos, left))
@@ -232,10 +233,16 @@ class TritonLMRunner(TorchLMRunner):
             return None
         width, vocab = stop_width(stops), self.config.vocab_size
         key = (cache.k.data_ptr(), cache.v.data_ptr(), n, steps, rows.features, width)
-        loop = self.loops.get(
-            key, lambda: DecodeLoop(self.decode_range, cache, n, steps, rows.features, vocab, width, self.capture)
-        )
-        ids, ran = loop(slots, tokens.to(self.device), lengths, rows, left, stops)
+        try:  # the cache's lengths change only below, so a block that fails leaves the one-step path intact
+            loop = self.loops.get(
+                key, lambda: DecodeLoop(self.decode_range, cache, n, steps, rows.features, vocab, width, self.capture)
+            )
+            ids, ran = loop(slots, tokens.to(self.device), lengths, rows, left, stops)
+        except Exception:  # noqa: BLE001 - a capture this device refuses: decode one step at a time from now on
+            log.exception("a decode block of %d steps over %d rows failed; decoding one step at a time", steps, n)
+            self.loops_enabled = False
+            self.loops = GraphCache(MAX_LOOP_GRAPHS)
+            return None
         for s, p, r in zip(slots, pos, ran):
             cache.lengths[s] = p + r
         return ids, ran

@@ -93,6 +93,27 @@ def test_greedy_blocks_equal_one_step(runner):
         assert max(key[3] for key in runner.loops.items) == k  # blocks of k steps ran (and shorter ones)
 
 
+def test_a_block_the_device_refuses_falls_back_to_one_step(runner, monkeypatch, caplog):
+    """A decode block that fails (a capture a GPU refuses) is logged once, and the requests go on one step at a
+    time with the one-step path's tokens; the runner offers no more blocks."""
+    from speechrt.backends.triton import lm as triton_lm
+
+    jobs = [(prompt(i), GenerationOptions(max_tokens=6, stop_repeats=0, stop_token_ids=())) for i in range(2)]
+    want = run(runner, jobs, block=1)
+
+    def refused(*a, **k):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(triton_lm, "DecodeLoop", refused)
+    runner.loops.items.clear()
+    try:
+        got = run(runner, jobs, block=8)
+        assert not runner.loops_enabled and "decoding one step at a time" in caplog.text
+    finally:
+        runner.loops_enabled = True
+    same(got, want)
+
+
 def test_block_ends_rows_exactly(runner):
     """The runner's block: a row that meets a stop id stops there (later entries repeat it, its length is what
     it fed), one whose budget is the block's runs all of it; the ids are the one-step path's."""
