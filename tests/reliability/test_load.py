@@ -69,9 +69,9 @@ def load(server, synth, streams: int):
     return latencies
 
 
-@pytest.mark.parametrize("streams", [16, 32])
-def test_concurrent_sessions_each_get_their_own_transcripts(tserver, synth, streams):
-    assert len(load(tserver, synth, streams)) == 2 * streams
+def test_concurrent_sessions_each_get_their_own_transcripts(tserver, synth):
+    """32 sessions at once (a 16-session case checked the same at half the load, and went)."""
+    assert len(load(tserver, synth, 32)) == 64
 
 
 def test_sessions_beyond_the_cap_are_refused_cleanly(tserver):
