@@ -5,17 +5,13 @@ the kernels claim, and a NaN that must reach the output. On a GPU: SPEECHRT_TEST
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from kernel_checks import DEVICE, DTYPES, close, rand  # tests/kernel_checks.py
 
 from speechrt.kernels import reference as ref
 
 pytestmark = pytest.mark.usefixtures("interpret")
-DEVICE = os.environ.get("SPEECHRT_TEST_DEVICE", "cpu")
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-2, 1e-2), torch.bfloat16: (2e-2, 2e-2)}  # bf16: 2 of its ulps
 DIM, H, HKV, D, HIDDEN, SLOTS, S = 72, 3, 1, 24, 200, 6, 13  # S: the cache's (odd) length
 
 
@@ -24,25 +20,6 @@ def fused():
     from speechrt.kernels import triton_fused
 
     return triton_fused
-
-
-def rand(*shape, dtype=torch.float32, seed=0, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEVICE)
-
-
-def close(out, expected, truth=None):
-    """out (the kernel's) equals expected (the reference's, same dtype) within TOL. With `truth` (the reference in
-    float32 on the same inputs), 16-bit: the kernel, which rounds at other points than the unfused ops (see
-    kernels/triton_fused.py), is also no further from it than the reference is (x1.5)."""
-    assert out.shape == expected.shape and out.dtype == expected.dtype, (out.shape, expected.shape, out.dtype)
-    assert torch.isfinite(expected).all(), "non-finite values in the reference output (bad test input)"
-    assert torch.isfinite(out).all(), "non-finite values in the kernel output"
-    rtol, atol = TOL[expected.dtype]
-    if truth is not None and expected.dtype != torch.float32:
-        err, ref_err = ((t.float() - truth.float()).abs().amax().item() for t in (out, expected))
-        assert err <= 1.5 * ref_err + atol, (err, ref_err)
-    torch.testing.assert_close(out.float(), expected.float(), rtol=rtol, atol=atol)
 
 
 def strided_rows(m, n, dtype, seed):

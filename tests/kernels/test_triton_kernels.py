@@ -7,34 +7,14 @@ On a GPU the same cases run compiled: `SPEECHRT_TEST_DEVICE=cuda pytest tests/ke
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from kernel_checks import DEVICE, DTYPES, TOL, close, rand  # tests/kernel_checks.py
 
 from speechrt import kernels
 from speechrt.kernels import reference as ref
 
 pytestmark = pytest.mark.usefixtures("interpret")
-DEVICE = os.environ.get("SPEECHRT_TEST_DEVICE", "cpu")  # tests/kernels/conftest.py
-
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-2, 1e-2), torch.bfloat16: (2e-2, 2e-2)}
-
-
-def close(out, expected, dtype=None, tol=None):
-    dtype = dtype or expected.dtype
-    assert out.shape == expected.shape, (out.shape, expected.shape)
-    assert out.dtype == expected.dtype, (out.dtype, expected.dtype)
-    assert torch.isfinite(out).all(), "non-finite values in the kernel output"
-    assert torch.isfinite(expected).all(), "non-finite values in the reference output (bad test input)"
-    rtol, atol = tol or TOL[dtype]
-    torch.testing.assert_close(out.float(), expected.float(), rtol=rtol, atol=atol)
-
-
-def rand(*shape, dtype=torch.float32, seed=0, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEVICE)
 
 
 @pytest.fixture(scope="module")

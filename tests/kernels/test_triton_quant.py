@@ -7,18 +7,14 @@ SPEECHRT_TEST_DEVICE=cuda (conftest.py)."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
+from kernel_checks import DEVICE, DTYPES, close, rand  # tests/kernel_checks.py
 
 from speechrt.kernels import reference as ref
 
 pytestmark = pytest.mark.usefixtures("interpret")
-DEVICE = os.environ.get("SPEECHRT_TEST_DEVICE", "cpu")
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-2, 1e-2), torch.bfloat16: (2e-2, 2e-2)}
 
 
 @pytest.fixture(scope="module")
@@ -33,19 +29,6 @@ def f8():
     from speechrt.kernels import triton_fp8_matmul
 
     return triton_fp8_matmul
-
-
-def rand(*shape, dtype=torch.float32, seed=0, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEVICE)
-
-
-def close(out, expected):
-    assert out.shape == expected.shape and out.dtype == expected.dtype, (out.shape, expected.shape, out.dtype)
-    assert torch.isfinite(expected).all(), "non-finite values in the reference output (bad test input)"
-    assert torch.isfinite(out).all(), "non-finite values in the kernel output"
-    rtol, atol = TOL[expected.dtype]
-    torch.testing.assert_close(out.float(), expected.float(), rtol=rtol, atol=atol)
 
 
 def awq_groups(N, K, G, seed):

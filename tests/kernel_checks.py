@@ -1,0 +1,33 @@
+"""What the Triton kernel tests share: the device they run on (SPEECHRT_TEST_DEVICE, see tests/kernels/conftest.py),
+the dtypes a kernel claims with their tolerances, seeded random inputs and the comparison of a kernel's output with
+its reference's."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+DEVICE = os.environ.get("SPEECHRT_TEST_DEVICE", "cpu")
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-2, 1e-2), torch.bfloat16: (2e-2, 2e-2)}  # bf16: 2 of its ulps
+
+
+def rand(*shape, dtype=torch.float32, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEVICE)
+
+
+def close(out, expected, truth=None, tol=None):
+    """out (the kernel's) equals expected (the reference's: same shape and dtype, finite) within `tol` (default
+    TOL of the dtype). With `truth` (the reference in float32 on the same inputs), 16-bit: the kernel, which may
+    round at other points than the unfused ops (see kernels/triton_fused.py), is also no further from it than the
+    reference is (x1.5)."""
+    assert out.shape == expected.shape and out.dtype == expected.dtype, (out.shape, expected.shape, out.dtype)
+    assert torch.isfinite(expected).all(), "non-finite values in the reference output (bad test input)"
+    assert torch.isfinite(out).all(), "non-finite values in the kernel output"
+    rtol, atol = tol or TOL[expected.dtype]
+    if truth is not None and expected.dtype != torch.float32:
+        err, ref_err = ((t.float() - truth.float()).abs().amax().item() for t in (out, expected))
+        assert err <= 1.5 * ref_err + atol, (err, ref_err)
+    torch.testing.assert_close(out.float(), expected.float(), rtol=rtol, atol=atol)
