@@ -191,6 +191,27 @@ def _window(device: str) -> torch.Tensor:
     return torch.hann_window(N_FFT, device=device)
 
 
+CPU_BLOCK_FRAMES = 256  # frames per STFT on the CPU: 2.6 s of audio, whose spectra stay in the core's cache
+
+
+def _log_mel_frames(x: torch.Tensor, n_mels: int) -> torch.Tensor:
+    """log10 of the mel power of every whole frame of `x` (no centering): [n_mels, (len(x) - N_FFT) // HOP + 1].
+    On the CPU in blocks of CPU_BLOCK_FRAMES frames (each block's samples overlapping the next's by N_FFT - HOP):
+    one STFT of a whole batch's audio spills its spectra out of the cache, 0.17 -> 0.3-0.5 ms per second of audio
+    on one Xeon core; on a GPU in one pass."""
+    dev = str(x.device)
+    win, filters = _window(dev), _filters(n_mels, dev)
+    frames = (len(x) - N_FFT) // HOP_LENGTH + 1
+    step = frames if x.device.type != "cpu" else CPU_BLOCK_FRAMES
+    parts = []
+    for k in range(0, frames, step):
+        piece = x[k * HOP_LENGTH : (min(k + step, frames) - 1) * HOP_LENGTH + N_FFT]
+        spec = torch.view_as_real(torch.stft(piece, N_FFT, HOP_LENGTH, window=win, center=False, return_complex=True))
+        power = spec[..., 0] * spec[..., 0] + spec[..., 1] * spec[..., 1]  # |z|^2 (abs() ** 2: 3x the time)
+        parts.append(torch.clamp(filters @ power, min=1e-10).log10())
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
+
 def log_mel_spectrogram(audio, n_mels: int = 80, padding: int = 0, device: str | torch.device = "cpu") -> torch.Tensor:
     """Whisper's log-mel: |STFT|^2 (n_fft 400, hop 160, Hann, centered) -> Slaney mel -> log10,
     floored at max - 8, scaled by (x + 4) / 4. audio [n] at 16 kHz (`padding` zeros appended first,
@@ -198,11 +219,8 @@ def log_mel_spectrogram(audio, n_mels: int = 80, padding: int = 0, device: str |
     a = torch.as_tensor(audio, dtype=torch.float32, device=device)
     if padding:
         a = torch.nn.functional.pad(a, (0, padding))
-    dev = str(a.device)
-    stft = torch.stft(a, N_FFT, HOP_LENGTH, window=_window(dev), return_complex=True)
-    mag = stft[..., :-1].abs() ** 2
-    mel = _filters(n_mels, dev) @ mag
-    log_spec = torch.clamp(mel, min=1e-10).log10()
+    half = N_FFT // 2  # centered as torch.stft(center=True) does: 200 mirrored samples each side
+    log_spec = _log_mel_frames(torch.nn.functional.pad(a[None], (half, half), mode="reflect")[0], n_mels)[:, :-1]
     log_spec = torch.maximum(log_spec, log_spec.max() - 8.0)
     return (log_spec + 4.0) / 4.0
 
@@ -215,6 +233,51 @@ def utterance_mel(audio, n_mels: int = 80, device: str | torch.device = "cpu") -
     return pad_or_trim_frames(
         log_mel_spectrogram(audio, n_mels, padding=N_FFT, device=device)[:, : len(audio) // HOP_LENGTH]
     )
+
+
+def utterance_mels(
+    audios, n_mels: int = 80, device: str | torch.device = "cpu", length: int = N_FRAMES
+) -> torch.Tensor:
+    """utterance_mel of several utterances (each at most 30 s, any lengths) in one pass on `device`:
+    [len(audios), n_mels, length], each row its utterance's first `length` frames (its content frames, then
+    zeros), floored at its own maximum - 8. The rows' signals, each as torch.stft(center=True) pads it (its
+    first samples mirrored, the audio, zeros), lie end to end on hop borders in one array: one host-to-device
+    copy, one STFT, one filterbank product and one log over the frames of all of them (no padding to the
+    longest), then each row's maximum (scatter_reduce) and its frames gathered."""
+    dev = torch.device(device)
+    lens = np.array([len(a) for a in audios], dtype=np.int64)
+    if not len(lens):
+        return torch.zeros(0, n_mels, length, device=dev)
+    half = N_FFT // 2
+    # a row's padded signal: 200 mirrored samples, its audio, >= 600 zeros (N_FFT appended, and stft's 200 mirrored
+    # zeros), in hops; the frames whose maximum sets its floor, as utterance_mel: the first (n + N_FFT) // HOP_LENGTH
+    hops = -(-(lens + 2 * half + N_FFT) // HOP_LENGTH)
+    starts = np.concatenate([[0], np.cumsum(hops)[:-1]])
+    sig = np.zeros(int(hops.sum()) * HOP_LENGTH, dtype=np.float32)
+    for a, o, n in zip(audios, starts * HOP_LENGTH, lens):
+        a = np.asarray(a, dtype=np.float32).reshape(-1)
+        head = a[1 : half + 1]
+        sig[o + half - len(head) : o + half] = head[::-1]  # (a short row: its mirror starts with zeros)
+        sig[o + half : o + half + n] = a
+    log_spec = _log_mel_frames(torch.from_numpy(sig).to(dev, non_blocking=True), n_mels)  # [n_mels, frames]
+    frames, rows = log_spec.shape[1], len(lens)
+    owner = np.full(frames, rows, dtype=np.int64)  # the frames that set each row's floor; the rest: row `rows`
+    for i, (s, n) in enumerate(zip(starts, (lens + N_FFT) // HOP_LENGTH)):
+        owner[s : s + n] = i
+    owner = torch.from_numpy(owner).to(dev, non_blocking=True)
+    top = torch.full((rows + 1,), -torch.inf, device=dev).scatter_reduce(0, owner, log_spec.amax(0), "amax")
+    log_spec = torch.maximum(log_spec, (top - 8.0)[owner]).add_(4.0).div_(4.0)  # each frame floored by its row
+    log_spec[:, -1] = 0.0  # (the last frame is no row's content: the zeros after each row's content point to it)
+    content = np.minimum(lens // HOP_LENGTH, length)
+    width = int(content.max())
+    at = np.arange(width)
+    idx = np.where(at < content[:, None], starts[:, None] + at, frames - 1).reshape(-1)
+    picked = log_spec.index_select(1, torch.from_numpy(idx).to(dev, non_blocking=True)).view(n_mels, rows, width)
+    if width == length:
+        return picked.transpose(0, 1).contiguous()
+    out = torch.zeros(rows, n_mels, length, device=dev)
+    out[:, :, :width] = picked.transpose(0, 1)
+    return out
 
 
 def pad_or_trim_frames(mel: torch.Tensor, length: int = N_FRAMES) -> torch.Tensor:

@@ -26,6 +26,7 @@ from speechrt.models.audio import (
     load_audio,
     trimmed_frames,
     utterance_mel,
+    utterance_mels,
 )
 from speechrt.models.registry import resolve
 from speechrt.models.whisper_tokenizer import WhisperTokenizer
@@ -166,12 +167,11 @@ class ASRPipeline:
             return out
         with torch.inference_mode(), self.runner.loop():
             # as in transcribe(): the content frames, zero-padded to a full window (openai/whisper pads in
-            # the log-mel domain), or to as much of one as the longest utterance needs
-            mels = torch.stack([utterance_mel(a, self.runner.config.n_mels, self.runner.device) for a in audios])
-            frames = None
+            # the log-mel domain), or to as much of one as the longest utterance needs; all in one pass
+            frames, length = None, N_FRAMES
             if opts.trim_context and self.runner.trims and audios:
                 frames, length = trimmed_frames([len(a) // HOP_LENGTH for a in audios], opts.trim_margin)
-                mels = mels[:, :, :length]
+            mels = utterance_mels(audios, self.runner.config.n_mels, self.runner.device, length)
             out = decode_utterances(self.decoder, mels, opts, drafts, stop, frames)
         if opts.stop_repeats:
             for res, a in zip(out, audios):

@@ -59,6 +59,38 @@ def test_trimmed_context_is_batch_independent_and_drafts_still_check(asr, synth)
     assert looped.text.count("lights") > 3 and looped.tokens[: len(alone.tokens)] == alone.tokens
 
 
+def test_a_batch_is_featurized_in_one_pass_and_transcribed_as_before(asr, synth):
+    """transcribe_batch's log-mel of the whole batch in one pass (utterance_mels) is what each utterance's own
+    log-mel window (utterance_mel, what it used before) gives, cut to the trimmed window; decoded from the
+    per-utterance windows the batch gives the same tokens and text."""
+    import torch
+
+    from speechrt.models.audio import HOP_LENGTH, trimmed_frames, utterance_mel
+    from speechrt.pipelines.whisper_decoding import decode_utterances
+
+    audios = [synth("Turn off the lights."), synth(SPEECH)[:-123], synth("Yes.")]
+    opts = TranscribeOptions(without_timestamps=True, trim_context=True, trim_margin=1.0, stop_repeats=3)
+    runner, seen = asr.runner, []
+    encode = runner.encode
+
+    def recording(mel, stop=None, frames=None):
+        seen.append(mel)
+        return encode(mel, stop, frames)
+
+    runner.encode = recording
+    try:
+        got = asr.transcribe_batch(audios, opts)
+    finally:
+        runner.encode = encode
+    frames, length = trimmed_frames([len(a) // HOP_LENGTH for a in audios], opts.trim_margin)
+    mels = torch.stack([utterance_mel(a, runner.config.n_mels) for a in audios])[:, :, :length]
+    torch.testing.assert_close(seen[0], mels, rtol=1e-5, atol=1e-5)
+    with torch.inference_mode():
+        want = decode_utterances(asr.decoder, mels, opts, None, None, frames)
+    assert [g.tokens for g in got] == [w.tokens for w in want] and "lights" in got[0].text.lower()
+    assert [g.text for g in got] == [w.text for w in want] and "museum" in got[1].text.lower()
+
+
 def test_a_repeat_said_faster_than_anyone_speaks_keeps_one_copy(asr):
     """A greedy loop that ends by itself after two copies (seen in a batch of eight server finals: "Please
     remember to close the windows." twice over a 2.3-s cut) keeps one copy; the same text over audio long
