@@ -32,6 +32,8 @@ why it could not run):
   lengths (server options, a third capped at 4 tokens like live openings) with the decode steps on the
   graph slots against the same batches eager (float32: the same text; float16: time per batch, graphs
   captured, captures failed);
+- mel-batch: the log-mel features of 64 utterances (0.01-30 s) in one pass on the device against one utterance at
+  a time: the same windows, and the time of each, 80 and 128 bins (gpu_mel.py; with `--device cpu` on the CPU);
 - lm-triton: the triton backend's greedy ids (32 tokens, float32) against the torch backend's;
 - asr-triton: the triton backend's Whisper token ids against the torch backend's on the GPU (float32), and
   its float16 transcript;
@@ -73,6 +75,7 @@ from speechrt.bench.gpu_fused_asr import check_asr_fused
 from speechrt.bench.gpu_graphs import check_asr_batches, check_cuda_graphs, check_lm_graphs
 from speechrt.bench.gpu_large import check_asr_turbo, check_lm_1b
 from speechrt.bench.gpu_loop import check_lm_loop
+from speechrt.bench.gpu_mel import check_mel_batch
 from speechrt.bench.gpu_parity import (
     check_asr_onnxruntime,
     check_asr_triton,
@@ -334,6 +337,7 @@ TABLE = (
     Spec("cuda-graphs", 20, check_cuda_graphs),
     Spec("lm-graphs", 30, check_lm_graphs),
     Spec("asr-batches", 60, check_asr_batches),
+    Spec("mel-batch", 10, check_mel_batch, GPU, cpu_too=True),
     Spec("lm-triton", 30, check_lm_triton),
     Spec("asr-triton", 30, check_asr_triton),
     Spec("roofline", 150, _roofline, takes_args=True),

@@ -36,6 +36,7 @@ def test_bench_gpu_skips_clearly_without_a_gpu(bench, tmp_path):
         "asr-fused",
         "lm-loop",
         "lm-quant",
+        "mel-batch",
         "roofline",
         "server-ramp",
     ):
@@ -291,3 +292,21 @@ def test_quantized_step_benchmark_runs_up_to_its_gpu_part(monkeypatch):
         assert p["speedup_vs_bf16_unfused"] == 1.0 and by[f].peer == "bf16"
     assert by["bf16"].params["bytes"] == by["bf16-fused"].params["bytes"]
     assert by["int4"].params["fraction_of_bandwidth"] == pytest.approx(by["int4"].params["bytes"] / 1e-3 / 10e9)
+
+
+def test_mel_batch_check_runs_on_the_cpu():
+    """mel-batch on the CPU (on a GPU the same code): the batch's windows in one pass equal one utterance's at a
+    time (30 s and 0.01 s among them), both timed, a record each, the per-utterance one its peer."""
+    from speechrt.bench.gpu_mel import check_mel_batch
+    from speechrt.bench.record import Results
+
+    out = Results()
+    status, detail = check_mel_batch(torch.device("cpu"), out, rows=4, repeats=1)
+    assert status == "pass" and detail.startswith("4 utterances, 3000 frames: 80 bins: one pass "), detail
+    assert [(r.params["n_mels"], r.peer) for r in out.records] == [
+        (80, ""),
+        (80, "one utterance at a time"),
+        (128, ""),
+        (128, "one utterance at a time"),
+    ]
+    assert all(r.params["max_abs_diff"] <= 1e-5 and r.value > 0 for r in out.records)

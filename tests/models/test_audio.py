@@ -139,3 +139,12 @@ def test_batched_utterance_mels_equal_each_utterance_alone(n_mels):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(utterance_mels(audios[2:4] + audios[:1], n_mels, length=96), want[[2, 3, 0], :, :96])
     assert utterance_mels([], n_mels).shape == (0, n_mels, N_FRAMES)
+    # the rows taken out of the batch's frames as a GPU does (one gather) and as the CPU does (a copy per row)
+    from speechrt.models.audio import _rows_copied, _rows_gathered
+
+    frames = torch.randn(n_mels, 50)
+    starts, content = np.array([0, 9, 30]), np.array([7, 0, 12])
+    for length in (12, 20):
+        want = _rows_copied(frames, starts, content, length)
+        assert want[2, :, :12].equal(frames[:, 30:42]) and not want[1].any() and not want[0, :, 7:].any()
+        assert _rows_gathered(frames.clone(), starts, content, length).equal(want)
