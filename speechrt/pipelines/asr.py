@@ -152,6 +152,8 @@ class ASRPipeline:
         with TranscriptionCancelled."""
         opts = opts or TranscribeOptions(without_timestamps=True)
         self.check_language(opts.language)
+        if not audios:
+            return []
         if any(len(a) > MAX_UTTERANCE_SAMPLES for a in audios):
             raise ValueError("transcribe_batch takes utterances of at most 30 seconds; use transcribe() for long audio")
         # the silence gate: quiet utterances are not decoded (no text, no-speech probability 1)

@@ -89,6 +89,7 @@ def test_a_batch_is_featurized_in_one_pass_and_transcribed_as_before(asr, synth)
         want = decode_utterances(asr.decoder, mels, opts, None, None, frames)
     assert [g.tokens for g in got] == [w.tokens for w in want] and "lights" in got[0].text.lower()
     assert [g.text for g in got] == [w.text for w in want] and "museum" in got[1].text.lower()
+    assert asr.transcribe_batch([], opts) == []  # (an empty batch: nothing to featurize)
 
 
 def test_a_repeat_said_faster_than_anyone_speaks_keeps_one_copy(asr):
