@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 
 from speechrt.bench.record import Record, Repeats, Results, percentile
-from speechrt.bench.server_load import LOAD
+from speechrt.bench.server_engines import http_base
+from speechrt.bench.server_load import LOAD, counters
 from speechrt.bench.server_streams import SENTENCES, dense_recording, long_level, long_recording, recordings
 from speechrt.models.wer import wer
 
@@ -215,6 +216,8 @@ def long_turn_of(engine, recs, args, out: Results, kind: str, long_rec) -> None:
 
     r, others = asyncio.run(long_level(engine.url, recs, long_rec, args))
     row = summary(1, others, False)
+    # the audio not committed that its final transcribed (the server's gauge: the last final of a long turn)
+    rest = counters(http_base(engine.url), ("asr_long_final_rest_seconds",)).get("asr_long_final_rest_seconds")
     seconds = long_rec[3] - long_rec[2]
     wpm = len(long_rec[0].split()) / seconds * 60
     finals = row["final"]["samples"]
@@ -225,6 +228,7 @@ def long_turn_of(engine, recs, args, out: Results, kind: str, long_rec) -> None:
             if "final" in r
             else "never came"
         )
+        + (f" (its final transcribed {rest:.1f} s not committed)" if rest else "")
         + (f"; the other stream's longest final {1000 * max(finals):.0f} ms" if finals else "")
         + "; the other stream:"
     )
@@ -251,6 +255,8 @@ def long_turn_of(engine, recs, args, out: Results, kind: str, long_rec) -> None:
             Record(metric="long_turn_final_s", unit="s", value=r["final"], better="lower", **common),
             Record(metric="long_turn_wer", unit="%", value=100 * wer(r["text"], r["transcript"]), better="", **common),
         ]
+        if rest:
+            out.records.append(Record(metric="long_turn_final_rest_s", unit="s", value=rest, better="lower", **common))
     if row["final"]["p95"] is not None:
         out.records += [
             Record(

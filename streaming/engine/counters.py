@@ -37,6 +37,7 @@ class Metrics:
     prompt_tokens_reused: int = 0  # replies' prompt positions found in the language model's cache, not read again
     prompt_tokens: int = 0  # replies' prompt tokens, reused or read
     turn_commits: int = 0  # stable parts of long turns committed while they were spoken (local agreement)
+    long_final_rest_s: float = 0.0  # audio not committed (s) that the last final of a turn that committed transcribed
     stream_steps: int = 0
     step_failures: int = 0  # model steps that raised (their requests got an error)
     long_steps: int = 0  # windows of long turns' transcripts (one engine step each)

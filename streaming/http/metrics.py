@@ -281,6 +281,12 @@ def metrics_text(
         m.turn_commits,
     )
     page.metric(
+        "asr_long_final_rest_seconds",
+        "gauge",
+        "Audio not committed that the last final of a long turn (one that committed) transcribed.",
+        f"{m.long_final_rest_s:.2f}",
+    )
+    page.metric(
         "asr_long_steps_total", "counter", "Windows of long turns' transcripts, one engine step each.", m.long_steps
     )
     page.metric(

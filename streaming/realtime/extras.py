@@ -3,6 +3,7 @@ on the engine's worker (after those of the parts a long turn committed)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import numpy as np
@@ -50,7 +51,7 @@ async def aligned(
 ) -> tuple[list, list] | None:
     """(words, token logprobs) of `tokens`, a transcript of `audio`, from ASRPipeline.align on the engine's
     worker (`trim_margin`: its encoder over the audio and that much padding); empty for no tokens or audio over
-    30 s; None where it failed (the session is told)."""
+    30 s; None where it failed (the session is told). Cancelled (its round stopped), it stops on the worker too."""
     if not tokens or len(audio) > MAX_UTTERANCE_SAMPLES:
         return [], []
     asr, lang = engine.asr, session.cfg.language
@@ -58,9 +59,13 @@ async def aligned(
     def align():  # two engine steps (ASRPipeline.align_steps): a final may run between them
         yield (yield from asr.align_steps(audio, tokens, lang, trim_margin=trim_margin))
 
-    _, q = engine.stream(align(), "asr")
-    while (got := await q.get()) is None:  # (the encoder's step)
-        pass
+    task, q = engine.stream(align(), "asr")
+    try:
+        while (got := await q.get()) is None:  # (the encoder's step)
+            pass
+    except asyncio.CancelledError:  # nobody waits for it (a turn's commit round, stopped as the turn ended)
+        task.cancelled = True  # its steps not begun are not run: a final may be waiting behind them
+        raise
     if isinstance(got, BaseException):
         await session.error(f"word timing failed: {type(got).__name__}: {got}", "server_error", type="server_error")
         return None

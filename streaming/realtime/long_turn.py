@@ -40,7 +40,7 @@ async def commit_stable(live: TurnTranscripts, turn: Turn, first: int, audio: np
     them that the round's word times (one alignment pass) give: stable_words. -> the samples committed (0: none).
     The round's text is the draft of the turn's next transcript (the final one checks it in one pass)."""
     s = live.session
-    opts = dataclasses.replace(s.live_options, without_timestamps=False)
+    opts = turn.prompted(dataclasses.replace(s.live_options, without_timestamps=False))
     held = min(len(audio), MAX_UTTERANCE_SAMPLES)
     r = await live.engine.transcribe(audio[:held], Work.LIVE, key=s.id, options=opts)
     if r is None:

@@ -4,12 +4,17 @@ what a long turn committed) and how its live text grows (the words hypotheses ag
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass, field
 
 from speechrt.pipelines.asr import MAX_UTTERANCE_SAMPLES
 
 from .agreement import common_prefix
 from .policy import DEFAULT_POLICY, TurnPolicy
+
+# the words a long turn committed last that its later transcripts take as their prompt (Whisper's previous text):
+# each part goes on from the words before it, as long-form transcription's windows do
+CONTEXT_WORDS = 32
 
 
 @dataclass(eq=False)
@@ -45,6 +50,15 @@ class Turn:
     def full(self, text: str) -> str:
         """The turn's text: what it committed, then `text` (a transcript of its audio after `base`)."""
         return f"{self.committed} {text}".strip() if self.committed else text
+
+    def prompted(self, options):
+        """`options` (TranscribeOptions) for a transcript of its audio after `base`: the session's prompt, then the
+        last CONTEXT_WORDS words it committed."""
+        if not self.committed:
+            return options
+        context = " ".join(self.committed.split()[-CONTEXT_WORDS:])
+        prompt = f"{options.initial_prompt.strip()} {context}" if (options.initial_prompt or "").strip() else context
+        return dataclasses.replace(options, initial_prompt=prompt)
 
     def commit(self, text: str, base: int, seconds: float):
         self.committed, self.base, self.draft = self.full(text), base, []

@@ -47,6 +47,7 @@ class TurnTranscripts:
         # keyed by session: a final transcript drops the pending live one of this session (made useless)
         opts = self.session.live_options if live else self.session.asr_options
         opts = dataclasses.replace(opts, sample_len=self.policy.opening_tokens) if work is Work.OPENING else opts
+        opts = turn.prompted(opts)  # a long turn's rest goes on from the words it committed
         r = await self.engine.transcribe(
             audio, work, key=self.session.id, options=opts, draft=turn.draft or None, turn=turn.item_id, fresh=fresh
         )
@@ -160,6 +161,8 @@ class TurnTranscripts:
         return r
 
     async def final(self, turn: Turn, item: Item, audio: np.ndarray, auto: bool, early: asyncio.Task | None):
+        if turn.base is not None:  # a long turn that committed: its final transcribes the rest
+            self.engine.metrics.long_final_rest_s = len(audio) / RATE
         try:
             r = await self.engine.wait(
                 self._final_result(turn, audio, early), self.session.server.options.stall_timeout, "asr"

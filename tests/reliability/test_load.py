@@ -311,10 +311,12 @@ def test_a_fast_monologue_commits_as_it_goes(tserver):
         done = await next_event(ws, "conversation.item.input_audio_transcription.completed", timeout=240)
         await ws.close()
         m = tserver.metrics()
-        return done, m["asr_turn_commits_total"] - commits, m["asr_long_steps_total"] - steps
+        return done, m["asr_turn_commits_total"] - commits, m["asr_long_steps_total"] - steps, m
 
-    done, commits, steps = run(main(), 300)
-    print(f"fast monologue: {commits:.0f} commits")
+    done, commits, steps, m = run(main(), 300)
+    rest = m["asr_long_final_rest_seconds"]  # what its final transcribed, not committed (the benchmark records it)
+    print(f"fast monologue: {commits:.0f} commits, its final transcribed the last {rest:.1f} s")
+    assert 0 < rest < done["usage"]["seconds"] / 2, rest
     assert done["type"] == "conversation.item.input_audio_transcription.completed", done
     assert commits >= 3 and steps == 0, (commits, steps)
     assert done["usage"]["seconds"] > 28

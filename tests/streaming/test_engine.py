@@ -724,3 +724,34 @@ def test_a_long_final_yields_to_a_neighbours_final_and_goes_on_from_its_tokens(a
     assert r.tokens == alone.tokens and "museum" in r.text.lower(), r.text
     q.submit(job(long_speech, "long"))  # a later final of its turn (a later pause) came meanwhile
     assert not q.requeue(long) and len(long_speech) > LONE_FINAL
+
+
+def test_a_stopped_rounds_word_timing_is_not_run(asr, synth):
+    """A long turn's commit round aligns its words on the engine (two steps of a streaming task); when the turn ends
+    meanwhile, its round is stopped, and so is that task: its steps not begun are not run (the turn's final, or a
+    neighbour's, would otherwise wait behind a decoder pass whose words nobody reads)."""
+    from types import SimpleNamespace
+
+    from speechrt.streaming.realtime.extras import aligned
+
+    speech = synth("Turn off the lights in the kitchen.")
+    session = SimpleNamespace(cfg=SimpleNamespace(language="en"))
+
+    async def main():
+        async with warm_engine(asr) as eng:
+            tokens = (await eng.transcribe(speech, key="s")).tokens
+            busy = await hold_worker(eng, speech, 0.5, "other")
+            job = asyncio.ensure_future(aligned(session, eng, speech, tokens))
+            while not eng.pending.tasks["asr"]:  # queued behind the held step
+                await asyncio.sleep(0.002)
+            task = eng.pending.tasks["asr"][0]
+            job.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await job
+            await busy
+            while eng.queue_depth() or eng.stalled_for():
+                await asyncio.sleep(0.01)
+            return task
+
+    task = asyncio.run(main())
+    assert task.cancelled  # (before: it ran both steps for a round that was gone)
