@@ -312,6 +312,7 @@ class CpuLlama:
         sin: torch.Tensor,
         threads: int,
         local_rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        packed: list[Packed] | None = None,
     ):
         why = self.unsupported(cfg)
         if why:
@@ -332,7 +333,20 @@ class CpuLlama:
         ]
 
         def pack(names):
-            if all(n in q4 for n in names):
+            if packed is not None:  # the layouts a previous build made (self.packs, in this order), checked
+                p = packed[len(self.packs)]
+                bits = 4 if all(n in q4 for n in names) else 8
+                n = sum(int((q4[n][0] if bits == 4 else weights[n]).shape[0]) for n in names)
+                k = int((q4[names[0]][0] if bits == 4 else weights[names[0]]).shape[1])
+                if (p.n, p.k, p.bits) != (n, k, bits) or p.data.shape != (
+                    -(-n // GROUP),
+                    k // BLOCK,
+                    160 if bits == 4 else 272,
+                ):
+                    raise ValueError(
+                        f"a packed weight of {names[0]} is [{p.n}, {p.k}] {p.bits}-bit, not [{n}, {k}] {bits}-bit"
+                    )
+            elif all(n in q4 for n in names):
                 q, sc, z = (torch.cat([q4[n][j] for n in names]) for j in range(3))
                 p = Packed.q4(q, sc, z)
             else:
