@@ -1,10 +1,10 @@
 """The CPU int4 kernel's packed weights (kernels/cpu_decode.Packed) of a model file, kept in speechrt's cache so that
 a warm start reads them instead of repacking every linear weight (~0.5 s of a start for SmolLM2-135M on one thread).
 
-An entry is keyed by the model file (path, size, modification time), speechrt's version and the kernel's layout
-code (cpu_decode.py and cpu_decode.c): any of them changed, another entry replaces the file's old one. It is written
-atomically (a temporary file, then a rename); an entry that cannot be read or does not fit the model is rebuilt, with
-a warning.
+An entry is keyed by the model file (path, size, modification time), speechrt's and torch's versions and the
+kernel's layout code (cpu_decode.py and cpu_decode.c): any of them changed, another entry replaces the file's old
+one. It is written atomically (a temporary file, then a rename); an entry that cannot be read or does not fit the
+model is rebuilt, with a warning.
 """
 
 from __future__ import annotations
@@ -34,13 +34,22 @@ def entry(source: str) -> Path | None:
         st = os.stat(source)
     except OSError:
         return None
-    from speechrt import __version__
-
-    h = hashlib.sha256(f"{os.path.abspath(source)}\0{st.st_size}\0{st.st_mtime_ns}\0{__version__}\0".encode())
+    parts = (os.path.abspath(source), st.st_size, st.st_mtime_ns, _version(), torch.__version__)
+    h = hashlib.sha256("\0".join(map(str, parts)).encode())
     for code in (Path(cpu_decode.__file__), cpu_decode.SOURCE):
         h.update(code.read_bytes())
     where = hashlib.sha256(os.path.abspath(source).encode()).hexdigest()[:8]
     return cache_root() / f"{Path(source).stem}-{where}-{h.hexdigest()[:16]}.pt"
+
+
+def _version() -> str:
+    """speechrt's installed version (its package root imports the pipelines, above this layer)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("speechrt")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def build(source: str, make, *args) -> cpu_decode.CpuLlama:
