@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -68,6 +69,11 @@ def build(source: str, make, *args) -> cpu_decode.CpuLlama:
             raise ValueError(f"{len(packed)} packed weights, the model has {len(model.packs)}")
         except Exception as e:  # noqa: BLE001 - a broken or stale entry costs one rebuild, never the load
             log.warning("rebuilding the packed weights in %s: %s", path, str(e)[:300])
+    if path is not None:  # made once per model file: said on stderr, as the exports and the kernel's build are
+        sys.stderr.write(
+            f"speechrt: packing {Path(source).name}'s weights for the CPU kernel into {path.parent} (once)\n"
+        )
+        sys.stderr.flush()
     model = make(*args)
     if path is not None:
         save(model.packs, path)

@@ -172,7 +172,7 @@ def test_4bit_weights_become_floats_only_when_read(tmp_path, qtype):
     assert all(f.weights.made(n) for n in f.weights)
 
 
-def test_cpu_kernel_packed_weights_are_cached(tmp_path, monkeypatch, caplog):
+def test_cpu_kernel_packed_weights_are_cached(tmp_path, monkeypatch, caplog, capfd):
     """The CPU int4 kernel's packed weights (backends/torch/cpu_lm_cache): written on the first load, read on the
     next (nothing repacked, the same logits), a broken entry rebuilt with a warning, a changed file another entry
     that replaces the old one."""
@@ -191,6 +191,7 @@ def test_cpu_kernel_packed_weights_are_cached(tmp_path, monkeypatch, caplog):
         return r.prefill(r.new_cache(1, 16), 0, torch.tensor([1, 5, 7, 2]))
 
     first = logits()
+    assert "packing m.gguf's weights for the CPU kernel" in capfd.readouterr().err  # said, as first-use builds are
     entries = list(cpu_lm_cache.cache_root().glob("*.pt"))
     assert len(entries) == 1 and entries[0].name.startswith("m-")
     made = entries[0].stat().st_mtime_ns
@@ -202,7 +203,7 @@ def test_cpu_kernel_packed_weights_are_cached(tmp_path, monkeypatch, caplog):
         m.setattr(cpu_decode.Packed, "q4", repacked)
         m.setattr(cpu_decode.Packed, "q8", repacked)
         assert torch.equal(logits(), first)  # read from the entry, not repacked
-    assert entries[0].stat().st_mtime_ns == made
+    assert entries[0].stat().st_mtime_ns == made and "packing" not in capfd.readouterr().err
     entries[0].write_bytes(b"not a torch file")
     with caplog.at_level("WARNING", logger=cpu_lm_cache.__name__):
         assert torch.equal(logits(), first)
