@@ -291,6 +291,24 @@ def _groups_f16(s: torch.Tensor, Np: int) -> torch.Tensor:
     return b.transpose(1, 2).reshape(Np // GROUP, nb, 2 * GROUP)
 
 
+def _pack(names: list[str], weights: dict, q4: dict, reuse: Packed | None) -> Packed:
+    """The linears `names` (rows stacked) in the kernel's layout: 4-bit blocks where q4 has them all, else 8-bit
+    blocks of their float weights; `reuse`: the layout a previous build made of them, checked against their shape."""
+    bits = 4 if all(n in q4 for n in names) else 8
+    if reuse is None:
+        if bits == 4:
+            return Packed.q4(*(torch.cat([q4[n][j] for n in names]) for j in range(3)))
+        return Packed.q8(torch.cat([weights[n].float() for n in names]))
+    shapes = [(q4[n][0] if bits == 4 else weights[n]).shape for n in names]
+    n, k = sum(int(s[0]) for s in shapes), int(shapes[0][1])
+    layout = (-(-n // GROUP), k // BLOCK, 160 if bits == 4 else 272)
+    if (reuse.n, reuse.k, reuse.bits) != (n, k, bits) or tuple(reuse.data.shape) != layout:
+        raise ValueError(
+            f"a packed weight of {names[0]} is [{reuse.n}, {reuse.k}] {reuse.bits}-bit, not [{n}, {k}] {bits}-bit"
+        )
+    return reuse
+
+
 class CpuLlama:
     """A Llama's decode steps and prompts in cpu_decode.c: `cfg` a models.llama.LlamaConfig; `weights` float
     tensors named as models.gguf_loader names them (the embedding, norms, and the float weights of linears
@@ -299,7 +317,8 @@ class CpuLlama:
     the sliding-window layers where they differ (Gemma 3). A fused projection without blocks for all its parts, and
     the output head, become 8-bit blocks of their float weights (a GGUF's Q8_0 tensors exactly). The caches
     (`new_cache`) hold fp16 keys and values. Gemma 3's switches (cfg.act, post_norms, sliding window, embed_scale,
-    final_softcap) are the kernel's too; the embedding is kept scaled, the head reads it unscaled."""
+    final_softcap) are the kernel's too; the embedding is kept scaled, the head reads it unscaled. `packed`: the
+    `packs` of an earlier build of the same weights (backends/torch/cpu_lm_cache), reused once their shapes fit."""
 
     max_rows = MAX_ROWS
 
@@ -312,6 +331,7 @@ class CpuLlama:
         sin: torch.Tensor,
         threads: int,
         local_rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        packed: list[Packed] | None = None,
     ):
         why = self.unsupported(cfg)
         if why:
@@ -332,13 +352,8 @@ class CpuLlama:
         ]
 
         def pack(names):
-            if all(n in q4 for n in names):
-                q, sc, z = (torch.cat([q4[n][j] for n in names]) for j in range(3))
-                p = Packed.q4(q, sc, z)
-            else:
-                p = Packed.q8(torch.cat([weights[n].float() for n in names]))
-            self.packs.append(p)
-            return p.mat
+            self.packs.append(_pack(names, weights, q4, None if packed is None else packed[len(self.packs)]))
+            return self.packs[-1].mat
 
         self.extras = []  # Qwen2's Q/K/V biases, head norms, post norms: float32, alive as long as the model
 

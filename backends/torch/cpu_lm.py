@@ -18,6 +18,7 @@ from speechrt.models.llama_layers import quantize_int4
 
 from ..base import LMRunner, RunnerInfo, check_cache_size, check_prefill
 from ..threads import ThreadPolicy, cpu_threads
+from . import cpu_lm_cache
 
 
 def unavailable(cfg) -> str | None:
@@ -54,8 +55,15 @@ class CpuInt4LMRunner(LMRunner):
         with cpu_threads(1):
             weights, q4 = block_weights(lm_file)
             local = cfg.local_rope()  # Gemma 3's sliding-window layers: their own rotary base
-            self.model = cpu_decode.CpuLlama(
-                cfg, weights, q4, *rope_tables(cfg), self.threads.total, rope_tables(local) if local else None
+            self.model = cpu_lm_cache.build(
+                lm_file.source,
+                cpu_decode.CpuLlama,
+                cfg,
+                weights,
+                q4,
+                *rope_tables(cfg),
+                self.threads.total,
+                rope_tables(local) if local else None,
             )
         self.info = RunnerInfo(
             kernels,

@@ -8,6 +8,8 @@ torch dequantizer of the same bytes.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -168,6 +170,49 @@ def test_4bit_weights_become_floats_only_when_read(tmp_path, qtype):
             got = torch.from_numpy(_permute(got.numpy(), HEADS if name.endswith(".wq") else KV))
         assert torch.equal(got, ref), name
     assert all(f.weights.made(n) for n in f.weights)
+
+
+def test_cpu_kernel_packed_weights_are_cached(tmp_path, monkeypatch, caplog, capfd):
+    """The CPU int4 kernel's packed weights (backends/torch/cpu_lm_cache): written on the first load, read on the
+    next (nothing repacked, the same logits), a broken entry rebuilt with a warning, a changed file another entry
+    that replaces the old one."""
+    from speechrt.backends.torch import cpu_lm, cpu_lm_cache
+    from speechrt.kernels import cpu_decode
+
+    monkeypatch.setenv("SPEECHRT_CACHE", str(tmp_path / "cache"))
+    p = tmp_path / "m.gguf"
+    kinds = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
+    write_llama_gguf(p, {**{k: T.Q4_1 for k in kinds}, "token_embd": T.Q8_0})
+    if cpu_lm.unavailable(gguf_loader.load(p).config):
+        pytest.skip(cpu_lm.unavailable(gguf_loader.load(p).config))
+
+    def logits():
+        r = cpu_lm.CpuInt4LMRunner(gguf_loader.load(p), torch.device("cpu"), "int4")
+        return r.prefill(r.new_cache(1, 16), 0, torch.tensor([1, 5, 7, 2]))
+
+    first = logits()
+    assert "packing m.gguf's weights for the CPU kernel" in capfd.readouterr().err  # said, as first-use builds are
+    entries = list(cpu_lm_cache.cache_root().glob("*.pt"))
+    assert len(entries) == 1 and entries[0].name.startswith("m-")
+    made = entries[0].stat().st_mtime_ns
+
+    def repacked(*a, **k):
+        raise AssertionError("repacked although the cache has the packed weights")
+
+    with monkeypatch.context() as m:
+        m.setattr(cpu_decode.Packed, "q4", repacked)
+        m.setattr(cpu_decode.Packed, "q8", repacked)
+        assert torch.equal(logits(), first)  # read from the entry, not repacked
+    assert entries[0].stat().st_mtime_ns == made and "packing" not in capfd.readouterr().err
+    entries[0].write_bytes(b"not a torch file")
+    with caplog.at_level("WARNING", logger=cpu_lm_cache.__name__):
+        assert torch.equal(logits(), first)
+    assert "rebuilding the packed weights" in caplog.text
+    assert len(torch.load(entries[0], weights_only=True)["data"]) == 2 * 4 + 1  # rewritten whole
+    os.utime(p, ns=(made, made + 10**9))  # the file changed: a new entry, the old one removed
+    assert torch.equal(logits(), first)
+    now = list(cpu_lm_cache.cache_root().glob("*.pt"))
+    assert len(now) == 1 and now != entries
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K])
