@@ -102,13 +102,15 @@ def test_transcribe_word_timestamps():
     assert lines[1].split()[-1] == words[0]["word"].strip()
 
 
-def test_whole_windows_flag_encodes_the_last_window_whole(monkeypatch, capsys):
-    """By default the passage's last window (a few seconds of audio) is encoded over its audio and a margin;
-    --whole-windows encodes it as a whole 30-s window, as faster-whisper does. The real pipeline runs; its
-    runner's encode is wrapped to record each window's length."""
+def test_whole_windows_flag_encodes_the_last_window_whole(monkeypatch, capsys, tmp_path):
+    """By default the last window (a few seconds of audio) is encoded over its audio and a margin (that, and
+    trim_context=False's whole windows, tests/pipelines/test_asr.py checks on the whole passage); --whole-windows
+    must reach the pipeline: on the passage's first 34 s (two windows, the last holding ~4 s, which the default
+    would trim) every window is encoded whole, 30 s. The real pipeline runs; its runner's encode is wrapped to
+    record each window's length."""
     import speechrt.pipelines.asr as asr_module
     from speechrt.cli import main
-    from speechrt.models.audio import N_FRAMES
+    from speechrt.models.audio import N_FRAMES, SAMPLE_RATE, load_audio
 
     lengths, load = [], asr_module.load_asr
 
@@ -119,17 +121,14 @@ def test_whole_windows_flag_encodes_the_last_window_whole(monkeypatch, capsys):
         return asr
 
     monkeypatch.setattr(asr_module, "load_asr", loading)
-    passage = str(sample_path().with_name("passage.flac"))
+    clip = tmp_path / "first34s.wav"
+    sf.write(clip, load_audio(sample_path().with_name("passage.flac"))[: 34 * SAMPLE_RATE], SAMPLE_RATE)
     ref = sample_path().with_name("passage.txt").read_text()
-    seen = {}
-    for flags in ([], ["--whole-windows"]):
-        lengths.clear()
-        assert main(["transcribe", passage, "--backend", "torch", "--json", *flags]) == 0
-        out = json.loads(capsys.readouterr().out)
-        assert wer(ref, out["text"]) <= 0.05, out["text"]
-        seen[bool(flags)] = list(lengths)
-    assert len(seen[True]) >= 3 and set(seen[True]) == {N_FRAMES}, seen
-    assert seen[False][:-1] == seen[True][:-1] and seen[False][-1] < N_FRAMES // 2, seen
+    assert main(["transcribe", str(clip), "--backend", "torch", "--json", "--whole-windows"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(lengths) >= 2 and set(lengths) == {N_FRAMES}, lengths
+    head = " ".join(ref.split()[:12])
+    assert wer(head, " ".join(out["text"].split()[:12])) <= 0.1, out["text"]
 
 
 def test_output_dir_that_cannot_be_made_is_one_line_before_the_model_loads(tmp_path, capsys, no_model_loads):

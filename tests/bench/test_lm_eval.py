@@ -45,7 +45,20 @@ def test_scores_of_fixed_answers():
 
 def test_bench_lm_eval_on_the_embedded_model(bench, tmp_path):
     out = tmp_path / "eval.json"
-    r = bench("lm", "--eval", "--eval-limit", "3", "--eval-settings", "greedy", "--threads", "1", "--json", out)
+    r = bench(
+        "lm",
+        "--eval",
+        "--model",
+        "smollm2-135m-instruct",
+        "--eval-limit",
+        "3",
+        "--eval-settings",
+        "greedy",
+        "--threads",
+        "1",
+        "--json",
+        out,
+    )
     assert r.returncode == 0, r.stderr
     assert "3 factual questions, 3 instructions" in r.stdout and "smollm2-135m-instruct" in r.stdout
     res = load(out)
@@ -75,3 +88,14 @@ def test_bench_lm_eval_says_a_model_without_a_chat_template_is_skipped(bench, tm
     assert r.returncode == 0, r.stderr
     assert "skipped: it carries no chat template" in r.stdout
     assert [s.what for s in load(out).skipped] == [str(d)]
+
+
+def test_without_a_model_option_every_installed_language_model_is_evaluated():
+    """The default model list (the run above names its model, so it does not depend on what is installed): every
+    registry language model is either run or listed with the reason it is not, and the embedded one always runs."""
+    from speechrt.models import registry
+
+    names, missing = lm_eval.embedded_models(None)
+    assert "smollm2-135m-instruct" in names
+    assert sorted(names + list(missing)) == sorted(registry.names("lm")) and all(missing.values()), missing
+    assert lm_eval.embedded_models("x.gguf") == (["x.gguf"], {})
