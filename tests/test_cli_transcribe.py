@@ -103,8 +103,9 @@ def test_transcribe_word_timestamps():
 
 
 def test_whole_windows_flag_encodes_the_last_window_whole(monkeypatch, capsys, tmp_path):
-    """By default the last window (a few seconds of audio) is encoded over its audio and a margin (that, and
-    trim_context=False's whole windows, tests/pipelines/test_asr.py checks on the whole passage); --whole-windows
+    """By default the last window (a few seconds of audio) is encoded over its audio and a margin (that,
+    tests/pipelines/test_asr.py checks on the whole passage; trim_context=False's whole-window transcript,
+    tests/models/test_whisper.py against faster-whisper); --whole-windows
     must reach the pipeline: on the passage's first 34 s (two windows, the last holding ~4 s, which the default
     would trim) every window is encoded whole, 30 s. The real pipeline runs; its runner's encode is wrapped to
     record each window's length."""

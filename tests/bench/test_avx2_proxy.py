@@ -66,6 +66,8 @@ def test_patched_xgetbv_reports_avx_state_only(tmp_path):
 
     offsets = avx2_proxy.xgetbv_offsets(lib)
     assert len(offsets) == 1
+    # the XGETBV's function alone disassembled (from the unwind tables) finds what the whole .text's disassembly does
+    assert offsets == avx2_proxy.xgetbv_offsets(lib, whole=True)
     data = bytearray(lib.read_bytes())
     avx2_proxy.patch_xgetbv(data, offsets)
     patched = tmp_path / "libx_patched.so"

@@ -122,9 +122,9 @@ def test_a_repeat_said_faster_than_anyone_speaks_keeps_one_copy(asr):
 
 def test_long_form_trims_the_last_window_to_its_audio(asr):
     """The 58-s passage takes three windows; the last holds a few seconds of audio. By default that window's
-    encoder pass covers its audio and a 5-s margin (not 30 s); trim_context=False keeps faster-whisper's whole
-    windows. At a 1-s margin a segment decoded after the audio's end (float32 said the last sentence again,
-    from 59.6 s of 58.0) is dropped."""
+    encoder pass covers its audio and a 5-s margin (not 30 s). At a 1-s margin a segment decoded after the audio's
+    end (float32 said the last sentence again, from 59.6 s of 58.0) is dropped. (Whole windows: the CLI's
+    --whole-windows test and test_whisper's faster-whisper comparison.)"""
     from speechrt.cli_asr import sample_path
     from speechrt.models.audio import HOP_LENGTH, N_FRAMES, SAMPLE_RATE, TRIM_STEP, load_audio
     from speechrt.models.wer import wer
@@ -143,17 +143,13 @@ def test_long_form_trims_the_last_window_to_its_audio(asr):
         for options, margin in (
             ({}, 5.0),
             ({"trim_context": True, "trim_margin": 1.0}, 1.0),
-            ({"trim_context": False}, None),
         ):
             lengths.clear()
             out = asr.transcribe(audio, 16000, **options)
             assert len(lengths) >= 2 and all(n == N_FRAMES and f is None for n, f in lengths[:-1]), lengths
-            if margin is None:
-                assert lengths[-1] == (N_FRAMES, None)
-            else:
-                n, (valid,) = lengths[-1]
-                assert n < N_FRAMES // 2 and n % TRIM_STEP == 0 and valid <= n < valid + TRIM_STEP, lengths
-                assert valid - margin * SAMPLE_RATE / HOP_LENGTH < 6 * SAMPLE_RATE / HOP_LENGTH  # <6 s of audio
+            n, (valid,) = lengths[-1]
+            assert n < N_FRAMES // 2 and n % TRIM_STEP == 0 and valid <= n < valid + TRIM_STEP, lengths
+            assert valid - margin * SAMPLE_RATE / HOP_LENGTH < 6 * SAMPLE_RATE / HOP_LENGTH  # <6 s of audio
             assert all(s.start < out.duration for s in out.segments) and out.segments[-1].end > 50
             assert ref.split()[-1].strip(".") in out.text.split()[-1] and wer(ref, out.text) <= 0.05, out.text
     finally:
