@@ -43,11 +43,13 @@ from speechrt.models.whisper_loaders import load_weights
 from ..asr_state import reorder_state
 from ..cuda_graphs import CapturedStep, GraphCache, rows_bucket
 from ..torch.asr import TorchASRRunner, parse_dtype
+from ..whisper_loop import BlockRows, BlockRules, DecodeBlock
 
 log = logging.getLogger(__name__)
 
 MAX_GRAPHS = 8  # batch-size buckets kept; a slot of 8 rows holds ~170 MB (Whisper tiny, float16)
 PROMPT_WIDTHS = (8, 16, 32, 64, 128)  # token buckets of the prompt passes replayed from graphs
+BLOCK_STEPS = 8  # greedy steps per graph replay (decode_block)
 
 
 def width_bucket(t: int) -> int | None:
@@ -73,17 +75,20 @@ class _Slot:
         self.tokens = torch.zeros((rows, 1), dtype=torch.long, device=device)
         self.position = torch.zeros((1,), dtype=torch.long, device=device)
         self.owner = None  # weakref to the bound DecoderState
-        caches, cross, lengths, tokens, position = self.caches, self.cross, self.lengths, self.tokens, self.position
+        caches, cross, lengths = self.caches, self.cross, self.lengths
         dec = model.decoder
 
-        def step():
+        def decode(tokens, position):  # one token per row at `position` on the buffers -> logits [rows, V]
             if fused_ops is None:
                 return dec(tokens, caches, 0, cross, position=position, cross_lengths=lengths)
             return decoder_step_fused(dec, fused_ops, tokens, caches, cross, position, lengths)
 
-        self.step = CapturedStep(step, capture)
+        self.decode = decode
+        tokens, position = self.tokens, self.position
+        self.step = CapturedStep(lambda: decode(tokens, position), capture)
         self.decoder, self.capture = model.decoder, capture
         self.prompts: dict[int, tuple[torch.Tensor, CapturedStep]] = {}  # width -> (its tokens, its pass)
+        self.blocks: dict[tuple, DecodeBlock] = {}  # (steps, rules) -> the block of that many steps
 
     def buffers(self):
         return [t for kv in (*self.caches, *self.cross) for t in kv] + [self.lengths]
@@ -132,6 +137,14 @@ class _Slot:
             )
         return self.prompts[width]
 
+    def block(self, k: int, rules: BlockRules) -> DecodeBlock:
+        """The block of `k` greedy steps under `rules` on the buffers (on a GPU, one graph), made on first use."""
+        key = (k, rules)
+        if key not in self.blocks:
+            vocab = self.decoder.token_embedding.weight.shape[0]
+            self.blocks[key] = DecodeBlock(self.decode, self.rows, k, vocab, rules, self.tokens.device, self.capture)
+        return self.blocks[key]
+
     def prompt(self, tokens, width: int):
         """tokens [n, t] (t <= width) from position 0 on the bound state's rows -> hidden states [n, t, d]."""
         buf, run = self.prompt_pass(width)
@@ -167,11 +180,14 @@ class TritonASRRunner(TorchASRRunner):
         capture: bool | None = None,
         kernels: str = "triton",
         fused: bool = True,
+        block_steps: int | None = None,
     ):
         """`graphs`: single-token steps on the slots' fixed buffers, captured as graphs on a GPU. `capture`
         (default: on CUDA/HIP devices) False runs the slot path uncaptured, and `kernels="torch"` on the
         reference kernels: what the CPU tests check. `fused`: those steps in the fused layer kernels where the
-        kernel set is Triton (`fused_why` says why not); False keeps the unfused step, their reference."""
+        kernel set is Triton (`fused_why` says why not); False keeps the unfused step, their reference.
+        `block_steps` (a power of two): greedy decoding runs that many steps per call on the device (`decode_block`;
+        default BLOCK_STEPS where steps are captured, else 0: one step per call); 0 or 1 turns it off."""
         super().__init__(weights, device, dtype, kernels, None, model_name, model_format)
         self.fused_why = self._fused_why(fused)
         self.fused_ops = None
@@ -183,6 +199,11 @@ class TritonASRRunner(TorchASRRunner):
             log.info("decoder steps unfused: %s", self.fused_why)
         self.capture = device.type == "cuda" if capture is None else capture
         self.graphs_enabled = graphs and (self.capture or capture is False)
+        if block_steps is None:
+            block_steps = BLOCK_STEPS if self.capture else 0
+        if block_steps > 1 and block_steps & (block_steps - 1):
+            raise ValueError(f"block_steps must be a power of two (or 0), got {block_steps}")
+        self.block_steps = block_steps if self.graphs_enabled and block_steps > 1 else 0
         self._graphs = GraphCache(MAX_GRAPHS)
         self._lock = threading.Lock()  # one thread at a time on the slots
 
@@ -204,6 +225,11 @@ class TritonASRRunner(TorchASRRunner):
         """Per slot (its rows), the prompt widths that have a pass (on a GPU, a captured graph)."""
         return {rows: sorted(slot.prompts) for rows, slot in sorted(self._graphs.items.items())}
 
+    @property
+    def block_sizes(self) -> dict[int, list[int]]:
+        """Per slot (its rows), the decode block sizes it has (on a GPU, captured graphs), under any rules."""
+        return {rows: sorted({k for k, _ in slot.blocks}) for rows, slot in sorted(self._graphs.items.items())}
+
     def _slot(self, n: int) -> _Slot:
         rows = rows_bucket(n)
         return self._graphs.get(
@@ -222,6 +248,26 @@ class TritonASRRunner(TorchASRRunner):
             logits = self._bind(state, tokens)(tokens.to(self.device), state.offset, tokens.shape[0])
         state.offset += 1
         return logits
+
+    def block_room(self, state, need: int) -> int:
+        """The steps of the block to run on `state` whose rows need at most `need` more: `block_steps`, or the
+        power of two that covers `need` if smaller; 0 (one step per call) when blocks are off, that is 1, or fewer
+        positions are left in the state's cache."""
+        k = min(self.block_steps, rows_bucket(max(need, 1)))
+        return k if k > 1 and state.offset + k <= state.caches[0][0].shape[2] else 0
+
+    @torch.inference_mode()
+    def decode_block(self, state, k: int, rows: BlockRows, rules: BlockRules) -> tuple[list, list]:
+        """`k` (a `block_room`) greedy steps of the state's rows, each entering as `rows` says, under `rules`, on the
+        device -> (each row's k tokens, their log-probabilities): backends/whisper_loop.py."""
+        n = len(rows.queue)
+        if k < 2 or state.offset + k > state.caches[0][0].shape[2]:
+            raise RuntimeError(f"no block of {k} steps at position {state.offset} (see block_room)")
+        with self._lock:
+            slot = self._bind(state, torch.empty((n, k)))
+            out = slot.block(k, rules)(rows, state.offset)
+        state.offset += k
+        return out
 
     def _prompt(self, state, tokens, width: int, last_only: bool):
         with self._lock:
@@ -242,13 +288,21 @@ class TritonASRRunner(TorchASRRunner):
     @torch.inference_mode()
     def warm_graphs(self) -> None:
         """Every prompt width's graph on every slot there is, captured now: a server meets the wide ones (long
-        drafts) in long turns, under load, where a capture would hold its engine up."""
+        drafts) in long turns, under load, where a capture would hold its engine up. So are the decode blocks of
+        every size (2, 4, ... block_steps: short budgets, as live openings have, take the small ones) under each
+        set of rules a slot has run."""
         with self._lock:
-            for slot in self._graphs.items.values():
+            slots = list(self._graphs.items.values())
+            rules = {r for slot in slots for _, r in slot.blocks}
+            sizes = [1 << i for i in range(1, self.block_steps.bit_length()) if 1 << i <= self.block_steps]
+            for slot in slots:
                 slot.release()
                 for width in PROMPT_WIDTHS:
                     if width <= self.config.n_text_ctx:
                         slot.prompt_pass(width)[1]()
+                for r in rules:
+                    for k in sizes:
+                        slot.block(k, r).run()
 
     @torch.inference_mode()
     def reorder(self, state, index):

@@ -14,6 +14,9 @@ why it could not run):
 - lm-loop: the language model's decode loop on the device (several steps and their sampling per graph replay)
   against one step per replay: greedy SmolLM2 bf16 tokens per second at batch 1 and 8 with K = 1 and 8, and
   the same ids (gpu_loop.py; with `--device cpu` it runs uncaptured in float32);
+- asr-loop: Whisper's greedy decode loop on the device (K steps with the logit rules and argmax per graph replay)
+  against one step per replay: time per token at batch 1 (a 30-s window with timestamps) and 8 (a server's batch),
+  K = 1 and 8, and the same ids (gpu_asr_loop.py; with `--device cpu` uncaptured in float32);
 - attention: decode attention at batch 1/8/64 over caches of 448 and 4096 (split along the cache and unsplit) and
   encoder attention at Whisper tiny and large-v3-turbo shapes against SDPA, each with its ratio (gpu_attention.py);
 - asr-turbo: the Whisper large-v3-turbo shape's 30-s encoder pass and decode step against SDPA + cuBLAS eager, with
@@ -69,6 +72,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speechrt.bench import gpu_server
+from speechrt.bench.gpu_asr_loop import check_asr_loop
 from speechrt.bench.gpu_attention import check_attention
 from speechrt.bench.gpu_fused import check_lm_fused
 from speechrt.bench.gpu_fused_asr import check_asr_fused
@@ -329,6 +333,7 @@ TABLE = (
     Spec("lm-fused", 60, check_lm_fused),
     Spec("asr-fused", 45, check_asr_fused),
     Spec("lm-loop", 45, check_lm_loop, cpu_too=True),
+    Spec("asr-loop", 30, check_asr_loop, cpu_too=True),
     Spec("lm-quant", 60, check_lm_quant),
     Spec("attention", 40, check_attention),
     Spec("asr-turbo", 60, check_asr_turbo),

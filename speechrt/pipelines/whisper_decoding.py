@@ -18,6 +18,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from speechrt.backends.whisper_loop import BlockRules
+
 from .speech_regions import compression_ratio, has_words, is_silence
 from .transcribe_options import TranscribeOptions
 from .whisper_search import TranscriptionCancelled, beam, greedy_drafted, sample
@@ -45,7 +47,11 @@ class LogitRules:
         self.tb = tok.timestamp_begin
         self.eot = tok.eot
         self.blank = torch.tensor(tok.encode(" ") + [tok.eot], device=device) if opts.suppress_blank else None
-        self.suppress = torch.tensor(tok.suppress_ids(opts.suppress_tokens), device=device)
+        suppress = tok.suppress_ids(opts.suppress_tokens)
+        self.suppress = torch.tensor(suppress, device=device)
+        # the rules after a window's first token, for decode loops on the device (backends/whisper_loop.py)
+        extra = [tok.no_timestamps] if self.ts else []
+        self.block = BlockRules(self.ts, self.tb, self.eot, tuple(sorted(set(suppress) | set(extra))))
         # openai: precision = 30 s / 1500 positions = 0.02 s per timestamp token
         self.max_initial = round(opts.max_initial_timestamp / 0.02) if opts.max_initial_timestamp is not None else None
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from speechrt.backends.whisper_loop import block_rows
+
 from .whisper_loops import cut_loop
 
 
@@ -31,7 +33,8 @@ def sample(
     loops: int = 0,
     looped: set | None = None,
 ):
-    """Greedy (temperature 0) or sampled decoding of n rows; finished rows leave the batch.
+    """Greedy (temperature 0) or sampled decoding of n rows; finished rows leave the batch. Greedy rows go on in
+    blocks of steps on the device (greedy_from) where the runner has them.
     `stop()` is asked before each step; True abandons the work (TranscriptionCancelled). `loops`: a
     row stops when it repeats itself that many times (see TranscribeOptions.stop_repeats); the rows
     cut so are added to `looped`."""
@@ -63,6 +66,14 @@ def sample(
             state = runner.reorder(state, torch.tensor(keep, device=logits.device))
             active = [active[j] for j in keep]
             nxt = nxt[keep]
+        pos = len(seqs[active[0]]) - 1  # every row has as many tokens
+        if (
+            temperature == 0
+            and getattr(runner, "block_room", None) is not None
+            and runner.block_room(state, sample_len - 1 - pos)
+        ):
+            greedy_from(runner, eot, state, rules, seqs, sum_lp, active, pos, sample_len, stop, loops, looped)
+            break
         if stop is not None and stop():
             raise TranscriptionCancelled(seqs)
         logits = runner.decode_step(state, nxt[:, None])
@@ -94,17 +105,12 @@ def greedy_drafted(
     sum_lp = [0.0] * n
     done = [False] * n
 
-    def pick(lg, i):  # lg [1, vocab] (changed in place) -> row i's greedy token; adds its logprob
-        rules.apply(lg, [seqs[i]])
-        tok = int(lg.argmax())
-        sum_lp[i] += float(torch.log_softmax(lg[0], -1)[tok])
-        return tok
-
     # checked[i, j]: the logits after the prompt and draft i's first j tokens
     valid = []  # per row: leading tokens of the sequence whose cache entries the draft pass wrote
     for i in range(n):
         for j in range(len(drafts[i]) + 1):
-            tok = pick(checked[i, j][None].clone(), i)
+            tok, lp = _pick(rules, checked[i, j][None].clone(), seqs[i])
+            sum_lp[i] += lp
             if tok == eot:
                 done[i] = True
                 break
@@ -121,31 +127,67 @@ def greedy_drafted(
     # known feeds them (their logits are not needed) until it reaches its first unknown token
     pos = min(valid[i] for i in active)
     state = runner.rewind(state, prompt_len + pos)
-    while True:
+    greedy_from(runner, eot, state, rules, seqs, sum_lp, active, pos, sample_len, stop, loops, looped)
+    return seqs, sum_lp
+
+
+def _pick(rules, lg, seq: list[int]) -> tuple[int, float]:
+    """lg [1, vocab] (changed in place) -> the greedy token after `seq` and its log-probability."""
+    rules.apply(lg, [seq])
+    tok = int(lg.argmax())
+    return tok, float(torch.log_softmax(lg[0], -1)[tok])
+
+
+def greedy_from(runner, eot, state, rules, seqs, sum_lp, active, pos, sample_len, stop=None, loops=0, looped=None):
+    """Greedy decoding of rows `active` of `seqs` (their state's rows, in that order) on from each one's token
+    `pos`, fed next at the state's offset; a row's tokens after it that it already has are fed in turn, not picked.
+    Rows end at end of text, at `sample_len` tokens or at a loop (added to `looped`); picked tokens' log-probabilities
+    are added to `sum_lp`. Steps run `runner.block_room(state)` at a time on the device where the runner has blocks
+    (backends/whisper_loop.py: the same tokens), else one per call; `stop()` is asked before each call."""
+    dev, room = runner.device, getattr(runner, "block_room", None)
+    while active:
         if stop is not None and stop():
             raise TranscriptionCancelled(seqs)
-        feed = torch.tensor([[seqs[i][pos]] for i in active], device=dev)
-        logits = runner.decode_step(state, feed)
-        pos += 1
-        keep = []
-        for j, i in enumerate(active):
-            if len(seqs[i]) == pos:  # this row's next token is new
-                tok = pick(logits[j : j + 1], i)
-                if tok == eot:
-                    continue
-                seqs[i].append(tok)
-                if len(seqs[i]) >= sample_len:
-                    continue
-                if cut_loop(seqs[i], loops):
-                    if looped is not None:
-                        looped.add(i)
-                    continue
-            keep.append(j)
-        if not keep:
-            return seqs, sum_lp
-        if len(keep) < len(active):
+        k = room(state, sample_len - 1 - pos) if room is not None else 0
+        if k:
+            rows = block_rows([seqs[i] for i in active], pos, k, rules.tb)
+            ids, lps = runner.decode_block(state, k, rows, rules.block)
+        else:
+            k, ids, lps = 1, [], []
+            logits = runner.decode_step(state, torch.tensor([[seqs[i][pos]] for i in active], device=dev))
+            for j, i in enumerate(active):
+                new = len(seqs[i]) == pos + 1  # this row's next token is not known yet
+                tok, lp = _pick(rules, logits[j : j + 1], seqs[i]) if new else (seqs[i][pos + 1], 0.0)
+                ids.append([tok])
+                lps.append([lp])
+        keep = [
+            j
+            for j, i in enumerate(active)
+            if _take(seqs[i], i, ids[j], lps[j], pos, eot, sample_len, loops, looped, sum_lp)
+        ]
+        pos += k
+        if len(keep) < len(active) and keep:
             state = runner.reorder(state, torch.tensor(keep, device=dev))
-            active = [active[j] for j in keep]
+        active = [active[j] for j in keep]
+
+
+def _take(seq, i, ids, lps, pos, eot, sample_len, loops, looped, sum_lp) -> bool:
+    """Row i's next tokens `ids` after its token `pos` (with their log-probabilities `lps`) into `seq`, those it
+    does not have yet; -> whether the row goes on."""
+    for s, (tok, lp) in enumerate(zip(ids, lps)):
+        if pos + 1 + s < len(seq):  # known: fed, not picked
+            continue
+        sum_lp[i] += lp
+        if tok == eot:
+            return False
+        seq.append(tok)
+        if len(seq) >= sample_len:
+            return False
+        if cut_loop(seq, loops):
+            if looped is not None:
+                looped.add(i)
+            return False
+    return True
 
 
 def beam(runner, eot: int, state, logits, rules, beam, opts, sample_len):

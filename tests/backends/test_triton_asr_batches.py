@@ -34,12 +34,15 @@ def pipelines():
     cpu = torch.device("cpu")
     plain = ASRPipeline(TorchASRRunner(w, cpu, torch.float32))
     slots = ASRPipeline(TritonASRRunner(w, cpu, torch.float32, capture=False, kernels="torch"))
-    assert slots.runner.graphs_enabled and not slots.runner.capture
-    return plain, slots
+    assert slots.runner.graphs_enabled and not slots.runner.capture and not slots.runner.block_steps
+    blocks = ASRPipeline(TritonASRRunner(w, cpu, torch.float32, capture=False, kernels="torch", block_steps=8))
+    return plain, slots, blocks
 
 
 def test_server_batches_on_the_slots_give_the_plain_runners_tokens(pipelines):
-    plain, slots = pipelines
+    """... and so do blocks of 8 greedy steps per call, the logit rules and argmax on the device
+    (backends/whisper_loop.py), the draft's known tokens fed in the blocks."""
+    plain, slots, blocks = pipelines
     audio = load_audio(sample_path().with_name("passage.flac"))  # 58 s of read speech
     rng = random.Random()  # fresh cuts every run
     cfg = SessionConfig(type="transcription")
@@ -59,10 +62,24 @@ def test_server_batches_on_the_slots_give_the_plain_runners_tokens(pipelines):
     batches.append((grown, live, drafts))
     for audios, opts, dr in batches:
         want = plain.transcribe_batch(audios, opts, dr)
-        got = slots.transcribe_batch(audios, opts, dr)
-        assert [r.tokens for r in got] == [r.tokens for r in want]
+        for pipe in (slots, blocks):
+            got = pipe.transcribe_batch(audios, opts, dr)
+            assert [r.tokens for r in got] == [r.tokens for r in want]
+            assert [r.avg_logprob for r in got] == pytest.approx([r.avg_logprob for r in want], rel=1e-4, abs=1e-4)
         assert all(r.text.strip() for r in want if len(r.tokens) > 2)  # real speech, real transcripts
     assert set(slots.runner.slot_rows) <= {1, 2, 4, 8}
+    assert {4, 8} <= {k for ks in blocks.runner.block_sizes.values() for k in ks} <= {2, 4, 8}
+
+
+def test_blocks_give_the_host_loops_timestamps(pipelines):
+    """Long-form transcription with timestamps (the timestamp rules in the blocks: pairs, monotonic, forced)
+    through blocks of 8 steps: the plain runner's tokens, segments and times."""
+    plain, _, blocks = pipelines
+    audio = load_audio(sample_path().with_name("passage.flac"))[: 16000 * 14]
+    want, got = plain.transcribe(audio), blocks.transcribe(audio)
+    assert [s.tokens for s in got.segments] == [s.tokens for s in want.segments]
+    assert [(s.start, s.end) for s in got.segments] == [(s.start, s.end) for s in want.segments]
+    assert len(want.segments) >= 2 and want.text.strip()
 
 
 def test_warm_batches_reach_every_buckets_step_and_prompt_widths():
@@ -70,13 +87,14 @@ def test_warm_batches_reach_every_buckets_step_and_prompt_widths():
     every batch-size bucket up to --max-batch its slot, so no bucket compiles or captures while serving; the
     clips are real speech, so each batch decodes past its prompt."""
     cpu = torch.device("cpu")
-    fresh = ASRPipeline(
-        TritonASRRunner(load_weights(resolve(None, "asr")), cpu, torch.float32, capture=False, kernels="torch")
-    )
+    w = load_weights(resolve(None, "asr"))
+    fresh = ASRPipeline(TritonASRRunner(w, cpu, torch.float32, capture=False, kernels="torch", block_steps=8))
     assert fresh.runner.slot_rows == []
     fresh.warm_batches(6)
     assert {2, 4, 8} <= set(fresh.runner.slot_rows) <= {1, 2, 4, 8}
     # and every prompt width of every slot (long drafts come with long turns, under load)
     assert all(w == [8, 16, 32, 64, 128] for w in fresh.runner.prompt_widths.values()), fresh.runner.prompt_widths
+    # and every block size under the rules the batches ran (live openings' short budgets take the small ones)
+    assert all(k == [2, 4, 8] for k in fresh.runner.block_sizes.values()), fresh.runner.block_sizes
     fresh.warm_batches(1)  # nothing past batch 1 to warm
     assert set(fresh.runner.slot_rows) <= {1, 2, 4, 8}

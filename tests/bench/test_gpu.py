@@ -35,6 +35,7 @@ def test_bench_gpu_skips_clearly_without_a_gpu(bench, tmp_path):
         "asr-turbo",
         "asr-fused",
         "lm-loop",
+        "asr-loop",
         "lm-quant",
         "mel-batch",
         "roofline",
@@ -82,7 +83,8 @@ def test_bench_gpu_lists_valid_checks(bench):
     r = bench("gpu", "--checks", "kernels,warp")
     assert (
         r.returncode == 2
-        and "unknown check(s) warp; valid: gpu, kernels, lm-fused, asr-fused, lm-loop, lm-quant, attention" in r.stderr
+        and "unknown check(s) warp; valid: gpu, kernels, lm-fused, asr-fused, lm-loop, asr-loop, lm-quant, attention"
+        in r.stderr
     )
 
 
