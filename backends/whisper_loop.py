@@ -47,17 +47,28 @@ class BlockRows:
     count: list[int]
 
 
+def rule_state(heads: list[list[int]], timestamp_begin: int) -> list[list[int]]:
+    """The rule state of sequences `heads` (each non-empty): their last tokens, second-to-last (-1: none), last
+    timestamps (-1: none) and lengths."""
+    return [
+        [h[-1] for h in heads],
+        [h[-2] if len(h) > 1 else -1 for h in heads],
+        [next((t for t in reversed(h) if t >= timestamp_begin), -1) for h in heads],
+        [len(h) for h in heads],
+    ]
+
+
 def block_rows(seqs: list[list[int]], pos: int, k: int, timestamp_begin: int) -> BlockRows:
     """BlockRows for sequences `seqs` (each longer than `pos`) whose token `pos` is fed next, with up to k known."""
-    q = [s[pos : pos + k] for s in seqs]
-    heads = [s[: pos + 1] for s in seqs]
-    return BlockRows(
-        queue=q,
-        last=[h[-1] for h in heads],
-        penult=[h[-2] if len(h) > 1 else -1 for h in heads],
-        last_ts=[next((t for t in reversed(h) if t >= timestamp_begin), -1) for h in heads],
-        count=[len(h) for h in heads],
-    )
+    return BlockRows([s[pos : pos + k] for s in seqs], *rule_state([s[: pos + 1] for s in seqs], timestamp_begin))
+
+
+def suppress_mask(rules: BlockRules, vocab: int, device) -> torch.Tensor:
+    """[vocab] bool: the tokens `rules` suppress everywhere."""
+    mask = torch.zeros(vocab, dtype=torch.bool, device=device)
+    if rules.suppress:
+        mask[list(rules.suppress)] = True
+    return mask
 
 
 def apply_rules(logits, rules: BlockRules, suppress, last, penult, last_ts, count) -> torch.Tensor:
@@ -81,6 +92,14 @@ def apply_rules(logits, rules: BlockRules, suppress, last, penult, last_ts, coun
     return x.masked_fill(force[:, None] & ~is_ts, float("-inf"))
 
 
+def pick_rows(logits, rules: BlockRules, suppress, last, penult, last_ts, count) -> tuple[torch.Tensor, torch.Tensor]:
+    """The greedy picks of rows in the rule state (last, penult, last_ts, count) from logits [n, V] -> (their ids
+    [n], their log-probabilities [n]): apply_rules, then the argmax."""
+    x = apply_rules(logits, rules, suppress, last, penult, last_ts, count)
+    ids = x.argmax(dim=-1)
+    return ids, torch.log_softmax(x, dim=-1).gather(1, ids[:, None])[:, 0]
+
+
 class DecodeBlock:
     """K greedy steps of `step(tokens [rows, 1], position [1]) -> logits [rows, V] float32` (a slot's decoder step
     on its buffers) from `position` on, on `rows` rows, under `rules`; captured as one graph unless `capture` is
@@ -92,9 +111,7 @@ class DecodeBlock:
         self.qlen = torch.ones(rows, dtype=torch.long, device=device)
         self.state = torch.zeros((4, rows), dtype=torch.long, device=device)  # last, penult, last_ts, count
         self.position = torch.zeros(1, dtype=torch.long, device=device)
-        self.suppress = torch.zeros(vocab, dtype=torch.bool, device=device)
-        if rules.suppress:
-            self.suppress[list(rules.suppress)] = True
+        self.suppress = suppress_mask(rules, vocab, device)
         self.run = CapturedStep(self._run, capture)
 
     def _run(self) -> torch.Tensor:
@@ -105,10 +122,10 @@ class DecodeBlock:
         last, penult, last_ts, count = self.state
         ids, lps = [], []
         for s in range(self.k):
-            logits = self.step_fn(tok[:, None], pos)
-            x = apply_rules(logits, self.rules, self.suppress, last, penult, last_ts, count)
-            nxt = x.argmax(dim=-1)
-            lps.append(torch.log_softmax(x, dim=-1).gather(1, nxt[:, None])[:, 0])
+            nxt, lp = pick_rows(
+                self.step_fn(tok[:, None], pos), self.rules, self.suppress, last, penult, last_ts, count
+            )
+            lps.append(lp)
             if s + 1 < self.k:
                 nxt = torch.where(self.qlen > s + 1, self.queue[:, s + 1], nxt)
             ids.append(nxt)

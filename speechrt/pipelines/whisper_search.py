@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from speechrt.backends.whisper_loop import block_rows
+from speechrt.backends.whisper_loop import block_rows, pick_rows, rule_state, suppress_mask
 
 from .whisper_loops import cut_loop
 
@@ -106,10 +106,11 @@ def greedy_drafted(
     done = [False] * n
 
     # checked[i, j]: the logits after the prompt and draft i's first j tokens
+    pick = _draft_picks(runner, rules, checked, drafts, seqs)
     valid = []  # per row: leading tokens of the sequence whose cache entries the draft pass wrote
     for i in range(n):
         for j in range(len(drafts[i]) + 1):
-            tok, lp = _pick(rules, checked[i, j][None].clone(), seqs[i])
+            tok, lp = pick(i, j)
             sum_lp[i] += lp
             if tok == eot:
                 done[i] = True
@@ -129,6 +130,33 @@ def greedy_drafted(
     state = runner.rewind(state, prompt_len + pos)
     greedy_from(runner, eot, state, rules, seqs, sum_lp, active, pos, sample_len, stop, loops, looped)
     return seqs, sum_lp
+
+
+def _draft_picks(runner, rules, checked, drafts, seqs):
+    """-> pick(i, j): the greedy token after the prompt and draft i's first j tokens (seqs[i] then holds them), and
+    its log-probability. Where the runner decodes in blocks on the device, every row's every position in one batch of
+    tensor ops and one read by the host (the picks a row needs only up to its first miss: the rest are wasted there,
+    and cost no sync); elsewhere one at a time, as the scan asks."""
+    if not getattr(runner, "block_steps", 0):
+        return lambda i, j: _pick(rules, checked[i, j][None].clone(), seqs[i])
+    n, dev = len(drafts), checked.device
+    first = checked[:, 0].clone()
+    rules.apply(first, [[] for _ in range(n)])  # the first token's rules, every row at once
+    ids, lps = [first.argmax(dim=-1)], []
+    lps.append(torch.log_softmax(first, dim=-1).gather(1, ids[0][:, None])[:, 0])
+    pairs = [(i, j) for i, d in enumerate(drafts) for j in range(1, len(d) + 1)]
+    if pairs:
+        state = torch.tensor(rule_state([drafts[i][:j] for i, j in pairs], rules.tb), device=dev)
+        ii, jj = (torch.tensor(c, device=dev) for c in zip(*pairs))
+        mask = suppress_mask(rules.block, checked.shape[-1], dev)
+        t, lp = pick_rows(checked[ii, jj], rules.block, mask, *state)
+        ids.append(t)
+        lps.append(lp)
+    flat = list(zip(torch.cat(ids).tolist(), torch.cat(lps).tolist()))
+    table = [[p] for p in flat[:n]]
+    for (i, _), p in zip(pairs, flat[n:]):
+        table[i].append(p)
+    return lambda i, j: table[i][j]
 
 
 def _pick(rules, lg, seq: list[int]) -> tuple[int, float]:

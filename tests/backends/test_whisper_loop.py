@@ -21,7 +21,7 @@ from speechrt.models.whisper import Whisper, WhisperConfig
 from speechrt.models.whisper_loaders import WhisperWeights
 from speechrt.pipelines.transcribe_options import TranscribeOptions
 from speechrt.pipelines.whisper_decoding import LogitRules
-from speechrt.pipelines.whisper_search import greedy_from
+from speechrt.pipelines.whisper_search import greedy_drafted, greedy_from
 
 CFG = WhisperConfig(
     n_mels=8,
@@ -42,6 +42,11 @@ TOK = SimpleNamespace(
 PROMPT = [72, 73, 74]
 
 
+def _options(timestamps: bool) -> TranscribeOptions:
+    # the first token's rules bite: <|0.00|> to <|0.04|> only, never the blank (71)
+    return TranscribeOptions(without_timestamps=not timestamps, max_initial_timestamp=0.04)
+
+
 @pytest.fixture(scope="module")
 def runners():
     seed = torch.seed() % (1 << 31)  # fresh weights every run
@@ -59,7 +64,7 @@ def _decode(runner, xa, seqs, timestamps: bool, sample_len: int):
     enc = Encoded(xa, torch.tensor([9, 4, 7, 9, 2]))
     state = runner.start(enc, 1, len(PROMPT) + sample_len)
     runner.decode_step(state, torch.tensor([PROMPT] * len(seqs)))
-    rules = LogitRules(TOK, TranscribeOptions(without_timestamps=not timestamps, suppress_blank=False), 3, "cpu")
+    rules = LogitRules(TOK, _options(timestamps), 3, "cpu")
     seqs, sum_lp, looped = [list(s) for s in seqs], [0.0] * len(seqs), set()
     greedy_from(runner, TOK.eot, state, rules, seqs, sum_lp, list(range(len(seqs))), 0, sample_len, None, 3, looped)
     return seqs, sum_lp, looped
@@ -85,3 +90,38 @@ def test_blocks_give_the_host_loops_tokens(runners, timestamps):
         if timestamps:  # the timestamp rules decided tokens
             assert sum(t >= 80 for t in picked) >= 5 and TOK.no_timestamps not in picked
     assert 8 in {k for ks in dev.block_sizes.values() for k in ks}
+
+
+@torch.inference_mode()
+def _drafted(runner, xa, drafts, timestamps: bool, sample_len: int = 40):
+    """decode_utterances' drafted path: the prompt and each row's draft in one pass, then greedy_drafted."""
+    state = runner.start(Encoded(xa, torch.tensor([9, 4, 7, 9, 2])), 1, len(PROMPT) + sample_len)
+    width = max(map(len, drafts))
+    rows = [PROMPT + d + [TOK.eot] * (width - len(d)) for d in drafts]
+    logits = runner.decode_step(state, torch.tensor(rows), last_only=False)
+    rules = LogitRules(TOK, _options(timestamps), 3, "cpu")
+    looped = set()
+    seqs, sum_lp = greedy_drafted(
+        runner, TOK.eot, state, logits[:, len(PROMPT) - 1 :], rules, drafts, sample_len, len(PROMPT), None, 3, looped
+    )
+    return seqs, sum_lp, looped
+
+
+@pytest.mark.parametrize("timestamps", [True, False])
+def test_drafts_checked_on_the_device_give_the_host_loops_tokens(runners, timestamps):
+    """The drafted path with blocks: every row's draft picks in one batch of tensor ops, then blocks; drafts that
+    are the greedy output, a prefix of it then junk, junk, nothing: the host's tokens, and greedy decoding's."""
+    host, dev, xa, seed = runners
+    rng = random.Random(seed)
+    plain = _drafted(host, xa, [[]] * 5, timestamps)[0]
+    # drafts are text (the server's transcripts), leaving room for one more token (as decode_utterances cuts them)
+    text = [[t for t in s if t < TOK.eot][:39] for s in plain]
+    junk = [rng.randrange(TOK.eot) for _ in range(6)]
+    drafts = [text[0], text[1][:3] + junk, [], junk, text[4][:-1]]
+    want = _drafted(host, xa, drafts, timestamps)
+    got = _drafted(dev, xa, drafts, timestamps)
+    assert got[0] == want[0], f"seed {seed}"
+    assert got[1] == pytest.approx(want[1], rel=1e-5, abs=1e-5)
+    assert got[2] == want[2]
+    if not timestamps:  # text-only rows: the drafts were their own greedy output, so the result is greedy's
+        assert want[0] == plain
