@@ -1,7 +1,8 @@
 """`bench gpu --checks asr-loop`: Whisper's greedy decode loop on the device (backends/whisper_loop.py: K steps,
 their logit rules and argmax per graph replay) against one step per replay, on the triton ASR runner: the time per
 decoded token at batch 1 (a 30-s window with timestamps: the timestamp rules in every step) and batch 8 (a server's
-batch of utterances, its options), K = 1 and 8, and the same ids. Whisper tiny.en float16 from graphs on a GPU; with
+batch of utterances, its options; and its live rounds, drafted: the drafts checked on the device), K = 1 and 8, and
+the same ids. Whisper tiny.en float16 from graphs on a GPU; with
 `--device cpu` float32 uncaptured on the reference kernels, fewer repeats."""
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def check_asr_loop(dev, out: Results):
     kw = {} if gpu else {"capture": False, "kernels": "torch"}
     cuts = random_cuts(audio, 8, random.Random(0), 8)
     server = asr_options(SessionConfig(type="transcription"))
+    live = asr_options(SessionConfig(type="transcription"), live=True)
     repeats = 10 if gpu else 2
 
     encoded = {}
@@ -70,11 +72,19 @@ def check_asr_loop(dev, out: Results):
     def batch(asr):  # a server's batch: its encoder pass, the prompt with no draft, then the decode steps
         return [r.tokens for r in asr.transcribe_batch(cuts, server)]
 
+    drafts = {}
+
+    def drafted(asr):  # a live round: each row drafted with its transcript less its last 3 tokens, checked, then on
+        if asr not in drafts:
+            drafts[asr] = [r.tokens[:-3] for r in asr.transcribe_batch(cuts, live)]
+        return [r.tokens for r in asr.transcribe_batch(cuts, live, drafts[asr])]
+
     lines, bad = [], []
     with torch.inference_mode(), cpu_threads(1 if not gpu else None):
         for name, work in (
             ("batch 1, a 30-s window with timestamps, decode only", window),
             ("batch 8, server options, encoder and prompt included", batch),
+            ("batch 8, live rounds drafted, encoder and prompt included", drafted),
         ):
             per_token, ref = {}, None
             for k in STEPS:
