@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .reference_quant import unpack_int4 as unpack_int4  # (what `pack_int4` was given, from its bytes)
 from .triton_matmul import precision, upcast
 
 SM_PROGRAMS = 264  # programs to aim at for a one-row step: two per SM of an H100 (132 SMs)
@@ -135,11 +136,6 @@ def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: t
     if torch.equal(half.float(), sz):
         sz = half
     return packed.contiguous(), sz.contiguous()
-
-
-def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    """packed [N, K / 2] -> q [N, K] uint8 (what `pack_int4` was given)."""
-    return torch.stack([packed & 15, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
 
 
 def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor) -> torch.Tensor:
