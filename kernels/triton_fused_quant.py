@@ -32,6 +32,7 @@ from .triton_fp8_matmul import e4m3_to_float
 from .triton_int4_matmul import int4_tile
 
 INT4, FP8, INT8 = 1, 2, 3  # the weight formats (the FMT constexpr)
+INT4_C, FP8_C = tl.constexpr(INT4), tl.constexpr(FP8)  # as the kernels read them
 FORMATS = {torch.uint8: INT4, torch.float8_e4m3fn: FP8, torch.int8: INT8}
 
 
@@ -54,7 +55,7 @@ def norm_in(x, g_ptr, k, K, NORM: tl.constexpr, DT: tl.constexpr):
         g = tl.load(g_ptr + k, mask=k < K, other=0.0).to(tl.float32)
         return fu.rnd(xf * g[None, :], DT), tl.sum(xf * xf, axis=1)
     else:
-        return xf, tl.sum(xf * 0.0, axis=1)
+        return xf, 0.0
 
 
 @triton.jit
@@ -68,7 +69,7 @@ def qdot_pair(
     acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if FMT == INT4:  # BLOCK_K divides G and K: no K mask; the even columns meet the low nibbles, the odd the high
+    if FMT == INT4_C:  # BLOCK_K divides G and K: no K mask; the even columns meet the low nibbles, the odd the high
         ke = 2 * tl.arange(0, BLOCK_K // 2)
         px = x_ptr + rm[:, None].to(tl.int64) * sxm + ke[None, :] * sxk
         for k0 in range(0, K, BLOCK_K):
@@ -104,7 +105,7 @@ def qdot_pair(
 @triton.jit
 def widen(b, FMT: tl.constexpr):
     """A tile of per-channel quantized weights -> float32, exactly: E4M3 bytes (read as uint8) or int8."""
-    if FMT == FP8:
+    if FMT == FP8_C:
         return e4m3_to_float(b)
     else:
         return b.to(tl.float32)
@@ -300,13 +301,21 @@ def quant_args(w, K: int, op: str) -> tuple[dict, callable]:
         "swk": q.stride(1),
         "FMT": fmt,
     }
+    return args, fused_config(fmt, G)
+
+
+def fused_config(fmt: int, G: int):
+    """The tile config of format `fmt` (group size G): triton_fused.config's (same arguments), its K tile cut to
+    divide G for int4, and int4 tiles of 32 rows in one stage (two stages spilled on sm_90 in the AOT report)."""
 
     def cfg(M, dtype, half=None, whole_head=False):
         c = fu.config(M, dtype, half, whole_head)
         c["BLOCK_K"] = block_k(fmt, G, c["BLOCK_K"])
+        if fmt == INT4 and c["BLOCK_M"] > 16:
+            c["num_stages"] = 1
         return c
 
-    return args, cfg
+    return cfg
 
 
 def norm_qkv_rope(
