@@ -130,9 +130,27 @@ def fused_quant_specs() -> list[Spec]:
         rp = {p: "*bf16" for p in ("x_ptr", "b_ptr", "r_ptr", "y_ptr")}
         types = {**rp, **wq, **rows_types, "srm": "i32"}
         aligned = (*rows_aligned, "b_ptr", "r_ptr", "srm")
-        cxr = {**cx, "HAS_BIAS": False}
-        out.append(make_spec(fq._linear_residual_q_kernel, f"{what} o/down proj M={M}", types, cxr, c, aligned, True))
+        split = fq.k_splits(M, 2048, 2048, c)[0] > 1  # what the launcher picks at the 1B shape's o projection
+        cxr = {**cx, "HAS_BIAS": False, "SPLIT": split}
+        types = {**types, "p_ptr": "*fp32", "K_SPLIT": "i32"}
+        variant = f"{what} o/down proj M={M}" + (" split-K" if split else "")
+        out.append(
+            make_spec(fq._linear_residual_q_kernel, variant, types, cxr, c, (*aligned, "p_ptr", "K_SPLIT"), True)
+        )
         types = {**{p: "*bf16" for p in ("x_ptr", "g_ptr", "y_ptr")}, **wq, **rows_types, "eps": "fp32"}
         aligned = (*rows_aligned, "g_ptr")
         out.append(make_spec(fq._norm_gate_up_q_kernel, f"{what} mlp 1536 / 8192 M={M}", types, cx, c, aligned, True))
+    for M in (1, 64):
+        c = fq.fused_config(fq.FP8, 0)(M, bf16)
+        out.append(
+            make_spec(
+                fq._sum_residual_kernel,
+                f"{SHAPES} o/down proj split-K sums + residual M={M}",
+                {**{p: "*bf16" for p in ("b_ptr", "r_ptr", "y_ptr")}, "p_ptr": "*fp32"}
+                | int_args("SPLITS", "M", "N", "srm", "sym"),
+                {"HAS_BIAS": False, "BLOCK_M": c["BLOCK_M"], "BLOCK_N": c["BLOCK_N"]},
+                c,
+                ("p_ptr", "b_ptr", "r_ptr", "y_ptr", "N", "srm", "sym"),
+            )
+        )
     return out

@@ -17,8 +17,11 @@ gfx90a have no fp8 types), so every kernel here compiles for sm_80, sm_90, gfx90
 
 The ops take a float weight (then they are triton_fused.py's) or a pair (weight, scale): (packed uint8 [N, K / 2],
 scales_zeros [K / G, N, 2]) for int4, (float8_e4m3fn [N, K], float32 [N]) for fp8, (int8 [N, K], [N]) for int8.
-Grids are triton_fused.py's (row blocks x column tiles): K is not split among programs, so a one-row step at a
-small width runs few programs (SmolLM2's o-projection: 18); the down projection's K of 1536 / 8192 is one loop.
+Grids are triton_fused.py's (row blocks x column tiles). The projection + residual of a one-row step also splits K
+among programs, as the int4 GEMV does (the 1B shape's o / down projections: 64 column tiles, K 2048 / 8192), its
+float32 partial sums added up with the residual by a second launch; the norm-folded ops cannot (the norm needs the
+whole row's sum of squares before its scale), so they keep one program per tile (the 1B shape at one row: 96 for
+Q/K/V, 256 for gate/up).
 References: kernels.reference_quant (dequantize, then kernels.reference's fused ops)."""
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ import triton.language as tl
 
 from . import triton_fused as fu
 from .triton_fp8_matmul import e4m3_to_float
-from .triton_int4_matmul import int4_tile
+from .triton_int4_matmul import SM_PROGRAMS, int4_tile
+from .triton_matmul import precision, upcast
 
 INT4, FP8, INT8 = 1, 2, 3  # the weight formats (the FMT constexpr)
 INT4_C, FP8_C = tl.constexpr(INT4), tl.constexpr(FP8)  # as the kernels read them
@@ -60,42 +64,44 @@ def norm_in(x, g_ptr, k, K, NORM: tl.constexpr, DT: tl.constexpr):
 
 @triton.jit
 def qdot_pair(
-    x_ptr, g_ptr, w_ptr, sz_ptr, rm, cols, rmask, cmask, second, K, G, NW, sxm, sxk, swn, swk, eps,
+    x_ptr, g_ptr, w_ptr, sz_ptr, rm, cols, rmask, cmask, second, k_lo, k_hi, K, G, NW, sxm, sxk, swn, swk, eps,
     NORM: tl.constexpr, PAIR: tl.constexpr, FMT: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
     UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """(x[rm] * g) @ W[cols].T and, with PAIR, @ W[cols + second].T, W of NW rows quantized as FMT, in float32 over
-    the whole K, per-channel scales applied; and each row's 1 / rms(x) (1 without NORM: no norm folded in)."""
+    """(x[rm] * g) @ W[cols].T and, with PAIR, @ W[cols + second].T over the columns k_lo .. k_hi of x (all K with
+    NORM), W of NW rows quantized as FMT, in float32, per-channel scales applied; and each row's 1 / rms(x) (1
+    without NORM: no norm folded in)."""
     acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if FMT == INT4_C:  # BLOCK_K divides G and K: no K mask; the even columns meet the low nibbles, the odd the high
         ke = 2 * tl.arange(0, BLOCK_K // 2)
         px = x_ptr + rm[:, None].to(tl.int64) * sxm + ke[None, :] * sxk
-        for k0 in range(0, K, BLOCK_K):
-            xe, s_e = norm_in(tl.load(px, mask=rmask[:, None], other=0.0), g_ptr, k0 + ke, K, NORM, DT)
-            xo, s_o = norm_in(tl.load(px + sxk, mask=rmask[:, None], other=0.0), g_ptr, k0 + ke + 1, K, NORM, DT)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            xe, s_e = norm_in(tl.load(px + k0 * sxk, mask=rmask[:, None], other=0.0), g_ptr, k0 + ke, K, NORM, DT)
+            xo, s_o = norm_in(
+                tl.load(px + (k0 + 1) * sxk, mask=rmask[:, None], other=0.0), g_ptr, k0 + ke + 1, K, NORM, DT
+            )
             ss += s_e + s_o
             w_lo, w_hi = int4_tile(w_ptr, sz_ptr, cols, cmask, k0, G, NW, swn, BLOCK_K)
             acc1 = wdot(xo, w_hi, wdot(xe, w_lo, acc1, DT, PRECISION, UPCAST), DT, PRECISION, UPCAST)
             if PAIR:
                 w_lo, w_hi = int4_tile(w_ptr, sz_ptr, cols + second, cmask, k0, G, NW, swn, BLOCK_K)
                 acc2 = wdot(xo, w_hi, wdot(xe, w_lo, acc2, DT, PRECISION, UPCAST), DT, PRECISION, UPCAST)
-            px += BLOCK_K * sxk
     else:  # per-channel formats: a [BLOCK_K, BLOCK_N] tile of bytes widened in registers, the scales at the end
         rk = tl.arange(0, BLOCK_K)
         px = x_ptr + rm[:, None].to(tl.int64) * sxm + rk[None, :] * sxk
         pw = w_ptr + cols[None, :].to(tl.int64) * swn + rk[:, None] * swk  # [BLOCK_K, BLOCK_N] = W.T tile
-        for k0 in range(0, K, BLOCK_K):
-            km = (k0 + rk) < K
-            a, s_a = norm_in(tl.load(px, mask=rmask[:, None] & km[None, :], other=0.0), g_ptr, k0 + rk, K, NORM, DT)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            km = (k0 + rk) < k_hi
+            x = tl.load(px + k0 * sxk, mask=rmask[:, None] & km[None, :], other=0.0)
+            a, s_a = norm_in(x, g_ptr, k0 + rk, K, NORM, DT)
             ss += s_a
             wm = km[:, None] & cmask[None, :]
-            acc1 = wdot(a, widen(tl.load(pw, mask=wm, other=0), FMT), acc1, DT, PRECISION, UPCAST)
+            acc1 = wdot(a, widen(tl.load(pw + k0 * swk, mask=wm, other=0), FMT), acc1, DT, PRECISION, UPCAST)
             if PAIR:
-                acc2 = wdot(a, widen(tl.load(pw + second * swn, mask=wm, other=0), FMT), acc2, DT, PRECISION, UPCAST)
-            px += BLOCK_K * sxk
-            pw += BLOCK_K * swk
+                w2 = widen(tl.load(pw + second * swn + k0 * swk, mask=wm, other=0), FMT)
+                acc2 = wdot(a, w2, acc2, DT, PRECISION, UPCAST)
         acc1 = acc1 * tl.load(sz_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
         if PAIR:
             acc2 = acc2 * tl.load(sz_ptr + cols + second, mask=cmask, other=0.0).to(tl.float32)[None, :]
@@ -120,106 +126,48 @@ def _norm_qkv_rope_q_kernel(
 ):  # fmt: skip
     rm, mm, head, d, dm, col = fu.head_tile(M, HALF, BLOCK_M, BLOCK_HALF)
     acc1, acc2, rstd = qdot_pair(
-        x_ptr,
-        g_ptr,
-        w_ptr,
-        sz_ptr,
-        rm,
-        col,
-        mm,
-        dm,
-        HALF,
-        K,
-        G,
-        (H + 2 * HKV) * 2 * HALF,
-        sxm,
-        sxk,
-        swn,
-        swk,
-        eps,
-        True,
-        True,
-        FMT,
-        q_ptr.dtype.element_ty,
-        PRECISION,
-        UPCAST,
-        BLOCK_M,
-        BLOCK_HALF,
-        BLOCK_K,
-    )
+        x_ptr, g_ptr, w_ptr, sz_ptr, rm, col, mm, dm, HALF, 0, K, K, G, (H + 2 * HKV) * 2 * HALF, sxm, sxk, swn, swk,
+        eps, True, True, FMT, q_ptr.dtype.element_ty, PRECISION, UPCAST, BLOCK_M, BLOCK_HALF, BLOCK_K,
+    )  # fmt: skip
     fu.qkv_epilogue(
-        acc1,
-        acc2,
-        rstd,
-        rm,
-        mm,
-        head,
-        d,
-        dm,
-        col,
-        b_ptr,
-        qn_ptr,
-        kn_ptr,
-        cos_ptr,
-        sin_ptr,
-        pos_ptr,
-        q_ptr,
-        kc_ptr,
-        vc_ptr,
-        H,
-        HKV,
-        HALF,
-        s0,
-        sct,
-        sqm,
-        sqh,
-        skb,
-        skh,
-        skt,
-        svb,
-        svh,
-        svt,
-        eps,
-        HAS_BIAS,
-        QK_NORM,
-    )
+        acc1, acc2, rstd, rm, mm, head, d, dm, col, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr,
+        vc_ptr, H, HKV, HALF, s0, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps, HAS_BIAS, QK_NORM,
+    )  # fmt: skip
 
 
 @triton.jit
 def _linear_residual_q_kernel(
-    x_ptr, w_ptr, sz_ptr, b_ptr, r_ptr, y_ptr, M, N, K, G, sxm, sxk, swn, swk, srm, sym,
-    HAS_BIAS: tl.constexpr, FMT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    x_ptr, w_ptr, sz_ptr, b_ptr, r_ptr, y_ptr, p_ptr, M, N, K, G, K_SPLIT, sxm, sxk, swn, swk, srm, sym,
+    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, FMT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
+    # grid (row blocks, column blocks, K splits); SPLIT: the float32 partial sums go to p [splits, M, N], which
+    # _sum_residual_kernel adds up
     rm, rn = fu.row_col_tile(BLOCK_M, BLOCK_N)
+    k_lo = tl.program_id(2) * K_SPLIT
     acc, _, _ = qdot_pair(
-        x_ptr,
-        x_ptr,
-        w_ptr,
-        sz_ptr,
-        rm,
-        rn,
-        rm < M,
-        rn < N,
-        0,
-        K,
-        G,
-        N,
-        sxm,
-        sxk,
-        swn,
-        swk,
-        1.0,
-        False,
-        False,
-        FMT,
-        y_ptr.dtype.element_ty,
-        PRECISION,
-        UPCAST,
-        BLOCK_M,
-        BLOCK_N,
-        BLOCK_K,
-    )
+        x_ptr, x_ptr, w_ptr, sz_ptr, rm, rn, rm < M, rn < N, 0, k_lo, tl.minimum(K, k_lo + K_SPLIT), K, G, N, sxm,
+        sxk, swn, swk, 1.0, False, False, FMT, y_ptr.dtype.element_ty, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
+    if SPLIT:
+        pp = p_ptr + (tl.program_id(2) * M + rm[:, None]).to(tl.int64) * N + rn[None, :]
+        tl.store(pp, acc, mask=(rm < M)[:, None] & (rn < N)[None, :])
+    else:
+        fu.residual_epilogue(acc, rm, rn, M, N, b_ptr, r_ptr, y_ptr, srm, sym, HAS_BIAS)
+
+
+@triton.jit
+def _sum_residual_kernel(
+    p_ptr, b_ptr, r_ptr, y_ptr, SPLITS, M, N, srm, sym,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """linear_residual's epilogue on split-K partial sums p [SPLITS, M, N], added in a fixed order (deterministic)."""
+    rm, rn = fu.row_col_tile(BLOCK_M, BLOCK_N)
+    pp = p_ptr + rm[:, None].to(tl.int64) * N + rn[None, :]
+    pm = (rm < M)[:, None] & (rn < N)[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in range(0, SPLITS):
+        acc += tl.load(pp + s * M * N, mask=pm, other=0.0)
     fu.residual_epilogue(acc, rm, rn, M, N, b_ptr, r_ptr, y_ptr, srm, sym, HAS_BIAS)
 
 
@@ -232,33 +180,9 @@ def _norm_gate_up_q_kernel(
     # W [2N, K]: gate rows 0..N-1, up rows N..2N-1
     rm, rn = fu.row_col_tile(BLOCK_M, BLOCK_N)
     acc_g, acc_u, rstd = qdot_pair(
-        x_ptr,
-        g_ptr,
-        w_ptr,
-        sz_ptr,
-        rm,
-        rn,
-        rm < M,
-        rn < N,
-        N,
-        K,
-        G,
-        2 * N,
-        sxm,
-        sxk,
-        swn,
-        swk,
-        eps,
-        True,
-        True,
-        FMT,
-        y_ptr.dtype.element_ty,
-        PRECISION,
-        UPCAST,
-        BLOCK_M,
-        BLOCK_N,
-        BLOCK_K,
-    )
+        x_ptr, g_ptr, w_ptr, sz_ptr, rm, rn, rm < M, rn < N, N, 0, K, K, G, 2 * N, sxm, sxk, swn, swk, eps,
+        True, True, FMT, y_ptr.dtype.element_ty, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
     fu.gate_up_epilogue(acc_g, acc_u, rstd, rm, rn, M, N, y_ptr, sym)
 
 
@@ -333,13 +257,43 @@ def norm_qkv_rope(
     )  # fmt: skip
 
 
+def k_splits(M: int, N: int, K: int, c: dict) -> tuple[int, int]:
+    """(splits, columns per split) of linear_residual's K: as many as bring a step's programs near SM_PROGRAMS
+    (kernels/triton_int4_matmul.py), each keeping at least 4 K tiles (a multiple of the K tile, so that an int4
+    split starts at a group's tile)."""
+    bk = c["BLOCK_K"]
+    tiles = triton.cdiv(M, c["BLOCK_M"]) * triton.cdiv(N, c["BLOCK_N"])
+    split = max(1, min(triton.cdiv(SM_PROGRAMS, tiles), K // (4 * bk)))
+    k_split = triton.cdiv(triton.cdiv(K, split), bk) * bk
+    return triton.cdiv(K, k_split), k_split
+
+
 def linear_residual(x: torch.Tensor, weight, residual: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """See kernels.reference_quant.linear_residual."""
+    """See kernels.reference_quant.linear_residual. A one-row step of a few column tiles splits K among programs
+    (float32 partial sums, then a second launch adds them up in order, with the bias and the residual)."""
     if isinstance(weight, torch.Tensor):
         return fu.linear_residual(x, weight, residual, bias)
     w, cfg = quant_args(weight, x.shape[-1], "linear_residual")
     kw = fu.residual_args(residual, bias, residual)
-    return fu.launch_rows(_linear_residual_q_kernel, w, x, weight[0].shape[0], cfg, **kw)
+    x = fu.as_rows(x)
+    (M, K), N = x.shape, weight[0].shape[0]
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if not M:
+        return y
+    c = cfg(M, x.dtype)
+    split, k_split = k_splits(M, N, K, c)
+    parts = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
+    grid = (triton.cdiv(M, c["BLOCK_M"]), triton.cdiv(N, c["BLOCK_N"]))
+    _linear_residual_q_kernel[(*grid, split)](
+        x_ptr=x, y_ptr=y, p_ptr=parts, M=M, N=N, K=K, K_SPLIT=k_split, sxm=x.stride(0), sxk=x.stride(1),
+        sym=y.stride(0), SPLIT=split > 1, PRECISION=precision(x.dtype), UPCAST=upcast(x.dtype), **w, **kw, **c,
+    )  # fmt: skip
+    if split > 1:
+        _sum_residual_kernel[grid](
+            parts, kw["b_ptr"], kw["r_ptr"], y, split, M, N, kw["srm"], y.stride(0), HAS_BIAS=kw["HAS_BIAS"],
+            BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
+        )  # fmt: skip
+    return y
 
 
 def norm_gate_up(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w_gate_up) -> torch.Tensor:

@@ -301,6 +301,21 @@ def test_quant_linear_residual_and_norm_gate_up(fq, dtype, fmt, G, K):
     close(fq.norm_gate_up(x, g, 1e-5, w), rq.norm_gate_up(x, g, 1e-5, w), truth)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt,G,K", [("int4", 128, 1024), ("fp8", 0, 600)])
+def test_quant_linear_residual_split_k(fq, dtype, fmt, G, K):
+    """A one-row step's projection + residual (+ a bias) with K split among programs (int4: 4 splits of 256; fp8: 320
+    and 280, the last not a whole K tile), their float32 partial sums added up by the second launch."""
+    from speechrt.kernels import reference_quant as rq
+
+    x = rand(1, K, dtype=dtype, seed=6)
+    w, wf = quantized(fmt, G, 37, K, seed=7)
+    r, b = rand(1, 37, dtype=dtype, seed=8), rand(37, dtype=dtype, seed=9)
+    assert fq.k_splits(1, 37, K, fq.fused_config(fq.FORMATS[w[0].dtype], G)(1, dtype)) == ((4, 256) if G else (2, 320))
+    truth = ref.linear_residual(x.float(), wf, r.float(), b.float())
+    close(fq.linear_residual(x, w, r, b), rq.linear_residual(x, w, r, b), truth)
+
+
 @pytest.mark.parametrize("fmt,G,K", [QUANT[0], QUANT[3]])
 def test_quant_nan_confined_and_bad_weights(fq, fmt, G, K):
     """A NaN in a row's input reaches that row's outputs, never another row's; a weight the kernels cannot read is
