@@ -8,10 +8,10 @@ sm_90 only (the launcher takes it on compute capability >= 8.9; sm_80 and the AM
 the W8A16 variant, which reads the weights as bytes, for every target.
 
 The fused decode-step kernels on quantized weights (kernels/triton_fused_quant.py) at the same shapes as their float
-twins (aot_specs_fused.py: 1 and 64 rows, the Qwen3 head norms + Qwen2 bias at 8): int4 with G 32 and float16 (s, z)
-pairs and G 128 with float32 ones, fp8 and int8 per channel. They read fp8 as bytes and meet the activations on the
-16-bit tensor / matrix cores (no fp8 dot: decode is bound by reading W), so each compiles for every target, sm_80
-and gfx90a included."""
+twins (aot_specs_fused.py: 1 and 64 rows; the Qwen3 head norms + Qwen2 bias at head dims 64 and 128): int4 with G 32
+and float16 (s, z) pairs and G 128 with float32 ones, fp8 and int8 per channel, and the split-K sums of the
+projection + residual. They read fp8 as bytes and meet the activations on the 16-bit tensor / matrix cores (no fp8
+dot: decode is bound by reading W), so each compiles for every target, sm_80 and gfx90a included."""
 
 from __future__ import annotations
 
@@ -91,8 +91,10 @@ def quant_specs(hip: bool = False) -> list[Spec]:
 
 
 # (format, group size, scales' type, rows): what each quantized fused kernel compiles as
-FUSED_CASES = (("int4", 32, "fp16", 1), ("int4", 128, "fp32", 64), ("fp8", 0, "fp32", 1), ("fp8", 0, "fp32", 64))
-FUSED_CASES += (("int8", 0, "bf16", 1),)
+FUSED_CASES = (("int4", 32, "fp16", 1, 0), ("int4", 128, "fp32", 64, 0), ("fp8", 0, "fp32", 1, 0))
+FUSED_CASES += (("fp8", 0, "fp32", 64, 0), ("int8", 0, "bf16", 1, 0))
+# the Qwen3 variants of norm_qkv_rope (head norms: whole heads per program, + the Qwen2 bias): head dim 64 and 128
+QWEN3_CASES = (("int4", 32, "fp16", 8, 64), ("int4", 128, "fp32", 64, 128), ("fp8", 0, "fp32", 64, 128))
 
 
 def fused_quant_specs() -> list[Spec]:
@@ -108,12 +110,12 @@ def fused_quant_specs() -> list[Spec]:
     rows_types = int_args("M", "N", "K", "G", "sxm", "sxk", "swn", "swk", "sym")
     rows_aligned = ("x_ptr", "w_ptr", "sz_ptr", "y_ptr", "N", "K", "sxm", "swn", "sym")
     qkv_types, qkv_aligned = qkv_signature()
-    for fmt, G, sz, M in (*FUSED_CASES, ("int4", 32, "fp16", 8)):
+    for fmt, G, sz, M, head_dim in (*FUSED_CASES, *QWEN3_CASES):
         wq = {"w_ptr": "*i8" if fmt == "int8" else "*u8", "sz_ptr": f"*{sz}"}
         base = {"FMT": code[fmt], "PRECISION": precision(bf16), "UPCAST": False}
         what = f"{SHAPES} {fmt}" + (f" G={G} scales {sz}" if G else "")
-        qk_norm = M == 8  # the Qwen3 variant: head norms (whole heads per program) + the Qwen2 bias
-        c = fq.fused_config(code[fmt], G)(M, bf16, 32, qk_norm)
+        qk_norm = head_dim > 0
+        c = fq.fused_config(code[fmt], G)(M, bf16, head_dim // 2 or 32, qk_norm)
         cx = {
             **base,
             "HAS_BIAS": qk_norm,
@@ -121,7 +123,7 @@ def fused_quant_specs() -> list[Spec]:
             **{k: c[k] for k in ("BLOCK_M", "BLOCK_HALF", "BLOCK_K")},
         }
         types = {**qkv_types, **wq, "G": "i32"}
-        variant = f"{what} M={M}" + (" qwen3 head norms + qwen2 bias" if qk_norm else "")
+        variant = f"{what} M={M}" + (f" qwen3 head norms (D {head_dim}) + qwen2 bias" if qk_norm else "")
         out.append(make_spec(fq._norm_qkv_rope_q_kernel, variant, types, cx, c, (*qkv_aligned, "sz_ptr", "G"), True))
         if qk_norm:
             continue

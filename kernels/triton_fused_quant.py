@@ -230,13 +230,17 @@ def quant_args(w, K: int, op: str) -> tuple[dict, callable]:
 
 def fused_config(fmt: int, G: int):
     """The tile config of format `fmt` (group size G): triton_fused.config's (same arguments), its K tile cut to
-    divide G for int4, and int4 tiles of 32 rows in one stage (two stages spilled on sm_90 in the AOT report)."""
+    divide G for int4, and int4 tiles of 32 rows in one stage (two stages spilled on sm_90 in the AOT report). fp8 /
+    int8 widen [BLOCK_K, columns] byte tiles to float32 in registers: K tiles of 32 for 32-row tiles and whole heads
+    of 128 (64 spilled on sm_80 / sm_90)."""
 
     def cfg(M, dtype, half=None, whole_head=False):
         c = fu.config(M, dtype, half, whole_head)
         c["BLOCK_K"] = block_k(fmt, G, c["BLOCK_K"])
         if fmt == INT4 and c["BLOCK_M"] > 16:
             c["num_stages"] = 1
+        if fmt != INT4 and (c["BLOCK_M"] > 16 or c.get("BLOCK_HALF", 0) > 32):
+            c["BLOCK_K"] = min(c["BLOCK_K"], 32)
         return c
 
     return cfg
