@@ -114,18 +114,24 @@ def test_fp8_is_a_language_model_dtype():
         resolve_format("fp4", CPU)
 
 
-@pytest.mark.parametrize("fmt", ["int4", "fp8", "int8"])
+@pytest.mark.parametrize("fmt", ["int4", "int4+int8", "fp8", "int8"])
 def test_fused_decode_step_equals_the_unfused_one(fmt):
     """models/llama_fused.py's step on quantized weights (kernels/triton_fused_quant.py: the weights dequantized in
     the fused kernels' K loops) equals Llama.decode_range's unfused quantized step (the W4A16 / FP8 / int8 linears
     apart from the norms, rotary and adds) on three rows at once: logits and the keys and values written; and the
-    references (kernels/reference_quant.py) agree. int4: 4-bit groups of the fused Q|K|V, gate|up and the rest."""
+    references (kernels/reference_quant.py) agree. int4: 4-bit groups of the fused Q|K|V, gate|up and the rest;
+    int4+int8: a file's 4-bit blocks for all but the down projections, which int4 models keep in int8."""
     from speechrt.kernels import reference_quant, triton_fused_quant
     from speechrt.models.llama_fused import decode_range_fused, fused_unsupported
 
+    w, q4 = weights(2), None
+    if fmt == "int4+int8":
+        fmt = "int4"
+        q4 = {f"layers.{i}.{n}": quantize_int4(w[f"layers.{i}.{n}"]) for i in range(2) for n in LINEAR[:-1]}
     assert fused_unsupported(CFG, fmt) is None
-    model = Llama(CFG, weights(2), kernels.select("triton", CPU), CPU, fmt)
+    model = Llama(CFG, w, kernels.select("triton", CPU), CPU, fmt, q4=q4)
     assert model.layers[0].w_gate_up.fmt == fmt and model.layers[1].wqkv.scale is not None
+    assert model.layers[1].w_down.fmt == ("int8" if q4 else fmt)
     cache = model.new_cache(3, 16)
     g = torch.Generator().manual_seed(0)
     cache.k.copy_(torch.randn(cache.k.shape, generator=g)), cache.v.copy_(torch.randn(cache.v.shape, generator=g))
