@@ -19,9 +19,9 @@ The ops take a float weight (then they are triton_fused.py's) or a pair (weight,
 scales_zeros [K / G, N, 2]) for int4, (float8_e4m3fn [N, K], float32 [N]) for fp8, (int8 [N, K], [N]) for int8.
 Grids are triton_fused.py's (row blocks x column tiles). The projection + residual of a one-row step also splits K
 among programs, as the int4 GEMV does (the 1B shape's o / down projections: 64 column tiles, K 2048 / 8192), its
-float32 partial sums added up with the residual by a second launch; the norm-folded ops cannot (the norm needs the
-whole row's sum of squares before its scale), so they keep one program per tile (the 1B shape at one row: 96 for
-Q/K/V, 256 for gate/up).
+float32 partial sums added up with the residual by a second launch. The norm-folded ops do not split (their partial
+sums of squares could be added up too, but their epilogues - rotary, cache writes, head norms, SiLU - would move
+into that second launch): one program per tile (the 1B shape at one row: 96 for Q/K/V, 256 for gate/up).
 References: kernels.reference_quant (dequantize, then kernels.reference's fused ops)."""
 
 from __future__ import annotations
