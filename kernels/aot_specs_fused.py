@@ -17,6 +17,21 @@ SHAPES = "smollm2 d576 / llama-1b d2048"
 WHISPER = "whisper tiny d384 / large-v3-turbo d1280"
 
 
+def qkv_signature() -> tuple[dict, tuple]:
+    """The norm_qkv_rope kernels' argument types (bf16 activations and weights) and the args marked aligned."""
+    ptrs = ("x_ptr", "g_ptr", "w_ptr", "b_ptr", "qn_ptr", "kn_ptr", "q_ptr", "kc_ptr", "vc_ptr")
+    strides = ("sxm", "swn", "sct", "sqm", "sqh", "skb", "skh", "skt", "svb", "svh", "svt")
+    types = {
+        **{p: "*bf16" for p in ptrs},
+        "cos_ptr": "*fp32",
+        "sin_ptr": "*fp32",
+        "pos_ptr": "*i64",
+        **int_args("M", "K", "H", "HKV", "HALF", "s0", "sxk", "swk", *strides),
+        "eps": "fp32",
+    }
+    return types, (*ptrs, "cos_ptr", "sin_ptr", "pos_ptr", "K", "HALF", *strides)
+
+
 def fused_specs(hip: bool = False) -> list[Spec]:
     import torch
 
@@ -25,17 +40,7 @@ def fused_specs(hip: bool = False) -> list[Spec]:
 
     bf16 = torch.bfloat16
     out = []
-    qkv_ptrs = ("x_ptr", "g_ptr", "w_ptr", "b_ptr", "qn_ptr", "kn_ptr", "q_ptr", "kc_ptr", "vc_ptr")
-    qkv_strides = ("sxm", "swn", "sct", "sqm", "sqh", "skb", "skh", "skt", "svb", "svh", "svt")
-    qkv_types = {
-        **{p: "*bf16" for p in qkv_ptrs},
-        "cos_ptr": "*fp32",
-        "sin_ptr": "*fp32",
-        "pos_ptr": "*i64",
-        **int_args("M", "K", "H", "HKV", "HALF", "s0", "sxk", "swk", *qkv_strides),
-        "eps": "fp32",
-    }
-    qkv_aligned = (*qkv_ptrs, "cos_ptr", "sin_ptr", "pos_ptr", "K", "HALF", *qkv_strides)
+    qkv_types, qkv_aligned = qkv_signature()
     for variant, M, bias, qk_norm in (
         (f"{SHAPES} M=1", 1, False, False),
         (f"{SHAPES} M=64", 64, False, False),

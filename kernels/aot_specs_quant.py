@@ -5,7 +5,13 @@ vocab 128256). N, K and the group size are runtime arguments, so one binary serv
 size of a K tile (G 32: the GGUF's blocks; G 128: AWQ / GPTQ); the int4 (s, z) pairs compile as float16 (Q4_0 /
 Q4_1) and float32 (Q4_K, AWQ / GPTQ). The W8A8 variant (E4M3 operands on the fp8 tensor cores) compiles for
 sm_90 only (the launcher takes it on compute capability >= 8.9; sm_80 and the AMD targets have no fp8e4nv);
-the W8A16 variant, which reads the weights as bytes, for every target."""
+the W8A16 variant, which reads the weights as bytes, for every target.
+
+The fused decode-step kernels on quantized weights (kernels/triton_fused_quant.py) at the same shapes as their float
+twins (aot_specs_fused.py: 1 and 64 rows; the Qwen3 head norms + Qwen2 bias at head dims 64 and 128): int4 with G 32
+and float16 (s, z) pairs and G 128 with float32 ones, fp8 and int8 per channel, and the split-K sums of the
+projection + residual. They read fp8 as bytes and meet the activations on the 16-bit tensor / matrix cores (no fp8
+dot: decode is bound by reading W), so each compiles for every target, sm_80 and gfx90a included."""
 
 from __future__ import annotations
 
@@ -81,4 +87,72 @@ def quant_specs(hip: bool = False) -> list[Spec]:
             matmul=True,
         )
         out.append(replace(spec, targets=("sm_90",)) if act else spec)
+    return out + fused_quant_specs()
+
+
+# (format, group size, scales' type, rows): what each quantized fused kernel compiles as
+FUSED_CASES = (("int4", 32, "fp16", 1, 0), ("int4", 128, "fp32", 64, 0), ("fp8", 0, "fp32", 1, 0))
+FUSED_CASES += (("fp8", 0, "fp32", 64, 0), ("int8", 0, "bf16", 1, 0))
+# the Qwen3 variants of norm_qkv_rope (head norms: whole heads per program, + the Qwen2 bias): head dim 64 and 128
+QWEN3_CASES = (("int4", 32, "fp16", 8, 64), ("int4", 128, "fp32", 64, 128), ("fp8", 0, "fp32", 64, 128))
+
+
+def fused_quant_specs() -> list[Spec]:
+    import torch
+
+    from . import triton_fused_quant as fq
+    from .aot_specs_fused import qkv_signature
+    from .triton_matmul import precision
+
+    bf16 = torch.bfloat16
+    code = {"int4": fq.INT4, "fp8": fq.FP8, "int8": fq.INT8}
+    out = []
+    rows_types = int_args("M", "N", "K", "G", "sxm", "sxk", "swn", "swk", "sym")
+    rows_aligned = ("x_ptr", "w_ptr", "sz_ptr", "y_ptr", "N", "K", "sxm", "swn", "sym")
+    qkv_types, qkv_aligned = qkv_signature()
+    for fmt, G, sz, M, head_dim in (*FUSED_CASES, *QWEN3_CASES):
+        wq = {"w_ptr": "*i8" if fmt == "int8" else "*u8", "sz_ptr": f"*{sz}"}
+        base = {"FMT": code[fmt], "PRECISION": precision(bf16), "UPCAST": False}
+        what = f"{SHAPES} {fmt}" + (f" G={G} scales {sz}" if G else "")
+        qk_norm = head_dim > 0
+        c = fq.fused_config(code[fmt], G)(M, bf16, head_dim // 2 or 32, qk_norm)
+        cx = {
+            **base,
+            "HAS_BIAS": qk_norm,
+            "QK_NORM": qk_norm,
+            **{k: c[k] for k in ("BLOCK_M", "BLOCK_HALF", "BLOCK_K")},
+        }
+        types = {**qkv_types, **wq, "G": "i32"}
+        variant = f"{what} M={M}" + (f" qwen3 head norms (D {head_dim}) + qwen2 bias" if qk_norm else "")
+        out.append(make_spec(fq._norm_qkv_rope_q_kernel, variant, types, cx, c, (*qkv_aligned, "sz_ptr", "G"), True))
+        if qk_norm:
+            continue
+        c = fq.fused_config(code[fmt], G)(M, bf16)
+        cx = {**base, **{k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}}
+        rp = {p: "*bf16" for p in ("x_ptr", "b_ptr", "r_ptr", "y_ptr")}
+        types = {**rp, **wq, **rows_types, "srm": "i32"}
+        aligned = (*rows_aligned, "b_ptr", "r_ptr", "srm")
+        split = fq.k_splits(M, 2048, 2048, c)[0] > 1  # what the launcher picks at the 1B shape's o projection
+        cxr = {**cx, "HAS_BIAS": False, "SPLIT": split}
+        types = {**types, "p_ptr": "*fp32", "K_SPLIT": "i32"}
+        variant = f"{what} o/down proj M={M}" + (" split-K" if split else "")
+        out.append(
+            make_spec(fq._linear_residual_q_kernel, variant, types, cxr, c, (*aligned, "p_ptr", "K_SPLIT"), True)
+        )
+        types = {**{p: "*bf16" for p in ("x_ptr", "g_ptr", "y_ptr")}, **wq, **rows_types, "eps": "fp32"}
+        aligned = (*rows_aligned, "g_ptr")
+        out.append(make_spec(fq._norm_gate_up_q_kernel, f"{what} mlp 1536 / 8192 M={M}", types, cx, c, aligned, True))
+    for M in (1, 64):
+        c = fq.fused_config(fq.FP8, 0)(M, bf16)
+        out.append(
+            make_spec(
+                fq._sum_residual_kernel,
+                f"{SHAPES} o/down proj split-K sums + residual M={M}",
+                {**{p: "*bf16" for p in ("b_ptr", "r_ptr", "y_ptr")}, "p_ptr": "*fp32"}
+                | int_args("SPLITS", "M", "N", "srm", "sym"),
+                {"HAS_BIAS": False, "BLOCK_M": c["BLOCK_M"], "BLOCK_N": c["BLOCK_N"]},
+                c,
+                ("p_ptr", "b_ptr", "r_ptr", "y_ptr", "N", "srm", "sym"),
+            )
+        )
     return out

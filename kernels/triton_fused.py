@@ -114,20 +114,38 @@ def _norm_qkv_rope_kernel(
     BLOCK_HALF: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    # grid (row blocks, H + 2 HKV heads, chunks of D/2): columns d and d + D/2 of head `head` for BLOCK_M rows
     DT: tl.constexpr = q_ptr.dtype.element_ty  # the activations' (and the cache's) dtype
-    pid_m = tl.program_id(0)
-    head = tl.program_id(1)
-    chunk = tl.program_id(2)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    mm = rm < M
-    d = chunk * BLOCK_HALF + tl.arange(0, BLOCK_HALF)
-    dm = d < HALF
-    col = (head * 2 * HALF + d).to(tl.int64)  # rows of W for the first half; + HALF for the second
+    rm, mm, head, d, dm, col = head_tile(M, HALF, BLOCK_M, BLOCK_HALF)
     acc1, acc2, rstd = _norm_dot_pair(
         x_ptr, g_ptr, w_ptr, rm, col, mm, dm, HALF, K, sxm, sxk, swn, swk, eps,
         DT, PRECISION, UPCAST, BLOCK_M, BLOCK_HALF, BLOCK_K,
     )  # fmt: skip
+    qkv_epilogue(
+        acc1, acc2, rstd, rm, mm, head, d, dm, col, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr,
+        vc_ptr, H, HKV, HALF, s0, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps, HAS_BIAS, QK_NORM,
+    )  # fmt: skip
+
+
+@triton.jit
+def head_tile(M, HALF, BLOCK_M: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """A norm_qkv_rope program's share, from its grid (row blocks, H + 2 HKV heads, chunks of D/2): rows rm (mm:
+    which exist), head `head`, its column pairs (d, d + D/2) (dm: which exist) and the first ones' rows of W (col;
+    + HALF for the second)."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    head = tl.program_id(1)
+    d = tl.program_id(2) * BLOCK_HALF + tl.arange(0, BLOCK_HALF)
+    return rm, rm < M, head, d, d < HALF, (head * 2 * HALF + d).to(tl.int64)
+
+
+@triton.jit
+def qkv_epilogue(
+    acc1, acc2, rstd, rm, mm, head, d, dm, col, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr,
+    vc_ptr, H, HKV, HALF, s0, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps,
+    HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr,
+):  # fmt: skip
+    """norm_qkv_rope after its K loop: the float32 projections of the column pairs (acc1, acc2) scaled by rstd, +
+    bias, the Qwen3 head norm, rotary, and the stores: Q, or K / V into the cache at each row's (slot, position)."""
+    DT: tl.constexpr = q_ptr.dtype.element_ty
     # the projection's output, rounded to the activation dtype as the unfused linear leaves it
     y1 = rnd(acc1 * rstd[:, None], DT)
     y2 = rnd(acc2 * rstd[:, None], DT)
@@ -189,12 +207,22 @@ def _linear_residual_kernel(
 ):
     # y = r + (x @ W.T + bias), the product (with its bias, Whisper's) rounded to the activation dtype first (as
     # the unfused linear leaves it)
-    DT: tl.constexpr = y_ptr.dtype.element_ty
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm, rn = row_col_tile(BLOCK_M, BLOCK_N)
     acc = tile_dot(x_ptr, w_ptr, rm, rn, M, N, K, sxm, sxk, swn, swk, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K)
+    residual_epilogue(acc, rm, rn, M, N, b_ptr, r_ptr, y_ptr, srm, sym, HAS_BIAS)
+
+
+@triton.jit
+def row_col_tile(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A program's rows and output columns in a (row blocks, column blocks) grid."""
+    return tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M), tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+
+
+@triton.jit
+def residual_epilogue(acc, rm, rn, M, N, b_ptr, r_ptr, y_ptr, srm, sym, HAS_BIAS: tl.constexpr):
+    """linear_residual after its K loop: y = r + (acc + bias), the product (with its bias, Whisper's) rounded to the
+    activation dtype first (as the unfused linear leaves it)."""
+    DT: tl.constexpr = y_ptr.dtype.element_ty
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     om = (rm < M)[:, None] & (rn < N)[None, :]
@@ -225,16 +253,19 @@ def _norm_gate_up_kernel(
     BLOCK_K: tl.constexpr,
 ):
     # W [2N, K]: gate rows 0..N-1, up rows N..2N-1; y [M, N] = silu(gate) * up of rmsnorm(x) * g
-    DT: tl.constexpr = y_ptr.dtype.element_ty
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    nm = rn < N
+    rm, rn = row_col_tile(BLOCK_M, BLOCK_N)
     acc_g, acc_u, rstd = _norm_dot_pair(
-        x_ptr, g_ptr, w_ptr, rm, rn.to(tl.int64), rm < M, nm, N, K, sxm, sxk, swn, swk, eps,
-        DT, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+        x_ptr, g_ptr, w_ptr, rm, rn.to(tl.int64), rm < M, rn < N, N, K, sxm, sxk, swn, swk, eps,
+        y_ptr.dtype.element_ty, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
+    gate_up_epilogue(acc_g, acc_u, rstd, rm, rn, M, N, y_ptr, sym)
+
+
+@triton.jit
+def gate_up_epilogue(acc_g, acc_u, rstd, rm, rn, M, N, y_ptr, sym):
+    """norm_gate_up after its K loop: silu(gate) * up of the float32 projections scaled by rstd."""
+    DT: tl.constexpr = y_ptr.dtype.element_ty
+    nm = rn < N
     g = rnd(acc_g * rstd[:, None], DT)
     u = rnd(acc_u * rstd[:, None], DT)
     s = rnd(g / (1.0 + tl.exp(-g)), DT)  # the reference rounds silu(g) before the product
@@ -260,10 +291,16 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
 
 
-def norm_qkv_rope(
-    x, norm_w, eps, wqkv, n_heads, cos, sin, pos, k_cache, v_cache, s0=0, bias=None, q_norm=None, k_norm=None
+def weight_args(w: torch.Tensor) -> dict:
+    """A float weight [N, K] as the kernels take it: its pointer and both strides."""
+    return {"w_ptr": w, "swn": w.stride(0), "swk": w.stride(1)}
+
+
+def launch_qkv(
+    kernel, w: dict, x, norm_w, eps, n_heads, cos, sin, pos, k_cache, v_cache, s0, bias, q_norm, k_norm, cfg
 ):
-    """See kernels.reference.norm_qkv_rope."""
+    """Checks and launches a norm_qkv_rope kernel (this module's, or a quantized one's: kernels/triton_fused_quant.py)
+    with the weight's arguments `w`; cfg(M, dtype, half, whole_head) gives its tiles. Returns Q [M, H, D]."""
     x = as_rows(x)
     M, K = x.shape
     Hkv, D = k_cache.shape[1], k_cache.shape[3]
@@ -276,114 +313,70 @@ def norm_qkv_rope(
     if not M:
         return q
     qk_norm = q_norm is not None
-    cfg = config(M, x.dtype, half, whole_head=qk_norm)
-    grid = (triton.cdiv(M, cfg["BLOCK_M"]), n_heads + 2 * Hkv, triton.cdiv(half, cfg["BLOCK_HALF"]))
-    _norm_qkv_rope_kernel[grid](
-        x,
-        norm_w,
-        wqkv,
-        bias if bias is not None else norm_w,
-        q_norm if qk_norm else norm_w,
-        k_norm if qk_norm else norm_w,
-        cos,
-        sin,
-        pos,
-        q,
-        k_cache,
-        v_cache,
-        M,
-        K,
-        n_heads,
-        Hkv,
-        half,
-        s0,
-        x.stride(0),
-        x.stride(1),
-        wqkv.stride(0),
-        wqkv.stride(1),
-        cos.stride(0),
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        eps,
-        HAS_BIAS=bias is not None,
-        QK_NORM=qk_norm,
-        PRECISION=precision(x.dtype),
-        UPCAST=upcast(x.dtype),
-        **cfg,
-    )
+    c = cfg(M, x.dtype, half, qk_norm)
+    grid = (triton.cdiv(M, c["BLOCK_M"]), n_heads + 2 * Hkv, triton.cdiv(half, c["BLOCK_HALF"]))
+    kernel[grid](
+        x_ptr=x, g_ptr=norm_w, b_ptr=bias if bias is not None else norm_w,
+        qn_ptr=q_norm if qk_norm else norm_w, kn_ptr=k_norm if qk_norm else norm_w,
+        cos_ptr=cos, sin_ptr=sin, pos_ptr=pos, q_ptr=q, kc_ptr=k_cache, vc_ptr=v_cache,
+        M=M, K=K, H=n_heads, HKV=Hkv, HALF=half, s0=s0, sxm=x.stride(0), sxk=x.stride(1), sct=cos.stride(0),
+        sqm=q.stride(0), sqh=q.stride(1), skb=k_cache.stride(0), skh=k_cache.stride(1), skt=k_cache.stride(2),
+        svb=v_cache.stride(0), svh=v_cache.stride(1), svt=v_cache.stride(2), eps=eps,
+        HAS_BIAS=bias is not None, QK_NORM=qk_norm, PRECISION=precision(x.dtype), UPCAST=upcast(x.dtype), **w, **c,
+    )  # fmt: skip
     return q
+
+
+def launch_rows(kernel, w: dict, x, n: int, cfg, **kw) -> torch.Tensor:
+    """Launches a kernel of a (row blocks, column blocks) grid writing y [M, n] from x [M, K] with the weight's
+    arguments `w` and `kw` (the others); cfg(M, dtype) gives its tiles."""
+    x = as_rows(x)
+    M, K = x.shape
+    y = torch.empty((M, n), dtype=x.dtype, device=x.device)
+    if M:
+        c = cfg(M, x.dtype)
+        kernel[(triton.cdiv(M, c["BLOCK_M"]), triton.cdiv(n, c["BLOCK_N"]))](
+            x_ptr=x, y_ptr=y, M=M, N=n, K=K, sxm=x.stride(0), sxk=x.stride(1), sym=y.stride(0),
+            PRECISION=precision(x.dtype), UPCAST=upcast(x.dtype), **w, **kw, **c,
+        )  # fmt: skip
+    return y
+
+
+def residual_args(residual: torch.Tensor, bias: torch.Tensor | None, w: torch.Tensor) -> dict:
+    """linear_residual's arguments besides x and the weight."""
+    residual = as_rows(residual)
+    if residual.stride(-1) != 1:
+        residual = residual.contiguous()
+    return {
+        "b_ptr": bias if bias is not None else w,
+        "r_ptr": residual,
+        "srm": residual.stride(0),
+        "HAS_BIAS": bias is not None,
+    }
+
+
+def norm_qkv_rope(
+    x, norm_w, eps, wqkv, n_heads, cos, sin, pos, k_cache, v_cache, s0=0, bias=None, q_norm=None, k_norm=None
+):
+    """See kernels.reference.norm_qkv_rope."""
+    return launch_qkv(
+        _norm_qkv_rope_kernel, weight_args(wqkv), x, norm_w, eps, n_heads, cos, sin, pos, k_cache, v_cache, s0, bias,
+        q_norm, k_norm, config,
+    )  # fmt: skip
 
 
 def linear_residual(
     x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """See kernels.reference.linear_residual."""
-    x, residual = as_rows(x), as_rows(residual)
-    M, K = x.shape
-    N = weight.shape[0]
-    if residual.stride(-1) != 1:
-        residual = residual.contiguous()
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    if M:
-        cfg = config(M, x.dtype)
-        grid = (triton.cdiv(M, cfg["BLOCK_M"]), triton.cdiv(N, cfg["BLOCK_N"]))
-        _linear_residual_kernel[grid](
-            x,
-            weight,
-            bias if bias is not None else weight,
-            residual,
-            y,
-            M,
-            N,
-            K,
-            x.stride(0),
-            x.stride(1),
-            weight.stride(0),
-            weight.stride(1),
-            residual.stride(0),
-            y.stride(0),
-            HAS_BIAS=bias is not None,
-            PRECISION=precision(x.dtype),
-            UPCAST=upcast(x.dtype),
-            **cfg,
-        )
-    return y
+    kw = residual_args(residual, bias, weight)
+    return launch_rows(_linear_residual_kernel, weight_args(weight), x, weight.shape[0], config, **kw)
 
 
 def norm_gate_up(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w_gate_up: torch.Tensor) -> torch.Tensor:
     """See kernels.reference.norm_gate_up."""
-    x = as_rows(x)
-    M, K = x.shape
-    N = w_gate_up.shape[0] // 2
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    if M:
-        cfg = config(M, x.dtype)
-        grid = (triton.cdiv(M, cfg["BLOCK_M"]), triton.cdiv(N, cfg["BLOCK_N"]))
-        _norm_gate_up_kernel[grid](
-            x,
-            norm_w,
-            w_gate_up,
-            y,
-            M,
-            N,
-            K,
-            x.stride(0),
-            x.stride(1),
-            w_gate_up.stride(0),
-            w_gate_up.stride(1),
-            y.stride(0),
-            eps,
-            PRECISION=precision(x.dtype),
-            UPCAST=upcast(x.dtype),
-            **cfg,
-        )
-    return y
+    kw = {"g_ptr": norm_w, "eps": eps}
+    return launch_rows(_norm_gate_up_kernel, weight_args(w_gate_up), x, w_gate_up.shape[0] // 2, config, **kw)
 
 
 OPS = {"norm_qkv_rope": norm_qkv_rope, "linear_residual": linear_residual, "norm_gate_up": norm_gate_up}

@@ -21,9 +21,23 @@ import torch
 import triton
 import triton.language as tl
 
+from .reference_quant import unpack_int4 as unpack_int4  # (what `pack_int4` was given, from its bytes)
 from .triton_matmul import precision, upcast
 
 SM_PROGRAMS = 264  # programs to aim at for a one-row step: two per SM of an H100 (132 SMs)
+
+
+@triton.jit
+def int4_tile(w_ptr, sz_ptr, rn, nm, k0, G, N, swn, BLOCK_K: tl.constexpr):
+    """The W.T tile of K columns k0 .. k0 + BLOCK_K (inside one group) and rows rn (nm: which exist; N: all the
+    rows, the (s, z) pairs' row length) dequantized in float32, split by parity: (the even columns, the odd ones),
+    each [BLOCK_K / 2, BLOCK_N]: the low and the high nibbles of BLOCK_K / 2 bytes."""
+    rp = tl.arange(0, BLOCK_K // 2)
+    b = tl.load(w_ptr + rn[None, :].to(tl.int64) * swn + (k0 // 2 + rp)[:, None], mask=nm[None, :], other=0)
+    psz = sz_ptr + ((k0 // G).to(tl.int64) * N + rn) * 2  # the group's (s, z) per column
+    s = tl.load(psz, mask=nm, other=0.0).to(tl.float32)[None, :]
+    z = tl.load(psz + 1, mask=nm, other=0.0).to(tl.float32)[None, :]
+    return ((b & 15).to(tl.float32) - 8.0) * s + z, ((b >> 4).to(tl.float32) - 8.0) * s + z
 
 
 @triton.jit
@@ -60,12 +74,7 @@ def _linear_w4_kernel(
     k_hi = tl.minimum(K, k_lo + K_SPLIT)
     for k0 in range(k_lo, k_hi, BLOCK_K):  # BLOCK_K divides G and K: the tile lies in one group, and in K
         kk = k0 + 2 * rp  # the even columns
-        b = tl.load(w_ptr + rn[None, :].to(tl.int64) * swn + (kk // 2)[:, None], mask=nm[None, :], other=0)
-        psz = sz_ptr + ((k0 // G).to(tl.int64) * N + rn) * 2  # the group's (s, z) per column
-        s = tl.load(psz, mask=nm, other=0.0).to(tl.float32)[None, :]
-        z = tl.load(psz + 1, mask=nm, other=0.0).to(tl.float32)[None, :]
-        w_lo = ((b & 15).to(tl.float32) - 8.0) * s + z
-        w_hi = ((b >> 4).to(tl.float32) - 8.0) * s + z
+        w_lo, w_hi = int4_tile(w_ptr, sz_ptr, rn, nm, k0, G, N, swn, BLOCK_K)
         px = x_ptr + rm[:, None].to(tl.int64) * sxm + kk[None, :] * sxk
         xm = mm[:, None]
         x_even = tl.load(px, mask=xm, other=0.0)
@@ -127,11 +136,6 @@ def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: t
     if torch.equal(half.float(), sz):
         sz = half
     return packed.contiguous(), sz.contiguous()
-
-
-def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    """packed [N, K / 2] -> q [N, K] uint8 (what `pack_int4` was given)."""
-    return torch.stack([packed & 15, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
 
 
 def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor) -> torch.Tensor:

@@ -35,6 +35,9 @@ KNOWN_FIELDS = frozenset(
     )
 )
 FLOAT_FORMATS = ("float32", "bfloat16", "float16")
+# quantized weights the fused ops read too (kernels/triton_fused_quant.py): int4 groups (and the int8 tensors an int4
+# model keeps where its file holds other blocks), int8 and fp8 per output channel
+QUANT_FORMATS = ("int4", "int8", "fp8")
 MAX_HEAD_DIM = 256  # a head's column pairs sit in one program with per-head norms
 
 
@@ -43,16 +46,24 @@ def fused_unsupported(cfg, weight_format: str = "bfloat16") -> str | None:
     for f in dataclasses.fields(cfg):
         if f.name not in KNOWN_FIELDS and getattr(cfg, f.name) != f.default:
             return f"the fused decode kernels do not implement {type(cfg).__name__}.{f.name}={getattr(cfg, f.name)!r}"
-    if weight_format not in FLOAT_FORMATS:
-        return f"the fused decode kernels read float weights ({', '.join(FLOAT_FORMATS)}), not {weight_format}"
+    if weight_format not in FLOAT_FORMATS + QUANT_FORMATS:
+        valid = ", ".join(FLOAT_FORMATS + QUANT_FORMATS)
+        return f"the fused decode kernels read weights stored as {valid}, not {weight_format}"
     if cfg.head_dim > MAX_HEAD_DIM:
         return f"the fused decode kernels take head_dim <= {MAX_HEAD_DIM}, not {cfg.head_dim}"
     return None
 
 
+def weight(linear):
+    """A models.llama_layers.Linear's weight as the fused ops take it: the float tensor, or (weight, scale) of a
+    quantized one (kernels/triton_fused_quant.py reads int4, int8 and fp8)."""
+    return linear.weight if linear.scale is None else (linear.weight, linear.scale)
+
+
 def decode_range_fused(model, fops, cache, s0: int, tokens: torch.Tensor, pos: torch.Tensor, tk: int) -> torch.Tensor:
     """Llama.decode_range (same arguments, same result) through `fops`: a mapping with norm_qkv_rope,
-    linear_residual and norm_gate_up (kernels.triton_fused.OPS, or kernels.reference.FUSED_OPS)."""
+    linear_residual and norm_gate_up (kernels.triton_fused.OPS, or kernels.reference.FUSED_OPS; on quantized
+    weights kernels.triton_fused_quant.OPS, or kernels.reference_quant.FUSED_QUANT_OPS, which take float ones too)."""
     cfg, ops = model.cfg, model.ops
     N, eps = tokens.shape[0], cfg.norm_eps
     s = model.tok_embeddings[tokens]  # [N, dim]: the residual stream
@@ -64,7 +75,7 @@ def decode_range_fused(model, fops, cache, s0: int, tokens: torch.Tensor, pos: t
             s,
             layer.attn_norm,
             eps,
-            layer.wqkv.weight,
+            weight(layer.wqkv),
             cfg.n_heads,
             model.cos,
             model.sin,
@@ -77,8 +88,8 @@ def decode_range_fused(model, fops, cache, s0: int, tokens: torch.Tensor, pos: t
             k_norm=layer.k_norm,
         )  # [N, H, D]
         a = ops.attention(q[:, :, None], kc[rows, :, :tk], vc[rows, :, :tk], causal=True, lengths=lengths)
-        s = fops["linear_residual"](a.reshape(N, -1), layer.wo.weight, s)
+        s = fops["linear_residual"](a.reshape(N, -1), weight(layer.wo), s)
         s = fops["linear_residual"](
-            fops["norm_gate_up"](s, layer.ffn_norm, eps, layer.w_gate_up.weight), layer.w_down.weight, s
+            fops["norm_gate_up"](s, layer.ffn_norm, eps, weight(layer.w_gate_up)), weight(layer.w_down), s
         )
     return model.output(ops.rms_norm(s, model.norm, eps)).float()

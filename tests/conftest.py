@@ -29,6 +29,7 @@ if (
         importlib.import_module("speechrt.kernels.triton_decode_attention")
         importlib.import_module("speechrt.kernels.triton_fused")
         importlib.import_module("speechrt.kernels.triton_fused_whisper")
+        importlib.import_module("speechrt.kernels.triton_fused_quant")
     finally:
         if _prev is None:
             os.environ.pop("TRITON_INTERPRET")

@@ -19,9 +19,10 @@ the bucket. Eager, a 37-token prompt took 21-35 ms of launches on an H100, from 
 Prompts that continue a cached prefix (start > 0), or longer than the largest bucket, run eagerly.
 
 The decode graphs run the step in the fused layer kernels (models/llama_fused.py, kernels/triton_fused.py: four
-launches per layer plus decode attention, against some 13 unfused) unless `fused=False`, the kernel set is not
-Triton, or `fused_unsupported` refuses the model (int8 / int4 weights, a config field the kernels do not
-compute); `fused_why` says which. The unfused step stays the reference they are tested against.
+launches per layer plus decode attention, against some 13 unfused; on int4 / int8 / fp8 weights
+kernels/triton_fused_quant.py's, which dequantize in registers) unless `fused=False`, the kernel set is not
+Triton, or `fused_unsupported` refuses the model (a config field the kernels do not compute); `fused_why` says
+which. The unfused step stays the reference they are tested against.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from functools import partial
 
 import torch
 
-from speechrt.models.llama_fused import decode_range_fused, fused_unsupported
+from speechrt.models.llama_fused import FLOAT_FORMATS, decode_range_fused, fused_unsupported
 
 from ..base import check_prefill
 from ..cuda_graphs import CapturedStep, GraphCache, rows_bucket
@@ -111,8 +112,10 @@ class TritonLMRunner(TorchLMRunner):
         self.decode_range = self.model.decode_range
         if self.fused_why is None:
             from speechrt.kernels.triton_fused import OPS as FUSED
+            from speechrt.kernels.triton_fused_quant import OPS as FUSED_QUANT
 
-            self.decode_range = partial(decode_range_fused, self.model, FUSED)
+            ops = FUSED if self.model.weight_format in FLOAT_FORMATS else FUSED_QUANT
+            self.decode_range = partial(decode_range_fused, self.model, ops)
         else:
             log.info("decode steps unfused: %s", self.fused_why)
         self.capture = self.device.type == "cuda" if capture is None else capture

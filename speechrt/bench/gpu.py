@@ -9,8 +9,9 @@ why it could not run):
   measured copy bandwidth each step's bytes take (gpu_fused.py);
 - asr-fused: the same for the Whisper decoder step (float16, batch 1 and 8, Whisper tiny and large-v3-turbo decoder
   shapes, random weights): fused against unfused (logits and greedy ids) and torch eager (gpu_fused_asr.py);
-- lm-quant: the Llama-3.2-1B-shape decode step at batch 1 in bf16, int4 (W4A16) and fp8 (E4M3) from graphs: time,
-  speed-up over bf16, fraction of the copy bandwidth, and the logits against bf16 models (gpu_quant.py);
+- lm-quant: the Llama-3.2-1B-shape decode step at batch 1 in bf16, int4 (W4A16) and fp8 (E4M3), each unfused and in
+  the fused layer kernels, from graphs: time, speed-up over bf16 and (fused) over unfused, fraction of the copy
+  bandwidth, and the logits against bf16 models (gpu_quant.py);
 - lm-loop: the language model's decode loop on the device (several steps and their sampling per graph replay)
   against one step per replay: greedy SmolLM2 bf16 tokens per second at batch 1 and 8 with K = 1 and 8, and
   the same ids (gpu_loop.py; with `--device cpu` it runs uncaptured in float32);
@@ -334,7 +335,7 @@ TABLE = (
     Spec("asr-fused", 45, check_asr_fused),
     Spec("lm-loop", 45, check_lm_loop, cpu_too=True),
     Spec("asr-loop", 30, check_asr_loop, cpu_too=True),
-    Spec("lm-quant", 60, check_lm_quant),
+    Spec("lm-quant", 80, check_lm_quant),
     Spec("attention", 40, check_attention),
     Spec("asr-turbo", 60, check_asr_turbo),
     Spec("lm-1b", 240, check_lm_1b),

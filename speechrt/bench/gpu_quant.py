@@ -1,10 +1,12 @@
 """`bench gpu`'s lm-quant check: the Llama-3.2-1B-shape decode step (batch 1, random weights written here) with its
-linear layers in bf16 (fused and unfused), int4 (W4A16, groups of 32 with float16 scales, as a GGUF's Q4 blocks)
-and fp8 (E4M3, per-channel scales), each replayed from a CUDA/HIP graph: time per step, its speed-up over the
-unfused bf16 step (the same kernels around the matmuls), and the fraction of the measured copy bandwidth its bytes
-(every weight buffer the step reads, scales included, and the cache) take. Accuracy: each quantized model's
-logits against a bf16 model built from its dequantized weights (the kernels' error; tolerance 5e-2 of the largest
-logit) and, reported, against the bf16 model of the original weights (the quantization's error, argmax agreement).
+linear layers in bf16, int4 (W4A16, groups of 32 with float16 scales, as a GGUF's Q4 blocks) and fp8 (E4M3,
+per-channel scales), each unfused and in the fused layer kernels (kernels/triton_fused.py, and on quantized weights
+kernels/triton_fused_quant.py), each replayed from a CUDA/HIP graph: time per step, its speed-up over the unfused
+bf16 step (the same kernels around the matmuls) and, fused, over its own unfused step, and the fraction of the
+measured copy bandwidth its bytes (every weight buffer the step reads, scales included, and the cache) take.
+Accuracy: each quantized step's logits (unfused and fused) against a bf16 model built from its dequantized weights
+(the kernels' error; tolerance 5e-2 of the largest logit) and, reported, against the bf16 model of the original
+weights (the quantization's error, argmax agreement).
 
 `run_cases()` runs anywhere the kernels run (tests run it on the CPU on a tiny config in the Triton interpreter,
 uncaptured); only `check_lm_quant()` wants a GPU."""
@@ -17,7 +19,7 @@ from speechrt.bench.gpu_fused import SHAPES, random_weights
 from speechrt.bench.record import Record, Repeats, Results
 from speechrt.models.llama import LlamaConfig
 
-VARIANTS = ("bf16-fused", "bf16", "int4", "fp8")
+VARIANTS = ("bf16-fused", "bf16", "int4", "int4-fused", "fp8", "fp8-fused")
 CONTEXT = 512
 KERNEL_TOL = 5e-2  # quantized step vs bf16 on the dequantized weights: relative to the largest logit
 LINEAR = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
@@ -102,6 +104,7 @@ def run_cases(device, cfg: LlamaConfig, out: Results, timer, bandwidth_gbps: flo
 
     from speechrt.backends.cuda_graphs import CapturedStep
     from speechrt.kernels.triton_fused import OPS as FUSED
+    from speechrt.kernels.triton_fused_quant import OPS as FUSED_QUANT
     from speechrt.models.llama_fused import decode_range_fused
 
     cfg = cfg.replace(tie_embeddings=False)
@@ -115,29 +118,31 @@ def run_cases(device, cfg: LlamaConfig, out: Results, timer, bandwidth_gbps: flo
     pos = torch.full((1,), context, device=device)
     tk = context + 1
 
-    def step(m, cache, fused=False):
-        if fused:
-            return CapturedStep(lambda: decode_range_fused(m, FUSED, cache, 0, tokens, pos, tk), capture)
+    def step(m, cache, fops=None):  # fops: the fused ops; None: the model's unfused step
+        if fops is not None:
+            return CapturedStep(lambda: decode_range_fused(m, fops, cache, 0, tokens, pos, tk), capture)
         return CapturedStep(lambda: m.decode_range(cache, 0, tokens, pos, tk), capture)
 
-    steps = {
-        "bf16-fused": step(models["bf16"], caches["bf16"], fused=True),
-        **{v: step(models[v], caches[v]) for v in ("bf16", "int4", "fp8")},
-    }
+    steps = {}
+    for f in ("bf16", "int4", "fp8"):  # a fused step shares its model's cache: both write the position they read
+        steps[f] = step(models[f], caches[f])
+        steps[f"{f}-fused"] = step(models[f], caches[f], FUSED if f == "bf16" else FUSED_QUANT)
+    steps = {v: steps[v] for v in VARIANTS}
     base = steps["bf16"]().float()
     bad, acc = [], {}
     for f in ("int4", "fp8"):
-        got = steps[f]().float()
         want = step(refs[f], caches[f"ref-{f}"])().float()
-        err = ((got - want).abs().amax() / want.abs().amax().clamp_min(1e-30)).item()
-        q_err = ((got - base).abs().amax() / base.abs().amax().clamp_min(1e-30)).item()
-        acc[f] = {
-            "kernel_rel_err": err,
-            "quantization_rel_err": q_err,
-            "argmax_vs_bf16": float((got.argmax(-1) == base.argmax(-1)).float().mean()),
-        }
-        if not (err <= KERNEL_TOL):
-            bad.append(f"{f}: logits {err:.3g} (relative) from the bf16 model of its dequantized weights")
+        for v in (f, f"{f}-fused"):
+            got = steps[v]().float()
+            err = ((got - want).abs().amax() / want.abs().amax().clamp_min(1e-30)).item()
+            q_err = ((got - base).abs().amax() / base.abs().amax().clamp_min(1e-30)).item()
+            acc[v] = {
+                "kernel_rel_err": err,
+                "quantization_rel_err": q_err,
+                "argmax_vs_bf16": float((got.argmax(-1) == base.argmax(-1)).float().mean()),
+            }
+            if not (err <= KERNEL_TOL):
+                bad.append(f"{v}: logits {err:.3g} (relative) from the bf16 model of its dequantized weights")
     refs.clear()
     times = {}
     for v, fn in steps.items():
@@ -164,12 +169,14 @@ def run_cases(device, cfg: LlamaConfig, out: Results, timer, bandwidth_gbps: flo
                     "bytes": nbytes,
                     "fraction_of_bandwidth": nbytes / times[v] / (bandwidth_gbps * 1e9) if bandwidth_gbps else 0.0,
                     "speedup_vs_bf16_unfused": 0.0,
+                    "speedup_vs_unfused": 0.0,
                     **acc.get(v, {}),
                 },
             )
         )
     for r in out.records[-len(steps) :]:
         r.params["speedup_vs_bf16_unfused"] = times["bf16"] / times[r.precision]
+        r.params["speedup_vs_unfused"] = times[r.precision.removesuffix("-fused")] / times[r.precision]
     return bad
 
 
@@ -185,7 +192,8 @@ def check_lm_quant(dev, out: Results):
     for r in out.records[n0:]:
         p = r.params
         s = f"{r.precision} {r.value:.0f} us ({p['fraction_of_bandwidth']:.0%} of bw"
-        s += f", {p['speedup_vs_bf16_unfused']:.2f}x bf16)"
+        s += f", {p['speedup_vs_bf16_unfused']:.2f}x bf16"
+        s += f", {p['speedup_vs_unfused']:.2f}x unfused)" if r.precision.endswith("-fused") else ")"
         if "kernel_rel_err" in p:
             s += f" err {p['kernel_rel_err']:.2g}, quantization {p['quantization_rel_err']:.2g}"
             s += f", argmax {p['argmax_vs_bf16']:.0%} as bf16's"

@@ -194,3 +194,53 @@ def test_fused_decode_steps_equal_the_torch_backend(arch, one_cpu_thread, monkey
     assert torch.equal(got_ids, want_ids)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
     assert fused.decode_range.func is decode_range_fused and len(fused.graphs) == 1  # the steps took that path
+
+
+# the quantized format each architecture's fused step is checked with (int4 where the head norms meet 4-bit groups)
+QUANT_FORMAT = {"llama3": "int4", "qwen2": "fp8", "qwen3": "int4"}
+
+
+def test_fused_quantized_decode_steps_equal_the_unfused_ones(arch, one_cpu_thread, monkeypatch):
+    """With int4 (W4A16 groups of 32) or fp8 (E4M3) weights the triton runner's decode steps run in the quantized
+    fused kernels (kernels/triton_fused_quant.py, the weights dequantized in their K loops), Q/K/V biases and head
+    norms included. A step of three sequences (one empty) fed the same tokens: the logits of the runner's unfused
+    quantized step (fused=False) within bf16's rounding of the step (measured 1-3 % of the largest logit, as the
+    float bf16 model's fused step), the same greedy ids where they are not near ties, and the keys and values."""
+    pytest.importorskip("triton")
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from speechrt.backends.triton.lm import TritonLMRunner
+    from speechrt.kernels import triton_fused_quant
+    from speechrt.models.llama_fused import decode_range_fused
+
+    name, _, rm = arch
+    if name not in QUANT_FORMAT:
+        pytest.skip("the fused step's math is that of llama3 for these (a sliding window wider than the test)")
+    if not isinstance(triton_fused_quant._norm_qkv_rope_q_kernel, InterpretedFunction):
+        pytest.skip("the Triton kernels were compiled for a GPU in this process, not interpreted")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    f, fmt = torch_lm.load_file(rm), QUANT_FORMAT[name]
+    fused = TritonLMRunner(f, CPU, fmt, "triton", capture=False)
+    assert fused.fused_why is None, fused.fused_why
+    assert fused.decode_range.func is decode_range_fused and fused.decode_range.args[1] is triton_fused_quant.OPS
+    plain = TritonLMRunner(f, CPU, fmt, "triton", capture=False, fused=False)
+    want_cache, got_cache = plain.new_cache(3, 16), fused.new_cache(3, 16)
+    g = torch.Generator().manual_seed(0)  # held keys and values: random (lean: prefill is not what is tested here)
+    for c in (want_cache, got_cache):
+        c.k.copy_(torch.randn(c.k.shape, generator=g.manual_seed(0)))
+        c.v.copy_(torch.randn(c.v.shape, generator=g))
+        c.lengths[:] = [5, 0, 11]
+    tok = torch.tensor(_ids(3, 3))
+    with torch.inference_mode():
+        got = fused.decode_step(got_cache, [0, 1, 2], tok).float()
+        want = plain.decode_step(want_cache, [0, 1, 2], tok).float()
+    bound = 5e-2 * want.abs().max().item()
+    torch.testing.assert_close(got, want, rtol=0, atol=bound)
+    top2 = want.topk(2, dim=-1).values
+    clear = top2[:, 0] - top2[:, 1] > 2 * bound
+    assert torch.equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
+    # the keys and values written: layer 0's from the same input (bf16's tolerance), the next layers' as the logits
+    for c, w in ((got_cache.k, want_cache.k), (got_cache.v, want_cache.v)):
+        torch.testing.assert_close(c[0].float(), w[0].float(), rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(c.float(), w.float(), rtol=0, atol=5e-2 * w.abs().max().item())
+    assert len(fused.graphs) == 1 and got_cache.lengths == want_cache.lengths == [6, 1, 12]  # the graph's path

@@ -31,6 +31,10 @@ MATMUL_LIKE = {
     # the quantized linears (kernels/aot_specs_quant.py): W4A16 and FP8 at the SmolLM2 and Llama-3.2-1B shapes
     "_linear_w4_kernel",
     "_linear_fp8_kernel",
+    # the fused decode-step kernels on int4 / fp8 / int8 weights (kernels/aot_specs_quant.py)
+    "_norm_qkv_rope_q_kernel",
+    "_linear_residual_q_kernel",
+    "_norm_gate_up_q_kernel",
 }
 
 
@@ -59,6 +63,7 @@ def _kernel_names():
         "speechrt.kernels.triton_decode_attention",
         "speechrt.kernels.triton_fused",
         "speechrt.kernels.triton_fused_whisper",
+        "speechrt.kernels.triton_fused_quant",
     ]:
         m = importlib.import_module(mod)
         names |= {n for n in vars(m) if n.startswith("_") and n.endswith("_kernel")}

@@ -27,12 +27,12 @@ def strided_rows(m, n, dtype, seed):
     return rand(m, n + 5, dtype=dtype, seed=seed)[:, 2 : 2 + n]
 
 
-def qkv_case(M, dtype, bias=False, qk_norm=False, seed=0):
+def qkv_case(M, dtype, bias=False, qk_norm=False, seed=0, dim=DIM):
     cos, sin = (t.to(DEVICE) for t in _tables())
     kw = dict(
-        norm_w=rand(DIM, dtype=dtype, seed=seed + 1, scale=0.5) + 1,
+        norm_w=rand(dim, dtype=dtype, seed=seed + 1, scale=0.5) + 1,
         eps=1e-5,
-        wqkv=rand((H + 2 * HKV) * D, DIM, dtype=dtype, seed=seed + 2, scale=DIM**-0.5),
+        wqkv=rand((H + 2 * HKV) * D, dim, dtype=dtype, seed=seed + 2, scale=dim**-0.5),
         n_heads=H,
         cos=cos,
         sin=sin,
@@ -42,7 +42,7 @@ def qkv_case(M, dtype, bias=False, qk_norm=False, seed=0):
         q_norm=rand(D, dtype=dtype, seed=seed + 4, scale=0.3) + 1 if qk_norm else None,
         k_norm=rand(D, dtype=dtype, seed=seed + 5, scale=0.3) + 1 if qk_norm else None,
     )
-    return strided_rows(M, DIM, dtype, seed), kw
+    return strided_rows(M, dim, dtype, seed), kw
 
 
 def _tables():
@@ -228,3 +228,107 @@ def test_whisper_ops_nan_confined(fused_whisper):
     assert y[1].isnan().all() and torch.isfinite(y[[0, 2]]).all()
     with pytest.raises(ValueError, match="act is None or 'gelu'"):
         fused_whisper.norm_linear(x, g, b, 1e-5, w, act="relu")
+
+
+# The same ops on quantized weights (kernels/triton_fused_quant.py) against kernels/reference_quant.py (the weight
+# dequantized, then the references above): int4 in groups of 32 / 64 / 128 (K 96 / 192 / 128: the dims an int4
+# tile needs), FP8 E4M3 and int8 per output channel (K 72 and 100: not a multiple of the K tile), odd N
+# (37 outputs, a hidden width of 45)
+QUANT = [("int4", 32, 96), ("int4", 64, 192), ("int4", 128, 128), ("fp8", 0, DIM), ("int8", 0, 100)]
+
+
+@pytest.fixture(scope="module")
+def fq():
+    from speechrt.kernels import triton_fused_quant
+
+    return triton_fused_quant
+
+
+def quantized(fmt, G, N, K, seed):
+    """A random weight [N, K] as the fused ops take it (weight, scale), its float32 values dequantized."""
+    from speechrt.kernels import reference_quant as rq
+
+    if fmt == "int4":  # AWQ / GPTQ-style groups: float16 scales, integer zero points
+        from speechrt.kernels.triton_int4_matmul import pack_int4
+
+        g = torch.Generator().manual_seed(seed)
+        q = torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8)
+        scale = (torch.rand(N, K // G, generator=g) + 0.5).half() * K**-0.5 / 8
+        q, s, z = ref.int4_from_zero_points(q, scale, torch.randint(0, 16, (N, K // G), generator=g))
+        w = pack_int4(q.to(DEVICE), s.to(DEVICE), z.to(DEVICE))
+    elif fmt == "fp8":
+        w = tuple(t.to(DEVICE) for t in ref.quantize_fp8(rand(N, K, seed=seed, scale=K**-0.5).cpu()))
+    else:
+        f = rand(N, K, seed=seed, scale=K**-0.5)
+        scale = f.abs().amax(1) / 127
+        w = (torch.round(f / scale[:, None]).to(torch.int8), scale.to(torch.bfloat16))
+    return w, rq.dequantize(w, K, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt,G,K", QUANT)
+@pytest.mark.parametrize("M,bias,qk_norm", [(1, False, False), (5, True, True)])
+def test_quant_norm_qkv_rope(fq, dtype, fmt, G, K, M, bias, qk_norm):
+    """Q, K and V of the quantized projection (+ the Qwen2 bias, + the Qwen3 head norms, grouped heads) equal the
+    reference's, at each row's (slot, position)."""
+    from speechrt.kernels import reference_quant as rq
+
+    x, kw = qkv_case(M, dtype, bias, qk_norm, seed=K + M, dim=K)
+    kw["wqkv"], _ = quantized(fmt, G, (H + 2 * HKV) * D, K, seed=M)
+    kc, vc = caches(dtype)
+    rk, rv = kc.clone(), vc.clone()
+    close(fq.norm_qkv_rope(x, k_cache=kc, v_cache=vc, **kw), rq.norm_qkv_rope(x, k_cache=rk, v_cache=rv, **kw))
+    close(kc, rk)
+    close(vc, rv)
+    assert not torch.equal(kc, caches(dtype)[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt,G,K", QUANT)
+def test_quant_linear_residual_and_norm_gate_up(fq, dtype, fmt, G, K):
+    """The o / down projection + residual (37 outputs) and RMSNorm + gate / up + SiLU (hidden 45) of 3 rows: the
+    reference's, and in 16 bits no further from the float32 truth than the reference (x1.5)."""
+    from speechrt.kernels import reference_quant as rq
+
+    x = strided_rows(3, K, dtype, K)
+    w, wf = quantized(fmt, G, 37, K, seed=1)
+    r = rand(3, 37, dtype=dtype, seed=2)
+    truth = ref.linear_residual(x.float(), wf, r.float())
+    close(fq.linear_residual(x, w, r), rq.linear_residual(x, w, r), truth)
+    g = rand(K, dtype=dtype, seed=3, scale=0.5) + 1
+    w, wf = quantized(fmt, G, 90, K, seed=4)
+    truth = ref.norm_gate_up(x.float(), g.float(), 1e-5, wf)
+    close(fq.norm_gate_up(x, g, 1e-5, w), rq.norm_gate_up(x, g, 1e-5, w), truth)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt,G,K", [("int4", 128, 1024), ("fp8", 0, 600)])
+def test_quant_linear_residual_split_k(fq, dtype, fmt, G, K):
+    """A one-row step's projection + residual (+ a bias) with K split among programs (int4: 4 splits of 256; fp8: 320
+    and 280, the last not a whole K tile), their float32 partial sums added up by the second launch."""
+    from speechrt.kernels import reference_quant as rq
+
+    x = rand(1, K, dtype=dtype, seed=6)
+    w, wf = quantized(fmt, G, 37, K, seed=7)
+    r, b = rand(1, 37, dtype=dtype, seed=8), rand(37, dtype=dtype, seed=9)
+    assert fq.k_splits(1, 37, K, fq.fused_config(fq.FORMATS[w[0].dtype], G)(1, dtype)) == ((4, 256) if G else (2, 320))
+    truth = ref.linear_residual(x.float(), wf, r.float(), b.float())
+    close(fq.linear_residual(x, w, r, b), rq.linear_residual(x, w, r, b), truth)
+
+
+@pytest.mark.parametrize("fmt,G,K", [QUANT[0], QUANT[3]])
+def test_quant_nan_confined_and_bad_weights(fq, fmt, G, K):
+    """A NaN in a row's input reaches that row's outputs, never another row's; a weight the kernels cannot read is
+    refused in one line that says what is valid."""
+    x = strided_rows(3, K, torch.bfloat16, 5)
+    x[1, 7] = float("nan")
+    g = rand(K, dtype=torch.bfloat16, seed=3) + 1
+    w, _ = quantized(fmt, G, 90, K, seed=4)
+    y = fq.norm_gate_up(x, g, 1e-5, w)
+    assert y[1].isnan().all() and torch.isfinite(y[[0, 2]]).all()
+    y = fq.linear_residual(x, quantized(fmt, G, 37, K, seed=1)[0], rand(3, 37, dtype=torch.bfloat16, seed=2))
+    assert y[1].isnan().all() and torch.isfinite(y[[0, 2]]).all()
+    with pytest.raises(ValueError, match="valid: "):
+        fq.norm_gate_up(x[:, :-32], g, 1e-5, w)
+    with pytest.raises(TypeError, match="float8_e4m3fn or int8, not torch.int32"):
+        fq.norm_gate_up(x, g, 1e-5, (w[0].to(torch.int32), w[1]))

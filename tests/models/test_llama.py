@@ -300,15 +300,17 @@ def test_fused_decode_range_equals_decode_range(ours):
 
 def test_fused_unsupported_names_what_it_refuses(model_file):
     """The fused decode step refuses what it does not compute, naming it: a config field another architecture
-    adds (Gemma 3's, and a later one) unless it holds its default, and weights that are not float."""
+    adds (Gemma 3's, and a later one) unless it holds its default, and weights stored in a format its kernels do not
+    read (they read the float ones, int4 groups, int8 and fp8)."""
     import dataclasses
 
     from speechrt.models.llama import LlamaConfig
     from speechrt.models.llama_fused import fused_unsupported
 
     cfg = model_file[1].config
-    assert fused_unsupported(cfg, "bfloat16") is None and fused_unsupported(cfg, "float32") is None
-    assert "not int8" in fused_unsupported(cfg, "int8")
+    for fmt in ("bfloat16", "float32", "float16", "int4", "int8", "fp8"):  # quantized: kernels/triton_fused_quant.py
+        assert fused_unsupported(cfg, fmt) is None, fmt
+    assert "not nf4" in fused_unsupported(cfg, "nf4")
     # Gemma 3's switches, held at their defaults by a Llama, refused when set
     for field, value in (("sliding_window", 512), ("act", "gelu_tanh"), ("post_norms", True), ("final_softcap", 30.0)):
         why = fused_unsupported(dataclasses.replace(cfg, **{field: value}), "bfloat16")
