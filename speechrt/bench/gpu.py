@@ -17,7 +17,8 @@ why it could not run):
   the same ids (gpu_loop.py; with `--device cpu` it runs uncaptured in float32);
 - asr-loop: Whisper's greedy decode loop on the device (K steps with the logit rules and argmax per graph replay)
   against one step per replay: time per token at batch 1 (a 30-s window with timestamps) and 8 (a server's batch,
-  and its live rounds drafted: the drafts checked on the device), K = 1 and 8, and the same ids (gpu_asr_loop.py; with `--device cpu` uncaptured in float32);
+  and its live rounds drafted: the drafts checked on the device), K = 1 and 8, and the same ids (gpu_asr_loop.py;
+  with `--device cpu` uncaptured in float32);
 - attention: decode attention at batch 1/8/64 over caches of 448 and 4096 (split along the cache and unsplit) and
   encoder attention at Whisper tiny and large-v3-turbo shapes against SDPA, each with its ratio (gpu_attention.py);
 - asr-turbo: the Whisper large-v3-turbo shape's 30-s encoder pass and decode step against SDPA + cuBLAS eager, with
