@@ -1,5 +1,6 @@
 """Whisper's greedy decode loop on the device: K decoder steps in one call (one CUDA graph replay, one read by the
-host), each step's logit rules and argmax as tensor ops, each picked token fed back in.
+host), each step's logit rules and argmax on the device (one kernel on a GPU, kernels/triton_whisper_pick.py; its
+torch reference elsewhere), each picked token fed back in.
 
 The rules are those of speechrt.pipelines.whisper_decoding.LogitRules after a window's first token (the host picks
 that one, with the first-token rules: blank, the initial timestamp and its bound): suppressed tokens, and with
@@ -71,42 +72,20 @@ def suppress_mask(rules: BlockRules, vocab: int, device) -> torch.Tensor:
     return mask
 
 
-def apply_rules(logits, rules: BlockRules, suppress, last, penult, last_ts, count) -> torch.Tensor:
-    """The rules on logits [n, V] (float32) for rows in the state (last, penult, last_ts, count: [n] int64),
-    `suppress` a [V] bool mask -> new logits, the masked entries -inf (what LogitRules.apply leaves)."""
-    x = logits.masked_fill(suppress, float("-inf"))
-    if not rules.timestamps:
-        return x
-    tb = rules.timestamp_begin
-    col = torch.arange(x.shape[-1], device=x.device)
-    is_ts = col >= tb
-    last_is_ts = (count >= 1) & (last >= tb)
-    penult_is_ts = (count < 2) | (penult >= tb)
-    open_pair = last_is_ts & ~penult_is_ts
-    upto = torch.where(open_pair, last_ts, last_ts + 1)  # timestamps before the last (and, after a pair, it too)
-    mask = ((last_is_ts & penult_is_ts)[:, None] & is_ts) | (open_pair[:, None] & (col < rules.eot))
-    mask |= ((last_ts >= 0)[:, None] & is_ts) & (col < upto[:, None])
-    x = x.masked_fill(mask, float("-inf"))
-    lp = torch.log_softmax(x, dim=-1)
-    force = torch.logsumexp(lp[:, tb:], dim=-1) > lp[:, :tb].max(dim=-1).values
-    return x.masked_fill(force[:, None] & ~is_ts, float("-inf"))
-
-
-def pick_rows(logits, rules: BlockRules, suppress, last, penult, last_ts, count) -> tuple[torch.Tensor, torch.Tensor]:
-    """The greedy picks of rows in the rule state (last, penult, last_ts, count) from logits [n, V] -> (their ids
-    [n], their log-probabilities [n]): apply_rules, then the argmax."""
-    x = apply_rules(logits, rules, suppress, last, penult, last_ts, count)
-    ids = x.argmax(dim=-1)
-    return ids, torch.log_softmax(x, dim=-1).gather(1, ids[:, None])[:, 0]
+def pick_rows(pick, logits, rules: BlockRules, suppress, state) -> tuple[torch.Tensor, torch.Tensor]:
+    """The greedy picks from logits [n, V] of rows in `state` ([4, n]: last, penult, last_ts, count) under `rules`,
+    `suppress` its mask, through `pick` (kernels.reference_pick.whisper_pick or its Triton kernel) -> (ids [n],
+    log-probabilities [n])."""
+    return pick(logits, suppress, state, rules.timestamps, rules.timestamp_begin, rules.eot)
 
 
 class DecodeBlock:
     """K greedy steps of `step(tokens [rows, 1], position [1]) -> logits [rows, V] float32` (a slot's decoder step
-    on its buffers) from `position` on, on `rows` rows, under `rules`; captured as one graph unless `capture` is
-    False (the CPU: the same ops run every call)."""
+    on its buffers) from `position` on, on `rows` rows, under `rules`, each step's pick through `pick` (see
+    pick_rows); captured as one graph unless `capture` is False (the CPU: the same ops run every call)."""
 
-    def __init__(self, step, rows: int, k: int, vocab: int, rules: BlockRules, device, capture: bool):
-        self.step_fn, self.k, self.rules = step, k, rules
+    def __init__(self, step, pick, rows: int, k: int, vocab: int, rules: BlockRules, device, capture: bool):
+        self.step_fn, self.pick, self.k, self.rules = step, pick, k, rules
         self.queue = torch.zeros((rows, k), dtype=torch.long, device=device)
         self.qlen = torch.ones(rows, dtype=torch.long, device=device)
         self.state = torch.zeros((4, rows), dtype=torch.long, device=device)  # last, penult, last_ts, count
@@ -122,9 +101,8 @@ class DecodeBlock:
         last, penult, last_ts, count = self.state
         ids, lps = [], []
         for s in range(self.k):
-            nxt, lp = pick_rows(
-                self.step_fn(tok[:, None], pos), self.rules, self.suppress, last, penult, last_ts, count
-            )
+            state = torch.stack([last, penult, last_ts, count])
+            nxt, lp = pick_rows(self.pick, self.step_fn(tok[:, None], pos), self.rules, self.suppress, state)
             lps.append(lp)
             if s + 1 < self.k:
                 nxt = torch.where(self.qlen > s + 1, self.queue[:, s + 1], nxt)

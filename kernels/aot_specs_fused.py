@@ -7,7 +7,8 @@ both shapes; the Qwen3 variant (per-head norms, whole heads per program) and the
 The Whisper decoder step's kernels (kernels/triton_fused_whisper.py, and linear_residual with its bias) in float16
 (the GPU default of the ASR runners), 1 and 64 rows (a beam search's batch), at the Whisper tiny shape (d 384, 6
 heads of 64, MLP 1536, vocabulary 51864) and the large-v3-turbo shape (d 1280, 20 heads of 64, MLP 5120, vocabulary
-51866: not a multiple of 16, so the column count is not marked aligned) with one binary per epilogue."""
+51866: not a multiple of 16, so the column count is not marked aligned) with one binary per epilogue; and the greedy
+pick after a step (the logit rules and argmax in one launch), with and without the timestamp rules."""
 
 from __future__ import annotations
 
@@ -132,4 +133,14 @@ def whisper_specs() -> list[Spec]:
                 matmul=True,
             )
         )
+    # the greedy pick after a step (kernels/triton_whisper_pick.py), with and without the timestamp rules
+    from . import triton_whisper_pick as wp
+
+    pt = {"x_ptr": "*fp32", "sup_ptr": "*u8", "st_ptr": "*i64", "ids_ptr": "*i64", "lp_ptr": "*fp32"}
+    pt.update(int_args("V", "sx", "n", "tb", "eot"))
+    for ts in (True, False):
+        c = wp.config(51864)
+        cx = {"TIMESTAMPS": ts, "BLOCK": c["BLOCK"]}
+        variant = f"whisper vocabulary 51864 / 51866 pick{' + timestamp rules' if ts else ''}"
+        out.append(make_spec(wp._whisper_pick_kernel, variant, pt, cx, c, ("x_ptr", "sup_ptr", "st_ptr", "sx")))
     return out

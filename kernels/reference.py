@@ -11,6 +11,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .reference_pick import whisper_pick
+
 
 def layer_norm(
     x: torch.Tensor,
@@ -399,6 +401,7 @@ WHISPER_FUSED_OPS = {
     "norm_linear": norm_linear,
     "linear_residual": linear_residual,
     "step_inputs": step_inputs,
+    "whisper_pick": whisper_pick,
 }
 
 

@@ -32,6 +32,7 @@ import triton.language as tl
 from .triton_fused import as_rows, config, rnd
 from .triton_fused import linear_residual as linear_residual
 from .triton_matmul import precision, upcast
+from .triton_whisper_pick import whisper_pick
 
 PLAIN, GELU, QKV_CACHE = 0, 1, 2  # the epilogues of _norm_linear_kernel
 
@@ -289,4 +290,5 @@ OPS = {
     "norm_linear": norm_linear,
     "linear_residual": linear_residual,
     "step_inputs": step_inputs,
+    "whisper_pick": whisper_pick,  # the greedy pick after the step (decode loops on the device)
 }

@@ -37,13 +37,14 @@ import weakref
 
 import torch
 
+from speechrt.kernels.reference import WHISPER_FUSED_OPS
 from speechrt.models.whisper_fused import decoder_step_fused
 from speechrt.models.whisper_loaders import load_weights
 
 from ..asr_state import reorder_state
 from ..cuda_graphs import CapturedStep, GraphCache, rows_bucket
 from ..torch.asr import TorchASRRunner, parse_dtype
-from ..whisper_loop import BlockRows, BlockRules, DecodeBlock
+from ..whisper_loop import BlockRows, BlockRules, DecodeBlock, pick_rows, suppress_mask
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class _Slot:
             return decoder_step_fused(dec, fused_ops, tokens, caches, cross, position, lengths)
 
         self.decode = decode
+        self.pick = (fused_ops or WHISPER_FUSED_OPS)["whisper_pick"]  # the greedy pick after a step (see DecodeBlock)
         tokens, position = self.tokens, self.position
         self.step = CapturedStep(lambda: decode(tokens, position), capture)
         self.decoder, self.capture = model.decoder, capture
@@ -142,7 +144,8 @@ class _Slot:
         key = (k, rules)
         if key not in self.blocks:
             vocab = self.decoder.token_embedding.weight.shape[0]
-            self.blocks[key] = DecodeBlock(self.decode, self.rows, k, vocab, rules, self.tokens.device, self.capture)
+            dev = self.tokens.device
+            self.blocks[key] = DecodeBlock(self.decode, self.pick, self.rows, k, vocab, rules, dev, self.capture)
         return self.blocks[key]
 
     def prompt(self, tokens, width: int):
@@ -205,6 +208,7 @@ class TritonASRRunner(TorchASRRunner):
             raise ValueError(f"block_steps must be a power of two (or 0), got {block_steps}")
         self.block_steps = block_steps if self.graphs_enabled and block_steps > 1 else 0
         self._graphs = GraphCache(MAX_GRAPHS)
+        self._masks: dict = {}  # (rules, vocab) -> the suppressed tokens' mask (pick)
         self._lock = threading.Lock()  # one thread at a time on the slots
 
     def _fused_why(self, fused: bool) -> str | None:
@@ -268,6 +272,16 @@ class TritonASRRunner(TorchASRRunner):
             out = slot.block(k, rules)(rows, state.offset)
         state.offset += k
         return out
+
+    @torch.inference_mode()
+    def pick(self, logits, rules: BlockRules, state) -> tuple[torch.Tensor, torch.Tensor]:
+        """The greedy picks from logits [n, V] (on the device) of rows in rule state `state` ([4, n] int64: last,
+        penult, last_ts, count) under `rules`, as a block picks them -> (ids [n], log-probabilities [n])."""
+        key = (rules, logits.shape[-1])
+        if key not in self._masks:
+            self._masks[key] = suppress_mask(rules, logits.shape[-1], self.device)
+        op = (self.fused_ops or WHISPER_FUSED_OPS)["whisper_pick"]
+        return pick_rows(op, logits.float(), rules, self._masks[key], state.to(self.device))
 
     def _prompt(self, state, tokens, width: int, last_only: bool):
         with self._lock:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from speechrt.backends.whisper_loop import block_rows, pick_rows, rule_state, suppress_mask
+from speechrt.backends.whisper_loop import block_rows, rule_state
 
 from .whisper_loops import cut_loop
 
@@ -146,10 +146,9 @@ def _draft_picks(runner, rules, checked, drafts, seqs):
     lps.append(torch.log_softmax(first, dim=-1).gather(1, ids[0][:, None])[:, 0])
     pairs = [(i, j) for i, d in enumerate(drafts) for j in range(1, len(d) + 1)]
     if pairs:
-        state = torch.tensor(rule_state([drafts[i][:j] for i, j in pairs], rules.tb), device=dev)
+        state = torch.tensor(rule_state([drafts[i][:j] for i, j in pairs], rules.tb))
         ii, jj = (torch.tensor(c, device=dev) for c in zip(*pairs))
-        mask = suppress_mask(rules.block, checked.shape[-1], dev)
-        t, lp = pick_rows(checked[ii, jj], rules.block, mask, *state)
+        t, lp = runner.pick(checked[ii, jj], rules.block, state)
         ids.append(t)
         lps.append(lp)
     flat = list(zip(torch.cat(ids).tolist(), torch.cat(lps).tolist()))
