@@ -87,14 +87,13 @@ def test_warm_batches_reach_every_buckets_step_and_prompt_widths():
     every batch-size bucket up to --max-batch its slot, so no bucket compiles or captures while serving; the
     clips are real speech, so each batch decodes past its prompt."""
     cpu = torch.device("cpu")
-    w = load_weights(resolve(None, "asr"))
-    fresh = ASRPipeline(TritonASRRunner(w, cpu, torch.float32, capture=False, kernels="torch", block_steps=8))
+    fresh = ASRPipeline(
+        TritonASRRunner(load_weights(resolve(None, "asr")), cpu, torch.float32, capture=False, kernels="torch")
+    )
     assert fresh.runner.slot_rows == []
     fresh.warm_batches(6)
     assert {2, 4, 8} <= set(fresh.runner.slot_rows) <= {1, 2, 4, 8}
     # and every prompt width of every slot (long drafts come with long turns, under load)
     assert all(w == [8, 16, 32, 64, 128] for w in fresh.runner.prompt_widths.values()), fresh.runner.prompt_widths
-    # and every block size under the rules the batches ran (live openings' short budgets take the small ones)
-    assert all(k == [2, 4, 8] for k in fresh.runner.block_sizes.values()), fresh.runner.block_sizes
     fresh.warm_batches(1)  # nothing past batch 1 to warm
     assert set(fresh.runner.slot_rows) <= {1, 2, 4, 8}

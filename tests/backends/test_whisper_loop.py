@@ -90,6 +90,8 @@ def test_blocks_give_the_host_loops_tokens(runners, timestamps):
         if timestamps:  # the timestamp rules decided tokens
             assert sum(t >= 80 for t in picked) >= 5 and TOK.no_timestamps not in picked
     assert 8 in {k for ks in dev.block_sizes.values() for k in ks}
+    dev.warm_graphs()  # a server's warm-up: every block size on every slot, under the rules run so far
+    assert dev.block_sizes and all(k == [2, 4, 8] for k in dev.block_sizes.values()), dev.block_sizes
 
 
 @torch.inference_mode()
