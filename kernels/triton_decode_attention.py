@@ -7,6 +7,7 @@ once per query head. Semantics of kernels.reference.attention with Tq == 1."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -16,7 +17,25 @@ import triton.language as tl
 from .triton_matmul import precision, upcast
 
 LOG2E = 1.4426950408889634
-TARGET_PROGRAMS = 256  # enough (batch * heads * splits) programs to occupy every SM / CU of a large GPU
+# Splits are chosen so that batch x heads x splits programs reach PROGRAMS_PER_SM per SM / CU of the device: each
+# program streams its chunk of the cache with 2-4 warps, so one per SM leaves most of its memory pipes idle and a
+# long tail when the programs outnumber the SMs by a fraction; two keep every SM busy in one wave at a modest merge
+# cost (the reduce reads D floats per split). `bench gpu --checks attention` times 1, 2 and 4 per SM beside it.
+PROGRAMS_PER_SM = 2
+DEFAULT_SMS = 128  # without a GPU (the interpreter): an H100-class part's count (132 SMs)
+
+
+@functools.lru_cache(maxsize=16)
+def _multiprocessors(kind: str, index: int | None) -> int:
+    if kind == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(index if index is not None else 0).multi_processor_count
+    return DEFAULT_SMS
+
+
+def target_programs(device: torch.device | None = None) -> int:
+    """The programs a decode attention launch on `device` aims at: PROGRAMS_PER_SM per SM (CU on ROCm)."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    return PROGRAMS_PER_SM * _multiprocessors(device.type, device.index)
 
 
 @triton.jit
@@ -190,14 +209,18 @@ def _decode_reduce_kernel(
     tl.store(o_ptr + b * sob + h * soh + offs_d, out.to(o_ptr.dtype.element_ty), mask=offs_d < D)
 
 
-def config(programs: int, Tk: int, D: int, group: int = 1, num_splits: int | None = None) -> dict:
+def config(
+    programs: int, Tk: int, D: int, group: int = 1, num_splits: int | None = None, target: int | None = None
+) -> dict:
     """Key block and split count for `programs` (batch x heads, or x key/value heads when grouped)
-    programs per split: split until programs * splits reaches TARGET_PROGRAMS, but never into chunks
-    shorter than 4 key blocks (merging costs a write and read of D floats per split)."""
+    programs per split: split until programs * splits reaches `target` (default: target_programs() of no GPU;
+    the launcher passes its device's), but never into chunks shorter than 4 key blocks (merging costs a write
+    and read of D floats per split)."""
     bd = max(triton.next_power_of_2(D), 16)
     bn = 64 if bd <= 64 else 32
     if num_splits is None:
-        want = max(1, triton.cdiv(TARGET_PROGRAMS, max(programs, 1)))
+        target = target or target_programs()
+        want = max(1, triton.cdiv(target, max(programs, 1)))
         num_splits = max(1, min(want, triton.cdiv(Tk, 4 * bn)))
     split_len = triton.cdiv(triton.cdiv(max(Tk, 1), num_splits), bn) * bn
     num_splits = triton.cdiv(max(Tk, 1), split_len)
@@ -238,7 +261,7 @@ def decode_attention(
     if lengths is not None:
         lengths = lengths.to(device=q.device, dtype=torch.int32)
     group = H // Hkv
-    cfg = config(B * Hkv, Tk, D, group, num_splits)
+    cfg = config(B * Hkv, Tk, D, group, num_splits, target_programs(q.device))
     ns, bd = cfg["NUM_SPLITS"], cfg["BLOCK_D"]
     part_o = torch.empty((B * H, ns, bd), dtype=torch.float32, device=q.device)
     part_lse = torch.empty((B * H, ns), dtype=torch.float32, device=q.device)

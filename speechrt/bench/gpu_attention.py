@@ -3,7 +3,8 @@
 - decode attention (one query a row over a full cache, Llama-3.2-1B's 32 query / 8 key-value heads, d 64, bf16) at
   batch 1, 8 and 64 over a short (448: Whisper's decoder context) and a long cache (4096): ours with the launcher's
   split along the cache (flash-decoding; kernels/triton_decode_attention.config: split until batch x key-value heads
-  x splits reaches TARGET_PROGRAMS, never below 4 key blocks a split; the split count is in each record) and the same
+  x splits reaches PROGRAMS_PER_SM per SM / CU, never below 4 key blocks a split; the split count is in each record;
+  the rule at 1 and 4 programs per SM beside it where those split otherwise) and the same
   kernel unsplit, against SDPA (its grouped-query path, and on keys/values repeated per query head: the faster of
   the two is the peer);
 - encoder attention (non-causal, 1500 frames, d 64, float16) at Whisper tiny's 6 heads and large-v3-turbo's 20.
@@ -58,6 +59,21 @@ def _inputs(c: Case, device):
     )
 
 
+def per_sm_splits(c: Case, device) -> dict[int, int]:
+    """The split counts the rule would choose at 1 and 4 programs per SM / CU (it uses PROGRAMS_PER_SM), where they
+    differ from its own -> {programs per SM: splits}."""
+    from speechrt.kernels import triton_decode_attention as dec
+
+    def splits(target):
+        return dec.config(c.batch * c.kv_heads, c.length, c.head_dim, c.heads // c.kv_heads, target=target)[
+            "NUM_SPLITS"
+        ]
+
+    sms = dec.target_programs(device) // dec.PROGRAMS_PER_SM
+    own = splits(dec.target_programs(device))
+    return {m: n for m in (1, 4) if (n := splits(m * sms)) != own}
+
+
 def variants(c: Case, device):
     """name -> callable for case c: ours (and ours unsplit for decode), and SDPA -> {name: fn}, q, k, v."""
     import torch.nn.functional as F
@@ -77,6 +93,8 @@ def variants(c: Case, device):
     if c.kind == "decode":
         fns["speechrt"] = lambda: decode_attention(q, k, v)
         fns["speechrt-unsplit"] = lambda: decode_attention(q, k, v, num_splits=1)
+        for m, ns in per_sm_splits(c, device).items():  # the split rule's sweep: other programs per SM
+            fns[f"speechrt-{m}-per-sm"] = lambda ns=ns: decode_attention(q, k, v, num_splits=ns)
     else:
         att = kernels.select("triton", device).attention
         fns["speechrt"] = lambda: att(q, k, v, causal=False)
@@ -87,14 +105,14 @@ def run_cases(device, cases, out: Results, timer, peak) -> list[str]:
     """Every case's variants timed (records in `out`) -> problems: ours beyond its dtype's rounding of SDPA."""
     import torch
 
-    from speechrt.kernels.triton_decode_attention import config
+    from speechrt.kernels.triton_decode_attention import config, target_programs
 
     bad = []
     for c in cases:
         fns = variants(c, device)
         want = fns["sdpa"]().float()
-        for v in ("speechrt", "speechrt-unsplit"):
-            if v in fns:
+        for v in fns:
+            if v.startswith("speechrt"):
                 err = (fns[v]().float() - want).abs().max().item()
                 if not err <= 2e-2:
                     bad.append(f"{c.label} {v}: max error {err:.3g} from SDPA")
@@ -102,10 +120,13 @@ def run_cases(device, cases, out: Results, timer, peak) -> list[str]:
         e = torch.tensor([], dtype=getattr(torch, c.dtype)).element_size()
         if c.kind == "decode":
             work = 2 * c.batch * c.kv_heads * c.length * c.head_dim * e + 2 * c.batch * c.heads * c.head_dim * e
-            splits = config(c.batch * c.kv_heads, c.length, c.head_dim, c.heads // c.kv_heads)["NUM_SPLITS"]
+            splits = config(
+                c.batch * c.kv_heads, c.length, c.head_dim, c.heads // c.kv_heads, target=target_programs(device)
+            )["NUM_SPLITS"]
+            sweep = per_sm_splits(c, device)
         else:
             work = 4 * c.batch * c.heads * c.length**2 * c.head_dim
-            splits = 0
+            splits, sweep = 0, {}
         sdpa = min(statistics.median(ts) for v, ts in times.items() if v.startswith("sdpa"))  # the faster SDPA
         for v, ts in times.items():
             t = statistics.median(ts)
@@ -133,7 +154,7 @@ def run_cases(device, cases, out: Results, timer, peak) -> list[str]:
                         "kind": c.kind,
                         "batch": c.batch,
                         "length": c.length,
-                        "num_splits": 1 if v == "speechrt-unsplit" else splits,
+                        "num_splits": 1 if v == "speechrt-unsplit" else sweep.get(_per_sm(v), splits),
                         ("bytes" if c.kind == "decode" else "flops"): work,
                         "fraction_of_roof": frac if peak.bandwidth_gbps else 0.0,
                         "vs_sdpa": sdpa / t,
@@ -151,19 +172,34 @@ def check_attention(dev, out: Results, cases=DECODE + ENCODER, peak=None, clock=
     import torch
 
     from speechrt.bench.roofline import probe, timer
-    from speechrt.kernels.triton_decode_attention import TARGET_PROGRAMS
+    from speechrt.kernels.triton_decode_attention import PROGRAMS_PER_SM, target_programs
 
     peak = peak or probe(dev, torch.bfloat16)
     n0 = len(out.records)
     bad = run_cases(dev, cases, out, clock or timer(dev), peak)
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 0
+    sms = target_programs(dev) // PROGRAMS_PER_SM
     out.notes.append(
         f"attention: decode attention splits along the cache until batch x key-value heads x splits reaches "
-        f"{TARGET_PROGRAMS} programs (chunks of at least 4 key blocks); this device has {sms} SMs / CUs"
+        f"{PROGRAMS_PER_SM} programs per SM / CU ({PROGRAMS_PER_SM * sms} on this device's {sms}; chunks of at least 4 "
+        f"key blocks); the speechrt-1-per-sm / -4-per-sm rows time the rule at 1 and 4 where those split otherwise"
     )
     ours = [r for r in out.records[n0:] if r.backend == "speechrt"]
+    swept = [r for r in out.records[n0:] if _per_sm(r.backend)]
+    beaten = [
+        f"{r.workload}: {r.backend} {r.value:.0f} us"
+        for r in swept
+        if any(o.workload == r.workload and r.value < 0.95 * o.value for o in ours)
+    ]
+    if beaten:
+        out.notes.append("attention: the split rule was beaten by 5 % or more at " + "; ".join(beaten))
     parts = [f"{r.workload}: {r.params['vs_sdpa']:.2f}x SDPA ({r.value:.0f} us)" for r in ours]
     slower = sum(r.params["vs_sdpa"] < 1 for r in ours)
     return ("fail" if bad else "pass"), "; ".join(
         bad + [f"{len(ours) - slower}/{len(ours)} cases at least as fast as SDPA"] + parts
     )
+
+
+def _per_sm(variant: str) -> int:
+    """The programs per SM of a sweep variant's name ("speechrt-4-per-sm" -> 4); 0 for the others."""
+    parts = variant.split("-")
+    return int(parts[1]) if len(parts) == 4 and parts[2:] == ["per", "sm"] else 0

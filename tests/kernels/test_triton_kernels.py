@@ -340,6 +340,24 @@ def test_decode_attention_split_counts(num_splits):
     close(decode_attention(q, k, v, lengths=L, num_splits=num_splits), ref.attention(q, k, v, lengths=L))
 
 
+def test_split_rule_follows_the_devices_multiprocessor_count():
+    """Splits along the cache until batch x key/value heads x splits reaches PROGRAMS_PER_SM per SM / CU: an
+    MI300X's 304 CUs split a long cache twice as finely as an H100's 132 SMs; a short cache, or a batch that fills
+    the device, is not split; never more splits than chunks of 4 key blocks."""
+    from speechrt.kernels import triton_decode_attention as dec
+
+    def splits(programs, Tk, sms, D=64):
+        c = dec.config(programs, Tk, D, 4, target=dec.PROGRAMS_PER_SM * sms)
+        assert c["NUM_SPLITS"] <= -(-Tk // (4 * c["BLOCK_N"])) and c["NUM_SPLITS"] * c["SPLIT_LEN"] >= Tk
+        return c["NUM_SPLITS"]
+
+    assert dec.PROGRAMS_PER_SM == 2 and dec.target_programs("cpu") == 2 * dec.DEFAULT_SMS  # no GPU: an H100's
+    assert (splits(8 * 8, 4096, 132), splits(8 * 8, 4096, 304)) == (5, 10)  # batch 8, 8 kv heads, 4096 positions
+    assert splits(1 * 8, 4096, 132) == splits(1 * 8, 4096, 304) == 16  # batch 1: as fine as 4 key blocks allow
+    assert splits(64 * 8, 4096, 132) == splits(64 * 8, 4096, 108) == 1  # batch 64 fills the device
+    assert splits(8, 200, 304) == 1  # a short cache
+
+
 def test_decode_attention_empty_sequence_gives_zeros():
     """A sequence with no valid key (length 0) gets zeros, not NaN (the reference has no defined
     output there); the other sequences are unaffected."""
