@@ -227,12 +227,10 @@ def log_mel_spectrogram(audio, n_mels: int = 80, padding: int = 0, device: str |
 
 def utterance_mel(audio, n_mels: int = 80, device: str | torch.device = "cpu") -> torch.Tensor:
     """The log-mel window of an utterance of at most 30 s: [n_mels, 3000], the content frames of
-    log_mel_spectrogram(audio, padding=30 s) followed by zeros, as Whisper's transcribe builds it.
-    Only N_FFT zeros are appended before the STFT: every content frame, and the maximum that sets the
-    floor, come out the same (later frames see only zeros), for a tenth of the work on short turns."""
-    return pad_or_trim_frames(
-        log_mel_spectrogram(audio, n_mels, padding=N_FFT, device=device)[:, : len(audio) // HOP_LENGTH]
-    )
+    log_mel_spectrogram(audio, padding=30 s) followed by zeros, as Whisper's transcribe builds it: the one row of
+    utterance_mels (only N_FFT zeros appended before the STFT: every content frame, and the maximum that sets the
+    floor, come out the same, for a tenth of the work on short turns)."""
+    return utterance_mels([audio], n_mels, device)[0]
 
 
 def utterance_mels(

@@ -125,15 +125,21 @@ def test_utterance_mel_equals_padded_window(n):
 @pytest.mark.parametrize("n_mels", [80, 128])
 def test_batched_utterance_mels_equal_each_utterance_alone(n_mels):
     """utterance_mels (every row's signal end to end, one STFT, each row floored at its own maximum) gives each
-    row utterance_mel's window, for a batch of odd, very short (no whole frame, shorter than the STFT's mirror),
-    loud and quiet and 30-s utterances, whole windows and trimmed ones, and an empty batch."""
-    from speechrt.models.audio import N_FRAMES, utterance_mel, utterance_mels
+    row Whisper's window (utterance_mel is its one-row case), for a batch of odd, very short (no whole frame,
+    shorter than the STFT's mirror), loud and quiet and 30-s utterances, whole windows and trimmed ones, and an
+    empty batch."""
+    from speechrt.models.audio import HOP_LENGTH, N_FRAMES, log_mel_spectrogram, pad_or_trim_frames, utterance_mels
+
+    def window(a):  # Whisper's: the content frames of 30 s of padding's spectrogram, then zeros
+        return pad_or_trim_frames(
+            log_mel_spectrogram(a, n_mels, padding=N_FRAMES * HOP_LENGTH)[:, : len(a) // HOP_LENGTH]
+        )
 
     rng = np.random.default_rng(n_mels)
     lengths = [16001, 0, 1, 159, 160, 201, 399, 160 * 1234 + 77, 480000, 33333, 480000 - 1, 7]
     audios = [rng.standard_normal(n).astype(np.float32) * rng.choice([1e-4, 0.1, 0.9]) for n in lengths]
     audios[7][: len(audios[7]) // 3] *= 0.01  # a quiet start: the floor is the row's own
-    want = torch.stack([utterance_mel(a, n_mels) for a in audios])
+    want = torch.stack([window(a) for a in audios])
     got = utterance_mels(audios, n_mels)
     assert got.shape == (len(lengths), n_mels, N_FRAMES)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
