@@ -90,7 +90,7 @@ from speechrt.bench.gpu_parity import (
     no_ort_gpu,
 )
 from speechrt.bench.gpu_quant import check_lm_quant
-from speechrt.bench.record import Check, Record, Results
+from speechrt.bench.record import Check, Results, gpu_record
 from speechrt.cli_paths import output_file
 
 TOL = {"float32": (1e-4, 1e-4), "float16": (1e-2, 1e-2), "bfloat16": (2e-2, 2e-2)}  # (rtol, atol) of kernels
@@ -161,11 +161,8 @@ def check_kernels(dev, out: Results):
             limit = atol + rtol * exp.float().abs().max().item()
             n += 1
             out.records.append(
-                Record(
-                    family="gpu",
+                gpu_record(
                     model=op,
-                    engine="speechrt",
-                    backend="triton",
                     precision=name,
                     device=str(dev),
                     workload=label,

@@ -11,7 +11,7 @@ import statistics
 import time
 
 from speechrt.bench.gpu_parity import DATA
-from speechrt.bench.record import Record, Repeats, Results
+from speechrt.bench.record import Repeats, Results, gpu_record
 
 STEPS = (1, 8)
 
@@ -96,11 +96,8 @@ def check_asr_loop(dev, out: Results):
                 us = [t / tokens * 1e6 for t in times]
                 per_token[k] = statistics.median(us)
                 out.records.append(
-                    Record(
-                        family="gpu",
+                    gpu_record(
                         model=model.name,
-                        engine="speechrt",
-                        backend="triton",
                         precision=str(dtype).removeprefix("torch."),
                         device=str(dev),
                         workload=f"Whisper greedy decode, {name}, {tokens} tokens, {k} steps per replay",

@@ -8,7 +8,7 @@ import statistics
 import time
 
 from speechrt.bench.gpu_parity import CHATS, DATA
-from speechrt.bench.record import Record, Repeats, Results
+from speechrt.bench.record import Repeats, Results, gpu_record
 
 
 def step_records(
@@ -24,11 +24,8 @@ def step_records(
     of each left out as warm-up -> how many times faster the replay is (medians)."""
     for g, ts in times.items():
         out.records.append(
-            Record(
-                family="gpu",
+            gpu_record(
                 model=model,
-                engine="speechrt",
-                backend="triton",
                 precision=precision,
                 device=str(dev),
                 workload=workload,
@@ -121,11 +118,8 @@ def check_asr_batches(dev, out: Results, batches: int = 24):
     rows = sum(len(c) for c, _ in work)
     for g in (True, False):
         out.records.append(
-            Record(
-                family="gpu",
+            gpu_record(
                 model=model.name,
-                engine="speechrt",
-                backend="triton",
                 precision="float16",
                 device=str(dev),
                 workload=f"{batches} server-like batches, {rows} utterances of 1-8 s",

@@ -9,7 +9,7 @@ import statistics
 import time
 
 from speechrt.backends.threads import cpu_threads
-from speechrt.bench.record import Record, Repeats, Results
+from speechrt.bench.record import Repeats, Results, gpu_record
 
 CHATS = ["What is the capital of France?", "Count to ten.", "Name three colours.", "Say hello in Spanish."]
 
@@ -61,11 +61,8 @@ def compare_blocks(
             rates = [batch * (tokens - 1) / s for _, s in runs]
             speed[k] = statistics.median(rates)
             out.records.append(
-                Record(
-                    family="gpu",
+                gpu_record(
                     model=model,
-                    engine="speechrt",
-                    backend="triton",
                     precision=precision,
                     device=str(dev),
                     workload=f"LM greedy decode, batch {batch}, {tokens} tokens, {k} steps per replay",

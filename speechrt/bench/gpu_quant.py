@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 
 from speechrt.bench.gpu_fused import SHAPES, random_weights
-from speechrt.bench.record import Record, Repeats, Results
+from speechrt.bench.record import Repeats, Results, gpu_record
 from speechrt.models.llama import LlamaConfig
 
 VARIANTS = ("bf16-fused", "bf16", "int4", "int4-fused", "fp8", "fp8-fused")
@@ -150,11 +150,8 @@ def run_cases(device, cfg: LlamaConfig, out: Results, timer, bandwidth_gbps: flo
         times[v] = statistics.median(ts)
         nbytes = step_bytes(models[v.removesuffix("-fused")], 1, context)
         out.records.append(
-            Record(
-                family="gpu",
+            gpu_record(
                 model="llama-1b-shape" if cfg.dim == 2048 else f"llama d{cfg.dim}",
-                engine="speechrt",
-                backend="triton",
                 precision=v,
                 device=str(device),
                 workload=f"decode step, batch 1, {context} cached positions, random weights",

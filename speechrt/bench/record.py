@@ -114,6 +114,12 @@ class Record:
         return d
 
 
+def gpu_record(**fields) -> Record:
+    """A `bench gpu` check's record of speechrt's triton backend: Record(family="gpu", engine="speechrt",
+    backend="triton", **fields)."""
+    return Record(family="gpu", engine="speechrt", backend="triton", **fields)
+
+
 @dataclass(frozen=True)
 class Skip:
     family: str
