@@ -259,12 +259,16 @@ def utterance_mels(
         sig[o + half : o + half + n] = a
     log_spec = _log_mel_frames(torch.from_numpy(sig).to(dev, non_blocking=True), n_mels)  # [n_mels, frames]
     frames, rows = log_spec.shape[1], len(lens)
-    owner = np.full(frames, rows, dtype=np.int64)  # the frames that set each row's floor; the rest: row `rows`
-    for i, (s, n) in enumerate(zip(starts, (lens + N_FFT) // HOP_LENGTH)):
-        owner[s : s + n] = i
-    owner = torch.from_numpy(owner).to(dev, non_blocking=True)
-    top = torch.full((rows + 1,), -torch.inf, device=dev).scatter_reduce(0, owner, log_spec.amax(0), "amax")
-    log_spec = torch.maximum(log_spec, (top - 8.0)[owner]).add_(4.0).div_(4.0)  # each frame floored by its row
+    if rows == 1:  # one utterance (utterance_mel): one floor, no scatter
+        floor = log_spec[:, : int(lens[0] + N_FFT) // HOP_LENGTH].max() - 8.0
+        log_spec = torch.maximum(log_spec, floor).add_(4.0).div_(4.0)
+    else:
+        owner = np.full(frames, rows, dtype=np.int64)  # the frames that set each row's floor; the rest: row `rows`
+        for i, (s, n) in enumerate(zip(starts, (lens + N_FFT) // HOP_LENGTH)):
+            owner[s : s + n] = i
+        owner = torch.from_numpy(owner).to(dev, non_blocking=True)
+        top = torch.full((rows + 1,), -torch.inf, device=dev).scatter_reduce(0, owner, log_spec.amax(0), "amax")
+        log_spec = torch.maximum(log_spec, (top - 8.0)[owner]).add_(4.0).div_(4.0)  # each frame floored by its row
     content = np.minimum(lens // HOP_LENGTH, length)
     return (_rows_copied if dev.type == "cpu" else _rows_gathered)(log_spec, starts, content, length)
 
