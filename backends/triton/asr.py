@@ -61,9 +61,10 @@ def width_bucket(t: int) -> int | None:
 class _Slot:
     """One captured decoder step over its own buffers: `rows` rows, caches of the decoder's whole context,
     cross keys/values of a whole window, each row's encoder length; the state bound to it (`owner`). `fused_ops`: the
-    step in those fused kernels (models.whisper_fused), None: the model's own."""
+    step in those fused kernels (models.whisper_fused), None: the model's own; `pick`: the decode blocks' greedy pick
+    (kernels.reference_pick's by default)."""
 
-    def __init__(self, model, rows: int, dtype, device, capture: bool, fused_ops=None):
+    def __init__(self, model, rows: int, dtype, device, capture: bool, fused_ops=None, pick=None):
         c = model.config
         shape = (rows, c.n_text_head, c.n_audio_ctx, c.n_text_state // c.n_text_head)
         self.rows = rows
@@ -85,7 +86,7 @@ class _Slot:
             return decoder_step_fused(dec, fused_ops, tokens, caches, cross, position, lengths)
 
         self.decode = decode
-        self.pick = (fused_ops or WHISPER_FUSED_OPS)["whisper_pick"]  # the greedy pick after a step (see DecodeBlock)
+        self.pick = pick or WHISPER_FUSED_OPS["whisper_pick"]  # the greedy pick after a step (see DecodeBlock)
         tokens, position = self.tokens, self.position
         self.step = CapturedStep(lambda: decode(tokens, position), capture)
         self.decoder, self.capture = model.decoder, capture
@@ -209,6 +210,7 @@ class TritonASRRunner(TorchASRRunner):
         self.block_steps = block_steps if self.graphs_enabled and block_steps > 1 else 0
         self._graphs = GraphCache(MAX_GRAPHS)
         self._masks: dict = {}  # (rules, vocab) -> the suppressed tokens' mask (pick)
+        self._pick = (self.fused_ops or WHISPER_FUSED_OPS)["whisper_pick"]  # Triton's where the steps are fused
         self._lock = threading.Lock()  # one thread at a time on the slots
 
     def _fused_why(self, fused: bool) -> str | None:
@@ -237,7 +239,7 @@ class TritonASRRunner(TorchASRRunner):
     def _slot(self, n: int) -> _Slot:
         rows = rows_bucket(n)
         return self._graphs.get(
-            rows, lambda: _Slot(self.model, rows, self.dtype, self.device, self.capture, self.fused_ops)
+            rows, lambda: _Slot(self.model, rows, self.dtype, self.device, self.capture, self.fused_ops, self._pick)
         )
 
     @torch.inference_mode()
@@ -280,8 +282,7 @@ class TritonASRRunner(TorchASRRunner):
         key = (rules, logits.shape[-1])
         if key not in self._masks:
             self._masks[key] = suppress_mask(rules, logits.shape[-1], self.device)
-        op = (self.fused_ops or WHISPER_FUSED_OPS)["whisper_pick"]
-        return pick_rows(op, logits.float(), rules, self._masks[key], state.to(self.device))
+        return pick_rows(self._pick, logits.float(), rules, self._masks[key], state.to(self.device))
 
     def _prompt(self, state, tokens, width: int, last_only: bool):
         with self._lock:
@@ -308,7 +309,7 @@ class TritonASRRunner(TorchASRRunner):
         with self._lock:
             slots = list(self._graphs.items.values())
             rules = {r for slot in slots for _, r in slot.blocks}
-            sizes = [1 << i for i in range(1, self.block_steps.bit_length()) if 1 << i <= self.block_steps]
+            sizes = [1 << i for i in range(1, self.block_steps.bit_length())]  # 2, 4, ..., block_steps
             for slot in slots:
                 slot.release()
                 for width in PROMPT_WIDTHS:
