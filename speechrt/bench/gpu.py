@@ -58,7 +58,9 @@ why it could not run):
 `--budget` (default 540 s: a lent GPU's 10 minutes less its start) plans the run with each check's estimate: a
 check that no longer fits what is left of the budget is skipped with its estimate, what was left and how to run it
 alone (in the output, the result file's checks and its skips); each check's time is noted in the file beside its
-estimate. The file is written after every check, so a run cut short keeps what it measured. The backend parity
+estimate. The file is written after every check, so a run cut short keeps what it measured. A check that leaves the
+GPU context unusable (a kernel's illegal memory access) does not fail the ones after it: they run in a fresh process
+(gpu_resume.py). A check that raised says where, its traceback on stderr. The backend parity
 checks are gpu_parity.py, the graph checks gpu_graphs.py. Without a GPU every check that needs one is a skip that
 says so; the exit status is 1 only when a check failed.
 """
@@ -73,7 +75,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from speechrt.bench import gpu_server
+from speechrt.bench import gpu_resume, gpu_server
 from speechrt.bench.gpu_asr_loop import check_asr_loop
 from speechrt.bench.gpu_attention import check_attention
 from speechrt.bench.gpu_fused import check_lm_fused
@@ -403,7 +405,7 @@ def run(args):
     from speechrt.bench.fingerprint import fingerprint
 
     machine, start = fingerprint(), time.monotonic()
-    for name in names:
+    for i, name in enumerate(names):
         spec, t0 = CHECKS[name], time.monotonic()
         on_cpu = spec.cpu_too and args.device == "cpu"
         if spec.needs and no_gpu and not on_cpu:
@@ -419,13 +421,18 @@ def run(args):
                 else:
                     status, detail = spec.fn(torch.device("cpu") if on_cpu else dev, out)
             except Exception as e:  # a crashing check is a failed check, and the others still run
-                status, detail = "fail", f"{type(e).__name__}: {e}"
+                status, detail = "fail", gpu_resume.failure(e)
             out.notes.append(f"check {name}: {time.monotonic() - t0:.0f} s (estimated {estimate(spec, args):.0f} s)")
         out.checks.append(Check(name, status, detail))
         if status == "skip":
             out.skip("gpu", name, detail)
         print(f"{status.upper():4} {name:12} {detail} ({time.monotonic() - t0:.0f} s)", flush=True)
+        lost = status == "fail" and i + 1 < len(names) and not gpu_resume.context_alive(dev)
+        if lost:
+            gpu_resume.resume(args, names[i + 1 :], name, args.budget - (time.monotonic() - start), out)
         out.write(args.json, machine)  # after every check: a run cut short (a session's end) keeps what it measured
+        if lost:
+            break  # the checks left ran in a fresh process
     failed = [c.name for c in out.checks if c.status == "fail"]
     skipped = [c.name for c in out.checks if c.status == "skip"]
     print(

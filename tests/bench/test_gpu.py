@@ -316,3 +316,36 @@ def test_mel_batch_check_runs_on_the_cpu():
         (128, "one utterance at a time"),
     ]
     assert all(r.params["max_abs_diff"] <= 1e-5 and r.value > 0 for r in out.records)
+
+
+def test_checks_after_a_lost_gpu_context_run_in_a_fresh_process(tmp_path, monkeypatch, capsys):
+    """A check that fails and leaves the device unable to compute (a kernel's illegal memory access poisons a CUDA
+    context) does not fail the ones after it: they run in a fresh `bench gpu` process with the run's options, write
+    their own file beside the run's, and join the run's results. A check that raised says where."""
+    import argparse
+
+    from speechrt.bench import gpu, gpu_resume
+
+    def boom(dev, out):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setitem(gpu.CHECKS, "mel-batch", gpu.Spec("mel-batch", 10, boom, gpu.GPU, cpu_too=True))
+    alive = iter([False])
+    monkeypatch.setattr(gpu_resume, "context_alive", lambda dev: next(alive))  # asked once: after the failure
+    p = argparse.ArgumentParser()
+    gpu.add_arguments(p)
+    out = tmp_path / "gpu.json"
+    args = p.parse_args(["--device", "cpu", "--checks", "mel-batch,tensorrt,onnxruntime", "--json", str(out)])
+    assert gpu.run(args) == 1
+    res = load(out)
+    assert [c.name for c in res.checks] == ["mel-batch", "tensorrt", "onnxruntime"]
+    lost = res.checks[0]
+    assert lost.status == "fail" and lost.detail.startswith("RuntimeError: CUDA error: an illegal memory access")
+    assert "(at test_gpu.py:" in lost.detail and "in boom)" in lost.detail
+    assert res.checks[1].status == "skip" and res.checks[1].detail.split()[0] in ("the", "tensorrt")
+    child = tmp_path / "gpu-after-mel-batch.json"
+    assert [c.name for c in load(child).checks] == ["tensorrt", "onnxruntime"]
+    assert any("check mel-batch left the GPU context unusable" in n and child.name in n for n in res.notes)
+    assert "Traceback" in capsys.readouterr().err
+    argv = gpu_resume.child_argv(args, ["tensorrt"], -5.0, child)
+    assert argv[argv.index("--budget") + 1] == "1"  # what is left, never 0 (no limit)
