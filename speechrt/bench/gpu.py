@@ -9,9 +9,6 @@ why it could not run):
   measured copy bandwidth each step's bytes take (gpu_fused.py);
 - asr-fused: the same for the Whisper decoder step (float16, batch 1 and 8, Whisper tiny and large-v3-turbo decoder
   shapes, random weights): fused against unfused (logits and greedy ids) and torch eager (gpu_fused_asr.py);
-- lm-quant: the Llama-3.2-1B-shape decode step at batch 1 in bf16, int4 (W4A16) and fp8 (E4M3), each unfused and in
-  the fused layer kernels, from graphs: time, speed-up over bf16 and (fused) over unfused, fraction of the copy
-  bandwidth, and the logits against bf16 models (gpu_quant.py);
 - lm-loop: the language model's decode loop on the device (several steps and their sampling per graph replay)
   against one step per replay: greedy SmolLM2 bf16 tokens per second at batch 1 and 8 with K = 1 and 8, and
   the same ids (gpu_loop.py; with `--device cpu` it runs uncaptured in float32);
@@ -19,6 +16,12 @@ why it could not run):
   against one step per replay: time per token at batch 1 (a 30-s window with timestamps) and 8 (a server's batch,
   and its live rounds drafted: the drafts checked on the device), K = 1 and 8, and the same ids (gpu_asr_loop.py;
   with `--device cpu` uncaptured in float32);
+- lm-quant: the Llama-3.2-1B-shape decode step at batch 1 in bf16, int4 (W4A16) and fp8 (E4M3), each unfused and in
+  the fused layer kernels, from graphs: time, speed-up over bf16 and (fused) over unfused, fraction of the copy
+  bandwidth, and the logits against bf16 models (gpu_quant.py);
+- lm-prefill: a prompt's pass (128 and 512 tokens, SmolLM2-135M and Llama-3.2-1B shapes, random bf16 weights), ours
+  from its prefill graph against SDPA + cuBLAS eager, with the fraction of the matrix peak, and our kernel time by
+  kind from torch.profiler: what fusing the prefill could save (gpu_prefill.py);
 - attention: decode attention at batch 1/8/64 over caches of 448 and 4096 (split along the cache and unsplit) and
   encoder attention at Whisper tiny and large-v3-turbo shapes against SDPA, each with its ratio (gpu_attention.py);
 - asr-turbo: the Whisper large-v3-turbo shape's 30-s encoder pass and decode step against SDPA + cuBLAS eager, with
@@ -91,6 +94,7 @@ from speechrt.bench.gpu_parity import (
     check_lm_triton,
     no_ort_gpu,
 )
+from speechrt.bench.gpu_prefill import check_lm_prefill
 from speechrt.bench.gpu_quant import check_lm_quant
 from speechrt.bench.record import Check, Results, gpu_record
 from speechrt.cli_paths import output_file
@@ -336,6 +340,7 @@ TABLE = (
     Spec("lm-loop", 45, check_lm_loop, cpu_too=True),
     Spec("asr-loop", 30, check_asr_loop, cpu_too=True),
     Spec("lm-quant", 80, check_lm_quant),
+    Spec("lm-prefill", 40, check_lm_prefill),
     Spec("attention", 40, check_attention),
     Spec("asr-turbo", 60, check_asr_turbo),
     Spec("lm-1b", 240, check_lm_1b),

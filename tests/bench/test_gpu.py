@@ -37,6 +37,7 @@ def test_bench_gpu_skips_clearly_without_a_gpu(bench, tmp_path):
         "lm-loop",
         "asr-loop",
         "lm-quant",
+        "lm-prefill",
         "mel-batch",
         "roofline",
         "server-ramp",
@@ -83,7 +84,8 @@ def test_bench_gpu_lists_valid_checks(bench):
     r = bench("gpu", "--checks", "kernels,warp")
     assert (
         r.returncode == 2
-        and "unknown check(s) warp; valid: gpu, kernels, lm-fused, asr-fused, lm-loop, asr-loop, lm-quant, attention"
+        and "unknown check(s) warp; valid: gpu, kernels, lm-fused, asr-fused, lm-loop, asr-loop, lm-quant, lm-prefill, "
+        "attention"
         in r.stderr
     )
 
@@ -167,6 +169,39 @@ def test_lm_1b_check_runs_up_to_its_gpu_part(monkeypatch):
     assert [r.params["variant"] for r in out.records] == list(gpu_large.LM_VARIANTS)
     r = out.records[0]
     assert r.params["vs_static_rel_err"] < 1e-4 and r.params["fraction_of_bandwidth"] > 0
+
+
+def test_lm_prefill_check_runs_up_to_its_gpu_part(monkeypatch):
+    """lm-prefill on a tiny config on the CPU: our triton runner's prefill (interpreted, uncaptured) and the static
+    torch model's from the same random weights agree at two prompt lengths; records with the FLOPs and the matrix
+    fraction; kernel names sort into their kinds (the profile itself needs a GPU)."""
+    _interpreted()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from speechrt.bench import gpu_prefill
+    from speechrt.bench.gpu_fused import SHAPES
+    from speechrt.bench.record import Results
+    from speechrt.models.llama import LlamaConfig
+
+    # Llama-3.2-1B, 512 tokens: 16 layers x (2 x 512 x 60.8M projection weights + 2 x 32 x 64 x 512 x 513 attention)
+    # + the last token's head (2 x 128256 x 2048)
+    one_b = SHAPES["llama-3.2-1b"]
+    proj = 2048 * 3072 + 2048 * 2048 + 3 * 8192 * 2048
+    want = 16 * (2 * 512 * proj + 2 * 32 * 64 * 512 * 513) + 2 * 128256 * 2048
+    assert gpu_prefill.prefill_flops(one_b, 512) == want
+    kinds = {"_linear_kernel": "matmul", "sm90_xmma_gemm_bf16": "matmul", "_attention_kernel": "attention"}
+    kinds |= {"_rms_norm_kernel": "norm", "_rotary_kernel": "rotary", "_silu_mul_kernel": "activation"}
+    kinds |= {"pytorch_flash::flash_fwd_kernel": "attention", "elementwise_kernel": "other"}
+    assert {n: gpu_prefill.kind(n) for n in kinds} == kinds
+    cfg = LlamaConfig(vocab_size=64, dim=40, n_layers=1, n_heads=2, n_kv_heads=1, hidden_dim=56, max_seq_len=16)
+    out = Results()
+    plan = dict(prompts=(5, 11), capture=False, dtype=torch.float32)
+    status, detail = gpu_prefill.check_lm_prefill(torch.device("cpu"), out, [cfg], _peak(), _one_time, **plan)
+    assert status == "pass", detail
+    assert [(r.params["tokens"], r.params["variant"]) for r in out.records] == [
+        (p, v) for p in (5, 11) for v in ("speechrt", "torch")
+    ]
+    assert all(r.params["vs_torch_rel_err"] < 1e-4 and r.params["fraction_of_matmul"] > 0 for r in out.records)
+    assert "llama-shape 11 tokens: ours 1000 us" in detail and "torch 1000 us: 1.00x" in detail
 
 
 def test_asr_turbo_check_runs_up_to_its_gpu_part(monkeypatch):
