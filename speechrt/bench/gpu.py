@@ -18,7 +18,8 @@ why it could not run):
 - asr-loop: Whisper's greedy decode loop on the device (K steps with the logit rules and argmax per graph replay)
   against one step per replay: time per token at batch 1 (a 30-s window with timestamps) and 8 (a server's batch,
   and its live rounds drafted: the drafts checked on the device), K = 1 and 8, and the same ids (gpu_asr_loop.py;
-  with `--device cpu` uncaptured in float32);
+  with `--device cpu` uncaptured in float32); before it the pick alone at batch 1 and 8 from graphs: the split
+  launch, twice its chunks, one program a row and the torch ops, with their ids (gpu_pick.py);
 - attention: decode attention at batch 1/8/64 over caches of 448 and 4096 (split along the cache and unsplit) and
   encoder attention at Whisper tiny and large-v3-turbo shapes against SDPA, each with its ratio (gpu_attention.py);
 - asr-turbo: the Whisper large-v3-turbo shape's 30-s encoder pass and decode step against SDPA + cuBLAS eager, with
@@ -332,7 +333,7 @@ TABLE = (
     Spec("lm-fused", 60, check_lm_fused),
     Spec("asr-fused", 45, check_asr_fused),
     Spec("lm-loop", 45, check_lm_loop, cpu_too=True),
-    Spec("asr-loop", 30, check_asr_loop, cpu_too=True),
+    Spec("asr-loop", 35, check_asr_loop, cpu_too=True),
     Spec("lm-quant", 80, check_lm_quant),
     Spec("attention", 40, check_attention),
     Spec("asr-turbo", 60, check_asr_turbo),
