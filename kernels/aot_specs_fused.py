@@ -8,7 +8,8 @@ The Whisper decoder step's kernels (kernels/triton_fused_whisper.py, and linear_
 (the GPU default of the ASR runners), 1 and 64 rows (a beam search's batch), at the Whisper tiny shape (d 384, 6
 heads of 64, MLP 1536, vocabulary 51864) and the large-v3-turbo shape (d 1280, 20 heads of 64, MLP 5120, vocabulary
 51866: not a multiple of 16, so the column count is not marked aligned) with one binary per epilogue; and the greedy
-pick after a step (the logit rules and argmax in one launch), with and without the timestamp rules."""
+pick after a step (the logit rules and argmax in one launch), with and without the timestamp rules, and its split
+launch for few rows (chunks of the vocabulary, then their merge)."""
 
 from __future__ import annotations
 
@@ -143,4 +144,18 @@ def whisper_specs() -> list[Spec]:
         cx = {"TIMESTAMPS": ts, "BLOCK": c["BLOCK"]}
         variant = f"whisper vocabulary 51864 / 51866 pick{' + timestamp rules' if ts else ''}"
         out.append(make_spec(wp._whisper_pick_kernel, variant, pt, cx, c, ("x_ptr", "sup_ptr", "st_ptr", "sx")))
+    # its split launch for few rows: the chunks' partial states, then their merge (1 row: 102 chunks, 8 rows: 15)
+    pp = {**{k: v for k, v in pt.items() if k not in ("ids_ptr", "lp_ptr")}, "pf_ptr": "*fp32", "pi_ptr": "*i32"}
+    pp.update(int_args("CHUNK"))
+    for ts in (True, False):
+        cx = {"TIMESTAMPS": ts, "BLOCK": wp.SPLIT_BLOCK}
+        variant = f"whisper vocabulary 51864 / 51866 pick, chunks{' + timestamp rules' if ts else ''}"
+        aligned = ("x_ptr", "sup_ptr", "st_ptr", "pf_ptr", "pi_ptr", "sx", "CHUNK")
+        out.append(make_spec(wp._whisper_pick_part_kernel, variant, pp, cx, {"num_warps": 4}, aligned))
+    pm = {"pf_ptr": "*fp32", "pi_ptr": "*i32", "ids_ptr": "*i64", "lp_ptr": "*fp32", **int_args("n", "CHUNKS")}
+    for rows in (1, 8):
+        sc = wp.split_config(rows, 51865, 132)
+        cx = {"BLOCK_C": sc["BLOCK_C"]}
+        variant = f"whisper pick, merge of {sc['CHUNKS']} chunks ({rows} row{'s' if rows > 1 else ''}, 132 SMs)"
+        out.append(make_spec(wp._whisper_pick_combine_kernel, variant, pm, cx, {"num_warps": 1}, ("pf_ptr", "pi_ptr")))
     return out

@@ -32,10 +32,15 @@ def _multiprocessors(kind: str, index: int | None) -> int:
     return DEFAULT_SMS
 
 
+def multiprocessors(device: torch.device | None = None) -> int:
+    """The SMs (CUs on ROCm) of `device`; DEFAULT_SMS without a GPU."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    return _multiprocessors(device.type, device.index)
+
+
 def target_programs(device: torch.device | None = None) -> int:
     """The programs a decode attention launch on `device` aims at: PROGRAMS_PER_SM per SM (CU on ROCm)."""
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    return PROGRAMS_PER_SM * _multiprocessors(device.type, device.index)
+    return PROGRAMS_PER_SM * multiprocessors(device)
 
 
 @triton.jit

@@ -15,7 +15,8 @@ why it could not run):
 - asr-loop: Whisper's greedy decode loop on the device (K steps with the logit rules and argmax per graph replay)
   against one step per replay: time per token at batch 1 (a 30-s window with timestamps) and 8 (a server's batch,
   and its live rounds drafted: the drafts checked on the device), K = 1 and 8, and the same ids (gpu_asr_loop.py;
-  with `--device cpu` uncaptured in float32);
+  with `--device cpu` uncaptured in float32); before it the pick alone at batch 1 and 8 from graphs: the split
+  launch, twice its chunks, one program a row and the torch ops, with their ids (gpu_pick.py);
 - lm-quant: the Llama-3.2-1B-shape decode step at batch 1 in bf16, int4 (W4A16) and fp8 (E4M3), each unfused and in
   the fused layer kernels, from graphs: time, speed-up over bf16 and (fused) over unfused, fraction of the copy
   bandwidth, and the logits against bf16 models (gpu_quant.py);
@@ -338,7 +339,7 @@ TABLE = (
     Spec("lm-fused", 60, check_lm_fused),
     Spec("asr-fused", 45, check_asr_fused),
     Spec("lm-loop", 45, check_lm_loop, cpu_too=True),
-    Spec("asr-loop", 30, check_asr_loop, cpu_too=True),
+    Spec("asr-loop", 35, check_asr_loop, cpu_too=True),
     Spec("lm-quant", 80, check_lm_quant),
     Spec("lm-prefill", 40, check_lm_prefill),
     Spec("attention", 40, check_attention),

@@ -384,3 +384,41 @@ def test_checks_after_a_lost_gpu_context_run_in_a_fresh_process(tmp_path, monkey
     assert "Traceback" in capsys.readouterr().err
     argv = gpu_resume.child_argv(args, ["tensorrt"], -5.0, child)
     assert argv[argv.index("--budget") + 1] == "1"  # what is left, never 0 (no limit)
+
+
+def test_pick_timings_run_up_to_their_gpu_part(monkeypatch):
+    """asr-loop's pick timings on a small vocabulary on the CPU (the Triton launches interpreted, uncaptured): the
+    split launch (several chunks a row), twice its chunks, one program a row and the torch ops give the same ids,
+    a record each with its chunk count; without Triton (the CPU dry run) the torch ops alone."""
+    _interpreted()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from speechrt.bench import gpu_pick
+    from speechrt.bench.record import Results
+
+    out = Results()
+    lines, bad = gpu_pick.run_picks(torch.device("cpu"), out, _one_time, vocab=2500, rows=(1, 3), capture=False)
+    assert bad == []
+    assert lines[0].startswith("pick batch 1: split (5 chunks) 1000.0 us, split-2x 1.00x, one-program 1.00x, torch")
+    by = {(r.params["rows"], r.params["variant"]): r for r in out.records}
+    assert set(by) == {(n, v) for n in (1, 3) for v in gpu_pick.VARIANTS}
+    assert [by[1, v].params["chunks"] for v in gpu_pick.VARIANTS] == [5, 10, 1, 0]
+    assert by[1, "torch"].backend == "torch" and by[1, "one-program"].peer == "split"
+    # the comparison can fail: a launch whose picks differ from the torch ops' is reported
+    real = gpu_pick.picks
+
+    def wrong(n, V, device, triton=True):
+        fns = real(n, V, device, triton)
+        f, k = fns["one-program"]
+        fns["one-program"] = (lambda: (f()[0] + 1, f()[1]), k)
+        return fns
+
+    monkeypatch.setattr(gpu_pick, "picks", wrong)
+    _, bad = gpu_pick.run_picks(torch.device("cpu"), Results(), _one_time, vocab=2500, rows=(3,), capture=False)
+    assert bad == ["pick batch 3 one-program: other ids or log-probabilities than the torch ops"]
+    monkeypatch.setattr(gpu_pick, "picks", real)
+    cpu = Results()
+    lines, bad = gpu_pick.run_picks(
+        torch.device("cpu"), cpu, _one_time, vocab=2500, rows=(1,), capture=False, triton=False
+    )
+    assert bad == [] and lines == ["pick batch 1: torch ops 1000 us (the Triton launches: on a GPU)"]
+    assert [r.params["variant"] for r in cpu.records] == ["torch"]

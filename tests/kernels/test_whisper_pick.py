@@ -3,7 +3,9 @@ reference (kernels.reference_pick): fresh random logits over odd vocabulary size
 one), rows in every rule state (a closed pair, an open one, timestamps before, none yet, one token so far), rows
 whose timestamps are boosted so the forced-timestamp rule decides, suppressed tokens, rows past the first block
 boosted; with and without the timestamp rules. The same ids (rows whose two best candidates are closer than rounding
-left out) and log-probabilities within float32 rounding."""
+left out) and log-probabilities within float32 rounding. The split launch (few rows: each row's columns over several
+programs, then a merge) the same ids as the one-program launch, over forced chunk counts that cut small vocabularies
+into chunks of several blocks, with ties on chunk boundaries."""
 
 from __future__ import annotations
 
@@ -41,9 +43,15 @@ def test_pick_kernel_equals_the_reference(V, timestamps):
     g = torch.Generator().manual_seed(torch.seed() % (1 << 31))  # fresh inputs every run
     n = 24 if V < 10000 else 10  # (the interpreter runs a program at a time)
     x, sup, st, tb, eot = _case(V, n, g)
-    want_ids, want_lp = reference(x, sup, st, timestamps, tb, eot)
     dev = torch.device(DEVICE)
-    got_ids, got_lp = (t.cpu() for t in whisper_pick(x.to(dev), sup.to(dev), st.to(dev), timestamps, tb, eot))
+    got = whisper_pick(x.to(dev), sup.to(dev), st.to(dev), timestamps, tb, eot, chunks=1)  # one program a row
+    _assert_as_reference(got, x, sup, st, timestamps, tb, eot)
+
+
+def _assert_as_reference(got, x, sup, st, timestamps, tb, eot):
+    n = x.shape[0]
+    want_ids, want_lp = reference(x, sup, st, timestamps, tb, eot)
+    got_ids, got_lp = (t.cpu() for t in got)
     assert torch.isfinite(want_lp).all() and torch.isfinite(got_lp).all()
     # a near tie between the two best allowed tokens (or the forced rule's two sides) may go either way
     top = torch.log_softmax(x.masked_fill(sup, float("-inf")), -1).topk(2).values
@@ -64,11 +72,13 @@ def test_pick_kernel_on_a_strided_view_and_no_rows():
     wide = torch.randn(6, 400, generator=g)
     wide[:, :300] = x
     dev = torch.device(DEVICE)
-    got = whisper_pick(wide.to(dev)[:, :300], sup.to(dev), st.to(dev), True, tb, eot)
     want = reference(x, sup, st, True, tb, eot)
-    assert torch.equal(got[0].cpu(), want[0])
-    ids, lp = whisper_pick(x[:0].to(dev), sup.to(dev), st[:, :0].to(dev), True, tb, eot)
-    assert ids.shape == (0,) and lp.shape == (0,)
+    for split in ({"chunks": 1}, {"chunks": 3, "block": 32}):  # one program a row; three chunks a row
+        got = whisper_pick(wide.to(dev)[:, :300], sup.to(dev), st.to(dev), True, tb, eot, **split)
+        assert torch.equal(got[0].cpu(), want[0])
+        torch.testing.assert_close(got[1].cpu(), want[1], rtol=1e-5, atol=1e-5)
+        ids, lp = whisper_pick(x[:0].to(dev), sup.to(dev), st[:, :0].to(dev), True, tb, eot, **split)
+        assert ids.shape == (0,) and lp.shape == (0,)
 
 
 def test_pick_kernel_breaks_ties_to_the_first_index_as_torch():
@@ -83,3 +93,61 @@ def test_pick_kernel_breaks_ties_to_the_first_index_as_torch():
     dev = torch.device(DEVICE)
     got = whisper_pick(x.to(dev), sup.to(dev), st.to(dev), False, 5000, 4990)[0].cpu()
     assert want.tolist() == [5, 4100] and torch.equal(got, want)
+
+
+# (vocabulary, rows, chunks asked for, columns a program loads at once, the timestamp rules): chunks of 3, 3 and 7
+# blocks, ragged last ones (without the timestamp rules only the small vocabulary: the interpreter is slow)
+SPLITS = [(97, 12, 3, 16, True), (97, 12, 3, 16, False), (2500, 8, 7, 128, True), (51865, 5, 4, 2048, True)]
+
+
+@pytest.mark.parametrize(("V", "n", "chunks", "block", "timestamps"), SPLITS)
+def test_split_pick_equals_the_one_program_kernel_and_the_reference(V, n, chunks, block, timestamps):
+    from speechrt.kernels.triton_whisper_pick import split_config, whisper_pick
+
+    sc = split_config(n, V, 128, chunks, block)
+    assert sc["CHUNKS"] == chunks and sc["CHUNK"] >= 3 * block and sc["CHUNK"] % block == 0
+    assert (chunks - 1) * sc["CHUNK"] < V < chunks * sc["CHUNK"]  # the last chunk ragged
+    g = torch.Generator().manual_seed(torch.seed() % (1 << 31))
+    x, sup, st, tb, eot = _case(V, n, g)
+    dev = torch.device(DEVICE)
+    args = (x.to(dev), sup.to(dev), st.to(dev), timestamps, tb, eot)
+    split = whisper_pick(*args, chunks=chunks, block=block)
+    _assert_as_reference(split, x, sup, st, timestamps, tb, eot)
+    one = whisper_pick(*args, chunks=1)
+    # the same maxima and first indices; the sums in another order (a forced-rule tie within rounding: ~1e-6 a row)
+    assert torch.equal(split[0].cpu(), one[0].cpu())
+    torch.testing.assert_close(split[1].cpu(), one[1].cpu(), rtol=1e-5, atol=1e-5)
+
+
+def test_split_pick_breaks_ties_across_chunks_to_the_first_index():
+    """Equal maxima on both sides of a chunk boundary, in the first and last chunk, text against the one timestamp
+    left (not forced: the strict comparison), with and without the timestamp rules; and batch 1 at a real vocabulary
+    in the launcher's own split (one block a chunk), ties across its chunks."""
+    from speechrt.kernels.triton_decode_attention import multiprocessors
+    from speechrt.kernels.triton_whisper_pick import split_config, whisper_pick
+
+    g = torch.Generator().manual_seed(torch.seed() % (1 << 31))
+    dev = torch.device(DEVICE)
+    x = torch.randn(4, 97, generator=g)
+    x[0, [47, 48]] = x[1, [95, 96]] = x[2, [47, 96]] = x[3, [5, 96]] = 50.0  # chunks [0, 48) [48, 96) [96, 97)
+    sup = torch.zeros(97, dtype=torch.bool)
+    # rows 0, 1, 3: text so far; row 2: timestamps up to 95 ruled out by the last one (only 96 left)
+    st = torch.tensor([[7, 7, 7, 7], [-1, -1, -1, -1], [-1, -1, 95, -1], [1, 1, 1, 1]])
+    for timestamps, picks in ((True, [47, 95, 47, 5]), (False, [47, 95, 47, 5])):
+        want = reference(x, sup, st, timestamps, 80, 70)[0]
+        assert want.tolist() == picks
+        for chunks in (1, 3):
+            got = whisper_pick(x.to(dev), sup.to(dev), st.to(dev), timestamps, 80, 70, chunks=chunks, block=16)
+            assert torch.equal(got[0].cpu(), want), (timestamps, chunks)
+    V, tb = 51865, 51865 - 1501
+    sc = split_config(1, V, multiprocessors(dev))  # the launcher's split at batch 1
+    c = sc["CHUNK"]
+    assert sc["CHUNKS"] >= 8 and c < 1500
+    x = torch.randn(1, V, generator=g)
+    x[0, [c - 1, c, 5 * c + 3]] = 20.0  # text across a boundary and further on
+    x[0, tb + 3] = 19.0  # the best timestamp, not forced
+    sup, st = torch.zeros(V, dtype=torch.bool), torch.tensor([[7], [9], [-1], [2]])  # text so far
+    want = reference(x, sup, st, True, tb, tb - 10)
+    got = whisper_pick(x.to(dev), sup.to(dev), st.to(dev), True, tb, tb - 10)
+    assert want[0].item() == c - 1 and got[0].item() == c - 1
+    torch.testing.assert_close(got[1].cpu(), want[1], rtol=1e-5, atol=1e-5)

@@ -1,0 +1,114 @@
+"""`bench gpu --checks asr-loop`'s timing of Whisper's greedy pick (the logit rules, argmax and log-probability after
+each decode step, kernels/triton_whisper_pick.py) at batch 1 and 8 over Whisper's vocabulary: the split launch (each
+row's vocabulary over several programs, then a merge: the launcher's choice for few rows), the same with twice the
+chunks, one program a row, and the torch reference ops; each from a CUDA graph of REPS picks (a decode loop's
+setting: no launch cost from Python; a capture that fails is a problem, as in the loop), with the same ids checked.
+`run_picks()` runs wherever the kernels run (the tests: the interpreter, uncaptured, a small vocabulary)."""
+
+from __future__ import annotations
+
+import statistics
+
+from speechrt.bench.record import Record, Repeats, Results
+
+REPS = 16  # picks per graph replay
+ROWS = (1, 8)
+VOCAB = 51864  # Whisper tiny.en's (multilingual: 51865)
+VARIANTS = ("split", "split-2x", "one-program", "torch")
+
+
+def _inputs(n: int, V: int, device):
+    """A pick's arguments: random logits [n, V] (half the rows' timestamps boosted: the forced rule decides),
+    Whisper-like suppression, rows in every rule state (text so far, an open pair, a closed pair, one token)."""
+    import torch
+
+    g = torch.Generator().manual_seed(n)
+    tb = V - 1501
+    x = torch.randn(n, V, generator=g) * 3
+    x[::2, tb:] += 4
+    sup = torch.zeros(V, dtype=torch.bool)
+    sup[torch.randint(0, tb, (90,), generator=g)] = True
+    sup[tb - 1] = True  # <|notimestamps|>
+    states = [[7, 9, tb + 40, 5], [tb + 50, 9, tb + 50, 6], [tb + 50, tb + 50, tb + 50, 7], [tb, -1, tb, 1]]
+    st = torch.tensor([states[i % 4] for i in range(n)]).T.contiguous()
+    return x.to(device), sup.to(device), st.to(device), True, tb, tb - 107  # the timestamp rules on
+
+
+def picks(n: int, V: int, device, triton: bool = True) -> dict:
+    """variant -> (pick(): (ids, log-probabilities), chunks a row) on fixed inputs; the Triton ones only with
+    `triton`."""
+    from speechrt.kernels.reference_pick import whisper_pick as reference
+
+    args = _inputs(n, V, device)
+    fns = {"torch": (lambda: reference(*args), 0)}
+    if triton:
+        from speechrt.kernels.triton_decode_attention import multiprocessors
+        from speechrt.kernels.triton_whisper_pick import split_config, whisper_pick
+
+        k = split_config(n, V, multiprocessors(device))["CHUNKS"]  # the launcher's choice
+        fns["split"] = (lambda: whisper_pick(*args), k)
+        fns["split-2x"] = (lambda: whisper_pick(*args, chunks=2 * k), split_config(n, V, 0, 2 * k)["CHUNKS"])
+        fns["one-program"] = (lambda: whisper_pick(*args, chunks=1), 1)
+    return fns
+
+
+def _times(fn, timer, capture: bool) -> list[float]:
+    """Seconds per call of fn: REPS calls replayed from one graph (`capture`), else one call at a time."""
+    if not capture:
+        return timer(fn)
+    from speechrt.backends.cuda_graphs import CapturedStep
+
+    def many():
+        for _ in range(REPS - 1):
+            fn()
+        return fn()[0]
+
+    step = CapturedStep(many)
+    step()
+    if step.graph is None:
+        raise RuntimeError("the pick's CUDA graph capture failed")
+    return [t / REPS for t in timer(step.graph.replay)]
+
+
+def run_picks(device, out: Results, timer, vocab=VOCAB, rows=ROWS, capture=True, triton=True) -> tuple[list, list]:
+    """Every variant timed at each batch in `rows` (records in `out`) -> (a line a batch, problems: a Triton variant
+    whose ids differ from the torch ops' or log-probabilities beyond 1e-4)."""
+    import torch
+
+    lines, bad = [], []
+    for n in rows:
+        fns = picks(n, vocab, device, triton)
+        want_ids, want_lp = fns["torch"][0]()
+        times = {}
+        for v, (fn, _) in fns.items():
+            ids, lp = fn()
+            if not torch.equal(ids, want_ids) or not torch.allclose(lp, want_lp, rtol=1e-4, atol=1e-4):
+                bad.append(f"pick batch {n} {v}: other ids or log-probabilities than the torch ops")
+            times[v] = _times(fn, timer, capture)
+        base = statistics.median(times["split" if triton else "torch"])
+        for v, ts in times.items():
+            t = statistics.median(ts)
+            out.records.append(
+                Record(
+                    family="gpu",
+                    model="whisper-pick",
+                    engine="speechrt",
+                    backend="torch" if v == "torch" else "triton",
+                    precision="float32",
+                    device=str(device),
+                    workload=f"Whisper greedy pick (logit rules, argmax), batch {n}, vocabulary {vocab}, {v}",
+                    metric="us_per_pick",
+                    unit="us",
+                    value=t * 1e6,
+                    better="lower",
+                    repeats=Repeats.of([x * 1e6 for x in ts]),
+                    peer="" if v == "split" else "split",
+                    params={"rows": n, "variant": v, "chunks": fns[v][1], "vs_split": t / base, "graph": capture},
+                )
+            )
+        if triton:
+            others = ", ".join(f"{v} {statistics.median(times[v]) / base:.2f}x" for v in VARIANTS[1:])
+            lines.append(f"pick batch {n}: split ({fns['split'][1]} chunks) {base * 1e6:.1f} us, {others}")
+        else:
+            lines.append(f"pick batch {n}: torch ops {base * 1e6:.0f} us (the Triton launches: on a GPU)")
+    return lines, bad
