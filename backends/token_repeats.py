@@ -1,0 +1,97 @@
+"""Loops in generated tokens: the span of tokens an output ends with, repeated several times in a row — the
+test of the language model's `stop_repeats` (on the host at delivery, and as tensor ops inside a decode block
+on the device: backends/decode_loop.py) and of Whisper's loop cut (speechrt/pipelines/whisper_loops.py).
+
+The rule: an output of n tokens repeats when, for some span length p in 1..MAX_PERIOD, its last p * reps
+tokens are one span of p repeated reps times, where reps = `times`, or ONE_TOKEN * `times` for p = 1 (a run
+of one character can be text); a span of p > 1 made of one token repeated is left to the p = 1 rule.
+
+On the device the same rule is kept per row as run lengths: run[p] counts the output's last tokens that equal
+the token p before them (within the output). The last p * reps tokens are p repeated reps times exactly when
+run[p] >= (reps - 1) * p (so the n >= p * reps the host checks is implied), and the last p tokens are one token
+when run[1] >= p - 1. A new token t extends run[p] when it equals the token p back, else resets it to 0: a
+step is a compare of t with the last MAX_PERIOD tokens and a few [rows, MAX_PERIOD] ops, whatever the period.
+The runs at a block's start are counted once from each row's last `repeat_window(times)` output tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MAX_PERIOD = 32  # longest repeated span (tokens) that repeating() looks for
+ONE_TOKEN = 4  # a span of one token must repeat this many times `times`
+NEVER = 1 << 40  # a run no output reaches: the need of rows with the stop off
+
+
+def reps(period: int, times: int) -> int:
+    """How many copies of a span of `period` tokens in a row make a loop."""
+    return times * ONE_TOKEN if period == 1 else times
+
+
+def repeat_period(tokens: list[int], times: int) -> int:
+    """The length of the span of 1 to MAX_PERIOD tokens that `tokens` end with, repeated `times` times in a
+    row (a span of one token needs ONE_TOKEN * times: a run of one character can be text); 0 if there is none.
+    Output caught in such a loop never ends by itself: small (quantized) models fall into them."""
+    n = len(tokens)
+    for period in range(1, min(MAX_PERIOD, n // times) + 1):
+        r = reps(period, times)
+        if period * r > n:
+            continue
+        tail = tokens[n - period :]
+        if period > 1 and len(set(tail)) == 1:  # a run of one token: the period-1 rule decides
+            continue
+        if all(tokens[n - (k + 1) * period : n - k * period] == tail for k in range(1, r)):
+            return period
+    return 0
+
+
+def repeating(tokens: list[int], times: int) -> bool:
+    return repeat_period(tokens, times) > 0
+
+
+# -- the same rule as tensor ops (no host sync, static shapes: a CUDA graph captures them) ---------------------
+
+
+def repeat_window(times: int) -> int:
+    """Output tokens the device rule reads back at a block's start for `times`: the longest loop it can find,
+    reps(p) * p over p (at least MAX_PERIOD, the tokens a step compares with)."""
+    return max(MAX_PERIOD, *(reps(p, times) * p for p in range(1, MAX_PERIOD + 1)))
+
+
+def repeat_needs(times: torch.Tensor) -> torch.Tensor:
+    """Each row's `times` [rows] int64 (0: the stop is off) -> the run each span length needs [rows, MAX_PERIOD]:
+    (reps - 1) * p, NEVER for rows with the stop off."""
+    p = torch.arange(1, MAX_PERIOD + 1, device=times.device)
+    r = torch.where(p == 1, times[:, None] * ONE_TOKEN, times[:, None])
+    return torch.where(times[:, None] > 0, (r - 1) * p, NEVER)
+
+
+def repeat_runs(recent: torch.Tensor) -> torch.Tensor:
+    """Rows of recent output tokens, newest first, -1 past the output's start [rows, W] -> run[p] for p in
+    1..MAX_PERIOD [rows, MAX_PERIOD] int64 (true up to W - p: enough when W >= repeat_window(times))."""
+    rows, w = recent.shape
+    pad = torch.cat([recent, recent.new_full((rows, MAX_PERIOD), -1)], dim=1)
+    back = torch.arange(1, MAX_PERIOD + 1, device=recent.device)[:, None] + torch.arange(w, device=recent.device)
+    earlier = pad[:, back]  # [rows, P, W]: the token p before each of the last W
+    same = (earlier == recent[:, None, :]) & (earlier >= 0)
+    return same.long().cumprod(dim=-1).sum(dim=-1)  # the leading run of matches
+
+
+def repeat_step(last: torch.Tensor, run: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One new token per row t [rows]: the last MAX_PERIOD tokens (newest first, -1 past the output's start)
+    and the runs [rows, MAX_PERIOD] after it."""
+    run = torch.where(last == t[:, None], run + 1, 0)
+    return torch.cat([t[:, None], last[:, :-1]], dim=1), run
+
+
+def repeat_gaps(device) -> torch.Tensor:
+    """[MAX_PERIOD]: the run[1] from which a span of p tokens is one token repeated (p - 1; NEVER for p = 1)."""
+    gap = torch.arange(MAX_PERIOD, device=device)
+    gap[0] = NEVER
+    return gap
+
+
+def repeat_found(run: torch.Tensor, need: torch.Tensor, gap: torch.Tensor) -> torch.Tensor:
+    """Rows [rows] bool whose output ends in a loop: a span length whose run reaches its `need` and whose last
+    span is not one token repeated (`gap`: repeat_gaps)."""
+    return ((run >= need) & (run[:, :1] < gap)).any(dim=-1)
