@@ -23,7 +23,16 @@ import torch
 
 from .cuda_graphs import CapturedStep
 from .sampling import SamplingRows, pick
-from .token_repeats import MAX_PERIOD, repeat_found, repeat_gaps, repeat_needs, repeat_runs, repeat_step, repeat_window
+from .token_repeats import (
+    MAX_PERIOD,
+    repeat_found,
+    repeat_gaps,
+    repeat_needs,
+    repeat_recent,
+    repeat_runs,
+    repeat_step,
+    repeat_window,
+)
 
 # values of the rows not stepped (and of the options no row uses): greedy, no bias, no penalty
 NEUTRAL = dict(greedy=True, temperature=1.0, top_k=0, top_p=1.0, repetition=1.0, frequency=0.0, presence=0.0)
@@ -154,14 +163,10 @@ class DecodeLoop:
         return [r[: self.k] for r in out], [r[self.k] for r in out]
 
     def _seed_repeats(self, slots: list[int], repeats) -> None:
-        """Each stepped row's stop_repeats (0 where its window is past the block's) and last output tokens,
-        newest first; -1 elsewhere."""
-        recent = torch.full(self.recent.shape, -1, dtype=torch.long)
-        times = torch.zeros(self.times.shape, dtype=torch.long)
+        """Each stepped row's stop_repeats (0 where its window is past the block's) and last output tokens."""
+        outputs, times = [[] for _ in range(self.times.shape[0])], torch.zeros(self.times.shape, dtype=torch.long)
         for s, (t, out) in zip(slots, repeats):
             if 0 < t and repeat_window(t) <= self.window:
-                times[s] = t
-                tail = out[-self.window :]
-                recent[s, : len(tail)] = torch.tensor(tail[::-1], dtype=torch.long)
-        self.recent.copy_(recent, non_blocking=True)
+                outputs[s], times[s] = out, t
+        self.recent.copy_(repeat_recent(outputs, self.window), non_blocking=True)
         self.times.copy_(times, non_blocking=True)

@@ -66,20 +66,29 @@ def repeat_needs(times: torch.Tensor) -> torch.Tensor:
     return torch.where(times[:, None] > 0, (r - 1) * p, NEVER)
 
 
+def repeat_recent(outputs: list[list[int]], w: int) -> torch.Tensor:
+    """Outputs -> [rows, w] int64 (host): each one's last w tokens newest first, then distinct negative values
+    (-1 - position: no token, and no other position, equals them)."""
+    recent = -torch.arange(1, w + 1, dtype=torch.long).repeat(len(outputs), 1)
+    for r, out in enumerate(outputs):
+        tail = out[-w:][::-1] if w else []
+        recent[r, : len(tail)] = torch.tensor(tail, dtype=torch.long)
+    return recent
+
+
 def repeat_runs(recent: torch.Tensor) -> torch.Tensor:
-    """Rows of recent output tokens, newest first, -1 past the output's start [rows, W] -> run[p] for p in
-    1..MAX_PERIOD [rows, MAX_PERIOD] int64 (true up to W - p: enough when W >= repeat_window(times))."""
+    """Rows of recent output tokens (repeat_recent) [rows, W] -> run[p] for p in 1..MAX_PERIOD [rows, MAX_PERIOD]
+    int64 (true up to W - p: enough when W >= repeat_window(times))."""
     rows, w = recent.shape
-    pad = torch.cat([recent, recent.new_full((rows, MAX_PERIOD), -1)], dim=1)
-    back = torch.arange(1, MAX_PERIOD + 1, device=recent.device)[:, None] + torch.arange(w, device=recent.device)
-    earlier = pad[:, back]  # [rows, P, W]: the token p before each of the last W
-    same = (earlier == recent[:, None, :]) & (earlier >= 0)
-    return same.long().cumprod(dim=-1).sum(dim=-1)  # the leading run of matches
+    pad = recent.new_full((rows, MAX_PERIOD), -1 - w) - torch.arange(MAX_PERIOD, device=recent.device)
+    earlier = torch.cat([recent, pad], dim=1).unfold(1, w, 1)[:, 1:]  # [rows, P, W]: the token p before each
+    # the first mismatch (max returns the first of equal maxima): one there is, at W - p at the latest (the pad)
+    return (earlier != recent[:, None, :]).max(dim=-1).indices
 
 
 def repeat_step(last: torch.Tensor, run: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One new token per row t [rows]: the last MAX_PERIOD tokens (newest first, -1 past the output's start)
-    and the runs [rows, MAX_PERIOD] after it."""
+    """One new token per row t [rows]: the last MAX_PERIOD tokens (newest first, negative past the output's
+    start) and the runs [rows, MAX_PERIOD] after it."""
     run = torch.where(last == t[:, None], run + 1, 0)
     return torch.cat([t[:, None], last[:, :-1]], dim=1), run
 

@@ -15,6 +15,7 @@ from speechrt.backends.token_repeats import (
     repeat_gaps,
     repeat_needs,
     repeat_period,
+    repeat_recent,
     repeat_runs,
     repeat_step,
     repeating,
@@ -25,11 +26,7 @@ def device_flags(seqs: list[list[int]], times: list[int], seeded: list[int]) -> 
     """For each row, the device rule's answer after each of its tokens from `seeded[r]` on (the runs counted
     from its first seeded[r] tokens as a block's start does, then one step per token): [r][j] for the prefix
     seq[: seeded[r] + j] (j = 0: the seed itself)."""
-    w = repeat_width(times) or MAX_PERIOD
-    recent = torch.full((len(seqs), w), -1, dtype=torch.long)
-    for r, (s, m) in enumerate(zip(seqs, seeded)):
-        tail = s[:m][-w:][::-1]
-        recent[r, : len(tail)] = torch.tensor(tail, dtype=torch.long)
+    recent = repeat_recent([s[:m] for s, m in zip(seqs, seeded)], repeat_width(times) or MAX_PERIOD)
     t_on = torch.tensor([t if repeat_width([t]) else 0 for t in times])
     need, run, last, gap = repeat_needs(t_on), repeat_runs(recent), recent[:, :MAX_PERIOD], repeat_gaps("cpu")
     flags = [[v] for v in repeat_found(run, need, gap).tolist()]
