@@ -21,18 +21,11 @@ from dataclasses import fields, replace
 
 import torch
 
+from speechrt.kernels.reference_repeats import repeat_advance
+
 from .cuda_graphs import CapturedStep
 from .sampling import SamplingRows, pick
-from .token_repeats import (
-    MAX_PERIOD,
-    repeat_found,
-    repeat_gaps,
-    repeat_needs,
-    repeat_recent,
-    repeat_runs,
-    repeat_step,
-    repeat_window,
-)
+from .token_repeats import MAX_PERIOD, repeat_needs, repeat_recent, repeat_runs, repeat_window
 
 # values of the rows not stepped (and of the options no row uses): greedy, no bias, no penalty
 NEUTRAL = dict(greedy=True, temperature=1.0, top_k=0, top_p=1.0, repetition=1.0, frequency=0.0, presence=0.0)
@@ -59,8 +52,9 @@ def repeat_width(times: list[int]) -> int:
 class DecodeLoop:
     """K decode steps of `decode_range` (the model's, or the fused kernels') over slots 0..n-1 of `cache`,
     sampling with the options `features` names (SamplingRows.features), up to `width` stop ids per row and
-    the repetition stop over `window` output tokens per row (repeat_width; 0: none); captured as one graph
-    unless `capture` is False (the CPU: the same ops run every call)."""
+    the repetition stop over `window` output tokens per row (repeat_width; 0: none), its step `advance`
+    (kernels.reference_repeats.repeat_advance or its Triton kernel); captured as one graph unless `capture` is
+    False (the CPU: the same ops run every call)."""
 
     def __init__(
         self,
@@ -73,12 +67,12 @@ class DecodeLoop:
         width: int,
         capture: bool,
         window: int = 0,
+        advance=repeat_advance,
     ):
         dev = cache.k.device
-        self.decode_range, self.cache, self.k, self.window = decode_range, cache, k, window
+        self.decode_range, self.cache, self.k, self.window, self.advance = decode_range, cache, k, window, advance
         self.recent = torch.full((n, window), -1, dtype=torch.long, device=dev)
         self.times = torch.zeros(n, dtype=torch.long, device=dev)
-        self.gap = repeat_gaps(dev)
         self.tok = torch.zeros(n, dtype=torch.long, device=dev)
         self.pos = torch.zeros(n, dtype=torch.long, device=dev)
         self.live = torch.zeros(n, dtype=torch.bool, device=dev)
@@ -124,8 +118,7 @@ class DecodeLoop:
             pos, counter, ran, left = pos + fed, counter + fed, ran + fed, left - fed
             done = (t[:, None] == self.stops).any(dim=-1) | (left <= 0)
             if self.window:  # (a row not live carries on its own token: what it finds no longer matters)
-                last, run = repeat_step(last, run, t)
-                done = done | repeat_found(run, need, self.gap)
+                last, run, done = self.advance(last, run, need, t, done)
             tok = t  # a row done now keeps its last token: its later entries repeat it
             live = live & ~done
         return torch.cat([torch.stack(ids, dim=1), ran[:, None]], dim=1)

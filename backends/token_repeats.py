@@ -10,8 +10,9 @@ On the device the same rule is kept per row as run lengths: run[p] counts the ou
 the token p before them (within the output). The last p * reps tokens are p repeated reps times exactly when
 run[p] >= (reps - 1) * p (so the n >= p * reps the host checks is implied), and the last p tokens are one token
 when run[1] >= p - 1. A new token t extends run[p] when it equals the token p back, else resets it to 0: a
-step is a compare of t with the last MAX_PERIOD tokens and a few [rows, MAX_PERIOD] ops, whatever the period.
-The runs at a block's start are counted once from each row's last `repeat_window(times)` output tokens.
+step compares t with the last MAX_PERIOD tokens, whatever the period (kernels.reference_repeats.repeat_advance;
+one launch on a GPU, kernels/triton_repeats.py). The runs at a block's start are counted once from each row's
+last `repeat_window(times)` output tokens (repeat_runs).
 """
 
 from __future__ import annotations
@@ -84,23 +85,3 @@ def repeat_runs(recent: torch.Tensor) -> torch.Tensor:
     earlier = torch.cat([recent, pad], dim=1).unfold(1, w, 1)[:, 1:]  # [rows, P, W]: the token p before each
     # the first mismatch (max returns the first of equal maxima): one there is, at W - p at the latest (the pad)
     return (earlier != recent[:, None, :]).max(dim=-1).indices
-
-
-def repeat_step(last: torch.Tensor, run: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One new token per row t [rows]: the last MAX_PERIOD tokens (newest first, negative past the output's
-    start) and the runs [rows, MAX_PERIOD] after it."""
-    run = torch.where(last == t[:, None], run + 1, 0)
-    return torch.cat([t[:, None], last[:, :-1]], dim=1), run
-
-
-def repeat_gaps(device) -> torch.Tensor:
-    """[MAX_PERIOD]: the run[1] from which a span of p tokens is one token repeated (p - 1; NEVER for p = 1)."""
-    gap = torch.arange(MAX_PERIOD, device=device)
-    gap[0] = NEVER
-    return gap
-
-
-def repeat_found(run: torch.Tensor, need: torch.Tensor, gap: torch.Tensor) -> torch.Tensor:
-    """Rows [rows] bool whose output ends in a loop: a span length whose run reaches its `need` and whose last
-    span is not one token repeated (`gap`: repeat_gaps)."""
-    return ((run >= need) & (run[:, :1] < gap)).any(dim=-1)

@@ -143,4 +143,13 @@ def whisper_specs() -> list[Spec]:
         cx = {"TIMESTAMPS": ts, "BLOCK": c["BLOCK"]}
         variant = f"whisper vocabulary 51864 / 51866 pick{' + timestamp rules' if ts else ''}"
         out.append(make_spec(wp._whisper_pick_kernel, variant, pt, cx, c, ("x_ptr", "sup_ptr", "st_ptr", "sx")))
+    # the repetition stop's step in a language model's decode block (kernels/triton_repeats.py)
+    from . import triton_repeats as tr
+
+    pt = {n: "*i64" for n in ("last_ptr", "run_ptr", "need_ptr", "t_ptr", "last_out", "run_out")}
+    pt.update({"done_ptr": "*u8", "done_out": "*u8", **int_args("sl", "sr", "sn")})
+    rp = ("last_ptr", "run_ptr", "need_ptr", "last_out", "run_out", "sl", "sr", "sn")
+    out.append(
+        make_spec(tr._repeat_step_kernel, "repetition stop step, 32 span lengths", pt, {"P": 32}, {"num_warps": 1}, rp)
+    )
     return out

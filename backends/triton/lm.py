@@ -127,6 +127,12 @@ class TritonLMRunner(TorchLMRunner):
         self.prefill_graphs_enabled = True
         self.loops = GraphCache(MAX_LOOP_GRAPHS)
         self.loops_enabled = True  # False after a block this device refused: one step at a time from then on
+        # the repetition stop's step in a block: one Triton launch with the Triton kernel set, else the torch ops
+        if self.ops.sources.get("linear") == "triton":
+            from speechrt.kernels.triton_repeats import repeat_advance
+        else:
+            from speechrt.kernels.reference_repeats import repeat_advance
+        self.repeat_advance = repeat_advance
 
     def _fused_why(self, fused: bool) -> str | None:
         """Why decode steps run unfused, or None: they run in the fused kernels."""
@@ -247,7 +253,16 @@ class TritonLMRunner(TorchLMRunner):
             loop = self.loops.get(
                 key,
                 lambda: DecodeLoop(
-                    self.decode_range, cache, n, steps, rows.features, vocab, width, self.capture, window
+                    self.decode_range,
+                    cache,
+                    n,
+                    steps,
+                    rows.features,
+                    vocab,
+                    width,
+                    self.capture,
+                    window,
+                    self.repeat_advance,
                 ),
             )
             ids, ran = loop(slots, tokens.to(self.device), lengths, rows, left, stops, repeats)
