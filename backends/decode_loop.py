@@ -6,13 +6,14 @@ A block of K steps runs over slots 0..n-1 of the cache on static buffers, as the
 (backends/sampling.py: greedy, temperature / top-k / top-p, logit bias, penalties, with a counter-based
 noise per request) and write it to a [rows, K] buffer; a row whose token is one of its stop ids, whose
 budget of tokens (`left`) is spent, or whose output now ends in a loop (the repetition stop, `stop_repeats`:
-backends/token_repeats.py's rule as tensor ops, over each row's last output tokens given at the block's
-start) is done: from the next step on it feeds nothing (it writes at its length, past what it holds, as the
-rows not stepped do) and its position, counter and step count stop. The `seen` and `counts` of the
-penalties are updated inside the block on copies; the caller keeps its own. What needs the host per token
-stays out: stop strings are checked by the caller as it delivers the block's tokens, which then rewinds the
-cache's length of a row it ended early (the caller checks the repetition stop there too, and finds the rows
-the device ended by it ended at the same token); grammars and logprobs run in the one-step path.
+backends/token_repeats.py's rule as tensor ops over each row's last output tokens given at the block's
+start, its step one launch with the Triton kernels, kernels/triton_repeats.py) is done: from the next step
+on it feeds nothing (it writes at its length, past what it holds, as the rows not stepped do) and its
+position, counter and step count stop. The `seen` and `counts` of the penalties are updated inside the
+block on copies; the caller keeps its own. What needs the host per token stays out: stop strings are
+checked by the caller as it delivers the block's tokens, which then rewinds the cache's length of a row it
+ended early (the caller checks the repetition stop there too, and finds the rows the device ended by it
+ended at the same token); grammars and logprobs run in the one-step path.
 """
 
 from __future__ import annotations

@@ -44,9 +44,8 @@ log = logging.getLogger(__name__)
 
 MAX_GRAPHS = 16  # (cache, rows) pairs; each graph pins the cache and a small memory pool
 PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512)  # prompt lengths a prefill graph is captured for
-MAX_LOOP_GRAPHS = (
-    32  # (cache, rows, steps, sampling features, stop width, repeat window) blocks of several decode steps
-)
+# blocks of several decode steps: (cache, rows, steps, sampling features, stop width, repeat window)
+MAX_LOOP_GRAPHS = 32
 MAX_PREFILL_GRAPHS = 12  # (batch, bucket) pairs; a 512-token bucket of 8 prompts pools ~100 MB (bf16, 135M)
 
 
