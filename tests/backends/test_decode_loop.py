@@ -5,6 +5,7 @@ seeded sampling is reproducible alone or in a batch, and draws from the right di
 
 from __future__ import annotations
 
+import os
 from functools import partial
 
 import pytest
@@ -274,11 +275,21 @@ def looping(stop_repeats: int, bias: tuple[int, ...], penalty: float = 2.0) -> G
     )
 
 
-def test_a_looping_reply_ends_in_its_block(runner, monkeypatch):
+@pytest.mark.parametrize("kernel", ["torch", "triton"])
+def test_a_looping_reply_ends_in_its_block(runner, monkeypatch, kernel):
     """Replies that fall into loops (different spans and stop_repeats in one batch, beside one with the stop off
     and one that never loops) end by 'repetition' at the same token with the same tokens and cache contents in
     blocks of 4 and 8 as one step at a time; and the device stopped each row there: the steps it computed per
-    request are the tokens the host kept (none rewound)."""
+    request are the tokens the host kept (none rewound). The repetition stop's step in torch ops or its Triton
+    kernel (kernels/triton_repeats.py, interpreted on the CPU)."""
+    if kernel == "triton":  # (blocks of 8 only: the interpreter is slow)
+        pytest.importorskip("triton")
+        if os.environ.get("SPEECHRT_TEST_DEVICE", "cpu") != "cpu":
+            pytest.skip("the runner here is on the CPU: its kernel interpreted")
+        from speechrt.kernels.triton_repeats import repeat_advance
+
+        monkeypatch.setenv("TRITON_INTERPRET", "1")  # (tests/conftest.py imported the kernel interpreted)
+        monkeypatch.setattr(runner, "repeat_advance", repeat_advance)
     jobs = [
         (prompt(0), looping(2, (40, 41, 42))),
         (prompt(1), looping(3, (40, 41))),
@@ -307,7 +318,7 @@ def test_a_looping_reply_ends_in_its_block(runner, monkeypatch):
 
     monkeypatch.setattr(runner, "decode_loop", loop)
     monkeypatch.setattr(runner, "decode_step", step)
-    for k in (4, 8):
+    for k in (4, 8) if kernel == "torch" else (8,):
         steps.clear()
         runner.loops.items.clear()
         got = run(runner, jobs, block=k)
