@@ -18,6 +18,7 @@ last `repeat_window(times)` output tokens (repeat_runs).
 from __future__ import annotations
 
 import array
+import functools
 
 import torch
 
@@ -55,6 +56,7 @@ def repeating(tokens: list[int], times: int) -> bool:
 # -- the same rule as tensor ops (no host sync, static shapes: a CUDA graph captures them) ---------------------
 
 
+@functools.cache  # (asked per row per block)
 def repeat_window(times: int) -> int:
     """Output tokens the device rule reads back at a block's start for `times`: the longest loop it can find,
     reps(p) * p over p (at least MAX_PERIOD, the tokens a step compares with)."""
