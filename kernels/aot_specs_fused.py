@@ -158,4 +158,13 @@ def whisper_specs() -> list[Spec]:
         cx = {"BLOCK_C": sc["BLOCK_C"]}
         variant = f"whisper pick, merge of {sc['CHUNKS']} chunks ({rows} row{'s' if rows > 1 else ''}, 132 SMs)"
         out.append(make_spec(wp._whisper_pick_combine_kernel, variant, pm, cx, {"num_warps": 1}, ("pf_ptr", "pi_ptr")))
+    # the repetition stop's step in a language model's decode block (kernels/triton_repeats.py)
+    from . import triton_repeats as tr
+
+    pt = {n: "*i64" for n in ("last_ptr", "run_ptr", "need_ptr", "t_ptr", "last_out", "run_out")}
+    pt.update({"done_ptr": "*u8", "done_out": "*u8", **int_args("sl", "sr", "sn")})
+    rp = ("last_ptr", "run_ptr", "need_ptr", "last_out", "run_out", "sl", "sr", "sn")
+    out.append(
+        make_spec(tr._repeat_step_kernel, "repetition stop step, 32 span lengths", pt, {"P": 32}, {"num_warps": 1}, rp)
+    )
     return out

@@ -31,6 +31,7 @@ if (
         importlib.import_module("speechrt.kernels.triton_fused_whisper")
         importlib.import_module("speechrt.kernels.triton_fused_quant")
         importlib.import_module("speechrt.kernels.triton_whisper_pick")
+        importlib.import_module("speechrt.kernels.triton_repeats")
     finally:
         if _prev is None:
             os.environ.pop("TRITON_INTERPRET")

@@ -36,7 +36,7 @@ from speechrt.models.llama_fused import FLOAT_FORMATS, decode_range_fused, fused
 
 from ..base import check_prefill
 from ..cuda_graphs import CapturedStep, GraphCache, rows_bucket
-from ..decode_loop import DecodeLoop, stop_width
+from ..decode_loop import DecodeLoop, repeat_width, stop_width
 from ..torch.lm import TorchLMRunner
 from ..torch.lm import build as build_torch
 
@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 
 MAX_GRAPHS = 16  # (cache, rows) pairs; each graph pins the cache and a small memory pool
 PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512)  # prompt lengths a prefill graph is captured for
-MAX_LOOP_GRAPHS = 32  # (cache, rows, steps, sampling features, stop width) blocks of several decode steps
+# blocks of several decode steps: (cache, rows, steps, sampling features, stop width, repeat window)
+MAX_LOOP_GRAPHS = 32
 MAX_PREFILL_GRAPHS = 12  # (batch, bucket) pairs; a 512-token bucket of 8 prompts pools ~100 MB (bf16, 135M)
 
 
@@ -125,6 +126,12 @@ class TritonLMRunner(TorchLMRunner):
         self.prefill_graphs_enabled = True
         self.loops = GraphCache(MAX_LOOP_GRAPHS)
         self.loops_enabled = True  # False after a block this device refused: one step at a time from then on
+        # the repetition stop's step in a block: one Triton launch with the Triton kernel set, else the torch ops
+        if self.ops.sources.get("linear") == "triton":
+            from speechrt.kernels.triton_repeats import repeat_advance
+        else:
+            from speechrt.kernels.reference_repeats import repeat_advance
+        self.repeat_advance = repeat_advance
 
     def _fused_why(self, fused: bool) -> str | None:
         """Why decode steps run unfused, or None: they run in the fused kernels."""
@@ -216,10 +223,14 @@ class TritonLMRunner(TorchLMRunner):
         return logits
 
     @torch.inference_mode()
-    def decode_loop(self, cache, slots, tokens: torch.Tensor, rows, steps: int, left: list[int], stops: list):
+    def decode_loop(
+        self, cache, slots, tokens: torch.Tensor, rows, steps: int, left: list[int], stops: list, repeats=None
+    ):
         """`steps` decode steps of `slots` in one call (backends/decode_loop.py: one graph replay on a GPU):
         tokens [N] fed first, then each row's sampled token, with the sampling options `rows`
-        (backends.sampling.SamplingRows of N rows); a row stops after one of its `stops` ids or `left` tokens
+        (backends.sampling.SamplingRows of N rows); a row stops after one of its `stops` ids, `left` tokens, or
+        a token that ends its output in a loop (`repeats`: per row (stop_repeats, its output tokens so far), or
+        None: no row has the repetition stop; backends/token_repeats.py)
         -> (each row's `steps` tokens, how many of them it made), each slot's length advanced by the latter.
         None where the block cannot run (graphs off, a slot given twice, a row of the range full, a budget
         past the cache): the caller steps one at a time. `steps` must not exceed any `left`."""
@@ -235,12 +246,25 @@ class TritonLMRunner(TorchLMRunner):
         ):
             return None
         width, vocab = stop_width(stops), self.config.vocab_size
-        key = (cache.k.data_ptr(), cache.v.data_ptr(), n, steps, rows.features, width)
+        window = repeat_width([t for t, _ in repeats or ()])
+        key = (cache.k.data_ptr(), cache.v.data_ptr(), n, steps, rows.features, width, window)
         try:  # the cache's lengths change only below, so a block that fails leaves the one-step path intact
             loop = self.loops.get(
-                key, lambda: DecodeLoop(self.decode_range, cache, n, steps, rows.features, vocab, width, self.capture)
+                key,
+                lambda: DecodeLoop(
+                    self.decode_range,
+                    cache,
+                    n,
+                    steps,
+                    rows.features,
+                    vocab,
+                    width,
+                    self.capture,
+                    window,
+                    self.repeat_advance,
+                ),
             )
-            ids, ran = loop(slots, tokens.to(self.device), lengths, rows, left, stops)
+            ids, ran = loop(slots, tokens.to(self.device), lengths, rows, left, stops, repeats)
         except Exception:  # noqa: BLE001 - a capture this device refuses: decode one step at a time from now on
             log.exception("a decode block of %d steps over %d rows failed; decoding one step at a time", steps, n)
             self.loops_enabled = False

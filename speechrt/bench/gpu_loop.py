@@ -1,12 +1,14 @@
 """`bench gpu --checks lm-loop`: the language model's decode loop on the device (backends/decode_loop.py)
 against one step per replay: greedy tokens per second at batch 1 and 8 with blocks of K = 1 and 8 steps
 (SmolLM2-135M bf16 from graphs on a GPU, 64 tokens; float32 uncaptured with `--device cpu`, 16 tokens), and the
-same ids."""
+same ids; and replies forced into loops end by the repetition stop at the same token in both (the stop on the
+device, backends/token_repeats.py)."""
 
 from __future__ import annotations
 
 import statistics
 import time
+from functools import partial
 
 from speechrt.backends.threads import cpu_threads
 from speechrt.bench.record import Repeats, Results, gpu_record
@@ -42,6 +44,37 @@ def generate(runner, tokenizer, prompts: list[list[int]], tokens: int, block: in
     return ids, time.perf_counter() - t
 
 
+def looped(runner, tokenizer, prompts: list[list[int]], block: int) -> list[tuple[list[int], str]]:
+    """Replies to `prompts` forced into loops (one token biased far above the rest; or three, the most used
+    penalized, so that they cycle) with the repetition stop on, in blocks of `block` steps -> each reply's ids
+    and finish reason."""
+    from speechrt.pipelines.generation import GenerationOptions
+    from speechrt.pipelines.lm_batching import ContinuousBatcher, LMRequest
+
+    opts = [
+        GenerationOptions(max_tokens=40, stop_token_ids=(), stop_repeats=2, logit_bias={40: 100.0}),
+        GenerationOptions(
+            max_tokens=40,
+            stop_token_ids=(),
+            stop_repeats=3,
+            logit_bias={t: 100.0 for t in (40, 41, 42)},
+            frequency_penalty=2.0,
+        ),
+    ]
+    b = ContinuousBatcher(runner, tokenizer, max_batch=len(prompts), max_seq=max(map(len, prompts)) + 41, block=block)
+    ids, reasons = [[] for _ in prompts], [""] * len(prompts)
+
+    def emit(i, piece):
+        ids[i].append(piece.token)
+        reasons[i] = piece.finish_reason or ""
+
+    for i, p in enumerate(prompts):
+        b.submit(LMRequest(list(p), opts[i % len(opts)], partial(emit, i)))
+    while b.has_work():
+        b.step()
+    return list(zip(ids, reasons))
+
+
 def compare_blocks(
     runner, tokenizer, prompts, dev, out: Results, model: str, precision: str, tokens: int = 64, repeats: int = 3
 ):
@@ -57,7 +90,7 @@ def compare_blocks(
             ids = runs[0][0]
             ref = ref or ids
             if ids != ref:
-                bad.append(f"batch {batch}, K={k}")
+                bad.append(f"the greedy ids differ at batch {batch}, K={k}")
             rates = [batch * (tokens - 1) / s for _, s in runs]
             speed[k] = statistics.median(rates)
             out.records.append(
@@ -76,8 +109,14 @@ def compare_blocks(
                 )
             )
         lines.append(f"batch {batch}: {speed[1]:.3g} -> {speed[8]:.3g} tok/s ({speed[8] / speed[1]:.2f}x)")
+    loops = looped(runner, tokenizer, prompts, 1)
+    if looped(runner, tokenizer, prompts, 8) != loops:
+        bad.append("replies forced into loops end elsewhere (the repetition stop)")
+    if "repetition" not in {r for _, r in loops}:
+        bad.append("replies forced into loops: none ended by the repetition stop")
     if bad:
-        return "fail", f"greedy ids of blocks of 8 steps differ from one step per replay at {', '.join(bad)}"
+        return "fail", "blocks of 8 steps against one step per replay: " + "; ".join(bad)
+    lines.append(f"{sum(r == 'repetition' for _, r in loops)} of {len(loops)} forced loops stopped alike")
     return "pass", f"K=1 -> K=8, same greedy ids ({precision}): " + "; ".join(lines)
 
 

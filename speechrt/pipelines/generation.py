@@ -138,7 +138,7 @@ class Piece(NamedTuple):
 
     text: str  # new text (may be empty when a token only completed part of a character)
     finish_reason: str | None = None  # None while running, then "stop" (stop token/string), "length", "repetition"
-    # (the reply repeats itself: see token_repeats.repeating) or "cancelled"
+    # (the reply repeats itself: see speechrt.backends.token_repeats) or "cancelled"
     token: int | None = None  # the token that produced it
     logprob: float | None = None  # its log probability, if the options ask for logprobs (not for a stop token)
     top: tuple[tuple[int, float], ...] = ()  # then the `logprobs` likeliest tokens there: (id, log probability)

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from speechrt.backends.token_repeats import repeating
+
 from .generation import GenerationOptions, Piece, Sampler, StreamEvent, TextStream, check_bias, check_prompts
 from .grammar import Constraint, GrammarError, mask_rows
 from .lm_blocks import check_block, decode_block
 from .lm_slots import SlotPool
-from .token_repeats import repeating
 
 BLOCK = 8  # decode steps per replay where the runner runs them on the device (ContinuousBatcher.block)
 

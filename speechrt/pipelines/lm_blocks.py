@@ -24,9 +24,11 @@ def decode_block(batcher, rows: list[int], reqs: list) -> bool:
     """Up to `batcher.block` decode steps of the running requests `reqs` (in `rows`) in one runner call
     (`decode_loop`; a power of two no more than any request's remaining budget) -> False where none applies,
     and the caller steps once: the runner has no loop, or a request needs the host per token (a grammar's
-    mask, logprobs). Each row's tokens are delivered in order as the one-step path delivers them; a row the
-    host ends before the device did (a stop string, the repetition stop, a cancel) has its cache length put
-    back to the tokens it fed."""
+    mask, logprobs). The device ends a row at a stop id, its budget or the repetition stop (stop_repeats, on
+    each row's output so far: backends/token_repeats.py); each row's tokens are delivered in order as the
+    one-step path delivers them, whose checks stay the authority: a row the host ends before the device did (a
+    stop string, a cancel, the repetition stop of a stop_repeats past decode_loop.MAX_WINDOW) has its cache
+    length put back to the tokens it fed."""
     loop = getattr(batcher.runner, "decode_loop", None)
     if (
         loop is None
@@ -41,7 +43,8 @@ def decode_block(batcher, rows: list[int], reqs: list) -> bool:
     k = 1 << (k.bit_length() - 1)  # a power of two: a few captured blocks serve every budget
     sampling = SamplingRows.stack([r.sampler.row(r.seen) for r in reqs], [r.sampler.drawn for r in reqs])
     tokens = torch.tensor([r.last for r in reqs], dtype=torch.long)
-    res = loop(batcher.cache, rows, tokens, sampling, k, budgets, [tuple(r.stop_ids) for r in reqs])
+    repeats = [(r.options.stop_repeats, r.out) for r in reqs] if any(r.options.stop_repeats for r in reqs) else None
+    res = loop(batcher.cache, rows, tokens, sampling, k, budgets, [tuple(r.stop_ids) for r in reqs], repeats)
     if res is None:
         return False
     lengths = batcher.cache.lengths

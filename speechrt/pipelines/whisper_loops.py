@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from speechrt.backends.token_repeats import repeat_period
 from speechrt.models.whisper_tokenizer import WhisperTokenizer
 
 from .speech_regions import compression_ratio
-from .token_repeats import repeat_period
 
 if TYPE_CHECKING:
     from .whisper_decoding import WindowResult

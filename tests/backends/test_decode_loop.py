@@ -5,6 +5,7 @@ seeded sampling is reproducible alone or in a batch, and draws from the right di
 
 from __future__ import annotations
 
+import os
 from functools import partial
 
 import pytest
@@ -222,12 +223,13 @@ def test_the_noise_never_outbids_a_masked_token():
 
 def test_lm_loop_bench_check_runs_on_the_cpu(runner):
     """`bench gpu --checks lm-loop`'s comparison (gpu_loop.compare_blocks) on the tiny model, uncaptured: it
-    passes (the ids of K = 8 are K = 1's) and records tokens per second of each K at batch 1 and 3."""
+    passes (the ids of K = 8 are K = 1's, replies forced into loops end by repetition alike) and records tokens
+    per second of each K at batch 1 and 3."""
     out = Results()
     status, detail = compare_blocks(
         runner, runner.tokenizer, [prompt(i) for i in range(3)], CPU, out, "tiny", "float32", 12, 1
     )
-    assert status == "pass", detail
+    assert status == "pass" and "forced loops stopped alike" in detail, detail
     got = {(r.params["batch"], r.params["steps_per_replay"]) for r in out.records}
     assert got == {(1, 1), (1, 8), (3, 1), (3, 8)} and all(r.value > 0 for r in out.records)
 
@@ -259,3 +261,68 @@ def test_a_request_cancelled_mid_block_gets_no_more_tokens(runner):
     got, kept = out[8]
     assert [r for _, r in got[0]] == [None, None, "cancelled"] and len(got[1]) == 12
     assert all(len(ids) == n for ids, n in kept.values())
+
+
+def looping(stop_repeats: int, bias: tuple[int, ...], penalty: float = 2.0) -> GenerationOptions:
+    """Greedy over a few tokens biased far above the rest, the most used one penalized: the tiny model cycles
+    through them in loops of 2 to 10 tokens (one token biased: a run of it)."""
+    return GenerationOptions(
+        max_tokens=40,
+        stop_repeats=stop_repeats,
+        stop_token_ids=(),
+        logit_bias={t: 100.0 for t in bias},
+        frequency_penalty=penalty if len(bias) > 1 else 0.0,
+    )
+
+
+@pytest.mark.parametrize("kernel", ["torch", "triton"])
+def test_a_looping_reply_ends_in_its_block(runner, monkeypatch, kernel):
+    """Replies that fall into loops (different spans and stop_repeats in one batch, beside one with the stop off
+    and one that never loops) end by 'repetition' at the same token with the same tokens and cache contents in
+    blocks of 4 and 8 as one step at a time; and the device stopped each row there: the steps it computed per
+    request are the tokens the host kept (none rewound). The repetition stop's step in torch ops or its Triton
+    kernel (kernels/triton_repeats.py, interpreted on the CPU)."""
+    if kernel == "triton":  # (blocks of 8 only: the interpreter is slow)
+        pytest.importorskip("triton")
+        if os.environ.get("SPEECHRT_TEST_DEVICE", "cpu") != "cpu":
+            pytest.skip("the runner here is on the CPU: its kernel interpreted")
+        from speechrt.kernels.triton_repeats import repeat_advance
+
+        monkeypatch.setenv("TRITON_INTERPRET", "1")  # (tests/conftest.py imported the kernel interpreted)
+        monkeypatch.setattr(runner, "repeat_advance", repeat_advance)
+    jobs = [
+        (prompt(0), looping(2, (40, 41, 42))),
+        (prompt(1), looping(3, (40, 41))),
+        (prompt(2), looping(4, (40, 41, 42, 43, 44))),
+        (prompt(3), looping(2, (77,))),
+        (prompt(4), looping(0, (77,))),
+        (prompt(5), GenerationOptions(max_tokens=40, stop_token_ids=())),
+    ]
+    want = run(runner, jobs, block=1)
+    reasons = [r for _, r, _ in want[0].values()]
+    assert reasons.count("repetition") >= 3 and reasons[3:] == ["repetition", "length", "length"], reasons
+    assert len(want[0][3][0]) == 8  # one token: 4 * 2 copies
+    steps = {}
+    real_loop, real_step = runner.decode_loop, runner.decode_step
+
+    def loop(cache, slots, *a):
+        res = real_loop(cache, slots, *a)
+        for s, ran in zip(slots, res[1] if res is not None else ()):
+            steps[s] = steps.get(s, 0) + ran
+        return res
+
+    def step(cache, slots, tokens):
+        for s in slots:
+            steps[s] = steps.get(s, 0) + 1
+        return real_step(cache, slots, tokens)
+
+    monkeypatch.setattr(runner, "decode_loop", loop)
+    monkeypatch.setattr(runner, "decode_step", step)
+    for k in (4, 8) if kernel == "torch" else (8,):
+        steps.clear()
+        runner.loops.items.clear()
+        got = run(runner, jobs, block=k)
+        same(got, want)
+        assert max(key[3] for key in runner.loops.items) == k and 128 in {key[-1] for key in runner.loops.items}
+        for slot, (key, ids) in got[2].retained.items():  # one slot per request: what its device steps fed
+            assert steps[slot] == len(ids) - len(jobs[key][0]), (key, steps[slot], len(ids) - len(jobs[key][0]))

@@ -65,6 +65,7 @@ def _kernel_names():
         "speechrt.kernels.triton_fused_whisper",
         "speechrt.kernels.triton_fused_quant",
         "speechrt.kernels.triton_whisper_pick",
+        "speechrt.kernels.triton_repeats",
     ]:
         m = importlib.import_module(mod)
         names |= {n for n in vars(m) if n.startswith("_") and n.endswith("_kernel")}
