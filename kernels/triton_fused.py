@@ -41,21 +41,22 @@ def rnd(x, DT: tl.constexpr):
 
 @triton.jit
 def _norm_dot_pair(
-    x_ptr, g_ptr, w_ptr, rm, cols, rmask, cmask, second, K, sxm, sxk, swn, swk, eps,
+    x_ptr, g_ptr, w_ptr, rm, cols, rmask, cmask, second, k_lo, k_hi, sxm, sxk, swn, swk,
     DT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """RMSNorm folded into two projections that share their input: (x[rm] * g) @ W[cols].T and @ W[cols +
-    second].T in float32 over the whole K, and each row's 1 / rms(x) (rstd) to scale them by. The normed input is
-    rounded to DT, as the unfused norm leaves it."""
+    second].T in float32 over the columns k_lo .. k_hi of x (all K, or a split's share), and each row's sum of
+    squares there (rstd() of the whole row's scales them). The normed input is rounded to DT, as the unfused norm
+    leaves it."""
     rk = tl.arange(0, BLOCK_K)
-    px = x_ptr + rm[:, None].to(tl.int64) * sxm + rk[None, :] * sxk  # [BLOCK_M, BLOCK_K]
-    pw = w_ptr + cols[None, :] * swn + rk[:, None] * swk  # [BLOCK_K, BLOCK_N] = W.T tile
+    px = x_ptr + rm[:, None].to(tl.int64) * sxm + (k_lo + rk)[None, :] * sxk  # [BLOCK_M, BLOCK_K]
+    pw = w_ptr + cols[None, :] * swn + (k_lo + rk)[:, None] * swk  # [BLOCK_K, BLOCK_N] = W.T tile
     acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        km = (k0 + rk) < K
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        km = (k0 + rk) < k_hi
         x = tl.load(px, mask=rmask[:, None] & km[None, :], other=0.0)
         xf = x.to(tl.float32)
         ss += tl.sum(xf * xf, axis=1)
@@ -69,72 +70,65 @@ def _norm_dot_pair(
         acc2 = tl.dot(a, w2, acc2, input_precision=PRECISION)
         px += BLOCK_K * sxk
         pw += BLOCK_K * swk
-    return acc1, acc2, 1.0 / tl.sqrt(ss / K + eps)
+    return acc1, acc2, ss
+
+
+@triton.jit
+def rstd(ss, K, eps):
+    """1 / rms of rows of K columns from their sums of squares."""
+    return 1.0 / tl.sqrt(ss / K + eps)
+
+
+@triton.jit
+def store_partials(p_ptr, ss_ptr, acc1, acc2, ss, split, rm, mm, cols, cm, second, NW, M, first):
+    """A K split's share of a norm-folded pair of projections, for the second launch (kernels/triton_fused_split.py)
+    to add up: acc1 and acc2 (W's rows cols and cols + second) into p [splits, M, NW] float32, and the rows' sums of
+    squares into ss [splits, M] by the split's `first` program (every program of a split computes them alike)."""
+    pp = p_ptr + (split * M + rm[:, None]).to(tl.int64) * NW + cols[None, :]
+    pm = mm[:, None] & cm[None, :]
+    tl.store(pp, acc1, mask=pm)
+    tl.store(pp + second, acc2, mask=pm)
+    if first:
+        tl.store(ss_ptr + split * M + rm, ss, mask=mm)
 
 
 @triton.jit
 def _norm_qkv_rope_kernel(
-    x_ptr,
-    g_ptr,
-    w_ptr,
-    b_ptr,
-    qn_ptr,
-    kn_ptr,
-    cos_ptr,
-    sin_ptr,
-    pos_ptr,
-    q_ptr,
-    kc_ptr,
-    vc_ptr,
-    M,
-    K,
-    H,
-    HKV,
-    HALF,
-    s0,
-    sxm,
-    sxk,
-    swn,
-    swk,
-    sct,
-    sqm,
-    sqh,
-    skb,
-    skh,
-    skt,
-    svb,
-    svh,
-    svt,
-    eps,
-    HAS_BIAS: tl.constexpr,
-    QK_NORM: tl.constexpr,
-    PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
+    x_ptr, g_ptr, w_ptr, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, p_ptr, ss_ptr,
+    M, K, K_SPLIT, H, HKV, HALF, s0, sxm, sxk, swn, swk, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps,
+    HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    # SPLIT: this program's K split's partial sums go to p / ss (store_partials), the epilogue to a second launch
     DT: tl.constexpr = q_ptr.dtype.element_ty  # the activations' (and the cache's) dtype
-    rm, mm, head, d, dm, col = head_tile(M, HALF, BLOCK_M, BLOCK_HALF)
-    acc1, acc2, rstd = _norm_dot_pair(
-        x_ptr, g_ptr, w_ptr, rm, col, mm, dm, HALF, K, sxm, sxk, swn, swk, eps,
+    rm, mm, head, d, dm, col, split, first = head_tile(M, HALF, BLOCK_M, BLOCK_HALF)
+    k_lo = split * K_SPLIT
+    acc1, acc2, ss = _norm_dot_pair(
+        x_ptr, g_ptr, w_ptr, rm, col, mm, dm, HALF, k_lo, tl.minimum(K, k_lo + K_SPLIT), sxm, sxk, swn, swk,
         DT, PRECISION, UPCAST, BLOCK_M, BLOCK_HALF, BLOCK_K,
     )  # fmt: skip
-    qkv_epilogue(
-        acc1, acc2, rstd, rm, mm, head, d, dm, col, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr,
-        vc_ptr, H, HKV, HALF, s0, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps, HAS_BIAS, QK_NORM,
-    )  # fmt: skip
+    if SPLIT:
+        store_partials(p_ptr, ss_ptr, acc1, acc2, ss, split, rm, mm, col, dm, HALF, (H + 2 * HKV) * 2 * HALF, M, first)
+    else:
+        qkv_epilogue(
+            acc1, acc2, rstd(ss, K, eps), rm, mm, head, d, dm, col, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr,
+            q_ptr, kc_ptr, vc_ptr, H, HKV, HALF, s0, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps, HAS_BIAS,
+            QK_NORM,
+        )  # fmt: skip
 
 
 @triton.jit
 def head_tile(M, HALF, BLOCK_M: tl.constexpr, BLOCK_HALF: tl.constexpr):
-    """A norm_qkv_rope program's share, from its grid (row blocks, H + 2 HKV heads, chunks of D/2): rows rm (mm:
-    which exist), head `head`, its column pairs (d, d + D/2) (dm: which exist) and the first ones' rows of W (col;
-    + HALF for the second)."""
+    """A norm_qkv_rope program's share, from its grid (row blocks, H + 2 HKV heads, K splits x chunks of D/2): rows
+    rm (mm: which exist), head `head`, its column pairs (d, d + D/2) (dm: which exist), the first ones' rows of W
+    (col; + HALF for the second), its K split and whether it is that split's first program."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     head = tl.program_id(1)
-    d = tl.program_id(2) * BLOCK_HALF + tl.arange(0, BLOCK_HALF)
-    return rm, rm < M, head, d, d < HALF, (head * 2 * HALF + d).to(tl.int64)
+    chunks = tl.cdiv(HALF, BLOCK_HALF)
+    chunk = tl.program_id(2) % chunks
+    d = chunk * BLOCK_HALF + tl.arange(0, BLOCK_HALF)
+    col = (head * 2 * HALF + d).to(tl.int64)
+    return rm, rm < M, head, d, d < HALF, col, tl.program_id(2) // chunks, (head == 0) & (chunk == 0)
 
 
 @triton.jit
@@ -233,32 +227,25 @@ def residual_epilogue(acc, rm, rn, M, N, b_ptr, r_ptr, y_ptr, srm, sym, HAS_BIAS
 
 @triton.jit
 def _norm_gate_up_kernel(
-    x_ptr,
-    g_ptr,
-    w_ptr,
-    y_ptr,
-    M,
-    N,
-    K,
-    sxm,
-    sxk,
-    swn,
-    swk,
-    sym,
-    eps,
-    PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    # W [2N, K]: gate rows 0..N-1, up rows N..2N-1; y [M, N] = silu(gate) * up of rmsnorm(x) * g
+    x_ptr, g_ptr, w_ptr, y_ptr, p_ptr, ss_ptr, M, N, K, K_SPLIT, sxm, sxk, swn, swk, sym, eps,
+    SPLIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    # W [2N, K]: gate rows 0..N-1, up rows N..2N-1; y [M, N] = silu(gate) * up of rmsnorm(x) * g. Grid (row blocks,
+    # column blocks, K splits); SPLIT: the partial sums go to p / ss (store_partials), the epilogue to a second launch
     rm, rn = row_col_tile(BLOCK_M, BLOCK_N)
-    acc_g, acc_u, rstd = _norm_dot_pair(
-        x_ptr, g_ptr, w_ptr, rm, rn.to(tl.int64), rm < M, rn < N, N, K, sxm, sxk, swn, swk, eps,
-        y_ptr.dtype.element_ty, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+    split = tl.program_id(2)
+    k_lo = split * K_SPLIT
+    acc_g, acc_u, ss = _norm_dot_pair(
+        x_ptr, g_ptr, w_ptr, rm, rn.to(tl.int64), rm < M, rn < N, N, k_lo, tl.minimum(K, k_lo + K_SPLIT), sxm, sxk,
+        swn, swk, y_ptr.dtype.element_ty, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
-    gate_up_epilogue(acc_g, acc_u, rstd, rm, rn, M, N, y_ptr, sym)
+    if SPLIT:
+        store_partials(
+            p_ptr, ss_ptr, acc_g, acc_u, ss, split, rm, rm < M, rn, rn < N, N, 2 * N, M, tl.program_id(1) == 0
+        )
+    else:
+        gate_up_epilogue(acc_g, acc_u, rstd(ss, K, eps), rm, rn, M, N, y_ptr, sym)
 
 
 @triton.jit
@@ -312,24 +299,54 @@ def launch_qkv(
     q = torch.empty((M, n_heads, D), dtype=x.dtype, device=x.device)
     if not M:
         return q
+    from . import triton_fused_split as fs
+
     qk_norm = q_norm is not None
     c = cfg(M, x.dtype, half, qk_norm)
     grid = (triton.cdiv(M, c["BLOCK_M"]), n_heads + 2 * Hkv, triton.cdiv(half, c["BLOCK_HALF"]))
-    kernel[grid](
-        x_ptr=x, g_ptr=norm_w, b_ptr=bias if bias is not None else norm_w,
-        qn_ptr=q_norm if qk_norm else norm_w, kn_ptr=k_norm if qk_norm else norm_w,
-        cos_ptr=cos, sin_ptr=sin, pos_ptr=pos, q_ptr=q, kc_ptr=k_cache, vc_ptr=v_cache,
-        M=M, K=K, H=n_heads, HKV=Hkv, HALF=half, s0=s0, sxm=x.stride(0), sxk=x.stride(1), sct=cos.stride(0),
-        sqm=q.stride(0), sqh=q.stride(1), skb=k_cache.stride(0), skh=k_cache.stride(1), skt=k_cache.stride(2),
-        svb=v_cache.stride(0), svh=v_cache.stride(1), svt=v_cache.stride(2), eps=eps,
-        HAS_BIAS=bias is not None, QK_NORM=qk_norm, PRECISION=precision(x.dtype), UPCAST=upcast(x.dtype), **w, **c,
+    splits, k_split, parts = fs.partials(grid[0] * grid[1] * grid[2], K, c["BLOCK_K"], M, grid[1] * D, q)
+    epilogue = dict(
+        b_ptr=bias if bias is not None else norm_w, qn_ptr=q_norm if qk_norm else norm_w,
+        kn_ptr=k_norm if qk_norm else norm_w, cos_ptr=cos, sin_ptr=sin, pos_ptr=pos, q_ptr=q, kc_ptr=k_cache,
+        vc_ptr=v_cache, M=M, K=K, H=n_heads, HKV=Hkv, HALF=half, s0=s0, sct=cos.stride(0), sqm=q.stride(0),
+        sqh=q.stride(1), skb=k_cache.stride(0), skh=k_cache.stride(1), skt=k_cache.stride(2), svb=v_cache.stride(0),
+        svh=v_cache.stride(1), svt=v_cache.stride(2), eps=eps, HAS_BIAS=bias is not None, QK_NORM=qk_norm,
     )  # fmt: skip
+    kernel[(grid[0], grid[1], grid[2] * splits)](
+        x_ptr=x, g_ptr=norm_w, K_SPLIT=k_split, sxm=x.stride(0), sxk=x.stride(1), SPLIT=splits > 1,
+        PRECISION=precision(x.dtype), UPCAST=upcast(x.dtype), **parts, **w, **c, **epilogue,
+    )  # fmt: skip
+    if splits > 1:
+        fs.sum_qkv(grid, splits, parts, c, epilogue)
     return q
 
 
+def launch_gate_up(kernel, w: dict, x, norm_w, eps, n: int, cfg) -> torch.Tensor:
+    """Launches a norm_gate_up kernel (this module's or a quantized one's) with the weight's arguments `w`, K split
+    among programs as kernels/triton_fused_split.py decides; cfg(M, dtype) gives its tiles. Returns y [M, n]."""
+    from . import triton_fused_split as fs
+
+    x = as_rows(x)
+    M, K = x.shape
+    y = torch.empty((M, n), dtype=x.dtype, device=x.device)
+    if not M:
+        return y
+    c = cfg(M, x.dtype)
+    grid = (triton.cdiv(M, c["BLOCK_M"]), triton.cdiv(n, c["BLOCK_N"]))
+    splits, k_split, parts = fs.partials(grid[0] * grid[1], K, c["BLOCK_K"], M, 2 * n, y)
+    kernel[(*grid, splits)](
+        x_ptr=x, g_ptr=norm_w, y_ptr=y, M=M, N=n, K=K, K_SPLIT=k_split, sxm=x.stride(0), sxk=x.stride(1),
+        sym=y.stride(0), eps=eps, SPLIT=splits > 1, PRECISION=precision(x.dtype), UPCAST=upcast(x.dtype), **parts,
+        **w, **c,
+    )  # fmt: skip
+    if splits > 1:
+        fs.sum_gate_up(grid, splits, parts, c, y, K, eps)
+    return y
+
+
 def launch_rows(kernel, w: dict, x, n: int, cfg, **kw) -> torch.Tensor:
-    """Launches a kernel of a (row blocks, column blocks) grid writing y [M, n] from x [M, K] with the weight's
-    arguments `w` and `kw` (the others); cfg(M, dtype) gives its tiles."""
+    """Launches a kernel (linear_residual's) of a (row blocks, column blocks) grid writing y [M, n] from x [M, K]
+    with the weight's arguments `w` and `kw` (the others); cfg(M, dtype) gives its tiles."""
     x = as_rows(x)
     M, K = x.shape
     y = torch.empty((M, n), dtype=x.dtype, device=x.device)
@@ -375,8 +392,7 @@ def linear_residual(
 
 def norm_gate_up(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w_gate_up: torch.Tensor) -> torch.Tensor:
     """See kernels.reference.norm_gate_up."""
-    kw = {"g_ptr": norm_w, "eps": eps}
-    return launch_rows(_norm_gate_up_kernel, weight_args(w_gate_up), x, w_gate_up.shape[0] // 2, config, **kw)
+    return launch_gate_up(_norm_gate_up_kernel, weight_args(w_gate_up), x, norm_w, eps, w_gate_up.shape[0] // 2, config)
 
 
 OPS = {"norm_qkv_rope": norm_qkv_rope, "linear_residual": linear_residual, "norm_gate_up": norm_gate_up}
