@@ -14,7 +14,10 @@ roundings differ from the unfused path's only there (normalized x is not rounded
 before the weight multiply): within 16-bit tolerance, exact in float32 up to summation order.
 
 Projection tiles: a program holds BLOCK_M rows and, for Q/K/V, BLOCK_HALF column pairs (d, d + D/2) of one
-head, so the rotary pairs meet in registers (with per-head norms, the whole head: its sum of squares). The
+head, so the rotary pairs meet in registers (with per-head norms, the whole head: its sum of squares). A grid of
+fewer programs than the GPU has SMs (a one-row step: the 1B shape's Q/K/V, 96 programs) splits K among programs
+(SPLIT): each split stores its partial sums and sums of squares, and a second launch adds them up and runs the
+same epilogue (kernels/triton_fused_split.py, which decides the splits). The
 references are kernels.reference.norm_qkv_rope / linear_residual / norm_gate_up."""
 
 from __future__ import annotations
@@ -74,6 +77,18 @@ def _norm_dot_pair(
 
 
 @triton.jit
+def k_range(split, K_SPLIT, K, SPLIT: tl.constexpr):
+    """The columns k_lo .. k_hi of x that a program's K loop covers: its split's with SPLIT, else all K (the loop of
+    the unsplit kernels as it was: bounds the compiler knows start at 0)."""
+    k_lo = 0
+    k_hi = K
+    if SPLIT:
+        k_lo = split * K_SPLIT
+        k_hi = tl.minimum(K, k_lo + K_SPLIT)
+    return k_lo, k_hi
+
+
+@triton.jit
 def rstd(ss, K, eps):
     """1 / rms of rows of K columns from their sums of squares."""
     return 1.0 / tl.sqrt(ss / K + eps)
@@ -101,10 +116,10 @@ def _norm_qkv_rope_kernel(
 ):  # fmt: skip
     # SPLIT: this program's K split's partial sums go to p / ss (store_partials), the epilogue to a second launch
     DT: tl.constexpr = q_ptr.dtype.element_ty  # the activations' (and the cache's) dtype
-    rm, mm, head, d, dm, col, split, first = head_tile(M, HALF, BLOCK_M, BLOCK_HALF)
-    k_lo = split * K_SPLIT
+    rm, mm, head, d, dm, col, split, first = head_tile(M, HALF, BLOCK_M, BLOCK_HALF, SPLIT)
+    k_lo, k_hi = k_range(split, K_SPLIT, K, SPLIT)
     acc1, acc2, ss = _norm_dot_pair(
-        x_ptr, g_ptr, w_ptr, rm, col, mm, dm, HALF, k_lo, tl.minimum(K, k_lo + K_SPLIT), sxm, sxk, swn, swk,
+        x_ptr, g_ptr, w_ptr, rm, col, mm, dm, HALF, k_lo, k_hi, sxm, sxk, swn, swk,
         DT, PRECISION, UPCAST, BLOCK_M, BLOCK_HALF, BLOCK_K,
     )  # fmt: skip
     if SPLIT:
@@ -118,17 +133,21 @@ def _norm_qkv_rope_kernel(
 
 
 @triton.jit
-def head_tile(M, HALF, BLOCK_M: tl.constexpr, BLOCK_HALF: tl.constexpr):
-    """A norm_qkv_rope program's share, from its grid (row blocks, H + 2 HKV heads, K splits x chunks of D/2): rows
-    rm (mm: which exist), head `head`, its column pairs (d, d + D/2) (dm: which exist), the first ones' rows of W
-    (col; + HALF for the second), its K split and whether it is that split's first program."""
+def head_tile(M, HALF, BLOCK_M: tl.constexpr, BLOCK_HALF: tl.constexpr, SPLIT: tl.constexpr = False):
+    """A norm_qkv_rope program's share, from its grid (row blocks, H + 2 HKV heads, chunks of D/2; with SPLIT, K
+    splits x chunks): rows rm (mm: which exist), head `head`, its column pairs (d, d + D/2) (dm: which exist), the
+    first ones' rows of W (col; + HALF for the second), its K split and whether it is that split's first program."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     head = tl.program_id(1)
-    chunks = tl.cdiv(HALF, BLOCK_HALF)
-    chunk = tl.program_id(2) % chunks
+    chunk = tl.program_id(2)
+    split = 0
+    if SPLIT:
+        chunks = tl.cdiv(HALF, BLOCK_HALF)
+        split = chunk // chunks
+        chunk = chunk % chunks
     d = chunk * BLOCK_HALF + tl.arange(0, BLOCK_HALF)
     col = (head * 2 * HALF + d).to(tl.int64)
-    return rm, rm < M, head, d, d < HALF, col, tl.program_id(2) // chunks, (head == 0) & (chunk == 0)
+    return rm, rm < M, head, d, d < HALF, col, split, (head == 0) & (chunk == 0)
 
 
 @triton.jit
@@ -235,9 +254,9 @@ def _norm_gate_up_kernel(
     # column blocks, K splits); SPLIT: the partial sums go to p / ss (store_partials), the epilogue to a second launch
     rm, rn = row_col_tile(BLOCK_M, BLOCK_N)
     split = tl.program_id(2)
-    k_lo = split * K_SPLIT
+    k_lo, k_hi = k_range(split, K_SPLIT, K, SPLIT)
     acc_g, acc_u, ss = _norm_dot_pair(
-        x_ptr, g_ptr, w_ptr, rm, rn.to(tl.int64), rm < M, rn < N, N, k_lo, tl.minimum(K, k_lo + K_SPLIT), sxm, sxk,
+        x_ptr, g_ptr, w_ptr, rm, rn.to(tl.int64), rm < M, rn < N, N, k_lo, k_hi, sxm, sxk,
         swn, swk, y_ptr.dtype.element_ty, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
     if SPLIT:
@@ -287,7 +306,8 @@ def launch_qkv(
     kernel, w: dict, x, norm_w, eps, n_heads, cos, sin, pos, k_cache, v_cache, s0, bias, q_norm, k_norm, cfg
 ):
     """Checks and launches a norm_qkv_rope kernel (this module's, or a quantized one's: kernels/triton_fused_quant.py)
-    with the weight's arguments `w`; cfg(M, dtype, half, whole_head) gives its tiles. Returns Q [M, H, D]."""
+    with the weight's arguments `w`, K split among programs as kernels/triton_fused_split.py decides; cfg(M, dtype,
+    half, whole_head) gives its tiles. Returns Q [M, H, D]."""
     x = as_rows(x)
     M, K = x.shape
     Hkv, D = k_cache.shape[1], k_cache.shape[3]

@@ -125,11 +125,11 @@ def _norm_qkv_rope_q_kernel(
     UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     # as triton_fused._norm_qkv_rope_kernel (its grid, its SPLIT), the weight quantized as FMT
-    rm, mm, head, d, dm, col, split, first = fu.head_tile(M, HALF, BLOCK_M, BLOCK_HALF)
-    k_lo = split * K_SPLIT
+    rm, mm, head, d, dm, col, split, first = fu.head_tile(M, HALF, BLOCK_M, BLOCK_HALF, SPLIT)
+    k_lo, k_hi = fu.k_range(split, K_SPLIT, K, SPLIT)
     NW = (H + 2 * HKV) * 2 * HALF
     acc1, acc2, ss = qdot_pair(
-        x_ptr, g_ptr, w_ptr, sz_ptr, rm, col, mm, dm, HALF, k_lo, tl.minimum(K, k_lo + K_SPLIT), K, G, NW, sxm, sxk,
+        x_ptr, g_ptr, w_ptr, sz_ptr, rm, col, mm, dm, HALF, k_lo, k_hi, K, G, NW, sxm, sxk,
         swn, swk, True, True, FMT, q_ptr.dtype.element_ty, PRECISION, UPCAST, BLOCK_M, BLOCK_HALF, BLOCK_K,
     )  # fmt: skip
     if SPLIT:
@@ -187,9 +187,9 @@ def _norm_gate_up_q_kernel(
     # as triton_fused._norm_gate_up_kernel (W [2N, K]: gate rows, then up rows; its grid, its SPLIT), W as FMT
     rm, rn = fu.row_col_tile(BLOCK_M, BLOCK_N)
     split = tl.program_id(2)
-    k_lo = split * K_SPLIT
+    k_lo, k_hi = fu.k_range(split, K_SPLIT, K, SPLIT)
     acc_g, acc_u, ss = qdot_pair(
-        x_ptr, g_ptr, w_ptr, sz_ptr, rm, rn, rm < M, rn < N, N, k_lo, tl.minimum(K, k_lo + K_SPLIT), K, G, 2 * N,
+        x_ptr, g_ptr, w_ptr, sz_ptr, rm, rn, rm < M, rn < N, N, k_lo, k_hi, K, G, 2 * N,
         sxm, sxk, swn, swk, True, True, FMT, y_ptr.dtype.element_ty, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
     if SPLIT:
@@ -246,15 +246,20 @@ def fused_config(fmt: int, G: int):
     """The tile config of format `fmt` (group size G): triton_fused.config's (same arguments), its K tile cut to
     divide G for int4, and int4 tiles of 32 rows in one stage (two stages spilled on sm_90 in the AOT report). fp8 /
     int8 widen [BLOCK_K, columns] byte tiles to float32 in registers: K tiles of 32 for 32-row tiles and whole heads
-    of 128 (64 spilled on sm_80 / sm_90)."""
+    of 128 (64 spilled on sm_80 / sm_90), and 8 warps, which halve each thread's share of the widened tiles: the
+    norm-folded kernels' registers on sm_80 / sm_90 (AOT report) were 104-230 with 4 warps (gate/up at one row
+    201-211), are 96-156 with 8, no spill, and a one-row step keeps its 64-column K tiles (the bytes in flight of
+    the ~2 programs per SM it runs)."""
 
     def cfg(M, dtype, half=None, whole_head=False):
         c = fu.config(M, dtype, half, whole_head)
         c["BLOCK_K"] = block_k(fmt, G, c["BLOCK_K"])
         if fmt == INT4 and c["BLOCK_M"] > 16:
             c["num_stages"] = 1
-        if fmt != INT4 and (c["BLOCK_M"] > 16 or c.get("BLOCK_HALF", 0) > 32):
-            c["BLOCK_K"] = min(c["BLOCK_K"], 32)
+        if fmt != INT4:
+            c["num_warps"] = 8
+            if c["BLOCK_M"] > 16 or c.get("BLOCK_HALF", 0) > 32:
+                c["BLOCK_K"] = min(c["BLOCK_K"], 32)
         return c
 
     return cfg
