@@ -5,7 +5,7 @@ A one-row decode step at the Llama-3.2-1B shape gives norm_qkv_rope 48 heads x 2
 fewer than an H100's 132 SMs, each streaming all of K = 2048: the GPU is under-filled and the weight stream far from
 its bandwidth. The RMSNorm folds into a split as it folds into the whole K loop (RMSNorm(x) W = rstd ((x g) W), rstd
 from the row's sum of squares): each split's programs store their float32 partial dot products AND their rows'
-partial sums of squares (triton_fused.store_partials), and one more launch of the unsplit grid adds them up in a
+partial sums of squares (triton_fused_parts.store_partials), and one more launch of the unsplit grid adds them up in a
 fixed order (deterministic), takes rstd of the sum and runs the unsplit kernel's own epilogue (qkv_epilogue: bias,
 Qwen3 head norms, rotary, cache writes, Q; gate_up_epilogue: silu(gate) * up), so the roundings are the unsplit
 kernel's; only float32 summation order differs. The weight format only changes the first launch.
@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import triton_fused as fu
+from . import triton_fused_parts as fp
 from .triton_decode_attention import PROGRAMS_PER_SM, target_programs
 
 SPLITS: int | None = None  # None: the rule (k_splits); an int: that many splits of the norm-folded ops (1: none)
@@ -58,8 +58,8 @@ def partials(tiles: int, K: int, bk: int, M: int, width: int, out: torch.Tensor)
 
 @triton.jit
 def sum_partials(p_ptr, ss_ptr, SPLITS, rm, mm, cols, cm, second, NW, M, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """What triton_fused.store_partials left of SPLITS splits, added up in split order: the two projections' float32
-    sums at W's rows cols and cols + second, and the rows' sums of squares."""
+    """What triton_fused_parts.store_partials left of SPLITS splits, added up in split order: the two projections'
+    float32 sums at W's rows cols and cols + second, and the rows' sums of squares."""
     acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -79,12 +79,12 @@ def _sum_qkv_kernel(
     HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_HALF: tl.constexpr,
 ):  # fmt: skip
     """norm_qkv_rope's epilogue on its K splits' partial sums, on the unsplit grid (row blocks, heads, chunks)."""
-    rm, mm, head, d, dm, col, _, _ = fu.head_tile(M, HALF, BLOCK_M, BLOCK_HALF)
+    rm, mm, head, d, dm, col, _, _ = fp.head_tile(M, HALF, BLOCK_M, BLOCK_HALF)
     acc1, acc2, ss = sum_partials(
         p_ptr, ss_ptr, SPLITS, rm, mm, col, dm, HALF, (H + 2 * HKV) * 2 * HALF, M, BLOCK_M, BLOCK_HALF
     )
-    fu.qkv_epilogue(
-        acc1, acc2, fu.rstd(ss, K, eps), rm, mm, head, d, dm, col, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr,
+    fp.qkv_epilogue(
+        acc1, acc2, fp.rstd(ss, K, eps), rm, mm, head, d, dm, col, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr,
         q_ptr, kc_ptr, vc_ptr, H, HKV, HALF, s0, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps, HAS_BIAS, QK_NORM,
     )  # fmt: skip
 
@@ -94,11 +94,11 @@ def _sum_gate_up_kernel(
     p_ptr, ss_ptr, y_ptr, SPLITS, M, N, K, sym, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
 ):  # fmt: skip
     """norm_gate_up's epilogue on its K splits' partial sums, on the unsplit grid (row blocks, column blocks)."""
-    rm, rn = fu.row_col_tile(BLOCK_M, BLOCK_N)
+    rm, rn = fp.row_col_tile(BLOCK_M, BLOCK_N)
     acc_g, acc_u, ss = sum_partials(
         p_ptr, ss_ptr, SPLITS, rm, rm < M, rn.to(tl.int64), rn < N, N, 2 * N, M, BLOCK_M, BLOCK_N
     )
-    fu.gate_up_epilogue(acc_g, acc_u, fu.rstd(ss, K, eps), rm, rn, M, N, y_ptr, sym)
+    fp.gate_up_epilogue(acc_g, acc_u, fp.rstd(ss, K, eps), rm, rn, M, N, y_ptr, sym)
 
 
 def sum_qkv(grid, splits: int, parts: dict, c: dict, epilogue: dict) -> None:
