@@ -15,10 +15,12 @@ target_programs (two per SM: kernels/triton_decode_attention.py; 128 SMs assumed
 at least 4 K tiles. A grid of at least one program per SM does not split (a second launch and the partials' round
 trip would buy less than they cost). Programs of a one-row step, on an H100 (132 SMs, target 264):
 
-    op (M = 1)                    tiles   Llama-3.2-1B (K 2048)     SmolLM2-135M (K 576, 9 K tiles of 64)
-    norm_qkv_rope (16 pairs)      1B 96, 135M 30    3 splits: 288              2 splits: 60
-    norm_qkv_rope (Qwen3, heads)  1B 48, 135M 15    6 splits: 288              2 splits: 30
-    norm_gate_up (32 columns)     1B 256, 135M 48   no split: 256              2 splits: 96
+    one-row step (bf16; fp8, int8, int4 G 128 alike)   Llama-3.2-1B, K 2048       SmolLM2-135M, K 576
+    norm_qkv_rope, 16 column pairs a program           96 -> 3 splits: 288        30 -> 2 splits: 60
+    norm_qkv_rope, Qwen3 head norms (whole heads)      48 -> 6 splits: 288        15 -> 2 splits: 30
+    norm_gate_up, 32 columns a program                 256: no split              48 -> 2 splits: 96
+
+(int4 in groups of 32 has K tiles of 32: SmolLM2's split in 4.) Up to 16 rows (one row tile) the tiles and splits are the same.
 
 `SPLITS` overrides the rule (1: no split; n: n splits, each at least one K tile, the tests' and the benchmarks'
 knob: `bench gpu` times the steps with the rule and with SPLITS = 1)."""

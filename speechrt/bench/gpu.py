@@ -6,12 +6,12 @@ why it could not run):
 - kernels: every Triton kernel against the torch reference on the GPU, at the models' shapes;
 - lm-fused: the Llama decode step in the fused layer kernels against the unfused one (both from graphs) and
   torch eager, at the SmolLM2-135M and Llama-3.2-1B shapes (random bf16 weights), with the fraction of the
-  measured copy bandwidth each step's bytes take (gpu_fused.py);
+  measured copy bandwidth each step's bytes take, and the fused step with its K splits off (gpu_fused.py);
 - asr-fused: the same for the Whisper decoder step (float16, batch 1 and 8, Whisper tiny and large-v3-turbo decoder
   shapes, random weights): fused against unfused (logits and greedy ids) and torch eager (gpu_fused_asr.py);
 - lm-quant: the Llama-3.2-1B-shape decode step at batch 1 in bf16, int4 (W4A16) and fp8 (E4M3), each unfused and in
-  the fused layer kernels, from graphs: time, speed-up over bf16 and (fused) over unfused, fraction of the copy
-  bandwidth, and the logits against bf16 models (gpu_quant.py);
+  the fused layer kernels (with K splits as dispatched and off), from graphs: time, speed-up over bf16 and (fused)
+  over unfused, fraction of the copy bandwidth, and the logits against bf16 models (gpu_quant.py);
 - lm-loop: the language model's decode loop on the device (several steps and their sampling per graph replay)
   against one step per replay: greedy SmolLM2 bf16 tokens per second at batch 1 and 8 with K = 1 and 8, and
   the same ids (gpu_loop.py; with `--device cpu` it runs uncaptured in float32);
@@ -329,11 +329,11 @@ def _server_ramp(dev, out, args):  # --device cpu runs it on the CPU
 TABLE = (
     Spec("gpu", 2, check_gpu, GPU),
     Spec("kernels", 30, check_kernels),
-    Spec("lm-fused", 60, check_lm_fused),
+    Spec("lm-fused", 70, check_lm_fused),  # 60 before its fused-nosplit steps: counted, not measured
     Spec("asr-fused", 45, check_asr_fused),
     Spec("lm-loop", 45, check_lm_loop, cpu_too=True),
     Spec("asr-loop", 30, check_asr_loop, cpu_too=True),
-    Spec("lm-quant", 80, check_lm_quant),
+    Spec("lm-quant", 95, check_lm_quant),  # 80 before its three -fused-nosplit steps: counted
     Spec("attention", 40, check_attention),
     Spec("asr-turbo", 60, check_asr_turbo),
     Spec("lm-1b", 240, check_lm_1b),
