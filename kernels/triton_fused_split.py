@@ -20,7 +20,7 @@ trip would buy less than they cost). Programs of a one-row step, on an H100 (132
     norm_qkv_rope, Qwen3 head norms (whole heads)      48 -> 6 splits: 288        15 -> 2 splits: 30
     norm_gate_up, 32 columns a program                 256: no split              48 -> 2 splits: 96
 
-(int4 in groups of 32 has K tiles of 32: SmolLM2's split in 4.) Up to 16 rows (one row tile) the tiles and splits are the same.
+(int4 in groups of 32 has K tiles of 32: SmolLM2's split in 4.) Up to 16 rows (one row tile): the same splits.
 
 `SPLITS` overrides the rule (1: no split; n: n splits, each at least one K tile, the tests' and the benchmarks'
 knob: `bench gpu` times the steps with the rule and with SPLITS = 1)."""
