@@ -2,7 +2,9 @@
 configuration its `config()` picks for a decode step of 1 and of 64 rows, in bf16, at the SmolLM2-135M shape
 (d 576, 9 / 3 heads of 64, MLP 1536) and the Llama-3.2-1B shape (d 2048, 32 / 8 heads of 64, FFN 8192). The
 widths are runtime arguments (both divisible by 16, as `aligned` tells the compiler), so one binary serves
-both shapes; the Qwen3 variant (per-head norms, whole heads per program) and the Qwen2 bias compile apart.
+both shapes; the Qwen3 variant (per-head norms, whole heads per program) and the Qwen2 bias compile apart. A one-row
+step splits K where the grid under-fills the GPU (kernels/triton_fused_split.py: the 1B shape's Q/K/V, SmolLM2's Q/K/V
+and gate/up): the partial-sums variants of both ops at one row, and the second launches that add them up.
 
 The Whisper decoder step's kernels (kernels/triton_fused_whisper.py, and linear_residual with its bias) in float16
 (the GPU default of the ASR runners), 1 and 64 rows (a beam search's batch), at the Whisper tiny shape (d 384, 6
@@ -28,10 +30,12 @@ def qkv_signature() -> tuple[dict, tuple]:
         "cos_ptr": "*fp32",
         "sin_ptr": "*fp32",
         "pos_ptr": "*i64",
-        **int_args("M", "K", "H", "HKV", "HALF", "s0", "sxk", "swk", *strides),
+        "p_ptr": "*fp32",
+        "ss_ptr": "*fp32",
+        **int_args("M", "K", "K_SPLIT", "H", "HKV", "HALF", "s0", "sxk", "swk", *strides),
         "eps": "fp32",
     }
-    return types, (*ptrs, "cos_ptr", "sin_ptr", "pos_ptr", "K", "HALF", *strides)
+    return types, (*ptrs, "cos_ptr", "sin_ptr", "pos_ptr", "p_ptr", "ss_ptr", "K", "K_SPLIT", "HALF", *strides)
 
 
 def fused_specs(hip: bool = False) -> list[Spec]:
@@ -43,43 +47,72 @@ def fused_specs(hip: bool = False) -> list[Spec]:
     bf16 = torch.bfloat16
     out = []
     qkv_types, qkv_aligned = qkv_signature()
-    for variant, M, bias, qk_norm in (
-        (f"{SHAPES} M=1", 1, False, False),
-        (f"{SHAPES} M=64", 64, False, False),
-        ("qwen3 head norms + qwen2 bias d64 M=8", 8, True, True),
+    for variant, M, bias, qk_norm, split in (
+        (f"{SHAPES} M=1", 1, False, False, False),
+        (f"{SHAPES} M=1 split-K (partial sums)", 1, False, False, True),
+        (f"{SHAPES} M=64", 64, False, False, False),
+        ("qwen3 head norms + qwen2 bias d64 M=8", 8, True, True, False),
     ):
         c = fu.config(M, bf16, 32, whole_head=qk_norm)
-        cx = {"HAS_BIAS": bias, "QK_NORM": qk_norm, "PRECISION": precision(bf16), "UPCAST": False}
+        cx = {"HAS_BIAS": bias, "QK_NORM": qk_norm, "SPLIT": split, "PRECISION": precision(bf16), "UPCAST": False}
         cx.update({k: c[k] for k in ("BLOCK_M", "BLOCK_HALF", "BLOCK_K")})
         out.append(make_spec(fu._norm_qkv_rope_kernel, variant, qkv_types, cx, c, qkv_aligned, matmul=True))
 
     mm_types = {**int_args("M", "N", "K", "sxm", "sxk", "swn", "swk", "sym")}
-    for M in (1, 64):
+    gu_types = {**{p: "*bf16" for p in ("x_ptr", "g_ptr", "w_ptr", "y_ptr")}, **mm_types, "eps": "fp32"}
+    gu_types.update({"p_ptr": "*fp32", "ss_ptr": "*fp32", "K_SPLIT": "i32"})
+    gu_aligned = ("x_ptr", "g_ptr", "w_ptr", "y_ptr", "p_ptr", "ss_ptr", "N", "K", "K_SPLIT", "sxm", "swn", "sym")
+    for M, split in ((1, False), (1, True), (64, False)):
         c = fu.config(M, bf16)
         cx = {"PRECISION": precision(bf16), "UPCAST": False, **{k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}}
-        out.append(
-            make_spec(
-                fu._linear_residual_kernel,
-                f"{SHAPES} o/down proj M={M}",
-                {**{p: "*bf16" for p in ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr")}, **mm_types, "srm": "i32"},
-                {**cx, "HAS_BIAS": False},
-                c,
-                ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr", "N", "K", "sxm", "swn", "srm", "sym"),
-                matmul=True,
+        if not split:
+            out.append(
+                make_spec(
+                    fu._linear_residual_kernel,
+                    f"{SHAPES} o/down proj M={M}",
+                    {**{p: "*bf16" for p in ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr")}, **mm_types, "srm": "i32"},
+                    {**cx, "HAS_BIAS": False},
+                    c,
+                    ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr", "N", "K", "sxm", "swn", "srm", "sym"),
+                    matmul=True,
+                )
             )
+        variant = f"{SHAPES} mlp 1536 / 8192 M={M}" + (" split-K (partial sums)" if split else "")
+        out.append(make_spec(fu._norm_gate_up_kernel, variant, gu_types, {**cx, "SPLIT": split}, c, gu_aligned, True))
+    return out + split_sum_specs() + whisper_specs()
+
+
+def split_sum_specs() -> list[Spec]:
+    """The second launch of a split-K norm-folded op (kernels/triton_fused_split.py): its partial sums added up and
+    the op's epilogue, at one row (the Qwen3 + Qwen2 variant: whole heads of 64, as its first launch's tiles)."""
+    import torch
+
+    from . import triton_fused as fu
+    from . import triton_fused_split as fs
+
+    out = []
+    types, aligned = qkv_signature()
+    types = {k: v for k, v in types.items() if k not in ("x_ptr", "g_ptr", "w_ptr", "K_SPLIT", "sxm", "sxk")}
+    types = {k: v for k, v in types.items() if k not in ("swn", "swk")} | int_args("SPLITS")
+    aligned = tuple(a for a in aligned if a in types)
+    for what, qk_norm in (("", False), (" qwen3 head norms + qwen2 bias d64", True)):
+        c = fu.config(1, torch.bfloat16, 32, whole_head=qk_norm)
+        cx = {"HAS_BIAS": qk_norm, "QK_NORM": qk_norm, "BLOCK_M": c["BLOCK_M"], "BLOCK_HALF": c["BLOCK_HALF"]}
+        variant = f"{SHAPES} M=1 split-K sums + rotary + cache{what}"
+        out.append(make_spec(fs._sum_qkv_kernel, variant, types, cx, {"num_warps": 4}, aligned))
+    c = fu.config(1, torch.bfloat16)
+    out.append(
+        make_spec(
+            fs._sum_gate_up_kernel,
+            f"{SHAPES} mlp 1536 / 8192 M=1 split-K sums + silu * up",
+            {"p_ptr": "*fp32", "ss_ptr": "*fp32", "y_ptr": "*bf16", **int_args("SPLITS", "M", "N", "K", "sym")}
+            | {"eps": "fp32"},
+            {"BLOCK_M": c["BLOCK_M"], "BLOCK_N": c["BLOCK_N"]},
+            {"num_warps": 4},
+            ("p_ptr", "ss_ptr", "y_ptr", "N", "K", "sym"),
         )
-        out.append(
-            make_spec(
-                fu._norm_gate_up_kernel,
-                f"{SHAPES} mlp 1536 / 8192 M={M}",
-                {**{p: "*bf16" for p in ("x_ptr", "g_ptr", "w_ptr", "y_ptr")}, **mm_types, "eps": "fp32"},
-                cx,
-                c,
-                ("x_ptr", "g_ptr", "w_ptr", "y_ptr", "N", "K", "sxm", "swn", "sym"),
-                matmul=True,
-            )
-        )
-    return out + whisper_specs()
+    )
+    return out
 
 
 def whisper_specs() -> list[Spec]:

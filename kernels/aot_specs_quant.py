@@ -9,9 +9,10 @@ the W8A16 variant, which reads the weights as bytes, for every target.
 
 The fused decode-step kernels on quantized weights (kernels/triton_fused_quant.py) at the same shapes as their float
 twins (aot_specs_fused.py: 1 and 64 rows; the Qwen3 head norms + Qwen2 bias at head dims 64 and 128): int4 with G 32
-and float16 (s, z) pairs and G 128 with float32 ones, fp8 and int8 per channel, and the split-K sums of the
-projection + residual. They read fp8 as bytes and meet the activations on the 16-bit tensor / matrix cores (no fp8
-dot: decode is bound by reading W), so each compiles for every target, sm_80 and gfx90a included."""
+and float16 (s, z) pairs and G 128 with float32 ones, fp8 and int8 per channel, the split-K sums of the projection +
+residual, and the one-row split-K (partial sums) variants of the norm-folded ops, whose second launch is the float
+ops' (aot_specs_fused.split_sum_specs). They read fp8 as bytes and meet the activations on the 16-bit tensor / matrix
+cores (no fp8 dot: decode is bound by reading W), so each compiles for every target, sm_80 and gfx90a included."""
 
 from __future__ import annotations
 
@@ -110,7 +111,8 @@ def fused_quant_specs() -> list[Spec]:
     rows_types = int_args("M", "N", "K", "G", "sxm", "sxk", "swn", "swk", "sym")
     rows_aligned = ("x_ptr", "w_ptr", "sz_ptr", "y_ptr", "N", "K", "sxm", "swn", "sym")
     qkv_types, qkv_aligned = qkv_signature()
-    for fmt, G, sz, M, head_dim in (*FUSED_CASES, *QWEN3_CASES):
+    split_cases = tuple((*case[:4], 0, True) for case in FUSED_CASES if case[3] == 1)  # K split at one row
+    for fmt, G, sz, M, head_dim, split in (*((*c, False) for c in (*FUSED_CASES, *QWEN3_CASES)), *split_cases):
         wq = {"w_ptr": "*i8" if fmt == "int8" else "*u8", "sz_ptr": f"*{sz}"}
         base = {"FMT": code[fmt], "PRECISION": precision(bf16), "UPCAST": False}
         what = f"{SHAPES} {fmt}" + (f" G={G} scales {sz}" if G else "")
@@ -120,15 +122,24 @@ def fused_quant_specs() -> list[Spec]:
             **base,
             "HAS_BIAS": qk_norm,
             "QK_NORM": qk_norm,
+            "SPLIT": split,
             **{k: c[k] for k in ("BLOCK_M", "BLOCK_HALF", "BLOCK_K")},
         }
         types = {**qkv_types, **wq, "G": "i32"}
         variant = f"{what} M={M}" + (f" qwen3 head norms (D {head_dim}) + qwen2 bias" if qk_norm else "")
+        variant += " split-K (partial sums)" if split else ""
         out.append(make_spec(fq._norm_qkv_rope_q_kernel, variant, types, cx, c, (*qkv_aligned, "sz_ptr", "G"), True))
         if qk_norm:
             continue
         c = fq.fused_config(code[fmt], G)(M, bf16)
         cx = {**base, **{k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}}
+        types = {**{p: "*bf16" for p in ("x_ptr", "g_ptr", "y_ptr")}, **wq, **rows_types, "eps": "fp32"}
+        types |= {"p_ptr": "*fp32", "ss_ptr": "*fp32", "K_SPLIT": "i32"}
+        aligned = (*rows_aligned, "g_ptr", "p_ptr", "ss_ptr", "K_SPLIT")
+        variant = f"{what} mlp 1536 / 8192 M={M}" + (" split-K (partial sums)" if split else "")
+        out.append(make_spec(fq._norm_gate_up_q_kernel, variant, types, {**cx, "SPLIT": split}, c, aligned, True))
+        if split:
+            continue
         rp = {p: "*bf16" for p in ("x_ptr", "b_ptr", "r_ptr", "y_ptr")}
         types = {**rp, **wq, **rows_types, "srm": "i32"}
         aligned = (*rows_aligned, "b_ptr", "r_ptr", "srm")
@@ -139,9 +150,6 @@ def fused_quant_specs() -> list[Spec]:
         out.append(
             make_spec(fq._linear_residual_q_kernel, variant, types, cxr, c, (*aligned, "p_ptr", "K_SPLIT"), True)
         )
-        types = {**{p: "*bf16" for p in ("x_ptr", "g_ptr", "y_ptr")}, **wq, **rows_types, "eps": "fp32"}
-        aligned = (*rows_aligned, "g_ptr")
-        out.append(make_spec(fq._norm_gate_up_q_kernel, f"{what} mlp 1536 / 8192 M={M}", types, cx, c, aligned, True))
     for M in (1, 64):
         c = fq.fused_config(fq.FP8, 0)(M, bf16)
         out.append(

@@ -14,7 +14,11 @@ roundings differ from the unfused path's only there (normalized x is not rounded
 before the weight multiply): within 16-bit tolerance, exact in float32 up to summation order.
 
 Projection tiles: a program holds BLOCK_M rows and, for Q/K/V, BLOCK_HALF column pairs (d, d + D/2) of one
-head, so the rotary pairs meet in registers (with per-head norms, the whole head: its sum of squares). The
+head, so the rotary pairs meet in registers (with per-head norms, the whole head: its sum of squares). A grid of
+fewer programs than the GPU has SMs (a one-row step: the 1B shape's Q/K/V, 96 programs) splits K among programs
+(SPLIT): each split stores its partial sums and sums of squares, and a second launch adds them up and runs the
+same epilogue (kernels/triton_fused_split.py, which decides the splits). The pieces the kernels share with their
+quantized, split and Whisper twins (rounding, tiles, epilogues) are kernels/triton_fused_parts.py's. The
 references are kernels.reference.norm_qkv_rope / linear_residual / norm_gate_up."""
 
 from __future__ import annotations
@@ -23,39 +27,39 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_fused_split as fs
+from .triton_fused_parts import (
+    gate_up_epilogue,
+    head_tile,
+    k_range,
+    qkv_epilogue,
+    residual_epilogue,
+    rnd,
+    row_col_tile,
+    rstd,
+    store_partials,
+)
 from .triton_matmul import precision, tile_dot, upcast
 
 
 @triton.jit
-def rnd(x, DT: tl.constexpr):
-    """float32 x rounded to DT (to nearest even), kept in float32. bf16 by bit arithmetic: the Triton
-    interpreter truncates float32 -> bf16 conversions (a GPU rounds), and the chains of roundings that mirror
-    the unfused ops would drift by ulps there; on a GPU the same few integer ops per element."""
-    if DT == tl.bfloat16:
-        b = x.to(tl.uint32, bitcast=True)
-        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-        return b.to(tl.float32, bitcast=True)
-    else:
-        return x.to(DT).to(tl.float32)
-
-
-@triton.jit
 def _norm_dot_pair(
-    x_ptr, g_ptr, w_ptr, rm, cols, rmask, cmask, second, K, sxm, sxk, swn, swk, eps,
+    x_ptr, g_ptr, w_ptr, rm, cols, rmask, cmask, second, k_lo, k_hi, sxm, sxk, swn, swk,
     DT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """RMSNorm folded into two projections that share their input: (x[rm] * g) @ W[cols].T and @ W[cols +
-    second].T in float32 over the whole K, and each row's 1 / rms(x) (rstd) to scale them by. The normed input is
-    rounded to DT, as the unfused norm leaves it."""
+    second].T in float32 over the columns k_lo .. k_hi of x (all K, or a split's share), and each row's sum of
+    squares there (rstd() of the whole row's scales them). The normed input is rounded to DT, as the unfused norm
+    leaves it."""
     rk = tl.arange(0, BLOCK_K)
-    px = x_ptr + rm[:, None].to(tl.int64) * sxm + rk[None, :] * sxk  # [BLOCK_M, BLOCK_K]
-    pw = w_ptr + cols[None, :] * swn + rk[:, None] * swk  # [BLOCK_K, BLOCK_N] = W.T tile
+    px = x_ptr + rm[:, None].to(tl.int64) * sxm + (k_lo + rk)[None, :] * sxk  # [BLOCK_M, BLOCK_K]
+    pw = w_ptr + cols[None, :] * swn + (k_lo + rk)[:, None] * swk  # [BLOCK_K, BLOCK_N] = W.T tile
     acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        km = (k0 + rk) < K
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        km = (k0 + rk) < k_hi
         x = tl.load(px, mask=rmask[:, None] & km[None, :], other=0.0)
         xf = x.to(tl.float32)
         ss += tl.sum(xf * xf, axis=1)
@@ -69,117 +73,32 @@ def _norm_dot_pair(
         acc2 = tl.dot(a, w2, acc2, input_precision=PRECISION)
         px += BLOCK_K * sxk
         pw += BLOCK_K * swk
-    return acc1, acc2, 1.0 / tl.sqrt(ss / K + eps)
+    return acc1, acc2, ss
 
 
 @triton.jit
 def _norm_qkv_rope_kernel(
-    x_ptr,
-    g_ptr,
-    w_ptr,
-    b_ptr,
-    qn_ptr,
-    kn_ptr,
-    cos_ptr,
-    sin_ptr,
-    pos_ptr,
-    q_ptr,
-    kc_ptr,
-    vc_ptr,
-    M,
-    K,
-    H,
-    HKV,
-    HALF,
-    s0,
-    sxm,
-    sxk,
-    swn,
-    swk,
-    sct,
-    sqm,
-    sqh,
-    skb,
-    skh,
-    skt,
-    svb,
-    svh,
-    svt,
-    eps,
-    HAS_BIAS: tl.constexpr,
-    QK_NORM: tl.constexpr,
-    PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
+    x_ptr, g_ptr, w_ptr, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, p_ptr, ss_ptr,
+    M, K, K_SPLIT, H, HKV, HALF, s0, sxm, sxk, swn, swk, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps,
+    HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    # SPLIT: this program's K split's partial sums go to p / ss (store_partials), the epilogue to a second launch
     DT: tl.constexpr = q_ptr.dtype.element_ty  # the activations' (and the cache's) dtype
-    rm, mm, head, d, dm, col = head_tile(M, HALF, BLOCK_M, BLOCK_HALF)
-    acc1, acc2, rstd = _norm_dot_pair(
-        x_ptr, g_ptr, w_ptr, rm, col, mm, dm, HALF, K, sxm, sxk, swn, swk, eps,
+    rm, mm, head, d, dm, col, split, first = head_tile(M, HALF, BLOCK_M, BLOCK_HALF, SPLIT)
+    k_lo, k_hi = k_range(split, K_SPLIT, K, SPLIT)
+    acc1, acc2, ss = _norm_dot_pair(
+        x_ptr, g_ptr, w_ptr, rm, col, mm, dm, HALF, k_lo, k_hi, sxm, sxk, swn, swk,
         DT, PRECISION, UPCAST, BLOCK_M, BLOCK_HALF, BLOCK_K,
     )  # fmt: skip
-    qkv_epilogue(
-        acc1, acc2, rstd, rm, mm, head, d, dm, col, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr,
-        vc_ptr, H, HKV, HALF, s0, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps, HAS_BIAS, QK_NORM,
-    )  # fmt: skip
-
-
-@triton.jit
-def head_tile(M, HALF, BLOCK_M: tl.constexpr, BLOCK_HALF: tl.constexpr):
-    """A norm_qkv_rope program's share, from its grid (row blocks, H + 2 HKV heads, chunks of D/2): rows rm (mm:
-    which exist), head `head`, its column pairs (d, d + D/2) (dm: which exist) and the first ones' rows of W (col;
-    + HALF for the second)."""
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    head = tl.program_id(1)
-    d = tl.program_id(2) * BLOCK_HALF + tl.arange(0, BLOCK_HALF)
-    return rm, rm < M, head, d, d < HALF, (head * 2 * HALF + d).to(tl.int64)
-
-
-@triton.jit
-def qkv_epilogue(
-    acc1, acc2, rstd, rm, mm, head, d, dm, col, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr,
-    vc_ptr, H, HKV, HALF, s0, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps,
-    HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr,
-):  # fmt: skip
-    """norm_qkv_rope after its K loop: the float32 projections of the column pairs (acc1, acc2) scaled by rstd, +
-    bias, the Qwen3 head norm, rotary, and the stores: Q, or K / V into the cache at each row's (slot, position)."""
-    DT: tl.constexpr = q_ptr.dtype.element_ty
-    # the projection's output, rounded to the activation dtype as the unfused linear leaves it
-    y1 = rnd(acc1 * rstd[:, None], DT)
-    y2 = rnd(acc2 * rstd[:, None], DT)
-    if HAS_BIAS:
-        y1 = rnd(y1 + tl.load(b_ptr + col, mask=dm, other=0.0).to(tl.float32)[None, :], DT)
-        y2 = rnd(y2 + tl.load(b_ptr + col + HALF, mask=dm, other=0.0).to(tl.float32)[None, :], DT)
-    om = mm[:, None] & dm[None, :]
-    pos = tl.load(pos_ptr + rm, mask=mm, other=0).to(tl.int64)
-    slot = (s0 + rm).to(tl.int64)
-    if head < H + HKV:
-        if QK_NORM:  # the whole head is in this program (one chunk): its RMSNorm, weight [D] of q or k
-            r = 1.0 / tl.sqrt(tl.sum(y1 * y1 + y2 * y2, axis=1) / (2 * HALF) + eps)
-            # the weight of q's norm or of k's (both tiny, both read)
-            n1 = tl.where(head < H, tl.load(qn_ptr + d, mask=dm, other=0.0), tl.load(kn_ptr + d, mask=dm, other=0.0))
-            n2 = tl.load(qn_ptr + HALF + d, mask=dm, other=0.0)
-            n2 = tl.where(head < H, n2, tl.load(kn_ptr + HALF + d, mask=dm, other=0.0))
-            n1, n2 = n1.to(tl.float32), n2.to(tl.float32)
-            y1 = rnd(rnd(y1 * r[:, None], DT) * n1[None, :], DT)
-            y2 = rnd(rnd(y2 * r[:, None], DT) * n2[None, :], DT)
-        pc = pos[:, None] * sct + d[None, :]
-        c = tl.load(cos_ptr + pc, mask=om, other=0.0)
-        s = tl.load(sin_ptr + pc, mask=om, other=0.0)
-        o1 = rnd(y1 * c - y2 * s, DT).to(DT)
-        o2 = rnd(y2 * c + y1 * s, DT).to(DT)
-        if head < H:
-            po = q_ptr + rm[:, None].to(tl.int64) * sqm + head * sqh + d[None, :]
-        else:
-            po = kc_ptr + slot[:, None] * skb + (head - H) * skh + pos[:, None] * skt + d[None, :]
-        tl.store(po, o1, mask=om)
-        tl.store(po + HALF, o2, mask=om)
+    if SPLIT:
+        store_partials(p_ptr, ss_ptr, acc1, acc2, ss, split, rm, mm, col, dm, HALF, (H + 2 * HKV) * 2 * HALF, M, first)
     else:
-        po = vc_ptr + slot[:, None] * svb + (head - H - HKV) * svh + pos[:, None] * svt + d[None, :]
-        tl.store(po, y1.to(DT), mask=om)
-        tl.store(po + HALF, y2.to(DT), mask=om)
+        qkv_epilogue(
+            acc1, acc2, rstd(ss, K, eps), rm, mm, head, d, dm, col, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr,
+            q_ptr, kc_ptr, vc_ptr, H, HKV, HALF, s0, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps, HAS_BIAS,
+            QK_NORM,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -213,64 +132,26 @@ def _linear_residual_kernel(
 
 
 @triton.jit
-def row_col_tile(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """A program's rows and output columns in a (row blocks, column blocks) grid."""
-    return tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M), tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-
-
-@triton.jit
-def residual_epilogue(acc, rm, rn, M, N, b_ptr, r_ptr, y_ptr, srm, sym, HAS_BIAS: tl.constexpr):
-    """linear_residual after its K loop: y = r + (acc + bias), the product (with its bias, Whisper's) rounded to the
-    activation dtype first (as the unfused linear leaves it)."""
-    DT: tl.constexpr = y_ptr.dtype.element_ty
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    om = (rm < M)[:, None] & (rn < N)[None, :]
-    r = tl.load(r_ptr + rm[:, None].to(tl.int64) * srm + rn[None, :], mask=om, other=0.0).to(tl.float32)
-    y = rnd(rnd(acc, DT) + r, DT)
-    tl.store(y_ptr + rm[:, None].to(tl.int64) * sym + rn[None, :], y.to(DT), mask=om)
-
-
-@triton.jit
 def _norm_gate_up_kernel(
-    x_ptr,
-    g_ptr,
-    w_ptr,
-    y_ptr,
-    M,
-    N,
-    K,
-    sxm,
-    sxk,
-    swn,
-    swk,
-    sym,
-    eps,
-    PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    # W [2N, K]: gate rows 0..N-1, up rows N..2N-1; y [M, N] = silu(gate) * up of rmsnorm(x) * g
+    x_ptr, g_ptr, w_ptr, y_ptr, p_ptr, ss_ptr, M, N, K, K_SPLIT, sxm, sxk, swn, swk, sym, eps,
+    SPLIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    # W [2N, K]: gate rows 0..N-1, up rows N..2N-1; y [M, N] = silu(gate) * up of rmsnorm(x) * g. Grid (row blocks,
+    # column blocks, K splits); SPLIT: the partial sums go to p / ss (store_partials), the epilogue to a second launch
     rm, rn = row_col_tile(BLOCK_M, BLOCK_N)
-    acc_g, acc_u, rstd = _norm_dot_pair(
-        x_ptr, g_ptr, w_ptr, rm, rn.to(tl.int64), rm < M, rn < N, N, K, sxm, sxk, swn, swk, eps,
-        y_ptr.dtype.element_ty, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+    split = tl.program_id(2)
+    k_lo, k_hi = k_range(split, K_SPLIT, K, SPLIT)
+    acc_g, acc_u, ss = _norm_dot_pair(
+        x_ptr, g_ptr, w_ptr, rm, rn.to(tl.int64), rm < M, rn < N, N, k_lo, k_hi, sxm, sxk,
+        swn, swk, y_ptr.dtype.element_ty, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
-    gate_up_epilogue(acc_g, acc_u, rstd, rm, rn, M, N, y_ptr, sym)
-
-
-@triton.jit
-def gate_up_epilogue(acc_g, acc_u, rstd, rm, rn, M, N, y_ptr, sym):
-    """norm_gate_up after its K loop: silu(gate) * up of the float32 projections scaled by rstd."""
-    DT: tl.constexpr = y_ptr.dtype.element_ty
-    nm = rn < N
-    g = rnd(acc_g * rstd[:, None], DT)
-    u = rnd(acc_u * rstd[:, None], DT)
-    s = rnd(g / (1.0 + tl.exp(-g)), DT)  # the reference rounds silu(g) before the product
-    om = (rm < M)[:, None] & nm[None, :]
-    tl.store(y_ptr + rm[:, None].to(tl.int64) * sym + rn[None, :], rnd(s * u, DT).to(DT), mask=om)
+    if SPLIT:
+        store_partials(
+            p_ptr, ss_ptr, acc_g, acc_u, ss, split, rm, rm < M, rn, rn < N, N, 2 * N, M, tl.program_id(1) == 0
+        )
+    else:
+        gate_up_epilogue(acc_g, acc_u, rstd(ss, K, eps), rm, rn, M, N, y_ptr, sym)
 
 
 def config(M: int, dtype: torch.dtype, half: int | None = None, whole_head: bool = False) -> dict:
@@ -300,7 +181,8 @@ def launch_qkv(
     kernel, w: dict, x, norm_w, eps, n_heads, cos, sin, pos, k_cache, v_cache, s0, bias, q_norm, k_norm, cfg
 ):
     """Checks and launches a norm_qkv_rope kernel (this module's, or a quantized one's: kernels/triton_fused_quant.py)
-    with the weight's arguments `w`; cfg(M, dtype, half, whole_head) gives its tiles. Returns Q [M, H, D]."""
+    with the weight's arguments `w`, K split among programs as kernels/triton_fused_split.py decides; cfg(M, dtype,
+    half, whole_head) gives its tiles. Returns Q [M, H, D]."""
     x = as_rows(x)
     M, K = x.shape
     Hkv, D = k_cache.shape[1], k_cache.shape[3]
@@ -315,21 +197,47 @@ def launch_qkv(
     qk_norm = q_norm is not None
     c = cfg(M, x.dtype, half, qk_norm)
     grid = (triton.cdiv(M, c["BLOCK_M"]), n_heads + 2 * Hkv, triton.cdiv(half, c["BLOCK_HALF"]))
-    kernel[grid](
-        x_ptr=x, g_ptr=norm_w, b_ptr=bias if bias is not None else norm_w,
-        qn_ptr=q_norm if qk_norm else norm_w, kn_ptr=k_norm if qk_norm else norm_w,
-        cos_ptr=cos, sin_ptr=sin, pos_ptr=pos, q_ptr=q, kc_ptr=k_cache, vc_ptr=v_cache,
-        M=M, K=K, H=n_heads, HKV=Hkv, HALF=half, s0=s0, sxm=x.stride(0), sxk=x.stride(1), sct=cos.stride(0),
-        sqm=q.stride(0), sqh=q.stride(1), skb=k_cache.stride(0), skh=k_cache.stride(1), skt=k_cache.stride(2),
-        svb=v_cache.stride(0), svh=v_cache.stride(1), svt=v_cache.stride(2), eps=eps,
-        HAS_BIAS=bias is not None, QK_NORM=qk_norm, PRECISION=precision(x.dtype), UPCAST=upcast(x.dtype), **w, **c,
+    splits, k_split, parts = fs.partials(grid[0] * grid[1] * grid[2], K, c["BLOCK_K"], M, grid[1] * D, q)
+    epilogue = dict(
+        b_ptr=bias if bias is not None else norm_w, qn_ptr=q_norm if qk_norm else norm_w,
+        kn_ptr=k_norm if qk_norm else norm_w, cos_ptr=cos, sin_ptr=sin, pos_ptr=pos, q_ptr=q, kc_ptr=k_cache,
+        vc_ptr=v_cache, M=M, K=K, H=n_heads, HKV=Hkv, HALF=half, s0=s0, sct=cos.stride(0), sqm=q.stride(0),
+        sqh=q.stride(1), skb=k_cache.stride(0), skh=k_cache.stride(1), skt=k_cache.stride(2), svb=v_cache.stride(0),
+        svh=v_cache.stride(1), svt=v_cache.stride(2), eps=eps, HAS_BIAS=bias is not None, QK_NORM=qk_norm,
     )  # fmt: skip
+    kernel[(grid[0], grid[1], grid[2] * splits)](
+        x_ptr=x, g_ptr=norm_w, K_SPLIT=k_split, sxm=x.stride(0), sxk=x.stride(1), SPLIT=splits > 1,
+        PRECISION=precision(x.dtype), UPCAST=upcast(x.dtype), **parts, **w, **c, **epilogue,
+    )  # fmt: skip
+    if splits > 1:
+        fs.sum_qkv(grid, splits, parts, c, epilogue)
     return q
 
 
+def launch_gate_up(kernel, w: dict, x, norm_w, eps, n: int, cfg) -> torch.Tensor:
+    """Launches a norm_gate_up kernel (this module's or a quantized one's) with the weight's arguments `w`, K split
+    among programs as kernels/triton_fused_split.py decides; cfg(M, dtype) gives its tiles. Returns y [M, n]."""
+    x = as_rows(x)
+    M, K = x.shape
+    y = torch.empty((M, n), dtype=x.dtype, device=x.device)
+    if not M:
+        return y
+    c = cfg(M, x.dtype)
+    grid = (triton.cdiv(M, c["BLOCK_M"]), triton.cdiv(n, c["BLOCK_N"]))
+    splits, k_split, parts = fs.partials(grid[0] * grid[1], K, c["BLOCK_K"], M, 2 * n, y)
+    kernel[(*grid, splits)](
+        x_ptr=x, g_ptr=norm_w, y_ptr=y, M=M, N=n, K=K, K_SPLIT=k_split, sxm=x.stride(0), sxk=x.stride(1),
+        sym=y.stride(0), eps=eps, SPLIT=splits > 1, PRECISION=precision(x.dtype), UPCAST=upcast(x.dtype), **parts,
+        **w, **c,
+    )  # fmt: skip
+    if splits > 1:
+        fs.sum_gate_up(grid, splits, parts, c, y, K, eps)
+    return y
+
+
 def launch_rows(kernel, w: dict, x, n: int, cfg, **kw) -> torch.Tensor:
-    """Launches a kernel of a (row blocks, column blocks) grid writing y [M, n] from x [M, K] with the weight's
-    arguments `w` and `kw` (the others); cfg(M, dtype) gives its tiles."""
+    """Launches a kernel (linear_residual's) of a (row blocks, column blocks) grid writing y [M, n] from x [M, K]
+    with the weight's arguments `w` and `kw` (the others); cfg(M, dtype) gives its tiles."""
     x = as_rows(x)
     M, K = x.shape
     y = torch.empty((M, n), dtype=x.dtype, device=x.device)
@@ -375,8 +283,7 @@ def linear_residual(
 
 def norm_gate_up(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w_gate_up: torch.Tensor) -> torch.Tensor:
     """See kernels.reference.norm_gate_up."""
-    kw = {"g_ptr": norm_w, "eps": eps}
-    return launch_rows(_norm_gate_up_kernel, weight_args(w_gate_up), x, w_gate_up.shape[0] // 2, config, **kw)
+    return launch_gate_up(_norm_gate_up_kernel, weight_args(w_gate_up), x, norm_w, eps, w_gate_up.shape[0] // 2, config)
 
 
 OPS = {"norm_qkv_rope": norm_qkv_rope, "linear_residual": linear_residual, "norm_gate_up": norm_gate_up}

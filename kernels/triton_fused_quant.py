@@ -19,9 +19,8 @@ The ops take a float weight (then they are triton_fused.py's) or a pair (weight,
 scales_zeros [K / G, N, 2]) for int4, (float8_e4m3fn [N, K], float32 [N]) for fp8, (int8 [N, K], [N]) for int8.
 Grids are triton_fused.py's (row blocks x column tiles). The projection + residual of a one-row step also splits K
 among programs, as the int4 GEMV does (the 1B shape's o / down projections: 64 column tiles, K 2048 / 8192), its
-float32 partial sums added up with the residual by a second launch. The norm-folded ops do not split (their partial
-sums of squares could be added up too, but their epilogues - rotary, cache writes, head norms, SiLU - would move
-into that second launch): one program per tile (the 1B shape at one row: 96 for Q/K/V, 256 for gate/up).
+float32 partial sums added up with the residual by a second launch; the norm-folded ops split K as their float twins
+do (kernels/triton_fused_split.py: partial sums and sums of squares, then a second launch runs the epilogue).
 References: kernels.reference_quant (dequantize, then kernels.reference's fused ops)."""
 
 from __future__ import annotations
@@ -31,8 +30,9 @@ import triton
 import triton.language as tl
 
 from . import triton_fused as fu
+from . import triton_fused_split as fs
 from .triton_fp8_matmul import e4m3_to_float
-from .triton_int4_matmul import SM_PROGRAMS, int4_tile
+from .triton_int4_matmul import int4_tile
 from .triton_matmul import precision, upcast
 
 INT4, FP8, INT8 = 1, 2, 3  # the weight formats (the FMT constexpr)
@@ -64,13 +64,13 @@ def norm_in(x, g_ptr, k, K, NORM: tl.constexpr, DT: tl.constexpr):
 
 @triton.jit
 def qdot_pair(
-    x_ptr, g_ptr, w_ptr, sz_ptr, rm, cols, rmask, cmask, second, k_lo, k_hi, K, G, NW, sxm, sxk, swn, swk, eps,
+    x_ptr, g_ptr, w_ptr, sz_ptr, rm, cols, rmask, cmask, second, k_lo, k_hi, K, G, NW, sxm, sxk, swn, swk,
     NORM: tl.constexpr, PAIR: tl.constexpr, FMT: tl.constexpr, DT: tl.constexpr, PRECISION: tl.constexpr,
     UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """(x[rm] * g) @ W[cols].T and, with PAIR, @ W[cols + second].T over the columns k_lo .. k_hi of x (all K with
-    NORM), W of NW rows quantized as FMT, in float32, per-channel scales applied; and each row's 1 / rms(x) (1
-    without NORM: no norm folded in)."""
+    """(x[rm] * g) @ W[cols].T and, with PAIR, @ W[cols + second].T over the columns k_lo .. k_hi of x (all K, or a
+    split's share), W of NW rows quantized as FMT, in float32, per-channel scales applied; and each row's sum of
+    squares there (0 without NORM: no norm folded in)."""
     acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -105,7 +105,7 @@ def qdot_pair(
         acc1 = acc1 * tl.load(sz_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
         if PAIR:
             acc2 = acc2 * tl.load(sz_ptr + cols + second, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    return acc1, acc2, 1.0 / tl.sqrt(ss / K + eps)
+    return acc1, acc2, ss
 
 
 @triton.jit
@@ -119,20 +119,27 @@ def widen(b, FMT: tl.constexpr):
 
 @triton.jit
 def _norm_qkv_rope_q_kernel(
-    x_ptr, g_ptr, w_ptr, sz_ptr, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr,
-    M, K, G, H, HKV, HALF, s0, sxm, sxk, swn, swk, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps,
-    HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, FMT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, g_ptr, w_ptr, sz_ptr, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, p_ptr, ss_ptr,
+    M, K, K_SPLIT, G, H, HKV, HALF, s0, sxm, sxk, swn, swk, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps,
+    HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, SPLIT: tl.constexpr, FMT: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    rm, mm, head, d, dm, col = fu.head_tile(M, HALF, BLOCK_M, BLOCK_HALF)
-    acc1, acc2, rstd = qdot_pair(
-        x_ptr, g_ptr, w_ptr, sz_ptr, rm, col, mm, dm, HALF, 0, K, K, G, (H + 2 * HKV) * 2 * HALF, sxm, sxk, swn, swk,
-        eps, True, True, FMT, q_ptr.dtype.element_ty, PRECISION, UPCAST, BLOCK_M, BLOCK_HALF, BLOCK_K,
+    # as triton_fused._norm_qkv_rope_kernel (its grid, its SPLIT), the weight quantized as FMT
+    rm, mm, head, d, dm, col, split, first = fu.head_tile(M, HALF, BLOCK_M, BLOCK_HALF, SPLIT)
+    k_lo, k_hi = fu.k_range(split, K_SPLIT, K, SPLIT)
+    NW = (H + 2 * HKV) * 2 * HALF
+    acc1, acc2, ss = qdot_pair(
+        x_ptr, g_ptr, w_ptr, sz_ptr, rm, col, mm, dm, HALF, k_lo, k_hi, K, G, NW, sxm, sxk,
+        swn, swk, True, True, FMT, q_ptr.dtype.element_ty, PRECISION, UPCAST, BLOCK_M, BLOCK_HALF, BLOCK_K,
     )  # fmt: skip
-    fu.qkv_epilogue(
-        acc1, acc2, rstd, rm, mm, head, d, dm, col, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr,
-        vc_ptr, H, HKV, HALF, s0, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps, HAS_BIAS, QK_NORM,
-    )  # fmt: skip
+    if SPLIT:
+        fu.store_partials(p_ptr, ss_ptr, acc1, acc2, ss, split, rm, mm, col, dm, HALF, NW, M, first)
+    else:
+        fu.qkv_epilogue(
+            acc1, acc2, fu.rstd(ss, K, eps), rm, mm, head, d, dm, col, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr,
+            pos_ptr, q_ptr, kc_ptr, vc_ptr, H, HKV, HALF, s0, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps,
+            HAS_BIAS, QK_NORM,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -147,7 +154,7 @@ def _linear_residual_q_kernel(
     k_lo = tl.program_id(2) * K_SPLIT
     acc, _, _ = qdot_pair(
         x_ptr, x_ptr, w_ptr, sz_ptr, rm, rn, rm < M, rn < N, 0, k_lo, tl.minimum(K, k_lo + K_SPLIT), K, G, N, sxm,
-        sxk, swn, swk, 1.0, False, False, FMT, y_ptr.dtype.element_ty, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+        sxk, swn, swk, False, False, FMT, y_ptr.dtype.element_ty, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
     if SPLIT:
         pp = p_ptr + (tl.program_id(2) * M + rm[:, None]).to(tl.int64) * N + rn[None, :]
@@ -173,17 +180,24 @@ def _sum_residual_kernel(
 
 @triton.jit
 def _norm_gate_up_q_kernel(
-    x_ptr, g_ptr, w_ptr, sz_ptr, y_ptr, M, N, K, G, sxm, sxk, swn, swk, sym, eps,
-    FMT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    x_ptr, g_ptr, w_ptr, sz_ptr, y_ptr, p_ptr, ss_ptr, M, N, K, K_SPLIT, G, sxm, sxk, swn, swk, sym, eps,
+    SPLIT: tl.constexpr, FMT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    # W [2N, K]: gate rows 0..N-1, up rows N..2N-1
+    # as triton_fused._norm_gate_up_kernel (W [2N, K]: gate rows, then up rows; its grid, its SPLIT), W as FMT
     rm, rn = fu.row_col_tile(BLOCK_M, BLOCK_N)
-    acc_g, acc_u, rstd = qdot_pair(
-        x_ptr, g_ptr, w_ptr, sz_ptr, rm, rn, rm < M, rn < N, N, 0, K, K, G, 2 * N, sxm, sxk, swn, swk, eps,
-        True, True, FMT, y_ptr.dtype.element_ty, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+    split = tl.program_id(2)
+    k_lo, k_hi = fu.k_range(split, K_SPLIT, K, SPLIT)
+    acc_g, acc_u, ss = qdot_pair(
+        x_ptr, g_ptr, w_ptr, sz_ptr, rm, rn, rm < M, rn < N, N, k_lo, k_hi, K, G, 2 * N,
+        sxm, sxk, swn, swk, True, True, FMT, y_ptr.dtype.element_ty, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
-    fu.gate_up_epilogue(acc_g, acc_u, rstd, rm, rn, M, N, y_ptr, sym)
+    if SPLIT:
+        fu.store_partials(
+            p_ptr, ss_ptr, acc_g, acc_u, ss, split, rm, rm < M, rn, rn < N, N, 2 * N, M, tl.program_id(1) == 0
+        )
+    else:
+        fu.gate_up_epilogue(acc_g, acc_u, fu.rstd(ss, K, eps), rm, rn, M, N, y_ptr, sym)
 
 
 def block_k(fmt: int, G: int, bk: int) -> int:
@@ -232,15 +246,20 @@ def fused_config(fmt: int, G: int):
     """The tile config of format `fmt` (group size G): triton_fused.config's (same arguments), its K tile cut to
     divide G for int4, and int4 tiles of 32 rows in one stage (two stages spilled on sm_90 in the AOT report). fp8 /
     int8 widen [BLOCK_K, columns] byte tiles to float32 in registers: K tiles of 32 for 32-row tiles and whole heads
-    of 128 (64 spilled on sm_80 / sm_90)."""
+    of 128 (64 spilled on sm_80 / sm_90), and 8 warps, which halve each thread's share of the widened tiles: the
+    norm-folded kernels' registers on sm_80 / sm_90 (AOT report) were 104-230 with 4 warps (gate/up at one row
+    201-211), are 96-156 with 8, no spill, and a one-row step keeps its 64-column K tiles (the bytes in flight of
+    the ~2 programs per SM it runs)."""
 
     def cfg(M, dtype, half=None, whole_head=False):
         c = fu.config(M, dtype, half, whole_head)
         c["BLOCK_K"] = block_k(fmt, G, c["BLOCK_K"])
         if fmt == INT4 and c["BLOCK_M"] > 16:
             c["num_stages"] = 1
-        if fmt != INT4 and (c["BLOCK_M"] > 16 or c.get("BLOCK_HALF", 0) > 32):
-            c["BLOCK_K"] = min(c["BLOCK_K"], 32)
+        if fmt != INT4:
+            c["num_warps"] = 8
+            if c["BLOCK_M"] > 16 or c.get("BLOCK_HALF", 0) > 32:
+                c["BLOCK_K"] = min(c["BLOCK_K"], 32)
         return c
 
     return cfg
@@ -261,15 +280,10 @@ def norm_qkv_rope(
     )  # fmt: skip
 
 
-def k_splits(M: int, N: int, K: int, c: dict) -> tuple[int, int]:
-    """(splits, columns per split) of linear_residual's K: as many as bring a step's programs near SM_PROGRAMS
-    (kernels/triton_int4_matmul.py), each keeping at least 4 K tiles (a multiple of the K tile, so that an int4
-    split starts at a group's tile)."""
-    bk = c["BLOCK_K"]
-    tiles = triton.cdiv(M, c["BLOCK_M"]) * triton.cdiv(N, c["BLOCK_N"])
-    split = max(1, min(triton.cdiv(SM_PROGRAMS, tiles), K // (4 * bk)))
-    k_split = triton.cdiv(triton.cdiv(K, split), bk) * bk
-    return triton.cdiv(K, k_split), k_split
+def k_splits(M: int, N: int, K: int, c: dict, device=None) -> tuple[int, int]:
+    """(splits, columns per split) of linear_residual's K on `device`: kernels/triton_fused_split.py's rule for its
+    grid of (row blocks x column blocks) tiles."""
+    return fs.k_splits(triton.cdiv(M, c["BLOCK_M"]) * triton.cdiv(N, c["BLOCK_N"]), K, c["BLOCK_K"], device)
 
 
 def linear_residual(x: torch.Tensor, weight, residual: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -285,7 +299,7 @@ def linear_residual(x: torch.Tensor, weight, residual: torch.Tensor, bias: torch
     if not M:
         return y
     c = cfg(M, x.dtype)
-    split, k_split = k_splits(M, N, K, c)
+    split, k_split = k_splits(M, N, K, c, x.device)
     parts = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
     grid = (triton.cdiv(M, c["BLOCK_M"]), triton.cdiv(N, c["BLOCK_N"]))
     _linear_residual_q_kernel[(*grid, split)](
@@ -305,7 +319,7 @@ def norm_gate_up(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w_gate_up) -
     if isinstance(w_gate_up, torch.Tensor):
         return fu.norm_gate_up(x, norm_w, eps, w_gate_up)
     w, cfg = quant_args(w_gate_up, x.shape[-1], "norm_gate_up")
-    return fu.launch_rows(_norm_gate_up_q_kernel, w, x, w_gate_up[0].shape[0] // 2, cfg, g_ptr=norm_w, eps=eps)
+    return fu.launch_gate_up(_norm_gate_up_q_kernel, w, x, norm_w, eps, w_gate_up[0].shape[0] // 2, cfg)
 
 
 OPS = {"norm_qkv_rope": norm_qkv_rope, "linear_residual": linear_residual, "norm_gate_up": norm_gate_up}

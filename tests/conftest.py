@@ -30,6 +30,7 @@ if (
         importlib.import_module("speechrt.kernels.triton_fused")
         importlib.import_module("speechrt.kernels.triton_fused_whisper")
         importlib.import_module("speechrt.kernels.triton_fused_quant")
+        importlib.import_module("speechrt.kernels.triton_fused_split")
         importlib.import_module("speechrt.kernels.triton_whisper_pick")
         importlib.import_module("speechrt.kernels.triton_repeats")
     finally:

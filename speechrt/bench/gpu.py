@@ -6,7 +6,7 @@ why it could not run):
 - kernels: every Triton kernel against the torch reference on the GPU, at the models' shapes;
 - lm-fused: the Llama decode step in the fused layer kernels against the unfused one (both from graphs) and
   torch eager, at the SmolLM2-135M and Llama-3.2-1B shapes (random bf16 weights), with the fraction of the
-  measured copy bandwidth each step's bytes take (gpu_fused.py);
+  measured copy bandwidth each step's bytes take, and the fused step with its K splits off (gpu_fused.py);
 - asr-fused: the same for the Whisper decoder step (float16, batch 1 and 8, Whisper tiny and large-v3-turbo decoder
   shapes, random weights): fused against unfused (logits and greedy ids) and torch eager (gpu_fused_asr.py);
 - lm-loop: the language model's decode loop on the device (several steps and their sampling per graph replay)
@@ -18,8 +18,8 @@ why it could not run):
   with `--device cpu` uncaptured in float32); before it the pick alone at batch 1 and 8 from graphs: the split
   launch, twice its chunks, one program a row and the torch ops, with their ids (gpu_pick.py);
 - lm-quant: the Llama-3.2-1B-shape decode step at batch 1 in bf16, int4 (W4A16) and fp8 (E4M3), each unfused and in
-  the fused layer kernels, from graphs: time, speed-up over bf16 and (fused) over unfused, fraction of the copy
-  bandwidth, and the logits against bf16 models (gpu_quant.py);
+  the fused layer kernels (with K splits as dispatched and off), from graphs: time, speed-up over bf16 and (fused)
+  over unfused, fraction of the copy bandwidth, and the logits against bf16 models (gpu_quant.py);
 - lm-prefill: a prompt's pass (128 and 512 tokens, SmolLM2-135M and Llama-3.2-1B shapes, random bf16 weights), ours
   from its prefill graph against SDPA + cuBLAS eager, with the fraction of the matrix peak, and our kernel time by
   kind from torch.profiler: what fusing the prefill could save (gpu_prefill.py);
@@ -336,11 +336,11 @@ def _server_ramp(dev, out, args):  # --device cpu runs it on the CPU
 TABLE = (
     Spec("gpu", 2, check_gpu, GPU),
     Spec("kernels", 30, check_kernels),
-    Spec("lm-fused", 60, check_lm_fused),
+    Spec("lm-fused", 70, check_lm_fused),  # 60 before its fused-nosplit steps: counted, not measured
     Spec("asr-fused", 45, check_asr_fused),
     Spec("lm-loop", 45, check_lm_loop, cpu_too=True),
     Spec("asr-loop", 35, check_asr_loop, cpu_too=True),
-    Spec("lm-quant", 80, check_lm_quant),
+    Spec("lm-quant", 95, check_lm_quant),  # 80 before its three -fused-nosplit steps: counted
     Spec("lm-prefill", 40, check_lm_prefill),
     Spec("attention", 40, check_attention),
     Spec("asr-turbo", 60, check_asr_turbo),

@@ -1,7 +1,10 @@
 """`bench gpu`'s lm-fused check: the Llama decode step in the fused layer kernels (models/llama_fused.py) against the
 unfused Triton step, both replayed from CUDA/HIP graphs, and torch eager, at the SmolLM2-135M and Llama-3.2-1B
 shapes with random bf16 weights (speed does not depend on the values): time per step and the fraction of the
-measured copy bandwidth that its bytes (weights, the cache it attends over) take.
+measured copy bandwidth that its bytes (weights, the cache it attends over) take. The fused step runs twice: with
+the K splits of its norm-folded ops as dispatched (kernels/triton_fused_split.py's rule: at one row the 1B shape's
+Q/K/V in 3, SmolLM2's Q/K/V and gate/up in 2) and with them off ("fused-nosplit": triton_fused_split.SPLITS = 1
+while it is captured and run), so that a GPU run tells whether the rule pays.
 
 `plan()` and `step_bytes()` are plain arithmetic; `run_cases()` runs anywhere the kernels run (tests run it on
 the CPU on a tiny config in the Triton interpreter, uncaptured); only `check_lm_fused()` wants a GPU."""
@@ -24,7 +27,7 @@ SHAPES = {
 }
 BATCHES = (1, 8)
 CONTEXT = 512  # positions every row holds when it steps (what attention reads)
-VARIANTS = ("fused", "unfused", "torch-eager")  # fused / unfused: Triton kernels replayed from a graph
+VARIANTS = ("fused", "unfused", "torch-eager", "fused-nosplit")  # fused / unfused: Triton kernels replayed from a graph
 
 
 @dataclass(frozen=True)
@@ -105,11 +108,31 @@ def _steps(cfg: LlamaConfig, device, batch: int, context: int, capture: bool, dt
     tokens = torch.arange(batch, device=device) * 7 + 1
     pos = torch.full((batch,), context, device=device)
     tk = cache.max_seq
+
+    def fused():
+        return decode_range_fused(tri, FUSED, cache, 0, tokens, pos, tk)
+
     return {
-        "fused": CapturedStep(lambda: decode_range_fused(tri, FUSED, cache, 0, tokens, pos, tk), capture),
+        "fused": CapturedStep(fused, capture),
         "unfused": CapturedStep(lambda: tri.decode_range(cache, 0, tokens, pos, tk), capture),
         "torch-eager": lambda: eager.decode_range(cache, 0, tokens, pos, tk),
+        "fused-nosplit": CapturedStep(without_splits(fused), capture),
     }
+
+
+def without_splits(fn):
+    """`fn` run with the norm-folded fused ops' K splits off (kernels/triton_fused_split.SPLITS = 1), each call: a
+    graph captured from it holds the unsplit launches."""
+    from speechrt.kernels import triton_fused_split as fs
+
+    def run():
+        prev, fs.SPLITS = fs.SPLITS, 1
+        try:
+            return fn()
+        finally:
+            fs.SPLITS = prev
+
+    return run
 
 
 def run_cases(device, cases: list[Case], out: Results, timer, bandwidth_gbps: float, capture=True, dtype=None):
@@ -130,17 +153,19 @@ def run_cases(device, cases: list[Case], out: Results, timer, bandwidth_gbps: fl
 
 
 def time_steps(steps: dict, out: Results, case, workload: str, timer, bandwidth_gbps, max_err, device, dtype):
-    """One case's variants (`steps`: name -> step; the 'fused' one checked against 'unfused') -> problems; each
+    """One case's variants (`steps`: name -> step; the 'fused' ones checked against 'unfused') -> problems; each
     variant timed, a record each (the fused step the others' peer) with the case's bytes and their fraction of the
     bandwidth. `case`: its shape (the model's name), batch and bytes."""
     want = steps["unfused"]().float()
-    got = steps["fused"]().float()
-    err = ((got - want).abs().amax() / want.abs().amax().clamp_min(1e-30)).item()
-    same = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
-    bad = []
-    if not err <= max_err:
-        bad.append(f"{case.shape} batch {case.batch}: fused logits {err:.3g} (relative) from the unfused step's")
+    bad, errs = [], {}
+    for v in (v for v in steps if v.startswith("fused")):
+        got = steps[v]().float()
+        err = ((got - want).abs().amax() / want.abs().amax().clamp_min(1e-30)).item()
+        errs[v] = err, (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+        if not err <= max_err:
+            bad.append(f"{case.shape} batch {case.batch}: {v} logits {err:.3g} (relative) from the unfused step's")
     for v, fn in steps.items():
+        err, same = errs.get(v, errs["fused"])  # the fused step's for the others
         ts = timer(fn)
         t = statistics.median(ts)
         out.records.append(
@@ -181,7 +206,8 @@ def check_lm_fused(dev, out: Results):
     by = {(r.model, r.params["batch"], r.backend): r for r in out.records[n0:]}
     parts = [f"copy {bw:.0f} GB/s"]
     for s, b, _ in sorted({k for k in by if k[2] == "fused"}):
-        f, u, e = (by[(s, b, v)].value for v in VARIANTS)
+        f, u, e, n = (by[(s, b, v)].value for v in VARIANTS)
         frac = by[(s, b, "fused")].params["fraction_of_bandwidth"]
-        parts.append(f"{s} b{b}: fused {f:.0f} us ({frac:.0%} of bw), unfused {u / f:.2f}x, torch eager {e / f:.2f}x")
+        line = f"{s} b{b}: fused {f:.0f} us ({frac:.0%} of bw), unfused {u / f:.2f}x, torch eager {e / f:.2f}x"
+        parts.append(line + f", without K splits {n / f:.2f}x")
     return ("fail" if bad else "pass"), "; ".join(bad + parts)

@@ -6,7 +6,9 @@ bf16 step (the same kernels around the matmuls) and, fused, over its own unfused
 measured copy bandwidth its bytes (every weight buffer the step reads, scales included, and the cache) take.
 Accuracy: each quantized step's logits (unfused and fused) against a bf16 model built from its dequantized weights
 (the kernels' error; tolerance 5e-2 of the largest logit) and, reported, against the bf16 model of the original
-weights (the quantization's error, argmax agreement).
+weights (the quantization's error, argmax agreement). Each fused step also runs with the K splits of its
+norm-folded ops off ("-fused-nosplit": kernels/triton_fused_split.SPLITS = 1 while it is captured and run; the
+split one is as dispatched: at one row the 1B shape's Q/K/V in 3), so that a GPU run tells whether the rule pays.
 
 `run_cases()` runs anywhere the kernels run (tests run it on the CPU on a tiny config in the Triton interpreter,
 uncaptured); only `check_lm_quant()` wants a GPU."""
@@ -15,11 +17,12 @@ from __future__ import annotations
 
 import statistics
 
-from speechrt.bench.gpu_fused import SHAPES, random_weights
+from speechrt.bench.gpu_fused import SHAPES, random_weights, without_splits
 from speechrt.bench.record import Repeats, Results, gpu_record
 from speechrt.models.llama import LlamaConfig
 
 VARIANTS = ("bf16-fused", "bf16", "int4", "int4-fused", "fp8", "fp8-fused")
+VARIANTS += ("bf16-fused-nosplit", "int4-fused-nosplit", "fp8-fused-nosplit")
 CONTEXT = 512
 KERNEL_TOL = 5e-2  # quantized step vs bf16 on the dequantized weights: relative to the largest logit
 LINEAR = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
@@ -118,21 +121,26 @@ def run_cases(device, cfg: LlamaConfig, out: Results, timer, bandwidth_gbps: flo
     pos = torch.full((1,), context, device=device)
     tk = context + 1
 
-    def step(m, cache, fops=None):  # fops: the fused ops; None: the model's unfused step
-        if fops is not None:
-            return CapturedStep(lambda: decode_range_fused(m, fops, cache, 0, tokens, pos, tk), capture)
-        return CapturedStep(lambda: m.decode_range(cache, 0, tokens, pos, tk), capture)
+    def step(m, cache, fops=None, split=True):  # fops: the fused ops (split: K as dispatched); None: unfused
+        if fops is None:
+            return CapturedStep(lambda: m.decode_range(cache, 0, tokens, pos, tk), capture)
+
+        def fused():
+            return decode_range_fused(m, fops, cache, 0, tokens, pos, tk)
+
+        return CapturedStep(fused if split else without_splits(fused), capture)
 
     steps = {}
     for f in ("bf16", "int4", "fp8"):  # a fused step shares its model's cache: both write the position they read
         steps[f] = step(models[f], caches[f])
         steps[f"{f}-fused"] = step(models[f], caches[f], FUSED if f == "bf16" else FUSED_QUANT)
+        steps[f"{f}-fused-nosplit"] = step(models[f], caches[f], FUSED if f == "bf16" else FUSED_QUANT, False)
     steps = {v: steps[v] for v in VARIANTS}
     base = steps["bf16"]().float()
     bad, acc = [], {}
     for f in ("int4", "fp8"):
         want = step(refs[f], caches[f"ref-{f}"])().float()
-        for v in (f, f"{f}-fused"):
+        for v in (f, f"{f}-fused", f"{f}-fused-nosplit"):
             got = steps[v]().float()
             err = ((got - want).abs().amax() / want.abs().amax().clamp_min(1e-30)).item()
             q_err = ((got - base).abs().amax() / base.abs().amax().clamp_min(1e-30)).item()
@@ -148,7 +156,7 @@ def run_cases(device, cfg: LlamaConfig, out: Results, timer, bandwidth_gbps: flo
     for v, fn in steps.items():
         ts = timer(fn)
         times[v] = statistics.median(ts)
-        nbytes = step_bytes(models[v.removesuffix("-fused")], 1, context)
+        nbytes = step_bytes(models[v.split("-")[0]], 1, context)
         out.records.append(
             gpu_record(
                 model="llama-1b-shape" if cfg.dim == 2048 else f"llama d{cfg.dim}",
@@ -173,7 +181,7 @@ def run_cases(device, cfg: LlamaConfig, out: Results, timer, bandwidth_gbps: flo
         )
     for r in out.records[-len(steps) :]:
         r.params["speedup_vs_bf16_unfused"] = times["bf16"] / times[r.precision]
-        r.params["speedup_vs_unfused"] = times[r.precision.removesuffix("-fused")] / times[r.precision]
+        r.params["speedup_vs_unfused"] = times[r.precision.split("-")[0]] / times[r.precision]
     return bad
 
 
@@ -190,7 +198,7 @@ def check_lm_quant(dev, out: Results):
         p = r.params
         s = f"{r.precision} {r.value:.0f} us ({p['fraction_of_bandwidth']:.0%} of bw"
         s += f", {p['speedup_vs_bf16_unfused']:.2f}x bf16"
-        s += f", {p['speedup_vs_unfused']:.2f}x unfused)" if r.precision.endswith("-fused") else ")"
+        s += f", {p['speedup_vs_unfused']:.2f}x unfused)" if "-fused" in r.precision else ")"
         if "kernel_rel_err" in p:
             s += f" err {p['kernel_rel_err']:.2g}, quantization {p['quantization_rel_err']:.2g}"
             s += f", argmax {p['argmax_vs_bf16']:.0%} as bf16's"

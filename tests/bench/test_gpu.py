@@ -98,8 +98,9 @@ def test_provider_comparison_on_the_cpu_provider():
 
 def test_fused_step_benchmark_runs_up_to_its_gpu_part(monkeypatch):
     """The lm-fused check's plan (bytes per step at both shapes) and its cases on a tiny config, run here on the CPU
-    by the Triton interpreter, uncaptured: fused, unfused and torch-eager steps timed, their logits compared,
-    records written with the fraction of a bandwidth. On a GPU the same code captures the steps in graphs."""
+    by the Triton interpreter, uncaptured: fused (K splits as dispatched, and off), unfused and torch-eager steps
+    timed, their logits compared, records written with the fraction of a bandwidth. On a GPU the same code captures
+    the steps in graphs."""
     pytest.importorskip("triton")
     from triton.runtime.interpreter import InterpretedFunction
 
@@ -323,15 +324,15 @@ def test_quantized_step_benchmark_runs_up_to_its_gpu_part(monkeypatch):
     assert bad == []
     by = {r.precision: r for r in out.records}
     assert list(by) == list(gpu_quant.VARIANTS)
-    for f in ("int4", "fp8", "int4-fused", "fp8-fused"):  # fused: kernels/triton_fused_quant.py
+    for f in ("int4", "fp8", "int4-fused", "fp8-fused", "int4-fused-nosplit", "fp8-fused-nosplit"):
         p = by[f].params
         # fused: bf16 rounded at other points than the unfused reference step (2.4 % here; the bf16 fused step too)
         assert p["kernel_rel_err"] < (gpu_quant.KERNEL_TOL if "fused" in f else 2e-2), p
         assert 0 < p["quantization_rel_err"] < 0.5, p
         assert p["bytes"] < by["bf16"].params["bytes"]
         assert p["speedup_vs_bf16_unfused"] == p["speedup_vs_unfused"] == 1.0 and by[f].peer == "bf16"
-    for f in ("bf16", "int4", "fp8"):
-        assert by[f].params["bytes"] == by[f"{f}-fused"].params["bytes"]
+    for f in ("bf16", "int4", "fp8"):  # fused: kernels/triton_fused_quant.py, with K splits as dispatched and off
+        assert by[f].params["bytes"] == by[f"{f}-fused"].params["bytes"] == by[f"{f}-fused-nosplit"].params["bytes"]
     assert by["int4"].params["fraction_of_bandwidth"] == pytest.approx(by["int4"].params["bytes"] / 1e-3 / 10e9)
 
 

@@ -64,6 +64,7 @@ def _kernel_names():
         "speechrt.kernels.triton_fused",
         "speechrt.kernels.triton_fused_whisper",
         "speechrt.kernels.triton_fused_quant",
+        "speechrt.kernels.triton_fused_split",
         "speechrt.kernels.triton_whisper_pick",
         "speechrt.kernels.triton_repeats",
     ]:

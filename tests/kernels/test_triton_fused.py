@@ -332,3 +332,55 @@ def test_quant_nan_confined_and_bad_weights(fq, fmt, G, K):
         fq.norm_gate_up(x[:, :-32], g, 1e-5, w)
     with pytest.raises(TypeError, match="float8_e4m3fn or int8, not torch.int32"):
         fq.norm_gate_up(x, g, 1e-5, (w[0].to(torch.int32), w[1]))
+
+
+# K split among programs (kernels/triton_fused_split.py): float (K 150: the last split 22 columns, not a whole K tile of
+# 64; K 512: the split the rule itself picks for these 5 tiles on the CPU, 2 of 256), int4 (G 32: 3 splits of one
+# group's tile), fp8 and int8 (3 and 2 splits), forced through SPLITS where the rule would not split a tiny shape
+F32, F16, BF16 = DTYPES
+SPLIT_CASES = [("float", 0, 150, 3, t) for t in DTYPES] + [("float", 0, 512, None, BF16)]
+SPLIT_CASES += [("int4", 32, 96, 3, t) for t in DTYPES] + [("fp8", 0, 150, 2, t) for t in (F32, BF16)]
+SPLIT_CASES += [("int8", 0, 150, 3, F16)]
+
+
+@pytest.mark.parametrize("fmt,G,K,splits,dtype", SPLIT_CASES)
+def test_split_k_norm_ops(fq, monkeypatch, dtype, fmt, G, K, splits):
+    """norm_qkv_rope (1 row; and 3 rows at positions 12, 0 and 7 with the Qwen2 bias and the Qwen3 head norms) and
+    norm_gate_up (3 rows) with K split: each split's partial sums and sums of squares, added up in order by the second
+    launch (rstd, bias, head norms, rotary, cache writes; SiLU), equal the reference's."""
+    from speechrt.kernels import reference_quant as rq
+    from speechrt.kernels import triton_fused_split as fs
+
+    monkeypatch.setattr(fs, "SPLITS", splits)
+    bk = 32 if fmt == "int4" else 64  # the K tile of these shapes (fused_config / config)
+    want = 2 if splits is None else splits
+    assert fs.k_splits(5, K, bk, DEVICE, splits)[0] == want and fs.k_splits(2, K, bk, DEVICE, splits)[0] == want
+    for M, extras in ((1, False), (3, True)):
+        x, kw = qkv_case(M, dtype, extras, extras, seed=K + M, dim=K)
+        if fmt != "float":
+            kw["wqkv"], _ = quantized(fmt, G, (H + 2 * HKV) * D, K, seed=M)
+        kc, vc = caches(dtype)
+        rk, rv = kc.clone(), vc.clone()
+        close(fq.norm_qkv_rope(x, k_cache=kc, v_cache=vc, **kw), rq.norm_qkv_rope(x, k_cache=rk, v_cache=rv, **kw))
+        close(kc, rk)
+        close(vc, rv)
+    g = rand(K, dtype=dtype, seed=3, scale=0.5) + 1
+    w, wf = (
+        quantized(fmt, G, 90, K, seed=4) if fmt != "float" else (rand(90, K, dtype=dtype, seed=4, scale=K**-0.5),) * 2
+    )
+    truth = ref.norm_gate_up(x.float(), g.float(), 1e-5, wf.float())
+    close(fq.norm_gate_up(x, g, 1e-5, w), rq.norm_gate_up(x, g, 1e-5, w), truth)
+
+
+def test_split_rule_at_model_shapes(monkeypatch):
+    """The rule's splits of a one-row step on an H100 (132 SMs: 264 programs aimed at): Llama-3.2-1B's norm_qkv_rope
+    (96 tiles; Qwen3: 48 whole heads) splits K 2048 in 3 (6), its gate/up (256 tiles) does not; SmolLM2-135M's (30
+    and 48 tiles, K 576: 9 tiles of 64) split in 2 (int4's K tile of 32 at G 32: in 4); SPLITS overrides the rule."""
+    from speechrt.kernels import triton_fused_split as fs
+
+    monkeypatch.setattr(fs, "target_programs", lambda device=None: 264)  # what an H100 reports
+    assert fs.k_splits(96, 2048, 64) == (3, 704) and fs.k_splits(48, 2048, 64) == (6, 384)
+    assert fs.k_splits(256, 2048, 64) == (1, 2048)
+    assert fs.k_splits(30, 576, 64) == (2, 320) and fs.k_splits(48, 576, 64) == (2, 320)
+    assert fs.k_splits(30, 576, 32) == (4, 160)
+    assert fs.k_splits(256, 2048, 64, splits=1) == (1, 2048) and fs.k_splits(96, 2048, 64, splits=2) == (2, 1024)

@@ -1,0 +1,147 @@
+"""The Triton building blocks the fused decode-step kernels share (kernels/triton_fused.py, triton_fused_quant.py,
+triton_fused_split.py, triton_fused_whisper.py): the rounding that mirrors the unfused ops, the programs' tiles, K
+ranges and split partial sums, and the epilogues run after a K loop (Q/K/V: rotary and cache writes; residual;
+silu(gate) * up)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rnd(x, DT: tl.constexpr):
+    """float32 x rounded to DT (to nearest even), kept in float32. bf16 by bit arithmetic: the Triton
+    interpreter truncates float32 -> bf16 conversions (a GPU rounds), and the chains of roundings that mirror
+    the unfused ops would drift by ulps there; on a GPU the same few integer ops per element."""
+    if DT == tl.bfloat16:
+        b = x.to(tl.uint32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+        return b.to(tl.float32, bitcast=True)
+    else:
+        return x.to(DT).to(tl.float32)
+
+
+@triton.jit
+def rstd(ss, K, eps):
+    """1 / rms of rows of K columns from their sums of squares."""
+    return 1.0 / tl.sqrt(ss / K + eps)
+
+
+@triton.jit
+def k_range(split, K_SPLIT, K, SPLIT: tl.constexpr):
+    """The columns k_lo .. k_hi of x that a program's K loop covers: its split's with SPLIT, else all K (the loop of
+    the unsplit kernels as it was: bounds the compiler knows start at 0)."""
+    k_lo = 0
+    k_hi = K
+    if SPLIT:
+        k_lo = split * K_SPLIT
+        k_hi = tl.minimum(K, k_lo + K_SPLIT)
+    return k_lo, k_hi
+
+
+@triton.jit
+def head_tile(M, HALF, BLOCK_M: tl.constexpr, BLOCK_HALF: tl.constexpr, SPLIT: tl.constexpr = False):
+    """A norm_qkv_rope program's share, from its grid (row blocks, H + 2 HKV heads, chunks of D/2; with SPLIT, K
+    splits x chunks): rows rm (mm: which exist), head `head`, its column pairs (d, d + D/2) (dm: which exist), the
+    first ones' rows of W (col; + HALF for the second), its K split and whether it is that split's first program."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    head = tl.program_id(1)
+    chunk = tl.program_id(2)
+    split = 0
+    if SPLIT:
+        chunks = tl.cdiv(HALF, BLOCK_HALF)
+        split = chunk // chunks
+        chunk = chunk % chunks
+    d = chunk * BLOCK_HALF + tl.arange(0, BLOCK_HALF)
+    col = (head * 2 * HALF + d).to(tl.int64)
+    return rm, rm < M, head, d, d < HALF, col, split, (head == 0) & (chunk == 0)
+
+
+@triton.jit
+def row_col_tile(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A program's rows and output columns in a (row blocks, column blocks) grid."""
+    return tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M), tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+
+
+@triton.jit
+def store_partials(p_ptr, ss_ptr, acc1, acc2, ss, split, rm, mm, cols, cm, second, NW, M, first):
+    """A K split's share of a norm-folded pair of projections, for the second launch (kernels/triton_fused_split.py)
+    to add up: acc1 and acc2 (W's rows cols and cols + second) into p [splits, M, NW] float32, and the rows' sums of
+    squares into ss [splits, M] by the split's `first` program (every program of a split computes them alike)."""
+    pp = p_ptr + (split * M + rm[:, None]).to(tl.int64) * NW + cols[None, :]
+    pm = mm[:, None] & cm[None, :]
+    tl.store(pp, acc1, mask=pm)
+    tl.store(pp + second, acc2, mask=pm)
+    if first:
+        tl.store(ss_ptr + split * M + rm, ss, mask=mm)
+
+
+@triton.jit
+def qkv_epilogue(
+    acc1, acc2, rstd, rm, mm, head, d, dm, col, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr,
+    vc_ptr, H, HKV, HALF, s0, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps,
+    HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr,
+):  # fmt: skip
+    """norm_qkv_rope after its K loop: the float32 projections of the column pairs (acc1, acc2) scaled by rstd, +
+    bias, the Qwen3 head norm, rotary, and the stores: Q, or K / V into the cache at each row's (slot, position)."""
+    DT: tl.constexpr = q_ptr.dtype.element_ty
+    # the projection's output, rounded to the activation dtype as the unfused linear leaves it
+    y1 = rnd(acc1 * rstd[:, None], DT)
+    y2 = rnd(acc2 * rstd[:, None], DT)
+    if HAS_BIAS:
+        y1 = rnd(y1 + tl.load(b_ptr + col, mask=dm, other=0.0).to(tl.float32)[None, :], DT)
+        y2 = rnd(y2 + tl.load(b_ptr + col + HALF, mask=dm, other=0.0).to(tl.float32)[None, :], DT)
+    om = mm[:, None] & dm[None, :]
+    pos = tl.load(pos_ptr + rm, mask=mm, other=0).to(tl.int64)
+    slot = (s0 + rm).to(tl.int64)
+    if head < H + HKV:
+        if QK_NORM:  # the whole head is in this program (one chunk): its RMSNorm, weight [D] of q or k
+            r = 1.0 / tl.sqrt(tl.sum(y1 * y1 + y2 * y2, axis=1) / (2 * HALF) + eps)
+            # the weight of q's norm or of k's (both tiny, both read)
+            n1 = tl.where(head < H, tl.load(qn_ptr + d, mask=dm, other=0.0), tl.load(kn_ptr + d, mask=dm, other=0.0))
+            n2 = tl.load(qn_ptr + HALF + d, mask=dm, other=0.0)
+            n2 = tl.where(head < H, n2, tl.load(kn_ptr + HALF + d, mask=dm, other=0.0))
+            n1, n2 = n1.to(tl.float32), n2.to(tl.float32)
+            y1 = rnd(rnd(y1 * r[:, None], DT) * n1[None, :], DT)
+            y2 = rnd(rnd(y2 * r[:, None], DT) * n2[None, :], DT)
+        pc = pos[:, None] * sct + d[None, :]
+        c = tl.load(cos_ptr + pc, mask=om, other=0.0)
+        s = tl.load(sin_ptr + pc, mask=om, other=0.0)
+        o1 = rnd(y1 * c - y2 * s, DT).to(DT)
+        o2 = rnd(y2 * c + y1 * s, DT).to(DT)
+        if head < H:
+            po = q_ptr + rm[:, None].to(tl.int64) * sqm + head * sqh + d[None, :]
+        else:
+            po = kc_ptr + slot[:, None] * skb + (head - H) * skh + pos[:, None] * skt + d[None, :]
+        tl.store(po, o1, mask=om)
+        tl.store(po + HALF, o2, mask=om)
+    else:
+        po = vc_ptr + slot[:, None] * svb + (head - H - HKV) * svh + pos[:, None] * svt + d[None, :]
+        tl.store(po, y1.to(DT), mask=om)
+        tl.store(po + HALF, y2.to(DT), mask=om)
+
+
+@triton.jit
+def residual_epilogue(acc, rm, rn, M, N, b_ptr, r_ptr, y_ptr, srm, sym, HAS_BIAS: tl.constexpr):
+    """linear_residual after its K loop: y = r + (acc + bias), the product (with its bias, Whisper's) rounded to the
+    activation dtype first (as the unfused linear leaves it)."""
+    DT: tl.constexpr = y_ptr.dtype.element_ty
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    om = (rm < M)[:, None] & (rn < N)[None, :]
+    r = tl.load(r_ptr + rm[:, None].to(tl.int64) * srm + rn[None, :], mask=om, other=0.0).to(tl.float32)
+    y = rnd(rnd(acc, DT) + r, DT)
+    tl.store(y_ptr + rm[:, None].to(tl.int64) * sym + rn[None, :], y.to(DT), mask=om)
+
+
+@triton.jit
+def gate_up_epilogue(acc_g, acc_u, rstd, rm, rn, M, N, y_ptr, sym):
+    """norm_gate_up after its K loop: silu(gate) * up of the float32 projections scaled by rstd."""
+    DT: tl.constexpr = y_ptr.dtype.element_ty
+    nm = rn < N
+    g = rnd(acc_g * rstd[:, None], DT)
+    u = rnd(acc_u * rstd[:, None], DT)
+    s = rnd(g / (1.0 + tl.exp(-g)), DT)  # the reference rounds silu(g) before the product
+    om = (rm < M)[:, None] & nm[None, :]
+    tl.store(y_ptr + rm[:, None].to(tl.int64) * sym + rn[None, :], rnd(s * u, DT).to(DT), mask=om)

@@ -1,0 +1,118 @@
+"""Split K of the norm-folded fused decode ops (kernels/triton_fused.py, triton_fused_quant.py): how many splits a
+launch takes, and the second launch that adds up their partial sums and runs the op's epilogue.
+
+A one-row decode step at the Llama-3.2-1B shape gives norm_qkv_rope 48 heads x 2 column-pair tiles = 96 programs,
+fewer than an H100's 132 SMs, each streaming all of K = 2048: the GPU is under-filled and the weight stream far from
+its bandwidth. The RMSNorm folds into a split as it folds into the whole K loop (RMSNorm(x) W = rstd ((x g) W), rstd
+from the row's sum of squares): each split's programs store their float32 partial dot products AND their rows'
+partial sums of squares (triton_fused_parts.store_partials), and one more launch of the unsplit grid adds them up in a
+fixed order (deterministic), takes rstd of the sum and runs the unsplit kernel's own epilogue (qkv_epilogue: bias,
+Qwen3 head norms, rotary, cache writes, Q; gate_up_epilogue: silu(gate) * up), so the roundings are the unsplit
+kernel's; only float32 summation order differs. The weight format only changes the first launch.
+
+The rule (k_splits): a grid of fewer programs than the device has SMs splits into as many as bring it near
+target_programs (two per SM: kernels/triton_decode_attention.py; 128 SMs assumed without a GPU), each split keeping
+at least 4 K tiles. A grid of at least one program per SM does not split (a second launch and the partials' round
+trip would buy less than they cost). Programs of a one-row step, on an H100 (132 SMs, target 264):
+
+    one-row step (bf16; fp8, int8, int4 G 128 alike)   Llama-3.2-1B, K 2048       SmolLM2-135M, K 576
+    norm_qkv_rope, 16 column pairs a program           96 -> 3 splits: 288        30 -> 2 splits: 60
+    norm_qkv_rope, Qwen3 head norms (whole heads)      48 -> 6 splits: 288        15 -> 2 splits: 30
+    norm_gate_up, 32 columns a program                 256: no split              48 -> 2 splits: 96
+
+(int4 in groups of 32 has K tiles of 32: SmolLM2's split in 4.) Up to 16 rows (one row tile): the same splits.
+
+`SPLITS` overrides the rule (1: no split; n: n splits, each at least one K tile, the tests' and the benchmarks'
+knob: `bench gpu` times the steps with the rule and with SPLITS = 1)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import triton_fused_parts as fp
+from .triton_decode_attention import PROGRAMS_PER_SM, target_programs
+
+SPLITS: int | None = None  # None: the rule (k_splits); an int: that many splits of the norm-folded ops (1: none)
+
+
+def k_splits(tiles: int, K: int, bk: int, device=None, splits: int | None = None) -> tuple[int, int]:
+    """(splits, columns of K per split, a multiple of the K tile bk: an int4 split starts at a group's tile) of a
+    launch of `tiles` programs on `device`: `splits` when given (each keeping one K tile at least), else the rule
+    (see the module's docstring)."""
+    target = target_programs(device)
+    if splits is None:
+        splits = min(triton.cdiv(target, tiles), K // (4 * bk)) if tiles * PROGRAMS_PER_SM <= target else 1
+    k_split = triton.cdiv(triton.cdiv(K, max(1, splits)), bk) * bk
+    return triton.cdiv(K, k_split), k_split
+
+
+def partials(tiles: int, K: int, bk: int, M: int, width: int, out: torch.Tensor) -> tuple[int, int, dict]:
+    """The K split of a norm-folded launch (SPLITS, else the rule) -> (splits, k_split, its partial buffers' kernel
+    arguments: p_ptr [splits, M, width] and ss_ptr [splits, M] in float32; `out` in both places without a split)."""
+    splits, k_split = k_splits(tiles, K, bk, out.device, SPLITS)
+    if splits == 1:
+        return 1, k_split, {"p_ptr": out, "ss_ptr": out}
+    buf = torch.empty(splits * M * (width + 1), dtype=torch.float32, device=out.device)
+    return splits, k_split, {"p_ptr": buf, "ss_ptr": buf[splits * M * width :]}
+
+
+@triton.jit
+def sum_partials(p_ptr, ss_ptr, SPLITS, rm, mm, cols, cm, second, NW, M, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """What triton_fused_parts.store_partials left of SPLITS splits, added up in split order: the two projections'
+    float32 sums at W's rows cols and cols + second, and the rows' sums of squares."""
+    acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    pm = mm[:, None] & cm[None, :]
+    for s in range(0, SPLITS):
+        pp = p_ptr + (s * M + rm[:, None]).to(tl.int64) * NW + cols[None, :]
+        acc1 += tl.load(pp, mask=pm, other=0.0)
+        acc2 += tl.load(pp + second, mask=pm, other=0.0)
+        ss += tl.load(ss_ptr + s * M + rm, mask=mm, other=0.0)
+    return acc1, acc2, ss
+
+
+@triton.jit
+def _sum_qkv_kernel(
+    p_ptr, ss_ptr, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr,
+    SPLITS, M, K, H, HKV, HALF, s0, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps,
+    HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):  # fmt: skip
+    """norm_qkv_rope's epilogue on its K splits' partial sums, on the unsplit grid (row blocks, heads, chunks)."""
+    rm, mm, head, d, dm, col, _, _ = fp.head_tile(M, HALF, BLOCK_M, BLOCK_HALF)
+    acc1, acc2, ss = sum_partials(
+        p_ptr, ss_ptr, SPLITS, rm, mm, col, dm, HALF, (H + 2 * HKV) * 2 * HALF, M, BLOCK_M, BLOCK_HALF
+    )
+    fp.qkv_epilogue(
+        acc1, acc2, fp.rstd(ss, K, eps), rm, mm, head, d, dm, col, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr,
+        q_ptr, kc_ptr, vc_ptr, H, HKV, HALF, s0, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps, HAS_BIAS, QK_NORM,
+    )  # fmt: skip
+
+
+@triton.jit
+def _sum_gate_up_kernel(
+    p_ptr, ss_ptr, y_ptr, SPLITS, M, N, K, sym, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):  # fmt: skip
+    """norm_gate_up's epilogue on its K splits' partial sums, on the unsplit grid (row blocks, column blocks)."""
+    rm, rn = fp.row_col_tile(BLOCK_M, BLOCK_N)
+    acc_g, acc_u, ss = sum_partials(
+        p_ptr, ss_ptr, SPLITS, rm, rm < M, rn.to(tl.int64), rn < N, N, 2 * N, M, BLOCK_M, BLOCK_N
+    )
+    fp.gate_up_epilogue(acc_g, acc_u, fp.rstd(ss, K, eps), rm, rn, M, N, y_ptr, sym)
+
+
+def sum_qkv(grid, splits: int, parts: dict, c: dict, epilogue: dict) -> None:
+    """Launches _sum_qkv_kernel on norm_qkv_rope's grid, with the epilogue's arguments of its first launch."""
+    _sum_qkv_kernel[grid](
+        **parts, SPLITS=splits, BLOCK_M=c["BLOCK_M"], BLOCK_HALF=c["BLOCK_HALF"], num_warps=4, **epilogue
+    )
+
+
+def sum_gate_up(grid, splits: int, parts: dict, c: dict, y: torch.Tensor, K: int, eps: float) -> None:
+    """Launches _sum_gate_up_kernel on norm_gate_up's grid."""
+    _sum_gate_up_kernel[grid](
+        **parts, y_ptr=y, SPLITS=splits, M=y.shape[0], N=y.shape[1], K=K, sym=y.stride(0), eps=eps,
+        BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], num_warps=4,
+    )  # fmt: skip
