@@ -416,6 +416,43 @@ def test_decode_attention_counters_persist():
     assert any(x is a for bufs in dec._COUNTERS.values() for x in bufs)
 
 
+@torch.inference_mode()
+def test_llama_fused_decode_step_launches(monkeypatch):
+    """The fused Llama decode step's launches, counted in the interpreter on a tiny random model (SmolLM2's layout:
+    grouped heads) over a cache long enough to split: per layer the four fused kernels and ONE decode attention (the
+    splits merged in the same launch; two launches before), then the final norm and the logits. SmolLM2-135M's 30
+    layers: 152 launches a step, 182 before."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from speechrt.kernels import triton_decode_attention as dec
+    from speechrt.kernels import triton_fused
+    from speechrt.models.llama import Llama, LlamaConfig, layer_tensors
+    from speechrt.models.llama_fused import decode_range_fused
+
+    if not isinstance(dec._decode_attention_grouped_kernel, InterpretedFunction):
+        pytest.skip("counts the interpreter's launches; the kernels are compiled for a GPU in this process")
+    cfg = LlamaConfig(vocab_size=50, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=48, max_seq_len=300)
+    D, g = cfg.dim // cfg.n_heads, torch.Generator().manual_seed(0)
+    shape = {"wq": (4 * D, 32), "wk": (2 * D, 32), "wv": (2 * D, 32), "wo": (32, 4 * D), "w_gate": (48, 32)}
+    shape.update(w_up=(48, 32), w_down=(32, 48), attn_norm=(32,), ffn_norm=(32,))
+    w = {"tok_embeddings": torch.randn(50, 32, generator=g) * 0.2, "norm": torch.ones(32)}
+    for i in range(cfg.n_layers):
+        w.update({f"layers.{i}.{n}": torch.randn(shape[n], generator=g) * 0.2 for n in layer_tensors(cfg)})
+    model = Llama(cfg, w, kernels.select("triton", "cpu"), torch.device("cpu"), "float32")
+    cache = model.new_cache(2, 300)
+    assert dec.config(2 * cfg.n_kv_heads, 300, D, 2)["NUM_SPLITS"] > 1  # the merge, not the one-split path
+    launched, run = [], InterpretedFunction.run
+    monkeypatch.setattr(
+        InterpretedFunction, "run", lambda self, *a, **k: launched.append(self.fn.__name__) or run(self, *a, **k)
+    )
+    decode_range_fused(model, triton_fused.OPS, cache, 0, torch.tensor([3, 4]), torch.tensor([280, 5]), 300)
+    assert (
+        launched.count("_decode_attention_grouped_kernel") == cfg.n_layers and "_decode_reduce_kernel" not in launched
+    )
+    assert len(launched) == 5 * cfg.n_layers + 2, launched
+    assert dec.counters(torch.device("cpu"), 1).abs().max() == 0
+
+
 def test_split_rule_follows_the_devices_multiprocessor_count():
     """Splits along the cache until batch x key/value heads x splits reaches PROGRAMS_PER_SM per SM / CU: an
     MI300X's 304 CUs split a long cache twice as finely as an H100's 132 SMs; a short cache, or a batch that fills
