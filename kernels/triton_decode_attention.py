@@ -24,6 +24,12 @@ Memory model of the merge (the pattern of CUTLASS's split-K semaphore and Triton
   4. a second tl.debug_barrier() orders that acquire before every thread's loads of the partials, which also go
      through L2 (cache_modifier ".cg") so no stale L1 line of an earlier launch can be read;
   5. the counter's reset is a plain store: the next launch on the stream starts after this one has finished.
+Compiled (AOT, Triton 3.9): sm_90 gives stores; bar.sync; one thread's atom.global.gpu.acq_rel.add; the ticket
+through shared memory and bar.sync; bar.sync; ld.global.cg. gfx942 gives stores; s_barrier; buffer_wbl2 sc1,
+s_waitcnt; global_atomic_add; s_waitcnt; buffer_inv sc1; s_barrier; loads. On AMD the other waves do not wait for
+their own stores (s_waitcnt vmcnt(0)) before the barrier: that the atomic's release still covers them rests on the
+LLVM AMDGPU memory model keeping happens-before through a workgroup barrier transitive (its CU-mode sequences for
+GFX10+ were corrected for exactly this in 2025) - unverified on an MI-series GPU.
 No program waits on another (no spin), so the merge cannot deadlock whatever order the programs run in. The Triton
 interpreter runs programs one after another, so every ordering holds there trivially: the interpreter tests check
 the arithmetic, the tickets and the counters' reset, NOT the ordering; only a GPU can (`speechrt bench gpu --checks

@@ -9,8 +9,8 @@
   program that finishes last merges the splits), against SDPA (its grouped-query path, and on keys/values repeated
   per query head: the faster of the two is the peer); which of one and two launches is faster is noted per case;
 - the one-launch merge's memory ordering, which only a GPU can test (the interpreter runs programs one at a time):
-  each decode case called ORDER_TRIALS times on partial buffers poisoned with NaN beforehand (the allocator hands
-  the poisoned blocks back), each output against the two-launch one;
+  each decode case called ORDER_TRIALS times on partial buffers poisoned with NaN beforehand (the caching
+  allocator usually hands those blocks back to the launcher's partials), each output against the two-launch one;
 - encoder attention (non-causal, 1500 frames, d 64, float16) at Whisper tiny's 6 heads and large-v3-turbo's 20.
 
 Records: time per call, the fraction of the measured copy bandwidth (decode: the cache's bytes) or matrix throughput
@@ -191,7 +191,7 @@ def ordering(c: Case, device, trials: int | None = None) -> list[str]:
     bad = 0
     for _ in range(ORDER_TRIALS if trials is None else trials):
         poison = [torch.full(s, float("nan"), device=device) for s in ((rows, ns, bd), (rows, ns))]
-        del poison  # freed: the launcher's partials get these blocks back
+        del poison  # freed: the launcher's partials usually get these blocks back
         got = dec.decode_attention(q, k, v).float()
         bad += not (torch.isfinite(got).all() and (got - want).abs().max().item() <= 2e-2)
     left = int(dec.counters(q.device, 1).abs().max().item())
