@@ -331,6 +331,9 @@ def counters(device: torch.device, n: int) -> torch.Tensor:
     """This thread's merge counters on `device`, at least n of them, all 0 between launches (module docstring). A
     larger buffer is made only outside a CUDA graph capture; inside one, a call that needs more raises."""
     key = (str(device), threading.get_ident())
+    bufs = _COUNTERS.get(key)
+    if bufs and bufs[-1].numel() >= n:  # the usual case: no lock
+        return bufs[-1]
     with _COUNTERS_LOCK:
         bufs = _COUNTERS.setdefault(key, [])
         if not bufs or bufs[-1].numel() < n:
