@@ -240,99 +240,70 @@ def specs(hip: bool = False) -> list[Spec]:
             )
         )
 
-    # decode attention over the KV cache: SmolLM2 (9 query / 3 key-value heads, 2048-token cache,
-    # per-sequence lengths: the grouped kernel), Whisper cross-attention (6 heads over 1500 encoder
-    # states: the per-head kernel), head dim 128 grouped (32 / 8 heads) and per-head
+    # decode attention over the KV cache, in one launch (triton_decode_attention.ONE_LAUNCH): the splits merged by
+    # the last program (OUT_MODE MERGE) or one split written straight out (DIRECT) at the models' shapes: SmolLM2
+    # (9 query / 3 key-value heads: the grouped kernel), Whisper tiny (6 heads, self over its 448 positions and cross
+    # over 1500 encoder states: the per-head kernel), Llama-3.2-1B (32 / 8, d64), large-v3-turbo (20 heads, d64),
+    # head dim 128; and the two-launch path (partials, then _decode_reduce_kernel) at SmolLM2's batch 8
     dec_common = {
-        **{p: "*fp16" for p in ("q_ptr", "k_ptr", "v_ptr")},
+        **{p: "*fp16" for p in ("q_ptr", "k_ptr", "v_ptr", "o_ptr")},
         "len_ptr": "*i32",
         "po_ptr": "*fp32",
         "plse_ptr": "*fp32",
-        **int_args(
-            "sqb",
-            "sqh",
-            "skb",
-            "skh",
-            "skt",
-            "svb",
-            "svh",
-            "svt",
-            "GROUP",
-            "Tk",
-            "D",
-            "SPLIT_LEN",
-            "NUM_SPLITS",
-            "WINDOW",
-        ),
+        "cnt_ptr": "*i32",
+        **int_args("sqb", "sqh", "skb", "skh", "skt", "svb", "svh", "svt", "sob", "soh"),
+        **int_args("GROUP", "Tk", "D", "SPLIT_LEN", "NUM_SPLITS", "WINDOW"),
         "qk_scale": "fp32",
     }
-    dec_aligned = (
-        "q_ptr",
-        "k_ptr",
-        "v_ptr",
-        "len_ptr",
-        "po_ptr",
-        "plse_ptr",
-        "sqb",
-        "sqh",
-        "skb",
-        "skh",
-        "skt",
-        "svb",
-        "svh",
-        "svt",
-        "D",
-        "SPLIT_LEN",
-    )
-    for variant, B, H, Hkv, Tk, D, lens in (
-        ("smollm2 B=8 9/3 heads cache 2048 d64 +lengths", 8, 9, 3, 2048, 64, True),
-        ("whisper cross B=5 6 heads 1500 d64", 5, 6, 6, 1500, 64, False),
-        ("B=4 32/8 heads cache 4096 d128 +lengths", 4, 32, 8, 4096, 128, True),
-        ("B=4 16 heads cache 4096 d128 +lengths", 4, 16, 16, 4096, 128, True),
+    dec_aligned = ("q_ptr", "k_ptr", "v_ptr", "o_ptr", "len_ptr", "po_ptr", "plse_ptr", "cnt_ptr", "D", "SPLIT_LEN")
+    dec_aligned += ("sqb", "sqh", "skb", "skh", "skt", "svb", "svh", "svt", "sob", "soh")
+    for variant, B, H, Hkv, Tk, D, lens, one in (
+        ("smollm2 B=1 9/3 heads cache 2048 d64 +lengths", 1, 9, 3, 2048, 64, True, True),
+        ("smollm2 B=8 9/3 heads cache 2048 d64 +lengths", 8, 9, 3, 2048, 64, True, True),
+        ("smollm2 B=8 9/3 heads cache 2048 d64 +lengths two-launch", 8, 9, 3, 2048, 64, True, False),
+        ("whisper tiny self B=1 6 heads cache 448 d64 +lengths", 1, 6, 6, 448, 64, True, True),
+        ("whisper tiny cross B=5 6 heads 1500 d64", 5, 6, 6, 1500, 64, False, True),
+        ("whisper tiny cross B=64 6 heads 1500 d64", 64, 6, 6, 1500, 64, False, True),
+        ("llama-1b B=1 32/8 heads cache 4096 d64 +lengths", 1, 32, 8, 4096, 64, True, True),
+        ("llama-1b B=64 32/8 heads cache 4096 d64 +lengths", 64, 32, 8, 4096, 64, True, True),
+        ("large-v3-turbo cross B=1 20 heads 1500 d64", 1, 20, 20, 1500, 64, False, True),
+        ("B=4 32/8 heads cache 4096 d128 +lengths", 4, 32, 8, 4096, 128, True, True),
+        ("B=4 16 heads cache 4096 d128 +lengths", 4, 16, 16, 4096, 128, True, True),
     ):
         group = H // Hkv
-        c = dec.config(B * Hkv, Tk, D, group)
+        c = dec.config(B * Hkv, Tk, D, group, target=2 * (304 if hip else 132))  # an MI300X's CUs, an H100's SMs
+        mode = dec.PARTIALS if not one else dec.DIRECT if c["NUM_SPLITS"] == 1 else dec.MERGE
+        variant += {dec.PARTIALS: "", dec.DIRECT: " (one split)", dec.MERGE: f" ({c['NUM_SPLITS']} splits merged)"}[
+            mode
+        ]
+        block_s = max(2, 1 << (c["NUM_SPLITS"] - 1).bit_length())
+        flags = {
+            "HAS_LENS": lens,
+            "OUT_MODE": mode,
+            "BLOCK_S": block_s,
+            "BLOCK_N": c["BLOCK_N"],
+            "BLOCK_D": c["BLOCK_D"],
+        }
         if group > 1:
-            out.append(
-                make_spec(
-                    dec._decode_attention_grouped_kernel,
-                    variant,
-                    {**dec_common, "HKV": "i32"},
-                    {
-                        "HAS_LENS": lens,
-                        "PRECISION": dec.precision(f16),
-                        "UPCAST": False,
-                        **{k: c[k] for k in ("BLOCK_G", "BLOCK_N", "BLOCK_D")},
-                    },
-                    c,
-                    dec_aligned,
-                    matmul=True,
-                )
-            )
+            flags.update(PRECISION=dec.precision(f16), UPCAST=False, BLOCK_G=c["BLOCK_G"])
+            fn, types, mm_ = dec._decode_attention_grouped_kernel, {**dec_common, "HKV": "i32"}, True
         else:
+            fn, types, mm_ = dec._decode_attention_kernel, {**dec_common, "H": "i32"}, False
+        out.append(make_spec(fn, variant, types, flags, c, dec_aligned, matmul=mm_))
+        if mode == dec.PARTIALS:
             out.append(
                 make_spec(
-                    dec._decode_attention_kernel,
+                    dec._decode_reduce_kernel,
                     variant,
-                    {**dec_common, "H": "i32"},
-                    {"HAS_LENS": lens, "BLOCK_N": c["BLOCK_N"], "BLOCK_D": c["BLOCK_D"]},
-                    c,
-                    dec_aligned,
+                    {
+                        "po_ptr": "*fp32",
+                        "plse_ptr": "*fp32",
+                        "o_ptr": "*fp16",
+                        **int_args("H", "D", "sob", "soh", "NUM_SPLITS"),
+                    },
+                    {"BLOCK_S": block_s, "BLOCK_D": c["BLOCK_D"]},
+                    {"num_warps": 2},
+                    ("po_ptr", "plse_ptr", "o_ptr", "D", "sob", "soh"),
                 )
             )
-        out.append(
-            make_spec(
-                dec._decode_reduce_kernel,
-                variant,
-                {
-                    "po_ptr": "*fp32",
-                    "plse_ptr": "*fp32",
-                    "o_ptr": "*fp16",
-                    **int_args("H", "D", "sob", "soh", "NUM_SPLITS"),
-                },
-                {"BLOCK_S": max(2, 1 << (c["NUM_SPLITS"] - 1).bit_length()), "BLOCK_D": c["BLOCK_D"]},
-                {"num_warps": 2},
-                ("po_ptr", "plse_ptr", "o_ptr", "D", "sob", "soh"),
-            )
-        )
     return out

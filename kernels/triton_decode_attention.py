@@ -1,14 +1,50 @@
 """Decode attention: one query per sequence over a preallocated, padded KV cache, for a batch of
-sequences of different lengths. The keys are split into chunks processed by separate programs
-(flash-decoding), so a few long sequences still fill the GPU; a second kernel merges the chunks'
-partial outputs by their log-sum-exp. With grouped-query heads one program serves all the query heads
-of a key/value head (as a 16-row matrix product), so each cached key/value is read once per group, not
-once per query head. Semantics of kernels.reference.attention with Tq == 1."""
+sequences of different lengths, in one launch. The keys are split into chunks processed by separate programs
+(flash-decoding), so a few long sequences still fill the GPU; the chunks' partial outputs are merged by their
+log-sum-exp inside the same launch, by the program that finishes last. With grouped-query heads one program serves
+all the query heads of a key/value head (as a 16-row matrix product), so each cached key/value is read once per
+group, not once per query head. Semantics of kernels.reference.attention with Tq == 1.
+
+Launches. With one split (the launcher's choice when batch x heads fill the device, or a short cache) the program
+writes the normalized output straight into `o` (OUT_MODE DIRECT). With several, each program writes its partial
+output and log2-sum-exp, then draws a ticket from a per-(row, key/value head) int32 counter; the program that draws
+the last ticket (NUM_SPLITS - 1) merges every split's partials into `o`, in split order as _decode_reduce_kernel
+does (the same helper, so the result does not depend on which program came last), and puts the counter back to 0
+for the next launch or graph replay (OUT_MODE MERGE). `decode_attention(..., one_launch=False)` (or ONE_LAUNCH =
+False) keeps the former two launches, partials then _decode_reduce_kernel, for `bench gpu --checks attention`.
+
+Memory model of the merge (the pattern of CUTLASS's split-K semaphore and Triton's stream-K fix-up):
+  1. every thread stores its part of the partials (weak stores);
+  2. tl.debug_barrier() (bar.sync / s_barrier): those stores happen before the barrier for every thread of the
+     program (CTA scope);
+  3. one thread's tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu"): its release half is cumulative, so it
+     publishes at GPU scope every store ordered before it by the barrier; its acquire half, in the program that
+     draws the last ticket, synchronizes with the releases of all the other programs (each earlier ticket was a
+     release on the same counter: a release sequence), so their partials are visible to it;
+  4. a second tl.debug_barrier() orders that acquire before every thread's loads of the partials, which also go
+     through L2 (cache_modifier ".cg") so no stale L1 line of an earlier launch can be read;
+  5. the counter's reset is a plain store: the next launch on the stream starts after this one has finished.
+Compiled (AOT, Triton 3.9): sm_90 gives stores; bar.sync; one thread's atom.global.gpu.acq_rel.add; the ticket
+through shared memory and bar.sync; bar.sync; ld.global.cg. gfx942 gives stores; s_barrier; buffer_wbl2 sc1,
+s_waitcnt; global_atomic_add; s_waitcnt; buffer_inv sc1; s_barrier; loads. On AMD the other waves do not wait for
+their own stores (s_waitcnt vmcnt(0)) before the barrier: that the atomic's release still covers them rests on the
+LLVM AMDGPU memory model keeping happens-before through a workgroup barrier transitive (its CU-mode sequences for
+GFX10+ were corrected for exactly this in 2025) - unverified on an MI-series GPU.
+No program waits on another (no spin), so the merge cannot deadlock whatever order the programs run in. The Triton
+interpreter runs programs one after another, so every ordering holds there trivially: the interpreter tests check
+the arithmetic, the tickets and the counters' reset, NOT the ordering; only a GPU can (`speechrt bench gpu --checks
+attention` compares the one-launch output with the two-launch one at every shape it times).
+
+The counters persist across calls and graph replays: one zeroed buffer per (device, thread) (the families of the
+server capture and replay their graphs each on their own thread and stream, and two launches running at the same
+time must not share counters), never freed (a captured graph holds its address), grown only outside a capture;
+CapturedStep's eager warm-up runs the step before capturing it, so the buffer exists by then."""
 
 from __future__ import annotations
 
 import functools
 import math
+import threading
 
 import torch
 import triton
@@ -23,6 +59,9 @@ LOG2E = 1.4426950408889634
 # cost (the reduce reads D floats per split). `bench gpu --checks attention` times 1, 2 and 4 per SM beside it.
 PROGRAMS_PER_SM = 2
 DEFAULT_SMS = 128  # without a GPU (the interpreter): an H100-class part's count (132 SMs)
+ONE_LAUNCH = True  # the launcher's default: merge in the same launch (False: partials, then _decode_reduce_kernel)
+PARTIALS, DIRECT, MERGE = 0, 1, 2  # OUT_MODE: partials for the reduce kernel; one split into o; last ticket merges
+MIN_COUNTERS = 4096  # the counter buffer's first size (int32: 16 KB), grown to B x H when a call needs more
 
 
 @functools.lru_cache(maxsize=16)
@@ -51,6 +90,8 @@ def _decode_attention_kernel(
     len_ptr,
     po_ptr,
     plse_ptr,
+    o_ptr,
+    cnt_ptr,
     sqb,
     sqh,
     skb,
@@ -59,6 +100,8 @@ def _decode_attention_kernel(
     svb,
     svh,
     svt,
+    sob,
+    soh,
     H,
     GROUP,
     Tk,
@@ -68,6 +111,8 @@ def _decode_attention_kernel(
     NUM_SPLITS,
     WINDOW,
     HAS_LENS: tl.constexpr,
+    OUT_MODE: tl.constexpr,
+    BLOCK_S: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -105,11 +150,23 @@ def _decode_attention_kernel(
         acc = acc * alpha + tl.sum(p[:, None] * vt, axis=0)
         l_i = l_i * alpha + tl.sum(p, axis=0)
         m_i = m_new
-    # partials [B * H, NUM_SPLITS, BLOCK_D] and log2-sum-exp [B * H, NUM_SPLITS]; empty split -> -inf
-    row = bh.to(tl.int64) * NUM_SPLITS + split
-    tl.store(po_ptr + row * BLOCK_D + offs_d, acc / tl.where(l_i > 0.0, l_i, 1.0))
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    tl.store(plse_ptr + row, tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf")))
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # no valid key: zeros
+    po = o_ptr + b * sob + h * soh + offs_d
+    if OUT_MODE == 1:  # DIRECT: the only split
+        tl.store(po, (acc / l_safe).to(o_ptr.dtype.element_ty), mask=dm)
+    else:
+        # partials [B * H, NUM_SPLITS, BLOCK_D] and log2-sum-exp [B * H, NUM_SPLITS]; empty split -> -inf
+        row = bh.to(tl.int64) * NUM_SPLITS + split
+        tl.store(po_ptr + row * BLOCK_D + offs_d, acc / l_safe)
+        tl.store(plse_ptr + row, tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf")))
+        if OUT_MODE == 2:  # MERGE: the last of the row's programs merges (module docstring: the memory model)
+            tl.debug_barrier()
+            ticket = tl.atomic_add(cnt_ptr + bh, 1, sem="acq_rel", scope="gpu")
+            if ticket == NUM_SPLITS - 1:
+                tl.debug_barrier()
+                out = _merge_splits(po_ptr, plse_ptr, bh, NUM_SPLITS, BLOCK_S, BLOCK_D)
+                tl.store(po, out.to(o_ptr.dtype.element_ty), mask=dm)
+                tl.store(cnt_ptr + bh, 0)
 
 
 @triton.jit
@@ -120,6 +177,8 @@ def _decode_attention_grouped_kernel(
     len_ptr,
     po_ptr,
     plse_ptr,
+    o_ptr,
+    cnt_ptr,
     sqb,
     sqh,
     skb,
@@ -128,6 +187,8 @@ def _decode_attention_grouped_kernel(
     svb,
     svh,
     svt,
+    sob,
+    soh,
     HKV,
     GROUP,
     Tk,
@@ -137,6 +198,8 @@ def _decode_attention_grouped_kernel(
     NUM_SPLITS,
     WINDOW,
     HAS_LENS: tl.constexpr,
+    OUT_MODE: tl.constexpr,
+    BLOCK_S: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     BLOCK_G: tl.constexpr,
@@ -187,30 +250,54 @@ def _decode_attention_grouped_kernel(
             pt, vt = pt.to(tl.float32), vt.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(pt, vt, input_precision=PRECISION)
         m_i = m_new
-    # same partial layout as the per-head kernel: row (b * H + h) * NUM_SPLITS + split
-    row = (b * HKV * GROUP + h) * NUM_SPLITS + split
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    tl.store(po_ptr + row[:, None] * BLOCK_D + offs_d[None, :], acc / l_safe[:, None], mask=gm[:, None])
-    tl.store(plse_ptr + row, tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf")), mask=gm)
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # no valid key: zeros
+    if OUT_MODE == 1:  # DIRECT: the only split
+        po = o_ptr + b * sob + h[:, None] * soh + offs_d[None, :]
+        tl.store(po, (acc / l_safe[:, None]).to(o_ptr.dtype.element_ty), mask=gm[:, None] & dm[None, :])
+    else:
+        # same partial layout as the per-head kernel: row (b * H + h) * NUM_SPLITS + split
+        row = (b * HKV * GROUP + h) * NUM_SPLITS + split
+        tl.store(po_ptr + row[:, None] * BLOCK_D + offs_d[None, :], acc / l_safe[:, None], mask=gm[:, None])
+        tl.store(plse_ptr + row, tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf")), mask=gm)
+        if OUT_MODE == 2:  # MERGE: the last of the group's programs merges its heads (module docstring)
+            tl.debug_barrier()
+            ticket = tl.atomic_add(cnt_ptr + bk, 1, sem="acq_rel", scope="gpu")
+            if ticket == NUM_SPLITS - 1:
+                tl.debug_barrier()
+                for g in range(GROUP):  # head by head: [BLOCK_S, BLOCK_D] partials each, as the reduce kernel
+                    hg = hk * GROUP + g
+                    out = _merge_splits(po_ptr, plse_ptr, b * HKV * GROUP + hg, NUM_SPLITS, BLOCK_S, BLOCK_D)
+                    tl.store(o_ptr + b * sob + hg * soh + offs_d, out.to(o_ptr.dtype.element_ty), mask=dm)
+                tl.store(cnt_ptr + bk, 0)
+
+
+@triton.jit
+def _merge_splits(po_ptr, plse_ptr, bh, NUM_SPLITS, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Partial row bh's NUM_SPLITS partial outputs weighted by their log2-sum-exp -> [BLOCK_D] float32; the same
+    arithmetic in the same order wherever it runs. Loads through L2 (".cg"): another program wrote them."""
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    sm = offs_s < NUM_SPLITS
+    base = bh.to(tl.int64) * NUM_SPLITS
+    lse = tl.load(plse_ptr + base + offs_s, mask=sm, other=float("-inf"), cache_modifier=".cg")
+    m = tl.max(lse, axis=0)
+    w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))  # all splits empty -> weights 0 -> zeros
+    pp = po_ptr + (base + offs_s[:, None]) * BLOCK_D + offs_d[None, :]
+    po = tl.load(pp, mask=sm[:, None], other=0.0, cache_modifier=".cg")
+    tot = tl.sum(w, axis=0)
+    return tl.sum(w[:, None] * po, axis=0) / tl.where(tot > 0.0, tot, 1.0)
 
 
 @triton.jit
 def _decode_reduce_kernel(
     po_ptr, plse_ptr, o_ptr, H, D, sob, soh, NUM_SPLITS, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr
 ):
+    # the two-launch path's second launch (ONE_LAUNCH False): one program per (b, h)
     bh = tl.program_id(0)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
-    offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    sm = offs_s < NUM_SPLITS
-    base = bh.to(tl.int64) * NUM_SPLITS
-    lse = tl.load(plse_ptr + base + offs_s, mask=sm, other=float("-inf"))
-    m = tl.max(lse, axis=0)
-    w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))  # all splits empty -> weights 0 -> zeros
-    po = tl.load(po_ptr + (base + offs_s[:, None]) * BLOCK_D + offs_d[None, :], mask=sm[:, None], other=0.0)
-    tot = tl.sum(w, axis=0)
-    out = tl.sum(w[:, None] * po, axis=0) / tl.where(tot > 0.0, tot, 1.0)
+    out = _merge_splits(po_ptr, plse_ptr, bh, NUM_SPLITS, BLOCK_S, BLOCK_D)
     tl.store(o_ptr + b * sob + h * soh + offs_d, out.to(o_ptr.dtype.element_ty), mask=offs_d < D)
 
 
@@ -241,6 +328,29 @@ def config(
     return cfg
 
 
+_COUNTERS: dict = {}  # (device, thread id) -> int32 zeros; every buffer ever made is kept (graphs hold them)
+_COUNTERS_LOCK = threading.Lock()
+
+
+def counters(device: torch.device, n: int) -> torch.Tensor:
+    """This thread's merge counters on `device`, at least n of them, all 0 between launches (module docstring). A
+    larger buffer is made only outside a CUDA graph capture; inside one, a call that needs more raises."""
+    key = (str(device), threading.get_ident())
+    bufs = _COUNTERS.get(key)
+    if bufs and bufs[-1].numel() >= n:  # the usual case: no lock
+        return bufs[-1]
+    with _COUNTERS_LOCK:
+        bufs = _COUNTERS.setdefault(key, [])
+        if not bufs or bufs[-1].numel() < n:
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    f"decode attention needs {n} merge counters inside a CUDA graph capture but this thread has "
+                    f"{bufs[-1].numel() if bufs else 0}: run the step once before capturing it"
+                )
+            bufs.append(torch.zeros(max(n, MIN_COUNTERS), dtype=torch.int32, device=device))
+        return bufs[-1]
+
+
 def decode_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -249,10 +359,12 @@ def decode_attention(
     lengths: torch.Tensor | None = None,
     num_splits: int | None = None,
     window: int = 0,
+    one_launch: bool | None = None,
 ) -> torch.Tensor:
     """q [B, H, 1, D]; k, v [B, Hkv, Tk, D] (the cache, possibly a strided view); lengths [B] or None
     (all Tk keys valid) -> [B, H, 1, D]. `num_splits` overrides the launcher's choice (tests); `window`: the
-    last `window` valid keys only (a sliding-window layer)."""
+    last `window` valid keys only (a sliding-window layer); `one_launch` (default ONE_LAUNCH): merge the splits in
+    the same launch, False: partials then the reduce kernel (the former path, kept for `bench gpu`)."""
     B, H, Tq, D = q.shape
     assert Tq == 1, "decode_attention takes one query per sequence"
     Hkv, Tk = k.shape[1], k.shape[2]
@@ -268,28 +380,31 @@ def decode_attention(
     group = H // Hkv
     cfg = config(B * Hkv, Tk, D, group, num_splits, target_programs(q.device))
     ns, bd = cfg["NUM_SPLITS"], cfg["BLOCK_D"]
-    part_o = torch.empty((B * H, ns, bd), dtype=torch.float32, device=q.device)
-    part_lse = torch.empty((B * H, ns), dtype=torch.float32, device=q.device)
+    one_launch = ONE_LAUNCH if one_launch is None else one_launch
+    mode = PARTIALS if not one_launch else DIRECT if ns == 1 else MERGE
+    if mode == DIRECT:  # no partials, no counters: the pointers are not read
+        part_o = part_lse = cnt = o
+    else:
+        part_o = torch.empty((B * H, ns, bd), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((B * H, ns), dtype=torch.float32, device=q.device)
+        cnt = counters(q.device, B * Hkv) if mode == MERGE else part_lse
     lens = lengths if lengths is not None else q
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2))
+    args = (q, k, v, lens, part_o, part_lse, o, cnt, *strides, o.stride(0), o.stride(1))
+    block_s = triton.next_power_of_2(ns)
+    tail = (cfg["SPLIT_LEN"], ns, int(window))
     if group > 1:
         _decode_attention_grouped_kernel[(B * Hkv, ns)](
-            q,
-            k,
-            v,
-            lens,
-            part_o,
-            part_lse,
-            *strides,
+            *args,
             Hkv,
             group,
             Tk,
             D,
             scale * LOG2E,
-            cfg["SPLIT_LEN"],
-            ns,
-            int(window),
+            *tail,
             HAS_LENS=lengths is not None,
+            OUT_MODE=mode,
+            BLOCK_S=block_s,
             PRECISION=precision(q.dtype),
             UPCAST=upcast(q.dtype),
             BLOCK_G=cfg["BLOCK_G"],
@@ -299,39 +414,34 @@ def decode_attention(
         )
     else:
         _decode_attention_kernel[(B * H, ns)](
-            q,
-            k,
-            v,
-            lens,
-            part_o,
-            part_lse,
-            *strides,
+            *args,
             H,
             1,
             Tk,
             D,
             scale * LOG2E,
-            cfg["SPLIT_LEN"],
-            ns,
-            int(window),
+            *tail,
             HAS_LENS=lengths is not None,
+            OUT_MODE=mode,
+            BLOCK_S=block_s,
             BLOCK_N=cfg["BLOCK_N"],
             BLOCK_D=bd,
             num_warps=cfg["num_warps"],
         )
-    _decode_reduce_kernel[(B * H,)](
-        part_o,
-        part_lse,
-        o,
-        H,
-        D,
-        o.stride(0),
-        o.stride(1),
-        ns,
-        BLOCK_S=triton.next_power_of_2(ns),
-        BLOCK_D=bd,
-        num_warps=2,
-    )
+    if mode == PARTIALS:
+        _decode_reduce_kernel[(B * H,)](
+            part_o,
+            part_lse,
+            o,
+            H,
+            D,
+            o.stride(0),
+            o.stride(1),
+            ns,
+            BLOCK_S=block_s,
+            BLOCK_D=bd,
+            num_warps=2,
+        )
     return o
 
 

@@ -4,9 +4,13 @@
   batch 1, 8 and 64 over a short (448: Whisper's decoder context) and a long cache (4096): ours with the launcher's
   split along the cache (flash-decoding; kernels/triton_decode_attention.config: split until batch x key-value heads
   x splits reaches PROGRAMS_PER_SM per SM / CU, never below 4 key blocks a split; the split count is in each record;
-  the rule at 1 and 4 programs per SM beside it where those split otherwise) and the same
-  kernel unsplit, against SDPA (its grouped-query path, and on keys/values repeated per query head: the faster of
-  the two is the peer);
+  the rule at 1 and 4 programs per SM beside it where those split otherwise), the same kernel unsplit, and the
+  former two launches (partials, then a merge kernel: `speechrt-two-launch`) beside the default one launch (the
+  program that finishes last merges the splits), against SDPA (its grouped-query path, and on keys/values repeated
+  per query head: the faster of the two is the peer); which of one and two launches is faster is noted per case;
+- the one-launch merge's memory ordering, which only a GPU can test (the interpreter runs programs one at a time):
+  each decode case called ORDER_TRIALS times on partial buffers poisoned with NaN beforehand (the caching
+  allocator usually hands those blocks back to the launcher's partials), each output against the two-launch one;
 - encoder attention (non-causal, 1500 frames, d 64, float16) at Whisper tiny's 6 heads and large-v3-turbo's 20.
 
 Records: time per call, the fraction of the measured copy bandwidth (decode: the cache's bytes) or matrix throughput
@@ -39,6 +43,7 @@ class Case:
 
 
 DECODE = tuple(Case("decode", b, 32, 8, t) for t in (448, 4096) for b in (1, 8, 64))
+ORDER_TRIALS = 20
 ENCODER = (Case("encoder", 1, 6, 6, 1500, dtype="float16"), Case("encoder", 1, 20, 20, 1500, dtype="float16"))
 
 
@@ -93,6 +98,7 @@ def variants(c: Case, device):
     if c.kind == "decode":
         fns["speechrt"] = lambda: decode_attention(q, k, v)
         fns["speechrt-unsplit"] = lambda: decode_attention(q, k, v, num_splits=1)
+        fns["speechrt-two-launch"] = lambda: decode_attention(q, k, v, one_launch=False)
         for m, ns in per_sm_splits(c, device).items():  # the split rule's sweep: other programs per SM
             fns[f"speechrt-{m}-per-sm"] = lambda ns=ns: decode_attention(q, k, v, num_splits=ns)
     else:
@@ -155,15 +161,42 @@ def run_cases(device, cases, out: Results, timer, peak) -> list[str]:
                         "batch": c.batch,
                         "length": c.length,
                         "num_splits": 1 if v == "speechrt-unsplit" else sweep.get(_per_sm(v), splits),
+                        "launches": 2 if v == "speechrt-two-launch" else 1,
                         ("bytes" if c.kind == "decode" else "flops"): work,
                         "fraction_of_roof": frac if peak.bandwidth_gbps else 0.0,
                         "vs_sdpa": sdpa / t,
                     },
                 )
             )
+        if c.kind == "decode":
+            bad += ordering(c, device)
         if getattr(device, "type", "") == "cuda":
             torch.cuda.empty_cache()
     return bad
+
+
+def ordering(c: Case, device, trials: int | None = None) -> list[str]:
+    """The one-launch merge against the two-launch path, `trials` times on partial buffers filled with NaN before
+    each call (a merge that reads a split's partials before they are written gives NaN or a wrong row) -> problems."""
+    import torch
+
+    from speechrt.kernels import triton_decode_attention as dec
+
+    q, k, v = _inputs(c, device)
+    cfg = dec.config(
+        c.batch * c.kv_heads, c.length, c.head_dim, c.heads // c.kv_heads, target=dec.target_programs(device)
+    )
+    rows, ns, bd = c.batch * c.heads, cfg["NUM_SPLITS"], cfg["BLOCK_D"]
+    want = dec.decode_attention(q, k, v, one_launch=False).float()
+    bad = 0
+    for _ in range(ORDER_TRIALS if trials is None else trials):
+        poison = [torch.full(s, float("nan"), device=device) for s in ((rows, ns, bd), (rows, ns))]
+        del poison  # freed: the launcher's partials usually get these blocks back
+        got = dec.decode_attention(q, k, v).float()
+        bad += not (torch.isfinite(got).all() and (got - want).abs().max().item() <= 2e-2)
+    left = int(dec.counters(q.device, 1).abs().max().item())
+    out = [f"{c.label}: one launch differs from two in {bad} of {trials or ORDER_TRIALS} calls"] if bad else []
+    return out + ([f"{c.label}: merge counters left at {left}, not 0"] if left else [])
 
 
 def check_attention(dev, out: Results, cases=DECODE + ENCODER, peak=None, clock=None):
@@ -192,6 +225,10 @@ def check_attention(dev, out: Results, cases=DECODE + ENCODER, peak=None, clock=
     ]
     if beaten:
         out.notes.append("attention: the split rule was beaten by 5 % or more at " + "; ".join(beaten))
+    two = {r.workload: r.value for r in out.records[n0:] if r.backend == "speechrt-two-launch"}
+    faster = [f"{r.workload}: {two[r.workload] / r.value:.2f}x" for r in ours if r.workload in two]
+    if faster:
+        out.notes.append("attention: one launch against two (two-launch time / one-launch time): " + "; ".join(faster))
     parts = [f"{r.workload}: {r.params['vs_sdpa']:.2f}x SDPA ({r.value:.0f} us)" for r in ours]
     slower = sum(r.params["vs_sdpa"] < 1 for r in ours)
     return ("fail" if bad else "pass"), "; ".join(

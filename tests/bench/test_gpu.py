@@ -234,8 +234,9 @@ def test_asr_turbo_check_runs_up_to_its_gpu_part(monkeypatch):
 
 
 def test_attention_check_runs_up_to_its_gpu_part(monkeypatch):
-    """The attention check on tiny cases on the CPU: our decode attention (split by the launcher's rule and unsplit)
-    and encoder attention against SDPA, with the ratio and the split count recorded."""
+    """The attention check on tiny cases on the CPU: our decode attention (split by the launcher's rule and unsplit,
+    in one launch and in two) and encoder attention against SDPA, with the ratio and the split count recorded; the
+    one-launch merge's ordering trials (here, where programs run one at a time, they only run)."""
     _interpreted()
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     from speechrt.bench import gpu_attention as ga
@@ -243,17 +244,24 @@ def test_attention_check_runs_up_to_its_gpu_part(monkeypatch):
 
     assert len(ga.DECODE) == 6 and {c.batch for c in ga.DECODE} == {1, 8, 64}
     cases = [ga.Case("decode", 2, 4, 2, 300, 16, "float32"), ga.Case("encoder", 1, 2, 2, 40, 16, "float32")]
+    monkeypatch.setattr(ga, "ORDER_TRIALS", 2)
     out = Results()
     status, detail = ga.check_attention(torch.device("cpu"), out, cases, _peak(), _one_time)
     assert status == "pass" and " cases at least as fast as SDPA; decode attention B=2 4/2 heads x 300 d16: " in detail
     assert out.notes[0].startswith("attention: decode attention splits along the cache until batch x key-value heads")
     by = {(r.params["kind"], r.backend): r for r in out.records}
-    assert set(by) == {("decode", v) for v in ("sdpa", "sdpa-expanded", "speechrt", "speechrt-unsplit")} | {
+    decode = ("sdpa", "sdpa-expanded", "speechrt", "speechrt-unsplit", "speechrt-two-launch")
+    assert set(by) == {("decode", v) for v in decode} | {
         ("encoder", "sdpa"),
         ("encoder", "speechrt"),
     }
     assert by["decode", "speechrt"].params["num_splits"] > 1
     assert by["decode", "speechrt-unsplit"].params["num_splits"] == 1
+    assert (by["decode", "speechrt"].params["launches"], by["decode", "speechrt-two-launch"].params["launches"]) == (
+        1,
+        2,
+    )
+    assert out.notes[-1].startswith("attention: one launch against two (two-launch time / one-launch time): decode")
     assert by["encoder", "speechrt"].params["vs_sdpa"] > 0 and by["encoder", "speechrt"].peer == "sdpa"
 
 

@@ -340,6 +340,119 @@ def test_decode_attention_split_counts(num_splits):
     close(decode_attention(q, k, v, lengths=L, num_splits=num_splits), ref.attention(q, k, v, lengths=L))
 
 
+def _one_launch_checks(dec, dtype, B, H, Hkv, D, window, lens, splits=(1, 2, 5)):
+    """`dec` (kernels.triton_decode_attention or a mutant of it): in one launch, per split count, the output equals
+    the two-launch path's (the same merge helper on the same partials: exactly, in the interpreter), the reference on
+    rows with keys and zeros on rows without, and every merge counter is back to 0 (a graph replay starts clean)."""
+    Tk = 300  # 5 splits of 64 keys (BLOCK_N 64; 2 x 32 at d128)
+    q = rand(B, H, 1, D, dtype=dtype, seed=1)
+    k, v = rand(B, Hkv, Tk, D, dtype=dtype, seed=2), rand(B, Hkv, Tk, D, dtype=dtype, seed=3)
+    L = torch.tensor(lens, device=DEVICE)
+    keep = L > 0
+    exp = ref.attention(q[keep], k[keep], v[keep], causal=True, lengths=L[keep], window=window)
+    for ns in splits:
+        one = dec.decode_attention(q, k, v, lengths=L, num_splits=ns, window=window)
+        two = dec.decode_attention(q, k, v, lengths=L, num_splits=ns, window=window, one_launch=False)
+        if DEVICE == "cpu":
+            assert torch.equal(one, two), ns
+        close(one, two)
+        close(one[keep], exp)
+        assert one[~keep].abs().max() == 0 if not keep.all() else True
+        assert dec.counters(q.device, 1).abs().max() == 0, ns
+
+
+@pytest.mark.parametrize(
+    "dtype,B,H,Hkv,D,window,lens",
+    [
+        (torch.float32, 3, 4, 4, 64, 0, [300, 0, 131]),  # per-head kernel, an empty and a full row
+        (torch.float32, 1, 8, 4, 80, 0, [7]),  # group 2, d80: one key, the other splits empty
+        (torch.bfloat16, 3, 8, 2, 128, 40, [300, 100, 0]),  # group 4, d128, a sliding window
+        (torch.float16, 3, 8, 1, 64, 0, [1, 300, 65]),  # group 8
+        (torch.float16, 1, 3, 3, 80, 70, [300]),  # per-head, d80, a window across a split boundary
+    ],
+)
+def test_decode_attention_one_launch(dtype, B, H, Hkv, D, window, lens):
+    """Decode attention in one launch (the splits merged by the program that draws the last ticket; one split
+    written straight into the output) against the two-launch path and the reference, forced split counts 1, 2, 5."""
+    from speechrt.kernels import triton_decode_attention as dec
+
+    assert dec.ONE_LAUNCH
+    _one_launch_checks(dec, dtype, B, H, Hkv, D, window, lens)
+
+
+@pytest.mark.parametrize("last", ["NUM_SPLITS - 2", "NUM_SPLITS"])
+def test_decode_attention_merge_mutant_fails(tmp_path, last):
+    """The checks above catch a merge by the wrong program: the module with the last-ticket test off by one fails
+    them (NUM_SPLITS - 2: the next-to-last program merges before the last split is written and resets the counter,
+    which the last then leaves at 1; NUM_SPLITS: no program merges). At 2 splits the first mutant would heal itself
+    (the reset lets the last program draw ticket 0 and merge again), so 5."""
+    import importlib.util
+    import inspect
+
+    from speechrt.kernels import triton_decode_attention as dec
+
+    src = inspect.getsource(dec).replace("from .triton_matmul", "from speechrt.kernels.triton_matmul")
+    assert src.count("ticket == NUM_SPLITS - 1") == 2
+    path = tmp_path / "mutant_decode_attention.py"
+    path.write_text(src.replace("ticket == NUM_SPLITS - 1", f"ticket == {last}"))
+    spec = importlib.util.spec_from_file_location("mutant_decode_attention", path)
+    mutant = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mutant)
+    for H, Hkv in ((2, 2), (4, 2)):  # the per-head and the grouped kernel
+        with pytest.raises(AssertionError):
+            _one_launch_checks(mutant, torch.float32, 1, H, Hkv, 16, 0, [300], splits=(5,))
+
+
+def test_decode_attention_counters_persist():
+    """One zeroed counter buffer per (device, thread), the same tensor across calls (a captured graph holds its
+    address), grown to B x key/value heads when a call needs more, the smaller one kept alive."""
+    from speechrt.kernels import triton_decode_attention as dec
+
+    dev = torch.device(DEVICE)
+    a = dec.counters(dev, 8)
+    assert a.dtype == torch.int32 and a.numel() >= dec.MIN_COUNTERS and dec.counters(dev, 8) is a
+    b = dec.counters(dev, a.numel() + 1)
+    assert b.numel() == a.numel() + 1 and b.abs().max() == 0 and dec.counters(dev, 8) is b
+    assert any(x is a for bufs in dec._COUNTERS.values() for x in bufs)
+
+
+@torch.inference_mode()
+def test_llama_fused_decode_step_launches(monkeypatch):
+    """The fused Llama decode step's launches, counted in the interpreter on a tiny random model (SmolLM2's layout:
+    grouped heads) over a cache long enough to split: per layer the four fused kernels and ONE decode attention (the
+    splits merged in the same launch; two launches before), then the final norm and the logits. SmolLM2-135M's 30
+    layers: 152 launches a step, 182 before."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from speechrt.kernels import triton_decode_attention as dec
+    from speechrt.kernels import triton_fused
+    from speechrt.models.llama import Llama, LlamaConfig, layer_tensors
+    from speechrt.models.llama_fused import decode_range_fused
+
+    if not isinstance(dec._decode_attention_grouped_kernel, InterpretedFunction):
+        pytest.skip("counts the interpreter's launches; the kernels are compiled for a GPU in this process")
+    cfg = LlamaConfig(vocab_size=50, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=48, max_seq_len=300)
+    D, g = cfg.dim // cfg.n_heads, torch.Generator().manual_seed(0)
+    shape = {"wq": (4 * D, 32), "wk": (2 * D, 32), "wv": (2 * D, 32), "wo": (32, 4 * D), "w_gate": (48, 32)}
+    shape.update(w_up=(48, 32), w_down=(32, 48), attn_norm=(32,), ffn_norm=(32,))
+    w = {"tok_embeddings": torch.randn(50, 32, generator=g) * 0.2, "norm": torch.ones(32)}
+    for i in range(cfg.n_layers):
+        w.update({f"layers.{i}.{n}": torch.randn(shape[n], generator=g) * 0.2 for n in layer_tensors(cfg)})
+    model = Llama(cfg, w, kernels.select("triton", "cpu"), torch.device("cpu"), "float32")
+    cache = model.new_cache(2, 300)
+    assert dec.config(2 * cfg.n_kv_heads, 300, D, 2)["NUM_SPLITS"] > 1  # the merge, not the one-split path
+    launched, run = [], InterpretedFunction.run
+    monkeypatch.setattr(
+        InterpretedFunction, "run", lambda self, *a, **k: launched.append(self.fn.__name__) or run(self, *a, **k)
+    )
+    decode_range_fused(model, triton_fused.OPS, cache, 0, torch.tensor([3, 4]), torch.tensor([280, 5]), 300)
+    assert (
+        launched.count("_decode_attention_grouped_kernel") == cfg.n_layers and "_decode_reduce_kernel" not in launched
+    )
+    assert len(launched) == 5 * cfg.n_layers + 2, launched
+    assert dec.counters(torch.device("cpu"), 1).abs().max() == 0
+
+
 def test_split_rule_follows_the_devices_multiprocessor_count():
     """Splits along the cache until batch x key/value heads x splits reaches PROGRAMS_PER_SM per SM / CU: an
     MI300X's 304 CUs split a long cache twice as finely as an H100's 132 SMs; a short cache, or a batch that fills
