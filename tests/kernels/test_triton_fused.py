@@ -271,16 +271,23 @@ def quantized(fmt, G, N, K, seed):
 def test_quant_norm_qkv_rope(fq, dtype, fmt, G, K, M, bias, qk_norm):
     """Q, K and V of the quantized projection (+ the Qwen2 bias, + the Qwen3 head norms, grouped heads) equal the
     reference's, at each row's (slot, position)."""
-    from speechrt.kernels import reference_quant as rq
 
     x, kw = qkv_case(M, dtype, bias, qk_norm, seed=K + M, dim=K)
     kw["wqkv"], _ = quantized(fmt, G, (H + 2 * HKV) * D, K, seed=M)
+    kc = quant_qkv_equals_reference(fq, x, kw, dtype)
+    assert not torch.equal(kc, caches(dtype)[0])
+
+
+def quant_qkv_equals_reference(fq, x, kw, dtype):
+    """fq.norm_qkv_rope's Q and cache writes against reference_quant's on fresh caches -> the caches it wrote."""
+    from speechrt.kernels import reference_quant as rq
+
     kc, vc = caches(dtype)
     rk, rv = kc.clone(), vc.clone()
     close(fq.norm_qkv_rope(x, k_cache=kc, v_cache=vc, **kw), rq.norm_qkv_rope(x, k_cache=rk, v_cache=rv, **kw))
     close(kc, rk)
     close(vc, rv)
-    assert not torch.equal(kc, caches(dtype)[0])
+    return kc
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -359,11 +366,7 @@ def test_split_k_norm_ops(fq, monkeypatch, dtype, fmt, G, K, splits):
         x, kw = qkv_case(M, dtype, extras, extras, seed=K + M, dim=K)
         if fmt != "float":
             kw["wqkv"], _ = quantized(fmt, G, (H + 2 * HKV) * D, K, seed=M)
-        kc, vc = caches(dtype)
-        rk, rv = kc.clone(), vc.clone()
-        close(fq.norm_qkv_rope(x, k_cache=kc, v_cache=vc, **kw), rq.norm_qkv_rope(x, k_cache=rk, v_cache=rv, **kw))
-        close(kc, rk)
-        close(vc, rv)
+        quant_qkv_equals_reference(fq, x, kw, dtype)
     g = rand(K, dtype=dtype, seed=3, scale=0.5) + 1
     w, wf = (
         quantized(fmt, G, 90, K, seed=4) if fmt != "float" else (rand(90, K, dtype=dtype, seed=4, scale=K**-0.5),) * 2
