@@ -12,15 +12,20 @@ kernel's; only float32 summation order differs. The weight format only changes t
 
 The rule (k_splits): a grid of fewer programs than the device has SMs splits into as many as bring it near
 target_programs (two per SM: kernels/triton_decode_attention.py; 128 SMs assumed without a GPU), each split keeping
-at least 4 K tiles. A grid of at least one program per SM does not split (a second launch and the partials' round
-trip would buy less than they cost). Programs of a one-row step, on an H100 (132 SMs, target 264):
+at least MIN_SPLIT_TILES (8) K tiles. A grid of at least one program per SM does not split (a second launch and the
+partials' round trip would buy less than they cost), nor does a short K: a program's K loop of a few tiles is a few
+dependent loads, about what the second launch costs, and at the embedded SmolLM2's size the step's time is set by
+its launches (with 4 tiles a split, its two norm-folded ops split in 2: 60 more launches a step). Programs of a
+one-row step, on an H100 (132 SMs, target 264):
 
     one-row step (bf16; fp8, int8, int4 G 128 alike)   Llama-3.2-1B, K 2048       SmolLM2-135M, K 576
-    norm_qkv_rope, 16 column pairs a program           96 -> 3 splits: 288        30 -> 2 splits: 60
-    norm_qkv_rope, Qwen3 head norms (whole heads)      48 -> 6 splits: 288        15 -> 2 splits: 30
-    norm_gate_up, 32 columns a program                 256: no split              48 -> 2 splits: 96
+    norm_qkv_rope, 16 column pairs a program           96 -> 3 splits: 288        30: no split
+    norm_qkv_rope, Qwen3 head norms (whole heads)      48 -> 4 splits: 192        15: no split
+    norm_gate_up, 32 columns a program                 256: no split              48: no split
 
-(int4 in groups of 32 has K tiles of 32: SmolLM2's split in 4.) Up to 16 rows (one row tile): the same splits.
+(int4 in groups of 32 has K tiles of 32: SmolLM2's split in 2.) Up to 16 rows (one row tile): the same splits.
+The minimum is a reasoned guess until a GPU times it: `bench gpu --checks lm-fused` runs each step with the rule and
+with SPLITS = 1 at both shapes.
 
 `SPLITS` overrides the rule (1: no split; n: n splits, each at least one K tile, the tests' and the benchmarks'
 knob: `bench gpu` times the steps with the rule and with SPLITS = 1)."""
@@ -35,6 +40,7 @@ from . import triton_fused_parts as fp
 from .triton_decode_attention import PROGRAMS_PER_SM, target_programs
 
 SPLITS: int | None = None  # None: the rule (k_splits); an int: that many splits of the norm-folded ops (1: none)
+MIN_SPLIT_TILES = 8  # K tiles each split keeps at least, by the rule
 
 
 def k_splits(tiles: int, K: int, bk: int, device=None, splits: int | None = None) -> tuple[int, int]:
@@ -43,7 +49,9 @@ def k_splits(tiles: int, K: int, bk: int, device=None, splits: int | None = None
     (see the module's docstring)."""
     target = target_programs(device)
     if splits is None:
-        splits = min(triton.cdiv(target, tiles), K // (4 * bk)) if tiles * PROGRAMS_PER_SM <= target else 1
+        splits = (
+            min(triton.cdiv(target, tiles), K // (MIN_SPLIT_TILES * bk)) if tiles * PROGRAMS_PER_SM <= target else 1
+        )
     k_split = triton.cdiv(triton.cdiv(K, max(1, splits)), bk) * bk
     return triton.cdiv(K, k_split), k_split
 

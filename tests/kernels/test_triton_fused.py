@@ -309,16 +309,16 @@ def test_quant_linear_residual_and_norm_gate_up(fq, dtype, fmt, G, K):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("fmt,G,K", [("int4", 128, 1024), ("fp8", 0, 600)])
+@pytest.mark.parametrize("fmt,G,K", [("int4", 128, 1024), ("fp8", 0, 1200)])
 def test_quant_linear_residual_split_k(fq, dtype, fmt, G, K):
-    """A one-row step's projection + residual (+ a bias) with K split among programs (int4: 4 splits of 256; fp8: 320
-    and 280, the last not a whole K tile), their float32 partial sums added up by the second launch."""
+    """A one-row step's projection + residual (+ a bias) with K split among programs (int4: 2 splits of 512; fp8: 640
+    and 560, the last not a whole K tile), their float32 partial sums added up by the second launch."""
     from speechrt.kernels import reference_quant as rq
 
     x = rand(1, K, dtype=dtype, seed=6)
     w, wf = quantized(fmt, G, 37, K, seed=7)
     r, b = rand(1, 37, dtype=dtype, seed=8), rand(37, dtype=dtype, seed=9)
-    assert fq.k_splits(1, 37, K, fq.fused_config(fq.FORMATS[w[0].dtype], G)(1, dtype)) == ((4, 256) if G else (2, 320))
+    assert fq.k_splits(1, 37, K, fq.fused_config(fq.FORMATS[w[0].dtype], G)(1, dtype)) == ((2, 512) if G else (2, 640))
     truth = ref.linear_residual(x.float(), wf, r.float(), b.float())
     close(fq.linear_residual(x, w, r, b), rq.linear_residual(x, w, r, b), truth)
 
@@ -342,10 +342,10 @@ def test_quant_nan_confined_and_bad_weights(fq, fmt, G, K):
 
 
 # K split among programs (kernels/triton_fused_split.py): float (K 150: the last split 22 columns, not a whole K tile of
-# 64; K 512: the split the rule itself picks for these 5 tiles on the CPU, 2 of 256), int4 (G 32: 3 splits of one
+# 64; K 1024: the split the rule itself picks for these 5 tiles on the CPU, 2 of 512), int4 (G 32: 3 splits of one
 # group's tile), fp8 and int8 (3 and 2 splits), forced through SPLITS where the rule would not split a tiny shape
 F32, F16, BF16 = DTYPES
-SPLIT_CASES = [("float", 0, 150, 3, t) for t in DTYPES] + [("float", 0, 512, None, BF16)]
+SPLIT_CASES = [("float", 0, 150, 3, t) for t in DTYPES] + [("float", 0, 1024, None, BF16)]
 SPLIT_CASES += [("int4", 32, 96, 3, t) for t in DTYPES] + [("fp8", 0, 150, 2, t) for t in (F32, BF16)]
 SPLIT_CASES += [("int8", 0, 150, 3, F16)]
 
@@ -377,13 +377,14 @@ def test_split_k_norm_ops(fq, monkeypatch, dtype, fmt, G, K, splits):
 
 def test_split_rule_at_model_shapes(monkeypatch):
     """The rule's splits of a one-row step on an H100 (132 SMs: 264 programs aimed at): Llama-3.2-1B's norm_qkv_rope
-    (96 tiles; Qwen3: 48 whole heads) splits K 2048 in 3 (6), its gate/up (256 tiles) does not; SmolLM2-135M's (30
-    and 48 tiles, K 576: 9 tiles of 64) split in 2 (int4's K tile of 32 at G 32: in 4); SPLITS overrides the rule."""
+    (96 tiles; Qwen3: 48 whole heads) splits K 2048 in 3 (4: 8 K tiles a split at least), its gate/up (256 tiles)
+    does not; SmolLM2-135M's (30 and 48 tiles, K 576: 9 tiles of 64) do not (int4's K tile of 32 at G 32: in 2);
+    SPLITS overrides the rule."""
     from speechrt.kernels import triton_fused_split as fs
 
     monkeypatch.setattr(fs, "target_programs", lambda device=None: 264)  # what an H100 reports
-    assert fs.k_splits(96, 2048, 64) == (3, 704) and fs.k_splits(48, 2048, 64) == (6, 384)
+    assert fs.k_splits(96, 2048, 64) == (3, 704) and fs.k_splits(48, 2048, 64) == (4, 512)
     assert fs.k_splits(256, 2048, 64) == (1, 2048)
-    assert fs.k_splits(30, 576, 64) == (2, 320) and fs.k_splits(48, 576, 64) == (2, 320)
-    assert fs.k_splits(30, 576, 32) == (4, 160)
+    assert fs.k_splits(30, 576, 64) == (1, 576) and fs.k_splits(48, 576, 64) == (1, 576)
+    assert fs.k_splits(30, 576, 32) == (2, 288)
     assert fs.k_splits(256, 2048, 64, splits=1) == (1, 2048) and fs.k_splits(96, 2048, 64, splits=2) == (2, 1024)
