@@ -3,8 +3,8 @@ configuration its `config()` picks for a decode step of 1 and of 64 rows, in bf1
 (d 576, 9 / 3 heads of 64, MLP 1536) and the Llama-3.2-1B shape (d 2048, 32 / 8 heads of 64, FFN 8192). The
 widths are runtime arguments (both divisible by 16, as `aligned` tells the compiler), so one binary serves
 both shapes; the Qwen3 variant (per-head norms, whole heads per program) and the Qwen2 bias compile apart. A one-row
-step splits K where the grid under-fills the GPU (kernels/triton_fused_split.py: the 1B shape's Q/K/V, SmolLM2's Q/K/V
-and gate/up): the partial-sums variants of both ops at one row, and the second launches that add them up.
+step splits K where the grid under-fills the GPU and K is long (kernels/triton_fused_split.py: the 1B shape's Q/K/V;
+int4 G 32 at SmolLM2's): the partial-sums variants of both ops at one row, and the second launches that add them up.
 
 The Whisper decoder step's kernels (kernels/triton_fused_whisper.py, and linear_residual with its bias) in float16
 (the GPU default of the ASR runners), 1 and 64 rows (a beam search's batch), at the Whisper tiny shape (d 384, 6

@@ -3,7 +3,7 @@ unfused Triton step, both replayed from CUDA/HIP graphs, and torch eager, at the
 shapes with random bf16 weights (speed does not depend on the values): time per step and the fraction of the
 measured copy bandwidth that its bytes (weights, the cache it attends over) take. The fused step runs twice: with
 the K splits of its norm-folded ops as dispatched (kernels/triton_fused_split.py's rule: at one row the 1B shape's
-Q/K/V in 3, SmolLM2's Q/K/V and gate/up in 2) and with them off ("fused-nosplit": triton_fused_split.SPLITS = 1
+Q/K/V in 3; SmolLM2's K is too short to split) and with them off ("fused-nosplit": triton_fused_split.SPLITS = 1
 while it is captured and run), so that a GPU run tells whether the rule pays.
 
 `plan()` and `step_bytes()` are plain arithmetic; `run_cases()` runs anywhere the kernels run (tests run it on
