@@ -65,18 +65,18 @@ def fused_specs(hip: bool = False) -> list[Spec]:
     for M, split in ((1, False), (1, True), (64, False)):
         c = fu.config(M, bf16)
         cx = {"PRECISION": precision(bf16), "UPCAST": False, **{k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}}
-        if not split:
-            out.append(
-                make_spec(
-                    fu._linear_residual_kernel,
-                    f"{SHAPES} o/down proj M={M}",
-                    {**{p: "*bf16" for p in ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr")}, **mm_types, "srm": "i32"},
-                    {**cx, "HAS_BIAS": False},
-                    c,
-                    ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr", "N", "K", "sxm", "swn", "srm", "sym"),
-                    matmul=True,
-                )
+        rp = {p: "*bf16" for p in ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr")}
+        out.append(
+            make_spec(
+                fu._linear_residual_kernel,
+                f"{SHAPES} o/down proj M={M}" + (" split-K (partial sums)" if split else ""),
+                {**rp, **mm_types, "srm": "i32", "p_ptr": "*fp32", "K_SPLIT": "i32"},
+                {**cx, "HAS_BIAS": False, "SPLIT": split},
+                c,
+                (*rp, "p_ptr", "N", "K", "K_SPLIT", "sxm", "swn", "srm", "sym"),
+                matmul=True,
             )
+        )
         variant = f"{SHAPES} mlp 1536 / 8192 M={M}" + (" split-K (partial sums)" if split else "")
         out.append(make_spec(fu._norm_gate_up_kernel, variant, gu_types, {**cx, "SPLIT": split}, c, gu_aligned, True))
     return out + split_sum_specs() + whisper_specs()
@@ -112,6 +112,19 @@ def split_sum_specs() -> list[Spec]:
             ("p_ptr", "ss_ptr", "y_ptr", "N", "K", "sym"),
         )
     )
+    for M in (1, 64):
+        c = fu.config(M, torch.bfloat16)
+        out.append(
+            make_spec(
+                fs._sum_residual_kernel,
+                f"{SHAPES} o/down proj split-K sums + residual M={M}",
+                {**{p: "*bf16" for p in ("b_ptr", "r_ptr", "y_ptr")}, "p_ptr": "*fp32"}
+                | int_args("SPLITS", "M", "N", "srm", "sym"),
+                {"HAS_BIAS": False, "BLOCK_M": c["BLOCK_M"], "BLOCK_N": c["BLOCK_N"]},
+                {"num_warps": 4},
+                ("p_ptr", "b_ptr", "r_ptr", "y_ptr", "N", "srm", "sym"),
+            )
+        )
     return out
 
 
@@ -160,10 +173,11 @@ def whisper_specs() -> list[Spec]:
             make_spec(
                 fu._linear_residual_kernel,
                 f"{WHISPER} out / fc2 proj + bias M={M}",
-                {**{p: "*fp16" for p in rp}, **int_args("M", "N", "K", "sxm", "sxk", "swn", "swk", "sym", "srm")},
-                cx,
+                {**{p: "*fp16" for p in rp}, **int_args("M", "N", "K", "sxm", "sxk", "swn", "swk", "sym", "srm")}
+                | {"p_ptr": "*fp32", "K_SPLIT": "i32"},
+                {**cx, "SPLIT": False},
                 c,
-                (*rp, "N", "K", "sxm", "swn", "srm", "sym"),
+                (*rp, "p_ptr", "N", "K", "K_SPLIT", "sxm", "swn", "srm", "sym"),
                 matmul=True,
             )
         )

@@ -10,8 +10,8 @@ the W8A16 variant, which reads the weights as bytes, for every target.
 The fused decode-step kernels on quantized weights (kernels/triton_fused_quant.py) at the same shapes as their float
 twins (aot_specs_fused.py: 1 and 64 rows; the Qwen3 head norms + Qwen2 bias at head dims 64 and 128): int4 with G 32
 and float16 (s, z) pairs and G 128 with float32 ones, fp8 and int8 per channel, the split-K sums of the projection +
-residual, and the one-row split-K (partial sums) variants of the norm-folded ops, whose second launch is the float
-ops' (aot_specs_fused.split_sum_specs). They read fp8 as bytes and meet the activations on the 16-bit tensor / matrix
+residual, and the one-row split-K (partial sums) variants of every op, whose second launch is the float ops'
+(aot_specs_fused.split_sum_specs). They read fp8 as bytes and meet the activations on the 16-bit tensor / matrix
 cores (no fp8 dot: decode is bound by reading W), so each compiles for every target, sm_80 and gfx90a included."""
 
 from __future__ import annotations
@@ -102,6 +102,7 @@ def fused_quant_specs() -> list[Spec]:
     import torch
 
     from . import triton_fused_quant as fq
+    from . import triton_fused_split as fs
     from .aot_specs_fused import qkv_signature
     from .triton_matmul import precision
 
@@ -143,24 +144,12 @@ def fused_quant_specs() -> list[Spec]:
         rp = {p: "*bf16" for p in ("x_ptr", "b_ptr", "r_ptr", "y_ptr")}
         types = {**rp, **wq, **rows_types, "srm": "i32"}
         aligned = (*rows_aligned, "b_ptr", "r_ptr", "srm")
-        split = fq.k_splits(M, 2048, 2048, c)[0] > 1  # what the launcher picks at the 1B shape's o projection
+        tiles = -(-M // c["BLOCK_M"]) * (2048 // c["BLOCK_N"])
+        split = fs.k_splits(tiles, 2048, c["BLOCK_K"])[0] > 1  # what the launcher picks at the 1B shape's o projection
         cxr = {**cx, "HAS_BIAS": False, "SPLIT": split}
         types = {**types, "p_ptr": "*fp32", "K_SPLIT": "i32"}
         variant = f"{what} o/down proj M={M}" + (" split-K" if split else "")
         out.append(
             make_spec(fq._linear_residual_q_kernel, variant, types, cxr, c, (*aligned, "p_ptr", "K_SPLIT"), True)
-        )
-    for M in (1, 64):
-        c = fq.fused_config(fq.FP8, 0)(M, bf16)
-        out.append(
-            make_spec(
-                fq._sum_residual_kernel,
-                f"{SHAPES} o/down proj split-K sums + residual M={M}",
-                {**{p: "*bf16" for p in ("b_ptr", "r_ptr", "y_ptr")}, "p_ptr": "*fp32"}
-                | int_args("SPLITS", "M", "N", "srm", "sym"),
-                {"HAS_BIAS": False, "BLOCK_M": c["BLOCK_M"], "BLOCK_N": c["BLOCK_N"]},
-                c,
-                ("p_ptr", "b_ptr", "r_ptr", "y_ptr", "N", "srm", "sym"),
-            )
         )
     return out

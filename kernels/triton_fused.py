@@ -33,7 +33,7 @@ from .triton_fused_parts import (
     head_tile,
     k_range,
     qkv_epilogue,
-    residual_epilogue,
+    residual_out,
     rnd,
     row_col_tile,
     rstd,
@@ -103,32 +103,19 @@ def _norm_qkv_rope_kernel(
 
 @triton.jit
 def _linear_residual_kernel(
-    x_ptr,
-    w_ptr,
-    b_ptr,
-    r_ptr,
-    y_ptr,
-    M,
-    N,
-    K,
-    sxm,
-    sxk,
-    swn,
-    swk,
-    srm,
-    sym,
-    HAS_BIAS: tl.constexpr,
-    PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    # y = r + (x @ W.T + bias), the product (with its bias, Whisper's) rounded to the activation dtype first (as
-    # the unfused linear leaves it)
+    x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, p_ptr, M, N, K, K_SPLIT, sxm, sxk, swn, swk, srm, sym,
+    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    # grid (row blocks, column blocks, K splits): y = r + (x @ W.T + bias), the product (with its bias, Whisper's)
+    # rounded to the activation dtype first (as the unfused linear leaves it); SPLIT: the split's partial sums
     rm, rn = row_col_tile(BLOCK_M, BLOCK_N)
-    acc = tile_dot(x_ptr, w_ptr, rm, rn, M, N, K, sxm, sxk, swn, swk, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K)
-    residual_epilogue(acc, rm, rn, M, N, b_ptr, r_ptr, y_ptr, srm, sym, HAS_BIAS)
+    k_lo, k_hi = k_range(tl.program_id(2), K_SPLIT, K, SPLIT)
+    acc = tile_dot(
+        x_ptr + k_lo * sxk, w_ptr + k_lo * swk, rm, rn, M, N, k_hi - k_lo, sxm, sxk, swn, swk, PRECISION, UPCAST,
+        BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
+    residual_out(acc, rm, rn, M, N, b_ptr, r_ptr, y_ptr, p_ptr, srm, sym, HAS_BIAS, SPLIT)
 
 
 @triton.jit
@@ -236,17 +223,26 @@ def launch_gate_up(kernel, w: dict, x, norm_w, eps, n: int, cfg) -> torch.Tensor
 
 
 def launch_rows(kernel, w: dict, x, n: int, cfg, **kw) -> torch.Tensor:
-    """Launches a kernel (linear_residual's) of a (row blocks, column blocks) grid writing y [M, n] from x [M, K]
-    with the weight's arguments `w` and `kw` (the others); cfg(M, dtype) gives its tiles."""
+    """Launches linear_residual's kernel (float, or triton_fused_quant's: `w` its weight's arguments, `kw` the
+    others) on a (row blocks, column blocks, K splits) grid writing y [M, n] from x [M, K]; cfg(M, dtype) gives its
+    tiles. With K split (triton_fused_split.k_splits: a one-row step of few column tiles, the 1B shape's o / down
+    projections) each split stores float32 partial sums and a second launch adds them up with the bias and the
+    residual."""
     x = as_rows(x)
     M, K = x.shape
     y = torch.empty((M, n), dtype=x.dtype, device=x.device)
-    if M:
-        c = cfg(M, x.dtype)
-        kernel[(triton.cdiv(M, c["BLOCK_M"]), triton.cdiv(n, c["BLOCK_N"]))](
-            x_ptr=x, y_ptr=y, M=M, N=n, K=K, sxm=x.stride(0), sxk=x.stride(1), sym=y.stride(0),
-            PRECISION=precision(x.dtype), UPCAST=upcast(x.dtype), **w, **kw, **c,
-        )  # fmt: skip
+    if not M:
+        return y
+    c = cfg(M, x.dtype)
+    grid = (triton.cdiv(M, c["BLOCK_M"]), triton.cdiv(n, c["BLOCK_N"]))
+    splits, k_split = fs.k_splits(grid[0] * grid[1], K, c["BLOCK_K"], x.device, fs.SPLITS)
+    parts = torch.empty((splits, M, n), dtype=torch.float32, device=x.device) if splits > 1 else y
+    kernel[(*grid, splits)](
+        x_ptr=x, y_ptr=y, p_ptr=parts, M=M, N=n, K=K, K_SPLIT=k_split, sxm=x.stride(0), sxk=x.stride(1),
+        sym=y.stride(0), SPLIT=splits > 1, PRECISION=precision(x.dtype), UPCAST=upcast(x.dtype), **w, **kw, **c,
+    )  # fmt: skip
+    if splits > 1:
+        fs.sum_residual(grid, splits, parts, kw, y, c)
     return y
 
 

@@ -136,6 +136,17 @@ def residual_epilogue(acc, rm, rn, M, N, b_ptr, r_ptr, y_ptr, srm, sym, HAS_BIAS
 
 
 @triton.jit
+def residual_out(acc, rm, rn, M, N, b_ptr, r_ptr, y_ptr, p_ptr, srm, sym, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr):
+    """The end of linear_residual's K loop (float or quantized): with SPLIT, split tl.program_id(2)'s float32 partial
+    sums into p [splits, M, N] (triton_fused_split._sum_residual_kernel adds them up); else residual_epilogue."""
+    if SPLIT:
+        pp = p_ptr + (tl.program_id(2) * M + rm[:, None]).to(tl.int64) * N + rn[None, :]
+        tl.store(pp, acc, mask=(rm < M)[:, None] & (rn < N)[None, :])
+    else:
+        residual_epilogue(acc, rm, rn, M, N, b_ptr, r_ptr, y_ptr, srm, sym, HAS_BIAS)
+
+
+@triton.jit
 def gate_up_epilogue(acc_g, acc_u, rstd, rm, rn, M, N, y_ptr, sym):
     """norm_gate_up after its K loop: silu(gate) * up of the float32 projections scaled by rstd."""
     DT: tl.constexpr = y_ptr.dtype.element_ty

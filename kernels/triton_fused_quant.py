@@ -17,10 +17,9 @@ gfx90a have no fp8 types), so every kernel here compiles for sm_80, sm_90, gfx90
 
 The ops take a float weight (then they are triton_fused.py's) or a pair (weight, scale): (packed uint8 [N, K / 2],
 scales_zeros [K / G, N, 2]) for int4, (float8_e4m3fn [N, K], float32 [N]) for fp8, (int8 [N, K], [N]) for int8.
-Grids are triton_fused.py's (row blocks x column tiles). The projection + residual of a one-row step also splits K
-among programs, as the int4 GEMV does (the 1B shape's o / down projections: 64 column tiles, K 2048 / 8192), its
-float32 partial sums added up with the residual by a second launch; the norm-folded ops split K as their float twins
-do (kernels/triton_fused_split.py: partial sums and sums of squares, then a second launch runs the epilogue).
+Grids and K splits are triton_fused.py's (row blocks x column tiles x splits): every op splits K as its float twin
+does (kernels/triton_fused_split.py: partial sums, and the norm-folded ops' sums of squares, then a second launch runs
+the epilogue).
 References: kernels.reference_quant (dequantize, then kernels.reference's fused ops)."""
 
 from __future__ import annotations
@@ -30,10 +29,8 @@ import triton
 import triton.language as tl
 
 from . import triton_fused as fu
-from . import triton_fused_split as fs
 from .triton_fp8_matmul import e4m3_to_float
 from .triton_int4_matmul import int4_tile
-from .triton_matmul import precision, upcast
 
 INT4, FP8, INT8 = 1, 2, 3  # the weight formats (the FMT constexpr)
 INT4_C, FP8_C = tl.constexpr(INT4), tl.constexpr(FP8)  # as the kernels read them
@@ -148,34 +145,14 @@ def _linear_residual_q_kernel(
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, FMT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    # grid (row blocks, column blocks, K splits); SPLIT: the float32 partial sums go to p [splits, M, N], which
-    # _sum_residual_kernel adds up
+    # grid (row blocks, column blocks, K splits); SPLIT: the float32 partial sums go to p [splits, M, N]
     rm, rn = fu.row_col_tile(BLOCK_M, BLOCK_N)
     k_lo = tl.program_id(2) * K_SPLIT
     acc, _, _ = qdot_pair(
         x_ptr, x_ptr, w_ptr, sz_ptr, rm, rn, rm < M, rn < N, 0, k_lo, tl.minimum(K, k_lo + K_SPLIT), K, G, N, sxm,
         sxk, swn, swk, False, False, FMT, y_ptr.dtype.element_ty, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
-    if SPLIT:
-        pp = p_ptr + (tl.program_id(2) * M + rm[:, None]).to(tl.int64) * N + rn[None, :]
-        tl.store(pp, acc, mask=(rm < M)[:, None] & (rn < N)[None, :])
-    else:
-        fu.residual_epilogue(acc, rm, rn, M, N, b_ptr, r_ptr, y_ptr, srm, sym, HAS_BIAS)
-
-
-@triton.jit
-def _sum_residual_kernel(
-    p_ptr, b_ptr, r_ptr, y_ptr, SPLITS, M, N, srm, sym,
-    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    """linear_residual's epilogue on split-K partial sums p [SPLITS, M, N], added in a fixed order (deterministic)."""
-    rm, rn = fu.row_col_tile(BLOCK_M, BLOCK_N)
-    pp = p_ptr + rm[:, None].to(tl.int64) * N + rn[None, :]
-    pm = (rm < M)[:, None] & (rn < N)[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for s in range(0, SPLITS):
-        acc += tl.load(pp + s * M * N, mask=pm, other=0.0)
-    fu.residual_epilogue(acc, rm, rn, M, N, b_ptr, r_ptr, y_ptr, srm, sym, HAS_BIAS)
+    fu.residual_out(acc, rm, rn, M, N, b_ptr, r_ptr, y_ptr, p_ptr, srm, sym, HAS_BIAS, SPLIT)
 
 
 @triton.jit
@@ -280,38 +257,14 @@ def norm_qkv_rope(
     )  # fmt: skip
 
 
-def k_splits(M: int, N: int, K: int, c: dict, device=None) -> tuple[int, int]:
-    """(splits, columns per split) of linear_residual's K on `device`: kernels/triton_fused_split.py's rule for its
-    grid of (row blocks x column blocks) tiles."""
-    return fs.k_splits(triton.cdiv(M, c["BLOCK_M"]) * triton.cdiv(N, c["BLOCK_N"]), K, c["BLOCK_K"], device)
-
-
 def linear_residual(x: torch.Tensor, weight, residual: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """See kernels.reference_quant.linear_residual. A one-row step of a few column tiles splits K among programs
-    (float32 partial sums, then a second launch adds them up in order, with the bias and the residual)."""
+    (triton_fused.launch_rows)."""
     if isinstance(weight, torch.Tensor):
         return fu.linear_residual(x, weight, residual, bias)
     w, cfg = quant_args(weight, x.shape[-1], "linear_residual")
     kw = fu.residual_args(residual, bias, residual)
-    x = fu.as_rows(x)
-    (M, K), N = x.shape, weight[0].shape[0]
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    if not M:
-        return y
-    c = cfg(M, x.dtype)
-    split, k_split = k_splits(M, N, K, c, x.device)
-    parts = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
-    grid = (triton.cdiv(M, c["BLOCK_M"]), triton.cdiv(N, c["BLOCK_N"]))
-    _linear_residual_q_kernel[(*grid, split)](
-        x_ptr=x, y_ptr=y, p_ptr=parts, M=M, N=N, K=K, K_SPLIT=k_split, sxm=x.stride(0), sxk=x.stride(1),
-        sym=y.stride(0), SPLIT=split > 1, PRECISION=precision(x.dtype), UPCAST=upcast(x.dtype), **w, **kw, **c,
-    )  # fmt: skip
-    if split > 1:
-        _sum_residual_kernel[grid](
-            parts, kw["b_ptr"], kw["r_ptr"], y, split, M, N, kw["srm"], y.stride(0), HAS_BIAS=kw["HAS_BIAS"],
-            BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
-        )  # fmt: skip
-    return y
+    return fu.launch_rows(_linear_residual_q_kernel, w, x, weight[0].shape[0], cfg, **kw)
 
 
 def norm_gate_up(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w_gate_up) -> torch.Tensor:

@@ -1,14 +1,16 @@
-"""Split K of the norm-folded fused decode ops (kernels/triton_fused.py, triton_fused_quant.py): how many splits a
-launch takes, and the second launch that adds up their partial sums and runs the op's epilogue.
+"""Split K of the fused decode ops (kernels/triton_fused.py, triton_fused_quant.py): how many splits a launch takes,
+and the second launch that adds up their partial sums and runs the op's epilogue.
 
-A one-row decode step at the Llama-3.2-1B shape gives norm_qkv_rope 48 heads x 2 column-pair tiles = 96 programs,
-fewer than an H100's 132 SMs, each streaming all of K = 2048: the GPU is under-filled and the weight stream far from
-its bandwidth. The RMSNorm folds into a split as it folds into the whole K loop (RMSNorm(x) W = rstd ((x g) W), rstd
-from the row's sum of squares): each split's programs store their float32 partial dot products AND their rows'
-partial sums of squares (triton_fused_parts.store_partials), and one more launch of the unsplit grid adds them up in a
-fixed order (deterministic), takes rstd of the sum and runs the unsplit kernel's own epilogue (qkv_epilogue: bias,
-Qwen3 head norms, rotary, cache writes, Q; gate_up_epilogue: silu(gate) * up), so the roundings are the unsplit
-kernel's; only float32 summation order differs. The weight format only changes the first launch.
+A one-row decode step at the Llama-3.2-1B shape gives norm_qkv_rope 48 heads x 2 column-pair tiles = 96 programs and
+the o / down projections 64 column tiles each, fewer than an H100's 132 SMs, each streaming all of K (2048, the down
+projection's 8192): the GPU is under-filled and the weight stream far from its bandwidth. Each split's programs store
+their float32 partial dot products, and one more launch of the unsplit grid adds them up in a fixed order
+(deterministic) and runs the unsplit kernel's own epilogue, so the roundings are the unsplit kernel's; only float32
+summation order differs. The RMSNorm folds into a split as it folds into the whole K loop (RMSNorm(x) W = rstd ((x g)
+W), rstd from the row's sum of squares): the norm-folded ops' splits also store their rows' partial sums of squares
+(triton_fused_parts.store_partials), and their second launch takes rstd of the sum before the epilogue (qkv_epilogue:
+bias, Qwen3 head norms, rotary, cache writes, Q; gate_up_epilogue: silu(gate) * up); linear_residual's adds the bias
+and the residual (residual_epilogue). The weight format only changes the first launch.
 
 The rule (k_splits): a grid of fewer programs than the device has SMs splits into as many as bring it near
 target_programs (two per SM: kernels/triton_decode_attention.py; 128 SMs assumed without a GPU), each split keeping
@@ -22,10 +24,12 @@ one-row step, on an H100 (132 SMs, target 264):
     norm_qkv_rope, 16 column pairs a program           96 -> 3 splits: 288        30: no split
     norm_qkv_rope, Qwen3 head norms (whole heads)      48 -> 4 splits: 192        15: no split
     norm_gate_up, 32 columns a program                 256: no split              48: no split
+    linear_residual (o), 32 columns a program          64 -> 4 splits: 256        18: no split
+    linear_residual (down; K 8192 / 1536)              64 -> 5 splits: 320        18 -> 3 splits: 54
 
-(int4 in groups of 32 has K tiles of 32: SmolLM2's split in 2.) Up to 16 rows (one row tile): the same splits.
-The minimum is a reasoned guess until a GPU times it: `bench gpu --checks lm-fused` runs each step with the rule and
-with SPLITS = 1 at both shapes.
+(int4 in groups of 32 has K tiles of 32: SmolLM2's norm-folded ops split in 2.) Up to 16 rows (one row tile): the same
+splits. The minimum is a reasoned guess until a GPU times it: `bench gpu --checks lm-fused` runs each step with the
+rule and with SPLITS = 1 at both shapes.
 
 `SPLITS` overrides the rule (1: no split; n: n splits, each at least one K tile, the tests' and the benchmarks'
 knob: `bench gpu` times the steps with the rule and with SPLITS = 1)."""
@@ -39,7 +43,7 @@ import triton.language as tl
 from . import triton_fused_parts as fp
 from .triton_decode_attention import PROGRAMS_PER_SM, target_programs
 
-SPLITS: int | None = None  # None: the rule (k_splits); an int: that many splits of the norm-folded ops (1: none)
+SPLITS: int | None = None  # None: the rule (k_splits); an int: that many splits of every fused op (1: none)
 MIN_SPLIT_TILES = 8  # K tiles each split keeps at least, by the rule
 
 
@@ -111,6 +115,21 @@ def _sum_gate_up_kernel(
     fp.gate_up_epilogue(acc_g, acc_u, fp.rstd(ss, K, eps), rm, rn, M, N, y_ptr, sym)
 
 
+@triton.jit
+def _sum_residual_kernel(
+    p_ptr, b_ptr, r_ptr, y_ptr, SPLITS, M, N, srm, sym,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """linear_residual's epilogue on split-K partial sums p [SPLITS, M, N], added in a fixed order (deterministic)."""
+    rm, rn = fp.row_col_tile(BLOCK_M, BLOCK_N)
+    pp = p_ptr + rm[:, None].to(tl.int64) * N + rn[None, :]
+    pm = (rm < M)[:, None] & (rn < N)[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in range(0, SPLITS):
+        acc += tl.load(pp + s * M * N, mask=pm, other=0.0)
+    fp.residual_epilogue(acc, rm, rn, M, N, b_ptr, r_ptr, y_ptr, srm, sym, HAS_BIAS)
+
+
 def sum_qkv(grid, splits: int, parts: dict, c: dict, epilogue: dict) -> None:
     """Launches _sum_qkv_kernel on norm_qkv_rope's grid, with the epilogue's arguments of its first launch."""
     _sum_qkv_kernel[grid](
@@ -123,4 +142,13 @@ def sum_gate_up(grid, splits: int, parts: dict, c: dict, y: torch.Tensor, K: int
     _sum_gate_up_kernel[grid](
         **parts, y_ptr=y, SPLITS=splits, M=y.shape[0], N=y.shape[1], K=K, sym=y.stride(0), eps=eps,
         BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], num_warps=4,
+    )  # fmt: skip
+
+
+def sum_residual(grid, splits: int, parts: torch.Tensor, kw: dict, y: torch.Tensor, c: dict) -> None:
+    """Launches _sum_residual_kernel on linear_residual's grid: `kw` its first launch's bias and residual arguments."""
+    M, N = y.shape
+    _sum_residual_kernel[grid](
+        parts, kw["b_ptr"], kw["r_ptr"], y, splits, M, N, kw["srm"], y.stride(0), HAS_BIAS=kw["HAS_BIAS"],
+        BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
     )  # fmt: skip

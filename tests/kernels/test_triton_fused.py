@@ -318,7 +318,10 @@ def test_quant_linear_residual_split_k(fq, dtype, fmt, G, K):
     x = rand(1, K, dtype=dtype, seed=6)
     w, wf = quantized(fmt, G, 37, K, seed=7)
     r, b = rand(1, 37, dtype=dtype, seed=8), rand(37, dtype=dtype, seed=9)
-    assert fq.k_splits(1, 37, K, fq.fused_config(fq.FORMATS[w[0].dtype], G)(1, dtype)) == ((2, 512) if G else (2, 640))
+    from speechrt.kernels import triton_fused_split as fs
+
+    bk = fq.fused_config(fq.FORMATS[w[0].dtype], G)(1, dtype)["BLOCK_K"]
+    assert fs.k_splits(2, K, bk, DEVICE) == ((2, 512) if G else (2, 640))  # 37 columns: 2 tiles
     truth = ref.linear_residual(x.float(), wf, r.float(), b.float())
     close(fq.linear_residual(x, w, r, b), rq.linear_residual(x, w, r, b), truth)
 
@@ -351,10 +354,11 @@ SPLIT_CASES += [("int8", 0, 150, 3, F16)]
 
 
 @pytest.mark.parametrize("fmt,G,K,splits,dtype", SPLIT_CASES)
-def test_split_k_norm_ops(fq, monkeypatch, dtype, fmt, G, K, splits):
-    """norm_qkv_rope (1 row; and 3 rows at positions 12, 0 and 7 with the Qwen2 bias and the Qwen3 head norms) and
-    norm_gate_up (3 rows) with K split: each split's partial sums and sums of squares, added up in order by the second
-    launch (rstd, bias, head norms, rotary, cache writes; SiLU), equal the reference's."""
+def test_split_k_ops(fq, monkeypatch, dtype, fmt, G, K, splits):
+    """norm_qkv_rope (1 row; and 3 rows at positions 12, 0 and 7 with the Qwen2 bias and the Qwen3 head norms),
+    norm_gate_up and linear_residual (3 rows; with Whisper's bias) with K split: each split's partial sums (and sums
+    of squares), added up in order by the second launch (rstd, bias, head norms, rotary, cache writes; SiLU; bias and
+    residual), equal the reference's."""
     from speechrt.kernels import reference_quant as rq
     from speechrt.kernels import triton_fused_split as fs
 
@@ -373,13 +377,17 @@ def test_split_k_norm_ops(fq, monkeypatch, dtype, fmt, G, K, splits):
     )
     truth = ref.norm_gate_up(x.float(), g.float(), 1e-5, wf.float())
     close(fq.norm_gate_up(x, g, 1e-5, w), rq.norm_gate_up(x, g, 1e-5, w), truth)
+    r, b = rand(3, 90, dtype=dtype, seed=5), rand(90, dtype=dtype, seed=6)
+    truth = ref.linear_residual(x.float(), wf.float(), r.float(), b.float())
+    close(fq.linear_residual(x, w, r, b), rq.linear_residual(x, w, r, b), truth)
 
 
 def test_split_rule_at_model_shapes(monkeypatch):
     """The rule's splits of a one-row step on an H100 (132 SMs: 264 programs aimed at): Llama-3.2-1B's norm_qkv_rope
     (96 tiles; Qwen3: 48 whole heads) splits K 2048 in 3 (4: 8 K tiles a split at least), its gate/up (256 tiles)
-    does not; SmolLM2-135M's (30 and 48 tiles, K 576: 9 tiles of 64) do not (int4's K tile of 32 at G 32: in 2);
-    SPLITS overrides the rule."""
+    does not, its o and down projections (64 tiles, K 2048 and 8192) in 4 and 5; SmolLM2-135M's norm-folded ops (30
+    and 48 tiles, K 576: 9 tiles of 64) and o projection (18) do not (int4's K tile of 32 at G 32: in 2), its down
+    projection (K 1536) in 3; SPLITS overrides the rule."""
     from speechrt.kernels import triton_fused_split as fs
 
     monkeypatch.setattr(fs, "target_programs", lambda device=None: 264)  # what an H100 reports
@@ -387,4 +395,6 @@ def test_split_rule_at_model_shapes(monkeypatch):
     assert fs.k_splits(256, 2048, 64) == (1, 2048)
     assert fs.k_splits(30, 576, 64) == (1, 576) and fs.k_splits(48, 576, 64) == (1, 576)
     assert fs.k_splits(30, 576, 32) == (2, 288)
+    assert fs.k_splits(64, 2048, 64) == (4, 512) and fs.k_splits(64, 8192, 64) == (5, 1664)
+    assert fs.k_splits(18, 576, 64) == (1, 576) and fs.k_splits(18, 1536, 64) == (3, 512)
     assert fs.k_splits(256, 2048, 64, splits=1) == (1, 2048) and fs.k_splits(96, 2048, 64, splits=2) == (2, 1024)
