@@ -2,9 +2,10 @@
 unfused Triton step, both replayed from CUDA/HIP graphs, and torch eager, at the SmolLM2-135M and Llama-3.2-1B
 shapes with random bf16 weights (speed does not depend on the values): time per step and the fraction of the
 measured copy bandwidth that its bytes (weights, the cache it attends over) take. The fused step runs twice: with
-the K splits of its norm-folded ops as dispatched (kernels/triton_fused_split.py's rule: at one row the 1B shape's
-Q/K/V in 3; SmolLM2's K is too short to split) and with them off ("fused-nosplit": triton_fused_split.SPLITS = 1
-while it is captured and run), so that a GPU run tells whether the rule pays.
+the K splits of its ops as dispatched (kernels/triton_fused_split.py's rule: at one row the 1B shape's Q/K/V in 3,
+its o and down projections in 4 and 5; SmolLM2's down projection in 3, its other K too short) and with them off
+("fused-nosplit": triton_fused_split.SPLITS = 1 while it is captured and run), so that a GPU run tells whether the
+rule pays.
 
 `plan()` and `step_bytes()` are plain arithmetic; `run_cases()` runs anywhere the kernels run (tests run it on
 the CPU on a tiny config in the Triton interpreter, uncaptured); only `check_lm_fused()` wants a GPU."""
@@ -121,7 +122,7 @@ def _steps(cfg: LlamaConfig, device, batch: int, context: int, capture: bool, dt
 
 
 def without_splits(fn):
-    """`fn` run with the norm-folded fused ops' K splits off (kernels/triton_fused_split.SPLITS = 1), each call: a
+    """`fn` run with the fused ops' K splits off (kernels/triton_fused_split.SPLITS = 1), each call: a
     graph captured from it holds the unsplit launches."""
     from speechrt.kernels import triton_fused_split as fs
 

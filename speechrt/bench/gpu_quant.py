@@ -7,8 +7,9 @@ measured copy bandwidth its bytes (every weight buffer the step reads, scales in
 Accuracy: each quantized step's logits (unfused and fused) against a bf16 model built from its dequantized weights
 (the kernels' error; tolerance 5e-2 of the largest logit) and, reported, against the bf16 model of the original
 weights (the quantization's error, argmax agreement). Each fused step also runs with the K splits of its
-norm-folded ops off ("-fused-nosplit": kernels/triton_fused_split.SPLITS = 1 while it is captured and run; the
-split one is as dispatched: at one row the 1B shape's Q/K/V in 3), so that a GPU run tells whether the rule pays.
+ops off ("-fused-nosplit": kernels/triton_fused_split.SPLITS = 1 while it is captured and run; the split one is as
+dispatched: at one row the 1B shape's Q/K/V in 3, its o and down projections in 4 and 5), so that a GPU run tells
+whether the rule pays.
 
 `run_cases()` runs anywhere the kernels run (tests run it on the CPU on a tiny config in the Triton interpreter,
 uncaptured); only `check_lm_quant()` wants a GPU."""
