@@ -59,8 +59,9 @@ class Result:
     error: str | None = None
 
 
-def _nvidia_resources(ptx: str, arch: int) -> dict:
-    """Registers, spills and stack from `ptxas -v` on the kernel's PTX (same flags as Triton's build)."""
+def _ptxas_log(ptx: str, arch: int) -> str:
+    """`ptxas -v`'s report on the kernel's PTX (same flags as Triton's build), for a kernel Triton took from its cache
+    (a fresh compile prints it: _compile)."""
     from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
 
     with tempfile.TemporaryDirectory() as d:
@@ -84,6 +85,11 @@ def _nvidia_resources(ptx: str, arch: int) -> dict:
     log = r.stdout + r.stderr
     if r.returncode:
         raise RuntimeError(f"ptxas -v failed: {log[-500:]}")
+    return log
+
+
+def _nvidia_resources(log: str) -> dict:
+    """Registers, spills and stack from a `ptxas -v` report."""
     regs = re.search(r"Used (\d+) registers", log)
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     stack = re.search(r"(\d+) bytes stack frame", log)
@@ -92,6 +98,27 @@ def _nvidia_resources(ptx: str, arch: int) -> dict:
         "spills": max(int(spill.group(1)), int(spill.group(2))) if spill else None,
         "scratch": int(stack.group(1)) if stack else None,
     }
+
+
+def _compile(spec: Spec, tgt):
+    """triton.compile of `spec` for the GPUTarget `tgt` -> (the kernel, the `ptxas -v` report Triton's own build of
+    an NVIDIA binary printed, or "" where there was none: an AMD target, or a kernel from Triton's cache)."""
+    import contextlib
+    import io
+
+    import triton
+    from triton import knobs
+    from triton.compiler import ASTSource
+
+    names = list(spec.fn.arg_names)
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in spec.aligned}
+    out = io.StringIO()
+    with knobs.nvidia.scope(), contextlib.redirect_stdout(out):
+        knobs.nvidia.dump_ptxas_log = True  # Triton's ptxas runs with -v: its report, not a second ptxas run
+        k = triton.compile(
+            ASTSource(spec.fn, spec.signature, spec.constexprs, attrs), target=tgt, options=dict(spec.options)
+        )
+    return k, out.getvalue()
 
 
 def _amd_resources(asm: str) -> dict:
@@ -111,23 +138,18 @@ def _amd_resources(asm: str) -> dict:
 
 
 def compile_spec(spec: Spec, target: str) -> Result:
-    import triton
-    from triton.compiler import ASTSource
-
     t0 = time.perf_counter()
     res = Result(spec.kernel, spec.variant, target, False, spec.matmul)
     try:
         tgt = gpu_target(target)
-        names = list(spec.fn.arg_names)
-        attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in spec.aligned}
-        k = triton.compile(
-            ASTSource(spec.fn, spec.signature, spec.constexprs, attrs), target=tgt, options=dict(spec.options)
-        )
+        k, log = _compile(spec, tgt)
         res.smem = int(k.metadata.shared)
         if tgt.backend == "cuda":
             ptx = k.asm["ptx"]
             res.mma = bool(re.search(r"^\s*(wgmma\.mma_async|mma\.sync)", ptx, re.M))
-            for key, val in _nvidia_resources(ptx, tgt.arch).items():
+            if "Used " not in log:
+                log = _ptxas_log(ptx, tgt.arch)
+            for key, val in _nvidia_resources(log).items():
                 setattr(res, key, val)
         else:
             asm = k.asm["amdgcn"]
