@@ -240,7 +240,7 @@ def specs(hip: bool = False) -> list[Spec]:
             )
         )
 
-    # decode attention over the KV cache, in one launch (triton_decode_attention.ONE_LAUNCH): the splits merged by
+    # decode attention over the KV cache, in one launch (triton_decode_attention.merges_in_launch): the splits merged by
     # the last program (OUT_MODE MERGE) or one split written straight out (DIRECT) at the models' shapes: SmolLM2
     # (9 query / 3 key-value heads: the grouped kernel), Whisper tiny (6 heads, self over its 448 positions and cross
     # over 1500 encoder states: the per-head kernel), Llama-3.2-1B (32 / 8, d64), large-v3-turbo (20 heads, d64),

@@ -11,7 +11,8 @@ output and log2-sum-exp, then draws a ticket from a per-(row, key/value head) in
 the last ticket (NUM_SPLITS - 1) merges every split's partials into `o`, in split order as _decode_reduce_kernel
 does (the same helper, so the result does not depend on which program came last), and puts the counter back to 0
 for the next launch or graph replay (OUT_MODE MERGE). `decode_attention(..., one_launch=False)` (or ONE_LAUNCH =
-False) keeps the former two launches, partials then _decode_reduce_kernel, for `bench gpu --checks attention`.
+False) keeps the former two launches, partials then _decode_reduce_kernel, for `bench gpu --checks attention`; on
+ROCm several splits take them by default (ONE_LAUNCH None, merges_in_launch: see the memory model below).
 
 Memory model of the merge (the pattern of CUTLASS's split-K semaphore and Triton's stream-K fix-up):
   1. every thread stores its part of the partials (weak stores);
@@ -59,7 +60,18 @@ LOG2E = 1.4426950408889634
 # cost (the reduce reads D floats per split). `bench gpu --checks attention` times 1, 2 and 4 per SM beside it.
 PROGRAMS_PER_SM = 2
 DEFAULT_SMS = 128  # without a GPU (the interpreter): an H100-class part's count (132 SMs)
-ONE_LAUNCH = True  # the launcher's default: merge in the same launch (False: partials, then _decode_reduce_kernel)
+# The launcher's default for several splits: True merges them in the same launch, False takes two (partials, then
+# _decode_reduce_kernel); None: one launch except on ROCm, where the merge's ordering is unverified (the docstring's
+# memory model): there several splits take the two launches until an MI-series GPU has run the ordering trials of
+# `bench gpu --checks attention`. One split writes its output directly everywhere (no program reads another's).
+ONE_LAUNCH: bool | None = None
+
+
+def merges_in_launch() -> bool:
+    """Whether the launcher merges several splits in the launch that computes them (ONE_LAUNCH; None: not on ROCm)."""
+    return ONE_LAUNCH if ONE_LAUNCH is not None else torch.version.hip is None
+
+
 PARTIALS, DIRECT, MERGE = 0, 1, 2  # OUT_MODE: partials for the reduce kernel; one split into o; last ticket merges
 MIN_COUNTERS = 4096  # the counter buffer's first size (int32: 16 KB), grown to B x H when a call needs more
 
@@ -363,8 +375,9 @@ def decode_attention(
 ) -> torch.Tensor:
     """q [B, H, 1, D]; k, v [B, Hkv, Tk, D] (the cache, possibly a strided view); lengths [B] or None
     (all Tk keys valid) -> [B, H, 1, D]. `num_splits` overrides the launcher's choice (tests); `window`: the
-    last `window` valid keys only (a sliding-window layer); `one_launch` (default ONE_LAUNCH): merge the splits in
-    the same launch, False: partials then the reduce kernel (the former path, kept for `bench gpu`)."""
+    last `window` valid keys only (a sliding-window layer); `one_launch`: merge the splits in the same launch (one
+    split: write the output directly), False: partials then the reduce kernel (the former path, kept for `bench gpu`);
+    None: one split direct, several merged in the launch where merges_in_launch() (ONE_LAUNCH)."""
     B, H, Tq, D = q.shape
     assert Tq == 1, "decode_attention takes one query per sequence"
     Hkv, Tk = k.shape[1], k.shape[2]
@@ -380,7 +393,8 @@ def decode_attention(
     group = H // Hkv
     cfg = config(B * Hkv, Tk, D, group, num_splits, target_programs(q.device))
     ns, bd = cfg["NUM_SPLITS"], cfg["BLOCK_D"]
-    one_launch = ONE_LAUNCH if one_launch is None else one_launch
+    if one_launch is None:  # the default: several splits merged where merges_in_launch(), one split direct
+        one_launch = merges_in_launch() or (ns == 1 and ONE_LAUNCH is None)
     mode = PARTIALS if not one_launch else DIRECT if ns == 1 else MERGE
     if mode == DIRECT:  # no partials, no counters: the pointers are not read
         part_o = part_lse = cnt = o

@@ -376,8 +376,33 @@ def test_decode_attention_one_launch(dtype, B, H, Hkv, D, window, lens):
     written straight into the output) against the two-launch path and the reference, forced split counts 1, 2, 5."""
     from speechrt.kernels import triton_decode_attention as dec
 
-    assert dec.ONE_LAUNCH
+    assert dec.ONE_LAUNCH is None and dec.merges_in_launch()  # not ROCm: the default merges in the launch
     _one_launch_checks(dec, dtype, B, H, Hkv, D, window, lens)
+
+
+def test_decode_attention_on_rocm_merges_in_a_second_launch(monkeypatch):
+    """On ROCm (torch.version.hip set) several splits are merged by the reduce kernel's second launch by default (the
+    one-launch merge's memory ordering is unverified on AMD); one split still writes its output in one launch;
+    ONE_LAUNCH True / False forces either. The output is the reference's every way."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from speechrt.kernels import triton_decode_attention as dec
+
+    if not isinstance(dec._decode_attention_kernel, InterpretedFunction):
+        pytest.skip("counts the interpreter's launches; the kernels are compiled for a GPU in this process")
+    launched, run = [], InterpretedFunction.run
+    monkeypatch.setattr(
+        InterpretedFunction, "run", lambda self, *a, **k: launched.append(self.fn.__name__) or run(self, *a, **k)
+    )
+    monkeypatch.setattr(torch.version, "hip", "6.4")
+    q, k, v = rand(2, 4, 1, 32, seed=1), rand(2, 4, 200, 32, seed=2), rand(2, 4, 200, 32, seed=3)
+    L = torch.tensor([200, 77], device=DEVICE)
+    exp = ref.attention(q, k, v, causal=True, lengths=L)
+    for one_launch, ns, reduce in ((None, 1, False), (None, 3, True), (True, 3, False), (False, 1, True)):
+        monkeypatch.setattr(dec, "ONE_LAUNCH", one_launch)
+        launched.clear()
+        close(dec.decode_attention(q, k, v, lengths=L, num_splits=ns), exp)
+        assert launched == ["_decode_attention_kernel"] + ["_decode_reduce_kernel"] * reduce, (one_launch, ns)
 
 
 @pytest.mark.parametrize("last", ["NUM_SPLITS - 2", "NUM_SPLITS"])
