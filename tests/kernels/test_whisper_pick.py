@@ -32,6 +32,12 @@ def _case(V: int, n: int, g):
     last = torch.where(torch.rand(n, generator=g) < 0.5, torch.randint(tb, V, (n,), generator=g), 7)
     penult = torch.where(count >= 2, torch.where(torch.rand(n, generator=g) < 0.5, tb + 2, 9), -1)
     last_ts = torch.where(last >= tb, last, torch.where(torch.rand(n, generator=g) < 0.5, tb + 3, -1))
+    # whatever the random logits, row 0 picks a timestamp (its pair is open: text is suppressed, the last timestamp
+    # far ahead) and row 1 does not (its pair has just closed: timestamps are suppressed, its boosted one included)
+    x[0, V - 1] += 30
+    sup[V - 1] = False
+    last[0], penult[0], last_ts[0], count[0] = tb + 4, 9, tb + 4, 3
+    last[1], penult[1], last_ts[1], count[1] = tb + 2, tb + 2, tb + 2, 3
     return x, sup, torch.stack([last, penult, last_ts, count]), tb, eot
 
 
@@ -60,7 +66,7 @@ def _assert_as_reference(got, x, sup, st, timestamps, tb, eot):
     assert torch.equal(got_ids[clear], want_ids[clear])
     torch.testing.assert_close(got_lp[clear], want_lp[clear], rtol=1e-5, atol=1e-5)
     if timestamps:
-        assert (want_ids >= tb).any() and (want_ids < tb).any()  # both kinds picked: the rules decided
+        assert want_ids[0] >= tb and want_ids[1] < tb  # both kinds picked: the rules decided (_case's rows 0, 1)
         assert not sup[want_ids].any()
 
 
