@@ -34,6 +34,8 @@ def test_step_kernel_equals_the_reference():
     run[5, 0] = 40  # a long run of one token
     t = torch.randint(0, 3, (n,), generator=g)
     done = torch.rand(n, generator=g) < 0.2
+    done[6:8] = False  # whatever the draw: row 6 ends in a loop now (its one-token run reaches its need), row 7
+    t[6], run[6, 0], t[7] = last[6, 0], need[6, 0] - 1, 3  # does not (a token its output never had)
     want = reference(last, run, need, t, done)
     dev = torch.device(DEVICE)
     got = repeat_advance(last.to(dev), run.to(dev), need.to(dev), t.to(dev), done.to(dev))
