@@ -350,7 +350,8 @@ TABLE = (
     Spec("lm-prefill", 40, check_lm_prefill),
     Spec("attention", 40, check_attention),
     Spec("asr-turbo", 60, check_asr_turbo),
-    Spec("gemv-tiles", 35, check_gemv_tiles),  # counted: 5 tile sets' compiles (M = 1 and 8 apart) and 80 timings
+    Spec("gemv-tiles", 35, check_gemv_tiles),  # counted: ~45 compiles of 4 new tile sets (M = 1 / 8, split or not
+    # apart) at ~0.5 s, 80 timings of ~35 ms, the bandwidth probe
     Spec("lm-1b", 240, check_lm_1b),
     Spec("lm-peers", 240, check_lm_peers),
     Spec("cuda-graphs", 20, check_cuda_graphs),

@@ -86,7 +86,7 @@ def test_bench_gpu_lists_valid_checks(bench):
     assert (
         r.returncode == 2
         and "unknown check(s) warp; valid: gpu, kernels, lm-fused, asr-fused, lm-loop, asr-loop, lm-quant, lm-prefill, "
-        "attention"
+        "attention, asr-turbo, gemv-tiles, lm-1b, lm-peers"
         in r.stderr
     )
 
