@@ -23,6 +23,8 @@ references are kernels.reference.norm_qkv_rope / linear_residual / norm_gate_up.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import triton
 import triton.language as tl
@@ -40,6 +42,12 @@ from .triton_fused_parts import (
     store_partials,
 )
 from .triton_matmul import precision, tile_dot, upcast
+
+# None: config()'s tiles. A dict of BLOCK_N, BLOCK_K, num_warps, num_stages (BLOCK_HALF: Q/K/V's column pairs a
+# program, but where a per-head norm needs whole heads): its entries replace config()'s in the float ops while set
+# (bench gpu's gemv-tiles sweep; the K split is the rule's for those tiles, SPLITS aside)
+TILES: dict | None = None
+TILE_KEYS = ("BLOCK_N", "BLOCK_K", "BLOCK_HALF", "num_warps", "num_stages")
 
 
 @triton.jit
@@ -155,6 +163,28 @@ def config(M: int, dtype: torch.dtype, half: int | None = None, whole_head: bool
     return cfg
 
 
+def tiles(M: int, dtype: torch.dtype, half: int | None = None, whole_head: bool = False) -> dict:
+    """The float ops' tiles: config()'s, with TILES' entries in their place while it is set."""
+    c = config(M, dtype, half, whole_head)
+    for k, v in (TILES or {}).items():
+        if k not in TILE_KEYS:
+            raise ValueError(f"triton_fused.TILES: unknown tile {k!r}; valid: {', '.join(TILE_KEYS)}")
+        if k in c and not (k == "BLOCK_HALF" and whole_head):
+            c[k] = v
+    return c
+
+
+@contextmanager
+def using_tiles(t: dict | None):
+    """TILES = t inside the block, restored after it (an exception too)."""
+    global TILES
+    prev, TILES = TILES, t
+    try:
+        yield
+    finally:
+        TILES = prev
+
+
 def as_rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
 
@@ -265,7 +295,7 @@ def norm_qkv_rope(
     """See kernels.reference.norm_qkv_rope."""
     return launch_qkv(
         _norm_qkv_rope_kernel, weight_args(wqkv), x, norm_w, eps, n_heads, cos, sin, pos, k_cache, v_cache, s0, bias,
-        q_norm, k_norm, config,
+        q_norm, k_norm, tiles,
     )  # fmt: skip
 
 
@@ -274,12 +304,12 @@ def linear_residual(
 ) -> torch.Tensor:
     """See kernels.reference.linear_residual."""
     kw = residual_args(residual, bias, weight)
-    return launch_rows(_linear_residual_kernel, weight_args(weight), x, weight.shape[0], config, **kw)
+    return launch_rows(_linear_residual_kernel, weight_args(weight), x, weight.shape[0], tiles, **kw)
 
 
 def norm_gate_up(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w_gate_up: torch.Tensor) -> torch.Tensor:
     """See kernels.reference.norm_gate_up."""
-    return launch_gate_up(_norm_gate_up_kernel, weight_args(w_gate_up), x, norm_w, eps, w_gate_up.shape[0] // 2, config)
+    return launch_gate_up(_norm_gate_up_kernel, weight_args(w_gate_up), x, norm_w, eps, w_gate_up.shape[0] // 2, tiles)
 
 
 OPS = {"norm_qkv_rope": norm_qkv_rope, "linear_residual": linear_residual, "norm_gate_up": norm_gate_up}

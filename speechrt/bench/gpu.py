@@ -28,6 +28,10 @@ why it could not run):
   encoder attention at Whisper tiny and large-v3-turbo shapes against SDPA, each with its ratio (gpu_attention.py);
 - asr-turbo: the Whisper large-v3-turbo shape's 30-s encoder pass and decode step against SDPA + cuBLAS eager, with
   their fractions of the measured roofline (gpu_large.py);
+- gemv-tiles: a sweep of the fused decode-step ops' tiles (K tile, stages, column tile, warps) at one and eight rows
+  of the SmolLM2-135M and Llama-3.2-1B shapes, each tile set with the K split the rule gives it and checked against
+  the default's output: time per launch, fraction of the copy bandwidth, the best set against the default
+  (gpu_tiles.py);
 - lm-1b: the Llama-3.2-1B shape's decode step at batch 1, our graphed fused runner against the same step with a
   static cache in plain torch, eager and under torch.compile(mode="max-autotune") (gpt-fast's recipe,
   static_llama.py), with the fraction of the measured bandwidth (gpu_large.py);
@@ -98,6 +102,7 @@ from speechrt.bench.gpu_parity import (
 )
 from speechrt.bench.gpu_prefill import check_lm_prefill
 from speechrt.bench.gpu_quant import check_lm_quant
+from speechrt.bench.gpu_tiles import check_gemv_tiles
 from speechrt.bench.record import Check, Results, gpu_record
 from speechrt.cli_paths import output_file
 
@@ -345,6 +350,8 @@ TABLE = (
     Spec("lm-prefill", 40, check_lm_prefill),
     Spec("attention", 40, check_attention),
     Spec("asr-turbo", 60, check_asr_turbo),
+    Spec("gemv-tiles", 35, check_gemv_tiles),  # counted: ~45 compiles of 4 new tile sets (M = 1 / 8, split or not
+    # apart) at ~0.5 s, 80 timings of ~35 ms, the bandwidth probe
     Spec("lm-1b", 240, check_lm_1b),
     Spec("lm-peers", 240, check_lm_peers),
     Spec("cuda-graphs", 20, check_cuda_graphs),

@@ -68,13 +68,14 @@ def cpu_estimate(cpu: dict) -> Peak | None:
     )
 
 
-def timer(device):
+def timer(device, rep_ms: int = 100, warmup_ms: int = 25):
     """fn -> its run times in seconds on `device`: CUDA-event timings through triton.testing.do_bench
-    on GPUs, wall clock on the CPU (3 to 50 runs after a warm-up, about 0.2 s in all)."""
+    on GPUs (runs for about `rep_ms` after `warmup_ms` of warm-up), wall clock on the CPU (3 to 50 runs after a warm-up,
+    about 0.2 s in all)."""
     if device.type == "cuda":
         from triton.testing import do_bench
 
-        return lambda fn: [t * 1e-3 for t in do_bench(fn, return_mode="all")]
+        return lambda fn: [t * 1e-3 for t in do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all")]
 
     def cpu_times(fn):
         fn()

@@ -33,6 +33,7 @@ def test_bench_gpu_skips_clearly_without_a_gpu(bench, tmp_path):
         "lm-peers",
         "attention",
         "asr-turbo",
+        "gemv-tiles",
         "asr-fused",
         "lm-loop",
         "asr-loop",
@@ -85,7 +86,7 @@ def test_bench_gpu_lists_valid_checks(bench):
     assert (
         r.returncode == 2
         and "unknown check(s) warp; valid: gpu, kernels, lm-fused, asr-fused, lm-loop, asr-loop, lm-quant, lm-prefill, "
-        "attention"
+        "attention, asr-turbo, gemv-tiles, lm-1b, lm-peers"
         in r.stderr
     )
 
@@ -203,6 +204,56 @@ def test_lm_prefill_check_runs_up_to_its_gpu_part(monkeypatch):
     ]
     assert all(r.params["vs_torch_rel_err"] < 1e-4 and r.params["fraction_of_matmul"] > 0 for r in out.records)
     assert "llama-shape 11 tokens: ours 1000 us" in detail and "torch 1000 us: 1.00x" in detail
+
+
+def test_gemv_tiles_check_runs_up_to_its_gpu_part(monkeypatch):
+    """gemv-tiles on tiny shapes on the CPU (the fused ops interpreted): each tile set's output equals the default's
+    and the torch reference's, a record each with its tiles and the K split it was dispatched with, the summary line;
+    a tile set whose output is wrong fails the check and is not ranked. The plan: the 1B shape's bytes and widths."""
+    _interpreted()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from speechrt.bench import gpu_tiles
+    from speechrt.bench.record import Results
+    from speechrt.kernels import triton_fused, triton_fused_split
+    from speechrt.models.llama import LlamaConfig
+
+    one_b = {(c.op, c.rows): c for c in gpu_tiles.plan() if c.shape == "llama-3.2-1b"}
+    assert (one_b["qkv", 1].K, one_b["qkv", 1].N, one_b["down", 8].K, one_b["gate_up", 1].N) == (
+        2048,
+        3072,
+        8192,
+        16384,
+    )
+    assert one_b["o", 1].bytes == 2 * (2048 * 2048 + 2048 + 2 * 2048)  # weight, input, residual and output
+    assert len(gpu_tiles.plan()) == 16 and gpu_tiles.CONFIGS[0] == (32, 64, 4, 2)  # config()'s default first
+    cfg = LlamaConfig(vocab_size=64, dim=40, n_layers=1, n_heads=2, n_kv_heads=1, hidden_dim=56, max_seq_len=16)
+    cases = gpu_tiles.plan({"tiny": cfg}, rows=(1, 3))
+    configs = (gpu_tiles.CONFIGS[0], (64, 32, 4, 3), (16, 16, 2, 2))
+    monkeypatch.setattr(triton_fused_split, "SPLITS", 2)  # K 40: two splits with a K tile of 16 or 32, one with 64
+    out, plan = Results(), dict(cases=cases, peak=_peak(), clock=_one_time, configs=configs, dtype=torch.float32)
+    status, detail = gpu_tiles.check_gemv_tiles(torch.device("cpu"), out, **plan)
+    assert status == "pass", detail
+    assert detail.startswith("copy 10 GB/s; tiny qkv M=1: default 1000.0 us (") and len(out.records) == 8 * 3
+    assert "; tiny gate_up M=3: default 1000.0 us (" in detail and "best n32k64w4s2 (split 1) 1.00x" in detail
+    assert triton_fused.TILES is None  # restored
+    for r in out.records:
+        assert r.params["vs_default_rel_err"] < 1e-5 and r.params["vs_reference_rel_err"] < 1e-5, r.params
+        assert r.params["splits"] == (1 if r.params["tiles"]["BLOCK_K"] == 64 else 2), r.params
+        assert r.params["tiles"]["BLOCK_N"] == int(r.params["config"].split("k")[0][1:]) and r.value == 1000.0
+    assert [r.params["config"] for r in out.records[:3]] == ["n32k64w4s2", "n64k32w4s3", "n16k16w2s2"]
+    assert sum(r.params["best"] for r in out.records) == 8 and out.records[1].peer == "n32k64w4s2"
+    # a tile set whose output differs from the default's fails the check and gets no record
+    real = triton_fused.linear_residual
+
+    def wrong(x, w, r, bias=None):
+        y = real(x, w, r, bias)
+        return y + 1 if triton_fused.TILES["BLOCK_K"] == 32 else y
+
+    monkeypatch.setattr(triton_fused, "linear_residual", wrong)
+    out = Results()
+    status, detail = gpu_tiles.check_gemv_tiles(torch.device("cpu"), out, **plan | {"cases": cases[2:3]})
+    assert status == "fail" and detail.startswith("tiny o M=1 n64k32w4s3: ") and "from the default's" in detail
+    assert [r.params["config"] for r in out.records] == ["n32k64w4s2", "n16k16w2s2"]
 
 
 def test_asr_turbo_check_runs_up_to_its_gpu_part(monkeypatch):

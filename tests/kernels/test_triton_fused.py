@@ -398,3 +398,37 @@ def test_split_rule_at_model_shapes(monkeypatch):
     assert fs.k_splits(64, 2048, 64) == (4, 512) and fs.k_splits(64, 8192, 64) == (5, 1664)
     assert fs.k_splits(18, 576, 64) == (1, 576) and fs.k_splits(18, 1536, 64) == (3, 512)
     assert fs.k_splits(256, 2048, 64, splits=1) == (1, 2048) and fs.k_splits(96, 2048, 64, splits=2) == (2, 1024)
+
+
+def test_tiles_knob(fused):
+    """triton_fused.TILES: unset, the float ops' tiles are config()'s defaults; set (using_tiles), its entries replace
+    them (BLOCK_HALF but where whole heads are needed) and the ops still equal their references, K split or not;
+    restored after the block, an exception too; an unknown tile is refused."""
+    assert fused.TILES is None
+    for M, half, whole in ((1, None, False), (8, 12, False), (16, 12, True), (40, None, False)):
+        for dtype in (torch.bfloat16, torch.float32):
+            assert fused.tiles(M, dtype, half, whole) == fused.config(M, dtype, half, whole)
+    assert fused.config(1, torch.bfloat16) == dict(BLOCK_M=16, BLOCK_K=64, num_warps=4, num_stages=2, BLOCK_N=32)
+    assert fused.config(40, torch.bfloat16, 12) == dict(
+        BLOCK_M=32, BLOCK_K=64, num_warps=4, num_stages=2, BLOCK_HALF=16
+    )
+    t = {"BLOCK_N": 64, "BLOCK_K": 16, "BLOCK_HALF": 8, "num_warps": 2, "num_stages": 3}
+    with fused.using_tiles(t):
+        assert fused.tiles(3, torch.float32) == dict(BLOCK_M=16, BLOCK_K=16, num_warps=2, num_stages=3, BLOCK_N=64)
+        assert fused.tiles(3, torch.float32, 12)["BLOCK_HALF"] == 8
+        assert fused.tiles(3, torch.float32, 12, whole_head=True)["BLOCK_HALF"] == 16  # the whole head, as config()
+        x, kw = qkv_case(3, torch.float32)
+        kc, vc = caches(torch.float32)
+        rk, rv = kc.clone(), vc.clone()
+        close(fused.norm_qkv_rope(x, k_cache=kc, v_cache=vc, **kw), ref.norm_qkv_rope(x, k_cache=rk, v_cache=rv, **kw))
+        close(kc, rk), close(vc, rv)
+        x, w, r = rand(3, HIDDEN, seed=1), rand(DIM, HIDDEN, seed=2, scale=HIDDEN**-0.5), rand(3, DIM, seed=3)
+        close(fused.linear_residual(x, w, r), ref.linear_residual(x, w, r))  # K 200: 13 K tiles, no split
+        g, wgu = rand(DIM, seed=4) + 1, rand(2 * HIDDEN, DIM, seed=5, scale=DIM**-0.5)
+        close(fused.norm_gate_up(x[:, :DIM], g, 1e-5, wgu), ref.norm_gate_up(x[:, :DIM], g, 1e-5, wgu))
+    assert fused.TILES is None
+    with pytest.raises(RuntimeError), fused.using_tiles(t):
+        raise RuntimeError("restored anyway")
+    assert fused.TILES is None
+    with fused.using_tiles({"BLOCK_Q": 8}), pytest.raises(ValueError, match="unknown tile 'BLOCK_Q'; valid: BLOCK_N"):
+        fused.tiles(1, torch.float32)
