@@ -51,7 +51,7 @@ class Result:
     matmul: bool
     regs: int | None = None  # per-thread registers (NVIDIA) / VGPRs + AGPRs per lane (AMD)
     sgprs: int | None = None  # AMD scalar registers
-    spills: int | None = None  # bytes spilled (NVIDIA spill stores) / spilled registers (AMD)
+    spills: int | None = None  # bytes spilled (NVIDIA spill stores) / registers spilled to scratch memory (AMD)
     scratch: int | None = None  # bytes of local (NVIDIA stack) / scratch (AMD) memory per thread
     smem: int | None = None  # shared memory / LDS bytes per program
     mma: bool | None = None
@@ -129,11 +129,13 @@ def _amd_resources(asm: str) -> dict:
     agprs = num("agpr_count") or 0
     vgprs = num("vgpr_count")
     scratch = re.search(r"; ScratchSize: (\d+)", asm)
+    scratch = int(scratch.group(1)) if scratch else None
+    # spills to memory: VGPRs', and SGPRs' where the kernel has scratch (without it they went to VGPR lanes)
     return {
         "regs": vgprs + agprs if vgprs is not None else None,
         "sgprs": num("sgpr_count"),
-        "spills": (num("vgpr_spill_count") or 0) + (num("sgpr_spill_count") or 0),
-        "scratch": int(scratch.group(1)) if scratch else None,
+        "spills": (num("vgpr_spill_count") or 0) + ((num("sgpr_spill_count") or 0) if scratch else 0),
+        "scratch": scratch,
     }
 
 

@@ -19,10 +19,23 @@ class Spec:
     targets: tuple | None = None  # only these targets (None: every one)
 
 
+# The K strides of every linear's activations and weights: 1 at the models' launches (contiguous along K), and a
+# launch specializes an int argument equal to 1 as the constant 1 (as it does the row count of a one-row step:
+# one_row), so the report compiles them as that constant: the binary the GPU runs.
+UNIT = ("sxk", "swk")
+
+
+def one_row(M: int) -> dict:
+    """The row count as a constexpr where the launch makes it one: 1 (Triton specializes an int argument equal to 1)."""
+    return {"M": 1} if M == 1 else {}
+
+
 def make_spec(fn, variant, types, constexprs, options, aligned=(), matmul=False):
     """types: arg -> Triton type for the runtime args ('*fp16', 'i32', 'fp32'); every other arg must
-    be a constexpr in `constexprs`."""
+    be a constexpr in `constexprs`. The K strides (UNIT) are the constant 1, as the models' launches make them."""
     names = list(fn.arg_names)
+    constexprs = {**{n: 1 for n in UNIT if n in names}, **constexprs}
+    aligned = tuple(a for a in aligned if a not in constexprs)
     sig = {}
     for n in names:
         if n in constexprs:
@@ -171,6 +184,7 @@ def specs(hip: bool = False) -> list[Spec]:
                     "PRECISION": mm.precision(f16),
                     "UPCAST": False,
                     **{k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")},
+                    **one_row(M),
                 },
                 c,
                 lin_aligned,
@@ -199,6 +213,7 @@ def specs(hip: bool = False) -> list[Spec]:
                     "PRECISION": i8.precision(f16),
                     "UPCAST": False,
                     **{k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")},
+                    **one_row(M),
                 },
                 c,
                 ("x_ptr", "w_ptr", "s_ptr", "y_ptr", "N", "K", "sxm", "swn", "sym"),

@@ -15,7 +15,7 @@ launch for few rows (chunks of the vocabulary, then their merge)."""
 
 from __future__ import annotations
 
-from .aot_specs import Spec, int_args, make_spec
+from .aot_specs import Spec, int_args, make_spec, one_row
 
 SHAPES = "smollm2 d576 / llama-1b d2048"
 WHISPER = "whisper tiny d384 / large-v3-turbo d1280"
@@ -55,7 +55,7 @@ def fused_specs(hip: bool = False) -> list[Spec]:
     ):
         c = fu.config(M, bf16, 32, whole_head=qk_norm)
         cx = {"HAS_BIAS": bias, "QK_NORM": qk_norm, "SPLIT": split, "PRECISION": precision(bf16), "UPCAST": False}
-        cx.update({k: c[k] for k in ("BLOCK_M", "BLOCK_HALF", "BLOCK_K")})
+        cx.update({k: c[k] for k in ("BLOCK_M", "BLOCK_HALF", "BLOCK_K")}, **one_row(M))
         out.append(make_spec(fu._norm_qkv_rope_kernel, variant, qkv_types, cx, c, qkv_aligned, matmul=True))
 
     mm_types = {**int_args("M", "N", "K", "sxm", "sxk", "swn", "swk", "sym")}
@@ -65,6 +65,7 @@ def fused_specs(hip: bool = False) -> list[Spec]:
     for M, split in ((1, False), (1, True), (64, False)):
         c = fu.config(M, bf16)
         cx = {"PRECISION": precision(bf16), "UPCAST": False, **{k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}}
+        cx.update(one_row(M))
         rp = {p: "*bf16" for p in ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr")}
         out.append(
             make_spec(
@@ -97,7 +98,7 @@ def split_sum_specs() -> list[Spec]:
     aligned = tuple(a for a in aligned if a in types)
     for what, qk_norm in (("", False), (" qwen3 head norms + qwen2 bias d64", True)):
         c = fu.config(1, torch.bfloat16, 32, whole_head=qk_norm)
-        cx = {"HAS_BIAS": qk_norm, "QK_NORM": qk_norm, "BLOCK_M": c["BLOCK_M"], "BLOCK_HALF": c["BLOCK_HALF"]}
+        cx = {"HAS_BIAS": qk_norm, "QK_NORM": qk_norm, "BLOCK_M": c["BLOCK_M"], "BLOCK_HALF": c["BLOCK_HALF"], "M": 1}
         variant = f"{SHAPES} M=1 split-K sums + rotary + cache{what}"
         out.append(make_spec(fs._sum_qkv_kernel, variant, types, cx, {"num_warps": 4}, aligned))
     c = fu.config(1, torch.bfloat16)
@@ -107,7 +108,7 @@ def split_sum_specs() -> list[Spec]:
             f"{SHAPES} mlp 1536 / 8192 M=1 split-K sums + silu * up",
             {"p_ptr": "*fp32", "ss_ptr": "*fp32", "y_ptr": "*bf16", **int_args("SPLITS", "M", "N", "K", "sym")}
             | {"eps": "fp32"},
-            {"BLOCK_M": c["BLOCK_M"], "BLOCK_N": c["BLOCK_N"]},
+            {"BLOCK_M": c["BLOCK_M"], "BLOCK_N": c["BLOCK_N"], "M": 1},
             {"num_warps": 4},
             ("p_ptr", "ss_ptr", "y_ptr", "N", "K", "sym"),
         )
@@ -120,7 +121,7 @@ def split_sum_specs() -> list[Spec]:
                 f"{SHAPES} o/down proj split-K sums + residual M={M}",
                 {**{p: "*bf16" for p in ("b_ptr", "r_ptr", "y_ptr")}, "p_ptr": "*fp32"}
                 | int_args("SPLITS", "M", "N", "srm", "sym"),
-                {"HAS_BIAS": False, "BLOCK_M": c["BLOCK_M"], "BLOCK_N": c["BLOCK_N"]},
+                {"HAS_BIAS": False, "BLOCK_M": c["BLOCK_M"], "BLOCK_N": c["BLOCK_N"], **one_row(M)},
                 {"num_warps": 4},
                 ("p_ptr", "b_ptr", "r_ptr", "y_ptr", "N", "srm", "sym"),
             )
@@ -154,7 +155,7 @@ def whisper_specs() -> list[Spec]:
     ):
         for M in Ms:
             c = fu.config(M, f16)
-            cx = {"EPILOGUE": epilogue, "HAS_BIAS": bias, "PRECISION": precision(f16), "UPCAST": False}
+            cx = {"EPILOGUE": epilogue, "HAS_BIAS": bias, "PRECISION": precision(f16), "UPCAST": False, **one_row(M)}
             cx.update({k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")})
             out.append(make_spec(fw._norm_linear_kernel, f"{WHISPER} {what} M={M}", types, cx, c, aligned, matmul=True))
     ip = {"tok_ptr": "*i64", "temb_ptr": "*fp16", "pemb_ptr": "*fp16", "pos_ptr": "*i64", "cl_ptr": "*i64"}
@@ -167,7 +168,7 @@ def whisper_specs() -> list[Spec]:
     rp = ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "y_ptr")
     for M in (1, 64):
         c = fu.config(M, f16)
-        cx = {"HAS_BIAS": True, "PRECISION": precision(f16), "UPCAST": False}
+        cx = {"HAS_BIAS": True, "PRECISION": precision(f16), "UPCAST": False, **one_row(M)}
         cx.update({k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")})
         out.append(
             make_spec(

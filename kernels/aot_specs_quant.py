@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .aot_specs import Spec, int_args, make_spec
+from .aot_specs import Spec, int_args, make_spec, one_row
 
 SHAPES = "smollm2 d576 / llama-1b d2048"
 
@@ -46,6 +46,7 @@ def quant_specs(hip: bool = False) -> list[Spec]:
     ):
         c = i4.config(M, 8192, 2048, bf16, G)
         cx = {"PRECISION": precision(bf16), "UPCAST": False, **{k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}}
+        cx.update(one_row(M))
         out.append(
             make_spec(
                 i4._linear_w4_kernel,
@@ -76,7 +77,7 @@ def quant_specs(hip: bool = False) -> list[Spec]:
     }
     for M, act in ((1, False), (64, False), (64, True)):
         c = f8.config(M, 8192, 2048, bf16, act)
-        cx = {"ACT_FP8": act, "PRECISION": precision(bf16), "UPCAST": False}
+        cx = {"ACT_FP8": act, "PRECISION": precision(bf16), "UPCAST": False, **one_row(M)}
         cx.update({k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")})
         spec = make_spec(
             f8._linear_fp8_kernel,
@@ -121,6 +122,7 @@ def fused_quant_specs() -> list[Spec]:
         c = fq.fused_config(code[fmt], G)(M, bf16, head_dim // 2 or 32, qk_norm)
         cx = {
             **base,
+            **one_row(M),
             "HAS_BIAS": qk_norm,
             "QK_NORM": qk_norm,
             "SPLIT": split,
@@ -133,7 +135,7 @@ def fused_quant_specs() -> list[Spec]:
         if qk_norm:
             continue
         c = fq.fused_config(code[fmt], G)(M, bf16)
-        cx = {**base, **{k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}}
+        cx = {**base, **one_row(M), **{k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}}
         types = {**{p: "*bf16" for p in ("x_ptr", "g_ptr", "y_ptr")}, **wq, **rows_types, "eps": "fp32"}
         types |= {"p_ptr": "*fp32", "ss_ptr": "*fp32", "K_SPLIT": "i32"}
         aligned = (*rows_aligned, "g_ptr", "p_ptr", "ss_ptr", "K_SPLIT")

@@ -153,7 +153,9 @@ def config(M: int, dtype: torch.dtype, half: int | None = None, whole_head: bool
     """Tiles of the decode step (M rows, 1..64). Row tile: 16 (the dot's minimum) up to 16 rows, else 32 (a
     64-row tile with its two accumulators spilled on every target in the AOT report). Columns: 32 per program
     (16 column pairs of a head), so that even a small layer spreads over many programs that stream W; a
-    whole head when its norm needs it. K tile 64 and two stages: wider ones spilled registers too."""
+    whole head when its norm needs it. K tile 64 and two stages; wider K tiles and deeper pipelines, which put more
+    bytes in flight per program, also compile without spills on every target with the launches' unit K strides:
+    `bench gpu --checks gemv-tiles` times them against these (TILES)."""
     cfg = {"BLOCK_M": 16 if M <= 16 else 32, "BLOCK_K": 64 if dtype != torch.float32 or M <= 16 else 32}
     cfg.update(num_warps=4, num_stages=2)
     if half is None:

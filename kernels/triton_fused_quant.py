@@ -221,18 +221,15 @@ def quant_args(w, K: int, op: str) -> tuple[dict, callable]:
 
 def fused_config(fmt: int, G: int):
     """The tile config of format `fmt` (group size G): triton_fused.config's (same arguments), its K tile cut to
-    divide G for int4, and int4 tiles of 32 rows in one stage (two stages spilled on sm_90 in the AOT report). fp8 /
-    int8 widen [BLOCK_K, columns] byte tiles to float32 in registers: K tiles of 32 for 32-row tiles and whole heads
-    of 128 (64 spilled on sm_80 / sm_90), and 8 warps, which halve each thread's share of the widened tiles: the
-    norm-folded kernels' registers on sm_80 / sm_90 (AOT report) were 104-230 with 4 warps (gate/up at one row
-    201-211), are 96-156 with 8, no spill, and a one-row step keeps its 64-column K tiles (the bytes in flight of
-    the ~2 programs per SM it runs)."""
+    divide G for int4. fp8 / int8 widen [BLOCK_K, columns] byte tiles to float32 in registers: K tiles of 32 for
+    32-row tiles and whole heads of 128, and 8 warps, which halve each thread's share of the widened tiles; a one-row
+    step keeps its 64-column K tiles (the bytes in flight of the ~2 programs per SM it runs). None spills on sm_80,
+    sm_90, gfx90a or gfx942 in the AOT report (compiled with unit K strides, as launched: int4's 32-row tiles in
+    two stages; in one stage its projection + residual spilled on sm_90)."""
 
     def cfg(M, dtype, half=None, whole_head=False):
         c = fu.config(M, dtype, half, whole_head)
         c["BLOCK_K"] = block_k(fmt, G, c["BLOCK_K"])
-        if fmt == INT4 and c["BLOCK_M"] > 16:
-            c["num_stages"] = 1
         if fmt != INT4:
             c["num_warps"] = 8
             if c["BLOCK_M"] > 16 or c.get("BLOCK_HALF", 0) > 32:
