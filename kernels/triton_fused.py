@@ -150,8 +150,9 @@ def _norm_gate_up_kernel(
 
 
 def config(M: int, dtype: torch.dtype, half: int | None = None, whole_head: bool = False) -> dict:
-    """Tiles of the decode step (M rows, 1..64). Row tile: 16 (the dot's minimum) up to 16 rows, else 32 (a
-    64-row tile with its two accumulators spilled on every target in the AOT report). Columns: 32 per program
+    """Tiles of the decode step (M rows, 1..64). Row tile: 16 (the dot's minimum) up to 16 rows, else 32 (64-row
+    tiles also compile without spills on every target, untimed; the two programs of a column tile run side by side,
+    so its second read of the weights is likely an L2 hit). Columns: 32 per program
     (16 column pairs of a head), so that even a small layer spreads over many programs that stream W; a
     whole head when its norm needs it. K tile 64 and two stages; wider K tiles and deeper pipelines, which put more
     bytes in flight per program, also compile without spills on every target with the launches' unit K strides:
