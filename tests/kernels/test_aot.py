@@ -116,3 +116,36 @@ def test_matrix_instructions_in_matmul_kernels(report):
     assert not missing, f"no mma/wgmma/v_mfma in {missing}"
     # elementwise kernels must not claim a matrix instruction (the detector is not vacuous)
     assert not any(r["mma"] for r in rows if r["kernel"] in {"_gelu_kernel", "_silu_mul_kernel"})
+
+
+def test_specs_compile_what_the_launches_run():
+    """A launch specializes an int argument equal to 1 as the constant 1: the models' K strides and a one-row step's
+    row count. The specs compile those binaries (the others: runtime ints), and say nothing aligned about them."""
+    from speechrt.kernels.aot_specs import specs
+    from speechrt.kernels.aot_specs_fused import fused_specs
+
+    every = specs() + fused_specs()
+    strided = [s for s in every if "sxk" in s.signature]
+    assert strided and all(s.signature["sxk"] == s.signature["swk"] == "constexpr" for s in strided)
+    assert all(s.constexprs["sxk"] == s.constexprs["swk"] == 1 for s in strided)
+    rows = {s.variant: s for s in strided if "M" in s.signature}
+    one = [v for v in rows if "M=1" in v or " 1x" in v]
+    assert one and all(rows[v].constexprs.get("M") == 1 for v in one)
+    assert all(rows[v].signature["M"] == "i32" for v in rows if "M=64" in v)
+    assert not any(a in s.constexprs for s in every for a in s.aligned)
+
+
+def test_amd_spills_are_those_to_memory():
+    """On AMD a spill is one to scratch memory: VGPRs always; SGPRs only where the kernel has scratch (without it
+    they went into VGPR lanes, as the fp8 decode GEMV's do on gfx90a / gfx942)."""
+    from speechrt.kernels.aot import _amd_resources
+
+    def asm(vgpr_spills, sgpr_spills, scratch):
+        return (
+            f"    .vgpr_count:     115\n    .sgpr_count:     106\n    .agpr_count:     0\n"
+            f"    .vgpr_spill_count: {vgpr_spills}\n    .sgpr_spill_count: {sgpr_spills}\n; ScratchSize: {scratch}\n"
+        )
+
+    assert _amd_resources(asm(0, 5, 0)) == {"regs": 115, "sgprs": 106, "spills": 0, "scratch": 0}
+    assert _amd_resources(asm(0, 5, 16))["spills"] == 5
+    assert _amd_resources(asm(3, 0, 12))["spills"] == 3
