@@ -234,16 +234,25 @@ def launch_qkv(
     return q
 
 
+def row_tiles(x: torch.Tensor, n: int, cfg):
+    """What a (row blocks, column blocks) launch of n output columns starts from: (x as rows [M, K], its output y
+    [M, n], the tiles cfg(M, dtype), the grid; None without rows)."""
+    x = as_rows(x)
+    M = x.shape[0]
+    y = torch.empty((M, n), dtype=x.dtype, device=x.device)
+    if not M:
+        return x, y, None, None
+    c = cfg(M, x.dtype)
+    return x, y, c, (triton.cdiv(M, c["BLOCK_M"]), triton.cdiv(n, c["BLOCK_N"]))
+
+
 def launch_gate_up(kernel, w: dict, x, norm_w, eps, n: int, cfg) -> torch.Tensor:
     """Launches a norm_gate_up kernel (this module's or a quantized one's) with the weight's arguments `w`, K split
     among programs as kernels/triton_fused_split.py decides; cfg(M, dtype) gives its tiles. Returns y [M, n]."""
-    x = as_rows(x)
-    M, K = x.shape
-    y = torch.empty((M, n), dtype=x.dtype, device=x.device)
-    if not M:
+    x, y, c, grid = row_tiles(x, n, cfg)
+    if grid is None:
         return y
-    c = cfg(M, x.dtype)
-    grid = (triton.cdiv(M, c["BLOCK_M"]), triton.cdiv(n, c["BLOCK_N"]))
+    M, K = x.shape
     splits, k_split, parts = fs.partials(grid[0] * grid[1], K, c["BLOCK_K"], M, 2 * n, y)
     kernel[(*grid, splits)](
         x_ptr=x, g_ptr=norm_w, y_ptr=y, M=M, N=n, K=K, K_SPLIT=k_split, sxm=x.stride(0), sxk=x.stride(1),
@@ -261,13 +270,10 @@ def launch_rows(kernel, w: dict, x, n: int, cfg, **kw) -> torch.Tensor:
     tiles. With K split (triton_fused_split.k_splits: a one-row step of few column tiles, the 1B shape's o / down
     projections) each split stores float32 partial sums and a second launch adds them up with the bias and the
     residual."""
-    x = as_rows(x)
-    M, K = x.shape
-    y = torch.empty((M, n), dtype=x.dtype, device=x.device)
-    if not M:
+    x, y, c, grid = row_tiles(x, n, cfg)
+    if grid is None:
         return y
-    c = cfg(M, x.dtype)
-    grid = (triton.cdiv(M, c["BLOCK_M"]), triton.cdiv(n, c["BLOCK_N"]))
+    M, K = x.shape
     splits, k_split = fs.k_splits(grid[0] * grid[1], K, c["BLOCK_K"], x.device, fs.SPLITS)
     parts = torch.empty((splits, M, n), dtype=torch.float32, device=x.device) if splits > 1 else y
     kernel[(*grid, splits)](
