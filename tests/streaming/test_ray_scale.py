@@ -233,37 +233,47 @@ def test_a_full_cluster_answers_session_limit_reached(cluster):
 
 
 def test_scale_down_loses_no_committed_turn(cluster, synth):
-    """Four sessions speak three utterances each; meanwhile the deployment goes from 2 replicas to 1.
-    The stopping replica finishes its turns in flight and tells its sessions, which reconnect (to the
-    other replica) and go on. Every committed turn gets its transcript; every utterance is transcribed."""
+    """Four sessions speak utterance after utterance (three at least) until the deployment, going from 2
+    replicas to 1 meanwhile, has only the one left. The stopping replica finishes its turns in flight and tells
+    its sessions, which reconnect (to the other replica) and go on. Every committed turn gets its transcript;
+    every utterance is transcribed."""
     from ray import serve
 
     from speechrt.streaming.scale import application
 
-    texts = [SENTENCES[i % len(SENTENCES)] for i in range(12)]
+    texts = SENTENCES
     pcms = [pcm24(synth(t)) for t in texts]
+    gone = asyncio.Event()  # the stopping replica is gone: a session still on it would have been told
 
     async def speaker(k):
-        s, out = Session(cluster["port"]), []
+        s, out, u = Session(cluster["port"]), [], 0
         await s.open()
-        for u in range(3):
-            i = 3 * k + u
+        while u < 3 or not gone.is_set():
+            i = (3 * k + u) % len(texts)
             while (got := await s.turn(pcms[i])) is None:  # told to go: reconnect, say it again
                 await s.open()
             out.append((texts[i], got))
+            u += 1
         await s.ws.close()
         return s, out
+
+    def one_replica_left() -> bool:
+        states = serve.status().applications["speechrt"].deployments["speechrt"].replica_states
+        return sum(states.values()) == 1
 
     async def main():
         speakers = [asyncio.create_task(speaker(k)) for k in range(4)]
         await asyncio.sleep(3.0)  # every session is speaking its first utterance
         one = dataclasses.replace(cluster["scale"], replicas=1)
         await asyncio.to_thread(serve.run, application(cluster["config"], one), name="speechrt", route_prefix="/")
+        while not await asyncio.to_thread(one_replica_left):
+            await asyncio.sleep(0.5)
+        gone.set()
         return await asyncio.gather(*speakers)
 
     results = run(main(), 240)
     moved = [s for s, _ in results if s.notices]
-    assert moved, "no session was on the replica that stopped"
+    assert moved, ("no session was on the replica that stopped", [s.replicas for s, _ in results])
     for s, out in results:
         assert s.committed <= set(s.completed), (
             f"committed turns without a transcript: {s.committed - set(s.completed)}",
