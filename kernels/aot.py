@@ -55,6 +55,7 @@ class Result:
     scratch: int | None = None  # bytes of local (NVIDIA stack) / scratch (AMD) memory per thread
     smem: int | None = None  # shared memory / LDS bytes per program
     mma: bool | None = None
+    pdl: bool | None = None  # the binary waits for the previous kernel (griddepcontrol; sm_90+ kernels with a PDL flag)
     seconds: float = 0.0
     error: str | None = None
 
@@ -112,11 +113,14 @@ def _compile(spec: Spec, tgt):
 
     names = list(spec.fn.arg_names)
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in spec.aligned}
+    constexprs = dict(spec.constexprs)
+    if "PDL" in constexprs:  # a decode-step kernel: on sm_90+ as launched with triton_pdl.ENABLED (2 more instructions)
+        constexprs["PDL"] = tgt.backend == "cuda" and tgt.arch >= 90
     out = io.StringIO()
     with knobs.nvidia.scope(), contextlib.redirect_stdout(out):
         knobs.nvidia.dump_ptxas_log = True  # Triton's ptxas runs with -v: its report, not a second ptxas run
         k = triton.compile(
-            ASTSource(spec.fn, spec.signature, spec.constexprs, attrs), target=tgt, options=dict(spec.options)
+            ASTSource(spec.fn, spec.signature, constexprs, attrs), target=tgt, options=dict(spec.options)
         )
     return k, out.getvalue()
 
@@ -149,6 +153,7 @@ def compile_spec(spec: Spec, target: str) -> Result:
         if tgt.backend == "cuda":
             ptx = k.asm["ptx"]
             res.mma = bool(re.search(r"^\s*(wgmma\.mma_async|mma\.sync)", ptx, re.M))
+            res.pdl = "griddepcontrol.wait" in ptx
             if "Used " not in log:
                 log = _ptxas_log(ptx, tgt.arch)
             for key, val in _nvidia_resources(log).items():
@@ -219,7 +224,7 @@ def report(targets=TARGETS, kernels=None) -> list[Result]:
 
 
 def format_table(rows: list[Result]) -> str:
-    head = ("kernel", "variant", "target", "ok", "regs", "spills", "smem", "mma", "s")
+    head = ("kernel", "variant", "target", "ok", "regs", "spills", "smem", "mma", "pdl", "s")
     lines = [head]
     for r in rows:
         regs = "-" if r.regs is None else (f"{r.regs}" + (f"/s{r.sgprs}" if r.sgprs is not None else ""))
@@ -234,6 +239,7 @@ def format_table(rows: list[Result]) -> str:
                 "-" if r.spills is None else str(r.spills),
                 "-" if r.smem is None else str(r.smem),
                 mma,
+                "yes" if r.pdl else "-",
                 f"{r.seconds:.1f}",
             )
         )

@@ -32,9 +32,10 @@ def one_row(M: int) -> dict:
 
 def make_spec(fn, variant, types, constexprs, options, aligned=(), matmul=False):
     """types: arg -> Triton type for the runtime args ('*fp16', 'i32', 'fp32'); every other arg must
-    be a constexpr in `constexprs`. The K strides (UNIT) are the constant 1, as the models' launches make them."""
+    be a constexpr in `constexprs`. The K strides (UNIT) are the constant 1, as the models' launches make them; a
+    decode-step kernel's PDL flag is False here, and aot._compile turns it on for sm_90+ (triton_pdl)."""
     names = list(fn.arg_names)
-    constexprs = {**{n: 1 for n in UNIT if n in names}, **constexprs}
+    constexprs = {**{n: 1 for n in UNIT if n in names}, **({"PDL": False} if "PDL" in names else {}), **constexprs}
     aligned = tuple(a for a in aligned if a not in constexprs)
     sig = {}
     for n in names:

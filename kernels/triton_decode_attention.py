@@ -51,6 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_pdl as pdl
 from .triton_matmul import precision, upcast
 
 LOG2E = 1.4426950408889634
@@ -127,7 +128,9 @@ def _decode_attention_kernel(
     BLOCK_S: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl.gate(PDL)
     # grid (B * H, NUM_SPLITS): keys [split * SPLIT_LEN, (split + 1) * SPLIT_LEN) of one (b, h)
     bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -217,7 +220,9 @@ def _decode_attention_grouped_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl.gate(PDL)
     # grid (B * HKV, NUM_SPLITS): the GROUP query heads of key/value head hk (rows padded to BLOCK_G >= 16
     # for the matrix units) against keys [split * SPLIT_LEN, (split + 1) * SPLIT_LEN)
     bk = tl.program_id(0)
@@ -302,8 +307,10 @@ def _merge_splits(po_ptr, plse_ptr, bh, NUM_SPLITS, BLOCK_S: tl.constexpr, BLOCK
 
 @triton.jit
 def _decode_reduce_kernel(
-    po_ptr, plse_ptr, o_ptr, H, D, sob, soh, NUM_SPLITS, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr
-):
+    po_ptr, plse_ptr, o_ptr, H, D, sob, soh, NUM_SPLITS, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
+):  # fmt: skip
+    pdl.gate(PDL)
     # the two-launch path's second launch (ONE_LAUNCH False): one program per (b, h)
     bh = tl.program_id(0)
     b = (bh // H).to(tl.int64)
@@ -425,6 +432,7 @@ def decode_attention(
             BLOCK_N=cfg["BLOCK_N"],
             BLOCK_D=bd,
             num_warps=cfg["num_warps"],
+            **pdl.args(q.device),
         )
     else:
         _decode_attention_kernel[(B * H, ns)](
@@ -441,6 +449,7 @@ def decode_attention(
             BLOCK_N=cfg["BLOCK_N"],
             BLOCK_D=bd,
             num_warps=cfg["num_warps"],
+            **pdl.args(q.device),
         )
     if mode == PARTIALS:
         _decode_reduce_kernel[(B * H,)](
@@ -455,6 +464,7 @@ def decode_attention(
             BLOCK_S=block_s,
             BLOCK_D=bd,
             num_warps=2,
+            **pdl.args(q.device),
         )
     return o
 

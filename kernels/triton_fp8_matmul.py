@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_pdl as pdl
 from .triton_matmul import precision
 
 FP8_MAX = 448.0
@@ -53,7 +54,9 @@ def _linear_fp8_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl.gate(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -151,6 +154,7 @@ def linear_fp8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, act_f
             PRECISION=precision(x.dtype),
             UPCAST=interpreted(),
             **cfg,
+            **pdl.args(x.device),
         )
     return y.view(*x.shape[:-1], N)
 

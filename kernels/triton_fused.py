@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from . import triton_fused_split as fs
+from . import triton_pdl as pdl
 from .triton_fused_parts import (
     gate_up_epilogue,
     head_tile,
@@ -90,7 +91,9 @@ def _norm_qkv_rope_kernel(
     M, K, K_SPLIT, H, HKV, HALF, s0, sxm, sxk, swn, swk, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps,
     HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
     UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.gate(PDL)
     # SPLIT: this program's K split's partial sums go to p / ss (store_partials), the epilogue to a second launch
     DT: tl.constexpr = q_ptr.dtype.element_ty  # the activations' (and the cache's) dtype
     rm, mm, head, d, dm, col, split, first = head_tile(M, HALF, BLOCK_M, BLOCK_HALF, SPLIT)
@@ -114,7 +117,9 @@ def _linear_residual_kernel(
     x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, p_ptr, M, N, K, K_SPLIT, sxm, sxk, swn, swk, srm, sym,
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.gate(PDL)
     # grid (row blocks, column blocks, K splits): y = r + (x @ W.T + bias), the product (with its bias, Whisper's)
     # rounded to the activation dtype first (as the unfused linear leaves it); SPLIT: the split's partial sums
     rm, rn = row_col_tile(BLOCK_M, BLOCK_N)
@@ -131,7 +136,9 @@ def _norm_gate_up_kernel(
     x_ptr, g_ptr, w_ptr, y_ptr, p_ptr, ss_ptr, M, N, K, K_SPLIT, sxm, sxk, swn, swk, sym, eps,
     SPLIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.gate(PDL)
     # W [2N, K]: gate rows 0..N-1, up rows N..2N-1; y [M, N] = silu(gate) * up of rmsnorm(x) * g. Grid (row blocks,
     # column blocks, K splits); SPLIT: the partial sums go to p / ss (store_partials), the epilogue to a second launch
     rm, rn = row_col_tile(BLOCK_M, BLOCK_N)
@@ -227,7 +234,7 @@ def launch_qkv(
     )  # fmt: skip
     kernel[(grid[0], grid[1], grid[2] * splits)](
         x_ptr=x, g_ptr=norm_w, K_SPLIT=k_split, sxm=x.stride(0), sxk=x.stride(1), SPLIT=splits > 1,
-        PRECISION=precision(x.dtype), UPCAST=upcast(x.dtype), **parts, **w, **c, **epilogue,
+        PRECISION=precision(x.dtype), UPCAST=upcast(x.dtype), **parts, **w, **c, **epilogue, **pdl.args(x.device),
     )  # fmt: skip
     if splits > 1:
         fs.sum_qkv(grid, splits, parts, c, epilogue)
@@ -257,7 +264,7 @@ def launch_gate_up(kernel, w: dict, x, norm_w, eps, n: int, cfg) -> torch.Tensor
     kernel[(*grid, splits)](
         x_ptr=x, g_ptr=norm_w, y_ptr=y, M=M, N=n, K=K, K_SPLIT=k_split, sxm=x.stride(0), sxk=x.stride(1),
         sym=y.stride(0), eps=eps, SPLIT=splits > 1, PRECISION=precision(x.dtype), UPCAST=upcast(x.dtype), **parts,
-        **w, **c,
+        **w, **c, **pdl.args(x.device),
     )  # fmt: skip
     if splits > 1:
         fs.sum_gate_up(grid, splits, parts, c, y, K, eps)
@@ -279,6 +286,7 @@ def launch_rows(kernel, w: dict, x, n: int, cfg, **kw) -> torch.Tensor:
     kernel[(*grid, splits)](
         x_ptr=x, y_ptr=y, p_ptr=parts, M=M, N=n, K=K, K_SPLIT=k_split, sxm=x.stride(0), sxk=x.stride(1),
         sym=y.stride(0), SPLIT=splits > 1, PRECISION=precision(x.dtype), UPCAST=upcast(x.dtype), **w, **kw, **c,
+        **pdl.args(x.device),
     )  # fmt: skip
     if splits > 1:
         fs.sum_residual(grid, splits, parts, kw, y, c)

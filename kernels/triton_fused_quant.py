@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from . import triton_fused as fu
+from . import triton_pdl as pdl
 from .triton_fp8_matmul import e4m3_to_float
 from .triton_int4_matmul import int4_tile
 
@@ -120,7 +121,9 @@ def _norm_qkv_rope_q_kernel(
     M, K, K_SPLIT, G, H, HKV, HALF, s0, sxm, sxk, swn, swk, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps,
     HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, SPLIT: tl.constexpr, FMT: tl.constexpr, PRECISION: tl.constexpr,
     UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.gate(PDL)
     # as triton_fused._norm_qkv_rope_kernel (its grid, its SPLIT), the weight quantized as FMT
     rm, mm, head, d, dm, col, split, first = fu.head_tile(M, HALF, BLOCK_M, BLOCK_HALF, SPLIT)
     k_lo, k_hi = fu.k_range(split, K_SPLIT, K, SPLIT)
@@ -144,7 +147,9 @@ def _linear_residual_q_kernel(
     x_ptr, w_ptr, sz_ptr, b_ptr, r_ptr, y_ptr, p_ptr, M, N, K, G, K_SPLIT, sxm, sxk, swn, swk, srm, sym,
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, FMT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.gate(PDL)
     # grid (row blocks, column blocks, K splits); SPLIT: the float32 partial sums go to p [splits, M, N]
     rm, rn = fu.row_col_tile(BLOCK_M, BLOCK_N)
     k_lo = tl.program_id(2) * K_SPLIT
@@ -160,7 +165,9 @@ def _norm_gate_up_q_kernel(
     x_ptr, g_ptr, w_ptr, sz_ptr, y_ptr, p_ptr, ss_ptr, M, N, K, K_SPLIT, G, sxm, sxk, swn, swk, sym, eps,
     SPLIT: tl.constexpr, FMT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.gate(PDL)
     # as triton_fused._norm_gate_up_kernel (W [2N, K]: gate rows, then up rows; its grid, its SPLIT), W as FMT
     rm, rn = fu.row_col_tile(BLOCK_M, BLOCK_N)
     split = tl.program_id(2)

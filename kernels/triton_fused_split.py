@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from . import triton_fused_parts as fp
+from . import triton_pdl as pdl
 from .triton_decode_attention import PROGRAMS_PER_SM, target_programs
 
 SPLITS: int | None = None  # None: the rule (k_splits); an int: that many splits of every fused op (1: none)
@@ -91,8 +92,10 @@ def _sum_qkv_kernel(
     p_ptr, ss_ptr, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr,
     SPLITS, M, K, H, HKV, HALF, s0, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps,
     HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """norm_qkv_rope's epilogue on its K splits' partial sums, on the unsplit grid (row blocks, heads, chunks)."""
+    pdl.gate(PDL)
     rm, mm, head, d, dm, col, _, _ = fp.head_tile(M, HALF, BLOCK_M, BLOCK_HALF)
     acc1, acc2, ss = sum_partials(
         p_ptr, ss_ptr, SPLITS, rm, mm, col, dm, HALF, (H + 2 * HKV) * 2 * HALF, M, BLOCK_M, BLOCK_HALF
@@ -105,9 +108,11 @@ def _sum_qkv_kernel(
 
 @triton.jit
 def _sum_gate_up_kernel(
-    p_ptr, ss_ptr, y_ptr, SPLITS, M, N, K, sym, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+    p_ptr, ss_ptr, y_ptr, SPLITS, M, N, K, sym, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """norm_gate_up's epilogue on its K splits' partial sums, on the unsplit grid (row blocks, column blocks)."""
+    pdl.gate(PDL)
     rm, rn = fp.row_col_tile(BLOCK_M, BLOCK_N)
     acc_g, acc_u, ss = sum_partials(
         p_ptr, ss_ptr, SPLITS, rm, rm < M, rn.to(tl.int64), rn < N, N, 2 * N, M, BLOCK_M, BLOCK_N
@@ -119,8 +124,10 @@ def _sum_gate_up_kernel(
 def _sum_residual_kernel(
     p_ptr, b_ptr, r_ptr, y_ptr, SPLITS, M, N, srm, sym,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """linear_residual's epilogue on split-K partial sums p [SPLITS, M, N], added in a fixed order (deterministic)."""
+    pdl.gate(PDL)
     rm, rn = fp.row_col_tile(BLOCK_M, BLOCK_N)
     pp = p_ptr + rm[:, None].to(tl.int64) * N + rn[None, :]
     pm = (rm < M)[:, None] & (rn < N)[None, :]
@@ -133,15 +140,16 @@ def _sum_residual_kernel(
 def sum_qkv(grid, splits: int, parts: dict, c: dict, epilogue: dict) -> None:
     """Launches _sum_qkv_kernel on norm_qkv_rope's grid, with the epilogue's arguments of its first launch."""
     _sum_qkv_kernel[grid](
-        **parts, SPLITS=splits, BLOCK_M=c["BLOCK_M"], BLOCK_HALF=c["BLOCK_HALF"], num_warps=4, **epilogue
-    )
+        **parts, SPLITS=splits, BLOCK_M=c["BLOCK_M"], BLOCK_HALF=c["BLOCK_HALF"], num_warps=4, **epilogue,
+        **pdl.args(parts["p_ptr"].device),
+    )  # fmt: skip
 
 
 def sum_gate_up(grid, splits: int, parts: dict, c: dict, y: torch.Tensor, K: int, eps: float) -> None:
     """Launches _sum_gate_up_kernel on norm_gate_up's grid."""
     _sum_gate_up_kernel[grid](
         **parts, y_ptr=y, SPLITS=splits, M=y.shape[0], N=y.shape[1], K=K, sym=y.stride(0), eps=eps,
-        BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], num_warps=4,
+        BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], num_warps=4, **pdl.args(y.device),
     )  # fmt: skip
 
 
@@ -150,5 +158,5 @@ def sum_residual(grid, splits: int, parts: torch.Tensor, kw: dict, y: torch.Tens
     M, N = y.shape
     _sum_residual_kernel[grid](
         parts, kw["b_ptr"], kw["r_ptr"], y, splits, M, N, kw["srm"], y.stride(0), HAS_BIAS=kw["HAS_BIAS"],
-        BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"],
+        BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], **pdl.args(y.device),
     )  # fmt: skip

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_pdl as pdl
 from .triton_fused import as_rows, config, rnd
 from .triton_fused import linear_residual as linear_residual
 from .triton_matmul import precision, upcast
@@ -122,7 +123,9 @@ def _norm_linear_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl.gate(PDL)
     # grid (row blocks, column blocks): y[rm, rn] = epilogue(LayerNorm(x) @ W.T + bias). QKV_CACHE: columns
     # [0, HD) are Q (to y, [M, HD]), [HD, 2 HD) K and [2 HD, 3 HD) V (head (n % HD) // D, element n % D) written to
     # the caches [rows, H, S, D] at (row, head, pos[row])
@@ -202,6 +205,7 @@ def _launch(x, ln_w, ln_b, eps, weight, bias, y, epilogue, n, pos=None, k_cache=
         PRECISION=precision(x.dtype),
         UPCAST=upcast(x.dtype),
         **cfg,
+        **pdl.args(x.device),
     )
 
 
@@ -232,7 +236,9 @@ def norm_qkv_cache(x, ln_w, ln_b, eps, wqkv, bqkv, pos, k_cache, v_cache):
 def _step_inputs_kernel(
     tok_ptr, temb_ptr, pemb_ptr, pos_ptr, cl_ptr, s_ptr, sl_ptr, cl32_ptr, d, stok, ste, spe, ssm,
     HAS_CL: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.gate(PDL)
     # grid (rows,): s[b] = temb[tok[b]] + pemb[pos] (the sum of two DT values rounded once, as DT's add); the lengths
     DT: tl.constexpr = s_ptr.dtype.element_ty
     b = tl.program_id(0).to(tl.int64)
@@ -281,6 +287,7 @@ def step_inputs(tokens, tok_emb, pos_emb, position, cross_lengths=None):
             s.stride(0),
             HAS_CL=cl is not None,
             **inputs_config(d),
+            **pdl.args(tok_emb.device),
         )
     return s, lengths, cl
 

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_pdl as pdl
 from .reference_quant import unpack_int4 as unpack_int4  # (what `pack_int4` was given, from its bytes)
 from .triton_matmul import precision, upcast
 
@@ -61,7 +62,9 @@ def _linear_w4_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl.gate(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -90,8 +93,9 @@ def _linear_w4_kernel(
 
 
 @triton.jit
-def _sum_splits_kernel(p_ptr, y_ptr, SPLITS, MN, BLOCK: tl.constexpr):
+def _sum_splits_kernel(p_ptr, y_ptr, SPLITS, MN, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """y[i] = the sum over s of p[s, i] (float32 partials of a split K), in order, rounded once to y's dtype."""
+    pdl.gate(PDL)
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = r < MN
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -176,10 +180,13 @@ def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tenso
         PRECISION=precision(x.dtype),
         UPCAST=upcast(x.dtype),
         **cfg,
+        **pdl.args(x.device),
     )
     if split > 1:
         parts, y = y, torch.empty((M, N), dtype=x.dtype, device=x.device)
-        _sum_splits_kernel[(triton.cdiv(M * N, SUM_BLOCK),)](parts, y, split, M * N, BLOCK=SUM_BLOCK)
+        _sum_splits_kernel[(triton.cdiv(M * N, SUM_BLOCK),)](
+            parts, y, split, M * N, BLOCK=SUM_BLOCK, **pdl.args(x.device)
+        )
     return y.view(*x.shape[:-1], N)
 
 

@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_pdl as pdl
 from .triton_matmul import precision, upcast
 
 
@@ -33,7 +34,9 @@ def _linear_int8_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl.gate(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -109,6 +112,7 @@ def linear_int8(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, bias
             PRECISION=precision(x.dtype),
             UPCAST=upcast(x.dtype),
             **cfg,
+            **pdl.args(x.device),
         )
     return y.view(*x.shape[:-1], N)
 

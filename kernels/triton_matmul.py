@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_pdl as pdl
+
 
 @triton.jit
 def tile_dot(
@@ -69,7 +71,9 @@ def _linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl.gate(PDL)
     # grouped program order: GROUP_M row blocks share each column block of W while it is in L2
     pid = tl.program_id(0)
     n_m, n_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
@@ -158,6 +162,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             PRECISION=precision(x.dtype),
             UPCAST=upcast(x.dtype),
             **cfg,
+            **pdl.args(x.device),
         )
     return y.view(*x.shape[:-1], N)
 

@@ -7,6 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_pdl as pdl
+
 
 @triton.jit
 def _layer_norm_kernel(
@@ -25,7 +27,9 @@ def _layer_norm_kernel(
     HAS_RES: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl.gate(PDL)
     # one program per row of [M, N]; the whole row sits in registers (BLOCK >= N)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -61,7 +65,9 @@ def _rms_norm_kernel(
     eps,
     HAS_RES: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl.gate(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < N
@@ -115,6 +121,7 @@ def layer_norm(x, weight, bias, eps=1e-5, residual=None):
             HAS_RES=residual is not None,
             HAS_BIAS=bias is not None,
             **config(n),
+            **pdl.args(x.device),
         )
     y = y.view(shape)
     return (y, s.view(shape)) if residual is not None else y
@@ -143,6 +150,7 @@ def rms_norm(x, weight, eps=1e-6, residual=None):
             eps,
             HAS_RES=residual is not None,
             **config(n),
+            **pdl.args(x.device),
         )
     y = y.view(shape)
     return (y, s.view(shape)) if residual is not None else y

@@ -8,11 +8,15 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_pdl as pdl
+
 
 @triton.jit
 def _repeat_step_kernel(
-    last_ptr, run_ptr, need_ptr, t_ptr, done_ptr, last_out, run_out, done_out, sl, sr, sn, P: tl.constexpr
+    last_ptr, run_ptr, need_ptr, t_ptr, done_ptr, last_out, run_out, done_out, sl, sr, sn, P: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.gate(PDL)
     row = tl.program_id(0).to(tl.int64)
     p = tl.arange(0, P)
     t = tl.load(t_ptr + row)
@@ -38,6 +42,6 @@ def repeat_advance(last, run, need, t, done) -> tuple[torch.Tensor, torch.Tensor
     if rows:
         _repeat_step_kernel[(rows,)](
             last, run, need, t.contiguous(), done.view(torch.uint8), last_new, run_new, done_new.view(torch.uint8),
-            last.stride(0), run.stride(0), need.stride(0), P=P, num_warps=1,
+            last.stride(0), run.stride(0), need.stride(0), P=P, num_warps=1, **pdl.args(t.device),
         )  # fmt: skip
     return last_new, run_new, done_new

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_pdl as pdl
 from .triton_decode_attention import multiprocessors
 
 SPLIT_BLOCK = 512  # columns a split program loads at once (4 warps, 4 floats a thread)
@@ -102,8 +103,10 @@ def _finish(m_t, a_t, s_t, m_s, a_s, s_s):
 
 @triton.jit
 def _whisper_pick_kernel(
-    x_ptr, sup_ptr, st_ptr, ids_ptr, lp_ptr, V, sx, n, tb, eot, TIMESTAMPS: tl.constexpr, BLOCK: tl.constexpr
+    x_ptr, sup_ptr, st_ptr, ids_ptr, lp_ptr, V, sx, n, tb, eot, TIMESTAMPS: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.gate(PDL)
     row = tl.program_id(0)
     st = _row_rules(st_ptr, row, n, tb)
     acc = _empty_acc(BLOCK)
@@ -116,10 +119,12 @@ def _whisper_pick_kernel(
 
 @triton.jit
 def _whisper_pick_part_kernel(
-    x_ptr, sup_ptr, st_ptr, pf_ptr, pi_ptr, V, sx, n, tb, eot, CHUNK, TIMESTAMPS: tl.constexpr, BLOCK: tl.constexpr
+    x_ptr, sup_ptr, st_ptr, pf_ptr, pi_ptr, V, sx, n, tb, eot, CHUNK, TIMESTAMPS: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Program (row, chunk): columns [chunk * CHUNK, (chunk + 1) * CHUNK) of the row -> its partial state at
     pf [4, n, chunks] (text max, text sum, timestamps' max, their sum), pi [2, n, chunks] (the maxima's indices)."""
+    pdl.gate(PDL)
     row, chunk, chunks = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
     st = _row_rules(st_ptr, row, n, tb)
     acc = _empty_acc(BLOCK)
@@ -147,8 +152,11 @@ def _merge(m, a, s):
 
 
 @triton.jit
-def _whisper_pick_combine_kernel(pf_ptr, pi_ptr, ids_ptr, lp_ptr, n, CHUNKS, BLOCK_C: tl.constexpr):
+def _whisper_pick_combine_kernel(
+    pf_ptr, pi_ptr, ids_ptr, lp_ptr, n, CHUNKS, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False
+):
     """Program row: its chunks' partial states (the part kernel's) -> the pick and its log-probability."""
+    pdl.gate(PDL)
     row = tl.program_id(0)
     c = tl.arange(0, BLOCK_C)
     ok = c < CHUNKS
@@ -200,15 +208,17 @@ def whisper_pick(
     sup = suppress.view(torch.uint8) if suppress.dtype == torch.bool else suppress
     args = (V, x.stride(0), n, tb, eot)
     sc = split_config(n, V, multiprocessors(x.device), chunks, block)
+    on = pdl.args(x.device)
     if sc["CHUNKS"] == 1:
-        _whisper_pick_kernel[(n,)](x, sup, st, ids, lp, *args, TIMESTAMPS=timestamps, **config(V))
+        _whisper_pick_kernel[(n,)](x, sup, st, ids, lp, *args, TIMESTAMPS=timestamps, **config(V), **on)
         return ids, lp
     k = sc["CHUNKS"]
     pf = torch.empty((4, n, k), dtype=torch.float32, device=x.device)
     pi = torch.empty((2, n, k), dtype=torch.int32, device=x.device)
     bw = sc["BLOCK"]
     _whisper_pick_part_kernel[(n, k)](
-        x, sup, st, pf, pi, *args, sc["CHUNK"], TIMESTAMPS=timestamps, BLOCK=bw, num_warps=4 if bw >= 512 else 2
-    )
-    _whisper_pick_combine_kernel[(n,)](pf, pi, ids, lp, n, k, BLOCK_C=sc["BLOCK_C"], num_warps=1)
+        x, sup, st, pf, pi, *args, sc["CHUNK"], TIMESTAMPS=timestamps, BLOCK=bw, num_warps=4 if bw >= 512 else 2,
+        **on,
+    )  # fmt: skip
+    _whisper_pick_combine_kernel[(n,)](pf, pi, ids, lp, n, k, BLOCK_C=sc["BLOCK_C"], num_warps=1, **on)
     return ids, lp

@@ -342,8 +342,8 @@ def _server_ramp(dev, out, args):  # --device cpu runs it on the CPU
 TABLE = (
     Spec("gpu", 2, check_gpu, GPU),
     Spec("kernels", 30, check_kernels),
-    Spec("lm-fused", 70, check_lm_fused),  # 60 before its fused-nosplit steps: counted, not measured
-    Spec("asr-fused", 55, check_asr_fused),  # 45 before its fused-nosplit steps: counted, not measured
+    Spec("lm-fused", 80, check_lm_fused),  # 60 before its fused-nosplit and fused-pdl steps: counted, not measured
+    Spec("asr-fused", 62, check_asr_fused),  # 45 before its fused-nosplit and fused-pdl steps: counted, not measured
     Spec("lm-loop", 45, check_lm_loop, cpu_too=True),
     Spec("asr-loop", 35, check_asr_loop, cpu_too=True),
     Spec("lm-quant", 95, check_lm_quant),  # 80 before its three -fused-nosplit steps: counted

@@ -5,7 +5,8 @@ measured copy bandwidth that its bytes (weights, the cache it attends over) take
 the K splits of its ops as dispatched (kernels/triton_fused_split.py's rule: at one row the 1B shape's Q/K/V in 3,
 its o and down projections in 4 and 5; SmolLM2's down projection in 3, its other K too short) and with them off
 ("fused-nosplit": triton_fused_split.SPLITS = 1 while it is captured and run), so that a GPU run tells whether the
-rule pays.
+rule pays; and with its kernels launched with programmatic dependent launch ("fused-pdl": kernels/triton_pdl.py, on
+NVIDIA sm_90+; elsewhere the plain launches), which decides whether that is turned on.
 
 `plan()` and `step_bytes()` are plain arithmetic; `run_cases()` runs anywhere the kernels run (tests run it on
 the CPU on a tiny config in the Triton interpreter, uncaptured); only `check_lm_fused()` wants a GPU."""
@@ -28,7 +29,8 @@ SHAPES = {
 }
 BATCHES = (1, 8)
 CONTEXT = 512  # positions every row holds when it steps (what attention reads)
-VARIANTS = ("fused", "unfused", "torch-eager", "fused-nosplit")  # fused / unfused: Triton kernels replayed from a graph
+# fused / unfused: Triton kernels replayed from a graph
+VARIANTS = ("fused", "unfused", "torch-eager", "fused-nosplit", "fused-pdl")
 
 
 @dataclass(frozen=True)
@@ -118,22 +120,38 @@ def _steps(cfg: LlamaConfig, device, batch: int, context: int, capture: bool, dt
         "unfused": CapturedStep(lambda: tri.decode_range(cache, 0, tokens, pos, tk), capture),
         "torch-eager": lambda: eager.decode_range(cache, 0, tokens, pos, tk),
         "fused-nosplit": CapturedStep(without_splits(fused), capture),
+        "fused-pdl": CapturedStep(with_pdl(fused), capture),
     }
 
 
-def without_splits(fn):
-    """`fn` run with the fused ops' K splits off (kernels/triton_fused_split.SPLITS = 1), each call: a
-    graph captured from it holds the unsplit launches."""
-    from speechrt.kernels import triton_fused_split as fs
+def _with(fn, module, name: str, value):
+    """`fn` run with `module`.`name` = `value`, each call (restored after it): a graph captured from it holds the
+    launches made so."""
 
     def run():
-        prev, fs.SPLITS = fs.SPLITS, 1
+        prev = getattr(module, name)
+        setattr(module, name, value)
         try:
             return fn()
         finally:
-            fs.SPLITS = prev
+            setattr(module, name, prev)
 
     return run
+
+
+def without_splits(fn):
+    """`fn` run with the fused ops' K splits off (kernels/triton_fused_split.SPLITS = 1)."""
+    from speechrt.kernels import triton_fused_split as fs
+
+    return _with(fn, fs, "SPLITS", 1)
+
+
+def with_pdl(fn):
+    """`fn` run with its kernels launched with programmatic dependent launch (kernels/triton_pdl.ENABLED; where the
+    device has it: NVIDIA sm_90+, else the launches are the plain ones)."""
+    from speechrt.kernels import triton_pdl
+
+    return _with(fn, triton_pdl, "ENABLED", True)
 
 
 def run_cases(device, cases: list[Case], out: Results, timer, bandwidth_gbps: float, capture=True, dtype=None):
@@ -157,6 +175,11 @@ def time_steps(steps: dict, out: Results, case, workload: str, timer, bandwidth_
     """One case's variants (`steps`: name -> step; the 'fused' ones checked against 'unfused') -> problems; each
     variant timed, a record each (the fused step the others' peer) with the case's bytes and their fraction of the
     bandwidth. `case`: its shape (the model's name), batch and bytes."""
+    import torch
+
+    from speechrt.kernels import triton_pdl
+
+    pdl_launched = triton_pdl.supported(torch.device(device))
     want = steps["unfused"]().float()
     bad, errs = [], {}
     for v in (v for v in steps if v.startswith("fused")):
@@ -190,10 +213,18 @@ def time_steps(steps: dict, out: Results, case, workload: str, timer, bandwidth_
                     "fraction_of_bandwidth": case.bytes / t / (bandwidth_gbps * 1e9) if bandwidth_gbps else 0.0,
                     "fused_vs_unfused_rel_err": err,
                     "argmax_agreement": same,
+                    **({"pdl_launched": pdl_launched} if v == "fused-pdl" else {}),
                 },
             )
         )
     return bad
+
+
+def pdl_summary(pdl_us: float, fused_us: float, dev) -> str:
+    """The fused-pdl step's time against the fused one's, for a check's line."""
+    from speechrt.kernels import triton_pdl
+
+    return f", with PDL {pdl_us / fused_us:.2f}x" if triton_pdl.supported(dev) else " (no PDL on this device)"
 
 
 def check_lm_fused(dev, out: Results):
@@ -207,8 +238,8 @@ def check_lm_fused(dev, out: Results):
     by = {(r.model, r.params["batch"], r.backend): r for r in out.records[n0:]}
     parts = [f"copy {bw:.0f} GB/s"]
     for s, b, _ in sorted({k for k in by if k[2] == "fused"}):
-        f, u, e, n = (by[(s, b, v)].value for v in VARIANTS)
+        f, u, e, n, p = (by[(s, b, v)].value for v in VARIANTS)
         frac = by[(s, b, "fused")].params["fraction_of_bandwidth"]
         line = f"{s} b{b}: fused {f:.0f} us ({frac:.0%} of bw), unfused {u / f:.2f}x, torch eager {e / f:.2f}x"
-        parts.append(line + f", without K splits {n / f:.2f}x")
+        parts.append(line + f", without K splits {n / f:.2f}x" + pdl_summary(p, f, dev))
     return ("fail" if bad else "pass"), "; ".join(bad + parts)

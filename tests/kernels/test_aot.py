@@ -53,11 +53,11 @@ def report(tmp_path_factory):
     return r, rows
 
 
-def _kernel_names():
-    """Names of every @triton.jit kernel (not helper) in the modules the Triton kernel set uses."""
+def _kernels() -> dict:
+    """Every @triton.jit kernel (not helper) in the modules the Triton kernel set uses: name -> its Python function."""
     import importlib
 
-    names = set()
+    found = {}
     for mod in [
         *kernels.TRITON_MODULES,
         "speechrt.kernels.triton_decode_attention",
@@ -69,8 +69,8 @@ def _kernel_names():
         "speechrt.kernels.triton_repeats",
     ]:
         m = importlib.import_module(mod)
-        names |= {n for n in vars(m) if n.startswith("_") and n.endswith("_kernel")}
-    return names
+        found |= {n: k.fn for n, k in vars(m).items() if n.startswith("_") and n.endswith("_kernel")}
+    return found
 
 
 def test_report_command_succeeds(report):
@@ -87,7 +87,7 @@ def test_every_kernel_compiled_for_every_target(report):
     seen = {}
     for row in rows:
         seen.setdefault(row["kernel"], set()).add(row["target"])
-    expected = _kernel_names()
+    expected = set(_kernels())
     assert expected and expected <= set(seen), f"kernels missing from the report: {sorted(expected - set(seen))}"
     for k, targets in seen.items():
         assert targets == set(TARGETS), (k, targets)
@@ -149,3 +149,22 @@ def test_amd_spills_are_those_to_memory():
     assert _amd_resources(asm(0, 5, 0)) == {"regs": 115, "sgprs": 106, "spills": 0, "scratch": 0}
     assert _amd_resources(asm(0, 5, 16))["spills"] == 5
     assert _amd_resources(asm(3, 0, 12))["spills"] == 3
+
+
+def test_decode_step_kernels_wait_for_their_predecessor_on_sm_90(report):
+    """Every kernel of the decode steps (those with a PDL flag: kernels/triton_pdl.py) compiles for sm_90 with
+    programmatic dependent launch: it waits for the previous kernel (griddepcontrol.wait) before anything else. Not on
+    sm_80 (no such instruction) and not in the other kernels (prefill attention, activations, rotary)."""
+    import inspect
+
+    _, rows = report
+    fns, flagged = _kernels(), set()
+    for r in rows:
+        if "PDL" in inspect.signature(fns[r["kernel"]]).parameters:
+            flagged.add(r["kernel"])
+            assert r["pdl"] is (r["target"] == "sm_90") or (r["target"].startswith("gfx") and r["pdl"] is None), r
+        else:
+            assert not r["pdl"], r
+    assert {"_norm_qkv_rope_kernel", "_linear_residual_q_kernel", "_decode_attention_grouped_kernel"} <= flagged
+    assert {"_norm_linear_kernel", "_whisper_pick_kernel", "_rms_norm_kernel", "_sum_residual_kernel"} <= flagged
+    assert "_attention_kernel" not in flagged and "_gelu_kernel" not in flagged

@@ -417,6 +417,7 @@ def test_decode_attention_merge_mutant_fails(tmp_path, last):
     from speechrt.kernels import triton_decode_attention as dec
 
     src = inspect.getsource(dec).replace("from .triton_matmul", "from speechrt.kernels.triton_matmul")
+    src = src.replace("from . import triton_pdl", "from speechrt.kernels import triton_pdl")
     assert src.count("ticket == NUM_SPLITS - 1") == 2
     path = tmp_path / "mutant_decode_attention.py"
     path.write_text(src.replace("ticket == NUM_SPLITS - 1", f"ticket == {last}"))
@@ -446,11 +447,12 @@ def test_llama_fused_decode_step_launches(monkeypatch):
     """The fused Llama decode step's launches, counted in the interpreter on a tiny random model (SmolLM2's layout:
     grouped heads) over a cache long enough to split: per layer the four fused kernels and ONE decode attention (the
     splits merged in the same launch; two launches before), then the final norm and the logits. SmolLM2-135M's 30
-    layers: 182 launches a step (its down projection's K, 1536, splits in 3: a second launch a layer)."""
+    layers: 182 launches a step (its down projection's K, 1536, splits in 3: a second launch a layer). Each launch
+    passes triton_pdl's arguments."""
     from triton.runtime.interpreter import InterpretedFunction
 
     from speechrt.kernels import triton_decode_attention as dec
-    from speechrt.kernels import triton_fused
+    from speechrt.kernels import triton_fused, triton_pdl
     from speechrt.models.llama import Llama, LlamaConfig, layer_tensors
     from speechrt.models.llama_fused import decode_range_fused
 
@@ -466,16 +468,51 @@ def test_llama_fused_decode_step_launches(monkeypatch):
     model = Llama(cfg, w, kernels.select("triton", "cpu"), torch.device("cpu"), "float32")
     cache = model.new_cache(2, 300)
     assert dec.config(2 * cfg.n_kv_heads, 300, D, 2)["NUM_SPLITS"] > 1  # the merge, not the one-split path
-    launched, run = [], InterpretedFunction.run
-    monkeypatch.setattr(
-        InterpretedFunction, "run", lambda self, *a, **k: launched.append(self.fn.__name__) or run(self, *a, **k)
-    )
+    launched, gated, run = [], [], InterpretedFunction.run
+
+    def counted(self, *a, **k):
+        launched.append(self.fn.__name__)
+        gated.append("PDL" in k)
+        return run(self, *a, **k)
+
+    monkeypatch.setattr(InterpretedFunction, "run", counted)
+    # every launch takes triton_pdl's arguments (on a Hopper GPU with it enabled: PDL and launch_pdl; here a marker)
+    monkeypatch.setattr(triton_pdl, "args", lambda device: {"PDL": False})
     decode_range_fused(model, triton_fused.OPS, cache, 0, torch.tensor([3, 4]), torch.tensor([280, 5]), 300)
     assert (
         launched.count("_decode_attention_grouped_kernel") == cfg.n_layers and "_decode_reduce_kernel" not in launched
     )
     assert len(launched) == 5 * cfg.n_layers + 2, launched
+    assert all(gated), [n for n, g in zip(launched, gated) if not g]
     assert dec.counters(torch.device("cpu"), 1).abs().max() == 0
+
+
+def test_pdl_launches_only_where_enabled_on_an_nvidia_sm_90_gpu(monkeypatch):
+    """triton_pdl.args: PDL's constexpr and Triton's launch option only with ENABLED, on an NVIDIA GPU of compute
+    capability 9.0 or later (a device faked here), with compiled kernels; nothing elsewhere (the plain kernels)."""
+    from speechrt.kernels import triton_pdl
+
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(triton_pdl, "ENABLED", True)
+    assert triton_pdl.args(torch.device("cpu")) == {}
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.version, "hip", None)
+    for capability, want in (((9, 0), {"PDL": True, "launch_pdl": True}), ((8, 0), {})):
+        triton_pdl._capable.cache_clear()
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None, c=capability: c)
+        assert triton_pdl.args(cuda) == want, capability
+    assert triton_pdl.supported(cuda) is False
+    triton_pdl._capable.cache_clear()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    monkeypatch.setattr(torch.version, "hip", "6.4")
+    assert triton_pdl.args(cuda) == {}  # ROCm
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert triton_pdl.args(cuda) == {}  # the interpreter
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr(triton_pdl, "ENABLED", False)
+    assert triton_pdl.args(cuda) == {}
+    triton_pdl._capable.cache_clear()
 
 
 def test_split_rule_follows_the_devices_multiprocessor_count():

@@ -153,23 +153,24 @@ def test_fused_decoder_step_equals_the_unfused_step(models, which, dtype):
 def test_fused_decoder_step_launches(models):
     """The fused step's launches, counted in the interpreter: per decoder layer the six fused kernels and one per
     decode attention (self and cross: the splits merged in the same launch; two launches each before), plus one for
-    the embeddings and one for the final norm and the logits;
+    the embeddings and one for the final norm and the logits, each passing triton_pdl's arguments;
     no torch op computes anything (views and no-op conversions only). The unfused step launches about twice as many."""
     from torch.utils._python_dispatch import TorchDispatchMode
     from triton.runtime.interpreter import InterpretedFunction
 
-    from speechrt.kernels import triton_fused_whisper
+    from speechrt.kernels import triton_fused_whisper, triton_pdl
     from speechrt.kernels.triton_fused_whisper import OPS
     from speechrt.models.whisper_fused import decoder_step_fused
 
     if not isinstance(triton_fused_whisper._norm_linear_kernel, InterpretedFunction):
         pytest.skip("counts the interpreter's launches; the kernels are compiled for a GPU in this process")
     m = models[1]
-    launched, torch_ops, inside = [], [], []
+    launched, torch_ops, inside, gated = [], [], [], []
     run = InterpretedFunction.run
 
     def counted(self, *args, **kw):
         launched.append(self.fn.__name__)
+        gated.append("PDL" in kw)  # triton_pdl's arguments (patched below: a marker)
         inside.append(1)
         try:
             return run(self, *args, **kw)
@@ -189,10 +190,12 @@ def test_fused_decoder_step_launches(models):
     tok, pos, lengths = torch.tensor([[3], [4]]), torch.tensor([5]), torch.tensor([12, 9])
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(InterpretedFunction, "run", counted)
+        mp.setattr(triton_pdl, "args", lambda device: {"PDL": False})
         with Ops():
             decoder_step_fused(m.decoder, OPS, tok, caches, cross, pos, lengths)
         fused = len(launched)
         assert torch_ops == [] and fused == (6 + 2) * CFG.n_text_layer + 2, (torch_ops, launched)
+        assert all(gated), [n for n, g in zip(launched, gated) if not g]
         with Ops():
             m.decoder(tok, caches, 0, cross, position=pos, cross_lengths=lengths)
     assert len(launched) - fused + len(torch_ops) >= 2 * fused, (launched[fused:], torch_ops)
