@@ -6,7 +6,8 @@ the K splits of its ops as dispatched (kernels/triton_fused_split.py's rule: at 
 its o and down projections in 4 and 5; SmolLM2's down projection in 3, its other K too short) and with them off
 ("fused-nosplit": triton_fused_split.SPLITS = 1 while it is captured and run), so that a GPU run tells whether the
 rule pays; and with its kernels launched with programmatic dependent launch ("fused-pdl": kernels/triton_pdl.py, on
-NVIDIA sm_90+; elsewhere the plain launches), which decides whether that is turned on.
+NVIDIA sm_90+; elsewhere the plain launches), which decides whether that is turned on, also without the splits
+("fused-pdl-nosplit": a split's second launch costs less with PDL, so the two choices are timed together).
 
 `plan()` and `step_bytes()` are plain arithmetic; `run_cases()` runs anywhere the kernels run (tests run it on
 the CPU on a tiny config in the Triton interpreter, uncaptured); only `check_lm_fused()` wants a GPU."""
@@ -30,7 +31,7 @@ SHAPES = {
 BATCHES = (1, 8)
 CONTEXT = 512  # positions every row holds when it steps (what attention reads)
 # fused / unfused: Triton kernels replayed from a graph
-VARIANTS = ("fused", "unfused", "torch-eager", "fused-nosplit", "fused-pdl")
+VARIANTS = ("fused", "unfused", "torch-eager", "fused-nosplit", "fused-pdl", "fused-pdl-nosplit")
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ def _steps(cfg: LlamaConfig, device, batch: int, context: int, capture: bool, dt
         "torch-eager": lambda: eager.decode_range(cache, 0, tokens, pos, tk),
         "fused-nosplit": CapturedStep(without_splits(fused), capture),
         "fused-pdl": CapturedStep(with_pdl(fused), capture),
+        "fused-pdl-nosplit": CapturedStep(with_pdl(without_splits(fused)), capture),
     }
 
 
@@ -213,18 +215,21 @@ def time_steps(steps: dict, out: Results, case, workload: str, timer, bandwidth_
                     "fraction_of_bandwidth": case.bytes / t / (bandwidth_gbps * 1e9) if bandwidth_gbps else 0.0,
                     "fused_vs_unfused_rel_err": err,
                     "argmax_agreement": same,
-                    **({"pdl_launched": pdl_launched} if v == "fused-pdl" else {}),
+                    **({"pdl_launched": pdl_launched} if "pdl" in v else {}),
                 },
             )
         )
     return bad
 
 
-def pdl_summary(pdl_us: float, fused_us: float, dev) -> str:
-    """The fused-pdl step's time against the fused one's, for a check's line."""
+def pdl_summary(dev, fused_us: float, pdl_us: float, pdl_nosplit_us: float | None = None) -> str:
+    """The fused-pdl (and fused-pdl-nosplit) steps' times against the fused one's, for a check's line."""
     from speechrt.kernels import triton_pdl
 
-    return f", with PDL {pdl_us / fused_us:.2f}x" if triton_pdl.supported(dev) else " (no PDL on this device)"
+    if not triton_pdl.supported(dev):
+        return " (no PDL on this device)"
+    more = f", with PDL without K splits {pdl_nosplit_us / fused_us:.2f}x" if pdl_nosplit_us is not None else ""
+    return f", with PDL {pdl_us / fused_us:.2f}x" + more
 
 
 def check_lm_fused(dev, out: Results):
@@ -238,8 +243,8 @@ def check_lm_fused(dev, out: Results):
     by = {(r.model, r.params["batch"], r.backend): r for r in out.records[n0:]}
     parts = [f"copy {bw:.0f} GB/s"]
     for s, b, _ in sorted({k for k in by if k[2] == "fused"}):
-        f, u, e, n, p = (by[(s, b, v)].value for v in VARIANTS)
+        f, u, e, n, p, pn = (by[(s, b, v)].value for v in VARIANTS)
         frac = by[(s, b, "fused")].params["fraction_of_bandwidth"]
         line = f"{s} b{b}: fused {f:.0f} us ({frac:.0%} of bw), unfused {u / f:.2f}x, torch eager {e / f:.2f}x"
-        parts.append(line + f", without K splits {n / f:.2f}x" + pdl_summary(p, f, dev))
+        parts.append(line + f", without K splits {n / f:.2f}x" + pdl_summary(dev, f, p, pn))
     return ("fail" if bad else "pass"), "; ".join(bad + parts)

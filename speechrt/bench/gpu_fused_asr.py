@@ -154,6 +154,6 @@ def check_asr_fused(dev, out: Results):
         parts.append(
             f"{s} b{b}: fused {f:.0f} us ({r['fraction_of_bandwidth']:.0%} of bw, ids {r['argmax_agreement']:.0%} "
             f"as unfused), unfused {u / f:.2f}x, torch eager {e / f:.2f}x, without K splits {n / f:.2f}x"
-            + pdl_summary(p, f, dev)
+            + pdl_summary(dev, f, p)
         )
     return ("fail" if bad else "pass"), "; ".join(bad + parts)
