@@ -18,14 +18,14 @@ ended at the same token); grammars and logprobs run in the one-step path.
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import replace
 
 import torch
 
 from speechrt.kernels.reference_repeats import repeat_advance
 
 from .cuda_graphs import CapturedStep
-from .sampling import SamplingRows, pick
+from .sampling import SCALARS, SamplingRows, pick
 from .token_repeats import MAX_PERIOD, repeat_needs, repeat_recent, repeat_runs, repeat_window
 
 # values of the rows not stepped (and of the options no row uses): greedy, no bias, no penalty
@@ -50,12 +50,21 @@ def repeat_width(times: list[int]) -> int:
     return 1 << (max(need) - 1).bit_length() if need else 0
 
 
+# a block's int64 inputs, one row of the staging buffers each (a column per slot), then the stop ids and the
+# repetition stop's last output tokens: fed token, position, stepped?, budget, the repetition stop's count, then
+# the int64 sampling options (backends.sampling.SCALARS); the float32 ones in a second buffer
+INTS = ("tok", "pos", "live", "left", "times", "greedy", "top_k", "seed", "counter")
+FLOATS = ("temperature", "top_p", "repetition", "frequency", "presence")
+BIG = ("bias", "seen", "counts")  # [rows, vocab] options: copied per field, where a block uses them
+
+
 class DecodeLoop:
     """K decode steps of `decode_range` (the model's, or the fused kernels') over slots 0..n-1 of `cache`,
     sampling with the options `features` names (SamplingRows.features), up to `width` stop ids per row and
     the repetition stop over `window` output tokens per row (repeat_width; 0: none), its step `advance`
     (kernels.reference_repeats.repeat_advance or its Triton kernel); captured as one graph unless `capture` is
-    False (the CPU: the same ops run every call)."""
+    False (the CPU: the same ops run every call). A call stages every per-row value on the host and sends them
+    in two transfers (pinned memory on a GPU); the graph reads them from there."""
 
     def __init__(
         self,
@@ -72,40 +81,55 @@ class DecodeLoop:
     ):
         dev = cache.k.device
         self.decode_range, self.cache, self.k, self.window, self.advance = decode_range, cache, k, window, advance
-        self.recent = torch.full((n, window), -1, dtype=torch.long, device=dev)
-        self.times = torch.zeros(n, dtype=torch.long, device=dev)
-        self.tok = torch.zeros(n, dtype=torch.long, device=dev)
-        self.pos = torch.zeros(n, dtype=torch.long, device=dev)
-        self.live = torch.zeros(n, dtype=torch.bool, device=dev)
-        self.left = torch.zeros(n, dtype=torch.long, device=dev)
-        self.stops = torch.full((n, width), -1, dtype=torch.long, device=dev)
+        self.features, self.width = features, width
+        pin = dev.type == "cuda"
+        rows_i = len(INTS) + width + window
+        self.host_i = torch.empty((rows_i, n), dtype=torch.long, pin_memory=pin)
+        self.host_f = torch.empty((len(FLOATS), n), dtype=torch.float32, pin_memory=pin)
+        # what every slot holds before the stepped ones are written: not stepped (token 0, no budget), greedy
+        # and neutral options, no stop id (-1), no recent token (-1)
+        self.blank_i = torch.zeros((rows_i, n), dtype=torch.long)
+        self.blank_i[INTS.index("greedy")] = 1
+        self.blank_i[len(INTS) :] = -1
+        self.blank_f = torch.tensor([[NEUTRAL[f]] * n for f in FLOATS], dtype=torch.float32)
+        self.ints = torch.zeros((rows_i, n), dtype=torch.long, device=dev)
+        self.floats = torch.zeros((len(FLOATS), n), dtype=torch.float32, device=dev)
         _, bias, seen, counts, _ = features
-        self.rows = SamplingRows(
-            greedy=torch.ones(n, dtype=torch.bool, device=dev),
-            temperature=torch.ones(n, device=dev),
-            top_k=torch.zeros(n, dtype=torch.long, device=dev),
-            top_p=torch.ones(n, device=dev),
-            repetition=torch.ones(n, device=dev),
-            frequency=torch.zeros(n, device=dev),
-            presence=torch.zeros(n, device=dev),
-            seed=torch.zeros(n, dtype=torch.long, device=dev),
-            counter=torch.zeros(n, dtype=torch.long, device=dev),
-            bias=torch.zeros(n, vocab, device=dev) if bias else None,
-            seen=torch.zeros(n, vocab, dtype=torch.bool, device=dev) if seen else None,
-            counts=torch.zeros(n, vocab, device=dev) if counts else None,
-            features=features,
-        )
+        self.big = {
+            "bias": torch.zeros(n, vocab, device=dev) if bias else None,
+            "seen": torch.zeros(n, vocab, dtype=torch.bool, device=dev) if seen else None,
+            "counts": torch.zeros(n, vocab, device=dev) if counts else None,
+        }
         self.step = CapturedStep(self._run, capture)
+
+    def _inputs(self):
+        """The block's inputs, read from the staged buffers (inside the graph): the fed tokens, positions, which
+        rows step, their budgets, their stop ids [n, width], the sampling rows, the repetition stop's counts and
+        last output tokens [n, window]."""
+        i, f = self.ints, self.floats
+        col = {name: i[j] for j, name in enumerate(INTS)}
+        rows = SamplingRows(
+            greedy=col["greedy"] != 0,
+            **{name: f[j] for j, name in enumerate(FLOATS)},
+            top_k=col["top_k"],
+            seed=col["seed"],
+            counter=col["counter"],
+            **self.big,
+            features=self.features,
+        )
+        stops = i[len(INTS) : len(INTS) + self.width].T
+        recent = i[len(INTS) + self.width :].T.contiguous()
+        return col["tok"], col["pos"], col["live"] != 0, col["left"], stops, rows, col["times"], recent
 
     def _run(self) -> torch.Tensor:
         """-> [n, K + 1] int64: each row's K tokens (a row's entries after it is done repeat its last one;
         rows not stepped: their input token), then how many steps it fed."""
-        tok, pos, live, left, rows = self.tok, self.pos, self.live, self.left, self.rows
+        tok, pos, live, left, stops, rows, times, recent = self._inputs()
         counter, seen, counts = rows.counter, rows.seen, rows.counts
         ran = torch.zeros_like(pos)
         ids = []
         if self.window:  # each row's runs of its output so far (backends/token_repeats.py)
-            need, run, last = repeat_needs(self.times), repeat_runs(self.recent), self.recent[:, :MAX_PERIOD]
+            need, run, last = repeat_needs(times), repeat_runs(recent), recent[:, :MAX_PERIOD]
         for _ in range(self.k):
             logits = self.decode_range(self.cache, 0, tok, pos, self.cache.max_seq)
             t = pick(logits, replace(rows, seen=seen, counts=counts), counter)
@@ -117,7 +141,7 @@ class DecodeLoop:
             if counts is not None:
                 counts = counts.scatter_add(1, t[:, None], live[:, None].float())
             pos, counter, ran, left = pos + fed, counter + fed, ran + fed, left - fed
-            done = (t[:, None] == self.stops).any(dim=-1) | (left <= 0)
+            done = (t[:, None] == stops).any(dim=-1) | (left <= 0)
             if self.window:  # (a row not live carries on its own token: what it finds no longer matters)
                 last, run, done = self.advance(last, run, need, t, done)
             tok = t  # a row done now keeps its last token: its later entries repeat it
@@ -125,42 +149,48 @@ class DecodeLoop:
         return torch.cat([torch.stack(ids, dim=1), ran[:, None]], dim=1)
 
     def __call__(
-        self, slots: list[int], tokens: torch.Tensor, lengths: list[int], rows: SamplingRows, left, stops, repeats=None
+        self, slots: list[int], tokens, lengths: list[int], rows: SamplingRows, left, stops, repeats=None
     ) -> tuple[list[list[int]], list[int]]:
-        """Run the block for `slots` fed `tokens` [N] (device), every row's length `lengths` [n], the stepped
-        rows' sampling options `rows` (N rows), budgets `left` [N], stop ids `stops` (N tuples) and repetition
-        stops `repeats` (N pairs (stop_repeats, output tokens so far), or None: none) -> (each stepped row's K
-        tokens, how many of them it fed: the first that many are its output)."""
-        dev = self.tok.device
-        idx = torch.tensor(slots, device=dev)
-        self.tok.zero_().index_copy_(0, idx, tokens)
-        self.pos.copy_(torch.tensor(lengths), non_blocking=True)
-        self.live.zero_().index_fill_(0, idx, True)
-        host_left = torch.zeros(self.left.shape, dtype=torch.long)
-        host_left[slots] = torch.tensor(left)
-        self.left.copy_(host_left, non_blocking=True)
-        host_stops = torch.full(self.stops.shape, -1, dtype=torch.long)
-        for s, ids in zip(slots, stops):
-            host_stops[s, : len(ids)] = torch.tensor(sorted(ids), dtype=torch.long)
-        self.stops.copy_(host_stops, non_blocking=True)
+        """Run the block for `slots` fed `tokens` [N] (host values: a list or a CPU tensor), every row's length
+        `lengths` [n], the stepped rows' sampling options `rows` (N rows, built by SamplingRows.one / stack: their
+        host values are what is staged), budgets `left` [N], stop ids `stops` (N tuples) and repetition stops
+        `repeats` (N pairs (stop_repeats, output tokens so far), or None: none) -> (each stepped row's K tokens,
+        how many of them it fed: the first that many are its output)."""
+        if rows.host is None:
+            raise ValueError("DecodeLoop: the sampling rows need their host values (build them with SamplingRows.one)")
+        tokens = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
+        hi, hf = self.host_i.numpy(), self.host_f.numpy()
+        hi[:], hf[:] = self.blank_i.numpy(), self.blank_f.numpy()
+        hi[INTS.index("pos")] = lengths
+        at = {name: j for j, name in enumerate(INTS)}
+        fl = {name: j for j, name in enumerate(FLOATS)}
+        for s, tok, budget, ids, values in zip(slots, tokens, left, stops, rows.host):
+            hi[at["tok"], s], hi[at["live"], s], hi[at["left"], s] = tok, 1, budget
+            hi[len(INTS) : len(INTS) + len(ids), s] = sorted(ids)
+            for name, v in zip(SCALARS, values):
+                if name in at:
+                    hi[at[name], s] = v
+                else:
+                    hf[fl[name], s] = v
         if self.window:
-            self._seed_repeats(slots, repeats or [(0, [])] * len(slots))
-        for f in fields(SamplingRows):
-            buf = getattr(self.rows, f.name)
-            if f.name == "features" or buf is None:
-                continue
-            buf.fill_(NEUTRAL.get(f.name, 0))
-            src = getattr(rows, f.name)
-            if src is not None:
-                buf.index_copy_(0, idx, src.to(buf.dtype))
-        out = self.step().index_select(0, idx).tolist()  # the one wait on the device per block
-        return [r[: self.k] for r in out], [r[self.k] for r in out]
+            self._stage_repeats(hi, slots, repeats or [(0, [])] * len(slots))
+        self.ints.copy_(self.host_i, non_blocking=True)
+        self.floats.copy_(self.host_f, non_blocking=True)
+        big = [f for f in BIG if self.big[f] is not None]
+        if big:  # (the rows' own [N, vocab] options, where the block uses them)
+            idx = torch.tensor(slots, device=self.ints.device)
+            for f in big:
+                self.big[f].fill_(NEUTRAL.get(f, 0))
+                if getattr(rows, f) is not None:
+                    self.big[f].index_copy_(0, idx, getattr(rows, f).to(self.big[f].dtype))
+        out = self.step().tolist()  # the one wait on the device per block
+        return [out[s][: self.k] for s in slots], [out[s][self.k] for s in slots]
 
-    def _seed_repeats(self, slots: list[int], repeats) -> None:
-        """Each stepped row's stop_repeats (0 where its window is past the block's) and last output tokens."""
-        outputs, times = [[] for _ in range(self.times.shape[0])], torch.zeros(self.times.shape, dtype=torch.long)
+    def _stage_repeats(self, hi, slots: list[int], repeats) -> None:
+        """Each stepped row's stop_repeats (0 where its window is past the block's) and last output tokens, into
+        the staged int64 rows."""
+        outputs = [[] for _ in range(hi.shape[1])]
         for s, (t, out) in zip(slots, repeats):
             if 0 < t and repeat_window(t) <= self.window:
-                outputs[s], times[s] = out, t
-        self.recent.copy_(repeat_recent(outputs, self.window), non_blocking=True)
-        self.times.copy_(times, non_blocking=True)
+                outputs[s], hi[INTS.index("times"), s] = out, t
+        hi[len(INTS) + self.width :] = repeat_recent(outputs, self.window).numpy().T

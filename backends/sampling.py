@@ -17,7 +17,7 @@ ones included); G lies within about (-2.8, 16.6), plenty for sampling.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 
@@ -54,6 +54,12 @@ def new_seed(seed: int | None) -> int:
     return random.getrandbits(63) if seed is None else seed & ((1 << 63) - 1)
 
 
+# the options of a row that are one value each, in SamplingRows' order, and their dtypes on the device
+SCALARS = ("greedy", "temperature", "top_k", "top_p", "repetition", "frequency", "presence", "seed", "counter")
+SCALAR_DTYPES = (torch.bool, torch.float32, torch.int64, *[torch.float32] * 4, torch.int64, torch.int64)
+BIG = ("bias", "seen", "counts")  # the [rows, vocab] options (None where no row uses one)
+
+
 @dataclass
 class SamplingRows:
     """Each row's sampling options as tensors on the device. [rows]: greedy (bool), temperature (1 where
@@ -76,6 +82,9 @@ class SamplingRows:
     # what the ops must compute (a captured graph is kept per set), host flags: (any row samples, bias, seen,
     # counts, any row filters with top-k / top-p)
     features: tuple[bool, ...] = field(default=(True, True, True, True, True))
+    # each row's SCALARS as host values, where the rows were built from them (one(), stack()): what a decode block
+    # stages for the device in one transfer (backends/decode_loop.py); None where they were built otherwise
+    host: list[tuple] | None = field(default=None, repr=False)
 
     @staticmethod
     def one(
@@ -95,24 +104,16 @@ class SamplingRows:
         """One request's row (bias, counts: [vocab] tensors or None; seen: [vocab], or [N, vocab] for N rows
         of logits with these options)."""
 
-        def t(x, dt):
-            return torch.tensor([x], dtype=dt, device=device)
-
         greedy = temperature == 0.0
+        k = top_k if 0 < top_k < vocab else 0
+        values = (greedy, 1.0 if greedy else temperature, k, top_p, repetition, frequency, presence, seed, 0)
         rows = SamplingRows(
-            t(greedy, torch.bool),
-            t(1.0 if greedy else temperature, torch.float32),
-            t(top_k if 0 < top_k < vocab else 0, torch.int64),
-            t(top_p, torch.float32),
-            t(repetition, torch.float32),
-            t(frequency, torch.float32),
-            t(presence, torch.float32),
-            t(seed, torch.int64),
-            t(0, torch.int64),
+            *(torch.tensor([x], dtype=dt, device=device) for x, dt in zip(values, SCALAR_DTYPES)),
             None if bias is None else bias[None],
             None if seen is None or seen.dim() == 2 else seen[None],
             None if counts is None else counts[None],
             (not greedy, bias is not None, seen is not None, counts is not None, 0 < top_k < vocab or top_p < 1.0),
+            [values],
         )
         if seen is not None and seen.dim() == 2:
             rows.seen = seen
@@ -120,23 +121,28 @@ class SamplingRows:
 
     @staticmethod
     def stack(rows: list[SamplingRows], counters: list[int]) -> SamplingRows:
-        """The rows of several requests (their `counter`s given, host ints), in that order."""
+        """The rows of several requests (their `counter`s given, host ints), in that order. Rows with their host
+        values (one()) give the one-value options in one transfer per dtype, the others by concatenation."""
         dev = rows[0].greedy.device
-        big = ("bias", "seen", "counts")
-        vocab = next((getattr(r, f).shape[1] for r in rows for f in big if getattr(r, f) is not None), 0)
+        vocab = next((getattr(r, f).shape[1] for r in rows for f in BIG if getattr(r, f) is not None), 0)
         out = {"features": tuple(any(r.features[i] for r in rows) for i in range(5))}
-        for f in fields(SamplingRows):
-            if f.name == "features":
+        hosts = [h for r in rows for h in (r.host or [None] * r.greedy.shape[0])]
+        out["host"] = host = None if None in hosts else [h[:-1] + (c,) for h, c in zip(hosts, counters)]
+        for f in BIG:
+            parts = [getattr(r, f) for r in rows]
+            if all(p is None for p in parts):
+                out[f] = None
                 continue
-            parts = [getattr(r, f.name) for r in rows]
-            if f.name in big:
-                if all(p is None for p in parts):
-                    out[f.name] = None
-                    continue
-                dt = torch.bool if f.name == "seen" else torch.float32
-                parts = [torch.zeros(1, vocab, dtype=dt, device=dev) if p is None else p for p in parts]
-            out[f.name] = torch.cat(parts)
-        out["counter"] = torch.tensor(counters, dtype=torch.int64, device=dev)
+            dt = torch.bool if f == "seen" else torch.float32
+            out[f] = torch.cat([torch.zeros(1, vocab, dtype=dt, device=dev) if p is None else p for p in parts])
+        if host is None:
+            out.update({f: torch.cat([getattr(r, f) for r in rows]) for f in SCALARS[:-1]})
+            out["counter"] = torch.tensor(counters, dtype=torch.int64, device=dev)
+            return SamplingRows(**out)
+        for dt in dict.fromkeys(SCALAR_DTYPES):  # [options of this dtype, rows], a contiguous row per option
+            at = [j for j, d in enumerate(SCALAR_DTYPES) if d == dt]
+            t = torch.tensor([[h[j] for h in host] for j in at], dtype=dt, device=dev)
+            out.update({SCALARS[j]: t[i] for i, j in enumerate(at)})
         return SamplingRows(**out)
 
 

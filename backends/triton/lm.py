@@ -227,10 +227,11 @@ class TritonLMRunner(TorchLMRunner):
         self, cache, slots, tokens: torch.Tensor, rows, steps: int, left: list[int], stops: list, repeats=None
     ):
         """`steps` decode steps of `slots` in one call (backends/decode_loop.py: one graph replay on a GPU):
-        tokens [N] fed first, then each row's sampled token, with the sampling options `rows`
-        (backends.sampling.SamplingRows of N rows); a row stops after one of its `stops` ids, `left` tokens, or
-        a token that ends its output in a loop (`repeats`: per row (stop_repeats, its output tokens so far), or
-        None: no row has the repetition stop; backends/token_repeats.py)
+        tokens [N] (host values) fed first, then each row's sampled token, with the sampling options `rows`
+        (backends.sampling.SamplingRows of N rows, built by SamplingRows.one / stack); a row stops after one of
+        its `stops` ids, `left` tokens, or a token that ends its output in a loop (`repeats`: per row
+        (stop_repeats, its output tokens so far), or None: no row has the repetition stop;
+        backends/token_repeats.py)
         -> (each row's `steps` tokens, how many of them it made), each slot's length advanced by the latter.
         None where the block cannot run (graphs off, a slot given twice, a row of the range full, a budget
         past the cache): the caller steps one at a time. `steps` must not exceed any `left`."""
@@ -264,7 +265,7 @@ class TritonLMRunner(TorchLMRunner):
                     self.repeat_advance,
                 ),
             )
-            ids, ran = loop(slots, tokens.to(self.device), lengths, rows, left, stops, repeats)
+            ids, ran = loop(slots, tokens, lengths, rows, left, stops, repeats)
         except Exception:  # noqa: BLE001 - a capture this device refuses: decode one step at a time from now on
             log.exception("a decode block of %d steps over %d rows failed; decoding one step at a time", steps, n)
             self.loops_enabled = False

@@ -168,6 +168,60 @@ def test_seeded_sampling_same_alone_or_beside_others(runner):
     assert run(runner, [(prompt(9), other_seed)], block=8)[0][0][0] != alone
 
 
+def test_rows_stacked_from_host_values_equal_the_concatenated_rows():
+    """SamplingRows.stack of rows built by one() sends their one-value options in one transfer per dtype, from the
+    host values it keeps for a decode block to stage: the same tensors as concatenating the rows' own; a decode
+    block refuses rows without host values, naming what to build them with."""
+    from dataclasses import replace
+
+    from speechrt.backends.decode_loop import INTS, DecodeLoop
+
+    V = 50
+    kws = [dict(), dict(temperature=0.7, top_k=5, top_p=0.9, seed=2**62 + 3), dict(temperature=1.3, top_k=80)]
+    kws.append(dict(repetition=1.2, frequency=0.3, presence=0.5, bias=torch.zeros(V), counts=torch.zeros(V)))
+    rows = [SamplingRows.one(V, CPU, **kw) for kw in kws]
+    fast = SamplingRows.stack(rows, [0, 5, 7, 9])
+    slow = SamplingRows.stack([replace(r, host=None) for r in rows], [0, 5, 7, 9])
+    assert slow.host is None and len(fast.host) == 4 and fast.host[1][-2:] == (2**62 + 3, 5)
+    assert fast.features == slow.features == (True, True, False, True, True)
+    for f in sampling.SCALARS + sampling.BIG:
+        a, b = getattr(fast, f), getattr(slow, f)
+        assert (a is None) == (b is None) and (a is None or (a.dtype == b.dtype and torch.equal(a, b))), f
+
+    class Cache:
+        k, max_seq = torch.zeros(1), 8
+
+    loop = DecodeLoop(None, Cache(), 4, 2, fast.features, V, 4, False)
+    with pytest.raises(ValueError, match="SamplingRows.one"):
+        loop([0], [1], [1] * 4, slow, [2], [()])
+
+    # what a block costs the host besides its replay: two copies of the staged values (plus, here, the bias and
+    # counts rows: a fill and a copy each, and the slots' indices)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    out, ops, tokens = torch.zeros(4, 3, dtype=torch.long), [], torch.tensor([5, 6, 7, 8])
+    loop.step = lambda: out
+    with Ops():
+        got = loop([2, 0, 1, 3], tokens, [3] * 4, fast, [2] * 4, [(1,), (), (2, 3), ()])
+    assert got == ([[0, 0]] * 4, [0] * 4)
+    ops = [o for o in ops if o != "detach"]  # (numpy views of the staging buffers)
+    assert ops == ["copy_", "copy_", "lift_fresh", *["fill_", "index_copy_"] * 2], ops
+    i = {name: loop.ints[j].tolist() for j, name in enumerate(("tok", "pos", "live", "left"))}
+    assert i == {"tok": [6, 7, 5, 8], "pos": [3] * 4, "live": [1] * 4, "left": [2] * 4}
+    assert loop.ints[len(INTS) : len(INTS) + 4].T.tolist() == [
+        [-1] * 4,
+        [2, 3, -1, -1],
+        [1, -1, -1, -1],
+        [-1] * 4,
+    ]  # sorted stop ids
+    assert loop.floats[0].tolist() == pytest.approx([0.7, 1.3, 1.0, 1.0])  # temperatures (a greedy row: 1)
+
+
 def rows_of(n: int, vocab: int, **kw) -> SamplingRows:
     return SamplingRows.stack([SamplingRows.one(vocab, CPU, **kw)] * n, list(range(n)))
 
