@@ -176,12 +176,15 @@ def run_cases(device, cases: list[Case], out: Results, timer, bandwidth_gbps: fl
 def time_steps(steps: dict, out: Results, case, workload: str, timer, bandwidth_gbps, max_err, device, dtype):
     """One case's variants (`steps`: name -> step; the 'fused' ones checked against 'unfused') -> problems; each
     variant timed, a record each (the fused step the others' peer) with the case's bytes and their fraction of the
-    bandwidth. `case`: its shape (the model's name), batch and bytes."""
+    bandwidth. `case`: its shape (the model's name), batch and bytes. A graph that could not be captured (its
+    variant then runs eagerly, and its time is not a graph's) is a problem too."""
     import torch
 
+    from speechrt.backends.cuda_graphs import CapturedStep
     from speechrt.kernels import triton_pdl
 
     pdl_launched = triton_pdl.supported(torch.device(device))
+    failed = CapturedStep.failed
     want = steps["unfused"]().float()
     bad, errs = [], {}
     for v in (v for v in steps if v.startswith("fused")):
@@ -190,6 +193,9 @@ def time_steps(steps: dict, out: Results, case, workload: str, timer, bandwidth_
         errs[v] = err, (got.argmax(-1) == want.argmax(-1)).float().mean().item()
         if not err <= max_err:
             bad.append(f"{case.shape} batch {case.batch}: {v} logits {err:.3g} (relative) from the unfused step's")
+    if CapturedStep.failed > failed:
+        eager = [v for v, fn in steps.items() if isinstance(fn, CapturedStep) and fn.graph is None]
+        bad.append(f"{case.shape} batch {case.batch}: no graph for {', '.join(eager)} (they ran eagerly; see the log)")
     for v, fn in steps.items():
         err, same = errs.get(v, errs["fused"])  # the fused step's for the others
         ts = timer(fn)
@@ -215,6 +221,7 @@ def time_steps(steps: dict, out: Results, case, workload: str, timer, bandwidth_
                     "fraction_of_bandwidth": case.bytes / t / (bandwidth_gbps * 1e9) if bandwidth_gbps else 0.0,
                     "fused_vs_unfused_rel_err": err,
                     "argmax_agreement": same,
+                    "replayed": isinstance(fn, CapturedStep) and fn.graph is not None,
                     **({"pdl_launched": pdl_launched} if "pdl" in v else {}),
                 },
             )

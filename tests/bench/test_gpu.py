@@ -129,6 +129,19 @@ def test_fused_step_benchmark_runs_up_to_its_gpu_part(monkeypatch):
     r = out.records[0]
     assert r.params["fused_vs_unfused_rel_err"] < 1e-4 and r.params["argmax_agreement"] == 1.0
     assert r.params["fraction_of_bandwidth"] == pytest.approx(cases[0].bytes / 1e-3 / 10e9)
+    assert not any(r.params["replayed"] for r in out.records)  # uncaptured here
+
+    # a graph that cannot be captured: its variant runs eagerly, which the check calls a problem, not a time
+    from speechrt.backends.cuda_graphs import CapturedStep
+
+    def refused(self):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(CapturedStep, "_capture", refused)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    steps = {"unfused": CapturedStep(lambda: torch.ones(2, 3)), "fused": CapturedStep(lambda: torch.ones(2, 3))}
+    bad = gpu_fused.time_steps(steps, Results(), cases[0], "w", lambda fn: [1e-3], 10.0, 0.05, "cpu", torch.float32)
+    assert bad == ["tiny batch 3: no graph for unfused, fused (they ran eagerly; see the log)"], bad
 
 
 def _interpreted():
