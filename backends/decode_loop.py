@@ -25,7 +25,7 @@ import torch
 from speechrt.kernels.reference_repeats import repeat_advance
 
 from .cuda_graphs import CapturedStep
-from .sampling import SCALARS, SamplingRows, pick
+from .sampling import BIG, SCALARS, SamplingRows, pick
 from .token_repeats import MAX_PERIOD, repeat_needs, repeat_recent, repeat_runs, repeat_window
 
 # values of the rows not stepped (and of the options no row uses): greedy, no bias, no penalty
@@ -55,7 +55,10 @@ def repeat_width(times: list[int]) -> int:
 # the int64 sampling options (backends.sampling.SCALARS); the float32 ones in a second buffer
 INTS = ("tok", "pos", "live", "left", "times", "greedy", "top_k", "seed", "counter")
 FLOATS = ("temperature", "top_p", "repetition", "frequency", "presence")
-BIG = ("bias", "seen", "counts")  # [rows, vocab] options: copied per field, where a block uses them
+AT = {name: j for j, name in enumerate(INTS)} | {name: j for j, name in enumerate(FLOATS)}  # each one's row
+# (place in a row's host values (SamplingRows.host), row of the staging buffer): the int64 options, the float32 ones
+INT_OPTIONS = [(j, AT[name]) for j, name in enumerate(SCALARS) if name in INTS]
+FLOAT_OPTIONS = [(j, AT[name]) for j, name in enumerate(SCALARS) if name in FLOATS]
 
 
 class DecodeLoop:
@@ -89,7 +92,7 @@ class DecodeLoop:
         # what every slot holds before the stepped ones are written: not stepped (token 0, no budget), greedy
         # and neutral options, no stop id (-1), no recent token (-1)
         self.blank_i = torch.zeros((rows_i, n), dtype=torch.long)
-        self.blank_i[INTS.index("greedy")] = 1
+        self.blank_i[AT["greedy"]] = 1
         self.blank_i[len(INTS) :] = -1
         self.blank_f = torch.tensor([[NEUTRAL[f]] * n for f in FLOATS], dtype=torch.float32)
         self.ints = torch.zeros((rows_i, n), dtype=torch.long, device=dev)
@@ -107,16 +110,9 @@ class DecodeLoop:
         rows step, their budgets, their stop ids [n, width], the sampling rows, the repetition stop's counts and
         last output tokens [n, window]."""
         i, f = self.ints, self.floats
-        col = {name: i[j] for j, name in enumerate(INTS)}
-        rows = SamplingRows(
-            greedy=col["greedy"] != 0,
-            **{name: f[j] for j, name in enumerate(FLOATS)},
-            top_k=col["top_k"],
-            seed=col["seed"],
-            counter=col["counter"],
-            **self.big,
-            features=self.features,
-        )
+        col = {name: i[j] for j, name in enumerate(INTS)} | {name: f[j] for j, name in enumerate(FLOATS)}
+        one = {name: col[name] for name in SCALARS}
+        rows = SamplingRows(**{**one, "greedy": col["greedy"] != 0}, **self.big, features=self.features)
         stops = i[len(INTS) : len(INTS) + self.width].T
         recent = i[len(INTS) + self.width :].T.contiguous()
         return col["tok"], col["pos"], col["live"] != 0, col["left"], stops, rows, col["times"], recent
@@ -161,17 +157,14 @@ class DecodeLoop:
         tokens = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
         hi, hf = self.host_i.numpy(), self.host_f.numpy()
         hi[:], hf[:] = self.blank_i.numpy(), self.blank_f.numpy()
-        hi[INTS.index("pos")] = lengths
-        at = {name: j for j, name in enumerate(INTS)}
-        fl = {name: j for j, name in enumerate(FLOATS)}
+        hi[AT["pos"]] = lengths
         for s, tok, budget, ids, values in zip(slots, tokens, left, stops, rows.host):
-            hi[at["tok"], s], hi[at["live"], s], hi[at["left"], s] = tok, 1, budget
+            hi[AT["tok"], s], hi[AT["live"], s], hi[AT["left"], s] = tok, 1, budget
             hi[len(INTS) : len(INTS) + len(ids), s] = sorted(ids)
-            for name, v in zip(SCALARS, values):
-                if name in at:
-                    hi[at[name], s] = v
-                else:
-                    hf[fl[name], s] = v
+            for j, r in INT_OPTIONS:
+                hi[r, s] = values[j]
+            for j, r in FLOAT_OPTIONS:
+                hf[r, s] = values[j]
         if self.window:
             self._stage_repeats(hi, slots, repeats or [(0, [])] * len(slots))
         self.ints.copy_(self.host_i, non_blocking=True)
@@ -192,5 +185,5 @@ class DecodeLoop:
         outputs = [[] for _ in range(hi.shape[1])]
         for s, (t, out) in zip(slots, repeats):
             if 0 < t and repeat_window(t) <= self.window:
-                outputs[s], hi[INTS.index("times"), s] = out, t
+                outputs[s], hi[AT["times"], s] = out, t
         hi[len(INTS) + self.width :] = repeat_recent(outputs, self.window).numpy().T
