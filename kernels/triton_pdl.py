@@ -10,8 +10,9 @@ a kernel never reads what its predecessor is still writing, and no more than two
 at once. A kernel launched without PDL (a torch op between two Triton kernels) waits for its predecessor as usual,
 and one launched with it after such an op starts when the op ends. CUDA graphs keep these edges (CUDA 12.3+).
 
-ENABLED is off: no GPU run has timed it yet. `bench gpu`'s lm-fused and asr-fused checks time the fused steps with
-it on ("fused-pdl") beside the plain ones and check their logits alike."""
+ENABLED is off unless SPEECHRT_PDL=1 is set: no GPU run has timed it yet. `bench gpu`'s lm-fused and asr-fused checks
+time the fused steps with it on ("fused-pdl") beside the plain ones and check their logits alike; with the variable
+set, any command (`speechrt bench lm`, `speechrt serve`) runs its decode steps with it."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-ENABLED = False  # True: decode-step kernels launch with PDL where the GPU has it (NVIDIA sm_90+)
+# True: decode-step kernels launch with PDL where the GPU has it (NVIDIA sm_90+)
+ENABLED = os.environ.get("SPEECHRT_PDL") == "1"
 
 
 @triton.jit
