@@ -6,12 +6,13 @@ why it could not run):
 - kernels: every Triton kernel against the torch reference on the GPU, at the models' shapes;
 - lm-fused: the Llama decode step in the fused layer kernels against the unfused one (both from graphs) and
   torch eager, at the SmolLM2-135M and Llama-3.2-1B shapes (random bf16 weights), with the fraction of the
-  measured copy bandwidth each step's bytes take, and the fused step with its K splits off (gpu_fused.py);
+  measured copy bandwidth each step's bytes take, and the fused step with its K splits off, with programmatic
+  dependent launch (kernels/triton_pdl.py, NVIDIA sm_90+), and with both (gpu_fused.py);
 - asr-fused: the same for the Whisper decoder step (float16, batch 1 and 8, Whisper tiny and large-v3-turbo decoder
-  shapes, random weights): fused against unfused (logits and greedy ids) and torch eager, and without its K splits
-  (gpu_fused_asr.py);
+  shapes, random weights): fused against unfused (logits and greedy ids) and torch eager, without its K splits and
+  with programmatic dependent launch (gpu_fused_asr.py);
 - lm-loop: the language model's decode loop on the device (several steps and their sampling per graph replay)
-  against one step per replay: greedy SmolLM2 bf16 tokens per second at batch 1 and 8 with K = 1 and 8, and
+  against one step per replay: greedy SmolLM2 bf16 tokens per second at batch 1 and 8 with K = 1, 8 and 16, and
   the same ids (gpu_loop.py; with `--device cpu` it runs uncaptured in float32);
 - asr-loop: Whisper's greedy decode loop on the device (K steps with the logit rules and argmax per graph replay)
   against one step per replay: time per token at batch 1 (a 30-s window with timestamps) and 8 (a server's batch,
