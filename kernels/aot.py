@@ -111,11 +111,13 @@ def _compile(spec: Spec, tgt):
     from triton import knobs
     from triton.compiler import ASTSource
 
+    from .triton_pdl import target_has_pdl
+
     names = list(spec.fn.arg_names)
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in spec.aligned}
     constexprs = dict(spec.constexprs)
     if "PDL" in constexprs:  # a decode-step kernel: on sm_90+ as launched with triton_pdl.ENABLED (2 more instructions)
-        constexprs["PDL"] = tgt.backend == "cuda" and tgt.arch >= 90
+        constexprs["PDL"] = target_has_pdl(tgt.backend, tgt.arch)
     out = io.StringIO()
     with knobs.nvidia.scope(), contextlib.redirect_stdout(out):
         knobs.nvidia.dump_ptxas_log = True  # Triton's ptxas runs with -v: its report, not a second ptxas run

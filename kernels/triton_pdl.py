@@ -36,9 +36,15 @@ def gate(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
+def target_has_pdl(backend: str, arch) -> bool:
+    """Whether a compile target has the instructions: NVIDIA ("cuda") of compute capability 9.0 or later (arch 90+)."""
+    return backend == "cuda" and arch >= 90
+
+
 @functools.cache
 def _capable(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    major, minor = torch.cuda.get_device_capability(index)
+    return target_has_pdl("cuda", 10 * major + minor)
 
 
 def supported(device: torch.device) -> bool:

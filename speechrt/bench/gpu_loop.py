@@ -117,7 +117,7 @@ def compare_blocks(
     if "repetition" not in {r for _, r in loops}:
         bad.append("replies forced into loops: none ended by the repetition stop")
     if bad:
-        return "fail", "blocks of 8 steps against one step per replay: " + "; ".join(bad)
+        return "fail", "blocks of K steps against one step per replay: " + "; ".join(bad)
     lines.append(f"{sum(r == 'repetition' for _, r in loops)} of {len(loops)} forced loops stopped alike")
     return "pass", f"blocks of K steps a replay, same greedy ids ({precision}): " + "; ".join(lines)
 
