@@ -65,17 +65,18 @@ class SamplingRows:
     """Each row's sampling options as tensors on the device. [rows]: greedy (bool), temperature (1 where
     greedy), top_k (0 = off), top_p (1 = off), repetition / frequency / presence penalty, seed, counter (tokens
     the request has drawn); [rows, vocab] or None where no row uses them: bias, seen (prompt and output tokens,
-    for the repetition penalty), counts (output tokens, for the frequency and presence penalties)."""
+    for the repetition penalty), counts (output tokens, for the frequency and presence penalties). The [rows]
+    ones are None only in rows stacked for a decode block (stack(scalars=False)), which stages their host values."""
 
-    greedy: torch.Tensor
-    temperature: torch.Tensor
-    top_k: torch.Tensor
-    top_p: torch.Tensor
-    repetition: torch.Tensor
-    frequency: torch.Tensor
-    presence: torch.Tensor
-    seed: torch.Tensor
-    counter: torch.Tensor
+    greedy: torch.Tensor | None
+    temperature: torch.Tensor | None
+    top_k: torch.Tensor | None
+    top_p: torch.Tensor | None
+    repetition: torch.Tensor | None
+    frequency: torch.Tensor | None
+    presence: torch.Tensor | None
+    seed: torch.Tensor | None
+    counter: torch.Tensor | None
     bias: torch.Tensor | None = None
     seen: torch.Tensor | None = None
     counts: torch.Tensor | None = None
@@ -120,9 +121,11 @@ class SamplingRows:
         return rows
 
     @staticmethod
-    def stack(rows: list[SamplingRows], counters: list[int]) -> SamplingRows:
+    def stack(rows: list[SamplingRows], counters: list[int], scalars: bool = True) -> SamplingRows:
         """The rows of several requests (their `counter`s given, host ints), in that order. Rows with their host
-        values (one()) give the one-value options in one transfer per dtype, the others by concatenation."""
+        values (one()) give the one-value options in one transfer per dtype, the others by concatenation; with
+        `scalars` False, rows with host values give them as host values only (the [rows] tensors None: what a
+        decode block takes, which stages those values itself and reads no other)."""
         dev = rows[0].greedy.device
         vocab = next((getattr(r, f).shape[1] for r in rows for f in BIG if getattr(r, f) is not None), 0)
         out = {"features": tuple(any(r.features[i] for r in rows) for i in range(5))}
@@ -139,6 +142,8 @@ class SamplingRows:
             out.update({f: torch.cat([getattr(r, f) for r in rows]) for f in SCALARS[:-1]})
             out["counter"] = torch.tensor(counters, dtype=torch.int64, device=dev)
             return SamplingRows(**out)
+        if not scalars:
+            return SamplingRows(**dict.fromkeys(SCALARS), **out)
         for dt in dict.fromkeys(SCALAR_DTYPES):  # [options of this dtype, rows], a contiguous row per option
             at = [j for j, d in enumerate(SCALAR_DTYPES) if d == dt]
             t = torch.tensor([[h[j] for h in host] for j in at], dtype=dt, device=dev)

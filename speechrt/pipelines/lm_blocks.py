@@ -41,7 +41,7 @@ def decode_block(batcher, rows: list[int], reqs: list) -> bool:
     if k < 2:
         return False
     k = 1 << (k.bit_length() - 1)  # a power of two: a few captured blocks serve every budget
-    sampling = SamplingRows.stack([r.sampler.row(r.seen) for r in reqs], [r.sampler.drawn for r in reqs])
+    sampling = SamplingRows.stack([r.sampler.row(r.seen) for r in reqs], [r.sampler.drawn for r in reqs], False)
     tokens = torch.tensor([r.last for r in reqs], dtype=torch.long)
     repeats = [(r.options.stop_repeats, r.out) for r in reqs] if any(r.options.stop_repeats for r in reqs) else None
     res = loop(batcher.cache, rows, tokens, sampling, k, budgets, [tuple(r.stop_ids) for r in reqs], repeats)

@@ -170,7 +170,8 @@ def test_seeded_sampling_same_alone_or_beside_others(runner):
 
 def test_rows_stacked_from_host_values_equal_the_concatenated_rows():
     """SamplingRows.stack of rows built by one() sends their one-value options in one transfer per dtype, from the
-    host values it keeps for a decode block to stage: the same tensors as concatenating the rows' own; a decode
+    host values it keeps for a decode block to stage: the same tensors as concatenating the rows' own; stacked for a
+    block (scalars=False) it sends none of them, and the block stages the same values from the host; a decode
     block refuses rows without host values, naming what to build them with."""
     from dataclasses import replace
 
@@ -187,6 +188,10 @@ def test_rows_stacked_from_host_values_equal_the_concatenated_rows():
     for f in sampling.SCALARS + sampling.BIG:
         a, b = getattr(fast, f), getattr(slow, f)
         assert (a is None) == (b is None) and (a is None or (a.dtype == b.dtype and torch.equal(a, b))), f
+    lean = SamplingRows.stack(rows, [0, 5, 7, 9], scalars=False)
+    assert lean.host == fast.host and lean.features == fast.features
+    assert all(getattr(lean, f) is None for f in sampling.SCALARS)
+    assert all(torch.equal(getattr(lean, f), getattr(fast, f)) for f in ("bias", "counts")) and lean.seen is None
 
     class Cache:
         k, max_seq = torch.zeros(1), 8
@@ -206,9 +211,12 @@ def test_rows_stacked_from_host_values_equal_the_concatenated_rows():
 
     out, ops, tokens = torch.zeros(4, 3, dtype=torch.long), [], torch.tensor([5, 6, 7, 8])
     loop.step = lambda: out
+    loop([2, 0, 1, 3], tokens, [3] * 4, fast, [2] * 4, [(1,), (), (2, 3), ()])
+    staged = loop.ints.clone(), loop.floats.clone()
     with Ops():
-        got = loop([2, 0, 1, 3], tokens, [3] * 4, fast, [2] * 4, [(1,), (), (2, 3), ()])
+        got = loop([2, 0, 1, 3], tokens, [3] * 4, lean, [2] * 4, [(1,), (), (2, 3), ()])
     assert got == ([[0, 0]] * 4, [0] * 4)
+    assert torch.equal(loop.ints, staged[0]) and torch.equal(loop.floats, staged[1])
     ops = [o for o in ops if o != "detach"]  # (numpy views of the staging buffers)
     assert ops == ["copy_", "copy_", "lift_fresh", *["fill_", "index_copy_"] * 2], ops
     i = {name: loop.ints[j].tolist() for j, name in enumerate(("tok", "pos", "live", "left"))}
@@ -220,6 +228,11 @@ def test_rows_stacked_from_host_values_equal_the_concatenated_rows():
         [-1] * 4,
     ]  # sorted stop ids
     assert loop.floats[0].tolist() == pytest.approx([0.7, 1.3, 1.0, 1.0])  # temperatures (a greedy row: 1)
+    for scalars, made in ((True, 3), (False, 0)):  # the one-value options: a tensor per dtype, or none
+        ops = []
+        with Ops():
+            SamplingRows.stack(rows, [0, 5, 7, 9], scalars)
+        assert ops.count("lift_fresh") == made and ops.count("cat") == 2, ops
 
 
 def rows_of(n: int, vocab: int, **kw) -> SamplingRows:
