@@ -33,9 +33,13 @@ def one_row(M: int) -> dict:
 def make_spec(fn, variant, types, constexprs, options, aligned=(), matmul=False):
     """types: arg -> Triton type for the runtime args ('*fp16', 'i32', 'fp32'); every other arg must
     be a constexpr in `constexprs`. The K strides (UNIT) are the constant 1, as the models' launches make them; a
-    decode-step kernel's PDL flag is False here, and aot._compile turns it on for sm_90+ (triton_pdl)."""
+    decode-step kernel's PDL flag is False here, and aot._compile turns it on for sm_90+ (triton_pdl). A fused op's
+    MERGE (its K splits added up in the launch) is False unless given; its merge counters are int32, and a merged
+    variant compiles with the register cap it is launched with."""
     names = list(fn.arg_names)
-    constexprs = {**{n: 1 for n in UNIT if n in names}, **({"PDL": False} if "PDL" in names else {}), **constexprs}
+    flags = {f: False for f in ("PDL", "MERGE") if f in names}
+    constexprs = {**{n: 1 for n in UNIT if n in names}, **flags, **constexprs}
+    types = {"cnt_ptr": "*i32", **types}
     aligned = tuple(a for a in aligned if a not in constexprs)
     sig = {}
     for n in names:
@@ -46,6 +50,10 @@ def make_spec(fn, variant, types, constexprs, options, aligned=(), matmul=False)
         else:
             raise KeyError(f"{fn.__name__}: no type for argument {n!r}")
     opts = {k: options[k] for k in ("num_warps", "num_stages") if k in options}
+    if constexprs.get("MERGE"):  # as launched (triton_fused_split.merge_args)
+        from .triton_fused_split import MERGE_MAXNREG
+
+        opts["maxnreg"] = MERGE_MAXNREG
     return Spec(fn.__name__, variant, fn, sig, dict(constexprs), opts, tuple(aligned), matmul)
 
 

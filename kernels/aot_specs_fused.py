@@ -4,7 +4,8 @@ configuration its `config()` picks for a decode step of 1 and of 64 rows, in bf1
 widths are runtime arguments (both divisible by 16, as `aligned` tells the compiler), so one binary serves
 both shapes; the Qwen3 variant (per-head norms, whole heads per program) and the Qwen2 bias compile apart. A one-row
 step splits K where the grid under-fills the GPU and K is long (kernels/triton_fused_split.py: the 1B shape's Q/K/V;
-int4 G 32 at SmolLM2's): the partial-sums variants of both ops at one row, and the second launches that add them up.
+int4 G 32 at SmolLM2's): the split variants of the ops at one row, which on NVIDIA add their splits up in the same
+launch (the merge: triton_fused_split.merges()) and on AMD leave partial sums to the second launches, compiled too.
 
 The Whisper decoder step's kernels (kernels/triton_fused_whisper.py, and linear_residual with its bias) in float16
 (the GPU default of the ASR runners), 1 and 64 rows (a beam search's batch), at the Whisper tiny shape (d 384, 6
@@ -49,12 +50,13 @@ def fused_specs(hip: bool = False) -> list[Spec]:
     qkv_types, qkv_aligned = qkv_signature()
     for variant, M, bias, qk_norm, split in (
         (f"{SHAPES} M=1", 1, False, False, False),
-        (f"{SHAPES} M=1 split-K (partial sums)", 1, False, False, True),
+        (f"{SHAPES} M=1 split-K" + " merged" * (not hip), 1, False, False, True),
         (f"{SHAPES} M=64", 64, False, False, False),
         ("qwen3 head norms + qwen2 bias d64 M=8", 8, True, True, False),
     ):
         c = fu.config(M, bf16, 32, whole_head=qk_norm)
-        cx = {"HAS_BIAS": bias, "QK_NORM": qk_norm, "SPLIT": split, "PRECISION": precision(bf16), "UPCAST": False}
+        cx = {"HAS_BIAS": bias, "QK_NORM": qk_norm, "SPLIT": split, "MERGE": split and not hip}
+        cx.update(PRECISION=precision(bf16), UPCAST=False)
         cx.update({k: c[k] for k in ("BLOCK_M", "BLOCK_HALF", "BLOCK_K")}, **one_row(M))
         out.append(make_spec(fu._norm_qkv_rope_kernel, variant, qkv_types, cx, c, qkv_aligned, matmul=True))
 
@@ -70,16 +72,17 @@ def fused_specs(hip: bool = False) -> list[Spec]:
         out.append(
             make_spec(
                 fu._linear_residual_kernel,
-                f"{SHAPES} o/down proj M={M}" + (" split-K (partial sums)" if split else ""),
+                f"{SHAPES} o/down proj M={M}" + ((" split-K" + " merged" * (not hip)) if split else ""),
                 {**rp, **mm_types, "srm": "i32", "p_ptr": "*fp32", "K_SPLIT": "i32"},
-                {**cx, "HAS_BIAS": False, "SPLIT": split},
+                {**cx, "HAS_BIAS": False, "SPLIT": split, "MERGE": split and not hip},
                 c,
                 (*rp, "p_ptr", "N", "K", "K_SPLIT", "sxm", "swn", "srm", "sym"),
                 matmul=True,
             )
         )
-        variant = f"{SHAPES} mlp 1536 / 8192 M={M}" + (" split-K (partial sums)" if split else "")
-        out.append(make_spec(fu._norm_gate_up_kernel, variant, gu_types, {**cx, "SPLIT": split}, c, gu_aligned, True))
+        variant = f"{SHAPES} mlp 1536 / 8192 M={M}" + ((" split-K" + " merged" * (not hip)) if split else "")
+        cx.update(SPLIT=split, MERGE=split and not hip)
+        out.append(make_spec(fu._norm_gate_up_kernel, variant, gu_types, cx, c, gu_aligned, True))
     return out + split_sum_specs() + whisper_specs()
 
 

@@ -8,11 +8,12 @@ sm_90 only (the launcher takes it on compute capability >= 8.9; sm_80 and the AM
 the W8A16 variant, which reads the weights as bytes, for every target.
 
 The fused decode-step kernels on quantized weights (kernels/triton_fused_quant.py) at the same shapes as their float
-twins (aot_specs_fused.py: 1 and 64 rows; the Qwen3 head norms + Qwen2 bias at head dims 64 and 128): int4 with G 32
-and float16 (s, z) pairs and G 128 with float32 ones, fp8 and int8 per channel, the split-K sums of the projection +
-residual, and the one-row split-K (partial sums) variants of every op, whose second launch is the float ops'
-(aot_specs_fused.split_sum_specs). They read fp8 as bytes and meet the activations on the 16-bit tensor / matrix
-cores (no fp8 dot: decode is bound by reading W), so each compiles for every target, sm_80 and gfx90a included."""
+twins (aot_specs_fused.py: 1 and 64 rows; the Qwen3 head norms + Qwen2 bias at head dims 64 and 128): int4 with G 32 and
+float16 (s, z) pairs and G 128 with float32 ones, fp8 and int8 per channel, the split-K sums of the projection +
+residual, and the one-row split-K variants of every op (on NVIDIA merged in the launch; on AMD partial sums, whose
+second launch is the float ops': aot_specs_fused.split_sum_specs). They read fp8 as bytes and meet the activations on
+the 16-bit tensor / matrix cores (no fp8 dot: decode is bound by reading W), so each compiles for every target, sm_80
+and gfx90a included."""
 
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ def quant_specs(hip: bool = False) -> list[Spec]:
             matmul=True,
         )
         out.append(replace(spec, targets=("sm_90",)) if act else spec)
-    return out + fused_quant_specs()
+    return out + fused_quant_specs(hip)
 
 
 # (format, group size, scales' type, rows): what each quantized fused kernel compiles as
@@ -99,7 +100,7 @@ FUSED_CASES += (("fp8", 0, "fp32", 64, 0), ("int8", 0, "bf16", 1, 0))
 QWEN3_CASES = (("int4", 32, "fp16", 8, 64), ("int4", 128, "fp32", 64, 128), ("fp8", 0, "fp32", 64, 128))
 
 
-def fused_quant_specs() -> list[Spec]:
+def fused_quant_specs(hip: bool = False) -> list[Spec]:
     import torch
 
     from . import triton_fused_quant as fq
@@ -126,11 +127,12 @@ def fused_quant_specs() -> list[Spec]:
             "HAS_BIAS": qk_norm,
             "QK_NORM": qk_norm,
             "SPLIT": split,
+            "MERGE": split and not hip,  # the launcher's default on each vendor (triton_fused_split.merges)
             **{k: c[k] for k in ("BLOCK_M", "BLOCK_HALF", "BLOCK_K")},
         }
         types = {**qkv_types, **wq, "G": "i32"}
         variant = f"{what} M={M}" + (f" qwen3 head norms (D {head_dim}) + qwen2 bias" if qk_norm else "")
-        variant += " split-K (partial sums)" if split else ""
+        variant += (" split-K" + " merged" * (not hip)) if split else ""
         out.append(make_spec(fq._norm_qkv_rope_q_kernel, variant, types, cx, c, (*qkv_aligned, "sz_ptr", "G"), True))
         if qk_norm:
             continue
@@ -139,8 +141,9 @@ def fused_quant_specs() -> list[Spec]:
         types = {**{p: "*bf16" for p in ("x_ptr", "g_ptr", "y_ptr")}, **wq, **rows_types, "eps": "fp32"}
         types |= {"p_ptr": "*fp32", "ss_ptr": "*fp32", "K_SPLIT": "i32"}
         aligned = (*rows_aligned, "g_ptr", "p_ptr", "ss_ptr", "K_SPLIT")
-        variant = f"{what} mlp 1536 / 8192 M={M}" + (" split-K (partial sums)" if split else "")
-        out.append(make_spec(fq._norm_gate_up_q_kernel, variant, types, {**cx, "SPLIT": split}, c, aligned, True))
+        variant = f"{what} mlp 1536 / 8192 M={M}" + ((" split-K" + " merged" * (not hip)) if split else "")
+        cxg = {**cx, "SPLIT": split, "MERGE": split and not hip}
+        out.append(make_spec(fq._norm_gate_up_q_kernel, variant, types, cxg, c, aligned, True))
         if split:
             continue
         rp = {p: "*bf16" for p in ("x_ptr", "b_ptr", "r_ptr", "y_ptr")}
@@ -148,9 +151,9 @@ def fused_quant_specs() -> list[Spec]:
         aligned = (*rows_aligned, "b_ptr", "r_ptr", "srm")
         tiles = -(-M // c["BLOCK_M"]) * (2048 // c["BLOCK_N"])
         split = fs.k_splits(tiles, 2048, c["BLOCK_K"])[0] > 1  # what the launcher picks at the 1B shape's o projection
-        cxr = {**cx, "HAS_BIAS": False, "SPLIT": split}
+        cxr = {**cx, "HAS_BIAS": False, "SPLIT": split, "MERGE": split and not hip}
         types = {**types, "p_ptr": "*fp32", "K_SPLIT": "i32"}
-        variant = f"{what} o/down proj M={M}" + (" split-K" if split else "")
+        variant = f"{what} o/down proj M={M}" + ((" split-K" + " merged" * (not hip)) if split else "")
         out.append(
             make_spec(fq._linear_residual_q_kernel, variant, types, cxr, c, (*aligned, "p_ptr", "K_SPLIT"), True)
         )

@@ -16,10 +16,11 @@ before the weight multiply): within 16-bit tolerance, exact in float32 up to sum
 Projection tiles: a program holds BLOCK_M rows and, for Q/K/V, BLOCK_HALF column pairs (d, d + D/2) of one
 head, so the rotary pairs meet in registers (with per-head norms, the whole head: its sum of squares). A grid of
 fewer programs than the GPU has SMs (a one-row step: the 1B shape's Q/K/V, 96 programs) splits K among programs
-(SPLIT): each split stores its partial sums and sums of squares, and a second launch adds them up and runs the
-same epilogue (kernels/triton_fused_split.py, which decides the splits). The pieces the kernels share with their
-quantized, split and Whisper twins (rounding, tiles, epilogues) are kernels/triton_fused_parts.py's. The
-references are kernels.reference.norm_qkv_rope / linear_residual / norm_gate_up."""
+(SPLIT): each split stores its partial sums and sums of squares, and the last split of each output tile to finish
+adds them up and runs the same epilogue in the same launch (MERGE; on ROCm a second launch:
+kernels/triton_fused_split.py, which decides the splits). The pieces the kernels share with their quantized, split
+and Whisper twins (rounding, tiles, epilogues) are kernels/triton_fused_parts.py's. The references are
+kernels.reference.norm_qkv_rope / linear_residual / norm_gate_up."""
 
 from __future__ import annotations
 
@@ -31,17 +32,7 @@ import triton.language as tl
 
 from . import triton_fused_split as fs
 from . import triton_pdl as pdl
-from .triton_fused_parts import (
-    gate_up_epilogue,
-    head_tile,
-    k_range,
-    qkv_epilogue,
-    residual_out,
-    rnd,
-    row_col_tile,
-    rstd,
-    store_partials,
-)
+from .triton_fused_parts import gate_up_out, head_tile, k_range, qkv_out, residual_out, rnd, row_col_tile
 from .triton_matmul import precision, tile_dot, upcast
 
 # None: config()'s tiles. A dict of BLOCK_N, BLOCK_K, num_warps, num_stages (BLOCK_HALF: Q/K/V's column pairs a
@@ -88,36 +79,33 @@ def _norm_dot_pair(
 @triton.jit
 def _norm_qkv_rope_kernel(
     x_ptr, g_ptr, w_ptr, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, p_ptr, ss_ptr,
-    M, K, K_SPLIT, H, HKV, HALF, s0, sxm, sxk, swn, swk, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps,
+    cnt_ptr, M, K, K_SPLIT, H, HKV, HALF, s0, sxm, sxk, swn, swk, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps,
     HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
     UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False,
+    MERGE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     pdl.gate(PDL)
-    # SPLIT: this program's K split's partial sums go to p / ss (store_partials), the epilogue to a second launch
+    # SPLIT: this program's K split's partial sums go to p / ss, added up by a second launch or (MERGE) the last split
     DT: tl.constexpr = q_ptr.dtype.element_ty  # the activations' (and the cache's) dtype
-    rm, mm, head, d, dm, col, split, first = head_tile(M, HALF, BLOCK_M, BLOCK_HALF, SPLIT)
+    rm, mm, head, d, dm, col, split, tile = head_tile(M, HALF, BLOCK_M, BLOCK_HALF, SPLIT)
     k_lo, k_hi = k_range(split, K_SPLIT, K, SPLIT)
     acc1, acc2, ss = _norm_dot_pair(
         x_ptr, g_ptr, w_ptr, rm, col, mm, dm, HALF, k_lo, k_hi, sxm, sxk, swn, swk,
         DT, PRECISION, UPCAST, BLOCK_M, BLOCK_HALF, BLOCK_K,
     )  # fmt: skip
-    if SPLIT:
-        store_partials(p_ptr, ss_ptr, acc1, acc2, ss, split, rm, mm, col, dm, HALF, (H + 2 * HKV) * 2 * HALF, M, first)
-    else:
-        qkv_epilogue(
-            acc1, acc2, rstd(ss, K, eps), rm, mm, head, d, dm, col, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr,
-            q_ptr, kc_ptr, vc_ptr, H, HKV, HALF, s0, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps, HAS_BIAS,
-            QK_NORM,
-        )  # fmt: skip
+    qkv_out(
+        acc1, acc2, ss, rm, mm, head, d, dm, col, split, tile, p_ptr, ss_ptr, cnt_ptr, b_ptr, qn_ptr, kn_ptr, cos_ptr,
+        sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, M, K, H, HKV, HALF, s0, sct, sqm, sqh, skb, skh, skt, svb, svh, svt,
+        eps, HAS_BIAS, QK_NORM, SPLIT, MERGE,
+    )  # fmt: skip
 
 
 @triton.jit
 def _linear_residual_kernel(
-    x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, p_ptr, M, N, K, K_SPLIT, sxm, sxk, swn, swk, srm, sym,
+    x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, p_ptr, cnt_ptr, M, N, K, K_SPLIT, sxm, sxk, swn, swk, srm, sym,
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False,
+    MERGE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     pdl.gate(PDL)
     # grid (row blocks, column blocks, K splits): y = r + (x @ W.T + bias), the product (with its bias, Whisper's)
@@ -128,32 +116,26 @@ def _linear_residual_kernel(
         x_ptr + k_lo * sxk, w_ptr + k_lo * swk, rm, rn, M, N, k_hi - k_lo, sxm, sxk, swn, swk, PRECISION, UPCAST,
         BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
-    residual_out(acc, rm, rn, M, N, b_ptr, r_ptr, y_ptr, p_ptr, srm, sym, HAS_BIAS, SPLIT)
+    residual_out(acc, rm, rn, M, N, b_ptr, r_ptr, y_ptr, p_ptr, cnt_ptr, srm, sym, HAS_BIAS, SPLIT, MERGE)
 
 
 @triton.jit
 def _norm_gate_up_kernel(
-    x_ptr, g_ptr, w_ptr, y_ptr, p_ptr, ss_ptr, M, N, K, K_SPLIT, sxm, sxk, swn, swk, sym, eps,
+    x_ptr, g_ptr, w_ptr, y_ptr, p_ptr, ss_ptr, cnt_ptr, M, N, K, K_SPLIT, sxm, sxk, swn, swk, sym, eps,
     SPLIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False,
+    MERGE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     pdl.gate(PDL)
     # W [2N, K]: gate rows 0..N-1, up rows N..2N-1; y [M, N] = silu(gate) * up of rmsnorm(x) * g. Grid (row blocks,
-    # column blocks, K splits); SPLIT: the partial sums go to p / ss (store_partials), the epilogue to a second launch
+    # column blocks, K splits); SPLIT: the partial sums go to p / ss, added up by a second launch or (MERGE) the last
     rm, rn = row_col_tile(BLOCK_M, BLOCK_N)
-    split = tl.program_id(2)
-    k_lo, k_hi = k_range(split, K_SPLIT, K, SPLIT)
+    k_lo, k_hi = k_range(tl.program_id(2), K_SPLIT, K, SPLIT)
     acc_g, acc_u, ss = _norm_dot_pair(
         x_ptr, g_ptr, w_ptr, rm, rn.to(tl.int64), rm < M, rn < N, N, k_lo, k_hi, sxm, sxk,
         swn, swk, y_ptr.dtype.element_ty, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
-    if SPLIT:
-        store_partials(
-            p_ptr, ss_ptr, acc_g, acc_u, ss, split, rm, rm < M, rn, rn < N, N, 2 * N, M, tl.program_id(1) == 0
-        )
-    else:
-        gate_up_epilogue(acc_g, acc_u, rstd(ss, K, eps), rm, rn, M, N, y_ptr, sym)
+    gate_up_out(acc_g, acc_u, ss, rm, rn, M, N, K, p_ptr, ss_ptr, cnt_ptr, y_ptr, sym, eps, SPLIT, MERGE)
 
 
 def config(M: int, dtype: torch.dtype, half: int | None = None, whole_head: bool = False) -> dict:
@@ -224,7 +206,9 @@ def launch_qkv(
     qk_norm = q_norm is not None
     c = cfg(M, x.dtype, half, qk_norm)
     grid = (triton.cdiv(M, c["BLOCK_M"]), n_heads + 2 * Hkv, triton.cdiv(half, c["BLOCK_HALF"]))
-    splits, k_split, parts = fs.partials(grid[0] * grid[1] * grid[2], K, c["BLOCK_K"], M, grid[1] * D, q)
+    tiles = grid[0] * grid[1] * grid[2]
+    splits, k_split, parts = fs.partials(tiles, K, c["BLOCK_K"], M, grid[1] * D, q)
+    merge = fs.merge_args(splits, tiles, q)
     epilogue = dict(
         b_ptr=bias if bias is not None else norm_w, qn_ptr=q_norm if qk_norm else norm_w,
         kn_ptr=k_norm if qk_norm else norm_w, cos_ptr=cos, sin_ptr=sin, pos_ptr=pos, q_ptr=q, kc_ptr=k_cache,
@@ -234,9 +218,10 @@ def launch_qkv(
     )  # fmt: skip
     kernel[(grid[0], grid[1], grid[2] * splits)](
         x_ptr=x, g_ptr=norm_w, K_SPLIT=k_split, sxm=x.stride(0), sxk=x.stride(1), SPLIT=splits > 1,
-        PRECISION=precision(x.dtype), UPCAST=upcast(x.dtype), **parts, **w, **c, **epilogue, **pdl.args(x.device),
+        PRECISION=precision(x.dtype), UPCAST=upcast(x.dtype), **parts, **merge, **w, **c, **epilogue,
+        **pdl.args(x.device),
     )  # fmt: skip
-    if splits > 1:
+    if splits > 1 and not merge["MERGE"]:
         fs.sum_qkv(grid, splits, parts, c, epilogue)
     return q
 
@@ -261,12 +246,13 @@ def launch_gate_up(kernel, w: dict, x, norm_w, eps, n: int, cfg) -> torch.Tensor
         return y
     M, K = x.shape
     splits, k_split, parts = fs.partials(grid[0] * grid[1], K, c["BLOCK_K"], M, 2 * n, y)
+    merge = fs.merge_args(splits, grid[0] * grid[1], y)
     kernel[(*grid, splits)](
         x_ptr=x, g_ptr=norm_w, y_ptr=y, M=M, N=n, K=K, K_SPLIT=k_split, sxm=x.stride(0), sxk=x.stride(1),
         sym=y.stride(0), eps=eps, SPLIT=splits > 1, PRECISION=precision(x.dtype), UPCAST=upcast(x.dtype), **parts,
-        **w, **c, **pdl.args(x.device),
+        **merge, **w, **c, **pdl.args(x.device),
     )  # fmt: skip
-    if splits > 1:
+    if splits > 1 and not merge["MERGE"]:
         fs.sum_gate_up(grid, splits, parts, c, y, K, eps)
     return y
 
@@ -275,20 +261,21 @@ def launch_rows(kernel, w: dict, x, n: int, cfg, **kw) -> torch.Tensor:
     """Launches linear_residual's kernel (float, or triton_fused_quant's: `w` its weight's arguments, `kw` the
     others) on a (row blocks, column blocks, K splits) grid writing y [M, n] from x [M, K]; cfg(M, dtype) gives its
     tiles. With K split (triton_fused_split.k_splits: a one-row step of few column tiles, the 1B shape's o / down
-    projections) each split stores float32 partial sums and a second launch adds them up with the bias and the
-    residual."""
+    projections) each split stores float32 partial sums and the tile's last split (or, where the launch does not
+    merge, a second launch) adds them up with the bias and the residual."""
     x, y, c, grid = row_tiles(x, n, cfg)
     if grid is None:
         return y
     M, K = x.shape
     splits, k_split = fs.k_splits(grid[0] * grid[1], K, c["BLOCK_K"], x.device, fs.SPLITS)
     parts = torch.empty((splits, M, n), dtype=torch.float32, device=x.device) if splits > 1 else y
+    merge = fs.merge_args(splits, grid[0] * grid[1], y)
     kernel[(*grid, splits)](
         x_ptr=x, y_ptr=y, p_ptr=parts, M=M, N=n, K=K, K_SPLIT=k_split, sxm=x.stride(0), sxk=x.stride(1),
         sym=y.stride(0), SPLIT=splits > 1, PRECISION=precision(x.dtype), UPCAST=upcast(x.dtype), **w, **kw, **c,
-        **pdl.args(x.device),
+        **merge, **pdl.args(x.device),
     )  # fmt: skip
-    if splits > 1:
+    if splits > 1 and not merge["MERGE"]:
         fs.sum_residual(grid, splits, parts, kw, y, c)
     return y
 

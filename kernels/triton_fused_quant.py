@@ -18,8 +18,8 @@ gfx90a have no fp8 types), so every kernel here compiles for sm_80, sm_90, gfx90
 The ops take a float weight (then they are triton_fused.py's) or a pair (weight, scale): (packed uint8 [N, K / 2],
 scales_zeros [K / G, N, 2]) for int4, (float8_e4m3fn [N, K], float32 [N]) for fp8, (int8 [N, K], [N]) for int8.
 Grids and K splits are triton_fused.py's (row blocks x column tiles x splits): every op splits K as its float twin
-does (kernels/triton_fused_split.py: partial sums, and the norm-folded ops' sums of squares, then a second launch runs
-the epilogue).
+does (kernels/triton_fused_split.py: partial sums, and the norm-folded ops' sums of squares, added up and run through
+the epilogue by each tile's last split, or on ROCm by a second launch).
 References: kernels.reference_quant (dequantize, then kernels.reference's fused ops)."""
 
 from __future__ import annotations
@@ -118,57 +118,55 @@ def widen(b, FMT: tl.constexpr):
 @triton.jit
 def _norm_qkv_rope_q_kernel(
     x_ptr, g_ptr, w_ptr, sz_ptr, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, p_ptr, ss_ptr,
-    M, K, K_SPLIT, G, H, HKV, HALF, s0, sxm, sxk, swn, swk, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps,
+    cnt_ptr, M, K, K_SPLIT, G, H, HKV, HALF, s0, sxm, sxk, swn, swk, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps,
     HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, SPLIT: tl.constexpr, FMT: tl.constexpr, PRECISION: tl.constexpr,
     UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False,
+    MERGE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     pdl.gate(PDL)
-    # as triton_fused._norm_qkv_rope_kernel (its grid, its SPLIT), the weight quantized as FMT
-    rm, mm, head, d, dm, col, split, first = fu.head_tile(M, HALF, BLOCK_M, BLOCK_HALF, SPLIT)
+    # as triton_fused._norm_qkv_rope_kernel (its grid, its SPLIT and MERGE), the weight quantized as FMT
+    rm, mm, head, d, dm, col, split, tile = fu.head_tile(M, HALF, BLOCK_M, BLOCK_HALF, SPLIT)
     k_lo, k_hi = fu.k_range(split, K_SPLIT, K, SPLIT)
     NW = (H + 2 * HKV) * 2 * HALF
     acc1, acc2, ss = qdot_pair(
         x_ptr, g_ptr, w_ptr, sz_ptr, rm, col, mm, dm, HALF, k_lo, k_hi, K, G, NW, sxm, sxk,
         swn, swk, True, True, FMT, q_ptr.dtype.element_ty, PRECISION, UPCAST, BLOCK_M, BLOCK_HALF, BLOCK_K,
     )  # fmt: skip
-    if SPLIT:
-        fu.store_partials(p_ptr, ss_ptr, acc1, acc2, ss, split, rm, mm, col, dm, HALF, NW, M, first)
-    else:
-        fu.qkv_epilogue(
-            acc1, acc2, fu.rstd(ss, K, eps), rm, mm, head, d, dm, col, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr,
-            pos_ptr, q_ptr, kc_ptr, vc_ptr, H, HKV, HALF, s0, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps,
-            HAS_BIAS, QK_NORM,
-        )  # fmt: skip
+    fu.qkv_out(
+        acc1, acc2, ss, rm, mm, head, d, dm, col, split, tile, p_ptr, ss_ptr, cnt_ptr, b_ptr, qn_ptr, kn_ptr, cos_ptr,
+        sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, M, K, H, HKV, HALF, s0, sct, sqm, sqh, skb, skh, skt, svb, svh, svt,
+        eps, HAS_BIAS, QK_NORM, SPLIT, MERGE,
+    )  # fmt: skip
 
 
 @triton.jit
 def _linear_residual_q_kernel(
-    x_ptr, w_ptr, sz_ptr, b_ptr, r_ptr, y_ptr, p_ptr, M, N, K, G, K_SPLIT, sxm, sxk, swn, swk, srm, sym,
+    x_ptr, w_ptr, sz_ptr, b_ptr, r_ptr, y_ptr, p_ptr, cnt_ptr, M, N, K, G, K_SPLIT, sxm, sxk, swn, swk, srm, sym,
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, FMT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False,
+    MERGE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     pdl.gate(PDL)
-    # grid (row blocks, column blocks, K splits); SPLIT: the float32 partial sums go to p [splits, M, N]
+    # grid (row blocks, column blocks, K splits); SPLIT: the float32 partial sums go to p [splits, M, N] (MERGE: the
+    # tile's last split adds them up)
     rm, rn = fu.row_col_tile(BLOCK_M, BLOCK_N)
     k_lo = tl.program_id(2) * K_SPLIT
     acc, _, _ = qdot_pair(
         x_ptr, x_ptr, w_ptr, sz_ptr, rm, rn, rm < M, rn < N, 0, k_lo, tl.minimum(K, k_lo + K_SPLIT), K, G, N, sxm,
         sxk, swn, swk, False, False, FMT, y_ptr.dtype.element_ty, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
-    fu.residual_out(acc, rm, rn, M, N, b_ptr, r_ptr, y_ptr, p_ptr, srm, sym, HAS_BIAS, SPLIT)
+    fu.residual_out(acc, rm, rn, M, N, b_ptr, r_ptr, y_ptr, p_ptr, cnt_ptr, srm, sym, HAS_BIAS, SPLIT, MERGE)
 
 
 @triton.jit
 def _norm_gate_up_q_kernel(
-    x_ptr, g_ptr, w_ptr, sz_ptr, y_ptr, p_ptr, ss_ptr, M, N, K, K_SPLIT, G, sxm, sxk, swn, swk, sym, eps,
+    x_ptr, g_ptr, w_ptr, sz_ptr, y_ptr, p_ptr, ss_ptr, cnt_ptr, M, N, K, K_SPLIT, G, sxm, sxk, swn, swk, sym, eps,
     SPLIT: tl.constexpr, FMT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False,
+    MERGE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     pdl.gate(PDL)
-    # as triton_fused._norm_gate_up_kernel (W [2N, K]: gate rows, then up rows; its grid, its SPLIT), W as FMT
+    # as triton_fused._norm_gate_up_kernel (W [2N, K]: gate rows, then up rows; its grid, SPLIT, MERGE), W as FMT
     rm, rn = fu.row_col_tile(BLOCK_M, BLOCK_N)
     split = tl.program_id(2)
     k_lo, k_hi = fu.k_range(split, K_SPLIT, K, SPLIT)
@@ -176,12 +174,7 @@ def _norm_gate_up_q_kernel(
         x_ptr, g_ptr, w_ptr, sz_ptr, rm, rn, rm < M, rn < N, N, k_lo, k_hi, K, G, 2 * N,
         sxm, sxk, swn, swk, True, True, FMT, y_ptr.dtype.element_ty, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
-    if SPLIT:
-        fu.store_partials(
-            p_ptr, ss_ptr, acc_g, acc_u, ss, split, rm, rm < M, rn, rn < N, N, 2 * N, M, tl.program_id(1) == 0
-        )
-    else:
-        fu.gate_up_epilogue(acc_g, acc_u, fu.rstd(ss, K, eps), rm, rn, M, N, y_ptr, sym)
+    fu.gate_up_out(acc_g, acc_u, ss, rm, rn, M, N, K, p_ptr, ss_ptr, cnt_ptr, y_ptr, sym, eps, SPLIT, MERGE)
 
 
 def block_k(fmt: int, G: int, bk: int) -> int:

@@ -1,23 +1,24 @@
 """Split K of the fused decode ops (kernels/triton_fused.py, triton_fused_quant.py): how many splits a launch takes,
-and the second launch that adds up their partial sums and runs the op's epilogue.
+and how their partial sums are added up: by the launch's own last split of each output tile (merges(); the default
+but on ROCm), or by a second launch (this module's sum kernels).
 
 A one-row decode step at the Llama-3.2-1B shape gives norm_qkv_rope 48 heads x 2 column-pair tiles = 96 programs and
 the o / down projections 64 column tiles each, fewer than an H100's 132 SMs, each streaming all of K (2048, the down
 projection's 8192): the GPU is under-filled and the weight stream far from its bandwidth. Each split's programs store
-their float32 partial dot products, and one more launch of the unsplit grid adds them up in a fixed order
-(deterministic) and runs the unsplit kernel's own epilogue, so the roundings are the unsplit kernel's; only float32
-summation order differs. The RMSNorm folds into a split as it folds into the whole K loop (RMSNorm(x) W = rstd ((x g)
-W), rstd from the row's sum of squares): the norm-folded ops' splits also store their rows' partial sums of squares
-(triton_fused_parts.store_partials), and their second launch takes rstd of the sum before the epilogue (qkv_epilogue:
-bias, Qwen3 head norms, rotary, cache writes, Q; gate_up_epilogue: silu(gate) * up); linear_residual's adds the bias
-and the residual (residual_epilogue). The weight format only changes the first launch.
+their float32 partial dot products; the program that finishes a tile's last split (triton_fused_parts: last_split,
+decode attention's ticket and memory ordering), or one more launch of the unsplit grid, adds them up in a fixed
+order (deterministic) and runs the unsplit kernel's own epilogue, so the roundings are the unsplit kernel's; only
+float32 summation order differs. The RMSNorm folds into a split as it folds into the whole K loop (RMSNorm(x) W =
+rstd ((x g) W), rstd from the row's sum of squares): the norm-folded ops' splits also store their rows' partial sums
+of squares (triton_fused_parts.store_partials), and the merge takes rstd of the sum before the epilogue
+(qkv_epilogue: bias, Qwen3 head norms, rotary, cache writes, Q; gate_up_epilogue: silu(gate) * up); linear_residual's
+adds the bias and the residual (residual_epilogue). The weight format only changes the K loop.
 
 The rule (k_splits): a grid of fewer programs than the device has SMs splits into as many as bring it near
 target_programs (two per SM: kernels/triton_decode_attention.py; 128 SMs assumed without a GPU), each split keeping
-at least MIN_SPLIT_TILES (8) K tiles. A grid of at least one program per SM does not split (a second launch and the
-partials' round trip would buy less than they cost), nor does a short K: a program's K loop of a few tiles is a few
-dependent loads, about what the second launch costs, and at the embedded SmolLM2's size the step's time is set by
-its launches (with 4 tiles a split, its two norm-folded ops split in 2: 60 more launches a step). Programs of a
+at least MIN_SPLIT_TILES (8) K tiles. A grid of at least one program per SM does not split (the partials' round
+trip and the merge, run after the last split by one program, would buy less than they cost), nor does a short K: a
+program's K loop of a few tiles is a few dependent loads, about what the merge that follows it costs. Programs of a
 one-row step, on an H100 (132 SMs, target 264):
 
     one-row step (bf16; fp8, int8, int4 G 128 alike)   Llama-3.2-1B, K 2048       SmolLM2-135M, K 576
@@ -29,10 +30,11 @@ one-row step, on an H100 (132 SMs, target 264):
 
 (int4 in groups of 32 has K tiles of 32: SmolLM2's norm-folded ops split in 2.) Up to 16 rows (one row tile): the same
 splits. The minimum is a reasoned guess until a GPU times it: `bench gpu --checks lm-fused` runs each step with the
-rule and with SPLITS = 1 at both shapes.
+rule and with SPLITS = 1 at both shapes, and checks the one-launch merge against the second launch on NaN-poisoned
+partial buffers (its memory ordering: only a GPU can test it).
 
 `SPLITS` overrides the rule (1: no split; n: n splits, each at least one K tile, the tests' and the benchmarks'
-knob: `bench gpu` times the steps with the rule and with SPLITS = 1)."""
+knob: `bench gpu` times the steps with the rule and with SPLITS = 1); `ONE_LAUNCH` forces the merge on or off."""
 
 from __future__ import annotations
 
@@ -42,9 +44,14 @@ import triton.language as tl
 
 from . import triton_fused_parts as fp
 from . import triton_pdl as pdl
-from .triton_decode_attention import PROGRAMS_PER_SM, target_programs
+from .triton_decode_attention import PROGRAMS_PER_SM, counters, target_programs
 
 SPLITS: int | None = None  # None: the rule (k_splits); an int: that many splits of every fused op (1: none)
+ONE_LAUNCH: bool | None = None  # None: the splits merge in their launch but on ROCm (merges()); True / False: forced
+# NVIDIA: the register cap (.maxnreg) of a launch that merges. Without one, ptxas held two of the quantized merged
+# variants at 48 and 80 registers and spilled values across their K loops (int8 projection + residual on sm_90, int4
+# G 32 Q/K/V on sm_80); with it they take 57 and 105, no spills (`speechrt kernels report`)
+MERGE_MAXNREG = 128
 MIN_SPLIT_TILES = 8  # K tiles each split keeps at least, by the rule
 
 
@@ -72,22 +79,6 @@ def partials(tiles: int, K: int, bk: int, M: int, width: int, out: torch.Tensor)
 
 
 @triton.jit
-def sum_partials(p_ptr, ss_ptr, SPLITS, rm, mm, cols, cm, second, NW, M, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """What triton_fused_parts.store_partials left of SPLITS splits, added up in split order: the two projections'
-    float32 sums at W's rows cols and cols + second, and the rows' sums of squares."""
-    acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    pm = mm[:, None] & cm[None, :]
-    for s in range(0, SPLITS):
-        pp = p_ptr + (s * M + rm[:, None]).to(tl.int64) * NW + cols[None, :]
-        acc1 += tl.load(pp, mask=pm, other=0.0)
-        acc2 += tl.load(pp + second, mask=pm, other=0.0)
-        ss += tl.load(ss_ptr + s * M + rm, mask=mm, other=0.0)
-    return acc1, acc2, ss
-
-
-@triton.jit
 def _sum_qkv_kernel(
     p_ptr, ss_ptr, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr,
     SPLITS, M, K, H, HKV, HALF, s0, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps,
@@ -97,9 +88,8 @@ def _sum_qkv_kernel(
     """norm_qkv_rope's epilogue on its K splits' partial sums, on the unsplit grid (row blocks, heads, chunks)."""
     pdl.gate(PDL)
     rm, mm, head, d, dm, col, _, _ = fp.head_tile(M, HALF, BLOCK_M, BLOCK_HALF)
-    acc1, acc2, ss = sum_partials(
-        p_ptr, ss_ptr, SPLITS, rm, mm, col, dm, HALF, (H + 2 * HKV) * 2 * HALF, M, BLOCK_M, BLOCK_HALF
-    )
+    like = tl.zeros((BLOCK_M, BLOCK_HALF), dtype=tl.float32)
+    acc1, acc2, ss = fp.sum_partials(p_ptr, ss_ptr, SPLITS, like, rm, mm, col, dm, HALF, (H + 2 * HKV) * 2 * HALF, M)
     fp.qkv_epilogue(
         acc1, acc2, fp.rstd(ss, K, eps), rm, mm, head, d, dm, col, b_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr,
         q_ptr, kc_ptr, vc_ptr, H, HKV, HALF, s0, sct, sqm, sqh, skb, skh, skt, svb, svh, svt, eps, HAS_BIAS, QK_NORM,
@@ -114,9 +104,8 @@ def _sum_gate_up_kernel(
     """norm_gate_up's epilogue on its K splits' partial sums, on the unsplit grid (row blocks, column blocks)."""
     pdl.gate(PDL)
     rm, rn = fp.row_col_tile(BLOCK_M, BLOCK_N)
-    acc_g, acc_u, ss = sum_partials(
-        p_ptr, ss_ptr, SPLITS, rm, rm < M, rn.to(tl.int64), rn < N, N, 2 * N, M, BLOCK_M, BLOCK_N
-    )
+    like = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_g, acc_u, ss = fp.sum_partials(p_ptr, ss_ptr, SPLITS, like, rm, rm < M, rn, rn < N, N, 2 * N, M)
     fp.gate_up_epilogue(acc_g, acc_u, fp.rstd(ss, K, eps), rm, rn, M, N, y_ptr, sym)
 
 
@@ -129,12 +118,25 @@ def _sum_residual_kernel(
     """linear_residual's epilogue on split-K partial sums p [SPLITS, M, N], added in a fixed order (deterministic)."""
     pdl.gate(PDL)
     rm, rn = fp.row_col_tile(BLOCK_M, BLOCK_N)
-    pp = p_ptr + rm[:, None].to(tl.int64) * N + rn[None, :]
-    pm = (rm < M)[:, None] & (rn < N)[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for s in range(0, SPLITS):
-        acc += tl.load(pp + s * M * N, mask=pm, other=0.0)
+    acc = fp.sum_splits(p_ptr, SPLITS, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), rm, rn, M, N)
     fp.residual_epilogue(acc, rm, rn, M, N, b_ptr, r_ptr, y_ptr, srm, sym, HAS_BIAS)
+
+
+def merges() -> bool:
+    """Whether a split launch adds its splits up itself (ONE_LAUNCH; None: not on ROCm, as decode attention's merge,
+    whose memory ordering this one shares and which is unverified on AMD)."""
+    return ONE_LAUNCH if ONE_LAUNCH is not None else torch.version.hip is None
+
+
+def merge_args(splits: int, tiles: int, out: torch.Tensor) -> dict:
+    """A launch's cnt_ptr and MERGE: with several splits that merge in the launch, one counter per output tile (the
+    thread's counters on the device, which decode attention's merges share: each is 0 between launches), and on
+    NVIDIA the register cap MERGE_MAXNREG; else `out` in its place (not read)."""
+    merge = splits > 1 and merges()
+    args = {"cnt_ptr": counters(out.device, tiles) if merge else out, "MERGE": merge}
+    if merge and out.device.type == "cuda" and torch.version.hip is None:
+        args["maxnreg"] = MERGE_MAXNREG
+    return args
 
 
 def sum_qkv(grid, splits: int, parts: dict, c: dict, epilogue: dict) -> None:

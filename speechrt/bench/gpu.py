@@ -343,7 +343,7 @@ def _server_ramp(dev, out, args):  # --device cpu runs it on the CPU
 TABLE = (
     Spec("gpu", 2, check_gpu, GPU),
     Spec("kernels", 30, check_kernels),
-    Spec("lm-fused", 88, check_lm_fused),  # 60 before its fused-nosplit and three fused-pdl steps: counted
+    Spec("lm-fused", 90, check_lm_fused),  # 60 before its fused-nosplit and fused-pdl steps and merge check: counted
     Spec("asr-fused", 62, check_asr_fused),  # 45 before its fused-nosplit and fused-pdl steps: counted, not measured
     Spec("lm-loop", 52, check_lm_loop, cpu_too=True),  # 45 before its K = 16 blocks: counted, not measured
     Spec("asr-loop", 35, check_asr_loop, cpu_too=True),

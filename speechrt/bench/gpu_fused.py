@@ -7,7 +7,10 @@ its o and down projections in 4 and 5; SmolLM2's down projection in 3, its other
 ("fused-nosplit": triton_fused_split.SPLITS = 1 while it is captured and run), so that a GPU run tells whether the
 rule pays; and with its kernels launched with programmatic dependent launch ("fused-pdl": kernels/triton_pdl.py, on
 NVIDIA sm_90+; elsewhere the plain launches), which decides whether that is turned on, also without the splits
-("fused-pdl-nosplit": a split's second launch costs less with PDL, so the two choices are timed together).
+("fused-pdl-nosplit": the split rule and PDL are decided together).
+The splits are added up in their own launch (the last split of each output tile merges them: kernels/
+triton_fused_parts.py); that merge's memory ordering, which the interpreter cannot test, is checked too
+(merge_ordering: each split op of the 1B shape's one-row step against the second launch, on poisoned buffers).
 
 `plan()` and `step_bytes()` are plain arithmetic; `run_cases()` runs anywhere the kernels run (tests run it on
 the CPU on a tiny config in the Triton interpreter, uncaptured); only `check_lm_fused()` wants a GPU."""
@@ -239,6 +242,61 @@ def pdl_summary(dev, fused_us: float, pdl_us: float, pdl_nosplit_us: float | Non
     return f", with PDL {pdl_us / fused_us:.2f}x" + more
 
 
+MERGE_TRIALS = 20  # calls of each split op on freshly poisoned buffers
+
+
+def merge_ordering(device, cfg: LlamaConfig | None = None, trials: int = MERGE_TRIALS, dtype=None) -> list[str]:
+    """The fused ops' one-launch merge against their second launch (triton_fused_split.ONE_LAUNCH False) at a one-row
+    step of `cfg` (default the Llama-3.2-1B shape: norm_qkv_rope in 3 splits, the o and down projections in 4 and 5 on
+    an H100; norm_gate_up forced to 4), each called `trials` times right after NaN-filled blocks were freed (the
+    caching allocator usually hands them to the launcher's partial sums: a merge that reads a split's partials before
+    they are written gives NaN or a wrong row) -> problems; the merge counters must be back at 0."""
+    import torch
+
+    from speechrt.kernels import triton_fused as fu
+    from speechrt.kernels import triton_fused_split as fs
+    from speechrt.kernels.triton_decode_attention import counters
+
+    cfg, dtype = cfg or SHAPES["llama-3.2-1b"], dtype or torch.bfloat16
+    g = torch.Generator(device=device).manual_seed(2)
+
+    def draw(*shape, scale=1.0):
+        return (torch.randn(shape, generator=g, device=device) * scale).to(dtype)
+
+    D, H, Hkv, dim, ffn = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.dim, cfg.hidden_dim
+    x, norm, attn, act = draw(1, dim), 1 + draw(dim, scale=0.1), draw(1, H * D), draw(1, ffn)
+    wqkv, wgu = draw((H + 2 * Hkv) * D, dim, scale=dim**-0.5), draw(2 * ffn, dim, scale=dim**-0.5)
+    wo, wd = draw(dim, H * D, scale=(H * D) ** -0.5), draw(dim, ffn, scale=ffn**-0.5)
+    angles = torch.rand(8, D // 2, generator=g, device=device) * 6.3
+    pos = torch.tensor([5], device=device)
+
+    def qkv():
+        kc, vc = (torch.zeros(1, Hkv, 8, D, device=device, dtype=dtype) for _ in range(2))
+        q = fu.norm_qkv_rope(x, norm, 1e-5, wqkv, H, angles.cos(), angles.sin(), pos, kc, vc)
+        return torch.cat([q.flatten(), kc.flatten(), vc.flatten()])
+
+    ops = {
+        "norm_qkv_rope": qkv,
+        "norm_gate_up (4 splits)": _with(lambda: fu.norm_gate_up(x, norm, 1e-5, wgu), fs, "SPLITS", 4),
+        "o projection": lambda: fu.linear_residual(attn, wo, x),
+        "down projection": lambda: fu.linear_residual(act, wd, x),
+    }
+    bad = []
+    for name, op in ops.items():
+        want = _with(op, fs, "ONE_LAUNCH", False)().float()
+        wrong = 0
+        for _ in range(trials):
+            poison = [torch.full((1 << 18,), float("nan"), device=device) for _ in range(8)]
+            del poison  # freed: the next small allocations usually get these blocks back
+            got = op().float()
+            err = ((got - want).abs().amax() / want.abs().amax().clamp_min(1e-30)).item()
+            wrong += not (torch.isfinite(got).all().item() and err <= 2e-2)
+        if wrong:
+            bad.append(f"{name}: the one-launch merge differs from the second launch in {wrong} of {trials} calls")
+    left = int(counters(torch.device(device), 1).abs().max().item())
+    return bad + ([f"fused ops' merge counters left at {left}, not 0"] if left else [])
+
+
 def check_lm_fused(dev, out: Results):
     import torch
 
@@ -246,7 +304,13 @@ def check_lm_fused(dev, out: Results):
 
     bw = probe(dev, torch.bfloat16).bandwidth_gbps
     n0 = len(out.records)
-    bad = run_cases(dev, plan(), out, timer(dev), bw)
+    order = merge_ordering(dev)
+    bad = run_cases(dev, plan(), out, timer(dev), bw) + order
+    out.notes.append(
+        "lm-fused: the fused ops' K splits merged in their launch "
+        + ("differ from the second launch's sums: " + "; ".join(order) if order else "equal the second launch's sums")
+        + f" ({MERGE_TRIALS} calls of each split op on poisoned buffers)"
+    )
     by = {(r.model, r.params["batch"], r.backend): r for r in out.records[n0:]}
     parts = [f"copy {bw:.0f} GB/s"]
     for s, b, _ in sorted({k for k in by if k[2] == "fused"}):

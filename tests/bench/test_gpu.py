@@ -131,6 +131,23 @@ def test_fused_step_benchmark_runs_up_to_its_gpu_part(monkeypatch):
     assert r.params["fraction_of_bandwidth"] == pytest.approx(cases[0].bytes / 1e-3 / 10e9)
     assert not any(r.params["replayed"] for r in out.records)  # uncaptured here
 
+    # the merge's ordering check (each split op against its second launch), and that it can fail: a mutant merge
+    from fused_cases import mutant_last_split  # tests/
+
+    from speechrt.kernels import triton_decode_attention as dec
+    from speechrt.kernels import triton_fused_parts as fp
+    from speechrt.kernels import triton_fused_split as fs
+
+    cfg = LlamaConfig(vocab_size=64, dim=72, n_layers=1, n_heads=3, n_kv_heads=1, hidden_dim=200, max_seq_len=16)
+    monkeypatch.setattr(fs, "SPLITS", 3)
+    assert gpu_fused.merge_ordering(torch.device("cpu"), cfg, 2, torch.float32) == []
+    monkeypatch.setattr(fp, "last_split", mutant_last_split("SPLITS"))  # no program merges
+    try:
+        bad = gpu_fused.merge_ordering(torch.device("cpu"), cfg, 1, torch.float32)
+    finally:
+        dec.counters(torch.device("cpu"), 1).zero_()
+    assert bad[-1].startswith("fused ops' merge counters left at"), bad
+
     # a graph that cannot be captured: its variant runs eagerly, which the check calls a problem, not a time
     from speechrt.backends.cuda_graphs import CapturedStep
 

@@ -168,3 +168,19 @@ def test_decode_step_kernels_wait_for_their_predecessor_on_sm_90(report):
     assert {"_norm_qkv_rope_kernel", "_linear_residual_q_kernel", "_decode_attention_grouped_kernel"} <= flagged
     assert {"_norm_linear_kernel", "_whisper_pick_kernel", "_rms_norm_kernel", "_sum_residual_kernel"} <= flagged
     assert "_attention_kernel" not in flagged and "_gelu_kernel" not in flagged
+
+
+def test_split_variants_compile_as_each_vendor_launches_them():
+    """A fused op's one-row K-split variant compiles as kernels/triton_fused_split.py launches it: on NVIDIA with its
+    splits merged in the launch, under the register cap MERGE_MAXNREG; on AMD leaving its partial sums to the
+    second launch (no cap)."""
+    from speechrt.kernels.aot_specs_fused import fused_specs
+    from speechrt.kernels.aot_specs_quant import quant_specs
+    from speechrt.kernels.triton_fused_split import MERGE_MAXNREG
+
+    for hip in (False, True):
+        split = [s for s in fused_specs(hip) + quant_specs(hip) if s.constexprs.get("SPLIT")]
+        assert len(split) >= 10 and all("split-K" in s.variant for s in split)
+        for s in split:
+            assert s.constexprs["MERGE"] is (not hip), s.variant
+            assert s.options.get("maxnreg") == (None if hip else MERGE_MAXNREG), s.variant

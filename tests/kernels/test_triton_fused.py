@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fused_cases import DIM, HIDDEN, HKV, SLOTS, D, H, S, caches, qkv_case, quantized, strided_rows  # tests/
 from kernel_checks import DEVICE, DTYPES, close, rand  # tests/kernel_checks.py
 
 from speechrt.kernels import reference as ref
 
 pytestmark = pytest.mark.usefixtures("interpret")
-DIM, H, HKV, D, HIDDEN, SLOTS, S = 72, 3, 1, 24, 200, 6, 13  # S: the cache's (odd) length
 
 
 @pytest.fixture(scope="module")
@@ -20,39 +20,6 @@ def fused():
     from speechrt.kernels import triton_fused
 
     return triton_fused
-
-
-def strided_rows(m, n, dtype, seed):
-    """[m, n] with a row stride of n + 5 (a view of a wider buffer, as a slice of a packed output is)."""
-    return rand(m, n + 5, dtype=dtype, seed=seed)[:, 2 : 2 + n]
-
-
-def qkv_case(M, dtype, bias=False, qk_norm=False, seed=0, dim=DIM):
-    cos, sin = (t.to(DEVICE) for t in _tables())
-    kw = dict(
-        norm_w=rand(dim, dtype=dtype, seed=seed + 1, scale=0.5) + 1,
-        eps=1e-5,
-        wqkv=rand((H + 2 * HKV) * D, dim, dtype=dtype, seed=seed + 2, scale=dim**-0.5),
-        n_heads=H,
-        cos=cos,
-        sin=sin,
-        pos=torch.tensor([12, 0, 7, 3, 11][:M], device=DEVICE),  # the cache's last position, its first, ...
-        s0=1,
-        bias=rand((H + 2 * HKV) * D, dtype=dtype, seed=seed + 3) if bias else None,
-        q_norm=rand(D, dtype=dtype, seed=seed + 4, scale=0.3) + 1 if qk_norm else None,
-        k_norm=rand(D, dtype=dtype, seed=seed + 5, scale=0.3) + 1 if qk_norm else None,
-    )
-    return strided_rows(M, dim, dtype, seed), kw
-
-
-def _tables():
-    t = torch.arange(S, dtype=torch.float64)[:, None] / (10000 ** (torch.arange(0, D, 2) / D))[None]
-    return t.cos().float(), t.sin().float()
-
-
-def caches(dtype):
-    k = rand(SLOTS, HKV, S, D, dtype=dtype, seed=90)
-    return k, rand(SLOTS, HKV, S, D, dtype=dtype, seed=91)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -244,27 +211,6 @@ def fq():
     return triton_fused_quant
 
 
-def quantized(fmt, G, N, K, seed):
-    """A random weight [N, K] as the fused ops take it (weight, scale), its float32 values dequantized."""
-    from speechrt.kernels import reference_quant as rq
-
-    if fmt == "int4":  # AWQ / GPTQ-style groups: float16 scales, integer zero points
-        from speechrt.kernels.triton_int4_matmul import pack_int4
-
-        g = torch.Generator().manual_seed(seed)
-        q = torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8)
-        scale = (torch.rand(N, K // G, generator=g) + 0.5).half() * K**-0.5 / 8
-        q, s, z = ref.int4_from_zero_points(q, scale, torch.randint(0, 16, (N, K // G), generator=g))
-        w = pack_int4(q.to(DEVICE), s.to(DEVICE), z.to(DEVICE))
-    elif fmt == "fp8":
-        w = tuple(t.to(DEVICE) for t in ref.quantize_fp8(rand(N, K, seed=seed, scale=K**-0.5).cpu()))
-    else:
-        f = rand(N, K, seed=seed, scale=K**-0.5)
-        scale = f.abs().amax(1) / 127
-        w = (torch.round(f / scale[:, None]).to(torch.int8), scale.to(torch.bfloat16))
-    return w, rq.dequantize(w, K, torch.float32)
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fmt,G,K", QUANT)
 @pytest.mark.parametrize("M,bias,qk_norm", [(1, False, False), (5, True, True)])
@@ -312,7 +258,7 @@ def test_quant_linear_residual_and_norm_gate_up(fq, dtype, fmt, G, K):
 @pytest.mark.parametrize("fmt,G,K", [("int4", 128, 1024), ("fp8", 0, 1200)])
 def test_quant_linear_residual_split_k(fq, dtype, fmt, G, K):
     """A one-row step's projection + residual (+ a bias) with K split among programs (int4: 2 splits of 512; fp8: 640
-    and 560, the last not a whole K tile), their float32 partial sums added up by the second launch."""
+    and 560, the last not a whole K tile), their float32 partial sums added up by the tile's last split."""
     from speechrt.kernels import reference_quant as rq
 
     x = rand(1, K, dtype=dtype, seed=6)
@@ -357,8 +303,8 @@ SPLIT_CASES += [("int8", 0, 150, 3, F16)]
 def test_split_k_ops(fq, monkeypatch, dtype, fmt, G, K, splits):
     """norm_qkv_rope (1 row; and 3 rows at positions 12, 0 and 7 with the Qwen2 bias and the Qwen3 head norms),
     norm_gate_up and linear_residual (3 rows; with Whisper's bias) with K split: each split's partial sums (and sums
-    of squares), added up in order by the second launch (rstd, bias, head norms, rotary, cache writes; SiLU; bias and
-    residual), equal the reference's."""
+    of squares), added up in order by each tile's last split (rstd, bias, head norms, rotary, cache writes; SiLU;
+    bias and residual), equal the reference's (the second launch: test_fused_merge.py)."""
     from speechrt.kernels import reference_quant as rq
     from speechrt.kernels import triton_fused_split as fs
 

@@ -447,7 +447,7 @@ def test_llama_fused_decode_step_launches(monkeypatch):
     """The fused Llama decode step's launches, counted in the interpreter on a tiny random model (SmolLM2's layout:
     grouped heads) over a cache long enough to split: per layer the four fused kernels and ONE decode attention (the
     splits merged in the same launch; two launches before), then the final norm and the logits. SmolLM2-135M's 30
-    layers: 182 launches a step (its down projection's K, 1536, splits in 3: a second launch a layer). Each launch
+    layers: 152 launches a step (its down projection's K, 1536, splits in 3, merged in the same launch). Each launch
     passes triton_pdl's arguments."""
     from triton.runtime.interpreter import InterpretedFunction
 
