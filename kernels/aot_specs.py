@@ -34,8 +34,8 @@ def make_spec(fn, variant, types, constexprs, options, aligned=(), matmul=False)
     """types: arg -> Triton type for the runtime args ('*fp16', 'i32', 'fp32'); every other arg must
     be a constexpr in `constexprs`. The K strides (UNIT) are the constant 1, as the models' launches make them; a
     decode-step kernel's PDL flag is False here, and aot._compile turns it on for sm_90+ (triton_pdl). A fused op's
-    MERGE (its K splits added up in the launch) is False unless given; its merge counters are int32, and a merged
-    variant compiles with the register cap it is launched with."""
+    MERGE (its K splits, or the pick's chunks, added up in the launch) is False unless given; its merge counters are
+    int32, and a fused op's merged variant compiles with the register cap it is launched with."""
     names = list(fn.arg_names)
     flags = {f: False for f in ("PDL", "MERGE") if f in names}
     constexprs = {**{n: 1 for n in UNIT if n in names}, **flags, **constexprs}
@@ -50,7 +50,7 @@ def make_spec(fn, variant, types, constexprs, options, aligned=(), matmul=False)
         else:
             raise KeyError(f"{fn.__name__}: no type for argument {n!r}")
     opts = {k: options[k] for k in ("num_warps", "num_stages") if k in options}
-    if constexprs.get("MERGE"):  # as launched (triton_fused_split.merge_args)
+    if constexprs.get("MERGE") and "SPLIT" in names:  # a fused op's merge, as launched (triton_fused_split.merge_args)
         from .triton_fused_split import MERGE_MAXNREG
 
         opts["maxnreg"] = MERGE_MAXNREG

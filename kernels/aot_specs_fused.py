@@ -83,7 +83,7 @@ def fused_specs(hip: bool = False) -> list[Spec]:
         variant = f"{SHAPES} mlp 1536 / 8192 M={M}" + ((" split-K" + " merged" * (not hip)) if split else "")
         cx.update(SPLIT=split, MERGE=split and not hip)
         out.append(make_spec(fu._norm_gate_up_kernel, variant, gu_types, cx, c, gu_aligned, True))
-    return out + split_sum_specs() + whisper_specs()
+    return out + split_sum_specs() + whisper_specs(hip)
 
 
 def split_sum_specs() -> list[Spec]:
@@ -132,7 +132,7 @@ def split_sum_specs() -> list[Spec]:
     return out
 
 
-def whisper_specs() -> list[Spec]:
+def whisper_specs(hip: bool = False) -> list[Spec]:
     import torch
 
     from . import triton_fused as fu
@@ -195,12 +195,14 @@ def whisper_specs() -> list[Spec]:
         cx = {"TIMESTAMPS": ts, "BLOCK": c["BLOCK"]}
         variant = f"whisper vocabulary 51864 / 51866 pick{' + timestamp rules' if ts else ''}"
         out.append(make_spec(wp._whisper_pick_kernel, variant, pt, cx, c, ("x_ptr", "sup_ptr", "st_ptr", "sx")))
-    # its split launch for few rows: the chunks' partial states, then their merge (1 row: 102 chunks, 8 rows: 15)
-    pp = {**{k: v for k, v in pt.items() if k not in ("ids_ptr", "lp_ptr")}, "pf_ptr": "*fp32", "pi_ptr": "*i32"}
-    pp.update(int_args("CHUNK"))
-    for ts in (True, False):
-        cx = {"TIMESTAMPS": ts, "BLOCK": wp.SPLIT_BLOCK}
-        variant = f"whisper vocabulary 51864 / 51866 pick, chunks{' + timestamp rules' if ts else ''}"
+    # its split launch for few rows (1 row: 102 chunks, 8 rows: 15): the chunks' partial states, merged by each row's
+    # last chunk on NVIDIA, by a second launch on AMD (triton_decode_attention.merges_in_launch)
+    pp = {**pt, "pf_ptr": "*fp32", "pi_ptr": "*i32", **int_args("CHUNK")}
+    for ts, rows in ((True, 1), (False, 1), (True, 8)):
+        cx = {"TIMESTAMPS": ts, "BLOCK": wp.SPLIT_BLOCK, "BLOCK_C": wp.split_config(rows, 51865, 132)["BLOCK_C"]}
+        cx["MERGE"] = not hip
+        variant = f"whisper vocabulary 51864 / 51866 pick, chunks{' + timestamp rules' if ts else ''}, {rows} row"
+        variant += ("s" if rows > 1 else "") + (" merged" if not hip else "")
         aligned = ("x_ptr", "sup_ptr", "st_ptr", "pf_ptr", "pi_ptr", "sx", "CHUNK")
         out.append(make_spec(wp._whisper_pick_part_kernel, variant, pp, cx, {"num_warps": 4}, aligned))
     pm = {"pf_ptr": "*fp32", "pi_ptr": "*i32", "ids_ptr": "*i64", "lp_ptr": "*fp32", **int_args("n", "CHUNKS")}

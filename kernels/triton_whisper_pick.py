@@ -15,10 +15,12 @@ and log-probabilities.
 Two launch shapes. Many rows: one program per row streams the whole row. Few rows (batch 1, the real-time case):
 one program would stream ~200 KB on one SM, so each row's columns are split into chunks over several programs
 (rows x chunks near the device's SM count), each writing its chunk's six numbers (both maxima, their first indices,
-both sums) to a small workspace, and a second launch, one program per row, merges them (the maxima exactly, the
-first index among the chunks that hold the max: the same ids as one program; the sums rescaled to the common max)
-and decides the forced rule on the merged row, as the one-program kernel does. No host sync: the workspace is
-allocated per call (fixed addresses under a CUDA graph capture, as the outputs)."""
+both sums) to a small workspace; the row's chunk that finishes last merges them (the maxima exactly, the first index
+among the chunks that hold the max: the same ids as one program; the sums rescaled to the common max) and decides
+the forced rule on the merged row, as the one-program kernel does. The last is the program that draws the row's
+last ticket from its counter, decode attention's one-launch merge (its memory ordering, its counters: see
+kernels/triton_decode_attention.py); on ROCm (merges_in_launch) a second launch, one program per row, merges. No
+host sync: the workspace is allocated per call (fixed addresses under a CUDA graph capture, as the outputs)."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import triton
 import triton.language as tl
 
 from . import triton_pdl as pdl
-from .triton_decode_attention import multiprocessors
+from .triton_decode_attention import counters, merges_in_launch, multiprocessors
 
 SPLIT_BLOCK = 512  # columns a split program loads at once (4 warps, 4 floats a thread)
 
@@ -119,11 +121,13 @@ def _whisper_pick_kernel(
 
 @triton.jit
 def _whisper_pick_part_kernel(
-    x_ptr, sup_ptr, st_ptr, pf_ptr, pi_ptr, V, sx, n, tb, eot, CHUNK, TIMESTAMPS: tl.constexpr, BLOCK: tl.constexpr,
+    x_ptr, sup_ptr, st_ptr, pf_ptr, pi_ptr, cnt_ptr, ids_ptr, lp_ptr, V, sx, n, tb, eot, CHUNK,
+    TIMESTAMPS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_C: tl.constexpr, MERGE: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Program (row, chunk): columns [chunk * CHUNK, (chunk + 1) * CHUNK) of the row -> its partial state at
-    pf [4, n, chunks] (text max, text sum, timestamps' max, their sum), pi [2, n, chunks] (the maxima's indices)."""
+    pf [4, n, chunks] (text max, text sum, timestamps' max, their sum), pi [2, n, chunks] (the maxima's indices);
+    with MERGE, the row's last chunk to finish (its ticket from cnt [n]) merges them into ids / lp."""
     pdl.gate(PDL)
     row, chunk, chunks = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
     st = _row_rules(st_ptr, row, n, tb)
@@ -139,6 +143,13 @@ def _whisper_pick_part_kernel(
     tl.store(pf_ptr + 3 * parts + at, s_s)
     tl.store(pi_ptr + at, a_t)
     tl.store(pi_ptr + parts + at, a_s)
+    if MERGE:  # the module docstring: stores, a barrier, a ticket, a barrier, loads through L2
+        tl.debug_barrier()
+        ticket = tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel", scope="gpu")
+        if ticket == chunks - 1:
+            tl.debug_barrier()
+            _combine(pf_ptr, pi_ptr, ids_ptr, lp_ptr, row, n, chunks, BLOCK_C)
+            tl.store(cnt_ptr + row, 0)
 
 
 @triton.jit
@@ -155,18 +166,25 @@ def _merge(m, a, s):
 def _whisper_pick_combine_kernel(
     pf_ptr, pi_ptr, ids_ptr, lp_ptr, n, CHUNKS, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False
 ):
-    """Program row: its chunks' partial states (the part kernel's) -> the pick and its log-probability."""
+    """Program row: its chunks' partial states (the part kernel's) -> the pick and its log-probability (the second
+    launch, where the part kernel does not merge)."""
     pdl.gate(PDL)
-    row = tl.program_id(0)
+    _combine(pf_ptr, pi_ptr, ids_ptr, lp_ptr, tl.program_id(0), n, CHUNKS, BLOCK_C)
+
+
+@triton.jit
+def _combine(pf_ptr, pi_ptr, ids_ptr, lp_ptr, row, n, CHUNKS, BLOCK_C: tl.constexpr):
+    """Row `row`'s chunks' partial states -> its pick and log-probability (loads through L2: other programs wrote
+    them)."""
     c = tl.arange(0, BLOCK_C)
     ok = c < CHUNKS
     at, parts = row * CHUNKS + c, n * CHUNKS
-    m_t = tl.load(pf_ptr + at, mask=ok, other=float("-inf"))
-    s_t = tl.load(pf_ptr + parts + at, mask=ok, other=0.0)
-    m_s = tl.load(pf_ptr + 2 * parts + at, mask=ok, other=float("-inf"))
-    s_s = tl.load(pf_ptr + 3 * parts + at, mask=ok, other=0.0)
-    a_t = tl.load(pi_ptr + at, mask=ok, other=2147483647)
-    a_s = tl.load(pi_ptr + parts + at, mask=ok, other=2147483647)
+    m_t = tl.load(pf_ptr + at, mask=ok, other=float("-inf"), cache_modifier=".cg")
+    s_t = tl.load(pf_ptr + parts + at, mask=ok, other=0.0, cache_modifier=".cg")
+    m_s = tl.load(pf_ptr + 2 * parts + at, mask=ok, other=float("-inf"), cache_modifier=".cg")
+    s_s = tl.load(pf_ptr + 3 * parts + at, mask=ok, other=0.0, cache_modifier=".cg")
+    a_t = tl.load(pi_ptr + at, mask=ok, other=2147483647, cache_modifier=".cg")
+    a_s = tl.load(pi_ptr + parts + at, mask=ok, other=2147483647, cache_modifier=".cg")
     m_t, a_t, s_t = _merge(m_t, a_t, s_t)
     m_s, a_s, s_s = _merge(m_s, a_s, s_s)
     pick, lp = _finish(m_t, a_t, s_t, m_s, a_s, s_s)
@@ -193,11 +211,20 @@ def split_config(n: int, V: int, programs: int, chunks: int | None = None, block
 
 
 def whisper_pick(
-    logits, suppress, state, timestamps: bool, tb: int, eot: int, chunks: int | None = None, block: int | None = None
+    logits,
+    suppress,
+    state,
+    timestamps: bool,
+    tb: int,
+    eot: int,
+    chunks: int | None = None,
+    block: int | None = None,
+    one_launch: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [n, V] float32 (rows of unit column stride), `suppress` [V] bool, `state` [4, n] int64 (last,
     penult, last_ts, count) -> (ids [n] int64, log-probabilities [n] float32). Few rows split each row over several
-    programs (split_config; `chunks` / `block` force a split, chunks=1 one program a row)."""
+    programs (split_config; `chunks` / `block` force a split, chunks=1 one program a row), merged in the same launch
+    (`one_launch`; None: merges_in_launch(), not on ROCm) or by a second."""
     n, V = logits.shape
     x = logits if logits.stride(-1) == 1 else logits.contiguous()
     st = state.contiguous()
@@ -216,9 +243,12 @@ def whisper_pick(
     pf = torch.empty((4, n, k), dtype=torch.float32, device=x.device)
     pi = torch.empty((2, n, k), dtype=torch.int32, device=x.device)
     bw = sc["BLOCK"]
+    merge = merges_in_launch() if one_launch is None else one_launch
+    cnt = counters(x.device, n) if merge else pi
     _whisper_pick_part_kernel[(n, k)](
-        x, sup, st, pf, pi, *args, sc["CHUNK"], TIMESTAMPS=timestamps, BLOCK=bw, num_warps=4 if bw >= 512 else 2,
-        **on,
+        x, sup, st, pf, pi, cnt, ids, lp, *args, sc["CHUNK"], TIMESTAMPS=timestamps, BLOCK=bw,
+        BLOCK_C=sc["BLOCK_C"], MERGE=merge, num_warps=4 if bw >= 512 else 2, **on,
     )  # fmt: skip
-    _whisper_pick_combine_kernel[(n,)](pf, pi, ids, lp, n, k, BLOCK_C=sc["BLOCK_C"], num_warps=1, **on)
+    if not merge:
+        _whisper_pick_combine_kernel[(n,)](pf, pi, ids, lp, n, k, BLOCK_C=sc["BLOCK_C"], num_warps=1, **on)
     return ids, lp

@@ -7,7 +7,8 @@ why it could not run):
 - lm-fused: the Llama decode step in the fused layer kernels against the unfused one (both from graphs) and
   torch eager, at the SmolLM2-135M and Llama-3.2-1B shapes (random bf16 weights), with the fraction of the
   measured copy bandwidth each step's bytes take, and the fused step with its K splits off, with programmatic
-  dependent launch (kernels/triton_pdl.py, NVIDIA sm_90+), and with both (gpu_fused.py);
+  dependent launch (kernels/triton_pdl.py, NVIDIA sm_90+), and with both; the fused ops' K splits merged in their
+  own launch checked against a second launch on poisoned buffers (gpu_fused.py);
 - asr-fused: the same for the Whisper decoder step (float16, batch 1 and 8, Whisper tiny and large-v3-turbo decoder
   shapes, random weights): fused against unfused (logits and greedy ids) and torch eager, without its K splits and
   with programmatic dependent launch (gpu_fused_asr.py);
@@ -18,7 +19,8 @@ why it could not run):
   against one step per replay: time per token at batch 1 (a 30-s window with timestamps) and 8 (a server's batch,
   and its live rounds drafted: the drafts checked on the device), K = 1 and 8, and the same ids (gpu_asr_loop.py;
   with `--device cpu` uncaptured in float32); before it the pick alone at batch 1 and 8 from graphs: the split
-  launch, twice its chunks, one program a row and the torch ops, with their ids (gpu_pick.py);
+  launch (merged in the launch), twice its chunks, merged by a second launch, one program a row and the torch ops,
+  with their ids, and the merge checked on poisoned buffers (gpu_pick.py);
 - lm-quant: the Llama-3.2-1B-shape decode step at batch 1 in bf16, int4 (W4A16) and fp8 (E4M3), each unfused and in
   the fused layer kernels (with K splits as dispatched and off), from graphs: time, speed-up over bf16 and (fused)
   over unfused, fraction of the copy bandwidth, and the logits against bf16 models (gpu_quant.py);

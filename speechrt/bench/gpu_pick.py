@@ -1,9 +1,11 @@
 """`bench gpu --checks asr-loop`'s timing of Whisper's greedy pick (the logit rules, argmax and log-probability after
 each decode step, kernels/triton_whisper_pick.py) at batch 1 and 8 over Whisper's vocabulary: the split launch (each
-row's vocabulary over several programs, then a merge: the launcher's choice for few rows), the same with twice the
-chunks, one program a row, and the torch reference ops; each from a CUDA graph of REPS picks (a decode loop's
-setting: no launch cost from Python; a capture that fails is a problem, as in the loop), with the same ids checked.
-`run_picks()` runs wherever the kernels run (the tests: the interpreter, uncaptured, a small vocabulary)."""
+row's vocabulary over several programs, merged by the row's last chunk: the launcher's choice for few rows), the same
+with twice the chunks, the split merged by a second launch (as on ROCm), one program a row, and the torch reference
+ops; each from a CUDA graph of REPS picks (a decode loop's setting: no launch cost from Python; a capture that fails
+is a problem, as in the loop), with the same ids checked; and the one-launch merge's memory ordering (ORDER_TRIALS
+calls right after NaN-filled blocks were freed, against the second launch). `run_picks()` runs wherever the kernels
+run (the tests: the interpreter, uncaptured, a small vocabulary)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from speechrt.bench.record import Record, Repeats, Results
 REPS = 16  # picks per graph replay
 ROWS = (1, 8)
 VOCAB = 51864  # Whisper tiny.en's (multilingual: 51865)
-VARIANTS = ("split", "split-2x", "one-program", "torch")
+VARIANTS = ("split", "split-2x", "split-two-launch", "one-program", "torch")
+ORDER_TRIALS = 20
 
 
 def _inputs(n: int, V: int, device):
@@ -48,6 +51,7 @@ def picks(n: int, V: int, device, triton: bool = True) -> dict:
         k = split_config(n, V, multiprocessors(device))["CHUNKS"]  # the launcher's choice
         fns["split"] = (lambda: whisper_pick(*args), k)
         fns["split-2x"] = (lambda: whisper_pick(*args, chunks=2 * k), split_config(n, V, 0, 2 * k)["CHUNKS"])
+        fns["split-two-launch"] = (lambda: whisper_pick(*args, one_launch=False), k)
         fns["one-program"] = (lambda: whisper_pick(*args, chunks=1), 1)
     return fns
 
@@ -70,6 +74,28 @@ def _times(fn, timer, capture: bool) -> list[float]:
     return [t / REPS for t in timer(step.graph.replay)]
 
 
+def ordering(one, two, device, label: str, trials: int | None = None) -> list[str]:
+    """The split pick merged in its launch (`one`) against the second launch (`two`), `trials` times right after
+    NaN-filled blocks were freed (the caching allocator usually hands them to the next partial states: a merge that
+    reads a chunk's state before it is written picks another id or gives NaN) -> problems."""
+    import torch
+
+    from speechrt.kernels.triton_decode_attention import counters
+
+    trials = trials or ORDER_TRIALS
+    want_ids, want_lp = two()
+    wrong = 0
+    for _ in range(trials):
+        poison = [torch.full((1 << 16,), float("nan"), device=device) for _ in range(8)]
+        del poison
+        ids, lp = one()
+        # the same ids; the log-probabilities summed by other warps (within rounding)
+        wrong += not (torch.equal(ids, want_ids) and torch.allclose(lp, want_lp, rtol=1e-5, atol=1e-5))
+    left = int(counters(torch.device(device), 1).abs().max().item())
+    out = [f"{label}: the one-launch merge differs from the second launch in {wrong} of {trials} calls"] * (wrong > 0)
+    return out + ([f"{label}: merge counters left at {left}, not 0"] if left else [])
+
+
 def run_picks(device, out: Results, timer, vocab=VOCAB, rows=ROWS, capture=True, triton=True) -> tuple[list, list]:
     """Every variant timed at each batch in `rows` (records in `out`) -> (a line a batch, problems: a Triton variant
     whose ids differ from the torch ops' or log-probabilities beyond 1e-4)."""
@@ -85,6 +111,8 @@ def run_picks(device, out: Results, timer, vocab=VOCAB, rows=ROWS, capture=True,
             if not torch.equal(ids, want_ids) or not torch.allclose(lp, want_lp, rtol=1e-4, atol=1e-4):
                 bad.append(f"pick batch {n} {v}: other ids or log-probabilities than the torch ops")
             times[v] = _times(fn, timer, capture)
+        if triton:
+            bad += ordering(fns["split"][0], fns["split-two-launch"][0], device, f"pick batch {n}")
         base = statistics.median(times["split" if triton else "torch"])
         for v, ts in times.items():
             t = statistics.median(ts)

@@ -478,20 +478,28 @@ def test_checks_after_a_lost_gpu_context_run_in_a_fresh_process(tmp_path, monkey
 
 def test_pick_timings_run_up_to_their_gpu_part(monkeypatch):
     """asr-loop's pick timings on a small vocabulary on the CPU (the Triton launches interpreted, uncaptured): the
-    split launch (several chunks a row), twice its chunks, one program a row and the torch ops give the same ids,
-    a record each with its chunk count; without Triton (the CPU dry run) the torch ops alone."""
+    split launch (several chunks a row, merged in the launch), twice its chunks, the split merged by a second launch,
+    one program a row and the torch ops give the same ids, a record each with its chunk count, and the merge's
+    ordering check passes (and can fail); without Triton (the CPU dry run) the torch ops alone."""
     _interpreted()
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     from speechrt.bench import gpu_pick
     from speechrt.bench.record import Results
 
+    monkeypatch.setattr(gpu_pick, "ORDER_TRIALS", 2)
     out = Results()
     lines, bad = gpu_pick.run_picks(torch.device("cpu"), out, _one_time, vocab=2500, rows=(1, 3), capture=False)
     assert bad == []
-    assert lines[0].startswith("pick batch 1: split (5 chunks) 1000.0 us, split-2x 1.00x, one-program 1.00x, torch")
+    assert lines[0].startswith(
+        "pick batch 1: split (5 chunks) 1000.0 us, split-2x 1.00x, split-two-launch 1.00x, one-program 1.00x, torch"
+    )
     by = {(r.params["rows"], r.params["variant"]): r for r in out.records}
     assert set(by) == {(n, v) for n in (1, 3) for v in gpu_pick.VARIANTS}
-    assert [by[1, v].params["chunks"] for v in gpu_pick.VARIANTS] == [5, 10, 1, 0]
+    assert [by[1, v].params["chunks"] for v in gpu_pick.VARIANTS] == [5, 10, 5, 1, 0]
+    ids, lp = torch.tensor([3]), torch.tensor([-0.5])
+    assert gpu_pick.ordering(lambda: (ids + 1, lp), lambda: (ids, lp), "cpu", "x") == [
+        "x: the one-launch merge differs from the second launch in 2 of 2 calls"
+    ]
     assert by[1, "torch"].backend == "torch" and by[1, "one-program"].peer == "split"
     # the comparison can fail: a launch whose picks differ from the torch ops' is reported
     real = gpu_pick.picks

@@ -157,3 +157,58 @@ def test_split_pick_breaks_ties_across_chunks_to_the_first_index():
     got = whisper_pick(x.to(dev), sup.to(dev), st.to(dev), True, tb, tb - 10)
     assert want[0].item() == c - 1 and got[0].item() == c - 1
     torch.testing.assert_close(got[1].cpu(), want[1], rtol=1e-5, atol=1e-5)
+
+
+def _merged_equals_second_launch(pick_module, launched: list):
+    """The split pick merged by the row's last chunk (one launch) against its second launch: the same ids and
+    log-probabilities bit for bit (the same merge of the same partials), one launch against two, the counters back
+    at 0."""
+    from speechrt.kernels.triton_decode_attention import counters
+
+    g = torch.Generator().manual_seed(torch.seed() % (1 << 31))
+    x, sup, st, tb, eot = _case(97, 5, g)
+    args = (x, sup, st, True, tb, eot)
+    launched.clear()
+    one = pick_module.whisper_pick(*args, chunks=3, block=16)
+    assert launched == ["_whisper_pick_part_kernel"], launched
+    assert counters(torch.device("cpu"), 1).abs().max() == 0
+    two = pick_module.whisper_pick(*args, chunks=3, block=16, one_launch=False)
+    assert launched[1:] == ["_whisper_pick_part_kernel", "_whisper_pick_combine_kernel"], launched
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+
+
+@pytest.mark.parametrize("last", [None, "chunks - 2", "chunks"])
+def test_split_pick_merges_in_its_launch(monkeypatch, tmp_path, last):
+    """The default (not ROCm) merges a row's chunks in the launch that computes them; a merge by the wrong program
+    (the last-ticket test off by one: the next-to-last chunk merges before the last one stored its partials and the
+    counter is left at 1; no chunk merges and the counter stays at 3) fails the same checks."""
+    import importlib.util
+    import inspect
+
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from speechrt.kernels import triton_decode_attention as dec
+    from speechrt.kernels import triton_whisper_pick as pick
+
+    if DEVICE != "cpu":
+        pytest.skip("counts the interpreter's launches")
+    launched, run = [], InterpretedFunction.run
+    monkeypatch.setattr(
+        InterpretedFunction, "run", lambda self, *a, **k: launched.append(self.fn.__name__) or run(self, *a, **k)
+    )
+    assert dec.merges_in_launch()
+    if last is None:
+        return _merged_equals_second_launch(pick, launched)
+    src = inspect.getsource(pick).replace("from . import triton_pdl", "from speechrt.kernels import triton_pdl")
+    src = src.replace("from .triton_decode_attention", "from speechrt.kernels.triton_decode_attention")
+    assert src.count("ticket == chunks - 1") == 1
+    path = tmp_path / "mutant_pick.py"
+    path.write_text(src.replace("ticket == chunks - 1", f"ticket == {last}"))
+    spec = importlib.util.spec_from_file_location("mutant_pick", path)
+    mutant = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mutant)
+    try:
+        with pytest.raises(AssertionError):
+            _merged_equals_second_launch(mutant, launched)
+    finally:
+        dec.counters(torch.device("cpu"), 1).zero_()
