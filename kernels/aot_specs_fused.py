@@ -83,6 +83,13 @@ def fused_specs(hip: bool = False) -> list[Spec]:
         variant = f"{SHAPES} mlp 1536 / 8192 M={M}" + ((" split-K" + " merged" * (not hip)) if split else "")
         cx.update(SPLIT=split, MERGE=split and not hip)
         out.append(make_spec(fu._norm_gate_up_kernel, variant, gu_types, cx, c, gu_aligned, True))
+    # the step's embeddings and key counts (one block of 1024 columns at both widths; tokens and positions contiguous,
+    # their unit strides specialized as a launch does)
+    ti = {"tok_ptr": "*i64", "emb_ptr": "*bf16", "pos_ptr": "*i64", "s_ptr": "*bf16", "len_ptr": "*i32"}
+    ti.update(int_args("d", "se", "ssm"))
+    ta = ("emb_ptr", "s_ptr", "d", "se", "ssm")
+    cx = {"BLOCK": 1024, "stok": 1, "spos": 1}
+    out.append(make_spec(fu._token_inputs_kernel, f"{SHAPES} embeddings", ti, cx, {"num_warps": 4}, ta))
     return out + split_sum_specs() + whisper_specs(hip)
 
 

@@ -357,7 +357,18 @@ def norm_gate_up(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w_gate_up: t
     return silu_mul(*linear(rms_norm(x, norm_w, eps), w_gate_up).chunk(2, dim=-1))
 
 
-FUSED_OPS = {"norm_qkv_rope": norm_qkv_rope, "linear_residual": linear_residual, "norm_gate_up": norm_gate_up}
+def token_inputs(tokens: torch.Tensor, tok_emb: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Llama decode step's inputs from tokens [N] at positions pos [N]: the residual stream tok_emb[tokens] [N, d]
+    and each row's key count pos + 1 as int32 [N] (what the decode attention reads)."""
+    return F.embedding(tokens, tok_emb), (pos + 1).to(torch.int32)
+
+
+FUSED_OPS = {
+    "token_inputs": token_inputs,
+    "norm_qkv_rope": norm_qkv_rope,
+    "linear_residual": linear_residual,
+    "norm_gate_up": norm_gate_up,
+}
 
 
 # Fused ops of the Whisper decoder step (kernels/triton_fused_whisper.py): each LayerNorm folded into the projection

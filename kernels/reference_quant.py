@@ -49,4 +49,9 @@ def norm_gate_up(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w_gate_up) -
     return ref.norm_gate_up(x, norm_w, eps, dequantize(w_gate_up, x.shape[-1], x.dtype))
 
 
-FUSED_QUANT_OPS = {"norm_qkv_rope": norm_qkv_rope, "linear_residual": linear_residual, "norm_gate_up": norm_gate_up}
+FUSED_QUANT_OPS = {
+    "token_inputs": ref.token_inputs,
+    "norm_qkv_rope": norm_qkv_rope,
+    "linear_residual": linear_residual,
+    "norm_gate_up": norm_gate_up,
+}

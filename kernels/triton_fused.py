@@ -316,4 +316,40 @@ def norm_gate_up(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w_gate_up: t
     return launch_gate_up(_norm_gate_up_kernel, weight_args(w_gate_up), x, norm_w, eps, w_gate_up.shape[0] // 2, tiles)
 
 
-OPS = {"norm_qkv_rope": norm_qkv_rope, "linear_residual": linear_residual, "norm_gate_up": norm_gate_up}
+@triton.jit
+def _token_inputs_kernel(
+    tok_ptr, emb_ptr, pos_ptr, s_ptr, len_ptr, d, stok, se, spos, ssm, BLOCK: tl.constexpr, PDL: tl.constexpr = False
+):
+    pdl.gate(PDL)
+    # grid (rows,): s[b] = emb[tok[b]]; len[b] = pos[b] + 1 as int32
+    b = tl.program_id(0).to(tl.int64)
+    t = tl.load(tok_ptr + b * stok).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    for c0 in range(0, d, BLOCK):
+        c = c0 + cols
+        tl.store(s_ptr + b * ssm + c, tl.load(emb_ptr + t * se + c, mask=c < d), mask=c < d)
+    tl.store(len_ptr + b, (tl.load(pos_ptr + b * spos) + 1).to(tl.int32))
+
+
+def token_inputs(tokens: torch.Tensor, tok_emb: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """See kernels.reference.token_inputs: one launch for what the torch ops take three (gather, add, convert)."""
+    N, d = tokens.shape[0], tok_emb.shape[1]
+    if tok_emb.stride(1) != 1:
+        raise ValueError("token_inputs: the embeddings need a unit column stride")
+    s = torch.empty((N, d), dtype=tok_emb.dtype, device=tok_emb.device)
+    lengths = torch.empty((N,), dtype=torch.int32, device=tok_emb.device)
+    if N:
+        block = min(triton.next_power_of_2(d), 1024)
+        _token_inputs_kernel[(N,)](
+            tokens, tok_emb, pos, s, lengths, d, tokens.stride(0), tok_emb.stride(0), pos.stride(0), s.stride(0),
+            BLOCK=block, num_warps=4 if block >= 256 else 1, **pdl.args(tok_emb.device),
+        )  # fmt: skip
+    return s, lengths
+
+
+OPS = {
+    "token_inputs": token_inputs,
+    "norm_qkv_rope": norm_qkv_rope,
+    "linear_residual": linear_residual,
+    "norm_gate_up": norm_gate_up,
+}

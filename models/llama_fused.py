@@ -61,13 +61,12 @@ def weight(linear):
 
 
 def decode_range_fused(model, fops, cache, s0: int, tokens: torch.Tensor, pos: torch.Tensor, tk: int) -> torch.Tensor:
-    """Llama.decode_range (same arguments, same result) through `fops`: a mapping with norm_qkv_rope,
+    """Llama.decode_range (same arguments, same result) through `fops`: a mapping with token_inputs, norm_qkv_rope,
     linear_residual and norm_gate_up (kernels.triton_fused.OPS, or kernels.reference.FUSED_OPS; on quantized
     weights kernels.triton_fused_quant.OPS, or kernels.reference_quant.FUSED_QUANT_OPS, which take float ones too)."""
     cfg, ops = model.cfg, model.ops
     N, eps = tokens.shape[0], cfg.norm_eps
-    s = model.tok_embeddings[tokens]  # [N, dim]: the residual stream
-    lengths = pos + 1
+    s, lengths = fops["token_inputs"](tokens, model.tok_embeddings, pos)  # the residual stream [N, dim]; pos + 1
     rows = slice(s0, s0 + N)
     for i, layer in enumerate(model.layers):
         kc, vc = cache.k[i], cache.v[i]

@@ -39,6 +39,23 @@ def test_norm_qkv_rope(fused, dtype, M, bias, qk_norm):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_token_inputs(fused, dtype):
+    """The Llama step's embeddings of tokens given as a strided column (as a step's [N, 1] tokens are), an odd
+    width, and each row's key count pos + 1 in int32: exactly the reference's; no rows, no launch; an embedding
+    without a unit column stride refused."""
+    emb = rand(97, DIM + 5, dtype=dtype, seed=80)[:, :DIM]  # rows strided by DIM + 5
+    tokens = torch.tensor([[5, 0], [96, 0], [0, 0]], device=DEVICE)[:, 0]
+    pos = torch.tensor([12, 0, 7], device=DEVICE)
+    got, want = fused.token_inputs(tokens, emb, pos), ref.token_inputs(tokens, emb, pos)
+    assert torch.equal(got[0], want[0]) and got[0].dtype == dtype
+    assert torch.equal(got[1], want[1]) and got[1].dtype == torch.int32 and got[1].tolist() == [13, 1, 8]
+    none = fused.token_inputs(tokens[:0], emb, pos[:0])
+    assert none[0].shape == (0, DIM) and none[1].shape == (0,)
+    with pytest.raises(ValueError, match="unit column stride"):
+        fused.token_inputs(tokens, emb.t().contiguous().t(), pos)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("M", [1, 3, 5])
 def test_linear_residual(fused, dtype, M):
     x = strided_rows(M, H * D, dtype, 10)
