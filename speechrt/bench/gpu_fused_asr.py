@@ -5,7 +5,8 @@ logits and greedy ids against the unfused step's, and the fraction of the measur
 fused step also runs with its projections' K splits off ("fused-nosplit": kernels/triton_fused_split.SPLITS = 1; as
 dispatched, a one-row step splits fc2's K in 3 at Whisper tiny's shape, in 7 at large-v3-turbo's, and turbo's output
 projections' in 2), so that a GPU run tells whether the split pays; and with programmatic dependent launch
-("fused-pdl": kernels/triton_pdl.py, NVIDIA sm_90+), which decides whether that is turned on.
+("fused-pdl": kernels/triton_pdl.py, NVIDIA sm_90+), which decides whether that is turned on; and with the split
+rule's minimum lowered to 2 K tiles a split ("fused-split2": Whisper tiny's d 384 splits too).
 
 `plan()` and `step_bytes()` are plain arithmetic; `run_cases()` runs anywhere the kernels run (tests run it on the CPU
 on a tiny config in the Triton interpreter, uncaptured); only `check_asr_fused()` wants a GPU."""
@@ -15,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from speechrt.bench.gpu_fused import pdl_summary, time_steps, with_pdl, without_splits
+from speechrt.bench.gpu_fused import pdl_summary, short_splits, time_steps, with_pdl, without_splits
 from speechrt.bench.record import Results
 from speechrt.models.whisper import WhisperConfig
 
@@ -35,7 +36,7 @@ SHAPES = {
 BATCHES = (1, 8)
 POSITION = 64  # the step's position: tokens already in the cache (a window's transcript so far)
 # fused / unfused: Triton kernels replayed from a graph
-VARIANTS = ("fused", "unfused", "torch-eager", "fused-nosplit", "fused-pdl")
+VARIANTS = ("fused", "unfused", "torch-eager", "fused-nosplit", "fused-pdl", "fused-split2")
 MAX_REL_ERR = 5e-2  # float16 logits, fused against unfused, relative to the largest
 
 
@@ -118,6 +119,7 @@ def _steps(cfg: WhisperConfig, device, batch: int, position: int, capture: bool,
         "torch-eager": lambda: ed(tokens, caches, 0, cross, position=pos, cross_lengths=lengths),
         "fused-nosplit": CapturedStep(without_splits(fused), capture),
         "fused-pdl": CapturedStep(with_pdl(fused), capture),
+        "fused-split2": CapturedStep(short_splits(fused), capture),
     }
 
 
@@ -149,11 +151,11 @@ def check_asr_fused(dev, out: Results):
     by = {(r.model, r.params["batch"], r.backend): r for r in out.records[n0:]}
     parts = [f"copy {bw:.0f} GB/s"]
     for s, b, _ in sorted({k for k in by if k[2] == "fused"}):
-        f, u, e, n, p = (by[(s, b, v)].value for v in VARIANTS)
+        f, u, e, n, p, s2 = (by[(s, b, v)].value for v in VARIANTS)
         r = by[(s, b, "fused")].params
         parts.append(
             f"{s} b{b}: fused {f:.0f} us ({r['fraction_of_bandwidth']:.0%} of bw, ids {r['argmax_agreement']:.0%} "
-            f"as unfused), unfused {u / f:.2f}x, torch eager {e / f:.2f}x, without K splits {n / f:.2f}x"
-            + pdl_summary(dev, f, p)
+            f"as unfused), unfused {u / f:.2f}x, torch eager {e / f:.2f}x, without K splits {n / f:.2f}x, splits of "
+            f"2+ K tiles {s2 / f:.2f}x" + pdl_summary(dev, f, p)
         )
     return ("fail" if bad else "pass"), "; ".join(bad + parts)
