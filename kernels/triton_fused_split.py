@@ -30,8 +30,8 @@ one-row step, on an H100 (132 SMs, target 264):
 
 (int4 in groups of 32 has K tiles of 32: SmolLM2's norm-folded ops split in 2.) Up to 16 rows (one row tile): the same
 splits. The minimum is a reasoned guess until a GPU times it: `bench gpu --checks lm-fused` runs each step with the
-rule and with SPLITS = 1 at both shapes, and checks the one-launch merge against the second launch on NaN-poisoned
-partial buffers (its memory ordering: only a GPU can test it).
+rule, with SPLITS = 1 and with a minimum of 2 tiles at both shapes, and checks the one-launch merge against the second
+launch on NaN-poisoned partial buffers (its memory ordering: only a GPU can test it).
 
 `SPLITS` overrides the rule (1: no split; n: n splits, each at least one K tile, the tests' and the benchmarks'
 knob: `bench gpu` times the steps with the rule and with SPLITS = 1); `ONE_LAUNCH` forces the merge on or off."""

@@ -1,6 +1,6 @@
 """What the Triton kernel tests share: the device they run on (SPEECHRT_TEST_DEVICE, see tests/kernels/conftest.py),
-the dtypes a kernel claims with their tolerances, seeded random inputs and the comparison of a kernel's output with
-its reference's."""
+the dtypes a kernel claims with their tolerances, seeded random inputs, the comparison of a kernel's output with
+its reference's, and mutants of a kernel module (checks that must catch them)."""
 
 from __future__ import annotations
 
@@ -31,3 +31,22 @@ def close(out, expected, truth=None, tol=None):
         err, ref_err = ((t.float() - truth.float()).abs().amax().item() for t in (out, expected))
         assert err <= 1.5 * ref_err + atol, (err, ref_err)
     torch.testing.assert_close(out.float(), expected.float(), rtol=rtol, atol=atol)
+
+
+def mutant_module(module, old: str, new: str, count: int, tmp_path):
+    """`module` (a speechrt.kernels module) loaded again from its source with each of its `count` occurrences of `old`
+    replaced by `new` (its relative imports made absolute): a mutant the tests must catch."""
+    import importlib.util
+    import inspect
+    import re
+
+    src = re.sub(r"^from \. import ", "from speechrt.kernels import ", inspect.getsource(module), flags=re.M)
+    src = re.sub(r"^from \.(\w)", r"from speechrt.kernels.\1", src, flags=re.M)
+    assert src.count(old) == count, (old, src.count(old))
+    name = "mutant_" + module.__name__.rsplit(".", 1)[-1]
+    path = tmp_path / f"{name}.py"
+    path.write_text(src.replace(old, new))
+    spec = importlib.util.spec_from_file_location(name, path)
+    mutant = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mutant)
+    return mutant

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_checks import DEVICE, DTYPES, TOL, close, rand  # tests/kernel_checks.py
+from kernel_checks import DEVICE, DTYPES, TOL, close, mutant_module, rand  # tests/kernel_checks.py
 
 from speechrt import kernels
 from speechrt.kernels import reference as ref
@@ -411,19 +411,9 @@ def test_decode_attention_merge_mutant_fails(tmp_path, last):
     them (NUM_SPLITS - 2: the next-to-last program merges before the last split is written and resets the counter,
     which the last then leaves at 1; NUM_SPLITS: no program merges). At 2 splits the first mutant would heal itself
     (the reset lets the last program draw ticket 0 and merge again), so 5."""
-    import importlib.util
-    import inspect
-
     from speechrt.kernels import triton_decode_attention as dec
 
-    src = inspect.getsource(dec).replace("from .triton_matmul", "from speechrt.kernels.triton_matmul")
-    src = src.replace("from . import triton_pdl", "from speechrt.kernels import triton_pdl")
-    assert src.count("ticket == NUM_SPLITS - 1") == 2
-    path = tmp_path / "mutant_decode_attention.py"
-    path.write_text(src.replace("ticket == NUM_SPLITS - 1", f"ticket == {last}"))
-    spec = importlib.util.spec_from_file_location("mutant_decode_attention", path)
-    mutant = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mutant)
+    mutant = mutant_module(dec, "ticket == NUM_SPLITS - 1", f"ticket == {last}", 2, tmp_path)
     for H, Hkv in ((2, 2), (4, 2)):  # the per-head and the grouped kernel
         with pytest.raises(AssertionError):
             _one_launch_checks(mutant, torch.float32, 1, H, Hkv, 16, 0, [300], splits=(5,))

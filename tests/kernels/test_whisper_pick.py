@@ -182,9 +182,7 @@ def test_split_pick_merges_in_its_launch(monkeypatch, tmp_path, last):
     """The default (not ROCm) merges a row's chunks in the launch that computes them; a merge by the wrong program
     (the last-ticket test off by one: the next-to-last chunk merges before the last one stored its partials and the
     counter is left at 1; no chunk merges and the counter stays at 3) fails the same checks."""
-    import importlib.util
-    import inspect
-
+    from kernel_checks import mutant_module  # tests/
     from triton.runtime.interpreter import InterpretedFunction
 
     from speechrt.kernels import triton_decode_attention as dec
@@ -199,14 +197,7 @@ def test_split_pick_merges_in_its_launch(monkeypatch, tmp_path, last):
     assert dec.merges_in_launch()
     if last is None:
         return _merged_equals_second_launch(pick, launched)
-    src = inspect.getsource(pick).replace("from . import triton_pdl", "from speechrt.kernels import triton_pdl")
-    src = src.replace("from .triton_decode_attention", "from speechrt.kernels.triton_decode_attention")
-    assert src.count("ticket == chunks - 1") == 1
-    path = tmp_path / "mutant_pick.py"
-    path.write_text(src.replace("ticket == chunks - 1", f"ticket == {last}"))
-    spec = importlib.util.spec_from_file_location("mutant_pick", path)
-    mutant = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mutant)
+    mutant = mutant_module(pick, "ticket == chunks - 1", f"ticket == {last}", 1, tmp_path)
     try:
         with pytest.raises(AssertionError):
             _merged_equals_second_launch(mutant, launched)
