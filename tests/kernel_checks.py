@@ -50,3 +50,42 @@ def mutant_module(module, old: str, new: str, count: int, tmp_path):
     mutant = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mutant)
     return mutant
+
+
+class LaunchTrace:
+    """While installed (monkeypatch), the Triton interpreter's launches: `launched` (kernel names), `gated` (whether
+    each passed triton_pdl's arguments: tests patch triton_pdl.args to a marker); and inside `with trace.ops():` the
+    torch ops that compute something outside those launches (`torch_ops`: views, allocations, dtype promotion and
+    no-op conversions left out)."""
+
+    def __init__(self, monkeypatch):
+        from triton.runtime.interpreter import InterpretedFunction
+
+        self.launched, self.gated, self.torch_ops, self._inside = [], [], [], []
+        run = InterpretedFunction.run
+
+        def counted(fn, *a, **k):
+            self.launched.append(fn.fn.__name__)
+            self.gated.append("PDL" in k)
+            self._inside.append(1)
+            try:
+                return run(fn, *a, **k)
+            finally:
+                self._inside.pop()
+
+        monkeypatch.setattr(InterpretedFunction, "run", counted)
+
+    def ops(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        trace = self
+
+        class Ops(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                views = func.is_view or func.overloadpacket.__name__ in ("empty", "empty_strided", "promote_types")
+                if not trace._inside and not views and not (args and out is args[0]):  # (a no-op .to: its input)
+                    trace.torch_ops.append(func.overloadpacket.__name__)
+                return out
+
+        return Ops()

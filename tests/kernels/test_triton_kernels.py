@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_checks import DEVICE, DTYPES, TOL, close, mutant_module, rand  # tests/kernel_checks.py
+from kernel_checks import DEVICE, DTYPES, TOL, LaunchTrace, close, mutant_module, rand  # tests/kernel_checks.py
 
 from speechrt import kernels
 from speechrt.kernels import reference as ref
@@ -440,7 +440,6 @@ def test_llama_fused_decode_step_launches(monkeypatch):
     logits. SmolLM2-135M's 30 layers: 153 launches a step (its down projection's K, 1536, splits in 3, merged in the
     same launch). Each launch passes triton_pdl's arguments; no torch op computes anything (in float32: in 16 bits the
     logits' conversion to float32)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
     from triton.runtime.interpreter import InterpretedFunction
 
     from speechrt.kernels import triton_decode_attention as dec
@@ -460,34 +459,15 @@ def test_llama_fused_decode_step_launches(monkeypatch):
     model = Llama(cfg, w, kernels.select("triton", "cpu"), torch.device("cpu"), "float32")
     cache = model.new_cache(2, 300)
     assert dec.config(2 * cfg.n_kv_heads, 300, D, 2)["NUM_SPLITS"] > 1  # the merge, not the one-split path
-    launched, gated, run, inside, torch_ops = [], [], InterpretedFunction.run, [], []
-
-    def counted(self, *a, **k):
-        launched.append(self.fn.__name__)
-        gated.append("PDL" in k)
-        inside.append(1)
-        try:
-            return run(self, *a, **k)
-        finally:
-            inside.pop()
-
-    class Ops(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            views = func.is_view or func.overloadpacket.__name__ in ("empty", "empty_strided", "promote_types")
-            if not inside and not views and not (args and out is args[0]):  # (a no-op .to returns its input)
-                torch_ops.append(func.overloadpacket.__name__)
-            return out
-
-    monkeypatch.setattr(InterpretedFunction, "run", counted)
-    # every launch takes triton_pdl's arguments (on a Hopper GPU with it enabled: PDL and launch_pdl; here a marker)
-    monkeypatch.setattr(triton_pdl, "args", lambda device: {"PDL": False})
     step = (model, triton_fused.OPS, cache, 0, torch.tensor([3, 4]), torch.tensor([280, 5]), 300)
     decode_range_fused(*step)  # once before, as a graph's warm-up: the merge counters made (a zeros op)
-    launched.clear(), gated.clear()
-    with Ops():
+    trace = LaunchTrace(monkeypatch)
+    # every launch takes triton_pdl's arguments (on a Hopper GPU with it enabled: PDL and launch_pdl; here a marker)
+    monkeypatch.setattr(triton_pdl, "args", lambda device: {"PDL": False})
+    with trace.ops():
         decode_range_fused(*step)
-    assert torch_ops == [], torch_ops
+    launched, gated = trace.launched, trace.gated
+    assert trace.torch_ops == [], trace.torch_ops
     assert (
         launched.count("_decode_attention_grouped_kernel") == cfg.n_layers and "_decode_reduce_kernel" not in launched
     )

@@ -155,7 +155,7 @@ def test_fused_decoder_step_launches(models):
     decode attention (self and cross: the splits merged in the same launch; two launches each before), plus one for
     the embeddings and one for the final norm and the logits, each passing triton_pdl's arguments;
     no torch op computes anything (views and no-op conversions only). The unfused step launches about twice as many."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from kernel_checks import LaunchTrace  # tests/
     from triton.runtime.interpreter import InterpretedFunction
 
     from speechrt.kernels import triton_fused_whisper, triton_pdl
@@ -165,37 +165,18 @@ def test_fused_decoder_step_launches(models):
     if not isinstance(triton_fused_whisper._norm_linear_kernel, InterpretedFunction):
         pytest.skip("counts the interpreter's launches; the kernels are compiled for a GPU in this process")
     m = models[1]
-    launched, torch_ops, inside, gated = [], [], [], []
-    run = InterpretedFunction.run
-
-    def counted(self, *args, **kw):
-        launched.append(self.fn.__name__)
-        gated.append("PDL" in kw)  # triton_pdl's arguments (patched below: a marker)
-        inside.append(1)
-        try:
-            return run(self, *args, **kw)
-        finally:
-            inside.pop()
-
-    class Ops(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            views = func.is_view or func.overloadpacket.__name__ in ("empty", "empty_strided")
-            if not inside and not views and not (args and out is args[0]):  # (a no-op .to returns its input)
-                torch_ops.append(func.overloadpacket.__name__)
-            return out
-
     caches = m.new_cache(2, 8, torch.float32, "cpu")
     cross = [(torch.randn(2, 2, 12, 16), torch.randn(2, 2, 12, 16)) for _ in range(CFG.n_text_layer)]
     tok, pos, lengths = torch.tensor([[3], [4]]), torch.tensor([5]), torch.tensor([12, 9])
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(InterpretedFunction, "run", counted)
-        mp.setattr(triton_pdl, "args", lambda device: {"PDL": False})
-        with Ops():
+        trace = LaunchTrace(mp)
+        launched, torch_ops, gated = trace.launched, trace.torch_ops, trace.gated
+        mp.setattr(triton_pdl, "args", lambda device: {"PDL": False})  # triton_pdl's arguments: a marker
+        with trace.ops():
             decoder_step_fused(m.decoder, OPS, tok, caches, cross, pos, lengths)
         fused = len(launched)
         assert torch_ops == [] and fused == (6 + 2) * CFG.n_text_layer + 2, (torch_ops, launched)
         assert all(gated), [n for n, g in zip(launched, gated) if not g]
-        with Ops():
+        with trace.ops():
             m.decoder(tok, caches, 0, cross, position=pos, cross_lengths=lengths)
     assert len(launched) - fused + len(torch_ops) >= 2 * fused, (launched[fused:], torch_ops)
