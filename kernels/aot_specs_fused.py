@@ -83,6 +83,14 @@ def fused_specs(hip: bool = False) -> list[Spec]:
         variant = f"{SHAPES} mlp 1536 / 8192 M={M}" + ((" split-K" + " merged" * (not hip)) if split else "")
         cx.update(SPLIT=split, MERGE=split and not hip)
         out.append(make_spec(fu._norm_gate_up_kernel, variant, gu_types, cx, c, gu_aligned, True))
+    # the final norm folded into the output projection (vocabulary 49152 / 128256), float32 logits
+    nl = {**{p: "*bf16" for p in ("x_ptr", "g_ptr", "w_ptr")}, "y_ptr": "*fp32", **mm_types, "eps": "fp32"}
+    for M in (1, 64):
+        c = fu.config(M, bf16)
+        cx = {"PRECISION": precision(bf16), "UPCAST": False, **{k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}}
+        na = ("x_ptr", "g_ptr", "w_ptr", "y_ptr", "N", "K", "sxm", "swn", "sym")
+        variant = f"{SHAPES} final norm + logits M={M}"
+        out.append(make_spec(fu._norm_logits_kernel, variant, nl, {**cx, **one_row(M)}, c, na, matmul=True))
     # the step's embeddings and key counts (one block of 1024 columns at both widths; tokens and positions contiguous,
     # their unit strides specialized as a launch does)
     ti = {"tok_ptr": "*i64", "emb_ptr": "*bf16", "pos_ptr": "*i64", "s_ptr": "*bf16", "len_ptr": "*i32"}

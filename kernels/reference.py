@@ -357,6 +357,11 @@ def norm_gate_up(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w_gate_up: t
     return silu_mul(*linear(rms_norm(x, norm_w, eps), w_gate_up).chunk(2, dim=-1))
 
 
+def norm_logits(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w: torch.Tensor) -> torch.Tensor:
+    """The last of a Llama decode step: RMSNorm(x) @ w.T (the output projection, in x's dtype), as float32."""
+    return linear(rms_norm(x, norm_w, eps), w).float()
+
+
 def token_inputs(tokens: torch.Tensor, tok_emb: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A Llama decode step's inputs from tokens [N] at positions pos [N]: the residual stream tok_emb[tokens] [N, d]
     and each row's key count pos + 1 as int32 [N] (what the decode attention reads)."""
@@ -368,6 +373,7 @@ FUSED_OPS = {
     "norm_qkv_rope": norm_qkv_rope,
     "linear_residual": linear_residual,
     "norm_gate_up": norm_gate_up,
+    "norm_logits": norm_logits,
 }
 
 

@@ -54,4 +54,5 @@ FUSED_QUANT_OPS = {
     "norm_qkv_rope": norm_qkv_rope,
     "linear_residual": linear_residual,
     "norm_gate_up": norm_gate_up,
+    "norm_logits": ref.norm_logits,  # a float output projection (a quantized one: the step's unfused head)
 }

@@ -1,9 +1,12 @@
-"""Fused kernels of the Llama-family decode step: a layer in four launches plus decode attention.
+"""Fused kernels of the Llama-family decode step: a layer in four launches plus decode attention, one before the
+layers and one after them.
 
+    token_inputs    the embeddings of the step's tokens (the residual stream) and each row's key count (int32)
     norm_qkv_rope   RMSNorm -> packed Q/K/V projection (+ Qwen2 bias) (+ Qwen3 per-head q/k RMSNorm)
                     -> rotary at each row's position -> K/V written into the cache; returns Q
     linear_residual output (or down) projection (+ Whisper's bias) + residual add: the new residual stream
     norm_gate_up    RMSNorm -> gate/up projection -> silu(gate) * up
+    norm_logits     the final RMSNorm -> the output projection, float32 logits (rounded to the activations' dtype)
 
 The "next norm" is folded into the kernel that consumes it, not the one that produces the residual: an RMSNorm
 needs the sum of squares of the whole row, which spans every column program of the producer (a second pass or
@@ -20,7 +23,7 @@ fewer programs than the GPU has SMs (a one-row step: the 1B shape's Q/K/V, 96 pr
 adds them up and runs the same epilogue in the same launch (MERGE; on ROCm a second launch:
 kernels/triton_fused_split.py, which decides the splits). The pieces the kernels share with their quantized, split
 and Whisper twins (rounding, tiles, epilogues) are kernels/triton_fused_parts.py's. The references are
-kernels.reference.norm_qkv_rope / linear_residual / norm_gate_up."""
+kernels.reference.token_inputs / norm_qkv_rope / linear_residual / norm_gate_up / norm_logits."""
 
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ import triton.language as tl
 
 from . import triton_fused_split as fs
 from . import triton_pdl as pdl
-from .triton_fused_parts import gate_up_out, head_tile, k_range, qkv_out, residual_out, rnd, row_col_tile
+from .triton_fused_parts import gate_up_out, head_tile, k_range, qkv_out, residual_out, rnd, row_col_tile, rstd
 from .triton_matmul import precision, tile_dot, upcast
 
 # None: config()'s tiles. A dict of BLOCK_N, BLOCK_K, num_warps, num_stages (BLOCK_HALF: Q/K/V's column pairs a
@@ -46,12 +49,12 @@ TILE_KEYS = ("BLOCK_N", "BLOCK_K", "BLOCK_HALF", "num_warps", "num_stages")
 def _norm_dot_pair(
     x_ptr, g_ptr, w_ptr, rm, cols, rmask, cmask, second, k_lo, k_hi, sxm, sxk, swn, swk,
     DT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAIR: tl.constexpr = True,
 ):  # fmt: skip
     """RMSNorm folded into two projections that share their input: (x[rm] * g) @ W[cols].T and @ W[cols +
     second].T in float32 over the columns k_lo .. k_hi of x (all K, or a split's share), and each row's sum of
     squares there (rstd() of the whole row's scales them). The normed input is rounded to DT, as the unfused norm
-    leaves it."""
+    leaves it. PAIR False: the first projection only (the second's sums stay 0)."""
     rk = tl.arange(0, BLOCK_K)
     px = x_ptr + rm[:, None].to(tl.int64) * sxm + (k_lo + rk)[None, :] * sxk  # [BLOCK_M, BLOCK_K]
     pw = w_ptr + cols[None, :] * swn + (k_lo + rk)[:, None] * swk  # [BLOCK_K, BLOCK_N] = W.T tile
@@ -66,11 +69,14 @@ def _norm_dot_pair(
         a = rnd(xf * tl.load(g_ptr + k0 + rk, mask=km, other=0.0).to(tl.float32)[None, :], DT).to(DT)
         wm = km[:, None] & cmask[None, :]
         w1 = tl.load(pw, mask=wm, other=0.0)
-        w2 = tl.load(pw + second * swn, mask=wm, other=0.0)
         if UPCAST:
-            a, w1, w2 = a.to(tl.float32), w1.to(tl.float32), w2.to(tl.float32)
+            a, w1 = a.to(tl.float32), w1.to(tl.float32)
         acc1 = tl.dot(a, w1, acc1, input_precision=PRECISION)
-        acc2 = tl.dot(a, w2, acc2, input_precision=PRECISION)
+        if PAIR:
+            w2 = tl.load(pw + second * swn, mask=wm, other=0.0)
+            if UPCAST:
+                w2 = w2.to(tl.float32)
+            acc2 = tl.dot(a, w2, acc2, input_precision=PRECISION)
         px += BLOCK_K * sxk
         pw += BLOCK_K * swk
     return acc1, acc2, ss
@@ -226,12 +232,12 @@ def launch_qkv(
     return q
 
 
-def row_tiles(x: torch.Tensor, n: int, cfg):
+def row_tiles(x: torch.Tensor, n: int, cfg, dtype: torch.dtype | None = None):
     """What a (row blocks, column blocks) launch of n output columns starts from: (x as rows [M, K], its output y
-    [M, n], the tiles cfg(M, dtype), the grid; None without rows)."""
+    [M, n] in `dtype` (default x's), the tiles cfg(M, dtype), the grid; None without rows)."""
     x = as_rows(x)
     M = x.shape[0]
-    y = torch.empty((M, n), dtype=x.dtype, device=x.device)
+    y = torch.empty((M, n), dtype=dtype or x.dtype, device=x.device)
     if not M:
         return x, y, None, None
     c = cfg(M, x.dtype)
@@ -317,6 +323,37 @@ def norm_gate_up(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w_gate_up: t
 
 
 @triton.jit
+def _norm_logits_kernel(
+    x_ptr, g_ptr, w_ptr, y_ptr, M, N, K, sxm, sxk, swn, swk, sym, eps,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
+):  # fmt: skip
+    pdl.gate(PDL)
+    # grid (row blocks, column blocks): y [M, N] float32 = RMSNorm(x) * g @ W.T, rounded to x's dtype first (as the
+    # unfused linear leaves the logits before their conversion to float32)
+    DT: tl.constexpr = x_ptr.dtype.element_ty
+    rm, rn = row_col_tile(BLOCK_M, BLOCK_N)
+    acc, _, ss = _norm_dot_pair(
+        x_ptr, g_ptr, w_ptr, rm, rn.to(tl.int64), rm < M, rn < N, 0, 0, K, sxm, sxk, swn, swk,
+        DT, PRECISION, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K, False,
+    )  # fmt: skip
+    y = rnd(acc * rstd(ss, K, eps)[:, None], DT)
+    tl.store(y_ptr + rm[:, None].to(tl.int64) * sym + rn[None, :], y, mask=(rm < M)[:, None] & (rn < N)[None, :])
+
+
+def norm_logits(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w: torch.Tensor) -> torch.Tensor:
+    """See kernels.reference.norm_logits: the final norm and the output projection in one launch, float32 out."""
+    x, y, c, grid = row_tiles(x, w.shape[0], tiles, torch.float32)
+    if grid is not None:
+        M, K = x.shape
+        _norm_logits_kernel[grid](
+            x, norm_w, w, y, M, w.shape[0], K, x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), eps,
+            PRECISION=precision(x.dtype), UPCAST=upcast(x.dtype), **c, **pdl.args(x.device),
+        )  # fmt: skip
+    return y
+
+
+@triton.jit
 def _token_inputs_kernel(
     tok_ptr, emb_ptr, pos_ptr, s_ptr, len_ptr, d, stok, se, spos, ssm, BLOCK: tl.constexpr, PDL: tl.constexpr = False
 ):
@@ -352,4 +389,5 @@ OPS = {
     "norm_qkv_rope": norm_qkv_rope,
     "linear_residual": linear_residual,
     "norm_gate_up": norm_gate_up,
+    "norm_logits": norm_logits,
 }

@@ -62,8 +62,9 @@ def weight(linear):
 
 def decode_range_fused(model, fops, cache, s0: int, tokens: torch.Tensor, pos: torch.Tensor, tk: int) -> torch.Tensor:
     """Llama.decode_range (same arguments, same result) through `fops`: a mapping with token_inputs, norm_qkv_rope,
-    linear_residual and norm_gate_up (kernels.triton_fused.OPS, or kernels.reference.FUSED_OPS; on quantized
-    weights kernels.triton_fused_quant.OPS, or kernels.reference_quant.FUSED_QUANT_OPS, which take float ones too)."""
+    linear_residual, norm_gate_up and norm_logits (kernels.triton_fused.OPS, or kernels.reference.FUSED_OPS; on
+    quantized weights kernels.triton_fused_quant.OPS, or kernels.reference_quant.FUSED_QUANT_OPS, which take float
+    ones too; a quantized output projection keeps the unfused norm and head)."""
     cfg, ops = model.cfg, model.ops
     N, eps = tokens.shape[0], cfg.norm_eps
     s, lengths = fops["token_inputs"](tokens, model.tok_embeddings, pos)  # the residual stream [N, dim]; pos + 1
@@ -91,4 +92,7 @@ def decode_range_fused(model, fops, cache, s0: int, tokens: torch.Tensor, pos: t
         s = fops["linear_residual"](
             fops["norm_gate_up"](s, layer.ffn_norm, eps, weight(layer.w_gate_up)), weight(layer.w_down), s
         )
-    return model.output(ops.rms_norm(s, model.norm, eps)).float()
+    head = model.output
+    if head.scale is None and head.dense is None:  # a float head: the norm folded into it, float32 out
+        return fops["norm_logits"](s, model.norm, eps, head.weight)
+    return head(ops.rms_norm(s, model.norm, eps)).float()

@@ -26,6 +26,7 @@ MATMUL_LIKE = {
     "_norm_qkv_rope_kernel",
     "_linear_residual_kernel",
     "_norm_gate_up_kernel",
+    "_norm_logits_kernel",
     # the Whisper decoder step's (Whisper tiny and large-v3-turbo shapes, 1 and 64 rows)
     "_norm_linear_kernel",
     # the quantized linears (kernels/aot_specs_quant.py): W4A16 and FP8 at the SmolLM2 and Llama-3.2-1B shapes

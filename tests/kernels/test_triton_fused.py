@@ -39,6 +39,22 @@ def test_norm_qkv_rope(fused, dtype, M, bias, qk_norm):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M", [1, 5])
+def test_norm_logits(fused, dtype, M):
+    """The final RMSNorm folded into the output projection (97 columns: a ragged last tile; rows strided), float32 out:
+    the reference's (norm, projection in the activations' dtype, then float32), and in 16 bits no further from the
+    float32 truth than it (x1.5); no rows, no launch."""
+    x = strided_rows(M, DIM, dtype, 90)
+    g, w = rand(DIM, dtype=dtype, seed=91, scale=0.5) + 1, rand(97, DIM, dtype=dtype, seed=92, scale=DIM**-0.5)
+    got = fused.norm_logits(x, g, 1e-5, w)
+    assert got.dtype == torch.float32 and got.shape == (M, 97)
+    assert torch.equal(got.to(dtype).float(), got)  # values of the activations' dtype, as the reference's
+    want, truth = ref.norm_logits(x, g, 1e-5, w), ref.norm_logits(x.float(), g.float(), 1e-5, w.float())
+    close(got.to(dtype), want.to(dtype), truth)
+    assert fused.norm_logits(x[:0], g, 1e-5, w).shape == (0, 97)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_token_inputs(fused, dtype):
     """The Llama step's embeddings of tokens given as a strided column (as a step's [N, 1] tokens are), an odd
     width, and each row's key count pos + 1 in int32: exactly the reference's; no rows, no launch; an embedding

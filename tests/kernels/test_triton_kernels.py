@@ -436,10 +436,9 @@ def test_decode_attention_counters_persist():
 def test_llama_fused_decode_step_launches(monkeypatch):
     """The fused Llama decode step's launches, counted in the interpreter on a tiny random model (SmolLM2's layout:
     grouped heads) over a cache long enough to split: the embeddings and key counts, per layer the four fused kernels
-    and ONE decode attention (the splits merged in the same launch; two launches before), then the final norm and the
-    logits. SmolLM2-135M's 30 layers: 153 launches a step (its down projection's K, 1536, splits in 3, merged in the
-    same launch). Each launch passes triton_pdl's arguments; no torch op computes anything (in float32: in 16 bits the
-    logits' conversion to float32)."""
+    and ONE decode attention (the splits merged in the same launch; two launches before), then the final norm folded
+    into the logits. SmolLM2-135M's 30 layers: 152 launches a step (its down projection's K, 1536, splits in 3, merged
+    in the same launch). Each launch passes triton_pdl's arguments; no torch op computes anything."""
     from triton.runtime.interpreter import InterpretedFunction
 
     from speechrt.kernels import triton_decode_attention as dec
@@ -471,7 +470,8 @@ def test_llama_fused_decode_step_launches(monkeypatch):
     assert (
         launched.count("_decode_attention_grouped_kernel") == cfg.n_layers and "_decode_reduce_kernel" not in launched
     )
-    assert launched[0] == "_token_inputs_kernel" and len(launched) == 5 * cfg.n_layers + 3, launched
+    assert launched[0] == "_token_inputs_kernel" and launched[-1] == "_norm_logits_kernel", launched
+    assert len(launched) == 5 * cfg.n_layers + 2, launched
     assert all(gated), [n for n, g in zip(launched, gated) if not g]
     assert dec.counters(torch.device("cpu"), 1).abs().max() == 0
 
