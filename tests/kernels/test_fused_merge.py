@@ -11,16 +11,15 @@ from __future__ import annotations
 import pytest
 import torch
 from fused_cases import HKV, D, H, caches, mutant_last_split, qkv_case, quantized
-from kernel_checks import DEVICE, rand
+from kernel_checks import DEVICE, LaunchTrace, rand
 
 pytestmark = pytest.mark.usefixtures("interpret")
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
-OPS = ("_norm_qkv_rope", "_norm_gate_up", "_linear_residual")  # the kernels' name stems (float, and _q quantized)
 
 
-def run_ops(fmt, G, K, splits, dtype) -> list[torch.Tensor]:
+def run_ops(fmt, G, K, dtype) -> list[torch.Tensor]:
     """norm_qkv_rope (3 rows, the Qwen2 bias and Qwen3 head norms: Q and both caches), norm_gate_up and
-    linear_residual (with a bias) with K split `splits` ways (None: the rule) -> their outputs."""
+    linear_residual (with a bias), K split as triton_fused_split decides -> their outputs."""
     from speechrt.kernels import triton_fused, triton_fused_quant
 
     ops = triton_fused if fmt == "float" else triton_fused_quant
@@ -39,23 +38,18 @@ def run_ops(fmt, G, K, splits, dtype) -> list[torch.Tensor]:
 def merged_equals_second_launch(monkeypatch, fmt, G, K, splits, dtype):
     """The ops with the merge in the launch (the default here: not ROCm) and with the second launch: equal outputs,
     one launch an op against two, the counters back to 0."""
-    from triton.runtime.interpreter import InterpretedFunction
-
     from speechrt.kernels import triton_decode_attention as dec
     from speechrt.kernels import triton_fused_split as fs
 
-    launched, run = [], InterpretedFunction.run
-    monkeypatch.setattr(
-        InterpretedFunction, "run", lambda self, *a, **k: launched.append(self.fn.__name__) or run(self, *a, **k)
-    )
+    launched = LaunchTrace(monkeypatch).launched
     monkeypatch.setattr(fs, "SPLITS", splits)
     assert fs.ONE_LAUNCH is None and fs.merges()
-    one = run_ops(fmt, G, K, splits, dtype)
+    one = run_ops(fmt, G, K, dtype)
     assert dec.counters(torch.device(DEVICE), 1).abs().max() == 0
     assert len(launched) == 3 and not any("_sum_" in n for n in launched), launched
     launched.clear()
     monkeypatch.setattr(fs, "ONE_LAUNCH", False)
-    two = run_ops(fmt, G, K, splits, dtype)
+    two = run_ops(fmt, G, K, dtype)
     sums = ["_sum_qkv_kernel", "_sum_gate_up_kernel", "_sum_residual_kernel"]
     assert [n for n in launched if n.startswith("_sum_")] == sums and len(launched) == 6, launched
     for a, b in zip(one, two):

@@ -182,18 +182,14 @@ def test_split_pick_merges_in_its_launch(monkeypatch, tmp_path, last):
     """The default (not ROCm) merges a row's chunks in the launch that computes them; a merge by the wrong program
     (the last-ticket test off by one: the next-to-last chunk merges before the last one stored its partials and the
     counter is left at 1; no chunk merges and the counter stays at 3) fails the same checks."""
-    from kernel_checks import mutant_module  # tests/
-    from triton.runtime.interpreter import InterpretedFunction
+    from kernel_checks import LaunchTrace, mutant_module  # tests/
 
     from speechrt.kernels import triton_decode_attention as dec
     from speechrt.kernels import triton_whisper_pick as pick
 
     if DEVICE != "cpu":
         pytest.skip("counts the interpreter's launches")
-    launched, run = [], InterpretedFunction.run
-    monkeypatch.setattr(
-        InterpretedFunction, "run", lambda self, *a, **k: launched.append(self.fn.__name__) or run(self, *a, **k)
-    )
+    launched = LaunchTrace(monkeypatch).launched
     assert dec.merges_in_launch()
     if last is None:
         return _merged_equals_second_launch(pick, launched)
