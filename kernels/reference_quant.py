@@ -49,10 +49,10 @@ def norm_gate_up(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w_gate_up) -
     return ref.norm_gate_up(x, norm_w, eps, dequantize(w_gate_up, x.shape[-1], x.dtype))
 
 
+# reference.FUSED_OPS with the quantized projections in place (as triton_fused_quant.OPS)
 FUSED_QUANT_OPS = {
-    "token_inputs": ref.token_inputs,
+    **ref.FUSED_OPS,
     "norm_qkv_rope": norm_qkv_rope,
     "linear_residual": linear_residual,
     "norm_gate_up": norm_gate_up,
-    "norm_logits": ref.norm_logits,  # a float output projection (a quantized one: the step's unfused head)
 }

@@ -272,10 +272,6 @@ def norm_gate_up(x: torch.Tensor, norm_w: torch.Tensor, eps: float, w_gate_up) -
     return fu.launch_gate_up(_norm_gate_up_q_kernel, w, x, norm_w, eps, w_gate_up[0].shape[0] // 2, cfg)
 
 
-OPS = {
-    "token_inputs": fu.token_inputs,
-    "norm_qkv_rope": norm_qkv_rope,
-    "linear_residual": linear_residual,
-    "norm_gate_up": norm_gate_up,
-    "norm_logits": fu.norm_logits,  # a float output projection (a quantized one: the step's unfused head)
-}
+# the float ops' table with the quantized projections in place (token_inputs and norm_logits take float weights
+# only: a quantized output projection is the step's unfused head)
+OPS = {**fu.OPS, "norm_qkv_rope": norm_qkv_rope, "linear_residual": linear_residual, "norm_gate_up": norm_gate_up}

@@ -64,20 +64,3 @@ def quantized(fmt, G, N, K, seed):
         scale = f.abs().amax(1) / 127
         w = (torch.round(f / scale[:, None]).to(torch.int8), scale.to(torch.bfloat16))
     return w, rq.dequantize(w, K, torch.float32)
-
-
-def mutant_last_split(last: str):
-    """kernels/triton_fused_parts.last_split as written, its last-ticket test `ticket == SPLITS - 1` replaced by
-    `ticket == {last}`, interpreted (for monkeypatching into triton_fused_parts: the kernels look it up there)."""
-    import inspect
-
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
-
-    from speechrt.kernels import triton_fused_parts as fp
-
-    src = inspect.getsource(fp.last_split.fn).removeprefix("@triton.jit\n")
-    assert src.count("ticket == SPLITS - 1") == 1
-    scope = {"tl": tl}
-    exec(src.replace("ticket == SPLITS - 1", f"ticket == {last}"), scope)
-    return InterpretedFunction(scope["last_split"])

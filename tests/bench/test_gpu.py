@@ -97,7 +97,7 @@ def test_provider_comparison_on_the_cpu_provider():
     assert ok[0].startswith("CPUExecutionProvider (session runs on CPUExecutionProvider): max diff 0 over ")
 
 
-def test_fused_step_benchmark_runs_up_to_its_gpu_part(monkeypatch):
+def test_fused_step_benchmark_runs_up_to_its_gpu_part(monkeypatch, tmp_path):
     """The lm-fused check's plan (bytes per step at both shapes) and its cases on a tiny config, run here on the CPU
     by the Triton interpreter, uncaptured: fused (K splits as dispatched, and off), unfused and torch-eager steps
     timed, their logits compared, records written with the fraction of a bandwidth. On a GPU the same code captures
@@ -132,7 +132,7 @@ def test_fused_step_benchmark_runs_up_to_its_gpu_part(monkeypatch):
     assert not any(r.params["replayed"] for r in out.records)  # uncaptured here
 
     # the merge's ordering check (each split op against its second launch), and that it can fail: a mutant merge
-    from fused_cases import mutant_last_split  # tests/
+    from kernel_checks import mutant_module  # tests/
 
     from speechrt.kernels import triton_decode_attention as dec
     from speechrt.kernels import triton_fused_parts as fp
@@ -141,7 +141,8 @@ def test_fused_step_benchmark_runs_up_to_its_gpu_part(monkeypatch):
     cfg = LlamaConfig(vocab_size=64, dim=72, n_layers=1, n_heads=3, n_kv_heads=1, hidden_dim=200, max_seq_len=16)
     monkeypatch.setattr(fs, "SPLITS", 3)
     assert gpu_fused.merge_ordering(torch.device("cpu"), cfg, 2, torch.float32) == []
-    monkeypatch.setattr(fp, "last_split", mutant_last_split("SPLITS"))  # no program merges
+    mutant = mutant_module(fp, "ticket == SPLITS - 1", "ticket == SPLITS", 1, tmp_path)
+    monkeypatch.setattr(fp, "last_split", mutant.last_split)  # no program merges
     try:
         bad = gpu_fused.merge_ordering(torch.device("cpu"), cfg, 1, torch.float32)
     finally:

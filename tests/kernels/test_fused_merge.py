@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fused_cases import HKV, D, H, caches, mutant_last_split, qkv_case, quantized
-from kernel_checks import DEVICE, LaunchTrace, rand
+from fused_cases import HKV, D, H, caches, qkv_case, quantized
+from kernel_checks import DEVICE, LaunchTrace, mutant_module, rand
 
 pytestmark = pytest.mark.usefixtures("interpret")
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
@@ -83,7 +83,7 @@ def test_rocm_adds_the_splits_up_in_a_second_launch(monkeypatch):
 
 
 @pytest.mark.parametrize("last", ["SPLITS - 2", "SPLITS"])
-def test_a_merge_by_the_wrong_program_is_caught(monkeypatch, last):
+def test_a_merge_by_the_wrong_program_is_caught(monkeypatch, tmp_path, last):
     """The checks above fail when the last-ticket test is off by one (SPLITS - 2: the next-to-last split merges
     before the last has stored its partials and resets the counter, which the last then leaves at 1; SPLITS: no
     program merges, the outputs are never written and the counters stay at 3)."""
@@ -92,7 +92,8 @@ def test_a_merge_by_the_wrong_program_is_caught(monkeypatch, last):
 
     if DEVICE != "cpu":
         pytest.skip("patches an interpreted kernel helper")
-    monkeypatch.setattr(fp, "last_split", mutant_last_split(last))
+    mutant = mutant_module(fp, "ticket == SPLITS - 1", f"ticket == {last}", 1, tmp_path)
+    monkeypatch.setattr(fp, "last_split", mutant.last_split)  # the kernels look it up in triton_fused_parts
     try:
         with pytest.raises(AssertionError):
             merged_equals_second_launch(monkeypatch, "float", 0, 150, 3, F32)
