@@ -75,25 +75,19 @@ def _times(fn, timer, capture: bool) -> list[float]:
 
 
 def ordering(one, two, device, label: str, trials: int | None = None) -> list[str]:
-    """The split pick merged in its launch (`one`) against the second launch (`two`), `trials` times right after
-    NaN-filled blocks were freed (the caching allocator usually hands them to the next partial states: a merge that
-    reads a chunk's state before it is written picks another id or gives NaN) -> problems."""
+    """The split pick merged in its launch (`one`) against the second launch (`two`), `trials` times on poisoned
+    buffers (gpu_fused.merge_trials: a merge that reads a chunk's state before it is written picks another id or
+    gives NaN) -> problems; the merge counters must be back at 0."""
     import torch
 
-    from speechrt.kernels.triton_decode_attention import counters
+    from speechrt.bench.gpu_fused import counters_left, merge_trials
+
+    def same(got, want):  # the same ids; the log-probabilities summed by other warps (within rounding)
+        return torch.equal(got[0], want[0]) and torch.allclose(got[1], want[1], rtol=1e-5, atol=1e-5)
 
     trials = trials or ORDER_TRIALS
-    want_ids, want_lp = two()
-    wrong = 0
-    for _ in range(trials):
-        poison = [torch.full((1 << 16,), float("nan"), device=device) for _ in range(8)]
-        del poison
-        ids, lp = one()
-        # the same ids; the log-probabilities summed by other warps (within rounding)
-        wrong += not (torch.equal(ids, want_ids) and torch.allclose(lp, want_lp, rtol=1e-5, atol=1e-5))
-    cnt = counters(torch.device(device), 1)
-    left = int(cnt.abs().max().item())
-    cnt.zero_()  # (a broken merge's leftovers would stall the merges of the checks after this one)
+    wrong = merge_trials(one, two, same, device, trials, 1 << 16)
+    left = counters_left(device)
     out = [f"{label}: the one-launch merge differs from the second launch in {wrong} of {trials} calls"] * (wrong > 0)
     return out + ([f"{label}: merge counters left at {left}, not 0"] if left else [])
 
