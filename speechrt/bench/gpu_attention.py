@@ -176,10 +176,12 @@ def run_cases(device, cases, out: Results, timer, peak) -> list[str]:
 
 
 def ordering(c: Case, device, trials: int | None = None) -> list[str]:
-    """The one-launch merge against the two-launch path, `trials` times on partial buffers filled with NaN before
-    each call (a merge that reads a split's partials before they are written gives NaN or a wrong row) -> problems."""
+    """The one-launch merge against the two-launch path, `trials` times on partial buffers of the merge's sizes filled
+    with NaN before each call (gpu_merge.merge_trials: a merge that reads a split's partials before they are written
+    gives NaN or a wrong row) -> problems; the merge counters must be back at 0."""
     import torch
 
+    from speechrt.bench.gpu_merge import counters_left, merge_trials, problems
     from speechrt.kernels import triton_decode_attention as dec
 
     q, k, v = _inputs(c, device)
@@ -187,16 +189,15 @@ def ordering(c: Case, device, trials: int | None = None) -> list[str]:
         c.batch * c.kv_heads, c.length, c.head_dim, c.heads // c.kv_heads, target=dec.target_programs(device)
     )
     rows, ns, bd = c.batch * c.heads, cfg["NUM_SPLITS"], cfg["BLOCK_D"]
-    want = dec.decode_attention(q, k, v, one_launch=False).float()
-    bad = 0
-    for _ in range(ORDER_TRIALS if trials is None else trials):
-        poison = [torch.full(s, float("nan"), device=device) for s in ((rows, ns, bd), (rows, ns))]
-        del poison  # freed: the launcher's partials usually get these blocks back
-        got = dec.decode_attention(q, k, v).float()
-        bad += not (torch.isfinite(got).all() and (got - want).abs().max().item() <= 2e-2)
-    left = int(dec.counters(q.device, 1).abs().max().item())
-    out = [f"{c.label}: one launch differs from two in {bad} of {trials or ORDER_TRIALS} calls"] if bad else []
-    return out + ([f"{c.label}: merge counters left at {left}, not 0"] if left else [])
+
+    def same(got, want):
+        got = got.float()
+        return bool(torch.isfinite(got).all()) and (got - want.float()).abs().max().item() <= 2e-2
+
+    trials = ORDER_TRIALS if trials is None else trials
+    one, two = (lambda: dec.decode_attention(q, k, v)), (lambda: dec.decode_attention(q, k, v, one_launch=False))
+    wrong = merge_trials(one, two, same, device, trials, (rows * ns * bd, rows * ns))
+    return problems(c.label, wrong, trials, counters_left(device))
 
 
 def check_attention(dev, out: Results, cases=DECODE + ENCODER, peak=None, clock=None):

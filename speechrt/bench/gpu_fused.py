@@ -253,34 +253,6 @@ def pdl_summary(dev, fused_us: float, pdl_us: float) -> str:
 MERGE_TRIALS = 20  # calls of each split op on freshly poisoned buffers
 
 
-def merge_trials(one, two, same, device, trials: int, poison_floats: int) -> int:
-    """How many of `trials` calls of `one` (a merge in its launch) disagree with `two` (its second launch, called
-    once) by `same(got, want)`, each call right after eight NaN-filled blocks of `poison_floats` floats were freed
-    (the caching allocator usually hands them to the next partial buffers: a merge that reads a split's partials
-    before they are written gives NaN or a wrong value)."""
-    import torch
-
-    want, wrong = two(), 0
-    for _ in range(trials):
-        poison = [torch.full((poison_floats,), float("nan"), device=device) for _ in range(8)]
-        del poison
-        wrong += not same(one(), want)
-    return wrong
-
-
-def counters_left(device) -> int:
-    """The largest merge counter left on `device` (0 after merges that worked), the counters then put back to 0 (a
-    broken merge's leftovers would stall the merges of the checks after it)."""
-    import torch
-
-    from speechrt.kernels.triton_decode_attention import counters
-
-    cnt = counters(torch.device(device), 1)
-    left = int(cnt.abs().max().item())
-    cnt.zero_()
-    return left
-
-
 def merge_ordering(device, cfg: LlamaConfig | None = None, trials: int = MERGE_TRIALS, dtype=None) -> list[str]:
     """The fused ops' one-launch merge against their second launch (triton_fused_split.ONE_LAUNCH False) at a one-row
     step of `cfg` (default the Llama-3.2-1B shape: norm_qkv_rope in 3 splits, the o and down projections in 4 and 5 on
@@ -288,6 +260,7 @@ def merge_ordering(device, cfg: LlamaConfig | None = None, trials: int = MERGE_T
     merge counters must be back at 0."""
     import torch
 
+    from speechrt.bench.gpu_merge import counters_left, merge_trials, problems
     from speechrt.kernels import triton_fused as fu
     from speechrt.kernels import triton_fused_split as fs
 
@@ -323,11 +296,9 @@ def merge_ordering(device, cfg: LlamaConfig | None = None, trials: int = MERGE_T
 
     bad = []
     for name, op in ops.items():
-        wrong = merge_trials(op, _with(op, fs, "ONE_LAUNCH", False), same, device, trials, 1 << 18)
-        if wrong:
-            bad.append(f"{name}: the one-launch merge differs from the second launch in {wrong} of {trials} calls")
-    left = counters_left(device)
-    return bad + ([f"fused ops' merge counters left at {left}, not 0"] if left else [])
+        wrong = merge_trials(op, _with(op, fs, "ONE_LAUNCH", False), same, device, trials, (1 << 18,) * 8)
+        bad += problems(name, wrong, trials, 0)
+    return bad + problems("fused ops", 0, trials, counters_left(device))
 
 
 def check_lm_fused(dev, out: Results):

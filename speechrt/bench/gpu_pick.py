@@ -76,20 +76,17 @@ def _times(fn, timer, capture: bool) -> list[float]:
 
 def ordering(one, two, device, label: str, trials: int | None = None) -> list[str]:
     """The split pick merged in its launch (`one`) against the second launch (`two`), `trials` times on poisoned
-    buffers (gpu_fused.merge_trials: a merge that reads a chunk's state before it is written picks another id or
+    buffers (gpu_merge.merge_trials: a merge that reads a chunk's state before it is written picks another id or
     gives NaN) -> problems; the merge counters must be back at 0."""
     import torch
 
-    from speechrt.bench.gpu_fused import counters_left, merge_trials
+    from speechrt.bench.gpu_merge import counters_left, merge_trials, problems
 
     def same(got, want):  # the same ids; the log-probabilities summed by other warps (within rounding)
         return torch.equal(got[0], want[0]) and torch.allclose(got[1], want[1], rtol=1e-5, atol=1e-5)
 
     trials = trials or ORDER_TRIALS
-    wrong = merge_trials(one, two, same, device, trials, 1 << 16)
-    left = counters_left(device)
-    out = [f"{label}: the one-launch merge differs from the second launch in {wrong} of {trials} calls"] * (wrong > 0)
-    return out + ([f"{label}: merge counters left at {left}, not 0"] if left else [])
+    return problems(label, merge_trials(one, two, same, device, trials, (1 << 16,) * 8), trials, counters_left(device))
 
 
 def run_picks(device, out: Results, timer, vocab=VOCAB, rows=ROWS, capture=True, triton=True) -> tuple[list, list]:

@@ -147,7 +147,7 @@ def test_fused_step_benchmark_runs_up_to_its_gpu_part(monkeypatch, tmp_path):
         bad = gpu_fused.merge_ordering(torch.device("cpu"), cfg, 1, torch.float32)
     finally:
         dec.counters(torch.device("cpu"), 1).zero_()
-    assert bad[-1].startswith("fused ops' merge counters left at"), bad
+    assert bad[-1].startswith("fused ops: merge counters left at"), bad
 
     # a graph that cannot be captured: its variant runs eagerly, which the check calls a problem, not a time
     from speechrt.backends.cuda_graphs import CapturedStep
@@ -315,7 +315,7 @@ def test_asr_turbo_check_runs_up_to_its_gpu_part(monkeypatch):
     ]
 
 
-def test_attention_check_runs_up_to_its_gpu_part(monkeypatch):
+def test_attention_check_runs_up_to_its_gpu_part(monkeypatch, tmp_path):
     """The attention check on tiny cases on the CPU: our decode attention (split by the launcher's rule and unsplit,
     in one launch and in two) and encoder attention against SDPA, with the ratio and the split count recorded; the
     one-launch merge's ordering trials (here, where programs run one at a time, they only run)."""
@@ -345,6 +345,19 @@ def test_attention_check_runs_up_to_its_gpu_part(monkeypatch):
     )
     assert out.notes[-1].startswith("attention: one launch against two (two-launch time / one-launch time): decode")
     assert by["encoder", "speechrt"].params["vs_sdpa"] > 0 and by["encoder", "speechrt"].peer == "sdpa"
+
+    # the ordering trials can fail: a merge that no program runs leaves wrong rows and counters, which are reset
+    from kernel_checks import mutant_module  # tests/
+
+    from speechrt.kernels import triton_decode_attention as dec
+
+    mutant = mutant_module(dec, "ticket == NUM_SPLITS - 1", "ticket == NUM_SPLITS", 2, tmp_path)
+    monkeypatch.setattr(mutant, "counters", dec.counters)
+    monkeypatch.setattr(dec, "decode_attention", mutant.decode_attention)
+    bad = ga.ordering(cases[0], torch.device("cpu"), 2)
+    assert bad[0] == f"{cases[0].label}: the one-launch merge differs from the second launch in 2 of 2 calls"
+    assert bad[1].startswith(f"{cases[0].label}: merge counters left at ") and len(bad) == 2
+    assert int(dec.counters(torch.device("cpu"), 1).abs().max()) == 0
 
 
 def test_fused_whisper_step_benchmark_runs_up_to_its_gpu_part(monkeypatch):
