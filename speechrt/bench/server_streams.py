@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
+import os
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -55,20 +58,41 @@ STEP = RATE * CHUNK_MS // 1000  # samples a chunk
 TICK_S = 0.01  # a process's streams send on a 10-ms grid (pacing.send_paced)
 
 
+def recording_path(text: str, seed: int) -> Path:
+    """Where recordings() keeps the speech of `text` with noise seed `seed` (speechrt's cache; keyed by the text, the
+    seed, the rate and the default voice's name: delete the folder after that voice's model changes)."""
+    from speechrt.machine import cache_home
+    from speechrt.models.registry import DEFAULTS
+
+    key = hashlib.sha256(json.dumps([DEFAULTS["tts"], RATE, seed, text]).encode()).hexdigest()[:24]
+    return cache_home() / "bench-speech" / f"{key}.npz"
+
+
 def recordings(texts):
     """Speech for each text from the embedded voice, pcm16 at 24 kHz, with its speech span. The voice's
-    noise is seeded: every run replays the same recordings."""
-    import speechrt
-
-    tts = speechrt.load_tts(backend="torch")  # the same recordings on every machine
-    out = []
+    noise is seeded: every run replays the same recordings, synthesized once and then read from speechrt's cache
+    (recording_path), so that a machine without the voice can be given them."""
+    out, tts = [], None
     for i, t in enumerate(texts):
-        a = np.concatenate(list(tts.synthesize(t, sample_rate=RATE, seed=i)))
-        nz = np.flatnonzero(np.abs(a) > 0.01)
-        lead = np.zeros(RATE // 2, np.float32)
-        tail = np.zeros(RATE * 2, np.float32)  # silence after: the server detects the end of the turn
-        pcm = (np.clip(np.concatenate([lead, a, tail]), -1, 1) * 32767).astype("<i2").tobytes()
-        out.append((t, pcm, (len(lead) + nz[0]) / RATE, (len(lead) + nz[-1] + 1) / RATE))
+        path = recording_path(t, i)
+        if not path.is_file():
+            if tts is None:
+                import speechrt
+
+                tts = speechrt.load_tts(backend="torch")  # the same recordings on every machine
+            a = np.concatenate(list(tts.synthesize(t, sample_rate=RATE, seed=i)))
+            nz = np.flatnonzero(np.abs(a) > 0.01)
+            lead = np.zeros(RATE // 2, np.float32)
+            tail = np.zeros(RATE * 2, np.float32)  # silence after: the server detects the end of the turn
+            pcm = (np.clip(np.concatenate([lead, a, tail]), -1, 1) * 32767).astype("<i2")
+            span = np.array([len(lead) + nz[0], len(lead) + nz[-1] + 1])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
+            np.savez(tmp, pcm=pcm, span=span)
+            os.replace(tmp, path)  # whole or absent, with several processes at once
+        with np.load(path) as z:
+            pcm, span = z["pcm"], z["span"]
+        out.append((t, pcm.tobytes(), int(span[0]) / RATE, int(span[1]) / RATE))
     return out
 
 

