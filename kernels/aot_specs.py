@@ -30,12 +30,13 @@ def one_row(M: int) -> dict:
     return {"M": 1} if M == 1 else {}
 
 
-def make_spec(fn, variant, types, constexprs, options, aligned=(), matmul=False):
+def make_spec(fn, variant, types, constexprs, options, aligned=(), matmul=False, capped=False):
     """types: arg -> Triton type for the runtime args ('*fp16', 'i32', 'fp32'); every other arg must
     be a constexpr in `constexprs`. The K strides (UNIT) are the constant 1, as the models' launches make them; a
     decode-step kernel's PDL flag is False here, and aot._compile turns it on for sm_90+ (triton_pdl). A fused op's
     MERGE (its K splits, or the pick's chunks, added up in the launch) is False unless given; its merge counters are
-    int32, and a fused op's merged variant compiles with the register cap it is launched with."""
+    int32, and a fused op's merged variant (and, `capped`, decode attention's) compiles with the register cap it is
+    launched with (triton_decode_attention.merge_options)."""
     names = list(fn.arg_names)
     flags = {f: False for f in ("PDL", "MERGE") if f in names}
     constexprs = {**{n: 1 for n in UNIT if n in names}, **flags, **constexprs}
@@ -50,8 +51,8 @@ def make_spec(fn, variant, types, constexprs, options, aligned=(), matmul=False)
         else:
             raise KeyError(f"{fn.__name__}: no type for argument {n!r}")
     opts = {k: options[k] for k in ("num_warps", "num_stages") if k in options}
-    if constexprs.get("MERGE") and "SPLIT" in names:  # a fused op's merge, as launched (triton_fused_split.merge_args)
-        from .triton_fused_split import MERGE_MAXNREG
+    if capped or (constexprs.get("MERGE") and "SPLIT" in names):  # a merge, as launched (merge_options)
+        from .triton_decode_attention import MERGE_MAXNREG
 
         opts["maxnreg"] = MERGE_MAXNREG
     return Spec(fn.__name__, variant, fn, sig, dict(constexprs), opts, tuple(aligned), matmul)
@@ -313,7 +314,8 @@ def specs(hip: bool = False) -> list[Spec]:
             fn, types, mm_ = dec._decode_attention_grouped_kernel, {**dec_common, "HKV": "i32"}, True
         else:
             fn, types, mm_ = dec._decode_attention_kernel, {**dec_common, "H": "i32"}, False
-        out.append(make_spec(fn, variant, types, flags, c, dec_aligned, matmul=mm_))
+        capped = mode == dec.MERGE and not hip  # merged in the launch: NVIDIA caps its registers, as launched
+        out.append(make_spec(fn, variant, types, flags, c, dec_aligned, matmul=mm_, capped=capped))
         if mode == dec.PARTIALS:
             out.append(
                 make_spec(

@@ -74,6 +74,18 @@ def merges_in_launch() -> bool:
 
 
 PARTIALS, DIRECT, MERGE = 0, 1, 2  # OUT_MODE: partials for the reduce kernel; one split into o; last ticket merges
+# NVIDIA: the register cap (.maxnreg) of every launch that merges in the launch (here, and the fused ops' K splits:
+# triton_fused_split). Without one ptxas kept some merged variants at 48-80 registers and spilled: the fused int8
+# projection + residual (sm_90) and int4 G 32 Q/K/V (sm_80) under Triton 3.9, and with Triton 3.6 (the lent GPUs'
+# image) SmolLM2's grouped decode attention (80 registers, 16 bytes spilled); capped, none spills
+MERGE_MAXNREG = 128
+
+
+def merge_options(device: torch.device) -> dict:
+    """The launch options of a kernel that merges in its launch on `device`: the register cap on NVIDIA GPUs."""
+    return {"maxnreg": MERGE_MAXNREG} if device.type == "cuda" and torch.version.hip is None else {}
+
+
 MIN_COUNTERS = 4096  # the counter buffer's first size (int32: 16 KB), grown to B x H when a call needs more
 
 
@@ -414,6 +426,7 @@ def decode_attention(
     args = (q, k, v, lens, part_o, part_lse, o, cnt, *strides, o.stride(0), o.stride(1))
     block_s = triton.next_power_of_2(ns)
     tail = (cfg["SPLIT_LEN"], ns, int(window))
+    merging = merge_options(q.device) if mode == MERGE else {}
     if group > 1:
         _decode_attention_grouped_kernel[(B * Hkv, ns)](
             *args,
@@ -433,6 +446,7 @@ def decode_attention(
             BLOCK_D=bd,
             num_warps=cfg["num_warps"],
             **pdl.args(q.device),
+            **merging,
         )
     else:
         _decode_attention_kernel[(B * H, ns)](
@@ -450,6 +464,7 @@ def decode_attention(
             BLOCK_D=bd,
             num_warps=cfg["num_warps"],
             **pdl.args(q.device),
+            **merging,
         )
     if mode == PARTIALS:
         _decode_reduce_kernel[(B * H,)](

@@ -44,14 +44,10 @@ import triton.language as tl
 
 from . import triton_fused_parts as fp
 from . import triton_pdl as pdl
-from .triton_decode_attention import PROGRAMS_PER_SM, counters, target_programs
+from .triton_decode_attention import PROGRAMS_PER_SM, counters, merge_options, target_programs
 
 SPLITS: int | None = None  # None: the rule (k_splits); an int: that many splits of every fused op (1: none)
 ONE_LAUNCH: bool | None = None  # None: the splits merge in their launch but on ROCm (merges()); True / False: forced
-# NVIDIA: the register cap (.maxnreg) of a launch that merges. Without one, ptxas held two of the quantized merged
-# variants at 48 and 80 registers and spilled values across their K loops (int8 projection + residual on sm_90, int4
-# G 32 Q/K/V on sm_80); with it they take 57 and 105, no spills (`speechrt kernels report`)
-MERGE_MAXNREG = 128
 MIN_SPLIT_TILES = 8  # K tiles each split keeps at least, by the rule
 
 
@@ -131,12 +127,10 @@ def merges() -> bool:
 def merge_args(splits: int, tiles: int, out: torch.Tensor) -> dict:
     """A launch's cnt_ptr and MERGE: with several splits that merge in the launch, one counter per output tile (the
     thread's counters on the device, which decode attention's merges share: each is 0 between launches), and on
-    NVIDIA the register cap MERGE_MAXNREG; else `out` in its place (not read)."""
+    NVIDIA the register cap (triton_decode_attention.MERGE_MAXNREG); else `out` in its place (not read)."""
     merge = splits > 1 and merges()
     args = {"cnt_ptr": counters(out.device, tiles) if merge else out, "MERGE": merge}
-    if merge and out.device.type == "cuda" and torch.version.hip is None:
-        args["maxnreg"] = MERGE_MAXNREG
-    return args
+    return {**args, **merge_options(out.device)} if merge else args
 
 
 def sum_qkv(grid, splits: int, parts: dict, c: dict, epilogue: dict) -> None:

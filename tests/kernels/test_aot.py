@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from speechrt import kernels
 
@@ -177,7 +178,7 @@ def test_split_variants_compile_as_each_vendor_launches_them():
     second launch (no cap)."""
     from speechrt.kernels.aot_specs_fused import fused_specs
     from speechrt.kernels.aot_specs_quant import quant_specs
-    from speechrt.kernels.triton_fused_split import MERGE_MAXNREG
+    from speechrt.kernels.triton_decode_attention import MERGE_MAXNREG
 
     for hip in (False, True):
         split = [s for s in fused_specs(hip) + quant_specs(hip) if s.constexprs.get("SPLIT")]
@@ -185,3 +186,17 @@ def test_split_variants_compile_as_each_vendor_launches_them():
         for s in split:
             assert s.constexprs["MERGE"] is (not hip), s.variant
             assert s.options.get("maxnreg") == (None if hip else MERGE_MAXNREG), s.variant
+    # decode attention's splits merged in the launch: capped on NVIDIA as its launcher caps them (Triton 3.6 spilled
+    # SmolLM2's grouped variant without the cap), never on AMD; one split, or the two-launch path, uncapped
+    from speechrt.kernels import triton_decode_attention as dec
+    from speechrt.kernels.aot_specs import specs
+
+    assert dec.merge_options(torch.device("cuda")) == {"maxnreg": MERGE_MAXNREG}
+    assert dec.merge_options(torch.device("cpu")) == {}
+    for hip in (False, True):
+        attn = [s for s in specs(hip) if s.kernel.startswith("_decode_attention")]
+        merged = [s for s in attn if s.constexprs["OUT_MODE"] == dec.MERGE]
+        assert len(merged) >= 5 and len(attn) > len(merged)
+        for s in attn:
+            capped = s.constexprs["OUT_MODE"] == dec.MERGE and not hip
+            assert s.options.get("maxnreg") == (MERGE_MAXNREG if capped else None), s.variant
