@@ -147,11 +147,16 @@ def cut(data: bytes, kit: Path, first: int, limit: int) -> list[str]:
     return parts
 
 
-def write_manifest(kit: Path, what: dict, parts: list[str], data: bytes) -> None:
-    """kit0's manifest: `what` the kit holds, the models' parts in order and the checksum of the tar they add up to."""
-    manifest = {**what, "parts": parts, "sha256": hashlib.sha256(data).hexdigest()}
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_manifest(kit: Path, what: dict, parts: list[str]) -> None:
+    """kit0's manifest: `what` the kit holds, and the models' parts (kit/kitN/MODELS_TAR.N) in order with their
+    checksums."""
+    sums = [sha256(kit / f"kit{i}" / p) for i, p in enumerate(parts)]
     (kit / "kit0").mkdir(parents=True, exist_ok=True)
-    (kit / "kit0" / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    (kit / "kit0" / MANIFEST).write_text(json.dumps({**what, "parts": parts, "part_sha256": sums}, indent=1))
 
 
 def fetch(python: str, how: list[str], pins: list[str]) -> None:
@@ -180,7 +185,7 @@ def build(args) -> None:
         models = models_tar(tar, MODELS + VOICE[1:] if args.voice else MODELS, tree) if args.models else []
         data = tar.read_bytes() if args.models else b""
     parts = cut(data, kit, limit - used, limit)
-    write_manifest(kit, {"python": args.python, "wheels": pins, "models": models}, parts, data)
+    write_manifest(kit, {"python": args.python, "wheels": pins, "models": models}, parts)
     pieces = sorted(kit.glob("kit*"), key=lambda p: int(p.name[3:]))
     for p in pieces:
         size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
@@ -208,8 +213,8 @@ def pip_install(site: Path, *what: str) -> None:
 
 
 def install(kit: Path) -> list[str]:
-    """Installs the stashed wheels and (once all parts are there) the models into `kit`/site, each once; -> what is
-    still missing."""
+    """Installs the stashed wheels and (once every part is there with its checksum) the models into `kit`/site, each
+    once; -> what is still missing (a damaged part is removed and asked for again)."""
     parts, site = kit / "parts", kit / "site"
     if not (parts / MANIFEST).is_file():
         return ["kit0 (the wheels and the manifest): carry .gpukit/kit0"]
@@ -218,14 +223,17 @@ def install(kit: Path) -> list[str]:
     if wheels and not (kit / "wheels.done").exists():
         pip_install(site, *wheels)
         (kit / "wheels.done").touch()
-    missing = [p for p in manifest["parts"] if not (parts / p).is_file()]
-    if missing or not manifest["parts"] or (kit / "models.done").exists():
-        return [f"models part {p}" for p in missing]
-    digest = hashlib.sha256()
-    for p in manifest["parts"]:
-        digest.update((parts / p).read_bytes())
-    if digest.hexdigest() != manifest["sha256"]:
-        raise SystemExit("the models' parts do not add up to the tar they were cut from: build and carry them again")
+    if (kit / "models.done").exists():
+        return []
+    missing = []
+    for i, (p, want) in enumerate(zip(manifest["parts"], manifest["part_sha256"])):
+        if not (parts / p).is_file():
+            missing.append(f"models part {p}: carry .gpukit/kit{i}")
+        elif sha256(parts / p) != want:  # damaged on the way, or from another build: asked for again
+            (parts / p).unlink()
+            missing.append(f"models part {p} came damaged or from another build: carry .gpukit/kit{i} again")
+    if missing or not manifest["parts"]:
+        return missing
     with tempfile.TemporaryFile() as tar:
         for p in manifest["parts"]:
             tar.write((parts / p).read_bytes())
