@@ -7,7 +7,8 @@ environment's site-packages):
 
     python -m benchmarks.gpu_kit build                 # -> .gpukit/kit0, kit1, ... (git ignores .gpukit/)
 
-Each `.gpukit/kitN` is at most --piece-mib (default 54 MiB: with the checkout's ~8 MiB, within a 64-MiB transfer).
+Each `.gpukit/kitN` is at most --piece-mib (default 52 MiB: with the checkout's ~8 MiB, within a 64-MiB transfer;
+`build` warns where a piece and the checkout exceed it).
 kit0 holds the wheels (speechrt's run-time dependencies that the image lacks, at the versions installed here, for
 --python, default 3.12, on manylinux x86-64), `bench server`'s recordings (synthesized here: the voice is not
 carried) and the first part of the models' tar (Whisper tiny.en, SmolLM2-135M); the other pieces, the rest of it.
@@ -40,6 +41,7 @@ import tempfile
 from pathlib import Path
 
 KIT = Path(".gpukit")  # at the repository's root (.gitignore)
+TRANSFER_MIB = 64  # what one transfer to the GPU machine may carry: the checkout's tracked files and the pieces
 MANIFEST = "manifest.json"
 MODELS_TAR = "models.tar"
 # the embedded models' distributions the checks load (Whisper tiny.en; SmolLM2-135M), copied from this environment
@@ -188,10 +190,20 @@ def build(args) -> None:
     parts = cut(data, kit, limit - used, limit)
     write_manifest(kit, {"python": args.python, "wheels": pins, "models": models}, parts)
     pieces = sorted(kit.glob("kit*"), key=lambda p: int(p.name[3:]))
+    tree = checkout_bytes()
     for p in pieces:
         size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
         print(f"{p}: {size / 2**20:.1f} MiB")
+        if size + tree > TRANSFER_MIB * 2**20:
+            over = f"{p} and the checkout ({tree / 2**20:.1f} MiB) exceed {TRANSFER_MIB} MiB"
+            print(f"warning: {over}: lower --piece-mib")
     print(f"{len(pins)} wheels, models: {', '.join(models) or 'none'}; carry each piece (run: see --help)")
+
+
+def checkout_bytes() -> int:
+    """The size of the checkout's tracked files: what each transfer carries besides a piece."""
+    names = subprocess.run(["git", "ls-files", "-z"], capture_output=True, check=True).stdout.split(b"\0")
+    return sum(os.path.getsize(n) for n in names if n and os.path.isfile(n))
 
 
 def stash(kit: Path, carried: Path = KIT) -> None:
@@ -270,7 +282,7 @@ def main(argv=None) -> int:
     b = sub.add_parser("build", help="here: the wheels and models, in pieces under .gpukit/")
     b.add_argument("--dir", default=str(KIT))
     b.add_argument("--python", default="3.12", help="the GPU machine's Python (default 3.12)")
-    b.add_argument("--piece-mib", type=float, default=54.0)
+    b.add_argument("--piece-mib", type=float, default=52.0)
     b.add_argument("--no-models", dest="models", action="store_false", help="the wheels alone")
     b.add_argument("--voice", action="store_true", help="the voice too (+95 MB): bench server --mode conversation")
     r = sub.add_parser("run", help="there: stash the pieces brought, install, then the speechrt command after --")
