@@ -5,12 +5,30 @@ products (what torch does by default), 16-bit inputs the tensor cores / matrix c
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import torch
 import triton
 import triton.language as tl
 
 from . import triton_pdl as pdl
+
+# Products of at least this many rows go to torch's own matmul (cuBLAS, hipBLASLt) instead of _linear_kernel; None:
+# never. Off until a GPU run shows the vendor's GEMM makes a large shape's encoder pass faster (`bench gpu --checks
+# asr-turbo` times Whisper large-v3-turbo's 30-s encoder pass both ways: the H100's encoder GEMM ran at 0.8x cuBLAS
+# at tiny.en's shape). Decode steps (a few rows, fused) never reach it.
+VENDOR_GEMM_MIN_ROWS: int | None = None
+
+
+@contextmanager
+def vendor_gemm(min_rows: int | None):
+    """VENDOR_GEMM_MIN_ROWS = min_rows inside the block, restored after it (an exception too)."""
+    global VENDOR_GEMM_MIN_ROWS
+    prev, VENDOR_GEMM_MIN_ROWS = VENDOR_GEMM_MIN_ROWS, min_rows
+    try:
+        yield
+    finally:
+        VENDOR_GEMM_MIN_ROWS = prev
 
 
 @triton.jit
@@ -141,6 +159,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     N = weight.shape[0]
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
+    if VENDOR_GEMM_MIN_ROWS is not None and M >= VENDOR_GEMM_MIN_ROWS and x.dtype == weight.dtype:
+        return torch.nn.functional.linear(x, weight, bias)
     y = torch.empty((M, N), dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
     if M and N:
         cfg = config(M, N, K, x.dtype)

@@ -31,7 +31,7 @@ why it could not run):
 - attention: decode attention at batch 1/8/64 over caches of 448 and 4096 (split along the cache and unsplit) and
   encoder attention at Whisper tiny and large-v3-turbo shapes against SDPA, each with its ratio (gpu_attention.py);
 - asr-turbo: the Whisper large-v3-turbo shape's 30-s encoder pass and decode step against SDPA + cuBLAS eager, with
-  their fractions of the measured roofline (gpu_large.py);
+  their fractions of the measured roofline, and our encoder pass with its GEMMs on cuBLAS (gpu_large.py);
 - gemv-tiles: a sweep of the fused decode-step ops' tiles (K tile, stages, column tile, warps) at one and eight rows
   of the SmolLM2-135M and Llama-3.2-1B shapes, each tile set with the K split the rule gives it and checked against
   the default's output: time per launch, fraction of the copy bandwidth, the best set against the default

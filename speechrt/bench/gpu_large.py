@@ -7,8 +7,10 @@ time, with random weights written here (speed does not depend on the values).
   each with the fraction of the measured copy bandwidth its bytes (weights once, the cache it reads) take;
 - asr-turbo: the Whisper large-v3-turbo shape (d 1280, 32 encoder / 4 decoder layers, 20 heads, 128 mel bins,
   vocabulary 51866, float16): the 30-s encoder pass, ours (Triton kernels) against SDPA + cuBLAS eager (the torch
-  backend's kernels), with the fraction of the measured matrix throughput its FLOPs take; and the decode step at
-  batch 1, ours from the graph slot against the torch backend's eager step, with its fraction of the bandwidth.
+  backend's kernels), with the fraction of the measured matrix throughput its FLOPs take, and ours again with its
+  products of VENDOR_ROWS rows or more on torch's matmul (cuBLAS: triton_matmul.vendor_gemm, variant
+  "speechrt-vendor-gemm"), which decides whether the encoder's GEMMs go there; and the decode step at batch 1, ours
+  from the graph slot against the torch backend's eager step, with its fraction of the bandwidth.
 
 `run_lm()` and `run_asr()` run anywhere the kernels run (the tests: tiny configs on the CPU in the Triton interpreter,
 uncaptured, the static step uncompiled); only the check_* functions want a GPU."""
@@ -35,6 +37,7 @@ TURBO = WhisperConfig(
     n_text_layer=4,
 )
 ASR_POSITION = 224  # where the timed decode step writes (half the decoder's context cached before it)
+VENDOR_ROWS = 256  # asr-turbo's vendor-GEMM variant: the encoder's products (1500 rows) go there, a step's not
 LM_VARIANTS = ("speechrt", "torch-static", "torch-compile-static")
 
 
@@ -305,8 +308,35 @@ def run_asr(device, cfg: WhisperConfig, out: Results, timer, peak, position=ASR_
                     else 0.0,
                 },
             )
-    for i, what in enumerate(("encoder states", "decode step logits")):
-        a, b = got["speechrt"][i], got["torch"][i]
+    from speechrt.kernels.triton_matmul import vendor_gemm
+
+    with torch.inference_mode(), vendor_gemm(VENDOR_ROWS):  # our encoder pass, its GEMMs on the vendor's library
+        r = runners["speechrt"]
+        got["speechrt-vendor-gemm"] = (r.encode(mel).states.float(),)
+        ts = timer(lambda: r.encode(mel))
+    params = {"variant": "speechrt-vendor-gemm", "flops": flops, "vendor_gemm_min_rows": VENDOR_ROWS}
+    params["fraction_of_matmul"] = (
+        flops / statistics.median(ts) / (peak.matmul_tflops * 1e12) if peak.matmul_tflops else 0.0
+    )
+    _record(
+        out,
+        device,
+        name,
+        "speechrt",
+        "triton",
+        prec,
+        "30-s encoder pass, batch 1, random weights",
+        "encoder_us",
+        ts,
+        "speechrt",
+        params,
+    )
+    for v, i, what in (
+        ("speechrt", 0, "encoder states"),
+        ("speechrt", 1, "decode step logits"),
+        ("speechrt-vendor-gemm", 0, "encoder states with the vendor's GEMMs"),
+    ):
+        a, b = got[v][i], got["torch"][i]
         err = ((a - b).abs().amax() / b.abs().amax().clamp_min(1e-30)).item()
         if not err <= 5e-2:
             bad.append(f"our {what} {err:.3g} (relative) from torch's")
@@ -334,6 +364,9 @@ def check_asr_turbo(dev, out: Results, cfg=None, peak=None, clock=None, **plan):
             f"{what}: ours {o.value:.0f} us ({o.params[frac]:.0%} of roof), torch eager {t.value:.0f} us: "
             f"{t.value / o.value:.2f}x"
         )
+        if (m, "speechrt-vendor-gemm") in by:
+            vg = by[(m, "speechrt-vendor-gemm")]
+            parts[-1] += f"; ours with the vendor's GEMMs {vg.value:.0f} us: {t.value / vg.value:.2f}x"
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return ("fail" if bad else "pass"), "; ".join(bad + parts)

@@ -289,9 +289,9 @@ def test_gemv_tiles_check_runs_up_to_its_gpu_part(monkeypatch):
 
 
 def test_asr_turbo_check_runs_up_to_its_gpu_part(monkeypatch):
-    """asr-turbo on a tiny Whisper on the CPU: ours (Triton kernels interpreted, the slot path uncaptured) and the
-    torch backend's encoder pass and decode step from the same random weights agree; the turbo shape's FLOPs and
-    bytes are counted."""
+    """asr-turbo on a tiny Whisper on the CPU: ours (Triton kernels interpreted, the slot path uncaptured), ours with
+    its tall products on torch's matmul, and the torch backend's encoder pass and decode step from the same random
+    weights agree; the turbo shape's FLOPs and bytes are counted."""
     _interpreted()
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     from speechrt.bench import gpu_large
@@ -308,12 +308,15 @@ def test_asr_turbo_check_runs_up_to_its_gpu_part(monkeypatch):
     cfg = WhisperConfig(16, 8, 32, 2, 2, 200, 12, 32, 2, 2)
     out = Results()
     plan = dict(position=6, capture=False, dtype=torch.float32)
+    monkeypatch.setattr(gpu_large, "VENDOR_ROWS", 8)  # the tiny encoder's 8 rows to torch's matmul in that variant
     status, detail = gpu_large.check_asr_turbo(torch.device("cpu"), out, cfg, _peak(), _one_time, **plan)
     assert status == "pass", detail
     assert "; 30-s encoder: ours " in detail and "; decode step: ours " in detail
+    assert "; ours with the vendor's GEMMs " in detail
     assert [(r.metric, r.params["variant"]) for r in out.records] == [
         (m, v) for v in ("speechrt", "torch") for m in ("encoder_us", "decode_step_us")
-    ]
+    ] + [("encoder_us", "speechrt-vendor-gemm")]
+    assert out.records[-1].params["vendor_gemm_min_rows"] == 8 and out.records[-1].peer == "speechrt"
 
 
 def test_attention_check_runs_up_to_its_gpu_part(monkeypatch, tmp_path):
