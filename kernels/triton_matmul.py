@@ -5,7 +5,6 @@ products (what torch does by default), 16-bit inputs the tensor cores / matrix c
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 
 import torch
 import triton
@@ -18,17 +17,6 @@ from . import triton_pdl as pdl
 # asr-turbo` times Whisper large-v3-turbo's 30-s encoder pass both ways: the H100's encoder GEMM ran at 0.8x cuBLAS
 # at tiny.en's shape). Decode steps (a few rows, fused) never reach it.
 VENDOR_GEMM_MIN_ROWS: int | None = None
-
-
-@contextmanager
-def vendor_gemm(min_rows: int | None):
-    """VENDOR_GEMM_MIN_ROWS = min_rows inside the block, restored after it (an exception too)."""
-    global VENDOR_GEMM_MIN_ROWS
-    prev, VENDOR_GEMM_MIN_ROWS = VENDOR_GEMM_MIN_ROWS, min_rows
-    try:
-        yield
-    finally:
-        VENDOR_GEMM_MIN_ROWS = prev
 
 
 @triton.jit

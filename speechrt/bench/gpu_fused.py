@@ -18,6 +18,7 @@ the CPU on a tiny config in the Triton interpreter, uncaptured); only `check_lm_
 from __future__ import annotations
 
 import statistics
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from speechrt.bench.record import Record, Repeats, Results
@@ -129,17 +130,24 @@ def _steps(cfg: LlamaConfig, device, batch: int, context: int, capture: bool, dt
     }
 
 
+@contextmanager
+def switched(module, name: str, value):
+    """`module`.`name` = `value` inside the block, restored after it (an exception too)."""
+    prev = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, prev)
+
+
 def _with(fn, module, name: str, value):
     """`fn` run with `module`.`name` = `value`, each call (restored after it): a graph captured from it holds the
     launches made so."""
 
     def run():
-        prev = getattr(module, name)
-        setattr(module, name, value)
-        try:
+        with switched(module, name, value):
             return fn()
-        finally:
-            setattr(module, name, prev)
 
     return run
 

@@ -8,7 +8,7 @@ time, with random weights written here (speed does not depend on the values).
 - asr-turbo: the Whisper large-v3-turbo shape (d 1280, 32 encoder / 4 decoder layers, 20 heads, 128 mel bins,
   vocabulary 51866, float16): the 30-s encoder pass, ours (Triton kernels) against SDPA + cuBLAS eager (the torch
   backend's kernels), with the fraction of the measured matrix throughput its FLOPs take, and ours again with its
-  products of VENDOR_ROWS rows or more on torch's matmul (cuBLAS: triton_matmul.vendor_gemm, variant
+  products of VENDOR_ROWS rows or more on torch's matmul (cuBLAS: triton_matmul.VENDOR_GEMM_MIN_ROWS, variant
   "speechrt-vendor-gemm"), which decides whether the encoder's GEMMs go there; and the decode step at batch 1, ours
   from the graph slot against the torch backend's eager step, with its fraction of the bandwidth.
 
@@ -308,9 +308,11 @@ def run_asr(device, cfg: WhisperConfig, out: Results, timer, peak, position=ASR_
                     else 0.0,
                 },
             )
-    from speechrt.kernels.triton_matmul import vendor_gemm
+    from speechrt.bench.gpu_fused import switched
+    from speechrt.kernels import triton_matmul
 
-    with torch.inference_mode(), vendor_gemm(VENDOR_ROWS):  # our encoder pass, its GEMMs on the vendor's library
+    # our encoder pass, its GEMMs on the vendor's library
+    with torch.inference_mode(), switched(triton_matmul, "VENDOR_GEMM_MIN_ROWS", VENDOR_ROWS):
         r = runners["speechrt"]
         got["speechrt-vendor-gemm"] = (r.encode(mel).states.float(),)
         ts = timer(lambda: r.encode(mel))

@@ -181,8 +181,8 @@ def test_linear(tri, dtype, M, K, N):
 
 
 def test_linear_hands_tall_products_to_the_vendor_gemm_only_when_asked(tri, monkeypatch):
-    """triton_matmul.vendor_gemm(n): products of n rows or more go to torch's matmul (bit for bit torch's), fewer
-    stay on the kernel; by default (None) none goes."""
+    """triton_matmul.VENDOR_GEMM_MIN_ROWS = n: products of n rows or more go to torch's matmul (bit for bit torch's),
+    fewer stay on the kernel; by default (None) none goes."""
     from speechrt.kernels import triton_matmul as tm
 
     x, w, b = rand(2, 9, 33, seed=1), rand(37, 33, seed=2), rand(37, seed=3)
@@ -192,10 +192,11 @@ def test_linear_hands_tall_products_to_the_vendor_gemm_only_when_asked(tri, monk
     monkeypatch.setattr(torch.nn.functional, "linear", lambda *a: calls.append(a[0].shape) or real(*a))
     assert tm.VENDOR_GEMM_MIN_ROWS is None
     close(tri.linear(x, w, b), want)
-    with tm.vendor_gemm(18):
-        assert torch.equal(tri.linear(x, w, b), vendor) and calls == [x.shape]
-        close(tri.linear(x[:, :8], w, b), want16)  # 16 rows: the kernel
-    assert calls == [x.shape] and tm.VENDOR_GEMM_MIN_ROWS is None
+    assert calls == []
+    monkeypatch.setattr(tm, "VENDOR_GEMM_MIN_ROWS", 18)
+    assert torch.equal(tri.linear(x, w, b), vendor) and calls == [x.shape]
+    close(tri.linear(x[:, :8], w, b), want16)  # 16 rows: the kernel
+    assert calls == [x.shape]
 
 
 def test_linear_strided_and_batched(tri):
