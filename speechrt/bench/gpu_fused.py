@@ -141,7 +141,7 @@ def switched(module, name: str, value):
         setattr(module, name, prev)
 
 
-def _with(fn, module, name: str, value):
+def with_setting(fn, module, name: str, value):
     """`fn` run with `module`.`name` = `value`, each call (restored after it): a graph captured from it holds the
     launches made so."""
 
@@ -156,7 +156,7 @@ def without_splits(fn):
     """`fn` run with the fused ops' K splits off (kernels/triton_fused_split.SPLITS = 1)."""
     from speechrt.kernels import triton_fused_split as fs
 
-    return _with(fn, fs, "SPLITS", 1)
+    return with_setting(fn, fs, "SPLITS", 1)
 
 
 def short_splits(fn):
@@ -165,7 +165,7 @@ def short_splits(fn):
     projections) split too, now that a split costs no second launch."""
     from speechrt.kernels import triton_fused_split as fs
 
-    return _with(fn, fs, "MIN_SPLIT_TILES", 2)
+    return with_setting(fn, fs, "MIN_SPLIT_TILES", 2)
 
 
 def with_pdl(fn):
@@ -173,7 +173,7 @@ def with_pdl(fn):
     device has it: NVIDIA sm_90+, else the launches are the plain ones)."""
     from speechrt.kernels import triton_pdl
 
-    return _with(fn, triton_pdl, "ENABLED", True)
+    return with_setting(fn, triton_pdl, "ENABLED", True)
 
 
 def run_cases(device, cases: list[Case], out: Results, timer, bandwidth_gbps: float, capture=True, dtype=None):
@@ -292,7 +292,7 @@ def merge_ordering(device, cfg: LlamaConfig | None = None, trials: int = MERGE_T
 
     ops = {
         "norm_qkv_rope": qkv,
-        "norm_gate_up (4 splits)": _with(lambda: fu.norm_gate_up(x, norm, 1e-5, wgu), fs, "SPLITS", 4),
+        "norm_gate_up (4 splits)": with_setting(lambda: fu.norm_gate_up(x, norm, 1e-5, wgu), fs, "SPLITS", 4),
         "o projection": lambda: fu.linear_residual(attn, wo, x),
         "down projection": lambda: fu.linear_residual(act, wd, x),
     }
@@ -304,7 +304,7 @@ def merge_ordering(device, cfg: LlamaConfig | None = None, trials: int = MERGE_T
 
     bad = []
     for name, op in ops.items():
-        wrong = merge_trials(op, _with(op, fs, "ONE_LAUNCH", False), same, device, trials, (1 << 18,) * 8)
+        wrong = merge_trials(op, with_setting(op, fs, "ONE_LAUNCH", False), same, device, trials, (1 << 18,) * 8)
         bad += problems(name, wrong, trials, 0)
     return bad + problems("fused ops", 0, trials, counters_left(device))
 

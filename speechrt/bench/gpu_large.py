@@ -37,7 +37,9 @@ TURBO = WhisperConfig(
     n_text_layer=4,
 )
 ASR_POSITION = 224  # where the timed decode step writes (half the decoder's context cached before it)
-VENDOR_ROWS = 256  # asr-turbo's vendor-GEMM variant: the encoder's products (1500 rows) go there, a step's not
+# the vendor-GEMM variants (asr-turbo's encoder pass, lm-prefill's prompts): products of this many rows or more go to
+# torch's matmul: the encoder's 1500 rows and prompts of 128+ tokens do, a decode step's few rows never
+VENDOR_ROWS = 64
 LM_VARIANTS = ("speechrt", "torch-static", "torch-compile-static")
 
 

@@ -4,7 +4,8 @@ A prompt of P tokens runs the language model's layers as matrix products of P ro
 make compute-bound from a few dozen rows on; the norms, rotary, activations and copies between them are what a
 fused prefill would save. At the SmolLM2-135M and Llama-3.2-1B shapes (random bf16 weights), prompts of 128 and 512
 tokens at batch 1: the triton backend's prefill (from its captured prefill graph) against the same pass in plain
-torch (SDPA + cuBLAS, static_llama.py), each with its fraction of the measured matrix throughput; and, from
+torch (SDPA + cuBLAS, static_llama.py), each with its fraction of the measured matrix throughput, and ours with its
+matrix products on torch's matmul (triton_matmul.VENDOR_GEMM_MIN_ROWS, captured so: "speechrt-vendor-gemm"); and, from
 torch.profiler on a GPU, our pass's kernel time by kind (matrix products, attention, norms, rotary, activations, the
 rest; profiled eagerly, the kernels its graph replays) with its launch count. The time outside the matrix products
 and attention bounds what fusing the rest could save.
@@ -18,7 +19,7 @@ import re
 import statistics
 from types import SimpleNamespace
 
-from speechrt.bench.gpu_fused import SHAPES, random_weights
+from speechrt.bench.gpu_fused import SHAPES, random_weights, with_setting
 from speechrt.bench.record import Record, Repeats, Results
 from speechrt.models.llama import LlamaConfig
 
@@ -77,16 +78,21 @@ def run_prefill(
     import torch
 
     from speechrt.backends.triton.lm import TritonLMRunner
+    from speechrt.bench.gpu_large import VENDOR_ROWS
     from speechrt.bench.static_llama import StaticLlama
+    from speechrt.kernels import triton_matmul as tm
+
+    VENDOR = ("VENDOR_GEMM_MIN_ROWS", VENDOR_ROWS)
 
     dtype, bad = dtype or torch.bfloat16, []
     w = random_weights(cfg, device, dtype)
     lm_file = SimpleNamespace(config=cfg, weights=w, tokenizer=None, chat_template=None, q4=None)
     runner = TritonLMRunner(lm_file, device, str(dtype).removeprefix("torch."), "triton", capture=capture)
+    vendor = TritonLMRunner(lm_file, device, str(dtype).removeprefix("torch."), "triton", capture=capture)
     static = StaticLlama(cfg, w, device, dtype)
     del w, lm_file
     name = next((n for n, c in SHAPES.items() if c == cfg), "llama-shape")
-    cache = runner.new_cache(1, max(prompts))
+    cache, vcache = runner.new_cache(1, max(prompts)), vendor.new_cache(1, max(prompts))
     static.setup_caches(1, max(prompts))
     g = torch.Generator().manual_seed(3)
     with torch.inference_mode():
@@ -95,15 +101,21 @@ def run_prefill(
             variants = {
                 "speechrt": lambda t=tokens: runner.prefill(cache, 0, t),
                 "torch": lambda t=tokens: static.prefill(0, t),
+                # its products on torch's matmul, captured so in its own graphs
+                "speechrt-vendor-gemm": with_setting(lambda t=tokens: vendor.prefill(vcache, 0, t), tm, *VENDOR),
             }
             got = {v: fn().float() for v, fn in variants.items()}
-            err = ((got["speechrt"] - got["torch"]).abs().amax() / got["torch"].abs().amax().clamp_min(1e-30)).item()
-            if not err <= 5e-2:
-                bad.append(f"{name} {p}-token prefill: our logits {err:.3g} (relative) from torch's")
+            errs = {
+                v: ((got[v] - got["torch"]).abs().amax() / got["torch"].abs().amax().clamp_min(1e-30)).item()
+                for v in ("speechrt", "speechrt-vendor-gemm")
+            }
+            for v, err in errs.items():
+                if not err <= 5e-2:
+                    bad.append(f"{name} {p}-token prefill: {v} logits {err:.3g} (relative) from torch's")
             flops = prefill_flops(cfg, p)
             for v, fn in variants.items():
                 ts = timer(fn)
-                params = {"variant": v, "tokens": p, "flops": flops, "vs_torch_rel_err": err}
+                params = {"variant": v, "tokens": p, "flops": flops, "vs_torch_rel_err": errs.get(v, 0.0)}
                 params["fraction_of_matmul"] = (
                     flops / statistics.median(ts) / (matmul_tflops * 1e12) if matmul_tflops else 0.0
                 )
@@ -146,6 +158,9 @@ def summary(records) -> list[str]:
             f"{model} {p} tokens: ours {r.value:.0f} us ({r.params['fraction_of_matmul']:.0%} of matmul peak), "
             f"torch {t.value:.0f} us: {t.value / r.value:.2f}x"
         )
+        vg = by.get((model, p, "speechrt-vendor-gemm"))
+        if vg is not None:
+            line += f"; ours with the vendor's GEMMs {vg.value:.0f} us: {t.value / vg.value:.2f}x"
         if r.params.get("launches"):
             k = r.params["kernel_us"]
             rest = sum(x for n, x in k.items() if n not in ("matmul", "attention"))

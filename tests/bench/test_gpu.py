@@ -206,9 +206,10 @@ def test_lm_1b_check_runs_up_to_its_gpu_part(monkeypatch):
 
 
 def test_lm_prefill_check_runs_up_to_its_gpu_part(monkeypatch):
-    """lm-prefill on a tiny config on the CPU: our triton runner's prefill (interpreted, uncaptured) and the static
-    torch model's from the same random weights agree at two prompt lengths; records with the FLOPs and the matrix
-    fraction; kernel names sort into their kinds (the profile itself needs a GPU)."""
+    """lm-prefill on a tiny config on the CPU: our triton runner's prefill (interpreted, uncaptured), the same with its
+    tall products on torch's matmul, and the static torch model's from the same random weights agree at two prompt
+    lengths; records with the FLOPs and the matrix fraction; kernel names sort into their kinds (the profile itself
+    needs a GPU)."""
     _interpreted()
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     from speechrt.bench import gpu_prefill
@@ -229,13 +230,17 @@ def test_lm_prefill_check_runs_up_to_its_gpu_part(monkeypatch):
     cfg = LlamaConfig(vocab_size=64, dim=40, n_layers=1, n_heads=2, n_kv_heads=1, hidden_dim=56, max_seq_len=16)
     out = Results()
     plan = dict(prompts=(5, 11), capture=False, dtype=torch.float32)
+    from speechrt.bench import gpu_large
+
+    monkeypatch.setattr(gpu_large, "VENDOR_ROWS", 8)  # the 11-token prompt's products to torch's matmul in that variant
     status, detail = gpu_prefill.check_lm_prefill(torch.device("cpu"), out, [cfg], _peak(), _one_time, **plan)
     assert status == "pass", detail
     assert [(r.params["tokens"], r.params["variant"]) for r in out.records] == [
-        (p, v) for p in (5, 11) for v in ("speechrt", "torch")
+        (p, v) for p in (5, 11) for v in ("speechrt", "torch", "speechrt-vendor-gemm")
     ]
     assert all(r.params["vs_torch_rel_err"] < 1e-4 and r.params["fraction_of_matmul"] > 0 for r in out.records)
     assert "llama-shape 11 tokens: ours 1000 us" in detail and "torch 1000 us: 1.00x" in detail
+    assert "; ours with the vendor's GEMMs 1000 us: 1.00x" in detail
 
 
 def test_gemv_tiles_check_runs_up_to_its_gpu_part(monkeypatch):
