@@ -128,8 +128,8 @@ def run_prefill(
                     Record(
                         family="gpu",
                         model=name,
-                        engine="speechrt" if v == "speechrt" else "torch",
-                        backend="triton graphs" if v == "speechrt" and capture else v,
+                        engine="torch" if v == "torch" else "speechrt",
+                        backend="torch" if v == "torch" else "triton graphs" if capture else "triton",
                         precision=str(dtype).removeprefix("torch."),
                         device=str(device),
                         workload=f"prefill, one prompt of {p} tokens, random weights",

@@ -241,6 +241,11 @@ def test_lm_prefill_check_runs_up_to_its_gpu_part(monkeypatch):
     assert all(r.params["vs_torch_rel_err"] < 1e-4 and r.params["fraction_of_matmul"] > 0 for r in out.records)
     assert "llama-shape 11 tokens: ours 1000 us" in detail and "torch 1000 us: 1.00x" in detail
     assert "; ours with the vendor's GEMMs 1000 us: 1.00x" in detail
+    assert [(r.engine, r.backend, r.peer) for r in out.records[:3]] == [
+        ("speechrt", "triton", ""),
+        ("torch", "torch", "speechrt"),
+        ("speechrt", "triton", "speechrt"),
+    ]
 
 
 def test_gemv_tiles_check_runs_up_to_its_gpu_part(monkeypatch):
