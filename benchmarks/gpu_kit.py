@@ -39,6 +39,7 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 KIT = Path(".gpukit")  # at the repository's root (.gitignore)
 TRANSFER_MIB = 64  # what one transfer to the GPU machine may carry: the checkout's tracked files and the pieces
@@ -122,16 +123,9 @@ def speech(cache: Path) -> None:
     `cache`/bench-speech: the load generator reads them there instead of needing the voice."""
     from speechrt.bench.server_streams import QUESTIONS, SENTENCES, recordings
 
-    before = os.environ.get("SPEECHRT_CACHE")
-    os.environ["SPEECHRT_CACHE"] = str(cache)
-    try:
+    with mock.patch.dict(os.environ, SPEECHRT_CACHE=str(cache)):
         recordings(SENTENCES)
         recordings(QUESTIONS)
-    finally:
-        if before is None:
-            del os.environ["SPEECHRT_CACHE"]
-        else:
-            os.environ["SPEECHRT_CACHE"] = before
 
 
 def cut(data: bytes, kit: Path, first: int, limit: int) -> list[str]:

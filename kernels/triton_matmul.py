@@ -13,9 +13,9 @@ import triton.language as tl
 from . import triton_pdl as pdl
 
 # Products of at least this many rows go to torch's own matmul (cuBLAS, hipBLASLt) instead of _linear_kernel; None:
-# never. Off until a GPU run shows the vendor's GEMM makes a large shape's encoder pass faster (`bench gpu --checks
-# asr-turbo` times Whisper large-v3-turbo's 30-s encoder pass both ways: the H100's encoder GEMM ran at 0.8x cuBLAS
-# at tiny.en's shape). Decode steps (a few rows, fused) never reach it.
+# never. Off until a GPU run shows the vendor's GEMM makes the tall passes faster (`bench gpu --checks asr-turbo,
+# lm-prefill` time Whisper large-v3-turbo's 30-s encoder pass and the Llama prompts both ways: the H100's encoder GEMM
+# ran at 0.8x cuBLAS at tiny.en's shape). Decode steps (a few rows, fused) never reach it.
 VENDOR_GEMM_MIN_ROWS: int | None = None
 
 

@@ -18,7 +18,6 @@ the CPU on a tiny config in the Triton interpreter, uncaptured); only `check_lm_
 from __future__ import annotations
 
 import statistics
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from speechrt.bench.record import Record, Repeats, Results
@@ -130,24 +129,17 @@ def _steps(cfg: LlamaConfig, device, batch: int, context: int, capture: bool, dt
     }
 
 
-@contextmanager
-def switched(module, name: str, value):
-    """`module`.`name` = `value` inside the block, restored after it (an exception too)."""
-    prev = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, prev)
-
-
 def with_setting(fn, module, name: str, value):
     """`fn` run with `module`.`name` = `value`, each call (restored after it): a graph captured from it holds the
     launches made so."""
 
     def run():
-        with switched(module, name, value):
+        prev = getattr(module, name)
+        setattr(module, name, value)
+        try:
             return fn()
+        finally:
+            setattr(module, name, prev)
 
     return run
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 from types import SimpleNamespace
 
-from speechrt.bench.gpu_fused import CONTEXT, SHAPES, random_weights, step_bytes
+from speechrt.bench.gpu_fused import CONTEXT, SHAPES, random_weights, step_bytes, with_setting
 from speechrt.bench.record import Record, Repeats, Results
 from speechrt.models.whisper import WhisperConfig
 
@@ -41,6 +41,14 @@ ASR_POSITION = 224  # where the timed decode step writes (half the decoder's con
 # torch's matmul: the encoder's 1500 rows and prompts of 128+ tokens do, a decode step's few rows never
 VENDOR_ROWS = 64
 LM_VARIANTS = ("speechrt", "torch-static", "torch-compile-static")
+
+
+def on_vendor_gemm(fn):
+    """`fn` run, each call, with products of VENDOR_ROWS rows or more on torch's matmul
+    (triton_matmul.VENDOR_GEMM_MIN_ROWS): the vendor-GEMM variants' setting (a graph captured from it holds those)."""
+    from speechrt.kernels import triton_matmul
+
+    return with_setting(fn, triton_matmul, "VENDOR_GEMM_MIN_ROWS", VENDOR_ROWS)
 
 
 def _record(out, device, model, engine, backend, precision, workload, metric, ts, peer, params) -> Record:
@@ -310,14 +318,10 @@ def run_asr(device, cfg: WhisperConfig, out: Results, timer, peak, position=ASR_
                     else 0.0,
                 },
             )
-    from speechrt.bench.gpu_fused import switched
-    from speechrt.kernels import triton_matmul
-
-    # our encoder pass, its GEMMs on the vendor's library
-    with torch.inference_mode(), switched(triton_matmul, "VENDOR_GEMM_MIN_ROWS", VENDOR_ROWS):
-        r = runners["speechrt"]
-        got["speechrt-vendor-gemm"] = (r.encode(mel).states.float(),)
-        ts = timer(lambda: r.encode(mel))
+    encode = on_vendor_gemm(lambda r=runners["speechrt"]: r.encode(mel))  # its GEMMs on the vendor's library
+    with torch.inference_mode():
+        got["speechrt-vendor-gemm"] = (encode().states.float(),)
+        ts = timer(encode)
     params = {"variant": "speechrt-vendor-gemm", "flops": flops, "vendor_gemm_min_rows": VENDOR_ROWS}
     params["fraction_of_matmul"] = (
         flops / statistics.median(ts) / (peak.matmul_tflops * 1e12) if peak.matmul_tflops else 0.0

@@ -19,7 +19,7 @@ import re
 import statistics
 from types import SimpleNamespace
 
-from speechrt.bench.gpu_fused import SHAPES, random_weights, with_setting
+from speechrt.bench.gpu_fused import SHAPES, random_weights
 from speechrt.bench.record import Record, Repeats, Results
 from speechrt.models.llama import LlamaConfig
 
@@ -78,11 +78,8 @@ def run_prefill(
     import torch
 
     from speechrt.backends.triton.lm import TritonLMRunner
-    from speechrt.bench.gpu_large import VENDOR_ROWS
+    from speechrt.bench.gpu_large import on_vendor_gemm
     from speechrt.bench.static_llama import StaticLlama
-    from speechrt.kernels import triton_matmul as tm
-
-    VENDOR = ("VENDOR_GEMM_MIN_ROWS", VENDOR_ROWS)
 
     dtype, bad = dtype or torch.bfloat16, []
     w = random_weights(cfg, device, dtype)
@@ -102,7 +99,7 @@ def run_prefill(
                 "speechrt": lambda t=tokens: runner.prefill(cache, 0, t),
                 "torch": lambda t=tokens: static.prefill(0, t),
                 # its products on torch's matmul, captured so in its own graphs
-                "speechrt-vendor-gemm": with_setting(lambda t=tokens: vendor.prefill(vcache, 0, t), tm, *VENDOR),
+                "speechrt-vendor-gemm": on_vendor_gemm(lambda t=tokens: vendor.prefill(vcache, 0, t)),
             }
             got = {v: fn().float() for v, fn in variants.items()}
             errs = {
