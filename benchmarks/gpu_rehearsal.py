@@ -1,4 +1,4 @@
-"""The lent GPU session's device calls, rehearsed here on the CPU in a copy of the lent machines' image.
+"""A lent GPU session's device calls, rehearsed here on the CPU in a copy of the lent machines' image.
 
 A GPU is lent to few sessions, for 15 minutes; a call that fails at install or import there loses the session.
 This runs the same calls, in the same order, each with the same pieces of `.gpukit/` (benchmarks.gpu_kit), in a
@@ -12,6 +12,7 @@ ramp) pass there:
 
     python -m benchmarks.gpu_rehearsal                  # builds the kit and the venv if missing, then the calls
     python -m benchmarks.gpu_rehearsal --print-plan     # the device calls, as the GPU session makes them
+    python -m benchmarks.gpu_rehearsal --plan ramp      # another session's calls (PLANS: checks, ramp, lm-1b)
 
 Not shown here: anything on a GPU, the transfers' time, and Triton 3.6's compiler (`python -m
 speechrt.kernels.aot` with that Triton on PYTHONPATH does that). Triton 3.6's interpreter is not used: under numpy
@@ -38,15 +39,32 @@ IMAGE_PINS = (
     "safetensors==0.8.0 onnx==1.23.1 huggingface-hub==1.33.0 accelerate==1.15.0"
 ).split()
 IMAGE_PYTHON = "3.12"
-# the GPU session's calls: (pieces carried, speechrt's arguments after `--` or None, the call's timeout in s);
-# $OUT is the folder whose files come back
-PLAN = (
-    (("kit0",), "bench gpu --json $OUT/gpu.json --budget 490", 590),
-    (("kit1",), None, 120),
-    (("kit2",), None, 120),
-    (("kit3",), None, 120),
-    ((), "bench gpu --json $OUT/gpu-models.json --checks lm-loop,asr-loop --budget 100", 200),
-)
+# a GPU session's calls: (pieces carried, speechrt's arguments after `--` or None, the call's timeout in s); $OUT is
+# the folder whose files come back. "checks": every check that loads no model within 490 s while only kit0 has come,
+# then the models and the two decode loops; the others bring the models first and run one long call with kit0.
+PLANS = {
+    "checks": (
+        (("kit0",), "bench gpu --json $OUT/gpu.json --budget 490", 590),
+        (("kit1",), None, 120),
+        (("kit2",), None, 120),
+        (("kit3",), None, 120),
+        ((), "bench gpu --json $OUT/gpu-models.json --checks lm-loop,asr-loop --budget 100", 200),
+    ),
+    # issue 51's ramp, 1..2048 streams, with the GPU's busy share per level
+    "ramp": (
+        (("kit1",), None, 120),
+        (("kit2",), None, 120),
+        (("kit3",), None, 120),
+        (("kit0",), "bench gpu --checks gpu,server-ramp --json $OUT/ramp.json --budget 500", 590),
+    ),
+    # the Llama-3.2-1B shape's step against gpt-fast's recipe, and SmolLM2 against it in bench lm
+    "lm-1b": (
+        (("kit1",), None, 120),
+        (("kit2",), None, 120),
+        (("kit3",), None, 120),
+        (("kit0",), "bench gpu --checks gpu,lm-1b,lm-peers --json $OUT/lm-1b.json --budget 500", 590),
+    ),
+}
 # after the plan, what runs without a GPU on the models the plan brought (the CPU paths of the checks)
 ON_CPU = (
     "bench gpu --device cpu --checks lm-loop,asr-loop,mel-batch,server-ramp --server-levels 1,2 --server-budget 30 "
@@ -54,8 +72,8 @@ ON_CPU = (
 )
 
 
-def print_plan() -> None:
-    for pieces, cli, timeout in PLAN:
+def print_plan(plan) -> None:
+    for pieces, cli, timeout in plan:
         cmd = "python3 -m benchmarks.gpu_kit run" + (f" -- {cli}" if cli else "")
         carry = f", carry={json.dumps(['.gpukit/' + p for p in pieces])}" if pieces else ""
         print(f"run(command={json.dumps(cmd)}{carry}, timeout_s={timeout})")
@@ -128,12 +146,13 @@ def rehearse(args) -> list[str]:
     if not (kit / "kit0" / gpu_kit.MANIFEST).is_file():
         gpu_kit.main(["build", "--dir", str(kit)])
     py = image_venv(Path(args.venv), args.python or find_python())
-    built, carried = {p.name for p in kit.glob("kit*")}, {p for pieces, _, _ in PLAN for p in pieces}
+    plan = PLANS[args.plan]
+    built, carried = {p.name for p in kit.glob("kit*")}, {p for pieces, _, _ in plan for p in pieces}
     problems = [f"the plan carries {sorted(carried)}, the build made {sorted(built)}"] if built != carried else []
     with tempfile.TemporaryDirectory(prefix="gpu-rehearsal-") as tmp:
         there = Path(tmp) / "checkout"
         checkout_copy(there)
-        for pieces, cli, timeout in (*PLAN, ((), ON_CPU, 900)):
+        for pieces, cli, timeout in (*plan, ((), ON_CPU, 900)):
             rc, took, out = call(there, py, kit, pieces, cli, timeout)
             print(f"== exit {rc} after {took:.0f} s (planned within {timeout} s)", flush=True)
             if rc or took > timeout:
@@ -148,13 +167,14 @@ def rehearse(args) -> list[str]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_rehearsal", description=__doc__.split("\n\n")[0])
+    p.add_argument("--plan", choices=sorted(PLANS), default="checks", help="which session (default: %(default)s)")
     p.add_argument("--print-plan", action="store_true", help="print the GPU session's device calls and stop")
     p.add_argument("--kit", default=str(gpu_kit.KIT), help="the pieces (built there if missing; default .gpukit)")
     p.add_argument("--venv", default="/tmp/gpu-image-venv", help="the image's packages (made once; ~5 GB)")
     p.add_argument("--python", help=f"a Python {IMAGE_PYTHON}, as the image's (default: found on PATH or pyenv's)")
     args = p.parse_args(argv)
     if args.print_plan:
-        print_plan()
+        print_plan(PLANS[args.plan])
         return 0
     problems = rehearse(args)
     print("\n" + ("rehearsal: every call as planned" if not problems else "rehearsal: " + "; ".join(problems)))

@@ -95,9 +95,9 @@ def test_server_recordings_come_from_the_cache(tmp_path, monkeypatch):
 
 
 def test_the_gpu_sessions_calls_parse_and_carry_each_piece_once(capsys):
-    """The device calls that gpu_rehearsal rehearses and prints are `bench gpu` commands its parser takes, naming
-    checks that exist, each call's check budget within its timeout and the tool's 600 s, and the pieces carried in
-    order, each once; the calls after the models have come run checks that load them."""
+    """The device calls that gpu_rehearsal rehearses and prints, for each planned session, are `bench gpu` commands
+    its parser takes, naming checks that exist, each call's check budget within its timeout and the tool's 600 s,
+    the pieces carried each once; a call that names checks loading a model comes after every piece has."""
     import argparse
     import json
 
@@ -106,26 +106,28 @@ def test_the_gpu_sessions_calls_parse_and_carry_each_piece_once(capsys):
 
     p = argparse.ArgumentParser()
     gpu.add_arguments(p)
-    for pieces, cli, timeout in (*gr.PLAN, ((), gr.ON_CPU, 900)):
-        assert cli is None or cli.split()[:2] == ["bench", "gpu"], cli
-        if cli is None:
-            continue
-        args = p.parse_args(cli.replace("$OUT", "/out").split()[2:])
-        names = args.checks.split(",") if args.checks else list(gpu.CHECKS)
-        assert set(names) <= set(gpu.CHECKS), names
-        assert args.json.startswith("/out/")
-        if (pieces, cli) != ((), gr.ON_CPU):
-            assert args.budget and args.budget + 60 <= timeout <= 600, cli
-        else:
-            assert args.device == "cpu" and all(gpu.CHECKS[n].cpu_too for n in names)
-    carried = [p for pieces, _, _ in gr.PLAN for p in pieces]
-    assert carried == [f"kit{i}" for i in range(len(carried))]
-    last = gr.PLAN[-1][1].split("--checks ")[1].split()[0].split(",")
-    assert all(gpu.CHECKS[n].loads for n in last)
+    for name, plan in gr.PLANS.items():
+        carried = [p for pieces, _, _ in plan for p in pieces]
+        assert sorted(carried) == [f"kit{i}" for i in range(len(carried))], name
+        come = set()
+        for pieces, cli, timeout in plan:
+            come |= set(pieces)
+            assert cli is None or cli.split()[:2] == ["bench", "gpu"], cli
+            if cli is None:
+                continue
+            args = p.parse_args(cli.replace("$OUT", "/out").split()[2:])
+            assert args.json.startswith("/out/") and args.budget and args.budget + 60 <= timeout <= 600, cli
+            if args.checks:
+                names = args.checks.split(",")
+                assert set(names) <= set(gpu.CHECKS), names
+                assert come == set(carried) or not any(gpu.CHECKS[n].loads for n in names), cli
+                assert sum(gpu.estimate(gpu.CHECKS[n], args) for n in names) <= args.budget, cli
+    args = p.parse_args(gr.ON_CPU.replace("$OUT", "/out").split()[2:])
+    assert args.device == "cpu" and all(gpu.CHECKS[n].cpu_too for n in args.checks.split(","))
 
     gr.main(["--print-plan"])
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == len(gr.PLAN) + 1 and lines[-1] == "give_back()"
+    assert len(lines) == len(gr.PLANS["checks"]) + 1 and lines[-1] == "give_back()"
     first = lines[0]
     assert first.startswith('run(command="python3 -m benchmarks.gpu_kit run -- bench gpu --json $OUT/gpu.json')
     assert f"carry={json.dumps(['.gpukit/kit0'])}" in first and first.endswith("timeout_s=590)")
