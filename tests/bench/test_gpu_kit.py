@@ -131,3 +131,19 @@ def test_the_gpu_sessions_calls_parse_and_carry_each_piece_once(capsys):
     first = lines[0]
     assert first.startswith('run(command="python3 -m benchmarks.gpu_kit run -- bench gpu --json $OUT/gpu.json')
     assert f"carry={json.dumps(['.gpukit/kit0'])}" in first and first.endswith("timeout_s=590)")
+
+
+def test_the_commands_whole_output_is_kept_in_the_folder_that_comes_back(tmp_path, capfd):
+    """gpu_kit's run keeps the command's output, stderr too, in $OUT (the device tool returns its files whole, the
+    output only its end), appending across calls, and passes the exit status on; without the folder it just runs."""
+    import sys
+
+    script = "import sys; print('check line'); print('Traceback: boom', file=sys.stderr); sys.exit(3)"
+    cmd = [sys.executable, "-c", script]
+    env = {"PYTHONUNBUFFERED": "1"}  # as run sets it: the lines in the order written
+    assert gpu_kit.tee(cmd, env, tmp_path) == 3
+    assert gpu_kit.tee(cmd, env, tmp_path) == 3
+    assert (tmp_path / gpu_kit.LOG).read_text() == "check line\nTraceback: boom\n" * 2
+    assert "check line" in capfd.readouterr().out
+    assert gpu_kit.tee(cmd, env, None) == 3 and gpu_kit.tee(cmd, env, tmp_path / "absent") == 3
+    assert not (tmp_path / "absent").exists()
