@@ -4,7 +4,7 @@ A GPU is lent to few sessions, for 15 minutes; a call that fails at install or i
 This runs the same calls, in the same order, each with the same pieces of `.gpukit/` (benchmarks.gpu_kit), in a
 checkout copied the way the device tool copies it (tracked files, plus the pieces carried), with `python3` from a
 venv holding the image's packages at the image's versions (KINDS.md: Python 3.12, torch 2.11.0 with Triton 3.6.0,
-numpy 2.5.2, onnxruntime 1.30.0, ...; torch's wheel from the registry is its CUDA build, ~4 GB, made once in
+numpy 2.5.2, onnxruntime 1.30.0, ...; torch's wheel from the registry is its CUDA build: ~5 GB, made once in
 --venv). Without a GPU, `bench gpu` skips what needs one, so the rehearsal shows: the wheels install, speechrt
 installs and imports under that Python and those packages, the models arrive in pieces and unpack, and then the
 checks that also run on the CPU (the decode loops of both embedded models, the mel batch and a two-level server
