@@ -26,7 +26,7 @@ DOCS = {
     p.relative_to(ROOT).as_posix(): p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 }
 # generated from result files (speechrt bench report): they quote the commands that made each run
-GENERATED = {"docs/benchmarks.md", "docs/benchmarks-history.md"}
+GENERATED = {"docs/benchmarks.md"}
 MARK = re.compile(r"<!-- docs-test: ([\w-]+)[^>]*-->\s*```(\w+)\n(.*?)```", re.S)
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 
