@@ -107,7 +107,7 @@ def test_the_gpu_sessions_calls_parse_and_carry_each_piece_once(capsys):
     p = argparse.ArgumentParser()
     gpu.add_arguments(p)
     for name, plan in gr.PLANS.items():
-        carried = [p for pieces, _, _ in plan for p in pieces]
+        carried = [piece for pieces, _, _ in plan for piece in pieces]
         assert sorted(carried) == [f"kit{i}" for i in range(len(carried))], name
         come = set()
         for pieces, cli, timeout in plan:
