@@ -197,10 +197,15 @@ def build(args) -> None:
     print(f"{len(pins)} wheels, models: {', '.join(models) or 'none'}; carry each piece (run: see --help)")
 
 
+def tracked_files() -> list[str]:
+    """The checkout's tracked files that are there (the working tree each transfer carries besides a piece)."""
+    names = subprocess.run(["git", "ls-files", "-z"], capture_output=True, check=True).stdout.split(b"\0")
+    return [n for n in map(os.fsdecode, names) if n and os.path.isfile(n)]
+
+
 def checkout_bytes() -> int:
     """The size of the checkout's tracked files: what each transfer carries besides a piece."""
-    names = subprocess.run(["git", "ls-files", "-z"], capture_output=True, check=True).stdout.split(b"\0")
-    return sum(os.path.getsize(n) for n in names if n and os.path.isfile(n))
+    return sum(os.path.getsize(n) for n in tracked_files())
 
 
 def stash(kit: Path, carried: Path = KIT) -> None:

@@ -105,11 +105,9 @@ def image_venv(venv: Path, python: str) -> Path:
 
 def checkout_copy(dest: Path) -> None:
     """The checkout's tracked files at `dest`, as the device tool copies them (ignored files stay behind)."""
-    names = subprocess.run(["git", "ls-files", "-z"], capture_output=True, check=True).stdout.split(b"\0")
-    for n in (os.fsdecode(n) for n in names if n):
-        if os.path.isfile(n):
-            (dest / n).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(n, dest / n)
+    for n in gpu_kit.tracked_files():
+        (dest / n).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(n, dest / n)
 
 
 def call(there: Path, py: Path, kit: Path, pieces, cli: str | None, timeout: float) -> tuple[int, float, Path]:
